@@ -1,0 +1,45 @@
+"""The `horizon` command. Each subcommand is a module with configure(parser) and run(args);
+modules are torch-free at import, so `horizon plan` starts fast and `horizon train` loads
+torch only when it runs."""
+import argparse
+import importlib
+import sys
+
+from horizon_sim.errors import HorizonError
+
+# name -> (module, one-line help). Order is the order of `horizon --help`.
+COMMANDS = {
+    "plan": ("horizon_sim.cli.plan_cmd", "does it fit, how fast, what is the bottleneck"),
+    "train": ("horizon_exec.cli", "train for real with the streaming executor"),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="horizon",
+        description="RAM-centric LLM training on one GPU box: plan it (a SimPy model of the "
+                    "step), then run the same schedule for real.")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
+    for name, (module, help_) in COMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:  # e.g. the executor's extra is not installed
+            continue
+        mod.configure(sub.add_parser(name, help=help_))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return importlib.import_module(COMMANDS[args.cmd][0]).run(args)
+    except HorizonError as e:
+        print(f"horizon {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"horizon {args.cmd}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

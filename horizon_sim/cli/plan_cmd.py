@@ -1,0 +1,95 @@
+"""`horizon plan`: does it fit, how fast, what limits it."""
+import argparse
+import json
+
+from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
+from horizon_sim.plan import plan
+from horizon_sim.sim.simulate import SimResult
+from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
+from horizon_sim.specs.hardware_io import load_hardware
+from horizon_sim.specs.hf_config import load_model
+from horizon_sim.units import fmt_bytes
+
+EXAMPLE = """example:
+  horizon plan --model llama-3.1-8b --gpu h100-pcie --ram 512GiB
+  horizon plan --model dense-120b --gpu h200 --ram 1.5TB --optimizer backward --json
+  horizon plan --model ./my-model/config.json --hardware machine.toml --batch 8 --seq 4096"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = ("Predict one RAM-centric training step: whether it fits in device memory "
+                     "and host RAM, step time, tokens/s, MFU, the bottleneck and the timeline behind it.")
+    p.epilog = EXAMPLE
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--model", default="llama-3.1-8b",
+                   help="a preset name (e.g. llama-3.1-8b, qwen2.5-72b, dense-120b) or a path to an "
+                        "HF config.json (default llama-3.1-8b)")
+    p.add_argument("--gpu", default="h100-sxm", help=f"device preset: {', '.join(DEVICES)} (default h100-sxm)")
+    p.add_argument("--ram", default="512GiB", help="host RAM: 1TB, 1.5TB, 1024GiB, 512G (default 512GiB)")
+    p.add_argument("--link", default=None, help=f"link preset: {', '.join(LINKS)} (default: the GPU's)")
+    p.add_argument("--hardware", default=None, metavar="FILE.toml",
+                   help="a hardware file (from `horizon calibrate` or hand-written); overrides --gpu/--link/--ram")
+    add_policy_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+
+
+def result_json(r: SimResult) -> dict:
+    s = r.summary
+    meta = r.schedule.meta
+    return {
+        "model": meta.model["name"], "hardware": r.hardware.name or r.hardware.device.name,
+        "params": _params(r), "fits": s.fits, "why": s.why,
+        "step_time_s": s.step_time_s, "tokens_per_s": s.tokens_per_s, "model_TFLOPs": s.model_TFLOPs,
+        "mfu": s.mfu, "hfu": s.hfu, "bottleneck": s.bottleneck, "roofline_s": s.roofline_s,
+        "lane_busy": s.lane_busy, "exposed_copy_s": s.exposed_copy_s,
+        "exposed_optimizer_s": s.exposed_optimizer_s, "exposed_host_s": s.exposed_host_s,
+        "device_peak_bytes": s.device_peak_bytes, "device_usable_bytes": s.device_usable_bytes,
+        "host_bytes": s.host_bytes, "host_usable_bytes": s.host_usable_bytes,
+        "host_breakdown_bytes": r.host.by_role, "policy": meta.policy,
+    }
+
+
+def _params(r: SimResult) -> int:
+    from horizon_sim.specs.model import ModelSpec
+    return ModelSpec(**r.schedule.meta.model).total_params
+
+
+def report(r: SimResult) -> str:
+    s, meta, hw = r.summary, r.schedule.meta, r.hardware
+    pol, n = meta.policy, _params(r)
+    verdict = "FITS" if s.fits else "DOES NOT FIT"
+    lines = [
+        f"{verdict}: {meta.model['name']} ({n / 1e9:.2f}B params) on {hw.device.name} + {hw.link.name}"
+        f" with {fmt_bytes(hw.host.ram_GiB * 2**30)} host RAM",
+        f"  {s.why}",
+        "",
+        f"speed     {s.tokens_per_s:,.0f} tokens/s, step {s.step_time_s:.3f} s "
+        f"(lower bound {s.roofline_s:.3f} s), MFU {s.mfu:.1%}, HFU {s.hfu:.1%}, "
+        f"{s.model_TFLOPs:.1f} model TFLOP/s",
+        f"limit     {s.bottleneck}; compute idle waiting on: copies {s.exposed_copy_s:.3f} s, "
+        f"optimizer {s.exposed_optimizer_s:.3f} s, host work {s.exposed_host_s:.3f} s",
+        "lanes     " + ", ".join(f"{k} {v:.0%} busy" for k, v in s.lane_busy.items()),
+        f"device    peak {fmt_bytes(s.device_peak_bytes)} of {fmt_bytes(s.device_usable_bytes)} usable "
+        f"({pol['slots']} weight slots of {fmt_bytes(meta.slot_bytes)})",
+        f"host      {fmt_bytes(s.host_bytes)} of {fmt_bytes(s.host_usable_bytes)} usable:",
+    ]
+    for role, b in r.host.by_role.items():
+        if b:
+            lines.append(f"            {role:<13}{fmt_bytes(b):>12}  {b / n:6.2f} B/param")
+    lines += [
+        "",
+        f"policy    batch {pol['batch']} x seq {pol['seq']} ({meta.tokens:,} tokens/step, "
+        f"{pol['micro_batches']} micro-batch(es)), K={pol['ckpt_every']}, slots {pol['slots']}, "
+        f"checkpoints on {pol['ckpt_on']}, optimizer {pol['optimizer']}, clip {pol['grad_clip']:g}",
+        f"          compute {pol['compute_dtype']}, master {pol['master_dtype']}, moments "
+        f"{pol['states_dtype']}, grads {pol['grad_dtype']} over the link, working copy "
+        f"{'on' if pol['working_copy'] else 'off'}",
+    ]
+    return "\n".join(lines)
+
+
+def run(a: argparse.Namespace) -> int:
+    hw = load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link)
+    r = plan(load_model(a.model), hw, policy_from_args(a))
+    print(json.dumps(result_json(r)) if a.json else report(r))
+    return 0

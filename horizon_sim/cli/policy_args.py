@@ -1,0 +1,42 @@
+"""Policy flags shared by every command that runs or plans a step."""
+import argparse
+
+from horizon_sim.specs.policy import CKPT_PLACES, DTYPES, OPTIMIZER_MODES, Policy
+
+_D = Policy()
+
+
+def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D) -> None:
+    g = p.add_argument_group("policy")
+    g.add_argument("--batch", type=int, default=defaults.batch, help=f"sequences per step (default {defaults.batch})")
+    g.add_argument("--seq", type=int, default=defaults.seq, help=f"tokens per sequence (default {defaults.seq})")
+    g.add_argument("--micro-batches", type=int, default=defaults.micro_batches,
+                   help="micro-batches per step; gradients accumulate on the host (default 1)")
+    g.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every, metavar="K",
+                   help="keep a boundary activation every K layers; backward recomputes the rest (default 1)")
+    g.add_argument("--slots", type=int, default=defaults.slots,
+                   help="device weight buffers, >= 2 (default 2)")
+    g.add_argument("--ckpt-on", choices=CKPT_PLACES, default=defaults.ckpt_on,
+                   help=f"where checkpoints live between forward and backward (default {defaults.ckpt_on})")
+    g.add_argument("--optimizer", choices=OPTIMIZER_MODES, default=defaults.optimizer,
+                   help="when the CPU optimizer runs: after backward, during backward (no exact "
+                        f"clipping), or pipelined into the next forward (default {defaults.optimizer})")
+    g.add_argument("--grad-clip", type=float, default=None,
+                   help=f"global-norm clip, 0 = off (default {defaults.grad_clip}, or 0 with --optimizer backward)")
+    g.add_argument("--compute-dtype", choices=DTYPES, default=defaults.compute_dtype)
+    g.add_argument("--states-dtype", choices=DTYPES, default=defaults.states_dtype,
+                   help="Adam moments on the host (default fp32)")
+    g.add_argument("--grad-dtype", choices=DTYPES, default=defaults.grad_dtype,
+                   help="gradients over the device-to-host link (default bf16)")
+    g.add_argument("--no-working-copy", action="store_true",
+                   help="no persistent bf16 host copy: loads move fp32 and cast on the device")
+
+
+def policy_from_args(a: argparse.Namespace) -> Policy:
+    clip = a.grad_clip if a.grad_clip is not None else (0.0 if a.optimizer == "backward" else _D.grad_clip)
+    working_copy = not a.no_working_copy and a.compute_dtype != "fp32"
+    return Policy(batch=a.batch, seq=a.seq, micro_batches=a.micro_batches, ckpt_every=a.ckpt_every,
+                  slots=a.slots, ckpt_on=a.ckpt_on, optimizer=a.optimizer, grad_clip=clip,
+                  compute_dtype=a.compute_dtype, states_dtype=a.states_dtype,
+                  grad_dtype="fp32" if a.compute_dtype == "fp32" else a.grad_dtype,
+                  working_copy=working_copy)

@@ -1,0 +1,35 @@
+"""Schedule: the ops of one training step in program order, plus the buffers they touch.
+
+Program order defines semantics (what a read sees); each lane runs its ops in program order;
+`deps` are the cross-lane waits. Build one with `build_schedule(model, policy)`."""
+from dataclasses import dataclass
+from functools import cached_property
+
+from horizon_sim.schedule.op import Buffer, Lane, Op, ScheduleMeta, Space
+
+
+@dataclass(frozen=True)
+class Schedule:
+    ops: tuple[Op, ...]
+    buffers: dict[str, Buffer]
+    meta: ScheduleMeta
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def lane_ops(self, lane: Lane) -> list[Op]:
+        return [op for op in self.ops if op.lane == lane]
+
+    @cached_property
+    def lanes(self) -> tuple[Lane, ...]:
+        """Lanes that have ops, in a fixed order."""
+        used = {op.lane for op in self.ops}
+        return tuple(l for l in Lane if l in used)
+
+    def static_bytes(self, space: Space) -> int:
+        return sum(b.bytes for b in self.buffers.values() if b.static and b.space == space)
+
+    def validate(self) -> "Schedule":
+        from horizon_sim.schedule.validate import validate
+        validate(self)
+        return self

@@ -1,0 +1,64 @@
+"""Schedule <-> JSON, with a format version. Loading validates, so a tampered file (a cycle, a
+missing dependency, an unknown op kind, another version) is rejected with a ScheduleError."""
+import json
+from dataclasses import asdict, fields
+
+from horizon_sim.schedule.op import Buffer, Op, OpKind, ScheduleMeta, Space
+from horizon_sim.schedule.schedule import Schedule
+from horizon_sim.schedule.validate import ScheduleError
+
+FORMAT = "horizon.schedule"
+VERSION = 1
+_OP_FIELDS = {f.name for f in fields(Op)}
+_OP_DEFAULTS = {f.name: f.default for f in fields(Op) if f.name not in ("id", "kind", "layer")}
+
+
+def to_json(sched: Schedule) -> str:
+    ops = []
+    for op in sched.ops:
+        # Fields at their default are left out: the file stays small and diffable.
+        d = {k: v for k, v in asdict(op).items() if k not in _OP_DEFAULTS or v != _OP_DEFAULTS[k]}
+        d["kind"] = op.kind.value
+        ops.append(d)
+    doc = {
+        "format": FORMAT, "version": VERSION,
+        "meta": asdict(sched.meta),
+        "buffers": [[b.name, b.space.value, b.bytes, b.static, b.role] for b in sched.buffers.values()],
+        "ops": ops,
+    }
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def from_json(text: str) -> Schedule:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ScheduleError(f"schedule JSON is malformed: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ScheduleError(f"not a Horizon schedule (format {doc.get('format') if isinstance(doc, dict) else None!r})")
+    if doc.get("version") != VERSION:
+        raise ScheduleError(f"schedule format version {doc.get('version')!r} is not supported; this "
+                            f"Horizon reads version {VERSION}")
+    try:
+        buffers = {b[0]: Buffer(b[0], Space(b[1]), int(b[2]), bool(b[3]), b[4]) for b in doc["buffers"]}
+        ops = []
+        for d in doc["ops"]:
+            unknown = set(d) - _OP_FIELDS
+            if unknown:
+                raise ScheduleError(f"op {d.get('id')} has unknown field(s) {sorted(unknown)}")
+            try:
+                kind = OpKind(d["kind"])
+            except ValueError:
+                raise ScheduleError(f"op {d.get('id')} has unknown kind {d['kind']!r}; known: "
+                                    f"{', '.join(k.value for k in OpKind)}") from None
+            d = dict(d, kind=kind)
+            for k in ("deps", "reads", "writes", "frees"):
+                d[k] = tuple(d.get(k, ()))
+            ops.append(Op(**d))
+        meta = doc["meta"]
+        meta = ScheduleMeta(**dict(meta, notes=tuple(meta.get("notes", ()))))
+    except ScheduleError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise ScheduleError(f"schedule JSON has a malformed entry: {e!r}") from None
+    return Schedule(ops=tuple(ops), buffers=buffers, meta=meta).validate()

@@ -1,0 +1,62 @@
+"""The host DRAM bus as a SimPy resource shared by concurrent flows (DMA copies, the CPU
+optimizer, host gathers). Bandwidth is split max-min fairly: each flow gets an equal share of
+what is left, but never more than its own cap (a PCIe link, the optimizer's compute rate).
+Rates are recomputed whenever a flow starts or ends (a fluid model, exact for this sharing)."""
+import simpy
+
+_EPS_BYTES = 1e-3
+
+
+class DramBus:
+    def __init__(self, env: simpy.Environment, capacity_Bps: float):
+        self.env = env
+        self.capacity_Bps = capacity_Bps
+        self._flows: dict[int, list] = {}  # id -> [remaining bytes, cap, done event]
+        self._rates: dict[int, float] = {}
+        self._next_id = 0
+        self._last_t = 0.0
+        self._wake = env.event()
+        env.process(self._run())
+
+    def transfer(self, nbytes: float, cap_Bps: float) -> simpy.Event:
+        """An event that fires when `nbytes` have streamed through the bus."""
+        done = self.env.event()
+        if nbytes <= 0:
+            done.succeed()
+            return done
+        self._advance()
+        self._flows[self._next_id] = [float(nbytes), cap_Bps, done]
+        self._next_id += 1
+        if not self._wake.triggered:
+            self._wake.succeed()
+        return done
+
+    def _allocate(self) -> None:
+        left, flows = self.capacity_Bps, sorted(self._flows.items(), key=lambda kv: (kv[1][1], kv[0]))
+        self._rates = {}
+        for i, (fid, (_, cap, _)) in enumerate(flows):
+            r = min(cap, left / (len(flows) - i))
+            self._rates[fid] = r
+            left -= r
+
+    def _advance(self) -> None:
+        dt = self.env.now - self._last_t
+        self._last_t = self.env.now
+        if dt > 0:
+            for fid, f in self._flows.items():
+                f[0] -= self._rates.get(fid, 0.0) * dt
+
+    def _run(self):
+        while True:
+            if not self._flows:
+                yield self._wake
+                self._wake = self.env.event()
+                continue
+            self._allocate()
+            dt = min(f[0] / self._rates[fid] for fid, f in self._flows.items())
+            yield self.env.timeout(max(dt, 0.0)) | self._wake
+            if self._wake.triggered:
+                self._wake = self.env.event()
+            self._advance()
+            for fid in [fid for fid, f in self._flows.items() if f[0] <= _EPS_BYTES]:
+                self._flows.pop(fid)[2].succeed()

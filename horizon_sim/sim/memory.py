@@ -1,0 +1,71 @@
+"""Device memory over time and the host footprint, from a timeline and the ops' effects.
+
+Device peak = static buffers (weight slots) + the highest sum of live dynamic buffers and
+workspaces. Host total = static store (master, moments, working copy, pipelined grads) +
+the peak of dynamic host buffers (grads in other modes, checkpoints, staging) + the
+process runtime. At equal times, releases are applied before allocations (an op that
+waits for another starts no earlier than it ended)."""
+from dataclasses import dataclass
+
+import pandas as pd
+
+from horizon_sim.schedule.effects import op_effects
+from horizon_sim.schedule.op import Space
+
+HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "checkpoints", "scalars")
+
+
+@dataclass(frozen=True, slots=True)
+class HostFootprint:
+    by_role: dict
+    """Bytes per role at the host peak, plus 'runtime' (process overhead)."""
+    total_bytes: int
+
+    def bytes_per_param(self, params: int) -> dict:
+        return {k: v / params for k, v in self.by_role.items()}
+
+
+def _events(sched, timeline: pd.DataFrame, space: Space):
+    effects = op_effects(sched)
+    t = timeline.set_index("op_id")
+    ev = []  # (time, order: 0 = release first, delta, role)
+    for op in sched.ops:
+        if op.id not in t.index:
+            continue
+        e = effects[op.id]
+        for (sp, role), n in e.alloc.items():
+            if sp == space:
+                ev.append((t.at[op.id, "start_s"], 1, n, role))
+        for (sp, role), n in e.free.items():
+            if sp == space:
+                ev.append((t.at[op.id, "end_s"], 0, -n, role))
+    ev.sort(key=lambda x: (x[0], x[1]))
+    return ev
+
+
+def device_trace(sched, timeline: pd.DataFrame) -> pd.DataFrame:
+    """Device bytes in use over the step: columns time_s, bytes."""
+    base = sched.static_bytes(Space.DEVICE)
+    rows, cur = [(0.0, base)], base
+    for time_s, _, delta, _ in _events(sched, timeline, Space.DEVICE):
+        cur += delta
+        rows.append((time_s, cur))
+    return pd.DataFrame(rows, columns=["time_s", "bytes"])
+
+
+def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int) -> HostFootprint:
+    by_role = {r: 0 for r in HOST_ROLES}
+    for b in sched.buffers.values():
+        if b.static and b.space == Space.HOST:
+            by_role[b.role] = by_role.get(b.role, 0) + b.bytes
+    cur: dict = {}
+    best_total, best = 0, {}
+    for _, _, delta, role in _events(sched, timeline, Space.HOST):
+        cur[role] = cur.get(role, 0) + delta
+        total = sum(cur.values())
+        if total > best_total:
+            best_total, best = total, dict(cur)
+    for role, n in best.items():
+        by_role[role] = by_role.get(role, 0) + n
+    by_role["runtime"] = int(runtime_bytes)
+    return HostFootprint(by_role=by_role, total_bytes=int(sum(by_role.values())))

@@ -1,0 +1,142 @@
+"""The figures a user reads first: speed, utilization, what is exposed, what limits the step,
+and whether it fits."""
+from dataclasses import dataclass, asdict
+
+import pandas as pd
+
+from horizon_sim.schedule.op import Lane, OpKind
+from horizon_sim.units import fmt_bytes
+
+_EPS = 1e-12
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    step_time_s: float
+    tokens_per_s: float
+    model_TFLOPs: float
+    """Achieved model FLOP/s (PaLM 6N + 12LHT definition), 1e12."""
+    mfu: float
+    hfu: float
+    """Executed FLOPs (recompute included) / step time / peak."""
+    lane_busy: dict
+    """Busy fraction of the step per lane."""
+    exposed_copy_s: float
+    """Compute-idle time spent waiting on host<->device copies."""
+    exposed_optimizer_s: float
+    """Compute-idle time spent waiting on the CPU optimizer."""
+    exposed_host_s: float
+    """Compute-idle time spent waiting on other host work (embedding gather/scatter, norms)."""
+    bottleneck: str
+    roofline_s: float
+    """Lower bound: the busiest lane's work with nothing sharing its resources."""
+    device_peak_bytes: int
+    device_usable_bytes: int
+    host_bytes: int
+    host_usable_bytes: int
+    fits: bool
+    why: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _category(op) -> str:
+    if op.lane in (Lane.H2D, Lane.D2H):
+        return "copy"
+    if op.lane == Lane.CPU:
+        return "optimizer" if op.kind == OpKind.OPTIMIZER else "host"
+    return "compute"
+
+
+def exposed_time(sched, tl: pd.DataFrame) -> dict:
+    """Attribute every compute-idle interval to what the next compute op was waiting for:
+    walk back the chain of latest-finishing predecessors and charge each link's overlap with
+    the idle interval to its category (copy, optimizer, host)."""
+    start = dict(zip(tl.op_id, tl.start_s))
+    end = dict(zip(tl.op_id, tl.end_s))
+    step_end = tl.end_s.max()
+    preds: dict[int, list[int]] = {}
+    last = {}
+    for op in sched.ops:
+        preds[op.id] = list(op.deps) + ([last[op.lane]] if op.lane in last else [])
+        last[op.lane] = op.id
+    out = {"copy": 0.0, "optimizer": 0.0, "host": 0.0}
+    compute = [op.id for op in sched.ops if op.lane == Lane.COMPUTE]
+    gaps = []
+    prev_end = 0.0
+    for c in compute:
+        if start[c] > prev_end + _EPS:
+            gaps.append((prev_end, start[c], c))
+        prev_end = end[c]
+    # The tail after the last compute op: blame the op that ends the step.
+    if step_end > prev_end + _EPS:
+        gaps.append((prev_end, step_end, max(end, key=lambda i: (end[i], i))))
+    for a, b, target in gaps:
+        charged = b
+        node = target
+        # the target itself, when it is not compute, is the first link of the chain
+        chain = [] if sched.ops[node].lane == Lane.COMPUTE else [node]
+        while True:
+            ps = [p for p in preds[node] if end[p] > a + _EPS]
+            if not ps:
+                break
+            node = max(ps, key=lambda p: (end[p], p))
+            if sched.ops[node].lane == Lane.COMPUTE:
+                break
+            chain.append(node)
+        for n in chain:  # chain runs backwards in time; charge non-overlapping pieces
+            lo, hi = max(start[n], a), min(end[n], charged)
+            if hi > lo:
+                out[_category(sched.ops[n])] += hi - lo
+                charged = lo
+    return out
+
+
+def summarize(sched, hw, tl, trace, host, costs) -> Summary:
+    step = float(tl.end_s.max())
+    meta = sched.meta
+    peak_flops = (hw.device.bf16_TFLOPs if meta.policy["compute_dtype"] == "bf16"
+                  else hw.device.fp32_TFLOPs) * 1e12
+    busy = tl.groupby("lane")["dur_s"].sum()
+    lane_busy = {lane.value: float(busy.get(lane.value, 0.0)) / step for lane in sched.lanes}
+    alone = {}
+    for op in sched.ops:
+        alone[op.lane.value] = alone.get(op.lane.value, 0.0) + costs.alone_s(op)
+    dram_bytes = sum(op.link_bytes + op.host_bytes for op in sched.ops if op.lane != Lane.COMPUTE)
+    roofline = max(max(alone.values()), dram_bytes / costs.dram_Bps)
+    exposed = exposed_time(sched, tl)
+    if lane_busy.get("compute", 0.0) >= 0.95:
+        bottleneck = "compute"
+    else:
+        worst = max(exposed, key=lambda k: exposed[k])
+        bottleneck = {"copy": "link (h2d/d2h copies)", "optimizer": "cpu optimizer",
+                      "host": "host work (embedding, norms)"}[worst] if exposed[worst] > 0 else "compute"
+        if worst == "copy" and exposed[worst] > 0:
+            busiest = max(("h2d", "d2h"), key=lambda l: lane_busy.get(l, 0.0))
+            bottleneck = f"link ({busiest} copies)"
+    dev_peak = int(trace.bytes.max())
+    dev_ok = dev_peak <= hw.device_bytes_usable
+    host_ok = host.total_bytes <= hw.host_bytes_usable
+    reasons = []
+    if not dev_ok:
+        reasons.append(f"device needs {fmt_bytes(dev_peak)} but {hw.device.name} has "
+                       f"{fmt_bytes(hw.device_bytes_usable)} usable "
+                       f"(short by {fmt_bytes(dev_peak - hw.device_bytes_usable)})")
+    if not host_ok:
+        reasons.append(f"host needs {fmt_bytes(host.total_bytes)} but {fmt_bytes(hw.host.ram_GiB * 2**30)} "
+                       f"RAM leaves {fmt_bytes(hw.host_bytes_usable)} usable "
+                       f"(short by {fmt_bytes(host.total_bytes - hw.host_bytes_usable)})")
+    why = "; ".join(reasons) if reasons else (
+        f"device {fmt_bytes(dev_peak)} of {fmt_bytes(hw.device_bytes_usable)} usable, "
+        f"host {fmt_bytes(host.total_bytes)} of {fmt_bytes(hw.host_bytes_usable)} usable")
+    hw_flops = float(tl.flops.sum())
+    return Summary(
+        step_time_s=step, tokens_per_s=meta.tokens / step,
+        model_TFLOPs=meta.model_flops / step / 1e12, mfu=meta.model_flops / step / peak_flops,
+        hfu=hw_flops / step / peak_flops, lane_busy=lane_busy,
+        exposed_copy_s=exposed["copy"], exposed_optimizer_s=exposed["optimizer"],
+        exposed_host_s=exposed["host"], bottleneck=bottleneck, roofline_s=roofline,
+        device_peak_bytes=dev_peak, device_usable_bytes=int(hw.device_bytes_usable),
+        host_bytes=host.total_bytes, host_usable_bytes=int(hw.host_bytes_usable),
+        fits=dev_ok and host_ok, why=why)

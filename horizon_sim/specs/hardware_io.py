@@ -1,0 +1,120 @@
+"""HardwareSpec to and from a TOML file: a top-level `name` and three flat tables.
+
+    name = "h200 / pcie-gen5 / default host, 1.36 TiB RAM"
+    [device]
+    name = "h200"
+    hbm_GiB = 140.4013671875
+    ...
+    [link]
+    ...
+    [host]
+    ...
+
+Read with the standard library's tomllib; written here (flat tables of strings, numbers and
+integers need no TOML library). Every problem with a file is a one-line HorizonError that
+names the file and the key.
+"""
+import math
+import tomllib
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+from horizon_sim.errors import HorizonError
+from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
+from horizon_sim.units import closest
+
+TABLES = {"device": DeviceSpec, "link": LinkSpec, "host": HostSpec}
+TOP_LEVEL_KEYS = ("name", *TABLES)
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise HorizonError(f"cannot write non-finite number {v!r} to TOML")
+        return repr(v)  # shortest round-trip form; '1e-05' and '140.4' are both valid TOML
+    if isinstance(v, str):
+        out = []
+        for ch in v:
+            if ch in '"\\':
+                out.append("\\" + ch)
+            elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+                out.append(f"\\u{ord(ch):04X}")
+            else:
+                out.append(ch)
+        return '"' + "".join(out) + '"'
+    raise HorizonError(f"cannot write {type(v).__name__} value {v!r} to TOML")
+
+
+def hardware_to_toml(hw: HardwareSpec) -> str:
+    lines = ["# Horizon hardware spec. Units are in the key names: GiB = 2**30 bytes,",
+             "# GBps = 1e9 bytes/s, TFLOPs = 1e12 FLOP/s, us = microseconds.",
+             f"name = {_toml_value(hw.name)}"]
+    for table in TABLES:
+        part = getattr(hw, table)
+        lines += ["", f"[{table}]"]
+        lines += [f"{f.name} = {_toml_value(getattr(part, f.name))}" for f in fields(part)]
+    return "\n".join(lines) + "\n"
+
+
+def save_hardware(hw: HardwareSpec, path) -> None:
+    """Write `hw` to `path` as TOML (parent folders must exist)."""
+    if not isinstance(hw, HardwareSpec):
+        raise HorizonError(f"save_hardware needs a HardwareSpec, got {type(hw).__name__}")
+    try:
+        Path(path).write_text(hardware_to_toml(hw), encoding="utf-8")
+    except OSError as e:
+        raise HorizonError(f"hardware file {str(path)!r}: cannot write: {e.strerror or e}") from None
+
+
+def hardware_from_dict(data: dict, where: str = "hardware") -> HardwareSpec:
+    """A HardwareSpec from {name, device: {...}, link: {...}, host: {...}}; errors start with
+    `where` (a file name, usually)."""
+    if not isinstance(data, dict):
+        raise HorizonError(f"{where}: expected a table with [device], [link] and [host]")
+    for key in data:
+        if key not in TOP_LEVEL_KEYS:
+            raise HorizonError(f"{where}: unknown key {key!r}{closest(key, TOP_LEVEL_KEYS)}; "
+                               f"allowed at top level: {', '.join(TOP_LEVEL_KEYS)}")
+    parts = {}
+    for table, cls in TABLES.items():
+        if table not in data:
+            raise HorizonError(f"{where}: missing table [{table}]")
+        body = data[table]
+        if not isinstance(body, dict):
+            raise HorizonError(f"{where}: {table} = {body!r} must be a table [{table}]")
+        known = [f.name for f in fields(cls)]
+        for key in body:
+            if key not in known:
+                raise HorizonError(f"{where}: unknown key {key!r} in [{table}]{closest(key, known)}; "
+                                   f"allowed: {', '.join(known)}")
+        for f in fields(cls):
+            if f.name not in body and f.default is MISSING:
+                raise HorizonError(f"{where}: [{table}] is missing key {f.name!r}")
+        try:
+            parts[table] = cls(**body)  # type and range checks live in __post_init__
+        except HorizonError as e:
+            raise HorizonError(f"{where}: {e}") from None
+    name = data.get("name", "")
+    try:
+        return HardwareSpec(name=name, **parts)
+    except HorizonError as e:
+        raise HorizonError(f"{where}: {e}") from None
+
+
+def load_hardware(path) -> HardwareSpec:
+    """Read a HardwareSpec written by save_hardware (or by hand)."""
+    where = f"hardware file {str(path)!r}"
+    p = Path(path)
+    if not p.is_file():
+        raise HorizonError(f"{where}: not found" if not p.exists() else f"{where}: not a file")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise HorizonError(f"{where}: not valid TOML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise HorizonError(f"{where}: cannot read: {e}") from None
+    return hardware_from_dict(data, where)

@@ -1,0 +1,156 @@
+"""ModelSpec: a decoder-only transformer described by its shape, with exact parameter counts,
+FLOPs per token and activation bytes. Presets live in model_presets.py."""
+from dataclasses import dataclass, asdict
+
+from horizon_sim.errors import HorizonError
+
+FFN_TYPES = ("gated", "plain")
+NORM_TYPES = ("rmsnorm", "layernorm")
+ATTENTION_KINDS = ("flash", "eager")
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class ModelSpec:
+    """A Llama/Qwen/Mistral-style decoder. Layer 'units' the schedule streams are the decoder
+    blocks 0..n_layers-1 plus the head (final norm + LM head); the embedding stays on the host."""
+
+    name: str = "custom"
+    n_layers: int
+    """Decoder blocks."""
+    hidden: int
+    """Model width H."""
+    n_heads: int
+    """Query heads."""
+    n_kv_heads: int
+    """Key/value heads (GQA); equal to n_heads for plain multi-head attention."""
+    head_dim: int = 0
+    """Per-head width; 0 means hidden // n_heads."""
+    ffn_hidden: int
+    """MLP inner width F."""
+    ffn_type: str = "gated"
+    """'gated' (SwiGLU: gate, up, down) or 'plain' (up, down)."""
+    vocab: int
+    tied_embeddings: bool = False
+    """LM head shares the embedding matrix."""
+    qkv_bias: bool = False
+    """Biases on q, k, v projections (Qwen2)."""
+    mlp_bias: bool = False
+    norm: str = "rmsnorm"
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    def __post_init__(self):
+        for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise HorizonError(f"model {f}={v!r} must be a positive integer")
+        if self.head_dim < 0:
+            raise HorizonError(f"model head_dim={self.head_dim} must be >= 0 (0 = hidden // n_heads)")
+        if not self.head_dim and self.hidden % self.n_heads:
+            raise HorizonError(f"model hidden={self.hidden} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise HorizonError(
+                f"model n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.ffn_type not in FFN_TYPES:
+            raise HorizonError(f"model ffn_type={self.ffn_type!r}; allowed: {', '.join(FFN_TYPES)}")
+        if self.norm not in NORM_TYPES:
+            raise HorizonError(f"model norm={self.norm!r}; allowed: {', '.join(NORM_TYPES)}")
+
+    # ---- shapes -------------------------------------------------------------------------
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden // self.n_heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.hd
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.hd
+
+    # ---- parameters (exact: tests compare with transformers) ----------------------------
+    @property
+    def _norm_params(self) -> int:
+        return self.hidden * (2 if self.norm == "layernorm" else 1)
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights of the block's matmuls (q, k, v, o, MLP); what 6·N counts per layer."""
+        H, F = self.hidden, self.ffn_hidden
+        attn = H * self.q_dim + 2 * H * self.kv_dim + self.q_dim * H
+        mlp = (3 if self.ffn_type == "gated" else 2) * H * F
+        return attn + mlp
+
+    @property
+    def layer_params(self) -> int:
+        """All parameters of one decoder block: matmuls, biases and both norms."""
+        bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
+        if self.mlp_bias:
+            bias += (2 * self.ffn_hidden if self.ffn_type == "gated" else self.ffn_hidden) + self.hidden
+        return self.layer_matmul_params + bias + 2 * self._norm_params
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def head_params(self) -> int:
+        """Final norm plus the LM head matrix (0 extra when tied: it is the embedding)."""
+        return self._norm_params + (0 if self.tied_embeddings else self.vocab * self.hidden)
+
+    @property
+    def head_device_params(self) -> int:
+        """Parameters the head needs on the device: the LM head matrix even when tied."""
+        return self._norm_params + self.vocab * self.hidden
+
+    @property
+    def total_params(self) -> int:
+        return self.embedding_params + self.n_layers * self.layer_params + self.head_params
+
+    @property
+    def model_flops_params(self) -> int:
+        """N of the PaLM 6·N term: every matmul weight applied to every token, block matmuls
+        plus the LM head (the embedding lookup is not a matmul)."""
+        return self.n_layers * self.layer_matmul_params + self.vocab * self.hidden
+
+    # ---- FLOPs --------------------------------------------------------------------------
+    def model_flops_per_token(self, seq: int) -> float:
+        """PaLM model FLOPs per trained token: 6·N + 12·L·H·T (non-causal attention term;
+        uses q_dim for H so GQA and explicit head_dim count right)."""
+        return 6.0 * self.model_flops_params + 12.0 * self.n_layers * self.q_dim * seq
+
+    def layer_fwd_flops(self, tokens: int, seq: int, causal: bool = True) -> float:
+        """FLOPs one block's forward executes over `tokens` tokens of sequence length `seq`.
+        Causal attention executes half of QK^T and AV (flash kernels skip masked tiles)."""
+        attn = 4.0 * seq * self.q_dim * tokens * (0.5 if causal else 1.0)
+        return 2.0 * self.layer_matmul_params * tokens + attn
+
+    def head_fwd_flops(self, tokens: int) -> float:
+        return 2.0 * self.vocab * self.hidden * tokens
+
+    # ---- activations --------------------------------------------------------------------
+    def boundary_bytes_per_token(self, act_bytes: int) -> int:
+        """A layer-boundary activation (the residual stream), what a checkpoint holds."""
+        return self.hidden * act_bytes
+
+    def saved_bytes_per_token(self, seq: int, act_bytes: int, attention: str = "flash") -> int:
+        """Bytes autograd saves per token for one block's backward (forward-with-grad).
+        Counted tensor by tensor for the template block: input x, norm1 out, q, k, v, rotated
+        q and k, attention out, post-attention residual, norm2 out, and the MLP's gate, up,
+        act(gate) and product (plain MLP: up and act(up)). Flash attention keeps only a
+        logsumexp per head (fp32); eager keeps the T×T probabilities per head."""
+        if attention not in ATTENTION_KINDS:
+            raise HorizonError(f"attention={attention!r}; allowed: {', '.join(ATTENTION_KINDS)}")
+        H, F = self.hidden, self.ffn_hidden
+        elems = 4 * H + 2 * self.q_dim + 3 * self.kv_dim + self.q_dim  # x,n1,h,n2 ; q,qr ; k,v,kr ; o
+        elems += (4 if self.ffn_type == "gated" else 2) * F
+        nbytes = elems * act_bytes
+        if attention == "flash":
+            nbytes += self.n_heads * 4
+        else:
+            nbytes += 2 * self.n_heads * seq * act_bytes  # scores and probabilities
+        return nbytes
+
+    def to_dict(self) -> dict:
+        return asdict(self)

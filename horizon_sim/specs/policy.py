@@ -1,0 +1,103 @@
+"""Policy: how a step is run: batch shape, checkpointing, buffering, precision, optimizer overlap."""
+from dataclasses import dataclass, asdict
+
+from horizon_sim.errors import HorizonError
+
+OPTIMIZER_MODES = ("after", "backward", "pipelined")
+CKPT_PLACES = ("device", "host")
+DTYPES = ("fp32", "bf16")
+ATTENTION = ("flash", "eager")
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
+@dataclass(kw_only=True, frozen=True, slots=True)
+class Policy:
+    batch: int = 4
+    """Sequences per optimizer step (all micro-batches together)."""
+    seq: int = 2048
+    """Tokens per sequence."""
+    micro_batches: int = 1
+    """Micro-batches per step, run one after another; gradients accumulate on the host."""
+    ckpt_every: int = 1
+    """K: keep a layer-boundary activation every K blocks; backward recomputes the K-1 between."""
+    slots: int = 2
+    """Device weight buffers (>= 2: one computes while the next loads)."""
+    ckpt_on: str = "host"
+    """Where boundary checkpoints live between forward and backward: 'device' or 'host'.
+    'host' keeps device memory independent of depth; 'device' saves link traffic."""
+    compute_dtype: str = "bf16"
+    """Dtype of device weights and activations ('fp32' for exactness checks)."""
+    master_dtype: str = "fp32"
+    """Host master weights."""
+    states_dtype: str = "fp32"
+    """Adam moments on the host."""
+    grad_dtype: str = "bf16"
+    """Gradients as they cross the device-to-host link."""
+    working_copy: bool = True
+    """Keep a persistent host copy of the weights in compute_dtype, refreshed by the optimizer,
+    so loads move compute_dtype bytes. Off: loads move master bytes and cast on the device."""
+    optimizer: str = "pipelined"
+    """'after': all layers after backward (as the published code); 'backward': each layer as
+    its gradient arrives (no exact global clipping); 'pipelined': each layer just before the
+    next step's forward needs it, with the exact global norm of the finished backward."""
+    grad_clip: float = 1.0
+    """Global-norm clipping threshold; 0 turns clipping off."""
+    attention: str = "flash"
+    """Attention kernel the activation model assumes: 'flash' (no T×T term) or 'eager'."""
+    loss_chunk_tokens: int = 1024
+    """The LM head and loss run over this many tokens at a time, so full logits never exist."""
+
+    def __post_init__(self):
+        for f in ("batch", "seq", "micro_batches", "ckpt_every", "loss_chunk_tokens"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise HorizonError(f"policy {f}={v!r} must be a positive integer")
+        if not isinstance(self.slots, int) or self.slots < 2:
+            raise HorizonError(f"policy slots={self.slots!r} must be an integer >= 2 (one computes while one loads)")
+        if self.batch % self.micro_batches:
+            raise HorizonError(
+                f"policy batch={self.batch} is not divisible by micro_batches={self.micro_batches}")
+        for f, allowed in (("ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES),
+                           ("attention", ATTENTION), ("compute_dtype", DTYPES),
+                           ("master_dtype", DTYPES), ("states_dtype", DTYPES), ("grad_dtype", DTYPES)):
+            if getattr(self, f) not in allowed:
+                raise HorizonError(f"policy {f}={getattr(self, f)!r}; allowed: {', '.join(allowed)}")
+        if not isinstance(self.grad_clip, (int, float)) or self.grad_clip < 0:
+            raise HorizonError(f"policy grad_clip={self.grad_clip!r} must be >= 0 (0 = off)")
+        if self.optimizer == "backward" and self.grad_clip > 0:
+            raise HorizonError(
+                "policy optimizer='backward' updates each layer before the global gradient norm "
+                "is known, so it cannot clip exactly: use grad_clip=0 or optimizer='pipelined'")
+        if self.working_copy and self.compute_dtype == self.master_dtype:
+            raise HorizonError(
+                f"policy working_copy=True duplicates the {self.master_dtype} master weights "
+                f"(compute_dtype is also {self.compute_dtype}): turn working_copy off")
+        if DTYPE_BYTES[self.grad_dtype] > DTYPE_BYTES[self.compute_dtype]:
+            raise HorizonError(
+                f"policy grad_dtype={self.grad_dtype} is wider than compute_dtype="
+                f"{self.compute_dtype}: gradients cannot gain precision on the way out")
+
+    @property
+    def micro_batch(self) -> int:
+        """Sequences per micro-batch."""
+        return self.batch // self.micro_batches
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per optimizer step."""
+        return self.batch * self.seq
+
+    @property
+    def clip(self) -> bool:
+        return self.grad_clip > 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def exact_policy(**overrides) -> Policy:
+    """All-fp32 policy for exactness tests: fp32 compute, grads and master; no working copy."""
+    base = dict(compute_dtype="fp32", grad_dtype="fp32", master_dtype="fp32",
+                states_dtype="fp32", working_copy=False)
+    base.update(overrides)
+    return Policy(**base)
