@@ -10,6 +10,7 @@ from horizon_sim.errors import HorizonError
 # name -> (module, one-line help). Order is the order of `horizon --help`.
 COMMANDS = {
     "plan": ("horizon_sim.cli.plan_cmd", "does it fit, how fast, what is the bottleneck"),
+    "simulate": ("horizon_sim.cli.simulate_cmd", "one step as a Gantt overlap plot and a Perfetto trace"),
     "train": ("horizon_exec.cli", "train for real with the streaming executor"),
 }
 

@@ -1,0 +1,87 @@
+"""Device arena: every device allocation of the executor goes through here, against a byte
+budget, so "device memory" is a measured number on every backend.
+
+Named buffers (weight slots, RoPE tables, the schedule's activations and gradients) are
+charged their declared bytes while they live. Op temporaries (intermediates, autograd's saved
+tensors) are charged through `transient()` by a tracker on the compute lane. The peak is
+max(buffers + temporaries) over the step. Thread-safe: every lane allocates and frees.
+"""
+import threading
+
+from horizon_exec.errors import DeviceBudgetError
+from horizon_sim.units import fmt_bytes
+
+
+class DeviceArena:
+    def __init__(self, backend, budget_bytes: int | None = None):
+        self.backend = backend
+        self.budget = budget_bytes
+        self._lock = threading.RLock()
+        self.tensors: dict[str, object] = {}
+        self._bytes: dict[str, int] = {}
+        self.ptrs: set[int] = set()  # storage addresses of named buffers (not temporaries)
+        self.live = 0
+        self.temp = 0
+        self.peak = 0
+
+    # ---- accounting -----------------------------------------------------------------------
+    def _charge(self, n: int, what: str) -> None:  # caller holds the lock
+        if self.budget is not None and self.live + self.temp + n > self.budget:
+            raise DeviceBudgetError(
+                f"device memory budget {fmt_bytes(self.budget)} exceeded: {what} needs {fmt_bytes(n)} "
+                f"with {fmt_bytes(self.live)} in buffers and {fmt_bytes(self.temp)} in op temporaries "
+                "live; raise the budget or lower batch, seq, slots or ckpt_every")
+
+    def _update_peak(self) -> None:
+        self.peak = max(self.peak, self.live + self.temp)
+
+    def transient(self, delta: int, what: str = "an op temporary") -> None:
+        """Charge (delta > 0) or release (delta < 0) op temporaries."""
+        with self._lock:
+            if delta > 0:
+                self._charge(delta, what)
+            self.temp += delta
+            self._update_peak()
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak = self.live + self.temp
+
+    # ---- named buffers --------------------------------------------------------------------
+    def alloc(self, name: str, shape, dtype, nbytes: int):
+        """A new device tensor for buffer `name`, charged `nbytes` (its declared size)."""
+        with self._lock:
+            if name in self.tensors:
+                raise RuntimeError(f"device buffer {name!r} is already allocated")
+            self._charge(nbytes, f"buffer {name!r}")
+            t = self.backend.empty(shape, dtype)
+            self._register(name, t, nbytes)
+            return t
+
+    def adopt(self, name: str, t, nbytes: int):
+        """Make an op's output tensor the buffer `name` (allocated when first written)."""
+        if t.untyped_storage().nbytes() != nbytes or not t.is_contiguous():
+            t = t.contiguous().clone()  # never keep a larger storage alive under a smaller name
+        with self._lock:
+            if name in self.tensors:
+                raise RuntimeError(f"device buffer {name!r} is already allocated")
+            self._charge(nbytes, f"buffer {name!r}")
+            self._register(name, t, nbytes)
+            return t
+
+    def _register(self, name, t, nbytes):
+        self.tensors[name] = t
+        self._bytes[name] = nbytes
+        self.ptrs.add(t.untyped_storage().data_ptr())
+        self.live += nbytes
+        self._update_peak()
+
+    def free(self, name: str):
+        with self._lock:
+            t = self.tensors.pop(name)
+            self.ptrs.discard(t.untyped_storage().data_ptr())
+            self.live -= self._bytes.pop(name)
+        return t
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors

@@ -1,0 +1,91 @@
+"""The small interface the engine and the op semantics need from a device, and a factory.
+
+A backend owns: how a lane thread is set up (threads, core affinity, CUDA stream), how a lane
+waits for another lane's op beyond the host-side "done" flag (CUDA: stream waits on events),
+how time is measured (perf_counter or CUDA events), allocation (device tensors, the one host
+store allocation, dynamic host buffers), the copies across the link, and how device memory is
+measured. Lanes H2D, COMPUTE and D2H are device lanes; the CPU lane runs host work.
+"""
+import contextlib
+
+from horizon_sim.errors import HorizonError
+from horizon_sim.schedule.op import Lane
+
+DEVICE_LANES = (Lane.H2D, Lane.COMPUTE, Lane.D2H)
+
+
+class Backend:
+    name = "base"
+    device = None
+
+    # ---- lanes and ordering -------------------------------------------------------------
+    def start_lane(self, lane: Lane) -> None:
+        """Called once in each lane's worker thread before it runs ops."""
+
+    def wait_device(self, lane: Lane, dep_marks) -> None:
+        """After the host saw the deps done: order this lane's next work after their device
+        work (end marks of ops on other lanes)."""
+
+    def mark(self, lane: Lane):
+        """A timestamp on this lane, taken in stream order (CUDA event) or now (host)."""
+        raise NotImplementedError
+
+    def lane_sync(self) -> None:
+        """Block the host until the current lane's queued device work is done."""
+
+    def step_begin(self) -> None: ...
+
+    def step_end(self) -> None: ...
+
+    def seconds(self, mark) -> float:
+        """A mark as seconds since step_begin (valid after step_end)."""
+        raise NotImplementedError
+
+    # ---- memory ---------------------------------------------------------------------------
+    def empty(self, shape, dtype):
+        raise NotImplementedError
+
+    def host_raw(self, nbytes: int):
+        """One (nbytes,) uint8 host tensor for the host store."""
+        raise NotImplementedError
+
+    def host_empty(self, shape, dtype):
+        raise NotImplementedError
+
+    def release(self, t) -> None:
+        """A device buffer is being freed by the current lane."""
+
+    def compute_scope(self, arena, what: str):
+        """Context active while a compute op runs (CPU: measures its temporaries)."""
+        return contextlib.nullcontext()
+
+    def device_peak(self, arena) -> int:
+        return arena.peak
+
+    def reset_peak(self, arena) -> None:
+        arena.reset_peak()
+
+    # ---- the link -------------------------------------------------------------------------
+    def h2d(self, dst, src) -> None:
+        """dst (device) <- src (host), cast to dst's dtype on the device."""
+        raise NotImplementedError
+
+    def d2h(self, dst, src) -> None:
+        """dst (host) <- src (device), cast to dst's dtype on the device before the link."""
+        raise NotImplementedError
+
+    def d2h_add(self, dst, src) -> None:
+        """dst (host, fp32) += src (device), after the copy lands."""
+        raise NotImplementedError
+
+    def close(self) -> None: ...
+
+
+def make_backend(device: str = "cpu", **kw) -> Backend:
+    if device == "cpu":
+        from horizon_exec.backend_cpu import CpuBackend
+        return CpuBackend(**kw)
+    if device.startswith("cuda"):
+        from horizon_exec.backend_cuda import CudaBackend
+        return CudaBackend(device, **kw)
+    raise HorizonError(f"device {device!r} is not supported; use 'cpu' or 'cuda[:N]'")

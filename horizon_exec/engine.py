@@ -1,0 +1,171 @@
+"""The engine: runs a Schedule's ops on lanes, in program order, never re-deriving the order.
+
+One persistent worker thread per lane, each fed a FIFO queue. `run(ops)` walks the ops in
+program order and puts each on its lane's queue; a worker takes the next op, waits (host side)
+until every op in `deps` is done, lets the backend order its device work after theirs (CUDA:
+stream waits on events), marks start, runs the op, marks end and flags it done. Ops that are
+not run this time (a pipelined optimizer's prev_step ops on a run's first step) count as done.
+
+Failures: the first exception in any lane aborts the step (the others skip what is left) and
+`run` raises ExecError naming the op, its lane and the cause. Waits poll with a timeout, so a
+dependency that never completes or a lane stuck in an op is reported, not a hang.
+"""
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from horizon_exec.errors import ExecError
+from horizon_sim.schedule.op import Lane, Op
+
+_POLL_S = 0.05
+_STOP = object()
+
+
+@dataclass(slots=True)
+class _Rec:
+    done: threading.Event = field(default_factory=threading.Event)
+    t0: object = None
+    t1: object = None
+    ran: bool = False
+
+
+@dataclass(slots=True)
+class _End:
+    event: threading.Event = field(default_factory=threading.Event)
+
+
+class _Aborted(Exception):
+    pass
+
+
+class Engine:
+    def __init__(self, backend, runner, timeout_s: float = 600.0):
+        self.backend = backend
+        self.runner = runner
+        self.timeout_s = timeout_s
+        self.hook = None  # called in the lane thread before each op (tests, tracing)
+        self._queues = {lane: queue.SimpleQueue() for lane in Lane}
+        self._current: dict[Lane, Op | None] = {lane: None for lane in Lane}
+        self._abort = threading.Event()
+        self._error: tuple[Op, BaseException] | None = None
+        self._err_lock = threading.Lock()
+        self.broken: str | None = None
+        self._threads = [threading.Thread(target=self._worker, args=(lane,), daemon=True,
+                                          name=f"horizon-{lane.value}") for lane in Lane]
+        for t in self._threads:
+            t.start()
+
+    # ---- lane worker ----------------------------------------------------------------------
+    def _worker(self, lane: Lane) -> None:
+        init_error = None
+        try:
+            self.backend.start_lane(lane)
+        except BaseException as e:  # reported on the lane's first op
+            init_error = e
+        q = self._queues[lane]
+        while True:
+            item = q.get()
+            if item is _STOP:
+                return
+            if isinstance(item, _End):
+                item.event.set()
+                continue
+            op, recs = item
+            rec = recs[op.id]
+            self._current[lane] = op
+            try:
+                if init_error is not None:
+                    raise init_error
+                if self._abort.is_set():
+                    raise _Aborted
+                for d in op.deps:
+                    self._wait_dep(op, recs, d)
+                self.backend.wait_device(lane, [recs[d].t1 for d in op.deps if recs[d].ran])
+                if self.hook is not None:
+                    self.hook(op)
+                rec.t0 = self.backend.mark(lane)
+                self.runner(op)
+                rec.t1 = self.backend.mark(lane)
+                rec.ran = True
+            except _Aborted:
+                pass
+            except BaseException as e:
+                self._fail(op, e)
+            finally:
+                self._current[lane] = None
+                rec.done.set()
+
+    def _wait_dep(self, op: Op, recs, d: int) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        ev = recs[d].done
+        while not ev.wait(_POLL_S):
+            if self._abort.is_set():
+                raise _Aborted
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {self.timeout_s:g}s for op {d} ({self._label(d)})")
+        if self._abort.is_set():
+            raise _Aborted
+
+    def _label(self, d: int) -> str:
+        return self._ops_by_id[d].label if d in self._ops_by_id else "?"
+
+    def _fail(self, op: Op, e: BaseException) -> None:
+        with self._err_lock:
+            if self._error is None:
+                self._error = (op, e)
+        self._abort.set()
+
+    # ---- driving a step ---------------------------------------------------------------------
+    def run(self, ops, n_ids: int, skip=frozenset()) -> list[tuple[Op, float, float]]:
+        """Run `ops` (program order) minus `skip`; ids run over 0..n_ids-1 (ops absent from
+        the list count as done). Returns (op, start_s, end_s) for the ops that ran."""
+        if self.broken:
+            raise ExecError(f"the engine is unusable: {self.broken}")
+        self._ops_by_id = {op.id: op for op in ops}
+        recs = [_Rec() for _ in range(n_ids)]
+        to_run = [op for op in ops if op.id not in skip]
+        running = {op.id for op in to_run}
+        for i, r in enumerate(recs):
+            if i not in running:
+                r.done.set()
+        self._abort.clear()
+        self._error = None
+        self.backend.step_begin()
+        for op in to_run:  # program order; each lane is FIFO
+            self._queues[op.lane].put((op, recs))
+        ends = {lane: _End() for lane in Lane}
+        for lane, end in ends.items():
+            self._queues[lane].put(end)
+        for lane, end in ends.items():
+            self._join_lane(lane, end)
+        try:
+            self.backend.step_end()
+        except BaseException as e:
+            if self._error is None:
+                raise ExecError(f"device synchronize after the step failed: {e}") from e
+        if self._error is not None:
+            op, e = self._error
+            raise ExecError(f"op {op.id} {op.label} on lane {op.lane.value} failed: "
+                            f"{type(e).__name__}: {e}", op=op) from e
+        return [(op, self.backend.seconds(recs[op.id].t0), self.backend.seconds(recs[op.id].t1))
+                for op in to_run if recs[op.id].ran]
+
+    def _join_lane(self, lane: Lane, end: _End) -> None:
+        last_progress, last_op = time.monotonic(), None
+        while not end.event.wait(_POLL_S):
+            cur = self._current[lane]
+            if cur is not last_op:
+                last_progress, last_op = time.monotonic(), cur
+            elif time.monotonic() - last_progress > self.timeout_s:
+                self._abort.set()
+                what = f"op {cur.id} {cur.label}" if cur is not None else "its queue"
+                self.broken = f"lane {lane.value} made no progress in {what} for {self.timeout_s:g}s"
+                raise ExecError(self.broken, op=cur)
+
+    def close(self) -> None:
+        if not self.broken:
+            for q in self._queues.values():
+                q.put(_STOP)
+            for t in self._threads:
+                t.join(timeout=5)

@@ -1,0 +1,83 @@
+"""Parameter layouts: where each named tensor of a unit lives inside its flat buffer.
+
+A unit (the embedding, a decoder block, the head) is one contiguous flat vector on the host and
+is streamed into a flat device slot; the layer template only ever sees named views of it.
+Names and order follow transformers' Llama/Qwen2 modules, so weights copy 1:1 by name.
+"""
+from dataclasses import dataclass
+from math import prod
+
+from horizon_sim.schedule.op import EMBED
+from horizon_sim.specs.model import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+
+class Layout:
+    """Named tensors packed back to back in one flat vector."""
+
+    def __init__(self, named_shapes):
+        entries, off = [], 0
+        for name, shape in named_shapes:
+            entries.append(Entry(name, tuple(shape), off))
+            off += prod(shape)
+        self.entries: tuple[Entry, ...] = tuple(entries)
+        self.numel = off
+
+    def views(self, flat, prefix: str = "") -> dict:
+        """{prefix+name: view of `flat`} (no copies); `flat` may be longer than the layout."""
+        return {prefix + e.name: flat[e.offset:e.offset + e.numel].view(e.shape) for e in self.entries}
+
+
+def block_layout(m: ModelSpec) -> Layout:
+    """One decoder block, names relative to `model.layers.N.` (transformers order)."""
+    H, F = m.hidden, m.ffn_hidden
+    s = [("self_attn.q_proj.weight", (m.q_dim, H))]
+    s += [("self_attn.q_proj.bias", (m.q_dim,))] if m.qkv_bias else []
+    s += [("self_attn.k_proj.weight", (m.kv_dim, H))]
+    s += [("self_attn.k_proj.bias", (m.kv_dim,))] if m.qkv_bias else []
+    s += [("self_attn.v_proj.weight", (m.kv_dim, H))]
+    s += [("self_attn.v_proj.bias", (m.kv_dim,))] if m.qkv_bias else []
+    s += [("self_attn.o_proj.weight", (H, m.q_dim))]
+    for proj, shape in (("gate_proj", (F, H)), ("up_proj", (F, H)), ("down_proj", (H, F))):
+        s += [(f"mlp.{proj}.weight", shape)]
+        s += [(f"mlp.{proj}.bias", (shape[0],))] if m.mlp_bias else []
+    s += [("input_layernorm.weight", (H,)), ("post_attention_layernorm.weight", (H,))]
+    lay = Layout(s)
+    assert lay.numel == m.layer_params, (lay.numel, m.layer_params)
+    return lay
+
+
+def head_device_layout(m: ModelSpec) -> Layout:
+    """The head as the device sees it: final norm, then the LM head matrix (even when tied)."""
+    return Layout([("model.norm.weight", (m.hidden,)), ("lm_head.weight", (m.vocab, m.hidden))])
+
+
+def host_layout(m: ModelSpec, unit: int) -> Layout:
+    """A unit's host master vector, with full transformers names. A tied head holds only the
+    final norm: its matrix is the embedding's."""
+    if unit == EMBED:
+        return Layout([("model.embed_tokens.weight", (m.vocab, m.hidden))])
+    if unit == m.n_layers:
+        s = [("model.norm.weight", (m.hidden,))]
+        return Layout(s if m.tied_embeddings else s + [("lm_head.weight", (m.vocab, m.hidden))])
+    blk = block_layout(m)
+    return Layout([(f"model.layers.{unit}.{e.name}", e.shape) for e in blk.entries])
+
+
+def unit_name(m: ModelSpec, unit: int) -> str:
+    """The schedule's buffer suffix of a unit: 'emb', '0'..'L-1', 'head'."""
+    return {EMBED: "emb", m.n_layers: "head"}.get(unit, str(unit))
+
+
+def unit_of(m: ModelSpec, name: str) -> int:
+    return {"emb": EMBED, "head": m.n_layers}.get(name) if name in ("emb", "head") else int(name)
