@@ -89,3 +89,30 @@ def test_total_bytes_conserved_under_churn():
     total = sum(f[1] for f in flows)
     assert max(done) == pytest.approx(total / CAP, rel=1e-9)
     assert all(d >= s + n / CAP - 1e-9 for d, (s, n, _) in zip(done, flows))
+
+
+def _run_bounded(env, max_steps=10_000):
+    """env.run(), but give up after max_steps events instead of spinning forever."""
+    for _ in range(max_steps):
+        if env.peek() == float("inf"):
+            return True
+        env.step()
+    return False
+
+
+def test_flow_shorter_than_the_clock_resolution_finishes():
+    """Regression: late in a long step (t = 1e6 s, where one float ulp is ~1.2e-10 s) a flow
+    whose remaining time (2e-3 B at 3e11 B/s = 7e-15 s) is below the clock's resolution used
+    to time out at the same instant, make no progress and spin forever."""
+    env = simpy.Environment()
+    bus = DramBus(env, 3e11)
+    done = []
+
+    def proc():
+        yield env.timeout(1e6)
+        yield bus.transfer(2e-3, 3e11)
+        done.append(env.now)
+
+    env.process(proc())
+    assert _run_bounded(env), "the bus never finished a sub-resolution flow"
+    assert done == [pytest.approx(1e6, abs=1e-9)]

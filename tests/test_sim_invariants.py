@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from horizon_sim.schedule import Lane, OpKind, build_schedule
+from horizon_sim.schedule import OpKind, build_schedule
 from horizon_sim.sim.costs import CostModel
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.sim.timeline import check_obeys_schedule
@@ -289,3 +289,23 @@ def test_fits_when_both_are_enough():
     s = _sim(model_preset("llama-2-7b")).summary
     assert s.fits
     assert s.device_peak_bytes <= s.device_usable_bytes and s.host_bytes <= s.host_usable_bytes
+
+
+def test_long_step_with_sub_resolution_flows_terminates():
+    """Regression for the DRAM bus spinning forever: this sweep configuration (a ~145 s step)
+    left a 0.004 B remainder that the float clock could not advance past at t = 144.8 s."""
+    import signal
+
+    def boom(*_):
+        raise TimeoutError("simulation did not terminate within 30 s")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(30)
+    try:
+        r = _sim(model_preset("dense-120b"), make_hardware("a100-80gb", "1TB"), batch=16, seq=2048,
+                 ckpt_every=1, slots=2, optimizer="pipelined")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert r.summary.step_time_s == pytest.approx(144.836, rel=1e-4)
+    check_obeys_schedule(r.timeline, r.schedule)

@@ -2,6 +2,8 @@
 optimizer, host gathers). Bandwidth is split max-min fairly: each flow gets an equal share of
 what is left, but never more than its own cap (a PCIe link, the optimizer's compute rate).
 Rates are recomputed whenever a flow starts or ends (a fluid model, exact for this sharing)."""
+import math
+
 import simpy
 
 _EPS_BYTES = 1e-3
@@ -54,6 +56,10 @@ class DramBus:
                 continue
             self._allocate()
             dt = min(f[0] / self._rates[fid] for fid, f in self._flows.items())
+            if self.env.now + dt <= self.env.now:
+                # Too short for the float clock at this time: step one ulp, or the flow would
+                # never make progress and the simulation would spin forever.
+                dt = math.ulp(self.env.now)
             yield self.env.timeout(max(dt, 0.0)) | self._wake
             if self._wake.triggered:
                 self._wake = self.env.event()

@@ -1,0 +1,93 @@
+"""`horizon max-model`: the largest model that trains on a machine."""
+import argparse
+import json
+
+from horizon_sim.cli.tune_cmd import add_hardware_args, add_run_args, format_table, hardware_from_args, positive
+from horizon_sim.specs.policy import Policy
+from horizon_sim.units import GiB, fmt_bytes
+
+EXAMPLE = """example:
+  horizon max-model --gpu h200 --ram 1.5TB
+  horizon max-model --gpu rtx-4090 --ram 128GiB --policies default
+  horizon max-model --gpu gh200 --ram 480GB --seq 4096 --json
+
+Candidates: every model preset, plus dense-120b scaled in depth (-L<layers>) and in width
+(-w<hidden>). Policies: 'lean' (default) takes the fastest that fits of the default policy,
+bf16 moments, optimizer in backward without clipping and no working copy, and both;
+'default' uses the default policy only."""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = ("The largest model that fits a GPU and a host RAM size, with its tokens/s: model "
+                     "presets and the dense-120b family scaled in depth and width.")
+    p.epilog = EXAMPLE
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_hardware_args(p)
+    p.add_argument("--policies", choices=("lean", "default"), default="lean",
+                   help="'lean': best of the default and three memory-lean policies (default); "
+                        "'default': the default policy only")
+    p.add_argument("--batch", type=int, default=Policy().batch, help="sequences per step (default 4)")
+    p.add_argument("--seq", type=int, default=Policy().seq, help="tokens per sequence (default 2048)")
+    add_run_args(p)
+
+
+def _v(v) -> dict:
+    r = v.row()
+    r["policy_fields"] = v.policy.to_dict()
+    return {k: (None if isinstance(x, float) and x != x else x) for k, x in r.items()}
+
+
+def run(a: argparse.Namespace) -> int:
+    from horizon_sim.plan.max_model import max_model
+
+    positive("--batch", a.batch)
+    positive("--seq", a.seq)
+    positive("--workers", a.workers, allow_none=True)
+    hw = hardware_from_args(a)
+    res = max_model(hw, base=Policy(batch=a.batch, seq=a.seq), policies=a.policies, workers=a.workers,
+                    progress=not a.quiet)
+    b, m = res.best, res.model
+    if a.json:
+        print(json.dumps({
+            "hardware": hw.name or hw.device.name, "ram_bytes": int(round(hw.host.ram_GiB * GiB)),
+            "model": m.name, "params": res.params, "family": b.candidate.family, "shape": m.to_dict(),
+            "tokens_per_s": b.outcome.tokens_per_s, "mfu": b.outcome.mfu, "policy": b.policy_name,
+            "policy_fields": b.policy.to_dict(), "device_peak_bytes": b.outcome.device_peak_bytes,
+            "host_bytes": b.outcome.host_bytes,
+            "next_bigger": _v(res.next_bigger) if res.next_bigger else None,
+            "largest_preset": _v(res.largest_preset) if res.largest_preset else None,
+            "candidates": [{k: (None if isinstance(x, float) and x != x else x) for k, x in r.items()}
+                           for r in res.table.to_dict("records")]}))
+        return 0
+    o = b.outcome
+    print(f"max-model on {hw.name or hw.device.name}: {m.name}, {res.params / 1e9:.1f}B params "
+          f"({m.n_layers} layers x width {m.hidden}, {b.candidate.family})")
+    print(f"  {o.tokens_per_s:,.0f} tokens/s, MFU {o.mfu:.1%}, limited by {o.bottleneck}; device "
+          f"{fmt_bytes(o.device_peak_bytes)} of {fmt_bytes(hw.device_bytes_usable)}, host {fmt_bytes(o.host_bytes)} "
+          f"of {fmt_bytes(hw.host_bytes_usable)} usable")
+    from horizon_sim.plan.advice import policy_flags
+    flags = policy_flags(b.policy)
+    print(f"  policy '{b.policy_name}'" + (f": {flags}" if flags else " (Policy() defaults)"))
+    if res.next_bigger:
+        nb = res.next_bigger
+        print(f"  next bigger candidate {nb.candidate.model.name} ({nb.candidate.params / 1e9:.1f}B) "
+              f"does not fit: {nb.why}")
+    lp = res.largest_preset
+    if lp is not None and lp is not b:
+        print(f"  largest preset that fits: {lp.candidate.model.name} ({lp.candidate.params / 1e9:.1f}B), "
+              f"{lp.outcome.tokens_per_s:,.0f} tokens/s under '{lp.policy_name}'")
+    print()
+    print("candidates judged, largest first (host: simulated footprint under the policy shown):")
+    cols = [("model", "model", str), ("params", "params", lambda n: f"{n / 1e9:.1f}B"),
+            ("fits", "fits", lambda f: "yes" if f else "no"), ("policy", "policy", str),
+            ("tokens/s", "tokens_per_s", lambda v: f"{v:,.0f}" if v == v else "-"),
+            ("host", "host_bytes", lambda n: fmt_bytes(n) if n else "-"), ("why", "why", str)]
+    rows = res.table.to_dict("records")
+    simulated = [r for r in rows if r["host_bytes"]]
+    skipped = [r for r in rows if not r["host_bytes"]]
+    shown = skipped[-1:] + simulated  # the smallest candidate rejected by its lower bound, then the rest
+    print(format_table(shown, cols))
+    if len(skipped) > 1:
+        print(f"  ... and {len(skipped) - 1} bigger candidates up to {skipped[0]['model']} "
+              f"({skipped[0]['params'] / 1e9:.0f}B), rejected by their host store or weight slots alone")
+    return 0

@@ -1,0 +1,69 @@
+"""`horizon min-ram`: the smallest host RAM (a multiple of 64 GiB) that a training job fits in."""
+import argparse
+import json
+
+from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
+from horizon_sim.cli.tune_cmd import add_hardware_args, hardware_from_args
+from horizon_sim.units import GiB, fmt_bytes
+
+EXAMPLE = """example:
+  horizon min-ram --model llama-3.1-70b --gpu h100-pcie
+  horizon min-ram --model dense-120b --gpu h200 --optimizer backward --no-working-copy --states-dtype bf16
+  horizon min-ram --model ./my-model/config.json --gpu rtx-4090 --batch 8 --json
+
+The host footprint does not depend on the RAM installed, so it is simulated once and rounded
+up to a multiple of 64 GiB (after the OS reserve); the answer is then checked by simulating
+with that much RAM (fits) and 64 GiB less (does not)."""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = ("The smallest host RAM, in 64 GiB steps, in which a model trains under a policy: "
+                     "the footprint breakdown and the speed at that size.")
+    p.epilog = EXAMPLE
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--model", default="llama-3.1-8b",
+                   help="a preset name or a path to an HF config.json (default llama-3.1-8b)")
+    add_hardware_args(p, ram=False)
+    add_policy_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+
+
+def run(a: argparse.Namespace) -> int:
+    from horizon_sim.plan.min_ram import min_ram
+    from horizon_sim.specs.hf_config import load_model
+
+    model, hw, policy = load_model(a.model), hardware_from_args(a), policy_from_args(a)
+    r = min_ram(model, hw, policy)
+    s = r.result.summary
+    n = model.total_params
+    if a.json:
+        print(json.dumps({
+            "model": model.name, "params": n, "gpu": hw.device.name, "link": hw.link.name,
+            "ram_bytes": r.ram_bytes, "ram_GiB": r.ram_bytes // GiB, "host_bytes": r.host_bytes,
+            "os_reserved_bytes": r.os_reserved_bytes, "host_breakdown_bytes": r.breakdown,
+            "fits": s.fits, "below_ram_bytes": r.ram_bytes - r.step_bytes,
+            "below_fits": r.below.summary.fits if r.below else False,
+            "tokens_per_s": s.tokens_per_s, "step_time_s": s.step_time_s, "mfu": s.mfu,
+            "bottleneck": s.bottleneck, "device_peak_bytes": s.device_peak_bytes,
+            "policy": policy.to_dict()}))
+        return 0
+    print(f"min-ram: {model.name} ({n / 1e9:.2f}B params) on {hw.device.name} + {hw.link.name} needs "
+          f"{r.ram_bytes // GiB} GiB of host RAM ({fmt_bytes(r.ram_bytes)}, a multiple of {r.step_bytes // GiB} GiB)")
+    below = r.ram_bytes - r.step_bytes
+    if r.below is not None:
+        bs = r.below.summary
+        below_txt = f"with {below // GiB} GiB it is short by {fmt_bytes(bs.host_bytes - bs.host_usable_bytes)}"
+    else:
+        below_txt = f"{below // GiB} GiB would leave nothing after the OS reserve"
+    print(f"  footprint {fmt_bytes(r.host_bytes)} + {fmt_bytes(r.os_reserved_bytes)} OS reserve; {below_txt}")
+    print()
+    print("host footprint:")
+    for role, b in r.breakdown.items():
+        if b:
+            print(f"  {role:<13}{fmt_bytes(b):>12}  {b / n:6.2f} B/param")
+    print(f"  {'total':<13}{fmt_bytes(r.host_bytes):>12}  {r.host_bytes / n:6.2f} B/param")
+    print()
+    print(f"at {r.ram_bytes // GiB} GiB: {s.tokens_per_s:,.0f} tokens/s, step {s.step_time_s:.2f} s, "
+          f"MFU {s.mfu:.1%}, limited by {s.bottleneck}; device peak {fmt_bytes(s.device_peak_bytes)} of "
+          f"{fmt_bytes(s.device_usable_bytes)} usable")
+    return 0

@@ -1,0 +1,72 @@
+"""`horizon sweep`: simulate a grid of models x hardware x policies into one table and a map."""
+import argparse
+import json
+
+from horizon_sim.cli.tune_cmd import add_run_args, positive
+from horizon_sim.units import fmt_bytes
+
+EXAMPLE = """example:
+  horizon sweep grid.toml -o results.csv
+  horizon sweep grid.toml -o results.parquet --workers 8 --json
+
+grid.toml (every value is one value or a list; [policy] takes any Policy field):
+  models = ["llama-3.1-8b", "llama-3.1-70b", "dense-120b"]
+  gpus   = ["h100-pcie", "h200"]
+  ram    = ["256GiB", "512GiB", "1TB", "1.5TB"]
+  links  = ["pcie-gen5"]              # optional: default is each GPU's own link
+  [policy]
+  batch      = [4, 8]
+  ckpt_every = [1, 2]
+
+Writes one row per configuration (model, params, gpu, ram_bytes, the policy fields, fits,
+step_time_s, tokens_per_s, mfu, device_peak_bytes, host_bytes, bottleneck, error) and a
+feasibility map next to it (results.png): model size against host RAM, coloured by the best
+tokens/s that fits, x where nothing fits."""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = ("Simulate every configuration of a grid file (models x GPUs x links x RAM sizes x "
+                     "policy values) on all cores; write a table (.csv, or .parquet with pyarrow) and a "
+                     "feasibility map PNG.")
+    p.epilog = EXAMPLE
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("grid", metavar="GRID.toml", help="the grid file")
+    p.add_argument("-o", "--output", default="results.csv", metavar="FILE",
+                   help="results table: .csv or .parquet (default results.csv); the map goes next to it as .png")
+    p.add_argument("--no-plot", action="store_true", help="do not write the feasibility map")
+    add_run_args(p)
+
+
+def run(a: argparse.Namespace) -> int:
+    from horizon_sim.plan.sweep import check_output, feasibility_map, load_grid, map_path, sweep, write_results
+
+    positive("--workers", a.workers, allow_none=True)
+    out = check_output(a.output)  # before any simulation
+    grid = load_grid(a.grid)
+    df = sweep(grid, workers=a.workers, progress=not a.quiet)
+    write_results(df, out)
+    png = None if a.no_plot else feasibility_map(df, map_path(out))
+    ok = df[df.fits.astype(bool)]
+    best = ok.loc[ok.tokens_per_s.idxmax()] if len(ok) else None
+    n_err = int((df.error != "").sum())
+    if a.json:
+        print(json.dumps({"rows": len(df), "fits": len(ok), "errors": n_err, "output": str(out),
+                          "plot": str(png) if png else None,
+                          "best": None if best is None else {
+                              "model": best.model, "gpu": best.gpu, "link": best.link,
+                              "ram_bytes": int(best.ram_bytes), "tokens_per_s": float(best.tokens_per_s),
+                              "batch": int(best.batch), "ckpt_every": int(best.ckpt_every)}}))
+        return 0
+    print(f"sweep: {len(df)} configurations ({len(grid.models)} models x {len(grid.gpus)} GPUs x "
+          f"{len(grid.links)} links x {len(grid.hosts)} hosts x {len(grid.ram)} RAM sizes x "
+          f"{len(grid.policies())} policies): {len(ok)} fit, {n_err} invalid")
+    if best is not None:
+        print(f"  fastest that fits: {best.model} on {best.gpu} + {best.link} with {fmt_bytes(best.ram_bytes)}: "
+              f"{best.tokens_per_s:,.0f} tokens/s")
+    if n_err:
+        first = df[df.error != ""].iloc[0]
+        print(f"  invalid, e.g.: {first.error}")
+    print(f"wrote {out}")
+    if png:
+        print(f"wrote {png}")
+    return 0

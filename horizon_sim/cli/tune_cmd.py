@@ -1,0 +1,161 @@
+"""`horizon tune`: the fastest policy that fits, and the Pareto front of speed against host RAM."""
+import argparse
+import json
+import math
+
+from horizon_sim.errors import HorizonError
+from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
+from horizon_sim.specs.policy import DTYPES, Policy
+from horizon_sim.units import GiB, fmt_bytes
+
+EXAMPLE = """example:
+  horizon tune --model llama-3.1-70b --gpu h100-pcie --ram 1.5TB
+  horizon tune --model qwen2.5-14b --gpu rtx-4090 --ram 256GiB --seq 4096 --top 5
+  horizon tune --model dense-120b --gpu h200 --ram 1.5TB --grad-clip 0 --states-dtype bf16 --json
+
+--grad-clip 0 lets the search run the optimizer during backward (no exact clipping);
+--max-batch caps sequences per step (bigger batches are almost always faster)."""
+
+
+# ---- helpers shared by the search commands ---------------------------------------------------
+def add_hardware_args(p: argparse.ArgumentParser, *, ram: bool = True) -> None:
+    p.add_argument("--gpu", default="h100-sxm", help=f"device preset: {', '.join(DEVICES)} (default h100-sxm)")
+    if ram:
+        p.add_argument("--ram", default="512GiB", help="host RAM: 1TB, 1.5TB, 1024GiB, 512G (default 512GiB)")
+    p.add_argument("--link", default=None, help=f"link preset: {', '.join(LINKS)} (default: the GPU's)")
+    p.add_argument("--hardware", default=None, metavar="FILE.toml",
+                   help="a hardware file (from `horizon calibrate` or hand-written); overrides --gpu/--link"
+                        + ("/--ram" if ram else ""))
+
+
+def hardware_from_args(a: argparse.Namespace):
+    if a.hardware:
+        from horizon_sim.specs.hardware_io import load_hardware
+        return load_hardware(a.hardware)
+    return make_hardware(a.gpu, getattr(a, "ram", None), a.link)
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=None, help="simulation processes (default: all cores)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+
+
+def positive(name: str, v, allow_none: bool = False):
+    if v is None and allow_none:
+        return v
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise HorizonError(f"{name} {v!r} must be a positive integer")
+    return v
+
+
+def format_table(rows: list[dict], cols: list[tuple]) -> str:
+    """cols: (header, key, formatter). Right-aligned text columns, two spaces apart."""
+    cells = [[h for h, _, _ in cols]] + [[f(r[k]) for _, k, f in cols] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells)
+
+
+def jsonable(d: dict) -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, Policy):
+            continue
+        if hasattr(v, "item"):  # numpy scalars
+            v = v.item()
+        if isinstance(v, float) and not math.isfinite(v):
+            v = None
+        out[k] = v
+    return out
+
+
+def _gib(n) -> str:
+    return fmt_bytes(n)
+
+
+def _tps(v) -> str:
+    return f"{v:,.0f}" if v == v else "-"
+
+
+COLS = [("batch", "batch", str), ("micro", "micro_batches", lambda n: f"{n}x"),
+        ("K", "ckpt_every", str), ("slots", "slots", str), ("ckpt", "ckpt_on", str),
+        ("optimizer", "optimizer", str), ("wcopy", "working_copy", lambda w: "on" if w else "off"),
+        ("tokens/s", "tokens_per_s", _tps), ("step s", "step_time_s", lambda v: f"{v:.2f}"),
+        ("MFU", "mfu", lambda v: f"{v:.1%}"), ("device", "device_peak_bytes", _gib),
+        ("host", "host_bytes", _gib), ("bottleneck", "bottleneck", str)]
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = ("Search batch, micro-batches, checkpoint interval K, device slots, checkpoint "
+                     "placement, optimizer overlap and the host working copy for the highest tokens/s "
+                     "that fits; print the top configurations and the Pareto front of tokens/s against "
+                     "host RAM.")
+    p.epilog = EXAMPLE
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--model", default="llama-3.1-8b",
+                   help="a preset name or a path to an HF config.json (default llama-3.1-8b)")
+    add_hardware_args(p)
+    p.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default 2048)")
+    p.add_argument("--max-batch", type=int, default=64, help="most sequences per step (default 64)")
+    p.add_argument("--grad-clip", type=float, default=1.0,
+                   help="global-norm clip kept by every candidate; 0 also allows --optimizer backward (default 1.0)")
+    p.add_argument("--states-dtype", choices=DTYPES, default="fp32", help="Adam moments on the host (default fp32)")
+    p.add_argument("--top", type=int, default=10, help="configurations to show (default 10)")
+    add_run_args(p)
+
+
+def run(a: argparse.Namespace) -> int:
+    from horizon_sim.plan.tune import SearchSpace, tune
+    from horizon_sim.specs.hf_config import load_model
+
+    positive("--seq", a.seq)
+    positive("--top", a.top)
+    positive("--max-batch", a.max_batch)
+    positive("--workers", a.workers, allow_none=True)
+    model, hw = load_model(a.model), hardware_from_args(a)
+    base = Policy(seq=a.seq, grad_clip=a.grad_clip, states_dtype=a.states_dtype)
+    res = tune(model, hw, a.seq, base=base, space=SearchSpace(max_batch=a.max_batch), workers=a.workers,
+               progress=not a.quiet)
+    top = res.top(a.top)
+    best_row = top.iloc[0].to_dict() if len(top) else None
+    if a.json:
+        print(json.dumps({
+            "model": model.name, "params": model.total_params, "hardware": hw.name or hw.device.name,
+            "ram_bytes": int(round(hw.host.ram_GiB * GiB)), "seq": a.seq, "evaluated": res.evaluated,
+            "fits": res.best is not None, "best_policy": res.best.to_dict() if res.best else None,
+            "best": jsonable(best_row) if best_row else None, "baseline": jsonable(res.baseline),
+            "top": [jsonable(r) for r in top.to_dict("records")],
+            "pareto": [jsonable(r) for r in res.pareto.to_dict("records")]}))
+        return 0
+    print(f"tune: {model.name} ({model.total_params / 1e9:.2f}B params) on {hw.name or hw.device.name}, "
+          f"seq {a.seq}: {res.evaluated} configurations simulated")
+    b = res.baseline
+    base_txt = (f"{b['tokens_per_s']:,.0f} tokens/s" if b["fits"]
+                else f"does not fit ({b['why_not']})")
+    if best_row is None:
+        closest = res.table.loc[res.table.shortfall.idxmin()]
+        print(f"base policy: {base_txt}")
+        raise HorizonError(
+            f"nothing in the search space fits {hw.device.name} with {fmt_bytes(hw.host.ram_GiB * GiB)} RAM; "
+            f"closest: batch {closest.batch}, K={closest.ckpt_every}, {closest.optimizer}, "
+            f"{closest.why_not}; try --states-dtype bf16, --grad-clip 0, more --ram (horizon min-ram) "
+            "or a smaller --seq")
+    gain = f" ({best_row['tokens_per_s'] / b['tokens_per_s']:.2f}x)" if b["fits"] else ""
+    print(f"base policy {base_txt}  ->  best {best_row['tokens_per_s']:,.0f} tokens/s{gain}")
+    print()
+    print(f"top {len(top)} configurations that fit:")
+    print(format_table(top.to_dict("records"), COLS))
+    if res.best.batch >= a.max_batch:
+        print(f"(the best uses --max-batch {a.max_batch} sequences per step; a larger cap would be faster still)")
+    print()
+    print("Pareto front, tokens/s against host RAM (fits the device; 'RAM' is what to install):")
+    pcols = [("RAM", "ram_needed_bytes", lambda n: f"{n // GiB} GiB"),
+             ("fits here", "fits", lambda f: "yes" if f else "no")] + COLS
+    print(format_table(res.pareto.to_dict("records"), pcols))
+    print()
+    flags = " ".join(filter(None, [
+        f"--model {a.model}", f"--hardware {a.hardware}" if a.hardware else f"--gpu {a.gpu} --ram {a.ram}",
+        f"--link {a.link}" if a.link and not a.hardware else ""]))
+    from horizon_sim.plan.advice import policy_flags
+    print(f"plan it:  horizon plan {flags} {policy_flags(res.best)}")
+    return 0

@@ -1,0 +1,207 @@
+"""max_model(): the largest model that trains on a machine.
+
+Candidates: every model preset, plus the dense-120b family scaled in depth (its 12288-wide
+block, 2 to as many layers as could possibly fit, in steps of 2) and in width (its 76 layers,
+width 4096 to 32768 in steps of 1024, 128-wide heads, 8 kv heads, SwiGLU 8/3 x width). Each is
+judged under a policy set: 'default' (Policy() alone) or 'lean' (the default plus three
+memory-lean policies; the fastest that fits counts).
+
+Candidates are scanned from the largest down. A candidate whose host store alone (master
+weights, moments, working copy, process runtime: a lower bound of the footprint) or weight
+slots alone exceed the machine is rejected without simulating; the rest are simulated, in
+parallel batches. The first that fits is the answer, so every bigger candidate was shown not
+to fit.
+"""
+import math
+from dataclasses import dataclass, replace
+
+import pandas as pd
+
+from horizon_sim.errors import HorizonError
+from horizon_sim.plan.sweep import Outcome, Runner
+from horizon_sim.specs.hardware import HardwareSpec
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.model_presets import PRESETS
+from horizon_sim.specs.policy import DTYPE_BYTES, Policy
+from horizon_sim.units import GiB, closest, fmt_bytes
+
+_LEAN = {
+    "bf16-moments": dict(states_dtype="bf16", working_copy=False),
+    "lean": dict(optimizer="backward", grad_clip=0.0, working_copy=False),
+    "leanest": dict(optimizer="backward", grad_clip=0.0, working_copy=False, states_dtype="bf16"),
+}
+POLICY_SETS = {"default": ("default",), "lean": ("default", *_LEAN)}
+"""Named policies tried per candidate: 'default' is the base policy; the lean ones change the
+optimizer mode (no clipping), the working copy and the moments' precision."""
+
+FAMILY_BASE = "dense-120b"
+WIDTHS = range(4096, 32768 + 1, 1024)
+
+
+def policy_set(name: str, base: Policy | None = None) -> dict[str, Policy]:
+    if name not in POLICY_SETS:
+        raise HorizonError(f"unknown policy set {name!r}{closest(name, POLICY_SETS)}; "
+                           f"allowed: {', '.join(POLICY_SETS)}")
+    base = base or Policy()
+    return {n: (base if n == "default" else replace(base, **_LEAN[n])) for n in POLICY_SETS[name]}
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    model: ModelSpec
+    family: str
+    """'preset', 'depth' (dense-120b scaled in n_layers) or 'width' (scaled in hidden)."""
+
+    @property
+    def params(self) -> int:
+        return self.model.total_params
+
+
+def _wide(base: ModelSpec, hidden: int) -> ModelSpec:
+    ffn = math.ceil(hidden * 8 / 3 / 256) * 256
+    return replace(base, name=f"{base.name}-w{hidden}", hidden=hidden, n_heads=hidden // 128,
+                   ffn_hidden=ffn)
+
+
+def host_lower_bound(model: ModelSpec, policy: Policy, hw: HardwareSpec) -> int:
+    """Host bytes no schedule can go below: master weights, Adam moments, working copy, runtime."""
+    per_param = (DTYPE_BYTES[policy.master_dtype] + 2 * DTYPE_BYTES[policy.states_dtype]
+                 + (DTYPE_BYTES[policy.compute_dtype] if policy.working_copy else 0))
+    return model.total_params * per_param + int(hw.host.runtime_overhead_GiB * GiB)
+
+
+def device_lower_bound(model: ModelSpec, policy: Policy) -> int:
+    """Device bytes no schedule can go below: its weight slots."""
+    return policy.slots * max(model.layer_params, model.head_device_params) * DTYPE_BYTES[policy.compute_dtype]
+
+
+def _bound_ok(model, policy, hw) -> bool:
+    return (host_lower_bound(model, policy, hw) <= hw.host_bytes_usable
+            and device_lower_bound(model, policy) <= hw.device_bytes_usable)
+
+
+def candidates(hw: HardwareSpec, policies: dict[str, Policy]) -> list[Candidate]:
+    """Presets and the dense-120b family, smallest first (the depth family stops one step past
+    the last depth whose lower bound fits)."""
+    base = PRESETS[FAMILY_BASE]
+    out = {m.name: Candidate(m, "preset") for m in PRESETS.values()}
+    for L in range(2, 100_000, 2):
+        m = replace(base, name=f"{base.name}-L{L}", n_layers=L)
+        if L != base.n_layers:
+            out[m.name] = Candidate(m, "depth")
+        if not any(_bound_ok(m, p, hw) for p in policies.values()):
+            break
+    for h in WIDTHS:
+        if h != base.hidden:
+            m = _wide(base, h)
+            out[m.name] = Candidate(m, "width")
+    return sorted(out.values(), key=lambda c: (c.params, c.model.name))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    candidate: Candidate
+    fits: bool
+    policy_name: str
+    """The fastest policy that fits (or, when none fits, the one that comes closest)."""
+    policy: Policy
+    outcome: Outcome | None
+    """None when rejected by the lower bound without simulating."""
+    why: str
+
+    def row(self) -> dict:
+        o = self.outcome
+        return {"model": self.candidate.model.name, "family": self.candidate.family,
+                "params": self.candidate.params, "n_layers": self.candidate.model.n_layers,
+                "hidden": self.candidate.model.hidden, "fits": self.fits, "policy": self.policy_name,
+                "tokens_per_s": o.tokens_per_s if o else math.nan, "mfu": o.mfu if o else math.nan,
+                "device_peak_bytes": o.device_peak_bytes if o else 0, "host_bytes": o.host_bytes if o else 0,
+                "why": self.why}
+
+
+@dataclass(frozen=True)
+class MaxModelResult:
+    best: Verdict
+    """The largest candidate that fits."""
+    next_bigger: Verdict | None
+    """The smallest candidate bigger than `best` (it does not fit); None if there is none."""
+    largest_preset: Verdict | None
+    """The largest preset that fits (may be `best` itself)."""
+    table: pd.DataFrame
+    """Every candidate judged, largest first."""
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.best.candidate.model
+
+    @property
+    def params(self) -> int:
+        return self.best.candidate.params
+
+
+def _judge(cands: list[Candidate], policies: dict[str, Policy], hw, runner: Runner) -> list[Verdict]:
+    tasks, index = [], []
+    for ci, c in enumerate(cands):
+        for name, p in policies.items():
+            if _bound_ok(c.model, p, hw):
+                tasks.append((c.model, hw, p))
+                index.append((ci, name))
+    outs = runner.run(tasks)
+    by_cand: dict[int, list] = {}
+    for (ci, name), o in zip(index, outs):
+        by_cand.setdefault(ci, []).append((name, o))
+    verdicts = []
+    for ci, c in enumerate(cands):
+        tried = by_cand.get(ci, [])
+        fit = [(o.tokens_per_s, name, o) for name, o in tried if o.fits(hw)]
+        if fit:
+            tps, name, o = max(fit, key=lambda t: t[0])
+            verdicts.append(Verdict(c, True, name, policies[name], o, "fits"))
+        elif tried:
+            name, o = min(tried, key=lambda t: t[1].shortfall(hw))
+            verdicts.append(Verdict(c, False, name, policies[name], o, o.why_not(hw)))
+        else:
+            name, p = min(policies.items(), key=lambda kv: host_lower_bound(c.model, kv[1], hw))
+            hb, db = host_lower_bound(c.model, p, hw), device_lower_bound(c.model, p)
+            why = (f"host store alone needs {fmt_bytes(hb)} of {fmt_bytes(hw.host_bytes_usable)} usable"
+                   if hb > hw.host_bytes_usable else
+                   f"weight slots alone need {fmt_bytes(db)} of {fmt_bytes(hw.device_bytes_usable)} usable")
+            verdicts.append(Verdict(c, False, name, p, None, why))
+    return verdicts
+
+
+def max_model(hw: HardwareSpec, *, base: Policy | None = None, policies: str = "lean",
+              workers: int | None = None, progress: bool = False) -> MaxModelResult:
+    """The largest candidate model that fits `hw` under the policy set `policies`."""
+    pols = policy_set(policies, base)
+    cands = candidates(hw, pols)
+    judged: list[Verdict] = []
+    with Runner(workers, progress, desc="max-model") as runner:
+        batch = max(2, runner.workers)
+        rest = list(reversed(cands))  # largest first
+        best = None
+        while rest and best is None:
+            chunk, rest = rest[:batch], rest[batch:]
+            for v in _judge(chunk, pols, hw, runner):
+                judged.append(v)
+                if v.fits:
+                    best = v
+                    break
+        if best is None:
+            raise HorizonError(f"no candidate model fits {hw.name or hw.device.name}, not even "
+                               f"{cands[0].model.name} ({cands[0].params / 1e6:.1f}M params): {judged[-1].why}")
+        judged = [v for v in judged if v.candidate.params >= best.candidate.params]
+        bigger = [v for v in judged if v.candidate.params > best.candidate.params]
+        next_bigger = min(bigger, key=lambda v: (v.candidate.params, v.candidate.model.name), default=None)
+        preset = best if best.candidate.family == "preset" else None
+        presets_left = [c for c in reversed(cands) if c.family == "preset" and c.params < best.candidate.params]
+        for c in presets_left:
+            if preset is not None:
+                break
+            v = _judge([c], pols, hw, runner)[0]
+            judged.append(v)
+            if v.fits:
+                preset = v
+    table = pd.DataFrame([v.row() for v in judged]).sort_values("params", ascending=False, kind="stable")
+    return MaxModelResult(best=best, next_bigger=next_bigger, largest_preset=preset,
+                          table=table.reset_index(drop=True))

@@ -1,0 +1,474 @@
+"""Many simulations at once: the engine under tune, min-ram, max-model and advice, and
+`horizon sweep`, a grid of models x hardware x policies read from a TOML file.
+
+A simulation's outcome (step time, device peak, host footprint) does not depend on how much
+RAM the host has: RAM only decides whether the footprint fits. So every configuration is
+simulated once per (model, device, link, host type, policy) and judged against each RAM size
+afterwards. Simulations run on all cores (a fork pool), each under a time limit.
+
+Grid file (every value may be one value or a list of values):
+
+    models = ["llama-3.1-8b", "qwen2.5-14b"]   # presets or config.json paths (relative to the file)
+    gpus   = ["h100-pcie", "h200"]
+    ram    = ["256GiB", "512GiB", "1TB"]
+    links  = ["pcie-gen4", "pcie-gen5"]          # optional; default: each GPU's own link
+    hosts  = ["default"]                         # optional host presets
+    [policy]                                     # optional; any Policy field, lists of values
+    batch = [4, 8]
+    ckpt_every = [1, 2]
+"""
+import contextlib
+import itertools
+import math
+import os
+import signal
+import sys
+import threading
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import pandas as pd
+
+from horizon_sim.errors import HorizonError
+from horizon_sim.schedule import build_schedule
+from horizon_sim.sim.simulate import simulate
+from horizon_sim.specs.hardware import HardwareSpec
+from horizon_sim.specs.hardware_presets import HOSTS, device_preset, host_preset, link_preset, make_hardware
+from horizon_sim.specs.hf_config import load_model
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import Policy
+from horizon_sim.units import GiB, closest, fmt_bytes, parse_size
+
+POLICY_FIELDS = tuple(f.name for f in fields(Policy))
+RAM_STEP_BYTES = 64 * GiB
+"""RAM is sold and reported here in multiples of 64 GiB."""
+SIM_TIME_LIMIT_S = 2.0
+SIM_TIME_PER_OP_S = 1e-3
+"""A simulation that runs longer than SIM_TIME_LIMIT_S + SIM_TIME_PER_OP_S x ops (normal runs
+take ~0.1 ms per op) is stopped and reported as an error, so one stuck configuration cannot
+stall a search."""
+
+
+# ---- one simulation ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one simulation predicts for (model, machine, policy), whatever the host's RAM."""
+
+    step_time_s: float = math.nan
+    tokens_per_s: float = math.nan
+    mfu: float = math.nan
+    device_peak_bytes: int = 0
+    host_bytes: int = 0
+    """Host footprint at its peak, process runtime included."""
+    host_breakdown: tuple = ()
+    """(role, bytes) pairs of the host footprint: master, moments, working_copy, grads, ..."""
+    bottleneck: str = ""
+    error: str = ""
+    """Why there is no prediction (an invalid policy, a simulation that did not finish)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    def fits_device(self, hw: HardwareSpec) -> bool:
+        return self.ok and self.device_peak_bytes <= hw.device_bytes_usable
+
+    def fits_host(self, hw: HardwareSpec) -> bool:
+        return self.ok and self.host_bytes <= hw.host_bytes_usable
+
+    def fits(self, hw: HardwareSpec) -> bool:
+        return self.fits_device(hw) and self.fits_host(hw)
+
+    def shortfall(self, hw: HardwareSpec) -> float:
+        """Need over what is usable, of the tighter memory (<= 1 when it fits)."""
+        if not self.ok:
+            return math.inf
+        return max(self.device_peak_bytes / hw.device_bytes_usable, self.host_bytes / hw.host_bytes_usable)
+
+    def ram_needed_bytes(self, hw: HardwareSpec) -> int:
+        """Installed RAM the host footprint needs on this host type (the OS reserve added)."""
+        return self.host_bytes + int(math.ceil(hw.host.os_reserved_GiB * GiB))
+
+    def why_not(self, hw: HardwareSpec) -> str:
+        """One phrase: what does not fit and by how much ('' when it fits)."""
+        if not self.ok:
+            return self.error
+        out = []
+        if not self.fits_device(hw):
+            out.append(f"device short by {fmt_bytes(self.device_peak_bytes - hw.device_bytes_usable)}")
+        if not self.fits_host(hw):
+            out.append(f"host short by {fmt_bytes(self.host_bytes - hw.host_bytes_usable)}")
+        return ", ".join(out)
+
+
+def round_up_ram(nbytes: int, step: int = RAM_STEP_BYTES) -> int:
+    """`nbytes` rounded up to a multiple of `step` (64 GiB)."""
+    return max(1, math.ceil(nbytes / step)) * step
+
+
+class _SimTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raise _SimTimeout after `seconds` (SIGALRM; only in a main thread, elsewhere unguarded)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def _alarm(signum, frame):
+        raise _SimTimeout()
+
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def simulate_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outcome:
+    """Build and simulate one step; a bad combination becomes an Outcome with `error` set."""
+    try:
+        sched = build_schedule(model, policy)
+    except HorizonError as e:
+        return Outcome(error=str(e))
+    limit = SIM_TIME_LIMIT_S + SIM_TIME_PER_OP_S * len(sched.ops)
+    try:
+        with _time_limit(limit):
+            r = simulate(sched, hw)
+    except _SimTimeout:
+        return Outcome(error=f"simulation did not finish in {limit:.0f} s")
+    s = r.summary
+    return Outcome(step_time_s=s.step_time_s, tokens_per_s=s.tokens_per_s, mfu=s.mfu,
+                   device_peak_bytes=s.device_peak_bytes, host_bytes=s.host_bytes,
+                   host_breakdown=tuple(r.host.by_role.items()), bottleneck=s.bottleneck)
+
+
+def _task(args) -> Outcome:
+    return simulate_outcome(*args)
+
+
+def _ram_free_key(model: ModelSpec, hw: HardwareSpec, policy: Policy):
+    host = tuple(getattr(hw.host, f.name) for f in fields(hw.host) if f.name != "ram_GiB")
+    return model, hw.device, hw.link, host, policy
+
+
+def default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+class Runner:
+    """Simulates (model, hardware, policy) configurations on all cores, each one once: results
+    are cached by everything but the RAM size. One tqdm bar on stderr counts simulations."""
+
+    def __init__(self, workers: int | None = None, progress: bool = False, desc: str = "simulating"):
+        self.workers = default_workers() if workers is None else int(workers)
+        if self.workers < 1:
+            raise HorizonError(f"workers={workers!r} must be >= 1")
+        self.progress, self.desc = progress, desc
+        self.cache: dict = {}
+        self._pool = None
+        self._bar = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()  # a worker stuck past its time limit must not block exit
+            self._pool.join()
+            self._pool = None
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def _get_pool(self):
+        if self._pool is None:
+            import multiprocessing as mp
+            method = "fork" if sys.platform.startswith("linux") else "spawn"
+            self._pool = mp.get_context(method).Pool(self.workers)
+        return self._pool
+
+    def _tick(self, n_new: int):
+        if not self.progress:
+            return None
+        if self._bar is None:
+            from tqdm import tqdm
+            self._bar = tqdm(total=0, desc=self.desc, unit="sim", file=sys.stderr, leave=False,
+                             dynamic_ncols=True)
+        self._bar.total += n_new
+        self._bar.refresh()
+        return self._bar
+
+    def run(self, tasks) -> list[Outcome]:
+        """Outcomes of [(model, hw, policy), ...], in order."""
+        tasks = list(tasks)
+        keys = [_ram_free_key(*t) for t in tasks]
+        todo: dict = {}
+        for k, t in zip(keys, tasks):
+            if k not in self.cache and k not in todo:
+                todo[k] = t
+        if todo:
+            bar = self._tick(len(todo))
+            items = list(todo.items())
+            if self.workers == 1 or len(items) == 1:
+                for k, t in items:
+                    self.cache[k] = _task(t)
+                    if bar is not None:
+                        bar.update(1)
+            else:
+                it = self._get_pool().imap(_task, [t for _, t in items], chunksize=1)
+                for (k, _), out in zip(items, it):
+                    self.cache[k] = out
+                    if bar is not None:
+                        bar.update(1)
+        return [self.cache[k] for k in keys]
+
+    def one(self, model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outcome:
+        return self.run([(model, hw, policy)])[0]
+
+
+# ---- rows -------------------------------------------------------------------------------
+RESULT_COLUMNS = ("model", "params", "gpu", "link", "host", "ram_bytes", *POLICY_FIELDS, "fits",
+                  "step_time_s", "tokens_per_s", "mfu", "device_peak_bytes", "device_usable_bytes",
+                  "host_bytes", "host_usable_bytes", "bottleneck", "error")
+
+
+def outcome_row(model: ModelSpec, hw: HardwareSpec, policy_fields: dict, out: Outcome) -> dict:
+    """One table row: what was simulated, and what it predicts on this machine."""
+    return {"model": model.name, "params": model.total_params, "gpu": hw.device.name,
+            "link": hw.link.name, "host": hw.host.name, "ram_bytes": int(round(hw.host.ram_GiB * GiB)),
+            **{f: policy_fields.get(f) for f in POLICY_FIELDS}, "fits": out.fits(hw),
+            "step_time_s": out.step_time_s, "tokens_per_s": out.tokens_per_s, "mfu": out.mfu,
+            "device_peak_bytes": out.device_peak_bytes, "device_usable_bytes": hw.device_bytes_usable,
+            "host_bytes": out.host_bytes, "host_usable_bytes": hw.host_bytes_usable,
+            "bottleneck": out.bottleneck, "error": out.error}
+
+
+# ---- the grid file ----------------------------------------------------------------------
+GRID_KEYS = ("models", "gpus", "ram", "links", "hosts", "policy")
+_REQUIRED = ("models", "gpus", "ram")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Models x GPUs x links x hosts x RAM sizes x policy combinations."""
+
+    models: tuple  # ModelSpec
+    gpus: tuple[str, ...]
+    ram: tuple[int, ...]
+    """Installed RAM sizes, bytes."""
+    links: tuple = (None,)
+    """Link preset names; None = each GPU's default link."""
+    hosts: tuple[str, ...] = ("default",)
+    policy: dict = field(default_factory=dict)
+    """Policy field -> tuple of values."""
+
+    def policies(self) -> list[dict]:
+        """Every combination of the policy values (Policy defaults for the rest)."""
+        keys = list(self.policy)
+        base = Policy().to_dict()
+        return [{**base, **dict(zip(keys, combo))}
+                for combo in itertools.product(*(self.policy[k] for k in keys))]
+
+    def __len__(self) -> int:
+        return (len(self.models) * len(self.gpus) * len(self.links) * len(self.hosts)
+                * len(self.ram) * len(self.policies()))
+
+
+def _as_list(where: str, key: str, v) -> list:
+    vals = v if isinstance(v, list) else [v]
+    if not vals:
+        raise HorizonError(f"{where}: {key} is an empty list; give at least one value")
+    return vals
+
+
+def parse_grid(data: dict, where: str = "grid", base_dir: Path | None = None) -> Grid:
+    """A Grid from the dict of a TOML grid file; every problem is a one-line HorizonError."""
+    if not isinstance(data, dict):
+        raise HorizonError(f"{where}: a grid is a table of keys {', '.join(GRID_KEYS)}")
+    for k in data:
+        if k not in GRID_KEYS:
+            raise HorizonError(f"{where}: unknown key {k!r}{closest(k, GRID_KEYS)}; "
+                               f"allowed: {', '.join(GRID_KEYS)}")
+    for k in _REQUIRED:
+        if k not in data:
+            raise HorizonError(f"{where}: required key {k!r} is missing (needs {', '.join(_REQUIRED)})")
+
+    def strings(key):
+        vals = _as_list(where, key, data[key])
+        for v in vals:
+            if not isinstance(v, str):
+                raise HorizonError(f"{where}: {key} value {v!r} must be a string")
+        return vals
+
+    models = []
+    for name in strings("models"):
+        p = Path(name)
+        if base_dir is not None and not p.is_absolute() and (name.endswith(".json") or (base_dir / p).exists()):
+            name = str(base_dir / p)
+        models.append(load_model(name))
+    gpus = [device_preset(g).name for g in strings("gpus")]
+    links = [link_preset(x).name for x in strings("links")] if "links" in data else [None]
+    hosts = [host_preset(h).name for h in strings("hosts")] if "hosts" in data else ["default"]
+    ram = []
+    for v in _as_list(where, "ram", data["ram"]):
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise HorizonError(f"{where}: ram value {v!r} must be a size like '512GiB'")
+        ram.append(parse_size(v, f"{where}: ram"))
+    pol = data.get("policy", {})
+    if not isinstance(pol, dict):
+        raise HorizonError(f"{where}: policy must be a table ([policy] with lists of values)")
+    policy = {}
+    for k, v in pol.items():
+        if k not in POLICY_FIELDS:
+            raise HorizonError(f"{where}: unknown policy key {k!r}{closest(k, POLICY_FIELDS)}; "
+                               f"allowed: {', '.join(POLICY_FIELDS)}")
+        policy[k] = tuple(_as_list(where, f"policy.{k}", v))
+    return Grid(models=tuple(models), gpus=tuple(gpus), ram=tuple(ram), links=tuple(links),
+                hosts=tuple(hosts), policy=policy)
+
+
+def load_grid(path) -> Grid:
+    """Read a TOML grid file (see the module docstring for its keys)."""
+    p = Path(path)
+    if not p.is_file():
+        raise HorizonError(f"grid file {str(p)!r} not found")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise HorizonError(f"{p}: not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise HorizonError(f"{p}: not a text file") from None
+    return parse_grid(data, str(p), p.parent)
+
+
+# ---- running it -------------------------------------------------------------------------
+def sweep(grid: Grid, *, workers: int | None = None, progress: bool = False) -> pd.DataFrame:
+    """One row per configuration of the grid (columns RESULT_COLUMNS). Invalid policies are
+    rows with `error` set and fits False."""
+    hws = {}
+    for gpu, link, host in itertools.product(grid.gpus, grid.links, grid.hosts):
+        for ram in grid.ram:
+            hws[gpu, link, host, ram] = make_hardware(gpu, ram, link, host)
+    configs = []  # (model, hw, fields, policy or error)
+    for model in grid.models:
+        for fields_ in grid.policies():
+            try:
+                pol, err = Policy(**fields_), ""
+            except (HorizonError, TypeError) as e:
+                pol, err = None, str(e).splitlines()[0]
+            for (gpu, link, host, ram), hw in hws.items():
+                configs.append((model, hw, fields_, pol, err))
+    runnable = [(m, hw, pol) for m, hw, _, pol, err in configs if pol is not None]
+    with Runner(workers, progress, desc="sweep") as runner:
+        outs = iter(runner.run(runnable))
+    rows = []
+    for m, hw, fields_, pol, err in configs:
+        out = next(outs) if pol is not None else Outcome(error=err)
+        rows.append(outcome_row(m, hw, fields_, out))
+    return pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
+
+
+OUTPUT_SUFFIXES = (".csv", ".parquet")
+
+
+def check_output(path) -> Path:
+    """Fail before simulating when the results cannot be written."""
+    p = Path(path)
+    if p.suffix.lower() not in OUTPUT_SUFFIXES:
+        raise HorizonError(f"-o {str(p)!r}: the results file must end in .csv or .parquet")
+    if p.is_dir():
+        raise HorizonError(f"-o {str(p)!r} is a directory; give a file name like results.csv")
+    if not p.parent.is_dir():
+        raise HorizonError(f"-o {str(p)!r}: directory {str(p.parent)!r} does not exist")
+    if p.suffix.lower() == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise HorizonError(f"-o {str(p)!r}: writing .parquet needs pyarrow (pip install pyarrow); "
+                               f"or write {p.with_suffix('.csv').name}") from None
+    return p
+
+
+def write_results(df: pd.DataFrame, path) -> Path:
+    p = check_output(path)
+    if p.suffix.lower() == ".parquet":
+        df.to_parquet(p, index=False)
+    else:
+        df.to_csv(p, index=False)
+    return p
+
+
+def feasibility_map(df: pd.DataFrame, path) -> Path:
+    """A PNG per grid: model size (y) against host RAM (x), one panel per GPU (and link), cells
+    coloured by the best tokens/s of the configurations that fit; an x marks cells where none fits."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm, Normalize
+
+    models = df[["model", "params"]].drop_duplicates().sort_values(["params", "model"])
+    rams = sorted(df.ram_bytes.unique())
+    panels = df[["gpu", "link"]].drop_duplicates().values.tolist()
+    ok = df[df.fits.astype(bool)]
+    best = ok.groupby(["gpu", "link", "model", "ram_bytes"]).tokens_per_s.max()
+    vals = best.values
+    if len(vals) and vals.min() > 0 and vals.max() / vals.min() > 20:
+        norm = LogNorm(vmin=vals.min(), vmax=vals.max())
+    else:
+        norm = Normalize(vmin=vals.min() if len(vals) else 0, vmax=vals.max() if len(vals) else 1)
+    cmap = plt.get_cmap("viridis").copy()
+    cmap.set_bad("#dddddd")
+    ny, nx = len(models), len(rams)
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, sharey=True,
+                             figsize=(1.2 + max(3.0, 0.9 * nx) * len(panels), 1.6 + 0.45 * ny))
+    im = None
+    for ax, (gpu, link) in zip(axes[0], panels):
+        grid = [[best.get((gpu, link, m, r), float("nan")) for r in rams] for m in models.model]
+        im = ax.imshow(grid, cmap=cmap, norm=norm, origin="lower", aspect="auto")
+        for i in range(ny):
+            for j in range(nx):
+                v = grid[i][j]
+                if math.isnan(v):
+                    ax.text(j, i, "x", ha="center", va="center", color="#aa0000", fontsize=12)
+                else:
+                    light = norm(v) < 0.6  # dark cell: white text
+                    ax.text(j, i, _short(v), ha="center", va="center", fontsize=8,
+                            color="white" if light else "black")
+        ax.set_xticks(range(nx), [fmt_bytes(r) for r in rams], rotation=45, ha="right")
+        ax.set_xlabel("host RAM")
+        ax.set_title(f"{gpu} / {link}", fontsize=10)
+    axes[0][0].set_yticks(range(ny), [f"{m} ({_short(p)})" for m, p in models.values])
+    axes[0][0].set_ylabel("model (parameters)")
+    cb = fig.colorbar(im, ax=axes[0].tolist(), fraction=0.05, pad=0.02)
+    cb.set_label("best tokens/s that fits (x: nothing fits)")
+    fig.suptitle("feasibility: best predicted tokens/s per model and host RAM", fontsize=11, y=1.0 + 0.25 / fig.get_figheight())
+    p = Path(path)
+    fig.savefig(p, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return p
+
+
+def _short(v: float) -> str:
+    """3.9M, 120B, 1.9k, 712."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if v >= size:
+            return f"{v / size:.3g}{unit}"
+    return f"{v:.3g}"
+
+
+def map_path(results_path) -> Path:
+    """Where the feasibility map goes: next to the results, same stem, .png."""
+    p = Path(results_path)
+    return p.with_name(p.stem + ".png")

@@ -1,0 +1,267 @@
+"""tune(): the fastest policy that fits a machine, by hill climbing over the policy knobs.
+
+Knobs searched (SearchSpace): sequences per micro-batch, micro-batches per step, checkpoint
+interval K, device weight slots, where checkpoints live, when the optimizer runs, and the
+host working copy. Precision and clipping are the user's (they change the numerics), except
+that optimizer='backward' is tried only when clipping is already off (grad_clip=0).
+
+Search: best-improvement hill climbing from two seeds (the default policy and a memory-lean
+one). A neighbour changes one knob by one step (ordered knobs) or to another value
+(categorical knobs), or trades micro-batch size for micro-batches at equal batch. Configs that
+fit rank by tokens/s; configs that do not, by how far over the tighter memory they are, so the
+climb walks into the feasible region first. Every neighbour of a round is simulated in
+parallel; typical searches simulate 50-150 configurations.
+"""
+import math
+from dataclasses import dataclass, replace
+
+import pandas as pd
+
+from horizon_sim.errors import HorizonError
+from horizon_sim.plan.sweep import Outcome, Runner, round_up_ram
+from horizon_sim.specs.hardware import HardwareSpec
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import CKPT_PLACES, OPTIMIZER_MODES, Policy
+
+KNOBS = ("micro_batch", "micro_batches", "ckpt_every", "slots", "ckpt_on", "optimizer", "working_copy")
+_ORDERED = ("micro_batch", "micro_batches", "ckpt_every", "slots")
+TIE = 0.005
+"""Configurations within this fraction of the fastest count as equally fast: the best is then
+the one with the smallest batch, then the smallest host and device footprint."""
+
+
+def _positive_ints(name, vals):
+    vals = tuple(vals)
+    if not vals or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in vals):
+        raise HorizonError(f"search space {name}={vals!r} must be a non-empty list of positive integers")
+    return tuple(sorted(set(vals)))
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpace:
+    """The values tune() may choose for each knob."""
+
+    micro_batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    """Sequences per micro-batch."""
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8)
+    """Micro-batches per step (more amortize the once-per-step optimizer)."""
+    ckpt_every: tuple[int, ...] = (1, 2, 4, 8)
+    slots: tuple[int, ...] = (2, 3, 4)
+    ckpt_on: tuple[str, ...] = CKPT_PLACES
+    optimizer: tuple[str, ...] = ("pipelined", "backward", "after")
+    working_copy: tuple[bool, ...] = (True, False)
+    max_batch: int = 64
+    """Cap on sequences per step (micro_batch x micro_batches): the batch is a training
+    hyperparameter, not only a speed knob."""
+
+    def __post_init__(self):
+        for f in ("micro_batch", "micro_batches", "ckpt_every"):
+            object.__setattr__(self, f, _positive_ints(f, getattr(self, f)))
+        object.__setattr__(self, "slots", _positive_ints("slots", self.slots))
+        if min(self.slots) < 2:
+            raise HorizonError(f"search space slots={self.slots!r} must all be >= 2")
+        for f, allowed in (("ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES)):
+            vals = tuple(getattr(self, f))
+            if not vals or any(v not in allowed for v in vals):
+                raise HorizonError(f"search space {f}={vals!r}; allowed: {', '.join(allowed)}")
+            object.__setattr__(self, f, vals)
+        if not self.working_copy:
+            raise HorizonError("search space working_copy must hold True, False or both")
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch <= 0:
+            raise HorizonError(f"max_batch={self.max_batch!r} must be a positive integer")
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    table: pd.DataFrame
+    """Every configuration simulated: the best first, then those that fit by tokens/s, then the rest."""
+    best: Policy | None
+    """The fastest policy that fits; None when nothing in the search space fits."""
+    pareto: pd.DataFrame
+    """For each RAM size (64 GiB steps) that buys speed, the fastest configuration that fits the
+    device: not beaten on both tokens/s and RAM to install; may include sizes above this machine's."""
+    baseline: dict
+    """The row of the base policy (the default, unless given) for comparison."""
+    evaluated: int
+
+    def top(self, n: int = 10) -> pd.DataFrame:
+        """The n fastest that fit, leaving out twins that only cost more memory."""
+        return _drop_twins(self.table[self.table.fits]).head(n).reset_index(drop=True)
+
+
+def _state_of(p: Policy) -> tuple:
+    return (p.micro_batch, p.micro_batches, p.ckpt_every, p.slots, p.ckpt_on, p.optimizer, p.working_copy)
+
+
+def _near(vals, v):
+    return min(vals, key=lambda x: (abs(x - v), x))
+
+
+class _Climb:
+    def __init__(self, model, hw, base, space, runner):
+        self.model, self.hw, self.base, self.space, self.runner = model, hw, base, space, runner
+        self.L = model.n_layers
+        opts = [o for o in space.optimizer if o != "backward" or base.grad_clip == 0]
+        wcs = [w for w in space.working_copy if not w or base.compute_dtype != base.master_dtype]
+        if not opts:
+            raise HorizonError("search space leaves no optimizer mode: 'backward' needs grad_clip=0")
+        if not wcs:
+            raise HorizonError("search space allows only working_copy=True, which duplicates the "
+                               "master weights when compute_dtype equals master_dtype")
+        self.values = {"micro_batch": space.micro_batch, "micro_batches": space.micro_batches,
+                       "ckpt_every": tuple(k for k in space.ckpt_every if k <= self.L) or (1,),
+                       "slots": space.slots, "ckpt_on": space.ckpt_on, "optimizer": tuple(opts),
+                       "working_copy": tuple(wcs)}
+        self.seen: dict[tuple, Outcome] = {}
+
+    def policy(self, s: tuple) -> Policy:
+        mb, n, k, slots, on, opt, wc = s
+        return replace(self.base, batch=mb * n, micro_batches=n, ckpt_every=k, slots=slots,
+                       ckpt_on=on, optimizer=opt, working_copy=wc)
+
+    def valid(self, s: tuple) -> bool:
+        return s[0] * s[1] <= self.space.max_batch and s[2] <= self.L
+
+    def project(self, p: Policy) -> tuple:
+        """The nearest state of the space to a policy."""
+        v = self.values
+        s = [_near(v["micro_batch"], p.micro_batch), _near(v["micro_batches"], p.micro_batches),
+             _near(v["ckpt_every"], p.ckpt_every), _near(v["slots"], p.slots),
+             p.ckpt_on if p.ckpt_on in v["ckpt_on"] else v["ckpt_on"][0],
+             p.optimizer if p.optimizer in v["optimizer"] else v["optimizer"][0],
+             p.working_copy if p.working_copy in v["working_copy"] else v["working_copy"][0]]
+        while s[0] * s[1] > self.space.max_batch:  # shrink the larger factor first
+            i = 0 if s[0] >= s[1] and s[0] > v["micro_batch"][0] else 1
+            idx = v[KNOBS[i]].index(s[i])
+            if idx == 0:
+                break
+            s[i] = v[KNOBS[i]][idx - 1]
+        return tuple(s)
+
+    def neighbours(self, s: tuple) -> list[tuple]:
+        out = []
+        for i, knob in enumerate(KNOBS):
+            vals = self.values[knob]
+            if knob in _ORDERED:
+                j = vals.index(s[i])
+                cands = [vals[j + d] for d in (-1, 1) if 0 <= j + d < len(vals)]
+            else:
+                cands = [v for v in vals if v != s[i]]
+            for c in cands:
+                out.append(s[:i] + (c,) + s[i + 1:])
+        mbs, ns = self.values["micro_batch"], self.values["micro_batches"]
+        i, j = mbs.index(s[0]), ns.index(s[1])
+        for di, dj in ((1, -1), (-1, 1)):  # same batch, split differently
+            if 0 <= i + di < len(mbs) and 0 <= j + dj < len(ns):
+                out.append((mbs[i + di], ns[j + dj]) + s[2:])
+        return [t for t in dict.fromkeys(out) if self.valid(t)]
+
+    def score(self, s: tuple) -> tuple:
+        o = self.seen[s]
+        if o.fits(self.hw):
+            return (1, o.tokens_per_s, -o.host_bytes)
+        return (0, -o.shortfall(self.hw), 0)
+
+    def evaluate(self, states) -> None:
+        new = [s for s in dict.fromkeys(states) if s not in self.seen]
+        outs = self.runner.run([(self.model, self.hw, self.policy(s)) for s in new])
+        self.seen.update(zip(new, outs))
+
+    def climb(self, start: tuple, max_rounds: int) -> tuple:
+        self.evaluate([start])
+        cur = start
+        for _ in range(max_rounds):
+            nb = self.neighbours(cur)
+            self.evaluate(nb)
+            best = max(nb, key=self.score, default=cur)
+            if self.score(best) <= self.score(cur):
+                break
+            cur = best
+        return cur
+
+
+def lean_policy(base: Policy, model: ModelSpec) -> Policy:
+    """A small-footprint starting point: the base micro-batch, no accumulation, checkpoints on the host
+    every 4 layers, no working copy, the optimizer in backward when clipping is off."""
+    return replace(base, batch=base.micro_batch, micro_batches=1, ckpt_every=min(4, model.n_layers), slots=2,
+                   ckpt_on="host", working_copy=False,
+                   optimizer="backward" if base.grad_clip == 0 else "after")
+
+
+def _row(model, hw, p: Policy, o: Outcome) -> dict:
+    return {"batch": p.batch, "micro_batches": p.micro_batches, "micro_batch": p.micro_batch,
+            "ckpt_every": p.ckpt_every, "slots": p.slots, "ckpt_on": p.ckpt_on,
+            "optimizer": p.optimizer, "working_copy": p.working_copy, "fits": o.fits(hw),
+            "tokens_per_s": o.tokens_per_s, "step_time_s": o.step_time_s, "mfu": o.mfu,
+            "device_peak_bytes": o.device_peak_bytes, "host_bytes": o.host_bytes,
+            "ram_needed_bytes": round_up_ram(o.ram_needed_bytes(hw)) if o.ok else 0,
+            "bottleneck": o.bottleneck, "why_not": o.why_not(hw), "shortfall": o.shortfall(hw), "policy": p}
+
+
+def pareto_front(df: pd.DataFrame, by: str = "ram_needed_bytes") -> pd.DataFrame:
+    """Rows not beaten on both `by` (lower: the RAM to install, in 64 GiB steps, by default) and
+    tokens_per_s (higher): the fastest configuration at each RAM size that buys speed, by RAM."""
+    d = df.sort_values([by, "tokens_per_s", "host_bytes"], ascending=[True, False, True], kind="stable")
+    keep, best = [], -math.inf
+    for idx, tps in zip(d.index, d.tokens_per_s):
+        if tps > best:
+            keep.append(idx)
+            best = tps
+    return d.loc[keep].reset_index(drop=True)
+
+
+def _drop_twins(df: pd.DataFrame, rel: float = 1e-3) -> pd.DataFrame:
+    """Drop rows as fast as (within `rel`) a row ranked above them that needs no more device
+    and host memory: e.g. a third slot that buys nothing."""
+    keep = []
+    for i, r in enumerate(df.itertuples()):
+        if not any(k.tokens_per_s >= r.tokens_per_s * (1 - rel) and k.device_peak_bytes <= r.device_peak_bytes
+                   and k.host_bytes <= r.host_bytes for k in keep):
+            keep.append(r)
+    return df.loc[[k.Index for k in keep]]
+
+
+def tune(model: ModelSpec, hw: HardwareSpec, seq: int = 2048, *, base: Policy | None = None,
+         space: SearchSpace | None = None, workers: int | None = None, progress: bool = False,
+         max_rounds: int = 20, runner: Runner | None = None) -> TuneResult:
+    """Search the policy knobs for the highest tokens/s that fits `hw`. `base` fixes what is
+    not searched (precision, clipping, attention) and is the baseline; its seq is replaced by
+    `seq`. Pass grad_clip=0 in `base` to let the search use optimizer='backward'."""
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq <= 0:
+        raise HorizonError(f"seq={seq!r} must be a positive integer")
+    base = replace(base or Policy(), seq=seq)
+    space = space or SearchSpace()
+    own = runner is None
+    runner = runner or Runner(workers, progress, desc=f"tune {model.name}")
+    try:
+        c = _Climb(model, hw, base, space, runner)
+        base_out = runner.one(model, hw, base)
+        seeds = [c.project(base), c.project(lean_policy(base, model))]
+        for s in dict.fromkeys(seeds):
+            c.climb(s, max_rounds)
+    finally:
+        if own:
+            runner.close()
+    rows = [_row(model, hw, c.policy(s), o) for s, o in c.seen.items() if o.ok]
+    in_space = c.policy(c.project(base)) == base
+    if not in_space and base_out.ok:  # compare against the base even when the space lacks it
+        rows.append(_row(model, hw, base, base_out))
+    if not rows:
+        raise HorizonError(f"no configuration of the search space could be simulated for {model.name}: "
+                           f"{base_out.error or next(iter(c.seen.values())).error}")
+    table = pd.DataFrame(rows)
+    table = table.sort_values(["fits", "tokens_per_s", "host_bytes", "device_peak_bytes"],
+                              ascending=[False, False, True, True],
+                              kind="stable").reset_index(drop=True)
+    if bool(table.fits.iloc[0]):  # within TIE of the fastest, prefer the smaller batch and footprint
+        floor = table.tokens_per_s.iloc[0] * (1 - TIE)
+        if base_out.fits(hw):  # never below the base policy
+            floor = max(floor, base_out.tokens_per_s)
+        near = table[table.fits & (table.tokens_per_s >= floor)]
+        pick = near.sort_values(["batch", "host_bytes", "device_peak_bytes"], kind="stable").index[0]
+        table = pd.concat([table.loc[[pick]], table.drop(index=pick)]).reset_index(drop=True)
+    fits_dev = table[table.device_peak_bytes <= hw.device_bytes_usable]
+    pareto = pareto_front(fits_dev) if len(fits_dev) else fits_dev
+    best = table.policy.iloc[0] if bool(table.fits.iloc[0]) else None
+    return TuneResult(table=table, best=best, pareto=pareto, baseline=_row(model, hw, base, base_out),
+                      evaluated=len(c.seen) + (0 if in_space else 1))
