@@ -3,6 +3,7 @@ modules are torch-free at import, so `horizon plan` starts fast and `horizon tra
 torch only when it runs."""
 import argparse
 import importlib
+import os
 import sys
 
 from horizon_sim.errors import HorizonError
@@ -11,6 +12,10 @@ from horizon_sim.errors import HorizonError
 COMMANDS = {
     "plan": ("horizon_sim.cli.plan_cmd", "does it fit, how fast, what is the bottleneck"),
     "simulate": ("horizon_sim.cli.simulate_cmd", "one step as a Gantt overlap plot and a Perfetto trace"),
+    "tune": ("horizon_sim.cli.tune_cmd", "the fastest policy that fits, and speed against host RAM"),
+    "min-ram": ("horizon_sim.cli.min_ram_cmd", "the smallest host RAM (64 GiB steps) a job fits in"),
+    "max-model": ("horizon_sim.cli.max_model_cmd", "the largest model that fits a GPU and a RAM size"),
+    "sweep": ("horizon_sim.cli.sweep_cmd", "models x hardware x policies -> table + feasibility map"),
     "train": ("horizon_exec.cli", "train for real with the streaming executor"),
 }
 
@@ -37,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     except HorizonError as e:
         print(f"horizon {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `horizon plan | head`: the reader left, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(f"horizon {args.cmd}: interrupted", file=sys.stderr)
         return 130

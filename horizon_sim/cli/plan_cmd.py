@@ -4,6 +4,7 @@ import json
 
 from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
 from horizon_sim.plan import plan
+from horizon_sim.plan.advice import advise
 from horizon_sim.sim.simulate import SimResult
 from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
 from horizon_sim.specs.hardware_io import load_hardware
@@ -31,6 +32,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="a hardware file (from `horizon calibrate` or hand-written); overrides --gpu/--link/--ram")
     add_policy_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    p.add_argument("--no-advice", action="store_true",
+                   help="skip the what-to-change search (a few extra simulations)")
 
 
 def result_json(r: SimResult) -> dict:
@@ -91,5 +94,13 @@ def report(r: SimResult) -> str:
 def run(a: argparse.Namespace) -> int:
     hw = load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link)
     r = plan(load_model(a.model), hw, policy_from_args(a))
-    print(json.dumps(result_json(r)) if a.json else report(r))
+    tips = advise(r, search=not getattr(a, "no_advice", False))
+    if a.json:
+        print(json.dumps({**result_json(r), "advice": tips}))
+        return 0
+    print(report(r))
+    if tips:
+        print()
+        for i, t in enumerate(tips):
+            print(("advice    " if i == 0 else "          ") + t)
     return 0

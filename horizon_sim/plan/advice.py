@@ -157,6 +157,8 @@ def leanest_host_policy(policy: Policy, model: ModelSpec) -> Policy:
 
 def _pct(new_s: float, old_s: float) -> str:
     d = (new_s - old_s) / old_s
+    if abs(d) < 0.005:
+        return "leave the step time as it is"
     return f"cut the step by {-d:.0%}" if d < 0 else f"lengthen the step by {d:.0%}"
 
 
@@ -231,7 +233,8 @@ def _what_ifs(model, hw, policy, out: Outcome, runner: Runner) -> list[str]:
         lines.append(f"{link.name} ({link.h2d_GBps:g} GB/s) instead of {hw.link.name} would "
                      f"{_pct(res['link'].step_time_s, t0)}")
     elif "link" in res and "link" in out.bottleneck:
-        lines.append(f"the link limits the step, but {link.name} alone would gain under {MIN_GAIN:.0%}")
+        lines.append(f"compute waits on the link, yet {link.name} would cut the step by under {MIN_GAIN:.0%} "
+                     "(the other lanes are nearly as busy)")
     c = res["ckpt"]
     if c.ok and other == "host":
         freed = out.device_peak_bytes - c.device_peak_bytes

@@ -2,7 +2,7 @@
 
 Candidates: every model preset, plus the dense-120b family scaled in depth (its 12288-wide
 block, 2 to as many layers as could possibly fit, in steps of 2) and in width (its 76 layers,
-width 4096 to 32768 in steps of 1024, 128-wide heads, 8 kv heads, SwiGLU 8/3 x width). Each is
+width 1024 to 32768 in steps of 1024, 128-wide heads, 8 kv heads, SwiGLU 8/3 x width). Each is
 judged under a policy set: 'default' (Policy() alone) or 'lean' (the default plus three
 memory-lean policies; the fastest that fits counts).
 
@@ -35,7 +35,7 @@ POLICY_SETS = {"default": ("default",), "lean": ("default", *_LEAN)}
 optimizer mode (no clipping), the working copy and the moments' precision."""
 
 FAMILY_BASE = "dense-120b"
-WIDTHS = range(4096, 32768 + 1, 1024)
+WIDTHS = range(1024, 32768 + 1, 1024)
 
 
 def policy_set(name: str, base: Policy | None = None) -> dict[str, Policy]:

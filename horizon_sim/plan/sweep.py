@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pandas as pd
@@ -34,7 +34,7 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import build_schedule
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.specs.hardware import HardwareSpec
-from horizon_sim.specs.hardware_presets import HOSTS, device_preset, host_preset, link_preset, make_hardware
+from horizon_sim.specs.hardware_presets import device_preset, host_preset, link_preset, make_hardware
 from horizon_sim.specs.hf_config import load_model
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -104,7 +104,7 @@ class Outcome:
 
 def round_up_ram(nbytes: int, step: int = RAM_STEP_BYTES) -> int:
     """`nbytes` rounded up to a multiple of `step` (64 GiB)."""
-    return max(1, math.ceil(nbytes / step)) * step
+    return max(1, -(-int(nbytes) // step)) * step
 
 
 class _SimTimeout(Exception):
@@ -168,11 +168,14 @@ class Runner:
     """Simulates (model, hardware, policy) configurations on all cores, each one once: results
     are cached by everything but the RAM size. One tqdm bar on stderr counts simulations."""
 
-    def __init__(self, workers: int | None = None, progress: bool = False, desc: str = "simulating"):
+    def __init__(self, workers: int | None = None, progress: bool = False, desc: str = "simulating",
+                 known_total: bool = False):
+        """known_total: each run() call is the whole job (the bar shows a total); otherwise
+        the bar only counts (a search does not know how many simulations it will need)."""
         self.workers = default_workers() if workers is None else int(workers)
         if self.workers < 1:
             raise HorizonError(f"workers={workers!r} must be >= 1")
-        self.progress, self.desc = progress, desc
+        self.progress, self.desc, self.known_total = progress, desc, known_total
         self.cache: dict = {}
         self._pool = None
         self._bar = None
@@ -204,10 +207,15 @@ class Runner:
             return None
         if self._bar is None:
             from tqdm import tqdm
-            self._bar = tqdm(total=0, desc=self.desc, unit="sim", file=sys.stderr, leave=False,
-                             dynamic_ncols=True)
-        self._bar.total += n_new
-        self._bar.refresh()
+
+            class _Bar(tqdm):
+                monitor_interval = 0  # no monitor thread: the pool may fork later
+
+            self._bar = _Bar(total=0 if self.known_total else None, desc=self.desc, unit="sim",
+                             file=sys.stderr, leave=False, dynamic_ncols=True)
+        if self.known_total:
+            self._bar.total += n_new
+            self._bar.refresh()
         return self._bar
 
     def run(self, tasks) -> list[Outcome]:
@@ -219,15 +227,17 @@ class Runner:
             if k not in self.cache and k not in todo:
                 todo[k] = t
         if todo:
-            bar = self._tick(len(todo))
             items = list(todo.items())
-            if self.workers == 1 or len(items) == 1:
+            parallel = self.workers > 1 and len(items) > 1
+            pool = self._get_pool() if parallel else None
+            bar = self._tick(len(todo))
+            if not parallel:
                 for k, t in items:
                     self.cache[k] = _task(t)
                     if bar is not None:
                         bar.update(1)
             else:
-                it = self._get_pool().imap(_task, [t for _, t in items], chunksize=1)
+                it = pool.imap(_task, [t for _, t in items], chunksize=1)
                 for (k, _), out in zip(items, it):
                     self.cache[k] = out
                     if bar is not None:
@@ -371,7 +381,7 @@ def sweep(grid: Grid, *, workers: int | None = None, progress: bool = False) -> 
             for (gpu, link, host, ram), hw in hws.items():
                 configs.append((model, hw, fields_, pol, err))
     runnable = [(m, hw, pol) for m, hw, _, pol, err in configs if pol is not None]
-    with Runner(workers, progress, desc="sweep") as runner:
+    with Runner(workers, progress, desc="sweep", known_total=True) as runner:
         outs = iter(runner.run(runnable))
     rows = []
     for m, hw, fields_, pol, err in configs:
@@ -428,8 +438,7 @@ def feasibility_map(df: pd.DataFrame, path) -> Path:
         norm = LogNorm(vmin=vals.min(), vmax=vals.max())
     else:
         norm = Normalize(vmin=vals.min() if len(vals) else 0, vmax=vals.max() if len(vals) else 1)
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("#dddddd")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#dddddd")
     ny, nx = len(models), len(rams)
     fig, axes = plt.subplots(1, len(panels), squeeze=False, sharey=True,
                              figsize=(1.2 + max(3.0, 0.9 * nx) * len(panels), 1.6 + 0.45 * ny))
@@ -453,7 +462,8 @@ def feasibility_map(df: pd.DataFrame, path) -> Path:
     axes[0][0].set_ylabel("model (parameters)")
     cb = fig.colorbar(im, ax=axes[0].tolist(), fraction=0.05, pad=0.02)
     cb.set_label("best tokens/s that fits (x: nothing fits)")
-    fig.suptitle("feasibility: best predicted tokens/s per model and host RAM", fontsize=11, y=1.0 + 0.25 / fig.get_figheight())
+    fig.suptitle("feasibility: best predicted tokens/s per model and host RAM", fontsize=11,
+                 y=1.0 + 0.25 / fig.get_figheight())
     p = Path(path)
     fig.savefig(p, dpi=120, bbox_inches="tight")
     plt.close(fig)

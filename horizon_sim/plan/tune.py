@@ -89,10 +89,6 @@ class TuneResult:
         return _drop_twins(self.table[self.table.fits]).head(n).reset_index(drop=True)
 
 
-def _state_of(p: Policy) -> tuple:
-    return (p.micro_batch, p.micro_batches, p.ckpt_every, p.slots, p.ckpt_on, p.optimizer, p.working_copy)
-
-
 def _near(vals, v):
     return min(vals, key=lambda x: (abs(x - v), x))
 
@@ -236,7 +232,10 @@ def tune(model: ModelSpec, hw: HardwareSpec, seq: int = 2048, *, base: Policy | 
     try:
         c = _Climb(model, hw, base, space, runner)
         base_out = runner.one(model, hw, base)
-        seeds = [c.project(base), c.project(lean_policy(base, model))]
+        seeds = [s for s in (c.project(base), c.project(lean_policy(base, model))) if c.valid(s)]
+        if not seeds:
+            raise HorizonError(f"the search space has no configuration with at most max_batch="
+                               f"{space.max_batch} sequences per step")
         for s in dict.fromkeys(seeds):
             c.climb(s, max_rounds)
     finally:

@@ -27,18 +27,19 @@ class HostFootprint:
 
 def _events(sched, timeline: pd.DataFrame, space: Space):
     effects = op_effects(sched)
-    t = timeline.set_index("op_id")
+    start = dict(zip(timeline.op_id, timeline.start_s))
+    end = dict(zip(timeline.op_id, timeline.end_s))
     ev = []  # (time, order: 0 = release first, delta, role)
     for op in sched.ops:
-        if op.id not in t.index:
+        if op.id not in start:
             continue
         e = effects[op.id]
         for (sp, role), n in e.alloc.items():
             if sp == space:
-                ev.append((t.at[op.id, "start_s"], 1, n, role))
+                ev.append((start[op.id], 1, n, role))
         for (sp, role), n in e.free.items():
             if sp == space:
-                ev.append((t.at[op.id, "end_s"], 0, -n, role))
+                ev.append((end[op.id], 0, -n, role))
     ev.sort(key=lambda x: (x[0], x[1]))
     return ev
 
