@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.horizon-installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench reports clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+reports: $(STAMP)
+	$(PY) -m horizon_sim.report.build --out reports
 
 bench: $(STAMP)
 	$(PY) benchmarks/sim_speed.py

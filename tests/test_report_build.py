@@ -1,0 +1,113 @@
+"""The reports/ builder on its reduced (--quick) configuration: every file the README links to
+exists, the figures are real PNGs, the tables have one row per configuration, and the build
+leaves other commands' files alone while removing its own stale ones."""
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from horizon_sim.report import build as B
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CFG = B.QUICK
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports")
+    (out / "validation_llama.csv").write_text("from horizon validate\n")  # another command's file
+    (out / "old_plot.png").write_bytes(PNG_MAGIC)  # a file an earlier build wrote, no longer built
+    (out / B.MANIFEST).write_text("old_plot.png\nREADME.md\n")
+    res = B.build(out, quick=True, workers=2)
+    return out, res
+
+
+def _links(readme: str) -> list[str]:
+    """Relative targets of markdown links and images (no URLs, no #anchors)."""
+    return [t for t in re.findall(r"\]\(([^)\s]+)\)", readme) if "://" not in t and not t.startswith("#")]
+
+
+def test_readme_links_point_at_files_that_exist(built):
+    out, res = built
+    readme = (out / "README.md").read_text()
+    links = _links(readme)
+    assert links and all((out / t).is_file() for t in links), [t for t in links if not (out / t).is_file()]
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme)
+    assert set(images) == {"headline_overlap.png", "optimizer_modes.png", "ckpt_memory.png",
+                           f"feasibility_{CFG.map_gpu}.png"}
+    for f in res["files"]:  # everything written is linked from the README (or is the README)
+        assert f == "README.md" or f in links, f
+    assert "make reports" in readme and "estimate" in readme
+    assert "## Predicted vs measured" in readme and "horizon validate" in readme
+
+
+def test_pngs_are_real_images(built):
+    out, res = built
+    pngs = [f for f in res["files"] if f.endswith(".png")]
+    assert len(pngs) == 4
+    for f in pngs:
+        data = (out / f).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000, f
+
+
+def test_tables_have_one_row_per_configuration(built):
+    out, _ = built
+    fit = pd.read_csv(out / "fit_table.csv")
+    n = len(CFG.table_models) * len(CFG.table_gpus) * len(CFG.table_rams)
+    assert len(fit) == 2 * n
+    assert (fit.policy.value_counts() == n).all() and set(fit.policy) == {"default", "tuned"}
+    assert fit[fit.fits].tokens_per_s.gt(0).all() and fit[~fit.fits].tokens_per_s.isna().all()
+    # where both fit, the tuned policy is never slower than the default it started from
+    both = fit.pivot_table(index=["model", "gpu", "ram"], columns="policy", values="tokens_per_s").dropna()
+    assert (both.tuned >= both.default * (1 - 1e-9)).all()
+    md = (out / "fit_table.md").read_text().strip().splitlines()
+    assert len(md) == 2 + 2 * n
+
+    modes = pd.read_csv(out / "optimizer_modes.csv")
+    assert list(modes["mode"]) == list(B.MODES)
+    assert modes.set_index("mode").grad_clip["backward"] == 0
+
+    ck = pd.read_csv(out / "ckpt_placement.csv")
+    assert len(ck) == 2 * len(CFG.ckpt_models) and set(ck.ckpt_on) == {"device", "host"}
+
+    for tag in ("default", "lean"):
+        f = pd.read_csv(out / f"feasibility_{CFG.map_gpu}_{tag}.csv")
+        assert len(f) == len(CFG.map_models) * len(CFG.map_rams)
+    assert len((out / "feasibility.md").read_text().strip().splitlines()) == 2 + len(CFG.map_rams)
+
+
+def test_headline_numbers_and_trace(built):
+    out, res = built
+    h = json.loads((out / "headline.json").read_text())
+    assert h["default"]["fits"] is False  # the quick config is chosen not to fit, like the real one
+    assert h["default"]["min_ram_bytes"] > 0
+    assert "nearest_fit" in h or "tuned" in h
+    assert h["shown"]["step_time_s"] > 0
+    trace = json.loads((out / "headline_trace.json").read_text())
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"])
+    readme = (out / "README.md").read_text()
+    assert "does not fit" in readme
+
+
+def test_build_keeps_foreign_files_and_drops_its_stale_ones(built):
+    out, res = built
+    assert (out / "validation_llama.csv").read_text() == "from horizon validate\n"
+    assert "validation_llama.csv" not in res["files"]
+    assert "(validation_llama.csv)" in (out / "README.md").read_text()  # listed under Predicted vs measured
+    assert not (out / "old_plot.png").exists()
+    manifest = (out / B.MANIFEST).read_text().split()
+    assert sorted(manifest) == sorted(res["files"]) and "README.md" in manifest
+
+
+def test_small_output(built):
+    out, res = built
+    assert sum((out / f).stat().st_size for f in res["files"]) < 5 * 2**20
+
+
+def test_help_explains_the_command(capsys):
+    with pytest.raises(SystemExit) as e:
+        B.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "--out" in text and "--quick" in text and "reports" in text
