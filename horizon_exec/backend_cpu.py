@@ -41,7 +41,10 @@ class CpuBackend(Backend):
         compute = lane == Lane.COMPUTE
         torch.set_num_threads(self.compute_threads if compute else len(self.host_cores))
         if self.pin_cores:
-            os.sched_setaffinity(0, self.compute_cores if compute else self.host_cores)  # this thread
+            try:  # this thread only; best effort (a container may forbid it)
+                os.sched_setaffinity(0, self.compute_cores if compute else self.host_cores)
+            except OSError:
+                pass
 
     def mark(self, lane):
         return time.perf_counter()

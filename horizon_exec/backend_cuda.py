@@ -15,7 +15,7 @@ copies between the device and pinned host memory.
 - Device memory peak: the caching allocator's max_memory_allocated over the step (the arena's
   own count, which charges declared sizes, is kept too).
 Sync points: step_begin/step_end (device synchronize), lane_sync (a D2H lane that must add
-into an fp32 host grad), and event.synchronize in the CPU lane.
+into, or widen into, an fp32 host grad), and event.synchronize in the CPU lane.
 """
 import time
 
@@ -114,9 +114,15 @@ class CudaBackend(Backend):
             dst.copy_(tmp)
 
     def d2h(self, dst, src):
-        if src.dtype != dst.dtype:
-            src = src.to(dst.dtype)  # cast on the device: the link carries dst's dtype
-        dst.copy_(src, non_blocking=True)
+        if src.dtype == dst.dtype:
+            dst.copy_(src, non_blocking=True)
+        elif dst.element_size() < src.element_size():
+            dst.copy_(src.to(dst.dtype), non_blocking=True)  # narrow on the device, then the link
+        else:  # e.g. bf16 grads into an fp32 host accumulator: the link carries bf16
+            stage = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+            stage.copy_(src, non_blocking=True)
+            self.lane_sync()  # sync point: widen on the host once the bytes landed
+            dst.copy_(stage)
 
     def d2h_add(self, dst, src):
         stage = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)

@@ -7,6 +7,7 @@ Weight sources and gradient targets are taken from the op's reads/writes in orde
 head's slot is [head host vector | embedding host vector], and its gradient splits the same
 way. Nothing here decides order: the engine calls ops as the schedule says.
 """
+import contextlib
 import math
 
 import torch
@@ -17,6 +18,7 @@ from horizon_exec.head import head_fwd_bwd, next_token_labels
 from horizon_exec.layers import DecoderBlock, rope_tables
 from horizon_exec.layout import block_layout, head_device_layout, unit_name
 from horizon_exec.optim import AdamW, clip_coef
+from horizon_exec.store import host_numel
 from horizon_sim.schedule.op import Op, OpKind as K
 
 
@@ -30,8 +32,8 @@ def _pick(names, prefix, default=ExecError):
 
 
 class OpRunner:
-    def __init__(self, *, model, policy, sched, buffers, store, arena, backend, adamw: AdamW):
-        self.m, self.p, self.sched = model, policy, sched
+    def __init__(self, *, model, policy, buffers, store, arena, backend, adamw: AdamW):
+        self.m, self.p = model, policy
         self.buf, self.store, self.arena, self.be = buffers, store, arena, backend
         self.adamw = adamw
         self.lr = adamw.lr
@@ -50,7 +52,8 @@ class OpRunner:
         self.tokens = None
         self.n_step_tokens = policy.batch * (policy.seq - 1)
         self.loss_parts: list = []
-        self._g32 = None  # host fp32 scratch for a bf16 host grad (optimizer lane only)
+        self.temp_peak: dict[int, int] = {}  # op id -> measured peak of its device temporaries
+        self._g32 = None  # host scratch: a host grad in the master dtype (optimizer lane only)
         self.table = {
             K.EMBED_FWD: self.embed_fwd, K.LOAD_INPUT: self.copy_h2d, K.LOAD_WEIGHTS: self.load_weights,
             K.FORWARD: self.forward, K.RECOMPUTE: self.forward, K.SAVE_CKPT: self.copy_d2h,
@@ -83,6 +86,16 @@ class OpRunner:
             flat = self.buf.get(f"w{op.slot}")
             self._views[key] = (self.head_layout if is_head else self.block_layout).views(flat)
         return self._views[key]
+
+    @contextlib.contextmanager
+    def _scope(self, op):
+        """Context of a compute op (CPU: a temporaries tracker; its peak is kept per op)."""
+        cm = self.be.compute_scope(self.arena, op.label)
+        try:
+            with cm:
+                yield
+        finally:
+            self.temp_peak[op.id] = getattr(cm, "peak", 0)
 
     def _set_sq_norm(self, name: str, g) -> None:
         """gsq.<u> <- ||g||^2, reduced where g lives (device or host), stored on the host."""
@@ -150,8 +163,7 @@ class OpRunner:
         sq = _pick(op.writes, "gsq.", None)
         off = 0
         for t in (n for n in op.writes if n.startswith("hgrad.")):
-            shape, _ = self.buf.shapes[t] if t in self.buf.shapes else (self.store.t[t].shape, None)
-            n = shape[0]
+            n = host_numel(self.m, t.partition(".")[2])
             piece = g[off:off + n]
             off += n
             if t in op.reads:
@@ -171,7 +183,7 @@ class OpRunner:
         """FORWARD / RECOMPUTE: x.m.(l+1) = block_l(x.m.l), no autograd."""
         x = self.buf.get(op.reads[0])
         w = self._weights(op)
-        with self.be.compute_scope(self.arena, op.label), torch.no_grad():
+        with self._scope(op), torch.no_grad():
             y = self.block(w, x, self.cos, self.sin)            # (mb, T, H)
         self.buf.put(op.writes[0], y)
 
@@ -183,7 +195,7 @@ class OpRunner:
         w = self._weights(op)
         dgrad = self.buf.out(_pick(op.writes, "dgrad."))
         gviews = self.block_layout.views(dgrad)
-        with self.be.compute_scope(self.arena, op.label):
+        with self._scope(op):
             with torch.enable_grad():
                 xg = x.detach().requires_grad_()
                 wp = {k: v.detach().requires_grad_() for k, v in w.items()}
@@ -203,7 +215,7 @@ class OpRunner:
         dgrad = self.buf.out(_pick(op.writes, "dgrad."))
         gv = self.head_layout.views(dgrad)
         labels = self.labels[self._rows(op.micro)].reshape(-1)
-        with self.be.compute_scope(self.arena, op.label):
+        with self._scope(op):
             dx, loss = head_fwd_bwd(x, w["model.norm.weight"], w["lm_head.weight"], labels,
                                     self.n_step_tokens, self.m.norm_eps,
                                     min(self.p.loss_chunk_tokens, labels.numel()),
@@ -223,9 +235,9 @@ class OpRunner:
         u = unit_name(self.m, op.layer)
         p = self.store.t[f"master.{u}"]
         g = self.buf.get(f"hgrad.{u}")
-        if g.dtype != torch.float32:  # a bf16 host grad: widen into a reused fp32 scratch
-            if self._g32 is None or self._g32.numel() < g.numel():
-                self._g32 = torch.empty(g.numel(), dtype=torch.float32)
+        if g.dtype != p.dtype:  # e.g. a bf16 host grad: widen into a reused scratch (O(P_max))
+            if self._g32 is None or self._g32.numel() < g.numel() or self._g32.dtype != p.dtype:
+                self._g32 = torch.empty(g.numel(), dtype=p.dtype)
             g = self._g32[:g.numel()].copy_(g)
         exp_avg, exp_avg_sq = self.store.moments(u)
         coef = clip_coef(self.p.grad_clip, self.store.scalar("gnorm")) if self.p.clip else 1.0
@@ -236,3 +248,4 @@ class OpRunner:
 
     def loss(self) -> float:
         return float(sum(part.item() for part in self.loss_parts))
+

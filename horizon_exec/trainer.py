@@ -14,6 +14,7 @@ next step, so after `step()` the master weights lag one update until the next st
 import resource
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 
 import pandas as pd
@@ -44,7 +45,9 @@ class StepResult:
     grad_norm: float
     """Global gradient norm before clipping."""
     timeline: pd.DataFrame
-    """One row per op that ran (horizon_sim.sim.timeline columns), seconds from step start."""
+    """One row per op that ran (horizon_sim.sim.timeline columns), seconds from step start,
+    plus temp_peak_bytes: the measured peak of a compute op's device temporaries (CPU backend;
+    the measured counterpart of Op.workspace_bytes), 0 for other ops."""
     device_peak_bytes: int
     """Device memory peak over the step: arena buffers + measured op temporaries (CPU), or the
     caching allocator's peak (CUDA)."""
@@ -58,18 +61,38 @@ class StepResult:
         return self.tokens / self.step_s if self.step_s > 0 else float("nan")
 
 
+def _shutdown(engine, backend) -> None:
+    engine.close()
+    backend.close()
+
+
 def rss_peak_bytes() -> int:
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(r if sys.platform == "darwin" else r * 1024)
 
 
 class Trainer:
+    """Streams `model` through the device under `policy` (see module docstring).
+
+    lr, weight_decay, betas, eps: AdamW (decoupled decay on every parameter, like
+    torch.optim.AdamW over model.parameters()); `lr` can be changed between steps.
+    device: 'cpu' or 'cuda[:N]'. seed: weight init. device_budget_bytes: arena budget (None:
+    unlimited). CPU backend only: compute_threads (intra-op threads of the compute lane;
+    default cores - 1), pin_cores (compute lane on its own cores, the other lanes on the
+    rest), track_memory (measure op temporaries). timeout_s: longest wait for a dependency
+    or a single op before the step fails instead of hanging.
+    """
+
     def __init__(self, model: ModelSpec, policy: Policy, *, lr: float = 1e-3, weight_decay: float = 0.0,
                  betas=(0.9, 0.999), eps: float = 1e-8, device: str = "cpu", seed: int = 0,
                  device_budget_bytes: int | None = None, compute_threads: int | None = None,
                  pin_cores: bool = True, track_memory: bool = True, timeout_s: float = 600.0):
         if policy.seq < 2:
             raise HorizonError(f"policy seq={policy.seq}: training needs sequences of at least 2 tokens")
+        if policy.states_dtype != policy.master_dtype:
+            raise HorizonError(f"policy states_dtype={policy.states_dtype} with master_dtype="
+                               f"{policy.master_dtype}: torch's fused AdamW needs the Adam moments in "
+                               "the master dtype; use the same dtype for both")
         self.model, self.policy = model, policy
         self.sched = build_schedule(model, policy)
         kw = dict(compute_threads=compute_threads, pin_cores=pin_cores, track_memory=track_memory)
@@ -77,7 +100,7 @@ class Trainer:
         self.store = HostStore(self.sched, model, self.backend)
         self.arena = DeviceArena(self.backend, device_budget_bytes)
         self.buffers = BufferTable(self.sched, model, policy, self.store, self.arena, self.backend)
-        self.runner = OpRunner(model=model, policy=policy, sched=self.sched, buffers=self.buffers,
+        self.runner = OpRunner(model=model, policy=policy, buffers=self.buffers,
                                store=self.store, arena=self.arena, backend=self.backend,
                                adamw=AdamW(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.units = [EMBED, *range(model.n_layers), model.n_layers]
@@ -87,6 +110,9 @@ class Trainer:
             self._params.update(host_layout(model, u).views(flat))
         self.init_weights(seed)
         self.engine = Engine(self.backend, self.runner, timeout_s=timeout_s)
+        # Lane threads stop (and CUDA host memory is unregistered) with the trainer, even
+        # without close(); the finalizer holds no reference to the trainer itself.
+        self._finalizer = weakref.finalize(self, _shutdown, self.engine, self.backend)
         self.pending = False  # pipelined: the last step's gradients are not applied yet
         self.steps_done = 0
         self.failed: str | None = None
@@ -124,6 +150,7 @@ class Trainer:
         for name, t in self._params.items():
             t.copy_(sd[name])
         self._refresh_working_copy()
+        self.pending = False  # gradients of the old weights must not update the new ones
 
     @property
     def lr(self) -> float:
@@ -146,8 +173,10 @@ class Trainer:
             self.buffers.clear_dynamic()
             raise
 
-    def step(self, tokens: torch.Tensor) -> StepResult:
-        """One optimizer step on tokens (batch, seq) (int64, ids < vocab)."""
+    def step(self, tokens: torch.Tensor, skip_kinds=frozenset()) -> StepResult:
+        """One optimizer step on tokens (batch, seq) (int64, ids < vocab). `skip_kinds`
+        (measurement only, e.g. {OpKind.OPTIMIZER} to see what the optimizer costs): op kinds
+        not run this step; the step is then not a training step."""
         self._check_usable()
         p = self.policy
         if tuple(tokens.shape) != (p.batch, p.seq):
@@ -156,16 +185,19 @@ class Trainer:
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.model.vocab):
             raise HorizonError(f"token ids must lie in [0, {self.model.vocab})")
         self.runner.begin_step(tokens)
+        self.runner.temp_peak.clear()
         self.backend.reset_peak(self.arena)
-        skip = frozenset() if self.pending else frozenset(o.id for o in self.sched.ops if o.prev_step)
+        skip = {o.id for o in self.sched.ops if (o.prev_step and not self.pending) or o.kind in skip_kinds}
         t0 = time.perf_counter()
         rows = self._run(self.sched.ops, skip)
         step_s = time.perf_counter() - t0
         self.pending = p.optimizer == "pipelined"
         self.steps_done += 1
         ops, starts, ends = zip(*rows)
+        timeline = timeline_frame(ops, starts, ends)
+        timeline["temp_peak_bytes"] = [self.runner.temp_peak.get(o.id, 0) for o in ops]
         return StepResult(loss=self.runner.loss(), grad_norm=self.store.scalar("gnorm"),
-                          timeline=timeline_frame(ops, starts, ends),
+                          timeline=timeline,
                           device_peak_bytes=self.backend.device_peak(self.arena),
                           rss_peak_bytes=rss_peak_bytes(), step_s=step_s, tokens=p.tokens)
 
@@ -183,8 +215,7 @@ class Trainer:
         return self.store.nbytes
 
     def close(self) -> None:
-        self.engine.close()
-        self.backend.close()
+        self._finalizer()
 
     def __enter__(self):
         return self

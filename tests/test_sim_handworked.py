@@ -42,7 +42,7 @@ Schedule (ops in program order, lane, what each waits for besides its lane's pre
    9 backward[1]      comp  (4)           slot 1 still holds block 1: no reload
   10 offload_grads[1] d2h   9
   11 load_weights[0]  h2d   7 (slot 0 free once the head is done)
-  12 backward[0]      comp  11
+  12 backward[0]      comp  11, and 8: backpressure, at most 2 grad offloads in flight
   13 offload_grads[0] d2h   12
   14 offload_input_gr d2h   12
   15 embed_bwd        cpu   14
@@ -63,7 +63,7 @@ Timeline (µs; e = 1.31072e-4, the embedding gather):
    9 backward[1]      e + 355.71712                  e + 582.209536
   10 offload_grads[1] max(582.209536, 388.61312) + e e + 664.385536
   11 load_weights[0]  max(262.784, 355.71712) + e    e + 437.89312
-  12 backward[0]      max(582.209536, 437.89312) + e e + 808.701952
+  12 backward[0]      max(582.209536, 437.89312, 388.61312) + e  e + 808.701952
   13 offload_grads[0] max(808.701952, 664.385536) +e e + 890.877952
   14 offload_inp_grad e + 890.877952                 e + 956.413952
   15 embed_bwd        e + 956.413952                 + 2.62144e-4
@@ -181,7 +181,7 @@ def test_schedule_is_the_one_worked_on_paper(sched):
         (K_.FORWARD, 0, (2,)), (K_.LOAD_WEIGHTS, 1, ()), (K_.FORWARD, 1, (4,)),
         (K_.LOAD_WEIGHTS, 2, (3,)), (K_.HEAD, 2, (6,)), (K_.OFFLOAD_GRADS, 2, (7,)),
         (K_.BACKWARD, 1, (4,)), (K_.OFFLOAD_GRADS, 1, (9,)), (K_.LOAD_WEIGHTS, 0, (7,)),
-        (K_.BACKWARD, 0, (11,)), (K_.OFFLOAD_GRADS, 0, (12,)), (K_.OFFLOAD_INPUT_GRAD, EMBED, (12,)),
+        (K_.BACKWARD, 0, (8, 11)), (K_.OFFLOAD_GRADS, 0, (12,)), (K_.OFFLOAD_INPUT_GRAD, EMBED, (12,)),
         (K_.EMBED_BWD, EMBED, (14,)), (K_.GRAD_NORM, -1, (13,)),
         (K_.OPTIMIZER, EMBED, None), (K_.OPTIMIZER, 0, None), (K_.OPTIMIZER, 1, None),
         (K_.OPTIMIZER, 2, None),

@@ -15,7 +15,9 @@ step's gradients: those ops carry prev_step=True).
 
 Dependencies are not written by hand: each op declares the buffers it reads, writes and
 frees, and `_Deps` derives RAW/WAR/WAW waits (keeping one per other lane, since lanes are
-FIFO). Weight slots are assigned by Belady's rule (evict the unit whose next use is furthest)
+FIFO). The only waits added by hand are backpressure: a FORWARD or BACKWARD waits until at
+most PENDING_D2H device->host transfers that free device memory are still in flight, so a
+slow link cannot let device memory grow with depth. Weight slots are assigned by Belady's rule (evict the unit whose next use is furthest)
 but never the slot the previous compute op is using, so a load always overlaps compute; a
 unit still resident is not loaded again, which saves link traffic when K > 1 or slots > 2.
 """
@@ -30,6 +32,7 @@ from horizon_sim.specs.policy import DTYPE_BYTES, Policy
 
 K_ = OpKind
 _INF = float("inf")
+PENDING_D2H = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +53,8 @@ class _Deps:
         self.reads_since: dict[str, list[int]] = defaultdict(list)
         self.accesses: dict[str, list[int]] = defaultdict(list)
 
-    def add(self, op_id, kind, reads, writes, frees) -> tuple[int, ...]:
-        need: set[int] = set()
+    def add(self, op_id, kind, reads, writes, frees, extra=()) -> tuple[int, ...]:
+        need: set[int] = set(extra)
         for n in reads:
             if n in self.last_write:
                 need.add(self.last_write[n])
@@ -104,6 +107,11 @@ class _Builder:
         self.wsrc = "wc" if policy.working_copy else "master"
         self.grads_static = policy.optimizer == "pipelined"  # they cross the step boundary
         self.optimized: set[int] = set()
+        # Device->host transfers free device memory when they finish. If the link lags, the
+        # compute lane must not run ahead and pile up their buffers (memory would then grow
+        # with depth): a new producer waits until at most PENDING_D2H of them are in flight.
+        self.pending_saves: list[int] = []
+        self.pending_offloads: list[int] = []
 
     # ---- sizes ------------------------------------------------------------------------
     def host_params(self, u):
@@ -129,7 +137,9 @@ class _Builder:
         return self.buf(f"dx.m{m}.{l}", Space.DEVICE, self.tok * self.m.hidden * self.act, role="activations")
 
     def hgrad(self, u):
-        return self.buf(f"hgrad.{self._name(u)}", Space.HOST, self.host_params(u) * self.host_grad_b,
+        # A tied embedding's grad sums the LM head's and the scatter-add's: keep it in fp32.
+        nbytes = 4 if u == EMBED and self.m.tied_embeddings else self.host_grad_b
+        return self.buf(f"hgrad.{self._name(u)}", Space.HOST, self.host_params(u) * nbytes,
                         static=self.grads_static, role="grads")
 
     def host_store(self, u):
@@ -145,9 +155,10 @@ class _Builder:
         return self.buf(f"gsq.{self._name(u)}", Space.HOST, 8, True, "scalars")
 
     # ---- emission ---------------------------------------------------------------------
-    def emit(self, kind, layer, micro=0, *, reads=(), writes=(), frees=(), **work):
+    def emit(self, kind, layer, micro=0, *, reads=(), writes=(), frees=(), after=(), **work):
+        """Append an op; `after` adds waits that are not data hazards (backpressure)."""
         op_id = len(self.ops)
-        deps = self.deps.add(op_id, kind, reads, writes, frees)
+        deps = self.deps.add(op_id, kind, reads, writes, frees, extra=after)
         self.ops.append(Op(id=op_id, kind=kind, layer=layer, micro=micro, deps=deps,
                            reads=tuple(reads), writes=tuple(writes), frees=tuple(frees), **work))
         return op_id
@@ -173,6 +184,11 @@ class _Builder:
                 self.optimizer(v, prev_step=True)
             names.append(self.host_store(v)[2 if self.p.working_copy else 0])
         return names
+
+    @staticmethod
+    def _backpressure(pending: list[int]) -> tuple[int, ...]:
+        """Wait for the transfer that would make PENDING_D2H + 1 outstanding."""
+        return (pending[-PENDING_D2H],) if len(pending) >= PENDING_D2H else ()
 
     # ---- the step -----------------------------------------------------------------------
     def compute_sequence(self) -> list[_Use]:
@@ -243,8 +259,9 @@ class _Builder:
             acc = [t for t in targets if t in self.deps.last_write]  # accumulate into what exists
             writes = targets + ([self.gsq(u)] if m == last_m else [])
             host_b = self.dev_params(u) * 8 if acc else 0  # read-add-write the fp32 host grad
-            self.emit(K_.OFFLOAD_GRADS, u, m, reads=[dgrad, *acc], writes=writes, frees=[dgrad],
-                      link_bytes=self.dev_params(u) * self.link_grad_b, host_bytes=host_b)
+            self.pending_offloads.append(
+                self.emit(K_.OFFLOAD_GRADS, u, m, reads=[dgrad, *acc], writes=writes, frees=[dgrad],
+                          link_bytes=self.dev_params(u) * self.link_grad_b, host_bytes=host_b))
             if p.optimizer == "backward" and m == last_m and u != self.HEAD:
                 self.optimizer(u)
 
@@ -270,11 +287,13 @@ class _Builder:
                 is_ckpt = u % K == 0
                 frees = [] if is_ckpt else [self.x(m, u)]
                 self.emit(K_.FORWARD, u, m, slot=s, reads=[self.x(m, u), w], writes=[self.x(m, u + 1)],
-                          frees=frees, flops=fwd_flops, hbm_bytes=fwd_hbm, workspace_bytes=fwd_ws)
+                          frees=frees, flops=fwd_flops, hbm_bytes=fwd_hbm, workspace_bytes=fwd_ws,
+                          after=self._backpressure(self.pending_saves))
                 if is_ckpt and ckpt_on_host:
                     ck = self.buf(f"ckpt.m{m}.{u}", Space.HOST, bnd, role="checkpoints")
-                    self.emit(K_.SAVE_CKPT, u, m, reads=[self.x(m, u)], writes=[ck], frees=[self.x(m, u)],
-                              link_bytes=bnd)
+                    self.pending_saves.append(
+                        self.emit(K_.SAVE_CKPT, u, m, reads=[self.x(m, u)], writes=[ck],
+                                  frees=[self.x(m, u)], link_bytes=bnd))
             elif use.kind == K_.HEAD:
                 dgrad = self.buf(f"dgrad.head.m{m}", Space.DEVICE, self.dev_params(u) * act, role="grads")
                 self.emit(K_.HEAD, u, m, slot=s, reads=[self.x(m, L), w], writes=[self.dx(m, L), dgrad],
@@ -291,7 +310,8 @@ class _Builder:
                 dgrad = self.buf(f"dgrad.{u}.m{m}", Space.DEVICE, self.dev_params(u) * act, role="grads")
                 self.emit(K_.BACKWARD, u, m, slot=s, reads=[self.x(m, u), self.dx(m, u + 1), w],
                           writes=[self.dx(m, u), dgrad], frees=[self.x(m, u), self.dx(m, u + 1)],
-                          flops=3 * fwd_flops, hbm_bytes=3 * fwd_hbm, workspace_bytes=bwd_ws)
+                          flops=3 * fwd_flops, hbm_bytes=3 * fwd_hbm, workspace_bytes=bwd_ws,
+                          after=self._backpressure(self.pending_offloads))
                 offload_grads(u, m)
                 if u == 0:
                     hdx = self.buf(f"hdx.m{m}", Space.HOST, bnd, role="staging")
