@@ -14,8 +14,16 @@ from horizon_sim.errors import HorizonError
 
 
 def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--model", required=True, help="preset name or path to a config.json")
-    p.add_argument("--data", required=True, help="text file; its bytes are the tokens")
+    p.description = ("Train with the streaming executor: host RAM holds the fp32 master weights and "
+                     "Adam state, the device streams one layer at a time, following the same "
+                     "Schedule `horizon plan` simulates.")
+    p.epilog = ("example:\n  horizon train --model tiny --steps 20 --batch 4 --seq 128\n"
+                "  horizon train --model ./config.json --data corpus.txt --steps 100 --device cuda")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--model", required=True, help="preset name (e.g. tiny) or path to a config.json")
+    p.add_argument("--data", default=None,
+                   help="text file; its bytes are the tokens (default: the built-in corpus of "
+                        "Python standard-library docstrings)")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps (default 10)")
     add_policy_args(p)
     p.add_argument("--loss-chunk-tokens", type=int, default=1024,
@@ -41,7 +49,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from horizon_exec.data import BYTE_VOCAB, RandomWindows, byte_tokens
+    from horizon_exec.data import BUILTIN_CORPUS, BYTE_VOCAB, RandomWindows, byte_tokens
     from horizon_exec.trainer import Trainer
     from horizon_sim.specs.hf_config import load_model
     from horizon_sim.units import fmt_bytes, parse_size
@@ -53,7 +61,7 @@ def run_train(args: argparse.Namespace) -> int:
         raise HorizonError(f"--steps {args.steps} must be positive")
     policy = dataclasses.replace(policy_from_args(args), loss_chunk_tokens=args.loss_chunk_tokens)
     budget = parse_size(args.device_budget, "--device-budget") if args.device_budget else None
-    data = RandomWindows(byte_tokens(args.data), policy.batch, policy.seq, seed=args.seed)
+    data = RandomWindows(byte_tokens(args.data or BUILTIN_CORPUS), policy.batch, policy.seq, seed=args.seed)
     tr = Trainer(model, policy, lr=args.lr, weight_decay=args.weight_decay,
                  betas=(args.beta1, args.beta2), eps=args.eps, device=args.device, seed=args.seed,
                  device_budget_bytes=budget, compute_threads=args.compute_threads)

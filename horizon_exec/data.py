@@ -7,6 +7,9 @@ import torch
 from horizon_sim.errors import HorizonError
 
 BYTE_VOCAB = 256
+BUILTIN_CORPUS = Path(__file__).parent / "corpus" / "python_docs.txt"
+"""~360 KB of English prose (Python standard library docstrings, PSF License) shipped with
+the package, so the demo and tests train on real text without downloading anything."""
 
 
 def byte_tokens(path) -> torch.Tensor:
