@@ -235,16 +235,13 @@ class OpRunner:
         u = unit_name(self.m, op.layer)
         p = self.store.t[f"master.{u}"]
         g = self.buf.get(f"hgrad.{u}")
-        if g.dtype != p.dtype:  # e.g. a bf16 host grad: widen into a reused scratch (O(P_max))
-            if self._g32 is None or self._g32.numel() < g.numel() or self._g32.dtype != p.dtype:
-                self._g32 = torch.empty(g.numel(), dtype=p.dtype)
-            g = self._g32[:g.numel()].copy_(g)
+        if g.dtype != p.dtype and self._g32 is None:  # one reused chunk of scratch: O(1)
+            self._g32 = torch.empty(self.adamw.chunk_params, dtype=p.dtype)
         exp_avg, exp_avg_sq = self.store.moments(u)
         coef = clip_coef(self.p.grad_clip, self.store.scalar("gnorm")) if self.p.clip else 1.0
-        self.adamw.step(p, g, exp_avg, exp_avg_sq, self.store.steps[u], coef, lr=self.lr)
         wc = _pick(op.writes, "wc.", None)
-        if wc:
-            self.store.t[wc].copy_(p)
+        self.adamw.step(p, g, exp_avg, exp_avg_sq, self.store.steps[u], coef, lr=self.lr,
+                        working_copy=self.store.t[wc] if wc else None, scratch=self._g32)
 
     def loss(self) -> float:
         return float(sum(part.item() for part in self.loss_parts))
