@@ -40,6 +40,7 @@ reports: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/sim_speed.py
 	$(PY) benchmarks/exec_vs_autograd.py
+	$(PY) benchmarks/soak.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
