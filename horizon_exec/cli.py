@@ -1,11 +1,16 @@
-"""`horizon train`: run the executor on a text file.
+"""`horizon train`: train with the streaming executor.
 
-    horizon train --model NAME|config.json --data FILE --steps N [policy flags] [--lr ...]
+    horizon train --model NAME|config.json [--data FILE] --steps N [policy flags] [--lr ...]
+    horizon train --init-from HF_DIR --data chat.jsonl --steps 1000 --save-hf out/ --ckpt-dir ckpt/
 
-Tokens are the file's bytes (ids 0..255; the model's vocab must be >= 256). A progress bar
-shows the loss and tokens/s; a summary with the device peak and host RSS is printed at the
-end. This module must not import torch at import time: the `horizon` entry point imports it
-to build its parser, and `horizon plan` must start fast.
+Data: a .jsonl file ("text", or "instruction"/"response" with the loss masked on the prompt)
+or a text file, default the built-in corpus; tokens from --tokenizer tokenizer.json (or the
+--init-from folder's), else bytes (ids 0..255). Schedule: linear warmup then cosine decay
+to --min-lr. A progress bar shows loss, lr, tokens/s and MFU (peak from --gpu or
+--hardware, else achieved model TFLOP/s). Periodic eval on held-out sequences, atomic
+checkpoints to --ckpt-dir, exact --resume, and --save-hf writes a transformers checkpoint.
+This module must not import torch at import time: the `horizon` entry point imports it to
+build its parser, and `horizon plan` must start fast.
 """
 import argparse
 
@@ -17,67 +22,198 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     p.description = ("Train with the streaming executor: host RAM holds the fp32 master weights and "
                      "Adam state, the device streams one layer at a time, following the same "
                      "Schedule `horizon plan` simulates.")
-    p.epilog = ("example:\n  horizon train --model tiny --steps 20 --batch 4 --seq 128\n"
-                "  horizon train --model ./config.json --data corpus.txt --steps 100 --device cuda")
+    p.epilog = ("examples:\n  horizon train --model tiny --steps 20 --batch 4 --seq 128\n"
+                "  horizon train --model ./config.json --data corpus.txt --steps 100 --device cuda\n"
+                "  horizon train --init-from ./Qwen2.5-0.5B --data sft.jsonl --steps 500 --batch 8 --seq 1024 \\\n"
+                "      --lr 2e-5 --warmup-steps 20 --ckpt-dir ckpt --ckpt-every 100 --save-hf out --gpu h100-pcie\n"
+                "  horizon train ... --ckpt-dir ckpt --resume      # continue from ckpt/latest, exactly")
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--model", required=True, help="preset name (e.g. tiny) or path to a config.json")
-    p.add_argument("--data", default=None,
-                   help="text file; its bytes are the tokens (default: the built-in corpus of "
-                        "Python standard-library docstrings)")
-    p.add_argument("--steps", type=int, default=10, help="optimizer steps (default 10)")
+    p.add_argument("--model", default=None,
+                   help="preset name (e.g. tiny) or path to a config.json (default: --init-from's config)")
+    p.add_argument("--steps", type=int, default=10, help="total optimizer steps of the run (default 10)")
+
+    d = p.add_argument_group("data")
+    d.add_argument("--data", default=None, metavar="FILE",
+                   help=".jsonl ('text', or 'instruction' + 'response': loss on the response only) or a "
+                        "text file (default: the built-in corpus of Python standard-library docstrings)")
+    d.add_argument("--tokenizer", default=None, metavar="tokenizer.json",
+                   help="a local tokenizer.json (default: the one in --init-from's folder, else bytes 0..255)")
+    d.add_argument("--eos-token", default=None,
+                   help="end-of-document token (default: tokenizer_config.json's, or a usual one)")
+    d.add_argument("--eval-fraction", type=float, default=0.05,
+                   help="share of the packed sequences held out for eval (default 0.05)")
+
+    m = p.add_argument_group("weights in and out")
+    m.add_argument("--init-from", default=None, metavar="HF_DIR",
+                   help="start from a local HF checkpoint folder (config.json + safetensors, sharded or "
+                        "not; llama, qwen2, mistral), read tensor by tensor into the host store")
+    m.add_argument("--save-hf", default=None, metavar="DIR",
+                   help="after training, write a transformers checkpoint folder (safetensors + config.json)")
+    m.add_argument("--save-dtype", choices=("fp32", "bf16"), default="bf16",
+                   help="dtype of the --save-hf weights (default bf16)")
+    m.add_argument("--save-shard-size", default="5GB", metavar="SIZE",
+                   help="largest safetensors shard of --save-hf (default 5GB)")
+
     add_policy_args(p)
+    p.add_argument("--grad-accum", dest="micro_batches", type=int, default=argparse.SUPPRESS, metavar="N",
+                   help="gradient accumulation: the same as --micro-batches N (the batch runs as N "
+                        "micro-batches, gradients add up on the host; loss = token mean of the whole batch)")
     p.add_argument("--loss-chunk-tokens", type=int, default=1024,
                    help="tokens per LM-head/loss chunk (default 1024)")
-    o = p.add_argument_group("optimizer and run")
-    o.add_argument("--lr", type=float, default=3e-4)
+
+    o = p.add_argument_group("optimizer and schedule")
+    o.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
+    o.add_argument("--warmup-steps", type=int, default=0, help="linear warmup steps (default 0)")
+    o.add_argument("--min-lr", type=float, default=None,
+                   help="cosine decay floor (default lr / 10)")
     o.add_argument("--weight-decay", type=float, default=0.0)
     o.add_argument("--beta1", type=float, default=0.9)
     o.add_argument("--beta2", type=float, default=0.95)
     o.add_argument("--eps", type=float, default=1e-8)
     o.add_argument("--seed", type=int, default=0, help="weight init and data order (default 0)")
-    o.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    o.add_argument("--device-budget", default=None, metavar="SIZE",
+
+    e = p.add_argument_group("eval, checkpoints, logging")
+    e.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="eval loss every N steps (default 0: after the last step only)")
+    e.add_argument("--eval-batches", type=int, default=4, metavar="N",
+                   help="held-out batches per eval, 0 = no eval (default 4)")
+    e.add_argument("--ckpt-dir", default=None, metavar="DIR", help="write training checkpoints here")
+    e.add_argument("--ckpt-interval", "--save-every", dest="ckpt_interval", type=int, default=0, metavar="N",
+                   help="checkpoint every N steps (default 0: after the last step only; --ckpt-every K "
+                        "is the policy's activation-checkpoint interval, not this)")
+    e.add_argument("--keep-ckpts", type=int, default=2, metavar="N",
+                   help="checkpoints kept in --ckpt-dir, 0 = all (default 2)")
+    e.add_argument("--resume", nargs="?", const="", default=None, metavar="CKPT",
+                   help="continue from a checkpoint folder (no value: --ckpt-dir's latest); the "
+                        "resumed steps equal an uninterrupted run's")
+    e.add_argument("--gpu", default=None, help="GPU preset whose peak FLOP/s MFU is reported against")
+    e.add_argument("--hardware", default=None, metavar="FILE",
+                   help="hardware TOML (e.g. from calibrate) whose peak FLOP/s MFU is reported against")
+    e.add_argument("--log-file", default=None, metavar="FILE", help="append per-step metrics as JSON lines")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    r = p.add_argument_group("device")
+    r.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    r.add_argument("--device-budget", default=None, metavar="SIZE",
                    help="device arena budget, e.g. 2GiB (default: unlimited)")
-    o.add_argument("--compute-threads", type=int, default=None,
+    r.add_argument("--compute-threads", type=int, default=None,
                    help="CPU backend: intra-op threads of the compute lane (default: cores - 1)")
     return p
 
 
+def _peak_flops(args, compute_dtype: str) -> tuple[float | None, str]:
+    """(peak FLOP/s of the compute dtype, where it came from) from --hardware or --gpu."""
+    if args.hardware and args.gpu:
+        raise HorizonError("give --gpu or --hardware, not both")
+    if args.hardware:
+        from horizon_sim.specs.hardware_io import load_hardware
+        dev = load_hardware(args.hardware).device
+    elif args.gpu:
+        from horizon_sim.specs.hardware_presets import device_preset
+        dev = device_preset(args.gpu)
+    else:
+        return None, ""
+    tf = dev.bf16_TFLOPs if compute_dtype == "bf16" else dev.fp32_TFLOPs
+    return tf * 1e12, f"{dev.name} {compute_dtype} peak {tf:g} TFLOP/s"
+
+
+def _check_args(a) -> None:
+    for name in ("steps",):
+        if getattr(a, name) <= 0:
+            raise HorizonError(f"--{name} {getattr(a, name)} must be positive")
+    for name in ("warmup_steps", "eval_every", "eval_batches", "ckpt_interval", "keep_ckpts"):
+        if getattr(a, name) < 0:
+            raise HorizonError(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= 0")
+    if a.model is None and a.init_from is None:
+        raise HorizonError("give --model (a preset or config.json) or --init-from (an HF checkpoint folder)")
+    if a.resume == "" and not a.ckpt_dir:
+        raise HorizonError("--resume without a folder needs --ckpt-dir")
+    if a.ckpt_interval and not a.ckpt_dir:
+        raise HorizonError("--ckpt-interval needs --ckpt-dir")
+
+
 def run_train(args: argparse.Namespace) -> int:
     import dataclasses
-    import time
+    import json
+    from pathlib import Path
 
-    from tqdm import tqdm
-
-    from horizon_exec.data import BUILTIN_CORPUS, BYTE_VOCAB, RandomWindows, byte_tokens
+    _check_args(args)
+    from horizon_exec import checkpoint_hf
+    from horizon_exec.data import load_dataset
+    from horizon_exec.loop import LoopConfig, TrainLoop
+    from horizon_exec.lr import CosineSchedule
+    from horizon_exec.tokenize import load_tokenizer
     from horizon_exec.trainer import Trainer
     from horizon_sim.specs.hf_config import load_model
     from horizon_sim.units import fmt_bytes, parse_size
 
-    model = load_model(args.model)
-    if model.vocab < BYTE_VOCAB:
-        raise HorizonError(f"model vocab {model.vocab} < {BYTE_VOCAB}: byte-level data needs at least 256 ids")
-    if args.steps <= 0:
-        raise HorizonError(f"--steps {args.steps} must be positive")
+    # ---- model, tokenizer, data ------------------------------------------------------------
+    if args.init_from:
+        model = checkpoint_hf.spec_from_hf_dir(args.init_from)
+        if args.model:
+            checkpoint_hf.check_same_shapes(load_model(args.model), model, f"--init-from {args.init_from}",
+                                            f"--model {args.model}")
+    else:
+        model = load_model(args.model)
     policy = dataclasses.replace(policy_from_args(args), loss_chunk_tokens=args.loss_chunk_tokens)
+    tok_path = args.tokenizer
+    if tok_path is None and args.init_from and (Path(args.init_from) / "tokenizer.json").is_file():
+        tok_path = str(Path(args.init_from) / "tokenizer.json")
+    tok = load_tokenizer(tok_path, args.eos_token)
+    if tok.vocab_size > model.vocab:
+        raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")
+    ds = load_dataset(args.data, tok, policy.seq, args.eval_fraction)
+    min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
+    sched = CosineSchedule(peak=args.lr, total_steps=args.steps, warmup_steps=args.warmup_steps, min_lr=min_lr)
+    peak, peak_what = _peak_flops(args, policy.compute_dtype)
     budget = parse_size(args.device_budget, "--device-budget") if args.device_budget else None
-    data = RandomWindows(byte_tokens(args.data or BUILTIN_CORPUS), policy.batch, policy.seq, seed=args.seed)
+    save_shard = parse_size(args.save_shard_size, "--save-shard-size") if args.save_hf else 0
+    if args.save_hf and Path(args.save_hf).exists() and not Path(args.save_hf).is_dir():
+        raise HorizonError(f"--save-hf {args.save_hf!r} exists and is not a folder")
+
+    # ---- trainer and loop ------------------------------------------------------------------
     tr = Trainer(model, policy, lr=args.lr, weight_decay=args.weight_decay,
                  betas=(args.beta1, args.beta2), eps=args.eps, device=args.device, seed=args.seed,
-                 device_budget_bytes=budget, compute_threads=args.compute_threads)
-    print(f"horizon train: {model.name}, {model.total_params / 1e6:.1f}M params, {len(tr.sched)} ops/step, "
-          f"host store {fmt_bytes(tr.host_store_bytes)}, device {args.device}")
-    t0 = time.perf_counter()
-    res = None
-    with tr, tqdm(range(args.steps), unit="step") as bar:
-        for _ in bar:
-            res = tr.step(next(data))
-            bar.set_postfix(loss=f"{res.loss:.4f}", tok_s=f"{res.tokens_per_s:,.0f}")
-        tr.flush()
-    wall = time.perf_counter() - t0
-    print(f"final loss {res.loss:.4f}  grad norm {res.grad_norm:.3f}  "
-          f"{args.steps * policy.tokens / wall:,.0f} tokens/s  device peak {fmt_bytes(res.device_peak_bytes)}  "
-          f"peak RSS {fmt_bytes(res.rss_peak_bytes)}")
+                 device_budget_bytes=budget, compute_threads=args.compute_threads,
+                 random_init=args.init_from is None)
+    with tr:
+        cfg = LoopConfig(steps=args.steps, schedule=sched, eval_every=args.eval_every,
+                         eval_batches=args.eval_batches, ckpt_dir=args.ckpt_dir,
+                         ckpt_every=args.ckpt_interval, keep_ckpts=args.keep_ckpts, peak_flops=peak,
+                         progress=not args.no_progress, log_file=args.log_file)
+        loop = TrainLoop(tr, ds, cfg, seed=args.seed)
+        print(f"horizon train: {model.name}, {model.total_params / 1e6:.1f}M params, {len(tr.sched)} ops/step, "
+              f"host store {fmt_bytes(tr.host_store_bytes)}, device {args.device}")
+        print(f"data: {ds.source}, tokenizer {tok.name}, {ds.n_tokens:,} tokens -> {len(ds.train)} train + "
+              f"{len(ds.eval)} eval sequences of {policy.seq}")
+        if args.resume is not None:
+            p = loop.resume(args.resume or args.ckpt_dir)
+            print(f"resumed from {p} at step {loop.step}")
+        elif args.init_from:
+            checkpoint_hf.load_hf(tr, args.init_from)
+            print(f"weights from {args.init_from}")
+        if peak_what:
+            print(f"MFU against {peak_what}")
+        res = loop.run()
+        if res is None:
+            print(f"nothing to do: the run is at step {loop.step} of {args.steps}")
+        else:
+            ev = loop.evals.get(loop.step)
+            rate = f"{loop.tokens_per_s:,.0f} tokens/s"
+            rate += (f"  MFU {100 * loop.model_flops_per_s / peak:.3g}%" if peak else
+                     f"  {loop.model_flops_per_s / 1e12:.3g} model TFLOP/s")
+            print(f"final loss {res.loss:.4f}" + (f"  eval loss {ev:.4f}" if ev is not None else "")
+                  + f"  grad norm {res.grad_norm:.3f}  {rate}  device peak {fmt_bytes(res.device_peak_bytes)}"
+                  f"  peak RSS {fmt_bytes(res.rss_peak_bytes)}")
+        if args.save_hf:
+            base, side = None, []
+            if args.init_from:
+                base = json.loads((Path(args.init_from) / "config.json").read_text())
+                side = checkpoint_hf.side_files_of(args.init_from)
+            elif tok_path:
+                side = [Path(tok_path)]
+            out = checkpoint_hf.save_hf(tr, args.save_hf, args.save_dtype, save_shard, base, side)
+            print(f"saved {args.save_dtype} HF checkpoint to {out}")
     return 0
 
 

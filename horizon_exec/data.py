@@ -1,37 +1,286 @@
-"""Training data for `horizon train`: byte-level tokens of a text file (ids 0..255), served
-as (batch, seq) windows at random offsets from a seeded generator."""
+"""Training data for `horizon train`: documents -> token stream -> packed sequences -> batches.
+
+Inputs
+- .jsonl: one JSON object per line, either {"text": ...} (every token is a target) or
+  {"instruction": ..., "response": ...} (optionally "input"), formatted as
+  PROMPT_FORMAT + response; prompt tokens are not targets (label -100), the response and
+  the end-of-document token are.
+- any other file (.txt, .md, ...): UTF-8 text, the whole file one document.
+- none: the built-in corpus (BUILTIN_CORPUS).
+
+Documents are tokenized (tokenize.py: a tokenizer.json or bytes), each followed by the
+tokenizer's end-of-document id, and concatenated into one stream. Packing cuts the stream
+into sequences of `seq` tokens whose targets are the next `seq` tokens (windows overlap by
+one, so every token but the first is a target exactly once; a sequence may span documents,
+attention is not reset at document ends). Labels are -100 where the target is a prompt
+token.
+
+A fixed share of the sequences (chosen by a fixed seed, independent of the run's seed) is
+held out for eval. Training batches walk a permutation of the rest, a new one per epoch,
+drawn from (seed, epoch): the order is a pure function of the seed, and a loader's whole
+state is (epoch, position), which is what a checkpoint stores.
+"""
+import hashlib
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from horizon_exec.head import IGNORE
 from horizon_sim.errors import HorizonError
 
-BYTE_VOCAB = 256
 BUILTIN_CORPUS = Path(__file__).parent / "corpus" / "python_docs.txt"
 """~360 KB of English prose (Python standard library docstrings, PSF License) shipped with
 the package, so the demo and tests train on real text without downloading anything."""
+PROMPT_FORMAT = "{instruction}\n\n"
+PROMPT_WITH_INPUT_FORMAT = "{instruction}\n\n{input}\n\n"
+SPLIT_SEED = 0x5EED  # the eval split does not move with --seed
+_TEXT_PIECE_CHARS = 1 << 16  # long texts are tokenized in pieces cut after a newline
 
 
-def byte_tokens(path) -> torch.Tensor:
-    p = Path(path)
+@dataclass(frozen=True, slots=True)
+class Document:
+    text: str
+    """What is trained on (for an instruction record: the response)."""
+    prompt: str | None = None
+    """Context that is fed but not trained on (instruction records)."""
+
+
+def _field(rec: dict, key: str, where: str, required: bool = True):
+    v = rec.get(key)
+    if v is None and not required:
+        return None
+    if not isinstance(v, str):
+        raise HorizonError(f"{where}: field {key!r} must be a string, got {type(v).__name__}")
+    return v
+
+
+def read_jsonl(path) -> list[Document]:
+    docs = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise HorizonError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(rec, dict):
+                raise HorizonError(f"{where}: want a JSON object, got {type(rec).__name__}")
+            if "text" in rec:
+                docs.append(Document(_field(rec, "text", where)))
+            elif "instruction" in rec and "response" in rec:
+                inst = _field(rec, "instruction", where)
+                inp = _field(rec, "input", where, required=False)
+                prompt = (PROMPT_WITH_INPUT_FORMAT.format(instruction=inst, input=inp) if inp
+                          else PROMPT_FORMAT.format(instruction=inst))
+                docs.append(Document(_field(rec, "response", where), prompt))
+            else:
+                raise HorizonError(f"{where}: want a 'text' field, or 'instruction' and 'response'; "
+                                   f"got keys {sorted(rec)[:6]}")
+    return docs
+
+
+def read_documents(path=None) -> list[Document]:
+    """Documents of a .jsonl or text file (the built-in corpus when path is None)."""
+    p = Path(path) if path is not None else BUILTIN_CORPUS
     if not p.is_file():
         raise HorizonError(f"data file {str(p)!r} not found")
-    data = p.read_bytes()
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
+    try:
+        if p.suffix.lower() in (".jsonl", ".ndjson"):
+            docs = read_jsonl(p)
+        else:
+            docs = [Document(p.read_text(encoding="utf-8"))]
+    except UnicodeDecodeError as e:
+        raise HorizonError(f"{p}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise HorizonError(f"{p}: cannot read ({e})") from None
+    if not any(d.text or d.prompt for d in docs):
+        raise HorizonError(f"{p}: no text in it")
+    return docs
 
 
-class RandomWindows:
-    """Endless (batch, seq) int64 windows drawn uniformly from a token stream."""
+def _pieces(text: str) -> list[str]:
+    """A long text cut after newlines into pieces of about _TEXT_PIECE_CHARS (tokenizers
+    split at whitespace anyway, so ids barely change and batches stay small)."""
+    out, start = [], 0
+    while len(text) - start > _TEXT_PIECE_CHARS:
+        cut = text.rfind("\n", start, start + _TEXT_PIECE_CHARS)
+        cut = cut + 1 if cut > start else start + _TEXT_PIECE_CHARS
+        out.append(text[start:cut])
+        start = cut
+    out.append(text[start:])
+    return out
 
-    def __init__(self, tokens: torch.Tensor, batch: int, seq: int, seed: int = 0):
-        if tokens.numel() < seq + 1:
-            raise HorizonError(f"data has {tokens.numel()} tokens; need at least seq+1 = {seq + 1}")
-        self.tokens, self.batch, self.seq = tokens, batch, seq
-        self.gen = torch.Generator().manual_seed(seed)
+
+@dataclass(frozen=True, slots=True)
+class TokenStream:
+    ids: torch.Tensor
+    """(N,) int32: every document's tokens then its end-of-document id, back to back."""
+    target: torch.Tensor | None
+    """(N,) bool: the token may be predicted (False on prompt tokens); None = all True."""
+
+
+def _pieces_of(docs: list[Document]):
+    """(is_target, text) pieces in stream order; text None marks a document's end."""
+    for d in docs:
+        if d.prompt:
+            yield from ((False, p) for p in _pieces(d.prompt))
+        if d.text:
+            yield from ((True, p) for p in _pieces(d.text))
+        yield True, None
+
+
+def tokenize_documents(docs: list[Document], tokenizer, pieces_per_batch: int = 256) -> TokenStream:
+    """Encode in batches of pieces, each piece turned into an int32 tensor at once (a big
+    corpus never becomes one Python list of ints)."""
+    eos = torch.tensor([] if tokenizer.eos_id is None else [tokenizer.eos_id], dtype=torch.int32)
+    any_prompt = any(d.prompt for d in docs)
+    ids, tgt, batch = [], [], []
+
+    def flush():
+        enc = iter(tokenizer.encode([t for _, t in batch if t is not None]))
+        for is_target, text in batch:
+            t = eos if text is None else torch.tensor(next(enc), dtype=torch.int32)
+            ids.append(t)
+            if any_prompt:
+                tgt.append(torch.full((t.numel(),), is_target, dtype=torch.bool))
+        batch.clear()
+
+    for item in _pieces_of(docs):
+        batch.append(item)
+        if len(batch) >= pieces_per_batch:
+            flush()
+    flush()
+    return TokenStream(torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32),
+                       torch.cat(tgt) if any_prompt else None)
+
+
+class PackedData:
+    """Sequences i = 0..n-1 of a token stream: tokens stream[i*seq : i*seq+seq], targets
+    stream[i*seq+1 : i*seq+seq+1] (-100 where the target is not to be trained on)."""
+
+    def __init__(self, stream: TokenStream, seq: int):
+        self.stream, self.seq = stream, seq
+        self.n = max(0, (stream.ids.numel() - 1) // seq)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def get(self, idx) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens, labels: (len(idx), seq) int64."""
+        s = self.seq
+        ids, tgt = self.stream.ids, self.stream.target
+        toks, labs = [], []
+        for i in (int(i) for i in idx):
+            toks.append(ids[i * s:i * s + s])
+            lab = ids[i * s + 1:i * s + s + 1].to(torch.int64)
+            if tgt is not None:
+                lab = torch.where(tgt[i * s + 1:i * s + s + 1], lab, IGNORE)
+            labs.append(lab)
+        return torch.stack(toks).to(torch.int64), torch.stack(labs)
+
+    def fingerprint(self) -> str:
+        """SHA-256 of the stream, the targets and seq: a resumed run checks it reads the
+        same data."""
+        h = hashlib.sha256(f"seq={self.seq};".encode())
+        h.update(self.stream.ids.numpy().tobytes())
+        if self.stream.target is not None:
+            h.update(self.stream.target.numpy().tobytes())
+        return h.hexdigest()
+
+
+def split_indices(n: int, eval_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, eval) sequence indices, each ascending; eval gets floor(n * eval_fraction),
+    picked by a fixed seed."""
+    if not 0.0 <= eval_fraction < 1.0:
+        raise HorizonError(f"eval fraction {eval_fraction} must lie in [0, 1)")
+    n_eval = int(n * eval_fraction)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED))
+    return perm[n_eval:].sort().values, perm[:n_eval].sort().values
+
+
+class Batches:
+    """Endless training batches: `batch` sequences at a time from a permutation of
+    `indices` drawn from (seed, epoch); the tail of an epoch that does not fill a batch is
+    skipped. State: (epoch, pos)."""
+
+    def __init__(self, data: PackedData, indices: torch.Tensor, batch: int, seed: int = 0):
+        if len(indices) < batch:
+            raise HorizonError(f"the data gives {len(indices)} training sequences of {data.seq} tokens; "
+                               f"a batch needs {batch} (use more data, or a smaller --batch or --seq)")
+        self.data, self.indices, self.batch, self.seed = data, indices, batch, seed
+        self.epoch, self.pos = 0, 0
+        self._perm_epoch, self._perm = None, None
+
+    def _order(self) -> torch.Tensor:
+        if self._perm_epoch != self.epoch:
+            g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) % (1 << 63))
+            self._perm = self.indices[torch.randperm(len(self.indices), generator=g)]
+            self._perm_epoch = self.epoch
+        return self._perm
 
     def __iter__(self):
         return self
 
-    def __next__(self) -> torch.Tensor:
-        starts = torch.randint(0, self.tokens.numel() - self.seq + 1, (self.batch,), generator=self.gen)
-        return torch.stack([self.tokens[s:s + self.seq] for s in starts.tolist()])
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.pos + self.batch > len(self.indices):
+            self.epoch, self.pos = self.epoch + 1, 0
+        idx = self._order()[self.pos:self.pos + self.batch]
+        self.pos += self.batch
+        return self.data.get(idx)
+
+    @property
+    def epoch_progress(self) -> float:
+        return self.epoch + self.pos / len(self.indices)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed}
+
+    def load_state_dict(self, st: dict) -> None:
+        if st.get("seed") != self.seed:
+            raise HorizonError(f"checkpoint's data order seed {st.get('seed')} differs from --seed {self.seed}")
+        self.epoch, self.pos = int(st["epoch"]), int(st["pos"])
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    data: PackedData
+    train: torch.Tensor
+    """Indices of training sequences."""
+    eval: torch.Tensor
+    """Indices of held-out sequences (maybe empty)."""
+    source: str
+    n_tokens: int
+    max_id: int
+
+    def fingerprint(self) -> str:
+        """SHA-256 of the packed data and the train/eval split."""
+        h = hashlib.sha256(self.data.fingerprint().encode())
+        h.update(self.train.numpy().tobytes())
+        return h.hexdigest()
+
+    def batches(self, batch: int, seed: int) -> Batches:
+        return Batches(self.data, self.train, batch, seed)
+
+    def eval_batches(self, batch: int, n_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The first n_batches full batches of the held-out set (always the same ones)."""
+        k = min(n_batches, len(self.eval) // batch)
+        return [self.data.get(self.eval[i * batch:(i + 1) * batch]) for i in range(k)]
+
+
+def load_dataset(path, tokenizer, seq: int, eval_fraction: float = 0.05) -> Dataset:
+    """Read, tokenize and pack `path` (None: the built-in corpus)."""
+    docs = read_documents(path)
+    stream = tokenize_documents(docs, tokenizer)
+    if stream.target is not None and not bool(stream.target.any()):
+        raise HorizonError(f"{path}: every token is a prompt token; nothing to train on")
+    data = PackedData(stream, seq)
+    if len(data) == 0:
+        raise HorizonError(f"{path or BUILTIN_CORPUS}: {stream.ids.numel()} tokens do not fill one "
+                           f"sequence of {seq} (+1) tokens")
+    train, ev = split_indices(len(data), eval_fraction)
+    return Dataset(data, train, ev, str(path or BUILTIN_CORPUS), stream.ids.numel(),
+                   int(stream.ids.max()) if stream.ids.numel() else 0)

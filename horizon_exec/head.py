@@ -1,9 +1,12 @@
 """The head op: final norm, LM head and cross-entropy, forward and backward in one pass over
 chunks of tokens, so the full (tokens, vocab) logits never exist.
 
-Loss convention (transformers' causal LM loss): labels are the next token inside each
-sequence, the last position has none (-100); the step's loss is the mean over every labelled
-token of the whole step, so each micro-batch contributes sum(token losses) / n_step_tokens.
+Loss convention (transformers' causal LM loss): labels[t] is the target of position t, -100
+means none (by default the next token inside each sequence, the last position has none;
+the data loader also masks prompt tokens). The step's loss is the mean over every labelled
+token of the whole step, so each micro-batch contributes sum(token losses) / n_step_tokens,
+n_step_tokens = labelled tokens of the whole step (all micro-batches): with accumulation
+this is the token mean of the full batch, the same number one unsplit batch gives.
 """
 import torch
 
@@ -56,3 +59,19 @@ def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk:
     dx, dwn = torch.autograd.grad(h, [xg, wn], dh)
     g_norm_out.copy_(dwn)
     return dx.view(B, T, H), loss * inv_n
+
+
+def head_loss(x, w_norm, w_lm, labels, eps: float, chunk: int):
+    """Forward only: x (B, T, H), w_norm (H,), w_lm (V, H), labels (B*T,) -> fp32 scalar sum
+    of the token losses over labelled positions (-100 skipped), chunk tokens at a time."""
+    B, T, H = x.shape
+    h = rms_norm(x.reshape(B * T, H), w_norm, eps)                  # (N, H)
+    total = torch.zeros((), dtype=torch.float32, device=x.device)
+    for i in range(0, B * T, chunk):
+        lc = labels[i:i + chunk]
+        logits = (h[i:i + chunk] @ w_lm.t()).float()                # (c, V) fp32
+        valid = lc != IGNORE
+        tgt = logits.gather(1, torch.where(valid, lc, 0)[:, None]).squeeze(1)
+        total += torch.where(valid, torch.logsumexp(logits, dim=-1) - tgt, 0.0).sum()
+        del logits
+    return total

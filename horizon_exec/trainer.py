@@ -3,13 +3,23 @@ host store and the device arena, and runs one schedule per optimizer step.
 
     tr = Trainer(model, policy, lr=3e-4, device="cpu", seed=0)
     res = tr.step(tokens)          # tokens: LongTensor (batch, seq)
+    res = tr.step(tokens, labels, lr=1e-4)   # explicit targets (-100 = ignored), this step's lr
     res.loss, res.grad_norm, res.timeline, res.device_peak_bytes, res.rss_peak_bytes
     tr.flush()                     # pipelined optimizer: apply the last step's gradients
     tr.state_dict()                # master weights by transformers names (views, fp32)
+    tr.eval_loss(tokens, labels)   # (sum of token losses, labelled tokens); no update
 
 Pipelined mode: ops marked prev_step apply the previous step's gradients at the start of the
 next step, so after `step()` the master weights lag one update until the next step or
-`flush()`; the loss of step n is still computed with the weights after n-1 updates.
+`flush()`; the loss of step n is still computed with the weights after n-1 updates. The
+learning rate travels with the gradients: the update made from step n's gradients uses the
+lr that was current (or passed) when step n ran, whenever that update is applied.
+
+Loss: labels[b, t] is the target of position t (default: tokens[b, t+1], -100 at the last
+position, transformers' causal-LM convention). The step's loss is the sum of token losses
+over every labelled token of the step divided by their count, so with micro-batches
+(gradient accumulation) it is the token mean over the whole batch, exactly what one
+unsplit batch gives; not the mean of per-micro-batch means.
 """
 import resource
 import sys
@@ -22,10 +32,12 @@ import torch
 
 from horizon_exec.arena import DeviceArena
 from horizon_exec.backend import make_backend
-from horizon_exec.buffers import BufferTable
+from horizon_exec.buffers import TORCH_DTYPE, BufferTable
 from horizon_exec.engine import Engine
 from horizon_exec.errors import ExecError
-from horizon_exec.layout import host_layout, unit_name
+from horizon_exec.head import IGNORE, head_loss, next_token_labels
+from horizon_exec.layers import rms_norm
+from horizon_exec.layout import block_layout, host_layout, unit_name
 from horizon_exec.ops import OpRunner
 from horizon_exec.optim import AdamW
 from horizon_exec.store import HostStore
@@ -55,6 +67,9 @@ class StepResult:
     """Process peak resident set size so far."""
     step_s: float
     tokens: int
+    """Tokens the step ran (batch * seq)."""
+    labelled_tokens: int = 0
+    """Tokens with a target (label != -100): the loss's denominator."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -80,13 +95,15 @@ class Trainer:
     unlimited). CPU backend only: compute_threads (intra-op threads of the compute lane;
     default cores - 1), pin_cores (compute lane on its own cores, the other lanes on the
     rest), track_memory (measure op temporaries). timeout_s: longest wait for a dependency
-    or a single op before the step fails instead of hanging.
+    or a single op before the step fails instead of hanging. random_init: False leaves the
+    weights zero (for a caller that loads them next, e.g. checkpoint_hf.load_hf).
     """
 
     def __init__(self, model: ModelSpec, policy: Policy, *, lr: float = 1e-3, weight_decay: float = 0.0,
                  betas=(0.9, 0.999), eps: float = 1e-8, device: str = "cpu", seed: int = 0,
                  device_budget_bytes: int | None = None, compute_threads: int | None = None,
-                 pin_cores: bool = True, track_memory: bool = True, timeout_s: float = 600.0):
+                 pin_cores: bool = True, track_memory: bool = True, timeout_s: float = 600.0,
+                 random_init: bool = True):
         if policy.seq < 2:
             raise HorizonError(f"policy seq={policy.seq}: training needs sequences of at least 2 tokens")
         if policy.states_dtype != policy.master_dtype:
@@ -100,6 +117,7 @@ class Trainer:
         self.store = HostStore(self.sched, model, self.backend)
         self.arena = DeviceArena(self.backend, device_budget_bytes)
         self.buffers = BufferTable(self.sched, model, policy, self.store, self.arena, self.backend)
+        self._lr = float(lr)
         self.runner = OpRunner(model=model, policy=policy, buffers=self.buffers,
                                store=self.store, arena=self.arena, backend=self.backend,
                                adamw=AdamW(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
@@ -108,12 +126,14 @@ class Trainer:
         for u in self.units:
             flat = self.store.t[f"master.{unit_name(model, u)}"]
             self._params.update(host_layout(model, u).views(flat))
-        self.init_weights(seed)
+        if random_init:
+            self.init_weights(seed)
         self.engine = Engine(self.backend, self.runner, timeout_s=timeout_s)
         # Lane threads stop (and CUDA host memory is unregistered) with the trainer, even
         # without close(); the finalizer holds no reference to the trainer itself.
         self._finalizer = weakref.finalize(self, _shutdown, self.engine, self.backend)
         self.pending = False  # pipelined: the last step's gradients are not applied yet
+        self.pending_lr = self.runner.lr  # the lr those pending gradients are applied with
         self.steps_done = 0
         self.failed: str | None = None
 
@@ -154,11 +174,12 @@ class Trainer:
 
     @property
     def lr(self) -> float:
-        return self.runner.lr
+        """The lr the next step's gradients are applied with (unless step() gets one)."""
+        return self._lr
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self.runner.lr = float(value)
+        self._lr = float(value)
 
     # ---- running ----------------------------------------------------------------------------
     def _check_usable(self):
@@ -173,18 +194,45 @@ class Trainer:
             self.buffers.clear_dynamic()
             raise
 
-    def step(self, tokens: torch.Tensor, skip_kinds=frozenset()) -> StepResult:
-        """One optimizer step on tokens (batch, seq) (int64, ids < vocab). `skip_kinds`
-        (measurement only, e.g. {OpKind.OPTIMIZER} to see what the optimizer costs): op kinds
-        not run this step; the step is then not a training step."""
+    def _check_batch(self, tokens, labels, rows: int | None):
+        p, V = self.policy, self.model.vocab
+        want = (rows if rows is not None else p.batch, p.seq)
+        if tokens.dim() != 2 or (rows is not None and tuple(tokens.shape) != want) or tokens.shape[1] != p.seq:
+            raise HorizonError(f"tokens have shape {tuple(tokens.shape)}; the policy wants "
+                               f"({want[0] if rows is not None else 'n'}, {p.seq})")
+        tokens = tokens.to(torch.int64).cpu().contiguous()
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
+            raise HorizonError(f"token ids must lie in [0, {V})")
+        if labels is None:
+            return tokens, next_token_labels(tokens)
+        if tuple(labels.shape) != tuple(tokens.shape):
+            raise HorizonError(f"labels have shape {tuple(labels.shape)}; tokens have {tuple(tokens.shape)}")
+        labels = labels.to(torch.int64).cpu().contiguous()
+        bad = (labels != IGNORE) & ((labels < 0) | (labels >= V))
+        if bool(bad.any()):
+            raise HorizonError(f"labels must be {IGNORE} (ignored) or lie in [0, {V})")
+        return tokens, labels
+
+    def step(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, *, lr: float | None = None,
+             skip_kinds=frozenset()) -> StepResult:
+        """One optimizer step on tokens (batch, seq) (int64, ids < vocab) with targets
+        `labels` (batch, seq) (-100 = ignored; default: the next token, see the module
+        docstring). lr: the learning rate this step's gradients are applied with (default:
+        self.lr). `skip_kinds` (measurement only, e.g. {OpKind.OPTIMIZER} to see what the
+        optimizer costs): op kinds not run this step; the step is then not a training step."""
         self._check_usable()
         p = self.policy
-        if tuple(tokens.shape) != (p.batch, p.seq):
-            raise HorizonError(f"tokens have shape {tuple(tokens.shape)}; the policy wants ({p.batch}, {p.seq})")
-        tokens = tokens.to(torch.int64).cpu().contiguous()
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.model.vocab):
-            raise HorizonError(f"token ids must lie in [0, {self.model.vocab})")
+        tokens, labels = self._check_batch(tokens, labels, p.batch)
+        lr_now = self._lr if lr is None else float(lr)
+        # The optimizer ops of this run apply the previous step's gradients (pipelined) or
+        # this step's (after / backward): each with the lr of the step that made them.
+        self.runner.lr = self.pending_lr if p.optimizer == "pipelined" else lr_now
         self.runner.begin_step(tokens)
+        # Our own targets replace the default ones begin_step sent (same device buffer; the
+        # engine's step_begin synchronizes before any lane reads it).
+        self.backend.h2d(self.runner.labels, labels)
+        n_labelled = int((labels != IGNORE).sum())
+        self.runner.n_step_tokens = max(1, n_labelled)  # all ignored: loss and grads are 0
         self.runner.temp_peak.clear()
         self.backend.reset_peak(self.arena)
         skip = {o.id for o in self.sched.ops if (o.prev_step and not self.pending) or o.kind in skip_kinds}
@@ -192,6 +240,7 @@ class Trainer:
         rows = self._run(self.sched.ops, skip)
         step_s = time.perf_counter() - t0
         self.pending = p.optimizer == "pipelined"
+        self.pending_lr = lr_now
         self.steps_done += 1
         ops, starts, ends = zip(*rows)
         timeline = timeline_frame(ops, starts, ends)
@@ -199,7 +248,8 @@ class Trainer:
         return StepResult(loss=self.runner.loss(), grad_norm=self.store.scalar("gnorm"),
                           timeline=timeline,
                           device_peak_bytes=self.backend.device_peak(self.arena),
-                          rss_peak_bytes=rss_peak_bytes(), step_s=step_s, tokens=p.tokens)
+                          rss_peak_bytes=rss_peak_bytes(), step_s=step_s, tokens=p.tokens,
+                          labelled_tokens=n_labelled)
 
     def flush(self) -> None:
         """Apply pending pipelined optimizer updates (the prev_step ops), so the master
@@ -207,8 +257,54 @@ class Trainer:
         self._check_usable()
         if not self.pending:
             return
+        self.runner.lr = self.pending_lr
         self._run([o for o in self.sched.ops if o.prev_step])
         self.pending = False
+
+    @torch.no_grad()
+    def _final_hidden(self, tokens):
+        """Streaming forward without autograd, outside the schedule, on the calling thread:
+        pending pipelined updates are applied first (flush; the run's trajectory is
+        unchanged by that), then one unit's weights at a time go to the device (cast from
+        the fp32 master) and run over the sequences in micro_batch chunks. Returns the
+        activations entering the head, [(mb, T, H)], and the head's (norm, matrix)."""
+        self._check_usable()
+        self.flush()
+        m, p = self.model, self.policy
+        dev, act = self.backend.device, TORCH_DTYPE[p.compute_dtype]
+        emb = self._params["model.embed_tokens.weight"]                           # (V, H) fp32
+        xs = [emb.index_select(0, c.reshape(-1)).view(c.shape[0], p.seq, m.hidden).to(dev, act)
+              for c in tokens.split(p.micro_batch)]                               # [(mb, T, H)]
+        blk = block_layout(m)
+        for layer in range(m.n_layers):
+            w = {k: v.to(dev, act) for k, v in blk.views(self.store.t[f"master.{layer}"]).items()}
+            xs = [self.runner.block(w, x, self.runner.cos, self.runner.sin) for x in xs]
+            del w
+        w_norm = self._params["model.norm.weight"].to(dev, act)
+        w_lm = (emb if m.tied_embeddings else self._params["lm_head.weight"]).to(dev, act)
+        return xs, w_norm, w_lm
+
+    def eval_loss(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> tuple[float, int]:
+        """(sum of token losses, labelled tokens) of tokens (n, seq) under the current weights,
+        with no update (see _final_hidden); the loss is chunked like training's head, so full
+        logits never exist."""
+        tokens, labels = self._check_batch(tokens, labels, None)
+        xs, w_norm, w_lm = self._final_hidden(tokens)
+        total = 0.0
+        with torch.no_grad():
+            for x, lab in zip(xs, labels.split(self.policy.micro_batch)):
+                lab = lab.reshape(-1).to(x.device)
+                total += float(head_loss(x, w_norm, w_lm, lab, self.model.norm_eps,
+                                         min(self.policy.loss_chunk_tokens, lab.numel())))
+        return total, int((labels != IGNORE).sum())
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Full logits (n, seq, V), fp32, on the host, of the current weights: for checks on
+        small inputs (training never materialises them)."""
+        tokens, _ = self._check_batch(tokens, None, None)
+        xs, w_norm, w_lm = self._final_hidden(tokens)
+        with torch.no_grad():
+            return torch.cat([(rms_norm(x, w_norm, self.model.norm_eps) @ w_lm.t()).float().cpu() for x in xs])
 
     @property
     def host_store_bytes(self) -> int:

@@ -1,0 +1,130 @@
+"""Files the executor writes: safetensors streamed one tensor at a time, SHA-256 per file, and
+atomic publication (write under a temporary name, fsync, rename).
+
+`write_safetensors` emits the format safetensors and transformers read (8-byte little-endian
+header length, a JSON header padded with spaces to 8 bytes, then the raw little-endian data)
+without ever materialising the whole file: each tensor is cast (if asked) and written on its
+own, so saving a store costs one tensor of extra memory, not a copy of the model
+(`safetensors.torch.save_file` would serialise every tensor into memory first, and refuses
+views that share one allocation, which is what the host store is made of).
+"""
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+
+import torch
+
+ST_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
+            torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+            torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def _nbytes(t: torch.Tensor, dtype) -> int:
+    return t.numel() * torch.empty((), dtype=dtype).element_size()
+
+
+def write_safetensors(path, items, metadata: dict | None = None) -> str:
+    """Write `items` [(name, tensor, dtype or None)] (CPU tensors; dtype None keeps the
+    tensor's) to `path`; returns the file's SHA-256 (hex), computed while writing."""
+    header, off = {}, 0
+    for name, t, dt in items:
+        dt = dt or t.dtype
+        n = _nbytes(t, dt)
+        header[name] = {"dtype": ST_DTYPE[dt], "shape": list(t.shape), "data_offsets": [off, off + n]}
+        off += n
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-(8 + len(hb)) % 8)
+    h = hashlib.sha256()
+    with open(path, "wb") as f:
+        for chunk in (struct.pack("<Q", len(hb)), hb):
+            f.write(chunk)
+            h.update(chunk)
+        for name, t, dt in items:
+            t = t.detach()
+            if dt is not None and dt != t.dtype:
+                t = t.to(dt)                                  # one tensor's worth of memory
+            b = t.contiguous().reshape(-1).view(torch.uint8).numpy()
+            f.write(memoryview(b))
+            h.update(memoryview(b))
+        f.flush()
+        os.fsync(f.fileno())
+    return h.hexdigest()
+
+
+def sha256_file(path, bufsize: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(bufsize):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_text(path, text: str) -> str:
+    """Write and fsync a text file; returns its SHA-256."""
+    data = text.encode()
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return hashlib.sha256(data).hexdigest()
+
+
+def atomic_write_text(path, text: str) -> None:
+    """Replace `path` with `text` atomically (temporary file in the same folder + rename)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write_text(tmp, text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(d) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def staging_dir(final):
+    """Yield a fresh temporary folder next to `final` (same filesystem, hidden name); on an
+    exception it is removed and `final` is untouched. Publishing is the caller's rename."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Rename the finished folder `tmp` to `final`. An existing `final` is first renamed
+    aside and removed after, so a crash leaves either the old or the new folder complete
+    under the final name (plus, at worst, a hidden leftover)."""
+    final = Path(final)
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

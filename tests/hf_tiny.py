@@ -1,0 +1,66 @@
+"""Tiny random transformers models for the HF tests (no downloads)."""
+import torch
+
+from horizon_exec.layout import host_layout, unit_name
+from horizon_sim.schedule import OpKind
+from horizon_sim.specs.hf_export import to_hf_config_dict
+from horizon_sim.specs.model import ModelSpec
+
+V, T = 128, 16
+
+
+def tiny_spec(kind) -> ModelSpec:
+    return ModelSpec(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=96, vocab=V,
+                     tied_embeddings=kind == "llama-tied", qkv_bias=kind == "qwen2", norm_eps=1e-6,
+                     rope_theta=10000.0)
+
+
+def tiny_hf(kind, seed=0):
+    """A random transformers model of `kind`; biases and norm weights random too (HF inits
+    them to 0 and 1), so every tensor carries information."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(seed)
+    d = to_hf_config_dict(tiny_spec(kind))
+    if kind == "mistral":
+        d.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None)
+        d.pop("attention_bias"), d.pop("mlp_bias")
+    cfg = AutoConfig.for_model(d.pop("model_type"), **d)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith((".bias", "norm.weight")):
+                p.copy_(1.0 * (n.endswith("norm.weight")) + 0.1 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def rel_err(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def executor_grads(tr, tokens, labels=None):
+    """Run one step; return (loss, {name: host gradient as the optimizer receives it})."""
+    grads = {}
+
+    def snapshot(op):  # CPU lane, just before each unit's optimizer op
+        if op.kind == OpKind.OPTIMIZER:
+            g = tr.buffers.get(f"hgrad.{unit_name(tr.model, op.layer)}")
+            grads.update({n: v.clone() for n, v in host_layout(tr.model, op.layer).views(g).items()})
+
+    tr.engine.hook = snapshot
+    res = tr.step(tokens, labels)
+    tr.engine.hook = None
+    return res.loss, grads
+
+
+def hf_grads(ref, tokens, shift_labels=None):
+    ref.zero_grad()
+    if shift_labels is None:
+        out = ref(input_ids=tokens, labels=tokens)
+    else:  # targets per position, like ours (transformers shifts `labels` itself otherwise)
+        out = ref(input_ids=tokens, labels=shift_labels, shift_labels=shift_labels)
+    out.loss.backward()
+    g = {n: p.grad.clone() for n, p in ref.named_parameters()}
+    if ref.config.tie_word_embeddings:  # one tensor, one gradient (both uses summed)
+        g.pop("lm_head.weight", None)
+    return out.loss.item(), g
