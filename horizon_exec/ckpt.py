@@ -11,16 +11,27 @@ A checkpoint is a folder `<ckpt_dir>/step-XXXXXXXX/` holding
 The working copy (bf16) is not stored: it is the master cast, recomputed on load. The
 folder is written under a temporary name, fsynced and renamed into place; then the text file
 `<ckpt_dir>/latest` is replaced atomically to name it, and checkpoints beyond `keep` are
-removed. A failure mid-write leaves the previous checkpoint and `latest` untouched (a
-process killed mid-write leaves a hidden temporary folder, removed by the next save).
+renamed to a hidden name and removed (the newest `keep` up to the step written). A failure mid-write leaves the previous checkpoint and
+`latest` untouched (a process killed mid-write leaves a hidden temporary folder, removed by
+the next save): no half-written file is ever under a final name.
+
+Loading verifies as it reads: trainer.json and state.safetensors are hashed and checked
+against SHA256SUMS, the state in one pass (each tensor is read straight into the host store
+and hashed on the way, so a terabyte store is not read twice), and a missing, truncated or
+corrupted file is a CheckpointError naming it. Given a ckpt_dir, the loader tries `latest`'s
+target, then the other step folders newest first, and warns for each one it skips, so a
+damaged last checkpoint costs the steps since the previous one, not the run.
 
 Resuming from a checkpoint into a trainer built with the same model and policy gives a run
 whose next steps equal the uninterrupted run bit for bit (fp32): every number a step reads
 is restored exactly.
 """
+import hashlib
 import json
+import os
 import re
 import shutil
+import struct
 from pathlib import Path
 
 from horizon_exec.fileio import (atomic_write_text, publish_dir, sha256_file, staging_dir,
@@ -60,7 +71,8 @@ def save_checkpoint(ckpt_dir, trainer, step: int, loop_state: dict | None = None
         "format": FORMAT,
         "step": step,
         "trainer": {"steps_done": trainer.steps_done, "pending": trainer.pending,
-                    "pending_lr": trainer.pending_lr, "lr": trainer.lr},
+                    "pending_lr": trainer.pending_lr, "lr": trainer.lr,
+                    "skipped_steps": trainer.skipped_steps},
         "model": trainer.model.to_dict(),
         "policy": trainer.policy.to_dict(),
         "optimizer": {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay},
@@ -77,11 +89,27 @@ def save_checkpoint(ckpt_dir, trainer, step: int, loop_state: dict | None = None
         write_text(tmp / SUMS, "".join(f"{h}  {n}\n" for n, h in sums.items()))
         publish_dir(tmp, final)
     atomic_write_text(root / LATEST, final.name + "\n")
-    if keep > 0:
-        for old in list_checkpoints(root)[:-keep]:
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+    if keep > 0:  # the `keep` newest up to this step; newer folders (a run resumed from an older
+        # checkpoint, e.g. after the latest was damaged) are left until this run overwrites them
+        mine = [p for p in list_checkpoints(root) if _step_of(p) <= step]
+        for old in mine[:-keep]:
+            _remove(old)
     return final
+
+
+def _step_of(p: Path) -> int:
+    return int(_STEP_DIR.match(p.name).group(1))
+
+
+def _remove(folder: Path) -> None:
+    """Rename aside (atomic), then delete: an interrupted removal never leaves a partial
+    checkpoint under a step name."""
+    aside = folder.parent / f".{folder.name}.old-{os.getpid()}"
+    try:
+        os.rename(folder, aside)
+    except OSError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def list_checkpoints(ckpt_dir) -> list[Path]:
@@ -118,78 +146,233 @@ def resolve(path) -> Path:
     return latest
 
 
-def verify_checkpoint(path) -> None:
-    """Recompute every file's SHA-256 against SHA256SUMS; HorizonError on a mismatch."""
+def candidates(path) -> list[Path]:
+    """Checkpoints to try, in order: [path] when it is a checkpoint folder; for a ckpt_dir,
+    the folder `latest` names, then every other step-N folder, newest first (complete or
+    not: a damaged one is reported when it is tried)."""
     p = Path(path)
+    if not p.is_dir():
+        return []
+    if (p / META).is_file() or (p / SUMS).is_file() or (p / STATE).exists() or _STEP_DIR.match(p.name):
+        return [p]
+    steps = sorted(((int(m.group(1)), q) for q in p.iterdir() if (m := _STEP_DIR.match(q.name)) and q.is_dir()),
+                   reverse=True)
+    out = []
+    ptr = p / LATEST
+    if ptr.is_file():
+        named = p / ptr.read_text().strip()
+        if named.is_dir():
+            out.append(named)
+    return out + [q for _, q in steps if q not in out]
+
+
+# ---- verification ------------------------------------------------------------------------------
+class CheckpointError(HorizonError):
+    """A checkpoint file is missing, truncated or corrupted (the message names the file)."""
+
+
+def _sums(p: Path) -> dict[str, str]:
+    """name -> SHA-256 from SHA256SUMS; it must list the state and the metadata."""
+    f = p / SUMS
+    _exists(f)
     try:
-        lines = (p / SUMS).read_text().splitlines()
-    except OSError as e:
-        raise HorizonError(f"{p / SUMS}: cannot read ({e})") from None
+        lines = f.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{f}: cannot read ({type(e).__name__}: {e}); the checkpoint is incomplete") from None
+    sums = {}
     for line in lines:
-        want, _, name = line.partition("  ")
-        if not (p / name).is_file() or sha256_file(p / name) != want:
-            raise HorizonError(f"{p / name}: checksum mismatch (corrupt or incomplete checkpoint)")
+        want, sep, name = line.partition("  ")
+        if not sep or not re.fullmatch(r"[0-9a-f]{64}", want) or not name:
+            raise CheckpointError(f"{f}: malformed line {line!r} (corrupt checkpoint)")
+        sums[name] = want
+    for name in (STATE, META):
+        if name not in sums:
+            raise CheckpointError(f"{f}: no checksum for {name} (corrupt checkpoint)")
+    return sums
 
 
-def read_meta(path) -> dict:
-    p = Path(path) / META
+def _state_header(f, path: Path, size: int) -> tuple[bytes, dict, int]:
+    """(raw header bytes incl. the length prefix, header, total size the header declares)."""
+    head = f.read(8)
+    if len(head) < 8:
+        raise CheckpointError(f"{path}: truncated ({size} bytes, not even a header)")
+    n = struct.unpack("<Q", head)[0]
+    if 8 + n > size:
+        raise CheckpointError(f"{path}: truncated or corrupt ({size} bytes, the header alone claims {8 + n})")
+    hb = f.read(n)
     try:
-        meta = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise HorizonError(f"{p}: cannot read ({type(e).__name__}: {e})") from None
-    if meta.get("format") != FORMAT:
-        raise HorizonError(f"{p}: checkpoint format {meta.get('format')!r}; this version reads {FORMAT}")
+        header = json.loads(hb)
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+        raise CheckpointError(f"{path}: corrupt header ({type(e).__name__}: {e})") from None
+    total = 8 + n + max(ends, default=0)
+    if size < total:
+        raise CheckpointError(f"{path}: truncated ({size} bytes, the header declares {total})")
+    if size > total:
+        raise CheckpointError(f"{path}: {size - total} bytes more than the header declares (corrupt checkpoint)")
+    return head + hb, header, total
+
+
+def _exists(path: Path) -> None:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (incomplete checkpoint)")
+
+
+def verify_checkpoint(path) -> None:
+    """Check every file against SHA256SUMS (and the state's size against its header);
+    CheckpointError (a HorizonError) naming the file on the first problem."""
+    p = Path(path)
+    sums = _sums(p)
+    st = p / STATE
+    _exists(st)
+    with open(st, "rb") as f:
+        _state_header(f, st, st.stat().st_size)
+    for name, want in sums.items():
+        _exists(p / name)
+        if sha256_file(p / name) != want:
+            raise CheckpointError(f"{p / name}: checksum mismatch (corrupt or incomplete checkpoint)")
+
+
+def _read_meta_bytes(p: Path, want_sha: str | None) -> dict:
+    f = p / META
+    _exists(f)
+    data = f.read_bytes()
+    if want_sha is not None and hashlib.sha256(data).hexdigest() != want_sha:
+        raise CheckpointError(f"{f}: checksum mismatch (corrupt checkpoint)")
+    try:
+        meta = json.loads(data)
+    except ValueError as e:
+        raise CheckpointError(f"{f}: cannot read ({type(e).__name__}: {e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise HorizonError(f"{f}: checkpoint format {got!r}; this version reads {FORMAT}")
     return meta
 
 
-def load_checkpoint(path, trainer, verify: bool = False) -> dict:
-    """Restore a checkpoint (folder, or ckpt_dir for its latest) into `trainer`, which must
-    be built for the same model and policy. Returns the metadata (meta['loop'] is the loop's
-    state, meta['step'] the step it was taken after). verify: check checksums first."""
-    from safetensors import safe_open
+def read_meta(path, verify: bool = False) -> dict:
+    """trainer.json of a checkpoint folder (verify: against SHA256SUMS first)."""
+    p = Path(path)
+    return _read_meta_bytes(p, _sums(p)[META] if verify else None)
 
-    trainer._check_usable()
-    p = resolve(path)
-    if verify:
-        verify_checkpoint(p)
-    meta = read_meta(p)
+
+# ---- loading ----------------------------------------------------------------------------------
+_CHUNK = 1 << 26  # bytes read (and hashed) per call: 64 MiB
+
+
+def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write) -> None:
+    """Read state.safetensors in one pass straight into the `want` tensors (name -> tensor,
+    matching dtype and shape), hashing every byte; CheckpointError on any mismatch."""
+    import torch
+
+    from horizon_exec.fileio import ST_DTYPE
+
+    _exists(path)
+    size = path.stat().st_size
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        raw_header, header, _ = _state_header(f, path, size)
+        h.update(raw_header)
+        entries = sorted(((int(v["data_offsets"][0]), int(v["data_offsets"][1]), k, v)
+                          for k, v in header.items() if k != "__metadata__"))
+        names = {k for *_, k, _v in entries}
+        if names != set(want):
+            extra, missing = sorted(names - set(want)), sorted(set(want) - names)
+            what = f"unexpected tensor {extra[0]!r}" if extra else f"tensor {missing[0]!r} is missing"
+            raise CheckpointError(f"{path}: {what} (corrupt header, or a checkpoint of another build)")
+        pos, started = 0, False
+        for begin, end, name, v in entries:
+            dst = want[name]
+            if v.get("dtype") != ST_DTYPE.get(dst.dtype) or list(v.get("shape", ())) != list(dst.shape):
+                raise CheckpointError(f"{path}: tensor {name!r} is {v.get('shape')} {v.get('dtype')}, "
+                                      f"the store has {list(dst.shape)} {ST_DTYPE.get(dst.dtype)} (corrupt header)")
+            if begin != pos or end - begin != dst.numel() * dst.element_size():
+                raise CheckpointError(f"{path}: tensor {name!r} has offsets [{begin}, {end}) (corrupt header)")
+            if not started:
+                on_first_write()
+                started = True
+            mv = memoryview(dst.detach().reshape(-1).view(torch.uint8).numpy())
+            off = 0
+            while off < len(mv):
+                got = f.readinto(mv[off:off + _CHUNK])
+                if not got:
+                    raise CheckpointError(f"{path}: truncated while reading {name!r}")
+                h.update(mv[off:off + got])
+                off += got
+            pos = end
+        if f.read(1):
+            raise CheckpointError(f"{path}: trailing bytes after the last tensor (corrupt checkpoint)")
+    if want_sha is not None and h.hexdigest() != want_sha:
+        raise CheckpointError(f"{path}: checksum mismatch (corrupt checkpoint)")
+
+
+def _check_compatible(p: Path, meta: dict, trainer) -> None:
     for what, have in (("model", trainer.model.to_dict()), ("policy", trainer.policy.to_dict())):
-        saved = meta[what]
+        saved = meta.get(what, {})
         diff = [k for k in sorted(set(have) | set(saved)) if have.get(k) != saved.get(k)
                 and not (what == "model" and k == "name")]
         if diff:
             k = diff[0]
             raise HorizonError(f"{p}: checkpoint was written for {what} {k}={saved.get(k)!r}, this run has "
                                f"{k}={have.get(k)!r}; resume with the same {what}")
+
+
+def _load_one(p: Path, trainer, verify: bool, check) -> dict:
+    sums = _sums(p) if verify else {}
+    meta = _read_meta_bytes(p, sums.get(META))
+    _check_compatible(p, meta, trainer)
+    if check is not None:
+        check(p, meta)
     pending = bool(meta["trainer"]["pending"])
     want = dict(_state_items_for(trainer, pending))
-    seen = set()
-    try:
-        with safe_open(str(p / STATE), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                if name not in want:
-                    raise HorizonError(f"{p / STATE}: unexpected tensor {name!r}")
-                t = f.get_tensor(name)
-                dst = want[name]
-                if tuple(t.shape) != tuple(dst.shape) or t.dtype != dst.dtype:
-                    raise HorizonError(f"{p / STATE}: tensor {name!r} is {tuple(t.shape)} {t.dtype}, "
-                                       f"the store has {tuple(dst.shape)} {dst.dtype}")
-                dst.copy_(t)
-                seen.add(name)
-    except HorizonError:
-        raise
-    except Exception as e:
-        raise HorizonError(f"{p / STATE}: cannot read ({type(e).__name__}: {e})") from None
-    missing = [n for n in want if n not in seen]
-    if missing:
-        raise HorizonError(f"{p / STATE}: tensor {missing[0]!r} is missing")
+    reason = f"loading {p / STATE} failed part way"
+
+    def touched():
+        trainer.state_invalid = reason
+
+    _read_state(p / STATE, want, sums.get(STATE), touched)
+    trainer.state_invalid = None
     trainer._refresh_working_copy()
     tm = meta["trainer"]
     trainer.pending = pending
     trainer.pending_lr = float(tm["pending_lr"])
     trainer.lr = float(tm["lr"])
     trainer.steps_done = int(tm["steps_done"])
+    trainer.skipped_steps = int(tm.get("skipped_steps", 0))
+    meta["path"] = str(p)
     return meta
+
+
+def load_checkpoint(path, trainer, verify: bool = True, check=None, warn=print) -> dict:
+    """Restore a checkpoint into `trainer` (built for the same model and policy) and return
+    its metadata (meta['step']: the step it was taken after; meta['loop']: the loop's state;
+    meta['path']: the folder loaded). `path`: a checkpoint folder (loaded or a clear error),
+    or a ckpt_dir: its latest checkpoint, falling back to older ones, with a `warn`ing for
+    each damaged one skipped. verify: check the checksums while reading (default).
+    check(folder, meta): called before the state is read (e.g. the loop's data check); its
+    error is not a damaged checkpoint and stops the load. A failure after the store was
+    partly overwritten leaves trainer.state_invalid set until a load succeeds."""
+    if trainer.failed:
+        trainer._check_usable()
+    cands = candidates(path)
+    if not cands:
+        raise HorizonError(f"no checkpoint in {str(path)!r} (want a step-N folder with {META}, or a "
+                           f"checkpoint folder holding one)")
+    errors = []
+    for i, p in enumerate(cands):
+        try:
+            meta = _load_one(p, trainer, verify, check)
+        except CheckpointError as e:
+            if len(cands) == 1:
+                raise
+            errors.append(str(e))
+            nxt = f"trying {cands[i + 1].name}" if i + 1 < len(cands) else "no older checkpoint left"
+            warn(f"warning: skipping checkpoint {p.name}: {e}; {nxt}")
+            continue
+        if errors:
+            warn(f"warning: resumed from {p.name}, an older checkpoint than the latest "
+                 f"({len(errors)} damaged one(s) skipped)")
+        return meta
+    raise CheckpointError(f"no intact checkpoint in {str(path)!r}: " + "; ".join(errors))
 
 
 def _state_items_for(trainer, pending: bool):

@@ -9,10 +9,18 @@ or a text file, default the built-in corpus; tokens from --tokenizer tokenizer.j
 to --min-lr. A progress bar shows loss, lr, tokens/s and MFU (peak from --gpu or
 --hardware, else achieved model TFLOP/s). Periodic eval on held-out sequences, atomic
 checkpoints to --ckpt-dir, exact --resume, and --save-hf writes a transformers checkpoint.
+Reliability: the run is refused up front (exit 2, needed vs available) when the planner says
+it does not fit the host RAM (--host-budget, else MemAvailable) or the device (--device-budget,
+else CUDA free memory); a NaN/inf loss or gradient skips the update (--on-nonfinite skip) or
+stops the run (stop, exit 1); SIGINT/SIGTERM finish the step, write a checkpoint and exit
+130/143 (a second signal aborts at once; the last complete checkpoint stays intact); --resume
+verifies checksums and falls back to the previous checkpoint when the latest is damaged.
 This module must not import torch at import time: the `horizon` entry point imports it to
 build its parser, and `horizon plan` must start fast.
 """
 import argparse
+import sys
+import traceback
 
 from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
 from horizon_sim.errors import HorizonError
@@ -98,6 +106,16 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="device arena budget, e.g. 2GiB (default: unlimited)")
     r.add_argument("--compute-threads", type=int, default=None,
                    help="CPU backend: intra-op threads of the compute lane (default: cores - 1)")
+
+    s = p.add_argument_group("reliability")
+    s.add_argument("--host-budget", default=None, metavar="SIZE",
+                   help="host RAM this run may use, e.g. 64GiB (default: MemAvailable + this process)")
+    s.add_argument("--no-admission", action="store_true",
+                   help="skip the up-front check that the run fits host RAM and device memory (experts)")
+    s.add_argument("--on-nonfinite", choices=("skip", "stop"), default=None,
+                   help="a NaN/inf loss or gradient: skip the update (weights and optimizer state "
+                        "unchanged) or stop the run (default skip; stop with --optimizer backward, "
+                        "which cannot skip exactly)")
     return p
 
 
@@ -134,18 +152,18 @@ def _check_args(a) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     import dataclasses
-    import json
     from pathlib import Path
 
     _check_args(args)
     from horizon_exec import checkpoint_hf
     from horizon_exec.data import load_dataset
-    from horizon_exec.loop import LoopConfig, TrainLoop
+    from horizon_exec.errors import ExecError
+    from horizon_exec.loop import Interrupted
     from horizon_exec.lr import CosineSchedule
     from horizon_exec.tokenize import load_tokenizer
-    from horizon_exec.trainer import Trainer
+    from horizon_exec.trainer import NonFiniteError, Trainer
     from horizon_sim.specs.hf_config import load_model
-    from horizon_sim.units import fmt_bytes, parse_size
+    from horizon_sim.units import parse_size
 
     # ---- model, tokenizer, data ------------------------------------------------------------
     if args.init_from:
@@ -167,6 +185,11 @@ def run_train(args: argparse.Namespace) -> int:
     sched = CosineSchedule(peak=args.lr, total_steps=args.steps, warmup_steps=args.warmup_steps, min_lr=min_lr)
     peak, peak_what = _peak_flops(args, policy.compute_dtype)
     budget = parse_size(args.device_budget, "--device-budget") if args.device_budget else None
+    host_budget = parse_size(args.host_budget, "--host-budget") if args.host_budget else None
+    hardware = None
+    if args.hardware and not args.no_admission:
+        from horizon_sim.specs.hardware_io import load_hardware
+        hardware = load_hardware(args.hardware)  # its speeds and runtime overhead, for admission
     save_shard = parse_size(args.save_shard_size, "--save-shard-size") if args.save_hf else 0
     if args.save_hf and Path(args.save_hf).exists() and not Path(args.save_hf).is_dir():
         raise HorizonError(f"--save-hf {args.save_hf!r} exists and is not a folder")
@@ -175,45 +198,73 @@ def run_train(args: argparse.Namespace) -> int:
     tr = Trainer(model, policy, lr=args.lr, weight_decay=args.weight_decay,
                  betas=(args.beta1, args.beta2), eps=args.eps, device=args.device, seed=args.seed,
                  device_budget_bytes=budget, compute_threads=args.compute_threads,
-                 random_init=args.init_from is None)
+                 random_init=args.init_from is None, admission=not args.no_admission,
+                 host_budget_bytes=host_budget, hardware=hardware, on_nonfinite=args.on_nonfinite)
     with tr:
-        cfg = LoopConfig(steps=args.steps, schedule=sched, eval_every=args.eval_every,
-                         eval_batches=args.eval_batches, ckpt_dir=args.ckpt_dir,
-                         ckpt_every=args.ckpt_interval, keep_ckpts=args.keep_ckpts, peak_flops=peak,
-                         progress=not args.no_progress, log_file=args.log_file)
-        loop = TrainLoop(tr, ds, cfg, seed=args.seed)
-        print(f"horizon train: {model.name}, {model.total_params / 1e6:.1f}M params, {len(tr.sched)} ops/step, "
-              f"host store {fmt_bytes(tr.host_store_bytes)}, device {args.device}")
-        print(f"data: {ds.source}, tokenizer {tok.name}, {ds.n_tokens:,} tokens -> {len(ds.train)} train + "
-              f"{len(ds.eval)} eval sequences of {policy.seq}")
-        if args.resume is not None:
-            p = loop.resume(args.resume or args.ckpt_dir)
-            print(f"resumed from {p} at step {loop.step}")
-        elif args.init_from:
-            checkpoint_hf.load_hf(tr, args.init_from)
-            print(f"weights from {args.init_from}")
-        if peak_what:
-            print(f"MFU against {peak_what}")
-        res = loop.run()
-        if res is None:
-            print(f"nothing to do: the run is at step {loop.step} of {args.steps}")
-        else:
-            ev = loop.evals.get(loop.step)
-            rate = f"{loop.tokens_per_s:,.0f} tokens/s"
-            rate += (f"  MFU {100 * loop.model_flops_per_s / peak:.3g}%" if peak else
-                     f"  {loop.model_flops_per_s / 1e12:.3g} model TFLOP/s")
-            print(f"final loss {res.loss:.4f}" + (f"  eval loss {ev:.4f}" if ev is not None else "")
-                  + f"  grad norm {res.grad_norm:.3f}  {rate}  device peak {fmt_bytes(res.device_peak_bytes)}"
-                  f"  peak RSS {fmt_bytes(res.rss_peak_bytes)}")
-        if args.save_hf:
-            base, side = None, []
-            if args.init_from:
-                base = json.loads((Path(args.init_from) / "config.json").read_text())
-                side = checkpoint_hf.side_files_of(args.init_from)
-            elif tok_path:
-                side = [Path(tok_path)]
-            out = checkpoint_hf.save_hf(tr, args.save_hf, args.save_dtype, save_shard, base, side)
-            print(f"saved {args.save_dtype} HF checkpoint to {out}")
+        try:
+            return _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, save_shard)
+        except Interrupted as e:
+            print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
+            return e.exit_code
+        except NonFiniteError as e:
+            print(f"horizon train: stopped: {e}", file=sys.stderr)
+            return 1
+        except ExecError as e:
+            traceback.print_exception(e.__cause__ or e, file=sys.stderr)
+            print(f"horizon train: error: {e}", file=sys.stderr)
+            return 1
+
+
+def _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, save_shard) -> int:
+    import json
+    from pathlib import Path
+
+    from horizon_exec import checkpoint_hf
+    from horizon_exec.loop import LoopConfig, TrainLoop
+    from horizon_sim.units import fmt_bytes
+
+    cfg = LoopConfig(steps=args.steps, schedule=sched, eval_every=args.eval_every,
+                     eval_batches=args.eval_batches, ckpt_dir=args.ckpt_dir,
+                     ckpt_every=args.ckpt_interval, keep_ckpts=args.keep_ckpts, peak_flops=peak,
+                     progress=not args.no_progress, log_file=args.log_file)
+    loop = TrainLoop(tr, ds, cfg, seed=args.seed)
+    print(f"horizon train: {model.name}, {model.total_params / 1e6:.1f}M params, {len(tr.sched)} ops/step, "
+          f"host store {fmt_bytes(tr.host_store_bytes)}, device {args.device}")
+    print(f"data: {ds.source}, tokenizer {tok.name}, {ds.n_tokens:,} tokens -> {len(ds.train)} train + "
+          f"{len(ds.eval)} eval sequences of {policy.seq}")
+    if tr.admission is not None:
+        print(f"admission: fits: {tr.admission.line()}")
+    if args.resume is not None:
+        p = loop.resume(args.resume or args.ckpt_dir)
+        print(f"resumed from {p} at step {loop.step}")
+    elif args.init_from:
+        checkpoint_hf.load_hf(tr, args.init_from)
+        print(f"weights from {args.init_from}")
+    if peak_what:
+        print(f"MFU against {peak_what}")
+    res = loop.run()
+    if res is None:
+        print(f"nothing to do: the run is at step {loop.step} of {args.steps}")
+    else:
+        ev = loop.evals.get(loop.step)
+        rate = f"{loop.tokens_per_s:,.0f} tokens/s"
+        rate += (f"  MFU {100 * loop.model_flops_per_s / peak:.3g}%" if peak else
+                 f"  {loop.model_flops_per_s / 1e12:.3g} model TFLOP/s")
+        print(f"final loss {res.loss:.4f}" + (f"  eval loss {ev:.4f}" if ev is not None else "")
+              + f"  grad norm {res.grad_norm:.3f}  {rate}  device peak {fmt_bytes(res.device_peak_bytes)}"
+              f"  peak RSS {fmt_bytes(res.rss_peak_bytes)}")
+    if loop.skipped:
+        print(f"{len(loop.skipped)} step(s) skipped for a non-finite loss or gradient: "
+              f"{', '.join(map(str, loop.skipped[:20]))}{' ...' if len(loop.skipped) > 20 else ''}")
+    if args.save_hf:
+        base, side = None, []
+        if args.init_from:
+            base = json.loads((Path(args.init_from) / "config.json").read_text())
+            side = checkpoint_hf.side_files_of(args.init_from)
+        elif tok_path:
+            side = [Path(tok_path)]
+        out = checkpoint_hf.save_hf(tr, args.save_hf, args.save_dtype, save_shard, base, side)
+        print(f"saved {args.save_dtype} HF checkpoint to {out}")
     return 0
 
 

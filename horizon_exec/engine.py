@@ -7,8 +7,13 @@ stream waits on events), marks start, runs the op, marks end and flags it done. 
 not run this time (a pipelined optimizer's prev_step ops on a run's first step) count as done.
 
 Failures: the first exception in any lane aborts the step (the others skip what is left) and
-`run` raises ExecError naming the op, its lane and the cause. Waits poll with a timeout, so a
-dependency that never completes or a lane stuck in an op is reported, not a hang.
+`run` raises ExecError naming the op, its lane and the cause. Waits poll every _POLL_S with a
+timeout, so a dependency that never completes or a lane stuck in an op is reported, not a hang.
+The caller hears of a failure within _POLL_S + ABORT_GRACE_S (under a second) even when another
+lane is inside a long op: lanes that have not drained by then are left to finish on their own
+and the engine is marked broken (unusable), since they may still touch the step's buffers.
+An exception raised in the calling thread while it waits (KeyboardInterrupt, a signal
+handler's) aborts the lanes the same way and propagates.
 """
 import queue
 import threading
@@ -19,6 +24,9 @@ from horizon_exec.errors import ExecError
 from horizon_sim.schedule.op import Lane, Op
 
 _POLL_S = 0.05
+"""Period of every wait (dependencies, lane joins): how soon an abort or a timeout is noticed."""
+ABORT_GRACE_S = 0.5
+"""After a failure, how long `run` waits for the other lanes to drain before raising anyway."""
 _STOP = object()
 
 
@@ -49,6 +57,7 @@ class Engine:
         self._current: dict[Lane, Op | None] = {lane: None for lane in Lane}
         self._abort = threading.Event()
         self._error: tuple[Op, BaseException] | None = None
+        self._error_t = 0.0  # when _error was set (monotonic)
         self._err_lock = threading.Lock()
         self.broken: str | None = None
         self._threads = [threading.Thread(target=self._worker, args=(lane,), daemon=True,
@@ -114,6 +123,7 @@ class Engine:
         with self._err_lock:
             if self._error is None:
                 self._error = (op, e)
+                self._error_t = time.monotonic()
         self._abort.set()
 
     # ---- driving a step ---------------------------------------------------------------------
@@ -137,8 +147,21 @@ class Engine:
         ends = {lane: _End() for lane in Lane}
         for lane, end in ends.items():
             self._queues[lane].put(end)
-        for lane, end in ends.items():
-            self._join_lane(lane, end)
+        try:
+            for lane, end in ends.items():
+                self._join_lane(lane, end)
+                if self.broken:
+                    break
+        except ExecError:
+            raise
+        except BaseException as e:  # the caller was interrupted: stop the lanes, then propagate
+            self._abort.set()
+            self._drain(ends, f"the step was interrupted ({type(e).__name__})")
+            raise
+        if self.broken:  # a lane failed and another did not drain in time
+            op, e = self._error
+            raise ExecError(f"op {op.id} {op.label} on lane {op.lane.value} failed: {type(e).__name__}: {e} "
+                            f"({self.broken})", op=op) from e
         try:
             self.backend.step_end()
         except BaseException as e:
@@ -151,9 +174,29 @@ class Engine:
         return [(op, self.backend.seconds(recs[op.id].t0), self.backend.seconds(recs[op.id].t1))
                 for op in to_run if recs[op.id].ran]
 
+    def _drain(self, ends, why: str) -> bool:
+        """Wait up to ABORT_GRACE_S for every lane to reach its end marker (they skip queued ops
+        once aborted); True when all did, else mark the engine broken."""
+        deadline = time.monotonic() + ABORT_GRACE_S
+        for lane, end in ends.items():
+            if not end.event.wait(max(0.0, deadline - time.monotonic())):
+                cur = self._current[lane]
+                what = f"op {cur.id} {cur.label}" if cur is not None else "its queue"
+                self.broken = (f"{why}; lane {lane.value} was still in {what} {ABORT_GRACE_S:g}s later, "
+                               "so the engine is unusable")
+                return False
+        return True
+
     def _join_lane(self, lane: Lane, end: _End) -> None:
         last_progress, last_op = time.monotonic(), None
         while not end.event.wait(_POLL_S):
+            # a lane failed: report it soon, whatever this lane is doing
+            if self._error is not None and time.monotonic() - self._error_t > ABORT_GRACE_S:
+                op, cur = self._error[0], self._current[lane]
+                what = f"op {cur.id} {cur.label}" if cur is not None else "its queue"
+                self.broken = (f"lane {lane.value} was still in {what} {ABORT_GRACE_S:g}s after op {op.id} "
+                               f"{op.label} failed, so the engine is unusable")
+                return
             cur = self._current[lane]
             if cur is not last_op:
                 last_progress, last_op = time.monotonic(), cur

@@ -14,8 +14,22 @@ Exact resume: a checkpoint holds the trainer's state (ckpt.py) and the loop's (s
 epoch/position, data fingerprint, schedule), so a resumed run's step s computes exactly what
 the uninterrupted run's step s did (fp32: bit for bit). Eval flushes a pending pipelined
 update first, which changes nothing numerically: the same per-unit updates run, earlier.
+Resume verifies checksums while it reads, and falls back to the previous checkpoint (with a
+warning) when the latest is damaged (ckpt.py).
+
+Signals: while run() runs in the main thread, the first SIGINT or SIGTERM lets the current
+step finish, writes a checkpoint (when ckpt_dir is set and the step has none yet) and raises
+Interrupted at that step boundary; a second one raises Interrupted at once (mid-step, or
+mid-write: a checkpoint being written is abandoned under its temporary name, so the last
+complete one stays intact). The CLI exits 128 + the signal number (130, 143).
+
+Non-finite steps (the trainer's on_nonfinite): a skipped step is logged ("skipped" in the
+JSON line, a message); 'stop' raises NonFiniteError out of run().
 """
 import json
+import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +60,8 @@ class LoopConfig:
     """Append one JSON object per step (and per eval) to this file."""
     log_window: int = 10
     """Steps averaged for the tokens/s and MFU shown."""
+    handle_signals: bool = True
+    """Stop at a step boundary on SIGINT/SIGTERM (module docstring); only from the main thread."""
 
     def __post_init__(self):
         for f in ("steps",):
@@ -54,6 +70,22 @@ class LoopConfig:
         for f in ("eval_every", "eval_batches", "ckpt_every", "keep_ckpts"):
             if getattr(self, f) < 0:
                 raise HorizonError(f"{f.replace('_', '-')}={getattr(self, f)} must be >= 0")
+
+
+class Interrupted(KeyboardInterrupt):
+    """run() stopped on a signal: at a step boundary (first signal; `checkpoint` is the last
+    one written, possibly just now) or at once (second signal: `immediate`)."""
+
+    def __init__(self, signum: int, step: int, checkpoint, immediate: bool):
+        self.signum, self.step, self.checkpoint, self.immediate = signum, step, checkpoint, immediate
+        name = signal.Signals(signum).name
+        where = (f"aborted during step {step + 1}" if immediate else f"stopped after step {step}")
+        ck = f"; last checkpoint {checkpoint}" if checkpoint else "; no checkpoint (no ckpt_dir)"
+        super().__init__(f"{name}: {where}{ck}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
 
 class TrainLoop:
@@ -75,6 +107,9 @@ class TrainLoop:
         self.evals: dict[int, float] = {}        # step (steps done) -> eval loss
         self.last = None
         self._times: list[float] = []
+        self.last_ckpt: tuple[int, object] | None = None  # (step, folder) of the last checkpoint written
+        self.skipped: list[int] = []   # steps (1-based) whose update was skipped as non-finite
+        self._signal: int | None = None
 
     # ---- state ----------------------------------------------------------------------------
     def state(self) -> dict:
@@ -82,21 +117,26 @@ class TrainLoop:
                 "data_source": self.ds.source, "seed": self.seed, "schedule": self.cfg.schedule.to_dict()}
 
     def save(self) -> Path:
-        return ckpt_mod.save_checkpoint(self.cfg.ckpt_dir, self.tr, self.step, self.state(),
-                                        keep=self.cfg.keep_ckpts)
+        p = ckpt_mod.save_checkpoint(self.cfg.ckpt_dir, self.tr, self.step, self.state(),
+                                     keep=self.cfg.keep_ckpts)
+        self.last_ckpt = (self.step, p)
+        return p
 
     def resume(self, path) -> Path:
-        """Restore trainer and loop from a checkpoint folder (or a ckpt_dir's latest)."""
-        p = ckpt_mod.resolve(path)
-        meta = ckpt_mod.read_meta(p)
-        st = meta.get("loop", {})
-        if st.get("data_fingerprint") != self.fingerprint:
-            raise HorizonError(f"{p}: checkpoint was trained on different data (or tokenizer, seq or split) "
-                               f"than {self.ds.source}; resume with the same data")
-        self.batches.load_state_dict(st["data"])  # checks the seed before anything changes
-        meta = ckpt_mod.load_checkpoint(p, self.tr)
+        """Restore trainer and loop from a checkpoint folder (or a ckpt_dir's latest, falling
+        back to older ones when it is damaged); checksums are verified while reading."""
+        def check(p, meta):
+            st = meta.get("loop", {})
+            if st.get("data_fingerprint") != self.fingerprint:
+                raise HorizonError(f"{p}: checkpoint was trained on different data (or tokenizer, seq or split) "
+                                   f"than {self.ds.source}; resume with the same data")
+            self.batches.load_state_dict(st["data"])  # checks the seed before anything changes
+
+        meta = ckpt_mod.load_checkpoint(path, self.tr, check=check, warn=self.out)
+        p = Path(meta["path"])
         self.step = int(meta["step"])
-        sched = st.get("schedule")
+        self.last_ckpt = (self.step, p)
+        sched = meta.get("loop", {}).get("schedule")
         if sched != self.cfg.schedule.to_dict():
             self.out(f"note: lr schedule differs from the checkpoint's ({sched} -> "
                      f"{self.cfg.schedule.to_dict()}); the run continues on the new one")
@@ -130,6 +170,39 @@ class TrainLoop:
             with open(self.cfg.log_file, "a") as f:
                 f.write(json.dumps(rec) + "\n")
 
+    # ---- signals ---------------------------------------------------------------------------
+    def _install_signals(self):
+        """Handlers for SIGINT/SIGTERM (main thread only); returns the previous ones."""
+        if not self.cfg.handle_signals or threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def handler(signum, frame):
+            if self._signal is None:
+                self._signal = signum
+                # os.write, not print: the handler may run in the middle of a print
+                msg = (f"\n{signal.Signals(signum).name} received: stopping at the next step boundary "
+                       f"(with a checkpoint when ckpt_dir is set); send it again to abort now\n")
+                try:
+                    os.write(2, msg.encode())
+                except OSError:
+                    pass
+                return
+            ck = self.last_ckpt[1] if self.last_ckpt else None
+            raise Interrupted(signum, self.step, ck, immediate=True)
+
+        old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, handler)
+        return old
+
+    def _stop_at_boundary(self, write):
+        """The first signal arrived: checkpoint this step (unless it has one) and stop."""
+        if self.cfg.ckpt_dir and self.step > 0 and (self.last_ckpt is None or self.last_ckpt[0] != self.step):
+            p = self.save()
+            write(f"step {self.step}: checkpoint {p}")
+        ck = self.last_ckpt[1] if self.last_ckpt else None
+        raise Interrupted(self._signal, self.step, ck, immediate=False)
+
     def run(self, until: int | None = None):
         """Train steps self.step .. min(until, steps) - 1; returns the last StepResult."""
         cfg, tr = self.cfg, self.tr
@@ -139,8 +212,12 @@ class TrainLoop:
             from tqdm import tqdm
             bar = tqdm(total=cfg.steps, initial=self.step, unit="step", dynamic_ncols=True)
         write = bar.write if bar is not None else self.out
+        self._signal = None
+        old = self._install_signals()
         try:
             while self.step < end:
+                if self._signal is not None:
+                    self._stop_at_boundary(write)
                 s = self.step
                 t0 = time.perf_counter()
                 tokens, labels = next(self.batches)
@@ -155,6 +232,11 @@ class TrainLoop:
                        "tokens_per_s": tok_s, "model_tflops": flop_s / 1e12}
                 if cfg.peak_flops:
                     rec["mfu"] = flop_s / cfg.peak_flops
+                if res.skipped:
+                    self.skipped.append(self.step)
+                    rec.update(skipped=True, nonfinite=res.nonfinite)
+                    write(f"step {self.step}: non-finite {res.nonfinite}: update skipped, weights and optimizer state "
+                          f"unchanged ({tr.skipped_steps} skipped so far)")
                 self._log(rec)
                 if bar is not None:
                     post = {"loss": f"{res.loss:.4f}", "lr": f"{lr:.2e}", "tok/s": f"{tok_s:,.0f}"}
@@ -162,6 +244,8 @@ class TrainLoop:
                                 {"TFLOP/s": f"{flop_s / 1e12:.3g}"})
                     bar.set_postfix(post, refresh=False)
                     bar.update(1)
+                if self._signal is not None:
+                    self._stop_at_boundary(write)
                 last = self.step == cfg.steps
                 if self.eval_set and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
                     ev = self.evaluate()
@@ -172,6 +256,8 @@ class TrainLoop:
                     p = self.save()
                     write(f"step {self.step}: checkpoint {p}")
         finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
             if bar is not None:
                 bar.close()
         return self.last

@@ -54,6 +54,10 @@ class OpRunner:
         self.loss_parts: list = []
         self.temp_peak: dict[int, int] = {}  # op id -> measured peak of its device temporaries
         self._g32 = None  # host scratch: a host grad in the master dtype (optimizer lane only)
+        # Non-finite guard: what was found not finite this step (set by GRAD_NORM, or per unit in
+        # 'backward' mode); this step's OPTIMIZER ops then update nothing.
+        self.nonfinite: str | None = None
+        self.updated_units = 0  # units this step's gradients were applied to (not prev_step ops)
         self.table = {
             K.EMBED_FWD: self.embed_fwd, K.LOAD_INPUT: self.copy_h2d, K.LOAD_WEIGHTS: self.load_weights,
             K.FORWARD: self.forward, K.RECOMPUTE: self.forward, K.SAVE_CKPT: self.copy_d2h,
@@ -67,6 +71,7 @@ class OpRunner:
         self.tokens = tokens
         self.be.h2d(self.labels, next_token_labels(tokens))
         self.loss_parts = [None] * self.p.micro_batches
+        self.nonfinite, self.updated_units = None, 0
 
     def __call__(self, op: Op) -> None:
         self.table[op.kind](op)
@@ -227,12 +232,27 @@ class OpRunner:
     def grad_norm(self, op):
         """gnorm = sqrt(sum of the units' squared norms)."""
         total = sum(self.store.scalar(n) for n in op.reads)
-        self.store.t[op.writes[0]].fill_(math.sqrt(total))
+        self.store.t[op.writes[0]].fill_(math.sqrt(total) if total >= 0 else math.nan)
+        # Every HEAD op is done (its gradient's norm is among the reads): the loss is known.
+        bad = [f"{w} {v}" for w, v in (("loss", self.loss()), ("grad norm", math.sqrt(abs(total))))
+               if not math.isfinite(v)]
+        if bad and self.nonfinite is None:
+            self.nonfinite = " and ".join(bad)
 
     def optimizer(self, op):
         """AdamW on master.<u> with hgrad.<u> (clipped by the global norm when clipping is
         on), then refresh the working copy wc.<u>."""
         u = unit_name(self.m, op.layer)
+        if not op.prev_step:  # prev_step ops apply a step the trainer found finite
+            if self.p.optimizer == "backward" and self.nonfinite is None:
+                # before the global norm exists: this unit's own norm, and the loss (all HEADs ran)
+                if not math.isfinite(sq := self.store.scalar(f"gsq.{u}")):
+                    self.nonfinite = f"gradient of unit {u} (squared norm {sq})"
+                elif not math.isfinite(self.loss()):
+                    self.nonfinite = f"loss {self.loss()}"
+            if self.nonfinite is not None:
+                return  # no update: master, moments, step counter and working copy stay as they are
+            self.updated_units += 1
         p = self.store.t[f"master.{u}"]
         g = self.buf.get(f"hgrad.{u}")
         if g.dtype != p.dtype and self._g32 is None:  # one reused chunk of scratch: O(1)

@@ -9,6 +9,20 @@ host store and the device arena, and runs one schedule per optimizer step.
     tr.state_dict()                # master weights by transformers names (views, fp32)
     tr.eval_loss(tokens, labels)   # (sum of token losses, labelled tokens); no update
 
+Admission: before anything is allocated, the planner simulates the schedule on this machine
+and the constructor raises AdmissionError (admission.py: needed vs available, by role, what to
+change) when the host RAM or device memory it needs is not available. `admission=False` skips it.
+
+Non-finite steps: a NaN/inf loss or global gradient norm is detected before any update is
+applied. on_nonfinite='skip' leaves master weights, Adam moments and step counters exactly
+as they were (pipelined: the step's pending update is dropped, not applied next step), counts
+the step in `skipped_steps` and returns a StepResult with skipped=True; 'stop' does the same
+and raises NonFiniteError naming the step. optimizer='backward' updates each layer as its
+gradient lands, before the loss and the global norm are known, so an exact skip is impossible
+there: it only allows 'stop' (the default in that mode): a unit whose own gradient is not
+finite, and every unit after it, is left untouched, units updated earlier in the step keep
+their update, and the error says how many.
+
 Pipelined mode: ops marked prev_step apply the previous step's gradients at the start of the
 next step, so after `step()` the master weights lag one update until the next step or
 `flush()`; the loss of step n is still computed with the weights after n-1 updates. The
@@ -30,6 +44,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from horizon_exec.admission import admit
 from horizon_exec.arena import DeviceArena
 from horizon_exec.backend import make_backend
 from horizon_exec.buffers import TORCH_DTYPE, BufferTable
@@ -48,6 +63,15 @@ from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
 INIT_STD = 0.02  # transformers' initializer_range default for Llama/Qwen2
+ON_NONFINITE = ("skip", "stop")
+
+
+class NonFiniteError(HorizonError):
+    """A step's loss or gradients were not finite and the policy is to stop (on_nonfinite='stop')."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +94,10 @@ class StepResult:
     """Tokens the step ran (batch * seq)."""
     labelled_tokens: int = 0
     """Tokens with a target (label != -100): the loss's denominator."""
+    skipped: bool = False
+    """The loss or a gradient was not finite and the update was not applied (on_nonfinite='skip')."""
+    nonfinite: str = ""
+    """What was not finite (e.g. 'grad norm nan'), '' when the step was finite."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -97,21 +125,39 @@ class Trainer:
     rest), track_memory (measure op temporaries). timeout_s: longest wait for a dependency
     or a single op before the step fails instead of hanging. random_init: False leaves the
     weights zero (for a caller that loads them next, e.g. checkpoint_hf.load_hf).
+    admission: check up front that the run fits (admission.py); host_budget_bytes: host RAM
+    the run may use (default: MemAvailable + this process); device_budget_bytes is the
+    device side's (default: CUDA free memory, CPU unlimited); hardware: a HardwareSpec whose
+    speeds (and runtime overhead) the admission simulation uses. on_nonfinite: 'skip' or
+    'stop' (module docstring; default 'skip', 'stop' with optimizer='backward').
     """
 
     def __init__(self, model: ModelSpec, policy: Policy, *, lr: float = 1e-3, weight_decay: float = 0.0,
                  betas=(0.9, 0.999), eps: float = 1e-8, device: str = "cpu", seed: int = 0,
                  device_budget_bytes: int | None = None, compute_threads: int | None = None,
                  pin_cores: bool = True, track_memory: bool = True, timeout_s: float = 600.0,
-                 random_init: bool = True):
+                 random_init: bool = True, admission: bool = True, host_budget_bytes: int | None = None,
+                 hardware=None, on_nonfinite: str | None = None):
         if policy.seq < 2:
             raise HorizonError(f"policy seq={policy.seq}: training needs sequences of at least 2 tokens")
         if policy.states_dtype != policy.master_dtype:
             raise HorizonError(f"policy states_dtype={policy.states_dtype} with master_dtype="
                                f"{policy.master_dtype}: torch's fused AdamW needs the Adam moments in "
                                "the master dtype; use the same dtype for both")
-        self.model, self.policy = model, policy
+        if on_nonfinite is None:
+            on_nonfinite = "stop" if policy.optimizer == "backward" else "skip"
+        if on_nonfinite not in ON_NONFINITE:
+            raise HorizonError(f"on_nonfinite={on_nonfinite!r}: use one of {', '.join(ON_NONFINITE)}")
+        if on_nonfinite == "skip" and policy.optimizer == "backward":
+            raise HorizonError("on_nonfinite='skip' cannot be exact with optimizer='backward': each layer "
+                               "is updated as its gradient lands, before the loss and the global norm are "
+                               "known; use on_nonfinite='stop', or optimizer='pipelined' or 'after'")
+        self.model, self.policy, self.on_nonfinite = model, policy, on_nonfinite
         self.sched = build_schedule(model, policy)
+        # Before any allocation: does the run fit this machine? (AdmissionError if not)
+        self.admission = (admit(model, policy, self.sched, device=device, host_budget_bytes=host_budget_bytes,
+                                device_budget_bytes=device_budget_bytes, hardware=hardware)
+                          if admission else None)
         kw = dict(compute_threads=compute_threads, pin_cores=pin_cores, track_memory=track_memory)
         self.backend = make_backend(device, **kw) if device == "cpu" else make_backend(device)
         self.store = HostStore(self.sched, model, self.backend)
@@ -135,7 +181,9 @@ class Trainer:
         self.pending = False  # pipelined: the last step's gradients are not applied yet
         self.pending_lr = self.runner.lr  # the lr those pending gradients are applied with
         self.steps_done = 0
+        self.skipped_steps = 0  # steps whose update was not applied (non-finite loss or grads)
         self.failed: str | None = None
+        self.state_invalid: str | None = None  # a checkpoint load failed after writing the store
 
     # ---- weights ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -185,13 +233,16 @@ class Trainer:
     def _check_usable(self):
         if self.failed:
             raise ExecError(f"the trainer failed earlier and its state is inconsistent: {self.failed}")
+        if self.state_invalid:
+            raise ExecError(f"the trainer's state is invalid: {self.state_invalid}; load a checkpoint")
 
     def _run(self, ops, skip=frozenset()):
         try:
             return self.engine.run(ops, len(self.sched.ops), skip)
-        except ExecError as e:
-            self.failed = str(e)
-            self.buffers.clear_dynamic()
+        except BaseException as e:  # an op failed, or the caller was interrupted mid-step
+            self.failed = str(e) if isinstance(e, ExecError) else f"interrupted mid-step ({type(e).__name__})"
+            if not self.engine.broken:  # lanes are idle: the step's buffers can go
+                self.buffers.clear_dynamic()
             raise
 
     def _check_batch(self, tokens, labels, rows: int | None):
@@ -239,17 +290,34 @@ class Trainer:
         t0 = time.perf_counter()
         rows = self._run(self.sched.ops, skip)
         step_s = time.perf_counter() - t0
-        self.pending = p.optimizer == "pipelined"
-        self.pending_lr = lr_now
         self.steps_done += 1
+        loss, gnorm = self.runner.loss(), self.store.scalar("gnorm")
+        # The GRAD_NORM op flags a non-finite loss or norm, and the optimizer ops of this step
+        # then leave everything untouched; the pipelined update of this step is dropped here.
+        bad = self.runner.nonfinite
+        self.pending = p.optimizer == "pipelined" and not bad
+        self.pending_lr = lr_now
+        if bad:
+            self.skipped_steps += 1
+            if self.on_nonfinite == "stop":
+                raise NonFiniteError(self._nonfinite_message(bad), step=self.steps_done)
         ops, starts, ends = zip(*rows)
         timeline = timeline_frame(ops, starts, ends)
         timeline["temp_peak_bytes"] = [self.runner.temp_peak.get(o.id, 0) for o in ops]
-        return StepResult(loss=self.runner.loss(), grad_norm=self.store.scalar("gnorm"),
-                          timeline=timeline,
+        return StepResult(loss=loss, grad_norm=gnorm, timeline=timeline,
                           device_peak_bytes=self.backend.device_peak(self.arena),
                           rss_peak_bytes=rss_peak_bytes(), step_s=step_s, tokens=p.tokens,
-                          labelled_tokens=n_labelled)
+                          labelled_tokens=n_labelled, skipped=bool(bad), nonfinite=bad or "")
+
+    def _nonfinite_message(self, what: str) -> str:
+        msg = (f"step {self.steps_done}: non-finite {what}; the update was not applied and the run stops "
+               f"(on_nonfinite='stop')")
+        if self.policy.optimizer == "backward":
+            n = self.runner.updated_units
+            return (msg + f"; optimizer='backward' had already applied this step's finite gradients to "
+                    f"{n} of {len(self.units)} units before the non-finite one (no non-finite value "
+                    "reached the weights or the optimizer state)")
+        return msg + f"; weights and optimizer state are those after step {self.steps_done - 1}"
 
     def flush(self) -> None:
         """Apply pending pipelined optimizer updates (the prev_step ops), so the master

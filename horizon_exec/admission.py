@@ -1,0 +1,313 @@
+"""Admission control: before the executor allocates anything, ask the planner what the run
+needs and refuse, with needed vs available, the breakdown by role and what to change, when
+it will not fit, instead of dying to the OOM killer hours into the run.
+
+    adm = admit(model, policy, sched, device="cpu")   # AdmissionError when it does not fit
+    adm.host_need_bytes, adm.host_available_bytes, adm.host_by_role, adm.device_by_role, adm.line()
+
+What is compared (bytes):
+- host need: the planner's host footprint of this schedule at its peak (master, moments,
+  working copy, grads, staging, checkpoints, scalars; simulate() on a HardwareSpec of this
+  machine) + the host store's page padding + the process runtime (the larger of what this
+  process holds now and the runtime estimate: `hardware.host.runtime_overhead_GiB` when a
+  hardware file is given, else RSS now + RUNTIME_GROWTH_BYTES) + on the CPU backend the
+  device need (its "device" memory is host RAM).
+- host available: `host_budget_bytes`, else MemAvailable (/proc/meminfo) + this process's
+  resident memory (the process may grow to that without the kernel running out of RAM).
+- device need: the planner's device peak (weight slots + the highest sum of live
+  activations, gradients and op workspaces) + the executor's device constants (RoPE tables,
+  the step's labels) [+ CUDA_SLACK_BYTES on CUDA].
+- device available: CUDA: the free memory torch.cuda.mem_get_info reports, or
+  `device_budget_bytes` when smaller; CPU: `device_budget_bytes`, else no separate limit.
+The arena still enforces the device budget op by op at run time; admission is the up-front
+check that a run which cannot fit never starts.
+"""
+import os
+from dataclasses import dataclass, field, replace
+
+from horizon_exec.errors import DeviceBudgetError
+from horizon_exec.store import ALIGN
+from horizon_sim.errors import HorizonError
+from horizon_sim.schedule.op import Space
+from horizon_sim.specs.hardware import HardwareSpec
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import DTYPE_BYTES, Policy
+from horizon_sim.units import GiB, fmt_bytes
+
+RUNTIME_GROWTH_BYTES = 256 * 2**20
+"""Resident memory the process still gains after the trainer is built (lane threads and their
+pools, allocator caches, the optimizer's scratch, logging). An estimate; a hardware file from
+`calibrate` gives a measured runtime_overhead_GiB instead."""
+CUDA_SLACK_BYTES = 512 * 2**20
+"""Device memory a CUDA run uses beyond the schedule's buffers: cuBLAS/cuDNN workspaces and
+caching-allocator fragmentation (an estimate; the CUDA context itself is already outside
+mem_get_info's free figure)."""
+_DEFAULT_TIMING = ("h100-pcie", "default")  # device and host presets whose speeds order the events
+
+
+class AdmissionError(HorizonError):
+    """The run needs more host RAM or device memory than is available."""
+
+    def __init__(self, message: str, admission: "Admission"):
+        super().__init__(message)
+        self.admission = admission
+
+
+class DeviceAdmissionError(AdmissionError, DeviceBudgetError):
+    """Refused because the device side does not fit (also a DeviceBudgetError: the arena
+    would have stopped the run on its budget, only later)."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What the run needs and what the machine has (bytes); None available = not limited."""
+    host_by_role: dict
+    host_available_bytes: int | None
+    host_source: str
+    device_by_role: dict
+    device_available_bytes: int | None
+    device_source: str
+    advice: list = field(default_factory=list)
+
+    @property
+    def host_need_bytes(self) -> int:
+        return int(sum(self.host_by_role.values()))
+
+    @property
+    def device_need_bytes(self) -> int:
+        return int(sum(self.device_by_role.values()))
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_available_bytes is None or self.host_need_bytes <= self.host_available_bytes
+
+    @property
+    def device_fits(self) -> bool:
+        return self.device_available_bytes is None or self.device_need_bytes <= self.device_available_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.host_fits and self.device_fits
+
+    def line(self) -> str:
+        """One line: needed vs available for both memories."""
+        def part(what, need, have, src):
+            if have is None:
+                return f"{what} needs {fmt_bytes(need)} ({src})"
+            verdict = "" if need <= have else f", short by {fmt_bytes(need - have)}"
+            return f"{what} needs {fmt_bytes(need)} of {fmt_bytes(have)} available ({src}){verdict}"
+        return "; ".join((part("host RAM", self.host_need_bytes, self.host_available_bytes, self.host_source),
+                          part("device memory", self.device_need_bytes, self.device_available_bytes,
+                               self.device_source)))
+
+    def breakdown(self) -> list[str]:
+        def fmt(roles):
+            return ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in roles.items() if v)
+        return [f"host:   {fmt(self.host_by_role)}", f"device: {fmt(self.device_by_role)}"]
+
+    def message(self) -> str:
+        """The refusal: needed vs available on the first line, then the breakdown and advice."""
+        short = [w for w, ok in (("host RAM", self.host_fits), ("device memory", self.device_fits)) if not ok]
+        first = f"the run does not fit in {' and '.join(short)}: {self.line()}"
+        rest = self.breakdown() + [f"to change: {a}" for a in self.advice]
+        return "\n".join([first] + ["  " + r for r in rest])
+
+
+# ---- what the machine has --------------------------------------------------------------------
+def mem_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (RAM the kernel can give without swapping), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (0 where /proc is not available)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def cuda_free_bytes(device: str) -> int:
+    """Free device memory torch.cuda.mem_get_info reports for `device` ('cuda[:N]')."""
+    import torch
+
+    from horizon_exec.errors import ExecError
+    if not device.startswith("cuda"):
+        raise HorizonError(f"device {device!r} is not supported; use 'cpu' or 'cuda[:N]'")
+    if not torch.cuda.is_available():
+        raise ExecError(f"device={device!r} but torch.cuda.is_available() is False")
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free)
+
+
+# ---- what the run needs --------------------------------------------------------------------
+def device_constants_bytes(model: ModelSpec, policy: Policy) -> int:
+    """Device tensors the executor holds outside the schedule's buffers: the RoPE cos/sin
+    tables (seq, head_dim) in the compute dtype and the step's labels (batch, seq) int64."""
+    return 2 * policy.seq * model.hd * DTYPE_BYTES[policy.compute_dtype] + policy.batch * policy.seq * 8
+
+
+def store_padding_bytes(sched) -> int:
+    """Bytes the host store adds by starting each static host buffer at a page boundary."""
+    return sum(-(-b.bytes // ALIGN) * ALIGN - b.bytes
+               for b in sched.buffers.values() if b.static and b.space == Space.HOST)
+
+
+def _machine(hardware: HardwareSpec | None, host_bytes: int | None, device_bytes: int | None,
+             runtime_bytes: int) -> HardwareSpec:
+    """A HardwareSpec whose usable memories are the budgets (speeds from `hardware` or the
+    presets: they only order the simulated events)."""
+    if hardware is None:
+        from horizon_sim.specs.hardware_presets import make_hardware
+        hardware = make_hardware(_DEFAULT_TIMING[0], host=_DEFAULT_TIMING[1])
+    dev_gib = (device_bytes if device_bytes is not None else 2**60) / GiB
+    host_gib = (host_bytes if host_bytes is not None else 2**60) / GiB
+    return replace(hardware, device=replace(hardware.device, hbm_GiB=max(dev_gib, 1e-9), reserved_GiB=0.0),
+                   host=replace(hardware.host, ram_GiB=max(host_gib, 1e-9), os_reserved_GiB=0.0,
+                                runtime_overhead_GiB=runtime_bytes / GiB))
+
+
+def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
+          host_budget_bytes: int | None = None, device_budget_bytes: int | None = None,
+          hardware: HardwareSpec | None = None, advise: bool = True) -> Admission:
+    """Simulate `sched` and compare what it needs with what this machine has (module
+    docstring). Raises AdmissionError (with the breakdown and, when `advise`, the nearest
+    policy that fits) when it does not fit; returns the Admission otherwise."""
+    from horizon_sim.sim.simulate import simulate
+
+    cpu = device == "cpu"
+    # device budget first: mem_get_info creates the CUDA context, whose host memory the RSS then includes
+    if cpu:
+        dev_avail, dev_src = device_budget_bytes, ("device budget" if device_budget_bytes is not None else
+                                                   "CPU backend: host RAM, no separate limit")
+    else:  # a budget above what is free would not stop an out-of-memory error: the smaller counts
+        free = cuda_free_bytes(device)
+        dev_avail, dev_src = free, "free per cudaMemGetInfo"
+        if device_budget_bytes is not None and device_budget_bytes < free:
+            dev_avail, dev_src = int(device_budget_bytes), "device budget"
+    rss = rss_bytes()
+    if host_budget_bytes is not None:
+        host_avail, host_src = int(host_budget_bytes), "host budget"
+    else:
+        avail = mem_available_bytes()
+        host_avail = None if avail is None else avail + rss
+        host_src = ("MemAvailable unknown: not checked" if avail is None else
+                    f"MemAvailable {fmt_bytes(avail)} + this process {fmt_bytes(rss)}")
+    if hardware is not None:
+        runtime = max(rss, int(hardware.host.runtime_overhead_GiB * GiB))
+    else:
+        runtime = rss + RUNTIME_GROWTH_BYTES
+    hw = _machine(hardware, host_avail, dev_avail, runtime)
+    res = simulate(sched, hw)
+    adm = _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src)
+    if adm.fits:
+        return adm
+    if advise:
+        adm = replace(adm, advice=_advice(model, policy, hw, adm, cpu))
+    raise (AdmissionError if adm.device_fits else DeviceAdmissionError)(adm.message(), adm)
+
+
+def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src) -> Admission:
+    static_dev = sched.static_bytes(Space.DEVICE)
+    dev = {"weight_slots": static_dev,
+           "activations_grads_workspaces": max(0, res.summary.device_peak_bytes - static_dev),
+           "constants": device_constants_bytes(model, policy)}
+    if not cpu:
+        dev["allocator_and_library_slack"] = CUDA_SLACK_BYTES
+    host = {k: int(v) for k, v in res.host.by_role.items()}
+    host["store_padding"] = store_padding_bytes(sched)
+    if cpu:
+        host["device_on_cpu_backend"] = sum(dev.values())
+    return Admission(host, host_avail, host_src, dev, dev_avail, dev_src)
+
+
+UNRUNNABLE_MOVES = ("bf16 moments",)
+"""Planner moves this executor cannot run (torch's fused AdamW keeps the moments in the
+master dtype), left out of the search for a policy that fits."""
+
+
+def _nearest_fit(model, hw, policy, runner, fits, host_short: bool, dev_short: bool, max_changes: int = 3):
+    """(policy, outcome, changes) of the fastest policy for which fits(outcome) holds among
+    those fewest planner MOVES away (horizon_sim.plan.advice.nearest_fit's search, with this
+    executor's own accounting and only the moves it can run), or None."""
+    from itertools import combinations
+
+    from horizon_sim.plan.advice import MOVES
+
+    moves = [mv for mv in MOVES if mv[0] not in UNRUNNABLE_MOVES and ((host_short and mv[1]) or (dev_short and mv[2]))]
+    for n in range(1, max_changes + 1):
+        cands = {}
+        for combo in combinations(moves, n):
+            p = policy
+            try:
+                for *_, fn in combo:
+                    p = fn(p, model) if p is not None else None
+            except HorizonError:
+                p = None
+            if p is not None and p != policy and p not in cands:
+                cands[p] = tuple(name for name, *_ in combo)
+        outs = runner.run([(model, hw, p) for p in cands])
+        ok = [(o.tokens_per_s, -i, p, o) for i, (p, o) in enumerate(zip(cands, outs)) if o.ok and fits(o)]
+        if ok:
+            _, _, p, o = max(ok, key=lambda t: t[:2])
+            return p, o, cands[p]
+    return None
+
+
+def _advice(model, policy, hw, adm: Admission, cpu: bool) -> list[str]:
+    """What to change: the nearest policy that fits (planner outcomes plus this executor's
+    own extras), a bigger budget, or --no-admission."""
+    from horizon_sim.plan.advice import policy_flags
+    from horizon_sim.plan.sweep import Runner
+
+    out = []
+    extra_host = adm.host_by_role["store_padding"]  # what the planner's figures leave out
+    extra_dev = adm.device_by_role["constants"] + adm.device_by_role.get("allocator_and_library_slack", 0)
+    host_avail, dev_avail = adm.host_available_bytes, adm.device_available_bytes
+
+    def need(o):  # (host, device) this executor would need for a planner outcome
+        dev = o.device_peak_bytes + extra_dev
+        return o.host_bytes + extra_host + (dev if cpu else 0), dev
+
+    def fits(o):
+        host, dev = need(o)
+        return (host_avail is None or host <= host_avail) and (dev_avail is None or dev <= dev_avail)
+
+    runtime = adm.host_by_role.get("runtime", 0)
+    if host_avail is not None and host_avail - extra_host - extra_dev <= runtime:
+        out.append(f"the host budget is below what the process needs before any model tensor "
+                   f"(runtime {fmt_bytes(runtime)}): no policy can fit it")
+    elif dev_avail is not None and dev_avail <= extra_dev:
+        out.append("the device budget is below the executor's fixed device tensors: no policy can fit it")
+    else:
+        with Runner(workers=1) as runner:
+            # on the CPU backend device memory is host RAM: a host shortage can be cut on either side
+            nf = _nearest_fit(model, hw, policy, runner, fits, host_short=not adm.host_fits,
+                              dev_short=not adm.device_fits or (cpu and not adm.host_fits))
+        if nf is not None:
+            p, o, changes = nf
+            host, dev = need(o)
+            out.append(f"nearest policy that fits ({', '.join(changes)}): {policy_flags(p, policy)}"
+                       f" (host {fmt_bytes(host)}, device {fmt_bytes(dev)})")
+        else:
+            out.append("no policy within 3 changes (optimizer, working copy, checkpoint placement, K, "
+                       "micro-batches, batch) fits: a smaller model, or more memory")
+    if not adm.host_fits:
+        short = fmt_bytes(adm.host_need_bytes - host_avail)
+        out.append(f"a --host-budget {short} larger" if adm.host_source == "host budget" else
+                   f"{short} more available host RAM (stop other processes, or a machine with more RAM)")
+    if not adm.device_fits:
+        short = fmt_bytes(adm.device_need_bytes - dev_avail)
+        out.append(f"a --device-budget {short} larger" if adm.device_source == "device budget" else
+                   f"{short} more free device memory (other processes on the device)")
+    out.append("--no-admission (Trainer(admission=False)) runs anyway; the device arena still stops "
+               "a step that exceeds --device-budget")
+    return out

@@ -1,0 +1,192 @@
+"""Damaged checkpoints (issue 7): a corrupted, truncated or missing file is detected on load
+(checksums, verified while reading) with an error naming the file; given a ckpt_dir the
+loader falls back to the previous intact checkpoint with a warning; a failed load never
+leaves a trainer that silently trains on half-loaded state."""
+import os
+
+import pytest
+import torch
+
+from horizon_exec import ckpt as ckpt_mod
+from horizon_exec.ckpt import CheckpointError
+from horizon_exec.data import load_dataset
+from horizon_exec.errors import ExecError
+from horizon_exec.loop import LoopConfig, TrainLoop
+from horizon_exec.lr import CosineSchedule
+from horizon_exec.tokenize import ByteTokenizer
+from horizon_exec.trainer import Trainer
+from horizon_sim.errors import HorizonError
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import Policy
+
+SPEC = ModelSpec(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=256)
+POL = Policy(batch=2, seq=16, optimizer="pipelined")  # pending gradients are part of the state
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _state(tr) -> dict:
+    out = {n: t.clone() for n, t in tr.store.t.items() if not n.startswith("wc.")}
+    out.update({f"steps.{u}": s.clone() for u, s in tr.store.steps.items()})
+    return out
+
+
+def _equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path):
+    """Checkpoints after steps 1 and 2, and the trainer state each one holds."""
+    g = torch.Generator().manual_seed(0)
+    states = {}
+    with Trainer(SPEC, POL, seed=3) as tr:
+        for step in (1, 2):
+            tr.step(torch.randint(0, SPEC.vocab, (POL.batch, POL.seq), generator=g))
+            ckpt_mod.save_checkpoint(tmp_path, tr, step, {"at": step})
+            states[step] = _state(tr)
+    return tmp_path, states
+
+
+def _flip(path, where):
+    data = bytearray(path.read_bytes())
+    i = {"middle": len(data) // 2, "end": len(data) - 1, "header": 12}[where]
+    data[i] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    # name: (file damaged, what to do, words the error must contain)
+    "state byte flipped": ("state.safetensors", lambda p: _flip(p, "middle"), "checksum mismatch"),
+    "state last byte flipped": ("state.safetensors", lambda p: _flip(p, "end"), "checksum mismatch"),
+    "state header corrupted": ("state.safetensors", lambda p: _flip(p, "header"), "state.safetensors"),
+    "state truncated": ("state.safetensors", lambda p: os.truncate(p, p.stat().st_size * 2 // 3), "truncated"),
+    "state deleted": ("state.safetensors", os.unlink, "missing"),
+    "metadata byte flipped": ("trainer.json", lambda p: _flip(p, "middle"), "checksum mismatch"),
+    "metadata deleted": ("trainer.json", os.unlink, "missing"),
+    "checksums deleted": ("SHA256SUMS", os.unlink, "missing"),
+    "checksums emptied": ("SHA256SUMS", lambda p: p.write_text(""), "no checksum for"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_loads(two_checkpoints, damage):
+    root, states = two_checkpoints
+    fname, do, words = DAMAGE[damage]
+    target = root / "step-00000002" / fname
+    do(target)
+    # the folder itself: a clear error naming the file
+    with pytest.raises(CheckpointError, match=words) as e:
+        ckpt_mod.verify_checkpoint(root / "step-00000002")
+    assert str(root / "step-00000002") in str(e.value)
+    with Trainer(SPEC, POL, seed=9) as tr:
+        with pytest.raises(CheckpointError) as e:
+            ckpt_mod.load_checkpoint(root / "step-00000002", tr)
+        assert str(target) in str(e.value) or str(root / "step-00000002" / "SHA256SUMS") in str(e.value)
+        # the ckpt_dir: falls back to step 1, with a warning naming what was wrong
+        warnings = []
+        meta = ckpt_mod.load_checkpoint(root, tr, warn=warnings.append)
+        assert meta["step"] == 1 and meta["loop"] == {"at": 1} and meta["path"] == str(root / "step-00000001")
+        assert warnings[0].startswith("warning: skipping checkpoint step-00000002: ") and "trying step-00000001" in warnings[0]
+        assert "resumed from step-00000001, an older checkpoint than the latest" in warnings[-1]
+        assert _equal(_state(tr), states[1]) and tr.state_invalid is None and tr.pending
+        tr.step(torch.randint(0, SPEC.vocab, (POL.batch, POL.seq)))  # and it trains on
+
+
+def test_an_intact_latest_checkpoint_loads_with_no_warning(two_checkpoints):
+    root, states = two_checkpoints
+    with Trainer(SPEC, POL, seed=9) as tr:
+        meta = ckpt_mod.load_checkpoint(root, tr, warn=pytest.fail)
+        assert meta["step"] == 2 and _equal(_state(tr), states[2])
+
+
+def test_corruption_found_after_the_store_was_written_invalidates_the_trainer(two_checkpoints):
+    """The state is verified in the same pass that reads it: a bad last byte is only known once
+    the store holds the damaged data, so the trainer refuses to step until a load succeeds."""
+    root, states = two_checkpoints
+    _flip(root / "step-00000002" / "state.safetensors", "end")
+    with Trainer(SPEC, POL, seed=9) as tr:
+        with pytest.raises(CheckpointError, match="checksum mismatch"):
+            ckpt_mod.load_checkpoint(root / "step-00000002", tr)
+        assert tr.state_invalid
+        with pytest.raises(ExecError, match="state is invalid.*load a checkpoint"):
+            tr.step(torch.randint(0, SPEC.vocab, (POL.batch, POL.seq)))
+        ckpt_mod.load_checkpoint(root / "step-00000001", tr)
+        assert tr.state_invalid is None and _equal(_state(tr), states[1])
+
+
+def test_every_checkpoint_damaged_is_one_clear_error(two_checkpoints):
+    root, _ = two_checkpoints
+    _flip(root / "step-00000001" / "state.safetensors", "middle")
+    os.unlink(root / "step-00000002" / "trainer.json")
+    with Trainer(SPEC, POL) as tr:
+        with pytest.raises(CheckpointError, match=r"no intact checkpoint in .*step-00000002.*missing.*"
+                                                  r"step-00000001.*checksum mismatch"):
+            ckpt_mod.load_checkpoint(root, tr, warn=lambda *_: None)
+
+
+def test_a_checkpoint_newer_than_latest_is_tried_after_it(two_checkpoints):
+    """Killed between publishing step 2 and updating `latest`: latest still names step 1,
+    which loads; step 2 (complete) is the fallback if step 1 is damaged."""
+    root, states = two_checkpoints
+    (root / "latest").write_text("step-00000001\n")
+    assert [p.name for p in ckpt_mod.candidates(root)] == ["step-00000001", "step-00000002"]
+    with Trainer(SPEC, POL) as tr:
+        assert ckpt_mod.load_checkpoint(root, tr, warn=pytest.fail)["step"] == 1
+        _flip(root / "step-00000001" / "state.safetensors", "middle")
+        assert ckpt_mod.load_checkpoint(root, tr, warn=lambda *_: None)["step"] == 2
+        assert _equal(_state(tr), states[2])
+
+
+def test_loop_resume_falls_back_and_continues(tmp_path):
+    ds = load_dataset(None, ByteTokenizer(), seq=16, eval_fraction=0.01)
+
+    def loop(seed):
+        tr = Trainer(SPEC, POL, seed=seed)
+        cfg = LoopConfig(steps=6, schedule=CosineSchedule(peak=1e-3, total_steps=6), eval_batches=0,
+                         ckpt_dir=str(tmp_path), ckpt_every=2, keep_ckpts=0, progress=False)
+        msgs = []
+        return tr, TrainLoop(tr, ds, cfg, out=msgs.append), msgs
+
+    tr, first, _ = loop(0)
+    with tr:
+        first.run(until=4)
+    os.truncate(tmp_path / "step-00000004" / "state.safetensors", 100)
+    tr, again, msgs = loop(1)
+    with tr:
+        assert again.resume(tmp_path).name == "step-00000002" and again.step == 2
+        again.run()
+    assert "truncated" in msgs[0] and "step-00000004" in msgs[0]
+    assert again.losses[2] == first.losses[2] and again.losses[3] == first.losses[3]  # exact resume from 2
+    assert ckpt_mod.latest_checkpoint(tmp_path).name == "step-00000006"
+    ckpt_mod.verify_checkpoint(tmp_path / "step-00000004")  # rewritten whole by the resumed run
+
+
+def test_pruning_after_a_fallback_keeps_the_resumed_trajectory(tmp_path):
+    """Resumed from step 2 because step 4 was damaged: saving step 3 with keep=2 must keep
+    step 2 (the intact one this run came from), not count the damaged step 4 as recent."""
+    with Trainer(SPEC, POL) as tr:
+        for s in (2, 4):
+            ckpt_mod.save_checkpoint(tmp_path, tr, s, keep=2)
+        _flip(tmp_path / "step-00000004" / "state.safetensors", "middle")
+        assert ckpt_mod.load_checkpoint(tmp_path, tr, warn=lambda *_: None)["step"] == 2
+        ckpt_mod.save_checkpoint(tmp_path, tr, 3, keep=2)
+        assert [p.name for p in ckpt_mod.list_checkpoints(tmp_path)] == ["step-00000002", "step-00000003",
+                                                                        "step-00000004"]
+        ckpt_mod.save_checkpoint(tmp_path, tr, 4, keep=2)  # overwrites the damaged one
+        assert [p.name for p in ckpt_mod.list_checkpoints(tmp_path)] == ["step-00000003", "step-00000004"]
+        ckpt_mod.verify_checkpoint(tmp_path / "step-00000004")
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no hidden leftovers
+
+
+def test_a_checkpoint_for_another_run_is_refused_not_skipped(two_checkpoints):
+    root, _ = two_checkpoints
+    with Trainer(SPEC, Policy(batch=2, seq=16, optimizer="after")) as tr:
+        with pytest.raises(HorizonError, match="policy optimizer='pipelined'.*optimizer='after'"):
+            ckpt_mod.load_checkpoint(root, tr, warn=pytest.fail)
