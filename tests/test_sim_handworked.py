@@ -1,7 +1,8 @@
 """A whole step worked out on paper: a 2-layer model on a toy machine with round rates.
 
-Toy machine: 1 TFLOP/s effective compute (bf16 peak 1, matmul efficiency 1), HBM so fast that
-the FLOP term always wins, zero launch overhead; link 1 GB/s each way, zero latency; CPU AdamW
+Toy machine: 1 TFLOP/s effective compute (bf16 peak 1, matmul efficiency 1), HBM so fast
+(1e21 B/s) that the elementwise term a compute op adds to its FLOP term (its hbm_bytes, a few MB
+at most here, / 1e21 B/s < 1e-14 s) is below this test's tolerance, zero launch overhead; link 1 GB/s each way, zero latency; CPU AdamW
 0.1 Gparam/s; DRAM 1 PB/s, far above everything that shares it (so nothing slows down on the
 bus, and host-only ops take ~1e-10 s, which is still counted).
 
@@ -92,7 +93,7 @@ DRAM_BPS = 1e15
 
 TOY_HW = HardwareSpec(
     device=DeviceSpec(name="toy-gpu", hbm_GiB=1000, bf16_TFLOPs=FLOPS_PER_S / 1e12, fp32_TFLOPs=1,
-                      hbm_GBps=1e9, default_link="toy-link", matmul_efficiency=1.0,
+                      hbm_GBps=1e12, default_link="toy-link", matmul_efficiency=1.0,
                       launch_overhead_us=0),
     link=LinkSpec(name="toy-link", h2d_GBps=LINK_BPS / 1e9, d2h_GBps=LINK_BPS / 1e9, latency_us=0,
                   pageable_GBps=1),

@@ -292,8 +292,11 @@ def test_fits_when_both_are_enough():
 
 
 def test_long_step_with_sub_resolution_flows_terminates():
-    """Regression for the DRAM bus spinning forever: this sweep configuration (a ~145 s step)
-    left a 0.004 B remainder that the float clock could not advance past at t = 144.8 s."""
+    """Regression for the DRAM bus spinning forever: this sweep configuration (then a ~145 s
+    step) left a 0.004 B remainder that the float clock could not advance past at t = 144.8 s.
+    The step is now ~153.5 s: compute ops also pay their elementwise kernels' HBM traffic
+    (norms, RoPE, SiLU, residuals; sim/costs.py), added to the FLOP term instead of hidden
+    under it. The sub-resolution case itself is pinned by test_dram_bus.py."""
     import signal
 
     def boom(*_):
@@ -307,5 +310,5 @@ def test_long_step_with_sub_resolution_flows_terminates():
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
-    assert r.summary.step_time_s == pytest.approx(144.836, rel=1e-4)
+    assert r.summary.step_time_s == pytest.approx(153.495, rel=1e-4)
     check_obeys_schedule(r.timeline, r.schedule)

@@ -25,6 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.schedule import work
 from horizon_sim.schedule.op import EMBED, LANE_OF, Buffer, Op, OpKind, ScheduleMeta, Space
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.specs.model import ModelSpec
@@ -235,12 +236,18 @@ class _Builder:
         wslot = [self.buf(f"w{s}", Space.DEVICE, self.slot_bytes, True, "weights") for s in range(p.slots)]
         bnd = tok * H * act
         fwd_flops = m_.layer_fwd_flops(tok, p.seq)
-        w_block = m_.layer_params * act
-        fwd_hbm = w_block + tok * act * (6 * H + 3 * m_.ffn_hidden)
-        fwd_ws = tok * act * (2 * m_.ffn_hidden + m_.q_dim + 2 * m_.kv_dim)
-        bwd_ws = tok * m_.saved_bytes_per_token(p.seq, act, p.attention) + tok * act * 2 * m_.ffn_hidden
-        chunk = min(p.loss_chunk_tokens, tok)
-        head_ws = chunk * m_.vocab * 4 * 2  # fp32 logits of one chunk and their gradient
+        # Device traffic of the elementwise kernels (norms, RoPE, SiLU, residuals; GEMMs and
+        # attention are costed by their FLOPs) and the temporaries each op holds at its peak,
+        # counted kernel by kernel for the executor's template: see schedule/work.py.
+        mb = p.micro_batch
+        fwd_hbm = work.block_elementwise_bytes(m_, tok, p.seq, act, backward=False)
+        bwd_hbm = work.block_elementwise_bytes(m_, tok, p.seq, act, backward=True)
+        fwd_ws = work.block_workspace_bytes(m_, mb, p.seq, act, backward=False)
+        bwd_ws = work.block_workspace_bytes(m_, mb, p.seq, act, backward=True)
+        if p.attention == "eager":  # T x T scores and probabilities per head, kept for backward
+            bwd_ws += 2 * mb * m_.n_heads * p.seq * p.seq * act
+        head_hbm = work.head_elementwise_bytes(m_, tok, act)
+        head_ws = work.head_workspace_bytes(m_, tok, p.loss_chunk_tokens, act)
         last_m = p.micro_batches - 1
         emb_src = self.host_store(EMBED)[2 if p.working_copy else 0]
         ckpt_on_host = p.ckpt_on == "host"
@@ -259,6 +266,8 @@ class _Builder:
             acc = [t for t in targets if t in self.deps.last_write]  # accumulate into what exists
             writes = targets + ([self.gsq(u)] if m == last_m else [])
             host_b = self.dev_params(u) * 8 if acc else 0  # read-add-write the fp32 host grad
+            if acc and m == last_m:  # the squared norm is then taken of the accumulated host grad
+                host_b += self.host_params(u) * self.host_grad_b
             self.pending_offloads.append(
                 self.emit(K_.OFFLOAD_GRADS, u, m, reads=[dgrad, *acc], writes=writes, frees=[dgrad],
                           link_bytes=self.dev_params(u) * self.link_grad_b, host_bytes=host_b))
@@ -298,8 +307,7 @@ class _Builder:
                 dgrad = self.buf(f"dgrad.head.m{m}", Space.DEVICE, self.dev_params(u) * act, role="grads")
                 self.emit(K_.HEAD, u, m, slot=s, reads=[self.x(m, L), w], writes=[self.dx(m, L), dgrad],
                           frees=[self.x(m, L)], flops=3 * m_.head_fwd_flops(tok),
-                          hbm_bytes=3 * self.dev_params(u) * act + tok * H * act * 4,
-                          workspace_bytes=head_ws)
+                          hbm_bytes=head_hbm, workspace_bytes=head_ws)
                 offload_grads(u, m)
                 if p.optimizer == "backward" and m == last_m:
                     self.optimizer(u)  # a tied matrix is updated with the embedding, later
@@ -310,7 +318,7 @@ class _Builder:
                 dgrad = self.buf(f"dgrad.{u}.m{m}", Space.DEVICE, self.dev_params(u) * act, role="grads")
                 self.emit(K_.BACKWARD, u, m, slot=s, reads=[self.x(m, u), self.dx(m, u + 1), w],
                           writes=[self.dx(m, u), dgrad], frees=[self.x(m, u), self.dx(m, u + 1)],
-                          flops=3 * fwd_flops, hbm_bytes=3 * fwd_hbm, workspace_bytes=bwd_ws,
+                          flops=3 * fwd_flops, hbm_bytes=bwd_hbm, workspace_bytes=bwd_ws,
                           after=self._backpressure(self.pending_offloads))
                 offload_grads(u, m)
                 if u == 0:

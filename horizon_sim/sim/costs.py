@@ -1,58 +1,206 @@
-"""How long ops take on a machine. Each term is named; nothing here is a fudge factor.
+"""How long ops take on a machine. Each term is named and is a property of the machine (a
+rate, an overhead) applied to work counted from the model; nothing here is a fudge factor.
 
-- compute_s   = launch overhead + max(FLOPs / (peak · matmul_efficiency), HBM bytes / HBM bandwidth)
-- copy_s      = link latency + bytes / achieved pinned bandwidth of that direction (the
-                simulator runs the bytes part as a flow on the shared DRAM bus)
-- optimizer   = a DRAM flow of the bytes AdamW touches per parameter, capped by the host's
-                fused-AdamW rate, sharing DRAM bandwidth with concurrent DMA
-- other host work (embedding gather/scatter, norms) = a DRAM flow capped by DRAM bandwidth
+Compute ops (one lane, kernels run back to back, so the terms add):
+  compute_s = overhead        fixed cost of the op: Python dispatch and memory tracking of
+                              each of its kernels, launches, gaps (DeviceSpec.op_overhead_us
+                              by kind, else launch_overhead_us); the head pays 'head_chunk'
+                              again for each loss chunk after the first
+            + GEMMs           sum over the op's GEMMs of 2mnk / throughput(dtype, layout, m, n, k)
+                              from the measured table (DeviceSpec.gemm_TFLOPs), else
+                              FLOPs / (peak x matmul_efficiency)
+            + attention       nominal causal attention FLOPs / the measured SDPA throughput
+                              (DeviceSpec.attention_TFLOPs), forward and backward kernels apart
+            + elementwise     hbm_bytes (what the norms, RoPE, SiLU, casts, residual adds and
+                              the loss read and write) / hbm_GBps; the head's loss kernels
+                              (exp/log-bound) at the measured loss_ns_per_logit instead, when
+                              the device has one
+  The GEMM shapes and the attention come from the schedule's model and policy
+  (schedule/work.py); without them (a bare CostModel) the op's FLOPs run at the flat rate.
+Everything else is a sequence of flows through host DRAM (dram.py):
+  copy         link latency, then link_bytes at the achieved bandwidth of that direction; when
+               the link is cpu_driven (the CPU backend's emulated link) the copy is host-thread
+               work that shares the host lane cores with the other lanes
+  grad norm    an offload that also writes a squared norm reduces the gradient where it lies:
+               a pass over link_bytes at the reduction bandwidth (reduce_GBps, else hbm_GBps;
+               a host pass when cpu_driven)
+  host work    host_bytes at one host thread's streaming rate (accumulating micro-batch grads,
+               embedding gather/scatter), after the host's per-op latency
+  optimizer    host_bytes at the fused-AdamW rate (adam_Gparams_per_s x bytes per parameter)
+Flows share the DRAM bus max-min fairly and, when HostSpec.lane_cores > 0, the host lane cores
+by processor sharing: lanes on one core slow each other down. A copy or CPU-lane op that
+starts while the compute lane is busy pays busy_latency_us once more (LinkSpec / HostSpec):
+on the CPU backend its thread waits for the interpreter lock that the compute lane's kernel
+dispatch keeps taking.
 """
+import math
 from dataclasses import dataclass
 
+from horizon_sim.schedule import work
 from horizon_sim.schedule.op import Lane, Op, OpKind
-from horizon_sim.specs.hardware import HardwareSpec
+from horizon_sim.specs.hardware import HardwareSpec, table_lookup
+from horizon_sim.specs.model import ModelSpec
+
+_IDW_POWER = 4.0  # inverse-distance weights in log2 space: the nearest measured shapes dominate
 
 
 @dataclass(frozen=True, slots=True)
 class Flow:
-    """Work that streams bytes through host DRAM: a fixed latency, then `nbytes` at up to
-    `cap_Bps` (less when the DRAM bus is shared)."""
+    """Work that streams bytes: a fixed latency, then `nbytes` at up to `cap_Bps`. On the DRAM
+    bus (dram=True) it is slowed when the bus is shared, and a `core` flow also shares the host
+    lane cores; dram=False is device-side work, a plain delay."""
     latency_s: float
     nbytes: float
     cap_Bps: float
+    core: bool = False
+    dram: bool = True
+
+
+def _interpolate(points: list[tuple[tuple[float, ...], float]], at: tuple[float, ...]) -> float:
+    """Value at `at` from measured (coordinates, value) points: the exact point when measured,
+    else inverse-distance weighting in log2 coordinates (deterministic, no extrapolation
+    beyond the measured values)."""
+    x = [math.log2(max(v, 1.0)) for v in at]
+    num = den = 0.0
+    for coords, value in points:
+        d2 = sum((math.log2(c) - xi) ** 2 for c, xi in zip(coords, x))
+        if d2 < 1e-18:
+            return value
+        w = d2 ** (-_IDW_POWER / 2)
+        num += w * value
+        den += w
+    return num / den
+
+
+class RateTable:
+    """A measured table keyed by (dtype, layout-or-''), looked up by shape."""
+
+    def __init__(self, rows, dtype: str, key_len: int):
+        self.by_key: dict = {}
+        for row in rows:
+            if row[0] != dtype:
+                continue
+            key = row[1] if key_len == 2 else ""
+            coords = row[key_len:key_len + 3] if key_len == 2 else row[1:3]
+            values = row[key_len + 3:] if key_len == 2 else row[3:]
+            self.by_key.setdefault(key, []).append((tuple(coords), tuple(values)))
+
+    def __bool__(self) -> bool:
+        return bool(self.by_key)
+
+    def rate(self, key: str, at: tuple, column: int = 0) -> float:
+        pts = self.by_key.get(key) or next(iter(self.by_key.values()))
+        return _interpolate([(c, v[column]) for c, v in pts], at)
 
 
 class CostModel:
-    def __init__(self, hw: HardwareSpec, compute_dtype: str = "bf16"):
+    def __init__(self, hw: HardwareSpec, compute_dtype: str = "bf16", meta=None):
         d, link, host = hw.device, hw.link, hw.host
+        self.dtype = compute_dtype
         peak = d.bf16_TFLOPs if compute_dtype == "bf16" else d.fp32_TFLOPs
         self.flops_per_s = peak * 1e12 * d.matmul_efficiency
         self.hbm_Bps = d.hbm_GBps * 1e9
+        self.reduce_Bps = (d.reduce_GBps or d.hbm_GBps) * 1e9
+        self.loss_s_per_logit = d.loss_ns_per_logit * 1e-9
         self.launch_s = d.launch_overhead_us * 1e-6
+        self.overhead_us = dict(d.op_overhead_us)
+        self.gemm = RateTable(d.gemm_TFLOPs, compute_dtype, key_len=2)
+        self.attn = RateTable(d.attention_TFLOPs, compute_dtype, key_len=1)
         self.link_latency_s = link.latency_us * 1e-6
         self.h2d_Bps = link.h2d_GBps * 1e9
         self.d2h_Bps = link.d2h_GBps * 1e9
+        self.cpu_copies = link.cpu_driven
         self.dram_Bps = host.dram_GBps * 1e9
+        self.thread_Bps = (host.thread_GBps or host.dram_GBps) * 1e9
+        self.lane_cores = host.lane_cores
+        self.host_latency_s = host.op_latency_us * 1e-6
+        self.copy_busy_s = link.busy_latency_us * 1e-6
+        self.host_busy_s = host.busy_latency_us * 1e-6
         self.adam_params_per_s = host.adam_Gparams_per_s * 1e9
+        self.model = ModelSpec(**meta.model) if meta is not None else None
+        self.policy = dict(meta.policy) if meta is not None else None
+        self._terms: dict = {}
+
+    # ---- compute ------------------------------------------------------------------------
+    def _overhead_s(self, kind: str) -> float:
+        return table_lookup(tuple(self.overhead_us.items()), kind, self.launch_s * 1e6) * 1e-6
+
+    def _gemm_s(self, gemms) -> float:
+        return sum(g.flops / (self.gemm.rate(g.layout, (g.m, g.n, g.k)) * 1e12) for g in gemms)
+
+    def compute_terms(self, op: Op) -> dict:
+        """The named terms of a compute op's duration, seconds."""
+        key = (op.kind, op.flops, op.hbm_bytes)
+        if key in self._terms:
+            return self._terms[key]
+        t = {"overhead": self._overhead_s(op.kind.value), "gemm": 0.0, "attention": 0.0,
+             "elementwise": op.hbm_bytes / self.hbm_Bps}
+        m, p = self.model, self.policy
+        shaped = m is not None and op.kind in (OpKind.FORWARD, OpKind.RECOMPUTE, OpKind.BACKWARD, OpKind.HEAD)
+        if shaped:
+            tokens = p["batch"] // p["micro_batches"] * p["seq"]
+            if op.kind == OpKind.HEAD:
+                gemms, attn = work.head_gemms(m, tokens, p["loss_chunk_tokens"]), None
+                if self.loss_s_per_logit:  # the loss kernels at their measured per-logit time
+                    a = 2 if self.dtype == "bf16" else 4
+                    t["elementwise"] -= work.head_logits_bytes(m, tokens, a) / self.hbm_Bps
+                    t["elementwise"] += tokens * m.vocab * self.loss_s_per_logit
+                chunks = work.head_chunks(tokens, p["loss_chunk_tokens"])
+                if "head_chunk" in self.overhead_us:
+                    t["overhead"] += (chunks - 1) * self._overhead_s("head_chunk")
+            else:
+                bwd = op.kind == OpKind.BACKWARD
+                gemms = work.block_gemms(m, tokens, bwd)
+                attn = work.attention(m, p["batch"] // p["micro_batches"], p["seq"], bwd)
+            if self.gemm:
+                t["gemm"] = self._gemm_s(gemms)
+            else:
+                t["gemm"] = sum(g.flops for g in gemms) / self.flops_per_s
+            if attn is not None:  # backward: the forward kernel (with grad), then the gradient kernel
+                if self.attn:
+                    at = (attn.seq, attn.head_dim)
+                    t["attention"] = attn.fwd_flops / (self.attn.rate("", at, 0) * 1e12)
+                    if attn.bwd_flops:
+                        t["attention"] += attn.bwd_flops / (self.attn.rate("", at, 1) * 1e12)
+                else:
+                    t["attention"] = (attn.fwd_flops + attn.bwd_flops) / self.flops_per_s
+        else:
+            t["gemm"] = op.flops / self.flops_per_s
+        self._terms[key] = t
+        return t
 
     def compute_s(self, op: Op) -> float:
-        return self.launch_s + max(op.flops / self.flops_per_s, op.hbm_bytes / self.hbm_Bps)
+        return sum(self.compute_terms(op).values())
 
+    # ---- flows --------------------------------------------------------------------------
     def flows(self, op: Op) -> list[Flow]:
-        """The DRAM flows of a non-compute op, run one after another."""
+        """The flows of a non-compute op, run one after another."""
+        cpu = self.cpu_copies
         if op.lane in (Lane.H2D, Lane.D2H):
             cap = self.h2d_Bps if op.lane == Lane.H2D else self.d2h_Bps
-            out = [Flow(self.link_latency_s, op.link_bytes, cap)]
-            if op.host_bytes:  # e.g. accumulating a micro-batch's grads into the host buffer
-                out.append(Flow(0.0, op.host_bytes, self.dram_Bps))
+            out = [Flow(self.link_latency_s, op.link_bytes, cap, core=cpu)]
+            if op.kind == OpKind.OFFLOAD_GRADS and not op.host_bytes and any(
+                    w.startswith("gsq.") for w in op.writes):
+                # ||g||^2 of the gradient while it is still on the device
+                out.append(Flow(0.0, op.link_bytes, self.reduce_Bps, core=cpu, dram=cpu))
+            if op.host_bytes:  # accumulating a micro-batch's grads into the fp32 host buffer
+                out.append(Flow(0.0, op.host_bytes, self.thread_Bps, core=True))
             return out
         if op.kind == OpKind.OPTIMIZER and op.params:
             bytes_per_param = op.host_bytes / op.params
-            return [Flow(0.0, op.host_bytes, self.adam_params_per_s * bytes_per_param)]
-        return [Flow(0.0, op.host_bytes, self.dram_Bps)]
+            return [Flow(self.host_latency_s, op.host_bytes, self.adam_params_per_s * bytes_per_param,
+                         core=True)]
+        return [Flow(self.host_latency_s, op.host_bytes, self.thread_Bps, core=True)]
+
+    def busy_latency_s(self, op: Op) -> float:
+        """Extra fixed cost of a non-compute op that starts while the compute lane is busy."""
+        if op.lane == Lane.COMPUTE:
+            return 0.0
+        return self.copy_busy_s if op.lane in (Lane.H2D, Lane.D2H) else self.host_busy_s
 
     def alone_s(self, op: Op) -> float:
         """Duration with nothing else running: the roofline term of this op."""
         if op.lane == Lane.COMPUTE:
             return self.compute_s(op)
-        return sum(f.latency_s + f.nbytes / min(f.cap_Bps, self.dram_Bps) for f in self.flows(op))
+        return sum(f.latency_s + f.nbytes / (min(f.cap_Bps, self.dram_Bps) if f.dram else f.cap_Bps)
+                   for f in self.flows(op))

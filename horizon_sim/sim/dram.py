@@ -1,6 +1,13 @@
 """The host DRAM bus as a SimPy resource shared by concurrent flows (DMA copies, the CPU
 optimizer, host gathers). Bandwidth is split max-min fairly: each flow gets an equal share of
 what is left, but never more than its own cap (a PCIe link, the optimizer's compute rate).
+
+Host cores: flows marked `core` are CPU-thread work (the optimizer, host gathers, and copies
+when the link is emulated by CPU threads). When `lane_cores` > 0 they share that many cores by
+processor sharing: with k such flows active, each runs at min(1, lane_cores / k) of its own
+cap (what an OS scheduler does to k busy threads on fewer cores). The core share is applied
+first, then the bus split.
+
 Rates are recomputed whenever a flow starts or ends (a fluid model, exact for this sharing)."""
 import math
 
@@ -10,33 +17,43 @@ _EPS_BYTES = 1e-3
 
 
 class DramBus:
-    def __init__(self, env: simpy.Environment, capacity_Bps: float):
+    def __init__(self, env: simpy.Environment, capacity_Bps: float, lane_cores: float = 0.0):
         self.env = env
         self.capacity_Bps = capacity_Bps
-        self._flows: dict[int, list] = {}  # id -> [remaining bytes, cap, done event]
+        self.lane_cores = lane_cores
+        self._flows: dict[int, list] = {}  # id -> [remaining bytes, cap, done event, core]
         self._rates: dict[int, float] = {}
         self._next_id = 0
         self._last_t = 0.0
         self._wake = env.event()
         env.process(self._run())
 
-    def transfer(self, nbytes: float, cap_Bps: float) -> simpy.Event:
-        """An event that fires when `nbytes` have streamed through the bus."""
+    def transfer(self, nbytes: float, cap_Bps: float, core: bool = False) -> simpy.Event:
+        """An event that fires when `nbytes` have streamed through the bus (`core`: the flow is
+        CPU-thread work sharing the host lane cores)."""
         done = self.env.event()
         if nbytes <= 0:
             done.succeed()
             return done
         self._advance()
-        self._flows[self._next_id] = [float(nbytes), cap_Bps, done]
+        self._flows[self._next_id] = [float(nbytes), cap_Bps, done, core]
         self._next_id += 1
         if not self._wake.triggered:
             self._wake.succeed()
         return done
 
+    def _cap(self, flow, n_core: int) -> float:
+        _, cap, _, core = flow
+        if core and self.lane_cores > 0 and n_core > self.lane_cores:
+            return cap * self.lane_cores / n_core
+        return cap
+
     def _allocate(self) -> None:
-        left, flows = self.capacity_Bps, sorted(self._flows.items(), key=lambda kv: (kv[1][1], kv[0]))
+        n_core = sum(1 for f in self._flows.values() if f[3])
+        caps = {fid: self._cap(f, n_core) for fid, f in self._flows.items()}
+        left, flows = self.capacity_Bps, sorted(caps.items(), key=lambda kv: (kv[1], kv[0]))
         self._rates = {}
-        for i, (fid, (_, cap, _)) in enumerate(flows):
+        for i, (fid, cap) in enumerate(flows):
             r = min(cap, left / (len(flows) - i))
             self._rates[fid] = r
             left -= r

@@ -4,13 +4,17 @@ Device peak = static buffers (weight slots) + the highest sum of live dynamic bu
 workspaces. Host total = static store (master, moments, working copy, pipelined grads) +
 the peak of dynamic host buffers (grads in other modes, checkpoints, staging) + the
 process runtime. At equal times, releases are applied before allocations (an op that
-waits for another starts no earlier than it ended)."""
+waits for another starts no earlier than it ended). A compute op's workspace is charged from
+WORKSPACE_ONSET of the way into the op, not from its start (its temporaries build up; see
+schedule/work.py), so a gradient that is still being offloaded when the next op starts is not
+counted on top of that op's peak."""
 from dataclasses import dataclass
 
 import pandas as pd
 
 from horizon_sim.schedule.effects import op_effects
-from horizon_sim.schedule.op import Space
+from horizon_sim.schedule.op import Lane, Space
+from horizon_sim.schedule.work import WORKSPACE_ONSET
 
 HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "checkpoints", "scalars")
 
@@ -25,7 +29,12 @@ class HostFootprint:
         return {k: v / params for k, v in self.by_role.items()}
 
 
-def _events(sched, timeline: pd.DataFrame, space: Space):
+def _events(sched, timeline: pd.DataFrame, space: Space, staging: bool = True):
+    """(time, order, delta, role) of every allocation and release in `space`. A compute op's
+    workspace is taken WORKSPACE_ONSET of the way into the op (its temporaries build up: the
+    template's peak comes after a block's forward-with-grad or at its MLP), a copy's staging
+    workspace at its start; staging=False drops the copies' staging (a CPU-driven link casts
+    while it copies and stages nothing on the device)."""
     effects = op_effects(sched)
     start = dict(zip(timeline.op_id, timeline.start_s))
     end = dict(zip(timeline.op_id, timeline.end_s))
@@ -35,20 +44,26 @@ def _events(sched, timeline: pd.DataFrame, space: Space):
             continue
         e = effects[op.id]
         for (sp, role), n in e.alloc.items():
-            if sp == space:
-                ev.append((start[op.id], 1, n, role))
+            if sp != space:
+                continue
+            if role == "workspace" and op.lane != Lane.COMPUTE and not staging:
+                continue
+            t = start[op.id]
+            if role == "workspace" and op.lane == Lane.COMPUTE:
+                t += WORKSPACE_ONSET * (end[op.id] - start[op.id])
+            ev.append((t, 1, n, role))
         for (sp, role), n in e.free.items():
-            if sp == space:
+            if sp == space and not (role == "workspace" and op.lane != Lane.COMPUTE and not staging):
                 ev.append((end[op.id], 0, -n, role))
     ev.sort(key=lambda x: (x[0], x[1]))
     return ev
 
 
-def device_trace(sched, timeline: pd.DataFrame) -> pd.DataFrame:
-    """Device bytes in use over the step: columns time_s, bytes."""
+def device_trace(sched, timeline: pd.DataFrame, staging: bool = True) -> pd.DataFrame:
+    """Device bytes in use over the step: columns time_s, bytes (staging: see _events)."""
     base = sched.static_bytes(Space.DEVICE)
     rows, cur = [(0.0, base)], base
-    for time_s, _, delta, _ in _events(sched, timeline, Space.DEVICE):
+    for time_s, _, delta, _ in _events(sched, timeline, Space.DEVICE, staging):
         cur += delta
         rows.append((time_s, cur))
     return pd.DataFrame(rows, columns=["time_s", "bytes"])

@@ -1,7 +1,8 @@
 """Simulate one training step: a SimPy process per lane runs its ops in schedule order,
 waits on SimPy events for dependencies, and takes durations from the cost model. Copies and
 host CPU work stream through one shared DRAM bus (dram.py), so the optimizer and DMA slow
-each other down when they overlap. Deterministic: same inputs, same timeline."""
+each other down when they overlap, and CPU-thread work shares the host lane cores
+(HostSpec.lane_cores; the CPU backend's copies are such work). Deterministic: same inputs, same timeline."""
 from dataclasses import dataclass
 
 import pandas as pd
@@ -28,18 +29,26 @@ class SimResult:
     summary: Summary
 
 
-def _lane_process(env, ops, done, costs: CostModel, bus: DramBus, start, end):
+def _lane_process(env, ops, done, costs: CostModel, bus: DramBus, start, end, busy):
     for op in ops:
         if op.deps:
             yield env.all_of([done[d] for d in op.deps])
         start[op.id] = env.now
         if op.lane == Lane.COMPUTE:
+            busy["compute"] = True
             yield env.timeout(costs.compute_s(op))
+            busy["compute"] = False
         else:
+            extra = costs.busy_latency_s(op) if busy["compute"] else 0.0
+            if extra:
+                yield env.timeout(extra)
             for flow in costs.flows(op):
                 if flow.latency_s:
                     yield env.timeout(flow.latency_s)
-                yield bus.transfer(flow.nbytes, flow.cap_Bps)
+                if flow.dram:
+                    yield bus.transfer(flow.nbytes, flow.cap_Bps, flow.core)
+                elif flow.nbytes:
+                    yield env.timeout(flow.nbytes / flow.cap_Bps)
         end[op.id] = env.now
         done[op.id].succeed()
 
@@ -47,12 +56,13 @@ def _lane_process(env, ops, done, costs: CostModel, bus: DramBus, start, end):
 def run_timeline(sched: Schedule, hw: HardwareSpec) -> pd.DataFrame:
     """Only the timeline: the predicted start and end of every op."""
     env = simpy.Environment()
-    costs = CostModel(hw, sched.meta.policy["compute_dtype"])
-    bus = DramBus(env, costs.dram_Bps)
+    costs = CostModel(hw, sched.meta.policy["compute_dtype"], sched.meta)
+    bus = DramBus(env, costs.dram_Bps, hw.host.lane_cores)
     done = [env.event() for _ in sched.ops]
     start, end = {}, {}
+    busy = {"compute": False}  # is the compute lane running an op right now
     for lane in sched.lanes:
-        env.process(_lane_process(env, sched.lane_ops(lane), done, costs, bus, start, end))
+        env.process(_lane_process(env, sched.lane_ops(lane), done, costs, bus, start, end, busy))
     env.run()
     if len(end) != len(sched.ops):  # only a schedule that skipped validation can get here
         stuck = next(op for op in sched.ops if op.id not in end)
@@ -62,7 +72,7 @@ def run_timeline(sched: Schedule, hw: HardwareSpec) -> pd.DataFrame:
 
 def simulate(sched: Schedule, hw: HardwareSpec) -> SimResult:
     tl = run_timeline(sched, hw)
-    trace = device_trace(sched, tl)
+    trace = device_trace(sched, tl, staging=not hw.link.cpu_driven)
     host = host_footprint(sched, tl, int(hw.host.runtime_overhead_GiB * GiB))
-    summary = summarize(sched, hw, tl, trace, host, CostModel(hw, sched.meta.policy["compute_dtype"]))
+    summary = summarize(sched, hw, tl, trace, host, CostModel(hw, sched.meta.policy["compute_dtype"], sched.meta))
     return SimResult(sched, hw, tl, trace, host, summary)

@@ -29,6 +29,42 @@ def _check_number(spec, part: str, field: str, *, low: float = 0.0, low_ok: bool
     object.__setattr__(spec, field, float(v))
 
 
+def _check_table(spec, part: str, field: str, columns: tuple[str, ...]) -> None:
+    """`field` of `spec` is a table: a sequence of rows, each with len(columns) cells; a column
+    named in lower case is a string (a key), the others are finite numbers > 0. Stored back as
+    a tuple of tuples (hashable, and a TOML array of arrays reads back equal)."""
+    rows = getattr(spec, field)
+    if isinstance(rows, dict):  # {key: value} is accepted for two-column tables
+        rows = sorted(rows.items())
+    if isinstance(rows, (str, bytes)) or not hasattr(rows, "__iter__"):
+        raise HorizonError(f"{part} {field}={rows!r} must be a list of rows ({', '.join(columns)})")
+    out = []
+    for row in rows:
+        if isinstance(row, (str, bytes)) or not hasattr(row, "__iter__") or len(row := tuple(row)) != len(columns):
+            raise HorizonError(f"{part} {field}: row {row!r} must have {len(columns)} cells "
+                               f"({', '.join(columns)})")
+        cells = []
+        for col, v in zip(columns, row):
+            if col.islower():
+                if not isinstance(v, str) or not v:
+                    raise HorizonError(f"{part} {field}: {col}={v!r} in row {row!r} must be a non-empty string")
+                cells.append(v)
+            else:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                    raise HorizonError(f"{part} {field}: {col}={v!r} in row {row!r} must be a finite number > 0")
+                cells.append(float(v))
+        out.append(tuple(cells))
+    object.__setattr__(spec, field, tuple(out))
+
+
+def table_lookup(rows, key: str, default: float) -> float:
+    """The value of `key` in a two-column table (key, value), else `default`."""
+    for k, v in rows:
+        if k == key:
+            return v
+    return default
+
+
 @dataclass(kw_only=True, frozen=True, slots=True)
 class DeviceSpec:
     """One accelerator. The planner treats it as a transient compute engine: it holds a few
@@ -55,6 +91,29 @@ class DeviceSpec:
     launch_overhead_us: float = 8.0
     """Fixed cost of one schedule op on the device (the several kernel launches of one layer
     op and the gaps between them), microseconds. An estimate; calibrate measures it."""
+    gemm_TFLOPs: tuple = ()
+    """Measured GEMM throughput by shape, rows (DTYPE, LAYOUT, M, N, K, TFLOPS): C (M x N) =
+    A (M x K) . B (K x N) in dtype 'bf16' or 'fp32'; layout 'nt' is x . W^T (forward), 'nn'
+    dY . W (input gradients), 'tn' X^T . dY (weight gradients). Shapes between rows are
+    interpolated in log space. Empty (the presets): every GEMM runs at the dtype's peak x
+    matmul_efficiency. `calibrate` fills it."""
+    attention_TFLOPs: tuple = ()
+    """Measured causal attention (SDPA) throughput, rows (DTYPE, SEQ, HEAD_DIM, FWD, BWD) in
+    1e12 FLOP/s of the nominal count: forward 2 x 2 x T^2 x head_dim per head and sequence,
+    halved for the causal mask; backward twice the forward. Empty: attention FLOPs run at the
+    dtype's peak x matmul_efficiency."""
+    reduce_GBps: float = 0.0
+    """Bandwidth of a squared-norm reduction over a gradient where it lies (what an offload
+    does before the global norm), 1e9 bytes/s. 0: hbm_GBps."""
+    loss_ns_per_logit: float = 0.0
+    """Time per logit of the loss kernels of an LM-head chunk (fp32 upcast, logsumexp, target
+    gather, the softmax gradient in place, cast back), nanoseconds. These are exp/log-bound,
+    not bandwidth-bound. 0: the head's elementwise bytes / hbm_GBps."""
+    op_overhead_us: tuple = ()
+    """Measured fixed cost per compute op kind, rows (KIND, US): the Python dispatch of every
+    kernel of the op, its memory tracking, launches and gaps, e.g. ('backward', 4200.0);
+    'head_chunk' is the extra cost of each LM-head chunk after the first. Kinds not listed cost
+    launch_overhead_us."""
 
     def __post_init__(self):
         _check_name("device", self.name)
@@ -64,6 +123,11 @@ class DeviceSpec:
         _check_number(self, "device", "matmul_efficiency", high=1.0)
         _check_number(self, "device", "reserved_GiB", low_ok=True)
         _check_number(self, "device", "launch_overhead_us", low_ok=True)
+        _check_number(self, "device", "reduce_GBps", low_ok=True)
+        _check_number(self, "device", "loss_ns_per_logit", low_ok=True)
+        _check_table(self, "device", "gemm_TFLOPs", ("dtype", "layout", "M", "N", "K", "TFLOPS"))
+        _check_table(self, "device", "attention_TFLOPs", ("dtype", "SEQ", "HEAD_DIM", "FWD", "BWD"))
+        _check_table(self, "device", "op_overhead_us", ("kind", "US"))
         if self.reserved_GiB >= self.hbm_GiB:
             raise HorizonError(f"device reserved_GiB={self.reserved_GiB:g} must be less than "
                                f"hbm_GiB={self.hbm_GiB:g}")
@@ -84,12 +148,23 @@ class LinkSpec:
     pageable_GBps: float
     """Achieved bandwidth when the host buffer is pageable (staged through a driver bounce
     buffer by the CPU), 1e9 bytes/s."""
+    busy_latency_us: float = 0.0
+    """Extra fixed cost of a copy that runs while the compute lane is busy, microseconds (CPU
+    backend: the copy thread waits for the interpreter lock the compute lane's kernel dispatch
+    keeps taking, and shares the last-level cache with the compute core). 0 on DMA links."""
+    cpu_driven: bool = False
+    """Copies are made by host CPU threads rather than DMA engines (the CPU backend's emulated
+    link): they then compete for the host lane cores (HostSpec.lane_cores) with the optimizer
+    and each other, and the squared norm of an offloaded gradient is a host pass too."""
 
     def __post_init__(self):
         _check_name("link", self.name)
         for f in ("h2d_GBps", "d2h_GBps", "pageable_GBps"):
             _check_number(self, "link", f)
         _check_number(self, "link", "latency_us", low_ok=True)
+        _check_number(self, "link", "busy_latency_us", low_ok=True)
+        if not isinstance(self.cpu_driven, bool):
+            raise HorizonError(f"link cpu_driven={self.cpu_driven!r} must be true or false")
 
     def h2d_seconds(self, nbytes: float, pinned: bool = True) -> float:
         """Time of one host-to-device copy of `nbytes`."""
@@ -120,12 +195,26 @@ class HostSpec:
     runtime_overhead_GiB: float = 4.0
     """Resident memory of the training process before any model tensor: Python, torch,
     CUDA libraries."""
+    lane_cores: float = 0.0
+    """Cores that the host-side lane threads share for CPU-bound work (the CPU lane always;
+    the copy lanes too when the link is cpu_driven). Concurrent such work shares them equally
+    (processor sharing: k flows on c cores each run at min(1, c/k) of their own speed).
+    0: no such limit (each lane has cores of its own)."""
+    thread_GBps: float = 0.0
+    """What one host thread streams through DRAM in a gather, scatter or reduction (embedding
+    rows, gradient accumulation), 1e9 bytes/s. 0: dram_GBps."""
+    op_latency_us: float = 0.0
+    """Fixed cost of one CPU-lane op (Python dispatch, thread hand-off), microseconds."""
+    busy_latency_us: float = 0.0
+    """Extra fixed cost of a CPU-lane op that runs while the compute lane is busy (waiting for
+    the interpreter lock, shared cache), microseconds; 0: none."""
 
     def __post_init__(self):
         _check_name("host", self.name)
         for f in ("ram_GiB", "dram_GBps", "adam_Gparams_per_s"):
             _check_number(self, "host", f)
-        for f in ("os_reserved_GiB", "runtime_overhead_GiB"):
+        for f in ("os_reserved_GiB", "runtime_overhead_GiB", "lane_cores", "thread_GBps", "op_latency_us",
+                  "busy_latency_us"):
             _check_number(self, "host", f, low_ok=True)
         if not isinstance(self.cores, int) or isinstance(self.cores, bool) or self.cores <= 0:
             raise HorizonError(f"host cores={self.cores!r} must be a positive integer")

@@ -10,8 +10,14 @@
     [host]
     ...
 
-Read with the standard library's tomllib; written here (flat tables of strings, numbers and
-integers need no TOML library). Every problem with a file is a one-line HorizonError that
+Read with the standard library's tomllib; written here (flat tables of strings, numbers,
+booleans and arrays need no TOML library). Measured tables (a device's GEMM throughput by
+shape, its per-op overheads) are arrays of rows, one row per line:
+
+    gemm_TFLOPs = [
+        ["bf16", "nt", 512.0, 512.0, 512.0, 0.21],
+        ...
+    ] Every problem with a file is a one-line HorizonError that
 names the file and the key.
 """
 import math
@@ -46,7 +52,16 @@ def _toml_value(v) -> str:
             else:
                 out.append(ch)
         return '"' + "".join(out) + '"'
+    if isinstance(v, (tuple, list)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise HorizonError(f"cannot write {type(v).__name__} value {v!r} to TOML")
+
+
+def _toml_line(key: str, v) -> str:
+    """`key = value`; a table (a tuple of rows) is written one row per line."""
+    if isinstance(v, tuple) and v and all(isinstance(r, tuple) for r in v):
+        return f"{key} = [\n" + "".join(f"    {_toml_value(r)},\n" for r in v) + "]"
+    return f"{key} = {_toml_value(v)}"
 
 
 def hardware_to_toml(hw: HardwareSpec) -> str:
@@ -56,7 +71,7 @@ def hardware_to_toml(hw: HardwareSpec) -> str:
     for table in TABLES:
         part = getattr(hw, table)
         lines += ["", f"[{table}]"]
-        lines += [f"{f.name} = {_toml_value(getattr(part, f.name))}" for f in fields(part)]
+        lines += [_toml_line(f.name, getattr(part, f.name)) for f in fields(part)]
     return "\n".join(lines) + "\n"
 
 

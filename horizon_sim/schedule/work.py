@@ -1,0 +1,199 @@
+"""The work of one compute op of the executor's layer template, counted tensor by tensor: the
+GEMMs it runs (with their shapes), its attention, the bytes its elementwise kernels move, and
+the temporaries it holds at its peak. The builder puts the totals on each op (hbm_bytes,
+workspace_bytes); the cost model reads the GEMM shapes and attention from here.
+
+The template (horizon_exec/layers.py, head.py) is a Llama-style block: RMSNorm with fp32
+statistics, q/k/v projections, RoPE (rotate_half), causal SDPA with grouped kv heads, o
+projection, residual, RMSNorm, SwiGLU MLP, residual. Backward is forward-with-grad of one
+block followed by autograd.grad. The head is a final RMSNorm, then per chunk of c tokens
+fp32 logits, logsumexp and the softmax gradient in place, and three GEMMs.
+
+Per token, N = tokens of the op, a = bytes of the compute dtype, H hidden, q = q_dim,
+kv = kv_dim, F ffn_hidden; elementwise bytes count what each kernel reads plus writes:
+  RMSNorm forward   (20 + 2a) H, plus 2 (a + 4) H for the casts to and from fp32 (a != 4)
+  RMSNorm backward  (72 + 6a) H, plus 2 (a + 4) H for the casts
+  RoPE              10 a per rotated element (q*cos, neg, cat, *sin, add), backward 14 a
+  residual add      3 a H;   SiLU 2 a F, gate*up 3 a F;   backward of the MLP 9 a F
+Every figure was checked against a dispatch-level count of the template's kernels
+(tests/test_calibrate.py), and each temporary-peak formula against the executor's measured
+temp_peak_bytes; nothing here is fitted.
+"""
+from dataclasses import dataclass
+
+from horizon_sim.specs.model import ModelSpec
+
+LAYOUTS = ("nt", "nn", "tn")
+WORKSPACE_ONSET = 0.25
+"""How far into a compute op its temporaries reach their peak, at the earliest, as a fraction
+of the op's duration: a backward's peak comes after its forward-with-grad (about a third of
+the op), a forward's at its MLP (past half). The memory model charges Op.workspace_bytes from
+this point on; charging it from the op's start would add a gradient that is still being
+offloaded when the op starts, which the executor has long freed when its peak comes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """C (m x n) = A (m x k) . B (k x n); layout 'nt' (x . W^T), 'nn' (dY . W), 'tn' (X^T . dY)."""
+    layout: str
+    m: int
+    n: int
+    k: int
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+
+@dataclass(frozen=True, slots=True)
+class Attention:
+    """Nominal causal attention FLOPs of one op: forward 2 x 2 T^2 hd per head and sequence,
+    halved for the mask; backward (the gradient kernels alone) twice the forward."""
+    seq: int
+    head_dim: int
+    fwd_flops: float
+    bwd_flops: float
+
+
+def linears(m: ModelSpec) -> list[tuple[int, int]]:
+    """(in, out) features of the block's projections, in the order the template runs them."""
+    H, F, q, kv = m.hidden, m.ffn_hidden, m.q_dim, m.kv_dim
+    mlp = [(H, F), (H, F), (F, H)] if m.ffn_type == "gated" else [(H, F), (F, H)]
+    return [(H, q), (H, kv), (H, kv), (q, H), *mlp]
+
+
+def block_gemms(m: ModelSpec, tokens: int, backward: bool) -> list[Gemm]:
+    """Forward: x . W^T per projection. Backward: the forward again (with grad), then per
+    projection the input gradient dY . W and the weight gradient X^T . dY."""
+    out = [Gemm("nt", tokens, o, i) for i, o in linears(m)]
+    if backward:
+        for i, o in linears(m):
+            out += [Gemm("nn", tokens, i, o), Gemm("tn", i, o, tokens)]
+    return out
+
+
+def head_chunks(tokens: int, chunk_tokens: int) -> int:
+    return -(-tokens // max(1, min(chunk_tokens, tokens)))
+
+
+def head_gemms(m: ModelSpec, tokens: int, chunk_tokens: int) -> list[Gemm]:
+    """Per chunk of c tokens: logits h . W^T, dh = g . W, dW += g^T . h."""
+    c = min(chunk_tokens, tokens)
+    out = []
+    for s in range(0, tokens, c):
+        n = min(c, tokens - s)
+        out += [Gemm("nt", n, m.vocab, m.hidden), Gemm("nn", n, m.hidden, m.vocab),
+                Gemm("tn", m.vocab, m.hidden, n)]
+    return out
+
+
+def attention(m: ModelSpec, micro_batch: int, seq: int, backward: bool) -> Attention:
+    fwd = 2.0 * micro_batch * seq * seq * m.q_dim  # 4 T^2 q per sequence, halved (causal)
+    return Attention(seq, m.hd, fwd, 2.0 * fwd if backward else 0.0)
+
+
+# ---- elementwise traffic ------------------------------------------------------------------
+def _casts(a: int) -> int:
+    """Bytes per element of the two casts around fp32 statistics (none when a is fp32)."""
+    return 2 * (a + 4) if a != 4 else 0
+
+
+def _norm_fwd(H: int, a: int) -> int:
+    # x.float() | pow | mean | *rsqrt | .to(a) | w*h ; per token, plus 24 B of row statistics
+    return (20 + 2 * a + _casts(a)) * H + 24
+
+
+def _norm_bwd(H: int, a: int) -> int:
+    # grad*w | grad*h | sum (dw) | cast | 5 fp32 products, 2 reductions, add | cast back
+    return (72 + 6 * a + _casts(a)) * H + 32
+
+
+def block_elementwise_bytes(m: ModelSpec, tokens: int, seq: int, a: int, backward: bool) -> int:
+    """Bytes the block's non-GEMM, non-attention kernels read plus write (N = tokens)."""
+    H, F, q, kv = m.hidden, m.ffn_hidden, m.q_dim, m.kv_dim
+    gated = m.ffn_type == "gated"
+    rope_tables = 4 * seq * m.hd * a                          # cos and sin, read for q and for k
+    per_tok = 2 * _norm_fwd(H, a) + 10 * a * (q + kv) + 6 * a * H + (5 if gated else 2) * a * F
+    total = tokens * per_tok + rope_tables + 2 * H * a       # + the two norm weights
+    if backward:
+        per_tok = ((9 if gated else 3) * a * F + 15 * a * H + 2 * _norm_bwd(H, a)
+                   + 16 * a * (q + kv))                      # rope 14a + the 2a transposing clones
+        total += tokens * per_tok + rope_tables + 2 * H * a
+    return int(total)
+
+
+def head_logits_bytes(m: ModelSpec, tokens: int, a: int) -> int:
+    """The fp32 logits pipeline of the loss (cast, logsumexp, subtract, exp, scale, cast back:
+    28 + casts bytes per logit)."""
+    return int(tokens * m.vocab * (28 + _casts(a)))
+
+
+def head_elementwise_bytes(m: ModelSpec, tokens: int, a: int) -> int:
+    """Final norm forward and backward, the logits pipeline (head_logits_bytes), and zeroing the
+    LM head's gradient."""
+    H, V = m.hidden, m.vocab
+    return int(tokens * (_norm_fwd(H, a) + _norm_bwd(H, a)) + head_logits_bytes(m, tokens, a) + 2 * V * H * a)
+
+
+# ---- temporaries --------------------------------------------------------------------------
+def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool) -> int:
+    """Peak bytes of the op's device temporaries, as the executor measures them (every fresh
+    aten allocation of the op, its output included, until freed), the largest of a few
+    points of the template:
+
+    Forward (no autograd), at the gate*up product: the Python locals q (rotated), k (rotated),
+    v and the attention output o are still alive, with the residual x1, the second norm's
+    output, gate, up, silu(gate) and the product: a (2q + 2kv + 2H + 4F) per token.
+
+    Backward (forward with grad, then autograd.grad). Autograd saves, per norm, its fp32 input
+    (4H; in fp32 the first norm's input is x itself, not a temporary), the cast back (aH) and
+    the output (aH); per token 4 bytes of rsqrt; q, k (rotated), v and o (a (2q + 2kv)) with
+    the attention's fp32 logsumexp (4 per head); gate, up, silu and the product (4aF); and the
+    output y (aH) is alive. The peak is then one of
+      - in the MLP's backward: two more F-wide gradients and the down projection's weight
+        gradient (H x F);
+      - in the second norm's backward: the MLP's weight gradients, its fp32 input and five
+        fp32 temporaries (20H), with what the attention saved;
+      - in the first norm's backward: every weight gradient of the block (autograd.grad
+        returns them together), its fp32 input and five temporaries, y and dh.
+    """
+    H, F, q, kv, nh = m.hidden, m.ffn_hidden, m.q_dim, m.kv_dim, m.n_heads
+    N = micro_batch * seq
+    if not backward:
+        return N * a * (2 * q + 2 * kv + 2 * H + 4 * F)
+    in1 = 4 * H if a != 4 else 0          # first norm's fp32 input (x itself in fp32)
+    in2 = 4 * H                           # second norm's fp32 input (x1 itself in fp32)
+    norm1 = in1 + 2 * a * H
+    attn = a * (2 * q + 2 * kv) + 4 * nh + 4
+    mlp_w = (3 if m.ffn_type == "gated" else 2) * H * F * a
+    p_mlp = N * (norm1 + attn + in2 + 2 * a * H + 4 + 6 * a * F + a * H) + H * F * a
+    p_norm2 = N * (norm1 + attn + in2 + 20 * H + a * H) + mlp_w + H * a  # + its weight's grad
+    p_norm1 = N * (in1 + 20 * H + 2 * a * H) + m.layer_params * a
+    return int(max(p_mlp, p_norm2, p_norm1))
+
+
+def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -> int:
+    """The head's peak: inside a chunk, fp32 logits (c x V) next to their gradient in the
+    compute dtype (the same tensor in fp32), with the norm's saved fp32 input and cast, the
+    normed rows and dh (N x H), 4 bytes of rsqrt per token and per-row scalars (target id,
+    logsumexp, target logit, mask: 17 bytes); or, with a small vocabulary, in the norm's
+    backward (its fp32 input, five fp32 temporaries, the normed rows and dh)."""
+    H, V = m.hidden, m.vocab
+    c = min(chunk_tokens, tokens)
+    last = tokens - (head_chunks(tokens, chunk_tokens) - 1) * c  # the last chunk's rows outlive the loop
+    rows = c * (8 + 4 + 4 + 1)
+    in32 = 4 * H if a != 4 else 0
+    loss = 4  # the fp32 loss accumulator
+    logits = c * V * (4 + (a if a != 4 else 0)) + tokens * (in32 + 3 * a * H + 4) + rows + loss
+    norm_bwd = tokens * (in32 + 20 * H + 2 * a * H) + last * 17 + H * a + loss  # + the norm weight's grad
+    return int(max(logits, norm_bwd))
+
+
+def block_workspace_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool) -> int:
+    """Op.workspace_bytes: the temporary peak less the output the op hands over as a schedule
+    buffer (y, or dx), which the simulator already charges from the op's start."""
+    return block_temp_peak_bytes(m, micro_batch, seq, a, backward) - micro_batch * seq * m.hidden * a
+
+
+def head_workspace_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -> int:
+    return head_temp_peak_bytes(m, tokens, chunk_tokens, a) - tokens * m.hidden * a

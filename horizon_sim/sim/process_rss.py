@@ -1,0 +1,83 @@
+"""What a training process's resident memory (RSS) will be, term by term, for comparison with a
+measured peak RSS. The planner's host footprint (memory.py) is what the job needs; RSS adds
+what the process really holds in RAM on top:
+
+  runtime           HostSpec.runtime_overhead_GiB: Python, torch, the lanes' threads and the
+                    kernels' code and caches, before any model tensor (calibrate measures it)
+  host store        the schedule's static host buffers (master, moments, working copy, ...)
+  host dynamic      the peak of the schedule's dynamic host buffers (checkpoints, staging, grads)
+  device arena      CPU backend only: the "device" is host RAM, so the device peak is RSS too
+  device constants  CPU backend only: buffers the executor keeps on the device outside the
+                    schedule (RoPE cos/sin tables, the step's labels)
+  allocator         CPU backend only: freed memory glibc's malloc keeps (see
+                    allocator_retention_bytes); CUDA tensors live in the CUDA allocator, and
+                    the host store is one allocation, so the term is negligible there
+"""
+from dataclasses import dataclass
+
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import DTYPE_BYTES, Policy
+from horizon_sim.units import GiB
+
+MALLOC_THREADS = 5
+"""Threads of a training process that allocate tensors, each with its own glibc arena: the
+main thread and the four lane workers (h2d, compute, d2h, cpu)."""
+MMAP_THRESHOLD_MAX = 32 * 2**20
+"""glibc's cap on its adaptive mmap threshold on 64-bit Linux (DEFAULT_MMAP_THRESHOLD_MAX)."""
+
+
+def device_constant_bytes(model: ModelSpec, policy: Policy) -> int:
+    """Device buffers of the executor that no schedule op declares: RoPE cos and sin tables
+    (seq x head_dim, compute dtype) and the step's labels (batch x seq, int64)."""
+    return 2 * policy.seq * model.hd * DTYPE_BYTES[policy.compute_dtype] + policy.batch * policy.seq * 8
+
+
+def largest_transient_block(model: ModelSpec, policy: Policy) -> int:
+    """The largest single allocation a step frees (what glibc's mmap threshold climbs to): a
+    unit's device gradient (the head's when the vocabulary is large), a host gradient that
+    does not persist across steps, one loss chunk's fp32 logits, a block's widest temporary,
+    or a parameter tensor's random init."""
+    a = DTYPE_BYTES[policy.compute_dtype]
+    tok = policy.micro_batch * policy.seq
+    c = min(policy.loss_chunk_tokens, tok)
+    dgrad = max(model.layer_params, model.head_device_params) * a
+    grad_b = 4 if policy.micro_batches > 1 else DTYPE_BYTES[policy.grad_dtype]
+    host_grad = 0 if policy.optimizer == "pipelined" else max(model.layer_params, model.head_params) * grad_b
+    temps = max(c * model.vocab * 4, tok * model.ffn_hidden * a, tok * model.hidden * 4)
+    init = max(model.ffn_hidden * model.hidden, model.vocab * model.hidden) * 4
+    return int(max(dgrad, host_grad, temps, init))
+
+
+def allocator_retention_bytes(largest_block_bytes: int, threads: int = MALLOC_THREADS) -> int:
+    """Freed memory glibc's malloc keeps in the process. A block at or above the mmap threshold
+    is mmapped and unmapped when freed, but that raises the threshold to the block's size (up
+    to 32 MiB) and the trim threshold to twice it; from then on each thread's arena keeps up
+    to one trim threshold of freed memory instead of returning it to the OS. So about
+    threads x 2 x min(largest freed block, 32 MiB)."""
+    return int(threads * 2 * min(largest_block_bytes, MMAP_THRESHOLD_MAX))
+
+
+@dataclass(frozen=True, slots=True)
+class RssPrediction:
+    terms: dict
+    """Bytes per term (see the module docstring), in order."""
+
+    @property
+    def total_bytes(self) -> int:
+        return int(sum(self.terms.values()))
+
+
+def predict_rss(result, backend: str = "cpu") -> RssPrediction:
+    """RSS peak of a process running `result`'s schedule (a SimResult) on `backend`."""
+    meta, hw = result.schedule.meta, result.hardware
+    model, policy = ModelSpec(**meta.model), Policy(**meta.policy)
+    by_role = dict(result.host.by_role)
+    runtime = by_role.pop("runtime", int(hw.host.runtime_overhead_GiB * GiB))
+    store = sum(b.bytes for b in result.schedule.buffers.values() if b.static and b.space.value == "host")
+    terms = {"runtime": int(runtime), "host store": int(store),
+             "host dynamic": int(sum(by_role.values()) - store)}
+    if backend == "cpu":
+        terms["device arena"] = int(result.summary.device_peak_bytes)
+        terms["device constants"] = device_constant_bytes(model, policy)
+        terms["allocator"] = allocator_retention_bytes(largest_transient_block(model, policy))
+    return RssPrediction(terms)

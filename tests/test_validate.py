@@ -1,0 +1,80 @@
+"""`horizon validate`: the quick configurations run, the table has every comparison with finite
+errors, the report files and the predicted-vs-measured overlays are written, and the metrics
+behind the table are right on timelines worked by hand. No wall-clock assertions."""
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from horizon_exec.validate import QUICK_CONFIGS, timeline_metrics
+from horizon_sim.cli.main import main
+from horizon_sim.report.overlay import plot_overlay
+from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
+from horizon_sim.specs.hardware_io import save_hardware
+
+# A CPU-backend-like machine in round numbers (no measured tables: the flat rates apply).
+CPU_HW = HardwareSpec(
+    device=DeviceSpec(name="cpu-core", hbm_GiB=16, bf16_TFLOPs=0.2, fp32_TFLOPs=0.1, hbm_GBps=15,
+                      default_link="cpu-threads", matmul_efficiency=0.8, reserved_GiB=0,
+                      launch_overhead_us=2000),
+    link=LinkSpec(name="cpu-threads", h2d_GBps=15, d2h_GBps=15, latency_us=30, pageable_GBps=15,
+                  busy_latency_us=200, cpu_driven=True),
+    host=HostSpec(name="cpu", ram_GiB=16, dram_GBps=15, cores=2, adam_Gparams_per_s=1.0,
+                  os_reserved_GiB=1, runtime_overhead_GiB=0.35, lane_cores=1, thread_GBps=10,
+                  op_latency_us=40, busy_latency_us=100))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("val")
+    save_hardware(CPU_HW, root / "hw.toml")
+    (root / "reports").mkdir()
+    return root
+
+
+def test_validate_quick_writes_table_overlays_and_json(run, capsys):
+    out = run / "reports"
+    assert main(["validate", "--quick", "--hardware", str(run / "hw.toml"), "--out", str(out),
+                 "--steps", "2", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    names = [c.name for c in QUICK_CONFIGS]
+    assert [c["config"] for c in res["configs"]] == names
+    for c in res["configs"]:
+        for k in ("step_s_err", "device_peak_MiB_err", "rss_MiB_err", "overlap_err", "busy_compute_s_err"):
+            assert c[k] is not None and math.isfinite(c[k]), (c["config"], k)
+    f = res["figures"]
+    assert f["configs"] == 2 and f["worst_step_config"] in names
+    assert math.isfinite(f["median_abs_step_err"])
+    table = pd.read_csv(out / "validation.csv")
+    for col in ("config", "step_s_pred", "step_s_meas", "step_s_err", "busy_compute_s_pred",
+                "busy_compute_s_meas", "busy_h2d_s_err", "busy_d2h_s_err", "busy_cpu_s_err", "overlap_pred",
+                "overlap_meas", "device_peak_MiB_pred", "device_peak_MiB_meas", "device_peak_MiB_err",
+                "rss_MiB_pred", "rss_MiB_meas", "rss_MiB_err"):
+        assert col in table.columns, col
+    assert (table.step_s_meas > 0).all() and (table.device_peak_MiB_meas > 0).all()
+    md = (out / "validation.md").read_text()
+    for n in names:
+        png = out / f"validation_{n}.png"
+        assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"validation_{n}.png" in md
+    assert "Median |step-time error|" in md and "Cost terms" in md
+
+
+def _tl(rows):
+    df = pd.DataFrame(rows, columns=["op_id", "kind", "lane", "layer", "micro", "start_s", "end_s"])
+    df["dur_s"] = df.end_s - df.start_s
+    return df
+
+
+def test_metrics_on_a_hand_worked_timeline(tmp_path):
+    """Compute busy [0, 4) and [5, 9); a load [0, 2) overlaps it fully; an offload [3, 6)
+    overlaps it in [3, 4) and [5, 6), 2 of its 3 s: overlap = (2 + 2) / (2 + 3) = 0.8."""
+    tl = _tl([(0, "load_weights", "h2d", 0, 0, 0.0, 2.0), (1, "forward", "compute", 0, 0, 0.0, 4.0),
+              (2, "offload_grads", "d2h", 0, 0, 3.0, 6.0), (3, "backward", "compute", 0, 0, 5.0, 9.0)])
+    m = timeline_metrics(tl)
+    assert m["busy_compute"] == 8.0 and m["busy_h2d"] == 2.0 and m["busy_d2h"] == 3.0 and m["busy_cpu"] == 0.0
+    assert m["overlap"] == pytest.approx(0.8) and m["end_s"] == 9.0
+    other = tl.assign(start_s=tl.start_s * 1.1, end_s=tl.end_s * 1.1, dur_s=tl.dur_s * 1.1)
+    plot_overlay(tl, other, tmp_path / "o.png", title="hand-worked")
+    assert (tmp_path / "o.png").stat().st_size > 5_000
