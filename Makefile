@@ -1,5 +1,6 @@
 # Two commands do everything on a fresh clone:
-#   make demo   set up, then plan the paper's headline scenario and train a small model
+#   make demo   set up, plan the paper's headline scenario, calibrate this machine, train a
+#               small model, validate predicted vs measured, write reports/ (about 3 minutes)
 #   make test   set up, then run the test suite
 # Set-up makes .venv with the CPU build of torch that this machine kind has on disk
 # (TORCH=torch==2.13.0). On a GPU box, install your CUDA torch in .venv first or set TORCH.
@@ -21,15 +22,29 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	@echo "== 1. the paper's headline: ~120B dense on one H200 with 1.5 TB host RAM, default policy"
+	@echo "== 1/6 the paper's headline: ~120B dense on one H200 with 1.5 TB host RAM, default policy"
 	$(VENV)/bin/horizon plan --model dense-120b --gpu h200 --ram 1.5TB --batch 8 --seq 4096
 	@echo
-	@echo "== 2. the same with a lean host footprint (optimizer per layer in backward, no working copy)"
+	@echo "== 2/6 the same with a lean host footprint (optimizer per layer in backward, no working copy)"
 	$(VENV)/bin/horizon plan --model dense-120b --gpu h200 --ram 1.5TB --batch 8 --seq 4096 \
-	    --optimizer backward --no-working-copy --ckpt-on device
+	    --optimizer backward --grad-clip 0 --no-working-copy --ckpt-on device --no-advice
 	@echo
-	@echo "== 3. train a small Llama-style model for real through the streaming executor (CPU backend)"
+	@echo "== 3/6 calibrate this machine for the executor's CPU backend (about 50 s)"
+	$(VENV)/bin/horizon calibrate -o reports/machine.toml
+	@echo
+	@echo "== 4/6 train a small Llama-style model for real through the streaming executor (CPU backend)"
 	$(VENV)/bin/horizon train --model tiny --steps 20 --batch 4 --seq 128
+	@echo
+	@echo "== 5/6 predicted vs measured: six configurations through the executor and the planner (about 50 s)"
+	$(VENV)/bin/horizon validate --hardware reports/machine.toml --out reports
+	@echo
+	@echo "== 6/6 planner reports (headline, fit table, optimizer modes, checkpoints, feasibility map)"
+	$(PY) -m horizon_sim.report.build --out reports
+	@echo
+	@echo "== done. Reports are in reports/ (start at reports/README.md):"
+	@echo "   reports/validation.md   predicted vs measured on this machine, with Gantt overlays"
+	@echo "   reports/machine.toml    this machine as calibrated (horizon plan --hardware reports/machine.toml)"
+	@grep -m1 '^\*\*Median' reports/validation.md | tr -d '*' | sed 's/^/   /'
 
 test: $(STAMP)
 	$(PY) -m pytest
@@ -41,6 +56,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/sim_speed.py
 	$(PY) benchmarks/exec_vs_autograd.py
 	$(PY) benchmarks/soak.py
+	$(PY) benchmarks/validate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -29,8 +29,7 @@ CPU_HW = HardwareSpec(
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("val")
     save_hardware(CPU_HW, root / "hw.toml")
-    (root / "reports").mkdir()
-    return root
+    return root  # reports/ is not made here: validate creates its --out folder
 
 
 def test_validate_quick_writes_table_overlays_and_json(run, capsys):
@@ -59,6 +58,21 @@ def test_validate_quick_writes_table_overlays_and_json(run, capsys):
         assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"validation_{n}.png" in md
     assert "Median |step-time error|" in md and "Cost terms" in md
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--out", "FILE"], "is a file, not a folder"),
+    (["--steps", "0"], "--steps 0 must be >= 1"),
+    (["--configs", "base,nosuch"], "unknown configuration(s) nosuch"),
+    (["--hardware", "missing.toml"], "missing.toml"),
+])
+def test_bad_input_is_one_line_and_exit_2(run, tmp_path, capsys, argv, says):
+    (tmp_path / "FILE").write_text("not a folder")
+    argv = [str(tmp_path / a) if a in ("FILE", "missing.toml") else a for a in argv]
+    base = ["validate", "--hardware", str(run / "hw.toml"), "--out", str(tmp_path / "r")]
+    assert main(base + argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "Traceback" not in err and len(err.splitlines()) == 1, err
 
 
 def _tl(rows):

@@ -23,7 +23,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--hardware", default=None, metavar="FILE.toml",
                    help="a hardware file from `horizon calibrate` (default: calibrate this machine first)")
-    p.add_argument("--out", default="reports", help="folder for the report files (default reports)")
+    p.add_argument("--out", default="reports", help="folder for the report files, created if missing (default reports)")
     p.add_argument("--steps", type=int, default=6, help="measured steps per configuration (default 6)")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first (default 1)")
     p.add_argument("--configs", default=None, help="comma-separated subset of the configurations")
@@ -37,8 +37,12 @@ def run(a: argparse.Namespace) -> int:
     if a.steps < 1 or a.warmup < 0:
         raise HorizonError(f"--steps {a.steps} must be >= 1 and --warmup {a.warmup} >= 0")
     out = Path(a.out)
-    if not out.is_dir():
-        raise HorizonError(f"--out {a.out!r} is not a folder")
+    if out.exists() and not out.is_dir():
+        raise HorizonError(f"--out {a.out!r} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HorizonError(f"--out {a.out!r}: cannot create the folder ({e.strerror})") from None
     try:
         from horizon_exec import validate as V
     except ImportError as e:
