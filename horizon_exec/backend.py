@@ -7,16 +7,36 @@ store allocation, dynamic host buffers), the copies across the link, and how dev
 measured. Lanes H2D, COMPUTE and D2H are device lanes; the CPU lane runs host work.
 """
 import contextlib
+import time
 
+from horizon_exec.errors import ExecError
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Lane
 
 DEVICE_LANES = (Lane.H2D, Lane.COMPUTE, Lane.D2H)
 
 
+def wait_bounded(waitable, timeout_s: float, what: str, *, max_pause_s: float = 2e-4) -> None:
+    """Wait until `waitable.query()` is true (a CUDA event or stream), polling with a short
+    back-off instead of blocking inside the driver: a hung kernel or copy then becomes an
+    ExecError naming `what` after `timeout_s`, not a process stuck for ever. The pause is
+    capped at 0.2 ms, so a wait ends at most that late."""
+    if waitable.query():
+        return
+    deadline = time.monotonic() + timeout_s
+    pause = 1e-5
+    while not waitable.query():
+        if time.monotonic() > deadline:
+            raise ExecError(f"{what} was not done after {timeout_s:g}s (a hung kernel or copy?)")
+        time.sleep(pause)
+        pause = min(2 * pause, max_pause_s)
+
+
 class Backend:
     name = "base"
     device = None
+    timeout_s: float = 600.0
+    """Longest host-side wait for device work (the engine sets its own timeout here)."""
 
     # ---- lanes and ordering -------------------------------------------------------------
     def start_lane(self, lane: Lane) -> None:

@@ -14,14 +14,16 @@ copies between the device and pinned host memory.
   are host perf_counter times from the same instant, so cross-clock rows are approximate.
 - Device memory peak: the caching allocator's max_memory_allocated over the step (the arena's
   own count, which charges declared sizes, is kept too).
-Sync points: step_begin/step_end (device synchronize), lane_sync (a D2H lane that must add
-into, or widen into, an fp32 host grad), and event.synchronize in the CPU lane.
+Sync points: step_begin/step_end (every lane stream), lane_sync (a D2H lane that must add
+into, or widen into, an fp32 host grad), and the CPU lane waiting for an event. Each is a
+bounded poll (backend.wait_bounded), never a blocking driver call, so a hung kernel is
+reported after the engine's timeout instead of hanging the process.
 """
 import time
 
 import torch
 
-from horizon_exec.backend import DEVICE_LANES, Backend
+from horizon_exec.backend import DEVICE_LANES, Backend, wait_bounded
 from horizon_exec.errors import ExecError
 
 
@@ -49,8 +51,8 @@ class CudaBackend(Backend):
             if isinstance(mark, torch.cuda.Event):
                 if lane in self.streams:
                     torch.cuda.current_stream().wait_event(mark)  # GPU-side wait, host goes on
-                else:
-                    mark.synchronize()                            # host work needs the data
+                else:                                             # host work needs the data
+                    wait_bounded(mark, self.timeout_s, f"a CUDA event the {lane.value} lane waits on")
 
     def mark(self, lane):
         if lane in self.streams:
@@ -60,18 +62,24 @@ class CudaBackend(Backend):
         return time.perf_counter()
 
     def lane_sync(self):
-        torch.cuda.current_stream().synchronize()
+        wait_bounded(torch.cuda.current_stream(), self.timeout_s, "the D2H stream's queued copies")
+
+    def _sync_all(self, what: str):
+        """Every lane stream and the default stream, each a bounded wait."""
+        for lane, s in self.streams.items():
+            wait_bounded(s, self.timeout_s, f"{what}: the {lane.value} stream")
+        wait_bounded(torch.cuda.default_stream(self.device), self.timeout_s, f"{what}: the default stream")
 
     def step_begin(self):
-        torch.cuda.synchronize(self.device)
+        self._sync_all("before the step")
         torch.cuda.reset_peak_memory_stats(self.device)
         self._ev0 = torch.cuda.Event(enable_timing=True)
         self._ev0.record()
-        self._ev0.synchronize()
+        wait_bounded(self._ev0, self.timeout_s, "the step's start event")
         self._t0 = time.perf_counter()
 
     def step_end(self):
-        torch.cuda.synchronize(self.device)
+        self._sync_all("the end of the step")
 
     def seconds(self, mark):
         if isinstance(mark, torch.cuda.Event):

@@ -49,6 +49,36 @@ def test_every_wait_polls_well_under_a_second():
     assert engine_mod._POLL_S + engine_mod.ABORT_GRACE_S <= 0.6
 
 
+class _Waitable:
+    """A CUDA event or stream stand-in: query() is true from the `done_after`-th call on."""
+    def __init__(self, done_after):
+        self.done_after, self.calls = done_after, 0
+
+    def query(self):
+        self.calls += 1
+        return self.done_after is not None and self.calls >= self.done_after
+
+
+def test_device_waits_are_bounded_and_name_what_hung():
+    # the CUDA backend's host-side syncs poll through wait_bounded (no GPU here: fake waitables)
+    from horizon_exec.backend import wait_bounded
+    w = _Waitable(done_after=5)
+    wait_bounded(w, timeout_s=5.0, what="x")
+    assert w.calls == 5  # it polled until done, and stopped there
+    t0 = time.monotonic()
+    with pytest.raises(ExecError, match=r"the end of the step: the compute stream was not done after 0.2s"):
+        wait_bounded(_Waitable(done_after=None), timeout_s=0.2, what="the end of the step: the compute stream")
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_engine_gives_its_timeout_to_the_backend():
+    tr = Trainer(SPEC, Policy(batch=1, seq=16), timeout_s=7.5)
+    try:
+        assert tr.engine.backend.timeout_s == 7.5
+    finally:
+        tr.close()
+
+
 def _matches(op, kind, layer, prev):
     return op.kind == kind and op.layer == layer and op.micro == 0 and op.prev_step == prev
 
