@@ -60,6 +60,13 @@ def vm_hwm_bytes() -> int:
     return int(r if sys.platform == "darwin" else r * 1024)
 
 
+def _minor_faults() -> int:
+    """Page faults this process took so far that needed no disk: first touches of memory the
+    allocator got fresh from the kernel (a step that reuses its buffers takes few)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 class _Serialized:
     """Wraps the engine's op runner so that one op runs at a time across all lanes, and
     records each op's own duration (lock wait excluded)."""
@@ -173,12 +180,15 @@ def _child(req: dict, commands=None) -> dict:
 
         def one_step() -> dict:
             tokens = torch.randint(0, model.vocab, (policy.batch, policy.seq), generator=gen)
+            faults0 = _minor_faults()
             res = tr.step(tokens)
+            faults = _minor_faults() - faults0
             tl = res.timeline
             if ser is not None:
                 tl["own_s"] = [ser.durations.get(int(i), float("nan")) for i in tl.op_id]
             return {"step_s": res.step_s, "device_peak_bytes": int(res.device_peak_bytes),
-                    "rss_peak_bytes": vm_hwm_bytes(), "loss": res.loss, "timeline": tl.to_dict(orient="list")}
+                    "rss_peak_bytes": vm_hwm_bytes(), "minor_faults": faults, "loss": res.loss,
+                    "timeline": tl.to_dict(orient="list")}
 
         for _ in range(req["warmup"]):
             one_step()

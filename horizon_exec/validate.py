@@ -145,12 +145,14 @@ idle while the others ran starts its first step with cold caches (and a CPU that
 its clock), which a training run stepping back to back never sees."""
 
 
-def measure(configs, *, steps: int = 6, warmup: int = 1, device: str = "cpu", say=None) -> list[dict]:
+def measure(configs, *, steps: int = 6, warmup: int = 1, device: str = "cpu", say=None,
+            between=None) -> list[dict]:
     """Run every configuration in its own process, interleaved: all children start and warm
     up together (not measured), then turn after turn each runs one unmeasured step and up to
     PER_TURN measured ones while the others wait, so all configurations sample the machine over
-    the same stretch of time. Returns, per configuration, the probe's measurements (steps,
-    store bytes, RSS peak...)."""
+    the same stretch of time. `between()`, when given, runs before the first turn and after
+    each, while every child waits (the drift references). Returns, per configuration, the
+    probe's measurements (steps, store bytes, RSS peak...)."""
     from contextlib import ExitStack
     from horizon_exec.probe import Session
     results = [{"steps": []} for _ in configs]
@@ -163,11 +165,15 @@ def measure(configs, *, steps: int = 6, warmup: int = 1, device: str = "cpu", sa
         if say:
             say(f"validate: {len(configs)} configurations started and warmed up; measuring {steps} steps "
                 f"each, in {turns} interleaved turns")
+        if between:
+            between()
         for t in range(turns):
             n = min(PER_TURN, steps - t * PER_TURN)
             for res, s in zip(results, sessions):
                 s.step()  # back up to speed after waiting for the others
                 res["steps"] += [s.step() for _ in range(n)]
+            if between:
+                between()
     for res, s in zip(results, sessions):
         res.update(s.final)
     return results
@@ -208,6 +214,7 @@ def compare(cfg: Config, hw: HardwareSpec, res: dict, device: str = "cpu") -> Ou
     pair("device_peak_MiB", dev_pred / MiB, dev_meas / MiB)
     row["device_peak_max_MiB"] = max(peaks) / MiB
     pair("rss_MiB", rss.total_bytes / MiB, rss_meas / MiB)
+    row["minor_faults_per_step"] = statistics.median(s.get("minor_faults", 0) for s in res["steps"])
     row["step_spread"] = (max(m["step_s"] for m, _ in per_step) - min(m["step_s"] for m, _ in per_step)) / meas["step_s"]
     return Outcome(cfg, row, sim.timeline, rep, rss.terms)
 
@@ -220,6 +227,8 @@ class Validation:
     table: pd.DataFrame
     elapsed_s: float
     files: list = field(default_factory=list)
+    drift: dict = field(default_factory=dict)
+    """drift.Drift.summary(): the machine's speed during the measurement against the file's."""
 
     def figures(self) -> dict:
         t = self.table
@@ -238,7 +247,7 @@ class Validation:
     def errors_json(self) -> dict:
         cols = ["config", "step_s_err", "device_peak_MiB_err", "rss_MiB_err", "overlap_err"]
         cols += [c for c in self.table.columns if c.startswith("busy_") and c.endswith("_err")]
-        return {"figures": self.figures(), "hardware": self.hardware.name,
+        return {"figures": self.figures(), "hardware": self.hardware.name, "machine_speed": self.drift,
                 "configs": [{k: (None if pd.isna(v) else v) for k, v in r.items()}
                             for r in self.table[cols].to_dict(orient="records")]}
 
@@ -247,9 +256,18 @@ def validate(hw: HardwareSpec, configs=CONFIGS, *, steps: int = 6, warmup: int =
              out_dir="reports", plots: bool = True, say=print) -> Validation:
     """Run, simulate and compare every configuration; write the report files into `out_dir`
     (None: write nothing). `say`: progress lines (None: quiet)."""
+    from horizon_exec.drift import DriftProbe
     t0 = time.perf_counter()
     outcomes = []
-    for cfg, res in zip(configs, measure(configs, steps=steps, warmup=warmup, device=device, say=say)):
+    ref = DriftProbe(hw, configs, device)
+    try:
+        results = measure(configs, steps=steps, warmup=warmup, device=device, say=say, between=ref.sample)
+    finally:
+        ref.close()
+    drift = ref.drift.summary()
+    if say:
+        say(speed_text(drift))
+    for cfg, res in zip(configs, results):
         o = compare(cfg, hw, res, device)
         outcomes.append(o)
         if say:
@@ -258,7 +276,7 @@ def validate(hw: HardwareSpec, configs=CONFIGS, *, steps: int = 6, warmup: int =
                 f"{r['step_s_pred'] * 1e3:7.1f} predicted ({r['step_s_err']:+.1%}); device peak "
                 f"{r['device_peak_MiB_err']:+.1%}, host RSS {r['rss_MiB_err']:+.1%}")
     table = pd.DataFrame([o.row for o in outcomes])
-    v = Validation(hw, outcomes, table, time.perf_counter() - t0)
+    v = Validation(hw, outcomes, table, time.perf_counter() - t0, drift=drift)
     if out_dir is not None:
         v.files = write_reports(v, Path(out_dir), plots=plots)
     return v
@@ -301,7 +319,11 @@ Known gaps (not modelled):
 
 - The machine itself drifts: a shared VM's speed changes by 10-40% over seconds to minutes
   (see 'step spread'), so calibration and validation see somewhat different machines; the
-  step-time errors carry that common-mode offset.
+  step-time errors carry that common-mode offset. The machine-speed line above measures it
+  with references between turns; it cannot see drift within a turn.
+- The runtime's own RSS (torch, its thread pools and arenas, the mapped pages of its libraries)
+  moves between processes and over time here: calibrations of this machine measured 358 to
+  453 MiB for it, which is most of the host RSS error.
 - A busy host lane slows the compute core a little (shared cache and memory bandwidth; calibrate
   measures it with a host lane copying without pause and prints it); host lanes here are busy a
   fraction of the step, so the effect is a few percent at most.
@@ -309,6 +331,18 @@ Known gaps (not modelled):
   thread descheduled) make some steps' d2h lane slower than modelled; the typical step's device
   peak is compared, the largest is shown beside it.
 """
+
+
+def speed_text(drift: dict) -> str:
+    """One line: how fast the machine ran during the measurement against the hardware file."""
+    def one(key, what):
+        x = drift.get(key)
+        if x is None:
+            return f"{what}: not measured"
+        samples = ", ".join(f"{v:.2f}" for v in drift[key.replace("speed", "samples")])
+        return f"{what} at {x:.2f}x their calibrated speed (samples {samples})"
+    return ("machine during validation: " + one("gemm_speed", "GEMMs") + "; "
+            + one("fixed_cost_speed", "per-op fixed costs"))
 
 
 def _pct(x) -> str:
@@ -328,10 +362,15 @@ def markdown(v: Validation) -> str:
              f"({f['worst_step_config']}); max |device peak error| {f['max_abs_device_peak_err']:.1%}; "
              f"max |host RSS error| {f['max_abs_rss_err']:.1%}; max |overlap error| "
              f"{f['max_abs_overlap_err_pp']:.1f} pp.", "",
+             "**Machine speed against the hardware file** (horizon_exec/drift.py: references timed before "
+             "the first turn and after each, while the configurations waited; predicted / measured time, "
+             "1.00 = the calibrated machine; nothing is corrected with them): "
+             + speed_text(v.drift).split(": ", 1)[1] + ". A step-time error of the same sign and size as "
+             "(speed - 1) is the machine having changed since calibration, not the cost model.", "",
              "| config | what | step meas (ms) | step pred (ms) | step err | compute busy err | h2d busy err | "
              "d2h busy err | cpu busy err | overlap meas / pred | device peak meas (MiB) | dev err | "
-             "dev peak max (MiB) | RSS meas (MiB) | RSS err | step spread |",
-             "|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "dev peak max (MiB) | RSS meas (MiB) | RSS err | step spread | page faults / step |",
+             "|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in t.to_dict(orient="records"):
         lines.append(
             f"| {r['config']} | {r['what']} | {r['step_s_meas'] * 1e3:.1f} | {r['step_s_pred'] * 1e3:.1f} | "
@@ -340,11 +379,13 @@ def markdown(v: Validation) -> str:
             f"{r['overlap_meas']:.0%} / {r['overlap_pred']:.0%} | {r['device_peak_MiB_meas']:.1f} | "
             f"{_pct(r['device_peak_MiB_err'])} | {r['device_peak_max_MiB']:.1f} | {r['rss_MiB_meas']:.0f} | "
             f"{_pct(r['rss_MiB_err'])} | "
-            f"{r['step_spread']:.0%} |")
+            f"{r['step_spread']:.0%} | {r['minor_faults_per_step']:,.0f} |")
     lines += ["", "Step spread: (slowest - fastest) / median measured step, the run-to-run noise of this "
               "machine during the measurement. Device peak: the median over the measured steps (the typical "
               "step); 'dev peak max' is the largest, which is higher when an offload happened to be late "
-              "(the copy thread descheduled) and the next backward started with two gradients on the device.", "", "## Host RSS terms (predicted)", "",
+              "(the copy thread descheduled) and the next backward started with two gradients on the device. "
+              "Page faults / step: the median over the measured steps of the process's minor faults (memory first touched in that step: "
+              "4 KiB each; not modelled, each costs a few microseconds of the lane that takes it).", "", "## Host RSS terms (predicted)", "",
               "| config | " + " | ".join(v.outcomes[0].rss_terms) + " |",
               "|:---|" + "---:|" * len(v.outcomes[0].rss_terms)]
     for o in v.outcomes:
@@ -379,7 +420,8 @@ def figures_text(v: Validation) -> str:
     f = v.figures()
     return (f"median |step-time error| {f['median_abs_step_err']:.1%} over {f['configs']} configurations, "
             f"worst {f['worst_step_err']:+.1%} ({f['worst_step_config']}); device peak error <= "
-            f"{f['max_abs_device_peak_err']:.1%}; host RSS error <= {f['max_abs_rss_err']:.1%}")
+            f"{f['max_abs_device_peak_err']:.1%}; host RSS error <= {f['max_abs_rss_err']:.1%}"
+            + (f"\n{speed_text(v.drift)}" if v.drift else ""))
 
 
 def dumps(v: Validation) -> str:

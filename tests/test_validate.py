@@ -58,6 +58,31 @@ def test_validate_quick_writes_table_overlays_and_json(run, capsys):
         assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"validation_{n}.png" in md
     assert "Median |step-time error|" in md and "Cost terms" in md
+    # the machine's speed was sampled before the first turn and after each (2 steps = 1 turn)
+    speed = res["machine_speed"]
+    assert speed["gemm_speed"] is None  # CPU_HW has no GEMM table to compare with
+    assert len(speed["fixed_cost_samples"]) == 2 and 0 < speed["fixed_cost_speed"] < 100
+    assert "Machine speed against the hardware file" in md
+
+
+def test_drift_references_are_the_heaviest_gemms_priced_by_the_table():
+    from dataclasses import replace
+
+    from horizon_exec.calibrate.kernels import model_gemms
+    from horizon_exec.drift import DriftProbe, reference_gemms
+    shapes = reference_gemms(QUICK_CONFIGS, max_shapes=3)
+    every = set().union(*(model_gemms(c.model, c.policy) for c in QUICK_CONFIGS))
+    assert len(shapes) == 3 and set(shapes) <= every
+    assert min(m * n * k for _, m, n, k in shapes) >= max(m * n * k for s in every - set(shapes) for _, m, n, k in [s])
+    rows = tuple(("bf16", lay, float(m), float(n), float(k), 0.25) for lay, m, n, k in every)
+    hw = replace(CPU_HW, device=replace(CPU_HW.device, gemm_TFLOPs=rows))
+    probe = DriftProbe(hw, QUICK_CONFIGS)
+    try:
+        assert probe.gemm_pred_s == pytest.approx(sum(2 * m * n * k for _, m, n, k in probe.shapes) / 0.25e12)
+        probe.sample()
+        assert len(probe.drift.gemm) == len(probe.drift.fixed) == 1 and probe.drift.gemm[0] > 0
+    finally:
+        probe.close()
 
 
 @pytest.mark.parametrize("argv, says", [
