@@ -293,7 +293,8 @@ measured by `horizon calibrate`, every amount of work is counted from the model 
   (interpolated in log space between measured shapes) + attention FLOPs / the measured causal
   SDPA throughput (forward and gradient kernels apart) + the bytes its elementwise kernels move
   (norms with fp32 statistics, RoPE, SiLU, casts, residual adds, the loss) / the measured
-  bandwidth of those kernels.
+  bandwidth of those kernels; all of it runs (1 + compute_contention) times slower while
+  host-lane work streams (the compute core shares cache and DRAM bandwidth with those threads).
 - **copy op** (h2d, d2h) = per-op latency (+ a measured extra latency when it starts while the
   compute lane is busy: its thread waits for the interpreter lock and the arena lock that the
   compute lane's kernel dispatch and memory tracking keep taking) + bytes / one copy thread's
@@ -324,9 +325,9 @@ Known gaps (not modelled):
 - The runtime's own RSS (torch, its thread pools and arenas, the mapped pages of its libraries)
   moves between processes and over time here: calibrations of this machine measured 358 to
   453 MiB for it, which is most of the host RSS error.
-- A busy host lane slows the compute core a little (shared cache and memory bandwidth; calibrate
-  measures it with a host lane copying without pause and prints it); host lanes here are busy a
-  fraction of the step, so the effect is a few percent at most.
+- The compute core's slowdown next to host-lane work is measured with a thread copying without
+  pause; lighter host work (the optimizer's arithmetic, short copies) may slow it less. It
+  varies between calibrations here (measured +1% to +22%).
 - First touch of per-step host buffers (page faults) and an occasionally late offload (the copy
   thread descheduled) make some steps' d2h lane slower than modelled; the typical step's device
   peak is compared, the largest is shown beside it.

@@ -36,8 +36,10 @@ the lane that will do the work (same cores, same intra-op thread count):
                       a fresh process (probe.py), less its tensors and allocator retention
 The noise-prone figures are measured in `rounds` rounds spread over the run (the GEMM grid is
 visited once per round, in alternating order) and averaged on time: a shared machine's speed
-drifts by tens of percent over seconds. The slowdown a busy host lane causes on the compute
-core is measured and printed, not modelled.
+drifts by tens of percent over seconds.
+  compute_contention  how much slower the template block runs on the compute core while a
+                      host-lane thread copies beside it (shared cache and DRAM bandwidth); the
+                      simulator slows compute by it while host-lane work streams
 CUDA backend: pinned and pageable h2d/d2h bandwidth and latency, GEMM throughput by shape,
 attention, elementwise bandwidth, per-op overheads (the same tiny serialized run), AdamW with
 all host cores, RAM and runtime overhead. Written for a GPU box; not exercised on the machine

@@ -119,7 +119,7 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
     reduce = _mean_rate(reduces) if reduces else dev.reduce_GBps
     prog.done(f"a copy takes {copy_busy:.0f} us longer, a CPU-lane op {host_busy:.0f} us; an offload's norm "
               f"pass runs at {reduce:.1f} GB/s in place (alone: {dev.reduce_GBps:.1f}); a host lane copying "
-              f"without pause slows compute by {slowdown - 1:+.1%} (not modelled)")
+              f"without pause slows compute by {slowdown - 1:+.1%} (modelled while host-lane work runs)")
     prog.step("runtime RSS: a tiny model trained in a fresh process")
     res = probe(TINY, TINY_POLICY, steps=2, warmup=1)
     runtime = runtime_overhead_GiB(res)
@@ -133,7 +133,8 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
         device=replace(dev, op_overhead_us=tuple(sorted(comp_us.items())), reduce_GBps=reduce,
                        launch_overhead_us=comp_us.get(OpKind.FORWARD.value, 0.0)),
         link=replace(link, latency_us=copy_us, busy_latency_us=copy_busy),
-        host=replace(hst, op_latency_us=host_us, runtime_overhead_GiB=runtime, busy_latency_us=host_busy),
+        host=replace(hst, op_latency_us=host_us, runtime_overhead_GiB=runtime, busy_latency_us=host_busy,
+                     compute_contention=max(0.0, slowdown - 1.0)),
         name=f"{hst.name}, CPU backend: compute on {be.compute_threads} core(s), lanes on "
              f"{len(be.host_cores)} ({'quick ' if quick else ''}calibrated {time.strftime('%Y-%m-%d %H:%M')})")
     prog.done(f"total {time.perf_counter() - t_start:.0f} s")

@@ -113,6 +113,7 @@ class CostModel:
         self.dram_Bps = host.dram_GBps * 1e9
         self.thread_Bps = (host.thread_GBps or host.dram_GBps) * 1e9
         self.lane_cores = host.lane_cores
+        self.compute_contention = host.compute_contention
         self.host_latency_s = host.op_latency_us * 1e-6
         self.copy_busy_s = link.busy_latency_us * 1e-6
         self.host_busy_s = host.busy_latency_us * 1e-6

@@ -8,7 +8,9 @@ processor sharing: with k such flows active, each runs at min(1, lane_cores / k)
 cap (what an OS scheduler does to k busy threads on fewer cores). The core share is applied
 first, then the bus split.
 
-Rates are recomputed whenever a flow starts or ends (a fluid model, exact for this sharing)."""
+Rates are recomputed whenever a flow starts or ends (a fluid model, exact for this sharing).
+`changed` fires at each such instant and `core_busy()` says whether CPU-thread work is
+running, so the compute lane can slow down while it is (HostSpec.compute_contention)."""
 import math
 
 import simpy
@@ -26,7 +28,16 @@ class DramBus:
         self._next_id = 0
         self._last_t = 0.0
         self._wake = env.event()
+        self.changed = env.event()
         env.process(self._run())
+
+    def core_busy(self) -> bool:
+        """Is CPU-thread work (a `core` flow) streaming right now?"""
+        return any(f[3] for f in self._flows.values())
+
+    def _notify(self) -> None:
+        self.changed.succeed()
+        self.changed = self.env.event()
 
     def transfer(self, nbytes: float, cap_Bps: float, core: bool = False) -> simpy.Event:
         """An event that fires when `nbytes` have streamed through the bus (`core`: the flow is
@@ -38,6 +49,8 @@ class DramBus:
         self._advance()
         self._flows[self._next_id] = [float(nbytes), cap_Bps, done, core]
         self._next_id += 1
+        if core:
+            self._notify()
         if not self._wake.triggered:
             self._wake.succeed()
         return done
@@ -81,5 +94,10 @@ class DramBus:
             if self._wake.triggered:
                 self._wake = self.env.event()
             self._advance()
+            core_ended = False
             for fid in [fid for fid, f in self._flows.items() if f[0] <= _EPS_BYTES]:
-                self._flows.pop(fid)[2].succeed()
+                flow = self._flows.pop(fid)
+                flow[2].succeed()
+                core_ended |= flow[3]
+            if core_ended:
+                self._notify()

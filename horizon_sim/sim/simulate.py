@@ -29,6 +29,24 @@ class SimResult:
     summary: Summary
 
 
+def _compute(env, work_s: float, bus: DramBus, contention: float):
+    """Run `work_s` seconds of compute, at 1 / (1 + contention) of full speed while CPU-thread
+    work streams on the host (a fluid model: the rate is re-read whenever such work starts or
+    ends)."""
+    if contention <= 0:
+        yield env.timeout(work_s)
+        return
+    left = work_s
+    while left > 1e-12:
+        rate = 1.0 / (1.0 + contention) if bus.core_busy() else 1.0
+        t0 = env.now
+        yield env.timeout(left / rate) | bus.changed
+        done = (env.now - t0) * rate
+        if done <= 0 and env.now + left / rate <= env.now:  # float clock: see DramBus._run
+            done = left
+        left -= done
+
+
 def _lane_process(env, ops, done, costs: CostModel, bus: DramBus, start, end, busy):
     for op in ops:
         if op.deps:
@@ -36,7 +54,7 @@ def _lane_process(env, ops, done, costs: CostModel, bus: DramBus, start, end, bu
         start[op.id] = env.now
         if op.lane == Lane.COMPUTE:
             busy["compute"] = True
-            yield env.timeout(costs.compute_s(op))
+            yield from _compute(env, costs.compute_s(op), bus, costs.compute_contention)
             busy["compute"] = False
         else:
             extra = costs.busy_latency_s(op) if busy["compute"] else 0.0

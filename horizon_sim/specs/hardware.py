@@ -208,13 +208,19 @@ class HostSpec:
     busy_latency_us: float = 0.0
     """Extra fixed cost of a CPU-lane op that runs while the compute lane is busy (waiting for
     the interpreter lock, shared cache), microseconds; 0: none."""
+    compute_contention: float = 0.0
+    """How much slower the compute lane runs while CPU-thread work streams on the host lane
+    cores (copies on a cpu_driven link, the optimizer, host gathers), as a fraction: 0.1 = 10%
+    slower. The CPU backend's compute core shares the last-level cache and DRAM bandwidth with
+    those threads; `calibrate` measures the template block with a host thread copying beside
+    it. 0 (the presets): a GPU computes apart from the host."""
 
     def __post_init__(self):
         _check_name("host", self.name)
         for f in ("ram_GiB", "dram_GBps", "adam_Gparams_per_s"):
             _check_number(self, "host", f)
         for f in ("os_reserved_GiB", "runtime_overhead_GiB", "lane_cores", "thread_GBps", "op_latency_us",
-                  "busy_latency_us"):
+                  "busy_latency_us", "compute_contention"):
             _check_number(self, "host", f, low_ok=True)
         if not isinstance(self.cores, int) or isinstance(self.cores, bool) or self.cores <= 0:
             raise HorizonError(f"host cores={self.cores!r} must be a positive integer")
