@@ -60,36 +60,48 @@ def busy_latencies(hw: HardwareSpec, device: str, steps: int) -> tuple[float, fl
 
 def compute_slowdown(backend, quick: bool) -> float:
     """Time of the template block (forward and backward, temporaries tracked) on the compute
-    lane while a host-lane thread copies without pause, over its time alone."""
+    lane while a host-lane thread copies without pause, over its time alone. Alone and loaded
+    passes alternate and the result is the median of their pairwise ratios, so a drift of the
+    machine's speed during the measurement cancels instead of landing on one side."""
     from horizon_exec.arena import DeviceArena
     from horizon_exec.memtrack import TransientTracker
     arena = DeviceArena(backend)
     block = _block_pass(ELEMENTWISE_MODEL, 2, 256, torch.bfloat16, "cpu")
     pool = _cold_pool(2**20, pool_bytes=48 * 2**20)
     dst = torch.empty_like(pool[0])
+    go, stop = threading.Event(), threading.Event()
 
-    def timed(n):
-        ts = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            with TransientTracker(arena):
-                block()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
+    def timed():
+        t0 = time.perf_counter()
+        with TransientTracker(arena):
+            block()
+        return time.perf_counter() - t0
 
-    def copier(stop):
+    def copier():
         backend.start_lane(Lane.H2D)
         i = 0
         while not stop.is_set():
+            if not go.wait(0.01):
+                continue
             dst.copy_(pool[i % len(pool)])
             i += 1
 
-    n = 3 if quick else 6
-    alone = _in_lane(backend, Lane.COMPUTE, lambda: timed(n))
-    stop = threading.Event()
-    t = threading.Thread(target=copier, args=(stop,))
+    def pairs(n):
+        timed()  # warm
+        ratios = []
+        for _ in range(n):
+            go.clear()
+            alone = timed()
+            go.set()
+            loaded = timed()
+            ratios.append(loaded / alone)
+        go.clear()
+        return statistics.median(ratios)
+
+    t = threading.Thread(target=copier)
     t.start()
-    loaded = _in_lane(backend, Lane.COMPUTE, lambda: timed(n))
-    stop.set()
-    t.join()
-    return loaded / alone
+    try:
+        return _in_lane(backend, Lane.COMPUTE, lambda: pairs(3 if quick else 8))
+    finally:
+        stop.set()
+        t.join()
