@@ -3,8 +3,10 @@
 Not fitting: which memory is short and by how much, then the nearest policy that fits, found
 by breadth-first search over a few memory-saving changes (optimizer in backward with clipping
 off, no working copy, checkpoints on the host or the device, bf16 moments, a larger K, smaller
-micro-batches, a smaller batch): first one change, then two, then three, the fastest that fits
-at the smallest number of changes. Fitting: re-simulate a few what-ifs (the next faster link,
+micro-batches, a smaller batch). Changes that leave the trained model as it was (where things
+live, recompute, accumulation) are tried before those that change the training itself (LOSSY:
+no clipping, bf16 moments, a smaller batch): combinations are visited by (lossy changes, all
+changes), and the fastest that fits at the first such level wins. Fitting: re-simulate a few what-ifs (the next faster link,
 the other checkpoint placement, a bigger batch, the optimizer mode, a faster host optimizer) and
 report those that move the step by a few percent or more.
 """
@@ -65,6 +67,10 @@ def _two_slots(p, m):
     return replace(p, slots=2) if p.slots > 2 else None
 
 
+LOSSY = frozenset({"optimizer backward, clip 0", "bf16 moments", "batch halved"})
+"""Moves that change what training computes (clipping, moment precision, the batch), not only
+where things live or when: a user gives these up last."""
+
 MOVES = (  # (name, helps host, helps device, fn)
     ("optimizer backward, clip 0", True, False, _backward),
     ("no working copy", True, False, _no_wc),
@@ -109,8 +115,8 @@ class NearestFit:
 
 def nearest_fit(model: ModelSpec, hw: HardwareSpec, policy: Policy, outcome: Outcome | None = None, *,
                 max_changes: int = 3, runner: Runner | None = None) -> NearestFit | None:
-    """The fastest policy that fits among those a fewest number of MOVES away (up to
-    `max_changes`), trying only moves that help the memory that is short."""
+    """The fastest policy that fits among those with the fewest LOSSY moves, then the fewest
+    moves (up to `max_changes`), trying only moves that help the memory that is short."""
     own = runner is None
     runner = runner or Runner(workers=None)
     try:
@@ -121,17 +127,24 @@ def nearest_fit(model: ModelSpec, hw: HardwareSpec, policy: Policy, outcome: Out
             return None
         host_short, dev_short = not outcome.fits_host(hw), not outcome.fits_device(hw)
         moves = [mv for mv in MOVES if (host_short and mv[1]) or (dev_short and mv[2])]
+        levels: dict[tuple[int, int], list] = {}
         for n in range(1, max_changes + 1):
-            cands = {}
             for combo in combinations(moves, n):
+                lossy = sum(name in LOSSY for name, *_ in combo)
+                levels.setdefault((lossy, n), []).append(combo)
+        tried: set = {policy}
+        for level in sorted(levels):
+            cands = {}
+            for combo in levels[level]:
                 p = policy
                 try:
                     for _, _, _, fn in combo:
                         p = fn(p, model) if p is not None else None
                 except HorizonError:  # e.g. a batch no longer divisible by micro-batches
                     p = None
-                if p is not None and p != policy and p not in cands:
+                if p is not None and p not in tried and p not in cands:
                     cands[p] = tuple(name for name, *_ in combo)
+            tried.update(cands)
             outs = runner.run([(model, hw, p) for p in cands])
             fits = [(o.tokens_per_s, -i, p, o) for i, (p, o) in enumerate(zip(cands, outs)) if o.fits(hw)]
             if fits:

@@ -227,7 +227,7 @@ def build_headline(cfg: BuildConfig, out: Out, runner: Runner) -> Section:
     pick = None
     if nf is not None:
         o = nf.outcome
-        lines += ["", f"**Nearest policy that fits** (`advise`: the fewest changes, here {', '.join(nf.changes)}): "
+        lines += ["", f"**Nearest policy that fits** (`advise`: changes that leave the training as it is first, then the fewest changes; here {', '.join(nf.changes)}): "
                       f"{flags_or_default(nf.policy, base)} -> {o.tokens_per_s:,.0f} tokens/s, MFU {o.mfu:.1%}, "
                       f"host {fmt_bytes(o.host_bytes)}, device {fmt_bytes(o.device_peak_bytes)}."]
         data["nearest_fit"] = {"changes": list(nf.changes), "policy": nf.policy.to_dict(),
