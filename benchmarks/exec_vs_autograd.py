@@ -23,6 +23,9 @@ Prints (medians of repeated steps, all measured in this one run):
                                      under a policy where it is the Adam update alone (fp32
                                      host grads, no working copy).
 Run: .venv/bin/python benchmarks/exec_vs_autograd.py [--steps 5] [--layers 8] ...
+     --optimizer-only skips the step timings and prints only the optimizer lines, e.g. at
+     7B-like layer sizes where a full CPU step would take minutes:
+     ... --optimizer-only --layers 4 --hidden 2048 --heads 16 --ffn 5504 --batch 2 --seq 64
 """
 import argparse
 import dataclasses
@@ -175,6 +178,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--compute-threads", type=int, default=None)
+    ap.add_argument("--optimizer-only", action="store_true",
+                    help="only the optimizer-rate lines (one step first, to have gradients)")
     a = ap.parse_args()
     spec = ModelSpec(name="bench-llama", n_layers=a.layers, hidden=a.hidden, n_heads=a.heads,
                      n_kv_heads=a.heads, ffn_hidden=a.ffn, vocab=a.vocab)
@@ -185,6 +190,12 @@ def main():
     print(f"model {spec.n_layers}x{spec.hidden} (ffn {spec.ffn_hidden}, vocab {spec.vocab}), "
           f"{spec.total_params / 1e6:.1f}M params, {pol.batch}x{pol.seq} tokens/step, bf16 compute, "
           f"compute threads {threads}, host lane cores {tr.backend.host_cores}")
+    if a.optimizer_only:
+        with tr:
+            exec_step(tr)
+            rates = optimizer_rates(tr, 2 * a.steps + 1)
+        print_optimizer_rates(rates, lean_optimizer_rates(spec, pol, a))
+        return
     auto = AutogradStep(spec, pol, tr.backend.compute_cores, threads)
     times = {"exec": [], "noopt": [], "auto": []}
     with tr:
@@ -198,16 +209,23 @@ def main():
         rates = optimizer_rates(tr, 2 * a.steps + 1)
     del auto
     t_exec, t_noopt, t_auto = (statistics.median(times[k]) for k in ("exec", "noopt", "auto"))
-    lean = dataclasses.replace(pol, working_copy=False, micro_batches=2)  # op = the Adam update alone
-    with Trainer(spec, lean, lr=1e-4, compute_threads=a.compute_threads) as tr2:
-        exec_step(tr2)
-        lean_rates = optimizer_rates(tr2, 2 * a.steps + 1)
+    lean_rates = lean_optimizer_rates(spec, pol, a)
 
     print(f"executor step {t_exec:.3f}s ({pol.tokens / t_exec:,.0f} tok/s), without optimizer "
           f"{t_noopt:.3f}s; autograd step {t_auto:.3f}s ({pol.tokens / t_auto:,.0f} tok/s)")
     print(f"ratio exec/autograd: {t_auto / t_exec:.2f}")
     print(f"optimizer hiding: {t_exec / t_noopt:.2f}")
-    r, q = rates, lean_rates
+    print_optimizer_rates(rates, lean_rates)
+
+
+def lean_optimizer_rates(spec, pol, a):
+    lean = dataclasses.replace(pol, working_copy=False, micro_batches=2)  # op = the Adam update alone
+    with Trainer(spec, lean, lr=1e-4, compute_threads=a.compute_threads) as tr2:
+        exec_step(tr2)
+        return optimizer_rates(tr2, 2 * a.steps + 1)
+
+
+def print_optimizer_rates(r, q):
     print(f"optimizer rate / torch fused AdamW direct: {r['engine'] / r['kernel']:.2f} "
           f"(engine {r['engine'] / 1e6:,.0f} vs kernel {r['kernel'] / 1e6:,.0f} Mparam/s; the op also "
           "widens bf16 host grads and refreshes the bf16 working copy)")
