@@ -1,0 +1,51 @@
+"""What the reports/ build covers: BuildConfig names every model, machine and policy of each
+section; FULL is the committed report and QUICK a small stand-in with the same structure, for
+tests and `--quick`."""
+from dataclasses import dataclass, field
+
+from horizon_sim.specs.model_presets import PRESETS
+from horizon_sim.specs.policy import Policy
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Every model, machine and policy the report covers. FULL is the committed report;
+    QUICK is a small stand-in with the same structure, for tests."""
+
+    headline_model: str = "dense-120b"
+    headline_gpu: str = "h200"
+    headline_ram: str = "1.5TB"
+    headline_policy: Policy = Policy(batch=8, seq=4096)
+    """The default policy at the paper's batch shape (8 x 4096, as `make demo`)."""
+    table_models: tuple[str, ...] = ("llama-3.1-8b", "qwen2.5-14b", "qwen2.5-32b")
+    table_gpus: tuple[str, ...] = ("a100-80gb", "h100-pcie")
+    table_rams: tuple[str, ...] = ("256GiB", "512GiB", "1TiB")
+    table_policy: Policy = Policy()
+    """The default policy; tune() searches from it and keeps its numerics (clip, dtypes)."""
+    modes_model: str = "llama-3.1-8b"
+    modes_gpu: str = "h100-pcie"
+    modes_ram: str = "512GiB"
+    modes_policy: Policy = Policy(batch=8, seq=4096)
+    """optimizer is set per mode; grad_clip becomes 0 for 'backward' (it cannot clip exactly)."""
+    ckpt_models: tuple[str, ...] = ("llama-3.1-8b", "qwen2.5-32b")
+    ckpt_gpu: str = "h100-pcie"
+    ckpt_ram: str = "512GiB"
+    ckpt_policy: Policy = Policy(batch=8, seq=4096)
+    map_gpu: str = "h100-pcie"
+    map_models: tuple[str, ...] = tuple(n for n in PRESETS if n != "tiny")
+    map_rams: tuple[str, ...] = ("128GiB", "256GiB", "384GiB", "512GiB", "768GiB", "1TiB",
+                                 "1.5TiB", "2TiB")
+    map_lean: dict = field(default_factory=lambda: {"optimizer": "backward", "grad_clip": 0.0,
+                                                    "working_copy": False})
+    """The second map's policy: the default with the leanest host footprint at fp32 moments."""
+
+
+FULL = BuildConfig()
+QUICK = BuildConfig(
+    headline_model="qwen2.5-0.5b", headline_gpu="h100-pcie", headline_ram="18GiB",
+    headline_policy=Policy(batch=4, seq=1024),
+    table_models=("tiny", "qwen2.5-0.5b"), table_gpus=("h100-pcie",), table_rams=("16GiB", "64GiB"),
+    modes_model="tiny", modes_policy=Policy(batch=4, seq=512),
+    ckpt_models=("tiny", "qwen2.5-0.5b"), ckpt_policy=Policy(batch=4, seq=1024),
+    map_models=("tiny", "qwen2.5-0.5b", "llama-3.1-8b"), map_rams=("16GiB", "64GiB", "256GiB"),
+)
