@@ -114,16 +114,21 @@ class Admission:
 
 
 # ---- what the machine has --------------------------------------------------------------------
-def mem_available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (RAM the kernel can give without swapping), else None."""
+def meminfo_bytes(field: str) -> int | None:
+    """A field of /proc/meminfo ('MemTotal', 'MemAvailable', ...) in bytes, else None."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def mem_available_bytes() -> int | None:
+    """MemAvailable (RAM the kernel can give without swapping), else None."""
+    return meminfo_bytes("MemAvailable")
 
 
 def rss_bytes() -> int:

@@ -6,7 +6,6 @@ No wall-clock assertions."""
 import math
 
 import pytest
-import simpy
 import torch
 
 from horizon_exec.calibrate import KernelTimer, _block_pass
@@ -14,7 +13,6 @@ from horizon_exec.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.schedule import OpKind, build_schedule, work
 from horizon_sim.sim.costs import CostModel, RateTable
-from horizon_sim.sim.dram import DramBus
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.specs.hardware import DeviceSpec
 from horizon_sim.specs.hardware_io import hardware_to_toml, load_hardware
@@ -102,35 +100,6 @@ def test_rate_table_is_exact_at_measured_shapes_and_between_them_elsewhere():
     assert 0.05 < t.rate("nt", (8192, 8192, 8192)) <= 0.2  # never beyond the measured values
     assert t.rate("nn", (300, 300, 300)) == pytest.approx(0.1)
     assert not RateTable(rows, "fp16", key_len=2)
-
-
-def _finish_times(flows, lane_cores, cap=100.0):
-    env = simpy.Environment()
-    bus = DramBus(env, cap, lane_cores)
-    done = [None] * len(flows)
-
-    def proc(i, start, nbytes, rate, core):
-        if start:
-            yield env.timeout(start)
-        yield bus.transfer(nbytes, rate, core)
-        done[i] = env.now
-
-    for i, f in enumerate(flows):
-        env.process(proc(i, *f))
-    env.run()
-    return done
-
-
-def test_flows_on_one_core_share_it():
-    """Worked by hand, a bus far faster than the flows. One core: a copy (10 B at 1 B/s) and an
-    optimizer update (10 B at 2 B/s) together each run at half speed: the update finishes at
-    t=10 (5 B/s... half of 2 B/s = 1 B/s for 10 s), the copy has 5 B left, alone again at
-    1 B/s -> t=15. Two cores: no sharing, t=10 and t=5. A DMA copy (not a core flow) is not
-    slowed by the update."""
-    assert _finish_times([(0, 10, 1, True), (0, 10, 2, True)], 1) == pytest.approx([15.0, 10.0])
-    assert _finish_times([(0, 10, 1, True), (0, 10, 2, True)], 2) == pytest.approx([10.0, 5.0])
-    assert _finish_times([(0, 10, 1, False), (0, 10, 2, True)], 1) == pytest.approx([10.0, 5.0])
-    assert _finish_times([(0, 10, 1, True), (0, 10, 2, True)], 0) == pytest.approx([10.0, 5.0])
 
 
 @pytest.mark.parametrize("rows, match", [

@@ -10,7 +10,7 @@ from horizon_sim.sim.dram import DramBus
 from horizon_sim.sim.simulate import _compute, simulate
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
-from tests.test_validate import CPU_HW
+from tests.cpu_machine import CPU_HW
 
 
 def _finish(contention, flow_core=True, work_s=1.0):

@@ -8,7 +8,7 @@ from dataclasses import replace
 import torch
 
 from horizon_exec.calibrate.contention import busy_latencies, compute_slowdown
-from horizon_exec.calibrate.host import (_cpu_name, _mem_in_use_GiB, measure_accumulate_GBps, measure_adam_Gparams,
+from horizon_exec.calibrate.host import (_cpu_name, os_reserved_GiB, measure_accumulate_GBps, measure_adam_Gparams,
                                          measure_bus_GBps, measure_copy_GBps, measure_reduce_GBps,
                                          measure_shared_cores, ram_GiB)
 from horizon_exec.calibrate.kernels import (_gemm_shapes, attention_grid, gemm_grid, gemm_rates, gemm_times,
@@ -19,6 +19,11 @@ from horizon_exec.calibrate.overheads import (HEAD8_POLICY, TINY, TINY_POLICY, T
 from horizon_exec.calibrate.timing import Progress, _in_lane, _mean_rate
 from horizon_sim.schedule import Lane, OpKind, work
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
+
+
+def _elem_points(rounds) -> list:
+    """(mean seconds, bytes) at the small and the large token count, over the rounds so far."""
+    return [(statistics.mean(x[i][0] for x in rounds), rounds[0][i][1]) for i in (0, 1)]
 
 
 def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
@@ -48,7 +53,6 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
     R: dict = {"attn": {p: [] for p in attn_pts}, "elem": [], "h2d": [], "d2h": [], "thread": [],
                "reduce": [], "adam": [], "slowdown": [], "loss": []}
     layer_bytes = 4 * 2**20 if not quick else 2**20
-    hw = None
     for r in range(rounds):
         prog.step(f"round {r + 1}/{rounds}: GEMM grid (cold operands), attention kernels, elementwise "
                   "bandwidth, copies, AdamW, per-op fixed costs (a tiny model, ops serialized)")
@@ -69,10 +73,9 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
         R["adam"].append(host(lambda: measure_adam_Gparams(2**21 if not quick else 2**19, quick)))
         sample_tiny()
         R["slowdown"].append(compute_slowdown(be, quick))
-        elem = [(statistics.mean(x[i][0] for x in R["elem"]), R["elem"][0][i][1]) for i in (0, 1)]
         g = gemm_rates(gemm_visits[-1:])
         prog.done(f"GEMM median {statistics.median(g.values()) * 1e3:.0f} GFLOP/s, elementwise "
-                  f"{slope_GBps(elem):.1f} GB/s, h2d {R['h2d'][-1]:.1f} GB/s, AdamW {R['adam'][-1]:.2f} G params/s")
+                  f"{slope_GBps(_elem_points(R['elem'])):.1f} GB/s, h2d {R['h2d'][-1]:.1f} GB/s, AdamW {R['adam'][-1]:.2f} G params/s")
     bf16, fp32 = gemm_rates(gemm_visits[1:] or gemm_visits), gemm_rates(fp32_visits)
     gemm = [("bf16", s[0], *map(float, s[1:]), r) for s, r in bf16.items()]
     gemm += [("fp32", s[0], *map(float, s[1:]), r) for s, r in fp32.items()]
@@ -84,7 +87,7 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
     for (seq, hd), vals in R["attn"].items():
         attn.append(("bf16", float(seq), float(hd), _mean_rate([v[0] for v in vals]),
                      _mean_rate([v[1] for v in vals])))
-    elem = [(statistics.mean(x[i][0] for x in R["elem"]), R["elem"][0][i][1]) for i in (0, 1)]
+    elem = _elem_points(R["elem"])
     h2d, d2h = _mean_rate(R["h2d"]), _mean_rate(R["d2h"])
     dev = DeviceSpec(
         name=f"cpu-core ({be.compute_threads} thread{'s' if be.compute_threads > 1 else ''})",
@@ -98,7 +101,7 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
                     cpu_driven=True)
     hst = HostSpec(name=_cpu_name(), ram_GiB=ram, dram_GBps=max(bus, h2d, d2h), cores=os.cpu_count() or 1,
                    adam_Gparams_per_s=_mean_rate(R["adam"]),
-                   os_reserved_GiB=min(max(1.0, _mem_in_use_GiB() + 0.5), ram / 2),
+                   os_reserved_GiB=os_reserved_GiB(ram),
                    runtime_overhead_GiB=0.0, lane_cores=min(float(len(be.host_cores)), shared),
                    thread_GBps=_mean_rate(R["thread"]))
     hw = HardwareSpec(device=dev, link=link, host=hst)

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import torch
 
-from horizon_exec.calibrate.host import _cpu_name, _mem_in_use_GiB, measure_adam_Gparams, measure_bus_GBps, ram_GiB
+from horizon_exec.calibrate.host import _cpu_name, os_reserved_GiB, measure_adam_Gparams, measure_bus_GBps, ram_GiB
 from horizon_exec.calibrate.kernels import (_gemm_shapes, attention_grid, gemm_grid, measure_attention,
                                             measure_elementwise, measure_gemm_table, measure_loss_ns_per_logit,
                                             slope_GBps)
@@ -77,7 +77,7 @@ def _calibrate_cuda(device, quick, model, policy, say, rounds) -> HardwareSpec:
                          gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn))
     link = LinkSpec(name="calibrated", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=lat, pageable_GBps=pg)
     hst = HostSpec(name=_cpu_name(), ram_GiB=ram, dram_GBps=bus, cores=os.cpu_count() or 1,
-                   adam_Gparams_per_s=adam, os_reserved_GiB=min(max(1.0, _mem_in_use_GiB() + 0.5), ram / 2))
+                   adam_Gparams_per_s=adam, os_reserved_GiB=os_reserved_GiB(ram))
     hw = HardwareSpec(device=devspec, link=link, host=hst)
 
     prog.step("fixed cost per op: a tiny model, ops serialized")

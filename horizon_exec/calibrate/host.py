@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from horizon_exec.admission import meminfo_bytes
+
 from horizon_exec.calibrate.timing import _median_time
 from horizon_sim.schedule import Lane
 from horizon_sim.units import GiB
@@ -143,21 +145,16 @@ def measure_bus_GBps(nbytes: int, cores: list[int]) -> float:
 
 
 def ram_GiB() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024 / GiB
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GiB
+    total = meminfo_bytes("MemTotal")
+    return (total or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / GiB
 
 
-def _mem_in_use_GiB() -> float:
-    try:
-        info = {l.split(":")[0]: int(l.split()[1]) * 1024 for l in Path("/proc/meminfo").read_text().splitlines()}
-        return (info["MemTotal"] - info["MemAvailable"]) / GiB
-    except (OSError, KeyError, ValueError):
-        return 1.0
+def os_reserved_GiB(ram: float) -> float:
+    """RAM the OS and everything else running keep (MemTotal - MemAvailable now, + 0.5 GiB),
+    at least 1 GiB and at most half the RAM; 1 GiB where /proc/meminfo is missing."""
+    total, avail = meminfo_bytes("MemTotal"), meminfo_bytes("MemAvailable")
+    in_use = (total - avail) / GiB if total is not None and avail is not None else 1.0
+    return min(max(1.0, in_use + 0.5), ram / 2)
 
 
 def _cpu_name() -> str:

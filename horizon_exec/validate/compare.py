@@ -13,8 +13,8 @@ from horizon_sim.schedule import build_schedule
 from horizon_sim.sim.process_rss import device_constant_bytes, predict_rss
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.specs.hardware import HardwareSpec
+from horizon_sim.units import MiB
 
-MiB = 2**20
 
 
 @dataclass

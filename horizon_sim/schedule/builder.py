@@ -243,9 +243,7 @@ class _Builder:
         fwd_hbm = work.block_elementwise_bytes(m_, tok, p.seq, act, backward=False)
         bwd_hbm = work.block_elementwise_bytes(m_, tok, p.seq, act, backward=True)
         fwd_ws = work.block_workspace_bytes(m_, mb, p.seq, act, backward=False)
-        bwd_ws = work.block_workspace_bytes(m_, mb, p.seq, act, backward=True)
-        if p.attention == "eager":  # T x T scores and probabilities per head, kept for backward
-            bwd_ws += 2 * mb * m_.n_heads * p.seq * p.seq * act
+        bwd_ws = work.block_workspace_bytes(m_, mb, p.seq, act, backward=True, attention=p.attention)
         head_hbm = work.head_elementwise_bytes(m_, tok, act)
         head_ws = work.head_workspace_bytes(m_, tok, p.loss_chunk_tokens, act)
         last_m = p.micro_batches - 1

@@ -189,10 +189,15 @@ def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -
     return int(max(logits, norm_bwd))
 
 
-def block_workspace_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool) -> int:
+def block_workspace_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool,
+                          attention: str = "flash") -> int:
     """Op.workspace_bytes: the temporary peak less the output the op hands over as a schedule
-    buffer (y, or dx), which the simulator already charges from the op's start."""
-    return block_temp_peak_bytes(m, micro_batch, seq, a, backward) - micro_batch * seq * m.hidden * a
+    buffer (y, or dx), which the simulator already charges from the op's start. Eager
+    attention adds the T x T scores and probabilities per head it keeps for backward."""
+    ws = block_temp_peak_bytes(m, micro_batch, seq, a, backward) - micro_batch * seq * m.hidden * a
+    if backward and attention == "eager":
+        ws += 2 * micro_batch * m.n_heads * seq * seq * a
+    return ws
 
 
 def head_workspace_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -> int:

@@ -71,10 +71,10 @@ def _lane_process(env, ops, done, costs: CostModel, bus: DramBus, start, end, bu
         done[op.id].succeed()
 
 
-def run_timeline(sched: Schedule, hw: HardwareSpec) -> pd.DataFrame:
+def run_timeline(sched: Schedule, hw: HardwareSpec, costs: CostModel | None = None) -> pd.DataFrame:
     """Only the timeline: the predicted start and end of every op."""
     env = simpy.Environment()
-    costs = CostModel(hw, sched.meta.policy["compute_dtype"], sched.meta)
+    costs = costs or CostModel(hw, sched.meta.policy["compute_dtype"], sched.meta)
     bus = DramBus(env, costs.dram_Bps, hw.host.lane_cores)
     done = [env.event() for _ in sched.ops]
     start, end = {}, {}
@@ -89,8 +89,9 @@ def run_timeline(sched: Schedule, hw: HardwareSpec) -> pd.DataFrame:
 
 
 def simulate(sched: Schedule, hw: HardwareSpec) -> SimResult:
-    tl = run_timeline(sched, hw)
+    costs = CostModel(hw, sched.meta.policy["compute_dtype"], sched.meta)
+    tl = run_timeline(sched, hw, costs)
     trace = device_trace(sched, tl, staging=not hw.link.cpu_driven)
     host = host_footprint(sched, tl, int(hw.host.runtime_overhead_GiB * GiB))
-    summary = summarize(sched, hw, tl, trace, host, CostModel(hw, sched.meta.policy["compute_dtype"], sched.meta))
+    summary = summarize(sched, hw, tl, trace, host, costs)
     return SimResult(sched, hw, tl, trace, host, summary)

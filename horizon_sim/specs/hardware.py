@@ -57,14 +57,6 @@ def _check_table(spec, part: str, field: str, columns: tuple[str, ...]) -> None:
     object.__setattr__(spec, field, tuple(out))
 
 
-def table_lookup(rows, key: str, default: float) -> float:
-    """The value of `key` in a two-column table (key, value), else `default`."""
-    for k, v in rows:
-        if k == key:
-            return v
-    return default
-
-
 @dataclass(kw_only=True, frozen=True, slots=True)
 class DeviceSpec:
     """One accelerator. The planner treats it as a transient compute engine: it holds a few
