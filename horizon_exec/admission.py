@@ -234,43 +234,18 @@ def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, de
     return Admission(host, host_avail, host_src, dev, dev_avail, dev_src)
 
 
-UNRUNNABLE_MOVES = ("bf16 moments",)
-"""Planner moves this executor cannot run (torch's fused AdamW keeps the moments in the
-master dtype), left out of the search for a policy that fits."""
-
-
-def _nearest_fit(model, hw, policy, runner, fits, host_short: bool, dev_short: bool, max_changes: int = 3):
-    """(policy, outcome, changes) of the fastest policy for which fits(outcome) holds among
-    those fewest planner MOVES away (horizon_sim.plan.advice.nearest_fit's search, with this
-    executor's own accounting and only the moves it can run), or None."""
-    from itertools import combinations
-
-    from horizon_sim.plan.advice import MOVES
-
-    moves = [mv for mv in MOVES if mv[0] not in UNRUNNABLE_MOVES and ((host_short and mv[1]) or (dev_short and mv[2]))]
-    for n in range(1, max_changes + 1):
-        cands = {}
-        for combo in combinations(moves, n):
-            p = policy
-            try:
-                for *_, fn in combo:
-                    p = fn(p, model) if p is not None else None
-            except HorizonError:
-                p = None
-            if p is not None and p != policy and p not in cands:
-                cands[p] = tuple(name for name, *_ in combo)
-        outs = runner.run([(model, hw, p) for p in cands])
-        ok = [(o.tokens_per_s, -i, p, o) for i, (p, o) in enumerate(zip(cands, outs)) if o.ok and fits(o)]
-        if ok:
-            _, _, p, o = max(ok, key=lambda t: t[:2])
-            return p, o, cands[p]
-    return None
+def unrunnable_moves() -> tuple[str, ...]:
+    """Planner moves this executor cannot run here, left out of the search for a policy that
+    fits: bf16 moments need the native AdamW kernel (torch's keeps the moments in the master
+    dtype), so they are out only where it cannot be built."""
+    from horizon_exec import native
+    return () if native.adamw() is not None else ("bf16 moments",)
 
 
 def _advice(model, policy, hw, adm: Admission, cpu: bool) -> list[str]:
     """What to change: the nearest policy that fits (planner outcomes plus this executor's
     own extras), a bigger budget, or --no-admission."""
-    from horizon_sim.plan.advice import policy_flags
+    from horizon_sim.plan.advice import nearest_fit, policy_flags
     from horizon_sim.plan.sweep import Runner
 
     out = []
@@ -295,10 +270,10 @@ def _advice(model, policy, hw, adm: Admission, cpu: bool) -> list[str]:
     else:
         with Runner(workers=1) as runner:
             # on the CPU backend device memory is host RAM: a host shortage can be cut on either side
-            nf = _nearest_fit(model, hw, policy, runner, fits, host_short=not adm.host_fits,
-                              dev_short=not adm.device_fits or (cpu and not adm.host_fits))
+            nf = nearest_fit(model, hw, policy, runner=runner, fits=fits, skip=frozenset(unrunnable_moves()),
+                             short=(not adm.host_fits, not adm.device_fits or (cpu and not adm.host_fits)))
         if nf is not None:
-            p, o, changes = nf
+            p, o, changes = nf.policy, nf.outcome, nf.changes
             host, dev = need(o)
             out.append(f"nearest policy that fits ({', '.join(changes)}): {policy_flags(p, policy)}"
                        f" (host {fmt_bytes(host)}, device {fmt_bytes(dev)})")

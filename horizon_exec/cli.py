@@ -220,6 +220,7 @@ def _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, s
     from pathlib import Path
 
     from horizon_exec import checkpoint_hf
+    from horizon_exec.buffers import TORCH_DTYPE
     from horizon_exec.loop import LoopConfig, TrainLoop
     from horizon_sim.units import fmt_bytes
 
@@ -234,6 +235,8 @@ def _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, s
           f"{len(ds.eval)} eval sequences of {policy.seq}")
     if tr.admission is not None:
         print(f"admission: fits: {tr.admission.line()}")
+    print(f"optimizer: AdamW ({policy.optimizer}), {policy.states_dtype} moments: "
+          f"{tr.runner.adamw.describe(TORCH_DTYPE[policy.master_dtype], TORCH_DTYPE[policy.states_dtype])}")
     if args.resume is not None:
         p = loop.resume(args.resume or args.ckpt_dir)
         print(f"resumed from {p} at step {loop.step}")

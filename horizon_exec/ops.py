@@ -255,11 +255,12 @@ class OpRunner:
             self.updated_units += 1
         p = self.store.t[f"master.{u}"]
         g = self.buf.get(f"hgrad.{u}")
-        if g.dtype != p.dtype and self._g32 is None:  # one reused chunk of scratch: O(1)
-            self._g32 = torch.empty(self.adamw.chunk_params, dtype=p.dtype)
         exp_avg, exp_avg_sq = self.store.moments(u)
-        coef = clip_coef(self.p.grad_clip, self.store.scalar("gnorm")) if self.p.clip else 1.0
         wc = _pick(op.writes, "wc.", None)
+        if (g.dtype != p.dtype and self._g32 is None  # torch path: one reused chunk of scratch, O(1)
+                and not self.adamw.uses_native(p.dtype, exp_avg.dtype)):
+            self._g32 = torch.empty(self.adamw.chunk_params, dtype=p.dtype)
+        coef = clip_coef(self.p.grad_clip, self.store.scalar("gnorm")) if self.p.clip else 1.0
         self.adamw.step(p, g, exp_avg, exp_avg_sq, self.store.steps[u], coef, lr=self.lr,
                         working_copy=self.store.t[wc] if wc else None, scratch=self._g32)
 

@@ -1,4 +1,4 @@
-"""CPU AdamW on one unit's flat buffers, through torch's fused CPU kernel.
+"""CPU AdamW on one unit's flat buffers.
 
 The update is torch.optim.AdamW's (decoupled weight decay, bias correction) with the step
 counter incremented before the kernel, as torch's own fused path does. Global-norm clipping
@@ -6,15 +6,29 @@ matches torch.nn.utils.clip_grad_norm_: coefficient min(1, max_norm / (norm + 1e
 to the kernel as grad_scale = 1/coef (the kernel divides the gradient by it), so clipping
 costs no extra pass over the gradient.
 
-The unit is processed in cache-sized chunks: a bf16 gradient chunk is widened into a small
-fp32 scratch, updated by the kernel, and the bf16 working copy is refreshed from the master
-chunk while it is still in cache. Whole-buffer widen and refresh passes would each stream the
-unit through DRAM again (measured on one core: ~0.25x the bare kernel's rate; chunked: ~0.75x, the rest is
-the casts themselves). With fp32 grads and no working copy the unit is one kernel call.
+Which kernel (`kernel="auto"`):
+- the native one-pass kernel (native/adamw.c) whenever the master is fp32 and it builds here:
+  it widens a bf16 gradient, clips, updates fp32 or bf16 moments and refreshes the bf16
+  working copy in one pass over memory, 28 bytes per parameter with fp32 moments, what
+  torch's fused kernel moves for the bare update on an fp32 gradient. (Torch's kernel also
+  writes the clipped gradient back when given grad_scale: 4 more bytes per parameter.)
+- otherwise torch._fused_adamw_: one call when the gradient is already fp32 and there is no
+  working copy; else in cache-sized chunks (a bf16 gradient chunk widened into fp32 scratch,
+  the kernel, the working copy refreshed while the chunk is in cache). Measured on one core,
+  that path runs at ~0.65x torch's bare kernel (the casts), the native one at ~0.85-1.0x.
+  bf16 moments with an fp32 master need the native kernel.
+`kernel="native"` or `"torch"` forces one (tests, benchmarks).
 """
+import ctypes
+import math
 from dataclasses import dataclass
 
 import torch
+
+from horizon_exec import native
+from horizon_exec.errors import ExecError
+
+KERNELS = ("auto", "native", "torch")
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -24,22 +38,84 @@ class AdamW:
     eps: float = 1e-8
     weight_decay: float = 0.0
 
+    kernel: str = "auto"
+    """'auto' (see the module docstring), 'native' (always native/adamw.c) or 'torch'."""
+
     chunk_params: int = 1 << 19
-    """Parameters per kernel call when a chunk must be widened or copied out: 2 MiB per fp32
-    tensor, in L2/L3 while the casts touch it (2^18..2^20 measured alike; 2^16 pays call
-    overhead, 2^22 spills)."""
+    """torch path only: parameters per kernel call when a chunk must be widened or copied
+    out: 2 MiB per fp32 tensor, in L2/L3 while the casts touch it (2^18..2^20 measured alike;
+    2^16 pays call overhead, 2^22 spills)."""
+
+    def __post_init__(self):
+        if self.kernel not in KERNELS:
+            raise ExecError(f"AdamW kernel={self.kernel!r}: use one of {', '.join(KERNELS)}")
+
+    def uses_native(self, master_dtype, states_dtype) -> bool:
+        """Whether step() runs the native kernel for a master and moments of these dtypes
+        (ExecError when neither kernel can: bf16 moments without the native one)."""
+        torch_can = states_dtype == master_dtype  # torch's kernel: moments in the master dtype
+        native_can = master_dtype == torch.float32
+        want_native = self.kernel == "native" or (self.kernel == "auto" and native_can)
+        if want_native and not native_can:
+            raise ExecError(f"the native AdamW kernel needs an fp32 master, not {master_dtype}")
+        if want_native and native.adamw() is not None:
+            return True
+        if not torch_can:
+            what = f"Adam moments in {_short(states_dtype)} with an {_short(master_dtype)} master"
+            raise ExecError(f"{what} need the native AdamW kernel; {native.status()}" if self.kernel != "torch"
+                            else f"{what}: torch's kernel needs them in the master dtype (kernel='torch')")
+        if self.kernel == "native":
+            raise ExecError(native.status())
+        return False
+
+    def describe(self, master_dtype, states_dtype) -> str:
+        """One line for a log: the kernel step() runs for these dtypes, and why."""
+        if self.uses_native(master_dtype, states_dtype):
+            return native.status()
+        why = "kernel='torch'" if self.kernel == "torch" else native.status()
+        return f"torch's fused AdamW, casts in extra passes ({why})"
 
     def step(self, param, grad, exp_avg, exp_avg_sq, step, clip_coef: float = 1.0,
              lr: float | None = None, working_copy=None, scratch=None):
-        """param, exp_avg, exp_avg_sq: flat fp32 (n,) host tensors, updated in place; grad:
-        flat (n,) fp32 or narrower (widened chunk by chunk into `scratch`, fp32, >= one chunk);
-        step: fp32 scalar tensor, incremented once here; working_copy: optional flat (n,)
-        tensor refreshed from the updated master."""
+        """param: flat fp32 (n,) host tensor; exp_avg, exp_avg_sq: flat (n,) fp32 (or bf16,
+        native kernel) moments; all updated in place. grad: flat (n,) fp32 or bf16. step: fp32
+        scalar tensor, incremented once here. working_copy: optional flat (n,) bf16 tensor
+        refreshed from the updated master. scratch: torch path only, fp32 >= one chunk."""
         step += 1
+        lr = self.lr if lr is None else lr
+        if self.uses_native(param.dtype, exp_avg.dtype):
+            self._native(param, grad, exp_avg, exp_avg_sq, float(step), clip_coef, lr, working_copy)
+        else:
+            self._torch(param, grad, exp_avg, exp_avg_sq, step, clip_coef, lr, working_copy, scratch)
+
+    def _native(self, param, grad, exp_avg, exp_avg_sq, step: float, clip_coef, lr, working_copy):
+        n = param.numel()
+        for name, t, ok in (("grad", grad, (torch.float32, torch.bfloat16)),
+                            ("exp_avg", exp_avg, (torch.float32, torch.bfloat16)),
+                            ("exp_avg_sq", exp_avg_sq, (exp_avg.dtype,)),
+                            ("working_copy", working_copy, (torch.bfloat16,))):
+            if t is not None and (t.dtype not in ok or t.numel() != n or not t.is_contiguous()
+                                  or t.device.type != "cpu"):
+                raise ExecError(f"native AdamW: {name} is {tuple(t.shape)} {t.dtype} on {t.device}; "
+                                f"needs {n} contiguous CPU elements of {' or '.join(map(str, ok))}")
+        b1, b2 = self.betas
+        # Double precision here, float in the kernel: torch's fused kernel does the same.
+        scaled = clip_coef < 1.0
+        h = native.AdamwHyper(
+            decay=1.0 - lr * self.weight_decay, lerp_w=1.0 - b1, beta2=b2, one_m_beta2=1.0 - b2,
+            bc2_sqrt=math.sqrt(1.0 - b2 ** step), eps=self.eps, neg_step_size=-(lr / (1.0 - b1 ** step)),
+            grad_scale=1.0 / clip_coef if scaled else 1.0, scaled=int(scaled))
+        rc = native.adamw()(param.data_ptr(), grad.data_ptr(), int(grad.dtype == torch.bfloat16),
+                            exp_avg.data_ptr(), exp_avg_sq.data_ptr(), int(exp_avg.dtype == torch.bfloat16),
+                            working_copy.data_ptr() if working_copy is not None else None, n,
+                            ctypes.byref(h), torch.get_num_threads())
+        if rc != 0:
+            raise ExecError(f"native AdamW rejected its arguments (code {rc})")
+
+    def _torch(self, param, grad, exp_avg, exp_avg_sq, step, clip_coef, lr, working_copy, scratch):
         scale = None if clip_coef >= 1.0 else torch.tensor(1.0 / clip_coef, dtype=torch.float32)
-        kw = dict(lr=self.lr if lr is None else lr, beta1=self.betas[0], beta2=self.betas[1],
-                  weight_decay=self.weight_decay, eps=self.eps, amsgrad=False, maximize=False,
-                  grad_scale=scale)
+        kw = dict(lr=lr, beta1=self.betas[0], beta2=self.betas[1], weight_decay=self.weight_decay,
+                  eps=self.eps, amsgrad=False, maximize=False, grad_scale=scale)
         widen = grad.dtype != param.dtype
         if widen and (scratch is None or scratch.numel() < min(self.chunk_params, grad.numel())):
             scratch = torch.empty(min(self.chunk_params, grad.numel()), dtype=param.dtype)
@@ -51,6 +127,10 @@ class AdamW:
             torch._fused_adamw_([param[s:e]], [g], [exp_avg[s:e]], [exp_avg_sq[s:e]], [], [step], **kw)
             if working_copy is not None:
                 working_copy[s:e].copy_(param[s:e])
+
+
+def _short(dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
 
 
 def clip_coef(grad_clip: float, total_norm: float) -> float:

@@ -140,10 +140,12 @@ class Trainer:
                  hardware=None, on_nonfinite: str | None = None):
         if policy.seq < 2:
             raise HorizonError(f"policy seq={policy.seq}: training needs sequences of at least 2 tokens")
-        if policy.states_dtype != policy.master_dtype:
-            raise HorizonError(f"policy states_dtype={policy.states_dtype} with master_dtype="
-                               f"{policy.master_dtype}: torch's fused AdamW needs the Adam moments in "
-                               "the master dtype; use the same dtype for both")
+        adamw = AdamW(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        try:  # bf16 moments with an fp32 master need the native kernel: say so before allocating
+            adamw.uses_native(TORCH_DTYPE[policy.master_dtype], TORCH_DTYPE[policy.states_dtype])
+        except ExecError as e:
+            raise HorizonError(f"policy states_dtype={policy.states_dtype}: {e}. Use states_dtype="
+                               f"{policy.master_dtype} (--states-dtype {policy.master_dtype})") from None
         if on_nonfinite is None:
             on_nonfinite = "stop" if policy.optimizer == "backward" else "skip"
         if on_nonfinite not in ON_NONFINITE:
@@ -165,8 +167,7 @@ class Trainer:
         self.buffers = BufferTable(self.sched, model, policy, self.store, self.arena, self.backend)
         self._lr = float(lr)
         self.runner = OpRunner(model=model, policy=policy, buffers=self.buffers,
-                               store=self.store, arena=self.arena, backend=self.backend,
-                               adamw=AdamW(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+                               store=self.store, arena=self.arena, backend=self.backend, adamw=adamw)
         self.units = [EMBED, *range(model.n_layers), model.n_layers]
         self._params = {}  # transformers name -> view of the master store
         for u in self.units:
@@ -319,15 +320,17 @@ class Trainer:
                     "reached the weights or the optimizer state)")
         return msg + f"; weights and optimizer state are those after step {self.steps_done - 1}"
 
-    def flush(self) -> None:
+    def flush(self) -> list:
         """Apply pending pipelined optimizer updates (the prev_step ops), so the master
-        weights are final. A no-op in the other modes or when nothing is pending."""
+        weights are final. A no-op in the other modes or when nothing is pending. Returns the
+        measured (op, start_s, end_s) of the ops it ran."""
         self._check_usable()
         if not self.pending:
-            return
+            return []
         self.runner.lr = self.pending_lr
-        self._run([o for o in self.sched.ops if o.prev_step])
+        rows = self._run([o for o in self.sched.ops if o.prev_step])
         self.pending = False
+        return rows
 
     @torch.no_grad()
     def _final_hidden(self, tokens):

@@ -15,12 +15,7 @@ from horizon_sim.specs.policy import exact_policy
 from tests.hf_tiny import executor_grads, hf_grads, rel_err, tiny_hf, tiny_spec
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
 
 def _jsonl(path, records):

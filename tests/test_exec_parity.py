@@ -47,14 +47,7 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The reference runs tiny ops: one intra-op thread avoids OpenMP barrier stalls on a
-    busy 2-core machine (the executor's lanes set their own thread counts)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
 
 def _spec(L, tied, bias):

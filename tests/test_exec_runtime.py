@@ -23,12 +23,7 @@ from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy, exact_policy
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
 
 def _spec(L=4, H=64, V=128, **kw):

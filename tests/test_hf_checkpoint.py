@@ -29,12 +29,7 @@ KINDS = ["llama", "llama-tied", "qwen2", "mistral"]
 _spec, _hf, _rel = tiny_spec, tiny_hf, rel_err
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
 
 def _tokens(n=2, seed=0):

@@ -16,12 +16,7 @@ from tests.hf_tiny import T, V, executor_grads, hf_grads, rel_err as _rel, tiny_
 B = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
 
 def _check(loss, grads, ref_loss, ref_grads):

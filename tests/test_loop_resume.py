@@ -20,12 +20,7 @@ from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy, exact_policy
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
 
 # ---- lr schedule -----------------------------------------------------------------------------
@@ -83,6 +78,8 @@ POLICIES = {
                                               optimizer="pipelined", grad_clip=0.5),
     # the default mixed precision (bf16 device, bf16 working copy and link grads)
     "bf16-after": Policy(batch=2, seq=32, optimizer="after", grad_clip=1.0),
+    # bf16 Adam moments (the native AdamW kernel), pipelined: moments and pending grads in the checkpoint
+    "bf16-moments-pipelined": Policy(batch=2, seq=32, optimizer="pipelined", grad_clip=1.0, states_dtype="bf16"),
 }
 
 

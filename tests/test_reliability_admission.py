@@ -1,6 +1,8 @@
 """Admission control (issue 7): before allocating anything the executor asks the planner what
 the run needs and refuses, with needed vs available, the breakdown by role and what to change,
 when it does not fit; `--no-admission` / admission=False skips the check."""
+import argparse
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from horizon_exec.admission import (AdmissionError, admit, device_constants_byte
 from horizon_exec.errors import DeviceBudgetError
 from horizon_exec.trainer import Trainer
 from horizon_sim.cli.main import main
+from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
 from horizon_sim.schedule import build_schedule
 from horizon_sim.schedule.op import Space
 from horizon_sim.specs.model import ModelSpec
@@ -20,12 +23,7 @@ POL = Policy(batch=2, seq=32, optimizer="pipelined")
 HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "checkpoints", "scalars", "runtime")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
 
 def _no_allocation(monkeypatch):
@@ -81,6 +79,34 @@ def test_the_advice_names_a_policy_that_then_fits():
     assert advice[0].startswith("nearest policy that fits (no working copy): --no-working-copy"), advice
     lean = Policy(batch=2, seq=32, optimizer="pipelined", working_copy=False)
     assert admit(SPEC, lean, build_schedule(SPEC, lean), host_budget_bytes=budget).fits
+
+
+def test_bf16_moments_are_advised_only_where_they_can_run(monkeypatch):
+    """Short by a third of the moments (8/3 bytes per parameter): more than the moves that
+    leave training as it is can save (the working copy is 2), less than bf16 moments do (4).
+    The nearest fit takes bf16 moments (runnable with the native AdamW kernel) and that policy
+    is admitted; without the kernel they are never advised. The model is large enough (7M
+    params) that these savings dwarf the drift of the process's measured runtime footprint."""
+    from horizon_exec import native
+    if native.adamw() is None:
+        pytest.skip(native.status())
+    spec = ModelSpec(n_layers=4, hidden=256, n_heads=4, n_kv_heads=2, ffn_hidden=512, vocab=8192)
+    sched = build_schedule(spec, POL)
+    adm = admit(spec, POL, sched, host_budget_bytes=2**40)
+    budget = adm.host_need_bytes - adm.host_by_role["moments"] // 3
+    with pytest.raises(AdmissionError) as e:
+        admit(spec, POL, sched, host_budget_bytes=budget)
+    first = e.value.admission.advice[0]
+    assert first.startswith("nearest policy that fits (") and "bf16 moments" in first, first
+    parser = argparse.ArgumentParser()
+    add_policy_args(parser, defaults=POL)
+    lean = policy_from_args(parser.parse_args(first.split(": ", 1)[1].split(" (host")[0].split()))
+    assert lean.states_dtype == "bf16" and lean.optimizer == POL.optimizer  # one lossy change only
+    assert admit(spec, lean, build_schedule(spec, lean), host_budget_bytes=budget).fits
+    monkeypatch.setitem(native._state, "fn", None)
+    with pytest.raises(AdmissionError) as e:
+        admit(spec, POL, sched, host_budget_bytes=budget)
+    assert not any("bf16 moments" in line for line in e.value.admission.advice)
 
 
 def test_what_fits_is_admitted_and_the_breakdown_matches_the_store():

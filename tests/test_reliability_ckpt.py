@@ -23,12 +23,7 @@ SPEC = ModelSpec(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128,
 POL = Policy(batch=2, seq=16, optimizer="pipelined")  # pending gradients are part of the state
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
 
 def _state(tr) -> dict:

@@ -30,12 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = ModelSpec(n_layers=4, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=256)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
 
 def _tokens(pol, seed=0):

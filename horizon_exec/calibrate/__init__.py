@@ -28,8 +28,9 @@ the lane that will do the work (same cores, same intra-op thread count):
                       such op's time less its modelled time alone
   lane_cores          how many cores' worth of copies k threads get on the host-lane cores
                       together (k = 2 x those cores): 1.0 per core means perfect time sharing
-  adam_Gparams_per_s  the executor's AdamW op (bf16 grads widened in chunks, fp32 master and
-                      moments, bf16 working copy refreshed) on cold units with warm grads
+  adam_Gparams_per_s  the executor's AdamW op (bf16 grads, fp32 master and moments, bf16
+                      working copy refreshed; its kernel: native one-pass, or torch's in chunks
+                      where that cannot be built) on cold units with warm grads
   thread_GBps         one host thread accumulating bf16 grads into cold fp32 host grads
   dram_GBps           all cores copying at once (the bus)
   runtime_overhead    RSS of a training process before model tensors: a tiny model trained in

@@ -114,19 +114,24 @@ class NearestFit:
 
 
 def nearest_fit(model: ModelSpec, hw: HardwareSpec, policy: Policy, outcome: Outcome | None = None, *,
-                max_changes: int = 3, runner: Runner | None = None) -> NearestFit | None:
+                max_changes: int = 3, runner: Runner | None = None, fits=None,
+                short: tuple[bool, bool] | None = None, skip: frozenset = frozenset()) -> NearestFit | None:
     """The fastest policy that fits among those with the fewest LOSSY moves, then the fewest
-    moves (up to `max_changes`), trying only moves that help the memory that is short."""
+    moves (up to `max_changes`), trying only moves that help the memory that is short.
+    An executor checking its own accounting passes `fits` (outcome -> bool; default:
+    Outcome.fits(hw)), `short` ((host short, device short); default: from the outcome) and
+    `skip` (names of moves it cannot run)."""
+    fits = fits or (lambda o: o.fits(hw))
     own = runner is None
     runner = runner or Runner(workers=None)
     try:
         outcome = outcome or runner.one(model, hw, policy)
-        if outcome.fits(hw):
+        if fits(outcome):
             return NearestFit(policy, outcome, ())
         if not outcome.ok:
             return None
-        host_short, dev_short = not outcome.fits_host(hw), not outcome.fits_device(hw)
-        moves = [mv for mv in MOVES if (host_short and mv[1]) or (dev_short and mv[2])]
+        host_short, dev_short = short or (not outcome.fits_host(hw), not outcome.fits_device(hw))
+        moves = [mv for mv in MOVES if mv[0] not in skip and ((host_short and mv[1]) or (dev_short and mv[2]))]
         levels: dict[tuple[int, int], list] = {}
         for n in range(1, max_changes + 1):
             for combo in combinations(moves, n):
@@ -146,9 +151,9 @@ def nearest_fit(model: ModelSpec, hw: HardwareSpec, policy: Policy, outcome: Out
                     cands[p] = tuple(name for name, *_ in combo)
             tried.update(cands)
             outs = runner.run([(model, hw, p) for p in cands])
-            fits = [(o.tokens_per_s, -i, p, o) for i, (p, o) in enumerate(zip(cands, outs)) if o.fits(hw)]
-            if fits:
-                _, _, p, o = max(fits, key=lambda t: t[:2])
+            ok = [(o.tokens_per_s, -i, p, o) for i, (p, o) in enumerate(zip(cands, outs)) if o.ok and fits(o)]
+            if ok:
+                _, _, p, o = max(ok, key=lambda t: t[:2])
                 return NearestFit(p, o, cands[p])
         return None
     finally:
