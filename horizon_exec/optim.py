@@ -27,6 +27,7 @@ import torch
 
 from horizon_exec import native
 from horizon_exec.errors import ExecError
+from horizon_sim.errors import HorizonError
 
 KERNELS = ("auto", "native", "torch")
 
@@ -48,7 +49,7 @@ class AdamW:
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
-            raise ExecError(f"AdamW kernel={self.kernel!r}: use one of {', '.join(KERNELS)}")
+            raise HorizonError(f"AdamW kernel={self.kernel!r}: use one of {', '.join(KERNELS)}")
 
     def uses_native(self, master_dtype, states_dtype) -> bool:
         """Whether step() runs the native kernel for a master and moments of these dtypes
@@ -61,7 +62,7 @@ class AdamW:
         if want_native and native.adamw() is not None:
             return True
         if not torch_can:
-            what = f"Adam moments in {_short(states_dtype)} with an {_short(master_dtype)} master"
+            what = f"Adam moments in {_short(states_dtype)} with the master in {_short(master_dtype)}"
             raise ExecError(f"{what} need the native AdamW kernel; {native.status()}" if self.kernel != "torch"
                             else f"{what}: torch's kernel needs them in the master dtype (kernel='torch')")
         if self.kernel == "native":
@@ -81,23 +82,17 @@ class AdamW:
         native kernel) moments; all updated in place. grad: flat (n,) fp32 or bf16. step: fp32
         scalar tensor, incremented once here. working_copy: optional flat (n,) bf16 tensor
         refreshed from the updated master. scratch: torch path only, fp32 >= one chunk."""
-        step += 1
         lr = self.lr if lr is None else lr
         if self.uses_native(param.dtype, exp_avg.dtype):
+            _check_native(param, grad, exp_avg, exp_avg_sq, working_copy)  # before any state changes
+            step += 1
             self._native(param, grad, exp_avg, exp_avg_sq, float(step), clip_coef, lr, working_copy)
         else:
+            step += 1
             self._torch(param, grad, exp_avg, exp_avg_sq, step, clip_coef, lr, working_copy, scratch)
 
     def _native(self, param, grad, exp_avg, exp_avg_sq, step: float, clip_coef, lr, working_copy):
         n = param.numel()
-        for name, t, ok in (("grad", grad, (torch.float32, torch.bfloat16)),
-                            ("exp_avg", exp_avg, (torch.float32, torch.bfloat16)),
-                            ("exp_avg_sq", exp_avg_sq, (exp_avg.dtype,)),
-                            ("working_copy", working_copy, (torch.bfloat16,))):
-            if t is not None and (t.dtype not in ok or t.numel() != n or not t.is_contiguous()
-                                  or t.device.type != "cpu"):
-                raise ExecError(f"native AdamW: {name} is {tuple(t.shape)} {t.dtype} on {t.device}; "
-                                f"needs {n} contiguous CPU elements of {' or '.join(map(str, ok))}")
         b1, b2 = self.betas
         # Double precision here, float in the kernel: torch's fused kernel does the same.
         scaled = clip_coef < 1.0
@@ -127,6 +122,20 @@ class AdamW:
             torch._fused_adamw_([param[s:e]], [g], [exp_avg[s:e]], [exp_avg_sq[s:e]], [], [step], **kw)
             if working_copy is not None:
                 working_copy[s:e].copy_(param[s:e])
+
+
+def _check_native(param, grad, exp_avg, exp_avg_sq, working_copy) -> None:
+    """The native kernel reads raw pointers: every buffer must be what it assumes."""
+    n = param.numel()
+    for name, t, ok in (("param", param, (torch.float32,)),
+                        ("grad", grad, (torch.float32, torch.bfloat16)),
+                        ("exp_avg", exp_avg, (torch.float32, torch.bfloat16)),
+                        ("exp_avg_sq", exp_avg_sq, (exp_avg.dtype,)),
+                        ("working_copy", working_copy, (torch.bfloat16,))):
+        if t is not None and (t.dtype not in ok or t.numel() != n or not t.is_contiguous()
+                              or t.device.type != "cpu"):
+            raise ExecError(f"native AdamW: {name} is {tuple(t.shape)} {t.dtype} on {t.device}; "
+                            f"needs {n} contiguous CPU elements of {' or '.join(map(str, ok))}")
 
 
 def _short(dtype) -> str:

@@ -16,6 +16,7 @@ import torch
 from horizon_exec import native
 from horizon_exec.errors import ExecError
 from horizon_exec.optim import AdamW
+from horizon_sim.errors import HorizonError
 
 LR, WD, BETAS, EPS = 1e-3, 0.1, (0.9, 0.95), 1e-8
 SIZES = [1, 15, 2048, 2049, 100_003]
@@ -151,7 +152,11 @@ def test_bad_buffers_are_refused_by_name():
         opt.step(p, torch.zeros(8), m, v, torch.zeros(()), working_copy=torch.zeros(8, dtype=torch.float16))
     with pytest.raises(ExecError, match="exp_avg_sq"):
         opt.step(p, torch.zeros(8), m, v.to(torch.bfloat16), torch.zeros(()))  # moments of two dtypes
-    with pytest.raises(ExecError, match="kernel='fast'"):
+    st = torch.zeros(())
+    with pytest.raises(ExecError, match="param is"):  # a strided master is refused...
+        opt.step(torch.zeros(16)[::2], torch.zeros(8), m, v, st)
+    assert st.item() == 0  # ...before the step counter moves
+    with pytest.raises(HorizonError, match="kernel='fast'"):
         AdamW(kernel="fast")
 
 
@@ -165,7 +170,7 @@ def test_without_the_kernel(monkeypatch):
     p, m, v = torch.ones(4), torch.zeros(4), torch.zeros(4)
     opt.step(p, torch.ones(4, dtype=torch.bfloat16), m, v, torch.zeros(()))  # torch path runs
     assert bool((p < 1).all())
-    with pytest.raises(ExecError, match="moments in bf16 with an fp32 master need the native AdamW kernel.*no cc"):
+    with pytest.raises(ExecError, match="moments in bf16 with the master in fp32 need the native AdamW kernel.*no cc"):
         opt.uses_native(torch.float32, torch.bfloat16)
     with pytest.raises(ExecError, match="no cc"):
         dataclasses.replace(opt, kernel="native").uses_native(torch.float32, torch.float32)
@@ -191,3 +196,14 @@ def test_build_is_cached(monkeypatch, tmp_path):
     fn2, _ = native._load()
     assert fn2 is not None and so.stat().st_mtime_ns == before
     assert [p.name for p in tmp_path.glob("native/*")] == [so.name]  # no temporary left behind
+
+
+def test_unwritable_cache_falls_back_to_a_temp_folder(monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HORIZON_CACHE_DIR", str(blocker))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(native.tempfile, "tempdir", None)  # re-read TMPDIR
+    fn, status = native._load()
+    assert fn is not None and str(tmp_path / "tmp" / "horizon-native-") in status

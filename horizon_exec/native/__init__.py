@@ -5,8 +5,8 @@ Only what torch has no kernel for lives here: `adamw.c`, the optimizer lane's on
 headers: it builds in about a second and is called through ctypes, which releases the GIL for
 the call, so it runs beside the other lanes like any torch kernel.
 
-The shared object is cached under $HORIZON_CACHE_DIR (default ~/.cache/horizon/native), named
-by a hash of the source, the flags, the compiler's version and this CPU's feature flags, so
+The shared object is cached under $HORIZON_CACHE_DIR (default ~/.cache/horizon/native; a
+private folder in the temp dir if that cannot be written), named by a hash of the source, the flags, the compiler's version and this CPU's feature flags, so
 `-march=native` code never meets a CPU it was not built for. If no compiler works, `adamw()`
 returns None and `status()` says why; the optimizer then uses torch's kernels (slower: three
 passes) and refuses only what they cannot do (bf16 moments). HORIZON_NATIVE=0 turns the
@@ -59,17 +59,29 @@ def _compiler_version(cc: str) -> str:
     return out.stdout.splitlines()[0] if out.stdout else ""
 
 
+def _writable_cache_dir() -> Path:
+    """cache_dir(), or a private folder under the temp dir when that cannot be written."""
+    for d in (cache_dir(), Path(tempfile.gettempdir()) / f"horizon-native-{os.getuid()}"):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            if os.access(d, os.W_OK):
+                return d
+        except OSError:
+            pass
+    raise RuntimeError(f"no writable folder for the built kernel ({cache_dir()}, or the temp dir)")
+
+
 def _build(cc: str) -> tuple[Path, list[str]]:
     """The cached shared object for the first flag set that compiles (built now if absent)."""
     src = SOURCE.read_bytes()
     version, cpu, errors = _compiler_version(cc), _cpu_flags(), []
+    folder = _writable_cache_dir()
     for flags in FLAG_SETS:
         key = hashlib.sha256(b"\0".join([src, " ".join(flags).encode(), version.encode(),
                                          cpu.encode(), platform.machine().encode()])).hexdigest()[:16]
-        out = cache_dir() / f"adamw-{key}.so"
+        out = folder / f"adamw-{key}.so"
         if out.exists():
             return out, flags
-        out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
         os.close(fd)
         try:
