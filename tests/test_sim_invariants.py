@@ -253,6 +253,29 @@ def test_optimizer_slows_down_when_sharing_dram_with_copies():
     assert r_slow.summary.step_time_s > r_fast.summary.step_time_s
 
 
+def test_a_cpu_driven_copy_is_read_and_written_on_the_bus():
+    """The bus counts traffic. A DMA copy crosses it once per byte; a CPU thread's copy reads
+    and writes (2 per byte) at the same speed alone, so it takes twice the bus share: on a
+    bus of 20 GB/s a 15 GB/s CPU copy runs at 10, a DMA copy at 15. The optimizer's bytes
+    are traffic already (28 per parameter with a bf16 grad and working copy)."""
+    from tests.cpu_machine import CPU_HW
+    model = model_preset("qwen2.5-0.5b")
+    sched = build_schedule(model, Policy(batch=1, seq=128))
+    load = next(o for o in sched.ops if o.kind == OpKind.LOAD_WEIGHTS and o.layer == 0)
+    opt = next(o for o in sched.ops if o.kind == OpKind.OPTIMIZER and o.layer == 0)
+    bus20 = replace(CPU_HW, host=replace(CPU_HW.host, dram_GBps=20.0))
+    for cpu_driven, traffic, rate in ((True, 2, 10e9), (False, 1, 15e9)):
+        hw = replace(bus20, link=replace(CPU_HW.link, cpu_driven=cpu_driven, latency_us=0.0))
+        costs = CostModel(hw, "bf16")
+        (flow,) = costs.flows(load)
+        assert flow.nbytes == traffic * load.link_bytes and flow.core == cpu_driven
+        assert costs.alone_s(load) == pytest.approx(load.link_bytes / rate)
+    (flow,) = CostModel(CPU_HW, "bf16").flows(opt)
+    assert flow.nbytes == opt.host_bytes == 28 * opt.params
+    assert flow.cap_Bps == pytest.approx(1e9 * 28)  # 1 G params/s, not capped by a 30 GB/s bus
+    assert CostModel(CPU_HW, "bf16").alone_s(opt) == pytest.approx(40e-6 + opt.params / 1e9)
+
+
 def test_copies_slow_down_on_a_bus_slower_than_the_link():
     slow = replace(HW, host=replace(HW.host, dram_GBps=20.0))  # below the 55 GB/s link
     r = _sim(model_preset("qwen2.5-0.5b"), slow)

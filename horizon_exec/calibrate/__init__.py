@@ -32,7 +32,7 @@ the lane that will do the work (same cores, same intra-op thread count):
                       working copy refreshed; its kernel: native one-pass, or torch's in chunks
                       where that cannot be built) on cold units with warm grads
   thread_GBps         one host thread accumulating bf16 grads into cold fp32 host grads
-  dram_GBps           all cores copying at once (the bus)
+  dram_GBps           all cores copying at once (the bus), bytes read + written per second
   runtime_overhead    RSS of a training process before model tensors: a tiny model trained in
                       a fresh process (probe.py), less its tensors and allocator retention
 The noise-prone figures are measured in `rounds` rounds spread over the run (the GEMM grid is

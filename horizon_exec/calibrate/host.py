@@ -13,6 +13,7 @@ from horizon_exec.admission import meminfo_bytes
 
 from horizon_exec.calibrate.timing import _median_time
 from horizon_sim.schedule import Lane
+from horizon_sim.sim.costs import COPY_TRAFFIC
 from horizon_sim.units import GiB
 
 
@@ -116,7 +117,8 @@ def measure_shared_cores(backend, nbytes: int, threads: int) -> float:
 
 
 def measure_bus_GBps(nbytes: int, cores: list[int]) -> float:
-    """All cores copying large buffers at once: the DRAM bus, bytes moved per second."""
+    """All cores copying large buffers at once: the DRAM bus, in bytes of traffic per second
+    (HostSpec.dram_GBps's unit: each byte copied is read and written, COPY_TRAFFIC)."""
     src = [torch.ones(nbytes // 2, dtype=torch.bfloat16) for _ in cores]
     dst = [torch.empty_like(s) for s in src]
     reps = 5
@@ -141,7 +143,7 @@ def measure_bus_GBps(nbytes: int, cores: list[int]) -> float:
         t.start()
     for t in ts:
         t.join()
-    return sum(reps * nbytes / done[i] for i in done) / 1e9
+    return COPY_TRAFFIC * sum(reps * nbytes / done[i] for i in done) / 1e9
 
 
 def ram_GiB() -> float:

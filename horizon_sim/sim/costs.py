@@ -17,10 +17,12 @@ Compute ops (one lane, kernels run back to back, so the terms add):
                               the device has one
   The GEMM shapes and the attention come from the schedule's model and policy
   (schedule/work.py); without them (a bare CostModel) the op's FLOPs run at the flat rate.
-Everything else is a sequence of flows through host DRAM (dram.py):
+Everything else is a sequence of flows through host DRAM (dram.py). A flow's bytes are DRAM
+traffic (read plus written), the bus's unit (HostSpec.dram_GBps):
   copy         link latency, then link_bytes at the achieved bandwidth of that direction; when
                the link is cpu_driven (the CPU backend's emulated link) the copy is host-thread
-               work that shares the host lane cores with the other lanes
+               work that shares the host lane cores with the other lanes, and it reads and
+               writes host memory: 2 x link_bytes of traffic at 2 x its link rate
   grad norm    an offload that also writes a squared norm reduces the gradient where it lies:
                a pass over link_bytes at the reduction bandwidth (reduce_GBps, else hbm_GBps;
                a host pass when cpu_driven)
@@ -42,6 +44,10 @@ from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 
 _IDW_POWER = 4.0  # inverse-distance weights in log2 space: the nearest measured shapes dominate
+
+
+COPY_TRAFFIC = 2.0
+"""DRAM traffic per byte a CPU thread copies: it reads the source and writes the destination."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +185,8 @@ class CostModel:
         cpu = self.cpu_copies
         if op.lane in (Lane.H2D, Lane.D2H):
             cap = self.h2d_Bps if op.lane == Lane.H2D else self.d2h_Bps
-            out = [Flow(self.link_latency_s, op.link_bytes, cap, core=cpu)]
+            k = COPY_TRAFFIC if cpu else 1.0  # same time alone, k x the bus bytes
+            out = [Flow(self.link_latency_s, k * op.link_bytes, k * cap, core=cpu)]
             if op.kind == OpKind.OFFLOAD_GRADS and not op.host_bytes and any(
                     w.startswith("gsq.") for w in op.writes):
                 # ||g||^2 of the gradient while it is still on the device

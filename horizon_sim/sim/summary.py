@@ -103,7 +103,7 @@ def summarize(sched, hw, tl, trace, host, costs) -> Summary:
     alone = {}
     for op in sched.ops:
         alone[op.lane.value] = alone.get(op.lane.value, 0.0) + costs.alone_s(op)
-    dram_bytes = sum(op.link_bytes + op.host_bytes for op in sched.ops if op.lane != Lane.COMPUTE)
+    dram_bytes = sum(f.nbytes for op in sched.ops if op.lane != Lane.COMPUTE for f in costs.flows(op) if f.dram)
     roofline = max(max(alone.values()), dram_bytes / costs.dram_Bps)
     exposed = exposed_time(sched, tl)
     if lane_busy.get("compute", 0.0) >= 0.95:

@@ -176,8 +176,9 @@ class HostSpec:
     ram_GiB: float
     """Installed RAM as the OS reports it (MemTotal), GiB."""
     dram_GBps: float
-    """Achievable STREAM-like DRAM bandwidth, 1e9 bytes/s, shared by DMA copies and the CPU
-    optimizer."""
+    """Achievable STREAM-like DRAM bandwidth, 1e9 bytes/s of traffic (bytes read plus bytes
+    written), shared by DMA copies and the CPU optimizer. A DMA copy moves each byte across the
+    bus once; a copy done by a CPU thread reads and writes it (twice)."""
     cores: int
     """Physical CPU cores available to the trainer."""
     adam_Gparams_per_s: float
