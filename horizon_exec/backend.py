@@ -36,7 +36,8 @@ class Backend:
     name = "base"
     device = None
     timeout_s: float = 600.0
-    """Longest host-side wait for device work (the engine sets its own timeout here)."""
+    """Longest host-side wait for device work (make_backend(timeout_s=...); the trainer gives
+    it the engine's bound)."""
 
     # ---- lanes and ordering -------------------------------------------------------------
     def start_lane(self, lane: Lane) -> None:
@@ -101,11 +102,15 @@ class Backend:
     def close(self) -> None: ...
 
 
-def make_backend(device: str = "cpu", **kw) -> Backend:
+def make_backend(device: str = "cpu", *, timeout_s: float = 600.0, **kw) -> Backend:
+    """The backend for `device`; `kw` are the CPU backend's options (ignored on CUDA)."""
     if device == "cpu":
         from horizon_exec.backend_cpu import CpuBackend
-        return CpuBackend(**kw)
-    if device.startswith("cuda"):
+        b = CpuBackend(**kw)
+    elif device.startswith("cuda"):
         from horizon_exec.backend_cuda import CudaBackend
-        return CudaBackend(device, **kw)
-    raise HorizonError(f"device {device!r} is not supported; use 'cpu' or 'cuda[:N]'")
+        b = CudaBackend(device)
+    else:
+        raise HorizonError(f"device {device!r} is not supported; use 'cpu' or 'cuda[:N]'")
+    b.timeout_s = timeout_s
+    return b

@@ -30,7 +30,7 @@ from horizon_exec.errors import ExecError
 class CudaBackend(Backend):
     name = "cuda"
 
-    def __init__(self, device: str = "cuda", **_ignored):
+    def __init__(self, device: str = "cuda"):
         if not torch.cuda.is_available():
             raise ExecError("device='cuda' but torch.cuda.is_available() is False")
         self.device = torch.device(device)

@@ -50,7 +50,6 @@ class _Aborted(Exception):
 class Engine:
     def __init__(self, backend, runner, timeout_s: float = 600.0):
         self.backend = backend
-        backend.timeout_s = timeout_s  # its host-side waits for device work use the same bound
         self.runner = runner
         self.timeout_s = timeout_s
         self.hook = None  # called in the lane thread before each op (tests, tracing)

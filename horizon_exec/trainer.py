@@ -160,8 +160,8 @@ class Trainer:
         self.admission = (admit(model, policy, self.sched, device=device, host_budget_bytes=host_budget_bytes,
                                 device_budget_bytes=device_budget_bytes, hardware=hardware)
                           if admission else None)
-        kw = dict(compute_threads=compute_threads, pin_cores=pin_cores, track_memory=track_memory)
-        self.backend = make_backend(device, **kw) if device == "cpu" else make_backend(device)
+        self.backend = make_backend(device, timeout_s=timeout_s, compute_threads=compute_threads,
+                                    pin_cores=pin_cores, track_memory=track_memory)
         self.store = HostStore(self.sched, model, self.backend)
         self.arena = DeviceArena(self.backend, device_budget_bytes)
         self.buffers = BufferTable(self.sched, model, policy, self.store, self.arena, self.backend)

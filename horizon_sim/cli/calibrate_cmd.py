@@ -2,9 +2,9 @@
 `horizon plan/simulate/validate --hardware` read. Needs torch (imported only when it runs)."""
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from horizon_sim.cli.needs_exec import import_executor, say
 from horizon_sim.errors import HorizonError
 
 EXAMPLE = """example:
@@ -50,13 +50,9 @@ def run(a: argparse.Namespace) -> int:
         from horizon_sim.specs.policy import Policy
         model = load_model(a.model)
         policy = Policy(batch=a.batch, seq=a.seq, micro_batches=a.micro_batches)
-    try:
-        from horizon_exec.calibrate import calibrate
-    except ImportError as e:
-        raise HorizonError(f"calibrate needs the executor (torch): {e}") from None
+    calibrate = import_executor("calibrate", "calibrate").calibrate
     from horizon_sim.specs.hardware_io import save_hardware
-    hw = calibrate(a.device, quick=a.quick, model=model, policy=policy, rounds=a.rounds,
-                   say=lambda s: print(s, file=sys.stderr, flush=True))
+    hw = calibrate(a.device, quick=a.quick, model=model, policy=policy, rounds=a.rounds, say=say)
     save_hardware(hw, out)
     if a.json:
         print(json.dumps({"output": str(out), **hw.to_dict()}))

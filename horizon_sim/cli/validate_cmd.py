@@ -2,9 +2,9 @@
 schedules on a (calibrated) hardware file, compare, and write the table and Gantt overlays into
 reports/. Needs torch (imported only when it runs)."""
 import argparse
-import sys
 from pathlib import Path
 
+from horizon_sim.cli.needs_exec import import_executor, say
 from horizon_sim.errors import HorizonError
 
 EXAMPLE = """example:
@@ -43,11 +43,7 @@ def run(a: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise HorizonError(f"--out {a.out!r}: cannot create the folder ({e.strerror})") from None
-    try:
-        from horizon_exec import validate as V
-    except ImportError as e:
-        raise HorizonError(f"validate needs the executor (torch): {e}") from None
-    say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    V = import_executor("validate", "validate")
     configs = V.QUICK_CONFIGS if a.quick else V.CONFIGS
     if a.configs:
         names = [n.strip() for n in a.configs.split(",") if n.strip()]
@@ -60,8 +56,7 @@ def run(a: argparse.Namespace) -> int:
         from horizon_sim.specs.hardware_io import load_hardware
         hw = load_hardware(a.hardware)
     else:
-        from horizon_exec.calibrate import calibrate
-        hw = calibrate(a.device, quick=a.quick, say=say)
+        hw = import_executor("calibrate", "validate").calibrate(a.device, quick=a.quick, say=say)
     v = V.validate(hw, configs, steps=a.steps, warmup=a.warmup, device=a.device, out_dir=out,
                    plots=not a.no_plots, say=say)
     if a.json:
