@@ -5,6 +5,7 @@ import argparse
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -82,11 +83,50 @@ def _peak(L, pol, steps=3, hook=None):
         return min(tr.step(_tokens(pol)).device_peak_bytes for _ in range(steps))
 
 
+class _CopiesKeepUp:
+    """Wraps the engine's op runner: a compute op starts only once every D2H op before it in
+    program order has finished, the timing of a box whose copies always keep up with compute
+    (a GPU box, where a layer's compute outlasts its transfers). Deadlock-free: dependencies
+    only point backwards in program order."""
+
+    def __init__(self, tr):
+        self.run, self.cv, self.done = tr.engine.runner, threading.Condition(), 0
+        self.before, n = {}, 0
+        for o in tr.sched.ops:
+            if o.lane == Lane.COMPUTE:
+                self.before[o.id] = n
+            elif o.lane == Lane.D2H:
+                n += 1
+        tr.engine.runner = self
+
+    def __call__(self, op):
+        if op.lane == Lane.COMPUTE:
+            with self.cv:
+                assert self.cv.wait_for(lambda: self.done >= self.before[op.id], timeout=60)
+        self.run(op)
+        if op.lane == Lane.D2H:
+            with self.cv:
+                self.done += 1
+                self.cv.notify_all()
+
+
 @pytest.mark.parametrize("K", [1, 2])
 def test_device_peak_flat_in_depth(K):
+    """The peak of the schedule itself, not of how late this machine ran a copy thread: with
+    the copies keeping up (_CopiesKeepUp) the peak is the same at every step and depth. (Left
+    to the OS, about 1 step in 4-8 here peaked one gradient buffer higher, at any depth and in
+    bursts; the lag regime has its own test below.)"""
     pol = Policy(batch=2, seq=32, ckpt_every=K, slots=2, ckpt_on="host", optimizer="pipelined")
-    p8, p32 = _peak(8, pol), _peak(32, pol)
-    assert p32 / p8 <= 1.05, (p8, p32)
+    peaks = {}
+    for L in (8, 32):
+        with Trainer(_spec(L=L, H=128), pol) as tr:
+            keep_up = _CopiesKeepUp(tr)
+            peaks[L] = []
+            for _ in range(2):
+                keep_up.done = 0
+                peaks[L].append(tr.step(_tokens(pol)).device_peak_bytes)
+    assert peaks[32][0] / peaks[8][0] <= 1.05, peaks
+    assert len(set(peaks[8] + peaks[32])) <= 2, peaks  # one peak per depth, step after step
 
 
 def test_device_peak_bounded_when_d2h_lags():
