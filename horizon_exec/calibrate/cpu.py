@@ -100,7 +100,8 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
     slowdown = statistics.mean(R["slowdown"])
     link = LinkSpec(name="cpu-threads", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=0.0, pageable_GBps=h2d,
                     cpu_driven=True)
-    hst = HostSpec(name=_cpu_name(), ram_GiB=ram, dram_GBps=max(bus, COPY_TRAFFIC * h2d, COPY_TRAFFIC * d2h), cores=os.cpu_count() or 1,
+    dram = max(bus, COPY_TRAFFIC * h2d, COPY_TRAFFIC * d2h)  # traffic: a copied byte is read and written
+    hst = HostSpec(name=_cpu_name(), ram_GiB=ram, dram_GBps=dram, cores=os.cpu_count() or 1,
                    adam_Gparams_per_s=_mean_rate(R["adam"]),
                    os_reserved_GiB=os_reserved_GiB(ram),
                    runtime_overhead_GiB=0.0, lane_cores=min(float(len(be.host_cores)), shared),

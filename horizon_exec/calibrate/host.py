@@ -67,9 +67,9 @@ def measure_accumulate_GBps(n_params: int) -> float:
 
 def measure_adam_Gparams(n_params: int, quick: bool) -> float:
     """Parameters/s of the executor's AdamW op (bf16 grads, fp32 master and moments, bf16
-    working copy refreshed), with the kernel the executor will use here. As in a step, the unit's master, moments and working
-    copy are cold (several units round robin) and its gradient is warm (the copy lane has just
-    written it)."""
+    working copy refreshed), with the kernel the executor will use here. As in a step, the
+    unit's master, moments and working copy are cold (several units round robin) and its
+    gradient is warm (the copy lane has just written it)."""
     from horizon_exec.optim import AdamW
     opt = AdamW()
     units = []

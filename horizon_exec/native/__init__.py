@@ -6,8 +6,9 @@ headers: it builds in about a second and is called through ctypes, which release
 the call, so it runs beside the other lanes like any torch kernel.
 
 The shared object is cached under $HORIZON_CACHE_DIR (default ~/.cache/horizon/native; a
-private folder in the temp dir if that cannot be written), named by a hash of the source, the flags, the compiler's version and this CPU's feature flags, so
-`-march=native` code never meets a CPU it was not built for. If no compiler works, `adamw()`
+private folder in the temp dir if that cannot be written), named by a hash of the source, the
+flags, the compiler's version and this CPU's feature flags, so `-march=native` code never
+meets a CPU it was not built for. If no compiler works, `adamw()`
 returns None and `status()` says why; the optimizer then uses torch's kernels (slower: three
 passes) and refuses only what they cannot do (bf16 moments). HORIZON_NATIVE=0 turns the
 kernels off; CC picks the compiler (default cc).
@@ -37,7 +38,7 @@ class AdamwHyper(ctypes.Structure):
 
 
 _lock = threading.Lock()
-_state: dict = {}  # "lib": CDLL | None, "status": str
+_state: dict = {}  # "fn": the bound C function or None, "status": how it was built or why not
 
 
 def cache_dir() -> Path:
