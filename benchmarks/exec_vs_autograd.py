@@ -11,6 +11,9 @@ Prints (medians of repeated steps, all measured in this one run):
   ratio exec/autograd: X.XX          autograd step time / executor step time (target >= 0.70)
   optimizer hiding: X.XX             executor step time with / without its optimizer ops
                                      (pipelined; target <= 1.10)
+  executor step with torch's AdamW path / with the native kernel: X.XX
+                                     the whole step, the AdamW op on the fallback path against
+                                     native/adamw.c (paired per round)
   optimizer rate / torch fused AdamW direct: X.XX
                                      parameters/s of the schedule's OPTIMIZER ops run by the
                                      engine (flush(): every unit on the CPU lane, timed from the
@@ -220,12 +223,19 @@ def main():
         print_optimizer_rates(rates, lean_optimizer_rates(spec, pol, a))
         return
     auto = AutogradStep(spec, pol, tr.backend.compute_cores, threads)
-    times = {"exec": [], "noopt": [], "auto": []}
+    times = {"exec": [], "noopt": [], "auto": [], "exec_torch_adamw": []}
+    native_opt = tr.runner.adamw
+    torch_opt = dataclasses.replace(native_opt, kernel="torch")
     with tr:
-        # Interleaved rounds, so load from anything else on the machine hits all three alike.
+        # Interleaved rounds, so load from anything else on the machine hits all alike.
         for r in range(a.warmup + a.steps):
-            t = {"exec": exec_step(tr), "noopt": exec_step(tr, frozenset({OpKind.OPTIMIZER})),
-                 "auto": auto()}
+            t = {}
+            for k in ("exec", "exec_torch_adamw")[::1 if r % 2 else -1]:  # each goes first in turn
+                tr.runner.adamw = torch_opt if k == "exec_torch_adamw" else native_opt
+                t[k] = exec_step(tr)
+            tr.runner.adamw = native_opt
+            t["noopt"] = exec_step(tr, frozenset({OpKind.OPTIMIZER}))
+            t["auto"] = auto()
             if r >= a.warmup:
                 for k, v in t.items():
                     times[k].append(v)
@@ -238,6 +248,8 @@ def main():
           f"{t_noopt:.3f}s; autograd step {t_auto:.3f}s ({pol.tokens / t_auto:,.0f} tok/s)")
     print(f"ratio exec/autograd: {t_auto / t_exec:.2f}")
     print(f"optimizer hiding: {t_exec / t_noopt:.2f}")
+    print(f"executor step with torch's AdamW path / with the native kernel: "
+          f"{statistics.median(x / y for x, y in zip(times['exec_torch_adamw'], times['exec'])):.2f}")
     print_optimizer_rates(rates, lean_rates)
 
 
