@@ -257,8 +257,7 @@ class OpRunner:
         g = self.buf.get(f"hgrad.{u}")
         exp_avg, exp_avg_sq = self.store.moments(u)
         wc = _pick(op.writes, "wc.", None)
-        if (g.dtype != p.dtype and self._g32 is None  # torch path: one reused chunk of scratch, O(1)
-                and not self.adamw.uses_native(p.dtype, exp_avg.dtype)):
+        if g.dtype != p.dtype and self._g32 is None:  # torch path's reused chunk of scratch: O(1)
             self._g32 = torch.empty(self.adamw.chunk_params, dtype=p.dtype)
         coef = clip_coef(self.p.grad_clip, self.store.scalar("gnorm")) if self.p.clip else 1.0
         self.adamw.step(p, g, exp_avg, exp_avg_sq, self.store.steps[u], coef, lr=self.lr,

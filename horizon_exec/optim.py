@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from horizon_exec import native
+from horizon_exec.buffers import TORCH_DTYPE
 from horizon_exec.errors import ExecError
 from horizon_sim.errors import HorizonError
 
@@ -139,7 +140,7 @@ def _check_native(param, grad, exp_avg, exp_avg_sq, working_copy) -> None:
 
 
 def _short(dtype) -> str:
-    return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
+    return {v: k for k, v in TORCH_DTYPE.items()}.get(dtype, str(dtype))
 
 
 def clip_coef(grad_clip: float, total_norm: float) -> float:

@@ -118,6 +118,8 @@ def _load():
 
 def adamw():
     """The C function horizon_adamw (see adamw.c), or None if it cannot be built here."""
+    if "fn" in _state:  # loaded (or refused) once: no lock on the optimizer's hot path
+        return _state["fn"]
     with _lock:
         if "fn" not in _state:
             _state["fn"], _state["status"] = _load()
