@@ -50,7 +50,7 @@ CASES = [
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
 
-def _spec(L, tied, bias):
+def parity_spec(L, tied, bias):
     return ModelSpec(n_layers=L, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=96, vocab=VOCAB,
                      tied_embeddings=tied, qkv_bias=bias, norm_eps=1e-6, rope_theta=10000.0)
 
@@ -80,13 +80,19 @@ def _rel_errors(tr, ref):
 
 @pytest.mark.parametrize("L,K,slots,opt,clip,tied,ckpt_on,micro,bias", CASES)
 def test_matches_transformers_autograd(L, K, slots, opt, clip, tied, ckpt_on, micro, bias):
-    torch.manual_seed(0)
-    spec = _spec(L, tied, bias)
     pol = exact_policy(batch=2 * micro, seq=SEQ, micro_batches=micro, ckpt_every=K, slots=slots,
                        ckpt_on=ckpt_on, optimizer=opt, grad_clip=CLIP if clip else 0.0,
                        loss_chunk_tokens=12)  # several chunks, the last one ragged
+    check_matches_autograd(parity_spec(L, tied, bias), pol)
+
+
+def check_matches_autograd(spec, pol, device="cpu"):
+    """Three steps of the executor on `device` against the reference on the CPU: the same
+    loss and gradient norm each step, every parameter within TOL after steps 1 and 3, and
+    each step's measured timeline obeying the schedule. (tests/test_exec_cuda.py uses it.)"""
+    torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
-    with Trainer(spec, pol, lr=LR, weight_decay=WD, betas=BETAS, eps=EPS, seed=3) as tr:
+    with Trainer(spec, pol, lr=LR, weight_decay=WD, betas=BETAS, eps=EPS, seed=3, device=device) as tr:
         ref = _reference(spec, tr)
         init = {n: t.clone() for n, t in tr.state_dict().items()}
         opt_ref = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD, betas=BETAS, eps=EPS)
@@ -96,7 +102,7 @@ def test_matches_transformers_autograd(L, K, slots, opt, clip, tied, ckpt_on, mi
             check_obeys_schedule(res.timeline, tr.sched)
             out = ref(input_ids=tokens, labels=tokens)
             out.loss.backward()
-            norm = (torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP) if clip else
+            norm = (torch.nn.utils.clip_grad_norm_(ref.parameters(), pol.grad_clip) if pol.grad_clip else
                     torch.nn.utils.get_total_norm([p.grad for p in ref.parameters()]))
             opt_ref.step()
             opt_ref.zero_grad()
@@ -115,7 +121,7 @@ def test_matches_transformers_autograd(L, K, slots, opt, clip, tied, ckpt_on, mi
 def test_gradients_match(opt):
     """The host gradients the optimizer receives equal transformers' autograd gradients
     (norm-relative 1e-5), and both are as close to an fp64 reference."""
-    spec = _spec(5, True, True)
+    spec = parity_spec(5, True, True)
     pol = exact_policy(batch=4, seq=SEQ, micro_batches=2, ckpt_every=2, slots=2, ckpt_on="host",
                        optimizer=opt, grad_clip=0.0, loss_chunk_tokens=12)
     grads = {}

@@ -12,7 +12,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from horizon_sim.errors import HorizonError
 from horizon_sim.specs.hf_export import to_hf_config_dict
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.model_presets import PRESETS, model_preset
@@ -101,31 +100,3 @@ def test_real_training_step_flops_cpu(spec):
     assert flops == B * T * spec.model_flops_per_token(T)
     fwd = _count(lambda: model(input_ids=ids, use_cache=False))
     assert fwd == spec.n_layers * spec.layer_fwd_flops(B * T, T, causal=False) + spec.head_fwd_flops(B * T)
-
-
-# ---- activations ------------------------------------------------------------------------
-
-@pytest.mark.parametrize("name", list(PRESETS))
-def test_activation_bytes_shape(name):
-    s = PRESETS[name]
-    for act in (2, 4):
-        assert s.boundary_bytes_per_token(act) == s.hidden * act
-        flash = [s.saved_bytes_per_token(T, act, "flash") for T in (512, 2048, 8192)]
-        assert flash[0] == flash[1] == flash[2]  # flash keeps no T x T tensor
-        eager = [s.saved_bytes_per_token(T, act, "eager") for T in (512, 1024, 2048)]
-        # linear in seq: scores + probabilities, one T-row per head per token
-        assert eager[1] - eager[0] == 512 * 2 * s.n_heads * act
-        assert eager[2] - eager[1] == 2 * (eager[1] - eager[0])
-        assert eager[0] > flash[0]
-        # a block saves far more than its boundary: that is why checkpoints are per block
-        assert flash[0] > 10 * s.boundary_bytes_per_token(act)
-    with pytest.raises(HorizonError, match="attention"):
-        s.saved_bytes_per_token(2048, 2, "paged")
-
-
-def test_saved_bytes_by_hand_llama2_7b():
-    s = model_preset("llama-2-7b")
-    H, F, heads = 4096, 11008, 32
-    # x, norm1, post-attn residual, norm2 (4H); q, q_rot, k, v, k_rot, attn out (6H, MHA);
-    # gate, up, silu(gate), product (4F); flash keeps a float32 logsumexp per head.
-    assert s.saved_bytes_per_token(4096, 2, "flash") == (10 * H + 4 * F) * 2 + heads * 4

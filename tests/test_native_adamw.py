@@ -207,3 +207,33 @@ def test_unwritable_cache_falls_back_to_a_temp_folder(monkeypatch, tmp_path):
     monkeypatch.setattr(native.tempfile, "tempdir", None)  # re-read TMPDIR
     fn, status = native._load()
     assert fn is not None and str(tmp_path / "tmp" / "horizon-native-") in status
+
+
+TRAP_H = """#include <math.h>
+#include <signal.h>
+static inline float horizon_trap(float x) { raise(SIGILL); return x; }
+#define sqrtf horizon_trap
+"""
+
+
+@pytest.mark.parametrize("broken,why", [
+    (["-include", "TRAP_H"], "self-test died with SIGILL"),                    # a CPU lying about its ISA
+    (["-Dsqrtf=fabsf"], "self-test failed: grad fp32, moments fp32: param"),  # a miscompile
+])
+def test_a_build_failing_its_self_test_is_rejected_and_remembered(monkeypatch, tmp_path, broken, why):
+    """A build that dies or computes wrong in its self-test (a child process) is not cached
+    or loaded: the next flag set is used, the status says why, and the rejection is
+    remembered so the next start does not rebuild it."""
+    monkeypatch.setenv("HORIZON_CACHE_DIR", str(tmp_path))
+    (tmp_path / "trap.h").write_text(TRAP_H)
+    broken = [str(tmp_path / "trap.h") if f == "TRAP_H" else f for f in broken]
+    monkeypatch.setattr(native, "FLAG_SETS", [native._BASE + broken, native._BASE])
+    fn, status = native._load()
+    if fn is None and "rejected" not in status:
+        pytest.skip(status)  # no compiler here
+    assert fn is not None and "generic ISA" in status and why in status, status
+    (mark,) = tmp_path.glob("native/*.rejected")
+    assert len(list(tmp_path.glob("native/*.so"))) == 1  # only the good build is cached
+    before = mark.stat().st_mtime_ns
+    fn2, status2 = native._load()
+    assert fn2 is not None and why in status2 and mark.stat().st_mtime_ns == before

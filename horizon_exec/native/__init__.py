@@ -8,7 +8,9 @@ the call, so it runs beside the other lanes like any torch kernel.
 The shared object is cached under $HORIZON_CACHE_DIR (default ~/.cache/horizon/native; a
 private folder in the temp dir if that cannot be written), named by a hash of the source, the
 flags, the compiler's version and this CPU's feature flags, so `-march=native` code never
-meets a CPU it was not built for. If no compiler works, `adamw()`
+meets a CPU it was not built for. A new build is cached only once it passes a self-test in a
+child process (selftest.py): a CPU that reports an instruction set it does not run kills the
+child, not the trainer, and the next flag set (generic ISA) is used. If no build works, `adamw()`
 returns None and `status()` says why; the optimizer then uses torch's kernels (slower: three
 passes) and refuses only what they cannot do (bf16 moments). HORIZON_NATIVE=0 turns the
 kernels off; CC picks the compiler (default cc).
@@ -17,12 +19,15 @@ import ctypes
 import hashlib
 import os
 import platform
+import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("adamw.c")
+_PKG_ROOT = Path(__file__).resolve().parents[2]  # the folder holding horizon_exec
 # Tried in order: the first that builds is used. -ffp-contract=off: only the source's explicit
 # fmaf calls fuse (the result must not depend on the compiler's choice); -fno-math-errno lets
 # sqrtf vectorize (it changes no result). Without OpenMP the pragma is ignored: one thread.
@@ -72,30 +77,77 @@ def _writable_cache_dir() -> Path:
     raise RuntimeError(f"no writable folder for the built kernel ({cache_dir()}, or the temp dir)")
 
 
-def _build(cc: str) -> tuple[Path, list[str]]:
-    """The cached shared object for the first flag set that compiles (built now if absent)."""
+def _self_test(path: str) -> str:
+    """'' if the built object computes AdamW in a child process (selftest.py), else why not:
+    a build for an instruction set this CPU does not really run dies there, not here."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(_PKG_ROOT), os.environ.get("PYTHONPATH")])))
+    try:
+        r = subprocess.run([sys.executable, "-m", "horizon_exec.native.selftest", path], capture_output=True,
+                           text=True, timeout=120, env=env)
+    except subprocess.TimeoutExpired:
+        return "its self-test did not finish in 120 s"
+    if r.returncode == 0:
+        return ""
+    if r.returncode < 0:
+        try:
+            sig = signal.Signals(-r.returncode).name
+        except ValueError:
+            sig = f"signal {-r.returncode}"
+        return f"its self-test died with {sig}"
+    last = (r.stdout.strip() or r.stderr.strip() or "failed").splitlines()[-1]
+    return f"its self-test failed: {last}"
+
+
+def _build(cc: str) -> tuple[Path, list[str], list[str]]:
+    """The cached shared object for the first flag set that compiles and passes its self-test
+    (built now if absent), its flags, and the flag sets rejected by a self-test. A rejection
+    is remembered beside the cache (`.rejected`), so it is not rebuilt on every start."""
     src = SOURCE.read_bytes()
-    version, cpu, errors = _compiler_version(cc), _cpu_flags(), []
+    version, cpu, errors, rejected = _compiler_version(cc), _cpu_flags(), [], []
     folder = _writable_cache_dir()
     for flags in FLAG_SETS:
         key = hashlib.sha256(b"\0".join([src, " ".join(flags).encode(), version.encode(),
                                          cpu.encode(), platform.machine().encode()])).hexdigest()[:16]
         out = folder / f"adamw-{key}.so"
+        mark = out.with_suffix(".rejected")
         if out.exists():
-            return out, flags
+            return out, flags, rejected
+        if mark.exists():
+            rejected.append(f"{_flags_name(flags)} build rejected: {mark.read_text().strip()}")
+            continue
         fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
         os.close(fd)
         try:
             r = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True,
                                text=True, timeout=120)
-            if r.returncode == 0:
-                os.replace(tmp, out)  # atomic: a concurrent process sees all of it or nothing
-                return out, flags
-            errors.append(f"{' '.join(flags)}: {(r.stderr.strip().splitlines() or ['failed'])[-1]}")
+            if r.returncode != 0:
+                errors.append(f"{' '.join(flags)}: {(r.stderr.strip().splitlines() or ['failed'])[-1]}")
+                continue
+            why = _self_test(tmp)
+            if why:
+                mark.write_text(why + "\n")
+                rejected.append(f"{_flags_name(flags)} build rejected: {why}")
+                errors.append(f"{' '.join(flags)}: {why}")
+                continue
+            os.replace(tmp, out)  # atomic: a concurrent process sees all of it or nothing
+            return out, flags, rejected
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     raise RuntimeError("; ".join(errors))
+
+
+def _flags_name(flags: list[str]) -> str:
+    return " ".join(f for f in flags if f not in _BASE)
+
+
+def bind(lib):
+    """lib.horizon_adamw with its C signature."""
+    fn = lib.horizon_adamw
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(AdamwHyper), ctypes.c_int32]
+    return fn
 
 
 def _load():
@@ -103,17 +155,14 @@ def _load():
         return None, "off (HORIZON_NATIVE=0)"
     cc = os.environ.get("CC", "cc")
     try:
-        path, flags = _build(cc)
-        lib = ctypes.CDLL(str(path))
+        path, flags, rejected = _build(cc)
+        fn = bind(ctypes.CDLL(str(path)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         return None, f"unavailable: building {SOURCE.name} with {cc!r} failed: {e}"
-    fn = lib.horizon_adamw
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(AdamwHyper), ctypes.c_int32]
     threads = "OpenMP" if "-fopenmp" in flags else "one thread"
     isa = "native ISA" if "-march=native" in flags else "generic ISA"
-    return fn, f"({isa}, {threads}; {path})"
+    note = f"; {'; '.join(rejected)}" if rejected else ""
+    return fn, f"({isa}, {threads}; {path}{note})"
 
 
 def adamw():

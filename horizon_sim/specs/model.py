@@ -1,12 +1,12 @@
-"""ModelSpec: a decoder-only transformer described by its shape, with exact parameter counts,
-FLOPs per token and activation bytes. Presets live in model_presets.py."""
+"""ModelSpec: a decoder-only transformer described by its shape, with exact parameter counts
+and FLOPs per token. Presets live in model_presets.py. Activation and temporary bytes are
+the schedule's business (schedule/work.py), measured against the executor there."""
 from dataclasses import dataclass, asdict
 
 from horizon_sim.errors import HorizonError
 
 FFN_TYPES = ("gated", "plain")
 NORM_TYPES = ("rmsnorm", "layernorm")
-ATTENTION_KINDS = ("flash", "eager")
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -128,29 +128,6 @@ class ModelSpec:
 
     def head_fwd_flops(self, tokens: int) -> float:
         return 2.0 * self.vocab * self.hidden * tokens
-
-    # ---- activations --------------------------------------------------------------------
-    def boundary_bytes_per_token(self, act_bytes: int) -> int:
-        """A layer-boundary activation (the residual stream), what a checkpoint holds."""
-        return self.hidden * act_bytes
-
-    def saved_bytes_per_token(self, seq: int, act_bytes: int, attention: str = "flash") -> int:
-        """Bytes autograd saves per token for one block's backward (forward-with-grad).
-        Counted tensor by tensor for the template block: input x, norm1 out, q, k, v, rotated
-        q and k, attention out, post-attention residual, norm2 out, and the MLP's gate, up,
-        act(gate) and product (plain MLP: up and act(up)). Flash attention keeps only a
-        logsumexp per head (fp32); eager keeps the T×T probabilities per head."""
-        if attention not in ATTENTION_KINDS:
-            raise HorizonError(f"attention={attention!r}; allowed: {', '.join(ATTENTION_KINDS)}")
-        H, F = self.hidden, self.ffn_hidden
-        elems = 4 * H + 2 * self.q_dim + 3 * self.kv_dim + self.q_dim  # x,n1,h,n2 ; q,qr ; k,v,kr ; o
-        elems += (4 if self.ffn_type == "gated" else 2) * F
-        nbytes = elems * act_bytes
-        if attention == "flash":
-            nbytes += self.n_heads * 4
-        else:
-            nbytes += 2 * self.n_heads * seq * act_bytes  # scores and probabilities
-        return nbytes
 
     def to_dict(self) -> dict:
         return asdict(self)
