@@ -54,6 +54,16 @@ def test_timeline_obeys_schedule_and_lanes_overlap():
     spec = _spec(L=6, H=256)
     pol = Policy(batch=2, seq=64, ckpt_every=2, slots=3, optimizer="pipelined")
     with Trainer(spec, pol) as tr:
+        # The native AdamW updates a layer of this model in well under a millisecond, so on a
+        # busy machine it could end before the compute lane starts (seen): each optimizer op
+        # lasts 5 ms more, so overlap is a question of the lanes running at once, not of luck.
+        run = tr.engine.runner
+
+        def slow_optimizer(op):
+            run(op)
+            if op.kind == OpKind.OPTIMIZER:
+                time.sleep(0.005)
+        tr.engine.runner = slow_optimizer
         pairs = []
         for step in range(3):
             res = tr.step(_tokens(pol))
