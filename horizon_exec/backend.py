@@ -71,7 +71,11 @@ class Backend:
         raise NotImplementedError
 
     def host_empty(self, shape, dtype):
+        """A dynamic host buffer (host checkpoints, per-step host gradients)."""
         raise NotImplementedError
+
+    def host_free(self, t) -> None:
+        """A host_empty() buffer is being freed by the current lane (CPU: left to the GC)."""
 
     def release(self, t) -> None:
         """A device buffer is being freed by the current lane."""

@@ -111,8 +111,9 @@ class BufferTable:
             self.backend.release(self.arena.free(name))
             return
         with self._lock:
-            self._host.pop(name)
+            t = self._host.pop(name)
             self.host_live -= self.declared[name].bytes
+        self.backend.host_free(t)
 
     def clear_dynamic(self) -> None:
         """Drop every dynamic buffer (after a failed step)."""

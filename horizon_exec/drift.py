@@ -76,11 +76,20 @@ class DriftProbe:
         from horizon_exec.calibrate.timing import _in_lane
         return _in_lane(self.backend, Lane.COMPUTE, fn)
 
+    def _gemm_times(self) -> dict:
+        """Seconds per call of each reference GEMM, timed as calibrate timed the rates they are
+        compared with (on a GPU: CUDA events around back-to-back calls, calibrate/cuda.py)."""
+        if self.device == "cpu":
+            from horizon_exec.calibrate.kernels import gemm_times
+            return self._in_compute_lane(lambda: gemm_times(self.shapes, torch.bfloat16, self.device, self.sync))
+        from horizon_exec.calibrate.cuda import _gemm_table
+        with torch.cuda.device(self.device):
+            rates = _gemm_table(self.shapes, torch.bfloat16, self.device)
+        return {s: 2.0 * s[1] * s[2] * s[3] / (r * 1e12) for s, r in rates.items()}
+
     def sample(self) -> None:
-        from horizon_exec.calibrate.kernels import gemm_times
         if self.shapes:
-            times = self._in_compute_lane(lambda: gemm_times(self.shapes, torch.bfloat16, self.device, self.sync))
-            self.drift.gemm.append(self.gemm_pred_s / sum(times.values()))
+            self.drift.gemm.append(self.gemm_pred_s / sum(self._gemm_times().values()))
         self.tiny.own.clear()
         self.tiny.sample(2)
         measured = sum(statistics.mean(self.tiny.own[i]) for i in self.tiny_ops)

@@ -156,7 +156,11 @@ class Engine:
             raise
         except BaseException as e:  # the caller was interrupted: stop the lanes, then propagate
             self._abort.set()
-            self._drain(ends, f"the step was interrupted ({type(e).__name__})")
+            if self._drain(ends, f"the step was interrupted ({type(e).__name__})"):
+                try:  # device work the lanes queued ends before the caller frees its buffers
+                    self.backend.step_end()
+                except BaseException:
+                    pass  # the interruption is what the caller hears about
             raise
         if self.broken:  # a lane failed and another did not drain in time
             op, e = self._error

@@ -4,6 +4,7 @@ schedule/work.py match what the executor really does (kernel by kernel, byte for
 measured tables interpolate; lanes sharing a core slow each other as processor sharing says.
 No wall-clock assertions."""
 import math
+import time
 
 import pytest
 import torch
@@ -113,3 +114,46 @@ def test_bad_measured_tables_raise(rows, match):
     with pytest.raises(HorizonError, match=match):
         DeviceSpec(name="d", hbm_GiB=8, bf16_TFLOPs=1, fp32_TFLOPs=1, hbm_GBps=10, default_link="l",
                    gemm_TFLOPs=rows)
+
+
+@pytest.mark.parametrize("reported,preset", [
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
+    ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+    ("NVIDIA H200", "h200"), ("NVIDIA GH200 480GB", "gh200"),  # not h200: words, not substrings
+    ("NVIDIA L40S", "l40s"), ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+    ("Tesla V100-SXM2-16GB", None), ("NVIDIA H100 NVL", None),
+])
+def test_cuda_calibration_names_the_preset_of_the_gpu(reported, preset):
+    """calibrate --device cuda takes the datasheet peak from the preset torch's device name
+    matches (the measured GEMMs give the efficiency against it)."""
+    from horizon_exec.calibrate.cuda import _preset_for
+    got = _preset_for(reported)
+    assert (got.name if got else None) == preset
+
+
+def test_cuda_calibration_timing_runs_with_events_faked(monkeypatch):
+    """calibrate --device cuda's event-timed GEMM and attention helpers have never run on a
+    GPU here: run them on CPU tensors, CUDA events faked by the host clock, so a wrong call
+    or shape fails here first. Rates must be positive and finite."""
+    import horizon_exec.calibrate.cuda as cc
+
+    class HostClockEvent:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self, stream=None):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):  # ms, as torch.cuda.Event's
+            return (end.t - self.t) * 1e3
+
+    monkeypatch.setattr(torch.cuda, "Event", HostClockEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    shapes = [("nt", 64, 96, 32), ("nn", 64, 32, 96), ("tn", 96, 32, 64)]
+    rates = cc._gemm_table(shapes, torch.float32, "cpu")
+    fwd, bwd = cc._attention(64, 16, torch.float32, "cpu")
+    assert set(rates) == set(shapes)
+    assert all(0 < r < math.inf for r in [*rates.values(), fwd, bwd])

@@ -88,13 +88,6 @@ def gemm_rates(times: list[dict]) -> dict:
     return {s: 2.0 * s[1] * s[2] * s[3] / statistics.mean(t[s] for t in times) / 1e12 for s in times[0]}
 
 
-def measure_gemm_table(shapes, dtype, device, sync=None, visits: int = 2) -> dict:
-    """{shape: TFLOP/s}: each shape visited `visits` times in alternating order (so a slow
-    spell of the machine does not hit one region of the grid only); rate from the mean time."""
-    return gemm_rates([gemm_times(shapes, dtype, device, sync, reverse=v % 2 == 1, warm=v == 0)
-                       for v in range(visits)])
-
-
 def attention_grid(quick: bool, device: str) -> list[tuple[int, int]]:
     seqs = (64, 256) if quick else ((64, 128, 256, 512, 1024) if device == "cpu" else (512, 1024, 2048, 4096, 8192))
     hds = (64,) if quick else (64, 128)
@@ -107,20 +100,12 @@ def measure_attention(seq: int, hd: int, dtype, device, sync=None, heads: int = 
     rotated and v as strided (B, heads, T, hd) views of (B, T, heads, hd) projections; grouped
     kv heads), timed kernel by kernel, against the nominal FLOPs: forward 2 T^2 hd per head and
     sequence (the causal half of 4 T^2 hd), backward twice that."""
-    import torch.nn.functional as F
-    batch = max(1, (1024 if device == "cpu" else 16384) // seq)
-
-    def heads_view(n):
-        return torch.randn(batch, seq, n, hd, device=device).to(dtype).transpose(1, 2)
-    q, k, v = heads_view(heads) * 1, heads_view(kv_heads) * 1, heads_view(kv_heads)
-    go = torch.randn(batch, heads, seq, hd, device=device).to(dtype)
-    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    fwd_only, fwd_bwd, nominal = attention_calls(seq, hd, dtype, device, heads, kv_heads,
+                                                 1024 if device == "cpu" else 16384)
 
     def once():
-        with torch.no_grad():
-            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True)
-        torch.autograd.grad(o, [qg, kg, vg], go)
+        fwd_only()
+        fwd_bwd()
     once()
     fwd, bwd = [], []
     for _ in range(reps):
@@ -129,8 +114,30 @@ def measure_attention(seq: int, hd: int, dtype, device, sync=None, heads: int = 
             once()
         fwd.append(t.time["attention_fwd"] / 2)
         bwd.append(t.time["attention_bwd"])
-    nominal = 2.0 * batch * heads * seq * seq * hd
     return nominal / statistics.median(fwd) / 1e12, 2.0 * nominal / statistics.median(bwd) / 1e12
+
+
+def attention_calls(seq: int, hd: int, dtype, device, heads: int, kv_heads: int, tokens: int):
+    """(forward, forward-with-grad + autograd.grad, nominal forward FLOPs) of the causal SDPA as
+    the template calls it: q, k, v strided (B, heads, T, hd) views of (B, T, heads, hd)
+    projections, grouped kv heads, `tokens` // seq sequences."""
+    import torch.nn.functional as F
+    batch = max(1, tokens // seq)
+
+    def heads_view(n):
+        return torch.randn(batch, seq, n, hd, device=device).to(dtype).transpose(1, 2)
+    q, k, v = heads_view(heads) * 1, heads_view(kv_heads) * 1, heads_view(kv_heads)
+    go = torch.randn(batch, heads, seq, hd, device=device).to(dtype)
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    def fwd_bwd():
+        o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True)
+        torch.autograd.grad(o, [qg, kg, vg], go)
+    return fwd, fwd_bwd, 2.0 * batch * heads * seq * seq * hd
 
 
 def _block_pass(model: ModelSpec, batch: int, seq: int, dtype, device):
@@ -182,12 +189,14 @@ ELEMENTWISE_MODEL = ModelSpec(name="calibrate-block", n_layers=1, hidden=512, n_
                               ffn_hidden=1376, vocab=256)
 
 
-def measure_elementwise(dtype, device, quick: bool, sync=None) -> tuple[float, float]:
+def measure_elementwise(dtype, device, quick: bool, sync=None, sizes=None) -> list[tuple[float, int]]:
     """(seconds, bytes) of the template block's elementwise kernels at a small and a large
     token count, medians of repeats: the slope is their bandwidth, with the per-kernel
-    dispatch cost (the same at both sizes, and part of the op overheads) left out."""
+    dispatch cost (the same at both sizes, and part of the op overheads) left out. `sizes`:
+    the two (batch, seq); by default the CPU's (a GPU needs ones large enough that each
+    kernel's bytes outweigh its launch, see calibrate/cuda.py)."""
     out = []
-    for batch, seq in ((1, 64), (2, 256) if quick else (4, 256)):
+    for batch, seq in sizes or ((1, 64), (2, 256) if quick else (4, 256)):
         fn = _block_pass(ELEMENTWISE_MODEL, batch, seq, dtype, device)
         fn()
         runs = []
