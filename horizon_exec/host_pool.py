@@ -12,8 +12,9 @@ been *issued*, while copies queued before it may still read or write it. give() 
 fence with the block (a CUDA event recorded on the freeing lane's stream, which the schedule
 ordered after every use of the buffer), and take() reuses a block only once its fence has
 passed; otherwise it makes a new one. Memory held is then, per size, the most blocks of that
-size ever live at once (plus any whose fence was late), never more than torch's allocator
-would hold, with no rounding.
+size ever live at once (plus any whose fence was late), with no rounding. (Unlike torch's
+allocator it never serves one size from another's block; a schedule has a handful of sizes:
+a boundary activation, a layer's, the embedding's and the head's gradient.)
 """
 import threading
 from typing import Callable
