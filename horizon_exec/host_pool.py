@@ -38,7 +38,7 @@ class HostPool:
     def take(self, shape, dtype) -> torch.Tensor:
         """An uninitialised host tensor of `shape` and `dtype`, from a free block of exactly its
         size whose fence has passed, else from a new block."""
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        nbytes = torch.Size(shape).numel() * dtype.itemsize
         with self._lock:
             blk = None
             for i, (b, f) in enumerate(self._free.get(nbytes, ())):
