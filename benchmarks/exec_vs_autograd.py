@@ -31,7 +31,7 @@ Prints (medians of repeated steps, all measured in this one run):
                                      (widen + fused AdamW + refresh), the op on torch's path
                                      (kernel='torch', the fallback), and the op under a policy
                                      where it is the Adam update alone (fp32 host grads, no
-                                     working copy: torch's kernel in the engine).
+                                     working copy; still the native kernel).
 Run: .venv/bin/python benchmarks/exec_vs_autograd.py [--steps 5] [--layers 8] ...
      --optimizer-only skips the step timings and prints only the optimizer lines, e.g. at
      7B-like layer sizes where a full CPU step would take minutes:

@@ -2,9 +2,10 @@
 
 The update is torch.optim.AdamW's (decoupled weight decay, bias correction) with the step
 counter incremented before the kernel, as torch's own fused path does. Global-norm clipping
-matches torch.nn.utils.clip_grad_norm_: coefficient min(1, max_norm / (norm + 1e-6)), passed
-to the kernel as grad_scale = 1/coef (the kernel divides the gradient by it), so clipping
-costs no extra pass over the gradient.
+matches torch.nn.utils.clip_grad_norm_: coefficient min(1, max_norm / (norm + 1e-6)), applied
+inside the kernel, so clipping costs no extra pass over the gradient. The native kernel
+multiplies the gradient by it, as clip_grad_norm_ does; torch's kernel takes grad_scale =
+1/coef and divides (within an ulp of the same gradient).
 
 Which kernel (`kernel="auto"`):
 - the native one-pass kernel (native/adamw.c) whenever the master is fp32 and it builds here:
@@ -15,7 +16,8 @@ Which kernel (`kernel="auto"`):
 - otherwise torch._fused_adamw_: one call when the gradient is already fp32 and there is no
   working copy; else in cache-sized chunks (a bf16 gradient chunk widened into fp32 scratch,
   the kernel, the working copy refreshed while the chunk is in cache). Measured on one core,
-  that path runs at ~0.65x torch's bare kernel (the casts), the native one at ~0.85-1.0x.
+  that path runs at ~0.65x torch's bare kernel (the casts), the native one at ~0.95-1.05x
+  (benchmarks/exec_vs_autograd.py --optimizer-only).
   bf16 moments with an fp32 master need the native kernel.
 `kernel="native"` or `"torch"` forces one (tests, benchmarks).
 """
@@ -96,11 +98,10 @@ class AdamW:
         n = param.numel()
         b1, b2 = self.betas
         # Double precision here, float in the kernel: torch's fused kernel does the same.
-        scaled = clip_coef < 1.0
         h = native.AdamwHyper(
             decay=1.0 - lr * self.weight_decay, lerp_w=1.0 - b1, beta2=b2, one_m_beta2=1.0 - b2,
             bc2_sqrt=math.sqrt(1.0 - b2 ** step), eps=self.eps, neg_step_size=-(lr / (1.0 - b1 ** step)),
-            grad_scale=1.0 / clip_coef if scaled else 1.0, scaled=int(scaled))
+            grad_coef=min(1.0, clip_coef))
         rc = native.adamw()(param.data_ptr(), grad.data_ptr(), int(grad.dtype == torch.bfloat16),
                             exp_avg.data_ptr(), exp_avg_sq.data_ptr(), int(exp_avg.dtype == torch.bfloat16),
                             working_copy.data_ptr() if working_copy is not None else None, n,

@@ -39,7 +39,7 @@ class AdamwHyper(ctypes.Structure):
     """horizon_adamw_hyper in adamw.c: one step's constants, as float."""
     _fields_ = [("decay", ctypes.c_float), ("lerp_w", ctypes.c_float), ("beta2", ctypes.c_float),
                 ("one_m_beta2", ctypes.c_float), ("bc2_sqrt", ctypes.c_float), ("eps", ctypes.c_float),
-                ("neg_step_size", ctypes.c_float), ("grad_scale", ctypes.c_float), ("scaled", ctypes.c_int32)]
+                ("neg_step_size", ctypes.c_float), ("grad_coef", ctypes.c_float)]
 
 
 _lock = threading.Lock()

@@ -6,16 +6,27 @@
  * This kernel reads the fp32 master, the moments and the (bf16 or fp32) gradient once and
  * writes the master, the moments and the bf16 working copy once: 28 bytes per parameter with
  * fp32 moments, the same as torch's kernel on an fp32 gradient, plus the read-for-ownership of
- * the working copy's lines. (Non-temporal stores for the copy, which avoid that, measured no
- * better on one core of a 2-core VM, and worse where the buffers partly fit in L3: not used.)
+ * the working copy's lines. (Non-temporal stores for the copy, which avoid that, and software
+ * prefetch measured no better on one core of a 2-core Zen 4 VM: not used.)
+ *
+ * Where the time goes: on one core the update is bound by the FP divider as much as by memory
+ * (two divisions and a square root per element), so each extra vector op shows. Hence:
+ * - clipping multiplies the gradient by the clip coefficient, as clip_grad_norm_ does before
+ *   the optimizer step; torch's kernel, given grad_scale, divides instead (a third division);
+ * - the working copy is rounded in sub-blocks of WC_SUB elements right after the update wrote
+ *   them (still in L1), with the AVX512-BF16 conversion instruction where the build has it
+ *   (one instruction per 32 values instead of ~10 integer ops per 16).
  *
  * Arithmetic: the order of torch's vectorized fused AdamW (ATen FusedAdamKernel.cpp, ADAMW
- * mode), scalars rounded to float as it does. Built with -ffp-contract=off, so the only
- * fused multiply-adds are the explicit fmaf calls below, placed where torch's build of its
- * kernel has them. On fp32 states the result equals torch._fused_adamw_ on the widened
- * gradient bit for bit in its vectorized body (its scalar tail, the last n % 16 elements,
- * has no FMA: within 1 ulp there). bf16 moments are read as fp32, updated in fp32 and stored
- * rounded to nearest even; the parameter update uses the unrounded fp32 values.
+ * mode) on the clipped gradient, scalars rounded to float as it does. Built with
+ * -ffp-contract=off, so the only fused multiply-adds are the explicit fmaf calls below, placed
+ * where torch's build of its kernel has them. On fp32 states the result equals
+ * torch._fused_adamw_ on the widened gradient times the coefficient bit for bit in its
+ * vectorized body (its scalar tail, the last n % 16 elements, has no FMA: within 1 ulp there).
+ * bf16 moments are read as fp32, updated in fp32 and stored rounded to nearest even; the
+ * parameter update uses the unrounded fp32 values. The working copy is the master rounded to
+ * nearest even, subnormals kept, as torch's .to(bfloat16); a NaN stays a NaN (its bits differ
+ * from torch's, which differ between torch's own scalar and vector code).
  */
 #include <math.h>
 #include <stdint.h>
@@ -30,8 +41,7 @@ typedef struct {
   float bc2_sqrt;       /* sqrt(1 - beta2^step) */
   float eps;
   float neg_step_size;  /* -lr / (1 - beta1^step) */
-  float grad_scale;     /* the gradient is divided by it when `scaled` (global-norm clipping) */
-  int32_t scaled;
+  float grad_coef;      /* the gradient is multiplied by it: the clip coefficient, 1 unclipped */
 } horizon_adamw_hyper;
 
 static inline float bf16_load(uint16_t h) {
@@ -50,33 +60,66 @@ static inline uint16_t bf16_round(float f) {
   return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0u : r;
 }
 
+/* The working copy is written WC_SUB elements at a time, right after the update wrote their
+ * master: 1 KiB of fp32, read back from L1. (512 measured slower, 128 the same.) */
+#define WC_SUB 256
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+/* out[i] = bf16_round(p[i]) with vcvtne2ps2bf16. That instruction flushes subnormal inputs to
+ * zero, which .to(bfloat16) does not: a group of 32 holding one is rounded the scalar way. */
+static void wc_store(const float* restrict p, uint16_t* restrict out, int64_t k) {
+  const __m512i expo = _mm512_set1_epi32(0x7f800000), mant = _mm512_set1_epi32(0x007fffff);
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    const __m512 a = _mm512_loadu_ps(p + i), b = _mm512_loadu_ps(p + i + 16);
+    const __m512i ai = _mm512_castps_si512(a), bi = _mm512_castps_si512(b);
+    const __mmask16 sub = (_mm512_testn_epi32_mask(ai, expo) & _mm512_test_epi32_mask(ai, mant)) |
+                          (_mm512_testn_epi32_mask(bi, expo) & _mm512_test_epi32_mask(bi, mant));
+    if (__builtin_expect(sub != 0, 0)) {
+      for (int64_t t = i; t < i + 32; t++) out[t] = bf16_round(p[t]);
+    } else {
+      _mm512_storeu_si512((void*)(out + i), (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+  }
+  for (; i < k; i++) out[i] = bf16_round(p[i]);
+}
+#else
+static void wc_store(const float* restrict p, uint16_t* restrict out, int64_t k) {
+  for (int64_t i = 0; i < k; i++) out[i] = bf16_round(p[i]);  /* the compiler vectorizes it */
+}
+#endif
+
 #define F32_LOAD(x) (x)
 #define F32_STORE(x) (x)
 
 /* One span of k elements: the whole update, element by element (the compiler vectorizes it).
  * GT/GLOAD: gradient type and widening; ST/SLOAD/SSTORE: moment type and conversions; WC: 1
- * to write the working copy to `out` (bf16). */
+ * to write the working copy to `out` (bf16), a sub-block at a time. */
 #define ADAMW_SPAN(NAME, GT, GLOAD, ST, SLOAD, SSTORE, WC)                                       \
   static void NAME(float* restrict p, const GT* restrict g, ST* restrict m, ST* restrict v,      \
                    uint16_t* restrict out, int64_t k, const horizon_adamw_hyper* h) {            \
     const float decay = h->decay, w = h->lerp_w, w1 = h->lerp_w - 1.0f, b2 = h->beta2;           \
     const float c2 = h->one_m_beta2, bc2s = h->bc2_sqrt, eps = h->eps, nss = h->neg_step_size;   \
-    const float scale = h->grad_scale;                                                          \
-    const int scaled = h->scaled, small = fabsf(w) < 0.5f;                                      \
-    for (int64_t i = 0; i < k; i++) {                                                           \
-      float gi = GLOAD(g[i]);                                                                   \
-      if (scaled) gi = gi / scale;                                                              \
-      float pi = p[i] * decay;                                                                  \
-      float mi = SLOAD(m[i]);                                                                   \
-      /* exp_avg.lerp_(grad, 1 - beta1), torch's two-sided lerp */                              \
-      mi = small ? fmaf(w, gi - mi, mi) : fmaf(w1, gi - mi, gi);                                \
-      float vi = fmaf(c2 * gi, gi, SLOAD(v[i]) * b2);                                           \
-      float den = sqrtf(vi) / bc2s + eps;                                                       \
-      pi = pi + (nss * mi) / den;                                                               \
-      m[i] = SSTORE(mi);                                                                        \
-      v[i] = SSTORE(vi);                                                                        \
-      p[i] = pi;                                                                                \
-      if (WC) out[i] = bf16_round(pi);                                                          \
+    const float coef = h->grad_coef;                                                            \
+    const int small = fabsf(w) < 0.5f;                                                          \
+    const int64_t sub = WC ? WC_SUB : k;                                                        \
+    for (int64_t j = 0; j < k; j += sub) {                                                      \
+      const int64_t end = k - j < sub ? k : j + sub;                                            \
+      for (int64_t i = j; i < end; i++) {                                                       \
+        const float gi = GLOAD(g[i]) * coef;                                                    \
+        float pi = p[i] * decay;                                                                \
+        float mi = SLOAD(m[i]);                                                                 \
+        /* exp_avg.lerp_(grad, 1 - beta1), torch's two-sided lerp */                            \
+        mi = small ? fmaf(w, gi - mi, mi) : fmaf(w1, gi - mi, gi);                              \
+        const float vi = fmaf(c2 * gi, gi, SLOAD(v[i]) * b2);                                   \
+        const float den = sqrtf(vi) / bc2s + eps;                                               \
+        pi = pi + (nss * mi) / den;                                                             \
+        m[i] = SSTORE(mi);                                                                      \
+        v[i] = SSTORE(vi);                                                                      \
+        p[i] = pi;                                                                              \
+      }                                                                                         \
+      if (WC) wc_store(p + j, out + j, end - j);                                                \
     }                                                                                           \
   }
 

@@ -60,7 +60,7 @@ def _reference(p, g, m, v):
 def _hyper() -> AdamwHyper:
     bc1, bc2 = 1 - B1 ** STEP, 1 - B2 ** STEP
     return AdamwHyper(decay=1 - LR * WD, lerp_w=1 - B1, beta2=B2, one_m_beta2=1 - B2, bc2_sqrt=math.sqrt(bc2),
-                      eps=EPS, neg_step_size=-LR / bc1, grad_scale=1 / COEF, scaled=1)
+                      eps=EPS, neg_step_size=-LR / bc1, grad_coef=COEF)
 
 
 def check(path: str) -> str:
