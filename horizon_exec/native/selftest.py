@@ -21,6 +21,7 @@ from horizon_exec.native import AdamwHyper, bind
 
 N = 37
 LR, B1, B2, EPS, WD, STEP, COEF = 1e-2, 0.9, 0.95, 1e-8, 0.1, 3, 0.5
+BC1, BC2 = 1 - B1 ** STEP, 1 - B2 ** STEP  # the bias corrections
 
 
 def _bf16_bits(x: float) -> int:
@@ -46,21 +47,19 @@ def _inputs():
 
 
 def _reference(p, g, m, v):
-    bc1, bc2 = 1 - B1 ** STEP, 1 - B2 ** STEP
     out = []
     for pi, gi, mi, vi in zip(p, g, m, v):
         gi *= COEF
         mi = B1 * mi + (1 - B1) * gi
         vi = B2 * vi + (1 - B2) * gi * gi
-        pi = pi * (1 - LR * WD) - LR / bc1 * mi / (math.sqrt(vi) / math.sqrt(bc2) + EPS)
+        pi = pi * (1 - LR * WD) - LR / BC1 * mi / (math.sqrt(vi) / math.sqrt(BC2) + EPS)
         out.append((pi, mi, vi))
     return out
 
 
 def _hyper() -> AdamwHyper:
-    bc1, bc2 = 1 - B1 ** STEP, 1 - B2 ** STEP
-    return AdamwHyper(decay=1 - LR * WD, lerp_w=1 - B1, beta2=B2, one_m_beta2=1 - B2, bc2_sqrt=math.sqrt(bc2),
-                      eps=EPS, neg_step_size=-LR / bc1, grad_coef=COEF)
+    return AdamwHyper(decay=1 - LR * WD, lerp_w=1 - B1, beta2=B2, one_m_beta2=1 - B2, bc2_sqrt=math.sqrt(BC2),
+                      eps=EPS, neg_step_size=-LR / BC1, grad_coef=COEF)
 
 
 def check(path: str) -> str:
