@@ -16,8 +16,8 @@ Which kernel (`kernel="auto"`):
 - otherwise torch._fused_adamw_: one call when the gradient is already fp32 and there is no
   working copy; else in cache-sized chunks (a bf16 gradient chunk widened into fp32 scratch,
   the kernel, the working copy refreshed while the chunk is in cache). Measured on one core,
-  that path runs at ~0.65x torch's bare kernel (the casts), the native one at ~0.95-1.05x
-  (benchmarks/exec_vs_autograd.py --optimizer-only).
+  that path runs at ~0.65x torch's bare kernel on an fp32 gradient (the casts), the native
+  one at ~0.9-1.0x while doing the casts too (benchmarks/exec_vs_autograd.py --optimizer-only).
   bf16 moments with an fp32 master need the native kernel.
 `kernel="native"` or `"torch"` forces one (tests, benchmarks).
 """
