@@ -75,7 +75,8 @@ class Backend:
         raise NotImplementedError
 
     def host_free(self, t) -> None:
-        """A host_empty() buffer is being freed by the current lane (CPU: left to the GC)."""
+        """A host_empty() buffer is being freed by the current lane (both backends keep its
+        memory in a HostPool for the next buffer of its size)."""
 
     def release(self, t) -> None:
         """A device buffer is being freed by the current lane."""

@@ -1,5 +1,6 @@
 """Dynamic host buffers at their exact size, kept when freed and handed out again for the same
-size: the CUDA backend's host checkpoints, per-step host gradients and widening stages.
+size: host checkpoints, per-step host gradients and (CUDA) widening stages, on both backends.
+The planner counts what this holds (horizon_sim/sim/memory.py host_footprint).
 
 Why not torch's pinned caching allocator (`pin_memory=True`): it rounds every block up to a
 power of two and keeps it, so a 436 MB layer gradient of an 8B model holds 512 MiB and a

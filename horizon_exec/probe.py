@@ -200,7 +200,9 @@ def _child(req: dict, commands=None) -> dict:
                 if json.loads(line)["cmd"] != "step":
                     break
                 print(json.dumps(one_step()), flush=True)
-        out["host_dynamic_peak_bytes"] = int(tr.buffers.host_peak)
+        # what the dynamic host buffers hold in RAM: the backend's pool (per size, the most
+        # ever live at once), which is at least the buffers' concurrent peak
+        out["host_dynamic_peak_bytes"] = int(max(tr.backend.pool.held_bytes, tr.buffers.host_peak))
         out["compute_threads"] = getattr(tr.backend, "compute_threads", None)
     out["rss_before_model_bytes"] = int(rss0)
     out["rss_peak_bytes"] = vm_hwm_bytes()

@@ -1,4 +1,4 @@
-"""HostPool: the CUDA backend's dynamic host buffers, at exact sizes and reused (host_pool.py).
+"""HostPool: both backends' dynamic host buffers, at exact sizes and reused (host_pool.py).
 Run here on plain host memory, with fences standing in for CUDA events."""
 import threading
 
@@ -92,26 +92,23 @@ def test_threads_never_share_a_block():
 
 @pytest.mark.usefixtures("one_intraop_thread")
 def test_training_through_the_pool_equals_training_without(monkeypatch):
-    """The CPU backend with its dynamic host buffers from a HostPool (the CUDA backend's
-    arrangement): BufferTable gives every buffer back exactly once, a reused block never
-    holds live data (the losses and weights equal a run on plain allocations, bit for bit),
-    and the pool stops growing after the first step."""
+    """The CPU backend takes its dynamic host buffers from a HostPool (as the CUDA backend):
+    BufferTable gives every buffer back exactly once, a reused block never holds live data
+    (the losses and weights equal a run on plain allocations, bit for bit), and the pool stops
+    growing after the first step."""
     import horizon_exec.trainer as trainer_mod
     from horizon_exec.backend_cpu import CpuBackend
     from horizon_exec.trainer import Trainer
     from horizon_sim.specs.model import ModelSpec
     from horizon_sim.specs.policy import exact_policy
 
-    class PooledCpu(CpuBackend):
-        def __init__(self, **kw):
-            super().__init__(**kw)
-            self.pool = HostPool(lambda n: torch.empty(n, dtype=torch.uint8))
-
+    class PlainCpu(CpuBackend):
+        """Fresh memory for every dynamic host buffer, never reused."""
         def host_empty(self, shape, dtype):
-            return self.pool.take(shape, dtype)
+            return torch.empty(shape, dtype=dtype)
 
         def host_free(self, t):
-            self.pool.give(t)
+            pass
 
     spec = ModelSpec(n_layers=4, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=128)
     pol = exact_policy(batch=4, seq=16, micro_batches=2, ckpt_every=1, slots=2, ckpt_on="host",
@@ -119,17 +116,20 @@ def test_training_through_the_pool_equals_training_without(monkeypatch):
     batches = [torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(i)) for i in range(3)]
 
     def train(pooled):
-        if pooled:
-            monkeypatch.setattr(trainer_mod, "make_backend", lambda device, timeout_s, **kw: PooledCpu(**kw))
-        with Trainer(spec, pol, seed=0) as tr:
-            losses, held = [], []
-            for b in batches:
-                losses.append(tr.step(b).loss)
-                held.append(tr.backend.pool.held_bytes if pooled else 0)
-            return losses, tr.state_dict(), held
+        with monkeypatch.context() as mp:
+            if not pooled:
+                mp.setattr(trainer_mod, "make_backend", lambda device, timeout_s, **kw: PlainCpu(**kw))
+            with Trainer(spec, pol, seed=0) as tr:
+                assert isinstance(tr.backend, PlainCpu) != pooled
+                losses, held = [], []
+                for b in batches:
+                    losses.append(tr.step(b).loss)
+                    held.append(tr.backend.pool.held_bytes)
+                return losses, tr.state_dict(), held
 
-    plain_losses, plain_w, _ = train(False)
+    plain_losses, plain_w, plain_held = train(False)
     losses, w, held = train(True)
+    assert plain_held == [0, 0, 0]  # the plain run really took nothing from the pool
     assert losses == plain_losses
     assert all(torch.equal(w[k], plain_w[k]) for k in w)
     assert held[0] > 0 and held[0] == held[1] == held[2], held

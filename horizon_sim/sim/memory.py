@@ -2,8 +2,8 @@
 
 Device peak = static buffers (weight slots) + the highest sum of live dynamic buffers and
 workspaces. Host total = static store (master, moments, working copy, pipelined grads) +
-the peak of dynamic host buffers (grads in other modes, checkpoints, staging) + the
-process runtime. At equal times, releases are applied before allocations (an op that
+what the executor's exact-size pool of dynamic host buffers holds (grads in other modes,
+checkpoints, staging: per size, the most live at once; host_footprint) + the process runtime. At equal times, releases are applied before allocations (an op that
 waits for another starts no earlier than it ended). A compute op's workspace is charged from
 WORKSPACE_ONSET of the way into the op, not from its start (its temporaries build up; see
 schedule/work.py), so a gradient that is still being offloaded when the next op starts is not
@@ -69,19 +69,53 @@ def device_trace(sched, timeline: pd.DataFrame, staging: bool = True) -> pd.Data
     return pd.DataFrame(rows, columns=["time_s", "bytes"])
 
 
+def _host_buffer_events(sched, timeline: pd.DataFrame):
+    """(time, order: 0 = release first, nbytes, +1 or -1, role) of every dynamic host buffer:
+    taken when the first op that writes it starts, given back when the op that frees it ends."""
+    start = dict(zip(timeline.op_id, timeline.start_s))
+    end = dict(zip(timeline.op_id, timeline.end_s))
+    live: set[str] = set()
+    ev = []
+    for op in sched.ops:
+        if op.id not in start:
+            continue
+        for name in op.writes:
+            b = sched.buffers[name]
+            if not b.static and b.space == Space.HOST and name not in live:
+                live.add(name)
+                ev.append((start[op.id], 1, b.bytes, 1, b.role))
+        for name in op.frees:
+            b = sched.buffers[name]
+            if b.space == Space.HOST and name in live:
+                live.discard(name)
+                ev.append((end[op.id], 0, b.bytes, -1, b.role))
+    ev.sort(key=lambda x: (x[0], x[1]))
+    return ev
+
+
 def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int) -> HostFootprint:
+    """Static host buffers + what the executor's pool of dynamic host buffers holds + runtime.
+
+    The executor keeps a freed dynamic host buffer's memory for the next buffer of exactly its
+    size (horizon_exec/host_pool.py: page-locking is too slow to redo every step, and glibc
+    would otherwise unmap and fault it in again), so it holds, per size, the most buffers of
+    that size ever live at once. That is more than the highest sum of live buffers when
+    sizes peak at different times: host checkpoints in the forward, per-step gradients in the
+    backward of the `after` and `backward` modes. Each size's bytes go to the roles of the
+    buffers live at its peak."""
     by_role = {r: 0 for r in HOST_ROLES}
     for b in sched.buffers.values():
         if b.static and b.space == Space.HOST:
             by_role[b.role] = by_role.get(b.role, 0) + b.bytes
-    cur: dict = {}
-    best_total, best = 0, {}
-    for _, _, delta, role in _events(sched, timeline, Space.HOST):
-        cur[role] = cur.get(role, 0) + delta
-        total = sum(cur.values())
-        if total > best_total:
-            best_total, best = total, dict(cur)
-    for role, n in best.items():
-        by_role[role] = by_role.get(role, 0) + n
+    live: dict[int, dict[str, int]] = {}  # nbytes -> role -> buffers live
+    held: dict[int, dict[str, int]] = {}  # nbytes -> role -> buffers live at that size's peak
+    for _, _, nbytes, delta, role in _host_buffer_events(sched, timeline):
+        roles = live.setdefault(nbytes, {})
+        roles[role] = roles.get(role, 0) + delta
+        if sum(roles.values()) > sum(held.get(nbytes, {}).values()):
+            held[nbytes] = dict(roles)
+    for nbytes, roles in held.items():
+        for role, k in roles.items():
+            by_role[role] = by_role.get(role, 0) + k * nbytes
     by_role["runtime"] = int(runtime_bytes)
     return HostFootprint(by_role=by_role, total_bytes=int(sum(by_role.values())))

@@ -5,7 +5,8 @@ what the process really holds in RAM on top:
   runtime           HostSpec.runtime_overhead_GiB: Python, torch, the lanes' threads and the
                     kernels' code and caches, before any model tensor (calibrate measures it)
   host store        the schedule's static host buffers (master, moments, working copy, ...)
-  host dynamic      the peak of the schedule's dynamic host buffers (checkpoints, staging, grads)
+  host dynamic      what the executor's pool of dynamic host buffers holds (checkpoints, staging,
+                    grads: per size, the most live at once; memory.host_footprint)
   device arena      CPU backend only: the "device" is host RAM, so the device peak is RSS too
   device constants  CPU backend only: buffers the executor keeps on the device outside the
                     schedule (RoPE cos/sin tables, the step's labels)
@@ -33,19 +34,17 @@ def device_constant_bytes(model: ModelSpec, policy: Policy) -> int:
 
 
 def largest_transient_block(model: ModelSpec, policy: Policy) -> int:
-    """The largest single allocation a step frees (what glibc's mmap threshold climbs to): a
-    unit's device gradient (the head's when the vocabulary is large), a host gradient that
-    does not persist across steps, one loss chunk's fp32 logits, a block's widest temporary,
-    or a parameter tensor's random init."""
+    """The largest single allocation a step frees to glibc (what its mmap threshold climbs
+    to): a unit's device gradient (the head's when the vocabulary is large), one loss chunk's
+    fp32 logits, a block's widest temporary, or a parameter tensor's random init. (Dynamic
+    host buffers are not freed to glibc: the executor's pool keeps them.)"""
     a = DTYPE_BYTES[policy.compute_dtype]
     tok = policy.micro_batch * policy.seq
     c = min(policy.loss_chunk_tokens, tok)
     dgrad = max(model.layer_params, model.head_device_params) * a
-    grad_b = 4 if policy.micro_batches > 1 else DTYPE_BYTES[policy.grad_dtype]
-    host_grad = 0 if policy.optimizer == "pipelined" else max(model.layer_params, model.head_params) * grad_b
     temps = max(c * model.vocab * 4, tok * model.ffn_hidden * a, tok * model.hidden * 4)
     init = max(model.ffn_hidden * model.hidden, model.vocab * model.hidden) * 4
-    return int(max(dgrad, host_grad, temps, init))
+    return int(max(dgrad, temps, init))
 
 
 def allocator_retention_bytes(largest_block_bytes: int, threads: int = MALLOC_THREADS) -> int:
