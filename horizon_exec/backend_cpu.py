@@ -7,7 +7,8 @@ Device slots and activations are ordinary tensors, but every one is charged to t
 each compute op's temporaries are measured by a dispatch-mode tracker (memtrack.py).
 Dynamic host buffers (host checkpoints, per-step host grads) come from a HostPool, as on CUDA:
 kept at their exact size and reused, so the memory held is what the planner counts (per size,
-the most live at once) and a step does not fault fresh pages in (~0.4 ms per 6 MB buffer).
+the most live at once on its simulated timeline; more where a lane lags further, e.g. the
+optimizer in `backward` mode) and a step does not fault fresh pages in (~0.4 ms per 6 MB buffer).
 A buffer is freed by an op that ran after every op that touched it, to completion in its lane
 thread, so its block is reusable at once (no fence).
 """

@@ -2,8 +2,8 @@
 
 Static ones exist for the whole run: the host store (store.py) and the device weight slots.
 Dynamic ones are allocated when an op first writes them (device: from the arena, charged
-against its budget; host: plain, or pinned on CUDA) and released when an op that lists them in
-`frees` completes. Shapes follow from the name and the model:
+against its budget; host: from the backend's HostPool, exact-size blocks reused, page-locked
+on CUDA) and released when an op that lists them in `frees` completes. Shapes follow from the name and the model:
     x.m<m>.<l>, dx.m<m>.<l>   device (micro_batch, seq, H)  compute dtype  boundary activation / its grad
     dgrad.<u>.m<m>            device (device params of u,)  compute dtype  weight grads of one micro
     w<s>                      device (slot_bytes / act,)     compute dtype  weight slot
@@ -116,9 +116,11 @@ class BufferTable:
         self.backend.host_free(t)
 
     def clear_dynamic(self) -> None:
-        """Drop every dynamic buffer (after a failed step)."""
+        """Drop every dynamic buffer (after a failed step; the lanes are idle)."""
         for name in [n for n in self.arena.tensors if n not in self.slots and n in self.declared]:
             self.arena.free(name)
         with self._lock:
-            self._host.clear()
+            host, self._host = list(self._host.values()), {}
             self.host_live = 0
+        for t in host:  # back to the pool, or its blocks would stay handed out for good
+            self.backend.host_free(t)

@@ -57,6 +57,12 @@ class HostPool:
                 self._out[t.data_ptr()] = blk
         return t
 
+    @property
+    def handed_out(self) -> int:
+        """Blocks taken and not given back yet."""
+        with self._lock:
+            return len(self._out)
+
     def give(self, t: torch.Tensor) -> None:
         """Return a tensor from take(): its block is reused once the current lane's queued
         work (the copies the schedule ordered before this free) has passed."""

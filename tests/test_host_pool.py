@@ -133,3 +133,26 @@ def test_training_through_the_pool_equals_training_without(monkeypatch):
     assert losses == plain_losses
     assert all(torch.equal(w[k], plain_w[k]) for k in w)
     assert held[0] > 0 and held[0] == held[1] == held[2], held
+
+
+def test_a_failed_step_gives_its_host_buffers_back():
+    """An op that raises mid-step: the step's host checkpoints and gradients go back to the
+    pool (the trainer is unusable after it, but its memory is not lost to the pool)."""
+    from horizon_exec.errors import ExecError
+    from horizon_exec.trainer import Trainer
+    from horizon_sim.schedule import OpKind
+    from horizon_sim.specs.model import ModelSpec
+    from horizon_sim.specs.policy import Policy
+
+    spec = ModelSpec(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=128)
+    pol = Policy(batch=2, seq=16, optimizer="after", ckpt_on="host")
+
+    def hook(op):
+        if op.kind == OpKind.OPTIMIZER:  # every checkpoint and gradient was made by now
+            raise RuntimeError("injected fault")
+
+    with Trainer(spec, pol) as tr:
+        tr.engine.hook = hook
+        with pytest.raises(ExecError, match="injected fault"):
+            tr.step(torch.randint(0, 128, (2, 16)))
+        assert tr.backend.pool.held_bytes > 0 and tr.backend.pool.handed_out == 0

@@ -54,7 +54,8 @@ def build(request, monkeypatch):
         fn, status = request.getfixturevalue("_generic_build")
         monkeypatch.setitem(native._state, "fn", fn)
         monkeypatch.setitem(native._state, "status", status)
-    assert request.param in native.status()
+    if request.param not in native.status():  # e.g. the -march=native build was rejected here
+        pytest.skip(native.status())
     return request.param
 
 

@@ -22,7 +22,8 @@ HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "checkpoi
 @dataclass(frozen=True, slots=True)
 class HostFootprint:
     by_role: dict
-    """Bytes per role at the host peak, plus 'runtime' (process overhead)."""
+    """Bytes per role: static buffers, what the pool of dynamic host buffers holds (see
+    host_footprint), plus 'runtime' (process overhead)."""
     total_bytes: int
 
     def bytes_per_param(self, params: int) -> dict:
