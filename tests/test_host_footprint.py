@@ -47,3 +47,20 @@ def test_planned_dynamic_host_bytes_equal_what_the_pool_holds(kw, pool_above_con
     assert _predicted_dynamic_bytes(pol) == held[0]
     # where checkpoints and gradients peak apart, the old model (the concurrent peak) fell short
     assert (held[0] > concurrent) == pool_above_concurrent
+
+
+@pytest.mark.parametrize("tied,micro,want", [
+    (False, 1, lambda m: 0),                                            # bf16 grads land as they are
+    (False, 2, lambda m: 2 * (m.layer_params + m.head_params)),         # fp32 accumulators
+    (True, 1, lambda m: 2 * m.embedding_params),  # the tied matrix's grad is fp32 on the host: widened
+])
+def test_a_dma_link_adds_one_stage_per_widened_or_accumulated_gradient_size(tied, micro, want):
+    """On CUDA a gradient added into, or widened into, an fp32 host grad first lands in a
+    page-locked stage of its link dtype (bf16 here), one pooled block per size; a CPU-driven
+    link casts while it copies and needs none."""
+    import dataclasses
+    spec = dataclasses.replace(SPEC, tied_embeddings=tied)
+    sched = build_schedule(spec, Policy(batch=2, seq=64, micro_batches=micro))
+    dma = dataclasses.replace(CPU_HW, link=dataclasses.replace(CPU_HW.link, cpu_driven=False))
+    staging = {hw.link.cpu_driven: simulate(sched, hw).host.by_role["staging"] for hw in (CPU_HW, dma)}
+    assert staging[False] - staging[True] == want(spec)

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import pandas as pd
 
 from horizon_sim.schedule.effects import op_effects
-from horizon_sim.schedule.op import Lane, Space
+from horizon_sim.schedule.op import Lane, OpKind, Space
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import DTYPE_BYTES
 from horizon_sim.schedule.work import WORKSPACE_ONSET
 
 HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "checkpoints", "scalars")
@@ -94,7 +96,28 @@ def _host_buffer_events(sched, timeline: pd.DataFrame):
     return ev
 
 
-def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int) -> HostFootprint:
+def link_stage_sizes(sched) -> set[int]:
+    """Bytes of the page-locked stages a DMA link (CUDA) needs for gradient offloads, one per
+    distinct size: a gradient that is added into a host accumulator, or widened into an fp32
+    host grad, first lands in a stage in the link's dtype (the host cannot add bytes still in
+    flight). The D2H lane takes one at a time and gives it back when the op ends, and the
+    executor's pool keeps one block per size (horizon_exec/backend_cuda.py _through_stage)."""
+    model = ModelSpec(**sched.meta.model)
+    link_b = DTYPE_BYTES[sched.meta.policy["grad_dtype"]]
+    params = {"emb": model.embedding_params, "head": model.head_params}
+    sizes = set()
+    for op in sched.ops:
+        if op.kind != OpKind.OFFLOAD_GRADS:
+            continue
+        for t in (n for n in op.writes if n.startswith("hgrad.")):
+            n = params.get(t.partition(".")[2], model.layer_params)
+            if t in op.reads or sched.buffers[t].bytes > n * link_b:  # accumulated, or widened
+                sizes.add(n * link_b)
+    return sizes
+
+
+def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int,
+                   stage_sizes: set[int] = frozenset()) -> HostFootprint:
     """Static host buffers + what the executor's pool of dynamic host buffers holds + runtime.
 
     The executor keeps a freed dynamic host buffer's memory for the next buffer of exactly its
@@ -103,7 +126,8 @@ def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int) -> HostFoo
     that size ever live at once. That is more than the highest sum of live buffers when
     sizes peak at different times: host checkpoints in the forward, per-step gradients in the
     backward of the `after` and `backward` modes. Each size's bytes go to the roles of the
-    buffers live at its peak."""
+    buffers live at its peak. `stage_sizes` (link_stage_sizes, DMA links only) add one block
+    each to 'staging'."""
     by_role = {r: 0 for r in HOST_ROLES}
     for b in sched.buffers.values():
         if b.static and b.space == Space.HOST:
@@ -118,5 +142,6 @@ def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int) -> HostFoo
     for nbytes, roles in held.items():
         for role, k in roles.items():
             by_role[role] = by_role.get(role, 0) + k * nbytes
+    by_role["staging"] = by_role.get("staging", 0) + sum(stage_sizes)
     by_role["runtime"] = int(runtime_bytes)
     return HostFootprint(by_role=by_role, total_bytes=int(sum(by_role.values())))

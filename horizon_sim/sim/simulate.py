@@ -12,7 +12,7 @@ from horizon_sim.schedule.op import Lane
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.sim.costs import CostModel
 from horizon_sim.sim.dram import DramBus
-from horizon_sim.sim.memory import HostFootprint, device_trace, host_footprint
+from horizon_sim.sim.memory import HostFootprint, device_trace, host_footprint, link_stage_sizes
 from horizon_sim.sim.summary import Summary, summarize
 from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.hardware import HardwareSpec
@@ -92,6 +92,7 @@ def simulate(sched: Schedule, hw: HardwareSpec) -> SimResult:
     costs = CostModel(hw, sched.meta.policy["compute_dtype"], sched.meta)
     tl = run_timeline(sched, hw, costs)
     trace = device_trace(sched, tl, staging=not hw.link.cpu_driven)
-    host = host_footprint(sched, tl, int(hw.host.runtime_overhead_GiB * GiB))
+    host = host_footprint(sched, tl, int(hw.host.runtime_overhead_GiB * GiB),
+                          stage_sizes=set() if hw.link.cpu_driven else link_stage_sizes(sched))
     summary = summarize(sched, hw, tl, trace, host, costs)
     return SimResult(sched, hw, tl, trace, host, summary)
