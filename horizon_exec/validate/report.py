@@ -42,9 +42,10 @@ measured by `horizon calibrate`, every amount of work is counted from the model 
   by its peak) + the executor's RoPE tables and labels. A CPU-driven link casts while it copies,
   so loads without a working copy stage nothing on the device.
 - **host RSS** (CPU backend) = runtime overhead (a process with torch and the executor
-  running a tiny model, less its tensors) + host store + dynamic host buffers + the device
-  peak (the CPU backend's device is host RAM) + device constants + glibc's retained free
-  memory (5 allocating threads x 2 x the largest block a step frees, up to 32 MiB).
+  running a tiny model, less its tensors) + host store + what the pool of dynamic host
+  buffers holds (per size, the most live at once) + the device peak (the CPU backend's device
+  is host RAM) + device constants + glibc's retained free memory (5 allocating threads x 2 x
+  the largest block a step frees, up to 32 MiB).
 
 Known gaps (not modelled):
 
