@@ -24,10 +24,10 @@ CONTENTION_POLICY = Policy(batch=2, seq=128)
 def busy_latencies(hw: HardwareSpec, device: str, steps: int) -> tuple[float, float, float]:
     """How much longer copies and CPU-lane ops take when they run next to the compute lane:
     a small model trained normally (lanes overlapping), and for each plain copy or CPU-lane op
-    that started while a compute op ran, its measured time less what `hw` predicts for it
-    alone. Returns (mean extra µs of a copy, of a CPU-lane op, and the offloads' squared-norm
-    pass in GB/s: what an offload that no other host lane overlapped takes beyond its copy and
-    that extra; 0.0 when none qualified). On the CPU backend the
+    that started while a compute op ran and that no op of another host lane overlapped, its
+    measured time less what `hw` predicts for it alone. Returns (mean extra µs of a copy, of a
+    CPU-lane op, and the offloads' squared-norm pass in GB/s: what such an offload takes beyond
+    its copy and that extra; 0.0 where no op qualified). On the CPU backend the
     extra is the thread waiting for the interpreter lock and the arena's lock, which the compute
     lane's kernel dispatch and memory tracking keep taking, and sharing the cache; the norm
     pass's fp32 temporary is served as the executor's allocator state serves it."""
@@ -44,17 +44,18 @@ def busy_latencies(hw: HardwareSpec, device: str, steps: int) -> tuple[float, fl
             if not i:
                 continue
             comp = tl[tl.lane == Lane.COMPUTE.value]
-            others = tl[tl.lane.isin([Lane.H2D.value, Lane.CPU.value])]
-            for r in tl[tl.lane != Lane.COMPUTE.value].itertuples():
+            host = tl[tl.lane != Lane.COMPUTE.value]
+            for r in host.itertuples():
                 if not ((comp.start_s <= r.start_s) & (comp.end_s > r.start_s)).any():
+                    continue
+                # The simulator shares the host-lane cores between lanes itself: an op that
+                # overlapped another host lane's op (the pipelined optimizer next to a weight
+                # load) ran slower for that, and would count the sharing twice. Only ops alone
+                # on the host lanes.
+                if ((host.lane != r.lane) & (host.start_s < r.end_s) & (host.end_s > r.start_s)).any():
                     continue
                 op = sched.ops[int(r.op_id)]
                 if op.kind == OpKind.OFFLOAD_GRADS and not op.host_bytes:
-                    # The simulator shares the host-lane cores between lanes itself: an offload
-                    # that overlapped another host lane's op (the pipelined optimizer) ran slower
-                    # for that, and would count the sharing twice. Only offloads alone on them.
-                    if ((others.start_s < r.end_s) & (others.end_s > r.start_s)).any():
-                        continue
                     copy = costs.flows(op)[0]
                     offloads.append((op.link_bytes, r.dur_s, copy.latency_s + copy.nbytes / copy.cap_Bps))
                     continue
