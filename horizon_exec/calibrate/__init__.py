@@ -16,7 +16,8 @@ the lane that will do the work (same cores, same intra-op thread count):
   loss_ns_per_logit   the LM head's loss kernels (fp32 upcast, logsumexp, gather, softmax
                       gradient in place, cast back) per logit: exp/log-bound, not bandwidth
   reduce_GBps         an offload's squared-norm pass over a gradient, as it runs in place (the
-                      offloads of the in-place run below, beyond their copy)
+                      offloads of the in-place run below, beyond their copy; only offloads no
+                      other host lane overlapped, since the simulator shares the cores itself)
   op_overhead_us      fixed cost per compute op kind: a tiny model trained with its ops
                       serialized (no lane overlap), each op's time less its modelled work;
                       head_chunk from the tiny head with eight loss chunks against one
@@ -25,7 +26,8 @@ the lane that will do the work (same cores, same intra-op thread count):
                       copy ops' fixed cost in the tiny serialized run
   busy_latency_us     what a copy (LinkSpec) or a CPU-lane op (HostSpec) costs extra when it
                       runs next to a busy compute lane: a small model trained normally, each
-                      such op's time less its modelled time alone
+                      such op's time less its modelled time alone (ops that overlapped another
+                      host lane's op are left out: the simulator shares the host cores itself)
   lane_cores          how many cores' worth of copies k threads get on the host-lane cores
                       together (k = 2 x those cores): 1.0 per core means perfect time sharing
   adam_Gparams_per_s  the executor's AdamW op (bf16 grads, fp32 master and moments, bf16
