@@ -157,3 +157,22 @@ def test_cuda_calibration_timing_runs_with_events_faked(monkeypatch):
     fwd, bwd = cc._attention(64, 16, torch.float32, "cpu")
     assert set(rates) == set(shapes)
     assert all(0 < r < math.inf for r in [*rates.values(), fwd, bwd])
+
+
+def test_busy_latency_samples_are_host_ops_alone_next_to_compute():
+    """Only host-lane ops that started while compute ran and that no other host lane's op
+    overlapped (the simulator models that sharing itself): a hand-made timeline."""
+    import pandas as pd
+    from horizon_exec.calibrate.contention import alone_next_to_compute
+    rows = [  # op_id, lane, start, end
+        (0, "compute", 0.0, 10.0),
+        (1, "h2d", 1.0, 2.0),     # alone next to compute: kept
+        (2, "d2h", 3.0, 5.0),     # overlaps op 3 on another host lane: dropped
+        (3, "cpu", 4.0, 6.0),     # overlaps op 2: dropped
+        (4, "h2d", 6.5, 7.0),     # kept (touches nothing)
+        (5, "h2d", 7.0, 7.5),     # same lane as 4, back to back: kept
+        (6, "cpu", 11.0, 12.0),   # compute idle when it started: dropped
+        (7, "d2h", 9.5, 11.0),    # started under compute, runs past it, alone: kept
+    ]
+    tl = pd.DataFrame(rows, columns=["op_id", "lane", "start_s", "end_s"])
+    assert [r.op_id for r in alone_next_to_compute(tl)] == [1, 4, 5, 7]

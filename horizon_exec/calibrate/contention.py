@@ -21,6 +21,21 @@ CONTENTION_MODEL = ModelSpec(name="calibrate-contention", n_layers=4, hidden=256
 CONTENTION_POLICY = Policy(batch=2, seq=128)
 
 
+def alone_next_to_compute(tl):
+    """Rows of host-lane ops (h2d, d2h, cpu) in a measured timeline that started while a compute
+    op ran and that no op of another host lane overlapped. The simulator shares the host-lane
+    cores between lanes itself: an op that overlapped another host lane's op (the pipelined
+    optimizer next to a weight load) ran slower for that, and would count the sharing twice."""
+    comp = tl[tl.lane == Lane.COMPUTE.value]
+    host = tl[tl.lane != Lane.COMPUTE.value]
+    for r in host.itertuples():
+        if not ((comp.start_s <= r.start_s) & (comp.end_s > r.start_s)).any():
+            continue
+        if ((host.lane != r.lane) & (host.start_s < r.end_s) & (host.end_s > r.start_s)).any():
+            continue
+        yield r
+
+
 def busy_latencies(hw: HardwareSpec, device: str, steps: int) -> tuple[float, float, float]:
     """How much longer copies and CPU-lane ops take when they run next to the compute lane:
     a small model trained normally (lanes overlapping), and for each plain copy or CPU-lane op
@@ -43,17 +58,7 @@ def busy_latencies(hw: HardwareSpec, device: str, steps: int) -> tuple[float, fl
                                        generator=gen)).timeline
             if not i:
                 continue
-            comp = tl[tl.lane == Lane.COMPUTE.value]
-            host = tl[tl.lane != Lane.COMPUTE.value]
-            for r in host.itertuples():
-                if not ((comp.start_s <= r.start_s) & (comp.end_s > r.start_s)).any():
-                    continue
-                # The simulator shares the host-lane cores between lanes itself: an op that
-                # overlapped another host lane's op (the pipelined optimizer next to a weight
-                # load) ran slower for that, and would count the sharing twice. Only ops alone
-                # on the host lanes.
-                if ((host.lane != r.lane) & (host.start_s < r.end_s) & (host.end_s > r.start_s)).any():
-                    continue
+            for r in alone_next_to_compute(tl):
                 op = sched.ops[int(r.op_id)]
                 if op.kind == OpKind.OFFLOAD_GRADS and not op.host_bytes:
                     copy = costs.flows(op)[0]
