@@ -9,9 +9,9 @@ What is compared (bytes):
 - host need: the planner's host footprint of this schedule (master, moments, working copy,
   and what the pool of dynamic host buffers holds: grads, staging, checkpoints, scalars;
   simulate() on a HardwareSpec of this machine) + the host store's page padding + the
-  process runtime (the larger of what this process holds now and the runtime estimate: `hardware.host.runtime_overhead_GiB` when a
-  hardware file is given, else RSS now + RUNTIME_GROWTH_BYTES) + on the CPU backend the
-  device need (its "device" memory is host RAM).
+  process runtime (the larger of what this process holds now and the runtime estimate:
+  `hardware.host.runtime_overhead_GiB` when a hardware file is given, else RSS now +
+  RUNTIME_GROWTH_BYTES) + on the CPU backend the device need (its "device" memory is host RAM).
 - host available: `host_budget_bytes`, else MemAvailable (/proc/meminfo) + this process's
   resident memory (the process may grow to that without the kernel running out of RAM).
 - device need: the planner's device peak (weight slots + the highest sum of live
