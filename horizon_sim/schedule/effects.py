@@ -10,6 +10,8 @@ from horizon_sim.schedule.op import Space
 class Effects:
     alloc: dict = field(default_factory=dict)  # (space, role) -> bytes taken at op start
     free: dict = field(default_factory=dict)   # (space, role) -> bytes released at op end
+    taken: list = field(default_factory=list)  # names of the buffers whose lifetime starts here
+    given: list = field(default_factory=list)  # names of the buffers released at op end
 
     def add(self, which: dict, space, role, nbytes):
         which[(space, role)] = which.get((space, role), 0) + nbytes
@@ -24,6 +26,7 @@ def op_effects(sched) -> list[Effects]:
             b = sched.buffers[name]
             if not b.static and name not in live:
                 live.add(name)
+                e.taken.append(name)
                 e.add(e.alloc, b.space, b.role, b.bytes)
         if op.workspace_bytes:
             e.add(e.alloc, Space.DEVICE, "workspace", op.workspace_bytes)
@@ -31,6 +34,7 @@ def op_effects(sched) -> list[Effects]:
         for name in op.frees:
             b = sched.buffers[name]
             live.discard(name)
+            e.given.append(name)
             e.add(e.free, b.space, b.role, b.bytes)
         out.append(e)
     return out

@@ -3,8 +3,9 @@
 Device peak = static buffers (weight slots) + the highest sum of live dynamic buffers and
 workspaces. Host total = static store (master, moments, working copy, pipelined grads) +
 what the executor's exact-size pool of dynamic host buffers holds (grads in other modes,
-checkpoints, staging: per size, the most live at once; host_footprint) + the process runtime. At equal times, releases are applied before allocations (an op that
-waits for another starts no earlier than it ended). A compute op's workspace is charged from
+checkpoints, staging: per size, the most live at once; host_footprint) + the process
+runtime. At equal times, releases are applied before allocations (an op that waits for
+another starts no earlier than it ended). A compute op's workspace is charged from
 WORKSPACE_ONSET of the way into the op, not from its start (its temporaries build up; see
 schedule/work.py), so a gradient that is still being offloaded when the next op starts is not
 counted on top of that op's peak."""
@@ -14,9 +15,9 @@ import pandas as pd
 
 from horizon_sim.schedule.effects import op_effects
 from horizon_sim.schedule.op import Lane, OpKind, Space
+from horizon_sim.schedule.work import WORKSPACE_ONSET
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import DTYPE_BYTES
-from horizon_sim.schedule.work import WORKSPACE_ONSET
 
 HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "checkpoints", "scalars")
 
@@ -77,21 +78,14 @@ def _host_buffer_events(sched, timeline: pd.DataFrame):
     taken when the first op that writes it starts, given back when the op that frees it ends."""
     start = dict(zip(timeline.op_id, timeline.start_s))
     end = dict(zip(timeline.op_id, timeline.end_s))
-    live: set[str] = set()
     ev = []
-    for op in sched.ops:
+    for op, e in zip(sched.ops, op_effects(sched)):
         if op.id not in start:
             continue
-        for name in op.writes:
-            b = sched.buffers[name]
-            if not b.static and b.space == Space.HOST and name not in live:
-                live.add(name)
-                ev.append((start[op.id], 1, b.bytes, 1, b.role))
-        for name in op.frees:
-            b = sched.buffers[name]
-            if b.space == Space.HOST and name in live:
-                live.discard(name)
-                ev.append((end[op.id], 0, b.bytes, -1, b.role))
+        for t, order, delta, names in ((start[op.id], 1, 1, e.taken), (end[op.id], 0, -1, e.given)):
+            for b in (sched.buffers[n] for n in names):
+                if b.space == Space.HOST:
+                    ev.append((t, order, b.bytes, delta, b.role))
     ev.sort(key=lambda x: (x[0], x[1]))
     return ev
 
