@@ -10,6 +10,7 @@ import contextlib
 import time
 
 from horizon_exec.errors import ExecError
+from horizon_exec.host_pool import HostPool
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Lane
 
@@ -70,13 +71,18 @@ class Backend:
         """One (nbytes,) uint8 host tensor for the host store."""
         raise NotImplementedError
 
+    pool: HostPool
+    """Dynamic host buffers, exact-size blocks kept for reuse (host_pool.py); each backend
+    makes its own (CUDA: page-locked blocks, reuse fenced by an event)."""
+
     def host_empty(self, shape, dtype):
-        """A dynamic host buffer (host checkpoints, per-step host gradients)."""
-        raise NotImplementedError
+        """A dynamic host buffer (host checkpoints, per-step host gradients), from the pool."""
+        return self.pool.take(shape, dtype)
 
     def host_free(self, t) -> None:
-        """A host_empty() buffer is being freed by the current lane (both backends keep its
-        memory in a HostPool for the next buffer of its size)."""
+        """A host_empty() buffer is being freed by the current lane: its block goes back to
+        the pool for the next buffer of its size."""
+        self.pool.give(t)
 
     def release(self, t) -> None:
         """A device buffer is being freed by the current lane."""

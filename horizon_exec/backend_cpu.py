@@ -69,12 +69,6 @@ class CpuBackend(Backend):
     def host_raw(self, nbytes):
         return torch.empty(nbytes, dtype=torch.uint8)
 
-    def host_empty(self, shape, dtype):
-        return self.pool.take(shape, dtype)
-
-    def host_free(self, t):
-        self.pool.give(t)
-
     def compute_scope(self, arena, what):
         if not self.track_memory:
             return super().compute_scope(arena, what)

@@ -130,12 +130,6 @@ class CudaBackend(Backend):
         ev.record()  # on the freeing lane's stream: after every queued use of the buffer
         return ev
 
-    def host_empty(self, shape, dtype):
-        return self.pool.take(shape, dtype)
-
-    def host_free(self, t):
-        self.pool.give(t)
-
     def release(self, t):
         # The freeing lane's stream is ordered after every use of t (module docstring).
         t.record_stream(torch.cuda.current_stream(self.device))
