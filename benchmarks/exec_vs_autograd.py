@@ -22,9 +22,11 @@ Prints (medians of repeated steps, all measured in this one run):
                                      torch._fused_adamw_ called directly on the same flat buffers
                                      (one multi-tensor call, same thread setup; target >= 0.95).
                                      The baseline is given its best case: fp32 gradients ready
-                                     (no widening), no working copy to refresh, and clipping
-                                     folded into the gradients beforehand (with grad_scale,
-                                     torch's kernel also writes the gradient back). The engine's
+                                     (no widening; in the same kind of memory as the store,
+                                     huge pages unless HORIZON_HUGE_PAGES=0), no working copy to
+                                     refresh, and clipping folded into the gradients beforehand
+                                     (with grad_scale, torch's kernel also writes the gradient
+                                     back). The engine's
                                      op does all of that in one pass (native/adamw.c). Also
                                      printed: flush()'s wall time (adds the run's fixed cost),
                                      the op against that same work done directly with torch
@@ -49,6 +51,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from horizon_exec import native
+from horizon_exec.hugepages import host_bytes
 from horizon_exec.layers import DecoderBlock, rms_norm, rope_tables
 from horizon_exec.layout import block_layout, unit_name
 from horizon_exec.optim import clip_coef
@@ -147,7 +150,8 @@ def optimizer_rates(tr, reps):
     params = [tr.store.t[f"master.{u}"] for u in units]
     host_grads = [tr.buffers.get(f"hgrad.{u}") for u in units]
     coef = clip_coef(tr.policy.grad_clip, tr.store.scalar("gnorm"))  # the same clipped update
-    grads = [g.float() * coef for g in host_grads]  # fp32 and clipped: the kernel's best case
+    # fp32 and clipped, the kernel's best case; in the same kind of memory as the store's
+    grads = [host_bytes(4 * g.numel()).view(torch.float32).copy_(g.float() * coef) for g in host_grads]
     wcs = [tr.store.t[f"wc.{u}"] for u in units if f"wc.{u}" in tr.store]
     mom = [tr.store.moments(u) for u in units]
     steps = [torch.ones((), dtype=torch.float32) for _ in units]

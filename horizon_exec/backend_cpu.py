@@ -11,6 +11,7 @@ the most live at once on its simulated timeline; more where a lane lags further,
 optimizer in `backward` mode) and a step does not fault fresh pages in (~0.4 ms per 6 MB buffer).
 A buffer is freed by an op that ran after every op that touched it, to completion in its lane
 thread, so its block is reusable at once (no fence).
+The host store and the pool's blocks sit on transparent huge pages (hugepages.py).
 """
 import os
 import time
@@ -18,6 +19,7 @@ import time
 import torch
 
 from horizon_exec.backend import Backend
+from horizon_exec.hugepages import host_bytes
 from horizon_exec.host_pool import HostPool
 from horizon_exec.memtrack import TransientTracker
 from horizon_sim.schedule.op import Lane
@@ -42,7 +44,7 @@ class CpuBackend(Backend):
         self.host_cores = cores[self.compute_threads:] or cores
         self.pin_cores = pin_cores and hasattr(os, "sched_setaffinity")
         self.track_memory = track_memory
-        self.pool = HostPool(lambda n: torch.empty(n, dtype=torch.uint8))
+        self.pool = HostPool(host_bytes)
         self._t0 = 0.0
 
     def start_lane(self, lane: Lane) -> None:
@@ -67,7 +69,7 @@ class CpuBackend(Backend):
         return torch.empty(shape, dtype=dtype)
 
     def host_raw(self, nbytes):
-        return torch.empty(nbytes, dtype=torch.uint8)
+        return host_bytes(nbytes)
 
     def compute_scope(self, arena, what):
         if not self.track_memory:

@@ -5,9 +5,16 @@
  * three passes (widen the gradient, the kernel, refresh the copy). Each pass is memory-bound.
  * This kernel reads the fp32 master, the moments and the (bf16 or fp32) gradient once and
  * writes the master, the moments and the bf16 working copy once: 28 bytes per parameter with
- * fp32 moments, the same as torch's kernel on an fp32 gradient, plus the read-for-ownership of
- * the working copy's lines. (Non-temporal stores for the copy, which avoid that, and software
- * prefetch measured no better on one core of a 2-core Zen 4 VM: not used.)
+ * fp32 moments, the same as torch's kernel on an fp32 gradient. The working copy is written
+ * with non-temporal (streaming) stores where the build has AVX-512: a plain store first reads
+ * each line it writes (read-for-ownership, 2 more bytes per parameter), and nothing reads the
+ * copy again before the next step's weight load, long after the sweep over the model has
+ * evicted it. On one core of a 2-core Zen 4 VM, the store on huge pages (hugepages.py), the
+ * schedule's optimizer ops ran at 0.94-1.05x torch's kernel on ready fp32 gradients (7 runs of
+ * benchmarks/exec_vs_autograd.py --optimizer-only) against 0.79-0.93x with plain stores (4
+ * runs); on 4 KiB pages streaming gained little (0.92-0.95x). In cache, where the copy could
+ * have been read back from L3, streaming costs ~3% (scratch microbenchmark). Software
+ * prefetch measured no better: not used.
  *
  * Where the time goes: on one core the update is bound by the FP divider as much as by memory
  * (two divisions and a square root per element), so each extra vector op shows. Hence:
@@ -64,13 +71,25 @@ static inline uint16_t bf16_round(float f) {
  * master: 1 KiB of fp32, read back from L1. (512 measured slower, 128 the same.) */
 #define WC_SUB 256
 
+/* 1: the working copy's vector stores are non-temporal (see the top); 0 (-DWC_STREAM=0): plain
+ * stores, for A/B measurements. */
+#ifndef WC_STREAM
+#define WC_STREAM 1
+#endif
+
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 /* out[i] = bf16_round(p[i]) with vcvtne2ps2bf16. That instruction flushes subnormal inputs to
- * zero, which .to(bfloat16) does not: a group of 32 holding one is rounded the scalar way. */
+ * zero, which .to(bfloat16) does not: a group of 32 holding one is rounded the scalar way.
+ * Streaming stores need 64-byte alignment: elements before the first line boundary are
+ * rounded the scalar way too (none when `out` is line-aligned, as the host store's are). The
+ * caller fences each thread's streaming stores (STREAM_FENCE) before the kernel returns. */
 static void wc_store(const float* restrict p, uint16_t* restrict out, int64_t k) {
   const __m512i expo = _mm512_set1_epi32(0x7f800000), mant = _mm512_set1_epi32(0x007fffff);
   int64_t i = 0;
+#if WC_STREAM
+  for (; i < k && ((uintptr_t)(out + i) & 63); i++) out[i] = bf16_round(p[i]);  /* to a line */
+#endif
   for (; i + 32 <= k; i += 32) {
     const __m512 a = _mm512_loadu_ps(p + i), b = _mm512_loadu_ps(p + i + 16);
     const __m512i ai = _mm512_castps_si512(a), bi = _mm512_castps_si512(b);
@@ -79,12 +98,18 @@ static void wc_store(const float* restrict p, uint16_t* restrict out, int64_t k)
     if (__builtin_expect(sub != 0, 0)) {
       for (int64_t t = i; t < i + 32; t++) out[t] = bf16_round(p[t]);
     } else {
+#if WC_STREAM
+      _mm512_stream_si512((void*)(out + i), (__m512i)_mm512_cvtne2ps_pbh(b, a));
+#else
       _mm512_storeu_si512((void*)(out + i), (__m512i)_mm512_cvtne2ps_pbh(b, a));
+#endif
     }
   }
   for (; i < k; i++) out[i] = bf16_round(p[i]);
 }
+#define STREAM_FENCE() do { if (WC_STREAM) _mm_sfence(); } while (0)
 #else
+#define STREAM_FENCE() do { } while (0)
 static void wc_store(const float* restrict p, uint16_t* restrict out, int64_t k) {
   for (int64_t i = 0; i < k; i++) out[i] = bf16_round(p[i]);  /* the compiler vectorizes it */
 }
@@ -149,13 +174,17 @@ int horizon_adamw(float* p, const void* g, int32_t g_bf16, void* m, void* v, int
   const size_t gsz = g_bf16 ? 2 : 4, ssz = s_bf16 ? 2 : 4;
   const int64_t n_blocks = (n + BLOCK - 1) / BLOCK;
   const int nt = n_threads > 0 ? n_threads : 1;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n_blocks > 1)
-  for (int64_t b = 0; b < n_blocks; b++) {
-    const int64_t i0 = b * BLOCK, k = n - i0 < BLOCK ? n - i0 : BLOCK;
-    const void* gb = (const char*)g + i0 * gsz;
-    void* mb = (char*)m + i0 * ssz;
-    void* vb = (char*)v + i0 * ssz;
-    span(p + i0, gb, mb, vb, wc ? wc + i0 : NULL, k, h);
+#pragma omp parallel num_threads(nt) if (nt > 1 && n_blocks > 1)
+  {
+#pragma omp for schedule(static) nowait
+    for (int64_t b = 0; b < n_blocks; b++) {
+      const int64_t i0 = b * BLOCK, k = n - i0 < BLOCK ? n - i0 : BLOCK;
+      const void* gb = (const char*)g + i0 * gsz;
+      void* mb = (char*)m + i0 * ssz;
+      void* vb = (char*)v + i0 * ssz;
+      span(p + i0, gb, mb, vb, wc ? wc + i0 : NULL, k, h);
+    }
+    STREAM_FENCE();  /* each thread's streaming stores are visible before the call returns */
   }
   return 0;
 }

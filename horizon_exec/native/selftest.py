@@ -6,7 +6,8 @@ trainer with it. Run here, such a death only rejects that build, and the next fl
 
 The check is one AdamW step of every kernel variant (fp32 or bf16 gradient, fp32 or bf16
 moments, with and without the working copy, clipped) on 37 elements (the vectorized body and
-the scalar tail), against the same formula in double precision. The tolerance (1e-5
+the scalar tail; the working copy starts one element before a cache-line boundary), against
+the same formula in double precision. The tolerance (1e-5
 relative, plus bf16 rounding where bf16 is stored) catches a wrong build, not ulp-level
 differences. No torch: the child starts in about 50 ms.
 
@@ -62,6 +63,17 @@ def _hyper() -> AdamwHyper:
                       eps=EPS, neg_step_size=-LR / BC1, grad_coef=COEF)
 
 
+def _off_line(array_type):
+    """N uint16s starting one element before a 64-byte line boundary (inside a new array of
+    array_type, kept alive by the view): the kernel's streaming stores need a line-aligned
+    address, so this runs its scalar lead-in and then its vector body."""
+    whole = array_type()
+    addr = ctypes.addressof(whole)
+    view = (ctypes.c_uint16 * N).from_address(addr + (62 - addr % 64) % 64)
+    view._keep = whole
+    return view
+
+
 def check(path: str) -> str:
     """'' if every variant of the kernel at `path` computes AdamW, else what went wrong."""
     fn = bind(ctypes.CDLL(path))
@@ -76,7 +88,7 @@ def check(path: str) -> str:
                         return (ctypes.c_uint16 * N)(*[_bf16_bits(x) for x in vals])
                     return (ctypes.c_float * N)(*vals)
                 bp, bg, bm, bv = buf(p, 0), buf(g, g_bf16), buf(m, s_bf16), buf(v, s_bf16)
-                wc = (ctypes.c_uint16 * N)() if with_wc else None
+                wc = _off_line(ctypes.c_uint16 * (N + 32)) if with_wc else None
                 rc = fn(bp, bg, g_bf16, bm, bv, s_bf16, wc, N, ctypes.byref(h), 1)
                 what = f"grad {'bf16' if g_bf16 else 'fp32'}, moments {'bf16' if s_bf16 else 'fp32'}"
                 if rc != 0:
