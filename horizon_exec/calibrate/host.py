@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from horizon_exec.admission import meminfo_bytes
+from horizon_exec.hugepages import host_bytes
 
 from horizon_exec.calibrate.timing import _median_time
 from horizon_sim.schedule import Lane
@@ -17,17 +18,25 @@ from horizon_sim.sim.costs import COPY_TRAFFIC
 from horizon_sim.units import GiB
 
 
-def _cold_pool(nbytes: int, dtype=torch.bfloat16, pool_bytes: int = 96 * 2**20):
+def _host(numel: int, dtype=torch.float32, fill: float = 0.0):
+    """A host buffer in the memory the executor's host store and pool use (hugepages.py), so
+    the rates measured here are the ones the executor's host-side buffers see."""
+    return host_bytes(numel * dtype.itemsize).view(dtype).fill_(fill)
+
+
+def _cold_pool(nbytes: int, dtype=torch.bfloat16, pool_bytes: int = 96 * 2**20, host: bool = True):
     """Buffers of nbytes whose total exceeds the last-level cache, used round robin so each
-    use finds its buffer cold."""
+    use finds its buffer cold. host: in the executor's host memory (the store, the pool), else
+    plain tensors (the CPU backend's device buffers)."""
     n = max(2, pool_bytes // max(nbytes, 1))
-    numel = nbytes // torch.empty((), dtype=dtype).element_size()
-    return [torch.ones(numel, dtype=dtype) for _ in range(n)]
+    numel = nbytes // dtype.itemsize
+    return [_host(numel, dtype, 1.0) if host else torch.ones(numel, dtype=dtype) for _ in range(n)]
 
 
 def measure_copy_GBps(nbytes: int, direction: str) -> float:
     """One thread's copy rate for an nbytes buffer: h2d reads a cold source into a warm
-    destination (load_weights: host store -> slot), d2h a warm source into a cold one."""
+    destination (load_weights: host store -> slot), d2h a warm source into a cold one (the
+    cold side in host memory, the warm side a device buffer)."""
     pool = _cold_pool(nbytes)
     warm = torch.empty_like(pool[0])
     it = iter(range(10**9))
@@ -45,7 +54,7 @@ def measure_reduce_GBps(nbytes: int) -> float:
     """An offload's squared-norm pass (torch.linalg.vector_norm into fp32) over a bf16
     gradient, as the copy lane does it: gradients cold in this core's cache, the pass's fp32
     temporary served the way glibc serves it after warm-up."""
-    pool = _cold_pool(nbytes, pool_bytes=48 * 2**20)
+    pool = _cold_pool(nbytes, pool_bytes=48 * 2**20, host=False)  # device-side gradients
     it = iter(range(10**9))
 
     def one():
@@ -59,7 +68,7 @@ def measure_accumulate_GBps(n_params: int) -> float:
     """One host thread accumulating a bf16 gradient into a cold fp32 host gradient (what an
     offload does with micro-batches), in the bytes the schedule counts for it: 8 per
     parameter (read and write the fp32 sum)."""
-    dsts = [torch.zeros(n_params) for _ in range(max(2, (64 * 2**20) // (4 * n_params)))]
+    dsts = [_host(n_params) for _ in range(max(2, (64 * 2**20) // (4 * n_params)))]
     src = torch.ones(n_params, dtype=torch.bfloat16)
     it = iter(range(10**9))
     return 8 * n_params / _median_time(lambda: dsts[next(it) % len(dsts)].add_(src), min_s=0.03) / 1e9
@@ -74,9 +83,9 @@ def measure_adam_Gparams(n_params: int, quick: bool) -> float:
     opt = AdamW()
     units = []
     for _ in range(2 if quick else 4):
-        units.append((torch.zeros(n_params), torch.zeros(n_params), torch.zeros(n_params), torch.zeros(()),
-                      torch.empty(n_params, dtype=torch.bfloat16)))
-    grad = torch.full((n_params,), 1e-3, dtype=torch.bfloat16)
+        units.append((_host(n_params), _host(n_params), _host(n_params), torch.zeros(()),
+                      _host(n_params, torch.bfloat16)))
+    grad = _host(n_params, torch.bfloat16, 1e-3)
     fresh = torch.full((n_params,), 2e-3, dtype=torch.bfloat16)
     scratch = torch.empty(opt.chunk_params)
     ts = []
