@@ -26,8 +26,8 @@ Prints (medians of repeated steps, all measured in this one run):
                                      huge pages unless HORIZON_HUGE_PAGES=0), no working copy to
                                      refresh, and clipping folded into the gradients beforehand
                                      (with grad_scale, torch's kernel also writes the gradient
-                                     back). The engine's
-                                     op does all of that in one pass (native/adamw.c). Also
+                                     back). The engine's op does all of that in one pass
+                                     (native/adamw.c). Also
                                      printed: flush()'s wall time (adds the run's fixed cost),
                                      the op against that same work done directly with torch
                                      (widen + fused AdamW + refresh), the op on torch's path

@@ -1,12 +1,13 @@
 """CUDA backend: a stream per device lane, events for cross-lane dependencies, non_blocking
 copies between the device and pinned host memory.
 
-- The host store is ONE plain allocation (on transparent huge pages, hugepages.py)
-  registered with cudaHostRegister (page-locked in place): no caching-host-allocator
-  power-of-two rounding on a terabyte store, and no thousands of pinned tensors. Dynamic host buffers (checkpoints, per-step host grads,
-  widening stages) come from a HostPool of blocks registered the same way at their exact
-  sizes and reused step after step (torch's pinned allocator would round each up to a power
-  of two); a freed block is reused once an event on the freeing lane's stream has passed.
+- The host store is ONE plain allocation (on transparent huge pages, hugepages.py) registered
+  with cudaHostRegister (page-locked in place): no caching-host-allocator power-of-two
+  rounding on a terabyte store, and no thousands of pinned tensors. Dynamic host buffers
+  (checkpoints, per-step host grads, widening stages) come from a HostPool of blocks
+  registered the same way at their exact sizes and reused step after step (torch's pinned
+  allocator would round each up to a power of two); a freed block is reused once an event on
+  the freeing lane's stream has passed.
 - Each lane thread makes its stream current (thread-local in PyTorch). A device lane that
   depends on another device lane's op waits on that op's end event on the GPU (no host sync);
   the CPU lane (optimizer, embedding) synchronizes on the event before touching host data.

@@ -7,9 +7,8 @@ trainer with it. Run here, such a death only rejects that build, and the next fl
 The check is one AdamW step of every kernel variant (fp32 or bf16 gradient, fp32 or bf16
 moments, with and without the working copy, clipped) on 37 elements (the vectorized body and
 the scalar tail; the working copy starts one element before a cache-line boundary), against
-the same formula in double precision. The tolerance (1e-5
-relative, plus bf16 rounding where bf16 is stored) catches a wrong build, not ulp-level
-differences. No torch: the child starts in about 50 ms.
+the same formula in double precision. The tolerance (1e-5 relative, plus bf16 rounding where
+bf16 is stored) catches a wrong build, not ulp-level differences. No torch: the child starts in about 50 ms.
 
     python -m horizon_exec.native.selftest PATH.so    # exit 0, or 1 with the first mismatch
 """
