@@ -5,9 +5,10 @@ moments, bf16 working copy) and the link lanes stream the rest. On 4 KiB pages e
 streams crosses a page every 1-2 K elements, and the page walks take memory bandwidth from an
 update that is memory-bound. On one core of a 2-core Zen 4 VM, the schedule's optimizer ops
 with the working copy's streaming stores ran at 0.92-0.95x torch's kernel on 4 KiB pages (3
-runs) and 0.94-1.05x on huge pages (7 runs alternated with them; 0.92-1.10x, median 0.98, in
-16 runs in all): benchmarks/exec_vs_autograd.py --optimizer-only, with and without
-HORIZON_HUGE_PAGES=0 (both sides of the ratio move to 4 KiB pages). On CUDA boxes
+runs) and 0.94-1.05x on huge pages (7 runs alternated with them; 0.92-1.10x, median 0.99, in
+17 runs in all): benchmarks/exec_vs_autograd.py, with and without HORIZON_HUGE_PAGES=0 (both
+sides of the ratio move to 4 KiB pages). With plain stores, huge pages alone left the ratio
+where it was (median 0.91 in 11 runs against 0.90 in 8). On CUDA boxes
 cudaHostRegister also has 512x fewer pages to lock (not measured: no GPU here).
 
 How: an anonymous mmap advised MADV_HUGEPAGE, so this works where the kernel's THP mode is

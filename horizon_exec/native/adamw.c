@@ -11,11 +11,11 @@
  * copy again before the next step's weight load, long after the sweep over the model has
  * evicted it. On one core of a 2-core Zen 4 VM, with the store on huge pages (hugepages.py),
  * the schedule's optimizer ops ran at 0.92-1.10x torch's kernel on ready fp32 gradients,
- * median 0.98 (16 runs of benchmarks/exec_vs_autograd.py --optimizer-only), against 0.79-0.93x
- * with plain stores (4 runs, alternated with 4 of the 16); on 4 KiB pages streaming gained
- * little (0.92-0.95x, 3 runs; plain stores there: 0.85-0.96x, median 0.90, 7 runs). In cache,
- * where the copy could have been read back from L3, streaming costs ~3% (scratch
- * microbenchmark). Software prefetch measured no better: not used.
+ * median 0.99 (17 runs of benchmarks/exec_vs_autograd.py), against 0.79-0.94x, median 0.91,
+ * with plain stores (11 runs); on 4 KiB pages streaming gained little (0.92-0.95x, 3 runs;
+ * plain stores there: 0.85-0.96x, median 0.90, 8 runs). In cache, where the copy could have
+ * been read back from L3, streaming costs ~3% (scratch microbenchmark). Software prefetch
+ * measured no better: not used.
  *
  * Where the time goes: on one core the update is bound by the FP divider as much as by memory
  * (two divisions and a square root per element), so each extra vector op shows. Hence:
