@@ -27,6 +27,9 @@ import os
 
 import torch
 
+from horizon_sim.errors import HorizonError
+from horizon_sim.units import fmt_bytes
+
 HUGE_PAGE_BYTES = 2 << 20
 """x86-64 and arm64 (4 KiB base pages) transparent huge page size; smaller buffers do not
 get one and are allocated plainly."""
@@ -41,7 +44,10 @@ def host_bytes(nbytes: int) -> torch.Tensor:
     when it spans at least one and wanted() is true; else an uninitialised torch.empty."""
     if nbytes < HUGE_PAGE_BYTES or not wanted():
         return torch.empty(nbytes, dtype=torch.uint8)
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as e:  # the host RAM is short (admission off, or memory taken since)
+        raise HorizonError(f"cannot map {fmt_bytes(nbytes)} of host memory: {e.strerror}") from e
     try:
         m.madvise(mmap.MADV_HUGEPAGE)
     except OSError:  # THP not built into this kernel: plain pages

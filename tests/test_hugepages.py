@@ -13,6 +13,7 @@ import torch
 from horizon_exec import hugepages
 from horizon_exec.backend_cpu import CpuBackend
 from horizon_exec.hugepages import HUGE_PAGE_BYTES, host_bytes
+from horizon_sim.errors import HorizonError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not hugepages.wanted(),
                                 reason="madvise(MADV_HUGEPAGE) is Linux only")
@@ -52,3 +53,11 @@ def test_the_cpu_backends_store_and_pool_blocks_are_advised():
     b = CpuBackend()
     assert "hg" in _vm_flags(b.host_raw(2 * HUGE_PAGE_BYTES).data_ptr())
     assert "hg" in _vm_flags(b.host_empty((HUGE_PAGE_BYTES,), torch.float32).data_ptr())
+
+
+def test_a_mapping_the_os_refuses_is_a_one_line_error(monkeypatch):
+    def refuse(*a, **k):
+        raise OSError(12, "Cannot allocate memory")
+    monkeypatch.setattr(hugepages.mmap, "mmap", refuse)
+    with pytest.raises(HorizonError, match=r"cannot map 6.00 MiB of host memory: Cannot allocate memory"):
+        host_bytes(3 * HUGE_PAGE_BYTES)
