@@ -42,12 +42,18 @@ def wanted() -> bool:
 def host_bytes(nbytes: int) -> torch.Tensor:
     """A zeroed (nbytes,) uint8 host tensor in its own mapping advised to use huge pages,
     when it spans at least one and wanted() is true; else an uninitialised torch.empty."""
+    # Refused memory (admission off, or taken since) is a one-line error naming the size.
     if nbytes < HUGE_PAGE_BYTES or not wanted():
-        return torch.empty(nbytes, dtype=torch.uint8)
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        except RuntimeError as e:
+            if "can't allocate memory" not in str(e):  # DefaultCPUAllocator's words
+                raise
+            raise HorizonError(f"cannot allocate {fmt_bytes(nbytes)} of host memory") from e
     try:
         m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    except OSError as e:  # the host RAM is short (admission off, or memory taken since)
-        raise HorizonError(f"cannot map {fmt_bytes(nbytes)} of host memory: {e.strerror}") from e
+    except OSError as e:
+        raise HorizonError(f"cannot allocate {fmt_bytes(nbytes)} of host memory: {e.strerror}") from e
     try:
         m.madvise(mmap.MADV_HUGEPAGE)
     except OSError:  # THP not built into this kernel: plain pages
