@@ -16,7 +16,7 @@ from horizon_exec.hugepages import HUGE_PAGE_BYTES, host_bytes
 from horizon_sim.errors import HorizonError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not hugepages.wanted(),
-                                reason="madvise(MADV_HUGEPAGE) is Linux only")
+                                reason="huge pages are off (HORIZON_HUGE_PAGES=0) or not Linux")
 
 
 def _vm_flags(addr: int) -> set[str]:
@@ -57,7 +57,8 @@ def test_the_cpu_backends_store_and_pool_blocks_are_advised():
 
 @pytest.mark.parametrize("huge", ["1", "0"])
 def test_memory_the_os_refuses_is_a_one_line_error(huge, monkeypatch):
-    """1 PiB: more than any x86-64 or arm64 process can address, so refused on every machine."""
+    """1 PiB: beyond a Linux process's default address space (128 TiB) and any machine's RAM,
+    so refused everywhere, on the huge-page path (mmap) and the plain one (torch.empty)."""
     monkeypatch.setenv("HORIZON_HUGE_PAGES", huge)
     with pytest.raises(HorizonError, match=r"^cannot allocate 1024.0 TiB of host memory"):
         host_bytes(1 << 50)
