@@ -33,13 +33,12 @@ class HostFootprint:
         return {k: v / params for k, v in self.by_role.items()}
 
 
-def _events(sched, timeline: pd.DataFrame, space: Space, staging: bool = True):
-    """(time, order, delta, role) of every allocation and release in `space`. A compute op's
+def _device_events(sched, timeline: pd.DataFrame, staging: bool, effects):
+    """(time, order, delta, role) of every device allocation and release. A compute op's
     workspace is taken WORKSPACE_ONSET of the way into the op (its temporaries build up: the
     template's peak comes after a block's forward-with-grad or at its MLP), a copy's staging
     workspace at its start; staging=False drops the copies' staging (a CPU-driven link casts
     while it copies and stages nothing on the device)."""
-    effects = op_effects(sched)
     start = dict(zip(timeline.op_id, timeline.start_s))
     end = dict(zip(timeline.op_id, timeline.end_s))
     ev = []  # (time, order: 0 = release first, delta, role)
@@ -48,7 +47,7 @@ def _events(sched, timeline: pd.DataFrame, space: Space, staging: bool = True):
             continue
         e = effects[op.id]
         for (sp, role), n in e.alloc.items():
-            if sp != space:
+            if sp != Space.DEVICE:
                 continue
             if role == "workspace" and op.lane != Lane.COMPUTE and not staging:
                 continue
@@ -57,29 +56,31 @@ def _events(sched, timeline: pd.DataFrame, space: Space, staging: bool = True):
                 t += WORKSPACE_ONSET * (end[op.id] - start[op.id])
             ev.append((t, 1, n, role))
         for (sp, role), n in e.free.items():
-            if sp == space and not (role == "workspace" and op.lane != Lane.COMPUTE and not staging):
+            if sp == Space.DEVICE and not (role == "workspace" and op.lane != Lane.COMPUTE and not staging):
                 ev.append((end[op.id], 0, -n, role))
     ev.sort(key=lambda x: (x[0], x[1]))
     return ev
 
 
-def device_trace(sched, timeline: pd.DataFrame, staging: bool = True) -> pd.DataFrame:
-    """Device bytes in use over the step: columns time_s, bytes (staging: see _events)."""
+def device_trace(sched, timeline: pd.DataFrame, staging: bool = True, effects=None) -> pd.DataFrame:
+    """Device bytes in use over the step: columns time_s, bytes (staging: see _device_events;
+    effects: op_effects(sched), when the caller has them already)."""
     base = sched.static_bytes(Space.DEVICE)
     rows, cur = [(0.0, base)], base
-    for time_s, _, delta, _ in _events(sched, timeline, Space.DEVICE, staging):
+    effects = op_effects(sched) if effects is None else effects
+    for time_s, _, delta, _ in _device_events(sched, timeline, staging, effects):
         cur += delta
         rows.append((time_s, cur))
     return pd.DataFrame(rows, columns=["time_s", "bytes"])
 
 
-def _host_buffer_events(sched, timeline: pd.DataFrame):
+def _host_buffer_events(sched, timeline: pd.DataFrame, effects):
     """(time, order: 0 = release first, nbytes, +1 or -1, role) of every dynamic host buffer:
     taken when the first op that writes it starts, given back when the op that frees it ends."""
     start = dict(zip(timeline.op_id, timeline.start_s))
     end = dict(zip(timeline.op_id, timeline.end_s))
     ev = []
-    for op, e in zip(sched.ops, op_effects(sched)):
+    for op, e in zip(sched.ops, effects):
         if op.id not in start:
             continue
         for t, order, delta, names in ((start[op.id], 1, 1, e.taken), (end[op.id], 0, -1, e.given)):
@@ -111,7 +112,7 @@ def link_stage_sizes(sched) -> set[int]:
 
 
 def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int,
-                   stage_sizes: set[int] = frozenset()) -> HostFootprint:
+                   stage_sizes: set[int] = frozenset(), effects=None) -> HostFootprint:
     """Static host buffers + what the executor's pool of dynamic host buffers holds + runtime.
 
     The executor keeps a freed dynamic host buffer's memory for the next buffer of exactly its
@@ -121,14 +122,15 @@ def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int,
     sizes peak at different times: host checkpoints in the forward, per-step gradients in the
     backward of the `after` and `backward` modes. Each size's bytes go to the roles of the
     buffers live at its peak. `stage_sizes` (link_stage_sizes, DMA links only) add one block
-    each to 'staging'."""
+    each to 'staging'. effects: op_effects(sched), when the caller has them already."""
     by_role = {r: 0 for r in HOST_ROLES}
     for b in sched.buffers.values():
         if b.static and b.space == Space.HOST:
             by_role[b.role] = by_role.get(b.role, 0) + b.bytes
     live: dict[int, dict[str, int]] = {}  # nbytes -> role -> buffers live
     held: dict[int, dict[str, int]] = {}  # nbytes -> role -> buffers live at that size's peak
-    for _, _, nbytes, delta, role in _host_buffer_events(sched, timeline):
+    effects = op_effects(sched) if effects is None else effects
+    for _, _, nbytes, delta, role in _host_buffer_events(sched, timeline, effects):
         roles = live.setdefault(nbytes, {})
         roles[role] = roles.get(role, 0) + delta
         if sum(roles.values()) > sum(held.get(nbytes, {}).values()):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pandas as pd
 import simpy
 
+from horizon_sim.schedule.effects import op_effects
 from horizon_sim.schedule.op import Lane
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.sim.costs import CostModel
@@ -91,8 +92,10 @@ def run_timeline(sched: Schedule, hw: HardwareSpec, costs: CostModel | None = No
 def simulate(sched: Schedule, hw: HardwareSpec) -> SimResult:
     costs = CostModel(hw, sched.meta.policy["compute_dtype"], sched.meta)
     tl = run_timeline(sched, hw, costs)
-    trace = device_trace(sched, tl, staging=not hw.link.cpu_driven)
+    effects = op_effects(sched)  # which buffers each op takes and gives back: both traces use them
+    trace = device_trace(sched, tl, staging=not hw.link.cpu_driven, effects=effects)
     host = host_footprint(sched, tl, int(hw.host.runtime_overhead_GiB * GiB),
-                          stage_sizes=set() if hw.link.cpu_driven else link_stage_sizes(sched))
+                          stage_sizes=set() if hw.link.cpu_driven else link_stage_sizes(sched),
+                          effects=effects)
     summary = summarize(sched, hw, tl, trace, host, costs)
     return SimResult(sched, hw, tl, trace, host, summary)
