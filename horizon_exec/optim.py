@@ -17,8 +17,9 @@ Which kernel (`kernel="auto"`):
   working copy; else in cache-sized chunks (a bf16 gradient chunk widened into fp32 scratch,
   the kernel, the working copy refreshed while the chunk is in cache). Measured on one core,
   that path runs at ~0.65x torch's bare kernel on an fp32 gradient (the casts), the native
-  one at ~0.85-0.95x while doing the casts too (benchmarks/exec_vs_autograd.py
-  --optimizer-only; memory-bound there, and the working copy adds bytes).
+  one at ~0.92-1.10x (median 0.99) while doing the casts too (benchmarks/exec_vs_autograd.py;
+  memory-bound there: streaming stores for the working copy and a store on huge pages keep
+  its bytes at torch's 28 per parameter).
   bf16 moments with an fp32 master need the native kernel.
 `kernel="native"` or `"torch"` forces one (tests, benchmarks).
 """
