@@ -274,3 +274,4 @@ def _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, s
 # The `horizon` entry point calls every subcommand module's configure(parser) and run(args).
 configure = configure_train_parser
 run = run_train
+KEEP_RUNNING_WITHOUT_STDOUT = True  # progress lines are not the product (stdout_guard.py)

@@ -2,10 +2,12 @@
 modules are torch-free at import, so `horizon plan` starts fast and `horizon train` loads
 torch only when it runs."""
 import argparse
+import contextlib
 import importlib
 import os
 import sys
 
+from horizon_sim.cli.stdout_guard import keep_running_without_stdout
 from horizon_sim.errors import HorizonError
 
 # name -> (module, one-line help). Order is the order of `horizon --help`.
@@ -39,12 +41,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    mod = importlib.import_module(COMMANDS[args.cmd][0])
+    # A command whose product is files (training) does not stop when its stdout fails
+    # (stdout_guard.py); the others' product is their output, so a reader that left ends them.
+    guarded = getattr(mod, "KEEP_RUNNING_WITHOUT_STDOUT", False)
     try:
-        return importlib.import_module(COMMANDS[args.cmd][0]).run(args)
+        with keep_running_without_stdout(args.cmd) if guarded else contextlib.nullcontext():
+            return mod.run(args)
     except HorizonError as e:
         print(f"horizon {args.cmd}: error: {e}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `horizon plan | head`: the reader left, which is not an error
+    except BrokenPipeError as e:
+        if guarded:  # not stdout (the guard takes those): some other pipe broke
+            print(f"horizon {args.cmd}: error: {e}", file=sys.stderr)
+            return 1
+        # `horizon plan | head`: the reader left, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:
