@@ -171,13 +171,7 @@ def save_hf(trainer, path, dtype: str = "fp32", max_shard_bytes: int = DEFAULT_S
     if max_shard_bytes <= 0:
         raise HorizonError(f"max shard size {max_shard_bytes} must be positive")
     out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise HorizonError(f"{str(out)!r} exists and is not a folder")
-    if out.is_dir():  # replaced as a whole: only if it holds nothing but a checkpoint
-        other = sorted(p.name for p in out.iterdir() if not _checkpoint_file(p.name))
-        if other:
-            raise HorizonError(f"{str(out)!r} holds files that are not part of an HF checkpoint "
-                               f"(e.g. {other[0]!r}); save to a new or checkpoint-only folder")
+    check_output_dir(out)
     trainer.flush()
     tdt = SAVE_DTYPES[dtype][0]
     items = list(trainer.state_dict().items())
@@ -203,6 +197,18 @@ def save_hf(trainer, path, dtype: str = "fp32", max_shard_bytes: int = DEFAULT_S
                 shutil.copyfile(f, tmp / f.name)
         publish_dir(tmp, out)
     return out
+
+
+def check_output_dir(out: Path) -> None:
+    """HorizonError unless `out` can be replaced by a saved checkpoint: absent, or a folder
+    holding nothing but an HF checkpoint (it is replaced as a whole)."""
+    if out.exists() and not out.is_dir():
+        raise HorizonError(f"{str(out)!r} exists and is not a folder")
+    if out.is_dir():
+        other = sorted(p.name for p in out.iterdir() if not _checkpoint_file(p.name))
+        if other:
+            raise HorizonError(f"{str(out)!r} holds files that are not part of an HF checkpoint "
+                               f"(e.g. {other[0]!r}); save to a new or checkpoint-only folder")
 
 
 def _checkpoint_file(name: str) -> bool:

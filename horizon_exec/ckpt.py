@@ -59,6 +59,11 @@ def _state_items(trainer):
     return items
 
 
+def checkpoint_bytes(trainer) -> int:
+    """About the bytes one checkpoint takes on disk (with pending gradients: an upper bound)."""
+    return sum(t.numel() * t.element_size() for _, t in _state_items_for(trainer, True)) + (1 << 20)
+
+
 def save_checkpoint(ckpt_dir, trainer, step: int, loop_state: dict | None = None, keep: int = 2) -> Path:
     """Write checkpoint `step` (optimizer steps done) under ckpt_dir; returns its folder.
     Does not flush a pending pipelined update: the pending gradients are saved instead, so

@@ -150,11 +150,30 @@ def _check_args(a) -> None:
         raise HorizonError("--ckpt-interval needs --ckpt-dir")
 
 
+def _check_space(args, tr) -> None:
+    """Room for one checkpoint and the --save-hf folder, before the first step."""
+    from pathlib import Path
+
+    from horizon_exec.ckpt import checkpoint_bytes
+    from horizon_exec.checkpoint_hf import SAVE_DTYPES
+    from horizon_exec.outputs import check_space
+
+    needs = []
+    if args.ckpt_dir:
+        needs.append(("--ckpt-dir", Path(args.ckpt_dir), checkpoint_bytes(tr)))
+    if args.save_hf:
+        n = sum(t.numel() for t in tr.state_dict().values()) * SAVE_DTYPES[args.save_dtype][0].itemsize
+        needs.append(("--save-hf", Path(args.save_hf).parent, n))
+    check_space(needs)
+
+
 def run_train(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
     _check_args(args)
+    from horizon_exec.outputs import prepare_outputs
+    prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, init_from=args.init_from)
     from horizon_exec import checkpoint_hf
     from horizon_exec.data import load_dataset
     from horizon_exec.errors import ExecError
@@ -191,8 +210,6 @@ def run_train(args: argparse.Namespace) -> int:
         from horizon_sim.specs.hardware_io import load_hardware
         hardware = load_hardware(args.hardware)  # its speeds and runtime overhead, for admission
     save_shard = parse_size(args.save_shard_size, "--save-shard-size") if args.save_hf else 0
-    if args.save_hf and Path(args.save_hf).exists() and not Path(args.save_hf).is_dir():
-        raise HorizonError(f"--save-hf {args.save_hf!r} exists and is not a folder")
 
     # ---- trainer and loop ------------------------------------------------------------------
     tr = Trainer(model, policy, lr=args.lr, weight_decay=args.weight_decay,
@@ -201,6 +218,8 @@ def run_train(args: argparse.Namespace) -> int:
                  random_init=args.init_from is None, admission=not args.no_admission,
                  host_budget_bytes=host_budget, hardware=hardware, on_nonfinite=args.on_nonfinite)
     with tr:
+        if not args.no_admission:
+            _check_space(args, tr)
         try:
             return _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, save_shard)
         except Interrupted as e:

@@ -9,6 +9,7 @@ own, so saving a store costs one tensor of extra memory, not a copy of the model
 views that share one allocation, which is what the host store is made of).
 """
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -22,6 +23,23 @@ import torch
 ST_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
             torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
             torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+# What an OSError means for an output, in the words of a one-line message.
+_WHY = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+        errno.EFBIG: "file size limit reached (ulimit -f)", errno.EROFS: "read-only file system",
+        errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+        errno.ENOENT: "no such file or folder", errno.ENOTDIR: "a file where a folder is expected",
+        errno.EISDIR: "a folder where a file is expected", errno.EEXIST: "already exists",
+        errno.ENAMETOOLONG: "name too long", errno.ELOOP: "too many symbolic links"}
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""Errors that more room (space, quota, file size limit) would cure."""
+
+
+def os_error_text(e: OSError) -> str:
+    """'read-only file system (/mnt/x/.tmp)': what went wrong and on which path."""
+    why = _WHY.get(e.errno, e.strerror or type(e).__name__)
+    return why + (f" ({e.filename})" if e.filename else "")
 
 
 def _nbytes(t: torch.Tensor, dtype) -> int:
@@ -88,10 +106,10 @@ def atomic_write_text(path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
-def _fsync_dir(d) -> None:
+def fsync_dir(d) -> None:
     with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
         fd = os.open(d, os.O_RDONLY)
         try:
@@ -125,6 +143,6 @@ def publish_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
     os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

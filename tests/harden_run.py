@@ -1,6 +1,7 @@
 """`horizon train` as a subprocess, for the hardening tests (issue 19): the tiny model on the
 built-in corpus, a few steps, no progress bar."""
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +28,24 @@ def popen(*args, **kw) -> subprocess.Popen:
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen(train_cmd(*args), cwd=ROOT, env=env(), text=True, **kw)
+
+
+def tmpfs_works() -> bool:
+    """Whether this machine lets a process mount a private tmpfs (root, or user namespaces)."""
+    try:
+        return subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def in_tmpfs(script: str, size: str = "1m", read_only: bool = False, setup: str = "",
+             timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the shell `script` with a fresh tmpfs of `size` mounted at $M (private to it: a
+    mount namespace), after `setup` ran there; read_only: remounted read-only before `script`.
+    $TRAIN is `horizon train` on the tiny model (train_cmd())."""
+    train = " ".join(shlex.quote(a) for a in train_cmd())
+    ro = 'mount -o remount,ro "$M" && ' if read_only else ""
+    body = f'M=/mnt; TRAIN="{train}"; mount -t tmpfs -o size={size} tmpfs "$M" && {setup or ":"} && {ro}{script}'
+    return subprocess.run(["unshare", "-rm", "sh", "-c", body], cwd=ROOT, env=env(), capture_output=True,
+                          text=True, timeout=timeout)
