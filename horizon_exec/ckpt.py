@@ -12,8 +12,9 @@ The working copy (bf16) is not stored: it is the master cast, recomputed on load
 folder is written under a temporary name, fsynced and renamed into place; then the text file
 `<ckpt_dir>/latest` is replaced atomically to name it, and checkpoints beyond `keep` are
 renamed to a hidden name and removed (the newest `keep` up to the step written). A failure mid-write leaves the previous checkpoint and
-`latest` untouched (a process killed mid-write leaves a hidden temporary folder, removed by
-the next save): no half-written file is ever under a final name.
+`latest` untouched (a process killed mid-write leaves a hidden temporary folder, named by its
+owner, which the next save on that host removes once the owner is dead): no half-written file
+is ever under a final name. A save holds the folder's lock (ckpt_lock.py): one run per folder.
 
 Loading verifies as it reads: trainer.json and state.safetensors are hashed and checked
 against SHA256SUMS, the state in one pass (each tensor is read straight into the host store
@@ -34,8 +35,9 @@ import shutil
 import struct
 from pathlib import Path
 
-from horizon_exec.fileio import (atomic_write_text, publish_dir, sha256_file, staging_dir,
-                                 write_safetensors, write_text)
+from horizon_exec import ckpt_lock
+from horizon_exec.fileio import (aside_name, atomic_write_text, make_dirs, publish_dir, remove_dead_leftovers,
+                                 sha256_file, staging_dir, write_safetensors, write_text)
 from horizon_sim.errors import HorizonError
 
 FORMAT = 1
@@ -83,22 +85,22 @@ def save_checkpoint(ckpt_dir, trainer, step: int, loop_state: dict | None = None
         "optimizer": {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay},
         "loop": loop_state or {},
     }
-    if root.is_dir():  # leftovers of a run killed mid-write (hidden temporary folders)
-        for p in root.glob(".step-*"):
-            if p.is_dir() and (p.name.endswith(".tmp") or ".old-" in p.name):
-                shutil.rmtree(p, ignore_errors=True)
-    with staging_dir(final) as tmp:
-        sums = {STATE: write_safetensors(tmp / STATE, [(n, t, None) for n, t in _state_items(trainer)],
-                                         {"format": "horizon-ckpt", "step": step})}
-        sums[META] = write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
-        write_text(tmp / SUMS, "".join(f"{h}  {n}\n" for n, h in sums.items()))
-        publish_dir(tmp, final)
-    atomic_write_text(root / LATEST, final.name + "\n")
-    if keep > 0:  # the `keep` newest up to this step; newer folders (a run resumed from an older
-        # checkpoint, e.g. after the latest was damaged) are left until this run overwrites them
-        mine = [p for p in list_checkpoints(root) if _step_of(p) <= step]
-        for old in mine[:-keep]:
-            _remove(old)
+    make_dirs(root)
+    with ckpt_lock.holding(root):
+        # leftovers of runs killed mid-write (hidden, named by their owner: only dead ones go)
+        remove_dead_leftovers(root, r"step-\d+|" + LATEST)
+        with staging_dir(final) as tmp:
+            sums = {STATE: write_safetensors(tmp / STATE, [(n, t, None) for n, t in _state_items(trainer)],
+                                             {"format": "horizon-ckpt", "step": step})}
+            sums[META] = write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
+            write_text(tmp / SUMS, "".join(f"{h}  {n}\n" for n, h in sums.items()))
+            publish_dir(tmp, final)
+        atomic_write_text(root / LATEST, final.name + "\n")
+        if keep > 0:  # the `keep` newest up to this step; newer folders (a run resumed from an older
+            # checkpoint, e.g. after the latest was damaged) are left until this run overwrites them
+            mine = [p for p in list_checkpoints(root) if _step_of(p) <= step]
+            for old in mine[:-keep]:
+                _remove(old)
     return final
 
 
@@ -109,7 +111,7 @@ def _step_of(p: Path) -> int:
 def _remove(folder: Path) -> None:
     """Rename aside (atomic), then delete: an interrupted removal never leaves a partial
     checkpoint under a step name."""
-    aside = folder.parent / f".{folder.name}.old-{os.getpid()}"
+    aside = aside_name(folder)
     try:
         os.rename(folder, aside)
     except OSError:

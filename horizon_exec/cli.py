@@ -168,12 +168,20 @@ def _check_space(args, tr) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import dataclasses
-    from pathlib import Path
-
     _check_args(args)
     from horizon_exec.outputs import prepare_outputs
     prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, init_from=args.init_from)
+    if not args.ckpt_dir:
+        return _run_train(args)
+    from horizon_exec import ckpt_lock
+    with ckpt_lock.holding(args.ckpt_dir):  # before anything is built: one run per folder
+        return _run_train(args)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    import dataclasses
+    from pathlib import Path
+
     from horizon_exec import checkpoint_hf
     from horizon_exec.data import load_dataset
     from horizon_exec.errors import ExecError
@@ -235,19 +243,24 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, save_shard) -> int:
-    import json
-    from pathlib import Path
-
-    from horizon_exec import checkpoint_hf
-    from horizon_exec.buffers import TORCH_DTYPE
     from horizon_exec.loop import LoopConfig, TrainLoop
-    from horizon_sim.units import fmt_bytes
 
     cfg = LoopConfig(steps=args.steps, schedule=sched, eval_every=args.eval_every,
                      eval_batches=args.eval_batches, ckpt_dir=args.ckpt_dir,
                      ckpt_every=args.ckpt_interval, keep_ckpts=args.keep_ckpts, peak_flops=peak,
                      progress=not args.no_progress, log_file=args.log_file)
-    loop = TrainLoop(tr, ds, cfg, seed=args.seed)
+    with TrainLoop(tr, ds, cfg, seed=args.seed) as loop:
+        return _run_loop(args, tr, loop, model, policy, tok, tok_path, ds, peak, peak_what, save_shard)
+
+
+def _run_loop(args, tr, loop, model, policy, tok, tok_path, ds, peak, peak_what, save_shard) -> int:
+    import json
+    from pathlib import Path
+
+    from horizon_exec import checkpoint_hf
+    from horizon_exec.buffers import TORCH_DTYPE
+    from horizon_sim.units import fmt_bytes
+
     print(f"horizon train: {model.name}, {model.total_params / 1e6:.1f}M params, {len(tr.sched)} ops/step, "
           f"host store {fmt_bytes(tr.host_store_bytes)}, device {args.device}")
     print(f"data: {ds.source}, tokenizer {tok.name}, {ds.n_tokens:,} tokens -> {len(ds.train)} train + "

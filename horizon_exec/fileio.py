@@ -13,7 +13,9 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import struct
 import tempfile
 from pathlib import Path
@@ -94,10 +96,58 @@ def write_text(path, text: str) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# ---- temporary names, and leftovers of killed runs ------------------------------------------
+# Every temporary name carries its owner, `.<final name>.<host>-<pid>.<...>`, so a run removes
+# only leftovers it can prove dead (its own, or a process of this host that no longer
+# exists), never another live run's folder in flight.
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
+
+
+def owner_tag() -> str:
+    """This process's part of a temporary name: <host>-<pid>."""
+    return f"{_host()}-{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:   # EPERM: it exists, as another user
+        return True
+    return True
+
+
+def remove_dead_leftovers(folder, stem: str) -> list[Path]:
+    """Remove the hidden temporaries `.<name>.<host>-<pid>.(<x>.tmp|old)` in `folder` whose
+    name matches the regex `stem` and whose owner is this process or a dead process of this
+    host; returns what was removed. Leftovers of other hosts are left alone (their owner's
+    life cannot be told from here)."""
+    pat = re.compile(rf"\.(?:{stem})\.(?P<host>[A-Za-z0-9-]+)-(?P<pid>\d+)\.(?:[^.]+\.tmp|old)")
+    removed = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    me, host = os.getpid(), _host()
+    for p in entries:
+        m = pat.fullmatch(p.name)
+        if not m or m["host"] != host or (int(m["pid"]) != me and _pid_alive(int(m["pid"]))):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                p.unlink()
+        removed.append(p)
+    return removed
+
+
 def atomic_write_text(path, text: str) -> None:
     """Replace `path` with `text` atomically (temporary file in the same folder + rename)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{owner_tag()}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write_text(tmp, text)
@@ -107,6 +157,23 @@ def atomic_write_text(path, text: str) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def make_dirs(path: Path) -> None:
+    """mkdir -p, each new folder made durable (its parent fsynced): a checkpoint folder
+    must not vanish with the folder that holds it after a power loss."""
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            if not d.is_dir():
+                raise
+        fsync_dir(d.parent)
 
 
 def fsync_dir(d) -> None:
@@ -120,16 +187,23 @@ def fsync_dir(d) -> None:
 
 @contextlib.contextmanager
 def staging_dir(final):
-    """Yield a fresh temporary folder next to `final` (same filesystem, hidden name); on an
-    exception it is removed and `final` is untouched. Publishing is the caller's rename."""
+    """Yield a fresh temporary folder next to `final` (same filesystem, hidden name owned by
+    this process); on an exception it is removed and `final` is untouched. Publishing is the
+    caller's rename. Dead runs' leftovers of `final` are removed first."""
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    make_dirs(final.parent)
+    remove_dead_leftovers(final.parent, re.escape(final.name))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{owner_tag()}.", suffix=".tmp", dir=final.parent))
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def aside_name(folder: Path) -> Path:
+    """Where `folder` is renamed before it is deleted (this process's hidden name)."""
+    return folder.parent / f".{folder.name}.{owner_tag()}.old"
 
 
 def publish_dir(tmp: Path, final: Path) -> None:
@@ -139,7 +213,7 @@ def publish_dir(tmp: Path, final: Path) -> None:
     final = Path(final)
     old = None
     if final.exists():
-        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        old = aside_name(final)
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
     os.rename(tmp, final)

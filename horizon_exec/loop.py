@@ -31,10 +31,13 @@ import os
 import signal
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 from horizon_exec import ckpt as ckpt_mod
+from horizon_exec import ckpt_lock
+from horizon_exec.fileio import make_dirs
 from horizon_exec.lr import CosineSchedule
 from horizon_sim.errors import HorizonError
 
@@ -110,6 +113,21 @@ class TrainLoop:
         self.last_ckpt: tuple[int, object] | None = None  # (step, folder) of the last checkpoint written
         self.skipped: list[int] = []   # steps (1-based) whose update was skipped as non-finite
         self._signal: int | None = None
+        self._unlock = None
+        if cfg.ckpt_dir:  # one run per checkpoint folder, from before the first step to close()
+            make_dirs(Path(cfg.ckpt_dir))
+            self._unlock = weakref.finalize(self, ckpt_lock.release, ckpt_lock.acquire(cfg.ckpt_dir))
+
+    def close(self) -> None:
+        """Release the checkpoint folder's lock (also when the loop is garbage-collected)."""
+        if self._unlock is not None:
+            self._unlock()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     # ---- state ----------------------------------------------------------------------------
     def state(self) -> dict:

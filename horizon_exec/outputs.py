@@ -17,26 +17,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from horizon_exec.fileio import fsync_dir, os_error_text
+from horizon_exec.fileio import make_dirs, os_error_text
 from horizon_sim.errors import HorizonError
 from horizon_sim.units import fmt_bytes
-
-
-def make_dirs(path: Path) -> None:
-    """mkdir -p, each new folder made durable (its parent fsynced): a checkpoint folder
-    must not vanish with the folder that holds it after a power loss."""
-    missing = []
-    p = path
-    while not p.exists() and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            d.mkdir()
-        except FileExistsError:
-            if not d.is_dir():
-                raise
-        fsync_dir(d.parent)
 
 
 def _folder(path: Path, flag: str) -> None:

@@ -159,7 +159,7 @@ def test_failed_checkpoint_leaves_the_previous_one(tmp_path, monkeypatch):
         with pytest.raises(OSError, match="injected"):
             ckpt_mod.save_checkpoint(tmp_path, tr, 2, {"x": 2})
         monkeypatch.undo()
-        assert sorted(os.listdir(tmp_path)) == ["latest", "step-00000001"]  # no half-written folder
+        assert sorted(os.listdir(tmp_path)) == [".lock", "latest", "step-00000001"]  # no half-written folder
         assert ckpt_mod.latest_checkpoint(tmp_path) == good
         assert (good / "SHA256SUMS").read_text() == sums
         ckpt_mod.verify_checkpoint(good)

@@ -177,7 +177,7 @@ def test_pruning_after_a_fallback_keeps_the_resumed_trajectory(tmp_path):
         ckpt_mod.save_checkpoint(tmp_path, tr, 4, keep=2)  # overwrites the damaged one
         assert [p.name for p in ckpt_mod.list_checkpoints(tmp_path)] == ["step-00000003", "step-00000004"]
         ckpt_mod.verify_checkpoint(tmp_path / "step-00000004")
-    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no hidden leftovers
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".") and n != ".lock"]  # no hidden leftovers
 
 
 def test_a_checkpoint_for_another_run_is_refused_not_skipped(two_checkpoints):
