@@ -36,8 +36,9 @@ import struct
 from pathlib import Path
 
 from horizon_exec import ckpt_lock
-from horizon_exec.fileio import (aside_name, atomic_write_text, make_dirs, publish_dir, remove_dead_leftovers,
-                                 sha256_file, staging_dir, write_safetensors, write_text)
+from horizon_exec.fileio import (OutputError, aside_name, atomic_write_text, make_dirs, publish_dir,
+                                 remove_dead_leftovers, sha256_file, staging_dir, write_failure,
+                                 write_safetensors, write_text)
 from horizon_sim.errors import HorizonError
 
 FORMAT = 1
@@ -85,6 +86,14 @@ def save_checkpoint(ckpt_dir, trainer, step: int, loop_state: dict | None = None
         "optimizer": {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay},
         "loop": loop_state or {},
     }
+    try:
+        return _save(root, final, trainer, step, meta, keep)
+    except OSError as e:  # disk full, quota, file size limit, read-only: nothing half-written stays
+        raise OutputError(write_failure(f"checkpoint {final}", e, root if root.is_dir() else root.parent,
+                                        checkpoint_bytes(trainer)) + "; the checkpoints before it are intact") from None
+
+
+def _save(root: Path, final: Path, trainer, step: int, meta: dict, keep: int) -> Path:
     make_dirs(root)
     with ckpt_lock.holding(root):
         # leftovers of runs killed mid-write (hidden, named by their owner: only dead ones go)

@@ -155,16 +155,47 @@ def _check_space(args, tr) -> None:
     from pathlib import Path
 
     from horizon_exec.ckpt import checkpoint_bytes
-    from horizon_exec.checkpoint_hf import SAVE_DTYPES
     from horizon_exec.outputs import check_space
 
     needs = []
     if args.ckpt_dir:
         needs.append(("--ckpt-dir", Path(args.ckpt_dir), checkpoint_bytes(tr)))
     if args.save_hf:
-        n = sum(t.numel() for t in tr.state_dict().values()) * SAVE_DTYPES[args.save_dtype][0].itemsize
-        needs.append(("--save-hf", Path(args.save_hf).parent, n))
+        needs.append(("--save-hf", Path(args.save_hf).parent, _hf_bytes(args, tr)))
     check_space(needs)
+
+
+def _hf_bytes(args, tr) -> int:
+    from horizon_exec.checkpoint_hf import SAVE_DTYPES
+    return sum(t.numel() for t in tr.state_dict().values()) * SAVE_DTYPES[args.save_dtype][0].itemsize
+
+
+def _save_hf(args, tr, loop, tok_path) -> None:
+    """--save-hf; a write failure is one line naming the folder, the need, and where the
+    trained weights still are."""
+    import json
+    from pathlib import Path
+
+    from horizon_exec import checkpoint_hf
+    from horizon_exec.fileio import OutputError, write_failure
+    from horizon_sim.units import parse_size
+
+    base, side = None, []
+    if args.init_from:
+        base = json.loads((Path(args.init_from) / "config.json").read_text())
+        side = checkpoint_hf.side_files_of(args.init_from)
+    elif tok_path:
+        side = [Path(tok_path)]
+    save_shard = parse_size(args.save_shard_size, "--save-shard-size")
+    try:
+        out = checkpoint_hf.save_hf(tr, args.save_hf, args.save_dtype, save_shard, base, side)
+    except OSError as e:
+        kept = (f"the trained weights are in the checkpoint {loop.last_ckpt[1]}"
+                if loop.last_ckpt and loop.last_ckpt[0] == loop.step else
+                "no checkpoint holds the trained weights (no --ckpt-dir)")
+        raise OutputError(f"--save-hf: {write_failure(f'the HF checkpoint {args.save_hf}', e, Path(args.save_hf).parent, _hf_bytes(args, tr))}"
+                          f"; {kept}") from None
+    print(f"saved {args.save_dtype} HF checkpoint to {out}")
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -185,6 +216,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from horizon_exec import checkpoint_hf
     from horizon_exec.data import load_dataset
     from horizon_exec.errors import ExecError
+    from horizon_exec.fileio import OutputError
     from horizon_exec.loop import Interrupted
     from horizon_exec.lr import CosineSchedule
     from horizon_exec.tokenize import load_tokenizer
@@ -217,7 +249,8 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.hardware and not args.no_admission:
         from horizon_sim.specs.hardware_io import load_hardware
         hardware = load_hardware(args.hardware)  # its speeds and runtime overhead, for admission
-    save_shard = parse_size(args.save_shard_size, "--save-shard-size") if args.save_hf else 0
+    if args.save_hf:
+        parse_size(args.save_shard_size, "--save-shard-size")  # a bad size is refused before training
 
     # ---- trainer and loop ------------------------------------------------------------------
     tr = Trainer(model, policy, lr=args.lr, weight_decay=args.weight_decay,
@@ -229,12 +262,15 @@ def _run_train(args: argparse.Namespace) -> int:
         if not args.no_admission:
             _check_space(args, tr)
         try:
-            return _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, save_shard)
+            return _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what)
         except Interrupted as e:
             print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
             return e.exit_code
         except NonFiniteError as e:
             print(f"horizon train: stopped: {e}", file=sys.stderr)
+            return 1
+        except OutputError as e:  # disk full, quota, read-only... mid-run: not a bad input
+            print(f"horizon train: error: {e}", file=sys.stderr)
             return 1
         except ExecError as e:
             traceback.print_exception(e.__cause__ or e, file=sys.stderr)
@@ -242,7 +278,7 @@ def _run_train(args: argparse.Namespace) -> int:
             return 1
 
 
-def _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, save_shard) -> int:
+def _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what) -> int:
     from horizon_exec.loop import LoopConfig, TrainLoop
 
     cfg = LoopConfig(steps=args.steps, schedule=sched, eval_every=args.eval_every,
@@ -250,13 +286,10 @@ def _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, s
                      ckpt_every=args.ckpt_interval, keep_ckpts=args.keep_ckpts, peak_flops=peak,
                      progress=not args.no_progress, log_file=args.log_file)
     with TrainLoop(tr, ds, cfg, seed=args.seed) as loop:
-        return _run_loop(args, tr, loop, model, policy, tok, tok_path, ds, peak, peak_what, save_shard)
+        return _run_loop(args, tr, loop, model, policy, tok, tok_path, ds, peak, peak_what)
 
 
-def _run_loop(args, tr, loop, model, policy, tok, tok_path, ds, peak, peak_what, save_shard) -> int:
-    import json
-    from pathlib import Path
-
+def _run_loop(args, tr, loop, model, policy, tok, tok_path, ds, peak, peak_what) -> int:
     from horizon_exec import checkpoint_hf
     from horizon_exec.buffers import TORCH_DTYPE
     from horizon_sim.units import fmt_bytes
@@ -292,14 +325,7 @@ def _run_loop(args, tr, loop, model, policy, tok, tok_path, ds, peak, peak_what,
         print(f"{len(loop.skipped)} step(s) skipped for a non-finite loss or gradient: "
               f"{', '.join(map(str, loop.skipped[:20]))}{' ...' if len(loop.skipped) > 20 else ''}")
     if args.save_hf:
-        base, side = None, []
-        if args.init_from:
-            base = json.loads((Path(args.init_from) / "config.json").read_text())
-            side = checkpoint_hf.side_files_of(args.init_from)
-        elif tok_path:
-            side = [Path(tok_path)]
-        out = checkpoint_hf.save_hf(tr, args.save_hf, args.save_dtype, save_shard, base, side)
-        print(f"saved {args.save_dtype} HF checkpoint to {out}")
+        _save_hf(args, tr, loop, tok_path)
     return 0
 
 

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import torch
 
+from horizon_sim.errors import HorizonError
+from horizon_sim.units import fmt_bytes
+
 ST_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
             torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
             torch.uint8: "U8", torch.bool: "BOOL"}
@@ -40,8 +43,29 @@ FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 def os_error_text(e: OSError) -> str:
     """'read-only file system (/mnt/x/.tmp)': what went wrong and on which path."""
-    why = _WHY.get(e.errno, e.strerror or type(e).__name__)
+    why = _WHY.get(e.errno) or e.strerror or str(e) or type(e).__name__
     return why + (f" ({e.filename})" if e.filename else "")
+
+
+class OutputError(HorizonError):
+    """An output could not be written (disk full, quota, file size limit, read-only, a bad
+    path); the message names the path and what it needed, and says what is still intact."""
+
+
+def write_failure(what: str, e: OSError, folder, need_bytes: int | None = None) -> str:
+    """'cannot write <what>: <why>; it needs about N (F free there)': the need is stated
+    when more room would cure the error (need_bytes None: just the room left)."""
+    msg = f"cannot write {what}: {os_error_text(e)}"
+    if e.errno in FULL:
+        try:
+            st = os.statvfs(folder)
+            free = f"{fmt_bytes(st.f_bavail * st.f_frsize)} free there"
+        except OSError:
+            free = "free space unknown"
+        if e.errno == errno.EFBIG:
+            free = "raise the limit"
+        msg += f"; it needs about {fmt_bytes(need_bytes)} ({free})" if need_bytes else f" ({free})"
+    return msg
 
 
 def _nbytes(t: torch.Tensor, dtype) -> int:

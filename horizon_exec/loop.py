@@ -37,7 +37,7 @@ from pathlib import Path
 
 from horizon_exec import ckpt as ckpt_mod
 from horizon_exec import ckpt_lock
-from horizon_exec.fileio import make_dirs
+from horizon_exec.fileio import make_dirs, write_failure
 from horizon_exec.lr import CosineSchedule
 from horizon_sim.errors import HorizonError
 
@@ -113,6 +113,7 @@ class TrainLoop:
         self.last_ckpt: tuple[int, object] | None = None  # (step, folder) of the last checkpoint written
         self.skipped: list[int] = []   # steps (1-based) whose update was skipped as non-finite
         self._signal: int | None = None
+        self._log_failed = False
         self._unlock = None
         if cfg.ckpt_dir:  # one run per checkpoint folder, from before the first step to close()
             make_dirs(Path(cfg.ckpt_dir))
@@ -183,10 +184,19 @@ class TrainLoop:
             return float("nan"), float("nan")
         return len(w) * self.tr.policy.tokens / secs, len(w) * self.flops_per_step / secs
 
-    def _log(self, rec: dict) -> None:
-        if self.cfg.log_file:
+    def _log(self, rec: dict, write) -> None:
+        """One JSON line in the metrics log. A log that cannot be written (disk full, ...) is
+        reported once and dropped: it is a record of the run, not its product, and stopping
+        would cost the steps since the last checkpoint (which reports its own failures)."""
+        if not self.cfg.log_file or self._log_failed:
+            return
+        try:
             with open(self.cfg.log_file, "a") as f:
                 f.write(json.dumps(rec) + "\n")
+        except OSError as e:
+            self._log_failed = True
+            why = write_failure(f"the metrics log {self.cfg.log_file}", e, Path(self.cfg.log_file).parent)
+            write(f"warning: step {self.step}: {why}; training goes on without it")
 
     # ---- signals ---------------------------------------------------------------------------
     def _install_signals(self):
@@ -255,7 +265,7 @@ class TrainLoop:
                     rec.update(skipped=True, nonfinite=res.nonfinite)
                     write(f"step {self.step}: non-finite {res.nonfinite}: update skipped, weights and optimizer state "
                           f"unchanged ({tr.skipped_steps} skipped so far)")
-                self._log(rec)
+                self._log(rec, write)
                 if bar is not None:
                     post = {"loss": f"{res.loss:.4f}", "lr": f"{lr:.2e}", "tok/s": f"{tok_s:,.0f}"}
                     post.update({"MFU": f"{100 * rec['mfu']:.3g}%"} if cfg.peak_flops else
@@ -268,7 +278,7 @@ class TrainLoop:
                 if self.eval_set and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
                     ev = self.evaluate()
                     self.evals[self.step] = ev
-                    self._log({"step": self.step, "eval_loss": ev})
+                    self._log({"step": self.step, "eval_loss": ev}, write)
                     write(f"step {self.step}: eval loss {ev:.4f} ({len(self.eval_set)} batches)")
                 if cfg.ckpt_dir and ((cfg.ckpt_every and self.step % cfg.ckpt_every == 0) or last):
                     p = self.save()

@@ -43,9 +43,9 @@ def in_tmpfs(script: str, size: str = "1m", read_only: bool = False, setup: str 
              timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the shell `script` with a fresh tmpfs of `size` mounted at $M (private to it: a
     mount namespace), after `setup` ran there; read_only: remounted read-only before `script`.
-    $TRAIN is `horizon train` on the tiny model (train_cmd())."""
+    $TRAIN is `horizon train` on the tiny model (train_cmd()), $PY this Python."""
     train = " ".join(shlex.quote(a) for a in train_cmd())
     ro = 'mount -o remount,ro "$M" && ' if read_only else ""
-    body = f'M=/mnt; TRAIN="{train}"; mount -t tmpfs -o size={size} tmpfs "$M" && {setup or ":"} && {ro}{script}'
+    body = f'M=/mnt; PY={shlex.quote(sys.executable)}; TRAIN="{train}"; mount -t tmpfs -o size={size} tmpfs "$M" && {setup or ":"} && {ro}{script}'
     return subprocess.run(["unshare", "-rm", "sh", "-c", body], cwd=ROOT, env=env(), capture_output=True,
                           text=True, timeout=timeout)

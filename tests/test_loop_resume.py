@@ -1,6 +1,7 @@
 """The training loop: lr schedule values, exact resume (a run interrupted at step k and
 resumed computes the uninterrupted run's losses, eval losses and final state bit for bit),
 atomic checkpoints with checksums, and `horizon train` end to end."""
+import errno
 import json
 import math
 import os
@@ -153,10 +154,12 @@ def test_failed_checkpoint_leaves_the_previous_one(tmp_path, monkeypatch):
 
         def dies_midway(path, items, metadata=None):
             real(path, items[:3], metadata)  # a partial file, then the disk fills up
-            raise OSError("disk full (injected)")
+            raise OSError(errno.ENOSPC, "No space left on device (injected)", str(path))
 
         monkeypatch.setattr(ckpt_mod, "write_safetensors", dies_midway)
-        with pytest.raises(OSError, match="injected"):
+        with pytest.raises(HorizonError, match=r"cannot write checkpoint .*step-00000002: no space left on the "
+                                               r"device \(.*state.safetensors\); it needs about .* free there\); "
+                                               r"the checkpoints before it are intact"):
             ckpt_mod.save_checkpoint(tmp_path, tr, 2, {"x": 2})
         monkeypatch.undo()
         assert sorted(os.listdir(tmp_path)) == [".lock", "latest", "step-00000001"]  # no half-written folder
