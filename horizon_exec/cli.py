@@ -19,6 +19,7 @@ This module must not import torch at import time: the `horizon` entry point impo
 build its parser, and `horizon plan` must start fast.
 """
 import argparse
+import os
 import sys
 import traceback
 
@@ -217,7 +218,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from horizon_exec.data import load_dataset
     from horizon_exec.errors import ExecError
     from horizon_exec.fileio import OutputError
-    from horizon_exec.loop import Interrupted
+    from horizon_exec.loop import EvalError, Interrupted
     from horizon_exec.lr import CosineSchedule
     from horizon_exec.tokenize import load_tokenizer
     from horizon_exec.trainer import NonFiniteError, Trainer
@@ -269,12 +270,13 @@ def _run_train(args: argparse.Namespace) -> int:
         except NonFiniteError as e:
             print(f"horizon train: stopped: {e}", file=sys.stderr)
             return 1
-        except OutputError as e:  # disk full, quota, read-only... mid-run: not a bad input
+        except (OutputError, EvalError) as e:  # disk full, an eval that failed...: not a bad input
             print(f"horizon train: error: {e}", file=sys.stderr)
             return 1
         except ExecError as e:
-            traceback.print_exception(e.__cause__ or e, file=sys.stderr)
-            print(f"horizon train: error: {e}", file=sys.stderr)
+            if os.environ.get("HORIZON_DEBUG"):
+                traceback.print_exception(e.__cause__ or e, file=sys.stderr)
+            print(f"horizon train: error: {e} (HORIZON_DEBUG=1 shows the traceback)", file=sys.stderr)
             return 1
 
 

@@ -75,6 +75,10 @@ class LoopConfig:
                 raise HorizonError(f"{f.replace('_', '-')}={getattr(self, f)} must be >= 0")
 
 
+class EvalError(HorizonError):
+    """The eval after a step failed; the run stopped (with a checkpoint of that step when it could)."""
+
+
 class Interrupted(KeyboardInterrupt):
     """run() stopped on a signal: at a step boundary (first signal; `checkpoint` is the last
     one written, possibly just now) or at once (second signal: `immediate`)."""
@@ -176,6 +180,21 @@ class TrainLoop:
             total, n = total + s, n + k
         return total / max(1, n)
 
+    def _eval_step(self, write) -> float:
+        """evaluate() after a step; a failure stops the run as an EvalError, with a checkpoint
+        of this step first when there is a ckpt_dir and the trainer is still consistent."""
+        try:
+            return self.evaluate()
+        except Exception as e:
+            why = f"step {self.step}: eval failed: {type(e).__name__}: {e}"
+        tr = self.tr
+        if self.cfg.ckpt_dir and not (tr.failed or tr.state_invalid) and (
+                self.last_ckpt is None or self.last_ckpt[0] != self.step):
+            write(f"step {self.step}: checkpoint {self.save()}")
+        ck = self.last_ckpt
+        raise EvalError(why + (f"; last checkpoint {ck[1]} (step {ck[0]})" if ck else "; no checkpoint written")
+                        + "; resume with --resume, or with --eval-batches 0 if the eval keeps failing")
+
     def _rate(self) -> tuple[float, float]:
         """(tokens/s, model FLOP/s) over the last log_window steps."""
         w = self._times[-self.cfg.log_window:]
@@ -275,14 +294,15 @@ class TrainLoop:
                 if self._signal is not None:
                     self._stop_at_boundary(write)
                 last = self.step == cfg.steps
-                if self.eval_set and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
-                    ev = self.evaluate()
-                    self.evals[self.step] = ev
-                    self._log({"step": self.step, "eval_loss": ev}, write)
-                    write(f"step {self.step}: eval loss {ev:.4f} ({len(self.eval_set)} batches)")
+                # the checkpoint before the eval: an eval that fails (or is interrupted) cannot cost it
                 if cfg.ckpt_dir and ((cfg.ckpt_every and self.step % cfg.ckpt_every == 0) or last):
                     p = self.save()
                     write(f"step {self.step}: checkpoint {p}")
+                if self.eval_set and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
+                    ev = self._eval_step(write)
+                    self.evals[self.step] = ev
+                    self._log({"step": self.step, "eval_loss": ev}, write)
+                    write(f"step {self.step}: eval loss {ev:.4f} ({len(self.eval_set)} batches)")
         finally:
             for sig, h in old.items():
                 signal.signal(sig, h)
