@@ -7,6 +7,7 @@ store allocation, dynamic host buffers), the copies across the link, and how dev
 measured. Lanes H2D, COMPUTE and D2H are device lanes; the CPU lane runs host work.
 """
 import contextlib
+import re
 import time
 
 from horizon_exec.errors import ExecError
@@ -113,15 +114,30 @@ class Backend:
     def close(self) -> None: ...
 
 
+def check_device(device) -> None:
+    """HorizonError unless `device` is 'cpu', or 'cuda' / 'cuda:N' and torch has that GPU here."""
+    m = re.fullmatch(r"cpu|cuda(?::(\d+))?", device) if isinstance(device, str) else None
+    if not m:
+        raise HorizonError(f"device {device!r} is not supported; use 'cpu' or 'cuda[:N]'")
+    if device == "cpu":
+        return
+    import torch
+    if not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "torch sees no CUDA GPU here"
+        raise HorizonError(f"device {device!r}: {why} (torch {torch.__version__}); use cpu")
+    n = torch.cuda.device_count()
+    if m.group(1) is not None and int(m.group(1)) >= n:
+        raise HorizonError(f"device {device!r}: this machine has {n} CUDA device(s), cuda:0 .. cuda:{n - 1}")
+
+
 def make_backend(device: str = "cpu", *, timeout_s: float = 600.0, **kw) -> Backend:
     """The backend for `device`; `kw` are the CPU backend's options (ignored on CUDA)."""
+    check_device(device)
     if device == "cpu":
         from horizon_exec.backend_cpu import CpuBackend
         b = CpuBackend(**kw)
-    elif device.startswith("cuda"):
+    else:
         from horizon_exec.backend_cuda import CudaBackend
         b = CudaBackend(device)
-    else:
-        raise HorizonError(f"device {device!r} is not supported; use 'cpu' or 'cuda[:N]'")
     b.timeout_s = timeout_s
     return b

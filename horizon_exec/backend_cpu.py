@@ -22,6 +22,7 @@ from horizon_exec.backend import Backend
 from horizon_exec.hugepages import host_bytes
 from horizon_exec.host_pool import HostPool
 from horizon_exec.memtrack import TransientTracker
+from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Lane
 
 
@@ -37,6 +38,8 @@ class CpuBackend(Backend):
 
     def __init__(self, compute_threads: int | None = None, pin_cores: bool = True,
                  track_memory: bool = True):
+        if compute_threads is not None and (not isinstance(compute_threads, int) or compute_threads < 1):
+            raise HorizonError(f"compute_threads={compute_threads!r} must be a positive integer (None: cores - 1)")
         self.device = torch.device("cpu")
         cores = _cores()
         self.compute_threads = compute_threads or max(1, len(cores) - 1)

@@ -136,21 +136,6 @@ def _peak_flops(args, compute_dtype: str) -> tuple[float | None, str]:
     return tf * 1e12, f"{dev.name} {compute_dtype} peak {tf:g} TFLOP/s"
 
 
-def _check_args(a) -> None:
-    for name in ("steps",):
-        if getattr(a, name) <= 0:
-            raise HorizonError(f"--{name} {getattr(a, name)} must be positive")
-    for name in ("warmup_steps", "eval_every", "eval_batches", "ckpt_interval", "keep_ckpts"):
-        if getattr(a, name) < 0:
-            raise HorizonError(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= 0")
-    if a.model is None and a.init_from is None:
-        raise HorizonError("give --model (a preset or config.json) or --init-from (an HF checkpoint folder)")
-    if a.resume == "" and not a.ckpt_dir:
-        raise HorizonError("--resume without a folder needs --ckpt-dir")
-    if a.ckpt_interval and not a.ckpt_dir:
-        raise HorizonError("--ckpt-interval needs --ckpt-dir")
-
-
 def _check_space(args, tr) -> None:
     """Room for one checkpoint and the --save-hf folder, before the first step."""
     from pathlib import Path
@@ -200,7 +185,8 @@ def _save_hf(args, tr, loop, tok_path) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    _check_args(args)
+    from horizon_exec.train_checks import check_train_args
+    check_train_args(args)
     from horizon_exec.outputs import prepare_outputs
     prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, init_from=args.init_from)
     if not args.ckpt_dir:
@@ -326,6 +312,12 @@ def _run_loop(args, tr, loop, model, policy, tok, tok_path, ds, peak, peak_what)
     if loop.skipped:
         print(f"{len(loop.skipped)} step(s) skipped for a non-finite loss or gradient: "
               f"{', '.join(map(str, loop.skipped[:20]))}{' ...' if len(loop.skipped) > 20 else ''}")
+        if len(loop.skipped) == loop.steps_run:  # nothing was learnt: not a success, nothing to publish
+            print(f"horizon train: error: every step of this run ({loop.steps_run}) was skipped for a "
+                  f"non-finite loss or gradient, so the weights never changed"
+                  + (" (--save-hf not written)" if args.save_hf else "")
+                  + "; lower --lr or check the data and the initial weights", file=sys.stderr)
+            return 1
     if args.save_hf:
         _save_hf(args, tr, loop, tok_path)
     return 0

@@ -311,6 +311,11 @@ class TrainLoop:
         return self.last
 
     @property
+    def steps_run(self) -> int:
+        """Steps this loop object ran (a resumed run counts from its resume)."""
+        return len(self._times)
+
+    @property
     def tokens_per_s(self) -> float:
         secs = sum(self._times)
         return len(self._times) * self.tr.policy.tokens / secs if secs > 0 else float("nan")

@@ -35,6 +35,47 @@ from horizon_exec.errors import ExecError
 from horizon_sim.errors import HorizonError
 
 KERNELS = ("auto", "native", "torch")
+MAX_LR = 1.0
+"""Largest learning rate accepted. Adam's update per element is about lr (m / sqrt(v) is
+about +-1), so at lr > 1 one step moves each weight by more than a trained LLM's weights
+measure (init std 0.02, trained values rarely above 1): the run is destroyed at once, and
+lr 1e30 turned every weight non-finite. Typical values are 1e-5 .. 1e-2."""
+MIN_EPS = 1.1754944e-38
+"""Smallest eps accepted: the kernels compute in float32, where a smaller eps is denormal or
+0 (1e-46 rounds to 0), and m / (sqrt(v) + 0) is 0/0 = NaN for every weight whose gradient
+has been 0 (e.g. embedding rows of tokens not seen yet)."""
+
+
+def check_hyper(*, lr: float, betas, eps: float, weight_decay: float, name=lambda f: f"AdamW {f}=") -> None:
+    """HorizonError unless AdamW's hyper-parameters are usable: lr in [0, MAX_LR], each beta in
+    [0, 1) (1 never forgets and its bias correction divides by 0), eps in [MIN_EPS, inf),
+    weight_decay finite >= 0 with lr * weight_decay <= 1 (the decay factor 1 - lr * wd stays in
+    [0, 1]; above, weights flip sign every step). name(field) is how a message names a field."""
+    def bad(field, value, want):
+        raise HorizonError(f"{name(field)}{value!r} {want}")
+
+    if not _number(lr) or not 0 <= lr <= MAX_LR:
+        bad("lr", lr, f"must lie in [0, {MAX_LR:g}] (Adam moves each weight by about lr per step; "
+                      "usual values are 1e-5 .. 1e-2)")
+    try:
+        b1, b2 = betas
+    except (TypeError, ValueError):
+        raise HorizonError(f"{name('betas')}{betas!r} must be two numbers") from None
+    for field, b in (("beta1", b1), ("beta2", b2)):
+        if not _number(b) or not 0 <= b < 1:
+            bad(field, b, "must lie in [0, 1)")
+    if not _number(eps) or not MIN_EPS <= eps < math.inf:
+        bad("eps", eps, f"must be a finite number >= {MIN_EPS:.3g} (the smallest normal float32; "
+                        "usual value 1e-8)")
+    if not _number(weight_decay) or not 0 <= weight_decay < math.inf:
+        bad("weight_decay", weight_decay, "must be a finite number >= 0")
+    if lr * weight_decay > 1:
+        bad("weight_decay", weight_decay, f"times lr {lr:g} is above 1: the decay factor 1 - lr * "
+                                          "weight_decay would flip the weights' sign every step")
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -53,6 +94,7 @@ class AdamW:
     2^16 pays call overhead, 2^22 spills)."""
 
     def __post_init__(self):
+        check_hyper(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
         if self.kernel not in KERNELS:
             raise HorizonError(f"AdamW kernel={self.kernel!r}: use one of {', '.join(KERNELS)}")
 

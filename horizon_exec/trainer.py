@@ -46,7 +46,7 @@ import torch
 
 from horizon_exec.admission import admit
 from horizon_exec.arena import DeviceArena
-from horizon_exec.backend import make_backend
+from horizon_exec.backend import check_device, make_backend
 from horizon_exec.buffers import TORCH_DTYPE, BufferTable
 from horizon_exec.engine import Engine
 from horizon_exec.errors import ExecError
@@ -54,7 +54,7 @@ from horizon_exec.head import IGNORE, head_loss, next_token_labels
 from horizon_exec.layers import rms_norm
 from horizon_exec.layout import block_layout, host_layout, unit_name
 from horizon_exec.ops import OpRunner
-from horizon_exec.optim import AdamW
+from horizon_exec.optim import AdamW, check_hyper
 from horizon_exec.store import HostStore
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import EMBED, build_schedule
@@ -140,6 +140,9 @@ class Trainer:
                  hardware=None, on_nonfinite: str | None = None):
         if policy.seq < 2:
             raise HorizonError(f"policy seq={policy.seq}: training needs sequences of at least 2 tokens")
+        check_device(device)  # before admission, which asks the device for its free memory
+        if not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise HorizonError(f"seed={seed!r} must be an integer in [0, 2**64)")
         adamw = AdamW(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         try:  # bf16 moments with an fp32 master need the native kernel: say so before allocating
             adamw.uses_native(TORCH_DTYPE[policy.master_dtype], TORCH_DTYPE[policy.states_dtype])
@@ -228,7 +231,17 @@ class Trainer:
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self._lr = float(value)
+        self._lr = self._checked_lr(value)
+
+    def _checked_lr(self, value) -> float:
+        """A step's lr passes the optimizer's checks (optim.check_hyper) before it reaches a kernel."""
+        a = self.runner.adamw
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise HorizonError(f"lr={value!r} must be a number") from None
+        check_hyper(lr=value, betas=a.betas, eps=a.eps, weight_decay=a.weight_decay, name=lambda f: f"{f}=")
+        return value
 
     # ---- running ----------------------------------------------------------------------------
     def _check_usable(self):
@@ -275,7 +288,7 @@ class Trainer:
         self._check_usable()
         p = self.policy
         tokens, labels = self._check_batch(tokens, labels, p.batch)
-        lr_now = self._lr if lr is None else float(lr)
+        lr_now = self._lr if lr is None else self._checked_lr(lr)
         # The optimizer ops of this run apply the previous step's gradients (pipelined) or
         # this step's (after / backward): each with the lr of the step that made them.
         self.runner.lr = self.pending_lr if p.optimizer == "pipelined" else lr_now

@@ -177,10 +177,21 @@ def test_the_loop_logs_skipped_steps(tmp_path):
     assert any(m.startswith("step 2: non-finite grad norm nan") and "update skipped" in m for m in msgs)
 
 
-def test_horizon_train_on_nonfinite_stop_exits_1(capsys):
-    """A learning rate of 1e30 blows the weights up after one update: step 2 is non-finite."""
+def test_horizon_train_on_nonfinite_stop_exits_1(capsys, monkeypatch):
+    """An update that blows the weights up (as --lr 1e30 did before it was refused): step 2 is
+    non-finite."""
+    from horizon_exec.optim import AdamW
     from horizon_sim.cli.main import main
-    argv = ["train", "--model", "tiny", "--steps", "3", "--batch", "2", "--seq", "16", "--lr", "1e30",
+    real = AdamW.step
+
+    def blows_up(self, param, *a, working_copy=None, **kw):
+        real(self, param, *a, working_copy=working_copy, **kw)
+        param.mul_(1e30).mul_(1e30)
+        if working_copy is not None:
+            working_copy.copy_(param)
+
+    monkeypatch.setattr(AdamW, "step", blows_up)
+    argv = ["train", "--model", "tiny", "--steps", "3", "--batch", "2", "--seq", "16",
             "--no-progress", "--eval-batches", "0", "--optimizer", "after", "--grad-clip", "0"]
     assert main(argv + ["--on-nonfinite", "stop"]) == 1
     err = capsys.readouterr().err

@@ -44,6 +44,10 @@ def run(a: argparse.Namespace) -> int:
     except OSError as e:
         raise HorizonError(f"--out {a.out!r}: cannot create the folder ({e.strerror})") from None
     V = import_executor("validate", "validate")
+    try:  # before a calibration or a configuration runs
+        import_executor("backend", "validate").check_device(a.device)
+    except HorizonError as e:
+        raise HorizonError(f"--device: {e}") from None
     configs = V.QUICK_CONFIGS if a.quick else V.CONFIGS
     if a.configs:
         names = [n.strip() for n in a.configs.split(",") if n.strip()]

@@ -1,4 +1,5 @@
 """Policy: how a step is run: batch shape, checkpointing, buffering, precision, optimizer overlap."""
+import math
 from dataclasses import dataclass, asdict
 
 from horizon_sim.errors import HorizonError
@@ -62,8 +63,8 @@ class Policy:
                            ("master_dtype", DTYPES), ("states_dtype", DTYPES), ("grad_dtype", DTYPES)):
             if getattr(self, f) not in allowed:
                 raise HorizonError(f"policy {f}={getattr(self, f)!r}; allowed: {', '.join(allowed)}")
-        if not isinstance(self.grad_clip, (int, float)) or self.grad_clip < 0:
-            raise HorizonError(f"policy grad_clip={self.grad_clip!r} must be >= 0 (0 = off)")
+        if not isinstance(self.grad_clip, (int, float)) or not 0 <= self.grad_clip < math.inf:
+            raise HorizonError(f"policy grad_clip={self.grad_clip!r} must be a finite number >= 0 (0 = off)")
         if self.optimizer == "backward" and self.grad_clip > 0:
             raise HorizonError(
                 "policy optimizer='backward' updates each layer before the global gradient norm "
