@@ -113,6 +113,10 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="host RAM this run may use, e.g. 64GiB (default: MemAvailable + this process)")
     s.add_argument("--no-admission", action="store_true",
                    help="skip the up-front check that the run fits host RAM and device memory (experts)")
+    s.add_argument("--op-timeout", type=float, default=None, metavar="SECONDS",
+                   help="a step with no op starting or finishing for this long fails as stuck instead of "
+                        "hanging (default 120; raise it for very large models on the CPU backend). After a "
+                        "first SIGINT/SIGTERM a stuck step is given up after 10 s")
     s.add_argument("--on-nonfinite", choices=("skip", "stop"), default=None,
                    help="a NaN/inf loss or gradient: skip the update (weights and optimizer state "
                         "unchanged) or stop the run (default skip; stop with --optimizer backward, "
@@ -244,7 +248,8 @@ def _run_train(args: argparse.Namespace) -> int:
                  betas=(args.beta1, args.beta2), eps=args.eps, device=args.device, seed=args.seed,
                  device_budget_bytes=budget, compute_threads=args.compute_threads,
                  random_init=args.init_from is None, admission=not args.no_admission,
-                 host_budget_bytes=host_budget, hardware=hardware, on_nonfinite=args.on_nonfinite)
+                 host_budget_bytes=host_budget, hardware=hardware, on_nonfinite=args.on_nonfinite,
+                 **({"timeout_s": args.op_timeout} if args.op_timeout is not None else {}))
     with tr:
         if not args.no_admission:
             _check_space(args, tr)

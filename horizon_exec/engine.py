@@ -7,8 +7,12 @@ stream waits on events), marks start, runs the op, marks end and flags it done. 
 not run this time (a pipelined optimizer's prev_step ops on a run's first step) count as done.
 
 Failures: the first exception in any lane aborts the step (the others skip what is left) and
-`run` raises ExecError naming the op, its lane and the cause. Waits poll every _POLL_S with a
-timeout, so a dependency that never completes or a lane stuck in an op is reported, not a hang.
+`run` raises ExecError naming the op, its lane and the cause. Waits poll every _POLL_S. A step
+is stuck when no op has started or finished for `timeout_s` (the op timeout: the longest a
+single op may take, as lanes waiting on it make no progress either); it is then reported as
+an ExecError naming what each lane is in, not a hang. A stop request (request_stop(): the
+training loop's first SIGINT/SIGTERM, which otherwise lets the step finish) shortens that to
+STOP_GRACE_S, so a signal ends a stuck step (StepAbandoned).
 The caller hears of a failure within _POLL_S + ABORT_GRACE_S (under a second) even when another
 lane is inside a long op: lanes that have not drained by then are left to finish on their own
 and the engine is marked broken (unusable), since they may still touch the step's buffers.
@@ -21,13 +25,25 @@ import time
 from dataclasses import dataclass, field
 
 from horizon_exec.errors import ExecError
+from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Lane, Op
 
 _POLL_S = 0.05
 """Period of every wait (dependencies, lane joins): how soon an abort or a timeout is noticed."""
 ABORT_GRACE_S = 0.5
 """After a failure, how long `run` waits for the other lanes to drain before raising anyway."""
+DEFAULT_OP_TIMEOUT_S = 120.0
+"""Default op timeout: a GPU op (or a host optimizer update of a 120B model's layer) takes
+seconds; two minutes without any op starting or finishing is a hang. The CPU backend running
+a large model may need more (Trainer(timeout_s=...), horizon train --op-timeout)."""
+STOP_GRACE_S = 10.0
+"""After a stop request, how long a step may go without progress before it is abandoned."""
 _STOP = object()
+
+
+class StepAbandoned(ExecError):
+    """A stop was requested and the step made no progress for STOP_GRACE_S: it was abandoned
+    (the engine is unusable, a lane is still inside its op)."""
 
 
 @dataclass(slots=True)
@@ -48,10 +64,15 @@ class _Aborted(Exception):
 
 
 class Engine:
-    def __init__(self, backend, runner, timeout_s: float = 600.0):
+    def __init__(self, backend, runner, timeout_s: float = DEFAULT_OP_TIMEOUT_S):
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
+            raise HorizonError(f"op timeout {timeout_s!r} must be a positive number of seconds")
         self.backend = backend
         self.runner = runner
         self.timeout_s = timeout_s
+        self._progress_t = time.monotonic()   # when an op last started or finished, any lane
+        self._in_op: dict[Lane, float | None] = {lane: None for lane in Lane}  # since when, running
+        self._stop_t: float | None = None
         self.hook = None  # called in the lane thread before each op (tests, tracing)
         self._queues = {lane: queue.SimpleQueue() for lane in Lane}
         self._current: dict[Lane, Op | None] = {lane: None for lane in Lane}
@@ -91,6 +112,7 @@ class Engine:
                 for d in op.deps:
                     self._wait_dep(op, recs, d)
                 self.backend.wait_device(lane, [recs[d].t1 for d in op.deps if recs[d].ran])
+                self._progress_t = self._in_op[lane] = time.monotonic()
                 if self.hook is not None:
                     self.hook(op)
                 rec.t0 = self.backend.mark(lane)
@@ -102,22 +124,28 @@ class Engine:
             except BaseException as e:
                 self._fail(op, e)
             finally:
-                self._current[lane] = None
+                self._current[lane] = self._in_op[lane] = None
+                self._progress_t = time.monotonic()
                 rec.done.set()
 
     def _wait_dep(self, op: Op, recs, d: int) -> None:
-        deadline = time.monotonic() + self.timeout_s
+        """Until op d is done; no deadline of its own: a dependency behind a long queue is not a
+        hang as long as some lane progresses (the caller watches that, _join_lane)."""
         ev = recs[d].done
         while not ev.wait(_POLL_S):
             if self._abort.is_set():
                 raise _Aborted
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"waited {self.timeout_s:g}s for op {d} ({self._label(d)})")
         if self._abort.is_set():
             raise _Aborted
 
-    def _label(self, d: int) -> str:
-        return self._ops_by_id[d].label if d in self._ops_by_id else "?"
+    # ---- stop requests ----------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """A stop was asked for (e.g. the first SIGTERM; safe to call from a signal handler): the
+        running step still finishes, unless it makes no progress for STOP_GRACE_S."""
+        self._stop_t = time.monotonic()
+
+    def clear_stop(self) -> None:
+        self._stop_t = None
 
     def _fail(self, op: Op, e: BaseException) -> None:
         with self._err_lock:
@@ -132,7 +160,6 @@ class Engine:
         the list count as done). Returns (op, start_s, end_s) for the ops that ran."""
         if self.broken:
             raise ExecError(f"the engine is unusable: {self.broken}")
-        self._ops_by_id = {op.id: op for op in ops}
         recs = [_Rec() for _ in range(n_ids)]
         to_run = [op for op in ops if op.id not in skip]
         running = {op.id for op in to_run}
@@ -141,6 +168,7 @@ class Engine:
                 r.done.set()
         self._abort.clear()
         self._error = None
+        self._progress_t = time.monotonic()  # the time between steps is not a stall
         self.backend.step_begin()
         for op in to_run:  # program order; each lane is FIFO
             self._queues[op.lane].put((op, recs))
@@ -192,7 +220,6 @@ class Engine:
         return True
 
     def _join_lane(self, lane: Lane, end: _End) -> None:
-        last_progress, last_op = time.monotonic(), None
         while not end.event.wait(_POLL_S):
             # a lane failed: report it soon, whatever this lane is doing
             if self._error is not None and time.monotonic() - self._error_t > ABORT_GRACE_S:
@@ -201,14 +228,35 @@ class Engine:
                 self.broken = (f"lane {lane.value} was still in {what} {ABORT_GRACE_S:g}s after op {op.id} "
                                f"{op.label} failed, so the engine is unusable")
                 return
-            cur = self._current[lane]
-            if cur is not last_op:
-                last_progress, last_op = time.monotonic(), cur
-            elif time.monotonic() - last_progress > self.timeout_s:
-                self._abort.set()
-                what = f"op {cur.id} {cur.label}" if cur is not None else "its queue"
-                self.broken = f"lane {lane.value} made no progress in {what} for {self.timeout_s:g}s"
-                raise ExecError(self.broken, op=cur)
+            if self._error is None:
+                self._check_progress()
+
+    def _check_progress(self) -> None:
+        """ExecError when no op started or finished for the op timeout (StepAbandoned: for
+        STOP_GRACE_S after a stop request)."""
+        now, stop = time.monotonic(), self._stop_t
+        idle = now - self._progress_t
+        if stop is not None and now - max(stop, self._progress_t) > min(STOP_GRACE_S, self.timeout_s):
+            self._give_up(StepAbandoned, f"a stop was requested and the step made no progress for "
+                                         f"{min(STOP_GRACE_S, self.timeout_s):g}s")
+        elif idle > self.timeout_s:
+            self._give_up(ExecError, f"no op started or finished for {self.timeout_s:g}s (the op timeout; "
+                                     "raise it if an op can legitimately take longer)")
+
+    def _give_up(self, kind, why: str) -> None:
+        now, stuck, lanes = time.monotonic(), None, []
+        for lane in Lane:
+            cur, since = self._current[lane], self._in_op[lane]
+            if cur is None:
+                continue
+            if since is not None:
+                stuck = stuck or cur
+                lanes.append(f"lane {lane.value} in op {cur.id} {cur.label} for {now - since:.3g}s")
+            else:
+                lanes.append(f"lane {lane.value} waiting to start op {cur.id} {cur.label}")
+        self._abort.set()
+        self.broken = f"{why}: {'; '.join(lanes) or 'no lane in an op'}; the engine is unusable"
+        raise kind(self.broken, op=stuck)
 
     def close(self) -> None:
         if not self.broken:

@@ -27,18 +27,16 @@ Non-finite steps (the trainer's on_nonfinite): a skipped step is logged ("skippe
 JSON line, a message); 'stop' raises NonFiniteError out of run().
 """
 import json
-import os
-import signal
-import threading
 import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 from horizon_exec import ckpt as ckpt_mod
-from horizon_exec import ckpt_lock
+from horizon_exec import ckpt_lock, stop_signals
 from horizon_exec.fileio import make_dirs, write_failure
 from horizon_exec.lr import CosineSchedule
+from horizon_exec.stop_signals import StopSignals
 from horizon_sim.errors import HorizonError
 
 
@@ -81,14 +79,16 @@ class EvalError(HorizonError):
 
 class Interrupted(KeyboardInterrupt):
     """run() stopped on a signal: at a step boundary (first signal; `checkpoint` is the last
-    one written, possibly just now) or at once (second signal: `immediate`)."""
+    one written, possibly just now) or at once (`immediate`: a second signal, or a step that
+    made no progress after the first). `during`: what was abandoned (default step `step` + 1);
+    `no_checkpoint`: why there is none; `why`: what made it immediate, if not a second signal."""
 
-    def __init__(self, signum: int, step: int, checkpoint, immediate: bool):
+    def __init__(self, signum: int, step: int, checkpoint, immediate: bool, *, during: str = "",
+                 no_checkpoint: str = "no ckpt_dir", why: str = ""):
         self.signum, self.step, self.checkpoint, self.immediate = signum, step, checkpoint, immediate
-        name = signal.Signals(signum).name
-        where = (f"aborted during step {step + 1}" if immediate else f"stopped after step {step}")
-        ck = f"; last checkpoint {checkpoint}" if checkpoint else "; no checkpoint (no ckpt_dir)"
-        super().__init__(f"{name}: {where}{ck}")
+        where = (f"aborted during {during or f'step {step + 1}'}" if immediate else f"stopped after step {step}")
+        ck = f"; last checkpoint {checkpoint}" if checkpoint else f"; no checkpoint ({no_checkpoint})"
+        super().__init__(f"{stop_signals.name(signum)}: {where}{f' ({why})' if why else ''}{ck}")
 
     @property
     def exit_code(self) -> int:
@@ -117,6 +117,7 @@ class TrainLoop:
         self.last_ckpt: tuple[int, object] | None = None  # (step, folder) of the last checkpoint written
         self.skipped: list[int] = []   # steps (1-based) whose update was skipped as non-finite
         self._signal: int | None = None
+        self._phase = ""        # what run() is in, for an abort message: 'step 5', 'the eval after step 4'
         self._log_failed = False
         self._unlock = None
         if cfg.ckpt_dir:  # one run per checkpoint folder, from before the first step to close()
@@ -218,37 +219,37 @@ class TrainLoop:
             write(f"warning: step {self.step}: {why}; training goes on without it")
 
     # ---- signals ---------------------------------------------------------------------------
-    def _install_signals(self):
-        """Handlers for SIGINT/SIGTERM (main thread only); returns the previous ones."""
-        if not self.cfg.handle_signals or threading.current_thread() is not threading.main_thread():
-            return {}
+    def _interrupted(self, signum: int, immediate: bool, why: str = "") -> Interrupted:
+        ck = self.last_ckpt[1] if self.last_ckpt else None
+        return Interrupted(signum, self.step, ck, immediate, during=self._phase, why=why,
+                           no_checkpoint="none written yet" if self.cfg.ckpt_dir else "no ckpt_dir")
 
-        def handler(signum, frame):
-            if self._signal is None:
-                self._signal = signum
-                # os.write, not print: the handler may run in the middle of a print
-                msg = (f"\n{signal.Signals(signum).name} received: stopping at the next step boundary "
-                       f"(with a checkpoint when ckpt_dir is set); send it again to abort now\n")
-                try:
-                    os.write(2, msg.encode())
-                except OSError:
-                    pass
-                return
-            ck = self.last_ckpt[1] if self.last_ckpt else None
-            raise Interrupted(signum, self.step, ck, immediate=True)
+    def _first_signal(self, signum: int) -> None:
+        self._signal = signum
+        self.tr.engine.request_stop()   # a step stuck in an op is abandoned after engine.STOP_GRACE_S
+        stop_signals.say(f"\n{stop_signals.name(signum)} received: stopping at the next step boundary "
+                         f"(with a checkpoint when ckpt_dir is set); send it again to abort now\n")
 
-        old = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, handler)
-        return old
+    def _second_signal(self, signum: int) -> None:
+        raise self._interrupted(signum, immediate=True)
 
     def _stop_at_boundary(self, write):
         """The first signal arrived: checkpoint this step (unless it has one) and stop."""
         if self.cfg.ckpt_dir and self.step > 0 and (self.last_ckpt is None or self.last_ckpt[0] != self.step):
+            self._phase = f"the checkpoint of step {self.step}"
             p = self.save()
             write(f"step {self.step}: checkpoint {p}")
-        ck = self.last_ckpt[1] if self.last_ckpt else None
-        raise Interrupted(self._signal, self.step, ck, immediate=False)
+        raise self._interrupted(self._signal, immediate=False)
+
+    def _train_step(self, s: int, tokens, labels, lr: float):
+        """tr.step; a step abandoned after a stop request (stuck) is an immediate Interrupted."""
+        from horizon_exec.engine import StepAbandoned
+        self._phase = f"step {s + 1}"
+        try:
+            return self.tr.step(tokens, labels, lr=lr)
+        except StepAbandoned as e:
+            what = f"op {e.op.id} {e.op.label} made no progress" if e.op is not None else "no progress"
+            raise self._interrupted(self._signal, immediate=True, why=what) from e
 
     def run(self, until: int | None = None):
         """Train steps self.step .. min(until, steps) - 1; returns the last StepResult."""
@@ -260,55 +261,63 @@ class TrainLoop:
             bar = tqdm(total=cfg.steps, initial=self.step, unit="step", dynamic_ncols=True)
         write = bar.write if bar is not None else self.out
         self._signal = None
-        old = self._install_signals()
+        tr.engine.clear_stop()
         try:
-            while self.step < end:
-                if self._signal is not None:
-                    self._stop_at_boundary(write)
-                s = self.step
-                t0 = time.perf_counter()
-                tokens, labels = next(self.batches)
-                lr = cfg.schedule(s)
-                res = tr.step(tokens, labels, lr=lr)
-                self._times.append(time.perf_counter() - t0)
-                self.step = s + 1
-                self.losses[s] = res.loss
-                self.last = res
-                tok_s, flop_s = self._rate()
-                rec = {"step": self.step, "loss": res.loss, "lr": lr, "grad_norm": res.grad_norm,
-                       "tokens_per_s": tok_s, "model_tflops": flop_s / 1e12}
-                if cfg.peak_flops:
-                    rec["mfu"] = flop_s / cfg.peak_flops
-                if res.skipped:
-                    self.skipped.append(self.step)
-                    rec.update(skipped=True, nonfinite=res.nonfinite)
-                    write(f"step {self.step}: non-finite {res.nonfinite}: update skipped, weights and optimizer state "
-                          f"unchanged ({tr.skipped_steps} skipped so far)")
-                self._log(rec, write)
-                if bar is not None:
-                    post = {"loss": f"{res.loss:.4f}", "lr": f"{lr:.2e}", "tok/s": f"{tok_s:,.0f}"}
-                    post.update({"MFU": f"{100 * rec['mfu']:.3g}%"} if cfg.peak_flops else
-                                {"TFLOP/s": f"{flop_s / 1e12:.3g}"})
-                    bar.set_postfix(post, refresh=False)
-                    bar.update(1)
-                if self._signal is not None:
-                    self._stop_at_boundary(write)
-                last = self.step == cfg.steps
-                # the checkpoint before the eval: an eval that fails (or is interrupted) cannot cost it
-                if cfg.ckpt_dir and ((cfg.ckpt_every and self.step % cfg.ckpt_every == 0) or last):
-                    p = self.save()
-                    write(f"step {self.step}: checkpoint {p}")
-                if self.eval_set and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
-                    ev = self._eval_step(write)
-                    self.evals[self.step] = ev
-                    self._log({"step": self.step, "eval_loss": ev}, write)
-                    write(f"step {self.step}: eval loss {ev:.4f} ({len(self.eval_set)} batches)")
+            with StopSignals(self._first_signal, self._second_signal, enabled=cfg.handle_signals):
+                self._steps(end, write, bar)
         finally:
-            for sig, h in old.items():
-                signal.signal(sig, h)
             if bar is not None:
                 bar.close()
         return self.last
+
+    def _steps(self, end: int, write, bar) -> None:
+        cfg, tr = self.cfg, self.tr
+        while self.step < end:
+            if self._signal is not None:
+                self._stop_at_boundary(write)
+            s = self.step
+            t0 = time.perf_counter()
+            tokens, labels = next(self.batches)
+            lr = cfg.schedule(s)
+            res = self._train_step(s, tokens, labels, lr)
+            self._times.append(time.perf_counter() - t0)
+            self.step = s + 1
+            self._phase = f"the bookkeeping after step {self.step}"
+            self.losses[s] = res.loss
+            self.last = res
+            tok_s, flop_s = self._rate()
+            rec = {"step": self.step, "loss": res.loss, "lr": lr, "grad_norm": res.grad_norm,
+                   "tokens_per_s": tok_s, "model_tflops": flop_s / 1e12}
+            if cfg.peak_flops:
+                rec["mfu"] = flop_s / cfg.peak_flops
+            if res.skipped:
+                self.skipped.append(self.step)
+                rec.update(skipped=True, nonfinite=res.nonfinite)
+                write(f"step {self.step}: non-finite {res.nonfinite}: update skipped, weights and optimizer state "
+                      f"unchanged ({tr.skipped_steps} skipped so far)")
+            self._log(rec, write)
+            if bar is not None:
+                post = {"loss": f"{res.loss:.4f}", "lr": f"{lr:.2e}", "tok/s": f"{tok_s:,.0f}"}
+                post.update({"MFU": f"{100 * rec['mfu']:.3g}%"} if cfg.peak_flops else
+                            {"TFLOP/s": f"{flop_s / 1e12:.3g}"})
+                bar.set_postfix(post, refresh=False)
+                bar.update(1)
+            if self._signal is not None:
+                self._stop_at_boundary(write)
+            last = self.step == cfg.steps
+            # the checkpoint before the eval: an eval that fails (or is interrupted) cannot cost it
+            if cfg.ckpt_dir and ((cfg.ckpt_every and self.step % cfg.ckpt_every == 0) or last):
+                self._phase = f"the checkpoint of step {self.step}"
+                p = self.save()
+                write(f"step {self.step}: checkpoint {p}")
+            if self.eval_set and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
+                self._phase = f"the eval after step {self.step}"
+                ev = self._eval_step(write)
+                self.evals[self.step] = ev
+                self._log({"step": self.step, "eval_loss": ev}, write)
+                write(f"step {self.step}: eval loss {ev:.4f} ({len(self.eval_set)} batches)")
+            if self._signal is not None:  # a signal during the checkpoint or the eval, the last step's too
+                self._stop_at_boundary(write)
 
     @property
     def steps_run(self) -> int:

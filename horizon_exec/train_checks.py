@@ -27,6 +27,8 @@ def check_train_args(a) -> None:
     _check_optimizer(a)
     if not 0 <= a.seed < SEED_LIMIT:
         raise HorizonError(f"--seed {a.seed} must lie in [0, 2**64)")
+    if a.op_timeout is not None and not 0 < a.op_timeout < math.inf:
+        raise HorizonError(f"--op-timeout {a.op_timeout!r} must be a positive number of seconds")
     if a.compute_threads is not None and a.compute_threads < 1:
         raise HorizonError(f"--compute-threads {a.compute_threads} must be >= 1 (default: cores - 1)")
     from horizon_exec.backend import check_device

@@ -48,7 +48,7 @@ from horizon_exec.admission import admit
 from horizon_exec.arena import DeviceArena
 from horizon_exec.backend import check_device, make_backend
 from horizon_exec.buffers import TORCH_DTYPE, BufferTable
-from horizon_exec.engine import Engine
+from horizon_exec.engine import DEFAULT_OP_TIMEOUT_S, Engine
 from horizon_exec.errors import ExecError
 from horizon_exec.head import IGNORE, head_loss, next_token_labels
 from horizon_exec.layers import rms_norm
@@ -135,7 +135,7 @@ class Trainer:
     def __init__(self, model: ModelSpec, policy: Policy, *, lr: float = 1e-3, weight_decay: float = 0.0,
                  betas=(0.9, 0.999), eps: float = 1e-8, device: str = "cpu", seed: int = 0,
                  device_budget_bytes: int | None = None, compute_threads: int | None = None,
-                 pin_cores: bool = True, track_memory: bool = True, timeout_s: float = 600.0,
+                 pin_cores: bool = True, track_memory: bool = True, timeout_s: float = DEFAULT_OP_TIMEOUT_S,
                  random_init: bool = True, admission: bool = True, host_budget_bytes: int | None = None,
                  hardware=None, on_nonfinite: str | None = None):
         if policy.seq < 2:

@@ -1,0 +1,54 @@
+"""SIGINT/SIGTERM around work that must end cleanly (a training loop, an HF save): the first
+signal is recorded and the work is asked to stop at its next safe point; a second one raises
+at once, and the work's own cleanup (a staging folder's removal, a checkpoint abandoned under
+its temporary name) runs as the exception unwinds. The process then exits 128 + the signal
+(130, 143). Handlers are installed only in the main thread (Python delivers signals there).
+"""
+import os
+import signal
+import threading
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopSignals:
+    """with StopSignals(on_first, on_second) as s: ... ; s.signum: the first signal, or None.
+
+    on_first(signum): called in the handler for the first signal (keep it short: set flags,
+    os.write); on_second(signum): called for any later one, and expected to raise."""
+
+    def __init__(self, on_first, on_second, enabled: bool = True):
+        self.on_first, self.on_second, self.enabled = on_first, on_second, enabled
+        self.signum: int | None = None
+        self._old: dict = {}
+
+    def _handler(self, signum, frame):
+        if self.signum is None:
+            self.signum = signum
+            self.on_first(signum)
+            return
+        self.on_second(signum)
+
+    def __enter__(self):
+        if self.enabled and threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, h in self._old.items():
+            signal.signal(sig, h)
+        self._old = {}
+
+
+def say(msg: str) -> None:
+    """A line on stderr from a signal handler (os.write, not print: the handler may run in the
+    middle of a print)."""
+    try:
+        os.write(2, msg.encode())
+    except OSError:
+        pass
+
+
+def name(signum: int) -> str:
+    return signal.Signals(signum).name
