@@ -168,6 +168,9 @@ def _save_hf(args, tr, loop, tok_path) -> None:
 
     from horizon_exec import checkpoint_hf
     from horizon_exec.fileio import OutputError, write_failure
+    from horizon_exec.loop import Interrupted
+    from horizon_exec.stop_signals import StopSignals, say
+    from horizon_exec.stop_signals import name as signal_name
     from horizon_sim.units import parse_size
 
     base, side = None, []
@@ -177,15 +180,30 @@ def _save_hf(args, tr, loop, tok_path) -> None:
     elif tok_path:
         side = [Path(tok_path)]
     save_shard = parse_size(args.save_shard_size, "--save-shard-size")
+    ck = loop.last_ckpt[1] if loop.last_ckpt and loop.last_ckpt[0] == loop.step else None
+
+    def interrupted(signum, immediate, why=""):
+        return Interrupted(signum, loop.step, ck, immediate, during=f"--save-hf {args.save_hf}", why=why,
+                           no_checkpoint="none of the last step" if args.ckpt_dir else "no --ckpt-dir")
+
+    def first(signum):  # the save is the run's last work: finish it rather than lose it
+        say(f"\n{signal_name(signum)} received: finishing --save-hf first (send it again to abort it; "
+            "nothing half-written stays)\n")
+
+    def second(signum):  # unwinding removes the staging folder
+        raise interrupted(signum, immediate=True)
+
     try:
-        out = checkpoint_hf.save_hf(tr, args.save_hf, args.save_dtype, save_shard, base, side)
+        with StopSignals(first, second) as sig:
+            out = checkpoint_hf.save_hf(tr, args.save_hf, args.save_dtype, save_shard, base, side)
     except OSError as e:
-        kept = (f"the trained weights are in the checkpoint {loop.last_ckpt[1]}"
-                if loop.last_ckpt and loop.last_ckpt[0] == loop.step else
-                "no checkpoint holds the trained weights (no --ckpt-dir)")
-        raise OutputError(f"--save-hf: {write_failure(f'the HF checkpoint {args.save_hf}', e, Path(args.save_hf).parent, _hf_bytes(args, tr))}"
-                          f"; {kept}") from None
+        kept = (f"the trained weights are in the checkpoint {ck}" if ck else
+                "no checkpoint holds the trained weights" + ("" if args.ckpt_dir else " (no --ckpt-dir)"))
+        why = write_failure(f"the HF checkpoint {args.save_hf}", e, Path(args.save_hf).parent, _hf_bytes(args, tr))
+        raise OutputError(f"--save-hf: {why}; {kept}") from None
     print(f"saved {args.save_dtype} HF checkpoint to {out}")
+    if sig.signum is not None:
+        raise interrupted(sig.signum, immediate=False, why="after completing --save-hf")
 
 
 def run_train(args: argparse.Namespace) -> int:

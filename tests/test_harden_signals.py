@@ -1,0 +1,105 @@
+"""Issue 19, items 10 and 13 (messages): signals at the edges of a run. SIGTERM during the last
+step's eval stops the run (exit 143) without --save-hf, which a --resume then writes; SIGTERM
+during --save-hf finishes the save and exits 143, a second one aborts it leaving nothing
+half-written; an abort message names what was abandoned (not a wrong step number) and says
+"none written yet" rather than "no ckpt_dir" when a ckpt_dir is set."""
+import os
+import signal
+
+import pytest
+from safetensors import safe_open
+
+from horizon_exec import checkpoint_hf
+from horizon_exec import ckpt as ckpt_mod
+from horizon_exec.data import load_dataset
+from horizon_exec.loop import Interrupted, LoopConfig, TrainLoop
+from horizon_exec.lr import CosineSchedule
+from horizon_exec.tokenize import ByteTokenizer
+from horizon_exec.trainer import Trainer
+from horizon_sim.cli.main import main
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import exact_policy
+
+BASE = ["train", "--model", "tiny", "--batch", "2", "--seq", "32", "--no-progress", "--steps", "3"]
+
+
+def _sigterm(times: int = 1):
+    for _ in range(times):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_during_the_last_eval_stops_without_save_hf(tmp_path, capsys, monkeypatch):
+    real = Trainer.eval_loss
+    sent = []
+
+    def eval_loss(self, *a, **kw):
+        if not sent:
+            sent.append(1)
+            _sigterm()
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Trainer, "eval_loss", eval_loss)
+    argv = BASE + ["--eval-batches", "1", "--ckpt-dir", str(tmp_path / "ck"), "--save-hf", str(tmp_path / "out")]
+    assert main(argv) == 143
+    err = capsys.readouterr().err
+    assert (f"horizon train: SIGTERM: stopped after step 3; last checkpoint {tmp_path / 'ck' / 'step-00000003'}; "
+            "resume with --resume") in err
+    assert not (tmp_path / "out").exists()
+    assert main(argv + ["--resume"]) == 0   # the run is complete: the resume only writes --save-hf
+    out = capsys.readouterr().out
+    assert "nothing to do: the run is at step 3 of 3" in out and (tmp_path / "out" / "model.safetensors").is_file()
+
+
+@pytest.fixture
+def signal_mid_save(monkeypatch):
+    """write_safetensors of the HF save gets `times` SIGTERMs after its first tensor."""
+    real = checkpoint_hf.write_safetensors
+    box = {"times": 1}
+
+    def write(path, items, metadata=None):
+        real(str(path) + ".part", items[:1], metadata)
+        os.unlink(str(path) + ".part")
+        _sigterm(box["times"])
+        return real(path, items, metadata)
+
+    monkeypatch.setattr(checkpoint_hf, "write_safetensors", write)
+    return box
+
+
+def test_one_sigterm_during_save_hf_finishes_it_and_exits_143(tmp_path, capsys, signal_mid_save):
+    assert main(BASE + ["--eval-batches", "0", "--save-hf", str(tmp_path / "out")]) == 143
+    out, err = capsys.readouterr()
+    assert f"saved bf16 HF checkpoint to {tmp_path / 'out'}" in out
+    assert err.strip().endswith("horizon train: SIGTERM: stopped after step 3 (after completing --save-hf); "
+                                "no checkpoint (no --ckpt-dir)"), err
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), framework="pt") as f:
+        assert "model.embed_tokens.weight" in f.keys()
+
+
+def test_a_second_sigterm_aborts_save_hf_and_leaves_nothing(tmp_path, capsys, signal_mid_save):
+    signal_mid_save["times"] = 2
+    (tmp_path / "mine.txt").write_text("x")
+    ck = tmp_path / "ck"
+    assert main(BASE + ["--eval-batches", "0", "--save-hf", str(tmp_path / "out"), "--ckpt-dir", str(ck)]) == 143
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"horizon train: SIGTERM: aborted during --save-hf {tmp_path / 'out'}; last checkpoint "
+                        f"{ck / 'step-00000003'}; resume with --resume"), err
+    assert sorted(os.listdir(tmp_path)) == ["ck", "mine.txt"]   # no folder, no hidden leftover
+
+
+SPEC = ModelSpec(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=256)
+
+
+@pytest.mark.parametrize("ckpt_dir", [True, False])
+def test_an_abort_names_what_it_abandoned(tmp_path, ckpt_dir):
+    ds = load_dataset(None, ByteTokenizer(), seq=16, eval_fraction=0.05)
+    with Trainer(SPEC, exact_policy(batch=2, seq=16)) as tr:
+        cfg = LoopConfig(steps=6, schedule=CosineSchedule(peak=1e-3, total_steps=6), eval_every=2, eval_batches=1,
+                         ckpt_dir=str(tmp_path) if ckpt_dir else None, progress=False)
+        loop = TrainLoop(tr, ds, cfg, out=lambda *_: None)
+        real = tr.eval_loss
+        tr.eval_loss = lambda *a: (_sigterm(2), real(*a))[1]   # two SIGTERMs in the first eval
+        with pytest.raises(Interrupted) as e:
+            loop.run()
+    want = "none written yet" if ckpt_dir else "no ckpt_dir"
+    assert str(e.value) == f"SIGTERM: aborted during the eval after step 2; no checkpoint ({want})"
