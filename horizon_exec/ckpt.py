@@ -10,7 +10,10 @@ A checkpoint is a folder `<ckpt_dir>/step-XXXXXXXX/` holding
     SHA256SUMS          one line per file, `sha256sum -c` format
 The working copy (bf16) is not stored: it is the master cast, recomputed on load. The
 folder is written under a temporary name, fsynced and renamed into place; then the text file
-`<ckpt_dir>/latest` is replaced atomically to name it, and checkpoints beyond `keep` are
+`<ckpt_dir>/latest` is replaced atomically to name it (for people and older versions: resume
+orders the step folders itself, by step and by the publication number each trainer.json
+records, so a run killed before `latest` moved still resumes from its newest step; see
+candidates()), and checkpoints beyond `keep` are
 renamed to a hidden name and removed (the newest `keep` up to the step written). A failure mid-write leaves the previous checkpoint and
 `latest` untouched (a process killed mid-write leaves a hidden temporary folder, named by its
 owner, which the next save on that host removes once the owner is dead): no half-written file
@@ -19,9 +22,10 @@ is ever under a final name. A save holds the folder's lock (ckpt_lock.py): one r
 Loading verifies as it reads: trainer.json and state.safetensors are hashed and checked
 against SHA256SUMS, the state in one pass (each tensor is read straight into the host store
 and hashed on the way, so a terabyte store is not read twice), and a missing, truncated or
-corrupted file is a CheckpointError naming it. Given a ckpt_dir, the loader tries `latest`'s
-target, then the other step folders newest first, and warns for each one it skips, so a
-damaged last checkpoint costs the steps since the previous one, not the run.
+corrupted file is a CheckpointError naming it. Given a ckpt_dir, the loader tries the step
+folders newest first (candidates()) and warns for each one it skips, so a damaged last
+checkpoint costs the steps since the previous one, not the run. A damaged `latest`, or one
+naming anything but a step folder of this ckpt_dir (`../../x`), is reported and not followed.
 
 Resuming from a checkpoint into a trainer built with the same model and policy gives a run
 whose next steps equal the uninterrupted run bit for bit (fp32): every number a step reads
@@ -43,7 +47,7 @@ from horizon_sim.errors import HorizonError
 
 FORMAT = 1
 STATE, META, SUMS, LATEST = "state.safetensors", "trainer.json", "SHA256SUMS", "latest"
-_STEP_DIR = re.compile(r"step-(\d+)$")
+_STEP_DIR = re.compile(r"step-([0-9]+)")   # fullmatch only: 'step-1/../x' or 'step-1\n' are not step folders
 
 
 def step_dir_name(step: int) -> str:
@@ -98,6 +102,7 @@ def _save(root: Path, final: Path, trainer, step: int, meta: dict, keep: int) ->
     with ckpt_lock.holding(root):
         # leftovers of runs killed mid-write (hidden, named by their owner: only dead ones go)
         remove_dead_leftovers(root, r"step-\d+|" + LATEST)
+        meta = {**meta, "generation": next_generation(root)}   # publication order, for resume (candidates)
         with staging_dir(final) as tmp:
             sums = {STATE: write_safetensors(tmp / STATE, [(n, t, None) for n, t in _state_items(trainer)],
                                              {"format": "horizon-ckpt", "step": step})}
@@ -114,7 +119,7 @@ def _save(root: Path, final: Path, trainer, step: int, meta: dict, keep: int) ->
 
 
 def _step_of(p: Path) -> int:
-    return int(_STEP_DIR.match(p.name).group(1))
+    return int(_STEP_DIR.fullmatch(p.name).group(1))
 
 
 def _remove(folder: Path) -> None:
@@ -130,24 +135,12 @@ def _remove(folder: Path) -> None:
 
 def list_checkpoints(ckpt_dir) -> list[Path]:
     """Complete checkpoint folders (they have trainer.json), oldest first."""
-    root = Path(ckpt_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir()
-             if (m := _STEP_DIR.match(p.name)) and (p / META).is_file()]
-    return [p for _, p in sorted(found)]
+    return [p for _, p in sorted(_step_folders(Path(ckpt_dir))) if (p / META).is_file()]
 
 
 def latest_checkpoint(ckpt_dir) -> Path | None:
-    """The folder `latest` names, else the highest complete step folder, else None."""
-    root = Path(ckpt_dir)
-    ptr = root / LATEST
-    if ptr.is_file():
-        p = root / ptr.read_text().strip()
-        if (p / META).is_file():
-            return p
-    found = list_checkpoints(root)
-    return found[-1] if found else None
+    """The complete checkpoint a resume tries first (candidates()), else None."""
+    return next((p for p in candidates(ckpt_dir) if (p / META).is_file()), None)
 
 
 def resolve(path) -> Path:
@@ -162,24 +155,75 @@ def resolve(path) -> Path:
     return latest
 
 
+def read_pointer(root: Path) -> tuple[str | None, str]:
+    """(the step folder name `latest` holds, or None; what is wrong with it, '' if nothing).
+    Only a plain `step-N` name counts: a damaged file or a path (`../../x`) is never followed."""
+    ptr = root / LATEST
+    if not ptr.exists():
+        return None, ""
+    try:
+        with open(ptr, "rb") as f:
+            raw = f.read(256)
+        name = raw.decode("ascii").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        return None, f"{ptr} cannot be read ({type(e).__name__})"
+    if not _STEP_DIR.fullmatch(name):
+        return None, f"{ptr} does not name a step folder ({raw[:40]!r})"
+    return name, ""
+
+
+def _generation(folder: Path) -> int | None:
+    """The publication number recorded in a checkpoint's trainer.json (None: unreadable, or
+    written before it was recorded). An ordering hint only: the load verifies everything."""
+    try:
+        with open(folder / META, "rb") as f:
+            meta = json.loads(f.read(1 << 20))
+        g = meta.get("generation") if isinstance(meta, dict) else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    return g if isinstance(g, int) and not isinstance(g, bool) else None
+
+
 def candidates(path) -> list[Path]:
     """Checkpoints to try, in order: [path] when it is a checkpoint folder; for a ckpt_dir,
-    the folder `latest` names, then every other step-N folder, newest first (complete or
-    not: a damaged one is reported when it is tried)."""
+    every step-N folder (complete or not: a damaged one is reported when it is tried), newest
+    first, except that a folder published before a checkpoint of a lower step (an abandoned
+    trajectory: a run resumed from an older checkpoint wrote that lower step later) goes
+    last. So a run killed between publishing step N and pointing `latest` at it resumes from
+    N. `latest` only decides for folders written before publication numbers were recorded."""
     p = Path(path)
     if not p.is_dir():
         return []
-    if (p / META).is_file() or (p / SUMS).is_file() or (p / STATE).exists() or _STEP_DIR.match(p.name):
+    if (p / META).is_file() or (p / SUMS).is_file() or (p / STATE).exists() or _STEP_DIR.fullmatch(p.name):
         return [p]
-    steps = sorted(((int(m.group(1)), q) for q in p.iterdir() if (m := _STEP_DIR.match(q.name)) and q.is_dir()),
-                   reverse=True)
-    out = []
-    ptr = p / LATEST
-    if ptr.is_file():
-        named = p / ptr.read_text().strip()
-        if named.is_dir():
-            out.append(named)
-    return out + [q for _, q in steps if q not in out]
+    steps = sorted(_step_folders(p), reverse=True)
+    gen = {q: _generation(q) for _, q in steps}
+    later = None       # the highest generation among lower steps, walking up from the lowest step
+    superseded = set()
+    for _, q in reversed(steps):
+        g = gen[q]
+        if g is not None and later is not None and later > g:
+            superseded.add(q)
+        if g is not None:
+            later = g if later is None else max(later, g)
+    order = [q for _, q in steps if q not in superseded] + [q for _, q in steps if q in superseded]
+    named, _ = read_pointer(p)
+    if named is not None and (p / named) in gen and gen[p / named] is None:
+        order.remove(p / named)
+        order.insert(0, p / named)
+    return order
+
+
+def next_generation(root: Path) -> int:
+    """1 + the highest publication number in root's checkpoints (1 for the first)."""
+    gens = [g for _, q in _step_folders(root) if (g := _generation(q)) is not None]
+    return max(gens, default=0) + 1
+
+
+def _step_folders(root: Path) -> list[tuple[int, Path]]:
+    if not root.is_dir():
+        return []
+    return [(int(m.group(1)), q) for q in root.iterdir() if (m := _STEP_DIR.fullmatch(q.name)) and q.is_dir()]
 
 
 # ---- verification ------------------------------------------------------------------------------
@@ -370,6 +414,9 @@ def load_checkpoint(path, trainer, verify: bool = True, check=None, warn=print) 
     if trainer.failed:
         trainer._check_usable()
     cands = candidates(path)
+    _, bad_pointer = read_pointer(Path(path)) if Path(path).is_dir() else (None, "")
+    if bad_pointer and len(cands) > 1:
+        warn(f"warning: {bad_pointer}; trying the step folders, newest first")
     if not cands:
         raise HorizonError(f"no checkpoint in {str(path)!r} (want a step-N folder with {META}, or a "
                            f"checkpoint folder holding one)")

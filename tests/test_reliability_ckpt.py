@@ -126,17 +126,18 @@ def test_every_checkpoint_damaged_is_one_clear_error(two_checkpoints):
             ckpt_mod.load_checkpoint(root, tr, warn=lambda *_: None)
 
 
-def test_a_checkpoint_newer_than_latest_is_tried_after_it(two_checkpoints):
-    """Killed between publishing step 2 and updating `latest`: latest still names step 1,
-    which loads; step 2 (complete) is the fallback if step 1 is damaged."""
+def test_a_checkpoint_newer_than_latest_is_tried_first(two_checkpoints):
+    """Killed between publishing step 2 and updating `latest`: latest still names step 1, but
+    step 2 (complete, published later) is the newest and loads (issue 19 item 11); step 1 is
+    the fallback if step 2 is damaged."""
     root, states = two_checkpoints
     (root / "latest").write_text("step-00000001\n")
-    assert [p.name for p in ckpt_mod.candidates(root)] == ["step-00000001", "step-00000002"]
+    assert [p.name for p in ckpt_mod.candidates(root)] == ["step-00000002", "step-00000001"]
     with Trainer(SPEC, POL) as tr:
-        assert ckpt_mod.load_checkpoint(root, tr, warn=pytest.fail)["step"] == 1
-        _flip(root / "step-00000001" / "state.safetensors", "middle")
-        assert ckpt_mod.load_checkpoint(root, tr, warn=lambda *_: None)["step"] == 2
-        assert _equal(_state(tr), states[2])
+        assert ckpt_mod.load_checkpoint(root, tr, warn=pytest.fail)["step"] == 2
+        _flip(root / "step-00000002" / "state.safetensors", "middle")
+        assert ckpt_mod.load_checkpoint(root, tr, warn=lambda *_: None)["step"] == 1
+        assert _equal(_state(tr), states[1])
 
 
 def test_loop_resume_falls_back_and_continues(tmp_path):

@@ -10,11 +10,14 @@ private folder in the temp dir if that cannot be written), named by a hash of th
 flags, the compiler's version and this CPU's feature flags, so `-march=native` code never
 meets a CPU it was not built for. A new build is cached only once it passes a self-test in a
 child process (selftest.py): a CPU that reports an instruction set it does not run kills the
-child, not the trainer, and the next flag set (generic ISA) is used. If no build works, `adamw()`
+child, not the trainer, and the next flag set (generic ISA) is used. Its SHA-256 is recorded
+beside it (`.sha256`) and checked before every load: a cached object that was truncated or
+changed (dlopen maps it, and touching the missing part is a SIGBUS) is rebuilt instead. If no build works, `adamw()`
 returns None and `status()` says why; the optimizer then uses torch's kernels (slower: three
 passes) and refuses only what they cannot do (bf16 moments). HORIZON_NATIVE=0 turns the
 kernels off; CC picks the compiler (default cc).
 """
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -100,8 +103,9 @@ def _self_test(path: str) -> str:
 
 def _build(cc: str) -> tuple[Path, list[str], list[str]]:
     """The cached shared object for the first flag set that compiles and passes its self-test
-    (built now if absent), its flags, and the flag sets rejected by a self-test. A rejection
-    is remembered beside the cache (`.rejected`), so it is not rebuilt on every start."""
+    (built now if absent or damaged), its flags, and notes: flag sets rejected by a self-test,
+    damaged objects rebuilt. A rejection is remembered beside the cache (`.rejected`), so it is
+    not rebuilt on every start."""
     src = SOURCE.read_bytes()
     version, cpu, errors, rejected = _compiler_version(cc), _cpu_flags(), [], []
     folder = _writable_cache_dir()
@@ -111,7 +115,13 @@ def _build(cc: str) -> tuple[Path, list[str], list[str]]:
         out = folder / f"adamw-{key}.so"
         mark = out.with_suffix(".rejected")
         if out.exists():
-            return out, flags, rejected
+            why = _damaged(out)
+            if not why:
+                return out, flags, rejected
+            rejected.append(f"the cached {out.name} was {why}: rebuilt")   # dlopen of it could die (SIGBUS)
+            for f in (out, _sum_file(out)):
+                with contextlib.suppress(OSError):
+                    f.unlink()
         if mark.exists():
             rejected.append(f"{_flags_name(flags)} build rejected: {mark.read_text().strip()}")
             continue
@@ -129,12 +139,47 @@ def _build(cc: str) -> tuple[Path, list[str], list[str]]:
                 rejected.append(f"{_flags_name(flags)} build rejected: {why}")
                 errors.append(f"{' '.join(flags)}: {why}")
                 continue
+            _write_atomic(_sum_file(out), _sha256(tmp) + "\n")  # before the object: never one unverifiable
             os.replace(tmp, out)  # atomic: a concurrent process sees all of it or nothing
             return out, flags, rejected
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     raise RuntimeError("; ".join(errors))
+
+
+def _sum_file(so: Path) -> Path:
+    return so.with_suffix(".sha256")
+
+
+def _sha256(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _damaged(so: Path) -> str:
+    """'' when the cached object matches the SHA-256 recorded when it was built, else what is
+    wrong (a truncated object is mapped by dlopen and faults with SIGBUS when touched)."""
+    try:
+        want = _sum_file(so).read_text().strip()
+    except OSError:
+        return "without a recorded checksum"
+    try:
+        return "" if _sha256(so) == want else "damaged (its checksum does not match the build's)"
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _flags_name(flags: list[str]) -> str:
