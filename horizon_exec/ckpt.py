@@ -242,8 +242,9 @@ def _sums(p: Path) -> dict[str, str]:
     sums = {}
     for line in lines:
         want, sep, name = line.partition("  ")
-        if not sep or not re.fullmatch(r"[0-9a-f]{64}", want) or not name:
-            raise CheckpointError(f"{f}: malformed line {line!r} (corrupt checkpoint)")
+        # a plain file name of this folder: a listed '../x' or '/etc/x' is never opened
+        if not sep or not re.fullmatch(r"[0-9a-f]{64}", want) or not _PLAIN_NAME.fullmatch(name) or name in (".", ".."):
+            raise CheckpointError(f"{f}: malformed line {line[:100]!r} (corrupt checkpoint)")
         sums[name] = want
     for name in (STATE, META):
         if name not in sums:
@@ -262,15 +263,50 @@ def _state_header(f, path: Path, size: int) -> tuple[bytes, dict, int]:
     hb = f.read(n)
     try:
         header = json.loads(hb)
-        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
-        raise CheckpointError(f"{path}: corrupt header ({type(e).__name__}: {e})") from None
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"{path}: corrupt header ({type(e).__name__}: {str(e)[:100]})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt header (a JSON {type(header).__name__}, not an object)")
+    for k, v in header.items():
+        why = _entry_problem(k, v)
+        if why:
+            raise CheckpointError(f"{path}: corrupt header (entry {_show(k)}: {why})")
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
     total = 8 + n + max(ends, default=0)
     if size < total:
         raise CheckpointError(f"{path}: truncated ({size} bytes, the header declares {total})")
     if size > total:
         raise CheckpointError(f"{path}: {size - total} bytes more than the header declares (corrupt checkpoint)")
     return head + hb, header, total
+
+
+_PLAIN_NAME = re.compile(r"[^/\\\x00]{1,255}")
+
+
+def _nonneg_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _entry_problem(k: str, v) -> str:
+    """What is wrong with one safetensors header entry ('' if nothing)."""
+    if k == "__metadata__":
+        return "" if isinstance(v, dict) else "not an object"
+    if not isinstance(v, dict):
+        return "not an object"
+    if not isinstance(v.get("dtype"), str):
+        return f"dtype {_show(v.get('dtype'))}"
+    shape, off = v.get("shape"), v.get("data_offsets")
+    if not isinstance(shape, list) or not all(_nonneg_int(d) for d in shape):
+        return f"shape {_show(shape)}"
+    if not (isinstance(off, list) and len(off) == 2 and all(_nonneg_int(o) for o in off) and off[0] <= off[1]):
+        return f"data_offsets {_show(off)}"
+    return ""
+
+
+def _show(x) -> str:
+    """A damaged value in a one-line message: repr (no raw newlines), at most 60 characters."""
+    r = repr(x)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 def _exists(path: Path) -> None:
@@ -301,12 +337,49 @@ def _read_meta_bytes(p: Path, want_sha: str | None) -> dict:
         raise CheckpointError(f"{f}: checksum mismatch (corrupt checkpoint)")
     try:
         meta = json.loads(data)
-    except ValueError as e:
-        raise CheckpointError(f"{f}: cannot read ({type(e).__name__}: {e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        got = meta.get("format") if isinstance(meta, dict) else None
-        raise HorizonError(f"{f}: checkpoint format {got!r}; this version reads {FORMAT}")
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"{f}: cannot read ({type(e).__name__}: {str(e)[:100]})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{f}: a JSON {type(meta).__name__}, not an object (corrupt checkpoint)")
+    fmt = meta.get("format")
+    if _nonneg_int(fmt) and fmt != FORMAT:  # not damage: another version wrote it
+        raise HorizonError(f"{f}: checkpoint format {fmt}; this version reads {FORMAT}")
+    why = _meta_problem(meta)
+    if why:
+        raise CheckpointError(f"{f}: {why} (corrupt checkpoint)")
     return meta
+
+
+def _meta_problem(meta: dict) -> str:
+    """What is wrong with trainer.json's fields ('' if nothing): everything a load reads from
+    it is checked here, so a damaged file is a CheckpointError naming it, never a KeyError."""
+    from horizon_exec.optim import MAX_LR
+
+    show = _show
+    if meta.get("format") != FORMAT:
+        return f"format {show(meta.get('format'))}"
+    if not _nonneg_int(meta.get("step")):
+        return f"step {show(meta.get('step'))}"
+    for key in ("trainer", "model", "policy"):
+        if not isinstance(meta.get(key), dict):
+            return f"{key} {show(meta.get(key))}"
+    for key in ("optimizer", "loop"):
+        if not isinstance(meta.get(key, {}), dict):
+            return f"{key} {show(meta.get(key))}"
+    if "generation" in meta and not _nonneg_int(meta["generation"]):
+        return f"generation {show(meta['generation'])}"
+    tm = meta["trainer"]
+    if not isinstance(tm.get("pending"), bool):
+        return f"trainer.pending {show(tm.get('pending'))}"
+    if not _nonneg_int(tm.get("steps_done")):
+        return f"trainer.steps_done {show(tm.get('steps_done'))}"
+    if not _nonneg_int(tm.get("skipped_steps", 0)):  # absent in checkpoints of older versions
+        return f"trainer.skipped_steps {show(tm.get('skipped_steps'))}"
+    for key in ("pending_lr", "lr"):
+        x = tm.get(key)
+        if not (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= MAX_LR):
+            return f"trainer.{key} {show(x)}"
+    return ""
 
 
 def read_meta(path, verify: bool = False) -> dict:
@@ -332,21 +405,21 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write) ->
     with open(path, "rb", buffering=0) as f:
         raw_header, header, _ = _state_header(f, path, size)
         h.update(raw_header)
-        entries = sorted(((int(v["data_offsets"][0]), int(v["data_offsets"][1]), k, v)
-                          for k, v in header.items() if k != "__metadata__"))
+        entries = sorted((v["data_offsets"][0], v["data_offsets"][1], k, v)   # checked by _state_header
+                         for k, v in header.items() if k != "__metadata__")
         names = {k for *_, k, _v in entries}
         if names != set(want):
             extra, missing = sorted(names - set(want)), sorted(set(want) - names)
-            what = f"unexpected tensor {extra[0]!r}" if extra else f"tensor {missing[0]!r} is missing"
+            what = f"unexpected tensor {_show(extra[0])}" if extra else f"tensor {_show(missing[0])} is missing"
             raise CheckpointError(f"{path}: {what} (corrupt header, or a checkpoint of another build)")
         pos, started = 0, False
         for begin, end, name, v in entries:
             dst = want[name]
-            if v.get("dtype") != ST_DTYPE.get(dst.dtype) or list(v.get("shape", ())) != list(dst.shape):
-                raise CheckpointError(f"{path}: tensor {name!r} is {v.get('shape')} {v.get('dtype')}, "
+            if v["dtype"] != ST_DTYPE.get(dst.dtype) or v["shape"] != list(dst.shape):
+                raise CheckpointError(f"{path}: tensor {_show(name)} is {_show(v['shape'])} {_show(v['dtype'])}, "
                                       f"the store has {list(dst.shape)} {ST_DTYPE.get(dst.dtype)} (corrupt header)")
             if begin != pos or end - begin != dst.numel() * dst.element_size():
-                raise CheckpointError(f"{path}: tensor {name!r} has offsets [{begin}, {end}) (corrupt header)")
+                raise CheckpointError(f"{path}: tensor {_show(name)} has offsets [{begin}, {end}) (corrupt header)")
             if not started:
                 on_first_write()
                 started = True
@@ -372,8 +445,9 @@ def _check_compatible(p: Path, meta: dict, trainer) -> None:
                 and not (what == "model" and k == "name")]
         if diff:
             k = diff[0]
-            raise HorizonError(f"{p}: checkpoint was written for {what} {k}={saved.get(k)!r}, this run has "
-                               f"{k}={have.get(k)!r}; resume with the same {what}")
+            k_ = k if re.fullmatch(r"\w{1,40}", k) else _show(k)
+            raise HorizonError(f"{p}: checkpoint was written for {what} {k_}={_show(saved.get(k))}, this run has "
+                               f"{k_}={_show(have.get(k))}; resume with the same {what}")
 
 
 def _load_one(p: Path, trainer, verify: bool, check) -> dict:

@@ -154,7 +154,16 @@ class TrainLoop:
             if st.get("data_fingerprint") != self.fingerprint:
                 raise HorizonError(f"{p}: checkpoint was trained on different data (or tokenizer, seq or split) "
                                    f"than {self.ds.source}; resume with the same data")
-            self.batches.load_state_dict(st["data"])  # checks the seed before anything changes
+            data = st.get("data")
+            n = len(self.ds.train)
+            if not (isinstance(data, dict) and all(type(data.get(k)) is int and data[k] >= 0 for k in ("epoch", "pos"))
+                    and data["pos"] <= n):
+                raise ckpt_mod.CheckpointError(f"{p / ckpt_mod.META}: loop.data {ckpt_mod._show(data)} is not a data "
+                                               f"position (epoch, pos <= {n}) (corrupt checkpoint)")
+            try:
+                self.batches.load_state_dict(data)  # checks the seed before anything changes
+            except HorizonError as e:
+                raise HorizonError(f"{p}: {e}") from None
 
         meta = ckpt_mod.load_checkpoint(path, self.tr, check=check, warn=self.out)
         p = Path(meta["path"])
@@ -162,12 +171,13 @@ class TrainLoop:
         self.last_ckpt = (self.step, p)
         sched = meta.get("loop", {}).get("schedule")
         if sched != self.cfg.schedule.to_dict():
-            self.out(f"note: lr schedule differs from the checkpoint's ({sched} -> "
+            self.out(f"note: lr schedule differs from the checkpoint's ({ckpt_mod._show(sched)} -> "
                      f"{self.cfg.schedule.to_dict()}); the run continues on the new one")
         a = self.tr.runner.adamw
         opt = {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay}
         if meta.get("optimizer") != opt:
-            self.out(f"note: optimizer settings differ from the checkpoint's ({meta.get('optimizer')} -> {opt})")
+            self.out(f"note: optimizer settings differ from the checkpoint's ({ckpt_mod._show(meta.get('optimizer'))} "
+                     f"-> {opt})")
         return p
 
     # ---- running --------------------------------------------------------------------------
