@@ -316,6 +316,9 @@ def _run_loop(args, tr, loop, model, policy, tok, tok_path, ds, peak, peak_what)
     if args.resume is not None:
         p = loop.resume(args.resume or args.ckpt_dir)
         print(f"resumed from {p} at step {loop.step}")
+        if args.init_from:  # the same command line plus --resume is how a run is continued: not an error
+            print(f"--init-from {args.init_from}: its config, tokenizer and side files are used; the weights "
+                  f"and optimizer state come from the checkpoint")
     elif args.init_from:
         checkpoint_hf.load_hf(tr, args.init_from)
         print(f"weights from {args.init_from}")
