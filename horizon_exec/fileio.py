@@ -241,16 +241,32 @@ def _umask() -> int:
     return mask
 
 
+def sync_tree(folder: Path) -> None:
+    """fsync every file under `folder`, then each folder bottom-up (its entries). Files the
+    writers already fsynced cost nothing more; copied ones (e.g. tokenizer files) are made
+    durable here."""
+    for d, dirs, files in os.walk(folder, topdown=False):
+        for name in files:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(d)
+
+
 def aside_name(folder: Path) -> Path:
     """Where `folder` is renamed before it is deleted (this process's hidden name)."""
     return folder.parent / f".{folder.name}.{owner_tag()}.old"
 
 
 def publish_dir(tmp: Path, final: Path) -> None:
-    """Rename the finished folder `tmp` to `final`. An existing `final` is first renamed
-    aside and removed after, so a crash leaves either the old or the new folder complete
-    under the final name (plus, at worst, a hidden leftover)."""
+    """Rename the finished folder `tmp` to `final`, its files and itself fsynced first and the
+    parent after. An existing `final` is first renamed aside and removed after, so a crash
+    (or a power loss) leaves either the old or the new folder complete under the final name
+    (plus, at worst, a hidden leftover)."""
     final = Path(final)
+    sync_tree(tmp)   # power loss: the contents are on disk before the name says they are complete
     old = None
     if final.exists():
         old = aside_name(final)
