@@ -11,10 +11,14 @@ to --min-lr. A progress bar shows loss, lr, tokens/s and MFU (peak from --gpu or
 checkpoints to --ckpt-dir, exact --resume, and --save-hf writes a transformers checkpoint.
 Reliability: the run is refused up front (exit 2, needed vs available) when the planner says
 it does not fit the host RAM (--host-budget, else MemAvailable) or the device (--device-budget,
-else CUDA free memory); a NaN/inf loss or gradient skips the update (--on-nonfinite skip) or
-stops the run (stop, exit 1); SIGINT/SIGTERM finish the step, write a checkpoint and exit
-130/143 (a second signal aborts at once; the last complete checkpoint stays intact); --resume
-verifies checksums and falls back to the previous checkpoint when the latest is damaged.
+else CUDA free memory), for a harmful flag (train_checks.py), or an output that cannot be
+written or has no room (outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf
+loss or gradient skips the update (--on-nonfinite skip; all steps skipped: exit 1) or stops the
+run (stop, exit 1); SIGINT/SIGTERM finish the step, write a checkpoint and exit 130/143 (a
+second signal aborts at once; the last complete checkpoint stays intact); a stuck step fails
+after --op-timeout; an eval failure, a lane fault or a full disk is one line, exit 1; a closed
+stdout drops the output, not the run; --resume verifies checksums and falls back to the
+previous checkpoint when the latest is damaged.
 This module must not import torch at import time: the `horizon` entry point imports it to
 build its parser, and `horizon plan` must start fast.
 """
@@ -71,7 +75,7 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="tokens per LM-head/loss chunk (default 1024)")
 
     o = p.add_argument_group("optimizer and schedule")
-    o.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
+    o.add_argument("--lr", type=float, default=3e-4, help="peak learning rate, in (0, 1] (default 3e-4)")
     o.add_argument("--warmup-steps", type=int, default=0, help="linear warmup steps (default 0)")
     o.add_argument("--min-lr", type=float, default=None,
                    help="cosine decay floor (default lr / 10)")
@@ -86,7 +90,8 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="eval loss every N steps (default 0: after the last step only)")
     e.add_argument("--eval-batches", type=int, default=4, metavar="N",
                    help="held-out batches per eval, 0 = no eval (default 4)")
-    e.add_argument("--ckpt-dir", default=None, metavar="DIR", help="write training checkpoints here")
+    e.add_argument("--ckpt-dir", default=None, metavar="DIR",
+                   help="write training checkpoints here (one run at a time: DIR/.lock names the holder)")
     e.add_argument("--ckpt-interval", "--save-every", dest="ckpt_interval", type=int, default=0, metavar="N",
                    help="checkpoint every N steps (default 0: after the last step only; --ckpt-every K "
                         "is the policy's activation-checkpoint interval, not this)")
@@ -112,7 +117,8 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     s.add_argument("--host-budget", default=None, metavar="SIZE",
                    help="host RAM this run may use, e.g. 64GiB (default: MemAvailable + this process)")
     s.add_argument("--no-admission", action="store_true",
-                   help="skip the up-front check that the run fits host RAM and device memory (experts)")
+                   help="skip the up-front check that the run fits host RAM, device memory and the disk "
+                        "space of its outputs (experts)")
     s.add_argument("--op-timeout", type=float, default=None, metavar="SECONDS",
                    help="a step with no op starting or finishing for this long fails as stuck instead of "
                         "hanging (default 120; raise it for very large models on the CPU backend). After a "

@@ -7,8 +7,11 @@
 
 Per step s (0-based): the next batch from the seeded loader, Trainer.step with lr = schedule(s)
 (global-norm clipping and micro-batch gradient accumulation are the policy's: grad_clip,
-micro_batches), then, as configured: eval loss on the held-out batches, a checkpoint, a
-progress-bar update (loss, lr, tokens/s, MFU) and a JSON line in the metrics log.
+micro_batches), then a progress-bar update (loss, lr, tokens/s, MFU), a JSON line in the
+metrics log (a log that cannot be written is reported once and dropped) and, as configured, a
+checkpoint and then the eval loss on the held-out batches (checkpoint first: an eval that
+fails, an EvalError, stops the run without costing the step; it writes one if none was due).
+With a ckpt_dir the loop holds the folder's lock (ckpt_lock.py) until close().
 
 Exact resume: a checkpoint holds the trainer's state (ckpt.py) and the loop's (step, loader
 epoch/position, data fingerprint, schedule), so a resumed run's step s computes exactly what
@@ -18,10 +21,12 @@ Resume verifies checksums while it reads, and falls back to the previous checkpo
 warning) when the latest is damaged (ckpt.py).
 
 Signals: while run() runs in the main thread, the first SIGINT or SIGTERM lets the current
-step finish, writes a checkpoint (when ckpt_dir is set and the step has none yet) and raises
-Interrupted at that step boundary; a second one raises Interrupted at once (mid-step, or
-mid-write: a checkpoint being written is abandoned under its temporary name, so the last
-complete one stays intact). The CLI exits 128 + the signal number (130, 143).
+step finish (and its checkpoint or eval, if in one), writes a checkpoint (when ckpt_dir is set
+and the step has none yet) and raises Interrupted at that step boundary; a step that makes no
+progress after it (a stuck op) is given up after engine.STOP_GRACE_S; a second signal raises
+Interrupted at once (mid-step, or mid-write: a checkpoint being written is abandoned under its
+temporary name, so the last complete one stays intact), naming what it abandoned. The CLI
+exits 128 + the signal number (130, 143).
 
 Non-finite steps (the trainer's on_nonfinite): a skipped step is logged ("skipped" in the
 JSON line, a message); 'stop' raises NonFiniteError out of run().

@@ -122,8 +122,10 @@ class Trainer:
     device: 'cpu' or 'cuda[:N]'. seed: weight init. device_budget_bytes: arena budget (None:
     unlimited). CPU backend only: compute_threads (intra-op threads of the compute lane;
     default cores - 1), pin_cores (compute lane on its own cores, the other lanes on the
-    rest), track_memory (measure op temporaries). timeout_s: longest wait for a dependency
-    or a single op before the step fails instead of hanging. random_init: False leaves the
+    rest), track_memory (measure op temporaries). timeout_s: the op timeout: a step with no op
+    starting or finishing for that long fails instead of hanging (engine.py; default 120 s).
+    lr, betas, eps, weight_decay and each step's lr are checked (optim.check_hyper), seed must
+    fit 64 bits, device must exist (backend.check_device). random_init: False leaves the
     weights zero (for a caller that loads them next, e.g. checkpoint_hf.load_hf).
     admission: check up front that the run fits (admission.py); host_budget_bytes: host RAM
     the run may use (default: MemAvailable + this process); device_budget_bytes is the

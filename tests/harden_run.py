@@ -1,5 +1,6 @@
-"""`horizon train` as a subprocess, for the hardening tests (issue 19): the tiny model on the
-built-in corpus, a few steps, no progress bar."""
+"""`horizon train` as a subprocess, for the hardening tests (issue 19): a micro model (one layer,
+hidden 64, byte vocabulary: harden_micro.json; its checkpoint is ~1 MB) on the built-in corpus,
+no progress bar."""
 import os
 import shlex
 import subprocess
@@ -7,7 +8,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--model", "tiny", "--batch", "2", "--seq", "32", "--no-progress", "--eval-batches", "0"]
+MICRO = ROOT / "tests" / "harden_micro.json"
+TINY = ["--model", str(MICRO), "--batch", "2", "--seq", "32", "--no-progress", "--eval-batches", "0"]
 
 
 def train_cmd(*args) -> list[str]:
@@ -27,7 +29,8 @@ def train(*args, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
 def popen(*args, **kw) -> subprocess.Popen:
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
-    return subprocess.Popen(train_cmd(*args), cwd=ROOT, env=env(), text=True, **kw)
+    kw.setdefault("env", env())
+    return subprocess.Popen(train_cmd(*args), cwd=ROOT, text=True, **kw)
 
 
 def tmpfs_works() -> bool:
@@ -43,7 +46,7 @@ def in_tmpfs(script: str, size: str = "1m", read_only: bool = False, setup: str 
              timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the shell `script` with a fresh tmpfs of `size` mounted at $M (private to it: a
     mount namespace), after `setup` ran there; read_only: remounted read-only before `script`.
-    $TRAIN is `horizon train` on the tiny model (train_cmd()), $PY this Python."""
+    $TRAIN is `horizon train` on the micro model (train_cmd()), $PY this Python."""
     train = " ".join(shlex.quote(a) for a in train_cmd())
     ro = 'mount -o remount,ro "$M" && ' if read_only else ""
     body = f'M=/mnt; PY={shlex.quote(sys.executable)}; TRAIN="{train}"; mount -t tmpfs -o size={size} tmpfs "$M" && {setup or ":"} && {ro}{script}'

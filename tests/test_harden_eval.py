@@ -6,8 +6,9 @@ import pytest
 from horizon_exec import ckpt as ckpt_mod
 from horizon_exec.trainer import Trainer
 from horizon_sim.cli.main import main
+from tests.harden_run import MICRO
 
-BASE = ["train", "--model", "tiny", "--batch", "2", "--seq", "32", "--no-progress", "--eval-batches", "1"]
+BASE = ["train", "--model", str(MICRO), "--batch", "2", "--seq", "32", "--no-progress", "--eval-batches", "1"]
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def test_a_lane_fault_is_one_line_with_the_traceback_on_request(tmp_path, capsys
 
         def hook(op):
             seen.append(op)
-            if len(seen) == 100:   # in the second step
+            if len(seen) == 25:    # in the second step (17 ops a step)
                 raise RuntimeError("bad op (injected)")
         self.hook = hook
 

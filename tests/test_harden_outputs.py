@@ -7,9 +7,9 @@ import re
 import pytest
 
 from horizon_sim.cli.main import main
-from tests.harden_run import in_tmpfs, tmpfs_works
+from tests.harden_run import MICRO, in_tmpfs, tmpfs_works
 
-BASE = ["train", "--model", "tiny", "--steps", "1", "--batch", "2", "--seq", "32", "--no-progress",
+BASE = ["train", "--model", str(MICRO), "--steps", "1", "--batch", "2", "--seq", "32", "--no-progress",
         "--eval-batches", "0"]
 
 
@@ -79,7 +79,7 @@ def test_read_only_outputs_are_refused_up_front():
 
 @needs_tmpfs
 def test_outputs_that_do_not_fit_the_disk_are_refused_up_front():
-    """1 MiB of disk: a checkpoint of the tiny model (~70 MB) and its HF save (~12 MB) do not fit."""
+    """1 MiB of disk: a checkpoint (~1 MiB and 1 MiB of slack) and the HF save (~0.1 MiB) do not fit."""
     r = in_tmpfs('$TRAIN --steps 1 --ckpt-dir "$M/ck" --save-hf "$M/out"; echo "rc=$?"', size="1m")
     assert "rc=2" in r.stdout and "final loss" not in r.stdout, (r.stdout, r.stderr)
     err = r.stderr.strip()

@@ -17,10 +17,11 @@ from horizon_exec.lr import CosineSchedule
 from horizon_exec.tokenize import ByteTokenizer
 from horizon_exec.trainer import Trainer
 from horizon_sim.cli.main import main
+from tests.harden_run import MICRO
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import exact_policy
 
-BASE = ["train", "--model", "tiny", "--batch", "2", "--seq", "32", "--no-progress", "--steps", "3"]
+BASE = ["train", "--model", str(MICRO), "--batch", "2", "--seq", "32", "--no-progress", "--steps", "3"]
 
 
 def _sigterm(times: int = 1):

@@ -18,6 +18,7 @@ from horizon_exec.lr import CosineSchedule
 from horizon_exec.tokenize import ByteTokenizer
 from horizon_exec.trainer import Trainer
 from horizon_sim.cli.main import main
+from tests.harden_run import MICRO
 from horizon_sim.schedule import OpKind
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import exact_policy
@@ -72,7 +73,7 @@ def test_the_op_timeout_is_a_flag(tmp_path, capsys, monkeypatch):
         self.hook = lambda op: time.sleep(3) if op.kind == OpKind.OPTIMIZER else None
 
     monkeypatch.setattr(Engine, "__init__", init)
-    argv = ["train", "--model", "tiny", "--steps", "2", "--batch", "2", "--seq", "32", "--no-progress",
+    argv = ["train", "--model", str(MICRO), "--steps", "2", "--batch", "2", "--seq", "32", "--no-progress",
             "--eval-batches", "0", "--op-timeout", "0.5"]
     assert main(argv) == 1
     err = capsys.readouterr().err.strip()

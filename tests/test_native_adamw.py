@@ -263,7 +263,8 @@ def test_build_is_cached(monkeypatch, tmp_path):
     before = so.stat().st_mtime_ns
     fn2, _ = native._load()
     assert fn2 is not None and so.stat().st_mtime_ns == before
-    assert [p.name for p in tmp_path.glob("native/*")] == [so.name]  # no temporary left behind
+    # no temporary left behind; the checksum recorded at build time beside it
+    assert sorted(p.name for p in tmp_path.glob("native/*")) == [so.with_suffix(".sha256").name, so.name]
 
 
 def test_unwritable_cache_falls_back_to_a_temp_folder(monkeypatch, tmp_path):
