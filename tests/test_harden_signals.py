@@ -10,7 +10,6 @@ import pytest
 from safetensors import safe_open
 
 from horizon_exec import checkpoint_hf
-from horizon_exec import ckpt as ckpt_mod
 from horizon_exec.data import load_dataset
 from horizon_exec.loop import Interrupted, LoopConfig, TrainLoop
 from horizon_exec.lr import CosineSchedule

@@ -4,7 +4,6 @@ import os
 import stat
 
 import pytest
-import torch
 
 from horizon_exec import checkpoint_hf
 from horizon_exec import ckpt as ckpt_mod
