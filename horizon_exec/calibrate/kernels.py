@@ -142,8 +142,9 @@ def attention_calls(seq: int, hd: int, dtype, device, heads: int, kv_heads: int,
 
 def _block_pass(model: ModelSpec, batch: int, seq: int, dtype, device):
     """fn() running one forward and one forward-with-grad + autograd.grad of the template block."""
-    from horizon_exec.layers import DecoderBlock, rope_tables
+    from horizon_exec.layers import DecoderBlock
     from horizon_exec.layout import block_layout
+    from horizon_exec.rope import rope_tables
     lay = block_layout(model)
     flat = (torch.randn(lay.numel, device=device) * 0.02).to(dtype)
     w = lay.views(flat)
