@@ -37,15 +37,20 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                 "  horizon train ... --ckpt-dir ckpt --resume      # continue from ckpt/latest, exactly")
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--model", default=None,
-                   help="preset name (e.g. tiny) or path to a config.json (default: --init-from's config)")
+                   help="preset name (e.g. tiny), path to a config.json, or a model id in the local HF cache "
+                        "(default: --init-from's config)")
     p.add_argument("--steps", type=int, default=10, help="total optimizer steps of the run (default 10)")
 
     d = p.add_argument_group("data")
     d.add_argument("--data", default=None, metavar="FILE",
-                   help=".jsonl ('text', or 'instruction' + 'response': loss on the response only) or a "
-                        "text file (default: the built-in corpus of Python standard-library docstrings)")
+                   help=".jsonl ('text'; 'instruction' + 'response': loss on the response only; or "
+                        "'messages': a chat rendered by the tokenizer's chat template, loss on the "
+                        "assistant turns) or a text file (default: the built-in corpus of Python "
+                        "standard-library docstrings)")
     d.add_argument("--tokenizer", default=None, metavar="tokenizer.json",
-                   help="a local tokenizer.json (default: the one in --init-from's folder, else bytes 0..255)")
+                   help="a local tokenizer.json or a folder holding one, or a model id in the local HF "
+                        "cache (default: the one in --init-from's folder, else bytes 0..255); its files "
+                        "(config, chat template) go into --save-hf")
     d.add_argument("--eos-token", default=None,
                    help="end-of-document token (default: tokenizer_config.json's, or a usual one)")
     d.add_argument("--eval-fraction", type=float, default=0.05,
@@ -54,7 +59,8 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     m = p.add_argument_group("weights in and out")
     m.add_argument("--init-from", default=None, metavar="HF_DIR",
                    help="start from a local HF checkpoint folder (config.json + safetensors, sharded or "
-                        "not; llama, qwen2, mistral), read tensor by tensor into the host store")
+                        "not; llama, qwen2, mistral), or a model id (org/name[@revision]) found in the "
+                        "local HF cache (never downloaded), read tensor by tensor into the host store")
     m.add_argument("--save-hf", default=None, metavar="DIR",
                    help="after training, write a transformers checkpoint folder (safetensors + config.json)")
     m.add_argument("--save-dtype", choices=("fp32", "bf16"), default="bf16",
@@ -160,27 +166,29 @@ def run_train(args: argparse.Namespace) -> int:
     from horizon_exec.errors import ExecError
     from horizon_exec.loop import Interrupted
     from horizon_exec.lr import CosineSchedule
-    from horizon_exec.tokenize import load_tokenizer
+    from horizon_exec.tokenize import load_tokenizer, resolve_tokenizer, tokenizer_of_folder
     from horizon_exec.trainer import NonFiniteError, Trainer
     from horizon_sim.specs.hf_config import load_model
     from horizon_sim.units import parse_size
 
     # ---- model, tokenizer, data ------------------------------------------------------------
-    if args.init_from:
-        model = checkpoint_hf.spec_from_hf_dir(args.init_from)
+    init_dir = checkpoint_hf.resolve_checkpoint(args.init_from) if args.init_from else None
+    if init_dir is not None:
+        model = checkpoint_hf.spec_from_hf_dir(init_dir)
         if args.model:
             checkpoint_hf.check_same_shapes(load_model(args.model), model, f"--init-from {args.init_from}",
                                             f"--model {args.model}")
     else:
         model = load_model(args.model)
     policy = dataclasses.replace(policy_from_args(args), loss_chunk_tokens=args.loss_chunk_tokens)
-    tok_path = args.tokenizer
-    if tok_path is None and args.init_from and (Path(args.init_from) / "tokenizer.json").is_file():
-        tok_path = str(Path(args.init_from) / "tokenizer.json")
+    tok_path = resolve_tokenizer(args.tokenizer) if args.tokenizer else (
+        tokenizer_of_folder(init_dir) if init_dir is not None else None)
     tok = load_tokenizer(tok_path, args.eos_token)
     if tok.vocab_size > model.vocab:
         raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")
-    ds = load_dataset(args.data, tok, policy.seq, args.eval_fraction)
+    ds = load_dataset(args.data, tok, policy.seq, args.eval_fraction, doc_masks=policy.doc_masks)
+    if policy.doc_masks and not policy.doc_tokens:  # the planner prices the data's documents
+        policy = dataclasses.replace(policy, doc_tokens=min(ds.mean_doc_tokens, policy.seq))
     min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
     sched = CosineSchedule(peak=args.lr, total_steps=args.steps, warmup_steps=args.warmup_steps, min_lr=min_lr)
     peak, peak_what = _peak_flops(args, policy.compute_dtype)
@@ -202,7 +210,7 @@ def run_train(args: argparse.Namespace) -> int:
                  host_budget_bytes=host_budget, hardware=hardware, on_nonfinite=args.on_nonfinite)
     with tr:
         try:
-            return _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, save_shard)
+            return _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what, save_shard)
         except Interrupted as e:
             print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
             return e.exit_code
@@ -215,13 +223,14 @@ def run_train(args: argparse.Namespace) -> int:
             return 1
 
 
-def _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, save_shard) -> int:
+def _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what, save_shard) -> int:
     import json
     from pathlib import Path
 
     from horizon_exec import checkpoint_hf
     from horizon_exec.buffers import TORCH_DTYPE
     from horizon_exec.loop import LoopConfig, TrainLoop
+    from horizon_sim.specs.hf_config import model_source
     from horizon_sim.units import fmt_bytes
 
     cfg = LoopConfig(steps=args.steps, schedule=sched, eval_every=args.eval_every,
@@ -240,9 +249,9 @@ def _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, s
     if args.resume is not None:
         p = loop.resume(args.resume or args.ckpt_dir)
         print(f"resumed from {p} at step {loop.step}")
-    elif args.init_from:
-        checkpoint_hf.load_hf(tr, args.init_from)
-        print(f"weights from {args.init_from}")
+    elif init_dir is not None:
+        checkpoint_hf.load_hf(tr, init_dir)
+        print(f"weights from {init_dir}")
     if peak_what:
         print(f"MFU against {peak_what}")
     res = loop.run()
@@ -260,12 +269,12 @@ def _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what, s
         print(f"{len(loop.skipped)} step(s) skipped for a non-finite loss or gradient: "
               f"{', '.join(map(str, loop.skipped[:20]))}{' ...' if len(loop.skipped) > 20 else ''}")
     if args.save_hf:
-        base, side = None, []
-        if args.init_from:
-            base = json.loads((Path(args.init_from) / "config.json").read_text())
-            side = checkpoint_hf.side_files_of(args.init_from)
-        elif tok_path:
-            side = [Path(tok_path)]
+        # The source config.json is kept (only what training changed is rewritten) and the
+        # tokenizer the model was trained with goes along, chat template included.
+        src = (init_dir / "config.json") if init_dir is not None else (
+            model_source(args.model) if args.model else None)
+        base = json.loads(src.read_text()) if src is not None else None
+        side = [*tok.files, *checkpoint_hf.model_side_files(init_dir)]
         out = checkpoint_hf.save_hf(tr, args.save_hf, args.save_dtype, save_shard, base, side)
         print(f"saved {args.save_dtype} HF checkpoint to {out}")
     return 0

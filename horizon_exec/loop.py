@@ -102,7 +102,13 @@ class TrainLoop:
         self.eval_set = dataset.eval_batches(pol.batch, cfg.eval_batches) if cfg.eval_batches else []
         self.fingerprint = dataset.fingerprint()
         self.step = 0
-        self.flops_per_step = trainer.model.model_flops_per_token(pol.seq) * pol.tokens
+        if pol.doc_masks != dataset.data.doc_masks:
+            raise HorizonError(f"the policy has doc_masks={pol.doc_masks}, the data was packed with "
+                               f"doc_masks={dataset.data.doc_masks}")
+        # Under document masks a token attends to its document: model FLOPs use the data's
+        # mean document length.
+        ctx = dataset.mean_doc_tokens if pol.doc_masks else 0
+        self.flops_per_step = trainer.model.model_flops_per_token(pol.seq, ctx) * pol.tokens
         self.losses: dict[int, float] = {}       # step -> training loss
         self.evals: dict[int, float] = {}        # step (steps done) -> eval loss
         self.last = None
@@ -152,8 +158,8 @@ class TrainLoop:
         if not self.eval_set:
             return None
         total, n = 0.0, 0
-        for tokens, labels in self.eval_set:
-            s, k = self.tr.eval_loss(tokens, labels)
+        for b in self.eval_set:
+            s, k = self.tr.eval_loss(b.tokens, b.labels, b.docs)
             total, n = total + s, n + k
         return total / max(1, n)
 
@@ -220,9 +226,9 @@ class TrainLoop:
                     self._stop_at_boundary(write)
                 s = self.step
                 t0 = time.perf_counter()
-                tokens, labels = next(self.batches)
+                b = next(self.batches)
                 lr = cfg.schedule(s)
-                res = tr.step(tokens, labels, lr=lr)
+                res = tr.step(b.tokens, b.labels, docs=b.docs, lr=lr)
                 self._times.append(time.perf_counter() - t0)
                 self.step = s + 1
                 self.losses[s] = res.loss

@@ -158,7 +158,8 @@ class CostModel:
             else:
                 bwd = op.kind == OpKind.BACKWARD
                 gemms = work.block_gemms(m, tokens, bwd)
-                attn = work.attention(m, p["batch"] // p["micro_batches"], p["seq"], bwd)
+                masked = work.masked_attention(m, op.layer, p["seq"], p.get("doc_masks", False))
+                attn = work.attention(m, p["batch"] // p["micro_batches"], p["seq"], bwd, masked)
             if self.gemm:
                 t["gemm"] = self._gemm_s(gemms)
             else:

@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.model_presets import model_preset
 from horizon_sim.specs.rope import ROPE_KINDS, RopeScaling
@@ -323,9 +324,19 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         raise HorizonError(f"{where}: {e}") from None
 
 
-def load_model(name_or_path) -> ModelSpec:
-    """A preset name ('llama-2-7b') or a path to a config.json / a directory holding one."""
+def model_source(name_or_path) -> Path | None:
+    """The config.json a --model value names: a path, or a model id ('Qwen/Qwen2.5-7B') in the
+    local Hugging Face cache; None for a preset name."""
     s = os.fspath(name_or_path)
     if s.endswith(".json") or os.path.exists(s):
-        return from_hf_config(s)
-    return model_preset(s)
+        return _config_file(s)
+    if looks_like_model_id(s):
+        return resolve_model_dir(s) / "config.json"
+    return None
+
+
+def load_model(name_or_path) -> ModelSpec:
+    """A preset name ('llama-2-7b'), a path to a config.json / a directory holding one, or a
+    model id in the local Hugging Face cache."""
+    src = model_source(name_or_path)
+    return from_hf_config(src) if src is not None else model_preset(os.fspath(name_or_path))
