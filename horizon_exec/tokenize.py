@@ -91,9 +91,11 @@ class HFTokenizer:
     def render_chat(self, messages: list, tools=None) -> tuple[str, list[tuple[int, int]]]:
         """(text, [(start, end) character spans of the assistant turns]) of one conversation,
         rendered by the folder's chat template exactly as transformers' apply_chat_template
-        renders it. The spans come from `{% generation %}` blocks when the template has them,
-        else from rendering the conversation prefix by prefix: turn i spans from the end of
-        messages[:i] with the generation prompt to the end of messages[:i + 1]."""
+        renders it. The spans come from rendering the conversation prefix by prefix: turn i
+        spans from the end of messages[:i] with the generation prompt to the end of
+        messages[:i + 1] (its content and end-of-turn marker; on a template with
+        `{% generation %}` blocks this equals transformers' assistant mask, which tests check).
+        A template that rewrites earlier turns is refused."""
         hf = self._transformers()
         kw = dict(tools=tools, tokenize=False)
         try:
