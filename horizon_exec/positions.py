@@ -42,6 +42,12 @@ class AttentionInputs:
     def __init__(self, model, policy, arena, backend, act_dtype):
         self.m, self.p, self.be = model, policy, backend
         B, T = policy.batch, policy.seq
+        rs = model.rope_scaling
+        if policy.doc_masks and rs is not None and rs.kind == "dynamic" and T > model.max_position:
+            # transformers rescales dynamic RoPE by each batch's largest position, which
+            # document masks make depend on the data: one table could not match it.
+            raise HorizonError(f"dynamic RoPE past max_position_embeddings ({model.max_position}) with "
+                               f"document masks is not supported; use --seq <= {model.max_position}")
         cos, sin = rope_tables(model, T, act_dtype, backend.device)       # (T, hd)
         esz = cos.element_size()
         self.cos = arena.adopt("rope.cos", cos, cos.numel() * esz)

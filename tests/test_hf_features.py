@@ -213,3 +213,13 @@ def executor_grads_docs(tr, tokens, labels, docs):
     res = tr.step(tokens, labels, docs=docs)
     tr.engine.hook = None
     return res.loss, grads
+
+
+def test_dynamic_rope_past_its_context_with_document_masks_is_refused(tmp_path):
+    from horizon_sim.errors import HorizonError
+    mt, over, _ = CASES["dynamic-rope"]        # max_position_embeddings 24
+    _hf(mt, over).save_pretrained(tmp_path / "hf")
+    spec = spec_from_hf_dir(tmp_path / "hf")
+    with pytest.raises(HorizonError, match="dynamic RoPE past max_position_embeddings"):
+        Trainer(spec, exact_policy(batch=2, seq=32, doc_masks=True), random_init=False)
+    Trainer(spec, exact_policy(batch=2, seq=24, doc_masks=True), random_init=False).close()
