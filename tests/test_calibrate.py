@@ -39,6 +39,8 @@ def test_quick_calibration_writes_a_loadable_sane_spec(quick_hw):
     layouts = {r[1] for r in d.gemm_TFLOPs if r[0] == "bf16"}
     assert layouts == {"nt", "nn", "tn"} and all(r[5] > 0 for r in d.gemm_TFLOPs)
     assert d.attention_TFLOPs and all(r[3] > 0 and r[4] > 0 for r in d.attention_TFLOPs)
+    assert len(d.masked_attention_TFLOPs) == len(d.attention_TFLOPs)
+    assert all(r[3] > 0 and r[4] > 0 for r in d.masked_attention_TFLOPs)
     kinds = dict(d.op_overhead_us)
     assert {"forward", "backward", "head", "recompute", "head_chunk"} <= set(kinds)
     assert kinds["backward"] > 0 and kinds["forward"] > 0
