@@ -52,7 +52,8 @@ import torch.nn.functional as F
 
 from horizon_exec import native
 from horizon_exec.hugepages import host_bytes
-from horizon_exec.layers import DecoderBlock, rms_norm, rope_tables
+from horizon_exec.layers import DecoderBlock, rms_norm
+from horizon_exec.rope import rope_tables
 from horizon_exec.layout import block_layout, unit_name
 from horizon_exec.optim import clip_coef
 from horizon_exec.trainer import Trainer

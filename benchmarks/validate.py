@@ -1,6 +1,6 @@
 """Benchmark: how well the planner predicts the executor on this machine (issue 5).
 
-Calibrates the machine (or reads --hardware), runs `horizon validate`'s six configurations
+Calibrates the machine (or reads --hardware), runs `horizon validate`'s seven configurations
 through the executor, simulates the same schedules, and prints per configuration the
 predicted and measured step time, device peak and host RSS with their errors, then the
 figures the issue targets and the worst case:

@@ -24,7 +24,9 @@ from pathlib import Path
 import torch
 
 from horizon_exec.fileio import publish_dir, staging_dir, write_safetensors, write_text
+from horizon_exec.tokenize import TOKENIZER_FILES
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
 from horizon_sim.specs.hf_config import from_hf_config
 from horizon_sim.specs.hf_export import to_hf_config_dict
 from horizon_sim.specs.model import ModelSpec
@@ -34,11 +36,20 @@ SINGLE = "model.safetensors"
 SAVE_DTYPES = {"fp32": (torch.float32, "float32"), "bf16": (torch.bfloat16, "bfloat16")}
 DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' long-standing save_pretrained default
 # Files that make a saved folder a usable model besides the weights; copied from the source.
-SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-              "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+MODEL_SIDE_FILES = ("generation_config.json",)
+SIDE_FILES = (*MODEL_SIDE_FILES, *TOKENIZER_FILES, "tokenizer.model", "vocab.json", "merges.txt")
 _SHAPE_FIELDS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "hd", "ffn_hidden", "vocab",
                  "tied_embeddings", "qkv_bias", "mlp_bias", "norm_eps", "rope_theta")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints carry
+
+
+def resolve_checkpoint(name) -> Path:
+    """A checkpoint folder on disk, or a model id ('Qwen/Qwen2.5-0.5B[@rev]') resolved in the
+    local Hugging Face cache (never downloaded)."""
+    s = str(name)
+    if looks_like_model_id(s):
+        return resolve_model_dir(s)
+    return Path(s)
 
 
 def spec_from_hf_dir(path) -> ModelSpec:
@@ -219,3 +230,12 @@ def side_files_of(path) -> list[Path]:
     """The tokenizer/generation files of a checkpoint folder, to carry over on save."""
     d = Path(path)
     return [d / n for n in SIDE_FILES if (d / n).is_file()]
+
+
+def model_side_files(path) -> list[Path]:
+    """The model's own non-weight files of a checkpoint folder (generation config); the
+    tokenizer's files come from the tokenizer a run uses (tokenize.HFTokenizer.files)."""
+    if path is None:
+        return []
+    d = Path(path)
+    return [d / n for n in MODEL_SIDE_FILES if (d / n).is_file()]

@@ -42,15 +42,20 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                 "  horizon train ... --ckpt-dir ckpt --resume      # continue from ckpt/latest, exactly")
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--model", default=None,
-                   help="preset name (e.g. tiny) or path to a config.json (default: --init-from's config)")
+                   help="preset name (e.g. tiny), path to a config.json, or a model id in the local HF cache "
+                        "(default: --init-from's config)")
     p.add_argument("--steps", type=int, default=10, help="total optimizer steps of the run (default 10)")
 
     d = p.add_argument_group("data")
     d.add_argument("--data", default=None, metavar="FILE",
-                   help=".jsonl ('text', or 'instruction' + 'response': loss on the response only) or a "
-                        "text file (default: the built-in corpus of Python standard-library docstrings)")
+                   help=".jsonl ('text'; 'instruction' + 'response': loss on the response only; or "
+                        "'messages': a chat rendered by the tokenizer's chat template, loss on the "
+                        "assistant turns) or a text file (default: the built-in corpus of Python "
+                        "standard-library docstrings)")
     d.add_argument("--tokenizer", default=None, metavar="tokenizer.json",
-                   help="a local tokenizer.json (default: the one in --init-from's folder, else bytes 0..255)")
+                   help="a local tokenizer.json or a folder holding one, or a model id in the local HF "
+                        "cache (default: the one in --init-from's folder, else bytes 0..255); its files "
+                        "(config, chat template) go into --save-hf")
     d.add_argument("--eos-token", default=None,
                    help="end-of-document token (default: tokenizer_config.json's, or a usual one)")
     d.add_argument("--eval-fraction", type=float, default=0.05,
@@ -59,7 +64,8 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     m = p.add_argument_group("weights in and out")
     m.add_argument("--init-from", default=None, metavar="HF_DIR",
                    help="start from a local HF checkpoint folder (config.json + safetensors, sharded or "
-                        "not; llama, qwen2, mistral), read tensor by tensor into the host store")
+                        "not; llama, qwen2, mistral), or a model id (org/name[@revision]) found in the "
+                        "local HF cache (never downloaded), read tensor by tensor into the host store")
     m.add_argument("--save-hf", default=None, metavar="DIR",
                    help="after training, write a transformers checkpoint folder (safetensors + config.json)")
     m.add_argument("--save-dtype", choices=("fp32", "bf16"), default="bf16",
@@ -150,7 +156,11 @@ def run_train(args: argparse.Namespace) -> int:
     from horizon_exec.train_checks import check_train_args
     check_train_args(args)
     from horizon_exec.outputs import prepare_outputs
-    prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, init_from=args.init_from)
+    init = None
+    if args.init_from:  # a folder, or a model id in the HF cache: --save-hf must not replace it
+        from horizon_exec.checkpoint_hf import resolve_checkpoint
+        init = resolve_checkpoint(args.init_from)
+    prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, init_from=init)
     if not args.ckpt_dir:
         return _run_train(args)
     from horizon_exec import ckpt_lock
@@ -168,27 +178,29 @@ def _run_train(args: argparse.Namespace) -> int:
     from horizon_exec.fileio import OutputError
     from horizon_exec.loop import EvalError, Interrupted
     from horizon_exec.lr import CosineSchedule
-    from horizon_exec.tokenize import load_tokenizer
+    from horizon_exec.tokenize import load_tokenizer, resolve_tokenizer, tokenizer_of_folder
     from horizon_exec.trainer import NonFiniteError, Trainer
     from horizon_sim.specs.hf_config import load_model
     from horizon_sim.units import parse_size
 
     # ---- model, tokenizer, data ------------------------------------------------------------
-    if args.init_from:
-        model = checkpoint_hf.spec_from_hf_dir(args.init_from)
+    init_dir = checkpoint_hf.resolve_checkpoint(args.init_from) if args.init_from else None
+    if init_dir is not None:
+        model = checkpoint_hf.spec_from_hf_dir(init_dir)
         if args.model:
             checkpoint_hf.check_same_shapes(load_model(args.model), model, f"--init-from {args.init_from}",
                                             f"--model {args.model}")
     else:
         model = load_model(args.model)
     policy = dataclasses.replace(policy_from_args(args), loss_chunk_tokens=args.loss_chunk_tokens)
-    tok_path = args.tokenizer
-    if tok_path is None and args.init_from and (Path(args.init_from) / "tokenizer.json").is_file():
-        tok_path = str(Path(args.init_from) / "tokenizer.json")
+    tok_path = resolve_tokenizer(args.tokenizer) if args.tokenizer else (
+        tokenizer_of_folder(init_dir) if init_dir is not None else None)
     tok = load_tokenizer(tok_path, args.eos_token)
     if tok.vocab_size > model.vocab:
         raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")
-    ds = load_dataset(args.data, tok, policy.seq, args.eval_fraction)
+    ds = load_dataset(args.data, tok, policy.seq, args.eval_fraction, doc_masks=policy.doc_masks)
+    if policy.doc_masks and not policy.doc_tokens:  # the planner prices the data's documents
+        policy = dataclasses.replace(policy, doc_tokens=min(ds.mean_doc_tokens, policy.seq))
     min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
     sched = CosineSchedule(peak=args.lr, total_steps=args.steps, warmup_steps=args.warmup_steps, min_lr=min_lr)
     peak, peak_what = _peak_flops(args, policy.compute_dtype)
@@ -213,7 +225,7 @@ def _run_train(args: argparse.Namespace) -> int:
             from horizon_exec.train_save import check_space_for
             check_space_for(args, tr)
         try:
-            return _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what)
+            return _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what)
         except Interrupted as e:
             print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
             return e.exit_code
@@ -230,7 +242,7 @@ def _run_train(args: argparse.Namespace) -> int:
             return 1
 
 
-def _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what) -> int:
+def _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what) -> int:
     from horizon_exec.loop import LoopConfig, TrainLoop
 
     cfg = LoopConfig(steps=args.steps, schedule=sched, eval_every=args.eval_every,
@@ -238,10 +250,10 @@ def _train(args, tr, model, policy, tok, tok_path, ds, sched, peak, peak_what) -
                      ckpt_every=args.ckpt_interval, keep_ckpts=args.keep_ckpts, peak_flops=peak,
                      progress=not args.no_progress, log_file=args.log_file)
     with TrainLoop(tr, ds, cfg, seed=args.seed) as loop:
-        return _run_loop(args, tr, loop, model, policy, tok, tok_path, ds, peak, peak_what)
+        return _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what)
 
 
-def _run_loop(args, tr, loop, model, policy, tok, tok_path, ds, peak, peak_what) -> int:
+def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what) -> int:
     from horizon_exec import checkpoint_hf
     from horizon_exec.buffers import TORCH_DTYPE
     from horizon_sim.units import fmt_bytes
@@ -257,12 +269,12 @@ def _run_loop(args, tr, loop, model, policy, tok, tok_path, ds, peak, peak_what)
     if args.resume is not None:
         p = loop.resume(args.resume or args.ckpt_dir)
         print(f"resumed from {p} at step {loop.step}")
-        if args.init_from:  # the same command line plus --resume is how a run is continued: not an error
+        if init_dir is not None:  # the same command line plus --resume is how a run is continued: not an error
             print(f"--init-from {args.init_from}: its config, tokenizer and side files are used; the weights "
                   f"and optimizer state come from the checkpoint")
-    elif args.init_from:
-        checkpoint_hf.load_hf(tr, args.init_from)
-        print(f"weights from {args.init_from}")
+    elif init_dir is not None:
+        checkpoint_hf.load_hf(tr, init_dir)
+        print(f"weights from {init_dir}")
     if peak_what:
         print(f"MFU against {peak_what}")
     res = loop.run()
@@ -287,7 +299,7 @@ def _run_loop(args, tr, loop, model, policy, tok, tok_path, ds, peak, peak_what)
             return 1
     if args.save_hf:
         from horizon_exec.train_save import save_hf
-        save_hf(args, tr, loop, tok_path)
+        save_hf(args, tr, loop, tok, init_dir)
     return 0
 
 

@@ -1,18 +1,24 @@
 """Training data for `horizon train`: documents -> token stream -> packed sequences -> batches.
 
 Inputs
-- .jsonl: one JSON object per line, either {"text": ...} (every token is a target) or
+- .jsonl: one JSON object per line, either {"text": ...} (every token is a target),
   {"instruction": ..., "response": ...} (optionally "input"), formatted as
-  PROMPT_FORMAT + response; prompt tokens are not targets (label -100), the response and
-  the end-of-document token are.
+  PROMPT_FORMAT + response (prompt tokens are not targets: label -100; the response and
+  the end-of-document token are), or {"messages": [{"role": ..., "content": ...}, ...]}
+  (optionally "tools"): a conversation rendered by the tokenizer's chat template, exactly
+  as transformers' apply_chat_template renders it, with loss on the assistant turns only.
 - any other file (.txt, .md, ...): UTF-8 text, the whole file one document.
 - none: the built-in corpus (BUILTIN_CORPUS).
 
-Documents are tokenized (tokenize.py: a tokenizer.json or bytes), each followed by the
-tokenizer's end-of-document id, and concatenated into one stream. Packing cuts the stream
-into sequences of `seq` tokens whose targets are the next `seq` tokens (windows overlap by
-one, so every token but the first is a target exactly once; a sequence may span documents,
-attention is not reset at document ends). Labels are -100 where the target is a prompt
+Documents are tokenized (tokenize.py: a tokenizer.json or bytes) with the special tokens the
+tokenizer adds around a text (Llama's BOS; not targets: they carry nothing to predict), each
+followed by the tokenizer's end-of-document id, and concatenated into one stream. Packing
+cuts the stream into sequences of `seq` tokens whose targets are the next `seq` tokens
+(windows overlap by one, so every token but the first is a target exactly once). By default
+a sequence may span documents and attention runs across them; with document masks
+(doc_masks=True) each batch also says which document every token belongs to, the executor
+restarts positions and masks attention at document starts, and a document's first token is
+not a target of the previous document's last. Labels are -100 where the target is a prompt
 token.
 
 A fixed share of the sequences (chosen by a fixed seed, independent of the run's seed) is
@@ -24,6 +30,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -45,6 +52,22 @@ class Document:
     """What is trained on (for an instruction record: the response)."""
     prompt: str | None = None
     """Context that is fed but not trained on (instruction records)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Chat:
+    """A conversation: rendered by the tokenizer's chat template, trained on its assistant turns."""
+    messages: tuple
+    tools: list | None = None
+
+
+class Batch(NamedTuple):
+    tokens: torch.Tensor
+    """(n, seq) int64."""
+    labels: torch.Tensor
+    """(n, seq) int64 targets, -100 = none."""
+    docs: torch.Tensor | None
+    """(n, seq) int64 document of each token within its sequence (document masks), else None."""
 
 
 def _field(rec: dict, key: str, where: str, required: bool = True):
@@ -69,7 +92,9 @@ def read_jsonl(path) -> list[Document]:
                 raise HorizonError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(rec, dict):
                 raise HorizonError(f"{where}: want a JSON object, got {type(rec).__name__}")
-            if "text" in rec:
+            if "messages" in rec:
+                docs.append(_chat(rec, where))
+            elif "text" in rec:
                 docs.append(Document(_field(rec, "text", where)))
             elif "instruction" in rec and "response" in rec:
                 inst = _field(rec, "instruction", where)
@@ -78,9 +103,22 @@ def read_jsonl(path) -> list[Document]:
                           else PROMPT_FORMAT.format(instruction=inst))
                 docs.append(Document(_field(rec, "response", where), prompt))
             else:
-                raise HorizonError(f"{where}: want a 'text' field, or 'instruction' and 'response'; "
-                                   f"got keys {sorted(rec)[:6]}")
+                raise HorizonError(f"{where}: want a 'text' field, 'instruction' and 'response', or "
+                                   f"'messages'; got keys {sorted(rec)[:6]}")
     return docs
+
+
+def _chat(rec: dict, where: str) -> Chat:
+    msgs = rec["messages"]
+    if not isinstance(msgs, list) or not msgs:
+        raise HorizonError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise HorizonError(f"{where}: messages[{i}] must be an object with a string 'role'")
+    tools = rec.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise HorizonError(f"{where}: 'tools' must be a list")
+    return Chat(tuple(msgs), tools)
 
 
 def read_documents(path=None) -> list[Document]:
@@ -97,7 +135,7 @@ def read_documents(path=None) -> list[Document]:
         raise HorizonError(f"{p}: not UTF-8 text (byte {e.start})") from None
     except OSError as e:
         raise HorizonError(f"{p}: cannot read ({e})") from None
-    if not any(d.text or d.prompt for d in docs):
+    if not any(isinstance(d, Chat) or d.text or d.prompt for d in docs):
         raise HorizonError(f"{p}: no text in it")
     return docs
 
@@ -120,75 +158,131 @@ class TokenStream:
     ids: torch.Tensor
     """(N,) int32: every document's tokens then its end-of-document id, back to back."""
     target: torch.Tensor | None
-    """(N,) bool: the token may be predicted (False on prompt tokens); None = all True."""
+    """(N,) bool: the token may be predicted (False on prompt and BOS tokens); None = all True."""
+    starts: torch.Tensor | None = None
+    """(N,) bool: the token opens a document; None = the stream is one document."""
+
+    @property
+    def n_docs(self) -> int:
+        return 1 if self.starts is None else max(1, int(self.starts.sum()))
 
 
-def _pieces_of(docs: list[Document]):
-    """(is_target, text) pieces in stream order; text None marks a document's end."""
-    for d in docs:
-        if d.prompt:
-            yield from ((False, p) for p in _pieces(d.prompt))
-        if d.text:
-            yield from ((True, p) for p in _pieces(d.text))
-        yield True, None
+def _doc_pieces(d: Document, tokenizer):
+    """(is_target, text or ids) parts of a plain document, in order: the tokenizer's prefix
+    specials, the prompt, the text, its suffix specials and the end-of-document id."""
+    if tokenizer.prefix_ids:
+        yield False, list(tokenizer.prefix_ids)
+    if d.prompt:
+        yield from ((False, p) for p in _pieces(d.prompt))
+    if d.text:
+        yield from ((True, p) for p in _pieces(d.text))
+    yield True, _closing_ids(tokenizer)
 
 
-def tokenize_documents(docs: list[Document], tokenizer, pieces_per_batch: int = 256) -> TokenStream:
+def _closing_ids(tokenizer) -> list[int]:
+    """Suffix specials, then the end-of-document id unless the suffix already ends with it."""
+    tail = list(tokenizer.suffix_ids)
+    if tokenizer.eos_id is not None and tail[-1:] != [tokenizer.eos_id]:
+        tail.append(tokenizer.eos_id)
+    return tail
+
+
+def _chat_parts(c: Chat, tokenizer):
+    """(ids, target mask) of a rendered conversation: a token is a target when it starts
+    inside an assistant turn."""
+    text, spans = tokenizer.render_chat(list(c.messages), c.tools)
+    ids, offsets = tokenizer.encode_offsets(text)
+    tgt = [any(a <= s < b for a, b in spans) for s, _ in offsets]
+    closing = _closing_ids(tokenizer)
+    return ids + closing, tgt + [True] * len(closing)
+
+
+def tokenize_documents(docs: list, tokenizer, pieces_per_batch: int = 256) -> TokenStream:
     """Encode in batches of pieces, each piece turned into an int32 tensor at once (a big
     corpus never becomes one Python list of ints)."""
-    eos = torch.tensor([] if tokenizer.eos_id is None else [tokenizer.eos_id], dtype=torch.int32)
-    any_prompt = any(d.prompt for d in docs)
-    ids, tgt, batch = [], [], []
+    ids, tgt, starts, batch = [], [], [], []
+    opening = [False]  # a document has begun and its first token is still to come
+
+    def add(t: torch.Tensor, target, first: bool):
+        ids.append(t)
+        tgt.append(torch.full((t.numel(),), target, dtype=torch.bool) if isinstance(target, bool)
+                   else torch.tensor(target, dtype=torch.bool))
+        st = torch.zeros(t.numel(), dtype=torch.bool)
+        opening[0] |= first
+        if opening[0] and t.numel():
+            st[0], opening[0] = True, False
+        starts.append(st)
 
     def flush():
-        enc = iter(tokenizer.encode([t for _, t in batch if t is not None]))
-        for is_target, text in batch:
-            t = eos if text is None else torch.tensor(next(enc), dtype=torch.int32)
-            ids.append(t)
-            if any_prompt:
-                tgt.append(torch.full((t.numel(),), is_target, dtype=torch.bool))
+        enc = iter(tokenizer.encode([t for _, t, _ in batch if isinstance(t, str)]))
+        for is_target, part, first in batch:
+            t = torch.tensor(next(enc) if isinstance(part, str) else part, dtype=torch.int32)
+            add(t, is_target, first)
         batch.clear()
 
-    for item in _pieces_of(docs):
-        batch.append(item)
-        if len(batch) >= pieces_per_batch:
+    for d in docs:
+        first = True
+        if isinstance(d, Chat):
             flush()
+            cids, ctgt = _chat_parts(d, tokenizer)
+            add(torch.tensor(cids, dtype=torch.int32), ctgt, True)
+            continue
+        for is_target, part in _doc_pieces(d, tokenizer):
+            batch.append((is_target, part, first))
+            first = False
+            if len(batch) >= pieces_per_batch:
+                flush()
     flush()
+    empty = torch.zeros(0, dtype=torch.bool)
+    tg = torch.cat(tgt) if tgt else empty
     return TokenStream(torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32),
-                       torch.cat(tgt) if any_prompt else None)
+                       None if bool(tg.all()) else tg, torch.cat(starts) if starts else empty)
 
 
 class PackedData:
     """Sequences i = 0..n-1 of a token stream: tokens stream[i*seq : i*seq+seq], targets
-    stream[i*seq+1 : i*seq+seq+1] (-100 where the target is not to be trained on)."""
+    stream[i*seq+1 : i*seq+seq+1] (-100 where the target is not to be trained on). With
+    doc_masks, also each token's document within the sequence, and no target across a
+    document start."""
 
-    def __init__(self, stream: TokenStream, seq: int):
-        self.stream, self.seq = stream, seq
+    def __init__(self, stream: TokenStream, seq: int, doc_masks: bool = False):
+        if doc_masks and stream.starts is None:
+            stream = TokenStream(stream.ids, stream.target, torch.zeros(stream.ids.numel(), dtype=torch.bool))
+        self.stream, self.seq, self.doc_masks = stream, seq, doc_masks
         self.n = max(0, (stream.ids.numel() - 1) // seq)
 
     def __len__(self) -> int:
         return self.n
 
-    def get(self, idx) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens, labels: (len(idx), seq) int64."""
+    def get(self, idx) -> Batch:
+        """tokens, labels, docs: (len(idx), seq) int64 (docs None without document masks)."""
         s = self.seq
-        ids, tgt = self.stream.ids, self.stream.target
-        toks, labs = [], []
+        ids, tgt, st = self.stream.ids, self.stream.target, self.stream.starts
+        toks, labs, docs = [], [], []
         for i in (int(i) for i in idx):
-            toks.append(ids[i * s:i * s + s])
-            lab = ids[i * s + 1:i * s + s + 1].to(torch.int64)
+            a = i * s
+            toks.append(ids[a:a + s])
+            lab = ids[a + 1:a + s + 1].to(torch.int64)
             if tgt is not None:
-                lab = torch.where(tgt[i * s + 1:i * s + s + 1], lab, IGNORE)
+                lab = torch.where(tgt[a + 1:a + s + 1], lab, IGNORE)
+            if self.doc_masks:
+                lab = torch.where(st[a + 1:a + s + 1], IGNORE, lab)   # next token opens a document
+                opens = st[a:a + s].to(torch.int64)
+                opens[0] = 0
+                docs.append(opens.cumsum(0))
             labs.append(lab)
-        return torch.stack(toks).to(torch.int64), torch.stack(labs)
+        return Batch(torch.stack(toks).to(torch.int64), torch.stack(labs),
+                     torch.stack(docs) if self.doc_masks else None)
 
     def fingerprint(self) -> str:
-        """SHA-256 of the stream, the targets and seq: a resumed run checks it reads the
-        same data."""
+        """SHA-256 of the stream, the targets, seq (and document starts under document
+        masks): a resumed run checks it reads the same data."""
         h = hashlib.sha256(f"seq={self.seq};".encode())
         h.update(self.stream.ids.numpy().tobytes())
         if self.stream.target is not None:
             h.update(self.stream.target.numpy().tobytes())
+        if self.doc_masks:
+            h.update(b"docs;" + self.stream.starts.numpy().tobytes())
         return h.hexdigest()
 
 
@@ -225,7 +319,7 @@ class Batches:
     def __iter__(self):
         return self
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> Batch:
         if self.pos + self.batch > len(self.indices):
             self.epoch, self.pos = self.epoch + 1, 0
         idx = self._order()[self.pos:self.pos + self.batch]
@@ -255,6 +349,12 @@ class Dataset:
     source: str
     n_tokens: int
     max_id: int
+    n_docs: int = 1
+
+    @property
+    def mean_doc_tokens(self) -> int:
+        """Tokens per document on average (model FLOPs under document masks)."""
+        return max(1, self.n_tokens // max(1, self.n_docs))
 
     def fingerprint(self) -> str:
         """SHA-256 of the packed data and the train/eval split."""
@@ -265,22 +365,23 @@ class Dataset:
     def batches(self, batch: int, seed: int) -> Batches:
         return Batches(self.data, self.train, batch, seed)
 
-    def eval_batches(self, batch: int, n_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def eval_batches(self, batch: int, n_batches: int) -> list[Batch]:
         """The first n_batches full batches of the held-out set (always the same ones)."""
         k = min(n_batches, len(self.eval) // batch)
         return [self.data.get(self.eval[i * batch:(i + 1) * batch]) for i in range(k)]
 
 
-def load_dataset(path, tokenizer, seq: int, eval_fraction: float = 0.05) -> Dataset:
-    """Read, tokenize and pack `path` (None: the built-in corpus)."""
+def load_dataset(path, tokenizer, seq: int, eval_fraction: float = 0.05, doc_masks: bool = False) -> Dataset:
+    """Read, tokenize and pack `path` (None: the built-in corpus); doc_masks: batches say which
+    document each token belongs to (see PackedData)."""
     docs = read_documents(path)
     stream = tokenize_documents(docs, tokenizer)
     if stream.target is not None and not bool(stream.target.any()):
         raise HorizonError(f"{path}: every token is a prompt token; nothing to train on")
-    data = PackedData(stream, seq)
+    data = PackedData(stream, seq, doc_masks)
     if len(data) == 0:
         raise HorizonError(f"{path or BUILTIN_CORPUS}: {stream.ids.numel()} tokens do not fill one "
                            f"sequence of {seq} (+1) tokens")
     train, ev = split_indices(len(data), eval_fraction)
     return Dataset(data, train, ev, str(path or BUILTIN_CORPUS), stream.ids.numel(),
-                   int(stream.ids.max()) if stream.ids.numel() else 0)
+                   int(stream.ids.max()) if stream.ids.numel() else 0, stream.n_docs)

@@ -3,8 +3,9 @@
 The block knows nothing about slots, streams or the host store: the engine binds the weights
 (views into a device slot) and calls it. Numerics follow transformers' Llama: RMSNorm in fp32
 then cast back before the weight multiply, RoPE with the rotate_half convention and cos/sin in
-the activation dtype, causal SDPA with grouped kv heads, SwiGLU MLP, optional q/k/v (Qwen2) and
-MLP biases.
+the activation dtype (tables: rope.py, with transformers' RoPE scaling), SDPA with grouped kv
+heads (causal, or under a mask for sliding windows and document boundaries: attention_mask),
+SwiGLU MLP, optional q/k/v (Qwen2) and MLP biases.
 """
 from collections.abc import Mapping
 
@@ -23,15 +24,23 @@ def rms_norm(x, w, eps: float):
     return w * h.to(dt)
 
 
-def rope_tables(m: ModelSpec, seq: int, dtype, device):
-    """cos, sin (T, hd) for positions 0..T-1, computed in fp32 as HF's default rotary
-    embedding does, then cast to the activation dtype."""
-    hd = m.hd
-    inv_freq = 1.0 / (m.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd))
-    pos = torch.arange(seq, device=device, dtype=torch.float32)
-    freqs = torch.outer(pos, inv_freq)                      # (T, hd/2)
-    emb = torch.cat((freqs, freqs), dim=-1)                 # (T, hd)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+def attention_mask(seq: int, window: int, docs, device):
+    """Which keys each query may attend to, or None for plain causal attention (the kernel's
+    own is_causal, which skips masked tiles). A query at t sees keys s <= t with t - s < window
+    (window 0: no limit; transformers' sliding_window_causal_mask) and, when `docs` (rows, T)
+    int gives each token's document, only keys of its own document.
+    Returns bool (T, T), or (rows, 1, T, T) with documents; True = attend."""
+    limited = 0 < window < seq
+    if docs is None and not limited:
+        return None
+    if docs is None:
+        allowed = torch.ones(seq, seq, dtype=torch.bool, device=device)          # (T, T)
+    else:
+        allowed = docs[:, :, None] == docs[:, None, :]                           # (rows, T, T)
+    allowed.tril_()                                              # key <= query
+    if limited:
+        allowed.triu_(1 - window)                                # query - key < window
+    return allowed if docs is None else allowed[:, None]
 
 
 def rotate_half(x):
@@ -40,8 +49,11 @@ def rotate_half(x):
 
 
 class DecoderBlock:
-    """y = block(w, x, cos, sin) for x (B, T, H); w maps transformers names relative to
-    `model.layers.N.` to tensors (see layout.block_layout)."""
+    """y = block(w, x, cos, sin, window, docs) for x (B, T, H); w maps transformers names
+    relative to `model.layers.N.` to tensors (see layout.block_layout); cos, sin (T, hd) or
+    (B, 1, T, hd) (positions per sequence); window: this block's sliding window (0 = none);
+    docs (B, T) int: each token's document, or None (see attention_mask). The mask is made
+    here, so autograd holds its only reference and frees it with the attention's backward."""
 
     def __init__(self, m: ModelSpec):
         if m.ffn_type != "gated" or m.norm != "rmsnorm":
@@ -50,7 +62,7 @@ class DecoderBlock:
         self.m = m
         self.scale = m.hd ** -0.5
 
-    def __call__(self, w: Mapping, x, cos, sin):
+    def __call__(self, w: Mapping, x, cos, sin, window: int = 0, docs=None):
         m = self.m
         B, T, H = x.shape
         nh, nkv, hd = m.n_heads, m.n_kv_heads, m.hd
@@ -64,8 +76,10 @@ class DecoderBlock:
         v = v.view(B, T, nkv, hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
-                                           enable_gqa=nkv != nh)            # (B, nh, T, hd)
+        mask = attention_mask(T, window, docs, x.device)                    # None: causal
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           scale=self.scale, enable_gqa=nkv != nh)  # (B, nh, T, hd)
+        del mask
         o = o.transpose(1, 2).reshape(B, T, nh * hd)
         x = x + F.linear(o, w["self_attn.o_proj.weight"])
         # ---- MLP ------------------------------------------------------------------------

@@ -114,7 +114,13 @@ class TrainLoop:
         self.eval_set = dataset.eval_batches(pol.batch, cfg.eval_batches) if cfg.eval_batches else []
         self.fingerprint = dataset.fingerprint()
         self.step = 0
-        self.flops_per_step = trainer.model.model_flops_per_token(pol.seq) * pol.tokens
+        if pol.doc_masks != dataset.data.doc_masks:
+            raise HorizonError(f"the policy has doc_masks={pol.doc_masks}, the data was packed with "
+                               f"doc_masks={dataset.data.doc_masks}")
+        # Under document masks a token attends to its document: model FLOPs use the data's
+        # mean document length.
+        ctx = dataset.mean_doc_tokens if pol.doc_masks else 0
+        self.flops_per_step = trainer.model.model_flops_per_token(pol.seq, ctx) * pol.tokens
         self.losses: dict[int, float] = {}       # step -> training loss
         self.evals: dict[int, float] = {}        # step (steps done) -> eval loss
         self.last = None
@@ -191,8 +197,8 @@ class TrainLoop:
         if not self.eval_set:
             return None
         total, n = 0.0, 0
-        for tokens, labels in self.eval_set:
-            s, k = self.tr.eval_loss(tokens, labels)
+        for b in self.eval_set:
+            s, k = self.tr.eval_loss(b.tokens, b.labels, b.docs)
             total, n = total + s, n + k
         return total / max(1, n)
 
@@ -256,12 +262,12 @@ class TrainLoop:
             write(f"step {self.step}: checkpoint {p}")
         raise self._interrupted(self._signal, immediate=False)
 
-    def _train_step(self, s: int, tokens, labels, lr: float):
-        """tr.step; a step abandoned after a stop request (stuck) is an immediate Interrupted."""
+    def _train_step(self, s: int, b, lr: float):
+        """tr.step on batch b; a step abandoned after a stop request (stuck) is an immediate Interrupted."""
         from horizon_exec.engine import StepAbandoned
         self._phase = f"step {s + 1}"
         try:
-            return self.tr.step(tokens, labels, lr=lr)
+            return self.tr.step(b.tokens, b.labels, docs=b.docs, lr=lr)
         except StepAbandoned as e:
             what = f"op {e.op.id} {e.op.label} made no progress" if e.op is not None else "no progress"
             raise self._interrupted(self._signal, immediate=True, why=what) from e
@@ -292,9 +298,9 @@ class TrainLoop:
                 self._stop_at_boundary(write)
             s = self.step
             t0 = time.perf_counter()
-            tokens, labels = next(self.batches)
+            b = next(self.batches)
             lr = cfg.schedule(s)
-            res = self._train_step(s, tokens, labels, lr)
+            res = self._train_step(s, b, lr)
             self._times.append(time.perf_counter() - t0)
             self.step = s + 1
             self._phase = f"the bookkeeping after step {self.step}"

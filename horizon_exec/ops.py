@@ -15,9 +15,10 @@ import torch
 from horizon_exec.buffers import TORCH_DTYPE
 from horizon_exec.errors import ExecError
 from horizon_exec.head import head_fwd_bwd, next_token_labels
-from horizon_exec.layers import DecoderBlock, rope_tables
+from horizon_exec.layers import DecoderBlock
 from horizon_exec.layout import block_layout, head_device_layout, unit_name
 from horizon_exec.optim import AdamW, clip_coef
+from horizon_exec.positions import AttentionInputs
 from horizon_exec.store import host_numel
 from horizon_sim.schedule.op import Op, OpKind as K
 
@@ -44,10 +45,9 @@ class OpRunner:
         self.block_layout = block_layout(model)
         self.head_layout = head_device_layout(model)
         self._views: dict = {}  # (slot, is_head) -> named views of the slot (bound once)
-        # Device constants, charged to the arena: RoPE tables and the step's labels.
-        cos, sin = rope_tables(model, policy.seq, self.act, backend.device)
-        self.cos = arena.adopt("rope.cos", cos, cos.numel() * cos.element_size())
-        self.sin = arena.adopt("rope.sin", sin, sin.numel() * sin.element_size())
+        # Device constants, charged to the arena: RoPE tables (and per-token positions and
+        # documents under document masks) and the step's labels.
+        self.attn = AttentionInputs(model, policy, arena, backend, self.act)
         self.labels = arena.alloc("labels", (policy.batch, policy.seq), torch.int64, policy.batch * policy.seq * 8)
         self.tokens = None
         self.n_step_tokens = policy.batch * (policy.seq - 1)
@@ -66,10 +66,12 @@ class OpRunner:
             K.EMBED_BWD: self.embed_bwd, K.GRAD_NORM: self.grad_norm, K.OPTIMIZER: self.optimizer,
         }
 
-    def begin_step(self, tokens):
-        """tokens (batch, seq) int64 on the host; labels go to the device once per step."""
+    def begin_step(self, tokens, docs=None):
+        """tokens (batch, seq) int64 on the host; labels go to the device once per step, and
+        docs (batch, seq) int64 (document masks only; None = one document per sequence)."""
         self.tokens = tokens
         self.be.h2d(self.labels, next_token_labels(tokens))
+        self.attn.begin_step(docs)
         self.loss_parts = [None] * self.p.micro_batches
         self.nonfinite, self.updated_units = None, 0
 
@@ -189,7 +191,7 @@ class OpRunner:
         x = self.buf.get(op.reads[0])
         w = self._weights(op)
         with self._scope(op), torch.no_grad():
-            y = self.block(w, x, self.cos, self.sin)            # (mb, T, H)
+            y = self.block(w, x, *self.attn.rows(self._rows(op.micro), op.layer))   # (mb, T, H)
         self.buf.put(op.writes[0], y)
 
     def backward(self, op):
@@ -204,7 +206,7 @@ class OpRunner:
             with torch.enable_grad():
                 xg = x.detach().requires_grad_()
                 wp = {k: v.detach().requires_grad_() for k, v in w.items()}
-                y = self.block(wp, xg, self.cos, self.sin)
+                y = self.block(wp, xg, *self.attn.rows(self._rows(op.micro), op.layer))
                 grads = torch.autograd.grad(y, [xg, *wp.values()], dy)
             del y
             for k, gk in zip(wp, grads[1:]):

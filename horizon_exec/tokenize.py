@@ -1,9 +1,13 @@
 """Tokenizers for `horizon train`: a local tokenizer.json through the `tokenizers` library, or
 byte-level tokens when none is given.
 
-Both have .encode(texts) -> list of id lists (no special tokens added), .vocab_size and
-.eos_id (appended after every document when packing; None: documents are simply
-concatenated). No network: a tokenizer is a file on disk.
+Both have .encode(texts) -> list of id lists (no special tokens added), .vocab_size, .eos_id
+(appended after every document when packing; None: documents are simply concatenated),
+.prefix_ids / .suffix_ids (the special tokens the tokenizer puts around one text, e.g. Llama's
+BOS: what `AutoTokenizer(text)` adds with add_special_tokens) and .files (what to carry into a
+saved checkpoint). An HFTokenizer also renders chat `messages` through the folder's chat
+template (transformers' apply_chat_template, the reference implementation).
+No network: a tokenizer is a file on disk.
 """
 import json
 from pathlib import Path
@@ -13,6 +17,9 @@ from horizon_sim.errors import HorizonError
 # End-of-document tokens, in the order they are looked for when tokenizer_config.json does
 # not name one: GPT-2/Qwen, Llama-2/Mistral, Llama-3, Gemma.
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
+# Files of a tokenizer folder that a saved model carries along (transformers reads them).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "chat_template.json", "added_tokens.json")
 
 
 class ByteTokenizer:
@@ -21,9 +28,16 @@ class ByteTokenizer:
     name = "bytes"
     vocab_size = 256
     eos_id = 0
+    prefix_ids: tuple[int, ...] = ()
+    suffix_ids: tuple[int, ...] = ()
+    files: tuple[Path, ...] = ()
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [list(t.encode("utf-8")) for t in texts]
+
+    def render_chat(self, messages, tools=None):
+        raise HorizonError("chat data ('messages') needs a tokenizer with a chat template "
+                           "(--tokenizer, or an --init-from folder holding tokenizer.json)")
 
 
 class HFTokenizer:
@@ -41,6 +55,7 @@ class HFTokenizer:
         except Exception as e:  # the library raises a bare Exception on bad JSON
             raise HorizonError(f"{p}: not a tokenizers tokenizer.json ({str(e).splitlines()[0]})") from None
         self.name = str(p)
+        self.folder = p.parent
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         eos_token = eos_token or _configured_eos(p.parent / "tokenizer_config.json")
         if eos_token is not None:
@@ -49,9 +64,76 @@ class HFTokenizer:
                 raise HorizonError(f"{p}: end-of-document token {eos_token!r} is not in the vocabulary")
         else:
             self.eos_id = next((i for c in EOS_CANDIDATES if (i := self.tok.token_to_id(c)) is not None), None)
+        self.prefix_ids, self.suffix_ids = self._specials()
+        # The file itself plus its folder's companions (config, special tokens, chat template).
+        self.files = (p, *(self.folder / n for n in TOKENIZER_FILES[1:] if (self.folder / n).is_file()))
+        self._hf = None
+
+    def _specials(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The ids the tokenizer's post-processor puts before and after one text (transformers
+        5 takes them from tokenizer.json whenever there is one)."""
+        probe = "a"
+        plain = self.tok.encode(probe, add_special_tokens=False).ids
+        full = self.tok.encode(probe, add_special_tokens=True).ids
+        for i in range(len(full) - len(plain) + 1):
+            if full[i:i + len(plain)] == plain:
+                return tuple(full[:i]), tuple(full[i + len(plain):])
+        return (), ()
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """ids and (start, end) character offsets of one text, no special tokens added."""
+        e = self.tok.encode(text, add_special_tokens=False)
+        return e.ids, e.offsets
+
+    def render_chat(self, messages: list, tools=None) -> tuple[str, list[tuple[int, int]]]:
+        """(text, [(start, end) character spans of the assistant turns]) of one conversation,
+        rendered by the folder's chat template exactly as transformers' apply_chat_template
+        renders it. The spans come from rendering the conversation prefix by prefix: turn i
+        spans from the end of messages[:i] with the generation prompt to the end of
+        messages[:i + 1] (its content and end-of-turn marker; on a template with
+        `{% generation %}` blocks this equals transformers' assistant mask, which tests check).
+        A template that rewrites earlier turns is refused."""
+        hf = self._transformers()
+        kw = dict(tools=tools, tokenize=False)
+        try:
+            full = hf.apply_chat_template(messages, **kw)
+            spans = []
+            for i, msg in enumerate(messages):
+                if msg.get("role") != "assistant":
+                    continue
+                before = hf.apply_chat_template(messages[:i], add_generation_prompt=True, **kw) if i else ""
+                upto = hf.apply_chat_template(messages[:i + 1], **kw)
+                if not (upto.startswith(before) and full.startswith(upto)):
+                    raise HorizonError(f"the chat template of {self.folder} does not render a conversation "
+                                       "prefix by prefix (it rewrites earlier turns), so the assistant's "
+                                       "tokens cannot be told apart; use 'instruction'/'response' records")
+                spans.append((len(before), len(upto)))
+        except HorizonError:
+            raise
+        except Exception as e:  # the template raised (raise_exception), or a message is malformed
+            raise HorizonError(f"chat template of {self.folder}: {type(e).__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        return full, spans
+
+    def _transformers(self):
+        if self._hf is None:
+            try:
+                from transformers import AutoTokenizer
+            except ImportError:
+                raise HorizonError("chat data ('messages') renders the tokenizer's chat template with "
+                                   "transformers: pip install transformers") from None
+            try:
+                self._hf = AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
+            except Exception as e:
+                raise HorizonError(f"{self.folder}: transformers cannot load this tokenizer "
+                                   f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+            if not getattr(self._hf, "chat_template", None):
+                raise HorizonError(f"{self.folder}: no chat template (chat_template.jinja, or chat_template "
+                                   "in tokenizer_config.json); chat data ('messages') needs one")
+        return self._hf
 
 
 def _configured_eos(cfg_path: Path) -> str | None:
@@ -64,6 +146,33 @@ def _configured_eos(cfg_path: Path) -> str | None:
     if isinstance(eos, dict):
         eos = eos.get("content")
     return eos if isinstance(eos, str) else None
+
+
+def tokenizer_of_folder(folder) -> Path | None:
+    """The tokenizer.json of a model folder; None when it has no tokenizer at all. A folder
+    with only a SentencePiece tokenizer.model is refused (training it on byte tokens would be
+    silently wrong)."""
+    d = Path(folder)
+    if (d / "tokenizer.json").is_file():
+        return d / "tokenizer.json"
+    if (d / "tokenizer.model").is_file():
+        raise HorizonError(
+            f"{d} has a SentencePiece tokenizer.model but no tokenizer.json, which Horizon reads; write "
+            f"one with: python -c \"from transformers import AutoTokenizer as T; "
+            f"T.from_pretrained('{d}').save_pretrained('{d}')\" (needs sentencepiece), or pass --tokenizer")
+    return None
+
+
+def resolve_tokenizer(name) -> Path:
+    """--tokenizer: a tokenizer.json, a folder holding one, or a model id in the local HF cache."""
+    from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
+    s = str(name)
+    if looks_like_model_id(s):
+        return resolve_model_dir(s, need="tokenizer.json") / "tokenizer.json"
+    p = Path(s)
+    if p.is_dir():
+        return tokenizer_of_folder(p) or p / "tokenizer.json"   # HFTokenizer says it is missing
+    return p
 
 
 def load_tokenizer(path=None, eos_token: str | None = None):

@@ -14,6 +14,7 @@ from horizon_exec.loop import Interrupted
 from horizon_exec.outputs import check_space
 from horizon_exec.stop_signals import StopSignals, say
 from horizon_exec.stop_signals import name as signal_name
+from horizon_sim.specs.hf_config import model_source
 from horizon_sim.units import parse_size
 
 
@@ -31,15 +32,15 @@ def _hf_bytes(args, tr) -> int:
     return sum(t.numel() for t in tr.state_dict().values()) * SAVE_DTYPES[args.save_dtype][0].itemsize
 
 
-def save_hf(args, tr, loop, tok_path) -> None:
+def save_hf(args, tr, loop, tok, init_dir) -> None:
     """--save-hf; a write failure is one line naming the folder, the need, and where the
     trained weights still are."""
-    base, side = None, []
-    if args.init_from:
-        base = json.loads((Path(args.init_from) / "config.json").read_text())
-        side = checkpoint_hf.side_files_of(args.init_from)
-    elif tok_path:
-        side = [Path(tok_path)]
+    # The source config.json is kept (only what training changed is rewritten) and the
+    # tokenizer the model was trained with goes along, chat template included.
+    src = (init_dir / "config.json") if init_dir is not None else (
+        model_source(args.model) if args.model else None)
+    base = json.loads(src.read_text()) if src is not None else None
+    side = [*tok.files, *checkpoint_hf.model_side_files(init_dir)]
     save_shard = parse_size(args.save_shard_size, "--save-shard-size")
     ck = loop.last_ckpt[1] if loop.last_ckpt and loop.last_ckpt[0] == loop.step else None
 

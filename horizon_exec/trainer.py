@@ -55,6 +55,7 @@ from horizon_exec.layers import rms_norm
 from horizon_exec.layout import block_layout, host_layout, unit_name
 from horizon_exec.ops import OpRunner
 from horizon_exec.optim import AdamW, check_hyper
+from horizon_exec.positions import check_docs
 from horizon_exec.store import HostStore
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import EMBED, build_schedule
@@ -261,6 +262,14 @@ class Trainer:
                 self.buffers.clear_dynamic()
             raise
 
+    def _check_docs(self, docs, tokens):
+        if docs is None:
+            return None
+        if not self.policy.doc_masks:
+            raise HorizonError("docs were given but the policy has doc_masks off (attention would "
+                               "cross documents)")
+        return check_docs(docs, tokens.shape)
+
     def _check_batch(self, tokens, labels, rows: int | None):
         p, V = self.policy, self.model.vocab
         want = (rows if rows is not None else p.batch, p.seq)
@@ -280,21 +289,24 @@ class Trainer:
             raise HorizonError(f"labels must be {IGNORE} (ignored) or lie in [0, {V})")
         return tokens, labels
 
-    def step(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, *, lr: float | None = None,
-             skip_kinds=frozenset()) -> StepResult:
+    def step(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, *, docs=None,
+             lr: float | None = None, skip_kinds=frozenset()) -> StepResult:
         """One optimizer step on tokens (batch, seq) (int64, ids < vocab) with targets
         `labels` (batch, seq) (-100 = ignored; default: the next token, see the module
-        docstring). lr: the learning rate this step's gradients are applied with (default:
-        self.lr). `skip_kinds` (measurement only, e.g. {OpKind.OPTIMIZER} to see what the
-        optimizer costs): op kinds not run this step; the step is then not a training step."""
+        docstring). docs (batch, seq) int: each token's document, for a policy with doc_masks
+        (None: one document per sequence). lr: the learning rate this step's gradients are
+        applied with (default: self.lr). `skip_kinds` (measurement only, e.g.
+        {OpKind.OPTIMIZER} to see what the optimizer costs): op kinds not run this step; the
+        step is then not a training step."""
         self._check_usable()
         p = self.policy
         tokens, labels = self._check_batch(tokens, labels, p.batch)
+        docs = self._check_docs(docs, tokens)
         lr_now = self._lr if lr is None else self._checked_lr(lr)
         # The optimizer ops of this run apply the previous step's gradients (pipelined) or
         # this step's (after / backward): each with the lr of the step that made them.
         self.runner.lr = self.pending_lr if p.optimizer == "pipelined" else lr_now
-        self.runner.begin_step(tokens)
+        self.runner.begin_step(tokens, docs)
         # Our own targets replace the default ones begin_step sent (same device buffer; the
         # engine's step_begin synchronizes before any lane reads it).
         self.backend.h2d(self.runner.labels, labels)
@@ -348,7 +360,7 @@ class Trainer:
         return rows
 
     @torch.no_grad()
-    def _final_hidden(self, tokens):
+    def _final_hidden(self, tokens, docs=None):
         """Streaming forward without autograd, outside the schedule, on the calling thread:
         pending pipelined updates are applied first (flush; the run's trajectory is
         unchanged by that), then one unit's weights at a time go to the device (cast from
@@ -361,21 +373,27 @@ class Trainer:
         emb = self._params["model.embed_tokens.weight"]                           # (V, H) fp32
         xs = [emb.index_select(0, c.reshape(-1)).view(c.shape[0], p.seq, m.hidden).to(dev, act)
               for c in tokens.split(p.micro_batch)]                               # [(mb, T, H)]
+        if docs is None and p.doc_masks:
+            docs = torch.zeros_like(tokens)
+        chunks = docs.split(p.micro_batch) if docs is not None else [None] * len(xs)
+        tabs = [self.runner.attn.tables(d) for d in chunks]                       # per chunk
         blk = block_layout(m)
         for layer in range(m.n_layers):
             w = {k: v.to(dev, act) for k, v in blk.views(self.store.t[f"master.{layer}"]).items()}
-            xs = [self.runner.block(w, x, self.runner.cos, self.runner.sin) for x in xs]
+            xs = [self.runner.block(w, x, c, s_, m.window(layer), d)
+                  for x, (c, s_, d) in zip(xs, tabs)]
             del w
         w_norm = self._params["model.norm.weight"].to(dev, act)
         w_lm = (emb if m.tied_embeddings else self._params["lm_head.weight"]).to(dev, act)
         return xs, w_norm, w_lm
 
-    def eval_loss(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> tuple[float, int]:
+    def eval_loss(self, tokens: torch.Tensor, labels: torch.Tensor | None = None,
+                  docs=None) -> tuple[float, int]:
         """(sum of token losses, labelled tokens) of tokens (n, seq) under the current weights,
         with no update (see _final_hidden); the loss is chunked like training's head, so full
         logits never exist."""
         tokens, labels = self._check_batch(tokens, labels, None)
-        xs, w_norm, w_lm = self._final_hidden(tokens)
+        xs, w_norm, w_lm = self._final_hidden(tokens, self._check_docs(docs, tokens))
         total = 0.0
         with torch.no_grad():
             for x, lab in zip(xs, labels.split(self.policy.micro_batch)):
@@ -384,11 +402,11 @@ class Trainer:
                                          min(self.policy.loss_chunk_tokens, lab.numel())))
         return total, int((labels != IGNORE).sum())
 
-    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+    def logits(self, tokens: torch.Tensor, docs=None) -> torch.Tensor:
         """Full logits (n, seq, V), fp32, on the host, of the current weights: for checks on
         small inputs (training never materialises them)."""
         tokens, _ = self._check_batch(tokens, None, None)
-        xs, w_norm, w_lm = self._final_hidden(tokens)
+        xs, w_norm, w_lm = self._final_hidden(tokens, self._check_docs(docs, tokens))
         with torch.no_grad():
             return torch.cat([(rms_norm(x, w_norm, self.model.norm_eps) @ w_lm.t()).float().cpu() for x in xs])
 

@@ -38,7 +38,7 @@ def rel_err(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def executor_grads(tr, tokens, labels=None):
+def executor_grads(tr, tokens, labels=None, docs=None):
     """Run one step; return (loss, {name: host gradient as the optimizer receives it})."""
     grads = {}
 
@@ -48,7 +48,7 @@ def executor_grads(tr, tokens, labels=None):
             grads.update({n: v.clone() for n, v in host_layout(tr.model, op.layer).views(g).items()})
 
     tr.engine.hook = snapshot
-    res = tr.step(tokens, labels)
+    res = tr.step(tokens, labels, docs=docs)
     tr.engine.hook = None
     return res.loss, grads
 

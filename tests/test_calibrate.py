@@ -39,6 +39,8 @@ def test_quick_calibration_writes_a_loadable_sane_spec(quick_hw):
     layouts = {r[1] for r in d.gemm_TFLOPs if r[0] == "bf16"}
     assert layouts == {"nt", "nn", "tn"} and all(r[5] > 0 for r in d.gemm_TFLOPs)
     assert d.attention_TFLOPs and all(r[3] > 0 and r[4] > 0 for r in d.attention_TFLOPs)
+    assert len(d.masked_attention_TFLOPs) == len(d.attention_TFLOPs)
+    assert all(r[3] > 0 and r[4] > 0 for r in d.masked_attention_TFLOPs)
     kinds = dict(d.op_overhead_us)
     assert {"forward", "backward", "head", "recompute", "head_chunk"} <= set(kinds)
     assert kinds["backward"] > 0 and kinds["forward"] > 0
@@ -51,29 +53,40 @@ def test_quick_calibration_writes_a_loadable_sane_spec(quick_hw):
     assert all(terms[k] > 0 for k in ("overhead", "gemm", "attention", "elementwise"))
 
 
-@pytest.mark.parametrize("H, heads, kv, F, V, B, T, chunk, dtype", [
-    (256, 4, 2, 640, 256, 2, 64, 1024, "bf16"),     # forward peak at the MLP, backward in the MLP's backward
-    (512, 8, 8, 1376, 2048, 1, 64, 32, "bf16"),     # few tokens: the backward peak is in the first norm's backward
-    (384, 6, 2, 1024, 512, 2, 48, 64, "bf16"),      # ... or in the second norm's; two loss chunks
-    (128, 4, 2, 352, 300, 2, 32, 1024, "fp32"),
+@pytest.mark.parametrize("H, heads, kv, F, V, B, T, chunk, dtype, win, docs", [
+    (256, 4, 2, 640, 256, 2, 64, 1024, "bf16", 0, False),     # forward peak at the MLP, backward in the MLP's backward
+    (512, 8, 8, 1376, 2048, 1, 64, 32, "bf16", 0, False),     # few tokens: the backward peak is in the first norm's backward
+    (384, 6, 2, 1024, 512, 2, 48, 64, "bf16", 0, False),      # ... or in the second norm's; two loss chunks
+    (128, 4, 2, 352, 300, 2, 32, 1024, "fp32", 0, False),
+    (256, 4, 2, 640, 256, 2, 64, 1024, "bf16", 16, False),    # a sliding window: the mask kept for backward
+    (128, 4, 2, 352, 300, 2, 256, 1024, "fp32", 32, True),    # window and documents, fp32
+    (64, 2, 1, 128, 256, 4, 512, 1024, "bf16", 0, True),      # documents: the forward peak at the attention call
+    (32, 2, 1, 64, 256, 4, 1024, 4096, "bf16", 0, True),      # ... and the backward's too (its forward-with-grad)
 ])
-def test_workspace_formulas_equal_the_measured_temporaries(H, heads, kv, F, V, B, T, chunk, dtype):
-    spec = ModelSpec(n_layers=2, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=V)
+def test_workspace_formulas_equal_the_measured_temporaries(H, heads, kv, F, V, B, T, chunk, dtype, win, docs):
+    spec = ModelSpec(n_layers=2, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=V,
+                     layer_windows=(win, win) if win else ())
     kw = dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False) if dtype == "fp32" else {}
-    pol = Policy(batch=B, seq=T, ckpt_every=2, loss_chunk_tokens=chunk, **kw)
+    pol = Policy(batch=B, seq=T, ckpt_every=2, loss_chunk_tokens=chunk, doc_masks=docs, **kw)
     a = 4 if dtype == "fp32" else 2
+    d = None
+    if docs:  # three documents per sequence
+        d = torch.zeros(B, T, dtype=torch.int64)
+        d[:, T // 3:] += 1
+        d[:, T // 2:] += 1
     with Trainer(spec, pol) as tr:
-        tl = tr.step(torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(0))).timeline
+        tl = tr.step(torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(0)), docs=d).timeline
+    mask = work.mask_bytes(B, T, docs) if (docs or win) else 0
     for kind in ("forward", "recompute", "backward", "head"):
         measured = set(tl[tl.kind == kind].temp_peak_bytes)
         if kind == "head":
             want = work.head_temp_peak_bytes(spec, B * T, chunk, a)
         else:
-            want = work.block_temp_peak_bytes(spec, B, T, a, kind == "backward")
+            want = work.block_temp_peak_bytes(spec, B, T, a, kind == "backward", mask)
         assert measured == {want}, kind
     # and the schedule charges them as workspace beside the op's output buffer
     op = next(o for o in build_schedule(spec, pol).ops if o.kind == OpKind.BACKWARD)
-    assert op.workspace_bytes == work.block_temp_peak_bytes(spec, B, T, a, True) - B * T * H * a
+    assert op.workspace_bytes == work.block_temp_peak_bytes(spec, B, T, a, True, mask) - B * T * H * a
 
 
 def test_elementwise_bytes_match_a_kernel_by_kernel_count():

@@ -42,7 +42,7 @@ def test_prompt_tokens_are_not_targets(tmp_path):
     assert stream.ids.tolist() == [ord(c) for c in "Q\n\nab"] + [0] + [ord("x"), ord("y"), 0]
     assert stream.target.tolist() == [False] * 3 + [True] * 3 + [True] * 3
     data = PackedData(stream, seq=8)
-    tokens, labels = data.get([0])
+    tokens, labels, _ = data.get([0])
     assert tokens[0].tolist() == stream.ids[:8].tolist()
     assert labels[0].tolist() == [-100, -100] + stream.ids[3:9].tolist()
 
@@ -52,7 +52,7 @@ def test_jsonl_masked_gradient_equals_transformers_with_ignored_prompt(tmp_path)
     transformers' with labels -100 on the prompt; the prompt contributes nothing."""
     recs = [{"instruction": "p" * (3 + i % 5), "response": "r" * (2 + i % 3)} for i in range(40)]
     ds = load_dataset(_jsonl(tmp_path / "sft.jsonl", recs), ByteTokenizer(), seq=16, eval_fraction=0.0)
-    tokens, labels = ds.batches(4, seed=0).__next__()
+    tokens, labels, _ = ds.batches(4, seed=0).__next__()
     tokens, labels = tokens % 128, torch.where(labels >= 0, labels % 128, labels)  # 'p'=112, 'r'=114
     assert (labels == -100).sum() > 8 and (labels != -100).sum() > 8
     ref = tiny_hf("qwen2", seed=2)
@@ -86,7 +86,7 @@ def test_packing_covers_every_token_once():
     ids = torch.arange(1, 104, dtype=torch.int32)  # 103 tokens
     data = PackedData(TokenStream(ids, None), seq=10)
     assert len(data) == 10  # (103 - 1) // 10
-    tokens, labels = data.get(range(10))
+    tokens, labels, _ = data.get(range(10))
     assert tokens.dtype == labels.dtype == torch.int64 and tokens.shape == (10, 10)
     assert tokens.reshape(-1).tolist() == list(range(1, 101))
     assert labels.reshape(-1).tolist() == list(range(2, 102))
@@ -104,7 +104,7 @@ def test_eval_split_is_fixed_and_disjoint():
 
 def _order(b: Batches, n: int):
     """The first token of each sequence of the next n batches (sequence i starts with 10 i)."""
-    return [tuple(x[:, 0].tolist()) for x, _ in (next(b) for _ in range(n))]
+    return [tuple(x.tokens[:, 0].tolist()) for x in (next(b) for _ in range(n))]
 
 
 def test_shuffle_is_deterministic_by_seed_and_resumable():
@@ -198,7 +198,7 @@ def test_builtin_corpus_dataset():
 @pytest.mark.parametrize("content,match", [
     ('{"text": "a"}\n{"text": \n', r"d.jsonl:2: not valid JSON"),
     ('["a"]\n', "want a JSON object"),
-    ('{"prompt": "a"}\n', "want a 'text' field, or 'instruction' and 'response'"),
+    ('{"prompt": "a"}\n', "want a 'text' field, 'instruction' and 'response', or 'messages'"),
     ('{"instruction": "a", "response": 3}\n', "field 'response' must be a string"),
     ('\n\n', "no text"),
 ])

@@ -13,7 +13,7 @@ BASE = ["train", "--model", str(MICRO), "--batch", "2", "--seq", "32", "--no-pro
 
 @pytest.fixture
 def eval_fails(monkeypatch):
-    def broken(self, tokens, labels=None):
+    def broken(self, tokens, labels=None, docs=None):
         raise RuntimeError("out of memory (injected)")
     monkeypatch.setattr(Trainer, "eval_loss", broken)
 

@@ -32,7 +32,7 @@ def _count(fn) -> int:
 
 
 def test_palm_formula_by_hand_llama2_7b():
-    """DESIGN.md 'Honest metrics': 6·N + 12·L·H·T, N = block matmul weights + LM head."""
+    """docs/architecture.md 'Honest metrics': 6·N + 12·L·H·T, N = block matmul weights + LM head."""
     s = model_preset("llama-2-7b")
     L, H, F, V, T = 32, 4096, 11008, 32000, 2048
     N = L * (4 * H * H + 3 * H * F) + V * H  # q,k,v,o + gate,up,down per block; LM head
@@ -100,3 +100,54 @@ def test_real_training_step_flops_cpu(spec):
     assert flops == B * T * spec.model_flops_per_token(T)
     fwd = _count(lambda: model(input_ids=ids, use_cache=False))
     assert fwd == spec.n_layers * spec.layer_fwd_flops(B * T, T, causal=False) + spec.head_fwd_flops(B * T)
+
+
+# ---- sliding windows and document masks ---------------------------------------------------------
+
+def test_model_flops_count_what_a_query_can_attend_to():
+    """PaLM's attention term 12·H·T per layer uses the window when it is shorter than the
+    sequence, and the mean document under document masks."""
+    s = model_preset("mistral-7b")
+    L, q, T = s.n_layers, s.q_dim, 8192
+    win = replace(s, layer_windows=(4096,) * L)
+    assert s.model_flops_per_token(T) - win.model_flops_per_token(T) == 12 * q * L * (T - 4096)
+    assert win.model_flops_per_token(2048) == s.model_flops_per_token(2048)      # window >= seq: no change
+    half = replace(s, layer_windows=(0, 1024) * (L // 2))                          # every other layer
+    assert s.model_flops_per_token(T) - half.model_flops_per_token(T) == 12 * q * (L // 2) * (T - 1024)
+    assert s.model_flops_per_token(T, context=512) == 6 * s.model_flops_params + 12 * q * L * 512
+    assert win.model_flops_per_token(T, context=6000) == 6 * s.model_flops_params + 12 * q * L * 4096
+
+
+def test_schedule_prices_masked_attention_and_its_temporaries():
+    """A windowed layer runs the kernel under an explicit mask: every T x T score (twice the
+    causal count) and the mask as a temporary; the schedule's model FLOPs count the window."""
+    from horizon_sim.schedule import OpKind, build_schedule
+    from horizon_sim.specs.policy import Policy
+    base = ModelSpec(n_layers=2, hidden=256, n_heads=4, n_kv_heads=2, ffn_hidden=640, vocab=256)
+    win = replace(base, layer_windows=(0, 64))           # layer 1 windowed, layer 0 full
+    pol = Policy(batch=2, seq=512)
+    ops = {(o.kind, o.layer): o for o in build_schedule(win, pol).ops if o.micro == 0}
+    plain = {(o.kind, o.layer): o for o in build_schedule(base, pol).ops if o.micro == 0}
+    tok = pol.batch * pol.seq
+    assert ops[OpKind.FORWARD, 0].flops == plain[OpKind.FORWARD, 0].flops
+    assert ops[OpKind.FORWARD, 1].flops - plain[OpKind.FORWARD, 1].flops == 2 * pol.seq * base.q_dim * tok
+    assert ops[OpKind.BACKWARD, 1].workspace_bytes > plain[OpKind.BACKWARD, 1].workspace_bytes
+    assert ops[OpKind.BACKWARD, 0].workspace_bytes == plain[OpKind.BACKWARD, 0].workspace_bytes
+    sw, sp = build_schedule(win, pol), build_schedule(base, pol)
+    assert sp.meta.model_flops - sw.meta.model_flops == 12 * base.q_dim * (512 - 64) * tok
+    docs = build_schedule(base, replace(pol, doc_masks=True, doc_tokens=128))
+    assert all(o.flops == ops[OpKind.FORWARD, 1].flops for o in docs.ops if o.kind == OpKind.FORWARD)
+    assert docs.meta.model_flops == tok * base.model_flops_per_token(512, context=128)
+
+
+def test_plan_of_a_windowed_model_is_cheaper_in_model_flops_and_dearer_per_step():
+    """The planner end to end: the window lowers model FLOPs per token (useful work) and the
+    masked kernel raises the step's attention time."""
+    from horizon_sim.plan import plan
+    from horizon_sim.specs.policy import Policy
+    s = model_preset("mistral-7b")
+    win = replace(s, layer_windows=(1024,) * s.n_layers)
+    a = plan(s, policy=Policy(batch=1, seq=8192), gpu="h100-pcie", ram="512GiB")
+    b = plan(win, policy=Policy(batch=1, seq=8192), gpu="h100-pcie", ram="512GiB")
+    assert b.schedule.meta.model_flops < a.schedule.meta.model_flops
+    assert b.summary.step_time_s > a.summary.step_time_s

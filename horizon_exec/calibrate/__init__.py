@@ -8,7 +8,9 @@ the lane that will do the work (same cores, same intra-op thread count):
                       shapes when given) and layout (x.W^T, dY.W, X^T.dY), bf16 and fp32, with
                       operands cold in the core's cache as a layer op finds its weights
   attention_TFLOPs    the causal SDPA forward and backward kernels, timed kernel by kernel as
-                      the template calls them (strided heads, grouped kv), by (seq, head_dim)
+                      the template calls them (strided heads, grouped kv), by (seq, head_dim);
+                      masked_attention_TFLOPs the same under an explicit mask (sliding
+                      windows, document masks), against the full T x T count
   hbm_GBps            bandwidth of the template's own elementwise kernels (norms, RoPE, SiLU,
                       casts, residuals): the slope of their kernel time over the bytes they
                       move between a small and a large token count, so the per-kernel dispatch

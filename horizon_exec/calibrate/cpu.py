@@ -51,7 +51,7 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
             t.sample(1)
     sample_tiny()
     attn_pts = attention_grid(quick, "cpu")
-    R: dict = {"attn": {p: [] for p in attn_pts}, "elem": [], "h2d": [], "d2h": [], "thread": [],
+    R: dict = {"attn": {p: [] for p in attn_pts}, "mattn": {p: [] for p in attn_pts}, "elem": [], "h2d": [], "d2h": [], "thread": [],
                "reduce": [], "adam": [], "slowdown": [], "loss": []}
     layer_bytes = 4 * 2**20 if not quick else 2**20
     for r in range(rounds):
@@ -64,6 +64,8 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
             sample_tiny()
         for seq, hd in attn_pts:
             R["attn"][(seq, hd)].append(compute(lambda: measure_attention(seq, hd, torch.bfloat16, "cpu")))
+            R["mattn"][(seq, hd)].append(compute(lambda: measure_attention(seq, hd, torch.bfloat16, "cpu",
+                                                                           masked=True)))
         sample_tiny()
         R["elem"].append(compute(lambda: measure_elementwise(torch.bfloat16, "cpu", quick)))
         R["loss"].append(compute(lambda: measure_loss_ns_per_logit(2048 if quick else 8192)))
@@ -84,10 +86,11 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
     shared = measure_shared_cores(be, layer_bytes, 2 * len(be.host_cores))
     bus = measure_bus_GBps(64 * 2**20 if not quick else 8 * 2**20,
                            sorted(set(be.compute_cores) | set(be.host_cores)))
-    attn = []
-    for (seq, hd), vals in R["attn"].items():
-        attn.append(("bf16", float(seq), float(hd), _mean_rate([v[0] for v in vals]),
-                     _mean_rate([v[1] for v in vals])))
+    attn, mattn = [], []
+    for out, key in ((attn, "attn"), (mattn, "mattn")):
+        for (seq, hd), vals in R[key].items():
+            out.append(("bf16", float(seq), float(hd), _mean_rate([v[0] for v in vals]),
+                        _mean_rate([v[1] for v in vals])))
     elem = _elem_points(R["elem"])
     h2d, d2h = _mean_rate(R["h2d"]), _mean_rate(R["d2h"])
     dev = DeviceSpec(
@@ -96,7 +99,7 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
         default_link="cpu-threads", matmul_efficiency=statistics.median(bf16.values()) / bf16_best,
         reserved_GiB=0.0, launch_overhead_us=0.0, reduce_GBps=_mean_rate(R["reduce"]),
         loss_ns_per_logit=statistics.mean(R["loss"]),
-        gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn))
+        gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn), masked_attention_TFLOPs=tuple(mattn))
     slowdown = statistics.mean(R["slowdown"])
     link = LinkSpec(name="cpu-threads", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=0.0, pageable_GBps=h2d,
                     cpu_driven=True)

@@ -58,13 +58,14 @@ def _gemm_table(shapes, dtype, device) -> dict:
     return out
 
 
-def _attention(seq: int, hd: int, dtype, device, heads: int = 8, kv_heads: int = 4) -> tuple[float, float]:
+def _attention(seq: int, hd: int, dtype, device, heads: int = 8, kv_heads: int = 4,
+               masked: bool = False) -> tuple[float, float]:
     """(forward, backward) TFLOP/s of the causal SDPA as the template calls it (strided heads,
     grouped kv), against the nominal FLOPs of kernels.measure_attention; event-timed, the
     backward as (forward with grad + autograd.grad) less the forward. Unlike a per-kernel
     timer keyed on kernel names, this does not divide by zero when SDPA falls back to its
     math path (GPUs before sm80, where the fused kernels are missing)."""
-    fwd, fwd_bwd, nominal = attention_calls(seq, hd, dtype, device, heads, kv_heads, 16384)
+    fwd, fwd_bwd, nominal = attention_calls(seq, hd, dtype, device, heads, kv_heads, 16384, masked)
     t_f = _device_seconds(fwd, max_reps=50)
     t_b = max(_device_seconds(fwd_bwd, max_reps=50) - t_f, 0.1 * t_f)
     return nominal / t_f / 1e12, 2.0 * nominal / t_b / 1e12
@@ -115,10 +116,12 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds) -> HardwareS
     gemm += [("fp32", s[0], *map(float, s[1:]), r) for s, r in fp32.items()]
 
     prog.step("attention kernels and elementwise bandwidth")
-    attn = []
+    attn, mattn = [], []
     for seq, hd in attention_grid(quick, "cuda"):
         f, b = _attention(seq, hd, torch.bfloat16, dev_t)
         attn.append(("bf16", float(seq), float(hd), f, b))
+        f, b = _attention(seq, hd, torch.bfloat16, dev_t, masked=True)
+        mattn.append(("bf16", float(seq), float(hd), f, b))
     # At the CPU's sizes (<= 1024 tokens, ~1 MB a kernel) a GPU is launch-bound: the slope
     # between them would be noise. These move tens of MB per kernel.
     elem = slope_GBps(measure_elementwise(torch.bfloat16, dev_t, quick, sync,
@@ -159,7 +162,8 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds) -> HardwareS
                          hbm_GBps=elem, default_link="calibrated", matmul_efficiency=min(1.0, bf16_best / peak),
                          reserved_GiB=not_ours / GiB + 0.5,
                          launch_overhead_us=lat, loss_ns_per_logit=loss_ns,
-                         gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn))
+                         gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn),
+                         masked_attention_TFLOPs=tuple(mattn))
     link = LinkSpec(name="calibrated", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=lat, pageable_GBps=pg)
     hst = HostSpec(name=_cpu_name(), ram_GiB=ram, dram_GBps=bus, cores=os.cpu_count() or 1,
                    adam_Gparams_per_s=adam, os_reserved_GiB=os_reserved_GiB(ram))

@@ -95,13 +95,14 @@ def attention_grid(quick: bool, device: str) -> list[tuple[int, int]]:
 
 
 def measure_attention(seq: int, hd: int, dtype, device, sync=None, heads: int = 8, kv_heads: int = 4,
-                      reps: int = 3):
+                      reps: int = 3, masked: bool = False):
     """(forward, backward) TFLOP/s of the causal SDPA kernels as the template calls them (q, k
     rotated and v as strided (B, heads, T, hd) views of (B, T, heads, hd) projections; grouped
     kv heads), timed kernel by kernel, against the nominal FLOPs: forward 2 T^2 hd per head and
-    sequence (the causal half of 4 T^2 hd), backward twice that."""
+    sequence (the causal half of 4 T^2 hd), backward twice that. masked: the kernel under an
+    explicit bool mask (sliding windows, document masks), against the full 4 T^2 hd."""
     fwd_only, fwd_bwd, nominal = attention_calls(seq, hd, dtype, device, heads, kv_heads,
-                                                 1024 if device == "cpu" else 16384)
+                                                 1024 if device == "cpu" else 16384, masked)
 
     def once():
         fwd_only()
@@ -117,10 +118,13 @@ def measure_attention(seq: int, hd: int, dtype, device, sync=None, heads: int = 
     return nominal / statistics.median(fwd) / 1e12, 2.0 * nominal / statistics.median(bwd) / 1e12
 
 
-def attention_calls(seq: int, hd: int, dtype, device, heads: int, kv_heads: int, tokens: int):
+def attention_calls(seq: int, hd: int, dtype, device, heads: int, kv_heads: int, tokens: int,
+                    masked: bool = False):
     """(forward, forward-with-grad + autograd.grad, nominal forward FLOPs) of the causal SDPA as
     the template calls it: q, k, v strided (B, heads, T, hd) views of (B, T, heads, hd)
-    projections, grouped kv heads, `tokens` // seq sequences."""
+    projections, grouped kv heads, `tokens` // seq sequences. masked: under an explicit bool
+    mask as layers.attention_mask makes it (the kernel cannot skip tiles: the nominal count is
+    the full 4 T^2 hd)."""
     import torch.nn.functional as F
     batch = max(1, tokens // seq)
 
@@ -130,20 +134,25 @@ def attention_calls(seq: int, hd: int, dtype, device, heads: int, kv_heads: int,
     go = torch.randn(batch, heads, seq, hd, device=device).to(dtype)
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
 
+    from horizon_exec.layers import attention_mask
+    mask = attention_mask(seq, max(1, seq // 4), None, device) if masked else None
+    kw = dict(attn_mask=mask, is_causal=not masked, enable_gqa=True)
+
     def fwd():
         with torch.no_grad():
-            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            F.scaled_dot_product_attention(q, k, v, **kw)
 
     def fwd_bwd():
-        o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True)
+        o = F.scaled_dot_product_attention(qg, kg, vg, **kw)
         torch.autograd.grad(o, [qg, kg, vg], go)
-    return fwd, fwd_bwd, 2.0 * batch * heads * seq * seq * hd
+    return fwd, fwd_bwd, 2.0 * batch * heads * seq * seq * hd * (2 if masked else 1)
 
 
 def _block_pass(model: ModelSpec, batch: int, seq: int, dtype, device):
     """fn() running one forward and one forward-with-grad + autograd.grad of the template block."""
-    from horizon_exec.layers import DecoderBlock, rope_tables
+    from horizon_exec.layers import DecoderBlock
     from horizon_exec.layout import block_layout
+    from horizon_exec.rope import rope_tables
     lay = block_layout(model)
     flat = (torch.randn(lay.numel, device=device) * 0.02).to(dtype)
     w = lay.views(flat)

@@ -1,9 +1,9 @@
 """The configurations `horizon validate` runs: Config (a named model and policy with a one-line
-label for the reports), the six small CONFIGS that vary depth, width, batch, K, slots,
-checkpoint placement, optimizer overlap, vocabulary, micro-batches and the working copy, and the
-two tiny QUICK_CONFIGS of `--quick`.
+label for the reports), the seven small CONFIGS that vary depth, width, batch, K, slots,
+checkpoint placement, optimizer overlap, vocabulary, micro-batches, the working copy and
+attention under explicit masks, and the two tiny QUICK_CONFIGS of `--quick`.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -26,7 +26,8 @@ class Config:
         m, p = self.model, self.policy
         return (f"L{m.n_layers} H{m.hidden} V{m.vocab}, batch {p.batch}x{p.seq}, K={p.ckpt_every}, "
                 f"{p.slots} slots, ckpt {p.ckpt_on}, opt {p.optimizer}"
-                + ("" if p.working_copy else ", no wc") + (f", {p.micro_batches} micro" if p.micro_batches > 1 else ""))
+                + ("" if p.working_copy else ", no wc") + (f", {p.micro_batches} micro" if p.micro_batches > 1 else "")
+                + (", windows" if m.layer_windows else "") + (", doc masks" if p.doc_masks else ""))
 
 
 CONFIGS = (
@@ -45,10 +46,13 @@ CONFIGS = (
     Config("nowc_micro", _llama("v-micro", 8, 256, 4, 2, 688),
            Policy(batch=4, seq=128, micro_batches=2, working_copy=False, optimizer="after"),
            "2 micro-batches, no working copy (fp32 loads cast on the device), optimizer after"),
+    Config("masked", replace(_llama("v-masked", 6, 256, 4, 2, 688), layer_windows=(0, 64) * 3),
+           Policy(batch=2, seq=512, doc_masks=True),
+           "a 64-token window on every other layer and document masks: attention under explicit masks"),
 )
-"""Six small configurations that vary depth, width, batch, K, slots, checkpoint placement,
-optimizer overlap, vocabulary, micro-batches and the working copy; about a minute in all on
-a 2-core CPU."""
+"""Seven small configurations that vary depth, width, batch, K, slots, checkpoint placement,
+optimizer overlap, vocabulary, micro-batches, the working copy and masked attention; about a
+minute in all on a 2-core CPU."""
 
 QUICK_CONFIGS = (
     Config("tiny_a", _llama("v-tiny-a", 3, 128, 2, 1, 352), Policy(batch=1, seq=64), "tiny, default"),

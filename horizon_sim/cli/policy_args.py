@@ -30,6 +30,13 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D) -> None:
                    help="gradients over the device-to-host link (default bf16)")
     g.add_argument("--no-working-copy", action="store_true",
                    help="no persistent bf16 host copy: loads move fp32 and cast on the device")
+    g.add_argument("--doc-masks", action="store_true",
+                   help="document-aware attention for packed data: tokens attend only within their "
+                        "document, positions restart per document (the attention kernel then runs "
+                        "under an explicit mask: all T x T scores, no causal skipping)")
+    g.add_argument("--doc-tokens", type=int, default=0, metavar="N",
+                   help="with --doc-masks: mean document length, for model FLOPs and MFU (default: "
+                        "--seq; horizon train measures it from the data)")
 
 
 def policy_from_args(a: argparse.Namespace) -> Policy:
@@ -39,4 +46,4 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
                   slots=a.slots, ckpt_on=a.ckpt_on, optimizer=a.optimizer, grad_clip=clip,
                   compute_dtype=a.compute_dtype, states_dtype=a.states_dtype,
                   grad_dtype="fp32" if a.compute_dtype == "fp32" else a.grad_dtype,
-                  working_copy=working_copy)
+                  working_copy=working_copy, doc_masks=a.doc_masks, doc_tokens=a.doc_tokens)

@@ -14,7 +14,7 @@ EXAMPLE = """example:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.description = ("Predicted vs measured: run six small configurations (depth, width, batch, K, slots, "
+    p.description = ("Predicted vs measured: run seven small configurations (depth, width, batch, K, slots, "
                      "checkpoint placement, optimizer overlap, vocabulary, micro-batches) through the executor, "
                      "simulate the same Schedule on the hardware file, and compare step time, busy time per "
                      "lane, overlap, device peak and host RSS. Writes validation.md, validation.csv and "

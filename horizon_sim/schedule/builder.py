@@ -235,15 +235,19 @@ class _Builder:
         slots = self.assign_slots(seq)
         wslot = [self.buf(f"w{s}", Space.DEVICE, self.slot_bytes, True, "weights") for s in range(p.slots)]
         bnd = tok * H * act
-        fwd_flops = m_.layer_fwd_flops(tok, p.seq)
+        masked = [work.masked_attention(m_, u, p.seq, p.doc_masks) for u in range(L)]
+        fwd_flops = [m_.layer_fwd_flops(tok, p.seq, causal=not mk) for mk in masked]
+        mask_b = work.mask_bytes(p.micro_batch, p.seq, p.doc_masks)
         # Device traffic of the elementwise kernels (norms, RoPE, SiLU, residuals; GEMMs and
         # attention are costed by their FLOPs) and the temporaries each op holds at its peak,
         # counted kernel by kernel for the executor's template: see schedule/work.py.
         mb = p.micro_batch
         fwd_hbm = work.block_elementwise_bytes(m_, tok, p.seq, act, backward=False)
         bwd_hbm = work.block_elementwise_bytes(m_, tok, p.seq, act, backward=True)
-        fwd_ws = work.block_workspace_bytes(m_, mb, p.seq, act, backward=False)
-        bwd_ws = work.block_workspace_bytes(m_, mb, p.seq, act, backward=True, attention=p.attention)
+        fwd_ws = [work.block_workspace_bytes(m_, mb, p.seq, act, backward=False, mask=mask_b * mk)
+                  for mk in masked]
+        bwd_ws = [work.block_workspace_bytes(m_, mb, p.seq, act, backward=True, attention=p.attention,
+                                             mask=mask_b * mk) for mk in masked]
         head_hbm = work.head_elementwise_bytes(m_, tok, act)
         head_ws = work.head_workspace_bytes(m_, tok, p.loss_chunk_tokens, act)
         last_m = p.micro_batches - 1
@@ -294,7 +298,7 @@ class _Builder:
                 is_ckpt = u % K == 0
                 frees = [] if is_ckpt else [self.x(m, u)]
                 self.emit(K_.FORWARD, u, m, slot=s, reads=[self.x(m, u), w], writes=[self.x(m, u + 1)],
-                          frees=frees, flops=fwd_flops, hbm_bytes=fwd_hbm, workspace_bytes=fwd_ws,
+                          frees=frees, flops=fwd_flops[u], hbm_bytes=fwd_hbm, workspace_bytes=fwd_ws[u],
                           after=self._backpressure(self.pending_saves))
                 if is_ckpt and ckpt_on_host:
                     ck = self.buf(f"ckpt.m{m}.{u}", Space.HOST, bnd, role="checkpoints")
@@ -311,12 +315,12 @@ class _Builder:
                     self.optimizer(u)  # a tied matrix is updated with the embedding, later
             elif use.kind == K_.RECOMPUTE:
                 self.emit(K_.RECOMPUTE, u, m, slot=s, reads=[self.x(m, u), w], writes=[self.x(m, u + 1)],
-                          flops=fwd_flops, hbm_bytes=fwd_hbm, workspace_bytes=fwd_ws)
+                          flops=fwd_flops[u], hbm_bytes=fwd_hbm, workspace_bytes=fwd_ws[u])
             else:  # BACKWARD
                 dgrad = self.buf(f"dgrad.{u}.m{m}", Space.DEVICE, self.dev_params(u) * act, role="grads")
                 self.emit(K_.BACKWARD, u, m, slot=s, reads=[self.x(m, u), self.dx(m, u + 1), w],
                           writes=[self.dx(m, u), dgrad], frees=[self.x(m, u), self.dx(m, u + 1)],
-                          flops=3 * fwd_flops, hbm_bytes=bwd_hbm, workspace_bytes=bwd_ws,
+                          flops=3 * fwd_flops[u], hbm_bytes=bwd_hbm, workspace_bytes=bwd_ws[u],
                           after=self._backpressure(self.pending_offloads))
                 offload_grads(u, m)
                 if u == 0:
@@ -343,7 +347,7 @@ class _Builder:
                 self.optimizer(u)
         meta = ScheduleMeta(model=m_.to_dict(), policy=p.to_dict(), n_layers=L,
                             slot_bytes=self.slot_bytes, tokens=p.tokens,
-                            model_flops=m_.model_flops_per_token(p.seq) * p.tokens)
+                            model_flops=m_.model_flops_per_token(p.seq, p.context_tokens) * p.tokens)
         return Schedule(ops=tuple(self.ops), buffers=dict(self.buffers), meta=meta)
 
 

@@ -47,8 +47,9 @@ class Gemm:
 
 @dataclass(frozen=True, slots=True)
 class Attention:
-    """Nominal causal attention FLOPs of one op: forward 2 x 2 T^2 hd per head and sequence,
-    halved for the mask; backward (the gradient kernels alone) twice the forward."""
+    """Nominal attention FLOPs of one op: forward 2 x 2 T^2 hd per head and sequence, halved
+    for a causal kernel (it skips masked tiles); backward (the gradient kernels alone) twice
+    the forward. Under an explicit mask (masked=True) the kernel computes every score."""
     seq: int
     head_dim: int
     fwd_flops: float
@@ -87,9 +88,21 @@ def head_gemms(m: ModelSpec, tokens: int, chunk_tokens: int) -> list[Gemm]:
     return out
 
 
-def attention(m: ModelSpec, micro_batch: int, seq: int, backward: bool) -> Attention:
-    fwd = 2.0 * micro_batch * seq * seq * m.q_dim  # 4 T^2 q per sequence, halved (causal)
+def masked_attention(m: ModelSpec, layer: int, seq: int, doc_masks: bool) -> bool:
+    """Block `layer` runs SDPA under an explicit mask (layers.attention_mask): a sliding window
+    shorter than the sequence, or document masks. Flash-style kernels then compute every T x T
+    score (no causal tile skipping), and the mask itself is a temporary."""
+    return doc_masks or 0 < m.window(layer) < seq
+
+
+def attention(m: ModelSpec, micro_batch: int, seq: int, backward: bool, masked: bool = False) -> Attention:
+    fwd = 2.0 * micro_batch * seq * seq * m.q_dim * (2 if masked else 1)  # 4 T^2 q per sequence, causal: half
     return Attention(seq, m.hd, fwd, 2.0 * fwd if backward else 0.0)
+
+
+def mask_bytes(micro_batch: int, seq: int, doc_masks: bool) -> int:
+    """The bool attention mask of one block call: (T, T), or (micro_batch, T, T) per document."""
+    return (micro_batch if doc_masks else 1) * seq * seq
 
 
 # ---- elementwise traffic ------------------------------------------------------------------
@@ -136,7 +149,8 @@ def head_elementwise_bytes(m: ModelSpec, tokens: int, a: int) -> int:
 
 
 # ---- temporaries --------------------------------------------------------------------------
-def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool) -> int:
+def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool,
+                          mask: int = 0) -> int:
     """Peak bytes of the op's device temporaries, as the executor measures them (every fresh
     aten allocation of the op, its output included, until freed), the largest of a few
     points of the template:
@@ -156,20 +170,28 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
         fp32 temporaries (20H), with what the attention saved;
       - in the first norm's backward: every weight gradient of the block (autograd.grad
         returns them together), its fp32 input and five temporaries, y and dh.
+
+    An explicit mask (`mask` = its elements M, mask_bytes; 0 when causal) adds: in the forward,
+    at the attention call, the bool mask (M) and the additive mask SDPA makes of it in the
+    compute dtype (aM) next to the first norm's output, q, k, v, the output o and the fp32
+    logsumexp (4 per head); in the backward, aM while autograd keeps the additive mask (until
+    the attention's backward), and the same attention point during the forward-with-grad.
     """
     H, F, q, kv, nh = m.hidden, m.ffn_hidden, m.q_dim, m.kv_dim, m.n_heads
     N = micro_batch * seq
     if not backward:
-        return N * a * (2 * q + 2 * kv + 2 * H + 4 * F)
+        p_attn = N * (a * (H + 2 * q + 2 * kv) + 4 * nh) + mask * (1 + a) if mask else 0
+        return max(N * a * (2 * q + 2 * kv + 2 * H + 4 * F), p_attn)
     in1 = 4 * H if a != 4 else 0          # first norm's fp32 input (x itself in fp32)
     in2 = 4 * H                           # second norm's fp32 input (x1 itself in fp32)
     norm1 = in1 + 2 * a * H
     attn = a * (2 * q + 2 * kv) + 4 * nh + 4
     mlp_w = (3 if m.ffn_type == "gated" else 2) * H * F * a
-    p_mlp = N * (norm1 + attn + in2 + 2 * a * H + 4 + 6 * a * F + a * H) + H * F * a
-    p_norm2 = N * (norm1 + attn + in2 + 20 * H + a * H) + mlp_w + H * a  # + its weight's grad
+    p_mlp = N * (norm1 + attn + in2 + 2 * a * H + 4 + 6 * a * F + a * H) + H * F * a + a * mask
+    p_norm2 = N * (norm1 + attn + in2 + 20 * H + a * H) + mlp_w + H * a + a * mask  # + its weight's grad
     p_norm1 = N * (in1 + 20 * H + 2 * a * H) + m.layer_params * a
-    return int(max(p_mlp, p_norm2, p_norm1))
+    p_attn = N * (norm1 + attn) + mask * (1 + a) if mask else 0
+    return int(max(p_mlp, p_norm2, p_norm1, p_attn))
 
 
 def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -> int:
@@ -190,11 +212,11 @@ def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -
 
 
 def block_workspace_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool,
-                          attention: str = "flash") -> int:
+                          attention: str = "flash", mask: int = 0) -> int:
     """Op.workspace_bytes: the temporary peak less the output the op hands over as a schedule
     buffer (y, or dx), which the simulator already charges from the op's start. Eager
     attention adds the T x T scores and probabilities per head it keeps for backward."""
-    ws = block_temp_peak_bytes(m, micro_batch, seq, a, backward) - micro_batch * seq * m.hidden * a
+    ws = block_temp_peak_bytes(m, micro_batch, seq, a, backward, mask) - micro_batch * seq * m.hidden * a
     if backward and attention == "eager":
         ws += 2 * micro_batch * m.n_heads * seq * seq * a
     return ws

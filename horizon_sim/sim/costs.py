@@ -10,7 +10,9 @@ Compute ops (one lane, kernels run back to back, so the terms add):
                               from the measured table (DeviceSpec.gemm_TFLOPs), else
                               FLOPs / (peak x matmul_efficiency)
             + attention       nominal causal attention FLOPs / the measured SDPA throughput
-                              (DeviceSpec.attention_TFLOPs), forward and backward kernels apart
+                              (DeviceSpec.attention_TFLOPs), forward and backward kernels apart;
+                              a layer under an explicit mask (window, document masks): the
+                              full T x T count / masked_attention_TFLOPs
             + elementwise     hbm_bytes (what the norms, RoPE, SiLU, casts, residual adds and
                               the loss read and write) / hbm_GBps; the head's loss kernels
                               (exp/log-bound) at the measured loss_ns_per_logit instead, when
@@ -112,6 +114,7 @@ class CostModel:
         self.overhead_us = dict(d.op_overhead_us)
         self.gemm = RateTable(d.gemm_TFLOPs, compute_dtype, key_len=2)
         self.attn = RateTable(d.attention_TFLOPs, compute_dtype, key_len=1)
+        self.mattn = RateTable(d.masked_attention_TFLOPs, compute_dtype, key_len=1)
         self.link_latency_s = link.latency_us * 1e-6
         self.h2d_Bps = link.h2d_GBps * 1e9
         self.d2h_Bps = link.d2h_GBps * 1e9
@@ -158,17 +161,19 @@ class CostModel:
             else:
                 bwd = op.kind == OpKind.BACKWARD
                 gemms = work.block_gemms(m, tokens, bwd)
-                attn = work.attention(m, p["batch"] // p["micro_batches"], p["seq"], bwd)
+                masked = work.masked_attention(m, op.layer, p["seq"], p.get("doc_masks", False))
+                attn = work.attention(m, p["batch"] // p["micro_batches"], p["seq"], bwd, masked)
             if self.gemm:
                 t["gemm"] = self._gemm_s(gemms)
             else:
                 t["gemm"] = sum(g.flops for g in gemms) / self.flops_per_s
             if attn is not None:  # backward: the forward kernel (with grad), then the gradient kernel
-                if self.attn:
+                table = self.mattn if masked and self.mattn else self.attn
+                if table:
                     at = (attn.seq, attn.head_dim)
-                    t["attention"] = attn.fwd_flops / (self.attn.rate("", at, 0) * 1e12)
+                    t["attention"] = attn.fwd_flops / (table.rate("", at, 0) * 1e12)
                     if attn.bwd_flops:
-                        t["attention"] += attn.bwd_flops / (self.attn.rate("", at, 1) * 1e12)
+                        t["attention"] += attn.bwd_flops / (table.rate("", at, 1) * 1e12)
                 else:
                     t["attention"] = (attn.fwd_flops + attn.bwd_flops) / self.flops_per_s
         else:

@@ -29,8 +29,12 @@ MMAP_THRESHOLD_MAX = 32 * 2**20
 
 def device_constant_bytes(model: ModelSpec, policy: Policy) -> int:
     """Device buffers of the executor that no schedule op declares: RoPE cos and sin tables
-    (seq x head_dim, compute dtype) and the step's labels (batch x seq, int64)."""
-    return 2 * policy.seq * model.hd * DTYPE_BYTES[policy.compute_dtype] + policy.batch * policy.seq * 8
+    (seq x head_dim, compute dtype) and the step's labels (batch x seq, int64); under document
+    masks also each token's document and position (int64) and the tables gathered at those
+    positions (batch x seq x head_dim each, compute dtype)."""
+    a, tok = DTYPE_BYTES[policy.compute_dtype], policy.batch * policy.seq
+    docs = (2 * tok * 8 + 2 * tok * model.hd * a) if policy.doc_masks else 0
+    return 2 * policy.seq * model.hd * a + tok * 8 + docs
 
 
 def largest_transient_block(model: ModelSpec, policy: Policy) -> int:

@@ -94,6 +94,11 @@ class DeviceSpec:
     1e12 FLOP/s of the nominal count: forward 2 x 2 x T^2 x head_dim per head and sequence,
     halved for the causal mask; backward twice the forward. Empty: attention FLOPs run at the
     dtype's peak x matmul_efficiency."""
+    masked_attention_TFLOPs: tuple = ()
+    """The same kernels under an explicit bool mask (sliding windows shorter than the sequence,
+    document masks), rows (DTYPE, SEQ, HEAD_DIM, FWD, BWD) against the full count, forward
+    4 x T^2 x head_dim per head and sequence: such kernels cannot skip masked tiles. Empty: the
+    full count runs at attention_TFLOPs' rate."""
     reduce_GBps: float = 0.0
     """Bandwidth of a squared-norm reduction over a gradient where it lies (what an offload
     does before the global norm), 1e9 bytes/s. 0: hbm_GBps."""
@@ -119,6 +124,7 @@ class DeviceSpec:
         _check_number(self, "device", "loss_ns_per_logit", low_ok=True)
         _check_table(self, "device", "gemm_TFLOPs", ("dtype", "layout", "M", "N", "K", "TFLOPS"))
         _check_table(self, "device", "attention_TFLOPs", ("dtype", "SEQ", "HEAD_DIM", "FWD", "BWD"))
+        _check_table(self, "device", "masked_attention_TFLOPs", ("dtype", "SEQ", "HEAD_DIM", "FWD", "BWD"))
         _check_table(self, "device", "op_overhead_us", ("kind", "US"))
         if self.reserved_GiB >= self.hbm_GiB:
             raise HorizonError(f"device reserved_GiB={self.reserved_GiB:g} must be less than "

@@ -1,6 +1,9 @@
 """Read a local Hugging Face `config.json` into a ModelSpec (no transformers import, no network).
 
-Supported model_type: llama, qwen2, mistral. Field mapping (HF name -> ModelSpec field):
+Supported model_type: llama, qwen2, mistral. Every field of the file is accounted for: it is
+read into the spec, or listed in IGNORED (it does not change what a training step computes),
+or refused with its name. A field we do not know is refused too, so nothing that changes the
+model is ever dropped without a word. Field mapping (HF name -> ModelSpec field):
 
     num_hidden_layers   -> n_layers          (required)
     hidden_size         -> hidden            (required)
@@ -13,24 +16,78 @@ Supported model_type: llama, qwen2, mistral. Field mapping (HF name -> ModelSpec
     qwen2               -> qkv_bias = True   (Qwen2 always has q/k/v biases, never o/MLP biases)
     mlp_bias            -> mlp_bias          (llama only)
     rms_norm_eps        -> norm_eps          (default 1e-6, as in all three HF classes)
-    rope_theta or rope_parameters["rope_theta"] (or rope_scaling["rope_theta"]) -> rope_theta
+    max_position_embeddings -> max_position  (dynamic RoPE and yarn read it)
+    rope_parameters (transformers 5) or rope_scaling + rope_theta (4.x) -> rope_theta and
+                           rope_scaling (linear, dynamic, yarn, llama3; see specs/rope.py)
+    mistral sliding_window; qwen2 use_sliding_window, sliding_window, max_window_layers,
+    layer_types            -> layer_windows   (the window of each block, 0 = full)
 
-Llama's `attention_bias: true` puts a bias on q, k, v *and* o; ModelSpec's qkv_bias covers
-q, k, v only, so such configs are refused rather than miscounted. Sliding-window attention
-(Mistral v0.1, Qwen2 use_sliding_window) does not change parameter counts and is ignored.
+Refused: llama `attention_bias: true` (a bias on o too), attention dropout, partial rotary,
+rope types other than the four above, per-layer rope parameters, quantized checkpoints, code
+from the hub (auto_map), and any field of another architecture (logit soft-capping, qk norms,
+experts, ...).
 """
 import json
+import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.model_presets import model_preset
+from horizon_sim.specs.rope import ROPE_KINDS, RopeScaling
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 _SILU = ("silu", "swish")  # transformers maps both names to SiLU
 _DEFAULT_ROPE_THETA = 10000.0  # default_theta of all three HF config classes
 _DEFAULT_RMS_EPS = 1e-6  # rms_norm_eps default of all three HF config classes
+_QWEN2_MAX_WINDOW_LAYERS = 28  # Qwen2Config's default
+_QWEN2_SLIDING_WINDOW = 4096  # Qwen2Config's default
+
+# Read into the spec (per model type; the shared ones first).
+_READ = {"model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+         "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings", "rms_norm_eps",
+         "hidden_act", "max_position_embeddings", "rope_theta", "rope_parameters", "rope_scaling",
+         "attention_dropout"}
+_READ_BY_TYPE = {
+    "llama": {"attention_bias", "mlp_bias"},
+    "qwen2": {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "use_mrope"},
+    "mistral": {"sliding_window"},
+}
+# Fields that do not change what a causal-LM training step computes: names and versions,
+# inference and generation settings, the scale of transformers' own random init, token ids
+# (the tokenizer's business), classification-head labels, and pretraining_tp (4.x: each
+# projection sliced into that many matmuls summed back, the same product; unused in 5.x).
+IGNORED = frozenset({
+    "_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype",
+    "use_cache", "output_attentions", "output_hidden_states", "return_dict", "torchscript",
+    "id2label", "label2id", "num_labels", "problem_type", "chunk_size_feed_forward",
+    "is_encoder_decoder", "initializer_range", "pretraining_tp",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "tokenizer_class", "prefix", "task_specific_params", "finetuning_task",
+    "_attn_implementation", "_attn_implementation_autoset", "attn_implementation",
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "temperature",
+    "top_k", "top_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "num_return_sequences", "use_bfloat16", "tie_encoder_decoder", "pruned_heads",
+})
+# Fields other architectures use to change the model, with what they mean: refused by name
+# with a reason rather than as merely unknown.
+_FOREIGN = {
+    "quantization_config": "a quantized checkpoint (Horizon trains full-precision weights)",
+    "auto_map": "model code from the hub (trust_remote_code), not transformers' own class",
+    "partial_rotary_factor": "partial rotary embeddings",
+    "attn_logit_softcapping": "attention logit soft-capping",
+    "final_logit_softcapping": "final logit soft-capping",
+    "query_pre_attn_scalar": "a custom attention scale",
+    "use_qk_norm": "q/k normalisation", "qk_norm": "q/k normalisation",
+    "num_experts": "mixture of experts", "num_local_experts": "mixture of experts",
+    "num_experts_per_tok": "mixture of experts",
+    "attention_chunk_size": "chunked attention",
+    "embedding_multiplier": "a scaled embedding", "logits_scaling": "scaled logits",
+    "residual_multiplier": "scaled residuals", "attention_multiplier": "a custom attention scale",
+}
 
 
 def _config_file(path) -> Path:
@@ -42,7 +99,7 @@ def _config_file(path) -> Path:
     return p
 
 
-def _int(cfg: dict, key: str, where: str, default=None) -> int:
+def _int(cfg: dict, key: str, where: str, default=None, minimum: int = 1) -> int:
     if key not in cfg or (cfg[key] is None and default is not None):
         if default is None:
             raise HorizonError(f"{where}: required key {key!r} is missing")
@@ -50,8 +107,8 @@ def _int(cfg: dict, key: str, where: str, default=None) -> int:
     v = cfg[key]
     if not isinstance(v, int) or isinstance(v, bool):
         raise HorizonError(f"{where}: key {key!r} = {v!r} must be an integer")
-    if v <= 0:
-        raise HorizonError(f"{where}: key {key!r} = {v!r} must be a positive integer")
+    if v < minimum:
+        raise HorizonError(f"{where}: key {key!r} = {v!r} must be an integer >= {minimum}")
     return v
 
 
@@ -64,26 +121,137 @@ def _bool(cfg: dict, key: str, where: str, default: bool) -> bool:
     return v
 
 
-def _float(v, key: str, where: str) -> float:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
-        raise HorizonError(f"{where}: key {key!r} = {v!r} must be a positive number")
+def _float(v, key: str, where: str, minimum: float = 0.0, strict: bool = True) -> float:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not ok or v < minimum or (strict and v == minimum):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise HorizonError(f"{where}: key {key!r} = {v!r} must be a finite number {bound}")
     return float(v)
 
 
-def _rope_theta(cfg: dict, where: str) -> float:
-    """rope_theta sits top-level in older configs and inside rope_parameters (transformers >= 5)
-    or, in a few exports, rope_scaling."""
-    if cfg.get("rope_theta") is not None:
-        return _float(cfg["rope_theta"], "rope_theta", where)
-    for key in ("rope_parameters", "rope_scaling"):
-        sub = cfg.get(key)
-        if sub is None:
+def _check_fields(cfg: dict, mt: str, where: str) -> None:
+    """Every key is read, ignored on purpose, or refused by name."""
+    known = _READ | _READ_BY_TYPE[mt] | IGNORED
+    for key, v in cfg.items():
+        if key in known:
             continue
-        if not isinstance(sub, dict):
-            raise HorizonError(f"{where}: key {key!r} = {sub!r} must be an object")
-        if sub.get("rope_theta") is not None:
-            return _float(sub["rope_theta"], f"{key}.rope_theta", where)
-    return _DEFAULT_ROPE_THETA
+        if key in _FOREIGN:
+            if v is None or v is False or v == {} or (key == "partial_rotary_factor" and v == 1):
+                continue  # present at its off value
+            raise HorizonError(f"{where}: {key} = {json.dumps(v)[:60]} is {_FOREIGN[key]}, which Horizon "
+                               f"does not implement")
+        if any(key in fields for t, fields in _READ_BY_TYPE.items() if t != mt):
+            raise HorizonError(f"{where}: {key!r} is not a {mt} config field ({mt} models have no such "
+                               f"feature in transformers); remove it or fix model_type")
+        raise HorizonError(f"{where}: unknown config field {key!r} for model_type {mt!r}; Horizon reads or "
+                           f"deliberately ignores every field it trains by, and does not know this one "
+                           f"(remove it if it is metadata)")
+    if (d := cfg.get("attention_dropout")) not in (None, 0, 0.0):
+        raise HorizonError(f"{where}: attention_dropout = {d!r}; Horizon trains without dropout (want 0)")
+    if mt == "qwen2" and cfg.get("use_mrope"):
+        raise HorizonError(f"{where}: use_mrope = true (multimodal RoPE) is not supported")
+
+
+# ---- RoPE -----------------------------------------------------------------------------------
+_ROPE_KEYS = {  # keys transformers' validators accept per rope type (+ rope_type/type, rope_theta)
+    "default": set(), "linear": {"factor"}, "dynamic": {"factor"},
+    "yarn": {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+             "mscale", "mscale_all_dim", "truncate"},
+    "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+}
+
+
+def _rope(cfg: dict, where: str) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling) as transformers 5 standardizes them: `rope_scaling` (4.x) wins
+    over `rope_parameters` when set; rope_theta inside the dict wins over the top-level one."""
+    params, key = None, None
+    for k in ("rope_scaling", "rope_parameters"):
+        if cfg.get(k):
+            params, key = cfg[k], k
+            break
+    if params is not None and not isinstance(params, dict):
+        raise HorizonError(f"{where}: key {key!r} = {params!r} must be an object")
+    params = dict(params or {})
+    if params and all(isinstance(v, dict) for v in params.values()):
+        raise HorizonError(f"{where}: {key} per layer type ({', '.join(params)}) is not supported")
+    theta = params.pop("rope_theta", None)
+    if theta is None:
+        theta = cfg.get("rope_theta")
+    theta = _DEFAULT_ROPE_THETA if theta is None else _float(theta, "rope_theta", where)
+    kind = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    if kind not in _ROPE_KEYS:
+        raise HorizonError(f"{where}: {key} rope type {kind!r} is not supported; allowed: default, "
+                           f"{', '.join(ROPE_KINDS)}")
+    prf = params.pop("partial_rotary_factor", 1.0)
+    if prf != 1 and prf != 1.0:
+        raise HorizonError(f"{where}: {key}.partial_rotary_factor = {prf!r}: partial rotary embeddings "
+                           "are not supported")
+    extra = sorted(set(params) - _ROPE_KEYS[kind])
+    if extra:
+        raise HorizonError(f"{where}: {key}.{extra[0]} is not a parameter of rope type {kind!r} "
+                           f"(allowed: {', '.join(sorted(_ROPE_KEYS[kind])) or 'none'})")
+    if kind == "default":
+        return theta, None
+    if kind != "yarn" and params.get("factor") is None:
+        raise HorizonError(f"{where}: {key} rope type {kind!r} needs a 'factor'")
+    num = {}
+    for k, field in (("factor", "factor"), ("low_freq_factor", "low_freq_factor"),
+                     ("high_freq_factor", "high_freq_factor"), ("beta_fast", "beta_fast"),
+                     ("beta_slow", "beta_slow"), ("attention_factor", "attention_factor"),
+                     ("mscale", "mscale"), ("mscale_all_dim", "mscale_all_dim")):
+        if params.get(k) is not None:
+            num[field] = _float(params[k], f"{key}.{k}", where, strict=False)
+    if params.get("original_max_position_embeddings") is not None:
+        num["original_max_position"] = _int(params, "original_max_position_embeddings", f"{where}: {key}")
+    if "truncate" in params:
+        num["truncate"] = _bool(params, "truncate", f"{where}: {key}", True)
+    try:
+        return theta, RopeScaling(kind=kind, **num)
+    except HorizonError as e:
+        raise HorizonError(f"{where}: {e}") from None
+
+
+def _resolve(s: RopeScaling | None, max_position: int) -> RopeScaling | None:
+    """Fill in what transformers derives from max_position_embeddings: the pretraining context
+    of llama3/yarn (standardize_rope_params' setdefault) and yarn's null factor."""
+    if s is None or s.kind in ("linear",):
+        return s
+    if s.kind == "dynamic" and not max_position:
+        raise HorizonError("rope type 'dynamic' needs max_position_embeddings")
+    if s.kind in ("llama3", "yarn") and not s.original_max_position:
+        if not max_position:
+            raise HorizonError(f"rope type {s.kind!r} needs original_max_position_embeddings or "
+                               "max_position_embeddings")
+        s = replace(s, original_max_position=max_position)
+    if s.kind == "yarn" and not s.factor:
+        if not max_position:
+            raise HorizonError("rope type 'yarn' with factor null needs max_position_embeddings")
+        s = replace(s, factor=max_position / s.original_max_position)
+    return s
+
+
+# ---- sliding windows --------------------------------------------------------------------------
+def _windows(cfg: dict, mt: str, n_layers: int, where: str) -> tuple[int, ...]:
+    """Per-block window as transformers' MistralAttention / Qwen2Attention apply it."""
+    if mt == "mistral":
+        w = cfg.get("sliding_window")
+        return (_int(cfg, "sliding_window", where),) * n_layers if w is not None else ()
+    if mt != "qwen2" or not _bool(cfg, "use_sliding_window", where, False):
+        return ()  # Qwen2Config drops sliding_window unless use_sliding_window
+    if "sliding_window" in cfg and cfg["sliding_window"] is None:
+        return ()
+    w = _int(cfg, "sliding_window", where, default=_QWEN2_SLIDING_WINDOW)
+    types = cfg.get("layer_types")
+    if types is None:
+        first = _int(cfg, "max_window_layers", where, default=_QWEN2_MAX_WINDOW_LAYERS, minimum=0)
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+    if (not isinstance(types, list) or len(types) != n_layers
+            or any(t not in ("full_attention", "sliding_attention") for t in types)):
+        raise HorizonError(f"{where}: layer_types must list 'full_attention' or 'sliding_attention' "
+                           f"for each of the {n_layers} layers")
+    wins = tuple(w if t == "sliding_attention" else 0 for t in types)
+    return wins if any(wins) else ()
 
 
 def from_hf_config(path) -> ModelSpec:
@@ -98,11 +266,16 @@ def from_hf_config(path) -> ModelSpec:
         raise HorizonError(f"{where}: cannot read ({e.__class__.__name__}: {e})") from None
     if not isinstance(cfg, dict):
         raise HorizonError(f"{where}: top level must be a JSON object, got {type(cfg).__name__}")
+    return spec_from_config_dict(cfg, where, file)
 
+
+def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | None = None) -> ModelSpec:
+    """ModelSpec from a config dict (`where` names it in errors)."""
     mt = cfg.get("model_type")
     if mt not in SUPPORTED_MODEL_TYPES:
         raise HorizonError(f"{where}: model_type {mt!r} is not supported; allowed: "
                            f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    _check_fields(cfg, mt, where)
     act = cfg.get("hidden_act", "silu")
     if act not in _SILU:
         raise HorizonError(f"{where}: hidden_act {act!r} is not supported; the gated MLP must use silu")
@@ -118,12 +291,15 @@ def from_hf_config(path) -> ModelSpec:
                            "supported; only qwen2-style q/k/v biases are")
     qkv_bias = mt == "qwen2"
     mlp_bias = _bool(cfg, "mlp_bias", where, False) if mt == "llama" else False
+    n_layers = _int(cfg, "num_hidden_layers", where)
+    theta, scaling = _rope(cfg, where)
 
     eps = cfg.get("rms_norm_eps")
-    name = cfg.get("_name_or_path") or (file.parent.name if file.name == "config.json" else file.stem)
+    name = cfg.get("_name_or_path") or (
+        (file.parent.name if file.name == "config.json" else file.stem) if file is not None else "")
     fields = dict(
         name=str(name) or "custom",
-        n_layers=_int(cfg, "num_hidden_layers", where),
+        n_layers=n_layers,
         hidden=hidden,
         n_heads=heads,
         n_kv_heads=_int(cfg, "num_key_value_heads", where, default=heads),
@@ -136,17 +312,31 @@ def from_hf_config(path) -> ModelSpec:
         mlp_bias=mlp_bias,
         norm="rmsnorm",
         norm_eps=_float(eps, "rms_norm_eps", where) if eps is not None else _DEFAULT_RMS_EPS,
-        rope_theta=_rope_theta(cfg, where),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position=_int(cfg, "max_position_embeddings", where, default=0, minimum=0),
+        layer_windows=_windows(cfg, mt, n_layers, where),
     )
     try:
+        fields["rope_scaling"] = _resolve(scaling, fields["max_position"])
         return ModelSpec(**fields)
     except HorizonError as e:  # ModelSpec's own consistency checks (e.g. heads vs kv heads)
         raise HorizonError(f"{where}: {e}") from None
 
 
-def load_model(name_or_path) -> ModelSpec:
-    """A preset name ('llama-2-7b') or a path to a config.json / a directory holding one."""
+def model_source(name_or_path) -> Path | None:
+    """The config.json a --model value names: a path, or a model id ('Qwen/Qwen2.5-7B') in the
+    local Hugging Face cache; None for a preset name."""
     s = os.fspath(name_or_path)
     if s.endswith(".json") or os.path.exists(s):
-        return from_hf_config(s)
-    return model_preset(s)
+        return _config_file(s)
+    if looks_like_model_id(s):
+        return resolve_model_dir(s) / "config.json"
+    return None
+
+
+def load_model(name_or_path) -> ModelSpec:
+    """A preset name ('llama-2-7b'), a path to a config.json / a directory holding one, or a
+    model id in the local Hugging Face cache."""
+    src = model_source(name_or_path)
+    return from_hf_config(src) if src is not None else model_preset(os.fspath(name_or_path))

@@ -1,9 +1,11 @@
 """ModelSpec: a decoder-only transformer described by its shape, with exact parameter counts
 and FLOPs per token. Presets live in model_presets.py. Activation and temporary bytes are
 the schedule's business (schedule/work.py), measured against the executor there."""
-from dataclasses import dataclass, asdict
+import math
+from dataclasses import asdict, dataclass
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.rope import RopeScaling
 
 FFN_TYPES = ("gated", "plain")
 NORM_TYPES = ("rmsnorm", "layernorm")
@@ -38,8 +40,20 @@ class ModelSpec:
     norm: str = "rmsnorm"
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    """RoPE frequency scaling (Llama 3.1's 'llama3', 'linear', 'dynamic', 'yarn'); None = plain RoPE."""
+    max_position: int = 0
+    """max_position_embeddings of the HF config (dynamic RoPE scales past it); 0 = not given."""
+    layer_windows: tuple[int, ...] = ()
+    """Sliding-window attention per block: a query attends to itself and the window-1 tokens
+    before it; 0 = the whole causal prefix. Empty = every block full (Llama)."""
 
     def __post_init__(self):
+        # JSON round trips (schedule meta, sweep rows) hand these back as dict / list.
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        if not isinstance(self.layer_windows, tuple):
+            object.__setattr__(self, "layer_windows", tuple(self.layer_windows))
         for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -55,6 +69,21 @@ class ModelSpec:
             raise HorizonError(f"model ffn_type={self.ffn_type!r}; allowed: {', '.join(FFN_TYPES)}")
         if self.norm not in NORM_TYPES:
             raise HorizonError(f"model norm={self.norm!r}; allowed: {', '.join(NORM_TYPES)}")
+        for f in ("norm_eps", "rope_theta"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise HorizonError(f"model {f}={v!r} must be a positive finite number")
+        if not isinstance(self.max_position, int) or self.max_position < 0:
+            raise HorizonError(f"model max_position={self.max_position!r} must be an integer >= 0")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise HorizonError(f"model rope_scaling={self.rope_scaling!r} must be a RopeScaling or None")
+        if self.rope_scaling is not None and self.rope_scaling.kind == "dynamic" and not self.max_position:
+            raise HorizonError("model rope_scaling 'dynamic' needs max_position (max_position_embeddings)")
+        if self.layer_windows and len(self.layer_windows) != self.n_layers:
+            raise HorizonError(f"model layer_windows has {len(self.layer_windows)} entries; "
+                               f"want one per block ({self.n_layers}) or none")
+        if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in self.layer_windows):
+            raise HorizonError(f"model layer_windows {self.layer_windows[:8]} must be integers >= 0 (0 = full)")
 
     # ---- shapes -------------------------------------------------------------------------
     @property
@@ -68,6 +97,15 @@ class ModelSpec:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.hd
+
+    def window(self, layer: int) -> int:
+        """Block `layer`'s attention window in tokens (0 = the whole causal prefix)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    def attended(self, layer: int, seq: int) -> int:
+        """Keys a query of block `layer` may see at most, in a sequence of `seq` tokens."""
+        w = self.window(layer)
+        return min(w, seq) if w else seq
 
     # ---- parameters (exact: tests compare with transformers) ----------------------------
     @property
@@ -115,14 +153,18 @@ class ModelSpec:
         return self.n_layers * self.layer_matmul_params + self.vocab * self.hidden
 
     # ---- FLOPs --------------------------------------------------------------------------
-    def model_flops_per_token(self, seq: int) -> float:
-        """PaLM model FLOPs per trained token: 6·N + 12·L·H·T (non-causal attention term;
-        uses q_dim for H so GQA and explicit head_dim count right)."""
-        return 6.0 * self.model_flops_params + 12.0 * self.n_layers * self.q_dim * seq
+    def model_flops_per_token(self, seq: int, context: int = 0) -> float:
+        """PaLM model FLOPs per trained token: 6·N + 12·H·Σ_l T_l (non-causal attention term;
+        uses q_dim for H so GQA and explicit head_dim count right). T_l is what a query of
+        block l can attend to: seq, or its sliding window when shorter, or `context` (the
+        mean document length under document masks) when given and shorter."""
+        ctx = sum(min(self.attended(layer, seq), context or seq) for layer in range(self.n_layers))
+        return 6.0 * self.model_flops_params + 12.0 * self.q_dim * ctx
 
     def layer_fwd_flops(self, tokens: int, seq: int, causal: bool = True) -> float:
         """FLOPs one block's forward executes over `tokens` tokens of sequence length `seq`.
-        Causal attention executes half of QK^T and AV (flash kernels skip masked tiles)."""
+        Causal attention executes half of QK^T and AV (flash kernels skip masked tiles);
+        causal=False: the kernel computes every T x T score (an explicit mask)."""
         attn = 4.0 * seq * self.q_dim * tokens * (0.5 if causal else 1.0)
         return 2.0 * self.layer_matmul_params * tokens + attn
 
@@ -130,4 +172,8 @@ class ModelSpec:
         return 2.0 * self.vocab * self.hidden * tokens
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain JSON values (layer_windows as a list, rope_scaling as a dict or None), so a
+        dict read back from JSON compares equal; ModelSpec(**d) rebuilds the spec."""
+        d = asdict(self)
+        d["layer_windows"] = list(self.layer_windows)
+        return d

@@ -2,26 +2,35 @@
 parameter totals are checked against transformers in tests/test_model_presets.py."""
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.rope import RopeScaling
 from horizon_sim.units import closest
+
+# meta-llama/Llama-3.1-*'s rope_scaling (Llama 3.2 and 3.3 use the same up to factor).
+LLAMA31_ROPE = RopeScaling(kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                           original_max_position=8192)
 
 
 def _llama2(name, L, H, heads, kv, F):
-    # meta-llama/Llama-2-*-hf config.json: vocab 32000, rms_norm_eps 1e-5, rope_theta 1e4.
+    # meta-llama/Llama-2-*-hf config.json: vocab 32000, rms_norm_eps 1e-5, rope_theta 1e4,
+    # max_position_embeddings 4096.
     return ModelSpec(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=kv,
-                     ffn_hidden=F, vocab=32000, norm_eps=1e-5, rope_theta=1e4)
+                     ffn_hidden=F, vocab=32000, norm_eps=1e-5, rope_theta=1e4, max_position=4096)
 
 
 def _llama31(name, L, H, heads, F):
-    # meta-llama/Llama-3.1-*: vocab 128256, 8 kv heads, rope_theta 5e5.
+    # meta-llama/Llama-3.1-*: vocab 128256, 8 kv heads, rope_theta 5e5, 128k context by
+    # llama3 RoPE scaling.
     return ModelSpec(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=8,
-                     ffn_hidden=F, vocab=128256, norm_eps=1e-5, rope_theta=5e5)
+                     ffn_hidden=F, vocab=128256, norm_eps=1e-5, rope_theta=5e5,
+                     rope_scaling=LLAMA31_ROPE, max_position=131072)
 
 
-def _qwen25(name, L, H, heads, kv, F, vocab=152064, tied=False):
-    # Qwen/Qwen2.5-*: qkv bias, rms_norm_eps 1e-6, rope_theta 1e6.
+def _qwen25(name, L, H, heads, kv, F, vocab=152064, tied=False, ctx=131072):
+    # Qwen/Qwen2.5-*: qkv bias, rms_norm_eps 1e-6, rope_theta 1e6, max_position_embeddings
+    # 32768 (0.5B) or 131072 (7B and up); sliding window off (use_sliding_window false).
     return ModelSpec(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=kv,
                      ffn_hidden=F, vocab=vocab, tied_embeddings=tied, qkv_bias=True,
-                     norm_eps=1e-6, rope_theta=1e6)
+                     norm_eps=1e-6, rope_theta=1e6, max_position=ctx)
 
 
 PRESETS: dict[str, ModelSpec] = {
@@ -32,14 +41,14 @@ PRESETS: dict[str, ModelSpec] = {
         _llama31("llama-3.1-8b", 32, 4096, 32, 14336),
         _llama31("llama-3.1-70b", 80, 8192, 64, 28672),
         _llama31("llama-3.1-405b", 126, 16384, 128, 53248),
-        _qwen25("qwen2.5-0.5b", 24, 896, 14, 2, 4864, vocab=151936, tied=True),
+        _qwen25("qwen2.5-0.5b", 24, 896, 14, 2, 4864, vocab=151936, tied=True, ctx=32768),
         _qwen25("qwen2.5-7b", 28, 3584, 28, 4, 18944),
         _qwen25("qwen2.5-14b", 48, 5120, 40, 8, 13824),
         _qwen25("qwen2.5-32b", 64, 5120, 40, 8, 27648),
         _qwen25("qwen2.5-72b", 80, 8192, 64, 8, 29568),
-        # mistralai/Mistral-7B-v0.3: vocab 32768, rope_theta 1e6, no sliding window.
+        # mistralai/Mistral-7B-v0.3: vocab 32768, rope_theta 1e6, no sliding window, 32k context.
         ModelSpec(name="mistral-7b", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8,
-                  ffn_hidden=14336, vocab=32768, norm_eps=1e-5, rope_theta=1e6),
+                  ffn_hidden=14336, vocab=32768, norm_eps=1e-5, rope_theta=1e6, max_position=32768),
         # The paper's headline is "~120B dense on one H200 with 1.5 TB host RAM". Its exact
         # config is not published in a form we can copy, so this is a Llama-3-style dense
         # model sized to 119.8B: 76 blocks of 1.535B parameters (width 12288, 96 heads,

@@ -47,6 +47,14 @@ class Policy:
     """Attention kernel the activation model assumes: 'flash' (no T×T term) or 'eager'."""
     loss_chunk_tokens: int = 1024
     """The LM head and loss run over this many tokens at a time, so full logits never exist."""
+    doc_masks: bool = False
+    """Document-aware attention for packed data: a token attends only within its own document
+    and positions restart at each document (transformers' packed sequences). The attention
+    kernel then runs under an explicit mask: every T x T score is computed (no causal tile
+    skipping), plus a (micro_batch, T, T) bool mask per block call."""
+    doc_tokens: int = 0
+    """Mean document length in tokens, for model FLOPs (MFU) under doc_masks: a token attends
+    to at most its document. 0 = seq (documents as long as the sequence)."""
 
     def __post_init__(self):
         for f in ("batch", "seq", "micro_batches", "ckpt_every", "loss_chunk_tokens"):
@@ -63,6 +71,10 @@ class Policy:
                            ("master_dtype", DTYPES), ("states_dtype", DTYPES), ("grad_dtype", DTYPES)):
             if getattr(self, f) not in allowed:
                 raise HorizonError(f"policy {f}={getattr(self, f)!r}; allowed: {', '.join(allowed)}")
+        if not isinstance(self.doc_tokens, int) or isinstance(self.doc_tokens, bool) or self.doc_tokens < 0:
+            raise HorizonError(f"policy doc_tokens={self.doc_tokens!r} must be an integer >= 0 (0 = seq)")
+        if self.doc_tokens and not self.doc_masks:
+            raise HorizonError(f"policy doc_tokens={self.doc_tokens} prices document masks; set doc_masks too")
         if not isinstance(self.grad_clip, (int, float)) or not 0 <= self.grad_clip < math.inf:
             raise HorizonError(f"policy grad_clip={self.grad_clip!r} must be a finite number >= 0 (0 = off)")
         if self.optimizer == "backward" and self.grad_clip > 0:
@@ -87,6 +99,12 @@ class Policy:
     def tokens(self) -> int:
         """Tokens per optimizer step."""
         return self.batch * self.seq
+
+    @property
+    def context_tokens(self) -> int:
+        """What a query can attend to at most under the policy's data (model FLOPs): the mean
+        document under doc_masks, else the sequence."""
+        return min(self.doc_tokens or self.seq, self.seq) if self.doc_masks else self.seq
 
     @property
     def clip(self) -> bool:

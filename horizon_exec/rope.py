@@ -1,0 +1,95 @@
+"""RoPE tables of a ModelSpec, equal to transformers' (modeling_rope_utils and
+LlamaRotaryEmbedding, transformers 5): the same fp32 operations in the same order, so the
+tables match bit for bit (tests/test_hf_features.py compares them).
+
+    inv_freq (hd/2,) fp32 and the attention factor, by the spec's rope_scaling kind
+    cos, sin (T, hd) = cos/sin of positions x inv_freq, duplicated to hd, times the factor,
+    cast to the activation dtype
+"""
+import math
+
+import torch
+
+from horizon_sim.specs.model import ModelSpec
+
+
+def _base_inv_freq(theta, dim: int, device):
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(torch.float) / dim))
+
+
+def _llama3(m: ModelSpec, device):
+    s = m.rope_scaling
+    inv = _base_inv_freq(m.rope_theta, m.hd, device)
+    low_wavelen = s.original_max_position / s.low_freq_factor
+    high_wavelen = s.original_max_position / s.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    out = torch.where(wavelen > low_wavelen, inv / s.factor, inv)       # low frequencies: interpolate
+    smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * out / s.factor + smooth * out
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, out), 1.0
+
+
+def _dynamic(m: ModelSpec, seq: int, device):
+    """NTK-aware: the base grows once the sequence passes max_position. transformers builds
+    the table for max_position at init (Python floats) and rebuilds it in forward with the
+    sequence length as a tensor (fp32 arithmetic) when a batch is longer."""
+    s, dim = m.rope_scaling, m.hd
+    if seq <= m.max_position:
+        n, base = m.max_position, m.rope_theta
+        base = base * ((s.factor * n / m.max_position) - (s.factor - 1)) ** (dim / (dim - 2))
+    else:
+        n = torch.tensor(seq, dtype=torch.int64, device=device)
+        base = m.rope_theta * ((s.factor * n / m.max_position) - (s.factor - 1)) ** (dim / (dim - 2))
+    return _base_inv_freq(base, dim, device), 1.0
+
+
+def _yarn(m: ModelSpec, device):
+    s, dim, base = m.rope_scaling, m.hd, m.rope_theta
+    factor = s.factor
+
+    def mscale(scale, ms=1.0):
+        return 1.0 if scale <= 1 else 0.1 * ms * math.log(scale) + 1.0
+
+    attn = s.attention_factor or (mscale(factor, s.mscale) / mscale(factor, s.mscale_all_dim)
+                                  if s.mscale and s.mscale_all_dim else mscale(factor))
+
+    def corr_dim(rot):
+        return (dim * math.log(s.original_max_position / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = corr_dim(s.beta_fast), corr_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1).to(device)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(device=device, dtype=torch.float) / dim)
+    extra, inter = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    keep = 1 - ramp                                  # share of extrapolation per frequency
+    return inter * (1 - keep) + extra * keep, float(attn)
+
+
+def inv_freq(m: ModelSpec, seq: int, device=None) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies (hd/2,) fp32, attention factor) for sequences of `seq` tokens."""
+    s = m.rope_scaling
+    if s is None:
+        return _base_inv_freq(m.rope_theta, m.hd, device), 1.0
+    if s.kind == "linear":
+        inv = _base_inv_freq(m.rope_theta, m.hd, device)
+        inv /= s.factor
+        return inv, 1.0
+    if s.kind == "llama3":
+        return _llama3(m, device)
+    if s.kind == "dynamic":
+        return _dynamic(m, seq, device)
+    return _yarn(m, device)
+
+
+def rope_tables(m: ModelSpec, seq: int, dtype, device):
+    """cos, sin (T, hd) for positions 0..T-1 in the activation dtype."""
+    inv, attn = inv_freq(m, seq, device)
+    pos = torch.arange(seq, device=device, dtype=torch.float32)
+    freqs = pos[:, None] * inv.to(device=device, dtype=torch.float)[None, :]   # (T, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)                                  # (T, hd)
+    return (emb.cos() * attn).to(dtype), (emb.sin() * attn).to(dtype)

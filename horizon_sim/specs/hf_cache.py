@@ -1,0 +1,50 @@
+"""Hugging Face model ids ("Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.1-8B@main") resolved to a
+snapshot folder of the local hub cache, the way transformers finds them offline. Never
+downloads: a model that is not in the cache is a one-line error saying so.
+
+Cache location, as huggingface_hub reads it: $HF_HUB_CACHE, else $HUGGINGFACE_HUB_CACHE, else
+$HF_HOME/hub, else ~/.cache/huggingface/hub. A model lives in models--{org}--{name}/, with
+refs/{branch} holding a commit hash and snapshots/{commit}/ the files.
+"""
+import os
+import re
+from pathlib import Path
+
+from horizon_sim.errors import HorizonError
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
+
+
+def hub_cache_dir() -> Path:
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser()
+    home = os.environ.get("HF_HOME")
+    return (Path(home).expanduser() if home else Path.home() / ".cache" / "huggingface") / "hub"
+
+
+def looks_like_model_id(s: str) -> bool:
+    """'org/name' or 'org/name@revision' that is not a path on disk."""
+    return bool(_ID.match(s)) and not os.path.exists(s)
+
+
+def resolve_model_dir(name: str, need: str = "config.json") -> Path:
+    """The snapshot folder of model id `name` in the local hub cache (it must hold `need`)."""
+    repo, _, rev = name.partition("@")
+    rev = rev or "main"
+    cache = hub_cache_dir()
+    root = cache / ("models--" + repo.replace("/", "--"))
+    if not root.is_dir():
+        raise HorizonError(f"{name!r} is neither a local folder nor a model in the local Hugging Face cache "
+                           f"({cache}); Horizon never downloads: fetch it first (e.g. `hf download {repo}`) "
+                           "or give a folder")
+    ref = root / "refs" / rev
+    commit = ref.read_text().strip() if ref.is_file() else rev
+    snap = root / "snapshots" / commit
+    if not snap.is_dir():
+        have = sorted(p.name for p in (root / "refs").glob("*")) if (root / "refs").is_dir() else []
+        raise HorizonError(f"{name!r}: revision {rev!r} is not in the local cache ({root}); cached refs: "
+                           f"{', '.join(have) or 'none'}")
+    if not (snap / need).is_file():
+        raise HorizonError(f"{name!r}: the cached snapshot {snap} has no {need} (a partial download?)")
+    return snap
