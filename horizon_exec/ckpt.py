@@ -31,6 +31,7 @@ Resuming from a checkpoint into a trainer built with the same model and policy g
 whose next steps equal the uninterrupted run bit for bit (fp32): every number a step reads
 is restored exactly.
 """
+import dataclasses
 import hashlib
 import json
 import os
@@ -438,9 +439,21 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write) ->
         raise CheckpointError(f"{path}: checksum mismatch (corrupt checkpoint)")
 
 
+def _field_defaults(spec) -> dict:
+    """{field: default in to_dict's JSON form} of a spec dataclass (fields that have one)."""
+    out = {}
+    for f in dataclasses.fields(spec):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = list(f.default) if isinstance(f.default, tuple) else f.default
+    return out
+
+
 def _check_compatible(p: Path, meta: dict, trainer) -> None:
-    for what, have in (("model", trainer.model.to_dict()), ("policy", trainer.policy.to_dict())):
-        saved = meta.get(what, {})
+    for what, spec in (("model", trainer.model), ("policy", trainer.policy)):
+        have = spec.to_dict()
+        # A field the checkpoint does not name was added after it was written: it ran with
+        # the field's default.
+        saved = {**{k: v for k, v in _field_defaults(spec).items() if k in have}, **meta.get(what, {})}
         diff = [k for k in sorted(set(have) | set(saved)) if have.get(k) != saved.get(k)
                 and not (what == "model" and k == "name")]
         if diff:

@@ -256,3 +256,22 @@ def test_tokenizer_larger_than_the_vocab_is_refused(tmp_path, capsys):
         ModelSpec(n_layers=1, hidden=32, n_heads=2, n_kv_heads=2, ffn_hidden=64, vocab=128))))
     assert main(["train", "--model", str(tmp_path / "config.json"), "--seq", "16", "--no-progress"]) == 2
     assert "tokenizer bytes has 256 ids; the model's vocab is 128" in capsys.readouterr().err
+
+
+def test_a_checkpoint_from_before_a_field_existed_resumes_with_its_default(tmp_path):
+    """trainer.json written before a ModelSpec/Policy field was added does not name it: the run
+    it came from used the default, so it is compatible; a real difference is still refused."""
+    from horizon_exec.ckpt import _check_compatible
+    from horizon_exec.trainer import Trainer
+    from horizon_sim.errors import HorizonError
+    from horizon_sim.specs.model_presets import model_preset
+    from horizon_sim.specs.policy import Policy
+    with Trainer(model_preset("tiny"), Policy(batch=1, seq=16)) as tr:
+        model, policy = tr.model.to_dict(), tr.policy.to_dict()
+        for k in ("layer_windows", "rope_scaling", "max_position"):
+            model.pop(k)
+        for k in ("doc_masks", "doc_tokens"):
+            policy.pop(k)
+        _check_compatible(tmp_path, {"model": model, "policy": policy}, tr)
+        with pytest.raises(HorizonError, match="policy doc_masks=True"):
+            _check_compatible(tmp_path, {"model": model, "policy": {**policy, "doc_masks": True}}, tr)
