@@ -38,11 +38,14 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    from horizon_sim.plan.sweep import check_output, feasibility_map, load_grid, map_path, sweep, write_results
+    from horizon_sim.plan.sweep import (check_map, check_output, feasibility_map, load_grid, map_path, sweep,
+                                        write_results)
 
     positive("--workers", a.workers, allow_none=True)
     out = check_output(a.output)  # before any simulation
     grid = load_grid(a.grid)
+    if not a.no_plot:
+        check_map(grid)
     df = sweep(grid, workers=a.workers, progress=not a.quiet)
     write_results(df, out)
     png = None if a.no_plot else feasibility_map(df, map_path(out))
@@ -59,7 +62,7 @@ def run(a: argparse.Namespace) -> int:
         return 0
     print(f"sweep: {len(df)} configurations ({len(grid.models)} models x {len(grid.gpus)} GPUs x "
           f"{len(grid.links)} links x {len(grid.hosts)} hosts x {len(grid.ram)} RAM sizes x "
-          f"{len(grid.policies())} policies): {len(ok)} fit, {n_err} invalid")
+          f"{grid.n_policies} policies): {len(ok)} fit, {n_err} invalid")
     if best is not None:
         print(f"  fastest that fits: {best.model} on {best.gpu} + {best.link} with {fmt_bytes(best.ram_bytes)}: "
               f"{best.tokens_per_s:,.0f} tokens/s")

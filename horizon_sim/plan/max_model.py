@@ -1,7 +1,7 @@
 """max_model(): the largest model that trains on a machine.
 
 Candidates: every model preset, plus the dense-120b family scaled in depth (its 12288-wide
-block, 2 to as many layers as could possibly fit, in steps of 2) and in width (its 76 layers,
+block, 2 to as many layers as could possibly fit, in steps of 2, up to the planner's MAX_LAYERS) and in width (its 76 layers,
 width 1024 to 32768 in steps of 1024, 128-wide heads, 8 kv heads, SwiGLU 8/3 x width). Each is
 judged under a policy set: 'default' (Policy() alone) or 'lean' (the default plus three
 memory-lean policies; the fastest that fits counts).
@@ -19,6 +19,7 @@ import pandas as pd
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.plan.sweep import Outcome, Runner
+from horizon_sim.schedule.limits import MAX_LAYERS
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.model_presets import PRESETS
@@ -85,7 +86,7 @@ def candidates(hw: HardwareSpec, policies: dict[str, Policy]) -> list[Candidate]
     the last depth whose lower bound fits)."""
     base = PRESETS[FAMILY_BASE]
     out = {m.name: Candidate(m, "preset") for m in PRESETS.values()}
-    for L in range(2, 100_000, 2):
+    for L in range(2, MAX_LAYERS + 1, 2):
         m = replace(base, name=f"{base.name}-L{L}", n_layers=L)
         if L != base.n_layers:
             out[m.name] = Candidate(m, "depth")

@@ -41,6 +41,14 @@ from horizon_sim.specs.policy import Policy
 from horizon_sim.units import GiB, closest, fmt_bytes, parse_size
 
 POLICY_FIELDS = tuple(f.name for f in fields(Policy))
+MAX_SWEEP_SIMULATIONS = 10_000
+"""Simulations one sweep runs (RAM sizes are free: see above). A 7B-class configuration takes
+~0.1 s of one core, so 10,000 are minutes on a small machine; a bigger grid is split."""
+MAX_MAP_ROWS = MAX_MAP_COLUMNS = 64
+"""Models (rows) and RAM sizes (columns) the feasibility map draws: one labelled cell each,
+about an inch wide, so a larger map would be an unreadable image of hundreds of megabytes."""
+MAX_MAP_PANELS = 16
+"""GPU x link panels of the map, side by side."""
 RAM_STEP_BYTES = 64 * GiB
 """RAM is sold and reported here in multiples of 64 GiB."""
 SIM_TIME_LIMIT_S = 2.0
@@ -173,8 +181,10 @@ class Runner:
         """known_total: each run() call is the whole job (the bar shows a total); otherwise
         the bar only counts (a search does not know how many simulations it will need)."""
         self.workers = default_workers() if workers is None else int(workers)
-        if self.workers < 1:
-            raise HorizonError(f"workers={workers!r} must be >= 1")
+        most = 4 * default_workers()  # simulations are CPU-bound: more processes only take memory
+        if not 1 <= self.workers <= most:
+            raise HorizonError(f"workers={workers!r}: this machine has {default_workers()} cores; "
+                               f"allowed: 1..{most}")
         self.progress, self.desc, self.known_total = progress, desc, known_total
         self.cache: dict = {}
         self._pool = None
@@ -291,9 +301,17 @@ class Grid:
         return [{**base, **dict(zip(keys, combo))}
                 for combo in itertools.product(*(self.policy[k] for k in keys))]
 
+    @property
+    def n_policies(self) -> int:
+        return math.prod(len(v) for v in self.policy.values())
+
+    @property
+    def n_simulations(self) -> int:
+        """Configurations simulated: every one but the RAM size (module docstring)."""
+        return len(self.models) * len(self.gpus) * len(self.links) * len(self.hosts) * self.n_policies
+
     def __len__(self) -> int:
-        return (len(self.models) * len(self.gpus) * len(self.links) * len(self.hosts)
-                * len(self.ram) * len(self.policies()))
+        return self.n_simulations * len(self.ram)
 
 
 def _as_list(where: str, key: str, v) -> list:
@@ -345,8 +363,14 @@ def parse_grid(data: dict, where: str = "grid", base_dir: Path | None = None) ->
             raise HorizonError(f"{where}: unknown policy key {k!r}{closest(k, POLICY_FIELDS)}; "
                                f"allowed: {', '.join(POLICY_FIELDS)}")
         policy[k] = tuple(_as_list(where, f"policy.{k}", v))
-    return Grid(models=tuple(models), gpus=tuple(gpus), ram=tuple(ram), links=tuple(links),
+    grid = Grid(models=tuple(models), gpus=tuple(gpus), ram=tuple(ram), links=tuple(links),
                 hosts=tuple(hosts), policy=policy)
+    if grid.n_simulations > MAX_SWEEP_SIMULATIONS:
+        raise HorizonError(
+            f"{where}: the grid needs {grid.n_simulations:,} simulations ({len(models)} models x "
+            f"{len(gpus)} GPUs x {len(links)} links x {len(hosts)} hosts x {grid.n_policies:,} "
+            f"policies); allowed: up to {MAX_SWEEP_SIMULATIONS:,}: split it into several sweeps")
+    return grid
 
 
 def load_grid(path) -> Grid:
@@ -418,6 +442,17 @@ def write_results(df: pd.DataFrame, path) -> Path:
     else:
         df.to_csv(p, index=False)
     return p
+
+
+def check_map(grid: Grid) -> None:
+    """Fail before simulating when the grid's feasibility map would be too big to draw."""
+    panels = len(grid.gpus) * len(grid.links)
+    for what, n, limit in (("models", len({m.name for m in grid.models}), MAX_MAP_ROWS),
+                           ("RAM sizes", len(set(grid.ram)), MAX_MAP_COLUMNS),
+                           ("GPU x link panels", panels, MAX_MAP_PANELS)):
+        if n > limit:
+            raise HorizonError(f"the feasibility map draws at most {limit} {what}; the grid has {n}: "
+                               "use --no-plot (the table has every row), or fewer values")
 
 
 def feasibility_map(df: pd.DataFrame, path) -> Path:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import work
+from horizon_sim.schedule.limits import check_sizes
 from horizon_sim.schedule.op import EMBED, LANE_OF, Buffer, Op, OpKind, ScheduleMeta, Space
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.specs.model import ModelSpec
@@ -87,6 +88,7 @@ class _Deps:
 
 class _Builder:
     def __init__(self, model: ModelSpec, policy: Policy):
+        check_sizes(model, policy)  # before any work that grows with the sizes
         if policy.ckpt_every > model.n_layers:
             raise HorizonError(f"policy ckpt_every={policy.ckpt_every} is larger than the model's "
                                f"{model.n_layers} layers; use 1..{model.n_layers}")

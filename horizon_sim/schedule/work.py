@@ -34,15 +34,18 @@ offloaded when the op starts, which the executor has long freed when its peak co
 
 @dataclass(frozen=True, slots=True)
 class Gemm:
-    """C (m x n) = A (m x k) . B (k x n); layout 'nt' (x . W^T), 'nn' (dY . W), 'tn' (X^T . dY)."""
+    """C (m x n) = A (m x k) . B (k x n); layout 'nt' (x . W^T), 'nn' (dY . W), 'tn' (X^T . dY),
+    run `count` times (the loss chunks of one shape: one entry, however many chunks)."""
     layout: str
     m: int
     n: int
     k: int
+    count: int = 1
 
     @property
     def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k
+        """FLOPs of all `count` calls."""
+        return 2.0 * self.m * self.n * self.k * self.count
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,13 +81,16 @@ def head_chunks(tokens: int, chunk_tokens: int) -> int:
 
 
 def head_gemms(m: ModelSpec, tokens: int, chunk_tokens: int) -> list[Gemm]:
-    """Per chunk of c tokens: logits h . W^T, dh = g . W, dW += g^T . h."""
+    """Per chunk of c tokens: logits h . W^T, dh = g . W, dW += g^T . h. The full chunks share
+    one shape and are one entry with a count, and the shorter last chunk another, so the
+    work of costing the head does not grow with the batch (tokens / c chunks)."""
     c = min(chunk_tokens, tokens)
+    full, rest = divmod(tokens, c)
     out = []
-    for s in range(0, tokens, c):
-        n = min(c, tokens - s)
-        out += [Gemm("nt", n, m.vocab, m.hidden), Gemm("nn", n, m.hidden, m.vocab),
-                Gemm("tn", m.vocab, m.hidden, n)]
+    for n, count in ((c, full), (rest, 1)):
+        if n and count:
+            out += [Gemm("nt", n, m.vocab, m.hidden, count), Gemm("nn", n, m.hidden, m.vocab, count),
+                    Gemm("tn", m.vocab, m.hidden, n, count)]
     return out
 
 

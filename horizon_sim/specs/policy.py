@@ -9,6 +9,16 @@ CKPT_PLACES = ("device", "host")
 DTYPES = ("fp32", "bf16")
 ATTENTION = ("flash", "eager")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+MAX_BATCH = 2**20
+"""Sequences per step. The largest global batches published are ~2,000-4,000 sequences
+(Llama 3: 16M tokens of 4,096-8,192); 2^20 is 256x that."""
+MAX_SEQ = 2**24
+"""Tokens per sequence. The longest contexts trained today are ~1M tokens (Qwen2.5-1M), 10M
+advertised (Llama 4 Scout); 2^24 is 16.7M. With MAX_BATCH it keeps every FLOP count a finite
+float (attention grows with seq^2)."""
+MAX_SLOTS = 513
+"""Device weight slots: one per streamed unit (blocks and the head) of the deepest model the
+planner takes (schedule/limits.py MAX_LAYERS = 512); more are never used."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -61,8 +71,15 @@ class Policy:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise HorizonError(f"policy {f}={v!r} must be a positive integer")
-        if not isinstance(self.slots, int) or self.slots < 2:
+        if not isinstance(self.slots, int) or isinstance(self.slots, bool) or self.slots < 2:
             raise HorizonError(f"policy slots={self.slots!r} must be an integer >= 2 (one computes while one loads)")
+        for f, low, limit, why in (
+                ("batch", 1, MAX_BATCH, "the largest published global batches are ~4,000 sequences"),
+                ("seq", 1, MAX_SEQ, "the longest trained contexts are ~1M-10M tokens"),
+                ("slots", 2, MAX_SLOTS, "one per streamed unit of the deepest model the planner takes")):
+            if getattr(self, f) > limit:
+                raise HorizonError(f"policy {f}={getattr(self, f)} is beyond what the planner takes "
+                                   f"({why}); allowed: {low}..{limit:,}")
         if self.batch % self.micro_batches:
             raise HorizonError(
                 f"policy batch={self.batch} is not divisible by micro_batches={self.micro_batches}")
@@ -75,7 +92,8 @@ class Policy:
             raise HorizonError(f"policy doc_tokens={self.doc_tokens!r} must be an integer >= 0 (0 = seq)")
         if self.doc_tokens and not self.doc_masks:
             raise HorizonError(f"policy doc_tokens={self.doc_tokens} prices document masks; set doc_masks too")
-        if not isinstance(self.grad_clip, (int, float)) or not 0 <= self.grad_clip < math.inf:
+        if (not isinstance(self.grad_clip, (int, float)) or isinstance(self.grad_clip, bool)
+                or not math.isfinite(self.grad_clip) or self.grad_clip < 0):
             raise HorizonError(f"policy grad_clip={self.grad_clip!r} must be a finite number >= 0 (0 = off)")
         if self.optimizer == "backward" and self.grad_clip > 0:
             raise HorizonError(
