@@ -11,12 +11,16 @@ What is compared (bytes):
   simulate() on a HardwareSpec of this machine) + the host store's page padding + the
   process runtime (the larger of what this process holds now and the runtime estimate:
   `hardware.host.runtime_overhead_GiB` when a hardware file is given, else RSS now +
-  RUNTIME_GROWTH_BYTES) + on the CPU backend the device need (its "device" memory is host RAM).
+  RUNTIME_GROWTH_BYTES) + the training data (data.data_bytes_bound: counted from the file's
+  size before it is read) + on the CPU backend the device need (its "device" memory is host
+  RAM) and an eval's temporaries (work.eval_temp_peak_bytes; they come from the calling
+  thread's malloc arena, not the compute lane's).
 - host available: `host_budget_bytes`, else MemAvailable (/proc/meminfo) + this process's
   resident memory (the process may grow to that without the kernel running out of RAM).
 - device need: the planner's device peak (weight slots + the highest sum of live
   activations, gradients and op workspaces) + the executor's device constants (RoPE tables,
-  the step's labels) [+ CUDA_SLACK_BYTES on CUDA].
+  the step's labels) [+ on CUDA: CUDA_SLACK_BYTES and what an eval needs beyond the step's
+  dynamic peak].
 - device available: CUDA: the free memory torch.cuda.mem_get_info reports, or
   `device_budget_bytes` when smaller; CPU: `device_budget_bytes`, else no separate limit.
 The arena still enforces the device budget op by op at run time; admission is the up-front
@@ -29,6 +33,7 @@ from horizon_exec.errors import DeviceBudgetError
 from horizon_exec.store import ALIGN
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Space
+from horizon_sim.sim.process_rss import device_constant_bytes
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import DTYPE_BYTES, Policy
@@ -155,9 +160,9 @@ def cuda_free_bytes(device: str) -> int:
 
 # ---- what the run needs --------------------------------------------------------------------
 def device_constants_bytes(model: ModelSpec, policy: Policy) -> int:
-    """Device tensors the executor holds outside the schedule's buffers: the RoPE cos/sin
-    tables (seq, head_dim) in the compute dtype and the step's labels (batch, seq) int64."""
-    return 2 * policy.seq * model.hd * DTYPE_BYTES[policy.compute_dtype] + policy.batch * policy.seq * 8
+    """Device tensors the executor holds outside the schedule's buffers (RoPE tables, labels,
+    per-token documents and positions: process_rss.device_constant_bytes)."""
+    return device_constant_bytes(model, policy)
 
 
 def store_padding_bytes(sched) -> int:
@@ -182,10 +187,12 @@ def _machine(hardware: HardwareSpec | None, host_bytes: int | None, device_bytes
 
 def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
           host_budget_bytes: int | None = None, device_budget_bytes: int | None = None,
-          hardware: HardwareSpec | None = None, advise: bool = True) -> Admission:
+          hardware: HardwareSpec | None = None, advise: bool = True, data_bytes: int = 0) -> Admission:
     """Simulate `sched` and compare what it needs with what this machine has (module
-    docstring). Raises AdmissionError (with the breakdown and, when `advise`, the nearest
-    policy that fits) when it does not fit; returns the Admission otherwise."""
+    docstring). data_bytes: host memory the training data will hold (data.data_bytes_bound,
+    counted before it is loaded). Raises AdmissionError (with the breakdown and, when
+    `advise`, the nearest policy that fits) when it does not fit; returns the Admission
+    otherwise."""
     from horizon_sim.sim.simulate import simulate
 
     cpu = device == "cpu"
@@ -212,7 +219,7 @@ def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
         runtime = rss + RUNTIME_GROWTH_BYTES
     hw = _machine(hardware, host_avail, dev_avail, runtime)
     res = simulate(sched, hw)
-    adm = _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src)
+    adm = _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src, data_bytes)
     if adm.fits:
         return adm
     if advise:
@@ -220,16 +227,38 @@ def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
     raise (AdmissionError if adm.device_fits else DeviceAdmissionError)(adm.message(), adm)
 
 
-def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src) -> Admission:
+def eval_bytes(model: ModelSpec, policy: Policy, cpu: bool) -> int:
+    """The temporaries of an eval (Trainer.eval_loss on a batch, between steps: the step's
+    dynamic buffers are gone, the weight slots and constants stay): work.eval_temp_peak_bytes."""
+    from horizon_sim.schedule import work
+    a = DTYPE_BYTES[policy.compute_dtype]
+    masked = any(work.masked_attention(model, u, policy.seq, policy.doc_masks) for u in range(model.n_layers))
+    ev = work.eval_temp_peak_bytes(model, policy.batch, policy.micro_batch, policy.seq, policy.loss_chunk_tokens,
+                                   a, head_copy=not (cpu and policy.compute_dtype == policy.master_dtype),
+                                   mask=work.mask_bytes(policy.micro_batch, policy.seq, policy.doc_masks) * masked,
+                                   doc_masks=policy.doc_masks)
+    return ev
+
+
+def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src, data_bytes=0) -> Admission:
     static_dev = sched.static_bytes(Space.DEVICE)
+    dynamic = max(0, res.summary.device_peak_bytes - static_dev)
+    ev = eval_bytes(model, policy, cpu)
     dev = {"weight_slots": static_dev,
-           "activations_grads_workspaces": max(0, res.summary.device_peak_bytes - static_dev),
+           "activations_grads_workspaces": dynamic,
            "constants": device_constants_bytes(model, policy)}
+    if not cpu:  # on the device the eval reuses the step's freed memory: it counts beyond it
+        dev["eval_beyond_step"] = max(0, ev - dynamic)
     if not cpu:
         dev["allocator_and_library_slack"] = CUDA_SLACK_BYTES
     host = {k: int(v) for k, v in res.host.by_role.items()}
     host["store_padding"] = store_padding_bytes(sched)
+    if data_bytes:
+        host["training_data"] = int(data_bytes)
     if cpu:
+        # The eval runs on the calling thread, whose malloc arena is not the compute lane's:
+        # its temporaries do not reuse the step's freed memory, and glibc keeps them.
+        host["eval_on_calling_thread"] = ev
         host["device_on_cpu_backend"] = sum(dev.values())
     return Admission(host, host_avail, host_src, dev, dev_avail, dev_src)
 
@@ -249,8 +278,12 @@ def _advice(model, policy, hw, adm: Admission, cpu: bool) -> list[str]:
     from horizon_sim.plan.sweep import Runner
 
     out = []
-    extra_host = adm.host_by_role["store_padding"]  # what the planner's figures leave out
-    extra_dev = adm.device_by_role["constants"] + adm.device_by_role.get("allocator_and_library_slack", 0)
+    # What the planner's figures leave out (the eval term as this policy's: an approximation
+    # for the others, whose step peaks differ).
+    extra_host = (adm.host_by_role["store_padding"] + adm.host_by_role.get("training_data", 0)
+                  + adm.host_by_role.get("eval_on_calling_thread", 0))
+    extra_dev = (adm.device_by_role["constants"] + adm.device_by_role.get("allocator_and_library_slack", 0)
+                 + adm.device_by_role.get("eval_beyond_step", 0))
     host_avail, dev_avail = adm.host_available_bytes, adm.device_available_bytes
 
     def need(o):  # (host, device) this executor would need for a planner outcome

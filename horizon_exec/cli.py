@@ -170,10 +170,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _run_train(args: argparse.Namespace) -> int:
     import dataclasses
-    from pathlib import Path
 
     from horizon_exec import checkpoint_hf
-    from horizon_exec.data import load_dataset
+    from horizon_exec.data import data_bytes_bound, load_dataset
     from horizon_exec.errors import ExecError
     from horizon_exec.fileio import OutputError
     from horizon_exec.loop import EvalError, Interrupted
@@ -198,9 +197,8 @@ def _run_train(args: argparse.Namespace) -> int:
     tok = load_tokenizer(tok_path, args.eos_token)
     if tok.vocab_size > model.vocab:
         raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")
-    ds = load_dataset(args.data, tok, policy.seq, args.eval_fraction, doc_masks=policy.doc_masks)
-    if policy.doc_masks and not policy.doc_tokens:  # the planner prices the data's documents
-        policy = dataclasses.replace(policy, doc_tokens=min(ds.mean_doc_tokens, policy.seq))
+    # The data is loaded after the admission, which counts what it will hold (a bound from its size).
+    data_bytes = data_bytes_bound(args.data, tok, policy.seq)
     min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
     sched = CosineSchedule(peak=args.lr, total_steps=args.steps, warmup_steps=args.warmup_steps, min_lr=min_lr)
     peak, peak_what = _peak_flops(args, policy.compute_dtype)
@@ -219,11 +217,13 @@ def _run_train(args: argparse.Namespace) -> int:
                  device_budget_bytes=budget, compute_threads=args.compute_threads,
                  random_init=args.init_from is None, admission=not args.no_admission,
                  host_budget_bytes=host_budget, hardware=hardware, on_nonfinite=args.on_nonfinite,
+                 data_bytes=data_bytes,
                  **({"timeout_s": args.op_timeout} if args.op_timeout is not None else {}))
     with tr:
         if not args.no_admission:
             from horizon_exec.train_save import check_space_for
             check_space_for(args, tr)
+        ds = load_dataset(args.data, tok, policy.seq, args.eval_fraction, doc_masks=policy.doc_masks)
         try:
             return _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what)
         except Interrupted as e:

@@ -44,6 +44,12 @@ PROMPT_FORMAT = "{instruction}\n\n"
 PROMPT_WITH_INPUT_FORMAT = "{instruction}\n\n{input}\n\n"
 SPLIT_SEED = 0x5EED  # the eval split does not move with --seed
 _TEXT_PIECE_CHARS = 1 << 16  # long texts are tokenized in pieces cut after a newline
+TEMPLATE_TOKENS_PER_RECORD = 128
+"""A chat template's own tokens per conversation beyond the record's bytes (role headers,
+default system prompts): an allowance for the admission's data bound."""
+TOKENIZE_BATCH_BYTES = 128 * 2**20
+"""What one tokenizing batch holds at most: 16 pieces of 64k characters as Python strings and
+the tokenizer's id lists for them (Python ints, ~36 bytes a token)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +85,25 @@ def _field(rec: dict, key: str, where: str, required: bool = True):
     return v
 
 
-def read_jsonl(path) -> list[Document]:
-    docs = []
+def _record(rec, where: str):
+    if not isinstance(rec, dict):
+        raise HorizonError(f"{where}: want a JSON object, got {type(rec).__name__}")
+    if "messages" in rec:
+        return _chat(rec, where)
+    if "text" in rec:
+        return Document(_field(rec, "text", where))
+    if "instruction" in rec and "response" in rec:
+        inst = _field(rec, "instruction", where)
+        inp = _field(rec, "input", where, required=False)
+        prompt = (PROMPT_WITH_INPUT_FORMAT.format(instruction=inst, input=inp) if inp
+                  else PROMPT_FORMAT.format(instruction=inst))
+        return Document(_field(rec, "response", where), prompt)
+    raise HorizonError(f"{where}: want a 'text' field, 'instruction' and 'response', or "
+                       f"'messages'; got keys {sorted(rec)[:6]}")
+
+
+def iter_jsonl(path):
+    """Documents of a .jsonl file, one record at a time (the file is never held whole)."""
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -90,22 +113,11 @@ def read_jsonl(path) -> list[Document]:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise HorizonError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(rec, dict):
-                raise HorizonError(f"{where}: want a JSON object, got {type(rec).__name__}")
-            if "messages" in rec:
-                docs.append(_chat(rec, where))
-            elif "text" in rec:
-                docs.append(Document(_field(rec, "text", where)))
-            elif "instruction" in rec and "response" in rec:
-                inst = _field(rec, "instruction", where)
-                inp = _field(rec, "input", where, required=False)
-                prompt = (PROMPT_WITH_INPUT_FORMAT.format(instruction=inst, input=inp) if inp
-                          else PROMPT_FORMAT.format(instruction=inst))
-                docs.append(Document(_field(rec, "response", where), prompt))
-            else:
-                raise HorizonError(f"{where}: want a 'text' field, 'instruction' and 'response', or "
-                                   f"'messages'; got keys {sorted(rec)[:6]}")
-    return docs
+            yield _record(rec, where)
+
+
+def read_jsonl(path) -> list:
+    return list(iter_jsonl(path))
 
 
 def _chat(rec: dict, where: str) -> Chat:
@@ -121,23 +133,70 @@ def _chat(rec: dict, where: str) -> Chat:
     return Chat(tuple(msgs), tools)
 
 
-def read_documents(path=None) -> list[Document]:
-    """Documents of a .jsonl or text file (the built-in corpus when path is None)."""
+@dataclass(frozen=True, slots=True)
+class TextFile:
+    """A text file as one document, read piece by piece when it is tokenized."""
+    path: Path
+
+    def pieces(self):
+        """Pieces of about _TEXT_PIECE_CHARS characters, cut after a newline where there is one."""
+        with open(self.path, encoding="utf-8") as f:
+            carry = ""
+            while chunk := f.read(_TEXT_PIECE_CHARS):
+                text = carry + chunk
+                cut = text.rfind("\n") + 1 or len(text)
+                carry = text[cut:]
+                if text[:cut]:
+                    yield text[:cut]
+            if carry:
+                yield carry
+
+
+def _source(path) -> Path:
     p = Path(path) if path is not None else BUILTIN_CORPUS
     if not p.is_file():
         raise HorizonError(f"data file {str(p)!r} not found")
-    try:
-        if p.suffix.lower() in (".jsonl", ".ndjson"):
-            docs = read_jsonl(p)
-        else:
-            docs = [Document(p.read_text(encoding="utf-8"))]
-    except UnicodeDecodeError as e:
-        raise HorizonError(f"{p}: not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise HorizonError(f"{p}: cannot read ({e})") from None
-    if not any(isinstance(d, Chat) or d.text or d.prompt for d in docs):
-        raise HorizonError(f"{p}: no text in it")
-    return docs
+    return p
+
+
+def _is_jsonl(p: Path) -> bool:
+    return p.suffix.lower() in (".jsonl", ".ndjson")
+
+
+def iter_documents(path=None):
+    """Documents of a .jsonl or text file (the built-in corpus when path is None), lazily:
+    JSONL one record at a time, a text file as one TextFile."""
+    p = _source(path)
+    if _is_jsonl(p):
+        yield from iter_jsonl(p)
+    else:
+        yield TextFile(p)
+
+
+def _read_errors(p: Path):
+    """Reading errors of `p` as one-line HorizonErrors."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield
+        except UnicodeDecodeError as e:
+            raise HorizonError(f"{p}: not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise HorizonError(f"{p}: cannot read ({e})") from None
+    return guard()
+
+
+def read_documents(path=None) -> list:
+    """Documents of a .jsonl or text file as a list (small files and tests; training streams
+    them: load_dataset)."""
+    p = _source(path)
+    with _read_errors(p):
+        docs = list(iter_documents(p))
+        if not any(isinstance(d, (Chat, TextFile)) or d.text or d.prompt for d in docs):
+            raise HorizonError(f"{p}: no text in it")
+        return [Document("".join(d.pieces())) if isinstance(d, TextFile) else d for d in docs]
 
 
 def _pieces(text: str) -> list[str]:
@@ -153,29 +212,38 @@ def _pieces(text: str) -> list[str]:
     return out
 
 
+def id_dtype(vocab_size: int) -> torch.dtype:
+    """The narrowest signed integer dtype that holds every id (int16 for byte-level and small
+    vocabularies: half of int32's bytes per token)."""
+    return torch.int16 if vocab_size <= 2**15 else torch.int32
+
+
 @dataclass(frozen=True, slots=True)
 class TokenStream:
     ids: torch.Tensor
-    """(N,) int32: every document's tokens then its end-of-document id, back to back."""
+    """(N,) int16 or int32 (id_dtype): every document's tokens then its end-of-document id."""
     target: torch.Tensor | None
     """(N,) bool: the token may be predicted (False on prompt and BOS tokens); None = all True."""
     starts: torch.Tensor | None = None
-    """(N,) bool: the token opens a document; None = the stream is one document."""
+    """(D,) int64 ascending: the position of each document's first token; None = one document."""
 
     @property
     def n_docs(self) -> int:
-        return 1 if self.starts is None else max(1, int(self.starts.sum()))
+        return 1 if self.starts is None else max(1, self.starts.numel())
 
 
-def _doc_pieces(d: Document, tokenizer):
+def _doc_pieces(d, tokenizer):
     """(is_target, text or ids) parts of a plain document, in order: the tokenizer's prefix
     specials, the prompt, the text, its suffix specials and the end-of-document id."""
     if tokenizer.prefix_ids:
         yield False, list(tokenizer.prefix_ids)
-    if d.prompt:
-        yield from ((False, p) for p in _pieces(d.prompt))
-    if d.text:
-        yield from ((True, p) for p in _pieces(d.text))
+    if isinstance(d, TextFile):
+        yield from ((True, p) for p in d.pieces())
+    else:
+        if d.prompt:
+            yield from ((False, p) for p in _pieces(d.prompt))
+        if d.text:
+            yield from ((True, p) for p in _pieces(d.text))
     yield True, _closing_ids(tokenizer)
 
 
@@ -197,46 +265,110 @@ def _chat_parts(c: Chat, tokenizer):
     return ids + closing, tgt + [True] * len(closing)
 
 
-def tokenize_documents(docs: list, tokenizer, pieces_per_batch: int = 256) -> TokenStream:
-    """Encode in batches of pieces, each piece turned into an int32 tensor at once (a big
-    corpus never becomes one Python list of ints)."""
-    ids, tgt, starts, batch = [], [], [], []
-    opening = [False]  # a document has begun and its first token is still to come
+class _Sink:
+    """Token buffers that grow in place: ids preallocated to an upper bound (pages never
+    written are never resident), target flags only once a non-target token appears, and
+    document starts as indices. Grows by doubling past the bound (one copy)."""
 
-    def add(t: torch.Tensor, target, first: bool):
-        ids.append(t)
-        tgt.append(torch.full((t.numel(),), target, dtype=torch.bool) if isinstance(target, bool)
-                   else torch.tensor(target, dtype=torch.bool))
-        st = torch.zeros(t.numel(), dtype=torch.bool)
-        opening[0] |= first
-        if opening[0] and t.numel():
-            st[0], opening[0] = True, False
-        starts.append(st)
+    def __init__(self, dtype, capacity: int):
+        self.ids = torch.empty(max(1, capacity), dtype=dtype)
+        self.target: torch.Tensor | None = None
+        self.starts: list[int] = []
+        self.n = 0
+
+    def _room(self, k: int) -> None:
+        if self.n + k > self.ids.numel():
+            cap = max(2 * self.ids.numel(), self.n + k)
+            ids = torch.empty(cap, dtype=self.ids.dtype)
+            ids[:self.n] = self.ids[:self.n]
+            self.ids = ids
+            if self.target is not None:
+                tgt = torch.empty(cap, dtype=torch.bool)
+                tgt[:self.n] = self.target[:self.n]
+                self.target = tgt
+
+    def add(self, ids, target, first: bool) -> None:
+        k = len(ids)
+        if not k:
+            return
+        self._room(k)
+        if first:
+            self.starts.append(self.n)
+        self.ids[self.n:self.n + k] = torch.as_tensor(ids, dtype=torch.int64)
+        all_true = target is True or (not isinstance(target, bool) and all(target))
+        if not all_true and self.target is None:
+            self.target = torch.empty(self.ids.numel(), dtype=torch.bool)
+            self.target[:self.n] = True
+        if self.target is not None:
+            self.target[self.n:self.n + k] = target if isinstance(target, bool) else torch.tensor(target)
+        self.n += k
+
+    def stream(self) -> TokenStream:
+        n = self.n
+        return TokenStream(self.ids[:n], None if self.target is None else self.target[:n],
+                           torch.tensor(self.starts, dtype=torch.int64))
+
+
+def tokenize_documents(docs, tokenizer, pieces_per_batch: int = 16, capacity: int = 0) -> TokenStream:
+    """Encode an iterable of documents in batches of pieces (about 1 MB of text at a time),
+    straight into growing token buffers: memory is the tokens (id_dtype) plus one batch.
+    capacity: an upper bound of the token count, to allocate the buffers once."""
+    sink = _Sink(id_dtype(tokenizer.vocab_size), capacity or 1 << 16)
+    batch: list = []        # (is_target, text or ids, opens a document)
+    pending = [False]       # a document has begun and its first token is still to come
 
     def flush():
         enc = iter(tokenizer.encode([t for _, t, _ in batch if isinstance(t, str)]))
         for is_target, part, first in batch:
-            t = torch.tensor(next(enc) if isinstance(part, str) else part, dtype=torch.int32)
-            add(t, is_target, first)
+            ids = next(enc) if isinstance(part, str) else part
+            pending[0] |= first
+            if ids:
+                sink.add(ids, is_target, pending[0])
+                pending[0] = False
         batch.clear()
 
     for d in docs:
-        first = True
         if isinstance(d, Chat):
             flush()
             cids, ctgt = _chat_parts(d, tokenizer)
-            add(torch.tensor(cids, dtype=torch.int32), ctgt, True)
+            sink.add(cids, ctgt, True)
             continue
+        first = True
         for is_target, part in _doc_pieces(d, tokenizer):
             batch.append((is_target, part, first))
             first = False
             if len(batch) >= pieces_per_batch:
                 flush()
     flush()
-    empty = torch.zeros(0, dtype=torch.bool)
-    tg = torch.cat(tgt) if tgt else empty
-    return TokenStream(torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32),
-                       None if bool(tg.all()) else tg, torch.cat(starts) if starts else empty)
+    return sink.stream()
+
+
+def token_bound(path=None, tokenizer=None) -> int:
+    """An upper bound of the tokens `path` makes: every token covers at least one byte of
+    text (byte-level BPE, byte fallback, word pieces), plus per record the specials the
+    tokenizer adds, the end-of-document id and, for chat records, the template's own tokens
+    (TEMPLATE_TOKENS_PER_RECORD)."""
+    p = _source(path)
+    size = p.stat().st_size
+    extra = len(getattr(tokenizer, "prefix_ids", ())) + len(getattr(tokenizer, "suffix_ids", ())) + 1
+    if not _is_jsonl(p):
+        return size + extra
+    records = 0
+    with open(p, "rb") as f:
+        while chunk := f.read(1 << 22):
+            records += chunk.count(b"\n")
+    return size + (records + 1) * (extra + TEMPLATE_TOKENS_PER_RECORD)
+
+
+def data_bytes_bound(path, tokenizer, seq: int) -> int:
+    """Host bytes a loaded dataset holds at most (the admission counts them before loading):
+    ids (id_dtype), target flags, document starts (8 bytes per record at most one per
+    token), the train/eval index permutations, and one tokenizing batch (TOKENIZE_BATCH_BYTES)."""
+    n = token_bound(path, tokenizer)
+    per_token = id_dtype(tokenizer.vocab_size).itemsize + 1
+    starts = 8 * min(n, n // 2 + 1)
+    indices = 4 * 8 * (n // max(1, seq) + 1)          # train and eval indices, and a permutation of each
+    return n * per_token + starts + indices + TOKENIZE_BATCH_BYTES
 
 
 class PackedData:
@@ -247,17 +379,25 @@ class PackedData:
 
     def __init__(self, stream: TokenStream, seq: int, doc_masks: bool = False):
         if doc_masks and stream.starts is None:
-            stream = TokenStream(stream.ids, stream.target, torch.zeros(stream.ids.numel(), dtype=torch.bool))
+            stream = TokenStream(stream.ids, stream.target, torch.zeros(1, dtype=torch.int64))
         self.stream, self.seq, self.doc_masks = stream, seq, doc_masks
         self.n = max(0, (stream.ids.numel() - 1) // seq)
 
     def __len__(self) -> int:
         return self.n
 
+    def _opens(self, a: int, b: int) -> torch.Tensor:
+        """(b - a,) bool: which positions a..b-1 open a document."""
+        st = self.stream.starts
+        lo, hi = torch.searchsorted(st, torch.tensor([a, b])).tolist()
+        out = torch.zeros(b - a, dtype=torch.bool)
+        out[st[lo:hi] - a] = True
+        return out
+
     def get(self, idx) -> Batch:
         """tokens, labels, docs: (len(idx), seq) int64 (docs None without document masks)."""
         s = self.seq
-        ids, tgt, st = self.stream.ids, self.stream.target, self.stream.starts
+        ids, tgt = self.stream.ids, self.stream.target
         toks, labs, docs = [], [], []
         for i in (int(i) for i in idx):
             a = i * s
@@ -266,21 +406,25 @@ class PackedData:
             if tgt is not None:
                 lab = torch.where(tgt[a + 1:a + s + 1], lab, IGNORE)
             if self.doc_masks:
-                lab = torch.where(st[a + 1:a + s + 1], IGNORE, lab)   # next token opens a document
-                opens = st[a:a + s].to(torch.int64)
-                opens[0] = 0
-                docs.append(opens.cumsum(0))
+                opens = self._opens(a, a + s + 1)
+                lab = torch.where(opens[1:], IGNORE, lab)          # the next token opens a document
+                opens[0] = False
+                docs.append(opens[:s].to(torch.int64).cumsum(0))
             labs.append(lab)
         return Batch(torch.stack(toks).to(torch.int64), torch.stack(labs),
                      torch.stack(docs) if self.doc_masks else None)
 
     def fingerprint(self) -> str:
-        """SHA-256 of the stream, the targets, seq (and document starts under document
-        masks): a resumed run checks it reads the same data."""
+        """SHA-256 of the stream (ids as int32, whatever dtype holds them: fingerprints of
+        older checkpoints stay valid), the targets, seq (and document starts under document
+        masks): a resumed run checks it reads the same data. Hashed in slices (no copy of
+        the whole stream)."""
         h = hashlib.sha256(f"seq={self.seq};".encode())
-        h.update(self.stream.ids.numpy().tobytes())
+        ids, step = self.stream.ids, 1 << 22
+        for a in range(0, ids.numel(), step):
+            h.update(ids[a:a + step].to(torch.int32).numpy().data)
         if self.stream.target is not None:
-            h.update(self.stream.target.numpy().tobytes())
+            h.update(self.stream.target.numpy().data)
         if self.doc_masks:
             h.update(b"docs;" + self.stream.starts.numpy().tobytes())
         return h.hexdigest()
@@ -372,16 +516,19 @@ class Dataset:
 
 
 def load_dataset(path, tokenizer, seq: int, eval_fraction: float = 0.05, doc_masks: bool = False) -> Dataset:
-    """Read, tokenize and pack `path` (None: the built-in corpus); doc_masks: batches say which
-    document each token belongs to (see PackedData)."""
-    docs = read_documents(path)
-    stream = tokenize_documents(docs, tokenizer)
+    """Read, tokenize and pack `path` (None: the built-in corpus), streaming: the file is read
+    piece by piece (JSONL record by record) straight into token buffers; doc_masks: batches
+    say which document each token belongs to (see PackedData)."""
+    p = _source(path)
+    with _read_errors(p):
+        stream = tokenize_documents(iter_documents(p), tokenizer, capacity=token_bound(p, tokenizer))
+    if stream.ids.numel() == 0:
+        raise HorizonError(f"{p}: no text in it")
     if stream.target is not None and not bool(stream.target.any()):
-        raise HorizonError(f"{path}: every token is a prompt token; nothing to train on")
+        raise HorizonError(f"{p}: every token is a prompt token; nothing to train on")
     data = PackedData(stream, seq, doc_masks)
     if len(data) == 0:
-        raise HorizonError(f"{path or BUILTIN_CORPUS}: {stream.ids.numel()} tokens do not fill one "
-                           f"sequence of {seq} (+1) tokens")
+        raise HorizonError(f"{p}: {stream.ids.numel()} tokens do not fill one sequence of {seq} (+1) tokens")
     train, ev = split_indices(len(data), eval_fraction)
-    return Dataset(data, train, ev, str(path or BUILTIN_CORPUS), stream.ids.numel(),
+    return Dataset(data, train, ev, str(p), stream.ids.numel(),
                    int(stream.ids.max()) if stream.ids.numel() else 0, stream.n_docs)

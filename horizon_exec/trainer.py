@@ -131,8 +131,9 @@ class Trainer:
     admission: check up front that the run fits (admission.py); host_budget_bytes: host RAM
     the run may use (default: MemAvailable + this process); device_budget_bytes is the
     device side's (default: CUDA free memory, CPU unlimited); hardware: a HardwareSpec whose
-    speeds (and runtime overhead) the admission simulation uses. on_nonfinite: 'skip' or
-    'stop' (module docstring; default 'skip', 'stop' with optimizer='backward').
+    speeds (and runtime overhead) the admission simulation uses; data_bytes: host memory the
+    training data will hold, counted by the admission (data.data_bytes_bound). on_nonfinite:
+    'skip' or 'stop' (module docstring; default 'skip', 'stop' with optimizer='backward').
     """
 
     def __init__(self, model: ModelSpec, policy: Policy, *, lr: float = 1e-3, weight_decay: float = 0.0,
@@ -140,7 +141,7 @@ class Trainer:
                  device_budget_bytes: int | None = None, compute_threads: int | None = None,
                  pin_cores: bool = True, track_memory: bool = True, timeout_s: float = DEFAULT_OP_TIMEOUT_S,
                  random_init: bool = True, admission: bool = True, host_budget_bytes: int | None = None,
-                 hardware=None, on_nonfinite: str | None = None):
+                 hardware=None, on_nonfinite: str | None = None, data_bytes: int = 0):
         if policy.seq < 2:
             raise HorizonError(f"policy seq={policy.seq}: training needs sequences of at least 2 tokens")
         check_device(device)  # before admission, which asks the device for its free memory
@@ -164,7 +165,8 @@ class Trainer:
         self.sched = build_schedule(model, policy)
         # Before any allocation: does the run fit this machine? (AdmissionError if not)
         self.admission = (admit(model, policy, self.sched, device=device, host_budget_bytes=host_budget_bytes,
-                                device_budget_bytes=device_budget_bytes, hardware=hardware)
+                                device_budget_bytes=device_budget_bytes, hardware=hardware,
+                                data_bytes=data_bytes)
                           if admission else None)
         self.backend = make_backend(device, timeout_s=timeout_s, compute_threads=compute_threads,
                                     pin_cores=pin_cores, track_memory=track_memory)
@@ -380,8 +382,8 @@ class Trainer:
         blk = block_layout(m)
         for layer in range(m.n_layers):
             w = {k: v.to(dev, act) for k, v in blk.views(self.store.t[f"master.{layer}"]).items()}
-            xs = [self.runner.block(w, x, c, s_, m.window(layer), d)
-                  for x, (c, s_, d) in zip(xs, tabs)]
+            for i, (c, s_, d) in enumerate(tabs):  # in place: one chunk's output is new at a time
+                xs[i] = self.runner.block(w, xs[i], c, s_, m.window(layer), d)
             del w
         w_norm = self._params["model.norm.weight"].to(dev, act)
         w_lm = (emb if m.tied_embeddings else self._params["lm_head.weight"]).to(dev, act)

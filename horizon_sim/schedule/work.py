@@ -230,3 +230,29 @@ def block_workspace_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
 
 def head_workspace_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -> int:
     return head_temp_peak_bytes(m, tokens, chunk_tokens, a) - tokens * m.hidden * a
+
+
+def eval_temp_peak_bytes(m: ModelSpec, rows: int, micro_batch: int, seq: int, chunk_tokens: int, a: int,
+                         head_copy: bool, mask: int = 0, doc_masks: bool = False) -> int:
+    """An upper bound of the device temporaries of the executor's eval forward
+    (Trainer.eval_loss over `rows` sequences, outside the schedule): the activations of all
+    rows (rows x T x H, updated in place chunk by chunk) and, under document masks, the RoPE
+    tables gathered at every row's positions (2 x rows x T x hd) with the rows' documents and
+    positions (int64), plus the largest of
+      - building them: one chunk's fp32 embedding rows before the cast;
+      - a layer: its weights cast to the compute dtype, one chunk's forward temporaries
+        (block_temp_peak_bytes) and the attention's fp32 logsumexp;
+      - the head: the final norm and LM head cast to the compute dtype (head_copy: a copy,
+        not a view, unless the compute dtype is the master's on the same device), one chunk's
+        normed rows, and either the norm's fp32 internals or a loss chunk's logits in the
+        compute dtype and fp32 with logsumexp's fp32 temporary.
+    Checked against the executor's measured temporaries in tests/test_harden_admission.py."""
+    H, V = m.hidden, m.vocab
+    N = micro_batch * seq
+    c = min(chunk_tokens, N)
+    lse = 4 * m.n_heads * N
+    build = N * H * 4
+    layer = m.layer_params * a + block_temp_peak_bytes(m, micro_batch, seq, a, False, mask) + lse
+    head = ((V * H + H) * a if head_copy else 0) + N * H * a + max(N * H * 8 + N * 8, c * V * (a + 8) + c * 24)
+    tables = (2 * rows * seq * m.hd * a + 16 * rows * seq) if doc_masks else 0
+    return int(rows * seq * H * a + tables + max(build, layer, head) + N * 8)
