@@ -47,8 +47,16 @@ def _sim(model, hw=HW, **policy):
 # ---- device memory vs depth -----------------------------------------------------------------
 @pytest.mark.parametrize("K", [1, 3])
 def test_device_peak_flat_in_depth_with_host_checkpoints(K):
-    peaks = [_sim(_wide(L), ckpt_on="host", ckpt_every=K).summary.device_peak_bytes for L in DEPTHS]
-    assert max(peaks) / min(peaks) <= 1.01, peaks
+    sims = [_sim(_wide(L), ckpt_on="host", ckpt_every=K).summary for L in DEPTHS]
+    typical = [s.device_typical_peak_bytes for s in sims]
+    assert max(typical) / min(typical) <= 1.01, typical
+    # The bound whatever the timing is flat too: it depends on where the last block ends
+    # (depth mod K: the recompute of a shorter last block), never on the depth itself.
+    peaks = [s.device_peak_bytes for s in sims]
+    for L, p in zip(DEPTHS, peaks):
+        same = [q for M, q in zip(DEPTHS, peaks) if M % K == L % K]
+        assert max(same) == min(same), (L, same)
+    assert max(peaks) / min(peaks) <= 1.03, peaks
     # while device checkpoints at the same depth cost more by 120 boundaries (2·1024·1024·2 B)
     dev = _sim(_wide(128), ckpt_on="device", ckpt_every=K).summary.device_peak_bytes
     assert dev > max(peaks)

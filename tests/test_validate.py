@@ -40,6 +40,10 @@ def test_validate_quick_writes_table_overlays_and_json(run, capsys):
                 "rss_MiB_pred", "rss_MiB_meas", "rss_MiB_err"):
         assert col in table.columns, col
     assert (table.step_s_meas > 0).all() and (table.device_peak_MiB_meas > 0).all()
+    # no measured step exceeds the device bound whatever the timing (issue 19 item 14)
+    assert f["device_bound_held"] and table.device_bound_held.all()
+    assert (table.device_peak_max_MiB <= table.device_bound_MiB).all()
+    assert (table.device_bound_MiB >= table.device_peak_MiB_pred).all()
     md = (out / "validation.md").read_text()
     for n in names:
         png = out / f"validation_{n}.png"

@@ -41,7 +41,9 @@ def compare(cfg: Config, hw: HardwareSpec, res: dict, device: str = "cpu") -> Ou
     meas = {k: statistics.median(m[k] for m, _ in per_step) for k in per_step[0][0]}
     # the step whose time is the median stands for the measurement in the overlay
     rep = sorted(per_step, key=lambda mt: mt[0]["step_s"])[len(per_step) // 2][1]
-    dev_pred = sim.summary.device_peak_bytes + device_constant_bytes(cfg.model, cfg.policy)
+    dev_const = device_constant_bytes(cfg.model, cfg.policy)
+    dev_pred = sim.summary.device_typical_peak_bytes + dev_const
+    dev_bound = sim.summary.device_peak_bytes + dev_const
     peaks = [s["device_peak_bytes"] for s in res["steps"]]
     dev_meas = statistics.median(peaks)  # the typical step; the largest is reported beside it
     rss = predict_rss(sim, "cpu" if device == "cpu" else "cuda")
@@ -60,6 +62,9 @@ def compare(cfg: Config, hw: HardwareSpec, res: dict, device: str = "cpu") -> Ou
     pair("overlap", pred["overlap"], meas["overlap"], rel=False)
     pair("device_peak_MiB", dev_pred / MiB, dev_meas / MiB)
     row["device_peak_max_MiB"] = max(peaks) / MiB
+    # The bound whatever the timing (device_bound.py): no measured step may exceed it.
+    row["device_bound_MiB"] = dev_bound / MiB
+    row["device_bound_held"] = max(peaks) <= dev_bound
     pair("rss_MiB", rss.total_bytes / MiB, rss_meas / MiB)
     row["minor_faults_per_step"] = statistics.median(s.get("minor_faults", 0) for s in res["steps"])
     row["step_spread"] = (max(m["step_s"] for m, _ in per_step) - min(m["step_s"] for m, _ in per_step)) / meas["step_s"]

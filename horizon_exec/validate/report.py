@@ -93,7 +93,10 @@ def markdown(v: Validation) -> str:
              f"**Median |step-time error| {f['median_abs_step_err']:.1%}**, worst {f['worst_step_err']:+.1%} "
              f"({f['worst_step_config']}); max |device peak error| {f['max_abs_device_peak_err']:.1%}; "
              f"max |host RSS error| {f['max_abs_rss_err']:.1%}; max |overlap error| "
-             f"{f['max_abs_overlap_err_pp']:.1f} pp.", "",
+             f"{f['max_abs_overlap_err_pp']:.1f} pp. "
+             + ("No measured step exceeded the device bound." if f["device_bound_held"] else
+                f"**A measured step exceeded the device bound in {', '.join(f['device_bound_broken_by'])}.**"),
+             "",
              "**Machine speed against the hardware file** (horizon_exec/drift.py: references timed before "
              "the first turn and after each, while the configurations waited; predicted / measured time, "
              "1.00 = the calibrated machine; nothing is corrected with them): "
@@ -101,21 +104,24 @@ def markdown(v: Validation) -> str:
              "(speed - 1) is the machine having changed since calibration, not the cost model.", "",
              "| config | what | step meas (ms) | step pred (ms) | step err | compute busy err | h2d busy err | "
              "d2h busy err | cpu busy err | overlap meas / pred | device peak meas (MiB) | dev err | "
-             "dev peak max (MiB) | RSS meas (MiB) | RSS err | step spread | page faults / step |",
-             "|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "dev peak max (MiB) | dev bound (MiB) | RSS meas (MiB) | RSS err | step spread | page faults / step |",
+             "|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in t.to_dict(orient="records"):
         lines.append(
             f"| {r['config']} | {r['what']} | {r['step_s_meas'] * 1e3:.1f} | {r['step_s_pred'] * 1e3:.1f} | "
             f"{_pct(r['step_s_err'])} | {_pct(r.get('busy_compute_s_err'))} | {_pct(r.get('busy_h2d_s_err'))} | "
             f"{_pct(r.get('busy_d2h_s_err'))} | {_pct(r.get('busy_cpu_s_err'))} | "
             f"{r['overlap_meas']:.0%} / {r['overlap_pred']:.0%} | {r['device_peak_MiB_meas']:.1f} | "
-            f"{_pct(r['device_peak_MiB_err'])} | {r['device_peak_max_MiB']:.1f} | {r['rss_MiB_meas']:.0f} | "
+            f"{_pct(r['device_peak_MiB_err'])} | {r['device_peak_max_MiB']:.1f} | "
+            f"{r['device_bound_MiB']:.1f}{'' if r['device_bound_held'] else ' (exceeded)'} | {r['rss_MiB_meas']:.0f} | "
             f"{_pct(r['rss_MiB_err'])} | "
             f"{r['step_spread']:.0%} | {r['minor_faults_per_step']:,.0f} |")
     lines += ["", "Step spread: (slowest - fastest) / median measured step, the run-to-run noise of this "
               "machine during the measurement. Device peak: the median over the measured steps (the typical "
               "step); 'dev peak max' is the largest, which is higher when an offload happened to be late "
-              "(the copy thread descheduled) and the next backward started with two gradients on the device. "
+              "(the copy thread descheduled) and the next backward started with two gradients on the device; "
+              "'dev bound' is the most the Schedule allows whatever the timing (horizon_sim/sim/device_bound.py, "
+              "plus the device constants), which no step may exceed and which admission and `fits` use. "
               "Page faults / step: the median over the measured steps of the process's minor faults (memory first touched in that step: "
               "4 KiB each; not modelled, each costs a few microseconds of the lane that takes it).", "", "## Host RSS terms (predicted)", "",
               "| config | " + " | ".join(v.outcomes[0].rss_terms) + " |",
@@ -152,7 +158,9 @@ def figures_text(v: Validation) -> str:
     f = v.figures()
     return (f"median |step-time error| {f['median_abs_step_err']:.1%} over {f['configs']} configurations, "
             f"worst {f['worst_step_err']:+.1%} ({f['worst_step_config']}); device peak error <= "
-            f"{f['max_abs_device_peak_err']:.1%}; host RSS error <= {f['max_abs_rss_err']:.1%}"
+            f"{f['max_abs_device_peak_err']:.1%}; host RSS error <= {f['max_abs_rss_err']:.1%}; device bound "
+            + ("held by every step" if f["device_bound_held"] else
+               f"EXCEEDED in {', '.join(f['device_bound_broken_by'])}")
             + (f"\n{speed_text(v.drift)}" if v.drift else ""))
 
 

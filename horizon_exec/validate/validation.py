@@ -31,10 +31,12 @@ class Validation:
             "max_abs_rss_err": float(t.rss_MiB_err.abs().max()),
             "median_abs_busy_compute_err": float(t.busy_compute_s_err.abs().median()),
             "max_abs_overlap_err_pp": float(t.overlap_err.abs().max() * 100),
+            "device_bound_held": bool(t.device_bound_held.all()),
+            "device_bound_broken_by": [str(c) for c in t.config[~t.device_bound_held.astype(bool)]],
         }
 
     def errors_json(self) -> dict:
-        cols = ["config", "step_s_err", "device_peak_MiB_err", "rss_MiB_err", "overlap_err"]
+        cols = ["config", "step_s_err", "device_peak_MiB_err", "device_bound_held", "rss_MiB_err", "overlap_err"]
         cols += [c for c in self.table.columns if c.startswith("busy_") and c.endswith("_err")]
         return {"figures": self.figures(), "hardware": self.hardware.name, "machine_speed": self.drift,
                 "configs": [{k: (None if pd.isna(v) else v) for k, v in r.items()}

@@ -46,7 +46,8 @@ def result_json(r: SimResult) -> dict:
         "mfu": s.mfu, "hfu": s.hfu, "bottleneck": s.bottleneck, "roofline_s": s.roofline_s,
         "lane_busy": s.lane_busy, "exposed_copy_s": s.exposed_copy_s,
         "exposed_optimizer_s": s.exposed_optimizer_s, "exposed_host_s": s.exposed_host_s,
-        "device_peak_bytes": s.device_peak_bytes, "device_usable_bytes": s.device_usable_bytes,
+        "device_peak_bytes": s.device_peak_bytes, "device_typical_peak_bytes": s.device_typical_peak_bytes,
+        "device_usable_bytes": s.device_usable_bytes,
         "host_bytes": s.host_bytes, "host_usable_bytes": s.host_usable_bytes,
         "host_breakdown_bytes": r.host.by_role, "policy": meta.policy,
     }
@@ -72,7 +73,8 @@ def report(r: SimResult) -> str:
         f"limit     {s.bottleneck}; compute idle waiting on: copies {s.exposed_copy_s:.3f} s, "
         f"optimizer {s.exposed_optimizer_s:.3f} s, host work {s.exposed_host_s:.3f} s",
         "lanes     " + ", ".join(f"{k} {v:.0%} busy" for k, v in s.lane_busy.items()),
-        f"device    peak {fmt_bytes(s.device_peak_bytes)} of {fmt_bytes(s.device_usable_bytes)} usable "
+        f"device    peak {fmt_bytes(s.device_peak_bytes)} at most whatever the timing (this timeline "
+        f"{fmt_bytes(s.device_typical_peak_bytes)}) of {fmt_bytes(s.device_usable_bytes)} usable "
         f"({pol['slots']} weight slots of {fmt_bytes(meta.slot_bytes)})",
         f"host      {fmt_bytes(s.host_bytes)} of {fmt_bytes(s.host_usable_bytes)} usable:",
     ]

@@ -22,7 +22,10 @@ def draw_memory(ax, result) -> None:
     gib = [b / GiB for b in tr.bytes] + [tr.bytes.iloc[-1] / GiB]
     ax.fill_between(t, gib, step="post", color=MEMORY_COLOR, alpha=0.25, linewidth=0)
     ax.step(t, gib, where="post", color=MEMORY_COLOR, linewidth=1.2,
-            label=f"in use (peak {fmt_bytes(s.device_peak_bytes)})")
+            label=f"in use (peak {fmt_bytes(s.device_typical_peak_bytes)})")
+    if s.device_peak_bytes > s.device_typical_peak_bytes:
+        ax.axhline(s.device_peak_bytes / GiB, color=MEMORY_COLOR, linestyle=":", linewidth=1.0,
+                   label=f"at most, whatever the timing: {fmt_bytes(s.device_peak_bytes)}")
     limit, peak = s.device_usable_bytes / GiB, s.device_peak_bytes / GiB
     label = f"usable limit {fmt_bytes(s.device_usable_bytes)}"
     if limit <= OFF_SCALE * peak:

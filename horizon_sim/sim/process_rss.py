@@ -80,7 +80,7 @@ def predict_rss(result, backend: str = "cpu") -> RssPrediction:
     terms = {"runtime": int(runtime), "host store": int(store),
              "host dynamic": int(sum(by_role.values()) - store)}
     if backend == "cpu":
-        terms["device arena"] = int(result.summary.device_peak_bytes)
+        terms["device arena"] = int(result.summary.device_typical_peak_bytes)
         terms["device constants"] = device_constant_bytes(model, policy)
         terms["allocator"] = allocator_retention_bytes(largest_transient_block(model, policy))
     return RssPrediction(terms)

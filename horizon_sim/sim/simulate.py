@@ -12,6 +12,7 @@ from horizon_sim.schedule.effects import op_effects
 from horizon_sim.schedule.op import Lane
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.sim.costs import CostModel
+from horizon_sim.sim.device_bound import device_peak_bound
 from horizon_sim.sim.dram import DramBus
 from horizon_sim.sim.memory import HostFootprint, device_trace, host_footprint, link_stage_sizes
 from horizon_sim.sim.summary import Summary, summarize
@@ -97,5 +98,6 @@ def simulate(sched: Schedule, hw: HardwareSpec) -> SimResult:
     host = host_footprint(sched, tl, int(hw.host.runtime_overhead_GiB * GiB),
                           stage_sizes=set() if hw.link.cpu_driven else link_stage_sizes(sched),
                           effects=effects)
-    summary = summarize(sched, hw, tl, trace, host, costs)
+    bound = device_peak_bound(sched, staging=not hw.link.cpu_driven, effects=effects)
+    summary = summarize(sched, hw, tl, trace, host, costs, bound)
     return SimResult(sched, hw, tl, trace, host, summary)

@@ -31,6 +31,11 @@ class Summary:
     roofline_s: float
     """Lower bound: the busiest lane's work with nothing sharing its resources."""
     device_peak_bytes: int
+    """The most device memory the step can need whatever the timing (device_bound.py: what
+    the Schedule's dependencies and backpressure guarantee); what `fits` uses."""
+    device_typical_peak_bytes: int
+    """The device memory peak of the simulated timeline (a late offload can raise it, up to
+    device_peak_bytes)."""
     device_usable_bytes: int
     host_bytes: int
     host_usable_bytes: int
@@ -93,7 +98,7 @@ def exposed_time(sched, tl: pd.DataFrame) -> dict:
     return out
 
 
-def summarize(sched, hw, tl, trace, host, costs) -> Summary:
+def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None = None) -> Summary:
     step = float(tl.end_s.max())
     meta = sched.meta
     peak_flops = (hw.device.bf16_TFLOPs if meta.policy["compute_dtype"] == "bf16"
@@ -115,7 +120,8 @@ def summarize(sched, hw, tl, trace, host, costs) -> Summary:
         if worst == "copy" and exposed[worst] > 0:
             busiest = max(("h2d", "d2h"), key=lambda l: lane_busy.get(l, 0.0))
             bottleneck = f"link ({busiest} copies)"
-    dev_peak = int(trace.bytes.max())
+    typical = int(trace.bytes.max())
+    dev_peak = max(typical, device_bound_bytes if device_bound_bytes is not None else typical)
     dev_ok = dev_peak <= hw.device_bytes_usable
     host_ok = host.total_bytes <= hw.host_bytes_usable
     reasons = []
@@ -137,6 +143,7 @@ def summarize(sched, hw, tl, trace, host, costs) -> Summary:
         hfu=hw_flops / step / peak_flops, lane_busy=lane_busy,
         exposed_copy_s=exposed["copy"], exposed_optimizer_s=exposed["optimizer"],
         exposed_host_s=exposed["host"], bottleneck=bottleneck, roofline_s=roofline,
-        device_peak_bytes=dev_peak, device_usable_bytes=int(hw.device_bytes_usable),
+        device_peak_bytes=dev_peak, device_typical_peak_bytes=typical,
+        device_usable_bytes=int(hw.device_bytes_usable),
         host_bytes=host.total_bytes, host_usable_bytes=int(hw.host_bytes_usable),
         fits=dev_ok and host_ok, why=why)
