@@ -74,11 +74,19 @@ def weight_files(path) -> dict[str, list[str]]:
     idx = d / INDEX
     if idx.is_file():
         try:
-            wmap = json.loads(idx.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise HorizonError(f"{idx}: not a valid safetensors index ({type(e).__name__}: {e})") from None
+            wmap = json.loads(idx.read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as e:
+            raise HorizonError(f"{idx}: not a valid safetensors index ({type(e).__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        if not isinstance(wmap, dict):
+            raise HorizonError(f"{idx}: weight_map must be an object of tensor name -> file name")
         files: dict[str, list[str]] = {}
         for name, fname in wmap.items():
+            # a plain file name of this folder: never a path that leads out of it
+            if (not isinstance(fname, str) or not fname.endswith(".safetensors") or "/" in fname
+                    or "\\" in fname or fname.startswith(".")):
+                raise HorizonError(f"{idx}: tensor {name!r} maps to {fname!r}; want a .safetensors file "
+                                   "name in the checkpoint folder")
             files.setdefault(fname, []).append(name)
         for fname in files:
             if not (d / fname).is_file():

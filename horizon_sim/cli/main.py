@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         # `horizon plan | head`: the reader left, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # stdout on a full disk, a quota, an I/O error: the output is lost, say so
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        print(f"horizon {args.cmd}: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"horizon {args.cmd}: interrupted", file=sys.stderr)
         return 130

@@ -499,10 +499,11 @@ def feasibility_map(df: pd.DataFrame, path) -> Path:
     cb.set_label("best tokens/s that fits (x: nothing fits)")
     fig.suptitle("feasibility: best predicted tokens/s per model and host RAM", fontsize=11,
                  y=1.0 + 0.25 / fig.get_figheight())
-    p = Path(path)
-    fig.savefig(p, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return p
+    from horizon_sim.report.memory_plot import save_figure
+    try:
+        return save_figure(fig, Path(path), dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)
 
 
 def _short(v: float) -> str:

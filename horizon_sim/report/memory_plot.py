@@ -1,6 +1,7 @@
 """Device memory over one step: bytes in use (GiB) as a step function, the peak, and the
 usable limit as a dashed line. draw_memory() fills an axes (the Gantt's lower panel);
 plot_memory() makes a standalone figure."""
+import io
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -42,8 +43,10 @@ def draw_memory(ax, result) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
 
 
-def save_figure(fig: Figure, path) -> Path:
-    """Save `fig` to `path` (format from the suffix); bad paths become a one-line HorizonError."""
+def save_figure(fig: Figure, path, **savefig_kw) -> Path:
+    """Save `fig` to `path` (format from the suffix); bad paths become a one-line HorizonError.
+    The image is drawn in memory and written here: matplotlib's own writer lets an error on
+    closing the file (a full disk) pass unreported."""
     path = Path(path)
     fmt = path.suffix[1:].lower()
     if fmt and fmt not in fig.canvas.get_supported_filetypes():
@@ -51,8 +54,11 @@ def save_figure(fig: Figure, path) -> Path:
                            f"use .png, .svg or .pdf")
     if not path.parent.is_dir():
         raise HorizonError(f"cannot write plot {str(path)!r}: directory {str(path.parent)!r} does not exist")
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt or "png", **{"dpi": fig.dpi, **savefig_kw})
     try:
-        fig.savefig(path, dpi=fig.dpi)
+        with open(path, "wb") as f:
+            f.write(buf.getvalue())
     except OSError as e:
         raise HorizonError(f"cannot write plot {str(path)!r}: {e.strerror or e}") from None
     return path

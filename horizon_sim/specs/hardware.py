@@ -29,10 +29,24 @@ def _check_number(spec, part: str, field: str, *, low: float = 0.0, low_ok: bool
     object.__setattr__(spec, field, float(v))
 
 
+TABLE_KEYS = {"dtype": ("bf16", "fp32"), "layout": ("nt", "nn", "tn")}
+"""The values a key column may hold; op_overhead_us's `kind` takes an op kind or head_chunk."""
+SIZE_COLUMNS = ("M", "N", "K", "SEQ", "HEAD_DIM")
+"""Numeric columns that are sizes: at least 1."""
+
+
+def _allowed_keys(col: str) -> tuple[str, ...]:
+    if col == "kind":
+        from horizon_sim.schedule.op import OpKind  # lazily: the schedule package imports specs
+        return (*(k.value for k in OpKind), "head_chunk")
+    return TABLE_KEYS[col]
+
+
 def _check_table(spec, part: str, field: str, columns: tuple[str, ...]) -> None:
     """`field` of `spec` is a table: a sequence of rows, each with len(columns) cells; a column
-    named in lower case is a string (a key), the others are finite numbers > 0. Stored back as
-    a tuple of tuples (hashable, and a TOML array of arrays reads back equal)."""
+    named in lower case is a key (one of its allowed strings: TABLE_KEYS, op kinds), the others
+    are finite numbers > 0 (sizes >= 1). Stored back as a tuple of tuples (hashable, and a TOML
+    array of arrays reads back equal)."""
     rows = getattr(spec, field)
     if isinstance(rows, dict):  # {key: value} is accepted for two-column tables
         rows = sorted(rows.items())
@@ -46,12 +60,16 @@ def _check_table(spec, part: str, field: str, columns: tuple[str, ...]) -> None:
         cells = []
         for col, v in zip(columns, row):
             if col.islower():
-                if not isinstance(v, str) or not v:
-                    raise HorizonError(f"{part} {field}: {col}={v!r} in row {row!r} must be a non-empty string")
+                allowed = _allowed_keys(col)
+                if not isinstance(v, str) or v not in allowed:
+                    raise HorizonError(f"{part} {field}: {col}={v!r} in row {row!r}; allowed: {', '.join(allowed)}")
                 cells.append(v)
             else:
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                    raise HorizonError(f"{part} {field}: {col}={v!r} in row {row!r} must be a finite number > 0")
+                low = 1 if col in SIZE_COLUMNS else 0
+                if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                        or v < low or v == 0):
+                    raise HorizonError(f"{part} {field}: {col}={v!r} in row {row!r} must be a finite number "
+                                       + (">= 1" if low else "> 0"))
                 cells.append(float(v))
         out.append(tuple(cells))
     object.__setattr__(spec, field, tuple(out))

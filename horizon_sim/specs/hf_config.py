@@ -173,7 +173,7 @@ def _rope(cfg: dict, where: str) -> tuple[float, RopeScaling | None]:
         raise HorizonError(f"{where}: key {key!r} = {params!r} must be an object")
     params = dict(params or {})
     if params and all(isinstance(v, dict) for v in params.values()):
-        raise HorizonError(f"{where}: {key} per layer type ({', '.join(params)}) is not supported")
+        raise HorizonError(f"{where}: {key} per layer type ({', '.join(map(repr, params))}) is not supported")
     theta = params.pop("rope_theta", None)
     if theta is None:
         theta = cfg.get("rope_theta")
@@ -189,7 +189,7 @@ def _rope(cfg: dict, where: str) -> tuple[float, RopeScaling | None]:
                            "are not supported")
     extra = sorted(set(params) - _ROPE_KEYS[kind])
     if extra:
-        raise HorizonError(f"{where}: {key}.{extra[0]} is not a parameter of rope type {kind!r} "
+        raise HorizonError(f"{where}: {key}: {extra[0]!r} is not a parameter of rope type {kind!r} "
                            f"(allowed: {', '.join(sorted(_ROPE_KEYS[kind])) or 'none'})")
     if kind == "default":
         return theta, None

@@ -62,6 +62,9 @@ class ModelSpec:
             raise HorizonError(f"model head_dim={self.head_dim} must be >= 0 (0 = hidden // n_heads)")
         if not self.head_dim and self.hidden % self.n_heads:
             raise HorizonError(f"model hidden={self.hidden} is not divisible by n_heads={self.n_heads}")
+        if self.hd % 2:
+            raise HorizonError(f"model head_dim={self.hd} (hidden {self.hidden} / {self.n_heads} heads unless "
+                               "given) must be even: RoPE rotates pairs of dimensions")
         if self.n_heads % self.n_kv_heads:
             raise HorizonError(
                 f"model n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
