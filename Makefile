@@ -27,7 +27,7 @@ demo: $(STAMP)
 	@echo
 	@echo "== 2/6 the same with a lean host footprint (optimizer per layer in backward, no working copy)"
 	$(VENV)/bin/horizon plan --model dense-120b --gpu h200 --ram 1.5TB --batch 8 --seq 4096 \
-	    --optimizer backward --grad-clip 0 --no-working-copy --ckpt-on device --no-advice
+	    --optimizer backward --grad-clip 0 --no-working-copy --act-ckpt-on device --no-advice
 	@echo
 	@echo "== 3/6 calibrate this machine for the executor's CPU backend (about 50 s)"
 	$(VENV)/bin/horizon calibrate -o reports/machine.toml

@@ -214,7 +214,7 @@ def main():
     a = ap.parse_args()
     spec = ModelSpec(name="bench-llama", n_layers=a.layers, hidden=a.hidden, n_heads=a.heads,
                      n_kv_heads=a.heads, ffn_hidden=a.ffn, vocab=a.vocab)
-    pol = Policy(batch=a.batch, seq=a.seq, ckpt_every=1, slots=2, ckpt_on="host",
+    pol = Policy(batch=a.batch, seq=a.seq, act_ckpt_every=1, slots=2, act_ckpt_on="host",
                  optimizer="pipelined", grad_clip=1.0)
     tr = Trainer(spec, pol, lr=1e-4, compute_threads=a.compute_threads)
     threads = tr.backend.compute_threads

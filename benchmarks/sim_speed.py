@@ -103,7 +103,7 @@ def run_config(cfg) -> tuple[bool, float]:
     hw = make_hardware(gpu, "1TB", host="desktop" if gpu.startswith("rtx") else "default")
     try:
         r = simulate(build_schedule(model_preset(model),
-                                    Policy(batch=batch, seq=2048, ckpt_every=K, slots=slots,
+                                    Policy(batch=batch, seq=2048, act_ckpt_every=K, slots=slots,
                                            optimizer=opt)), hw)
     except HorizonError:
         return False, float("nan")

@@ -30,7 +30,7 @@ def main() -> int:
     ap.add_argument("--check-at", type=int, default=50)
     a = ap.parse_args()
     spec = ModelSpec(name="soak", n_layers=4, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=172, vocab=256)
-    pol = Policy(batch=2, seq=64, ckpt_every=2, slots=2, ckpt_on="host", optimizer="pipelined")
+    pol = Policy(batch=2, seq=64, act_ckpt_every=2, slots=2, act_ckpt_on="host", optimizer="pipelined")
     gen = torch.Generator().manual_seed(0)
     at = {}
     with Trainer(spec, pol, lr=1e-3) as tr:

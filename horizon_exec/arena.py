@@ -30,7 +30,7 @@ class DeviceArena:
             raise DeviceBudgetError(
                 f"device memory budget {fmt_bytes(self.budget)} exceeded: {what} needs {fmt_bytes(n)} "
                 f"with {fmt_bytes(self.live)} in buffers and {fmt_bytes(self.temp)} in op temporaries "
-                "live; raise the budget or lower batch, seq, slots or ckpt_every")
+                "live; raise the budget or lower batch, seq, slots or act_ckpt_every")
 
     def _update_peak(self) -> None:
         self.peak = max(self.peak, self.live + self.temp)

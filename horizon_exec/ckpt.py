@@ -448,12 +448,18 @@ def _field_defaults(spec) -> dict:
     return out
 
 
+RENAMED_FIELDS = {"policy": {"ckpt_every": "act_ckpt_every", "ckpt_on": "act_ckpt_on"}}
+"""Spec fields renamed since a checkpoint may have been written: old name -> new name."""
+
+
 def _check_compatible(p: Path, meta: dict, trainer) -> None:
     for what, spec in (("model", trainer.model), ("policy", trainer.policy)):
         have = spec.to_dict()
+        renamed = RENAMED_FIELDS.get(what, {})
+        written = {renamed.get(k, k): v for k, v in meta.get(what, {}).items()}
         # A field the checkpoint does not name was added after it was written: it ran with
         # the field's default.
-        saved = {**{k: v for k, v in _field_defaults(spec).items() if k in have}, **meta.get(what, {})}
+        saved = {**{k: v for k, v in _field_defaults(spec).items() if k in have}, **written}
         diff = [k for k in sorted(set(have) | set(saved)) if have.get(k) != saved.get(k)
                 and not (what == "model" and k == "name")]
         if diff:

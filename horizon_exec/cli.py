@@ -38,7 +38,7 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     p.epilog = ("examples:\n  horizon train --model tiny --steps 20 --batch 4 --seq 128\n"
                 "  horizon train --model ./config.json --data corpus.txt --steps 100 --device cuda\n"
                 "  horizon train --init-from ./Qwen2.5-0.5B --data sft.jsonl --steps 500 --batch 8 --seq 1024 \\\n"
-                "      --lr 2e-5 --warmup-steps 20 --ckpt-dir ckpt --ckpt-every 100 --save-hf out --gpu h100-pcie\n"
+                "      --lr 2e-5 --warmup-steps 20 --ckpt-dir ckpt --act-ckpt-every 100 --save-hf out --gpu h100-pcie\n"
                 "  horizon train ... --ckpt-dir ckpt --resume      # continue from ckpt/latest, exactly")
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--model", default=None,
@@ -98,8 +98,8 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="held-out batches per eval, 0 = no eval (default 4)")
     e.add_argument("--ckpt-dir", default=None, metavar="DIR",
                    help="write training checkpoints here (one run at a time: DIR/.lock names the holder)")
-    e.add_argument("--ckpt-interval", "--save-every", dest="ckpt_interval", type=int, default=0, metavar="N",
-                   help="checkpoint every N steps (default 0: after the last step only; --ckpt-every K "
+    e.add_argument("--save-every", "--ckpt-interval", dest="ckpt_interval", type=int, default=0, metavar="N",
+                   help="checkpoint every N steps (default 0: after the last step only; --act-ckpt-every K "
                         "is the policy's activation-checkpoint interval, not this)")
     e.add_argument("--keep-ckpts", type=int, default=2, metavar="N",
                    help="checkpoints kept in --ckpt-dir, 0 = all (default 2)")
@@ -247,7 +247,7 @@ def _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what) -
 
     cfg = LoopConfig(steps=args.steps, schedule=sched, eval_every=args.eval_every,
                      eval_batches=args.eval_batches, ckpt_dir=args.ckpt_dir,
-                     ckpt_every=args.ckpt_interval, keep_ckpts=args.keep_ckpts, peak_flops=peak,
+                     save_every=args.ckpt_interval, keep_ckpts=args.keep_ckpts, peak_flops=peak,
                      progress=not args.no_progress, log_file=args.log_file)
     with TrainLoop(tr, ds, cfg, seed=args.seed) as loop:
         return _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what)

@@ -1,7 +1,7 @@
 """The training loop around a Trainer: lr schedule, periodic eval, logging, checkpoints, resume.
 
     loop = TrainLoop(trainer, dataset, LoopConfig(steps=1000, schedule=CosineSchedule(...),
-                     ckpt_dir="ckpt", ckpt_every=100), seed=0)
+                     ckpt_dir="ckpt", save_every=100), seed=0)
     loop.resume("ckpt")          # optional: continue exactly where a checkpoint left off
     loop.run()                   # steps loop.step .. steps-1; returns the last StepResult
 
@@ -55,7 +55,7 @@ class LoopConfig:
     with eval_batches = 0."""
     eval_batches: int = 4
     ckpt_dir: str | None = None
-    ckpt_every: int = 0
+    save_every: int = 0
     """Checkpoint every N steps; 0: only after the last step (when ckpt_dir is set)."""
     keep_ckpts: int = 2
     """Checkpoints kept in ckpt_dir (older ones are removed); 0 keeps all."""
@@ -73,7 +73,7 @@ class LoopConfig:
         for f in ("steps",):
             if getattr(self, f) <= 0:
                 raise HorizonError(f"{f}={getattr(self, f)} must be positive")
-        for f in ("eval_every", "eval_batches", "ckpt_every", "keep_ckpts"):
+        for f in ("eval_every", "eval_batches", "save_every", "keep_ckpts"):
             if getattr(self, f) < 0:
                 raise HorizonError(f"{f.replace('_', '-')}={getattr(self, f)} must be >= 0")
 
@@ -327,7 +327,7 @@ class TrainLoop:
                 self._stop_at_boundary(write)
             last = self.step == cfg.steps
             # the checkpoint before the eval: an eval that fails (or is interrupted) cannot cost it
-            if cfg.ckpt_dir and ((cfg.ckpt_every and self.step % cfg.ckpt_every == 0) or last):
+            if cfg.ckpt_dir and ((cfg.save_every and self.step % cfg.save_every == 0) or last):
                 self._phase = f"the checkpoint of step {self.step}"
                 p = self.save()
                 write(f"step {self.step}: checkpoint {p}")

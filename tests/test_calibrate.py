@@ -67,7 +67,7 @@ def test_workspace_formulas_equal_the_measured_temporaries(H, heads, kv, F, V, B
     spec = ModelSpec(n_layers=2, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=V,
                      layer_windows=(win, win) if win else ())
     kw = dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False) if dtype == "fp32" else {}
-    pol = Policy(batch=B, seq=T, ckpt_every=2, loss_chunk_tokens=chunk, doc_masks=docs, **kw)
+    pol = Policy(batch=B, seq=T, act_ckpt_every=2, loss_chunk_tokens=chunk, doc_masks=docs, **kw)
     a = 4 if dtype == "fp32" else 2
     d = None
     if docs:  # three documents per sequence

@@ -24,7 +24,7 @@ ram = ["13GiB", "64GiB"]
 [policy]
 seq = [128]
 batch = [2, 4]
-ckpt_every = [1, 2]
+act_ckpt_every = [1, 2]
 """
 
 
@@ -133,7 +133,7 @@ def _one_line_error(mod, argv, match, capsys):
     (tune_cmd, ["--model", "tiny", "--max-batch", "0"], "--max-batch 0"),
     (max_model_cmd, ["--batch", "0"], "--batch 0"),
     (max_model_cmd, ["--workers", "0"], "--workers 0"),
-    (min_ram_cmd, ["--model", "tiny", "--ckpt-every", "9"], "ckpt_every=9 is larger than the model's 8 layers"),
+    (min_ram_cmd, ["--model", "tiny", "--act-ckpt-every", "9"], "act_ckpt_every=9 is larger than the model's 8 layers"),
     (min_ram_cmd, ["--model", "tiny", "--batch", "0"], "batch=0"),
     (min_ram_cmd, ["--model", "tiny", "--slots", "1"], "slots"),
 ])
@@ -143,7 +143,7 @@ def test_bad_input_is_one_line(mod, argv, match, capsys):
 
 @pytest.mark.parametrize("text, match", [
     (GRID.replace("models", "modles"), "unknown key 'modles' \\(did you mean 'models'\\?\\)"),
-    (GRID.replace("ckpt_every", "ckpt_evry"), "unknown policy key 'ckpt_evry' \\(did you mean 'ckpt_every'\\?\\)"),
+    (GRID.replace("act_ckpt_every", "ckpt_evry"), "unknown policy key 'ckpt_evry' \\(did you mean 'act_ckpt_every'\\?\\)"),
     ("models = [\"tiny\"\ngpus = 3", "not valid TOML"),
     (GRID.replace('ram = ["13GiB", "64GiB"]', 'ram = ["12 potatoes"]'), "not a size"),
     (GRID.replace('gpus = ["h100-pcie"]', 'gpus = ["h100-pcei"]'), "did you mean 'h100-pcie'"),

@@ -49,7 +49,7 @@ def test_json(tmp_path, capsys):
 
 def test_policy_flags_reach_the_trace(tmp_path, capsys):
     js = tmp_path / "t.json"
-    _run(BASE + ["--ckpt-every", "2", "--micro-batches", "2", "--trace", str(js)], capsys)
+    _run(BASE + ["--act-ckpt-every", "2", "--micro-batches", "2", "--trace", str(js)], capsys)
     xs = [e for e in json.loads(js.read_text())["traceEvents"] if e["ph"] == "X"]
     assert any(e["cat"] == "recompute" for e in xs)
     assert {e["args"]["micro"] for e in xs} == {0, 1}

@@ -44,7 +44,7 @@ def _batches():
 
 def test_bf16_loss_tracks_autocast_baseline():
     spec = ModelSpec(n_layers=4, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=V)
-    pol = Policy(batch=B, seq=T, ckpt_every=2, slots=2, optimizer="pipelined", grad_clip=CLIP)
+    pol = Policy(batch=B, seq=T, act_ckpt_every=2, slots=2, optimizer="pipelined", grad_clip=CLIP)
     assert (pol.compute_dtype, pol.grad_dtype, pol.master_dtype, pol.working_copy) == ("bf16", "bf16", "fp32", True)
     batches = _batches()
     with Trainer(spec, pol, lr=LR, betas=BETAS, seed=0) as tr:

@@ -34,7 +34,7 @@ def _need_native():
 
 @pytest.mark.parametrize("optimizer", ["after", "pipelined"])
 def test_first_step_equals_fp32_moments_then_rounds(optimizer):
-    pol = exact_policy(batch=2, seq=16, ckpt_every=2, optimizer=optimizer, grad_clip=0.5)
+    pol = exact_policy(batch=2, seq=16, act_ckpt_every=2, optimizer=optimizer, grad_clip=0.5)
     tokens = torch.randint(0, SPEC.vocab, (2, 16), generator=torch.Generator().manual_seed(0))
     state = {}
     for states in ("fp32", "bf16"):

@@ -45,20 +45,20 @@ def _tokens(pol, seed=0):
     return torch.randint(0, VOCAB, (pol.batch, pol.seq), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("opt,clip,ckpt_on,K,tied,bias,micro", [
+@pytest.mark.parametrize("opt,clip,act_ckpt_on,K,tied,bias,micro", [
     ("pipelined", CLIP, "device", 2, True, True, 2),
     ("after", CLIP, "host", 1, False, False, 1),
     ("backward", 0.0, "host", 3, False, True, 2),  # backward cannot clip exactly
 ])
-def test_matches_transformers_autograd_on_cuda(opt, clip, ckpt_on, K, tied, bias, micro):
-    pol = exact_policy(batch=2 * micro, seq=SEQ, micro_batches=micro, ckpt_every=K, slots=2,
-                       ckpt_on=ckpt_on, optimizer=opt, grad_clip=clip, loss_chunk_tokens=12)
+def test_matches_transformers_autograd_on_cuda(opt, clip, act_ckpt_on, K, tied, bias, micro):
+    pol = exact_policy(batch=2 * micro, seq=SEQ, micro_batches=micro, act_ckpt_every=K, slots=2,
+                       act_ckpt_on=act_ckpt_on, optimizer=opt, grad_clip=clip, loss_chunk_tokens=12)
     check_matches_autograd(parity_spec(5, tied, bias), pol, device="cuda")
 
 
 def test_timeline_obeys_schedule_and_copies_overlap_compute():
     spec = _spec(8, 512)
-    pol = Policy(batch=4, seq=256, ckpt_every=2, slots=3, optimizer="pipelined")
+    pol = Policy(batch=4, seq=256, act_ckpt_every=2, slots=3, optimizer="pipelined")
     with Trainer(spec, pol, device="cuda") as tr:
         overlapped = 0.0
         for step in range(3):
@@ -74,7 +74,7 @@ def test_timeline_obeys_schedule_and_copies_overlap_compute():
 
 
 def test_device_peak_flat_in_depth_on_cuda():
-    pol = Policy(batch=2, seq=64, ckpt_every=1, slots=2, ckpt_on="host", optimizer="pipelined")
+    pol = Policy(batch=2, seq=64, act_ckpt_every=1, slots=2, act_ckpt_on="host", optimizer="pipelined")
     peaks = {}
     for L in (8, 32):
         with Trainer(_spec(L, 256), pol, device="cuda") as tr:
@@ -84,7 +84,7 @@ def test_device_peak_flat_in_depth_on_cuda():
 
 
 def test_host_store_is_page_locked_in_one_allocation():
-    pol = Policy(batch=2, seq=32, ckpt_every=1, slots=2)
+    pol = Policy(batch=2, seq=32, act_ckpt_every=1, slots=2)
     with Trainer(_spec(4, 64), pol, device="cuda") as tr:
         assert tr.store.raw.is_pinned()
         assert tr.store.raw.numel() == tr.store.nbytes == tr.host_store_bytes
@@ -93,7 +93,7 @@ def test_host_store_is_page_locked_in_one_allocation():
 
 def test_bf16_loss_falls_on_cuda():
     spec = _spec(4, 128)
-    pol = Policy(batch=8, seq=32, ckpt_every=2, slots=2, optimizer="pipelined", grad_clip=CLIP)
+    pol = Policy(batch=8, seq=32, act_ckpt_every=2, slots=2, optimizer="pipelined", grad_clip=CLIP)
     succ = torch.randint(0, VOCAB, (VOCAB,), generator=torch.Generator().manual_seed(0))
     start = torch.randint(0, VOCAB, (pol.batch, 1), generator=torch.Generator().manual_seed(1))
     seqs = [start]
@@ -111,7 +111,7 @@ def test_dynamic_host_buffers_are_pooled_at_exact_sizes():
     """Host checkpoints and per-step host grads come from the backend's HostPool, registered
     at their declared sizes (no power-of-two rounding), and are reused step after step."""
     from horizon_sim.schedule.op import Space
-    pol = Policy(batch=2, seq=48, ckpt_every=1, slots=2, ckpt_on="host", optimizer="after")
+    pol = Policy(batch=2, seq=48, act_ckpt_every=1, slots=2, act_ckpt_on="host", optimizer="after")
     with Trainer(_spec(4, 96), pol, device="cuda") as tr:
         declared = {b.bytes for n, b in tr.sched.buffers.items() if b.space == Space.HOST and not b.static}
         held = []

@@ -36,7 +36,7 @@ CLOCK_SKEW_S = {False: 1e-9, True: 1e-4}
 LR, WD, BETAS, EPS, CLIP = 1e-3, 0.1, (0.9, 0.95), 1e-6, 1.0
 SEQ, VOCAB = 16, 128
 
-#            L  K  slots optimizer    clip  tied   ckpt_on  micro qkv_bias
+#            L  K  slots optimizer    clip  tied   act_ckpt_on  micro qkv_bias
 CASES = [
     pytest.param(4, 1, 2, "after",     True,  False, "host",   1, False, id="L4-K1-s2-after-clip-host"),
     pytest.param(4, 2, 2, "pipelined", True,  True,  "device", 2, True,  id="L4-K2-s2-pipe-clip-tied-dev-mb2-qwen"),
@@ -82,10 +82,10 @@ def _rel_errors(tr, ref):
             for n, t in tr.state_dict().items()}
 
 
-@pytest.mark.parametrize("L,K,slots,opt,clip,tied,ckpt_on,micro,bias", CASES)
-def test_matches_transformers_autograd(L, K, slots, opt, clip, tied, ckpt_on, micro, bias):
-    pol = exact_policy(batch=2 * micro, seq=SEQ, micro_batches=micro, ckpt_every=K, slots=slots,
-                       ckpt_on=ckpt_on, optimizer=opt, grad_clip=CLIP if clip else 0.0,
+@pytest.mark.parametrize("L,K,slots,opt,clip,tied,act_ckpt_on,micro,bias", CASES)
+def test_matches_transformers_autograd(L, K, slots, opt, clip, tied, act_ckpt_on, micro, bias):
+    pol = exact_policy(batch=2 * micro, seq=SEQ, micro_batches=micro, act_ckpt_every=K, slots=slots,
+                       act_ckpt_on=act_ckpt_on, optimizer=opt, grad_clip=CLIP if clip else 0.0,
                        loss_chunk_tokens=12)  # several chunks, the last one ragged
     check_matches_autograd(parity_spec(L, tied, bias), pol)
 
@@ -126,7 +126,7 @@ def test_gradients_match(opt):
     """The host gradients the optimizer receives equal transformers' autograd gradients
     (norm-relative 1e-5), and both are as close to an fp64 reference."""
     spec = parity_spec(5, True, True)
-    pol = exact_policy(batch=4, seq=SEQ, micro_batches=2, ckpt_every=2, slots=2, ckpt_on="host",
+    pol = exact_policy(batch=4, seq=SEQ, micro_batches=2, act_ckpt_every=2, slots=2, act_ckpt_on="host",
                        optimizer=opt, grad_clip=0.0, loss_chunk_tokens=12)
     grads = {}
     with Trainer(spec, pol, seed=3) as tr:

@@ -52,7 +52,7 @@ def _overlapping_pairs(df):
 
 def test_timeline_obeys_schedule_and_lanes_overlap():
     spec = _spec(L=6, H=256)
-    pol = Policy(batch=2, seq=64, ckpt_every=2, slots=3, optimizer="pipelined")
+    pol = Policy(batch=2, seq=64, act_ckpt_every=2, slots=3, optimizer="pipelined")
     with Trainer(spec, pol) as tr:
         # The native AdamW updates a layer of this model in well under a millisecond, so on a
         # busy machine it could end before the compute lane starts (seen): each optimizer op
@@ -126,7 +126,7 @@ def test_device_peak_flat_in_depth(K):
     the copies keeping up (_CopiesKeepUp) the peak is the same at every step and depth. (Left
     to the OS, about 1 step in 4-8 here peaked one gradient buffer higher, at any depth and in
     bursts; the lag regime has its own test below.)"""
-    pol = Policy(batch=2, seq=32, ckpt_every=K, slots=2, ckpt_on="host", optimizer="pipelined")
+    pol = Policy(batch=2, seq=32, act_ckpt_every=K, slots=2, act_ckpt_on="host", optimizer="pipelined")
     peaks = {}
     for L in (8, 32):
         with Trainer(_spec(L=L, H=128), pol) as tr:
@@ -145,14 +145,14 @@ def test_device_peak_bounded_when_d2h_lags():
     def slow_d2h(op):
         if op.kind in (OpKind.OFFLOAD_GRADS, OpKind.SAVE_CKPT):
             time.sleep(0.02)
-    pol = Policy(batch=2, seq=32, ckpt_every=1, slots=2, ckpt_on="host", optimizer="pipelined")
+    pol = Policy(batch=2, seq=32, act_ckpt_every=1, slots=2, act_ckpt_on="host", optimizer="pipelined")
     p8, p32 = _peak(8, pol, 1, slow_d2h), _peak(32, pol, 1, slow_d2h)
     assert p32 / p8 <= 1.05, (p8, p32)
 
 
 def test_device_peak_counts_buffers_and_temporaries():
     spec = _spec(L=4, H=128)
-    pol = Policy(batch=2, seq=32, ckpt_every=1, slots=2, ckpt_on="host")
+    pol = Policy(batch=2, seq=32, act_ckpt_every=1, slots=2, act_ckpt_on="host")
     with Trainer(spec, pol) as tr:
         static = tr.arena.live  # slots + RoPE tables + labels
         res = tr.step(_tokens(pol))
@@ -187,7 +187,7 @@ def test_budget_below_the_slots_is_refused_up_front():
 
 
 def test_budget_exceeded_in_a_step_names_the_op():
-    pol = exact_policy(batch=2, seq=16, ckpt_on="host")
+    pol = exact_policy(batch=2, seq=16, act_ckpt_on="host")
     with Trainer(_spec(), pol) as tr:
         tr.arena.budget = tr.arena.live + 1024  # room for the slots, not for a step
         t0 = time.monotonic()

@@ -159,7 +159,7 @@ def test_tokenizer_files(tmp_path_factory, tok_json, data):
 
 # ---- sweep grid and hardware TOML --------------------------------------------------------------------
 GRID = {"models": ["tiny"], "gpus": ["h100-pcie"], "ram": ["64GiB"], "links": ["pcie-gen5"],
-        "policy": {"batch": [1, 2], "ckpt_every": [1]}}
+        "policy": {"batch": [1, 2], "act_ckpt_every": [1]}}
 
 
 @FUZZ
@@ -168,7 +168,7 @@ def test_sweep_grid(data):
     from horizon_sim.plan.sweep import parse_grid
     grid = mutate(GRID, data, keys=[*GRID, "hosts"])
     if isinstance(grid.get("policy"), dict) and data.draw(st.booleans(), label="damage policy"):
-        grid["policy"] = mutate(grid["policy"], data, keys=["batch", "seq", "ckpt_every", "optimizer", "slots"])
+        grid["policy"] = mutate(grid["policy"], data, keys=["batch", "seq", "act_ckpt_every", "optimizer", "slots"])
     one_line_or_ok(parse_grid, grid)
 
 
@@ -232,7 +232,7 @@ def test_hardware_toml(tmp_path_factory, hw_toml, data):
 # ---- the planner's flags -------------------------------------------------------------------------------
 FLAG_VALUES = st.sampled_from(["0", "-1", "1", "3", "1e30", "nan", "inf", "-inf", "2.5", "", "x", "99999999999999999999",
                                "1TB", "0GiB", "-5GiB", "host", "device", "bf16", "fp64", "h200", "nope", "\x00"])
-FLAGS = ["--batch", "--seq", "--micro-batches", "--ckpt-every", "--slots", "--ckpt-on", "--optimizer",
+FLAGS = ["--batch", "--seq", "--micro-batches", "--act-ckpt-every", "--slots", "--act-ckpt-on", "--optimizer",
          "--grad-clip", "--compute-dtype", "--states-dtype", "--grad-dtype", "--gpu", "--ram", "--link",
          "--doc-tokens", "--model"]
 

@@ -60,8 +60,8 @@ def test_the_issue_case_batch4_k3_is_covered():
        d2h=st.floats(0.001, 10), h2d=st.floats(0.001, 10), cpu=st.floats(0.001, 10))
 def test_the_bound_covers_any_simulated_timing(L, H, batch, micro, K, slots, where, opt, wc, d2h, h2d, cpu):
     spec = ModelSpec(n_layers=L, hidden=H, n_heads=4, n_kv_heads=2, ffn_hidden=2 * H, vocab=512)
-    pol = Policy(batch=batch * micro, micro_batches=micro, seq=64, ckpt_every=min(K, L), slots=slots,
-                 ckpt_on=where, optimizer=opt, grad_clip=0.0 if opt == "backward" else 1.0, working_copy=wc)
+    pol = Policy(batch=batch * micro, micro_batches=micro, seq=64, act_ckpt_every=min(K, L), slots=slots,
+                 act_ckpt_on=where, optimizer=opt, grad_clip=0.0 if opt == "backward" else 1.0, working_copy=wc)
     s = simulate(build_schedule(spec, pol), _slowed(HW, d2h, h2d, cpu)).summary
     assert s.device_typical_peak_bytes <= s.device_peak_bytes
 

@@ -126,7 +126,7 @@ def test_max_model_depth_family_stops_at_the_layer_bound():
 # ---- the sweep grid and the search runner -------------------------------------------------
 def test_a_grid_needing_too_many_simulations_is_refused_before_simulating():
     big = {"models": "tiny", "gpus": ["h100-pcie", "h200"], "ram": "64GiB",
-           "policy": {"batch": list(range(1, 101)), "ckpt_every": list(range(1, 9)), "slots": [2, 3, 4, 5, 6, 7, 8]}}
+           "policy": {"batch": list(range(1, 101)), "act_ckpt_every": list(range(1, 9)), "slots": [2, 3, 4, 5, 6, 7, 8]}}
     with pytest.raises(HorizonError, match=rf"the grid needs 11,200 simulations .*up to {MAX_SWEEP_SIMULATIONS:,}"):
         parse_grid(big)
 

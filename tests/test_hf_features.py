@@ -64,7 +64,7 @@ def _pair(tmp_path, name, doc_masks=False):
     ref = _hf(mt, over)
     ref.save_pretrained(tmp_path / "hf")
     spec = spec_from_hf_dir(tmp_path / "hf")
-    pol = exact_policy(batch=B, seq=T, micro_batches=2, ckpt_every=2, optimizer="after", grad_clip=0.0,
+    pol = exact_policy(batch=B, seq=T, micro_batches=2, act_ckpt_every=2, optimizer="after", grad_clip=0.0,
                        loss_chunk_tokens=40, doc_masks=doc_masks)
     tr = Trainer(spec, pol, random_init=False)
     load_hf(tr, tmp_path / "hf")

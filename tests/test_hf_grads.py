@@ -30,7 +30,7 @@ def _check(loss, grads, ref_loss, ref_grads):
 def _trainer(tmp_path, kind, micro=1, K=2):
     ref = _hf(kind, seed=4)
     ref.save_pretrained(tmp_path / "hf", max_shard_size="60KB")
-    pol = exact_policy(batch=B, seq=T, micro_batches=micro, ckpt_every=K, optimizer="after",
+    pol = exact_policy(batch=B, seq=T, micro_batches=micro, act_ckpt_every=K, optimizer="after",
                        grad_clip=0.0, loss_chunk_tokens=24)  # several loss chunks, the last ragged
     tr = Trainer(spec_from_hf_dir(tmp_path / "hf"), pol, random_init=False)
     load_hf(tr, tmp_path / "hf")

@@ -31,8 +31,8 @@ def _predicted_dynamic_bytes(pol) -> int:
 @pytest.mark.parametrize("kw,pool_above_concurrent", [
     (dict(optimizer="pipelined"), False),                           # grads static: checkpoints only
     (dict(optimizer="after"), True),                                # checkpoints, then every grad
-    (dict(optimizer="after", ckpt_every=2), True),
-    (dict(optimizer="after", ckpt_on="device"), False),             # grads only
+    (dict(optimizer="after", act_ckpt_every=2), True),
+    (dict(optimizer="after", act_ckpt_on="device"), False),             # grads only
     (dict(optimizer="after", micro_batches=2, working_copy=False), False),  # fp32 grads, no ckpts
 ])
 def test_planned_dynamic_host_bytes_equal_what_the_pool_holds(kw, pool_above_concurrent):

@@ -111,7 +111,7 @@ def test_training_through_the_pool_equals_training_without(monkeypatch):
             pass
 
     spec = ModelSpec(n_layers=4, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=128)
-    pol = exact_policy(batch=4, seq=16, micro_batches=2, ckpt_every=1, slots=2, ckpt_on="host",
+    pol = exact_policy(batch=4, seq=16, micro_batches=2, act_ckpt_every=1, slots=2, act_ckpt_on="host",
                        optimizer="after", grad_clip=1.0)
     batches = [torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(i)) for i in range(3)]
 
@@ -145,7 +145,7 @@ def test_a_failed_step_gives_its_host_buffers_back():
     from horizon_sim.specs.policy import Policy
 
     spec = ModelSpec(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=128)
-    pol = Policy(batch=2, seq=16, optimizer="after", ckpt_on="host")
+    pol = Policy(batch=2, seq=16, optimizer="after", act_ckpt_on="host")
 
     def hook(op):
         if op.kind == OpKind.OPTIMIZER:  # every checkpoint and gradient was made by now

@@ -62,7 +62,7 @@ def _loop(ds, pol, ckpt_dir=None, seed=0):
     tr = Trainer(SPEC, pol, lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95), seed=seed)
     cfg = LoopConfig(steps=STEPS, schedule=CosineSchedule(peak=3e-3, total_steps=STEPS, warmup_steps=2,
                                                           min_lr=3e-4),
-                     eval_every=3, eval_batches=2, ckpt_dir=ckpt_dir, ckpt_every=2, keep_ckpts=0,
+                     eval_every=3, eval_batches=2, ckpt_dir=ckpt_dir, save_every=2, keep_ckpts=0,
                      progress=False)
     return tr, TrainLoop(tr, ds, cfg, seed=5, out=lambda *_: None)
 
@@ -75,7 +75,7 @@ def _final_state(tr):
 
 POLICIES = {
     # fp32 everywhere, pipelined optimizer with clipping, gradient accumulation over 2 micro-batches
-    "fp32-pipelined-clip-accum": exact_policy(batch=4, seq=32, micro_batches=2, ckpt_every=2,
+    "fp32-pipelined-clip-accum": exact_policy(batch=4, seq=32, micro_batches=2, act_ckpt_every=2,
                                               optimizer="pipelined", grad_clip=0.5),
     # the default mixed precision (bf16 device, bf16 working copy and link grads)
     "bf16-after": Policy(batch=2, seq=32, optimizer="after", grad_clip=1.0),
@@ -272,6 +272,8 @@ def test_a_checkpoint_from_before_a_field_existed_resumes_with_its_default(tmp_p
             model.pop(k)
         for k in ("doc_masks", "doc_tokens"):
             policy.pop(k)
+        for old, new in (("ckpt_every", "act_ckpt_every"), ("ckpt_on", "act_ckpt_on")):  # renamed since
+            policy[old] = policy.pop(new)
         _check_compatible(tmp_path, {"model": model, "policy": policy}, tr)
         with pytest.raises(HorizonError, match="policy doc_masks=True"):
             _check_compatible(tmp_path, {"model": model, "policy": {**policy, "doc_masks": True}}, tr)

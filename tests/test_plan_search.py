@@ -21,7 +21,7 @@ from horizon_sim.specs.policy import Policy
 from horizon_sim.units import GiB
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-SMALL = SearchSpace(micro_batch=(1, 2, 4, 8), micro_batches=(1, 2), ckpt_every=(1, 2), slots=(2, 3),
+SMALL = SearchSpace(micro_batch=(1, 2, 4, 8), micro_batches=(1, 2), act_ckpt_every=(1, 2), slots=(2, 3),
                     max_batch=16)
 
 
@@ -57,7 +57,7 @@ def test_tune_finds_a_fit_when_the_default_does_not():
 
 def test_tune_uses_optimizer_backward_only_without_clipping():
     model, hw = model_preset("tiny"), make_hardware("h100-pcie", "64GiB")
-    space = SearchSpace(micro_batch=(2, 4), micro_batches=(1,), ckpt_every=(1,), slots=(2,), max_batch=8)
+    space = SearchSpace(micro_batch=(2, 4), micro_batches=(1,), act_ckpt_every=(1,), slots=(2,), max_batch=8)
     clipped = tune(model, hw, 128, space=space, workers=1)
     assert "backward" not in set(clipped.table.optimizer)
     free = tune(model, hw, 128, base=Policy(grad_clip=0.0), space=space, workers=1)
@@ -67,13 +67,13 @@ def test_tune_uses_optimizer_backward_only_without_clipping():
 
 def test_tune_reports_nothing_fits_as_best_none():
     model, hw = model_preset("llama-3.1-8b"), make_hardware("rtx-4090", "32GiB")
-    space = SearchSpace(micro_batch=(1,), micro_batches=(1,), ckpt_every=(1,), slots=(2,), max_batch=1)
+    space = SearchSpace(micro_batch=(1,), micro_batches=(1,), act_ckpt_every=(1,), slots=(2,), max_batch=1)
     res = tune(model, hw, 256, space=space, workers=1)
     assert res.best is None and not res.table.fits.any()
 
 
 @pytest.mark.parametrize("bad", [dict(micro_batch=()), dict(slots=(1, 2)), dict(max_batch=0),
-                                 dict(optimizer=("sometimes",)), dict(ckpt_every=(0,))])
+                                 dict(optimizer=("sometimes",)), dict(act_ckpt_every=(0,))])
 def test_search_space_rejects_bad_values(bad):
     with pytest.raises(HorizonError):
         SearchSpace(**bad)
@@ -111,14 +111,14 @@ def test_min_ram_of_a_small_model_is_one_step():
 
 
 def test_min_ram_says_when_the_device_is_the_limit():
-    policy = Policy(batch=64, seq=4096, ckpt_on="device")
+    policy = Policy(batch=64, seq=4096, act_ckpt_on="device")
     with pytest.raises(HorizonError, match="no amount of host RAM"):
         min_ram(model_preset("llama-3.1-8b"), make_hardware("rtx-4090"), policy)
 
 
 def test_min_ram_rejects_k_larger_than_layers():
-    with pytest.raises(HorizonError, match="ckpt_every"):
-        min_ram(model_preset("tiny"), make_hardware("h100-pcie"), Policy(ckpt_every=9))
+    with pytest.raises(HorizonError, match="act_ckpt_every"):
+        min_ram(model_preset("tiny"), make_hardware("h100-pcie"), Policy(act_ckpt_every=9))
 
 
 def test_round_up_ram():
@@ -199,7 +199,7 @@ def test_sweep_rows_files_and_errors(tmp_path):
     assert df[(df.model == "tiny") & (df.error == "")].fits.all()
     out = write_results(df, tmp_path / "r.csv")
     back = pd.read_csv(out)
-    assert len(back) == len(df) and {"model", "params", "gpu", "ram_bytes", "batch", "ckpt_every", "fits",
+    assert len(back) == len(df) and {"model", "params", "gpu", "ram_bytes", "batch", "act_ckpt_every", "fits",
                                      "step_time_s", "tokens_per_s", "mfu", "device_peak_bytes",
                                      "host_bytes", "bottleneck", "error"} <= set(back.columns)
     png = feasibility_map(df, tmp_path / "r.png")
@@ -225,13 +225,13 @@ def test_grid_errors_are_one_line(data, match):
 
 def test_invalid_policy_values_become_error_rows():
     grid = parse_grid({"models": "tiny", "gpus": "h100-pcie", "ram": "64GiB",
-                       "policy": {"ckpt_every": [1, 100], "seq": 128, "batch": [0]}})
+                       "policy": {"act_ckpt_every": [1, 100], "seq": 128, "batch": [0]}})
     df = sweep(grid, workers=1)
     assert len(df) == 2 and (df.error != "").all()
     grid = parse_grid({"models": "tiny", "gpus": "h100-pcie", "ram": "64GiB",
-                       "policy": {"ckpt_every": [1, 100], "seq": 128}})
+                       "policy": {"act_ckpt_every": [1, 100], "seq": 128}})
     df = sweep(grid, workers=1)
-    assert df.error.tolist()[0] == "" and "ckpt_every=100" in df.error.tolist()[1]
+    assert df.error.tolist()[0] == "" and "act_ckpt_every=100" in df.error.tolist()[1]
 
 
 def test_parquet_without_pyarrow_is_a_clear_error(tmp_path):
@@ -252,8 +252,8 @@ def test_runner_caches_across_ram_sizes():
 
 
 def test_outcome_of_a_bad_policy_is_an_error():
-    o = simulate_outcome(model_preset("tiny"), make_hardware("h100-pcie"), Policy(ckpt_every=9))
-    assert not o.ok and "ckpt_every" in o.error and math.isnan(o.tokens_per_s)
+    o = simulate_outcome(model_preset("tiny"), make_hardware("h100-pcie"), Policy(act_ckpt_every=9))
+    assert not o.ok and "act_ckpt_every" in o.error and math.isnan(o.tokens_per_s)
     assert not o.fits(make_hardware("h100-pcie"))
 
 
@@ -292,7 +292,7 @@ def test_nearest_fit_keeps_the_training_as_it_is_when_it_can():
 
 def test_advice_when_device_is_short():
     model, hw = model_preset("llama-3.1-8b"), make_hardware("rtx-4090", "512GiB")
-    r = plan(model, hw, Policy(batch=16, seq=4096, ckpt_on="device"))
+    r = plan(model, hw, Policy(batch=16, seq=4096, act_ckpt_on="device"))
     lines = advise(r, workers=1)
     assert lines[0].startswith("device memory is short by")
     nearest = [line for line in lines if line.startswith("nearest policy that fits")]

@@ -22,8 +22,8 @@ PRECISIONS = [  # (compute, grads over the link, working copy)
 ]
 BAD = {  # a field and values it must refuse
     "n_layers": [0, -3, 2.5], "hidden": [0, -64], "n_kv_heads": [3, 0], "ffn_type": ["moe"],
-    "vocab": [0], "batch": [0, -1], "seq": [0], "micro_batches": [0, 3], "ckpt_every": [0, 99],
-    "slots": [1, 0], "ckpt_on": ["disk"], "optimizer": ["sgd"], "grad_clip": [-1.0],
+    "vocab": [0], "batch": [0, -1], "seq": [0], "micro_batches": [0, 3], "act_ckpt_every": [0, 99],
+    "slots": [1, 0], "act_ckpt_on": ["disk"], "optimizer": ["sgd"], "grad_clip": [-1.0],
     "compute_dtype": ["fp8"], "ram": ["0", "-4G", "12 potatoes"], "gpu": ["h1000"], "link": ["pcie-gen9"],
 }
 
@@ -39,8 +39,8 @@ def scenario(draw):
     optimizer = draw(st.sampled_from(["after", "backward", "pipelined"]))
     micro = draw(st.sampled_from([1, 2]))
     p = dict(batch=micro * draw(st.integers(1, 4)), micro_batches=micro,
-             seq=draw(st.sampled_from([16, 64, 256])), ckpt_every=draw(st.integers(1, m["n_layers"])),
-             slots=draw(st.integers(2, 4)), ckpt_on=draw(st.sampled_from(["device", "host"])),
+             seq=draw(st.sampled_from([16, 64, 256])), act_ckpt_every=draw(st.integers(1, m["n_layers"])),
+             slots=draw(st.integers(2, 4)), act_ckpt_on=draw(st.sampled_from(["device", "host"])),
              optimizer=optimizer, grad_clip=0.0 if optimizer == "backward" else draw(st.sampled_from([0.0, 1.0])),
              states_dtype=draw(st.sampled_from(["fp32", "bf16"])), **draw(st.sampled_from(PRECISIONS)))
     hw = dict(gpu=draw(st.sampled_from(sorted(DEVICES))), link=draw(st.sampled_from([None, *sorted(LINKS)])),

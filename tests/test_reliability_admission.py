@@ -20,7 +20,7 @@ from horizon_sim.specs.policy import Policy
 
 SPEC = ModelSpec(n_layers=4, hidden=128, n_heads=4, n_kv_heads=2, ffn_hidden=256, vocab=256)
 POL = Policy(batch=2, seq=32, optimizer="pipelined")
-HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "checkpoints", "scalars", "runtime")
+HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "act_checkpoints", "scalars", "runtime")
 
 
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")

@@ -146,7 +146,7 @@ def test_loop_resume_falls_back_and_continues(tmp_path):
     def loop(seed):
         tr = Trainer(SPEC, POL, seed=seed)
         cfg = LoopConfig(steps=6, schedule=CosineSchedule(peak=1e-3, total_steps=6), eval_batches=0,
-                         ckpt_dir=str(tmp_path), ckpt_every=2, keep_ckpts=0, progress=False)
+                         ckpt_dir=str(tmp_path), save_every=2, keep_ckpts=0, progress=False)
         msgs = []
         return tr, TrainLoop(tr, ds, cfg, out=msgs.append), msgs
 

@@ -91,7 +91,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_a_lane_fault_reaches_the_caller_while_another_lane_is_stuck(case):
     (fk, fl, fprev), (bk, bl, bprev) = CASES[case]
-    pol = Policy(batch=2, seq=16, optimizer="pipelined", ckpt_on="host")
+    pol = Policy(batch=2, seq=16, optimizer="pipelined", act_ckpt_on="host")
     tr = Trainer(SPEC, pol)
     try:
         tr.step(_tokens(pol))  # so that the next step has the previous step's optimizer ops
@@ -132,11 +132,11 @@ def dataset():
     return load_dataset(None, ByteTokenizer(), seq=16, eval_fraction=0.01)
 
 
-def _loop(ds, ckpt_dir, steps=50, ckpt_every=2):
+def _loop(ds, ckpt_dir, steps=50, save_every=2):
     pol = exact_policy(batch=2, seq=16, optimizer="pipelined")
     tr = Trainer(SPEC, pol, lr=1e-3)
     cfg = LoopConfig(steps=steps, schedule=CosineSchedule(peak=1e-3, total_steps=steps), eval_batches=0,
-                     ckpt_dir=str(ckpt_dir), ckpt_every=ckpt_every, keep_ckpts=0, progress=False)
+                     ckpt_dir=str(ckpt_dir), save_every=save_every, keep_ckpts=0, progress=False)
     return tr, TrainLoop(tr, ds, cfg, out=lambda *_: None)
 
 
@@ -163,7 +163,7 @@ def _no_partial(ckpt_dir: Path):
 
 
 def test_first_signal_finishes_the_step_and_checkpoints(tmp_path, dataset):
-    tr, loop = _loop(dataset, tmp_path, ckpt_every=4)
+    tr, loop = _loop(dataset, tmp_path, save_every=4)
     with tr:
         _kill_at(tr, lambda: loop.step, at_step=5)   # during the 6th step
         old = signal.getsignal(signal.SIGTERM)
@@ -182,7 +182,7 @@ def test_first_signal_finishes_the_step_and_checkpoints(tmp_path, dataset):
 
 
 def test_second_signal_aborts_mid_step_and_keeps_the_last_checkpoint(tmp_path, dataset):
-    tr, loop = _loop(dataset, tmp_path, ckpt_every=2)
+    tr, loop = _loop(dataset, tmp_path, save_every=2)
     with tr:
         _kill_at(tr, lambda: loop.step, at_step=4, times=2)
         t0 = time.monotonic()
@@ -195,7 +195,7 @@ def test_second_signal_aborts_mid_step_and_keeps_the_last_checkpoint(tmp_path, d
 
 
 def test_second_signal_during_the_checkpoint_write_leaves_no_partial_one(tmp_path, dataset, monkeypatch):
-    tr, loop = _loop(dataset, tmp_path, ckpt_every=2)
+    tr, loop = _loop(dataset, tmp_path, save_every=2)
     real = ckpt_mod.write_safetensors
 
     def slow_write(path, items, metadata=None):

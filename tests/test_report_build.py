@@ -69,7 +69,7 @@ def test_tables_have_one_row_per_configuration(built):
     assert modes.set_index("mode").grad_clip["backward"] == 0
 
     ck = pd.read_csv(out / "ckpt_placement.csv")
-    assert len(ck) == 2 * len(CFG.ckpt_models) and set(ck.ckpt_on) == {"device", "host"}
+    assert len(ck) == 2 * len(CFG.ckpt_models) and set(ck.act_ckpt_on) == {"device", "host"}
 
     for tag in ("default", "lean"):
         f = pd.read_csv(out / f"feasibility_{CFG.map_gpu}_{tag}.csv")

@@ -30,7 +30,7 @@ def llama():  # 265 ops, the limit far above the curve
 
 @pytest.fixture(scope="module")
 def tight():  # device checkpoints of a big batch: peak close to the usable limit
-    return plan("llama-3.1-8b", gpu="h100-pcie", policy=Policy(batch=64, ckpt_on="device"))
+    return plan("llama-3.1-8b", gpu="h100-pcie", policy=Policy(batch=64, act_ckpt_on="device"))
 
 
 def _is_png(path) -> bool:
@@ -109,7 +109,7 @@ def test_bar_labels_do_not_collide(which, request):
 def test_hundreds_of_ops_stay_fast():
     import time
     spec = dataclasses.replace(model_preset("llama-2-7b"), n_layers=80)
-    r = plan(spec, gpu="h100-pcie", policy=Policy(ckpt_every=4, micro_batches=2))
+    r = plan(spec, gpu="h100-pcie", policy=Policy(act_ckpt_every=4, micro_batches=2))
     assert len(r.timeline) > 500
     t0 = time.perf_counter()
     fig = plot_overlap(r)

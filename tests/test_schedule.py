@@ -1,4 +1,4 @@
-"""build_schedule and validate(): the structure of the step for a grid of policies, weight-load
+"""build_schedule and check_schedule(): the structure of the step for a grid of policies, weight-load
 counts (resident reuse, Belady slot reuse), and validation rejecting broken schedules.
 
 Broken schedules are made from a good one with dataclasses.replace on single ops, so each
@@ -12,7 +12,7 @@ import pytest
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import (EMBED, Lane, OpKind, Schedule, ScheduleError, build_schedule,
-                                  validate)
+                                  check_schedule)
 from horizon_sim.schedule.op import LANE_OF
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -57,8 +57,8 @@ def _compute_ops(sched):
 
 # ---- structure over a grid of policies ----------------------------------------------------
 def _check_structure(sched, model, policy):
-    validate(sched)  # build_schedule validated already; validate() itself must agree
-    Ln, K, mb = model.n_layers, policy.ckpt_every, policy.micro_batches
+    check_schedule(sched)  # build_schedule validated already; check_schedule() itself must agree
+    Ln, K, mb = model.n_layers, policy.act_ckpt_every, policy.micro_batches
     n_blocks = math.ceil(Ln / K)
     units = [EMBED, *range(Ln), Ln]
     assert [op.id for op in sched.ops] == list(range(len(sched.ops)))
@@ -74,7 +74,7 @@ def _check_structure(sched, model, policy):
     assert count(K_.RECOMPUTE) == mb * (Ln - n_blocks)
     assert (count(K_.RECOMPUTE) > 0) == (K > 1)
     # checkpoint copies only when checkpoints live on the host: one per block, each way.
-    host_ck = policy.ckpt_on == "host"
+    host_ck = policy.act_ckpt_on == "host"
     assert count(K_.SAVE_CKPT) == (mb * n_blocks if host_ck else 0)
     assert count(K_.LOAD_CKPT) == (mb * n_blocks if host_ck else 0)
     assert sorted(op.layer for op in _of(sched, K_.SAVE_CKPT, micro=0)) == \
@@ -150,19 +150,19 @@ GRID = list(itertools.product([1, 2, 3], [2, 3, 4], ["device", "host"],
                               ["after", "backward", "pipelined"]))
 
 
-@pytest.mark.parametrize("K, slots, ckpt_on, optimizer", GRID)
-def test_build_validates_and_has_expected_ops(K, slots, ckpt_on, optimizer):
+@pytest.mark.parametrize("K, slots, act_ckpt_on, optimizer", GRID)
+def test_build_validates_and_has_expected_ops(K, slots, act_ckpt_on, optimizer):
     for mb, tied, prec in itertools.product([1, 2], [False, True], PRECISIONS):
         model = _model(tied=tied)
-        policy = _policy(optimizer, ckpt_every=K, slots=slots, ckpt_on=ckpt_on, micro_batches=mb,
+        policy = _policy(optimizer, act_ckpt_every=K, slots=slots, act_ckpt_on=act_ckpt_on, micro_batches=mb,
                          **PRECISIONS[prec])
         _check_structure(build_schedule(model, policy), model, policy)
 
 
 def test_ckpt_every_larger_than_depth_is_an_error():
-    with pytest.raises(HorizonError, match="ckpt_every=8 is larger than the model's 7 layers"):
-        build_schedule(_model(), _policy(ckpt_every=8))
-    build_schedule(_model(), _policy(ckpt_every=7))  # K = L is allowed: one block
+    with pytest.raises(HorizonError, match="act_ckpt_every=8 is larger than the model's 7 layers"):
+        build_schedule(_model(), _policy(act_ckpt_every=8))
+    build_schedule(_model(), _policy(act_ckpt_every=7))  # K = L is allowed: one block
 
 
 # ---- weight loads per step ------------------------------------------------------------------
@@ -171,7 +171,7 @@ def test_loads_k1_two_slots_is_2L_plus_1_minus_resident_reuse(n_layers):
     """Naively K=1 loads 2L+1 times (L forwards, the head, L backwards). With 2 slots the
     last block's weights are still resident when backward starts (the head used the other
     slot), so exactly one load is saved: 2L."""
-    sched = build_schedule(_model(n_layers), _policy(ckpt_every=1, slots=2))
+    sched = build_schedule(_model(n_layers), _policy(act_ckpt_every=1, slots=2))
     naive = 2 * n_layers + 1
     assert len(_compute_ops(sched)) == naive
     assert _n_loads(sched) == naive - 1
@@ -189,7 +189,7 @@ def test_loads_k1_later_micro_batches_reuse_the_first_two_layers():
     """After micro-batch m's backward the two slots hold layers 1 and 0, exactly what
     micro-batch m+1's forward starts with."""
     Ln = 7
-    sched = build_schedule(_model(Ln), _policy(ckpt_every=1, slots=2, micro_batches=2))
+    sched = build_schedule(_model(Ln), _policy(act_ckpt_every=1, slots=2, micro_batches=2))
     per_micro = [len(_of(sched, K_.LOAD_WEIGHTS, micro=m)) for m in (0, 1)]
     assert per_micro == [2 * Ln, 2 * Ln - 2]
 
@@ -200,7 +200,7 @@ def test_loads_k3_fewer_than_naive_three_pass(n_layers):
     recomputes and L backwards. Belady reuse keeps the block's last recomputed layer resident
     for its backward, so strictly fewer loads happen."""
     K = 3
-    sched = build_schedule(_model(n_layers), _policy(ckpt_every=K, slots=2))
+    sched = build_schedule(_model(n_layers), _policy(act_ckpt_every=K, slots=2))
     naive = len(_compute_ops(sched))
     assert naive == n_layers + 1 + (n_layers - math.ceil(n_layers / K)) + n_layers
     loads = _n_loads(sched)
@@ -209,7 +209,7 @@ def test_loads_k3_fewer_than_naive_three_pass(n_layers):
     full_blocks = n_layers // K
     assert loads <= naive - full_blocks
     # more slots never load more
-    more = [_n_loads(build_schedule(_model(n_layers), _policy(ckpt_every=K, slots=s)))
+    more = [_n_loads(build_schedule(_model(n_layers), _policy(act_ckpt_every=K, slots=s)))
             for s in (2, 3, 4)]
     assert more == sorted(more, reverse=True) and more[0] == loads
 
@@ -217,7 +217,7 @@ def test_loads_k3_fewer_than_naive_three_pass(n_layers):
 def test_loads_when_every_unit_fits_in_a_slot_each_unit_is_loaded_once():
     Ln = 5
     for K in (1, 2, 3):
-        sched = build_schedule(_model(Ln), _policy(ckpt_every=K, slots=Ln + 1 + 1))
+        sched = build_schedule(_model(Ln), _policy(act_ckpt_every=K, slots=Ln + 1 + 1))
         layers = sorted(op.layer for op in _of(sched, K_.LOAD_WEIGHTS))
         assert layers == list(range(Ln + 1)), K
 
@@ -226,7 +226,7 @@ def test_loads_when_every_unit_fits_in_a_slot_each_unit_is_loaded_once():
 @pytest.fixture(scope="module")
 def good():
     """K=1, 2 slots, device checkpoints, clean ids to point at."""
-    return build_schedule(_model(5), _policy(ckpt_every=1, slots=2, ckpt_on="device", optimizer="after"))
+    return build_schedule(_model(5), _policy(act_ckpt_every=1, slots=2, act_ckpt_on="device", optimizer="after"))
 
 
 def _with(sched, op_id, **changes) -> Schedule:
@@ -241,8 +241,8 @@ def _drop_dep(sched, op, dep_id) -> Schedule:
 
 
 def test_unmodified_schedule_validates(good):
-    validate(good)
-    assert good.validate() is good
+    check_schedule(good)
+    assert good.check() is good
 
 
 def test_forward_without_its_weight_load_is_rejected(good):
@@ -251,14 +251,14 @@ def test_forward_without_its_weight_load_is_rejected(good):
                key=lambda op: op.id)
     assert load.layer == 3
     with pytest.raises(ScheduleError, match=rf"reads 'w{fwd.slot}' without waiting for op {load.id}"):
-        validate(_drop_dep(good, fwd, load.id))
+        check_schedule(_drop_dep(good, fwd, load.id))
 
 
 def test_offload_grads_without_its_backward_is_rejected(good):
     og = _of(good, K_.OFFLOAD_GRADS, 2)[0]
     bwd = _of(good, K_.BACKWARD, 2)[0]
     with pytest.raises(ScheduleError, match=r"reads 'dgrad\.2\.m0' without waiting"):
-        validate(_drop_dep(good, og, bwd.id))
+        check_schedule(_drop_dep(good, og, bwd.id))
 
 
 def test_weight_load_into_a_slot_still_in_use_is_rejected(good):
@@ -271,7 +271,7 @@ def test_weight_load_into_a_slot_still_in_use_is_rejected(good):
             break
     assert last_user.id in load.deps
     with pytest.raises(ScheduleError, match=rf"overwrites 'w{load.slot}' while op {last_user.id}"):
-        validate(_drop_dep(good, load, last_user.id))
+        check_schedule(_drop_dep(good, load, last_user.id))
 
 
 def test_every_load_after_the_first_use_of_its_slot_waits_for_that_slot(good):
@@ -284,7 +284,7 @@ def test_every_load_after_the_first_use_of_its_slot_waits_for_that_slot(good):
             continue
         n += 1
         with pytest.raises(ScheduleError, match="overwrites"):
-            validate(_drop_dep(good, load, users[-1].id))
+            check_schedule(_drop_dep(good, load, users[-1].id))
     assert n >= 4
 
 
@@ -295,7 +295,7 @@ def test_use_after_free_is_rejected(good):
     bwd0 = _of(good, K_.BACKWARD, 0)[0]
     assert og_head.id < bwd0.id and "x.m0.0" in bwd0.reads
     with pytest.raises(ScheduleError, match=rf"op {bwd0.id} .* reads 'x\.m0\.0' after it was freed"):
-        validate(_with(good, og_head.id, frees=og_head.frees + ("x.m0.0",)))
+        check_schedule(_with(good, og_head.id, frees=og_head.frees + ("x.m0.0",)))
 
 
 def test_dependency_cycle_is_rejected(good):
@@ -304,7 +304,7 @@ def test_dependency_cycle_is_rejected(good):
     assert load.kind == K_.LOAD_WEIGHTS
     # the load now waits for the forward that waits for the load
     with pytest.raises(ScheduleError, match="cycle"):
-        validate(_with(good, load.id, deps=load.deps + (fwd.id,)))
+        check_schedule(_with(good, load.id, deps=load.deps + (fwd.id,)))
 
 
 def test_cycle_through_lane_order_is_rejected(good):
@@ -312,41 +312,41 @@ def test_cycle_through_lane_order_is_rejected(good):
     first_fwd = _of(good, K_.FORWARD, 0)[0]
     later_bwd = _of(good, K_.BACKWARD, 0)[0]
     with pytest.raises(ScheduleError, match="cycle"):
-        validate(_with(good, first_fwd.id, deps=first_fwd.deps + (later_bwd.id,)))
+        check_schedule(_with(good, first_fwd.id, deps=first_fwd.deps + (later_bwd.id,)))
 
 
 def test_dependency_on_missing_op_is_rejected(good):
     op = good.ops[3]
     with pytest.raises(ScheduleError, match="depends on op 99999, which does not exist"):
-        validate(_with(good, 3, deps=op.deps + (99999,)))
+        check_schedule(_with(good, 3, deps=op.deps + (99999,)))
     with pytest.raises(ScheduleError, match="depends on op -1"):
-        validate(_with(good, 3, deps=(-1,)))
+        check_schedule(_with(good, 3, deps=(-1,)))
     with pytest.raises(ScheduleError, match="which does not exist"):
-        validate(_with(good, 3, deps=(3,)))  # on itself
+        check_schedule(_with(good, 3, deps=(3,)))  # on itself
 
 
 def test_unknown_buffer_is_rejected(good):
     fwd = _of(good, K_.FORWARD, 1)[0]
     with pytest.raises(ScheduleError, match="unknown buffer 'w9'"):
-        validate(_with(good, fwd.id, reads=fwd.reads + ("w9",)))
+        check_schedule(_with(good, fwd.id, reads=fwd.reads + ("w9",)))
 
 
 def test_unbalanced_dynamic_buffer_is_rejected(good):
     og = _of(good, K_.OFFLOAD_GRADS, 1)[0]
     assert og.frees == ("dgrad.1.m0",)
     with pytest.raises(ScheduleError, match=r"does not balance.*'dgrad\.1\.m0'"):
-        validate(_with(good, og.id, frees=()))
+        check_schedule(_with(good, og.id, frees=()))
 
 
 def test_freeing_a_static_buffer_or_twice_is_rejected(good):
     og = _of(good, K_.OFFLOAD_GRADS, 1)[0]
     with pytest.raises(ScheduleError, match="frees static buffer 'w0'"):
-        validate(_with(good, og.id, frees=og.frees + ("w0",)))
+        check_schedule(_with(good, og.id, frees=og.frees + ("w0",)))
     og0 = _of(good, K_.OFFLOAD_GRADS, 0)[0]
     with pytest.raises(ScheduleError, match="not allocated|after it was freed"):
-        validate(_with(good, og0.id, frees=og0.frees + ("dgrad.1.m0",)))
+        check_schedule(_with(good, og0.id, frees=og0.frees + ("dgrad.1.m0",)))
 
 
 def test_ids_out_of_order_are_rejected(good):
     with pytest.raises(ScheduleError, match="ids must be 0..n-1"):
-        validate(_with(good, 4, id=40))
+        check_schedule(_with(good, 4, id=40))

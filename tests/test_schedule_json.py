@@ -17,13 +17,13 @@ def _toy(n_layers=5, tied=False):
 
 CASES = {
     "default": (_toy(), Policy(batch=2, seq=32)),
-    "k3-host-pipelined-mb2": (_toy(7), Policy(batch=4, seq=32, ckpt_every=3, slots=3,
-                                               micro_batches=2, ckpt_on="host")),
-    "k2-device-after-tied": (_toy(5, tied=True), Policy(batch=2, seq=32, ckpt_every=2,
-                                                         ckpt_on="device", optimizer="after")),
+    "k3-host-pipelined-mb2": (_toy(7), Policy(batch=4, seq=32, act_ckpt_every=3, slots=3,
+                                               micro_batches=2, act_ckpt_on="host")),
+    "k2-device-after-tied": (_toy(5, tied=True), Policy(batch=2, seq=32, act_ckpt_every=2,
+                                                         act_ckpt_on="device", optimizer="after")),
     "backward-noclip-fp32": (_toy(4), exact_policy(batch=2, seq=16, optimizer="backward",
                                                    grad_clip=0.0, slots=4)),
-    "qwen-0.5b-preset": (model_preset("qwen2.5-0.5b"), Policy(batch=4, seq=1024, ckpt_every=4)),
+    "qwen-0.5b-preset": (model_preset("qwen2.5-0.5b"), Policy(batch=4, seq=1024, act_ckpt_every=4)),
 }
 
 
@@ -108,7 +108,7 @@ def test_unknown_buffer_is_rejected(doc):
         _load(d)
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None])
+@pytest.mark.parametrize("version", [0, 1, 3, "2", None])
 def test_wrong_version_is_rejected(doc, version):
     d = _copy(doc)
     d["version"] = version

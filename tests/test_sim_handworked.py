@@ -102,7 +102,7 @@ TOY_HW = HardwareSpec(
 )
 TOY_MODEL = ModelSpec(name="toy", n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, ffn_hidden=128,
                       vocab=256)
-TOY_POLICY = Policy(batch=1, seq=512, micro_batches=1, ckpt_every=1, slots=2, ckpt_on="device",
+TOY_POLICY = Policy(batch=1, seq=512, micro_batches=1, act_ckpt_every=1, slots=2, act_ckpt_on="device",
                     optimizer="after", compute_dtype="bf16", working_copy=True)
 
 # ---- sizes and work, by hand ------------------------------------------------------------------

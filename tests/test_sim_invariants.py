@@ -47,7 +47,7 @@ def _sim(model, hw=HW, **policy):
 # ---- device memory vs depth -----------------------------------------------------------------
 @pytest.mark.parametrize("K", [1, 3])
 def test_device_peak_flat_in_depth_with_host_checkpoints(K):
-    sims = [_sim(_wide(L), ckpt_on="host", ckpt_every=K).summary for L in DEPTHS]
+    sims = [_sim(_wide(L), act_ckpt_on="host", act_ckpt_every=K).summary for L in DEPTHS]
     typical = [s.device_typical_peak_bytes for s in sims]
     assert max(typical) / min(typical) <= 1.01, typical
     # The bound whatever the timing is flat too: it depends on where the last block ends
@@ -58,7 +58,7 @@ def test_device_peak_flat_in_depth_with_host_checkpoints(K):
         assert max(same) == min(same), (L, same)
     assert max(peaks) / min(peaks) <= 1.03, peaks
     # while device checkpoints at the same depth cost more by 120 boundaries (2·1024·1024·2 B)
-    dev = _sim(_wide(128), ckpt_on="device", ckpt_every=K).summary.device_peak_bytes
+    dev = _sim(_wide(128), act_ckpt_on="device", act_ckpt_every=K).summary.device_peak_bytes
     assert dev > max(peaks)
 
 
@@ -69,9 +69,9 @@ def test_device_peak_grows_by_exactly_the_extra_checkpoints_on_device(K):
     and nothing else."""
     tokens, hidden = 2 * 1024, 1024
     boundary = tokens * hidden * 2
-    base = _sim(_wide(DEPTHS[0]), ckpt_on="device", ckpt_every=K).summary.device_peak_bytes
+    base = _sim(_wide(DEPTHS[0]), act_ckpt_on="device", act_ckpt_every=K).summary.device_peak_bytes
     for L in DEPTHS[1:]:
-        peak = _sim(_wide(L), ckpt_on="device", ckpt_every=K).summary.device_peak_bytes
+        peak = _sim(_wide(L), act_ckpt_on="device", act_ckpt_every=K).summary.device_peak_bytes
         extra = (math.ceil(L / K) - math.ceil(DEPTHS[0] / K)) * boundary
         assert peak - base == extra, (L, peak - base, extra)
 
@@ -79,8 +79,8 @@ def test_device_peak_grows_by_exactly_the_extra_checkpoints_on_device(K):
 # ---- host memory vs parameters --------------------------------------------------------------
 @pytest.mark.parametrize("policy", [
     dict(),
-    dict(optimizer="after", ckpt_on="device"),
-    dict(optimizer="backward", grad_clip=0.0, working_copy=False, ckpt_every=2, micro_batches=2),
+    dict(optimizer="after", act_ckpt_on="device"),
+    dict(optimizer="backward", grad_clip=0.0, working_copy=False, act_ckpt_every=2, micro_batches=2),
 ])
 def test_host_footprint_linear_in_parameters(policy):
     params, host = [], []
@@ -106,9 +106,9 @@ def test_host_footprint_linear_in_parameters(policy):
 # ---- step time bounds -----------------------------------------------------------------------
 BOUND_CASES = [
     ("llama-2-7b", "h100-sxm", dict()),
-    ("llama-2-7b", "rtx-4090", dict(ckpt_every=2, slots=3, optimizer="after", ckpt_on="device")),
+    ("llama-2-7b", "rtx-4090", dict(act_ckpt_every=2, slots=3, optimizer="after", act_ckpt_on="device")),
     ("qwen2.5-0.5b", "gh200", dict(micro_batches=2, batch=4)),
-    ("qwen2.5-7b", "a100-40gb", dict(optimizer="backward", grad_clip=0.0, ckpt_every=4)),
+    ("qwen2.5-7b", "a100-40gb", dict(optimizer="backward", grad_clip=0.0, act_ckpt_every=4)),
 ]
 
 
@@ -140,7 +140,7 @@ def test_step_time_at_least_every_lane_and_roofline(model, gpu, policy):
 PIPE_GRID = list(itertools.product(
     ["qwen2.5-0.5b", "llama-2-7b"],
     ["h100-sxm", "rtx-4090", "gh200"],
-    [dict(), dict(ckpt_every=3, slots=3), dict(ckpt_on="device", micro_batches=2, batch=4)],
+    [dict(), dict(act_ckpt_every=3, slots=3), dict(act_ckpt_on="device", micro_batches=2, batch=4)],
 ))
 
 
@@ -168,8 +168,8 @@ def test_after_exposes_the_whole_optimizer():
 # ---- the timeline ---------------------------------------------------------------------------
 TL_CASES = [
     (_wide(9), dict()),
-    (_wide(9), dict(ckpt_every=2, slots=3, ckpt_on="host", micro_batches=2, batch=4)),
-    (_wide(9, tied=True), dict(ckpt_every=3, optimizer="after", ckpt_on="device")),
+    (_wide(9), dict(act_ckpt_every=2, slots=3, act_ckpt_on="host", micro_batches=2, batch=4)),
+    (_wide(9, tied=True), dict(act_ckpt_every=3, optimizer="after", act_ckpt_on="device")),
     (_wide(9), dict(optimizer="backward", grad_clip=0.0, slots=4, compute_dtype="fp32",
                     grad_dtype="fp32", working_copy=False)),
 ]
@@ -199,7 +199,7 @@ def test_check_obeys_schedule_catches_an_early_start():
 
 def test_deterministic():
     model = _wide(12)
-    policy = dict(ckpt_every=3, slots=3, micro_batches=2, batch=4)
+    policy = dict(act_ckpt_every=3, slots=3, micro_batches=2, batch=4)
     a, b = _sim(model, **policy), _sim(model, **policy)
     pd.testing.assert_frame_equal(a.timeline, b.timeline, check_exact=True)
     pd.testing.assert_frame_equal(a.device_trace, b.device_trace, check_exact=True)
@@ -337,7 +337,7 @@ def test_long_step_with_sub_resolution_flows_terminates():
     signal.alarm(30)
     try:
         r = _sim(model_preset("dense-120b"), make_hardware("a100-80gb", "1TB"), batch=16, seq=2048,
-                 ckpt_every=1, slots=2, optimizer="pipelined")
+                 act_ckpt_every=1, slots=2, optimizer="pipelined")
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)

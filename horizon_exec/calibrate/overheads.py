@@ -18,7 +18,7 @@ from horizon_sim.units import GiB
 # template runs, on shapes so small that the work is microseconds.
 TINY = ModelSpec(name="calibrate-tiny", n_layers=3, hidden=64, n_heads=4, n_kv_heads=2,
                  ffn_hidden=128, vocab=64)
-TINY_POLICY = Policy(batch=1, seq=16, ckpt_every=2, slots=2, optimizer="pipelined")
+TINY_POLICY = Policy(batch=1, seq=16, act_ckpt_every=2, slots=2, optimizer="pipelined")
 
 
 class TinyProbe:

@@ -24,8 +24,8 @@ class Config:
     @property
     def label(self) -> str:
         m, p = self.model, self.policy
-        return (f"L{m.n_layers} H{m.hidden} V{m.vocab}, batch {p.batch}x{p.seq}, K={p.ckpt_every}, "
-                f"{p.slots} slots, ckpt {p.ckpt_on}, opt {p.optimizer}"
+        return (f"L{m.n_layers} H{m.hidden} V{m.vocab}, batch {p.batch}x{p.seq}, K={p.act_ckpt_every}, "
+                f"{p.slots} slots, ckpt {p.act_ckpt_on}, opt {p.optimizer}"
                 + ("" if p.working_copy else ", no wc") + (f", {p.micro_batches} micro" if p.micro_batches > 1 else "")
                 + (", windows" if m.layer_windows else "") + (", doc masks" if p.doc_masks else ""))
 
@@ -34,14 +34,14 @@ CONFIGS = (
     Config("base", _llama("v-base", 6, 256, 4, 2, 688),
            Policy(batch=2, seq=256), "the default policy at width 256"),
     Config("deep_k2", _llama("v-deep", 12, 256, 4, 2, 688),
-           Policy(batch=2, seq=128, ckpt_every=2, slots=3, ckpt_on="device", optimizer="backward",
+           Policy(batch=2, seq=128, act_ckpt_every=2, slots=3, act_ckpt_on="device", optimizer="backward",
                   grad_clip=0.0), "depth 12, K=2, 3 slots, checkpoints on the device, optimizer in backward"),
     Config("wide_after", _llama("v-wide", 4, 512, 8, 4, 1376),
            Policy(batch=2, seq=256, optimizer="after"), "width 512, optimizer after backward"),
     Config("batch4_k3", _llama("v-b4", 6, 384, 6, 2, 1024),
-           Policy(batch=4, seq=128, ckpt_every=3), "batch 4, K=3 with checkpoints on the host"),
+           Policy(batch=4, seq=128, act_ckpt_every=3), "batch 4, K=3 with checkpoints on the host"),
     Config("vocab8k", _llama("v-vocab", 4, 384, 6, 2, 1024, V=8192),
-           Policy(batch=2, seq=256, ckpt_every=2, slots=4, ckpt_on="device", loss_chunk_tokens=256),
+           Policy(batch=2, seq=256, act_ckpt_every=2, slots=4, act_ckpt_on="device", loss_chunk_tokens=256),
            "8k vocabulary (a real LM head, 2 loss chunks), 4 slots, K=2 on the device"),
     Config("nowc_micro", _llama("v-micro", 8, 256, 4, 2, 688),
            Policy(batch=4, seq=128, micro_batches=2, working_copy=False, optimizer="after"),
@@ -57,7 +57,7 @@ minute in all on a 2-core CPU."""
 QUICK_CONFIGS = (
     Config("tiny_a", _llama("v-tiny-a", 3, 128, 2, 1, 352), Policy(batch=1, seq=64), "tiny, default"),
     Config("tiny_b", _llama("v-tiny-b", 4, 128, 2, 1, 352, V=512),
-           Policy(batch=2, seq=64, ckpt_every=2, slots=3, ckpt_on="device", optimizer="after"),
+           Policy(batch=2, seq=64, act_ckpt_every=2, slots=3, act_ckpt_on="device", optimizer="after"),
            "tiny, K=2, optimizer after"),
 )
 

@@ -60,8 +60,8 @@ def run(a: argparse.Namespace) -> int:
     print("host footprint:")
     for role, b in r.breakdown.items():
         if b:
-            print(f"  {role:<13}{fmt_bytes(b):>12}  {b / n:6.2f} B/param")
-    print(f"  {'total':<13}{fmt_bytes(r.host_bytes):>12}  {r.host_bytes / n:6.2f} B/param")
+            print(f"  {role:<16}{fmt_bytes(b):>12}  {b / n:6.2f} B/param")
+    print(f"  {'total':<16}{fmt_bytes(r.host_bytes):>12}  {r.host_bytes / n:6.2f} B/param")
     print()
     print(f"at {r.ram_bytes // GiB} GiB: {s.tokens_per_s:,.0f} tokens/s, step {s.step_time_s:.2f} s, "
           f"MFU {s.mfu:.1%}, limited by {s.bottleneck}; device peak {fmt_bytes(s.device_peak_bytes)} of "

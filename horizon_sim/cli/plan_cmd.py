@@ -80,12 +80,12 @@ def report(r: SimResult) -> str:
     ]
     for role, b in r.host.by_role.items():
         if b:
-            lines.append(f"            {role:<13}{fmt_bytes(b):>12}  {b / n:6.2f} B/param")
+            lines.append(f"            {role:<16}{fmt_bytes(b):>12}  {b / n:6.2f} B/param")
     lines += [
         "",
         f"policy    batch {pol['batch']} x seq {pol['seq']} ({meta.tokens:,} tokens/step, "
-        f"{pol['micro_batches']} micro-batch(es)), K={pol['ckpt_every']}, slots {pol['slots']}, "
-        f"checkpoints on {pol['ckpt_on']}, optimizer {pol['optimizer']}, clip {pol['grad_clip']:g}",
+        f"{pol['micro_batches']} micro-batch(es)), K={pol['act_ckpt_every']}, slots {pol['slots']}, "
+        f"checkpoints on {pol['act_ckpt_on']}, optimizer {pol['optimizer']}, clip {pol['grad_clip']:g}",
         f"          compute {pol['compute_dtype']}, master {pol['master_dtype']}, moments "
         f"{pol['states_dtype']}, grads {pol['grad_dtype']} over the link, working copy "
         f"{'on' if pol['working_copy'] else 'off'}",

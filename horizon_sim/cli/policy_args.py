@@ -6,18 +6,34 @@ from horizon_sim.specs.policy import CKPT_PLACES, DTYPES, OPTIMIZER_MODES, Polic
 _D = Policy()
 
 
+def _renamed(use: str):
+    """An argparse action for a flag renamed because it could be misread: refused, naming what
+    to use (hidden from --help)."""
+    class Renamed(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            parser.error(f"{option_string} was renamed: {use}")
+    return Renamed
+
+
 def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D) -> None:
     g = p.add_argument_group("policy")
+    # "ckpt" meant both activation checkpoints (these) and training checkpoints (horizon train
+    # --ckpt-dir/--save-every): the old names are refused rather than silently read as one.
+    g.add_argument("--ckpt-every", action=_renamed("use --act-ckpt-every K for the activation-checkpoint interval, "
+                                                   "or horizon train --save-every N to save training checkpoints"),
+                   help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+    g.add_argument("--ckpt-on", action=_renamed("use --act-ckpt-on device|host"), help=argparse.SUPPRESS,
+                   default=argparse.SUPPRESS)
     g.add_argument("--batch", type=int, default=defaults.batch, help=f"sequences per step (default {defaults.batch})")
     g.add_argument("--seq", type=int, default=defaults.seq, help=f"tokens per sequence (default {defaults.seq})")
     g.add_argument("--micro-batches", type=int, default=defaults.micro_batches,
                    help="micro-batches per step; gradients accumulate on the host (default 1)")
-    g.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every, metavar="K",
+    g.add_argument("--act-ckpt-every", type=int, default=defaults.act_ckpt_every, metavar="K",
                    help="keep a boundary activation every K layers; backward recomputes the rest (default 1)")
     g.add_argument("--slots", type=int, default=defaults.slots,
                    help="device weight buffers, >= 2 (default 2)")
-    g.add_argument("--ckpt-on", choices=CKPT_PLACES, default=defaults.ckpt_on,
-                   help=f"where checkpoints live between forward and backward (default {defaults.ckpt_on})")
+    g.add_argument("--act-ckpt-on", choices=CKPT_PLACES, default=defaults.act_ckpt_on,
+                   help=f"where checkpoints live between forward and backward (default {defaults.act_ckpt_on})")
     g.add_argument("--optimizer", choices=OPTIMIZER_MODES, default=defaults.optimizer,
                    help="when the CPU optimizer runs: after backward, during backward (no exact "
                         f"clipping), or pipelined into the next forward (default {defaults.optimizer})")
@@ -42,8 +58,8 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D) -> None:
 def policy_from_args(a: argparse.Namespace) -> Policy:
     clip = a.grad_clip if a.grad_clip is not None else (0.0 if a.optimizer == "backward" else _D.grad_clip)
     working_copy = not a.no_working_copy and a.compute_dtype != "fp32"
-    return Policy(batch=a.batch, seq=a.seq, micro_batches=a.micro_batches, ckpt_every=a.ckpt_every,
-                  slots=a.slots, ckpt_on=a.ckpt_on, optimizer=a.optimizer, grad_clip=clip,
+    return Policy(batch=a.batch, seq=a.seq, micro_batches=a.micro_batches, act_ckpt_every=a.act_ckpt_every,
+                  slots=a.slots, act_ckpt_on=a.act_ckpt_on, optimizer=a.optimizer, grad_clip=clip,
                   compute_dtype=a.compute_dtype, states_dtype=a.states_dtype,
                   grad_dtype="fp32" if a.compute_dtype == "fp32" else a.grad_dtype,
                   working_copy=working_copy, doc_masks=a.doc_masks, doc_tokens=a.doc_tokens)

@@ -13,7 +13,7 @@ from horizon_sim.specs.hf_config import load_model
 
 EXAMPLE = """example:
   horizon simulate --model llama-3.1-8b --gpu h100-pcie --ram 512GiB --plot step.png --trace step.json
-  horizon simulate --model dense-120b --gpu h200 --ram 1.5TB --ckpt-every 4 --plot step.svg
+  horizon simulate --model dense-120b --gpu h200 --ram 1.5TB --act-ckpt-every 4 --plot step.svg
   open the trace in https://ui.perfetto.dev (or chrome://tracing)"""
 
 

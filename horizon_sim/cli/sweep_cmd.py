@@ -16,7 +16,7 @@ grid.toml (every value is one value or a list; [policy] takes any Policy field):
   links  = ["pcie-gen5"]              # optional: default is each GPU's own link
   [policy]
   batch      = [4, 8]
-  ckpt_every = [1, 2]
+  act_ckpt_every = [1, 2]
 
 Writes one row per configuration (model, params, gpu, ram_bytes, the policy fields, fits,
 step_time_s, tokens_per_s, mfu, device_peak_bytes, host_bytes, bottleneck, error) and a
@@ -58,7 +58,7 @@ def run(a: argparse.Namespace) -> int:
                           "best": None if best is None else {
                               "model": best.model, "gpu": best.gpu, "link": best.link,
                               "ram_bytes": int(best.ram_bytes), "tokens_per_s": float(best.tokens_per_s),
-                              "batch": int(best.batch), "ckpt_every": int(best.ckpt_every)}}))
+                              "batch": int(best.batch), "act_ckpt_every": int(best.act_ckpt_every)}}))
         return 0
     print(f"sweep: {len(df)} configurations ({len(grid.models)} models x {len(grid.gpus)} GPUs x "
           f"{len(grid.links)} links x {len(grid.hosts)} hosts x {len(grid.ram)} RAM sizes x "

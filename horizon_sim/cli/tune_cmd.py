@@ -78,7 +78,7 @@ def _tps(v) -> str:
 
 
 COLS = [("batch", "batch", str), ("micro", "micro_batches", lambda n: f"{n}x"),
-        ("K", "ckpt_every", str), ("slots", "slots", str), ("ckpt", "ckpt_on", str),
+        ("K", "act_ckpt_every", str), ("slots", "slots", str), ("ckpt", "act_ckpt_on", str),
         ("optimizer", "optimizer", str), ("wcopy", "working_copy", lambda w: "on" if w else "off"),
         ("tokens/s", "tokens_per_s", _tps), ("step s", "step_time_s", lambda v: f"{v:.2f}"),
         ("MFU", "mfu", lambda v: f"{v:.1%}"), ("device", "device_peak_bytes", _gib),
@@ -137,7 +137,7 @@ def run(a: argparse.Namespace) -> int:
         print(f"base policy: {base_txt}")
         raise HorizonError(
             f"nothing in the search space fits {hw.device.name} with {fmt_bytes(hw.host.ram_GiB * GiB)} RAM; "
-            f"closest: batch {closest.batch}, K={closest.ckpt_every}, {closest.optimizer}, "
+            f"closest: batch {closest.batch}, K={closest.act_ckpt_every}, {closest.optimizer}, "
             f"{closest.why_not}; try --states-dtype bf16, --grad-clip 0, more --ram (horizon min-ram) "
             "or a smaller --seq")
     gain = f" ({best_row['tokens_per_s'] / b['tokens_per_s']:.2f}x)" if b["fits"] else ""

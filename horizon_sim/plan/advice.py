@@ -36,11 +36,11 @@ def _no_wc(p, m):
 
 
 def _ckpt_host(p, m):
-    return replace(p, ckpt_on="host") if p.ckpt_on != "host" else None
+    return replace(p, act_ckpt_on="host") if p.act_ckpt_on != "host" else None
 
 
 def _ckpt_device(p, m):
-    return replace(p, ckpt_on="device") if p.ckpt_on != "device" else None
+    return replace(p, act_ckpt_on="device") if p.act_ckpt_on != "device" else None
 
 
 def _bf16_states(p, m):
@@ -48,7 +48,7 @@ def _bf16_states(p, m):
 
 
 def _double_k(p, m):
-    return replace(p, ckpt_every=p.ckpt_every * 2) if p.ckpt_every * 2 <= m.n_layers else None
+    return replace(p, act_ckpt_every=p.act_ckpt_every * 2) if p.act_ckpt_every * 2 <= m.n_layers else None
 
 
 def _split_micro(p, m):
@@ -86,7 +86,7 @@ MOVES = (  # (name, helps host, helps device, fn)
 
 _FLAGS = (  # Policy field -> CLI flag of `horizon plan`
     ("batch", "--batch"), ("seq", "--seq"), ("micro_batches", "--micro-batches"),
-    ("ckpt_every", "--ckpt-every"), ("slots", "--slots"), ("ckpt_on", "--ckpt-on"),
+    ("act_ckpt_every", "--act-ckpt-every"), ("slots", "--slots"), ("act_ckpt_on", "--act-ckpt-on"),
     ("optimizer", "--optimizer"), ("grad_clip", "--grad-clip"), ("compute_dtype", "--compute-dtype"),
     ("states_dtype", "--states-dtype"), ("grad_dtype", "--grad-dtype"),
 )
@@ -233,8 +233,8 @@ def _what_ifs(model, hw, policy, out: Outcome, runner: Runner) -> list[str]:
     link = _faster_link(hw)
     if link is not None:
         tasks["link"] = (model, replace(hw, link=link), policy)
-    other = "host" if policy.ckpt_on == "device" else "device"
-    tasks["ckpt"] = (model, hw, replace(policy, ckpt_on=other))
+    other = "host" if policy.act_ckpt_on == "device" else "device"
+    tasks["ckpt"] = (model, hw, replace(policy, act_ckpt_on=other))
     tasks["batch"] = (model, hw, replace(policy, batch=policy.batch * 2))
     tasks["batch_acc"] = (model, hw, replace(policy, batch=policy.batch * 2, micro_batches=policy.micro_batches * 2))
     if policy.optimizer == "after":
@@ -258,9 +258,9 @@ def _what_ifs(model, hw, policy, out: Outcome, runner: Runner) -> list[str]:
         freed = out.device_peak_bytes - c.device_peak_bytes
         if freed > 0:
             lines.append(f"checkpoints on the host would free {fmt_bytes(freed)} of device memory "
-                         f"and {_pct(c.step_time_s, t0)} (--ckpt-on host)")
+                         f"and {_pct(c.step_time_s, t0)} (--act-ckpt-on host)")
     elif c.ok and c.fits(hw) and gain(c) >= MIN_GAIN:
-        lines.append(f"checkpoints on the device (--ckpt-on device) would {_pct(c.step_time_s, t0)}, using "
+        lines.append(f"checkpoints on the device (--act-ckpt-on device) would {_pct(c.step_time_s, t0)}, using "
                      f"{fmt_bytes(c.device_peak_bytes - out.device_peak_bytes)} more device memory")
     b = res["batch"] if res["batch"].fits(hw) else res["batch_acc"]
     key = "batch" if res["batch"].fits(hw) else "batch_acc"

@@ -56,8 +56,8 @@ def min_ram(model: ModelSpec, hw: HardwareSpec, policy: Policy | None = None, *,
         raise HorizonError(
             f"no amount of host RAM fits {model.name} on {hw.device.name}: the device needs "
             f"{fmt_bytes(out.device_peak_bytes)} of {fmt_bytes(hw.device_bytes_usable)} usable "
-            f"(short by {fmt_bytes(out.device_peak_bytes - hw.device_bytes_usable)}); try --ckpt-on host, "
-            "a larger --ckpt-every, more --micro-batches or a smaller --batch")
+            f"(short by {fmt_bytes(out.device_peak_bytes - hw.device_bytes_usable)}); try --act-ckpt-on host, "
+            "a larger --act-ckpt-every, more --micro-batches or a smaller --batch")
     ram = round_up_ram(out.ram_needed_bytes(hw), step_bytes)
     sched = build_schedule(model, policy)
     for _ in range(3):  # float rounding of GiB sizes could leave a byte short: step up

@@ -15,7 +15,7 @@ Grid file (every value may be one value or a list of values):
     hosts  = ["default"]                         # optional host presets
     [policy]                                     # optional; any Policy field, lists of values
     batch = [4, 8]
-    ckpt_every = [1, 2]
+    act_ckpt_every = [1, 2]
 """
 import contextlib
 import itertools

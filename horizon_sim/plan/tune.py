@@ -23,8 +23,8 @@ from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import CKPT_PLACES, OPTIMIZER_MODES, Policy
 
-KNOBS = ("micro_batch", "micro_batches", "ckpt_every", "slots", "ckpt_on", "optimizer", "working_copy")
-_ORDERED = ("micro_batch", "micro_batches", "ckpt_every", "slots")
+KNOBS = ("micro_batch", "micro_batches", "act_ckpt_every", "slots", "act_ckpt_on", "optimizer", "working_copy")
+_ORDERED = ("micro_batch", "micro_batches", "act_ckpt_every", "slots")
 TIE = 0.005
 """Configurations within this fraction of the fastest count as equally fast: the best is then
 the one with the smallest batch, then the smallest host and device footprint."""
@@ -45,9 +45,9 @@ class SearchSpace:
     """Sequences per micro-batch."""
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)
     """Micro-batches per step (more amortize the once-per-step optimizer)."""
-    ckpt_every: tuple[int, ...] = (1, 2, 4, 8)
+    act_ckpt_every: tuple[int, ...] = (1, 2, 4, 8)
     slots: tuple[int, ...] = (2, 3, 4)
-    ckpt_on: tuple[str, ...] = CKPT_PLACES
+    act_ckpt_on: tuple[str, ...] = CKPT_PLACES
     optimizer: tuple[str, ...] = ("pipelined", "backward", "after")
     working_copy: tuple[bool, ...] = (True, False)
     max_batch: int = 64
@@ -55,12 +55,12 @@ class SearchSpace:
     hyperparameter, not only a speed knob."""
 
     def __post_init__(self):
-        for f in ("micro_batch", "micro_batches", "ckpt_every"):
+        for f in ("micro_batch", "micro_batches", "act_ckpt_every"):
             object.__setattr__(self, f, _positive_ints(f, getattr(self, f)))
         object.__setattr__(self, "slots", _positive_ints("slots", self.slots))
         if min(self.slots) < 2:
             raise HorizonError(f"search space slots={self.slots!r} must all be >= 2")
-        for f, allowed in (("ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES)):
+        for f, allowed in (("act_ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES)):
             vals = tuple(getattr(self, f))
             if not vals or any(v not in allowed for v in vals):
                 raise HorizonError(f"search space {f}={vals!r}; allowed: {', '.join(allowed)}")
@@ -105,15 +105,15 @@ class _Climb:
             raise HorizonError("search space allows only working_copy=True, which duplicates the "
                                "master weights when compute_dtype equals master_dtype")
         self.values = {"micro_batch": space.micro_batch, "micro_batches": space.micro_batches,
-                       "ckpt_every": tuple(k for k in space.ckpt_every if k <= self.L) or (1,),
-                       "slots": space.slots, "ckpt_on": space.ckpt_on, "optimizer": tuple(opts),
+                       "act_ckpt_every": tuple(k for k in space.act_ckpt_every if k <= self.L) or (1,),
+                       "slots": space.slots, "act_ckpt_on": space.act_ckpt_on, "optimizer": tuple(opts),
                        "working_copy": tuple(wcs)}
         self.seen: dict[tuple, Outcome] = {}
 
     def policy(self, s: tuple) -> Policy:
         mb, n, k, slots, on, opt, wc = s
-        return replace(self.base, batch=mb * n, micro_batches=n, ckpt_every=k, slots=slots,
-                       ckpt_on=on, optimizer=opt, working_copy=wc)
+        return replace(self.base, batch=mb * n, micro_batches=n, act_ckpt_every=k, slots=slots,
+                       act_ckpt_on=on, optimizer=opt, working_copy=wc)
 
     def valid(self, s: tuple) -> bool:
         return s[0] * s[1] <= self.space.max_batch and s[2] <= self.L
@@ -122,8 +122,8 @@ class _Climb:
         """The nearest state of the space to a policy."""
         v = self.values
         s = [_near(v["micro_batch"], p.micro_batch), _near(v["micro_batches"], p.micro_batches),
-             _near(v["ckpt_every"], p.ckpt_every), _near(v["slots"], p.slots),
-             p.ckpt_on if p.ckpt_on in v["ckpt_on"] else v["ckpt_on"][0],
+             _near(v["act_ckpt_every"], p.act_ckpt_every), _near(v["slots"], p.slots),
+             p.act_ckpt_on if p.act_ckpt_on in v["act_ckpt_on"] else v["act_ckpt_on"][0],
              p.optimizer if p.optimizer in v["optimizer"] else v["optimizer"][0],
              p.working_copy if p.working_copy in v["working_copy"] else v["working_copy"][0]]
         while s[0] * s[1] > self.space.max_batch:  # shrink the larger factor first
@@ -179,14 +179,14 @@ class _Climb:
 def lean_policy(base: Policy, model: ModelSpec) -> Policy:
     """A small-footprint starting point: the base micro-batch, no accumulation, checkpoints on the host
     every 4 layers, no working copy, the optimizer in backward when clipping is off."""
-    return replace(base, batch=base.micro_batch, micro_batches=1, ckpt_every=min(4, model.n_layers), slots=2,
-                   ckpt_on="host", working_copy=False,
+    return replace(base, batch=base.micro_batch, micro_batches=1, act_ckpt_every=min(4, model.n_layers), slots=2,
+                   act_ckpt_on="host", working_copy=False,
                    optimizer="backward" if base.grad_clip == 0 else "after")
 
 
 def _row(model, hw, p: Policy, o: Outcome) -> dict:
     return {"batch": p.batch, "micro_batches": p.micro_batches, "micro_batch": p.micro_batch,
-            "ckpt_every": p.ckpt_every, "slots": p.slots, "ckpt_on": p.ckpt_on,
+            "act_ckpt_every": p.act_ckpt_every, "slots": p.slots, "act_ckpt_on": p.act_ckpt_on,
             "optimizer": p.optimizer, "working_copy": p.working_copy, "fits": o.fits(hw),
             "tokens_per_s": o.tokens_per_s, "step_time_s": o.step_time_s, "mfu": o.mfu,
             "device_peak_bytes": o.device_peak_bytes, "host_bytes": o.host_bytes,

@@ -62,17 +62,17 @@ def build_checkpoints(cfg: BuildConfig, out: Out) -> Section:
         model = load_model(name)
         results[model.name] = {}
         for place in ("device", "host"):
-            r = plan(model, hw, replace(cfg.ckpt_policy, ckpt_on=place))
+            r = plan(model, hw, replace(cfg.ckpt_policy, act_ckpt_on=place))
             results[model.name][place] = r
             s = r.summary
-            rows.append({"model": model.name, "ckpt_on": place, "fits": s.fits,
+            rows.append({"model": model.name, "act_ckpt_on": place, "fits": s.fits,
                          "device_peak_bytes": s.device_peak_bytes, "step_time_s": s.step_time_s,
                          "tokens_per_s": s.tokens_per_s, "host_bytes": s.host_bytes,
                          "h2d_busy": s.lane_busy.get("h2d", 0.0), "d2h_busy": s.lane_busy.get("d2h", 0.0),
                          "bottleneck": s.bottleneck})
     plot_ckpt_memory(results, out.path("ckpt_memory.png"))
     pd.DataFrame(rows).to_csv(out.path("ckpt_placement.csv"), index=False, float_format="%.6g")
-    table = md_table(rows, [("model", "model", str, "l"), ("checkpoints on", "ckpt_on", str, "l"),
+    table = md_table(rows, [("model", "model", str, "l"), ("checkpoints on", "act_ckpt_on", str, "l"),
                             ("fits", "fits", lambda f: "yes" if f else "no", "l"),
                             ("device peak GiB", "device_peak_bytes", gib, "r"),
                             ("step s", "step_time_s", lambda v: f"{v:.3f}", "r"),
@@ -97,7 +97,7 @@ def build_checkpoints(cfg: BuildConfig, out: Out) -> Section:
         parts.append(txt)
     pol = cfg.ckpt_policy
     body = (f"{hw.device.name} + {hw.link.name}, {ram_label(cfg.ckpt_ram)} RAM, batch {pol.batch} x {pol.seq}, "
-            f"K={pol.ckpt_every}, otherwise the default policy. On the host, device memory stays independent of "
+            f"K={pol.act_ckpt_every}, otherwise the default policy. On the host, device memory stays independent of "
             f"depth; on the device, boundary activations accumulate through forward and are freed in backward.\n\n"
             + "; ".join(parts) + ".\n\n![checkpoint memory](ckpt_memory.png)\n\n" + table
             + "\n\nFiles: [`ckpt_placement.csv`](ckpt_placement.csv), [`ckpt_placement.md`](ckpt_placement.md).")

@@ -52,8 +52,8 @@ def fit_rows(cfg: BuildConfig, runner: Runner) -> list[dict]:
                                  "bottleneck": bn if o_fits else "-",
                                  "host_bytes": int(hb), "device_peak_bytes": int(db),
                                  "changes": "" if kind == "default" else (policy_flags(pol, base) or "none"),
-                                 "batch": pol.batch, "micro_batches": pol.micro_batches, "ckpt_every": pol.ckpt_every,
-                                 "slots": pol.slots, "ckpt_on": pol.ckpt_on, "optimizer": pol.optimizer,
+                                 "batch": pol.batch, "micro_batches": pol.micro_batches, "act_ckpt_every": pol.act_ckpt_every,
+                                 "slots": pol.slots, "act_ckpt_on": pol.act_ckpt_on, "optimizer": pol.optimizer,
                                  "working_copy": pol.working_copy, "grad_clip": pol.grad_clip})
     return rows
 
@@ -62,8 +62,8 @@ def build_fit_table(cfg: BuildConfig, out: Out, runner: Runner) -> Section:
     rows = fit_rows(cfg, runner)
     df = pd.DataFrame(rows)
     csv_cols = ["model", "params", "gpu", "ram", "ram_bytes", "policy", "fits", "tokens_per_s", "step_time_s",
-                "mfu", "bottleneck", "host_bytes", "device_peak_bytes", "batch", "micro_batches", "ckpt_every",
-                "slots", "ckpt_on", "optimizer", "working_copy", "grad_clip", "changes"]
+                "mfu", "bottleneck", "host_bytes", "device_peak_bytes", "batch", "micro_batches", "act_ckpt_every",
+                "slots", "act_ckpt_on", "optimizer", "working_copy", "grad_clip", "changes"]
     df[csv_cols].to_csv(out.path("fit_table.csv"), index=False, float_format="%.6g")
     shown = [{**r, "changes": f"`{r['changes']}`" if r["changes"] not in ("", "none") else r["changes"]}
              for r in rows]

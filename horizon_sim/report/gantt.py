@@ -40,7 +40,7 @@ def default_title(result) -> str:
     pol = meta.policy
     return (f"{meta.model['name']} on {hw.device.name}: step {s.step_time_s:.3f} s, "
             f"MFU {s.mfu:.1%}, {s.tokens_per_s:,.0f} tokens/s\n"
-            f"batch {pol['batch']} x seq {pol['seq']}, K={pol['ckpt_every']}, "
+            f"batch {pol['batch']} x seq {pol['seq']}, K={pol['act_ckpt_every']}, "
             f"{pol['slots']} slots, optimizer {pol['optimizer']}; limit: {s.bottleneck}")
 
 

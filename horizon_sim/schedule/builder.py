@@ -89,8 +89,8 @@ class _Deps:
 class _Builder:
     def __init__(self, model: ModelSpec, policy: Policy):
         check_sizes(model, policy)  # before any work that grows with the sizes
-        if policy.ckpt_every > model.n_layers:
-            raise HorizonError(f"policy ckpt_every={policy.ckpt_every} is larger than the model's "
+        if policy.act_ckpt_every > model.n_layers:
+            raise HorizonError(f"policy act_ckpt_every={policy.act_ckpt_every} is larger than the model's "
                                f"{model.n_layers} layers; use 1..{model.n_layers}")
         self.m, self.p = model, policy
         self.L = model.n_layers
@@ -195,7 +195,7 @@ class _Builder:
 
     # ---- the step -----------------------------------------------------------------------
     def compute_sequence(self) -> list[_Use]:
-        L, K = self.L, self.p.ckpt_every
+        L, K = self.L, self.p.act_ckpt_every
         seq = []
         for m in range(self.p.micro_batches):
             seq += [_Use(K_.FORWARD, l, m) for l in range(L)]
@@ -232,7 +232,7 @@ class _Builder:
 
     def build(self) -> Schedule:
         m_, p = self.m, self.p
-        L, K, tok, act, H = self.L, p.ckpt_every, self.tok, self.act, m_.hidden
+        L, K, tok, act, H = self.L, p.act_ckpt_every, self.tok, self.act, m_.hidden
         seq = self.compute_sequence()
         slots = self.assign_slots(seq)
         wslot = [self.buf(f"w{s}", Space.DEVICE, self.slot_bytes, True, "weights") for s in range(p.slots)]
@@ -254,7 +254,7 @@ class _Builder:
         head_ws = work.head_workspace_bytes(m_, tok, p.loss_chunk_tokens, act)
         last_m = p.micro_batches - 1
         emb_src = self.host_store(EMBED)[2 if p.working_copy else 0]
-        ckpt_on_host = p.ckpt_on == "host"
+        act_ckpt_on_host = p.act_ckpt_on == "host"
 
         def load_weights(u, s, m):
             srcs = self.weight_sources(u)
@@ -289,7 +289,7 @@ class _Builder:
                           host_bytes=tok * H * ((act if p.working_copy else self.master_b) + act))
                 self.emit(K_.LOAD_INPUT, EMBED, m, reads=[emb], writes=[self.x(m, 0)], frees=[emb],
                           link_bytes=bnd)
-            if use.block_start is not None and ckpt_on_host:
+            if use.block_start is not None and act_ckpt_on_host:
                 ck = f"ckpt.m{m}.{use.block_start}"
                 self.emit(K_.LOAD_CKPT, use.block_start, m, reads=[ck], writes=[self.x(m, use.block_start)],
                           frees=[ck], link_bytes=bnd)
@@ -302,8 +302,8 @@ class _Builder:
                 self.emit(K_.FORWARD, u, m, slot=s, reads=[self.x(m, u), w], writes=[self.x(m, u + 1)],
                           frees=frees, flops=fwd_flops[u], hbm_bytes=fwd_hbm, workspace_bytes=fwd_ws[u],
                           after=self._backpressure(self.pending_saves))
-                if is_ckpt and ckpt_on_host:
-                    ck = self.buf(f"ckpt.m{m}.{u}", Space.HOST, bnd, role="checkpoints")
+                if is_ckpt and act_ckpt_on_host:
+                    ck = self.buf(f"ckpt.m{m}.{u}", Space.HOST, bnd, role="act_checkpoints")
                     self.pending_saves.append(
                         self.emit(K_.SAVE_CKPT, u, m, reads=[self.x(m, u)], writes=[ck],
                                   frees=[self.x(m, u)], link_bytes=bnd))
@@ -354,5 +354,5 @@ class _Builder:
 
 
 def build_schedule(model: ModelSpec, policy: Policy) -> Schedule:
-    """The ops of one steady-state training step of `model` under `policy`, validated."""
-    return _Builder(model, policy).build().validate()
+    """The ops of one steady-state training step of `model` under `policy`, checked."""
+    return _Builder(model, policy).build().check()

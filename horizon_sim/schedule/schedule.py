@@ -29,7 +29,9 @@ class Schedule:
     def static_bytes(self, space: Space) -> int:
         return sum(b.bytes for b in self.buffers.values() if b.static and b.space == space)
 
-    def validate(self) -> "Schedule":
-        from horizon_sim.schedule.validate import validate
-        validate(self)
+    def check(self) -> "Schedule":
+        """Structural check (schedule/check.py): acyclic, dependencies exist, no slot overwritten
+        in use, memory balances. Raises ScheduleError; returns self."""
+        from horizon_sim.schedule.check import check_schedule
+        check_schedule(self)
         return self

@@ -1,14 +1,14 @@
-"""Schedule <-> JSON, with a format version. Loading validates, so a tampered file (a cycle, a
+"""Schedule <-> JSON, with a format version. Loading checks the structure, so a tampered file (a cycle, a
 missing dependency, an unknown op kind, another version) is rejected with a ScheduleError."""
 import json
 from dataclasses import asdict, fields
 
 from horizon_sim.schedule.op import Buffer, Op, OpKind, ScheduleMeta, Space
 from horizon_sim.schedule.schedule import Schedule
-from horizon_sim.schedule.validate import ScheduleError
+from horizon_sim.schedule.check import ScheduleError
 
 FORMAT = "horizon.schedule"
-VERSION = 1
+VERSION = 2  # 2: policy act_ckpt_every/act_ckpt_on (were ckpt_every/ckpt_on), typed fields
 _OP_FIELDS = {f.name for f in fields(Op)}
 _OP_DEFAULTS = {f.name: f.default for f in fields(Op) if f.name not in ("id", "kind", "layer")}
 
@@ -61,4 +61,4 @@ def from_json(text: str) -> Schedule:
         raise
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ScheduleError(f"schedule JSON has a malformed entry: {e!r}") from None
-    return Schedule(ops=tuple(ops), buffers=buffers, meta=meta).validate()
+    return Schedule(ops=tuple(ops), buffers=buffers, meta=meta).check()

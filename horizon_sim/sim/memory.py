@@ -19,7 +19,7 @@ from horizon_sim.schedule.work import WORKSPACE_ONSET
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import DTYPE_BYTES
 
-HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "checkpoints", "scalars")
+HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "act_checkpoints", "scalars")
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,11 +29,11 @@ class Policy:
     """Tokens per sequence."""
     micro_batches: int = 1
     """Micro-batches per step, run one after another; gradients accumulate on the host."""
-    ckpt_every: int = 1
+    act_ckpt_every: int = 1
     """K: keep a layer-boundary activation every K blocks; backward recomputes the K-1 between."""
     slots: int = 2
     """Device weight buffers (>= 2: one computes while the next loads)."""
-    ckpt_on: str = "host"
+    act_ckpt_on: str = "host"
     """Where boundary checkpoints live between forward and backward: 'device' or 'host'.
     'host' keeps device memory independent of depth; 'device' saves link traffic."""
     compute_dtype: str = "bf16"
@@ -67,7 +67,7 @@ class Policy:
     to at most its document. 0 = seq (documents as long as the sequence)."""
 
     def __post_init__(self):
-        for f in ("batch", "seq", "micro_batches", "ckpt_every", "loss_chunk_tokens"):
+        for f in ("batch", "seq", "micro_batches", "act_ckpt_every", "loss_chunk_tokens"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise HorizonError(f"policy {f}={v!r} must be a positive integer")
@@ -83,7 +83,7 @@ class Policy:
         if self.batch % self.micro_batches:
             raise HorizonError(
                 f"policy batch={self.batch} is not divisible by micro_batches={self.micro_batches}")
-        for f, allowed in (("ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES),
+        for f, allowed in (("act_ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES),
                            ("attention", ATTENTION), ("compute_dtype", DTYPES),
                            ("master_dtype", DTYPES), ("states_dtype", DTYPES), ("grad_dtype", DTYPES)):
             if getattr(self, f) not in allowed:

@@ -1,4 +1,4 @@
-"""Schedule validation: ids, lanes, acyclicity, data hazards through buffers, memory balance.
+"""Schedule structural check (not to be confused with `horizon validate`, predicted vs measured): ids, lanes, acyclicity, data hazards through buffers, memory balance.
 
 Hazards are checked against program order: for each buffer, a read must be ordered after the
 latest write (RAW), a write after every earlier read and write since (WAR, WAW: this is "no
@@ -65,7 +65,7 @@ def ancestors(sched) -> list[int]:
     return anc
 
 
-def validate(sched) -> None:
+def check_schedule(sched) -> None:
     ops = sched.ops
     for pos, op in enumerate(ops):
         if op.id != pos:
