@@ -54,10 +54,10 @@ from horizon_exec import native
 from horizon_exec.hugepages import host_bytes
 from horizon_exec.layers import DecoderBlock, rms_norm
 from horizon_exec.rope import rope_tables
-from horizon_exec.layout import block_layout, unit_name
+from horizon_exec.layout import block_layout
 from horizon_exec.optim import clip_coef
 from horizon_exec.trainer import Trainer
-from horizon_sim.schedule import Lane, OpKind
+from horizon_sim.schedule import Holds, Lane, OpKind
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
@@ -147,13 +147,13 @@ def optimizer_rates(tr, reps):
     directly with torch (widen bf16 grads, fused AdamW, refresh the working copy, multi-tensor
     each). The direct calls run in a thread set up like the CPU lane."""
     n_params = sum(o.params for o in tr.sched.ops if o.kind == OpKind.OPTIMIZER)
-    units = [unit_name(tr.model, u) for u in tr.units]
-    params = [tr.store.t[f"master.{u}"] for u in units]
-    host_grads = [tr.buffers.get(f"hgrad.{u}") for u in units]
-    coef = clip_coef(tr.policy.grad_clip, tr.store.scalar("gnorm"))  # the same clipped update
+    units = tr.units
+    params = [tr.store.of(Holds.MASTER, u) for u in units]
+    host_grads = [tr.buffers.find(Holds.HOST_GRAD, unit=u) for u in units]
+    coef = clip_coef(tr.policy.grad_clip, tr.store.scalar(Holds.GRAD_NORM))  # the same clipped update
     # fp32 and clipped, the kernel's best case; in the same kind of memory as the store's
     grads = [host_bytes(4 * g.numel()).view(torch.float32).copy_(g.float() * coef) for g in host_grads]
-    wcs = [tr.store.t[f"wc.{u}"] for u in units if f"wc.{u}" in tr.store]
+    wcs = [tr.store.of(Holds.WORKING_COPY, u) for u in units if tr.store.has(Holds.WORKING_COPY, u)]
     mom = [tr.store.moments(u) for u in units]
     steps = [torch.ones((), dtype=torch.float32) for _ in units]
     kw = dict(lr=1e-4, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)

@@ -32,8 +32,7 @@ from dataclasses import dataclass, field, replace
 from horizon_exec.errors import DeviceBudgetError
 from horizon_exec.store import ALIGN
 from horizon_sim.errors import HorizonError
-from horizon_sim.schedule.op import Space
-from horizon_sim.sim.process_rss import device_constant_bytes
+from horizon_sim.schedule.op import Holds, Space
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import DTYPE_BYTES, Policy
@@ -159,12 +158,6 @@ def cuda_free_bytes(device: str) -> int:
 
 
 # ---- what the run needs --------------------------------------------------------------------
-def device_constants_bytes(model: ModelSpec, policy: Policy) -> int:
-    """Device tensors the executor holds outside the schedule's buffers (RoPE tables, labels,
-    per-token documents and positions: process_rss.device_constant_bytes)."""
-    return device_constant_bytes(model, policy)
-
-
 def store_padding_bytes(sched) -> int:
     """Bytes the host store adds by starting each static host buffer at a page boundary."""
     return sum(-(-b.bytes // ALIGN) * ALIGN - b.bytes
@@ -244,9 +237,9 @@ def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, de
     static_dev = sched.static_bytes(Space.DEVICE)
     dynamic = max(0, res.summary.device_peak_bytes - static_dev)
     ev = eval_bytes(model, policy, cpu)
-    dev = {"weight_slots": static_dev,
+    dev = {"weight_slots": sum(b.bytes for b in sched.of(Holds.WEIGHT_SLOT)),
            "activations_grads_workspaces": dynamic,
-           "constants": device_constants_bytes(model, policy)}
+           "constants": static_dev - sum(b.bytes for b in sched.of(Holds.WEIGHT_SLOT))}
     if not cpu:  # on the device the eval reuses the step's freed memory: it counts beyond it
         dev["eval_beyond_step"] = max(0, ev - dynamic)
     if not cpu:
@@ -282,8 +275,8 @@ def _advice(model, policy, hw, adm: Admission, cpu: bool) -> list[str]:
     # for the others, whose step peaks differ).
     extra_host = (adm.host_by_role["store_padding"] + adm.host_by_role.get("training_data", 0)
                   + adm.host_by_role.get("eval_on_calling_thread", 0))
-    extra_dev = (adm.device_by_role["constants"] + adm.device_by_role.get("allocator_and_library_slack", 0)
-                 + adm.device_by_role.get("eval_beyond_step", 0))
+    # (the constants are in the planner's peak: they are the Schedule's static device buffers)
+    extra_dev = adm.device_by_role.get("allocator_and_library_slack", 0) + adm.device_by_role.get("eval_beyond_step", 0)
     host_avail, dev_avail = adm.host_available_bytes, adm.device_available_bytes
 
     def need(o):  # (host, device) this executor would need for a planner outcome

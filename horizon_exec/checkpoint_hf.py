@@ -26,6 +26,7 @@ import torch
 from horizon_exec.fileio import publish_dir, staging_dir, write_safetensors, write_text
 from horizon_exec.tokenize import TOKENIZER_FILES
 from horizon_sim.errors import HorizonError
+from horizon_sim.schedule.op import Holds
 from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
 from horizon_sim.specs.hf_config import from_hf_config
 from horizon_sim.specs.hf_export import to_hf_config_dict
@@ -148,9 +149,9 @@ def load_hf(trainer, path) -> None:
 
 def reset_optimizer_state(trainer) -> None:
     """Adam moments and step counters to zero, no pending pipelined update."""
-    for name, t in trainer.store.t.items():
-        if name.startswith(("moments.", "hgrad.", "gsq.", "gnorm")):
-            t.zero_()
+    for b in trainer.sched.buffers.values():
+        if b.name in trainer.store and b.holds in (Holds.MOMENTS, Holds.HOST_GRAD, Holds.GRAD_SQ, Holds.GRAD_NORM):
+            trainer.store.t[b.name].zero_()
     for s in trainer.store.steps.values():
         s.zero_()
     trainer.pending = False

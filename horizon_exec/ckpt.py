@@ -41,10 +41,22 @@ import struct
 from pathlib import Path
 
 from horizon_exec import ckpt_lock
-from horizon_exec.fileio import (OutputError, aside_name, atomic_write_text, make_dirs, publish_dir,
-                                 remove_dead_leftovers, sha256_file, staging_dir, write_failure,
-                                 write_safetensors, write_text)
+from horizon_exec.fileio import (
+    OutputError,
+    aside_name,
+    atomic_write_text,
+    make_dirs,
+    publish_dir,
+    remove_dead_leftovers,
+    sha256_file,
+    staging_dir,
+    write_failure,
+    write_safetensors,
+    write_text,
+)
+from horizon_exec.layout import unit_name
 from horizon_sim.errors import HorizonError
+from horizon_sim.schedule.op import Holds
 
 FORMAT = 1
 STATE, META, SUMS, LATEST = "state.safetensors", "trainer.json", "SHA256SUMS", "latest"
@@ -58,12 +70,13 @@ def step_dir_name(step: int) -> str:
 def _state_items(trainer):
     """(name, tensor) of everything a resumed step reads from the host store."""
     items = []
-    for name, t in trainer.store.t.items():
-        kind = name.partition(".")[0]
-        if kind == "wc" or (kind == "hgrad" and not trainer.pending):
+    for b in trainer.sched.buffers.values():
+        if b.name not in trainer.store or b.holds == Holds.WORKING_COPY:  # the copy is rebuilt from the master
             continue
-        items.append((name, t))
-    items += [(f"steps.{u}", s) for u, s in trainer.store.steps.items()]
+        if b.holds == Holds.HOST_GRAD and not trainer.pending:  # only pending pipelined grads matter
+            continue
+        items.append((b.name, trainer.store.t[b.name]))
+    items += [(f"steps.{unit_name(trainer.model, u)}", s) for u, s in trainer.store.steps.items()]
     return items
 
 

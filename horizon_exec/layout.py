@@ -75,9 +75,6 @@ def host_layout(m: ModelSpec, unit: int) -> Layout:
 
 
 def unit_name(m: ModelSpec, unit: int) -> str:
-    """The schedule's buffer suffix of a unit: 'emb', '0'..'L-1', 'head'."""
+    """A unit's display name ('emb', '0'..'L-1', 'head'): messages and checkpoint keys."""
     return {EMBED: "emb", m.n_layers: "head"}.get(unit, str(unit))
 
-
-def unit_of(m: ModelSpec, name: str) -> int:
-    return {"emb": EMBED, "head": m.n_layers}.get(name) if name in ("emb", "head") else int(name)

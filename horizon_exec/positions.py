@@ -37,28 +37,27 @@ def doc_positions(docs: torch.Tensor) -> torch.Tensor:
 
 
 class AttentionInputs:
-    """The executor's per-step attention inputs, on the device and charged to the arena."""
+    """The executor's per-step attention inputs: the Schedule's device constants (its
+    ROPE_*, DOCS and POSITIONS buffers), filled here."""
 
-    def __init__(self, model, policy, arena, backend, act_dtype):
+    def __init__(self, model, policy, buffers, backend):
+        from horizon_sim.schedule.op import Holds
         self.m, self.p, self.be = model, policy, backend
-        B, T = policy.batch, policy.seq
+        T = policy.seq
         rs = model.rope_scaling
         if policy.doc_masks and rs is not None and rs.kind == "dynamic" and T > model.max_position:
             # transformers rescales dynamic RoPE by each batch's largest position, which
             # document masks make depend on the data: one table could not match it.
             raise HorizonError(f"dynamic RoPE past max_position_embeddings ({model.max_position}) with "
                                f"document masks is not supported; use --seq <= {model.max_position}")
-        cos, sin = rope_tables(model, T, act_dtype, backend.device)       # (T, hd)
-        esz = cos.element_size()
-        self.cos = arena.adopt("rope.cos", cos, cos.numel() * esz)
-        self.sin = arena.adopt("rope.sin", sin, sin.numel() * esz)
+        self.cos, self.sin = buffers.find(Holds.ROPE_COS), buffers.find(Holds.ROPE_SIN)   # (T, hd)
+        cos, sin = rope_tables(model, T, self.cos.dtype, self.cos.device)  # where transformers makes them
+        self.cos.copy_(cos)
+        self.sin.copy_(sin)
         self.docs = self.pos = self.row_cos = self.row_sin = None
         if policy.doc_masks:
-            hd = model.hd
-            self.docs = arena.alloc("docs", (B, T), torch.int64, B * T * 8)
-            self.pos = arena.alloc("positions", (B, T), torch.int64, B * T * 8)
-            self.row_cos = arena.alloc("rope.cos.rows", (B, 1, T, hd), act_dtype, B * T * hd * esz)
-            self.row_sin = arena.alloc("rope.sin.rows", (B, 1, T, hd), act_dtype, B * T * hd * esz)
+            self.docs, self.pos = buffers.find(Holds.DOCS), buffers.find(Holds.POSITIONS)
+            self.row_cos, self.row_sin = buffers.find(Holds.ROPE_COS_ROWS), buffers.find(Holds.ROPE_SIN_ROWS)
 
     def begin_step(self, docs: torch.Tensor | None) -> None:
         """docs (B, T) int64 on the host (checked), or None: one document per sequence. Only

@@ -52,13 +52,14 @@ from horizon_exec.engine import DEFAULT_OP_TIMEOUT_S, Engine
 from horizon_exec.errors import ExecError
 from horizon_exec.head import IGNORE, head_loss, next_token_labels
 from horizon_exec.layers import rms_norm
-from horizon_exec.layout import block_layout, host_layout, unit_name
-from horizon_exec.ops import OpRunner
+from horizon_exec.layout import block_layout, host_layout
+from horizon_exec.nonfinite import NonFiniteGuard
+from horizon_exec.ops import OpRunner, StepContext
 from horizon_exec.optim import AdamW, check_hyper
 from horizon_exec.positions import check_docs
 from horizon_exec.store import HostStore
 from horizon_sim.errors import HorizonError
-from horizon_sim.schedule import EMBED, build_schedule
+from horizon_sim.schedule import Holds, build_schedule
 from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -105,6 +106,15 @@ class StepResult:
         return self.tokens / self.step_s if self.step_s > 0 else float("nan")
 
 
+def _checked_schedule(sched, model: ModelSpec, policy: Policy):
+    """`sched`, checked, if it was built for `model` and `policy`."""
+    for what, have, want in (("model", sched.meta.model, model.to_dict()), ("policy", sched.meta.policy,
+                                                                              policy.to_dict())):
+        if ModelSpec(**have) != model if what == "model" else Policy(**have) != policy:
+            raise HorizonError(f"the schedule was built for another {what} than the trainer's")
+    return sched.check()
+
+
 def _shutdown(engine, backend) -> None:
     engine.close()
     backend.close()
@@ -134,6 +144,8 @@ class Trainer:
     speeds (and runtime overhead) the admission simulation uses; data_bytes: host memory the
     training data will hold, counted by the admission (data.data_bytes_bound). on_nonfinite:
     'skip' or 'stop' (module docstring; default 'skip', 'stop' with optimizer='backward').
+    schedule: a Schedule to run instead of building one (e.g. the one the planner simulated,
+    or one read from JSON); it must have been built for this model and policy.
     """
 
     def __init__(self, model: ModelSpec, policy: Policy, *, lr: float = 1e-3, weight_decay: float = 0.0,
@@ -141,7 +153,7 @@ class Trainer:
                  device_budget_bytes: int | None = None, compute_threads: int | None = None,
                  pin_cores: bool = True, track_memory: bool = True, timeout_s: float = DEFAULT_OP_TIMEOUT_S,
                  random_init: bool = True, admission: bool = True, host_budget_bytes: int | None = None,
-                 hardware=None, on_nonfinite: str | None = None, data_bytes: int = 0):
+                 hardware=None, on_nonfinite: str | None = None, data_bytes: int = 0, schedule=None):
         if policy.seq < 2:
             raise HorizonError(f"policy seq={policy.seq}: training needs sequences of at least 2 tokens")
         check_device(device)  # before admission, which asks the device for its free memory
@@ -162,7 +174,7 @@ class Trainer:
                                "is updated as its gradient lands, before the loss and the global norm are "
                                "known; use on_nonfinite='stop', or optimizer='pipelined' or 'after'")
         self.model, self.policy, self.on_nonfinite = model, policy, on_nonfinite
-        self.sched = build_schedule(model, policy)
+        self.sched = build_schedule(model, policy) if schedule is None else _checked_schedule(schedule, model, policy)
         # Before any allocation: does the run fit this machine? (AdmissionError if not)
         self.admission = (admit(model, policy, self.sched, device=device, host_budget_bytes=host_budget_bytes,
                                 device_budget_bytes=device_budget_bytes, hardware=hardware,
@@ -172,15 +184,14 @@ class Trainer:
                                     pin_cores=pin_cores, track_memory=track_memory)
         self.store = HostStore(self.sched, model, self.backend)
         self.arena = DeviceArena(self.backend, device_budget_bytes)
-        self.buffers = BufferTable(self.sched, model, policy, self.store, self.arena, self.backend)
+        self.buffers = BufferTable(self.sched, self.store, self.arena, self.backend)
         self._lr = float(lr)
-        self.runner = OpRunner(model=model, policy=policy, buffers=self.buffers,
+        self.runner = OpRunner(model=model, policy=policy, sched=self.sched, buffers=self.buffers,
                                store=self.store, arena=self.arena, backend=self.backend, adamw=adamw)
-        self.units = [EMBED, *range(model.n_layers), model.n_layers]
+        self.units = [b.unit for b in self.sched.of(Holds.MASTER)]  # embedding, blocks, head
         self._params = {}  # transformers name -> view of the master store
         for u in self.units:
-            flat = self.store.t[f"master.{unit_name(model, u)}"]
-            self._params.update(host_layout(model, u).views(flat))
+            self._params.update(host_layout(model, u).views(self.store.of(Holds.MASTER, u)))
         if random_init:
             self.init_weights(seed)
         self.engine = Engine(self.backend, self.runner, timeout_s=timeout_s)
@@ -188,7 +199,7 @@ class Trainer:
         # without close(); the finalizer holds no reference to the trainer itself.
         self._finalizer = weakref.finalize(self, _shutdown, self.engine, self.backend)
         self.pending = False  # pipelined: the last step's gradients are not applied yet
-        self.pending_lr = self.runner.lr  # the lr those pending gradients are applied with
+        self.pending_lr = self._lr  # the lr those pending gradients are applied with
         self.steps_done = 0
         self.skipped_steps = 0  # steps whose update was not applied (non-finite loss or grads)
         self.failed: str | None = None
@@ -210,9 +221,8 @@ class Trainer:
 
     def _refresh_working_copy(self) -> None:
         for u in self.units:
-            wc = f"wc.{unit_name(self.model, u)}"
-            if wc in self.store:
-                self.store.t[wc].copy_(self.store.t[f"master.{unit_name(self.model, u)}"])
+            if self.store.has(Holds.WORKING_COPY, u):
+                self.store.of(Holds.WORKING_COPY, u).copy_(self.store.of(Holds.MASTER, u))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Master weights by transformers names: views into the host store (no lm_head.weight
@@ -305,49 +315,37 @@ class Trainer:
         tokens, labels = self._check_batch(tokens, labels, p.batch)
         docs = self._check_docs(docs, tokens)
         lr_now = self._lr if lr is None else self._checked_lr(lr)
+        n_labelled = int((labels != IGNORE).sum())
         # The optimizer ops of this run apply the previous step's gradients (pipelined) or
         # this step's (after / backward): each with the lr of the step that made them.
-        self.runner.lr = self.pending_lr if p.optimizer == "pipelined" else lr_now
-        self.runner.begin_step(tokens, docs)
-        # Our own targets replace the default ones begin_step sent (same device buffer; the
-        # engine's step_begin synchronizes before any lane reads it).
-        self.backend.h2d(self.runner.labels, labels)
-        n_labelled = int((labels != IGNORE).sum())
-        self.runner.n_step_tokens = max(1, n_labelled)  # all ignored: loss and grads are 0
-        self.runner.temp_peak.clear()
+        ctx = StepContext(tokens=tokens, lr=self.pending_lr if p.optimizer == "pipelined" else lr_now,
+                          n_step_tokens=max(1, n_labelled),  # all ignored: loss and grads are 0
+                          guard=NonFiniteGuard(p.optimizer))
+        # labels go to the device here; the engine's step_begin synchronizes before any lane reads
+        self.runner.begin_step(ctx, labels, docs)
         self.backend.reset_peak(self.arena)
         skip = {o.id for o in self.sched.ops if (o.prev_step and not self.pending) or o.kind in skip_kinds}
         t0 = time.perf_counter()
         rows = self._run(self.sched.ops, skip)
         step_s = time.perf_counter() - t0
         self.steps_done += 1
-        loss, gnorm = self.runner.loss(), self.store.scalar("gnorm")
+        loss, gnorm = ctx.loss(), self.store.scalar(Holds.GRAD_NORM)
         # The GRAD_NORM op flags a non-finite loss or norm, and the optimizer ops of this step
         # then leave everything untouched; the pipelined update of this step is dropped here.
-        bad = self.runner.nonfinite
+        bad = ctx.guard.found
         self.pending = p.optimizer == "pipelined" and not bad
         self.pending_lr = lr_now
         if bad:
             self.skipped_steps += 1
             if self.on_nonfinite == "stop":
-                raise NonFiniteError(self._nonfinite_message(bad), step=self.steps_done)
+                raise NonFiniteError(ctx.guard.message(self.steps_done, len(self.units)), step=self.steps_done)
         ops, starts, ends = zip(*rows)
         timeline = timeline_frame(ops, starts, ends)
-        timeline["temp_peak_bytes"] = [self.runner.temp_peak.get(o.id, 0) for o in ops]
+        timeline["temp_peak_bytes"] = [ctx.temp_peak.get(o.id, 0) for o in ops]
         return StepResult(loss=loss, grad_norm=gnorm, timeline=timeline,
                           device_peak_bytes=self.backend.device_peak(self.arena),
                           rss_peak_bytes=rss_peak_bytes(), step_s=step_s, tokens=p.tokens,
                           labelled_tokens=n_labelled, skipped=bool(bad), nonfinite=bad or "")
-
-    def _nonfinite_message(self, what: str) -> str:
-        msg = (f"step {self.steps_done}: non-finite {what}; the update was not applied and the run stops "
-               f"(on_nonfinite='stop')")
-        if self.policy.optimizer == "backward":
-            n = self.runner.updated_units
-            return (msg + f"; optimizer='backward' had already applied this step's finite gradients to "
-                    f"{n} of {len(self.units)} units before the non-finite one (no non-finite value "
-                    "reached the weights or the optimizer state)")
-        return msg + f"; weights and optimizer state are those after step {self.steps_done - 1}"
 
     def flush(self) -> list:
         """Apply pending pipelined optimizer updates (the prev_step ops), so the master
@@ -356,7 +354,8 @@ class Trainer:
         self._check_usable()
         if not self.pending:
             return []
-        self.runner.lr = self.pending_lr
+        self.runner.ctx = StepContext(tokens=None, lr=self.pending_lr, n_step_tokens=1,
+                                      guard=NonFiniteGuard(self.policy.optimizer))
         rows = self._run([o for o in self.sched.ops if o.prev_step])
         self.pending = False
         return rows
@@ -381,7 +380,7 @@ class Trainer:
         tabs = [self.runner.attn.tables(d) for d in chunks]                       # per chunk
         blk = block_layout(m)
         for layer in range(m.n_layers):
-            w = {k: v.to(dev, act) for k, v in blk.views(self.store.t[f"master.{layer}"]).items()}
+            w = {k: v.to(dev, act) for k, v in blk.views(self.store.of(Holds.MASTER, layer)).items()}
             for i, (c, s_, d) in enumerate(tabs):  # in place: one chunk's output is new at a time
                 xs[i] = self.runner.block(w, xs[i], c, s_, m.window(layer), d)
             del w

@@ -1,8 +1,8 @@
 """Tiny random transformers models for the HF tests (no downloads)."""
 import torch
 
-from horizon_exec.layout import host_layout, unit_name
-from horizon_sim.schedule import OpKind
+from horizon_exec.layout import host_layout
+from horizon_sim.schedule import Holds, OpKind
 from horizon_sim.specs.hf_export import to_hf_config_dict
 from horizon_sim.specs.model import ModelSpec
 
@@ -44,7 +44,7 @@ def executor_grads(tr, tokens, labels=None, docs=None):
 
     def snapshot(op):  # CPU lane, just before each unit's optimizer op
         if op.kind == OpKind.OPTIMIZER:
-            g = tr.buffers.get(f"hgrad.{unit_name(tr.model, op.layer)}")
+            g = tr.buffers.find(Holds.HOST_GRAD, unit=op.layer)
             grads.update({n: v.clone() for n, v in host_layout(tr.model, op.layer).views(g).items()})
 
     tr.engine.hook = snapshot

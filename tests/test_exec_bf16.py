@@ -52,7 +52,7 @@ def test_bf16_loss_tracks_autocast_baseline():
         copy_to_hf(tr, ref)
         ours = [tr.step(tok).loss for tok in batches]
     with Trainer(spec, dataclasses.replace(pol, states_dtype="bf16"), lr=LR, betas=BETAS, seed=0) as tr:
-        assert tr.store.moments("0")[0].dtype == torch.bfloat16
+        assert tr.store.moments(0)[0].dtype == torch.bfloat16
         ours_bf16_moments = [tr.step(tok).loss for tok in batches]
     opt = torch.optim.AdamW(ref.parameters(), lr=LR, betas=BETAS, weight_decay=0.0)
     base = []

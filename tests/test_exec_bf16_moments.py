@@ -17,6 +17,7 @@ from horizon_exec.layout import unit_name
 from horizon_exec.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.errors import HorizonError
+from horizon_sim.schedule import Holds
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy, exact_policy
 
@@ -42,8 +43,8 @@ def test_first_step_equals_fp32_moments_then_rounds(optimizer):
                      seed=0) as tr:
             tr.step(tokens)
             tr.flush()
-            state[states] = {unit_name(SPEC, u): (tr.store.t[f"master.{unit_name(SPEC, u)}"].clone(),
-                                                 tr.store.t[f"moments.{unit_name(SPEC, u)}"].clone())
+            state[states] = {unit_name(SPEC, u): (tr.store.of(Holds.MASTER, u).clone(),
+                                                 tr.store.of(Holds.MOMENTS, u).clone())
                              for u in tr.units}
     for u, (master32, mom32) in state["fp32"].items():
         master16, mom16 = state["bf16"][u]

@@ -88,7 +88,7 @@ def test_host_store_is_page_locked_in_one_allocation():
     with Trainer(_spec(4, 64), pol, device="cuda") as tr:
         assert tr.store.raw.is_pinned()
         assert tr.store.raw.numel() == tr.store.nbytes == tr.host_store_bytes
-        assert tr.store.moments("0")[0].is_pinned()  # views into the registered block
+        assert tr.store.moments(0)[0].is_pinned()  # views into the registered block
 
 
 def test_bf16_loss_falls_on_cuda():

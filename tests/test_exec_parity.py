@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from horizon_exec.hf import copy_from_hf, copy_to_hf, hf_model
-from horizon_exec.layout import host_layout, unit_name
+from horizon_exec.layout import host_layout
 from horizon_exec.trainer import Trainer
-from horizon_sim.schedule import OpKind
+from horizon_sim.schedule import Holds, OpKind
 from horizon_sim.sim.timeline import check_obeys_schedule
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import exact_policy
@@ -134,7 +134,7 @@ def test_gradients_match(opt):
 
         def snapshot(op):  # runs in the CPU lane just before each optimizer op
             if op.kind == OpKind.OPTIMIZER:
-                g = tr.buffers.get(f"hgrad.{unit_name(spec, op.layer)}")
+                g = tr.buffers.find(Holds.HOST_GRAD, unit=op.layer)
                 grads.update({n: v.clone() for n, v in host_layout(spec, op.layer).views(g).items()})
 
         tr.engine.hook = snapshot

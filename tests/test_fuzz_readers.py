@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from horizon_sim.errors import HorizonError
-from tests.fuzz_strategies import JSON, SCALARS, dumps, mutate, one_line_or_ok
+from tests.fuzz_strategies import SCALARS, dumps, mutate, one_line_or_ok
 
 EXAMPLES = int(os.environ.get("HORIZON_FUZZ_EXAMPLES", "40"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,

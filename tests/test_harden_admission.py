@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from horizon_exec.data import BUILTIN_CORPUS, data_bytes_bound, load_dataset
+from horizon_exec.data import BUILTIN_CORPUS, data_bytes_bound
 from horizon_exec.memtrack import TransientTracker
 from horizon_exec.tokenize import ByteTokenizer
 from horizon_exec.trainer import Trainer

@@ -17,7 +17,6 @@ from horizon_exec.trainer import Trainer
 from horizon_exec.validate.configs import CONFIGS
 from horizon_sim.schedule import OpKind, build_schedule
 from horizon_sim.sim.device_bound import device_peak_bound
-from horizon_sim.sim.process_rss import device_constant_bytes
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.specs.hardware_presets import make_hardware
 from horizon_sim.specs.model import ModelSpec
@@ -77,7 +76,8 @@ def test_fit_verdict_and_admission_use_the_bound():
     assert not tight.fits and "device needs" in tight.why
     from horizon_exec.admission import admit
     adm = admit(cfg.model, cfg.policy, sched, device_budget_bytes=10**12, advise=False)
-    assert adm.device_by_role["weight_slots"] + adm.device_by_role["activations_grads_workspaces"] == s.device_peak_bytes
+    assert (adm.device_by_role["weight_slots"] + adm.device_by_role["constants"]
+            + adm.device_by_role["activations_grads_workspaces"]) == s.device_peak_bytes
 
 
 def test_the_executor_with_a_late_d2h_lane_stays_under_the_bound():
@@ -86,7 +86,7 @@ def test_the_executor_with_a_late_d2h_lane_stays_under_the_bound():
     under the bound plus the executor's device constants."""
     cfg = next(c for c in CONFIGS if c.name == "batch4_k3")
     model, pol = cfg.model, cfg.policy
-    bound = simulate(build_schedule(model, pol), HW).summary.device_peak_bytes + device_constant_bytes(model, pol)
+    bound = simulate(build_schedule(model, pol), HW).summary.device_peak_bytes  # constants included
 
     def late(op):
         if op.kind in (OpKind.OFFLOAD_GRADS, OpKind.SAVE_CKPT):

@@ -117,7 +117,6 @@ def test_the_feature_matters_at_this_length(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["mistral-window", "qwen2-window"])
 def test_window_matters_at_this_length(tmp_path, name):
-    import dataclasses
     tr, ref, T = _pair(tmp_path, name)
     assert any(0 < w < T for w in tr.model.layer_windows)
     if name == "qwen2-window":  # max_window_layers=1: layer 0 full, layers 1 and 2 windowed

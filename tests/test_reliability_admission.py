@@ -7,14 +7,13 @@ import pytest
 import torch
 
 import horizon_exec.trainer as trainer_mod
-from horizon_exec.admission import (AdmissionError, admit, device_constants_bytes, mem_available_bytes,
-                                    store_padding_bytes)
+from horizon_exec.admission import AdmissionError, admit, mem_available_bytes, store_padding_bytes
 from horizon_exec.errors import DeviceBudgetError
 from horizon_exec.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
 from horizon_sim.schedule import build_schedule
-from horizon_sim.schedule.op import Space
+from horizon_sim.schedule.op import Holds, Space
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
@@ -64,8 +63,11 @@ def test_device_budget_below_the_need_is_refused(monkeypatch):
     assert not adm.device_fits and adm.device_available_bytes == need - 1
     assert "device memory needs" in str(e.value).splitlines()[0]
     # the device breakdown: weight slots, the activation/gradient/workspace peak, constants
-    assert adm.device_by_role["weight_slots"] == sched.static_bytes(Space.DEVICE)
-    assert adm.device_by_role["constants"] == device_constants_bytes(SPEC, POL)
+    slots = [b for b in sched.buffers.values() if b.holds == Holds.WEIGHT_SLOT]
+    assert adm.device_by_role["weight_slots"] == POL.slots * sched.meta.slot_bytes == sum(b.bytes for b in slots)
+    # the constants: RoPE tables (seq x head_dim, bf16) and the step's labels (batch x seq, int64)
+    assert adm.device_by_role["constants"] == 2 * POL.seq * SPEC.hd * 2 + POL.batch * POL.seq * 8
+    assert adm.device_by_role["constants"] + adm.device_by_role["weight_slots"] == sched.static_bytes(Space.DEVICE)
 
 
 def test_the_advice_names_a_policy_that_then_fits():

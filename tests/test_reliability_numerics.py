@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from horizon_exec.data import load_dataset
+from horizon_exec.layout import unit_name
 from horizon_exec.loop import LoopConfig, TrainLoop
 from horizon_exec.lr import CosineSchedule
 from horizon_exec.tokenize import ByteTokenizer
 from horizon_exec.trainer import NonFiniteError, Trainer
 from horizon_sim.errors import HorizonError
-from horizon_sim.schedule import OpKind
+from horizon_sim.schedule import Holds, OpKind
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy, exact_policy
 
@@ -39,7 +40,7 @@ def _state(tr) -> dict:
     """Every number an update touches, as raw bits (so NaN compares equal to itself)."""
     out = {n: t.detach().clone().view(torch.uint8) for n, t in tr.store.t.items()
            if n.startswith(("master.", "moments.", "wc."))}
-    out.update({f"steps.{u}": s.clone() for u, s in tr.store.steps.items()})
+    out.update({f"steps.{unit_name(tr.model, u)}": s.clone() for u, s in tr.store.steps.items()})
     return out
 
 
@@ -54,7 +55,7 @@ def _nan_grad(tr, layer=1):
 
     def hook(op):
         if op.kind == OpKind.OFFLOAD_GRADS and op.layer == layer and op.micro == last:
-            tr.buffers.get(f"dgrad.{layer}.m{last}").fill_(math.nan)
+            tr.buffers.find(Holds.DEVICE_GRAD, unit=layer, micro=last).fill_(math.nan)
     return hook
 
 
@@ -64,7 +65,7 @@ def _nan_loss(tr):
 
     def hook(op):
         if op.kind == OpKind.HEAD and op.micro == 0:
-            tr.buffers.get(f"x.m0.{L}").fill_(math.nan)
+            tr.buffers.find(Holds.ACTIVATION, micro=0, layer=L).fill_(math.nan)
     return hook
 
 

@@ -103,7 +103,7 @@ def test_unknown_op_kind_is_rejected(doc):
 
 def test_unknown_buffer_is_rejected(doc):
     d = _copy(doc)
-    d["buffers"] = [b for b in d["buffers"] if b[0] != "w1"]
+    d["buffers"] = [b for b in d["buffers"] if b["name"] != "w1"]
     with pytest.raises(ScheduleError, match="unknown buffer 'w1'"):
         _load(d)
 
@@ -165,11 +165,11 @@ def test_structurally_broken_doc_is_rejected(doc, breakage):
     elif breakage == "no_meta":
         del d["meta"]
     elif breakage == "short_buffer":
-        d["buffers"][0] = d["buffers"][0][:2]
+        del d["buffers"][0]["bytes"]
     elif breakage == "op_no_layer":
         del d["ops"][0]["layer"]
     elif breakage == "bad_space":
-        d["buffers"][0][1] = "cloud"
+        d["buffers"][0]["space"] = "cloud"
     else:
         d["meta"]["colour"] = "red"
     with pytest.raises(ScheduleError):

@@ -7,7 +7,8 @@ on a calibrated HardwareSpec, and compare, configuration by configuration:
   overlap           the fraction of the copy/CPU lanes' busy time that runs while the compute
                     lane is busy (interval union intersection); errors in percentage points
   device peak       arena buffers + measured op temporaries (the executor) against the
-                    simulated peak plus the executor's device constants (RoPE, labels)
+                    simulated peak (the Schedule's static device buffers included: slots,
+                    RoPE tables, labels)
   host RSS          the process's peak resident set (VmHWM) against process_rss.predict_rss
 
 Each configuration runs in a process of its own (probe.Session), so each RSS peak is its own;

@@ -10,7 +10,7 @@ import pandas as pd
 from horizon_exec.validate.configs import Config
 from horizon_exec.validate.metrics import LANES, timeline_metrics
 from horizon_sim.schedule import build_schedule
-from horizon_sim.sim.process_rss import device_constant_bytes, predict_rss
+from horizon_sim.sim.process_rss import predict_rss
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.units import MiB
@@ -41,9 +41,8 @@ def compare(cfg: Config, hw: HardwareSpec, res: dict, device: str = "cpu") -> Ou
     meas = {k: statistics.median(m[k] for m, _ in per_step) for k in per_step[0][0]}
     # the step whose time is the median stands for the measurement in the overlay
     rep = sorted(per_step, key=lambda mt: mt[0]["step_s"])[len(per_step) // 2][1]
-    dev_const = device_constant_bytes(cfg.model, cfg.policy)
-    dev_pred = sim.summary.device_typical_peak_bytes + dev_const
-    dev_bound = sim.summary.device_peak_bytes + dev_const
+    dev_pred = sim.summary.device_typical_peak_bytes  # the constants are static device buffers of the Schedule
+    dev_bound = sim.summary.device_peak_bytes
     peaks = [s["device_peak_bytes"] for s in res["steps"]]
     dev_meas = statistics.median(peaks)  # the typical step; the largest is reported beside it
     rss = predict_rss(sim, "cpu" if device == "cpu" else "cuda")

@@ -39,12 +39,12 @@ measured by `horizon calibrate`, every amount of work is counted from the model 
   temporaries (counted tensor by tensor for the template: autograd's saved tensors, fp32 norm
   intermediates, the head's fp32 chunk logits; schedule/work.py), charged from a quarter into
   the op (the temporaries build up; a gradient still being offloaded when the op starts is gone
-  by its peak) + the executor's RoPE tables and labels. A CPU-driven link casts while it copies,
+  by its peak); the Schedule's static device buffers include the RoPE tables and labels. A CPU-driven link casts while it copies,
   so loads without a working copy stage nothing on the device.
 - **host RSS** (CPU backend) = runtime overhead (a process with torch and the executor
   running a tiny model, less its tensors) + host store + what the pool of dynamic host
   buffers holds (per size, the most live at once) + the device peak (the CPU backend's device
-  is host RAM) + device constants + glibc's retained free memory (5 allocating threads x 2 x
+  is host RAM; constants included) + glibc's retained free memory (5 allocating threads x 2 x
   the largest block a step frees, up to 32 MiB).
 
 Known gaps (not modelled):
@@ -121,7 +121,7 @@ def markdown(v: Validation) -> str:
               "step); 'dev peak max' is the largest, which is higher when an offload happened to be late "
               "(the copy thread descheduled) and the next backward started with two gradients on the device; "
               "'dev bound' is the most the Schedule allows whatever the timing (horizon_sim/sim/device_bound.py, "
-              "plus the device constants), which no step may exceed and which admission and `fits` use. "
+              "), which no step may exceed and which admission and `fits` use. "
               "Page faults / step: the median over the measured steps of the process's minor faults (memory first touched in that step: "
               "4 KiB each; not modelled, each costs a few microseconds of the lane that takes it).", "", "## Host RSS terms (predicted)", "",
               "| config | " + " | ".join(v.outcomes[0].rss_terms) + " |",

@@ -27,7 +27,17 @@ from dataclasses import dataclass
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import work
 from horizon_sim.schedule.limits import check_sizes
-from horizon_sim.schedule.op import EMBED, LANE_OF, Buffer, Op, OpKind, ScheduleMeta, Space
+from horizon_sim.schedule.op import (
+    DTYPE_BYTES_OF,
+    EMBED,
+    LANE_OF,
+    Buffer,
+    Holds,
+    Op,
+    OpKind,
+    ScheduleMeta,
+    Space,
+)
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import DTYPE_BYTES, Policy
@@ -100,7 +110,8 @@ class _Builder:
         self.state_b = DTYPE_BYTES[policy.states_dtype]
         self.link_grad_b = DTYPE_BYTES[policy.grad_dtype]
         # Host grads accumulate over micro-batches in fp32; otherwise they stay as they arrive.
-        self.host_grad_b = 4 if policy.micro_batches > 1 else self.link_grad_b
+        self.host_grad_dtype = "fp32" if policy.micro_batches > 1 else policy.grad_dtype
+        self.host_grad_b = DTYPE_BYTES[self.host_grad_dtype]
         self.tok = policy.micro_batch * policy.seq
         self.units = [EMBED, *range(self.L), self.HEAD]
         self.slot_bytes = max(model.layer_params, model.head_device_params) * self.act
@@ -128,34 +139,82 @@ class _Builder:
         return {EMBED: "emb", self.HEAD: "head"}.get(u, str(u))
 
     # ---- buffers ----------------------------------------------------------------------
-    def buf(self, name, space, nbytes, static=False, role=""):
+    def buf(self, name, space, holds, shape, dtype, static=False, role="", *, unit=None, micro=None,
+            layer=None, dma_only=False):
+        """Declare a buffer once (its name is for display; readers use the typed fields) and
+        return its name, which ops list."""
         if name not in self.buffers:
-            self.buffers[name] = Buffer(name, space, int(nbytes), static, role)
+            shape = tuple(int(d) for d in shape)
+            n = 1
+            for d in shape:
+                n *= d
+            pooled = space == Space.HOST and not static  # the executor's exact-size host pool
+            self.buffers[name] = Buffer(name, space, n * DTYPE_BYTES_OF[dtype], static, role, holds, unit, micro,
+                                        layer, shape, dtype, pooled, dma_only)
         return name
 
+    def _rows(self):  # (micro_batch, seq, hidden): an activation-sized buffer
+        return (self.p.micro_batch, self.p.seq, self.m.hidden)
+
     def x(self, m, l):  # boundary activation entering block l (l = L: entering the head)
-        return self.buf(f"x.m{m}.{l}", Space.DEVICE, self.tok * self.m.hidden * self.act, role="activations")
+        return self.buf(f"x.m{m}.{l}", Space.DEVICE, Holds.ACTIVATION, self._rows(), self.p.compute_dtype,
+                        role="activations", micro=m, layer=l)
 
     def dx(self, m, l):
-        return self.buf(f"dx.m{m}.{l}", Space.DEVICE, self.tok * self.m.hidden * self.act, role="activations")
+        return self.buf(f"dx.m{m}.{l}", Space.DEVICE, Holds.ACTIVATION_GRAD, self._rows(), self.p.compute_dtype,
+                        role="activations", micro=m, layer=l)
 
     def hgrad(self, u):
         # A tied embedding's grad sums the LM head's and the scatter-add's: keep it in fp32.
-        nbytes = 4 if u == EMBED and self.m.tied_embeddings else self.host_grad_b
-        return self.buf(f"hgrad.{self._name(u)}", Space.HOST, self.host_params(u) * nbytes,
-                        static=self.grads_static, role="grads")
+        dtype = "fp32" if u == EMBED and self.m.tied_embeddings else self.host_grad_dtype
+        return self.buf(f"hgrad.{self._name(u)}", Space.HOST, Holds.HOST_GRAD, (self.host_params(u),), dtype,
+                        static=self.grads_static, role="grads", unit=u)
 
     def host_store(self, u):
         """Static host buffers of a unit: master, moments, optional working copy."""
-        n, p = self._name(u), self.host_params(u)
-        names = [self.buf(f"master.{n}", Space.HOST, p * self.master_b, True, "master"),
-                 self.buf(f"moments.{n}", Space.HOST, 2 * p * self.state_b, True, "moments")]
-        if self.p.working_copy:
-            names.append(self.buf(f"wc.{n}", Space.HOST, p * self.act, True, "working_copy"))
+        n, p, pol = self._name(u), self.host_params(u), self.p
+        names = [self.buf(f"master.{n}", Space.HOST, Holds.MASTER, (p,), pol.master_dtype, True, "master", unit=u),
+                 self.buf(f"moments.{n}", Space.HOST, Holds.MOMENTS, (2, p), pol.states_dtype, True, "moments",
+                          unit=u)]
+        if pol.working_copy:
+            names.append(self.buf(f"wc.{n}", Space.HOST, Holds.WORKING_COPY, (p,), pol.compute_dtype, True,
+                                  "working_copy", unit=u))
         return names
 
     def gsq(self, u):
-        return self.buf(f"gsq.{self._name(u)}", Space.HOST, 8, True, "scalars")
+        return self.buf(f"gsq.{self._name(u)}", Space.HOST, Holds.GRAD_SQ, (1,), "fp64", True, "scalars", unit=u)
+
+    def gnorm(self):
+        return self.buf("gnorm", Space.HOST, Holds.GRAD_NORM, (1,), "fp64", True, "scalars")
+
+    def dgrad(self, u, m):
+        return self.buf(f"dgrad.{self._name(u)}.m{m}", Space.DEVICE, Holds.DEVICE_GRAD, (self.dev_params(u),),
+                        self.p.compute_dtype, role="grads", unit=u, micro=m)
+
+    def host_rows(self, name, holds, m, role, layer=None):
+        return self.buf(name, Space.HOST, holds, self._rows(), self.p.compute_dtype, role=role, micro=m, layer=layer)
+
+    def link_stage(self, target):
+        """Where a DMA link lands a gradient piece that the host then adds or widens into
+        `target` (the host cannot read bytes still in flight): page-locked, one per size in
+        the executor's pool (horizon_exec/backend_cuda.py _through_stage)."""
+        t = self.buffers[target]
+        return self.buf(f"stage.{target}", Space.HOST, Holds.LINK_STAGE, t.shape, self.p.grad_dtype,
+                        role="staging", unit=t.unit, dma_only=True)
+
+    def device_constants(self):
+        """Device tensors every step uses: RoPE tables, the step's labels and, under document
+        masks, each token's document and position and the tables gathered at those."""
+        p, m, c = self.p, self.m, dict(static=True, role="constants")
+        self.buf("rope.cos", Space.DEVICE, Holds.ROPE_COS, (p.seq, m.hd), p.compute_dtype, **c)
+        self.buf("rope.sin", Space.DEVICE, Holds.ROPE_SIN, (p.seq, m.hd), p.compute_dtype, **c)
+        self.buf("labels", Space.DEVICE, Holds.LABELS, (p.batch, p.seq), "int64", **c)
+        if p.doc_masks:
+            self.buf("docs", Space.DEVICE, Holds.DOCS, (p.batch, p.seq), "int64", **c)
+            self.buf("positions", Space.DEVICE, Holds.POSITIONS, (p.batch, p.seq), "int64", **c)
+            rows = (p.batch, 1, p.seq, m.hd)
+            self.buf("rope.cos.rows", Space.DEVICE, Holds.ROPE_COS_ROWS, rows, p.compute_dtype, **c)
+            self.buf("rope.sin.rows", Space.DEVICE, Holds.ROPE_SIN_ROWS, rows, p.compute_dtype, **c)
 
     # ---- emission ---------------------------------------------------------------------
     def emit(self, kind, layer, micro=0, *, reads=(), writes=(), frees=(), after=(), **work):
@@ -173,7 +232,7 @@ class _Builder:
         store = self.host_store(u)
         reads = [self.hgrad(u), *store[:2]]
         if self.p.clip:
-            reads.append(self.buf("gnorm", Space.HOST, 8, True, "scalars"))
+            reads.append(self.gnorm())
         frees = () if self.grads_static else (self.hgrad(u),)
         self.emit(K_.OPTIMIZER, u, reads=reads, writes=store, frees=frees, params=p,
                   host_bytes=p * per_param, prev_step=prev_step)
@@ -235,7 +294,9 @@ class _Builder:
         L, K, tok, act, H = self.L, p.act_ckpt_every, self.tok, self.act, m_.hidden
         seq = self.compute_sequence()
         slots = self.assign_slots(seq)
-        wslot = [self.buf(f"w{s}", Space.DEVICE, self.slot_bytes, True, "weights") for s in range(p.slots)]
+        self.device_constants()
+        wslot = [self.buf(f"w{s}", Space.DEVICE, Holds.WEIGHT_SLOT, (self.slot_bytes // act,), p.compute_dtype,
+                          True, "weights", layer=s) for s in range(p.slots)]
         bnd = tok * H * act
         masked = [work.masked_attention(m_, u, p.seq, p.doc_masks) for u in range(L)]
         fwd_flops = [m_.layer_fwd_flops(tok, p.seq, causal=not mk) for mk in masked]
@@ -264,17 +325,20 @@ class _Builder:
                       workspace_bytes=self.dev_params(u) * self.master_b if cast_on_device else 0)
 
         def offload_grads(u, m):
-            dgrad = self.buf(f"dgrad.{self._name(u)}.m{m}", Space.DEVICE, self.dev_params(u) * act,
-                             role="grads")
+            dgrad = self.dgrad(u, m)
             targets = [self.hgrad(u)] + ([self.hgrad(EMBED)] if u == self.HEAD and m_.tied_embeddings else [])
             acc = [t for t in targets if t in self.deps.last_write]  # accumulate into what exists
-            writes = targets + ([self.gsq(u)] if m == last_m else [])
+            # a piece the host adds or widens lands in a page-locked stage first (DMA links)
+            stages = [self.link_stage(t) for t in targets
+                      if t in acc or self.buffers[t].dtype != p.grad_dtype]
+            writes = targets + ([self.gsq(u)] if m == last_m else []) + stages
             host_b = self.dev_params(u) * 8 if acc else 0  # read-add-write the fp32 host grad
             if acc and m == last_m:  # the squared norm is then taken of the accumulated host grad
                 host_b += self.host_params(u) * self.host_grad_b
             self.pending_offloads.append(
-                self.emit(K_.OFFLOAD_GRADS, u, m, reads=[dgrad, *acc], writes=writes, frees=[dgrad],
-                          link_bytes=self.dev_params(u) * self.link_grad_b, host_bytes=host_b))
+                self.emit(K_.OFFLOAD_GRADS, u, m, reads=[dgrad, *acc], writes=writes, frees=[dgrad, *stages],
+                          link_bytes=self.dev_params(u) * self.link_grad_b, host_bytes=host_b,
+                          reduce_bytes=self.dev_params(u) * self.link_grad_b if m == last_m and not acc else 0))
             if p.optimizer == "backward" and m == last_m and u != self.HEAD:
                 self.optimizer(u)
 
@@ -284,13 +348,14 @@ class _Builder:
             if use.kind == K_.FORWARD and u == 0:
                 if p.optimizer == "pipelined" and EMBED not in self.optimized:
                     self.optimizer(EMBED, prev_step=True)
-                emb = self.buf(f"emb.m{m}", Space.HOST, bnd, role="staging")
+                emb = self.host_rows(f"emb.m{m}", Holds.EMBEDDED, m, "staging")
                 self.emit(K_.EMBED_FWD, EMBED, m, reads=[emb_src], writes=[emb],
                           host_bytes=tok * H * ((act if p.working_copy else self.master_b) + act))
                 self.emit(K_.LOAD_INPUT, EMBED, m, reads=[emb], writes=[self.x(m, 0)], frees=[emb],
                           link_bytes=bnd)
             if use.block_start is not None and act_ckpt_on_host:
-                ck = f"ckpt.m{m}.{use.block_start}"
+                ck = self.host_rows(f"ckpt.m{m}.{use.block_start}", Holds.ACT_CHECKPOINT, m, "act_checkpoints",
+                                    layer=use.block_start)
                 self.emit(K_.LOAD_CKPT, use.block_start, m, reads=[ck], writes=[self.x(m, use.block_start)],
                           frees=[ck], link_bytes=bnd)
             if needs_load:
@@ -303,12 +368,12 @@ class _Builder:
                           frees=frees, flops=fwd_flops[u], hbm_bytes=fwd_hbm, workspace_bytes=fwd_ws[u],
                           after=self._backpressure(self.pending_saves))
                 if is_ckpt and act_ckpt_on_host:
-                    ck = self.buf(f"ckpt.m{m}.{u}", Space.HOST, bnd, role="act_checkpoints")
+                    ck = self.host_rows(f"ckpt.m{m}.{u}", Holds.ACT_CHECKPOINT, m, "act_checkpoints", layer=u)
                     self.pending_saves.append(
                         self.emit(K_.SAVE_CKPT, u, m, reads=[self.x(m, u)], writes=[ck],
                                   frees=[self.x(m, u)], link_bytes=bnd))
             elif use.kind == K_.HEAD:
-                dgrad = self.buf(f"dgrad.head.m{m}", Space.DEVICE, self.dev_params(u) * act, role="grads")
+                dgrad = self.dgrad(u, m)
                 self.emit(K_.HEAD, u, m, slot=s, reads=[self.x(m, L), w], writes=[self.dx(m, L), dgrad],
                           frees=[self.x(m, L)], flops=3 * m_.head_fwd_flops(tok),
                           hbm_bytes=head_hbm, workspace_bytes=head_ws)
@@ -319,14 +384,14 @@ class _Builder:
                 self.emit(K_.RECOMPUTE, u, m, slot=s, reads=[self.x(m, u), w], writes=[self.x(m, u + 1)],
                           flops=fwd_flops[u], hbm_bytes=fwd_hbm, workspace_bytes=fwd_ws[u])
             else:  # BACKWARD
-                dgrad = self.buf(f"dgrad.{u}.m{m}", Space.DEVICE, self.dev_params(u) * act, role="grads")
+                dgrad = self.dgrad(u, m)
                 self.emit(K_.BACKWARD, u, m, slot=s, reads=[self.x(m, u), self.dx(m, u + 1), w],
                           writes=[self.dx(m, u), dgrad], frees=[self.x(m, u), self.dx(m, u + 1)],
                           flops=3 * fwd_flops[u], hbm_bytes=bwd_hbm, workspace_bytes=bwd_ws[u],
                           after=self._backpressure(self.pending_offloads))
                 offload_grads(u, m)
                 if u == 0:
-                    hdx = self.buf(f"hdx.m{m}", Space.HOST, bnd, role="staging")
+                    hdx = self.host_rows(f"hdx.m{m}", Holds.INPUT_GRAD, m, "staging")
                     self.emit(K_.OFFLOAD_INPUT_GRAD, EMBED, m, reads=[self.dx(m, 0)], writes=[hdx],
                               frees=[self.dx(m, 0)], link_bytes=bnd)
                     g = self.hgrad(EMBED)
@@ -341,7 +406,7 @@ class _Builder:
                     if p.optimizer == "backward" and m == last_m:
                         self.optimizer(EMBED)
         # End of step: the global gradient norm (clipping, logging); 'after' then updates all.
-        gnorm = self.buf("gnorm", Space.HOST, 8, True, "scalars")
+        gnorm = self.gnorm()
         self.emit(K_.GRAD_NORM, -1, reads=[self.gsq(u) for u in self.units], writes=[gnorm],
                   host_bytes=8 * len(self.units))
         if p.optimizer == "after":

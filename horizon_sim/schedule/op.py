@@ -52,17 +52,81 @@ class Space(str, Enum):
     HOST = "host"
 
 
+class Holds(str, Enum):
+    """What a buffer holds: how both interpreters find and shape it (never from its name)."""
+    # the host store (static)
+    MASTER = "master"                    # (params,) a unit's master weights
+    MOMENTS = "moments"                  # (2, params) Adam m then v
+    WORKING_COPY = "working_copy"        # (params,) the weights in the compute dtype
+    GRAD_SQ = "grad_sq"                  # (1,) fp64 a unit's squared gradient norm
+    GRAD_NORM = "grad_norm"              # (1,) fp64 the global gradient norm
+    # gradients of a unit on the host (static when they cross the step: pipelined)
+    HOST_GRAD = "host_grad"              # (params,)
+    # device
+    WEIGHT_SLOT = "weight_slot"          # (elements,) a slot the units' weights stream into
+    ACTIVATION = "activation"            # (micro_batch, seq, hidden) entering block `layer`
+    ACTIVATION_GRAD = "activation_grad"  # (micro_batch, seq, hidden) its gradient
+    DEVICE_GRAD = "device_grad"          # (device params,) a unit's weight grads, one micro-batch
+    ROPE_COS = "rope_cos"                # (seq, head_dim) RoPE tables, positions 0..seq-1
+    ROPE_SIN = "rope_sin"
+    ROPE_COS_ROWS = "rope_cos_rows"      # (batch, 1, seq, head_dim) at each token's position
+    ROPE_SIN_ROWS = "rope_sin_rows"      #   (document masks: positions restart per document)
+    LABELS = "labels"                    # (batch, seq) int64 targets of the step
+    DOCS = "docs"                        # (batch, seq) int64 each token's document
+    POSITIONS = "positions"              # (batch, seq) int64 each token's position in it
+    # host, dynamic
+    EMBEDDED = "embedded"                # (micro_batch, seq, hidden) embedding rows of a micro-batch
+    ACT_CHECKPOINT = "act_checkpoint"    # (micro_batch, seq, hidden) a boundary kept on the host
+    INPUT_GRAD = "input_grad"            # (micro_batch, seq, hidden) gradient of the layer-0 input
+    LINK_STAGE = "link_stage"            # (device params,) a DMA link's landing stage for a gradient
+
+
+DTYPE_BYTES_OF = {"fp32": 4, "bf16": 2, "fp64": 8, "int64": 8}
+"""Element sizes of the dtypes a buffer can have."""
+
+
 @dataclass(frozen=True, slots=True)
 class Buffer:
     name: str
+    """For display and JSON only: nothing reads meaning out of it."""
     space: Space
     bytes: int
     static: bool
-    """Static buffers exist before and after the step (slots, host store); dynamic ones must be
-    allocated and freed within the step."""
+    """Static buffers exist before and after the step (slots, host store, device constants);
+    dynamic ones must be allocated and freed within the step."""
     role: str = ""
-    """What it holds, for the host-footprint breakdown: master, moments, working_copy, grads,
-    staging, checkpoints, activations, weights, scalars."""
+    """Its share of the memory breakdowns: master, moments, working_copy, grads, staging,
+    act_checkpoints, activations, weights, scalars, constants."""
+    holds: Holds | None = None
+    """What it holds (Holds)."""
+    unit: int | None = None
+    """The unit it belongs to: EMBED, a block 0..L-1, the head L (None: not a unit's)."""
+    micro: int | None = None
+    """The micro-batch it belongs to (None: the whole step's)."""
+    layer: int | None = None
+    """Activations: the boundary it is, the input of block `layer` (L: of the head)."""
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    """One of DTYPE_BYTES_OF."""
+    pooled: bool = False
+    """A dynamic host buffer the executor takes from its exact-size pool and gives back (the
+    pool keeps, per size, the most ever live at once: memory.host_footprint counts that)."""
+    dma_only: bool = False
+    """Exists only on a link that DMAs into page-locked memory (CUDA); a CPU-driven link needs
+    none (LINK_STAGE)."""
+
+    def __post_init__(self):
+        if not isinstance(self.shape, tuple):  # from JSON
+            object.__setattr__(self, "shape", tuple(self.shape))
+        if self.holds is not None and not isinstance(self.holds, Holds):
+            object.__setattr__(self, "holds", Holds(self.holds))
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +151,9 @@ class Op:
     """Device memory traffic, for the memory-bound floor of compute ops."""
     host_bytes: int = 0
     """Host DRAM bytes touched by CPU work."""
+    reduce_bytes: int = 0
+    """Bytes whose squared norm the op takes where they lie, on its way out (an offload of a
+    unit's last micro-batch that is not accumulated on the host)."""
     params: int = 0
     """Parameters updated (OPTIMIZER)."""
     workspace_bytes: int = 0

@@ -5,7 +5,7 @@ Program order defines semantics (what a read sees); each lane runs its ops in pr
 from dataclasses import dataclass
 from functools import cached_property
 
-from horizon_sim.schedule.op import Buffer, Lane, Op, ScheduleMeta, Space
+from horizon_sim.schedule.op import Buffer, Holds, Lane, Op, ScheduleMeta, Space
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,24 @@ class Schedule:
         """Lanes that have ops, in a fixed order."""
         used = {op.lane for op in self.ops}
         return tuple(l for l in Lane if l in used)
+
+    @cached_property
+    def _index(self) -> dict:
+        return {(b.holds, b.unit, b.micro, b.layer): b for b in self.buffers.values()}
+
+    def find(self, holds: Holds, unit: int | None = None, micro: int | None = None,
+             layer: int | None = None) -> Buffer:
+        """The buffer that holds `holds` for that unit / micro-batch / boundary (KeyError if the
+        step has none)."""
+        return self._index[(holds, unit, micro, layer)]
+
+    def has(self, holds: Holds, unit: int | None = None, micro: int | None = None,
+            layer: int | None = None) -> bool:
+        return (holds, unit, micro, layer) in self._index
+
+    def of(self, *holds: Holds) -> list[Buffer]:
+        """Every buffer holding one of `holds`, in declaration order."""
+        return [b for b in self.buffers.values() if b.holds in holds]
 
     def static_bytes(self, space: Space) -> int:
         return sum(b.bytes for b in self.buffers.values() if b.static and b.space == space)

@@ -3,14 +3,28 @@ missing dependency, an unknown op kind, another version) is rejected with a Sche
 import json
 from dataclasses import asdict, fields
 
-from horizon_sim.schedule.op import Buffer, Op, OpKind, ScheduleMeta, Space
-from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.schedule.check import ScheduleError
+from horizon_sim.schedule.op import Buffer, Holds, Op, OpKind, ScheduleMeta, Space
+from horizon_sim.schedule.schedule import Schedule
 
 FORMAT = "horizon.schedule"
 VERSION = 2  # 2: policy act_ckpt_every/act_ckpt_on (were ckpt_every/ckpt_on), typed fields
 _OP_FIELDS = {f.name for f in fields(Op)}
 _OP_DEFAULTS = {f.name: f.default for f in fields(Op) if f.name not in ("id", "kind", "layer")}
+
+
+_BUFFER_FIELDS = {f.name for f in fields(Buffer)}
+_BUFFER_DEFAULTS = {f.name: f.default for f in fields(Buffer) if f.name not in ("name", "space", "bytes", "static")}
+
+
+def _buffer_json(b: Buffer) -> dict:
+    d = {k: v for k, v in asdict(b).items() if k not in _BUFFER_DEFAULTS or v != _BUFFER_DEFAULTS[k]}
+    d["space"] = b.space.value
+    if b.holds is not None:
+        d["holds"] = b.holds.value
+    if b.shape:
+        d["shape"] = list(b.shape)
+    return d
 
 
 def to_json(sched: Schedule) -> str:
@@ -23,7 +37,7 @@ def to_json(sched: Schedule) -> str:
     doc = {
         "format": FORMAT, "version": VERSION,
         "meta": asdict(sched.meta),
-        "buffers": [[b.name, b.space.value, b.bytes, b.static, b.role] for b in sched.buffers.values()],
+        "buffers": [_buffer_json(b) for b in sched.buffers.values()],
         "ops": ops,
     }
     return json.dumps(doc, separators=(",", ":"))
@@ -40,7 +54,16 @@ def from_json(text: str) -> Schedule:
         raise ScheduleError(f"schedule format version {doc.get('version')!r} is not supported; this "
                             f"Horizon reads version {VERSION}")
     try:
-        buffers = {b[0]: Buffer(b[0], Space(b[1]), int(b[2]), bool(b[3]), b[4]) for b in doc["buffers"]}
+        buffers = {}
+        for d in doc["buffers"]:
+            unknown = set(d) - _BUFFER_FIELDS
+            if unknown:
+                raise ScheduleError(f"buffer {d.get('name')!r} has unknown field(s) {sorted(unknown)}")
+            try:
+                b = Buffer(**dict(d, space=Space(d["space"]), holds=Holds(d["holds"]) if d.get("holds") else None))
+            except ValueError as e:
+                raise ScheduleError(f"buffer {d.get('name')!r}: {e}") from None
+            buffers[b.name] = b
         ops = []
         for d in doc["ops"]:
             unknown = set(d) - _OP_FIELDS

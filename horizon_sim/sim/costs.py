@@ -192,10 +192,8 @@ class CostModel:
             cap = self.h2d_Bps if op.lane == Lane.H2D else self.d2h_Bps
             k = COPY_TRAFFIC if cpu else 1.0  # same time alone, k x the bus bytes
             out = [Flow(self.link_latency_s, k * op.link_bytes, k * cap, core=cpu)]
-            if op.kind == OpKind.OFFLOAD_GRADS and not op.host_bytes and any(
-                    w.startswith("gsq.") for w in op.writes):
-                # ||g||^2 of the gradient while it is still on the device
-                out.append(Flow(0.0, op.link_bytes, self.reduce_Bps, core=cpu, dram=cpu))
+            if op.reduce_bytes:  # ||g||^2 of the gradient while it is still on the device
+                out.append(Flow(0.0, op.reduce_bytes, self.reduce_Bps, core=cpu, dram=cpu))
             if op.host_bytes:  # accumulating a micro-batch's grads into the fp32 host buffer
                 out.append(Flow(0.0, op.host_bytes, self.thread_Bps, core=True))
             return out

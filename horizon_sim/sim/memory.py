@@ -14,10 +14,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from horizon_sim.schedule.effects import op_effects
-from horizon_sim.schedule.op import Lane, OpKind, Space
+from horizon_sim.schedule.op import Lane, Space
 from horizon_sim.schedule.work import WORKSPACE_ONSET
-from horizon_sim.specs.model import ModelSpec
-from horizon_sim.specs.policy import DTYPE_BYTES
 
 HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "act_checkpoints", "scalars")
 
@@ -74,7 +72,7 @@ def device_trace(sched, timeline: pd.DataFrame, staging: bool = True, effects=No
     return pd.DataFrame(rows, columns=["time_s", "bytes"])
 
 
-def _host_buffer_events(sched, timeline: pd.DataFrame, effects):
+def _host_buffer_events(sched, timeline: pd.DataFrame, effects, dma: bool = True):
     """(time, order: 0 = release first, nbytes, +1 or -1, role) of every dynamic host buffer:
     taken when the first op that writes it starts, given back when the op that frees it ends."""
     start = dict(zip(timeline.op_id, timeline.start_s))
@@ -85,34 +83,14 @@ def _host_buffer_events(sched, timeline: pd.DataFrame, effects):
             continue
         for t, order, delta, names in ((start[op.id], 1, 1, e.taken), (end[op.id], 0, -1, e.given)):
             for b in (sched.buffers[n] for n in names):
-                if b.space == Space.HOST:
+                if b.space == Space.HOST and (dma or not b.dma_only):
                     ev.append((t, order, b.bytes, delta, b.role))
     ev.sort(key=lambda x: (x[0], x[1]))
     return ev
 
 
-def link_stage_sizes(sched) -> set[int]:
-    """Bytes of the page-locked stages a DMA link (CUDA) needs for gradient offloads, one per
-    distinct size: a gradient that is added into a host accumulator, or widened into an fp32
-    host grad, first lands in a stage in the link's dtype (the host cannot add bytes still in
-    flight). The D2H lane takes one at a time and gives it back when the op ends, and the
-    executor's pool keeps one block per size (horizon_exec/backend_cuda.py _through_stage)."""
-    model = ModelSpec(**sched.meta.model)
-    link_b = DTYPE_BYTES[sched.meta.policy["grad_dtype"]]
-    params = {"emb": model.embedding_params, "head": model.head_params}
-    sizes = set()
-    for op in sched.ops:
-        if op.kind != OpKind.OFFLOAD_GRADS:
-            continue
-        for t in (n for n in op.writes if n.startswith("hgrad.")):
-            n = params.get(t.partition(".")[2], model.layer_params)
-            if t in op.reads or sched.buffers[t].bytes > n * link_b:  # accumulated, or widened
-                sizes.add(n * link_b)
-    return sizes
-
-
-def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int,
-                   stage_sizes: set[int] = frozenset(), effects=None) -> HostFootprint:
+def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int, dma: bool = True,
+                   effects=None) -> HostFootprint:
     """Static host buffers + what the executor's pool of dynamic host buffers holds + runtime.
 
     The executor keeps a freed dynamic host buffer's memory for the next buffer of exactly its
@@ -121,8 +99,9 @@ def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int,
     that size ever live at once. That is more than the highest sum of live buffers when
     sizes peak at different times: host checkpoints in the forward, per-step gradients in the
     backward of the `after` and `backward` modes. Each size's bytes go to the roles of the
-    buffers live at its peak. `stage_sizes` (link_stage_sizes, DMA links only) add one block
-    each to 'staging'. effects: op_effects(sched), when the caller has them already."""
+    buffers live at its peak. dma: the link DMAs into page-locked memory (CUDA), so the
+    gradient landing stages (Buffer.dma_only) exist; a CPU-driven link has none. effects:
+    op_effects(sched), when the caller has them already."""
     by_role = {r: 0 for r in HOST_ROLES}
     for b in sched.buffers.values():
         if b.static and b.space == Space.HOST:
@@ -130,7 +109,7 @@ def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int,
     live: dict[int, dict[str, int]] = {}  # nbytes -> role -> buffers live
     held: dict[int, dict[str, int]] = {}  # nbytes -> role -> buffers live at that size's peak
     effects = op_effects(sched) if effects is None else effects
-    for _, _, nbytes, delta, role in _host_buffer_events(sched, timeline, effects):
+    for _, _, nbytes, delta, role in _host_buffer_events(sched, timeline, effects, dma):
         roles = live.setdefault(nbytes, {})
         roles[role] = roles.get(role, 0) + delta
         if sum(roles.values()) > sum(held.get(nbytes, {}).values()):
@@ -138,6 +117,5 @@ def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int,
     for nbytes, roles in held.items():
         for role, k in roles.items():
             by_role[role] = by_role.get(role, 0) + k * nbytes
-    by_role["staging"] = by_role.get("staging", 0) + sum(stage_sizes)
     by_role["runtime"] = int(runtime_bytes)
     return HostFootprint(by_role=by_role, total_bytes=int(sum(by_role.values())))

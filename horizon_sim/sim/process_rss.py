@@ -8,8 +8,7 @@ what the process really holds in RAM on top:
   host dynamic      what the executor's pool of dynamic host buffers holds (checkpoints, staging,
                     grads: per size, the most live at once; memory.host_footprint)
   device arena      CPU backend only: the "device" is host RAM, so the device peak is RSS too
-  device constants  CPU backend only: buffers the executor keeps on the device outside the
-                    schedule (RoPE cos/sin tables, the step's labels)
+                    (the Schedule's static device buffers included: slots, RoPE tables, labels)
   allocator         CPU backend only: freed memory glibc's malloc keeps (see
                     allocator_retention_bytes); CUDA tensors live in the CUDA allocator, and
                     the host store is one allocation, so the term is negligible there
@@ -25,16 +24,6 @@ MALLOC_THREADS = 5
 main thread and the four lane workers (h2d, compute, d2h, cpu)."""
 MMAP_THRESHOLD_MAX = 32 * 2**20
 """glibc's cap on its adaptive mmap threshold on 64-bit Linux (DEFAULT_MMAP_THRESHOLD_MAX)."""
-
-
-def device_constant_bytes(model: ModelSpec, policy: Policy) -> int:
-    """Device buffers of the executor that no schedule op declares: RoPE cos and sin tables
-    (seq x head_dim, compute dtype) and the step's labels (batch x seq, int64); under document
-    masks also each token's document and position (int64) and the tables gathered at those
-    positions (batch x seq x head_dim each, compute dtype)."""
-    a, tok = DTYPE_BYTES[policy.compute_dtype], policy.batch * policy.seq
-    docs = (2 * tok * 8 + 2 * tok * model.hd * a) if policy.doc_masks else 0
-    return 2 * policy.seq * model.hd * a + tok * 8 + docs
 
 
 def largest_transient_block(model: ModelSpec, policy: Policy) -> int:
@@ -80,7 +69,6 @@ def predict_rss(result, backend: str = "cpu") -> RssPrediction:
     terms = {"runtime": int(runtime), "host store": int(store),
              "host dynamic": int(sum(by_role.values()) - store)}
     if backend == "cpu":
-        terms["device arena"] = int(result.summary.device_typical_peak_bytes)
-        terms["device constants"] = device_constant_bytes(model, policy)
+        terms["device arena"] = int(result.summary.device_typical_peak_bytes)  # constants included
         terms["allocator"] = allocator_retention_bytes(largest_transient_block(model, policy))
     return RssPrediction(terms)

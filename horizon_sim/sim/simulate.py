@@ -14,7 +14,7 @@ from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.sim.costs import CostModel
 from horizon_sim.sim.device_bound import device_peak_bound
 from horizon_sim.sim.dram import DramBus
-from horizon_sim.sim.memory import HostFootprint, device_trace, host_footprint, link_stage_sizes
+from horizon_sim.sim.memory import HostFootprint, device_trace, host_footprint
 from horizon_sim.sim.summary import Summary, summarize
 from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.hardware import HardwareSpec
@@ -95,8 +95,7 @@ def simulate(sched: Schedule, hw: HardwareSpec) -> SimResult:
     tl = run_timeline(sched, hw, costs)
     effects = op_effects(sched)  # which buffers each op takes and gives back: both traces use them
     trace = device_trace(sched, tl, staging=not hw.link.cpu_driven, effects=effects)
-    host = host_footprint(sched, tl, int(hw.host.runtime_overhead_GiB * GiB),
-                          stage_sizes=set() if hw.link.cpu_driven else link_stage_sizes(sched),
+    host = host_footprint(sched, tl, int(hw.host.runtime_overhead_GiB * GiB), dma=not hw.link.cpu_driven,
                           effects=effects)
     bound = device_peak_bound(sched, staging=not hw.link.cpu_driven, effects=effects)
     summary = summarize(sched, hw, tl, trace, host, costs, bound)

@@ -1,6 +1,6 @@
 """The figures a user reads first: speed, utilization, what is exposed, what limits the step,
 and whether it fits."""
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass
 
 import pandas as pd
 
