@@ -32,7 +32,8 @@ from dataclasses import dataclass, field, replace
 from horizon_exec.errors import DeviceBudgetError
 from horizon_exec.store import ALIGN
 from horizon_sim.errors import HorizonError
-from horizon_sim.schedule.op import Holds, Space
+from horizon_sim.schedule.op import Space
+from horizon_sim.sim.verdict import MemoryVerdict
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import DTYPE_BYTES, Policy
@@ -64,34 +65,23 @@ class DeviceAdmissionError(AdmissionError, DeviceBudgetError):
 
 @dataclass(frozen=True)
 class Admission:
-    """What the run needs and what the machine has (bytes); None available = not limited."""
-    host_by_role: dict
-    host_available_bytes: int | None
-    host_source: str
-    device_by_role: dict
-    device_available_bytes: int | None
-    device_source: str
+    """What the run needs and what the machine has: the planner's MemoryVerdict type, with
+    this executor's extras in the need and this machine's budgets as usable, plus advice."""
+    memory: MemoryVerdict
     advice: list = field(default_factory=list)
 
-    @property
-    def host_need_bytes(self) -> int:
-        return int(sum(self.host_by_role.values()))
-
-    @property
-    def device_need_bytes(self) -> int:
-        return int(sum(self.device_by_role.values()))
-
-    @property
-    def host_fits(self) -> bool:
-        return self.host_available_bytes is None or self.host_need_bytes <= self.host_available_bytes
-
-    @property
-    def device_fits(self) -> bool:
-        return self.device_available_bytes is None or self.device_need_bytes <= self.device_available_bytes
-
-    @property
-    def fits(self) -> bool:
-        return self.host_fits and self.device_fits
+    # the verdict's figures under the names admission's callers read
+    host_by_role = property(lambda self: self.memory.host_need)
+    device_by_role = property(lambda self: self.memory.device_need)
+    host_available_bytes = property(lambda self: self.memory.host_usable)
+    device_available_bytes = property(lambda self: self.memory.device_usable)
+    host_source = property(lambda self: self.memory.host_source)
+    device_source = property(lambda self: self.memory.device_source)
+    host_need_bytes = property(lambda self: self.memory.host_need_bytes)
+    device_need_bytes = property(lambda self: self.memory.device_need_bytes)
+    host_fits = property(lambda self: self.memory.host_fits)
+    device_fits = property(lambda self: self.memory.device_fits)
+    fits = property(lambda self: self.memory.fits)
 
     def line(self) -> str:
         """One line: needed vs available for both memories."""
@@ -105,9 +95,7 @@ class Admission:
                                self.device_source)))
 
     def breakdown(self) -> list[str]:
-        def fmt(roles):
-            return ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in roles.items() if v)
-        return [f"host:   {fmt(self.host_by_role)}", f"device: {fmt(self.device_by_role)}"]
+        return self.memory.breakdown()
 
     def message(self) -> str:
         """The refusal: needed vs available on the first line, then the breakdown and advice."""
@@ -234,17 +222,16 @@ def eval_bytes(model: ModelSpec, policy: Policy, cpu: bool) -> int:
 
 
 def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src, data_bytes=0) -> Admission:
-    static_dev = sched.static_bytes(Space.DEVICE)
-    dynamic = max(0, res.summary.device_peak_bytes - static_dev)
+    # the planner's verdict (weights, constants, activations_grads_workspaces; the host
+    # footprint by role), plus what this executor adds to it
+    dev = dict(res.summary.memory.device_need)
+    dynamic = dev["activations_grads_workspaces"]
     ev = eval_bytes(model, policy, cpu)
-    dev = {"weight_slots": sum(b.bytes for b in sched.of(Holds.WEIGHT_SLOT)),
-           "activations_grads_workspaces": dynamic,
-           "constants": static_dev - sum(b.bytes for b in sched.of(Holds.WEIGHT_SLOT))}
     if not cpu:  # on the device the eval reuses the step's freed memory: it counts beyond it
         dev["eval_beyond_step"] = max(0, ev - dynamic)
     if not cpu:
         dev["allocator_and_library_slack"] = CUDA_SLACK_BYTES
-    host = {k: int(v) for k, v in res.host.by_role.items()}
+    host = {k: int(v) for k, v in res.summary.memory.host_need.items()}
     host["store_padding"] = store_padding_bytes(sched)
     if data_bytes:
         host["training_data"] = int(data_bytes)
@@ -253,7 +240,8 @@ def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, de
         # its temporaries do not reuse the step's freed memory, and glibc keeps them.
         host["eval_on_calling_thread"] = ev
         host["device_on_cpu_backend"] = sum(dev.values())
-    return Admission(host, host_avail, host_src, dev, dev_avail, dev_src)
+    return Admission(MemoryVerdict(host_need=host, host_usable=host_avail, device_need=dev,
+                                   device_usable=dev_avail, host_source=host_src, device_source=dev_src))
 
 
 def unrunnable_moves() -> tuple[str, ...]:

@@ -76,7 +76,7 @@ def test_fit_verdict_and_admission_use_the_bound():
     assert not tight.fits and "device needs" in tight.why
     from horizon_exec.admission import admit
     adm = admit(cfg.model, cfg.policy, sched, device_budget_bytes=10**12, advise=False)
-    assert (adm.device_by_role["weight_slots"] + adm.device_by_role["constants"]
+    assert (adm.device_by_role["weights"] + adm.device_by_role["constants"]
             + adm.device_by_role["activations_grads_workspaces"]) == s.device_peak_bytes
 
 

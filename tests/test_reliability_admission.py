@@ -64,10 +64,10 @@ def test_device_budget_below_the_need_is_refused(monkeypatch):
     assert "device memory needs" in str(e.value).splitlines()[0]
     # the device breakdown: weight slots, the activation/gradient/workspace peak, constants
     slots = [b for b in sched.buffers.values() if b.holds == Holds.WEIGHT_SLOT]
-    assert adm.device_by_role["weight_slots"] == POL.slots * sched.meta.slot_bytes == sum(b.bytes for b in slots)
+    assert adm.device_by_role["weights"] == POL.slots * sched.meta.slot_bytes == sum(b.bytes for b in slots)
     # the constants: RoPE tables (seq x head_dim, bf16) and the step's labels (batch x seq, int64)
     assert adm.device_by_role["constants"] == 2 * POL.seq * SPEC.hd * 2 + POL.batch * POL.seq * 8
-    assert adm.device_by_role["constants"] + adm.device_by_role["weight_slots"] == sched.static_bytes(Space.DEVICE)
+    assert adm.device_by_role["constants"] + adm.device_by_role["weights"] == sched.static_bytes(Space.DEVICE)
 
 
 def test_the_advice_names_a_policy_that_then_fits():

@@ -37,6 +37,7 @@ from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.hardware_presets import device_preset, host_preset, link_preset, make_hardware
 from horizon_sim.specs.hf_config import load_model
 from horizon_sim.specs.model import ModelSpec
+from horizon_sim.sim.verdict import MemoryVerdict
 from horizon_sim.specs.policy import Policy
 from horizon_sim.units import GiB, closest, fmt_bytes, parse_size
 
@@ -79,20 +80,25 @@ class Outcome:
     def ok(self) -> bool:
         return not self.error
 
+    def verdict(self, hw: HardwareSpec) -> MemoryVerdict:
+        """This prediction against `hw`'s memories (the host's RAM may differ from the one
+        simulated: the footprint does not depend on it)."""
+        return MemoryVerdict(host_need=dict(self.host_breakdown) or {"host": self.host_bytes},
+                             host_usable=int(hw.host_bytes_usable), device_need={"device": self.device_peak_bytes},
+                             device_usable=int(hw.device_bytes_usable))
+
     def fits_device(self, hw: HardwareSpec) -> bool:
-        return self.ok and self.device_peak_bytes <= hw.device_bytes_usable
+        return self.ok and self.verdict(hw).device_fits
 
     def fits_host(self, hw: HardwareSpec) -> bool:
-        return self.ok and self.host_bytes <= hw.host_bytes_usable
+        return self.ok and self.verdict(hw).host_fits
 
     def fits(self, hw: HardwareSpec) -> bool:
-        return self.fits_device(hw) and self.fits_host(hw)
+        return self.ok and self.verdict(hw).fits
 
     def shortfall(self, hw: HardwareSpec) -> float:
         """Need over what is usable, of the tighter memory (<= 1 when it fits)."""
-        if not self.ok:
-            return math.inf
-        return max(self.device_peak_bytes / hw.device_bytes_usable, self.host_bytes / hw.host_bytes_usable)
+        return self.verdict(hw).shortfall() if self.ok else math.inf
 
     def ram_needed_bytes(self, hw: HardwareSpec) -> int:
         """Installed RAM the host footprint needs on this host type (the OS reserve added)."""
@@ -100,14 +106,7 @@ class Outcome:
 
     def why_not(self, hw: HardwareSpec) -> str:
         """One phrase: what does not fit and by how much ('' when it fits)."""
-        if not self.ok:
-            return self.error
-        out = []
-        if not self.fits_device(hw):
-            out.append(f"device short by {fmt_bytes(self.device_peak_bytes - hw.device_bytes_usable)}")
-        if not self.fits_host(hw):
-            out.append(f"host short by {fmt_bytes(self.host_bytes - hw.host_bytes_usable)}")
-        return ", ".join(out)
+        return self.verdict(hw).short() if self.ok else self.error
 
 
 def round_up_ram(nbytes: int, step: int = RAM_STEP_BYTES) -> int:

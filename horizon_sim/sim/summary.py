@@ -4,7 +4,8 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-from horizon_sim.schedule.op import Lane, OpKind
+from horizon_sim.schedule.op import Lane, OpKind, Space
+from horizon_sim.sim.verdict import MemoryVerdict
 from horizon_sim.units import fmt_bytes
 
 _EPS = 1e-12
@@ -41,6 +42,8 @@ class Summary:
     host_usable_bytes: int
     fits: bool
     why: str
+    memory: MemoryVerdict
+    """The verdict behind fits and why (verdict.py: need by role against usable)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,8 +125,8 @@ def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None 
             bottleneck = f"link ({busiest} copies)"
     typical = int(trace.bytes.max())
     dev_peak = max(typical, device_bound_bytes if device_bound_bytes is not None else typical)
-    dev_ok = dev_peak <= hw.device_bytes_usable
-    host_ok = host.total_bytes <= hw.host_bytes_usable
+    memory = memory_verdict(sched, hw, host, dev_peak)
+    dev_ok, host_ok = memory.device_fits, memory.host_fits
     reasons = []
     if not dev_ok:
         reasons.append(f"device needs {fmt_bytes(dev_peak)} but {hw.device.name} has "
@@ -146,4 +149,19 @@ def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None 
         device_peak_bytes=dev_peak, device_typical_peak_bytes=typical,
         device_usable_bytes=int(hw.device_bytes_usable),
         host_bytes=host.total_bytes, host_usable_bytes=int(hw.host_bytes_usable),
-        fits=dev_ok and host_ok, why=why)
+        fits=memory.fits, why=why, memory=memory)
+
+
+def memory_verdict(sched, hw, host, device_bytes: int) -> MemoryVerdict:
+    """The planner's verdict: the host footprint by role, and the device need (the bound) as
+    the Schedule's static buffers by role plus what the step adds, against the machine's
+    usable memories."""
+    static = {}
+    for b in sched.buffers.values():
+        if b.static and b.space == Space.DEVICE:
+            static[b.role] = static.get(b.role, 0) + b.bytes
+    device = {**static, "activations_grads_workspaces": device_bytes - sum(static.values())}
+    return MemoryVerdict(host_need=dict(host.by_role), host_usable=int(hw.host_bytes_usable),
+                         device_need=device, device_usable=int(hw.device_bytes_usable),
+                         host_source=f"{fmt_bytes(hw.host.ram_GiB * 2**30)} RAM less the OS reserve",
+                         device_source=f"{hw.device.name} less its reserve")
