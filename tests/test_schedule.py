@@ -17,7 +17,6 @@ from horizon_sim.schedule.op import LANE_OF
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
-K_ = OpKind
 L = 7  # not divisible by 2 or 3: the first backward block is short
 
 
@@ -48,7 +47,7 @@ def _of(sched, kind, layer=None, micro=None):
 
 
 def _n_loads(sched):
-    return len(_of(sched, K_.LOAD_WEIGHTS))
+    return len(_of(sched, OpKind.LOAD_WEIGHTS))
 
 
 def _compute_ops(sched):
@@ -67,42 +66,42 @@ def _check_structure(sched, model, policy):
         assert all(0 <= d < op.id for d in op.deps), f"{op.label} depends forward in program order"
 
     count = lambda kind: len(_of(sched, kind))
-    assert count(K_.FORWARD) == mb * Ln
-    assert count(K_.BACKWARD) == mb * Ln
-    assert count(K_.HEAD) == mb
+    assert count(OpKind.FORWARD) == mb * Ln
+    assert count(OpKind.BACKWARD) == mb * Ln
+    assert count(OpKind.HEAD) == mb
     # RECOMPUTE only when K > 1: the K-1 inner boundaries of every block, per micro-batch.
-    assert count(K_.RECOMPUTE) == mb * (Ln - n_blocks)
-    assert (count(K_.RECOMPUTE) > 0) == (K > 1)
+    assert count(OpKind.RECOMPUTE) == mb * (Ln - n_blocks)
+    assert (count(OpKind.RECOMPUTE) > 0) == (K > 1)
     # checkpoint copies only when checkpoints live on the host: one per block, each way.
     host_ck = policy.act_ckpt_on == "host"
-    assert count(K_.SAVE_CKPT) == (mb * n_blocks if host_ck else 0)
-    assert count(K_.LOAD_CKPT) == (mb * n_blocks if host_ck else 0)
-    assert sorted(op.layer for op in _of(sched, K_.SAVE_CKPT, micro=0)) == \
+    assert count(OpKind.SAVE_CKPT) == (mb * n_blocks if host_ck else 0)
+    assert count(OpKind.LOAD_CKPT) == (mb * n_blocks if host_ck else 0)
+    assert sorted(op.layer for op in _of(sched, OpKind.SAVE_CKPT, micro=0)) == \
         (list(range(0, Ln, K)) if host_ck else [])
-    for kind in (K_.EMBED_FWD, K_.LOAD_INPUT, K_.OFFLOAD_INPUT_GRAD, K_.EMBED_BWD):
+    for kind in (OpKind.EMBED_FWD, OpKind.LOAD_INPUT, OpKind.OFFLOAD_INPUT_GRAD, OpKind.EMBED_BWD):
         assert count(kind) == mb
-    assert count(K_.OFFLOAD_GRADS) == mb * (Ln + 1)
-    assert count(K_.GRAD_NORM) == 1
+    assert count(OpKind.OFFLOAD_GRADS) == mb * (Ln + 1)
+    assert count(OpKind.GRAD_NORM) == 1
 
     # exactly one OPTIMIZER per unit (L + 2 units) per step
-    opt = _of(sched, K_.OPTIMIZER)
+    opt = _of(sched, OpKind.OPTIMIZER)
     assert sorted(op.layer for op in opt) == sorted(units)
     assert len(opt) == Ln + 2
     # prev_step optimizer ops only (and always) in pipelined mode
     assert all(op.prev_step == (policy.optimizer == "pipelined") for op in opt)
-    assert not any(op.prev_step for op in sched.ops if op.kind != K_.OPTIMIZER)
-    gnorm = _of(sched, K_.GRAD_NORM)[0]
+    assert not any(op.prev_step for op in sched.ops if op.kind != OpKind.OPTIMIZER)
+    gnorm = _of(sched, OpKind.GRAD_NORM)[0]
     for o in opt:
         if policy.optimizer == "after":
             assert o.id > gnorm.id
         elif policy.optimizer == "backward":
             # right after the last micro-batch's gradient of that unit arrives on the host
             assert o.id < gnorm.id
-            arrives = (_of(sched, K_.EMBED_BWD, micro=mb - 1) if o.layer == EMBED
-                       else _of(sched, K_.OFFLOAD_GRADS, o.layer, mb - 1))
+            arrives = (_of(sched, OpKind.EMBED_BWD, micro=mb - 1) if o.layer == EMBED
+                       else _of(sched, OpKind.OFFLOAD_GRADS, o.layer, mb - 1))
             assert arrives[0].id < o.id
         else:  # pipelined: before the first load of that unit's weights in this step
-            first_load = min(op.id for op in sched.ops if op.kind in (K_.LOAD_WEIGHTS, K_.EMBED_FWD)
+            first_load = min(op.id for op in sched.ops if op.kind in (OpKind.LOAD_WEIGHTS, OpKind.EMBED_FWD)
                              and any(r.endswith(f".{_unit_name(o.layer, Ln)}") for r in op.reads))
             assert o.id < first_load
             assert gnorm.id not in o.deps
@@ -111,7 +110,7 @@ def _check_structure(sched, model, policy):
     slot_holds = {}
     last_compute_slot = None
     for op in sched.ops:
-        if op.kind == K_.LOAD_WEIGHTS:
+        if op.kind == OpKind.LOAD_WEIGHTS:
             assert 0 <= op.slot < policy.slots
             assert op.writes == (f"w{op.slot}",)
             # never into the slot the previous compute op uses, so a load can overlap compute
@@ -125,14 +124,14 @@ def _check_structure(sched, model, policy):
     # link bytes of a weight load follow the precision policy
     act = 2 if policy.compute_dtype == "bf16" else 4
     per_param = act if (policy.working_copy or policy.compute_dtype == "fp32") else 4
-    for op in _of(sched, K_.LOAD_WEIGHTS):
+    for op in _of(sched, OpKind.LOAD_WEIGHTS):
         dev_params = model.head_device_params if op.layer == Ln else model.layer_params
         assert op.link_bytes == dev_params * per_param
         src = "wc" if policy.working_copy else "master"
         assert f"{src}.{_unit_name(op.layer, Ln)}" in op.reads
         if op.layer == Ln:  # the tied head streams the embedding matrix from the host store
             assert (f"{src}.emb" in op.reads) == model.tied_embeddings
-    for op in _of(sched, K_.OFFLOAD_GRADS, Ln):
+    for op in _of(sched, OpKind.OFFLOAD_GRADS, Ln):
         assert ("hgrad.emb" in op.writes) == model.tied_embeddings
 
     # static host store: master and moments of every unit, working copy only when asked
@@ -176,13 +175,13 @@ def test_loads_k1_two_slots_is_2L_plus_1_minus_resident_reuse(n_layers):
     assert len(_compute_ops(sched)) == naive
     assert _n_loads(sched) == naive - 1
     # the saved load is the last block's backward
-    bwd_last = _of(sched, K_.BACKWARD, n_layers - 1)[0]
-    loads_of_last = _of(sched, K_.LOAD_WEIGHTS, n_layers - 1)
-    assert len(loads_of_last) == 1 and loads_of_last[0].id < _of(sched, K_.HEAD)[0].id < bwd_last.id
+    bwd_last = _of(sched, OpKind.BACKWARD, n_layers - 1)[0]
+    loads_of_last = _of(sched, OpKind.LOAD_WEIGHTS, n_layers - 1)
+    assert len(loads_of_last) == 1 and loads_of_last[0].id < _of(sched, OpKind.HEAD)[0].id < bwd_last.id
     # bytes on the link agree with the count
     w = _model(n_layers).layer_params * 2
     head = _model(n_layers).head_device_params * 2
-    assert sum(op.link_bytes for op in _of(sched, K_.LOAD_WEIGHTS)) == (2 * n_layers - 1) * w + head
+    assert sum(op.link_bytes for op in _of(sched, OpKind.LOAD_WEIGHTS)) == (2 * n_layers - 1) * w + head
 
 
 def test_loads_k1_later_micro_batches_reuse_the_first_two_layers():
@@ -190,7 +189,7 @@ def test_loads_k1_later_micro_batches_reuse_the_first_two_layers():
     micro-batch m+1's forward starts with."""
     Ln = 7
     sched = build_schedule(_model(Ln), _policy(act_ckpt_every=1, slots=2, micro_batches=2))
-    per_micro = [len(_of(sched, K_.LOAD_WEIGHTS, micro=m)) for m in (0, 1)]
+    per_micro = [len(_of(sched, OpKind.LOAD_WEIGHTS, micro=m)) for m in (0, 1)]
     assert per_micro == [2 * Ln, 2 * Ln - 2]
 
 
@@ -218,7 +217,7 @@ def test_loads_when_every_unit_fits_in_a_slot_each_unit_is_loaded_once():
     Ln = 5
     for K in (1, 2, 3):
         sched = build_schedule(_model(Ln), _policy(act_ckpt_every=K, slots=Ln + 1 + 1))
-        layers = sorted(op.layer for op in _of(sched, K_.LOAD_WEIGHTS))
+        layers = sorted(op.layer for op in _of(sched, OpKind.LOAD_WEIGHTS))
         assert layers == list(range(Ln + 1)), K
 
 
@@ -246,8 +245,8 @@ def test_unmodified_schedule_validates(good):
 
 
 def test_forward_without_its_weight_load_is_rejected(good):
-    fwd = _of(good, K_.FORWARD, 3)[0]
-    load = max((op for op in _of(good, K_.LOAD_WEIGHTS) if op.id < fwd.id and op.slot == fwd.slot),
+    fwd = _of(good, OpKind.FORWARD, 3)[0]
+    load = max((op for op in _of(good, OpKind.LOAD_WEIGHTS) if op.id < fwd.id and op.slot == fwd.slot),
                key=lambda op: op.id)
     assert load.layer == 3
     with pytest.raises(ScheduleError, match=rf"reads 'w{fwd.slot}' without waiting for op {load.id}"):
@@ -255,15 +254,15 @@ def test_forward_without_its_weight_load_is_rejected(good):
 
 
 def test_offload_grads_without_its_backward_is_rejected(good):
-    og = _of(good, K_.OFFLOAD_GRADS, 2)[0]
-    bwd = _of(good, K_.BACKWARD, 2)[0]
+    og = _of(good, OpKind.OFFLOAD_GRADS, 2)[0]
+    bwd = _of(good, OpKind.BACKWARD, 2)[0]
     with pytest.raises(ScheduleError, match=r"reads 'dgrad\.2\.m0' without waiting"):
         check_schedule(_drop_dep(good, og, bwd.id))
 
 
 def test_weight_load_into_a_slot_still_in_use_is_rejected(good):
     """WAR: the first reload of a slot must wait for the compute op that last used it."""
-    for load in _of(good, K_.LOAD_WEIGHTS):
+    for load in _of(good, OpKind.LOAD_WEIGHTS):
         users = [op for op in good.ops if op.lane == Lane.COMPUTE and op.id < load.id
                  and op.slot == load.slot]
         if users:
@@ -277,7 +276,7 @@ def test_weight_load_into_a_slot_still_in_use_is_rejected(good):
 def test_every_load_after_the_first_use_of_its_slot_waits_for_that_slot(good):
     """Drop the WAR dep of each reloading LOAD_WEIGHTS in turn: every one is essential."""
     n = 0
-    for load in _of(good, K_.LOAD_WEIGHTS):
+    for load in _of(good, OpKind.LOAD_WEIGHTS):
         users = [op for op in good.ops if op.lane == Lane.COMPUTE and op.id < load.id
                  and op.slot == load.slot]
         if not users:
@@ -291,17 +290,17 @@ def test_every_load_after_the_first_use_of_its_slot_waits_for_that_slot(good):
 def test_use_after_free_is_rejected(good):
     """Device checkpoints: x.m0.0 lives from forward[0] to backward[0]. An earlier op that
     frees it leaves backward[0] reading freed memory."""
-    og_head = _of(good, K_.OFFLOAD_GRADS, 5)[0]
-    bwd0 = _of(good, K_.BACKWARD, 0)[0]
+    og_head = _of(good, OpKind.OFFLOAD_GRADS, 5)[0]
+    bwd0 = _of(good, OpKind.BACKWARD, 0)[0]
     assert og_head.id < bwd0.id and "x.m0.0" in bwd0.reads
     with pytest.raises(ScheduleError, match=rf"op {bwd0.id} .* reads 'x\.m0\.0' after it was freed"):
         check_schedule(_with(good, og_head.id, frees=og_head.frees + ("x.m0.0",)))
 
 
 def test_dependency_cycle_is_rejected(good):
-    fwd = _of(good, K_.FORWARD, 0)[0]
+    fwd = _of(good, OpKind.FORWARD, 0)[0]
     load = good.ops[fwd.deps[0]]
-    assert load.kind == K_.LOAD_WEIGHTS
+    assert load.kind == OpKind.LOAD_WEIGHTS
     # the load now waits for the forward that waits for the load
     with pytest.raises(ScheduleError, match="cycle"):
         check_schedule(_with(good, load.id, deps=load.deps + (fwd.id,)))
@@ -309,8 +308,8 @@ def test_dependency_cycle_is_rejected(good):
 
 def test_cycle_through_lane_order_is_rejected(good):
     """A dep on a later op of the same lane is a cycle through FIFO order."""
-    first_fwd = _of(good, K_.FORWARD, 0)[0]
-    later_bwd = _of(good, K_.BACKWARD, 0)[0]
+    first_fwd = _of(good, OpKind.FORWARD, 0)[0]
+    later_bwd = _of(good, OpKind.BACKWARD, 0)[0]
     with pytest.raises(ScheduleError, match="cycle"):
         check_schedule(_with(good, first_fwd.id, deps=first_fwd.deps + (later_bwd.id,)))
 
@@ -326,23 +325,23 @@ def test_dependency_on_missing_op_is_rejected(good):
 
 
 def test_unknown_buffer_is_rejected(good):
-    fwd = _of(good, K_.FORWARD, 1)[0]
+    fwd = _of(good, OpKind.FORWARD, 1)[0]
     with pytest.raises(ScheduleError, match="unknown buffer 'w9'"):
         check_schedule(_with(good, fwd.id, reads=fwd.reads + ("w9",)))
 
 
 def test_unbalanced_dynamic_buffer_is_rejected(good):
-    og = _of(good, K_.OFFLOAD_GRADS, 1)[0]
+    og = _of(good, OpKind.OFFLOAD_GRADS, 1)[0]
     assert og.frees == ("dgrad.1.m0",)
     with pytest.raises(ScheduleError, match=r"does not balance.*'dgrad\.1\.m0'"):
         check_schedule(_with(good, og.id, frees=()))
 
 
 def test_freeing_a_static_buffer_or_twice_is_rejected(good):
-    og = _of(good, K_.OFFLOAD_GRADS, 1)[0]
+    og = _of(good, OpKind.OFFLOAD_GRADS, 1)[0]
     with pytest.raises(ScheduleError, match="frees static buffer 'w0'"):
         check_schedule(_with(good, og.id, frees=og.frees + ("w0",)))
-    og0 = _of(good, K_.OFFLOAD_GRADS, 0)[0]
+    og0 = _of(good, OpKind.OFFLOAD_GRADS, 0)[0]
     with pytest.raises(ScheduleError, match="not allocated|after it was freed"):
         check_schedule(_with(good, og0.id, frees=og0.frees + ("dgrad.1.m0",)))
 

@@ -82,7 +82,6 @@ from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkS
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
-K_ = OpKind
 US = 1e-6
 
 # ---- the toy machine, in round numbers -------------------------------------------------------
@@ -178,14 +177,14 @@ def test_toy_sizes_match_the_model_spec():
 
 def test_schedule_is_the_one_worked_on_paper(sched):
     want = [
-        (K_.EMBED_FWD, EMBED, ()), (K_.LOAD_INPUT, EMBED, (0,)), (K_.LOAD_WEIGHTS, 0, ()),
-        (K_.FORWARD, 0, (2,)), (K_.LOAD_WEIGHTS, 1, ()), (K_.FORWARD, 1, (4,)),
-        (K_.LOAD_WEIGHTS, 2, (3,)), (K_.HEAD, 2, (6,)), (K_.OFFLOAD_GRADS, 2, (7,)),
-        (K_.BACKWARD, 1, (4,)), (K_.OFFLOAD_GRADS, 1, (9,)), (K_.LOAD_WEIGHTS, 0, (7,)),
-        (K_.BACKWARD, 0, (8, 11)), (K_.OFFLOAD_GRADS, 0, (12,)), (K_.OFFLOAD_INPUT_GRAD, EMBED, (12,)),
-        (K_.EMBED_BWD, EMBED, (14,)), (K_.GRAD_NORM, -1, (13,)),
-        (K_.OPTIMIZER, EMBED, None), (K_.OPTIMIZER, 0, None), (K_.OPTIMIZER, 1, None),
-        (K_.OPTIMIZER, 2, None),
+        (OpKind.EMBED_FWD, EMBED, ()), (OpKind.LOAD_INPUT, EMBED, (0,)), (OpKind.LOAD_WEIGHTS, 0, ()),
+        (OpKind.FORWARD, 0, (2,)), (OpKind.LOAD_WEIGHTS, 1, ()), (OpKind.FORWARD, 1, (4,)),
+        (OpKind.LOAD_WEIGHTS, 2, (3,)), (OpKind.HEAD, 2, (6,)), (OpKind.OFFLOAD_GRADS, 2, (7,)),
+        (OpKind.BACKWARD, 1, (4,)), (OpKind.OFFLOAD_GRADS, 1, (9,)), (OpKind.LOAD_WEIGHTS, 0, (7,)),
+        (OpKind.BACKWARD, 0, (8, 11)), (OpKind.OFFLOAD_GRADS, 0, (12,)), (OpKind.OFFLOAD_INPUT_GRAD, EMBED, (12,)),
+        (OpKind.EMBED_BWD, EMBED, (14,)), (OpKind.GRAD_NORM, -1, (13,)),
+        (OpKind.OPTIMIZER, EMBED, None), (OpKind.OPTIMIZER, 0, None), (OpKind.OPTIMIZER, 1, None),
+        (OpKind.OPTIMIZER, 2, None),
     ]
     assert len(sched.ops) == len(want)
     for op, (kind, layer, deps) in zip(sched.ops, want):

@@ -1,4 +1,5 @@
-"""Schedule structural check (not to be confused with `horizon validate`, predicted vs measured): ids, lanes, acyclicity, data hazards through buffers, memory balance.
+"""Schedule structural check (not `horizon validate`, which is predicted vs measured): ids,
+lanes, acyclicity, data hazards through buffers, memory balance, typed buffer fields.
 
 Hazards are checked against program order: for each buffer, a read must be ordered after the
 latest write (RAW), a write after every earlier read and write since (WAR, WAW: this is "no
@@ -7,7 +8,7 @@ reachable through deps plus each lane's FIFO order, the only orders either inter
 from collections import defaultdict
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.schedule.op import LANE_OF, OpKind
+from horizon_sim.schedule.op import DTYPE_BYTES_OF, LANE_OF, Holds, OpKind
 
 
 class ScheduleError(HorizonError):
@@ -65,7 +66,28 @@ def ancestors(sched) -> list[int]:
     return anc
 
 
+def _check_buffers(sched) -> None:
+    """Every buffer says what it holds, and its size is its shape times its dtype's size; no
+    two buffers hold the same thing for the same unit, micro-batch and boundary."""
+    seen = {}
+    for name, b in sched.buffers.items():
+        if b.name != name:
+            raise ScheduleError(f"buffer listed as {name!r} is named {b.name!r}")
+        if not isinstance(b.holds, Holds):
+            raise ScheduleError(f"buffer {name!r} does not say what it holds")
+        if b.dtype not in DTYPE_BYTES_OF:
+            raise ScheduleError(f"buffer {name!r} has dtype {b.dtype!r}; known: {', '.join(DTYPE_BYTES_OF)}")
+        if b.numel * DTYPE_BYTES_OF[b.dtype] != b.bytes or not b.shape:
+            raise ScheduleError(f"buffer {name!r}: shape {b.shape} of {b.dtype} is not {b.bytes} bytes")
+        key = (b.holds, b.unit, b.micro, b.layer)
+        if key in seen:
+            raise ScheduleError(f"buffers {seen[key]!r} and {name!r} both hold {b.holds.value} for the same "
+                                "unit, micro-batch and boundary")
+        seen[key] = name
+
+
 def check_schedule(sched) -> None:
+    _check_buffers(sched)
     ops = sched.ops
     for pos, op in enumerate(ops):
         if op.id != pos:

@@ -25,34 +25,20 @@ forward would, taken as the anchor, admit every activation the forward ever make
 """
 import numpy as np
 
+from horizon_sim.schedule.check import _predecessors, topo_order
 from horizon_sim.schedule.effects import op_effects
 from horizon_sim.schedule.op import Lane, Space
 
 
 def _order_and_edges(sched):
-    """(topological order, predecessors per op): deps plus each op's lane predecessor."""
-    n = len(sched.ops)
-    preds: list[list[int]] = [list(op.deps) for op in sched.ops]
-    for lane in sched.lanes:
-        ops = sched.lane_ops(lane)
-        for a, b in zip(ops, ops[1:]):
-            preds[b.id].append(a.id)
-    succs: list[list[int]] = [[] for _ in range(n)]
-    indeg = [0] * n
+    """(topological order, predecessors, successors per op): deps plus each op's lane
+    predecessor (check.py's view of the order)."""
+    preds = [sorted(set(ps)) for ps in _predecessors(sched)]
+    succs: list[list[int]] = [[] for _ in preds]
     for o, ps in enumerate(preds):
-        for p in set(ps):
+        for p in ps:
             succs[p].append(o)
-            indeg[o] += 1
-    ready = [o for o in range(n) if indeg[o] == 0]
-    order = []
-    while ready:
-        o = ready.pop()
-        order.append(o)
-        for s in succs[o]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                ready.append(s)
-    return order, [sorted(set(ps)) for ps in preds], succs
+    return topo_order(sched), preds, succs
 
 
 def _bits(x: int, n: int) -> np.ndarray:

@@ -1,0 +1,122 @@
+"""The buffers of one step, declared with their typed fields (op.Buffer): what each holds,
+its unit, micro-batch or boundary, shape and dtype. Names are made here, for display and
+JSON; nothing reads meaning out of them. Each `declare` method returns the name ops list."""
+from horizon_sim.schedule.op import DTYPE_BYTES_OF, EMBED, Buffer, Holds, Space
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import Policy
+
+
+class Declarations:
+    def __init__(self, model: ModelSpec, policy: Policy):
+        self.m, self.p = model, policy
+        self.head = model.n_layers
+        self.buffers: dict[str, Buffer] = {}
+        # Host grads accumulate over micro-batches in fp32; otherwise they stay as they arrive.
+        self.host_grad_dtype = "fp32" if policy.micro_batches > 1 else policy.grad_dtype
+        self.grads_static = policy.optimizer == "pipelined"  # they cross the step boundary
+        a = DTYPE_BYTES_OF[policy.compute_dtype]
+        self.slot_bytes = max(model.layer_params, model.head_device_params) * a
+
+    # ---- sizes ---------------------------------------------------------------------------------
+    def host_params(self, u: int) -> int:
+        """Parameters unit `u` keeps on the host (a tied head: its norm; the matrix is the embedding's)."""
+        m = self.m
+        return m.embedding_params if u == EMBED else m.head_params if u == self.head else m.layer_params
+
+    def dev_params(self, u: int) -> int:
+        """Parameters unit `u` needs on the device (the head: its LM head matrix even when tied)."""
+        return self.m.head_device_params if u == self.head else self.m.layer_params
+
+    def unit_label(self, u: int) -> str:
+        return {EMBED: "emb", self.head: "head"}.get(u, str(u))
+
+    # ---- declaring ---------------------------------------------------------------------------------
+    def declare(self, name, space, holds, shape, dtype, static=False, role="", *, unit=None, micro=None,
+                layer=None, dma_only=False) -> str:
+        """Declare a buffer once and return its name."""
+        if name not in self.buffers:
+            shape = tuple(int(d) for d in shape)
+            n = 1
+            for d in shape:
+                n *= d
+            pooled = space == Space.HOST and not static  # the executor's exact-size host pool
+            self.buffers[name] = Buffer(name, space, n * DTYPE_BYTES_OF[dtype], static, role, holds, unit, micro,
+                                        layer, shape, dtype, pooled, dma_only)
+        return name
+
+    def _rows(self):  # (micro_batch, seq, hidden): an activation-sized buffer
+        return (self.p.micro_batch, self.p.seq, self.m.hidden)
+
+    def x(self, m: int, layer: int) -> str:
+        """The boundary activation entering block `layer` (layer L: entering the head)."""
+        return self.declare(f"x.m{m}.{layer}", Space.DEVICE, Holds.ACTIVATION, self._rows(), self.p.compute_dtype,
+                            role="activations", micro=m, layer=layer)
+
+    def dx(self, m: int, layer: int) -> str:
+        return self.declare(f"dx.m{m}.{layer}", Space.DEVICE, Holds.ACTIVATION_GRAD, self._rows(),
+                            self.p.compute_dtype, role="activations", micro=m, layer=layer)
+
+    def host_rows(self, name: str, holds: Holds, m: int, role: str, layer: int | None = None) -> str:
+        """An activation-sized host buffer: embedded rows, a kept boundary, the input's grad."""
+        return self.declare(name, Space.HOST, holds, self._rows(), self.p.compute_dtype, role=role, micro=m,
+                            layer=layer)
+
+    def weight_slot(self, s: int) -> str:
+        a = DTYPE_BYTES_OF[self.p.compute_dtype]
+        return self.declare(f"w{s}", Space.DEVICE, Holds.WEIGHT_SLOT, (self.slot_bytes // a,), self.p.compute_dtype,
+                            True, "weights", layer=s)
+
+    def dgrad(self, u: int, m: int) -> str:
+        return self.declare(f"dgrad.{self.unit_label(u)}.m{m}", Space.DEVICE, Holds.DEVICE_GRAD,
+                            (self.dev_params(u),), self.p.compute_dtype, role="grads", unit=u, micro=m)
+
+    def hgrad(self, u: int) -> str:
+        # A tied embedding's grad sums the LM head's and the scatter-add's: keep it in fp32.
+        dtype = "fp32" if u == EMBED and self.m.tied_embeddings else self.host_grad_dtype
+        return self.declare(f"hgrad.{self.unit_label(u)}", Space.HOST, Holds.HOST_GRAD, (self.host_params(u),),
+                            dtype, static=self.grads_static, role="grads", unit=u)
+
+    def host_store(self, u: int) -> list[str]:
+        """A unit's static host buffers: master, moments, and the working copy when there is one."""
+        n, params, p = self.unit_label(u), self.host_params(u), self.p
+        names = [self.declare(f"master.{n}", Space.HOST, Holds.MASTER, (params,), p.master_dtype, True, "master",
+                              unit=u),
+                 self.declare(f"moments.{n}", Space.HOST, Holds.MOMENTS, (2, params), p.states_dtype, True,
+                              "moments", unit=u)]
+        if p.working_copy:
+            names.append(self.declare(f"wc.{n}", Space.HOST, Holds.WORKING_COPY, (params,), p.compute_dtype, True,
+                                      "working_copy", unit=u))
+        return names
+
+    def weights_of(self, u: int) -> str:
+        """What a unit's weights load from: its working copy, else its master."""
+        return self.host_store(u)[2 if self.p.working_copy else 0]
+
+    def gsq(self, u: int) -> str:
+        return self.declare(f"gsq.{self.unit_label(u)}", Space.HOST, Holds.GRAD_SQ, (1,), "fp64", True, "scalars",
+                            unit=u)
+
+    def gnorm(self) -> str:
+        return self.declare("gnorm", Space.HOST, Holds.GRAD_NORM, (1,), "fp64", True, "scalars")
+
+    def link_stage(self, target: str) -> str:
+        """Where a DMA link lands a gradient piece that the host then adds or widens into
+        `target` (the host cannot read bytes still in flight): page-locked, one per size in
+        the executor's pool (horizon_exec/backend_cuda.py _through_stage)."""
+        t = self.buffers[target]
+        return self.declare(f"stage.{target}", Space.HOST, Holds.LINK_STAGE, t.shape, self.p.grad_dtype,
+                            role="staging", unit=t.unit, dma_only=True)
+
+    def device_constants(self) -> None:
+        """Device tensors every step uses: RoPE tables, the step's labels and, under document
+        masks, each token's document and position and the tables gathered at those."""
+        p, m, c = self.p, self.m, dict(static=True, role="constants")
+        self.declare("rope.cos", Space.DEVICE, Holds.ROPE_COS, (p.seq, m.hd), p.compute_dtype, **c)
+        self.declare("rope.sin", Space.DEVICE, Holds.ROPE_SIN, (p.seq, m.hd), p.compute_dtype, **c)
+        self.declare("labels", Space.DEVICE, Holds.LABELS, (p.batch, p.seq), "int64", **c)
+        if p.doc_masks:
+            self.declare("docs", Space.DEVICE, Holds.DOCS, (p.batch, p.seq), "int64", **c)
+            self.declare("positions", Space.DEVICE, Holds.POSITIONS, (p.batch, p.seq), "int64", **c)
+            rows = (p.batch, 1, p.seq, m.hd)
+            self.declare("rope.cos.rows", Space.DEVICE, Holds.ROPE_COS_ROWS, rows, p.compute_dtype, **c)
+            self.declare("rope.sin.rows", Space.DEVICE, Holds.ROPE_SIN_ROWS, rows, p.compute_dtype, **c)
