@@ -190,10 +190,8 @@ def test_budget_exceeded_in_a_step_names_the_op():
     pol = exact_policy(batch=2, seq=16, act_ckpt_on="host")
     with Trainer(_spec(), pol) as tr:
         tr.arena.budget = tr.arena.live + 1024  # room for the slots, not for a step
-        t0 = time.monotonic()
         with pytest.raises(ExecError, match=r"op \d+ \w+\[.*\] on lane \w+ failed: DeviceBudgetError") as e:
             tr.step(_tokens(pol))
-        assert time.monotonic() - t0 < 10
         assert isinstance(e.value.__cause__, DeviceBudgetError)
         with pytest.raises(ExecError, match="failed earlier"):
             tr.step(_tokens(pol))
@@ -211,10 +209,8 @@ def test_exception_in_a_lane_reaches_the_caller(kind, layer, lane):
                 raise RuntimeError("injected fault")
         tr.engine.hook = boom
         target = next(o for o in tr.sched.ops if o.kind == kind and o.layer == layer)
-        t0 = time.monotonic()
         with pytest.raises(ExecError) as e:
             tr.step(_tokens(pol))
-        assert time.monotonic() - t0 < 10
         msg = str(e.value)
         assert f"op {target.id} {target.label} on lane {lane.value}" in msg and "injected fault" in msg
         assert e.value.op == target
@@ -223,12 +219,23 @@ def test_exception_in_a_lane_reaches_the_caller(kind, layer, lane):
 
 def test_a_stuck_op_times_out_instead_of_hanging():
     pol = exact_policy(batch=2, seq=16)
+    # No clock in the assertion: the stuck op only returns when the test releases it, so the
+    # error can only reach us before that if the engine stopped waiting for the op by itself.
+    release, finished = threading.Event(), []
+
+    def stuck(op):
+        if op.kind == OpKind.LOAD_WEIGHTS and op.layer == 1:
+            release.wait(60)
+            finished.append(op)
+
     with Trainer(_spec(), pol, timeout_s=0.3) as tr:
-        tr.engine.hook = lambda op: time.sleep(1.5) if op.kind == OpKind.LOAD_WEIGHTS and op.layer == 1 else None
-        t0 = time.monotonic()
-        with pytest.raises(ExecError, match="load_weights\\[1\\]"):
-            tr.step(_tokens(pol))
-        assert time.monotonic() - t0 < 1.4
+        tr.engine.hook = stuck
+        try:
+            with pytest.raises(ExecError, match="load_weights\\[1\\]"):
+                tr.step(_tokens(pol))
+            assert not finished  # the caller heard of the stuck op while it was still stuck
+        finally:
+            release.set()
 
 
 # ---- CLI ------------------------------------------------------------------------------------------

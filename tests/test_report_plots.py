@@ -106,16 +106,21 @@ def test_bar_labels_do_not_collide(which, request):
             assert right <= left
 
 
-def test_hundreds_of_ops_stay_fast():
-    import time
+def test_hundreds_of_ops_draw_as_a_few_artists():
+    # What keeps a long step's plot cheap, checked by counting artists rather than timing the
+    # draw: one bar collection per (lane, op kind), never one patch per op, and thin bars
+    # carry no label.
     spec = dataclasses.replace(model_preset("llama-2-7b"), n_layers=80)
     r = plan(spec, gpu="h100-pcie", policy=Policy(act_ckpt_every=4, micro_batches=2))
     assert len(r.timeline) > 500
-    t0 = time.perf_counter()
     fig = plot_overlap(r)
     FigureCanvasAgg(fig).draw()
-    assert time.perf_counter() - t0 < 5.0
-    assert len(fig.axes[0].texts) < len(r.timeline) / 2  # thin bars stay unlabelled
+    lanes = fig.axes[0]
+    groups = r.timeline.groupby(["lane", "kind"]).ngroups
+    assert len(lanes.collections) == groups
+    assert sum(len(c.get_paths()) for c in lanes.collections) == len(r.timeline)  # every op drawn
+    assert len(lanes.patches) == 0
+    assert len(lanes.texts) < len(r.timeline) / 2  # thin bars stay unlabelled
 
 
 # ---- memory -------------------------------------------------------------------------------
