@@ -50,13 +50,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from horizon_exec import native
-from horizon_exec.hugepages import host_bytes
-from horizon_exec.layers import DecoderBlock, rms_norm
-from horizon_exec.rope import rope_tables
-from horizon_exec.layout import block_layout
-from horizon_exec.optim import clip_coef
-from horizon_exec.trainer import Trainer
+from horizon_exec.optim import native
+from horizon_exec.device.hugepages import host_bytes
+from horizon_exec.model.layers import DecoderBlock, rms_norm
+from horizon_exec.model.rope import rope_tables
+from horizon_exec.model.layout import block_layout
+from horizon_exec.optim.adamw import clip_coef
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Holds, Lane, OpKind
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy

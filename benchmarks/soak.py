@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from horizon_exec.trainer import Trainer
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 

@@ -17,8 +17,8 @@ import sys
 import tempfile
 import time
 
-from horizon_exec.calibrate import calibrate
-from horizon_exec.validate import CONFIGS, validate
+from horizon_exec.measure.calibrate import calibrate
+from horizon_exec.measure.validate import CONFIGS, validate
 from horizon_sim.specs.hardware_io import load_hardware, save_hardware
 
 TARGETS = {"median_abs_step_err": 0.10, "max_abs_device_peak_err": 0.05, "max_abs_rss_err": 0.10}
@@ -56,7 +56,7 @@ def main() -> int:
     print(f"max |host RSS error|:     {f['max_abs_rss_err']:.1%} (target <= 10%)")
     print(f"median |compute busy error|: {f['median_abs_busy_compute_err']:.1%}; "
           f"max |overlap error|: {f['max_abs_overlap_err_pp']:.1f} pp")
-    from horizon_exec.validate import speed_text
+    from horizon_exec.measure.validate import speed_text
     print(speed_text(v.drift))
     met = all(f[k] <= v_ for k, v_ in TARGETS.items())
     print(f"targets {'met' if met else 'NOT met'}; reports in {out}; {time.perf_counter() - t0:.0f} s in all")

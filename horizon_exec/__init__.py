@@ -1,12 +1,12 @@
 """horizon_exec: the streaming executor. Runs the Schedule that horizon_sim builds, for real.
 
-Importing this package does not import torch (the `horizon` CLI imports horizon_exec.cli at
+Importing this package does not import torch (the `horizon` CLI imports horizon_exec.cli.train_cmd at
 startup); `Trainer` and friends load on first use.
 """
 _LAZY = {
-    "Trainer": "horizon_exec.trainer", "StepResult": "horizon_exec.trainer",
+    "Trainer": "horizon_exec.runtime.trainer", "StepResult": "horizon_exec.runtime.trainer",
     "ExecError": "horizon_exec.errors", "DeviceBudgetError": "horizon_exec.errors",
-    "AdamW": "horizon_exec.optim", "DecoderBlock": "horizon_exec.layers",
+    "AdamW": "horizon_exec.optim.adamw", "DecoderBlock": "horizon_exec.model.layers",
 }
 __all__ = list(_LAZY)
 

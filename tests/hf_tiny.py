@@ -1,7 +1,7 @@
 """Tiny random transformers models for the HF tests (no downloads)."""
 import torch
 
-from horizon_exec.layout import host_layout
+from horizon_exec.model.layout import host_layout
 from horizon_sim.schedule import Holds, OpKind
 from horizon_sim.specs.hf_export import to_hf_config_dict
 from horizon_sim.specs.model import ModelSpec

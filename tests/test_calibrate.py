@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from horizon_exec.calibrate import KernelTimer, _block_pass
-from horizon_exec.trainer import Trainer
+from horizon_exec.measure.calibrate import KernelTimer, _block_pass
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.schedule import OpKind, build_schedule, work
 from horizon_sim.sim.costs import CostModel, RateTable
@@ -139,7 +139,7 @@ def test_bad_measured_tables_raise(rows, match):
 def test_cuda_calibration_names_the_preset_of_the_gpu(reported, preset):
     """calibrate --device cuda takes the datasheet peak from the preset torch's device name
     matches (the measured GEMMs give the efficiency against it)."""
-    from horizon_exec.calibrate.cuda import _preset_for
+    from horizon_exec.measure.calibrate.cuda import _preset_for
     got = _preset_for(reported)
     assert (got.name if got else None) == preset
 
@@ -148,7 +148,7 @@ def test_cuda_calibration_timing_runs_with_events_faked(monkeypatch):
     """calibrate --device cuda's event-timed GEMM and attention helpers have never run on a
     GPU here: run them on CPU tensors, CUDA events faked by the host clock, so a wrong call
     or shape fails here first. Rates must be positive and finite."""
-    import horizon_exec.calibrate.cuda as cc
+    import horizon_exec.measure.calibrate.cuda as cc
 
     class HostClockEvent:
         def __init__(self, enable_timing=False):
@@ -176,7 +176,7 @@ def test_busy_latency_samples_are_host_ops_alone_next_to_compute():
     """Only host-lane ops that started while compute ran and that no other host lane's op
     overlapped (the simulator models that sharing itself): a hand-made timeline."""
     import pandas as pd
-    from horizon_exec.calibrate.contention import alone_next_to_compute
+    from horizon_exec.measure.calibrate.contention import alone_next_to_compute
     rows = [  # op_id, lane, start, end
         (0, "compute", 0.0, 10.0),
         (1, "h2d", 1.0, 2.0),     # alone next to compute: kept

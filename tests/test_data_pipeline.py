@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from horizon_exec.data import (BUILTIN_CORPUS, PROMPT_FORMAT, Batches, Document, PackedData, TokenStream,
+from horizon_exec.files.data import (BUILTIN_CORPUS, PROMPT_FORMAT, Batches, Document, PackedData, TokenStream,
                                load_dataset, read_documents, split_indices, tokenize_documents)
-from horizon_exec.tokenize import ByteTokenizer, HFTokenizer, load_tokenizer
-from horizon_exec.trainer import Trainer
+from horizon_exec.files.tokenize import ByteTokenizer, HFTokenizer, load_tokenizer
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.policy import exact_policy
 from tests.hf_tiny import executor_grads, hf_grads, rel_err, tiny_hf, tiny_spec

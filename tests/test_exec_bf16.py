@@ -16,8 +16,8 @@ import math
 import pytest
 import torch
 
-from horizon_exec.hf import copy_to_hf, hf_model
-from horizon_exec.trainer import Trainer
+from horizon_exec.model.hf import copy_to_hf, hf_model
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 

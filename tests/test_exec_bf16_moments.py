@@ -12,9 +12,9 @@ import dataclasses
 import pytest
 import torch
 
-from horizon_exec import native
-from horizon_exec.layout import unit_name
-from horizon_exec.trainer import Trainer
+from horizon_exec.optim import native
+from horizon_exec.model.layout import unit_name
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import Holds

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from horizon_exec.trainer import Trainer
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Lane
 from horizon_sim.sim.timeline import check_obeys_schedule
 from horizon_sim.specs.model import ModelSpec

@@ -20,9 +20,9 @@ timeline must obey the schedule.
 import pytest
 import torch
 
-from horizon_exec.hf import copy_from_hf, copy_to_hf, hf_model
-from horizon_exec.layout import host_layout
-from horizon_exec.trainer import Trainer
+from horizon_exec.model.hf import copy_from_hf, copy_to_hf, hf_model
+from horizon_exec.model.layout import host_layout
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Holds, OpKind
 from horizon_sim.sim.timeline import check_obeys_schedule
 from horizon_sim.specs.model import ModelSpec
@@ -30,7 +30,7 @@ from horizon_sim.specs.policy import exact_policy
 
 TOL = 1e-5
 # On CUDA, device-lane times come from events and CPU-lane times from the host clock, zeroed
-# a few microseconds apart (backend_cuda.step_begin): a device op that waited for a CPU op can
+# a few microseconds apart (device/cuda.py, step_begin): a device op that waited for a CPU op can
 # read up to that much early. On the CPU backend one clock times every lane.
 CLOCK_SKEW_S = {False: 1e-9, True: 1e-4}
 LR, WD, BETAS, EPS, CLIP = 1e-3, 0.1, (0.9, 0.95), 1e-6, 1.0

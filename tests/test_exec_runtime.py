@@ -11,12 +11,12 @@ import time
 import pytest
 import torch
 
-from horizon_exec.arena import DeviceArena
-from horizon_exec.backend_cpu import CpuBackend
-from horizon_exec.cli import configure_train_parser, run_train
+from horizon_exec.device.arena import DeviceArena
+from horizon_exec.device.cpu import CpuBackend
+from horizon_exec.cli.train_cmd import configure_train_parser, run_train
 from horizon_exec.errors import DeviceBudgetError, ExecError
-from horizon_exec.memtrack import TransientTracker
-from horizon_exec.trainer import Trainer
+from horizon_exec.device.memtrack import TransientTracker
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Lane, OpKind
 from horizon_sim.sim.timeline import check_obeys_schedule
 from horizon_sim.specs.hf_export import to_hf_config_dict
@@ -241,7 +241,7 @@ def test_a_stuck_op_times_out_instead_of_hanging():
 # ---- CLI ------------------------------------------------------------------------------------------
 
 def test_cli_module_does_not_import_torch():
-    code = "import sys, horizon_exec.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, horizon_exec.cli.train_cmd; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -258,7 +258,7 @@ def test_horizon_train_runs(tmp_path, capsys):
 
 
 def test_unknown_or_missing_device_is_a_clear_error():
-    from horizon_exec.backend import make_backend
+    from horizon_exec.device.backend import make_backend
     from horizon_sim.errors import HorizonError
     with pytest.raises(HorizonError, match="not supported"):
         make_backend("tpu")

@@ -59,8 +59,8 @@ RECORD_KEYS = ["text", "instruction", "response", "input", "messages", "tools"]
 @FUZZ
 @given(data=st.data())
 def test_jsonl_data(tmp_path_factory, data):
-    from horizon_exec.data import load_dataset
-    from horizon_exec.tokenize import ByteTokenizer
+    from horizon_exec.files.data import load_dataset
+    from horizon_exec.files.tokenize import ByteTokenizer
     lines = []
     for _ in range(data.draw(st.integers(1, 4), label="records")):
         kind = data.draw(st.sampled_from(["json", "raw", "blank"]), label="line kind")
@@ -81,8 +81,8 @@ def test_jsonl_data(tmp_path_factory, data):
 @FUZZ
 @given(raw=st.binary(max_size=300))
 def test_text_data_any_bytes(tmp_path_factory, raw):
-    from horizon_exec.data import load_dataset
-    from horizon_exec.tokenize import ByteTokenizer
+    from horizon_exec.files.data import load_dataset
+    from horizon_exec.files.tokenize import ByteTokenizer
     for name in ("d.txt", "d.jsonl"):
         p = tmp_path_factory.mktemp("data") / name
         p.write_bytes(raw)
@@ -103,8 +103,8 @@ def hf_dir(tmp_path_factory):
 def test_safetensors_index(tmp_path_factory, hf_dir, data):
     import shutil
 
-    from horizon_exec.checkpoint_hf import load_hf, spec_from_hf_dir
-    from horizon_exec.trainer import Trainer
+    from horizon_exec.files.hf_checkpoint import load_hf, spec_from_hf_dir
+    from horizon_exec.runtime.trainer import Trainer
     from horizon_sim.specs.policy import exact_policy
     d = tmp_path_factory.mktemp("ckpt")
     for f in hf_dir.iterdir():
@@ -144,7 +144,7 @@ def tok_json(tmp_path_factory):
 @FUZZ
 @given(data=st.data())
 def test_tokenizer_files(tmp_path_factory, tok_json, data):
-    from horizon_exec.tokenize import HFTokenizer
+    from horizon_exec.files.tokenize import HFTokenizer
     tok, cfg = tok_json
     d = tmp_path_factory.mktemp("tok")
     which = data.draw(st.sampled_from(["tokenizer", "config", "text"]), label="damage")

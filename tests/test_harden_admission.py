@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from horizon_exec.data import BUILTIN_CORPUS, data_bytes_bound
-from horizon_exec.memtrack import TransientTracker
-from horizon_exec.tokenize import ByteTokenizer
-from horizon_exec.trainer import Trainer
+from horizon_exec.files.data import BUILTIN_CORPUS, data_bytes_bound
+from horizon_exec.device.memtrack import TransientTracker
+from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.schedule import work
 from horizon_sim.specs.model import ModelSpec
@@ -66,7 +66,7 @@ def test_data_is_counted_before_it_is_read(tmp_path, monkeypatch, capsys):
     big = tmp_path / "big.txt"
     with open(big, "w") as f:
         f.truncate(4 * 2**30)       # 4 GiB of holes: its size is all the admission looks at
-    import horizon_exec.data as data
+    import horizon_exec.files.data as data
 
     def never(*a, **k):
         raise AssertionError("the data was loaded before the admission refused it")
@@ -83,8 +83,8 @@ def test_loading_holds_what_the_bound_says(tmp_path):
     text = BUILTIN_CORPUS.read_text()
     f = tmp_path / "d.txt"
     f.write_text(text * (24_000_000 // len(text)))
-    code = ("import sys, json\nfrom horizon_exec.probe import vm_hwm_bytes\n"
-            "from horizon_exec.data import load_dataset\nfrom horizon_exec.tokenize import ByteTokenizer\n"
+    code = ("import sys, json\nfrom horizon_exec.measure.probe import vm_hwm_bytes\n"
+            "from horizon_exec.files.data import load_dataset\nfrom horizon_exec.files.tokenize import ByteTokenizer\n"
             "before = vm_hwm_bytes()\nds = load_dataset(sys.argv[1], ByteTokenizer(), 256)\n"
             "print(json.dumps([before, vm_hwm_bytes(), ds.n_tokens]))")
     out = subprocess.run([sys.executable, "-c", code, str(f)], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -96,8 +96,8 @@ def test_loading_holds_what_the_bound_says(tmp_path):
 
 _RUN = """
 import json, sys
-import horizon_exec.admission as adm_mod
-from horizon_exec.probe import vm_hwm_bytes
+import horizon_exec.train.admission as adm_mod
+from horizon_exec.measure.probe import vm_hwm_bytes
 from horizon_sim.cli.main import main
 seen = []
 real = adm_mod.admit
@@ -105,7 +105,7 @@ def spy(*a, **k):
     r = real(*a, **k)
     seen.append(r.host_need_bytes)
     return r
-import horizon_exec.trainer as trainer_mod
+import horizon_exec.runtime.trainer as trainer_mod
 trainer_mod.admit = spy
 rc = main(sys.argv[1:])
 print(json.dumps([rc, seen[0], vm_hwm_bytes()]))

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from horizon_exec import ckpt as ckpt_mod
-from horizon_exec.trainer import Trainer
+from horizon_exec.files import ckpt as ckpt_mod
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 from tests.harden_run import ROOT, env
@@ -24,8 +24,9 @@ pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
 KILLED_BEFORE_POINTER = """
 import os, signal, sys, torch
-from horizon_exec import ckpt, fileio
-from horizon_exec.trainer import Trainer
+from horizon_exec.files import ckpt
+from horizon_exec.files import fileio
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 root = sys.argv[1]
@@ -123,10 +124,10 @@ def test_an_abandoned_later_checkpoint_is_tried_last(tmp_path):
 
 
 def test_a_truncated_cached_kernel_is_rebuilt_not_loaded(tmp_path):
-    from horizon_exec import native
+    from horizon_exec.optim import native
     if native.adamw() is None:
         pytest.skip(native.status())
-    probe = [sys.executable, "-c", "from horizon_exec import native; print(native.status())"]
+    probe = [sys.executable, "-c", "from horizon_exec.optim import native; print(native.status())"]
     e = env(HORIZON_CACHE_DIR=str(tmp_path))
     first = subprocess.run(probe, cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0 and "native AdamW kernel (" in first.stdout, first

@@ -3,8 +3,8 @@
 and an eval failing mid-run leaves a checkpoint of its step."""
 import pytest
 
-from horizon_exec import ckpt as ckpt_mod
-from horizon_exec.trainer import Trainer
+from horizon_exec.files import ckpt as ckpt_mod
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from tests.harden_run import MICRO
 
@@ -34,7 +34,7 @@ def test_an_eval_failure_is_one_line_and_keeps_the_step(tmp_path, capsys, eval_f
 
 
 def test_a_lane_fault_is_one_line_with_the_traceback_on_request(tmp_path, capsys, monkeypatch):
-    from horizon_exec.engine import Engine
+    from horizon_exec.runtime.engine import Engine
     real_init = Engine.__init__
 
     def init(self, *a, **kw):

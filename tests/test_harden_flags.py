@@ -8,9 +8,9 @@ import re
 import pytest
 import torch
 
-from horizon_exec.backend_cpu import CpuBackend
-from horizon_exec.optim import AdamW
-from horizon_exec.trainer import Trainer
+from horizon_exec.device.cpu import CpuBackend
+from horizon_exec.optim.adamw import AdamW
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.model import ModelSpec

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from horizon_exec.trainer import Trainer
-from horizon_exec.validate.configs import CONFIGS
+from horizon_exec.runtime.trainer import Trainer
+from horizon_exec.measure.validate.configs import CONFIGS
 from horizon_sim.schedule import OpKind, build_schedule
 from horizon_sim.sim.device_bound import device_peak_bound
 from horizon_sim.sim.simulate import simulate
@@ -74,7 +74,7 @@ def test_fit_verdict_and_admission_use_the_bound():
     hw = replace(HW, device=replace(HW.device, hbm_GiB=between / 2**30, reserved_GiB=0.0))
     tight = simulate(sched, hw).summary
     assert not tight.fits and "device needs" in tight.why
-    from horizon_exec.admission import admit
+    from horizon_exec.train.admission import admit
     adm = admit(cfg.model, cfg.policy, sched, device_budget_bytes=10**12, advise=False)
     assert (adm.device_by_role["weights"] + adm.device_by_role["constants"]
             + adm.device_by_role["activations_grads_workspaces"]) == s.device_peak_bytes

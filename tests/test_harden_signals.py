@@ -9,12 +9,12 @@ import signal
 import pytest
 from safetensors import safe_open
 
-from horizon_exec import checkpoint_hf
-from horizon_exec.data import load_dataset
-from horizon_exec.loop import Interrupted, LoopConfig, TrainLoop
-from horizon_exec.lr import CosineSchedule
-from horizon_exec.tokenize import ByteTokenizer
-from horizon_exec.trainer import Trainer
+from horizon_exec.files import hf_checkpoint
+from horizon_exec.files.data import load_dataset
+from horizon_exec.train.loop import Interrupted, LoopConfig, TrainLoop
+from horizon_exec.optim.lr import CosineSchedule
+from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from tests.harden_run import MICRO
 from horizon_sim.specs.model import ModelSpec
@@ -53,7 +53,7 @@ def test_sigterm_during_the_last_eval_stops_without_save_hf(tmp_path, capsys, mo
 @pytest.fixture
 def signal_mid_save(monkeypatch):
     """write_safetensors of the HF save gets `times` SIGTERMs after its first tensor."""
-    real = checkpoint_hf.write_safetensors
+    real = hf_checkpoint.write_safetensors
     box = {"times": 1}
 
     def write(path, items, metadata=None):
@@ -62,7 +62,7 @@ def signal_mid_save(monkeypatch):
         _sigterm(box["times"])
         return real(path, items, metadata)
 
-    monkeypatch.setattr(checkpoint_hf, "write_safetensors", write)
+    monkeypatch.setattr(hf_checkpoint, "write_safetensors", write)
     return box
 
 

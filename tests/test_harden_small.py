@@ -5,9 +5,9 @@ import stat
 
 import pytest
 
-from horizon_exec import checkpoint_hf
-from horizon_exec import ckpt as ckpt_mod
-from horizon_exec.trainer import Trainer
+from horizon_exec.files import hf_checkpoint
+from horizon_exec.files import ckpt as ckpt_mod
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -23,7 +23,7 @@ def test_published_folders_follow_the_umask(tmp_path, umask):
     try:
         with Trainer(SPEC, Policy(batch=1, seq=16), admission=False) as tr:
             step = ckpt_mod.save_checkpoint(tmp_path / "ck", tr, 1)
-            out = checkpoint_hf.save_hf(tr, tmp_path / "hf")
+            out = hf_checkpoint.save_hf(tr, tmp_path / "hf")
     finally:
         os.umask(old)
     for folder in (step, out):
@@ -32,7 +32,7 @@ def test_published_folders_follow_the_umask(tmp_path, umask):
 
 def test_init_from_with_resume_says_where_the_weights_come_from(tmp_path, capsys):
     with Trainer(SPEC, Policy(batch=1, seq=16), admission=False) as tr:
-        checkpoint_hf.save_hf(tr, tmp_path / "hf")     # an HF folder to start from
+        hf_checkpoint.save_hf(tr, tmp_path / "hf")     # an HF folder to start from
     argv = ["train", "--init-from", str(tmp_path / "hf"), "--batch", "2", "--seq", "16", "--no-progress",
             "--eval-batches", "0", "--ckpt-dir", str(tmp_path / "ck")]
     assert main(argv + ["--steps", "1"]) == 0

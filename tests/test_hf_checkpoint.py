@@ -1,4 +1,4 @@
-"""HF checkpoints in and out of the host store (checkpoint_hf.py), against transformers itself.
+"""HF checkpoints in and out of the host store (files/hf_checkpoint.py), against transformers itself.
 
 - save_hf -> AutoModelForCausalLM.from_pretrained(dir) gives the master weights bit for bit
   and logits equal to the executor's own forward (fp32, 1e-5 norm-relative), sharded or
@@ -17,10 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from horizon_exec import checkpoint_hf
-from horizon_exec.checkpoint_hf import load_hf, save_hf, spec_from_hf_dir
-from horizon_exec.fileio import sha256_file
-from horizon_exec.trainer import Trainer
+from horizon_exec.files import hf_checkpoint
+from horizon_exec.files.hf_checkpoint import load_hf, save_hf, spec_from_hf_dir
+from horizon_exec.files.fileio import sha256_file
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.policy import exact_policy
 from tests.hf_tiny import T, V, rel_err, tiny_hf, tiny_spec
@@ -225,7 +225,7 @@ def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
         save_hf(tr, out, "fp32", max_shard_bytes=40_000)
         before = {f: sha256_file(out / f) for f in os.listdir(out)}
         tr.step(_tokens())
-        real = checkpoint_hf.write_safetensors
+        real = hf_checkpoint.write_safetensors
         calls = [0]
 
         def dies_midway(path, items, metadata=None):
@@ -235,7 +235,7 @@ def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
                 raise OSError("disk full (injected)")
             return real(path, items, metadata)
 
-        monkeypatch.setattr(checkpoint_hf, "write_safetensors", dies_midway)
+        monkeypatch.setattr(hf_checkpoint, "write_safetensors", dies_midway)
         with pytest.raises(OSError, match="injected"):
             save_hf(tr, out, "fp32", max_shard_bytes=40_000)
     assert {f: sha256_file(out / f) for f in os.listdir(out)} == before

@@ -15,9 +15,9 @@ batches), so the features are checked in the streamed step, not in a side path.
 import pytest
 import torch
 
-from horizon_exec.checkpoint_hf import load_hf, spec_from_hf_dir
-from horizon_exec.rope import rope_tables
-from horizon_exec.trainer import Trainer
+from horizon_exec.files.hf_checkpoint import load_hf, spec_from_hf_dir
+from horizon_exec.model.rope import rope_tables
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.policy import exact_policy
 from tests.hf_tiny import executor_grads, rel_err
 
@@ -174,7 +174,7 @@ def test_document_masks_match_transformers_packed_sequences(tmp_path, name):
     for b, cuts in enumerate(([5, 20], [], [T // 2], [1, 2, 3, T - 1])):
         for c in cuts:
             docs[b, c:] += 1
-    from horizon_exec.positions import doc_positions
+    from horizon_exec.runtime.positions import doc_positions
     pos = doc_positions(docs)
     labels = tokens.clone()
     labels[:, 1:][docs[:, 1:] != docs[:, :-1]] = -100   # no target across a document boundary

@@ -8,7 +8,7 @@ of live buffers, which is less when checkpoints and gradients peak at different 
 import pytest
 import torch
 
-from horizon_exec.trainer import Trainer
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import build_schedule
 from horizon_sim.schedule.op import Space
 from horizon_sim.sim.simulate import simulate

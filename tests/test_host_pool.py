@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from horizon_exec.errors import ExecError
-from horizon_exec.host_pool import HostPool
+from horizon_exec.device.host_pool import HostPool
 
 
 class Fence:
@@ -96,9 +96,9 @@ def test_training_through_the_pool_equals_training_without(monkeypatch):
     BufferTable gives every buffer back exactly once, a reused block never holds live data
     (the losses and weights equal a run on plain allocations, bit for bit), and the pool stops
     growing after the first step."""
-    import horizon_exec.trainer as trainer_mod
-    from horizon_exec.backend_cpu import CpuBackend
-    from horizon_exec.trainer import Trainer
+    import horizon_exec.runtime.trainer as trainer_mod
+    from horizon_exec.device.cpu import CpuBackend
+    from horizon_exec.runtime.trainer import Trainer
     from horizon_sim.specs.model import ModelSpec
     from horizon_sim.specs.policy import exact_policy
 
@@ -139,7 +139,7 @@ def test_a_failed_step_gives_its_host_buffers_back():
     """An op that raises mid-step: the step's host checkpoints and gradients go back to the
     pool (the trainer is unusable after it, but its memory is not lost to the pool)."""
     from horizon_exec.errors import ExecError
-    from horizon_exec.trainer import Trainer
+    from horizon_exec.runtime.trainer import Trainer
     from horizon_sim.schedule import OpKind
     from horizon_sim.specs.model import ModelSpec
     from horizon_sim.specs.policy import Policy

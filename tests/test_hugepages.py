@@ -1,4 +1,4 @@
-"""Large host buffers are advised onto transparent huge pages (horizon_exec/hugepages.py).
+"""Large host buffers are advised onto transparent huge pages (horizon_exec/device/hugepages.py).
 
 What is asserted is the advice the kernel recorded for the mapping (the `hg` flag of its
 /proc/self/smaps entry), not whether huge pages were actually free to back it: that depends
@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from horizon_exec import hugepages
-from horizon_exec.backend_cpu import CpuBackend
-from horizon_exec.hugepages import HUGE_PAGE_BYTES, host_bytes
+from horizon_exec.device import hugepages
+from horizon_exec.device.cpu import CpuBackend
+from horizon_exec.device.hugepages import HUGE_PAGE_BYTES, host_bytes
 from horizon_sim.errors import HorizonError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not hugepages.wanted(),

@@ -1,4 +1,4 @@
-"""The native one-pass AdamW (horizon_exec/native/adamw.c) against torch's fused AdamW.
+"""The native one-pass AdamW (horizon_exec/optim/native/adamw.c) against torch's fused AdamW.
 
 The oracle is torch._fused_adamw_ run on the widened (fp32) gradient multiplied by the clip
 coefficient (what clip_grad_norm_ does before the step), with fp32 moments; for
@@ -14,9 +14,9 @@ import threading
 import pytest
 import torch
 
-from horizon_exec import native
+from horizon_exec.optim import native
 from horizon_exec.errors import ExecError
-from horizon_exec.optim import AdamW
+from horizon_exec.optim.adamw import AdamW
 from horizon_sim.errors import HorizonError
 
 LR, WD, BETAS, EPS = 1e-3, 0.1, (0.9, 0.95), 1e-8

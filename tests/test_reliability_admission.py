@@ -6,10 +6,10 @@ import argparse
 import pytest
 import torch
 
-import horizon_exec.trainer as trainer_mod
-from horizon_exec.admission import AdmissionError, admit, mem_available_bytes, store_padding_bytes
+import horizon_exec.runtime.trainer as trainer_mod
+from horizon_exec.train.admission import AdmissionError, admit, mem_available_bytes, store_padding_bytes
 from horizon_exec.errors import DeviceBudgetError
-from horizon_exec.trainer import Trainer
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
 from horizon_sim.schedule import build_schedule
@@ -89,7 +89,7 @@ def test_bf16_moments_are_advised_only_where_they_can_run(monkeypatch):
     The nearest fit takes bf16 moments (runnable with the native AdamW kernel) and that policy
     is admitted; without the kernel they are never advised. The model is large enough (7M
     params) that these savings dwarf the drift of the process's measured runtime footprint."""
-    from horizon_exec import native
+    from horizon_exec.optim import native
     if native.adamw() is None:
         pytest.skip(native.status())
     spec = ModelSpec(n_layers=4, hidden=256, n_heads=4, n_kv_heads=2, ffn_hidden=512, vocab=8192)

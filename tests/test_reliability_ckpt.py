@@ -7,14 +7,14 @@ import os
 import pytest
 import torch
 
-from horizon_exec import ckpt as ckpt_mod
-from horizon_exec.ckpt import CheckpointError
-from horizon_exec.data import load_dataset
+from horizon_exec.files import ckpt as ckpt_mod
+from horizon_exec.files.ckpt import CheckpointError
+from horizon_exec.files.data import load_dataset
 from horizon_exec.errors import ExecError
-from horizon_exec.loop import LoopConfig, TrainLoop
-from horizon_exec.lr import CosineSchedule
-from horizon_exec.tokenize import ByteTokenizer
-from horizon_exec.trainer import Trainer
+from horizon_exec.train.loop import LoopConfig, TrainLoop
+from horizon_exec.optim.lr import CosineSchedule
+from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy

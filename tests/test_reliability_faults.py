@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from horizon_exec import ckpt as ckpt_mod
-from horizon_exec import engine as engine_mod
-from horizon_exec.data import load_dataset
+from horizon_exec.files import ckpt as ckpt_mod
+from horizon_exec.runtime import engine as engine_mod
+from horizon_exec.files.data import load_dataset
 from horizon_exec.errors import ExecError
-from horizon_exec.loop import Interrupted, LoopConfig, TrainLoop
-from horizon_exec.lr import CosineSchedule
-from horizon_exec.tokenize import ByteTokenizer
-from horizon_exec.trainer import Trainer
+from horizon_exec.train.loop import Interrupted, LoopConfig, TrainLoop
+from horizon_exec.optim.lr import CosineSchedule
+from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import OpKind
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy, exact_policy
@@ -56,7 +56,7 @@ class _Waitable:
 
 def test_device_waits_are_bounded_and_name_what_hung():
     # the CUDA backend's host-side syncs poll through wait_bounded (no GPU here: fake waitables)
-    from horizon_exec.backend import wait_bounded
+    from horizon_exec.device.backend import wait_bounded
     w = _Waitable(done_after=5)
     wait_bounded(w, timeout_s=5.0, what="x")
     assert w.calls == 5  # it polled until done, and stopped there

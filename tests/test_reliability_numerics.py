@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from horizon_exec.data import load_dataset
-from horizon_exec.layout import unit_name
-from horizon_exec.loop import LoopConfig, TrainLoop
-from horizon_exec.lr import CosineSchedule
-from horizon_exec.tokenize import ByteTokenizer
-from horizon_exec.trainer import NonFiniteError, Trainer
+from horizon_exec.files.data import load_dataset
+from horizon_exec.model.layout import unit_name
+from horizon_exec.train.loop import LoopConfig, TrainLoop
+from horizon_exec.optim.lr import CosineSchedule
+from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.runtime.trainer import NonFiniteError, Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import Holds, OpKind
 from horizon_sim.specs.model import ModelSpec
@@ -181,7 +181,7 @@ def test_the_loop_logs_skipped_steps(tmp_path):
 def test_horizon_train_on_nonfinite_stop_exits_1(capsys, monkeypatch):
     """An update that blows the weights up (as --lr 1e30 did before it was refused): step 2 is
     non-finite."""
-    from horizon_exec.optim import AdamW
+    from horizon_exec.optim.adamw import AdamW
     from horizon_sim.cli.main import main
     real = AdamW.step
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from horizon_exec.trainer import Trainer
+from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Schedule, build_schedule
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.specs.hardware_presets import make_hardware

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from horizon_exec.validate import QUICK_CONFIGS, timeline_metrics
+from horizon_exec.measure.validate import QUICK_CONFIGS, timeline_metrics
 from horizon_sim.cli.main import main
 from horizon_sim.report.overlay import plot_overlay
 from horizon_sim.specs.hardware_io import save_hardware
@@ -60,8 +60,8 @@ def test_validate_quick_writes_table_overlays_and_json(run, capsys):
 def test_drift_references_are_the_heaviest_gemms_priced_by_the_table():
     from dataclasses import replace
 
-    from horizon_exec.calibrate.kernels import model_gemms
-    from horizon_exec.drift import DriftProbe, reference_gemms
+    from horizon_exec.measure.calibrate.kernels import model_gemms
+    from horizon_exec.measure.drift import DriftProbe, reference_gemms
     shapes = reference_gemms(QUICK_CONFIGS, max_shapes=3)
     every = set().union(*(model_gemms(c.model, c.policy) for c in QUICK_CONFIGS))
     assert len(shapes) == 3 and set(shapes) <= every

@@ -18,9 +18,9 @@ COMMANDS = {
     "min-ram": ("horizon_sim.cli.min_ram_cmd", "the smallest host RAM (64 GiB steps) a job fits in"),
     "max-model": ("horizon_sim.cli.max_model_cmd", "the largest model that fits a GPU and a RAM size"),
     "sweep": ("horizon_sim.cli.sweep_cmd", "models x hardware x policies -> table + feasibility map"),
-    "train": ("horizon_exec.cli", "train for real with the streaming executor"),
-    "calibrate": ("horizon_sim.cli.calibrate_cmd", "measure this machine and write a hardware file"),
-    "validate": ("horizon_sim.cli.validate_cmd", "predicted vs measured on small configurations -> reports/"),
+    "train": ("horizon_exec.cli.train_cmd", "train for real with the streaming executor"),
+    "calibrate": ("horizon_exec.cli.calibrate_cmd", "measure this machine and write a hardware file"),
+    "validate": ("horizon_exec.cli.validate_cmd", "predicted vs measured on small configurations -> reports/"),
 }
 
 

@@ -102,7 +102,7 @@ class Declarations:
     def link_stage(self, target: str) -> str:
         """Where a DMA link lands a gradient piece that the host then adds or widens into
         `target` (the host cannot read bytes still in flight): page-locked, one per size in
-        the executor's pool (horizon_exec/backend_cuda.py _through_stage)."""
+        the executor's pool (horizon_exec/device/cuda.py _through_stage)."""
         t = self.buffers[target]
         return self.declare(f"stage.{target}", Space.HOST, Holds.LINK_STAGE, t.shape, self.p.grad_dtype,
                             role="staging", unit=t.unit, dma_only=True)

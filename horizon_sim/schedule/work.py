@@ -3,7 +3,7 @@ GEMMs it runs (with their shapes), its attention, the bytes its elementwise kern
 the temporaries it holds at its peak. The builder puts the totals on each op (hbm_bytes,
 workspace_bytes); the cost model reads the GEMM shapes and attention from here.
 
-The template (horizon_exec/layers.py, head.py) is a Llama-style block: RMSNorm with fp32
+The template (horizon_exec/model/layers.py, head.py) is a Llama-style block: RMSNorm with fp32
 statistics, q/k/v projections, RoPE (rotate_half), causal SDPA with grouped kv heads, o
 projection, residual, RMSNorm, SwiGLU MLP, residual. Backward is forward-with-grad of one
 block followed by autograd.grad. The head is a final RMSNorm, then per chunk of c tokens

@@ -94,7 +94,7 @@ def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int, dma: bool 
     """Static host buffers + what the executor's pool of dynamic host buffers holds + runtime.
 
     The executor keeps a freed dynamic host buffer's memory for the next buffer of exactly its
-    size (horizon_exec/host_pool.py: page-locking is too slow to redo every step, and glibc
+    size (horizon_exec/device/host_pool.py: page-locking is too slow to redo every step, and glibc
     would otherwise unmap and fault it in again), so it holds, per size, the most buffers of
     that size ever live at once. That is more than the highest sum of live buffers when
     sizes peak at different times: host checkpoints in the forward, per-step gradients in the

@@ -8,7 +8,7 @@ Kinds, as `rope_parameters["rope_type"]` (or `rope_scaling["type"]` in older con
            attention factor
   llama3   Llama 3.1/3.2/3.3: low frequencies divided by `factor`, high ones kept, a smooth ramp
            between
-The tables themselves are computed by the executor (horizon_exec/rope.py); the planner only
+The tables themselves are computed by the executor (horizon_exec/model/rope.py); the planner only
 carries the description (scaling changes no parameter count and no FLOP).
 """
 import math

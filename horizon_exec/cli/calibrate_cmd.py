@@ -1,0 +1,69 @@
+"""`horizon calibrate`: measure this machine for the executor and write a HardwareSpec TOML that
+`horizon plan/simulate/validate --hardware` read. Needs torch (imported only when it runs)."""
+import argparse
+import json
+from pathlib import Path
+
+from horizon_exec.cli.needs_exec import import_executor, say
+from horizon_sim.errors import HorizonError
+
+EXAMPLE = """example:
+  horizon calibrate -o machine.toml                  # CPU backend, about 40 s here
+  horizon calibrate --quick -o /tmp/quick.toml       # smaller grids, a few seconds
+  horizon calibrate --device cuda -o gpu.toml        # a GPU box
+  horizon calibrate --model tiny --batch 4 --seq 128 -o machine.toml   # + that model's exact GEMM shapes"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = ("Measure the machine this runs on, for the executor's backend, and write a hardware "
+                     "file. CPU backend: GEMM throughput by shape and layout at the executor's compute "
+                     "threads, causal attention kernels, the template's elementwise bandwidth, fixed cost per "
+                     "op kind, one copy thread's bandwidth, how lanes sharing cores slow each other, the AdamW "
+                     "op's rate, the process's runtime RSS. CUDA: pinned and pageable h2d/d2h bandwidth and "
+                     "latency, GEMM throughput by shape, attention, per-op overheads. Progress goes to stderr.")
+    p.epilog = EXAMPLE
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("-o", "--output", default="machine.toml", metavar="FILE.toml",
+                   help="where to write the hardware file (default machine.toml)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--quick", action="store_true", help="small grids and one round (for tests; less accurate)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="repeats of the noise-prone measurements, spread over the run (default 3, quick 1)")
+    p.add_argument("--model", default=None,
+                   help="also measure the exact GEMM shapes of this model (preset or config.json) under "
+                        "--batch/--seq/--micro-batches")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--micro-batches", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print the spec as JSON instead of a summary")
+
+
+def run(a: argparse.Namespace) -> int:
+    out = Path(a.output)
+    if out.is_dir() or not out.parent.is_dir():
+        raise HorizonError(f"-o {a.output!r}: give a file in an existing folder")
+    if a.rounds is not None and a.rounds < 1:
+        raise HorizonError(f"--rounds {a.rounds} must be >= 1")
+    model = policy = None
+    if a.model:
+        from horizon_sim.specs.hf_config import load_model
+        from horizon_sim.specs.policy import Policy
+        model = load_model(a.model)
+        policy = Policy(batch=a.batch, seq=a.seq, micro_batches=a.micro_batches)
+    calibrate = import_executor("horizon_exec.measure.calibrate", "calibrate").calibrate
+    from horizon_sim.specs.hardware_io import save_hardware
+    hw = calibrate(a.device, quick=a.quick, model=model, policy=policy, rounds=a.rounds, say=say)
+    save_hardware(hw, out)
+    if a.json:
+        print(json.dumps({"output": str(out), **hw.to_dict()}))
+        return 0
+    d, l, h = hw.device, hw.link, hw.host
+    print(f"wrote {out}: {hw.name}")
+    print(f"  device  {d.name}: bf16 GEMM up to {d.bf16_TFLOPs * 1e3:.0f} GFLOP/s ({len(d.gemm_TFLOPs)} shapes), "
+          f"elementwise {d.hbm_GBps:.1f} GB/s, op overheads "
+          + ", ".join(f"{k} {v:.0f} us" for k, v in d.op_overhead_us))
+    print(f"  link    {l.name}: h2d {l.h2d_GBps:.1f} GB/s, d2h {l.d2h_GBps:.1f} GB/s, latency {l.latency_us:.0f} us"
+          + (f" (+{l.busy_latency_us:.0f} us next to a busy compute lane)" if l.busy_latency_us else ""))
+    print(f"  host    {h.name}: {h.ram_GiB:.1f} GiB RAM, {h.cores} cores, AdamW {h.adam_Gparams_per_s:.2f} G params/s, "
+          f"DRAM {h.dram_GBps:.1f} GB/s, runtime RSS {h.runtime_overhead_GiB * 1024:.0f} MiB")
+    return 0

@@ -1,0 +1,309 @@
+"""`horizon train`: train with the streaming executor.
+
+    horizon train --model NAME|config.json [--data FILE] --steps N [policy flags] [--lr ...]
+    horizon train --init-from HF_DIR --data chat.jsonl --steps 1000 --save-hf out/ --ckpt-dir ckpt/
+
+Data: a .jsonl file ("text", or "instruction"/"response" with the loss masked on the prompt)
+or a text file, default the built-in corpus; tokens from --tokenizer tokenizer.json (or the
+--init-from folder's), else bytes (ids 0..255). Schedule: linear warmup then cosine decay
+to --min-lr. A progress bar shows loss, lr, tokens/s and MFU (peak from --gpu or
+--hardware, else achieved model TFLOP/s). Periodic eval on held-out sequences, atomic
+checkpoints to --ckpt-dir, exact --resume, and --save-hf writes a transformers checkpoint.
+Reliability: the run is refused up front (exit 2, needed vs available) when the planner says
+it does not fit the host RAM (--host-budget, else MemAvailable) or the device (--device-budget,
+else CUDA free memory), for a harmful flag (train/checks.py), or an output that cannot be
+written or has no room (outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf
+loss or gradient skips the update (--on-nonfinite skip; all steps skipped: exit 1) or stops the
+run (stop, exit 1); SIGINT/SIGTERM finish the step, write a checkpoint and exit 130/143 (a
+second signal aborts at once; the last complete checkpoint stays intact); a stuck step fails
+after --op-timeout; an eval failure, a lane fault or a full disk is one line, exit 1; a closed
+stdout drops the output, not the run; --resume verifies checksums and falls back to the
+previous checkpoint when the latest is damaged.
+This module must not import torch at import time: the `horizon` entry point imports it to
+build its parser, and `horizon plan` must start fast.
+"""
+import argparse
+import os
+import sys
+import traceback
+
+from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
+from horizon_sim.errors import HorizonError
+
+
+def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.description = ("Train with the streaming executor: host RAM holds the fp32 master weights and "
+                     "Adam state, the device streams one layer at a time, following the same "
+                     "Schedule `horizon plan` simulates.")
+    p.epilog = ("examples:\n  horizon train --model tiny --steps 20 --batch 4 --seq 128\n"
+                "  horizon train --model ./config.json --data corpus.txt --steps 100 --device cuda\n"
+                "  horizon train --init-from ./Qwen2.5-0.5B --data sft.jsonl --steps 500 --batch 8 --seq 1024 \\\n"
+                "      --lr 2e-5 --warmup-steps 20 --ckpt-dir ckpt --act-ckpt-every 100 --save-hf out --gpu h100-pcie\n"
+                "  horizon train ... --ckpt-dir ckpt --resume      # continue from ckpt/latest, exactly")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--model", default=None,
+                   help="preset name (e.g. tiny), path to a config.json, or a model id in the local HF cache "
+                        "(default: --init-from's config)")
+    p.add_argument("--steps", type=int, default=10, help="total optimizer steps of the run (default 10)")
+
+    d = p.add_argument_group("data")
+    d.add_argument("--data", default=None, metavar="FILE",
+                   help=".jsonl ('text'; 'instruction' + 'response': loss on the response only; or "
+                        "'messages': a chat rendered by the tokenizer's chat template, loss on the "
+                        "assistant turns) or a text file (default: the built-in corpus of Python "
+                        "standard-library docstrings)")
+    d.add_argument("--tokenizer", default=None, metavar="tokenizer.json",
+                   help="a local tokenizer.json or a folder holding one, or a model id in the local HF "
+                        "cache (default: the one in --init-from's folder, else bytes 0..255); its files "
+                        "(config, chat template) go into --save-hf")
+    d.add_argument("--eos-token", default=None,
+                   help="end-of-document token (default: tokenizer_config.json's, or a usual one)")
+    d.add_argument("--eval-fraction", type=float, default=0.05,
+                   help="share of the packed sequences held out for eval (default 0.05)")
+
+    m = p.add_argument_group("weights in and out")
+    m.add_argument("--init-from", default=None, metavar="HF_DIR",
+                   help="start from a local HF checkpoint folder (config.json + safetensors, sharded or "
+                        "not; llama, qwen2, mistral), or a model id (org/name[@revision]) found in the "
+                        "local HF cache (never downloaded), read tensor by tensor into the host store")
+    m.add_argument("--save-hf", default=None, metavar="DIR",
+                   help="after training, write a transformers checkpoint folder (safetensors + config.json)")
+    m.add_argument("--save-dtype", choices=("fp32", "bf16"), default="bf16",
+                   help="dtype of the --save-hf weights (default bf16)")
+    m.add_argument("--save-shard-size", default="5GB", metavar="SIZE",
+                   help="largest safetensors shard of --save-hf (default 5GB)")
+
+    add_policy_args(p)
+    p.add_argument("--grad-accum", dest="micro_batches", type=int, default=argparse.SUPPRESS, metavar="N",
+                   help="gradient accumulation: the same as --micro-batches N (the batch runs as N "
+                        "micro-batches, gradients add up on the host; loss = token mean of the whole batch)")
+    p.add_argument("--loss-chunk-tokens", type=int, default=1024,
+                   help="tokens per LM-head/loss chunk (default 1024)")
+
+    o = p.add_argument_group("optimizer and schedule")
+    o.add_argument("--lr", type=float, default=3e-4, help="peak learning rate, in (0, 1] (default 3e-4)")
+    o.add_argument("--warmup-steps", type=int, default=0, help="linear warmup steps (default 0)")
+    o.add_argument("--min-lr", type=float, default=None,
+                   help="cosine decay floor (default lr / 10)")
+    o.add_argument("--weight-decay", type=float, default=0.0)
+    o.add_argument("--beta1", type=float, default=0.9)
+    o.add_argument("--beta2", type=float, default=0.95)
+    o.add_argument("--eps", type=float, default=1e-8)
+    o.add_argument("--seed", type=int, default=0, help="weight init and data order (default 0)")
+
+    e = p.add_argument_group("eval, checkpoints, logging")
+    e.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="eval loss every N steps (default 0: after the last step only)")
+    e.add_argument("--eval-batches", type=int, default=4, metavar="N",
+                   help="held-out batches per eval, 0 = no eval (default 4)")
+    e.add_argument("--ckpt-dir", default=None, metavar="DIR",
+                   help="write training checkpoints here (one run at a time: DIR/.lock names the holder)")
+    e.add_argument("--save-every", "--ckpt-interval", dest="ckpt_interval", type=int, default=0, metavar="N",
+                   help="checkpoint every N steps (default 0: after the last step only; --act-ckpt-every K "
+                        "is the policy's activation-checkpoint interval, not this)")
+    e.add_argument("--keep-ckpts", type=int, default=2, metavar="N",
+                   help="checkpoints kept in --ckpt-dir, 0 = all (default 2)")
+    e.add_argument("--resume", nargs="?", const="", default=None, metavar="CKPT",
+                   help="continue from a checkpoint folder (no value: --ckpt-dir's latest); the "
+                        "resumed steps equal an uninterrupted run's")
+    e.add_argument("--gpu", default=None, help="GPU preset whose peak FLOP/s MFU is reported against")
+    e.add_argument("--hardware", default=None, metavar="FILE",
+                   help="hardware TOML (e.g. from calibrate) whose peak FLOP/s MFU is reported against")
+    e.add_argument("--log-file", default=None, metavar="FILE", help="append per-step metrics as JSON lines")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    r = p.add_argument_group("device")
+    r.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    r.add_argument("--device-budget", default=None, metavar="SIZE",
+                   help="device arena budget, e.g. 2GiB (default: unlimited)")
+    r.add_argument("--compute-threads", type=int, default=None,
+                   help="CPU backend: intra-op threads of the compute lane (default: cores - 1)")
+
+    s = p.add_argument_group("reliability")
+    s.add_argument("--host-budget", default=None, metavar="SIZE",
+                   help="host RAM this run may use, e.g. 64GiB (default: MemAvailable + this process)")
+    s.add_argument("--no-admission", action="store_true",
+                   help="skip the up-front check that the run fits host RAM, device memory and the disk "
+                        "space of its outputs (experts)")
+    s.add_argument("--op-timeout", type=float, default=None, metavar="SECONDS",
+                   help="a step with no op starting or finishing for this long fails as stuck instead of "
+                        "hanging (default 120; raise it for very large models on the CPU backend). After a "
+                        "first SIGINT/SIGTERM a stuck step is given up after 10 s")
+    s.add_argument("--on-nonfinite", choices=("skip", "stop"), default=None,
+                   help="a NaN/inf loss or gradient: skip the update (weights and optimizer state "
+                        "unchanged) or stop the run (default skip; stop with --optimizer backward, "
+                        "which cannot skip exactly)")
+    return p
+
+
+def _peak_flops(args, compute_dtype: str) -> tuple[float | None, str]:
+    """(peak FLOP/s of the compute dtype, where it came from) from --hardware or --gpu."""
+    if args.hardware and args.gpu:
+        raise HorizonError("give --gpu or --hardware, not both")
+    if args.hardware:
+        from horizon_sim.specs.hardware_io import load_hardware
+        dev = load_hardware(args.hardware).device
+    elif args.gpu:
+        from horizon_sim.specs.hardware_presets import device_preset
+        dev = device_preset(args.gpu)
+    else:
+        return None, ""
+    tf = dev.bf16_TFLOPs if compute_dtype == "bf16" else dev.fp32_TFLOPs
+    return tf * 1e12, f"{dev.name} {compute_dtype} peak {tf:g} TFLOP/s"
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from horizon_exec.train.checks import check_train_args
+    check_train_args(args)
+    from horizon_exec.train.outputs import prepare_outputs
+    init = None
+    if args.init_from:  # a folder, or a model id in the HF cache: --save-hf must not replace it
+        from horizon_exec.files.hf_checkpoint import resolve_checkpoint
+        init = resolve_checkpoint(args.init_from)
+    prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, init_from=init)
+    if not args.ckpt_dir:
+        return _run_train(args)
+    from horizon_exec.files import ckpt_lock
+    with ckpt_lock.holding(args.ckpt_dir):  # before anything is built: one run per folder
+        return _run_train(args)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from horizon_exec.files import hf_checkpoint
+    from horizon_exec.files.data import data_bytes_bound, load_dataset
+    from horizon_exec.errors import ExecError
+    from horizon_exec.files.fileio import OutputError
+    from horizon_exec.train.loop import EvalError, Interrupted
+    from horizon_exec.optim.lr import CosineSchedule
+    from horizon_exec.files.tokenize import load_tokenizer, resolve_tokenizer, tokenizer_of_folder
+    from horizon_exec.runtime.trainer import NonFiniteError, Trainer
+    from horizon_sim.specs.hf_config import load_model
+    from horizon_sim.units import parse_size
+
+    # ---- model, tokenizer, data ------------------------------------------------------------
+    init_dir = hf_checkpoint.resolve_checkpoint(args.init_from) if args.init_from else None
+    if init_dir is not None:
+        model = hf_checkpoint.spec_from_hf_dir(init_dir)
+        if args.model:
+            hf_checkpoint.check_same_shapes(load_model(args.model), model, f"--init-from {args.init_from}",
+                                            f"--model {args.model}")
+    else:
+        model = load_model(args.model)
+    policy = dataclasses.replace(policy_from_args(args), loss_chunk_tokens=args.loss_chunk_tokens)
+    tok_path = resolve_tokenizer(args.tokenizer) if args.tokenizer else (
+        tokenizer_of_folder(init_dir) if init_dir is not None else None)
+    tok = load_tokenizer(tok_path, args.eos_token)
+    if tok.vocab_size > model.vocab:
+        raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")
+    # The data is loaded after the admission, which counts what it will hold (a bound from its size).
+    data_bytes = data_bytes_bound(args.data, tok, policy.seq)
+    min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
+    sched = CosineSchedule(peak=args.lr, total_steps=args.steps, warmup_steps=args.warmup_steps, min_lr=min_lr)
+    peak, peak_what = _peak_flops(args, policy.compute_dtype)
+    budget = parse_size(args.device_budget, "--device-budget") if args.device_budget else None
+    host_budget = parse_size(args.host_budget, "--host-budget") if args.host_budget else None
+    hardware = None
+    if args.hardware and not args.no_admission:
+        from horizon_sim.specs.hardware_io import load_hardware
+        hardware = load_hardware(args.hardware)  # its speeds and runtime overhead, for admission
+    if args.save_hf:
+        parse_size(args.save_shard_size, "--save-shard-size")  # a bad size is refused before training
+
+    # ---- trainer and loop ------------------------------------------------------------------
+    tr = Trainer(model, policy, lr=args.lr, weight_decay=args.weight_decay,
+                 betas=(args.beta1, args.beta2), eps=args.eps, device=args.device, seed=args.seed,
+                 device_budget_bytes=budget, compute_threads=args.compute_threads,
+                 random_init=args.init_from is None, admission=not args.no_admission,
+                 host_budget_bytes=host_budget, hardware=hardware, on_nonfinite=args.on_nonfinite,
+                 data_bytes=data_bytes,
+                 **({"timeout_s": args.op_timeout} if args.op_timeout is not None else {}))
+    with tr:
+        if not args.no_admission:
+            from horizon_exec.train.save import check_space_for
+            check_space_for(args, tr)
+        ds = load_dataset(args.data, tok, policy.seq, args.eval_fraction, doc_masks=policy.doc_masks)
+        try:
+            return _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what)
+        except Interrupted as e:
+            print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
+            return e.exit_code
+        except NonFiniteError as e:
+            print(f"horizon train: stopped: {e}", file=sys.stderr)
+            return 1
+        except (OutputError, EvalError) as e:  # disk full, an eval that failed...: not a bad input
+            print(f"horizon train: error: {e}", file=sys.stderr)
+            return 1
+        except ExecError as e:
+            if os.environ.get("HORIZON_DEBUG"):
+                traceback.print_exception(e.__cause__ or e, file=sys.stderr)
+            print(f"horizon train: error: {e} (HORIZON_DEBUG=1 shows the traceback)", file=sys.stderr)
+            return 1
+
+
+def _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what) -> int:
+    from horizon_exec.train.loop import LoopConfig, TrainLoop
+
+    cfg = LoopConfig(steps=args.steps, schedule=sched, eval_every=args.eval_every,
+                     eval_batches=args.eval_batches, ckpt_dir=args.ckpt_dir,
+                     save_every=args.ckpt_interval, keep_ckpts=args.keep_ckpts, peak_flops=peak,
+                     progress=not args.no_progress, log_file=args.log_file)
+    with TrainLoop(tr, ds, cfg, seed=args.seed) as loop:
+        return _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what)
+
+
+def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what) -> int:
+    from horizon_exec.files import hf_checkpoint
+    from horizon_exec.runtime.buffers import TORCH_DTYPE
+    from horizon_sim.units import fmt_bytes
+
+    print(f"horizon train: {model.name}, {model.total_params / 1e6:.1f}M params, {len(tr.sched)} ops/step, "
+          f"host store {fmt_bytes(tr.host_store_bytes)}, device {args.device}")
+    print(f"data: {ds.source}, tokenizer {tok.name}, {ds.n_tokens:,} tokens -> {len(ds.train)} train + "
+          f"{len(ds.eval)} eval sequences of {policy.seq}")
+    if tr.admission is not None:
+        print(f"admission: fits: {tr.admission.line()}")
+    print(f"optimizer: AdamW ({policy.optimizer}), {policy.states_dtype} moments: "
+          f"{tr.runner.adamw.describe(TORCH_DTYPE[policy.master_dtype], TORCH_DTYPE[policy.states_dtype])}")
+    if args.resume is not None:
+        p = loop.resume(args.resume or args.ckpt_dir)
+        print(f"resumed from {p} at step {loop.step}")
+        if init_dir is not None:  # the same command line plus --resume is how a run is continued: not an error
+            print(f"--init-from {args.init_from}: its config, tokenizer and side files are used; the weights "
+                  f"and optimizer state come from the checkpoint")
+    elif init_dir is not None:
+        hf_checkpoint.load_hf(tr, init_dir)
+        print(f"weights from {init_dir}")
+    if peak_what:
+        print(f"MFU against {peak_what}")
+    res = loop.run()
+    if res is None:
+        print(f"nothing to do: the run is at step {loop.step} of {args.steps}")
+    else:
+        ev = loop.evals.get(loop.step)
+        rate = f"{loop.tokens_per_s:,.0f} tokens/s"
+        rate += (f"  MFU {100 * loop.model_flops_per_s / peak:.3g}%" if peak else
+                 f"  {loop.model_flops_per_s / 1e12:.3g} model TFLOP/s")
+        print(f"final loss {res.loss:.4f}" + (f"  eval loss {ev:.4f}" if ev is not None else "")
+              + f"  grad norm {res.grad_norm:.3f}  {rate}  device peak {fmt_bytes(res.device_peak_bytes)}"
+              f"  peak RSS {fmt_bytes(res.rss_peak_bytes)}")
+    if loop.skipped:
+        print(f"{len(loop.skipped)} step(s) skipped for a non-finite loss or gradient: "
+              f"{', '.join(map(str, loop.skipped[:20]))}{' ...' if len(loop.skipped) > 20 else ''}")
+        if len(loop.skipped) == loop.steps_run:  # nothing was learnt: not a success, nothing to publish
+            print(f"horizon train: error: every step of this run ({loop.steps_run}) was skipped for a "
+                  f"non-finite loss or gradient, so the weights never changed"
+                  + (" (--save-hf not written)" if args.save_hf else "")
+                  + "; lower --lr or check the data and the initial weights", file=sys.stderr)
+            return 1
+    if args.save_hf:
+        from horizon_exec.train.save import save_hf
+        save_hf(args, tr, loop, tok, init_dir)
+    return 0
+
+
+# The `horizon` entry point calls every subcommand module's configure(parser) and run(args).
+configure = configure_train_parser
+run = run_train
+KEEP_RUNNING_WITHOUT_STDOUT = True  # progress lines are not the product (stdout_guard.py)

@@ -1,0 +1,73 @@
+"""`horizon validate`: run small configurations through the executor, simulate the same
+schedules on a (calibrated) hardware file, compare, and write the table and Gantt overlays into
+reports/. Needs torch (imported only when it runs)."""
+import argparse
+from pathlib import Path
+
+from horizon_exec.cli.needs_exec import import_executor, say
+from horizon_sim.errors import HorizonError
+
+EXAMPLE = """example:
+  horizon calibrate -o /tmp/machine.toml && horizon validate --hardware /tmp/machine.toml
+  horizon validate --hardware machine.toml --configs base,wide_after --steps 8 --json
+  horizon validate                 # calibrates first (about 40 s), then validates"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = ("Predicted vs measured: run seven small configurations (depth, width, batch, K, slots, "
+                     "checkpoint placement, optimizer overlap, vocabulary, micro-batches) through the executor, "
+                     "simulate the same Schedule on the hardware file, and compare step time, busy time per "
+                     "lane, overlap, device peak and host RSS. Writes validation.md, validation.csv and "
+                     "validation_<config>.png into --out. Progress goes to stderr.")
+    p.epilog = EXAMPLE
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--hardware", default=None, metavar="FILE.toml",
+                   help="a hardware file from `horizon calibrate` (default: calibrate this machine first)")
+    p.add_argument("--out", default="reports", help="folder for the report files, created if missing (default reports)")
+    p.add_argument("--steps", type=int, default=6, help="measured steps per configuration (default 6)")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first (default 1)")
+    p.add_argument("--configs", default=None, help="comma-separated subset of the configurations")
+    p.add_argument("--quick", action="store_true", help="two tiny configurations (for tests)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--no-plots", action="store_true", help="skip the overlay PNGs")
+    p.add_argument("--json", action="store_true", help="print the errors as one JSON object")
+
+
+def run(a: argparse.Namespace) -> int:
+    if a.steps < 1 or a.warmup < 0:
+        raise HorizonError(f"--steps {a.steps} must be >= 1 and --warmup {a.warmup} >= 0")
+    out = Path(a.out)
+    if out.exists() and not out.is_dir():
+        raise HorizonError(f"--out {a.out!r} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HorizonError(f"--out {a.out!r}: cannot create the folder ({e.strerror})") from None
+    V = import_executor("horizon_exec.measure.validate", "validate")
+    try:  # before a calibration or a configuration runs
+        import_executor("horizon_exec.device.backend", "validate").check_device(a.device)
+    except HorizonError as e:
+        raise HorizonError(f"--device: {e}") from None
+    configs = V.QUICK_CONFIGS if a.quick else V.CONFIGS
+    if a.configs:
+        names = [n.strip() for n in a.configs.split(",") if n.strip()]
+        known = {c.name: c for c in (*V.CONFIGS, *V.QUICK_CONFIGS)}
+        bad = [n for n in names if n not in known]
+        if bad:
+            raise HorizonError(f"unknown configuration(s) {', '.join(bad)}; known: {', '.join(known)}")
+        configs = tuple(known[n] for n in names)
+    if a.hardware:
+        from horizon_sim.specs.hardware_io import load_hardware
+        hw = load_hardware(a.hardware)
+    else:
+        hw = import_executor("horizon_exec.measure.calibrate", "validate").calibrate(a.device, quick=a.quick, say=say)
+    v = V.validate(hw, configs, steps=a.steps, warmup=a.warmup, device=a.device, out_dir=out,
+                   plots=not a.no_plots, say=say)
+    if a.json:
+        print(V.dumps(v))
+        return 0
+    print(V.figures_text(v))
+    cols = ["config", "step_s_meas", "step_s_pred", "step_s_err", "device_peak_MiB_err", "rss_MiB_err"]
+    print(v.table[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print("wrote " + ", ".join(str(f) for f in v.files))
+    return 0

@@ -1,0 +1,89 @@
+"""CPU backend: the "device" is host memory and the compute lane's own core(s).
+
+One worker thread per lane; an op runs to completion in its lane thread, so the host-side done
+flag is the whole dependency. The compute lane gets `compute_threads` intra-op threads pinned
+to its own cores (default: all cores but one); the copy and optimizer lanes share the rest.
+Device slots and activations are ordinary tensors, but every one is charged to the arena, and
+each compute op's temporaries are measured by a dispatch-mode tracker (memtrack.py).
+Dynamic host buffers (host checkpoints, per-step host grads) come from a HostPool, as on CUDA:
+kept at their exact size and reused, so the memory held is what the planner counts (per size,
+the most live at once on its simulated timeline; more where a lane lags further, e.g. the
+optimizer in `backward` mode) and a step does not fault fresh pages in (~0.4 ms per 6 MB buffer).
+A buffer is freed by an op that ran after every op that touched it, to completion in its lane
+thread, so its block is reusable at once (no fence).
+The host store and the pool's blocks sit on transparent huge pages (hugepages.py).
+"""
+import os
+import time
+
+import torch
+
+from horizon_exec.device.backend import Backend
+from horizon_exec.device.hugepages import host_bytes
+from horizon_exec.device.host_pool import HostPool
+from horizon_exec.device.memtrack import TransientTracker
+from horizon_sim.errors import HorizonError
+from horizon_sim.schedule.op import Lane
+
+
+def _cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+
+    def __init__(self, compute_threads: int | None = None, pin_cores: bool = True,
+                 track_memory: bool = True):
+        if compute_threads is not None and (not isinstance(compute_threads, int) or compute_threads < 1):
+            raise HorizonError(f"compute_threads={compute_threads!r} must be a positive integer (None: cores - 1)")
+        self.device = torch.device("cpu")
+        cores = _cores()
+        self.compute_threads = compute_threads or max(1, len(cores) - 1)
+        self.compute_cores = cores[:self.compute_threads]
+        self.host_cores = cores[self.compute_threads:] or cores
+        self.pin_cores = pin_cores and hasattr(os, "sched_setaffinity")
+        self.track_memory = track_memory
+        self.pool = HostPool(host_bytes)
+        self._t0 = 0.0
+
+    def start_lane(self, lane: Lane) -> None:
+        compute = lane == Lane.COMPUTE
+        torch.set_num_threads(self.compute_threads if compute else len(self.host_cores))
+        if self.pin_cores:
+            try:  # this thread only; best effort (a container may forbid it)
+                os.sched_setaffinity(0, self.compute_cores if compute else self.host_cores)
+            except OSError:
+                pass
+
+    def mark(self, lane):
+        return time.perf_counter()
+
+    def step_begin(self):
+        self._t0 = time.perf_counter()
+
+    def seconds(self, mark) -> float:
+        return mark - self._t0
+
+    def empty(self, shape, dtype):
+        return torch.empty(shape, dtype=dtype)
+
+    def host_raw(self, nbytes):
+        return host_bytes(nbytes)
+
+    def compute_scope(self, arena, what):
+        if not self.track_memory:
+            return super().compute_scope(arena, what)
+        return TransientTracker(arena, what)
+
+    def h2d(self, dst, src):
+        dst.copy_(src)
+
+    def d2h(self, dst, src):
+        dst.copy_(src)
+
+    def d2h_add(self, dst, src):
+        dst.add_(src)

@@ -1,0 +1,250 @@
+"""Hugging Face checkpoints in and out of the host store, one tensor at a time.
+
+    spec = spec_from_hf_dir("Qwen2.5-0.5B/")          # config.json -> ModelSpec (llama/qwen2/mistral)
+    tr = Trainer(spec, policy, random_init=False)
+    load_hf(tr, "Qwen2.5-0.5B/")                       # safetensors -> fp32 master (+ working copy)
+    save_hf(tr, "out/", dtype="bf16")                  # master -> safetensors + config.json
+
+Loading never holds the model twice: safetensors files are memory-mapped (`safe_open`), each
+tensor is read on its own, cast to fp32 and copied into its place in the store's flat
+buffers (names map through layout.py, which uses transformers' names), then dropped. Peak
+extra memory is the largest single tensor. Sharded checkpoints are read through
+model.safetensors.index.json; a folder with a single model.safetensors (or one *.safetensors
+file) works too.
+
+Saving streams the fp32 master into per-shard safetensors (fp32 or bf16) with fileio's
+writer (one tensor of extra memory), plus config.json and, when sharded, the index. The
+folder is built under a temporary name and renamed into place (fileio.publish_dir). The
+result loads with `AutoModelForCausalLM.from_pretrained(dir)`.
+"""
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from horizon_exec.files.fileio import publish_dir, staging_dir, write_safetensors, write_text
+from horizon_exec.files.tokenize import TOKENIZER_FILES
+from horizon_sim.errors import HorizonError
+from horizon_sim.schedule.op import Holds
+from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
+from horizon_sim.specs.hf_config import from_hf_config
+from horizon_sim.specs.hf_export import to_hf_config_dict
+from horizon_sim.specs.model import ModelSpec
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+SAVE_DTYPES = {"fp32": (torch.float32, "float32"), "bf16": (torch.bfloat16, "bfloat16")}
+DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' long-standing save_pretrained default
+# Files that make a saved folder a usable model besides the weights; copied from the source.
+MODEL_SIDE_FILES = ("generation_config.json",)
+SIDE_FILES = (*MODEL_SIDE_FILES, *TOKENIZER_FILES, "tokenizer.model", "vocab.json", "merges.txt")
+_SHAPE_FIELDS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "hd", "ffn_hidden", "vocab",
+                 "tied_embeddings", "qkv_bias", "mlp_bias", "norm_eps", "rope_theta")
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints carry
+
+
+def resolve_checkpoint(name) -> Path:
+    """A checkpoint folder on disk, or a model id ('Qwen/Qwen2.5-0.5B[@rev]') resolved in the
+    local Hugging Face cache (never downloaded)."""
+    s = str(name)
+    if looks_like_model_id(s):
+        return resolve_model_dir(s)
+    return Path(s)
+
+
+def spec_from_hf_dir(path) -> ModelSpec:
+    """ModelSpec of a local checkpoint folder (validates model_type: llama, qwen2, mistral)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise HorizonError(f"HF checkpoint {str(p)!r} is not a folder (want config.json + *.safetensors)")
+    return from_hf_config(p)
+
+
+def check_same_shapes(a: ModelSpec, b: ModelSpec, where: str, what: str = "the model being trained") -> None:
+    """HorizonError unless `b` (read from `where`) has the shapes of `a` (`what`)."""
+    for f in _SHAPE_FIELDS:
+        va, vb = getattr(a, f), getattr(b, f)
+        if va != vb:
+            raise HorizonError(f"{where}: {f}={vb!r} but {what} has {f}={va!r}")
+
+
+def weight_files(path) -> dict[str, list[str]]:
+    """{file name: [tensor names]} of a checkpoint folder (from the index when sharded)."""
+    d = Path(path)
+    idx = d / INDEX
+    if idx.is_file():
+        try:
+            wmap = json.loads(idx.read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as e:
+            raise HorizonError(f"{idx}: not a valid safetensors index ({type(e).__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        if not isinstance(wmap, dict):
+            raise HorizonError(f"{idx}: weight_map must be an object of tensor name -> file name")
+        files: dict[str, list[str]] = {}
+        for name, fname in wmap.items():
+            # a plain file name of this folder: never a path that leads out of it
+            if (not isinstance(fname, str) or not fname.endswith(".safetensors") or "/" in fname
+                    or "\\" in fname or fname.startswith(".")):
+                raise HorizonError(f"{idx}: tensor {name!r} maps to {fname!r}; want a .safetensors file "
+                                   "name in the checkpoint folder")
+            files.setdefault(fname, []).append(name)
+        for fname in files:
+            if not (d / fname).is_file():
+                raise HorizonError(f"{idx}: shard {fname!r} is missing from {d}")
+        return files
+    cands = [d / SINGLE] if (d / SINGLE).is_file() else sorted(d.glob("*.safetensors"))
+    if len(cands) != 1:
+        bins = sorted(d.glob("*.bin"))
+        hint = " (PyTorch .bin checkpoints are not read; convert them to safetensors)" if bins else ""
+        raise HorizonError(f"{d}: found {len(cands)} safetensors files and no {INDEX}; "
+                           f"want one model.safetensors or an index{hint}")
+    return {cands[0].name: None}  # names come from the file itself
+
+
+@torch.no_grad()
+def load_hf(trainer, path) -> None:
+    """Copy a local HF checkpoint's weights into the trainer's fp32 master (and working
+    copy). The config must describe the trainer's model; every tensor must be present, known
+    and of the right shape, else a one-line HorizonError names it. Optimizer state is reset
+    (moments and step counters zero, no pending update): this is an initialisation."""
+    from safetensors import safe_open
+
+    d = Path(path)
+    check_same_shapes(trainer.model, spec_from_hf_dir(d), str(d / "config.json"))
+    params = trainer.state_dict()         # name -> fp32 view into the store
+    tied = trainer.model.tied_embeddings
+    seen: set[str] = set()
+    for fname, names in weight_files(d).items():
+        try:
+            with safe_open(str(d / fname), framework="pt", device="cpu") as f:
+                for name in (names if names is not None else f.keys()):
+                    if name not in params:
+                        if (tied and name == "lm_head.weight") or name.endswith(_IGNORED_SUFFIXES):
+                            continue  # a tied head saved anyway (it equals the embedding)
+                        raise HorizonError(f"{d / fname}: unexpected tensor {name!r} (not a parameter of "
+                                           f"{'a tied' if tied else 'an untied'} {trainer.model.name} model)")
+                    dst = params[name]
+                    sl = f.get_slice(name)
+                    shape = tuple(sl.get_shape())
+                    if shape != tuple(dst.shape):
+                        raise HorizonError(f"{d / fname}: tensor {name!r} has shape {shape}, "
+                                           f"the model needs {tuple(dst.shape)}")
+                    if sl.get_dtype() not in ("F32", "BF16", "F16", "F64"):
+                        raise HorizonError(f"{d / fname}: tensor {name!r} has dtype {sl.get_dtype()}; "
+                                           "want a floating-point checkpoint")
+                    dst.copy_(f.get_tensor(name))     # one tensor read, cast to fp32 in place
+                    seen.add(name)
+        except HorizonError:
+            raise
+        except Exception as e:  # a truncated or corrupt file
+            raise HorizonError(f"{d / fname}: cannot read ({type(e).__name__}: {e})") from None
+    missing = [n for n in params if n not in seen]
+    if missing:
+        raise HorizonError(f"{d}: tensor {missing[0]!r} is missing from the checkpoint"
+                           + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    reset_optimizer_state(trainer)
+    trainer._refresh_working_copy()
+
+
+def reset_optimizer_state(trainer) -> None:
+    """Adam moments and step counters to zero, no pending pipelined update."""
+    for b in trainer.sched.buffers.values():
+        if b.name in trainer.store and b.holds in (Holds.MOMENTS, Holds.HOST_GRAD, Holds.GRAD_SQ, Holds.GRAD_NORM):
+            trainer.store.t[b.name].zero_()
+    for s in trainer.store.steps.values():
+        s.zero_()
+    trainer.pending = False
+
+
+def hf_config_dict(spec: ModelSpec, dtype: str, base: dict | None = None) -> dict:
+    """config.json for a save: the source checkpoint's own config when given (it describes
+    the same model, and keeps fields we do not model, like token ids), else hf_export's."""
+    d = dict(base) if base is not None else to_hf_config_dict(spec)
+    d["torch_dtype"] = d["dtype"] = SAVE_DTYPES[dtype][1]  # transformers 4.x and 5.x names
+    return d
+
+
+def _shards(items, max_shard_bytes: int, itemsize: int):
+    shards, cur, size = [], [], 0
+    for name, t in items:
+        n = t.numel() * itemsize
+        if cur and size + n > max_shard_bytes:
+            shards.append(cur)
+            cur, size = [], 0
+        cur.append((name, t))
+        size += n
+    if cur:
+        shards.append(cur)
+    return shards
+
+
+def save_hf(trainer, path, dtype: str = "fp32", max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+            base_config: dict | None = None, side_files=()) -> Path:
+    """Write the trainer's master weights as a transformers checkpoint folder at `path`
+    (pending pipelined updates are applied first). dtype: 'fp32' or 'bf16'. Shards of at
+    most max_shard_bytes (a tensor larger than that gets a shard of its own). base_config:
+    the source config.json to keep (see hf_config_dict); side_files: paths copied in
+    (tokenizer files). The folder is built aside and renamed into place."""
+    if dtype not in SAVE_DTYPES:
+        raise HorizonError(f"save dtype {dtype!r}; allowed: {', '.join(SAVE_DTYPES)}")
+    if max_shard_bytes <= 0:
+        raise HorizonError(f"max shard size {max_shard_bytes} must be positive")
+    out = Path(path)
+    check_output_dir(out)
+    trainer.flush()
+    tdt = SAVE_DTYPES[dtype][0]
+    items = list(trainer.state_dict().items())
+    shards = _shards(items, max_shard_bytes, torch.empty((), dtype=tdt).element_size())
+    with staging_dir(out) as tmp:
+        if len(shards) == 1:
+            write_safetensors(tmp / SINGLE, [(n, t, tdt) for n, t in shards[0]], {"format": "pt"})
+        else:
+            wmap, total = {}, 0
+            for i, shard in enumerate(shards, 1):
+                fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                write_safetensors(tmp / fname, [(n, t, tdt) for n, t in shard], {"format": "pt"})
+                for n, t in shard:
+                    wmap[n] = fname
+                    total += t.numel() * tdt.itemsize
+            write_text(tmp / INDEX, json.dumps({"metadata": {"total_size": total}, "weight_map": wmap},
+                                               indent=2) + "\n")
+        cfg = hf_config_dict(trainer.model, dtype, base_config)
+        write_text(tmp / "config.json", json.dumps(cfg, indent=2) + "\n")
+        for f in side_files:
+            f = Path(f)
+            if f.is_file() and f.name not in ("config.json", INDEX) and not f.name.endswith(".safetensors"):
+                shutil.copyfile(f, tmp / f.name)
+        publish_dir(tmp, out)
+    return out
+
+
+def check_output_dir(out: Path) -> None:
+    """HorizonError unless `out` can be replaced by a saved checkpoint: absent, or a folder
+    holding nothing but an HF checkpoint (it is replaced as a whole)."""
+    if out.exists() and not out.is_dir():
+        raise HorizonError(f"{str(out)!r} exists and is not a folder")
+    if out.is_dir():
+        other = sorted(p.name for p in out.iterdir() if not _checkpoint_file(p.name))
+        if other:
+            raise HorizonError(f"{str(out)!r} holds files that are not part of an HF checkpoint "
+                               f"(e.g. {other[0]!r}); save to a new or checkpoint-only folder")
+
+
+def _checkpoint_file(name: str) -> bool:
+    return name in ("config.json", INDEX, *SIDE_FILES) or name.endswith(".safetensors")
+
+
+def side_files_of(path) -> list[Path]:
+    """The tokenizer/generation files of a checkpoint folder, to carry over on save."""
+    d = Path(path)
+    return [d / n for n in SIDE_FILES if (d / n).is_file()]
+
+
+def model_side_files(path) -> list[Path]:
+    """The model's own non-weight files of a checkpoint folder (generation config); the
+    tokenizer's files come from the tokenizer a run uses (tokenize.HFTokenizer.files)."""
+    if path is None:
+        return []
+    d = Path(path)
+    return [d / n for n in MODEL_SIDE_FILES if (d / n).is_file()]

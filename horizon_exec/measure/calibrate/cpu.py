@@ -1,0 +1,149 @@
+"""The CPU backend's calibration: every figure measured in a thread set up like the lane that
+will do the work, the noise-prone ones over rounds spread across the run."""
+import os
+import statistics
+import time
+from dataclasses import replace
+
+import torch
+
+from horizon_exec.measure.calibrate.contention import busy_latencies, compute_slowdown
+from horizon_exec.measure.calibrate.host import (_cpu_name, os_reserved_GiB, measure_accumulate_GBps, measure_adam_Gparams,
+                                         measure_bus_GBps, measure_copy_GBps, measure_reduce_GBps,
+                                         measure_shared_cores, ram_GiB)
+from horizon_exec.measure.calibrate.kernels import (_gemm_shapes, attention_grid, gemm_grid, gemm_rates, gemm_times,
+                                            measure_attention, measure_elementwise, measure_loss_ns_per_logit,
+                                            slope_GBps)
+from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, TINY, TINY_POLICY, TinyProbe, head_id, op_overheads,
+                                              runtime_overhead_GiB)
+from horizon_exec.measure.calibrate.timing import Progress, _in_lane, _mean_rate
+from horizon_sim.schedule import Lane, OpKind, work
+from horizon_sim.sim.costs import COPY_TRAFFIC
+from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
+
+
+def _elem_points(rounds) -> list:
+    """(mean seconds, bytes) at the small and the large token count, over the rounds so far."""
+    return [(statistics.mean(x[i][0] for x in rounds), rounds[0][i][1]) for i in (0, 1)]
+
+
+def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
+    from horizon_exec.device.cpu import CpuBackend
+    from horizon_exec.measure.probe import probe
+    t_start = time.perf_counter()
+    be = CpuBackend()
+    prog = Progress(total=4 + rounds, say=say)
+    compute = lambda fn: _in_lane(be, Lane.COMPUTE, fn)  # noqa: E731
+    host = lambda fn: _in_lane(be, Lane.CPU, fn)         # noqa: E731
+
+    shapes = _gemm_shapes(quick, "cpu", model, policy)
+    fp32_shapes = [(l, *s) for l in work.LAYOUTS for s in gemm_grid(True, "cpu")]
+    prog.step(f"GEMM library warm-up: {len(shapes)} bf16 shapes, {len(fp32_shapes)} fp32 on "
+              f"{be.compute_threads} thread(s) of core(s) {be.compute_cores}")
+    gemm_visits = [compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu"))]  # warm, and a first visit
+    fp32_visits = [compute(lambda: gemm_times(fp32_shapes, torch.float32, "cpu"))]
+
+    ram = ram_GiB()
+    tiny = [TinyProbe("cpu"), TinyProbe("cpu", HEAD8_POLICY)]
+
+    def sample_tiny():
+        for t in tiny:
+            t.sample(1)
+    sample_tiny()
+    attn_pts = attention_grid(quick, "cpu")
+    R: dict = {"attn": {p: [] for p in attn_pts}, "mattn": {p: [] for p in attn_pts}, "elem": [], "h2d": [], "d2h": [], "thread": [],
+               "reduce": [], "adam": [], "slowdown": [], "loss": []}
+    layer_bytes = 4 * 2**20 if not quick else 2**20
+    for r in range(rounds):
+        prog.step(f"round {r + 1}/{rounds}: GEMM grid (cold operands), attention kernels, elementwise "
+                  "bandwidth, copies, AdamW, per-op fixed costs (a tiny model, ops serialized)")
+        sample_tiny()
+        if not quick:  # one more visit of the grid per round, alternating direction
+            gemm_visits.append(compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu", reverse=r % 2 == 0,
+                                                          warm=False)))
+            sample_tiny()
+        for seq, hd in attn_pts:
+            R["attn"][(seq, hd)].append(compute(lambda: measure_attention(seq, hd, torch.bfloat16, "cpu")))
+            R["mattn"][(seq, hd)].append(compute(lambda: measure_attention(seq, hd, torch.bfloat16, "cpu",
+                                                                           masked=True)))
+        sample_tiny()
+        R["elem"].append(compute(lambda: measure_elementwise(torch.bfloat16, "cpu", quick)))
+        R["loss"].append(compute(lambda: measure_loss_ns_per_logit(2048 if quick else 8192)))
+        R["h2d"].append(host(lambda: measure_copy_GBps(layer_bytes, "h2d")))
+        R["d2h"].append(host(lambda: measure_copy_GBps(layer_bytes, "d2h")))
+        R["thread"].append(host(lambda: measure_accumulate_GBps(layer_bytes // 2)))
+        R["reduce"].append(host(lambda: measure_reduce_GBps(layer_bytes // 2)))
+        R["adam"].append(host(lambda: measure_adam_Gparams(2**21 if not quick else 2**19, quick)))
+        sample_tiny()
+        R["slowdown"].append(compute_slowdown(be, quick))
+        g = gemm_rates(gemm_visits[-1:])
+        prog.done(f"GEMM median {statistics.median(g.values()) * 1e3:.0f} GFLOP/s, elementwise "
+                  f"{slope_GBps(_elem_points(R['elem'])):.1f} GB/s, h2d {R['h2d'][-1]:.1f} GB/s, AdamW {R['adam'][-1]:.2f} G params/s")
+    bf16, fp32 = gemm_rates(gemm_visits[1:] or gemm_visits), gemm_rates(fp32_visits)
+    gemm = [("bf16", s[0], *map(float, s[1:]), r) for s, r in bf16.items()]
+    gemm += [("fp32", s[0], *map(float, s[1:]), r) for s, r in fp32.items()]
+    bf16_best, fp32_best = max(bf16.values()), max(fp32.values())
+    shared = measure_shared_cores(be, layer_bytes, 2 * len(be.host_cores))
+    bus = measure_bus_GBps(64 * 2**20 if not quick else 8 * 2**20,
+                           sorted(set(be.compute_cores) | set(be.host_cores)))
+    attn, mattn = [], []
+    for out, key in ((attn, "attn"), (mattn, "mattn")):
+        for (seq, hd), vals in R[key].items():
+            out.append(("bf16", float(seq), float(hd), _mean_rate([v[0] for v in vals]),
+                        _mean_rate([v[1] for v in vals])))
+    elem = _elem_points(R["elem"])
+    h2d, d2h = _mean_rate(R["h2d"]), _mean_rate(R["d2h"])
+    dev = DeviceSpec(
+        name=f"cpu-core ({be.compute_threads} thread{'s' if be.compute_threads > 1 else ''})",
+        hbm_GiB=ram, bf16_TFLOPs=bf16_best, fp32_TFLOPs=fp32_best, hbm_GBps=slope_GBps(elem),
+        default_link="cpu-threads", matmul_efficiency=statistics.median(bf16.values()) / bf16_best,
+        reserved_GiB=0.0, launch_overhead_us=0.0, reduce_GBps=_mean_rate(R["reduce"]),
+        loss_ns_per_logit=statistics.mean(R["loss"]),
+        gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn), masked_attention_TFLOPs=tuple(mattn))
+    slowdown = statistics.mean(R["slowdown"])
+    link = LinkSpec(name="cpu-threads", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=0.0, pageable_GBps=h2d,
+                    cpu_driven=True)
+    dram = max(bus, COPY_TRAFFIC * h2d, COPY_TRAFFIC * d2h)  # traffic: a copied byte is read and written
+    hst = HostSpec(name=_cpu_name(), ram_GiB=ram, dram_GBps=dram, cores=os.cpu_count() or 1,
+                   adam_Gparams_per_s=_mean_rate(R["adam"]),
+                   os_reserved_GiB=os_reserved_GiB(ram),
+                   runtime_overhead_GiB=0.0, lane_cores=min(float(len(be.host_cores)), shared),
+                   thread_GBps=_mean_rate(R["thread"]))
+    hw = HardwareSpec(device=dev, link=link, host=hst)
+    for t in tiny:
+        t.close()
+    comp_us, copy_us, host_us = op_overheads(hw, tiny[0].own)
+    h1 = statistics.mean(tiny[0].own[head_id(TINY_POLICY)])
+    h8 = statistics.mean(tiny[1].own[head_id(HEAD8_POLICY)])
+    comp_us["head_chunk"] = max(0.0, (h8 - h1) / 7 * 1e6)
+
+    hw = HardwareSpec(device=replace(dev, op_overhead_us=tuple(sorted(comp_us.items()))),
+                      link=replace(link, latency_us=copy_us), host=replace(hst, op_latency_us=host_us))
+    prog.step("lanes together: copies and CPU-lane ops next to a busy compute lane")
+    busy = [busy_latencies(hw, "cpu", 2 if quick else 3) for _ in range(1 if quick else 2)]
+    copy_busy = statistics.mean(b[0] for b in busy)
+    host_busy = statistics.mean(b[1] for b in busy)
+    reduces = [b[2] for b in busy if b[2] > 0]
+    reduce = _mean_rate(reduces) if reduces else dev.reduce_GBps
+    prog.done(f"a copy takes {copy_busy:.0f} us longer, a CPU-lane op {host_busy:.0f} us; an offload's norm "
+              f"pass runs at {reduce:.1f} GB/s in place (alone: {dev.reduce_GBps:.1f}); a host lane copying "
+              f"without pause slows compute by {slowdown - 1:+.1%} (modelled while host-lane work runs)")
+    prog.step("runtime RSS: a tiny model trained in a fresh process")
+    res = probe(TINY, TINY_POLICY, steps=2, warmup=1)
+    runtime = runtime_overhead_GiB(res)
+    prog.done(", ".join(f"{k} {v:.0f} us" for k, v in comp_us.items())
+              + f"; copies {copy_us:.0f} us, cpu-lane ops {host_us:.0f} us; runtime RSS {runtime * 1024:.0f} MiB; "
+              f"host lanes share {shared:.2f} cores' worth, bus {bus:.1f} GB/s; bf16 GEMM best "
+              f"{bf16_best * 1e3:.0f} GFLOP/s, median {statistics.median(bf16.values()) * 1e3:.0f}")
+
+    prog.step("assemble the HardwareSpec")
+    hw = HardwareSpec(
+        device=replace(dev, op_overhead_us=tuple(sorted(comp_us.items())), reduce_GBps=reduce,
+                       launch_overhead_us=comp_us.get(OpKind.FORWARD.value, 0.0)),
+        link=replace(link, latency_us=copy_us, busy_latency_us=copy_busy),
+        host=replace(hst, op_latency_us=host_us, runtime_overhead_GiB=runtime, busy_latency_us=host_busy,
+                     compute_contention=max(0.0, slowdown - 1.0)),
+        name=f"{hst.name}, CPU backend: compute on {be.compute_threads} core(s), lanes on "
+             f"{len(be.host_cores)} ({'quick ' if quick else ''}calibrated {time.strftime('%Y-%m-%d %H:%M')})")
+    prog.done(f"total {time.perf_counter() - t_start:.0f} s")
+    return hw

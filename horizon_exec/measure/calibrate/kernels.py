@@ -1,0 +1,229 @@
+"""Compute kernels as the template runs them: GEMM throughput by shape and layout (operands cold
+in cache), the causal attention kernels, the elementwise kernels' bandwidth and the LM head's
+loss kernels per logit."""
+import statistics
+import time
+
+import torch
+
+from horizon_exec.measure.calibrate.timing import KernelTimer, _median_time
+from horizon_sim.schedule import work
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import Policy
+
+
+GEMM_MAX_MNK = 2**30
+"""Grid shapes with m*n*k above this are left out (their throughput has long saturated and
+they would dominate the calibration's time); the table interpolates to them."""
+
+
+def gemm_grid(quick: bool, device: str) -> list[tuple[int, int, int]]:
+    if device == "cpu":
+        dims = (128, 512) if quick else (128, 256, 512, 1024, 2048, 4096, 8192)
+        cap = GEMM_MAX_MNK
+    else:
+        dims = (512, 4096) if quick else (512, 1024, 2048, 4096, 8192, 16384)
+        cap = 2**40
+    return [(m, n, k) for m in dims for n in dims for k in dims if m * n * k <= cap]
+
+
+def model_gemms(model: ModelSpec, policy: Policy) -> set[tuple[str, int, int, int]]:
+    """(layout, m, n, k) of every GEMM the model's compute ops run under the policy."""
+    tok = policy.micro_batch * policy.seq
+    gs = work.block_gemms(model, tok, True) + work.head_gemms(model, tok, policy.loss_chunk_tokens)
+    return {(g.layout, g.m, g.n, g.k) for g in gs}
+
+
+class _ColdOperands:
+    """Operands of one GEMM shape taken round robin from a pool larger than the core's L2, so
+    each call finds them the way a layer op does: weights just copied in by another core
+    (in the shared cache at best), not in this core's private cache."""
+
+    def __init__(self, layout, m, n, k, dtype, device, pool_bytes):
+        per = (m * k + n * k) * torch.empty((), dtype=dtype).element_size()
+        count = 1 if device != "cpu" else max(2, min(16, pool_bytes // max(per, 1) + 1))
+        self.ops = []
+        for _ in range(count):
+            if layout == "nt":      # x . W^T: W stored (n, k)
+                a, b = torch.ones(m, k, dtype=dtype, device=device), torch.ones(n, k, dtype=dtype, device=device).t()
+            elif layout == "nn":    # dY . W: W stored (k, n)
+                a, b = torch.ones(m, k, dtype=dtype, device=device), torch.ones(k, n, dtype=dtype, device=device)
+            else:                   # X^T . dY: X stored (k, m)
+                a, b = torch.ones(k, m, dtype=dtype, device=device).t(), torch.ones(k, n, dtype=dtype, device=device)
+            self.ops.append((a, b))
+        self.out = torch.empty(m, n, dtype=dtype, device=device)
+        self.i = 0
+
+    def __call__(self):
+        a, b = self.ops[self.i % len(self.ops)]
+        self.i += 1
+        torch.mm(a, b, out=self.out)
+
+
+def gemm_times(shapes, dtype, device, sync=None, reverse: bool = False, warm: bool = True) -> dict:
+    """{(layout, m, n, k): seconds of one call} over `shapes`, operands cold in cache; one
+    warm-up call per shape first when `warm` (the GEMM library picks and lays out its kernel),
+    two timed calls for small shapes, one for large."""
+    pool = 8 * 2**20
+    out = {}
+    for shape in (reversed(shapes) if reverse else shapes):
+        layout, m, n, k = shape
+        fn = _ColdOperands(layout, m, n, k, dtype, device, pool)
+        if warm:
+            fn()
+        reps = 2 if m * n * k < 2**27 else 1
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        if sync:
+            sync()
+        out[shape] = (time.perf_counter() - t0) / reps
+    return out
+
+
+def gemm_rates(times: list[dict]) -> dict:
+    """{shape: TFLOP/s} from the mean time over visits (each a gemm_times result)."""
+    return {s: 2.0 * s[1] * s[2] * s[3] / statistics.mean(t[s] for t in times) / 1e12 for s in times[0]}
+
+
+def attention_grid(quick: bool, device: str) -> list[tuple[int, int]]:
+    seqs = (64, 256) if quick else ((64, 128, 256, 512, 1024) if device == "cpu" else (512, 1024, 2048, 4096, 8192))
+    hds = (64,) if quick else (64, 128)
+    return [(s, d) for s in seqs for d in hds]
+
+
+def measure_attention(seq: int, hd: int, dtype, device, sync=None, heads: int = 8, kv_heads: int = 4,
+                      reps: int = 3, masked: bool = False):
+    """(forward, backward) TFLOP/s of the causal SDPA kernels as the template calls them (q, k
+    rotated and v as strided (B, heads, T, hd) views of (B, T, heads, hd) projections; grouped
+    kv heads), timed kernel by kernel, against the nominal FLOPs: forward 2 T^2 hd per head and
+    sequence (the causal half of 4 T^2 hd), backward twice that. masked: the kernel under an
+    explicit bool mask (sliding windows, document masks), against the full 4 T^2 hd."""
+    fwd_only, fwd_bwd, nominal = attention_calls(seq, hd, dtype, device, heads, kv_heads,
+                                                 1024 if device == "cpu" else 16384, masked)
+
+    def once():
+        fwd_only()
+        fwd_bwd()
+    once()
+    fwd, bwd = [], []
+    for _ in range(reps):
+        t = KernelTimer(sync)
+        with t:
+            once()
+        fwd.append(t.time["attention_fwd"] / 2)
+        bwd.append(t.time["attention_bwd"])
+    return nominal / statistics.median(fwd) / 1e12, 2.0 * nominal / statistics.median(bwd) / 1e12
+
+
+def attention_calls(seq: int, hd: int, dtype, device, heads: int, kv_heads: int, tokens: int,
+                    masked: bool = False):
+    """(forward, forward-with-grad + autograd.grad, nominal forward FLOPs) of the causal SDPA as
+    the template calls it: q, k, v strided (B, heads, T, hd) views of (B, T, heads, hd)
+    projections, grouped kv heads, `tokens` // seq sequences. masked: under an explicit bool
+    mask as layers.attention_mask makes it (the kernel cannot skip tiles: the nominal count is
+    the full 4 T^2 hd)."""
+    import torch.nn.functional as F
+    batch = max(1, tokens // seq)
+
+    def heads_view(n):
+        return torch.randn(batch, seq, n, hd, device=device).to(dtype).transpose(1, 2)
+    q, k, v = heads_view(heads) * 1, heads_view(kv_heads) * 1, heads_view(kv_heads)
+    go = torch.randn(batch, heads, seq, hd, device=device).to(dtype)
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+
+    from horizon_exec.model.layers import attention_mask
+    mask = attention_mask(seq, max(1, seq // 4), None, device) if masked else None
+    kw = dict(attn_mask=mask, is_causal=not masked, enable_gqa=True)
+
+    def fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, **kw)
+
+    def fwd_bwd():
+        o = F.scaled_dot_product_attention(qg, kg, vg, **kw)
+        torch.autograd.grad(o, [qg, kg, vg], go)
+    return fwd, fwd_bwd, 2.0 * batch * heads * seq * seq * hd * (2 if masked else 1)
+
+
+def _block_pass(model: ModelSpec, batch: int, seq: int, dtype, device):
+    """fn() running one forward and one forward-with-grad + autograd.grad of the template block."""
+    from horizon_exec.model.layers import DecoderBlock
+    from horizon_exec.model.layout import block_layout
+    from horizon_exec.model.rope import rope_tables
+    lay = block_layout(model)
+    flat = (torch.randn(lay.numel, device=device) * 0.02).to(dtype)
+    w = lay.views(flat)
+    cos, sin = rope_tables(model, seq, dtype, device)
+    x = torch.randn(batch, seq, model.hidden, device=device).to(dtype)
+    blk = DecoderBlock(model)
+
+    def fn():
+        with torch.no_grad():
+            blk(w, x, cos, sin)
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_()
+            wp = {k: v.detach().requires_grad_() for k, v in w.items()}
+            y = blk(wp, xg, cos, sin)
+            torch.autograd.grad(y, [xg, *wp.values()], x)
+    return fn
+
+
+def measure_loss_ns_per_logit(vocab: int = 8192, chunk: int = 256, dtype=torch.bfloat16, device="cpu",
+                              sync=None, reps: int = 5) -> float:
+    """Nanoseconds per logit of the loss kernels of one LM-head chunk, the same kernels in the
+    same order as head.head_fwd_bwd's chunk loop less its two GEMMs: fp32 upcast, logsumexp,
+    target gather, masked loss, the softmax gradient in place, cast back."""
+    mm_out = torch.randn(chunk, vocab, device=device).to(dtype)
+    labels = torch.randint(0, vocab, (chunk,), device=device)
+    labels[-1] = -100
+
+    def once():
+        logits = mm_out.float()
+        valid = labels != -100
+        safe = torch.where(valid, labels, 0)
+        lse = torch.logsumexp(logits, dim=-1)
+        tgt = logits.gather(1, safe[:, None]).squeeze(1)
+        torch.where(valid, lse - tgt, 0.0).sum()
+        p = logits.sub_(lse[:, None]).exp_()
+        p[torch.arange(chunk, device=device), safe] -= valid.to(p.dtype)
+        p.mul_((valid.to(p.dtype) * 1e-3)[:, None])
+        p.to(dtype)
+    return _median_time(once, min_s=0.02, min_reps=reps, sync=sync) / (chunk * vocab) * 1e9
+
+
+ELEMENTWISE_MODEL = ModelSpec(name="calibrate-block", n_layers=1, hidden=512, n_heads=8, n_kv_heads=4,
+                              ffn_hidden=1376, vocab=256)
+
+
+def measure_elementwise(dtype, device, quick: bool, sync=None, sizes=None) -> list[tuple[float, int]]:
+    """(seconds, bytes) of the template block's elementwise kernels at a small and a large
+    token count, medians of repeats: the slope is their bandwidth, with the per-kernel
+    dispatch cost (the same at both sizes, and part of the op overheads) left out. `sizes`:
+    the two (batch, seq); by default the CPU's (a GPU needs ones large enough that each
+    kernel's bytes outweigh its launch, see calibrate/cuda.py)."""
+    out = []
+    for batch, seq in sizes or ((1, 64), (2, 256) if quick else (4, 256)):
+        fn = _block_pass(ELEMENTWISE_MODEL, batch, seq, dtype, device)
+        fn()
+        runs = []
+        for _ in range(3 if quick else 5):
+            t = KernelTimer(sync)
+            with t:
+                fn()
+            runs.append((t.time["elementwise"], t.bytes))
+        out.append((statistics.median(r[0] for r in runs), runs[0][1]))
+    return out
+
+
+def slope_GBps(points) -> float:
+    """Bytes/s from [(seconds, bytes) small, (seconds, bytes) large] (mean times over rounds)."""
+    (t1, b1), (t2, b2) = points
+    return (b2 - b1) / (t2 - t1) / 1e9 if t2 > t1 else b2 / t2 / 1e9
+
+
+def _gemm_shapes(quick, device, model, policy):
+    extra = model_gemms(model, policy or Policy()) if model is not None else set()
+    return sorted({(l, *s) for l in work.LAYOUTS for s in gemm_grid(quick, device)} | extra)

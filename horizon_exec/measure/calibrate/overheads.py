@@ -1,0 +1,107 @@
+"""Fixed per-op costs: a tiny model trained with its ops serialized, each op's own time less its
+modelled work; the head's cost per loss chunk; the runtime's RSS before model tensors."""
+import statistics
+from dataclasses import replace
+
+import torch
+
+from horizon_sim.schedule import Lane, OpKind, build_schedule
+from horizon_sim.sim.costs import CostModel
+from horizon_sim.sim.process_rss import allocator_retention_bytes, largest_transient_block
+from horizon_sim.specs.hardware import HardwareSpec
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import Policy
+from horizon_sim.units import GiB
+
+
+# The tiny model whose serialized ops give the fixed per-op costs: every kernel of the
+# template runs, on shapes so small that the work is microseconds.
+TINY = ModelSpec(name="calibrate-tiny", n_layers=3, hidden=64, n_heads=4, n_kv_heads=2,
+                 ffn_hidden=128, vocab=64)
+TINY_POLICY = Policy(batch=1, seq=16, act_ckpt_every=2, slots=2, optimizer="pipelined")
+
+
+class TinyProbe:
+    """The tiny model trained in this process with its ops serialized (one op at a time across
+    lanes, so each time is the op's own cost). The trainer stays up for the whole calibration
+    and `sample()` runs a few steps at many points of it, so the Python-bound fixed costs, the
+    noisiest figures on a shared machine, are averaged over the whole run."""
+
+    def __init__(self, device: str, policy: Policy = TINY_POLICY):
+        from horizon_exec.measure.probe import _Serialized, _sync_for
+        from horizon_exec.runtime.trainer import Trainer
+        self.policy = policy
+        self.gen = torch.Generator().manual_seed(0)
+        self.tr = Trainer(TINY, policy, device=device)
+        self.ser = _Serialized(self.tr.engine.runner, _sync_for(device))
+        self.tr.engine.runner = self.ser
+        self.own: dict[int, list[float]] = {}
+        self._step()  # warm-up, not kept
+
+    def _step(self) -> dict:
+        self.ser.durations.clear()
+        self.tr.step(torch.randint(0, TINY.vocab, (self.policy.batch, self.policy.seq), generator=self.gen))
+        return dict(self.ser.durations)
+
+    def sample(self, steps: int = 1) -> None:
+        for _ in range(steps):
+            for op_id, t in self._step().items():
+                self.own.setdefault(op_id, []).append(t)
+
+    def close(self) -> None:
+        self.tr.close()
+
+
+def tiny_op_times(device: str, steps: int, policy: Policy = TINY_POLICY) -> dict[int, list[float]]:
+    """{op id: own seconds per step} of `steps` serialized steps of the tiny model."""
+    probe = TinyProbe(device, policy)
+    try:
+        probe.sample(steps)
+    finally:
+        probe.close()
+    return probe.own
+
+
+COPY_KINDS = (OpKind.LOAD_WEIGHTS, OpKind.LOAD_CKPT, OpKind.SAVE_CKPT, OpKind.LOAD_INPUT,
+              OpKind.OFFLOAD_GRADS, OpKind.OFFLOAD_INPUT_GRAD)
+COMPUTE_KINDS = (OpKind.FORWARD, OpKind.RECOMPUTE, OpKind.BACKWARD, OpKind.HEAD)
+
+
+def op_overheads(hw: HardwareSpec, own: dict[int, list[float]], policy: Policy = TINY_POLICY):
+    """Each op's own time (mean over steps) less the work `hw` predicts for it, by kind:
+    (compute kind -> µs, copy latency µs, CPU-lane latency µs from the global-norm op, which
+    does no work to speak of)."""
+    sched = build_schedule(TINY, policy)
+    costs = CostModel(hw, policy.compute_dtype, sched.meta)
+    by_kind: dict[OpKind, list[float]] = {}
+    for op in sched.ops:
+        if op.id not in own:
+            continue
+        t = statistics.mean(own[op.id])
+        if op.lane == Lane.COMPUTE:
+            terms = costs.compute_terms(op)
+            t -= terms["gemm"] + terms["attention"] + terms["elementwise"]
+        else:
+            t -= sum(f.nbytes / f.cap_Bps for f in costs.flows(op))
+        by_kind.setdefault(op.kind, []).append(max(t, 0.0))
+    compute = {k.value: statistics.mean(v) * 1e6 for k, v in by_kind.items() if k in COMPUTE_KINDS}
+    copies = [x for k in COPY_KINDS for x in by_kind.get(k, [])]
+    return compute, statistics.median(copies) * 1e6, statistics.median(by_kind[OpKind.GRAD_NORM]) * 1e6
+
+
+def head_id(policy: Policy) -> int:
+    return next(o.id for o in build_schedule(TINY, policy).ops if o.kind == OpKind.HEAD)
+
+
+HEAD8_POLICY = replace(TINY_POLICY, loss_chunk_tokens=TINY_POLICY.seq // 8)
+"""The tiny model with eight loss chunks: its head against TINY_POLICY's gives 'head_chunk'."""
+
+
+def runtime_overhead_GiB(probe_result: dict) -> float:
+    """RSS of the tiny probe less its model tensors (store, device peak, dynamic host buffers,
+    all in RAM on the CPU backend) and the allocator's retention for its largest block."""
+    dev = max(s["device_peak_bytes"] for s in probe_result["steps"])
+    rest = (probe_result["rss_peak_bytes"] - probe_result["store_bytes"] - dev
+            - probe_result["host_dynamic_peak_bytes"]
+            - allocator_retention_bytes(largest_transient_block(TINY, TINY_POLICY)))
+    return max(rest, 0) / GiB

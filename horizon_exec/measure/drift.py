@@ -1,0 +1,99 @@
+"""How fast the machine runs now against how fast it ran when it was calibrated.
+
+A shared machine's speed moves by tens of percent over minutes, so a validation an hour (or a
+minute) after `horizon calibrate` may run on a faster or slower machine than the one in the
+hardware file. Between its measurement turns, `horizon validate` times two references that
+the hardware file predicts, in a thread set up like the compute lane:
+  gemm    the validation models' own largest GEMM shapes (operands cold in cache, as
+          calibrate times them) against the file's GEMM table at those shapes;
+  fixed   the calibration's tiny model with its ops serialized (calibrate.overheads.TinyProbe)
+          against the file's prediction of its compute ops, which is what calibration measured.
+Each figure is predicted time / measured time: 1.00 is the calibrated machine, 0.90 a machine
+running 10% slower. Validation reports them beside the errors and corrects nothing with them,
+so a user can tell a cost-model error from a machine that changed under the measurement.
+"""
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+
+from horizon_sim.schedule import Lane, build_schedule
+from horizon_sim.sim.costs import CostModel
+from horizon_sim.specs.hardware import HardwareSpec
+
+MAX_SHAPES = 8
+"""GEMM shapes timed per sample: the validation models' largest (by FLOPs x count), enough
+to average the per-shape noise, few enough that a sample takes well under a second here."""
+
+
+@dataclass
+class Drift:
+    """Per sample (before the first turn, then after each): predicted / measured time."""
+    gemm: list = field(default_factory=list)
+    fixed: list = field(default_factory=list)
+
+    def summary(self) -> dict:
+        med = lambda xs: float(statistics.median(xs)) if xs else None  # noqa: E731
+        return {"gemm_speed": med(self.gemm), "fixed_cost_speed": med(self.fixed),
+                "gemm_samples": list(self.gemm), "fixed_cost_samples": list(self.fixed)}
+
+
+def reference_gemms(configs, max_shapes: int = MAX_SHAPES) -> list[tuple[str, int, int, int]]:
+    """The bf16 GEMM shapes (layout, m, n, k) that carry most of the configurations' FLOPs."""
+    from horizon_exec.measure.calibrate.kernels import model_gemms
+    weight: dict = {}
+    for cfg in configs:
+        for shape in model_gemms(cfg.model, cfg.policy):
+            _, m, n, k = shape
+            weight[shape] = weight.get(shape, 0) + m * n * k
+    return sorted(weight, key=lambda s: (-weight[s], s))[:max_shapes]
+
+
+class DriftProbe:
+    """Times the references; `sample()` appends one figure of each to `drift`."""
+
+    def __init__(self, hw: HardwareSpec, configs, device: str = "cpu"):
+        from horizon_exec.measure.calibrate.overheads import TINY, TINY_POLICY, TinyProbe
+        from horizon_exec.measure.probe import _sync_for
+        self.device, self.sync = device, _sync_for(device)
+        costs = CostModel(hw, "bf16")
+        self.shapes = reference_gemms(configs) if costs.gemm else []
+        self.gemm_pred_s = sum(2.0 * m * n * k / (costs.gemm.rate(lay, (m, n, k)) * 1e12)
+                               for lay, m, n, k in self.shapes)
+        sched = build_schedule(TINY, TINY_POLICY)
+        tiny_costs = CostModel(hw, TINY_POLICY.compute_dtype, sched.meta)
+        self.tiny_ops = {op.id: tiny_costs.compute_s(op) for op in sched.ops if op.lane == Lane.COMPUTE}
+        self.backend = None
+        if device == "cpu":
+            from horizon_exec.device.cpu import CpuBackend
+            self.backend = CpuBackend()
+        self.tiny = TinyProbe(device)
+        self.drift = Drift()
+
+    def _in_compute_lane(self, fn):
+        if self.backend is None:
+            return fn()
+        from horizon_exec.measure.calibrate.timing import _in_lane
+        return _in_lane(self.backend, Lane.COMPUTE, fn)
+
+    def _gemm_times(self) -> dict:
+        """Seconds per call of each reference GEMM, timed as calibrate timed the rates they are
+        compared with (on a GPU: CUDA events around back-to-back calls, calibrate/cuda.py)."""
+        if self.device == "cpu":
+            from horizon_exec.measure.calibrate.kernels import gemm_times
+            return self._in_compute_lane(lambda: gemm_times(self.shapes, torch.bfloat16, self.device, self.sync))
+        from horizon_exec.measure.calibrate.cuda import _gemm_table
+        with torch.cuda.device(self.device):
+            rates = _gemm_table(self.shapes, torch.bfloat16, self.device)
+        return {s: 2.0 * s[1] * s[2] * s[3] / (r * 1e12) for s, r in rates.items()}
+
+    def sample(self) -> None:
+        if self.shapes:
+            self.drift.gemm.append(self.gemm_pred_s / sum(self._gemm_times().values()))
+        self.tiny.own.clear()
+        self.tiny.sample(2)
+        measured = sum(statistics.mean(self.tiny.own[i]) for i in self.tiny_ops)
+        self.drift.fixed.append(sum(self.tiny_ops.values()) / measured)
+
+    def close(self) -> None:
+        self.tiny.close()

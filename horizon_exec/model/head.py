@@ -1,0 +1,77 @@
+"""The head op: final norm, LM head and cross-entropy, forward and backward in one pass over
+chunks of tokens, so the full (tokens, vocab) logits never exist.
+
+Loss convention (transformers' causal LM loss): labels[t] is the target of position t, -100
+means none (by default the next token inside each sequence, the last position has none;
+the data loader also masks prompt tokens). The step's loss is the mean over every labelled
+token of the whole step, so each micro-batch contributes sum(token losses) / n_step_tokens,
+n_step_tokens = labelled tokens of the whole step (all micro-batches): with accumulation
+this is the token mean of the full batch, the same number one unsplit batch gives.
+"""
+import torch
+
+from horizon_exec.model.layers import rms_norm
+
+IGNORE = -100
+
+
+def next_token_labels(tokens):
+    """tokens (B, T) int64 -> labels (B, T): tokens shifted left, -100 at each sequence end."""
+    labels = torch.full_like(tokens, IGNORE)
+    labels[:, :-1] = tokens[:, 1:]
+    return labels
+
+
+def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk: int,
+                 g_norm_out, g_lm_out):
+    """x (B, T, H) activations entering the head; w_norm (H,); w_lm (V, H); labels (B*T,).
+    Writes dL/dw_norm into g_norm_out (H,) and dL/dw_lm into g_lm_out (V, H) (both in the
+    compute dtype); returns (dx (B, T, H), loss contribution: fp32 scalar)."""
+    B, T, H = x.shape
+    N = B * T
+    with torch.enable_grad():
+        xg = x.reshape(N, H).detach().requires_grad_()
+        wn = w_norm.detach().requires_grad_()
+        h = rms_norm(xg, wn, eps)                                   # (N, H)
+    hd = h.detach()
+    dh = torch.empty_like(hd)                                       # (N, H)
+    g_lm_out.zero_()
+    loss = torch.zeros((), dtype=torch.float32, device=x.device)
+    inv_n = 1.0 / n_step_tokens
+    for i in range(0, N, chunk):
+        hc, lc = hd[i:i + chunk], labels[i:i + chunk]               # (c, H), (c,)
+        c = hc.shape[0]
+        logits = (hc @ w_lm.t()).float()                            # (c, V) fp32, like HF's upcast
+        valid = lc != IGNORE
+        safe = torch.where(valid, lc, 0)
+        lse = torch.logsumexp(logits, dim=-1)                       # (c,)
+        tgt = logits.gather(1, safe[:, None]).squeeze(1)
+        loss += torch.where(valid, lse - tgt, 0.0).sum()
+        # dL/dlogits = (softmax - onehot) / n_step_tokens on labelled rows, 0 elsewhere.
+        p = logits.sub_(lse[:, None]).exp_()
+        p[torch.arange(c, device=x.device), safe] -= valid.to(p.dtype)
+        p.mul_((valid.to(p.dtype) * inv_n)[:, None])
+        g = p.to(x.dtype)                                           # (c, V)
+        del logits, p
+        torch.mm(g, w_lm, out=dh[i:i + c])                          # (c, H)
+        g_lm_out.addmm_(g.t(), hc)                                  # (V, H) accumulates over chunks
+        del g
+    dx, dwn = torch.autograd.grad(h, [xg, wn], dh)
+    g_norm_out.copy_(dwn)
+    return dx.view(B, T, H), loss * inv_n
+
+
+def head_loss(x, w_norm, w_lm, labels, eps: float, chunk: int):
+    """Forward only: x (B, T, H), w_norm (H,), w_lm (V, H), labels (B*T,) -> fp32 scalar sum
+    of the token losses over labelled positions (-100 skipped), chunk tokens at a time."""
+    B, T, H = x.shape
+    h = rms_norm(x.reshape(B * T, H), w_norm, eps)                  # (N, H)
+    total = torch.zeros((), dtype=torch.float32, device=x.device)
+    for i in range(0, B * T, chunk):
+        lc = labels[i:i + chunk]
+        logits = (h[i:i + chunk] @ w_lm.t()).float()                # (c, V) fp32
+        valid = lc != IGNORE
+        tgt = logits.gather(1, torch.where(valid, lc, 0)[:, None]).squeeze(1)
+        total += torch.where(valid, torch.logsumexp(logits, dim=-1) - tgt, 0.0).sum()
+        del logits
+    return total

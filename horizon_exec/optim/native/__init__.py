@@ -1,0 +1,226 @@
+"""Host kernels in C, built on first use with the system C compiler and cached.
+
+Only what torch has no kernel for lives here: `adamw.c`, the optimizer lane's one-pass AdamW
+(bf16 gradient in, bf16 working copy out, fp32 or bf16 moments). It is plain C with no torch
+headers: it builds in about a second and is called through ctypes, which releases the GIL for
+the call, so it runs beside the other lanes like any torch kernel.
+
+The shared object is cached under $HORIZON_CACHE_DIR (default ~/.cache/horizon/native; a
+private folder in the temp dir if that cannot be written), named by a hash of the source, the
+flags, the compiler's version and this CPU's feature flags, so `-march=native` code never
+meets a CPU it was not built for. A new build is cached only once it passes a self-test in a
+child process (selftest.py): a CPU that reports an instruction set it does not run kills the
+child, not the trainer, and the next flag set (generic ISA) is used. Its SHA-256 is recorded
+beside it (`.sha256`) and checked before every load: a cached object that was truncated or
+changed (dlopen maps it, and touching the missing part is a SIGBUS) is rebuilt instead. If no build works, `adamw()`
+returns None and `status()` says why; the optimizer then uses torch's kernels (slower: three
+passes) and refuses only what they cannot do (bf16 moments). HORIZON_NATIVE=0 turns the
+kernels off; CC picks the compiler (default cc).
+"""
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("adamw.c")
+_PKG_ROOT = Path(__file__).resolve().parents[3]  # the folder holding horizon_exec
+# Tried in order: the first that builds is used. -ffp-contract=off: only the source's explicit
+# fmaf calls fuse (the result must not depend on the compiler's choice); -fno-math-errno lets
+# sqrtf vectorize (it changes no result). Without OpenMP the pragma is ignored: one thread.
+_BASE = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno"]
+FLAG_SETS = [_BASE + ["-march=native", "-fopenmp"], _BASE + ["-march=native"], _BASE + ["-fopenmp"], _BASE]
+
+
+class AdamwHyper(ctypes.Structure):
+    """horizon_adamw_hyper in adamw.c: one step's constants, as float."""
+    _fields_ = [("decay", ctypes.c_float), ("lerp_w", ctypes.c_float), ("beta2", ctypes.c_float),
+                ("one_m_beta2", ctypes.c_float), ("bc2_sqrt", ctypes.c_float), ("eps", ctypes.c_float),
+                ("neg_step_size", ctypes.c_float), ("grad_coef", ctypes.c_float)]
+
+
+_lock = threading.Lock()
+_state: dict = {}  # "fn": the bound C function or None, "status": how it was built or why not
+
+
+def cache_dir() -> Path:
+    d = os.environ.get("HORIZON_CACHE_DIR")
+    base = Path(d) if d else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "horizon"
+    return base / "native"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return platform.processor()
+
+
+def _compiler_version(cc: str) -> str:
+    out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=True)
+    return out.stdout.splitlines()[0] if out.stdout else ""
+
+
+def _writable_cache_dir() -> Path:
+    """cache_dir(), or a private folder under the temp dir when that cannot be written."""
+    for d in (cache_dir(), Path(tempfile.gettempdir()) / f"horizon-native-{os.getuid()}"):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            if os.access(d, os.W_OK):
+                return d
+        except OSError:
+            pass
+    raise RuntimeError(f"no writable folder for the built kernel ({cache_dir()}, or the temp dir)")
+
+
+def _self_test(path: str) -> str:
+    """'' if the built object computes AdamW in a child process (selftest.py), else why not:
+    a build for an instruction set this CPU does not really run dies there, not here."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(_PKG_ROOT), os.environ.get("PYTHONPATH")])))
+    try:
+        r = subprocess.run([sys.executable, "-m", "horizon_exec.optim.native.selftest", path], capture_output=True,
+                           text=True, timeout=120, env=env)
+    except subprocess.TimeoutExpired:
+        return "its self-test did not finish in 120 s"
+    if r.returncode == 0:
+        return ""
+    if r.returncode < 0:
+        try:
+            sig = signal.Signals(-r.returncode).name
+        except ValueError:
+            sig = f"signal {-r.returncode}"
+        return f"its self-test died with {sig}"
+    last = (r.stdout.strip() or r.stderr.strip() or "failed").splitlines()[-1]
+    return f"its self-test failed: {last}"
+
+
+def _build(cc: str) -> tuple[Path, list[str], list[str]]:
+    """The cached shared object for the first flag set that compiles and passes its self-test
+    (built now if absent or damaged), its flags, and notes: flag sets rejected by a self-test,
+    damaged objects rebuilt. A rejection is remembered beside the cache (`.rejected`), so it is
+    not rebuilt on every start."""
+    src = SOURCE.read_bytes()
+    version, cpu, errors, rejected = _compiler_version(cc), _cpu_flags(), [], []
+    folder = _writable_cache_dir()
+    for flags in FLAG_SETS:
+        key = hashlib.sha256(b"\0".join([src, " ".join(flags).encode(), version.encode(),
+                                         cpu.encode(), platform.machine().encode()])).hexdigest()[:16]
+        out = folder / f"adamw-{key}.so"
+        mark = out.with_suffix(".rejected")
+        if out.exists():
+            why = _damaged(out)
+            if not why:
+                return out, flags, rejected
+            rejected.append(f"the cached {out.name} was {why}: rebuilt")   # dlopen of it could die (SIGBUS)
+            for f in (out, _sum_file(out)):
+                with contextlib.suppress(OSError):
+                    f.unlink()
+        if mark.exists():
+            rejected.append(f"{_flags_name(flags)} build rejected: {mark.read_text().strip()}")
+            continue
+        fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
+        os.close(fd)
+        try:
+            r = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True,
+                               text=True, timeout=120)
+            if r.returncode != 0:
+                errors.append(f"{' '.join(flags)}: {(r.stderr.strip().splitlines() or ['failed'])[-1]}")
+                continue
+            why = _self_test(tmp)
+            if why:
+                mark.write_text(why + "\n")
+                rejected.append(f"{_flags_name(flags)} build rejected: {why}")
+                errors.append(f"{' '.join(flags)}: {why}")
+                continue
+            _write_atomic(_sum_file(out), _sha256(tmp) + "\n")  # before the object: never one unverifiable
+            os.replace(tmp, out)  # atomic: a concurrent process sees all of it or nothing
+            return out, flags, rejected
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    raise RuntimeError("; ".join(errors))
+
+
+def _sum_file(so: Path) -> Path:
+    return so.with_suffix(".sha256")
+
+
+def _sha256(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _damaged(so: Path) -> str:
+    """'' when the cached object matches the SHA-256 recorded when it was built, else what is
+    wrong (a truncated object is mapped by dlopen and faults with SIGBUS when touched)."""
+    try:
+        want = _sum_file(so).read_text().strip()
+    except OSError:
+        return "without a recorded checksum"
+    try:
+        return "" if _sha256(so) == want else "damaged (its checksum does not match the build's)"
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _flags_name(flags: list[str]) -> str:
+    return " ".join(f for f in flags if f not in _BASE)
+
+
+def bind(lib):
+    """lib.horizon_adamw with its C signature."""
+    fn = lib.horizon_adamw
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(AdamwHyper), ctypes.c_int32]
+    return fn
+
+
+def _load():
+    if os.environ.get("HORIZON_NATIVE", "1") == "0":
+        return None, "off (HORIZON_NATIVE=0)"
+    cc = os.environ.get("CC", "cc")
+    try:
+        path, flags, rejected = _build(cc)
+        fn = bind(ctypes.CDLL(str(path)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        return None, f"unavailable: building {SOURCE.name} with {cc!r} failed: {e}"
+    threads = "OpenMP" if "-fopenmp" in flags else "one thread"
+    isa = "native ISA" if "-march=native" in flags else "generic ISA"
+    note = f"; {'; '.join(rejected)}" if rejected else ""
+    return fn, f"({isa}, {threads}; {path}{note})"
+
+
+def adamw():
+    """The C function horizon_adamw (see adamw.c), or None if it cannot be built here."""
+    if "fn" in _state:  # loaded (or refused) once: no lock on the optimizer's hot path
+        return _state["fn"]
+    with _lock:
+        if "fn" not in _state:
+            _state["fn"], _state["status"] = _load()
+        return _state["fn"]
+
+
+def status() -> str:
+    """One line: the native AdamW kernel's build, or why there is none."""
+    adamw()
+    return f"native AdamW kernel {_state['status']}"

@@ -1,0 +1,115 @@
+"""Self-test of a freshly built adamw.c, run in a child process before the build is cached.
+
+Why a child: a `-march=native` build can meet a CPU (or a hypervisor) that reports an
+instruction set it does not run, and then the first call dies with SIGILL, taking the
+trainer with it. Run here, such a death only rejects that build, and the next flag set is tried.
+
+The check is one AdamW step of every kernel variant (fp32 or bf16 gradient, fp32 or bf16
+moments, with and without the working copy, clipped) on 37 elements (the vectorized body and
+the scalar tail; the working copy starts one element before a cache-line boundary), against
+the same formula in double precision. The tolerance (1e-5 relative, plus bf16 rounding where
+bf16 is stored) catches a wrong build, not ulp-level differences. No torch: the child starts in about 50 ms.
+
+    python -m horizon_exec.optim.native.selftest PATH.so    # exit 0, or 1 with the first mismatch
+"""
+import ctypes
+import math
+import struct
+import sys
+
+from horizon_exec.optim.native import AdamwHyper, bind
+
+N = 37
+LR, B1, B2, EPS, WD, STEP, COEF = 1e-2, 0.9, 0.95, 1e-8, 0.1, 3, 0.5
+BC1, BC2 = 1 - B1 ** STEP, 1 - B2 ** STEP  # the bias corrections
+
+
+def _bf16_bits(x: float) -> int:
+    u = struct.unpack("<I", struct.pack("<f", x))[0]
+    return (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+
+
+def _from_bf16(h: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", h << 16))[0]
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def _inputs():
+    """Deterministic values of mixed sign and size (no RNG: the same on every machine)."""
+    p = [_f32(math.sin(1.7 * i + 0.3) * (1 + i % 5)) for i in range(N)]
+    g = [_from_bf16(_bf16_bits(math.cos(0.9 * i) * 1e-2)) for i in range(N)]  # exact in bf16
+    m = [_from_bf16(_bf16_bits(math.sin(0.5 * i) * 1e-3)) for i in range(N)]
+    v = [_from_bf16(_bf16_bits((1.1 + math.cos(i)) * 1e-5)) for i in range(N)]
+    return p, g, m, v
+
+
+def _reference(p, g, m, v):
+    out = []
+    for pi, gi, mi, vi in zip(p, g, m, v):
+        gi *= COEF
+        mi = B1 * mi + (1 - B1) * gi
+        vi = B2 * vi + (1 - B2) * gi * gi
+        pi = pi * (1 - LR * WD) - LR / BC1 * mi / (math.sqrt(vi) / math.sqrt(BC2) + EPS)
+        out.append((pi, mi, vi))
+    return out
+
+
+def _hyper() -> AdamwHyper:
+    return AdamwHyper(decay=1 - LR * WD, lerp_w=1 - B1, beta2=B2, one_m_beta2=1 - B2, bc2_sqrt=math.sqrt(BC2),
+                      eps=EPS, neg_step_size=-LR / BC1, grad_coef=COEF)
+
+
+def _off_line(array_type):
+    """N uint16s starting one element before a 64-byte line boundary (inside a new array of
+    array_type, kept alive by the view): the kernel's streaming stores need a line-aligned
+    address, so this runs its scalar lead-in and then its vector body."""
+    whole = array_type()
+    addr = ctypes.addressof(whole)
+    view = (ctypes.c_uint16 * N).from_address(addr + (62 - addr % 64) % 64)
+    view._keep = whole
+    return view
+
+
+def check(path: str) -> str:
+    """'' if every variant of the kernel at `path` computes AdamW, else what went wrong."""
+    fn = bind(ctypes.CDLL(path))
+    p, g, m, v = _inputs()
+    want = _reference(p, g, m, v)
+    h = _hyper()
+    for g_bf16 in (0, 1):
+        for s_bf16 in (0, 1):
+            for with_wc in (0, 1):
+                def buf(vals, bf16):
+                    if bf16:
+                        return (ctypes.c_uint16 * N)(*[_bf16_bits(x) for x in vals])
+                    return (ctypes.c_float * N)(*vals)
+                bp, bg, bm, bv = buf(p, 0), buf(g, g_bf16), buf(m, s_bf16), buf(v, s_bf16)
+                wc = _off_line(ctypes.c_uint16 * (N + 32)) if with_wc else None
+                rc = fn(bp, bg, g_bf16, bm, bv, s_bf16, wc, N, ctypes.byref(h), 1)
+                what = f"grad {'bf16' if g_bf16 else 'fp32'}, moments {'bf16' if s_bf16 else 'fp32'}"
+                if rc != 0:
+                    return f"{what}: returned {rc}"
+                tol_s = 2.0 ** -8 if s_bf16 else 1e-5
+                for i, (pi, mi, vi) in enumerate(want):
+                    got = (bp[i], _from_bf16(bm[i]) if s_bf16 else bm[i], _from_bf16(bv[i]) if s_bf16 else bv[i])
+                    for name, a, b, tol in (("param", got[0], pi, 1e-5), ("exp_avg", got[1], mi, tol_s),
+                                            ("exp_avg_sq", got[2], vi, tol_s)):
+                        if not abs(a - b) <= tol * abs(b) + 1e-30:
+                            return f"{what}: {name}[{i}] = {a!r}, expected {b!r}"
+                    if wc is not None and wc[i] != _bf16_bits(got[0]):
+                        return f"{what}: working copy[{i}] = {wc[i]:#06x}, expected {_bf16_bits(got[0]):#06x}"
+    return ""
+
+
+def main():
+    why = check(sys.argv[1])
+    if why:
+        print(why)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

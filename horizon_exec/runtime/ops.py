@@ -1,0 +1,270 @@
+"""What each op kind does, by the buffers it names. `OpRunner(op)` runs one op on the calling
+lane thread and then releases the buffers the op lists in `frees`.
+
+Buffers are found by what they hold (Buffer.holds, .unit, .micro: the Schedule's typed
+fields), never by their names. Units: layer -1 is the embedding [V, H], 0..L-1 the blocks, L
+the head (final norm + LM head; when tied, the head's matrix is the embedding's master, and
+its gradient goes to the embedding's host grad). Weight sources and gradient targets are the
+op's reads/writes in order: a tied head's slot is [head host vector | embedding host vector],
+and its gradient splits the same way, by the targets' declared sizes. Nothing here decides
+order: the engine calls ops as the schedule says. What one step's ops share with the trainer
+travels in a StepContext.
+"""
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from horizon_exec.runtime.buffers import TORCH_DTYPE
+from horizon_exec.errors import ExecError
+from horizon_exec.model.head import head_fwd_bwd
+from horizon_exec.model.layers import DecoderBlock
+from horizon_exec.model.layout import block_layout, head_device_layout, unit_name
+from horizon_exec.runtime.nonfinite import NonFiniteGuard
+from horizon_exec.optim.adamw import AdamW, clip_coef
+from horizon_exec.runtime.positions import AttentionInputs
+from horizon_sim.schedule.op import Holds as B
+from horizon_sim.schedule.op import Op
+from horizon_sim.schedule.op import OpKind as K
+
+
+@dataclass
+class StepContext:
+    """One step's state, shared by the trainer (which makes it) and the op runner (whose ops
+    fill it in)."""
+    tokens: torch.Tensor
+    """(batch, seq) int64 on the host."""
+    lr: float
+    """The learning rate this step's optimizer ops apply."""
+    n_step_tokens: int
+    """Labelled tokens of the whole step: the loss's denominator."""
+    guard: NonFiniteGuard
+    loss_parts: list = field(default_factory=list)
+    """Each micro-batch's loss contribution (0-d tensors), set by its HEAD op."""
+    temp_peak: dict = field(default_factory=dict)
+    """op id -> measured peak of its device temporaries (CPU backend)."""
+
+    def loss(self) -> float:
+        return float(sum(part.item() for part in self.loss_parts if part is not None))
+
+
+class OpRunner:
+    def __init__(self, *, model, policy, sched, buffers, store, arena, backend, adamw: AdamW):
+        self.m, self.p, self.sched = model, policy, sched
+        self.buf, self.store, self.arena, self.be = buffers, store, arena, backend
+        self.adamw = adamw
+        self.act = TORCH_DTYPE[policy.compute_dtype]
+        self.link_dtype = TORCH_DTYPE[policy.grad_dtype]
+        self.L = model.n_layers
+        self.block = DecoderBlock(model)
+        self.block_layout = block_layout(model)
+        self.head_layout = head_device_layout(model)
+        self._views: dict = {}  # (slot, is_head) -> named views of the slot (bound once)
+        # Device constants (the Schedule's static device buffers): RoPE tables (and per-token
+        # positions and documents under document masks) and the step's labels.
+        self.attn = AttentionInputs(model, policy, buffers, backend)
+        self.labels = buffers.find(B.LABELS)
+        self._g32 = None  # host scratch: a host grad in the master dtype (optimizer lane only)
+        self.ctx: StepContext | None = None
+        self.table = {
+            K.EMBED_FWD: self.embed_fwd, K.LOAD_INPUT: self.copy_h2d, K.LOAD_WEIGHTS: self.load_weights,
+            K.FORWARD: self.forward, K.RECOMPUTE: self.forward, K.SAVE_CKPT: self.copy_d2h,
+            K.LOAD_CKPT: self.copy_h2d, K.HEAD: self.head, K.BACKWARD: self.backward,
+            K.OFFLOAD_GRADS: self.offload_grads, K.OFFLOAD_INPUT_GRAD: self.copy_d2h,
+            K.EMBED_BWD: self.embed_bwd, K.GRAD_NORM: self.grad_norm, K.OPTIMIZER: self.optimizer,
+        }
+
+    def begin_step(self, ctx: StepContext, labels, docs=None):
+        """The step's context; labels (batch, seq) int64 go to the device once per step, and
+        docs (batch, seq) int64 (document masks only; None = one document per sequence)."""
+        self.ctx = ctx
+        ctx.loss_parts = [None] * self.p.micro_batches
+        self.be.h2d(self.labels, labels)
+        self.attn.begin_step(docs)
+
+    def __call__(self, op: Op) -> None:
+        self.table[op.kind](op)
+        for name in op.frees:
+            self.buf.free(name)
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _rows(self, m):  # the micro-batch's sequences
+        mb = self.p.micro_batch
+        return slice(m * mb, (m + 1) * mb)
+
+    def _weights(self, op: Op) -> dict:
+        """Named views of the slot the op computes with (bound once per slot and unit kind)."""
+        is_head = op.layer == self.L
+        key = (op.slot, is_head)
+        if key not in self._views:
+            flat = self.buf.find(B.WEIGHT_SLOT, layer=op.slot)
+            self._views[key] = (self.head_layout if is_head else self.block_layout).views(flat)
+        return self._views[key]
+
+    @contextlib.contextmanager
+    def _scope(self, op):
+        """Context of a compute op (CPU: a temporaries tracker; its peak is kept per op)."""
+        cm = self.be.compute_scope(self.arena, op.label)
+        try:
+            with cm:
+                yield
+        finally:
+            self.ctx.temp_peak[op.id] = getattr(cm, "peak", 0)
+
+    def _set_sq_norm(self, name: str, g) -> None:
+        """The unit's GRAD_SQ buffer `name` <- ||g||^2, reduced where g lives (device or
+        host), stored on the host."""
+        sq = torch.linalg.vector_norm(g, dtype=torch.float32).square().to(torch.float64)
+        out = self.buf.get(name)
+        if sq.device == out.device:
+            out.copy_(sq.reshape(1))
+        else:
+            self.be.d2h(out, sq.reshape(1))
+
+    # ---- embedding (CPU lane) -----------------------------------------------------------------
+    def embed_fwd(self, op):
+        """The micro-batch's embedded rows (mb, T, H) compute dtype <- rows of the embedding's
+        working copy or master."""
+        src = self.buf.get(op.reads[0]).view(self.m.vocab, self.m.hidden)
+        out = self.buf.out(op.writes[0]).view(-1, self.m.hidden)
+        ids = self.ctx.tokens[self._rows(op.micro)].reshape(-1)
+        if src.dtype == out.dtype:
+            torch.index_select(src, 0, ids, out=out)
+        else:
+            out.copy_(src.index_select(0, ids))
+
+    def embed_bwd(self, op):
+        """The embedding's host grad (V*H,) += scatter of the input-gradient rows (zeroed
+        first when the op starts its life)."""
+        hdx = self.buf.get(self.buf.one(op.reads, B.INPUT_GRAD)).view(-1, self.m.hidden)
+        gname = self.buf.one(op.writes, B.HOST_GRAD)
+        if gname in op.reads:
+            g = self.buf.get(gname)
+        else:
+            g = self.buf.out(gname)
+            g.zero_()
+        ids = self.ctx.tokens[self._rows(op.micro)].reshape(-1)
+        g.view(self.m.vocab, self.m.hidden).index_add_(0, ids, hdx.to(g.dtype))
+        for sq in self.buf.all(op.writes, B.GRAD_SQ):
+            self._set_sq_norm(sq, g)
+
+    # ---- copies across the link ------------------------------------------------------------
+    def copy_h2d(self, op):
+        """LOAD_INPUT (embedded rows -> the layer-0 input), LOAD_CKPT (a boundary kept on the host)."""
+        self.be.h2d(self.buf.out(op.writes[0]), self.buf.get(op.reads[0]))
+
+    def copy_d2h(self, op):
+        """SAVE_CKPT (a boundary -> the host), OFFLOAD_INPUT_GRAD (the layer-0 input's grad)."""
+        self.be.d2h(self.buf.out(op.writes[0]), self.buf.get(op.reads[0]))
+
+    def load_weights(self, op):
+        """The slot[:n] <- concatenation of the op's sources (working copies or masters, cast
+        to the compute dtype on the device)."""
+        slot = self.buf.get(op.writes[0])
+        off = 0
+        for name in op.reads:
+            src = self.buf.get(name)
+            self.be.h2d(slot[off:off + src.numel()], src)
+            off += src.numel()
+        want = self.m.head_device_params if op.layer == self.L else self.m.layer_params
+        if off != want:
+            raise ExecError(f"{op.label}: sources {op.reads} hold {off} parameters, the unit needs {want}")
+
+    def offload_grads(self, op):
+        """The unit's device grads (one micro-batch) -> its host grad targets, cast to
+        grad_dtype before the link; accumulate into targets the op reads, overwrite the others;
+        the unit's squared norm on its last micro-batch."""
+        g = self.buf.get(self.buf.one(op.reads, B.DEVICE_GRAD))
+        if g.dtype != self.link_dtype:
+            g = g.to(self.link_dtype)  # device-side cast: what crosses the link
+        sq = next(iter(self.buf.all(op.writes, B.GRAD_SQ)), None)
+        off = 0
+        for t in self.buf.all(op.writes, B.HOST_GRAD):
+            target = self.buf.declared[t]
+            n = target.numel
+            own = target.unit == op.layer
+            piece = g[off:off + n]
+            off += n
+            if t in op.reads:
+                host = self.buf.get(t)
+                self.be.d2h_add(host, piece)
+                if sq and own:
+                    self._set_sq_norm(sq, host)          # the final accumulated host grad
+            else:
+                self.be.d2h(self.buf.out(t), piece)
+                if sq and own:
+                    self._set_sq_norm(sq, piece)         # on the device (one micro-batch)
+        if off != g.numel():
+            raise ExecError(f"{op.label}: targets take {off} of {g.numel()} gradient elements")
+
+    # ---- compute lane -------------------------------------------------------------------------
+    def forward(self, op):
+        """FORWARD / RECOMPUTE: the boundary after block l = block_l(the boundary before), no autograd."""
+        x = self.buf.get(op.reads[0])
+        w = self._weights(op)
+        with self._scope(op), torch.no_grad():
+            y = self.block(w, x, *self.attn.rows(self._rows(op.micro), op.layer))   # (mb, T, H)
+        self.buf.put(op.writes[0], y)
+
+    def backward(self, op):
+        """The input's grad and the block's weight grads = autograd of block_l at its input
+        against its output's grad: forward with grad and autograd.grad on this one layer only."""
+        x = self.buf.get(self.buf.one(op.reads, B.ACTIVATION))
+        dy = self.buf.get(self.buf.one(op.reads, B.ACTIVATION_GRAD))
+        w = self._weights(op)
+        dgrad = self.buf.out(self.buf.one(op.writes, B.DEVICE_GRAD))
+        gviews = self.block_layout.views(dgrad)
+        with self._scope(op):
+            with torch.enable_grad():
+                xg = x.detach().requires_grad_()
+                wp = {k: v.detach().requires_grad_() for k, v in w.items()}
+                y = self.block(wp, xg, *self.attn.rows(self._rows(op.micro), op.layer))
+                grads = torch.autograd.grad(y, [xg, *wp.values()], dy)
+            del y
+            for k, gk in zip(wp, grads[1:]):
+                gviews[k].copy_(gk)
+            dx = grads[0]
+            del grads, wp
+        self.buf.put(self.buf.one(op.writes, B.ACTIVATION_GRAD), dx)
+
+    def head(self, op):
+        """The head input's grad and the head's weight grads from the chunked norm + LM head
+        + loss (fwd and bwd)."""
+        x = self.buf.get(self.buf.one(op.reads, B.ACTIVATION))
+        w = self._weights(op)
+        dgrad = self.buf.out(self.buf.one(op.writes, B.DEVICE_GRAD))
+        gv = self.head_layout.views(dgrad)
+        labels = self.labels[self._rows(op.micro)].reshape(-1)
+        with self._scope(op):
+            dx, loss = head_fwd_bwd(x, w["model.norm.weight"], w["lm_head.weight"], labels,
+                                    self.ctx.n_step_tokens, self.m.norm_eps,
+                                    min(self.p.loss_chunk_tokens, labels.numel()),
+                                    gv["model.norm.weight"], gv["lm_head.weight"])
+        self.ctx.loss_parts[op.micro] = loss
+        self.buf.put(self.buf.one(op.writes, B.ACTIVATION_GRAD), dx)
+
+    # ---- host optimizer (CPU lane) ---------------------------------------------------------------
+    def grad_norm(self, op):
+        """The global norm = sqrt(sum of the units' squared norms)."""
+        total = sum(float(self.buf.get(n).item()) for n in op.reads)
+        self.buf.get(op.writes[0]).fill_(math.sqrt(total) if total >= 0 else math.nan)
+        # Every HEAD op is done (its gradient's norm is among the reads): the loss is known.
+        self.ctx.guard.after_grad_norm(self.ctx.loss(), total)
+
+    def optimizer(self, op):
+        """AdamW on the unit's master with its host grad (clipped by the global norm when
+        clipping is on), then refresh its working copy."""
+        u, ctx = op.layer, self.ctx
+        if not op.prev_step:  # prev_step ops apply a step the trainer found finite
+            if not ctx.guard.may_update(unit_name(self.m, u), lambda: self.store.scalar(B.GRAD_SQ, u), ctx.loss):
+                return  # no update: master, moments, step counter and working copy stay as they are
+        p = self.buf.get(self.buf.one(op.writes, B.MASTER))
+        g = self.buf.get(self.buf.one(op.reads, B.HOST_GRAD))
+        exp_avg, exp_avg_sq = self.store.moments(u)
+        wc = next(iter(self.buf.all(op.writes, B.WORKING_COPY)), None)
+        if g.dtype != p.dtype and self._g32 is None:  # torch path's reused chunk of scratch: O(1)
+            self._g32 = torch.empty(self.adamw.chunk_params, dtype=p.dtype)
+        coef = clip_coef(self.p.grad_clip, self.store.scalar(B.GRAD_NORM)) if self.p.clip else 1.0
+        self.adamw.step(p, g, exp_avg, exp_avg_sq, self.store.steps[u], coef, lr=ctx.lr,
+                        working_copy=self.buf.get(wc) if wc else None, scratch=self._g32)

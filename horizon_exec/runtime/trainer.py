@@ -1,0 +1,425 @@
+"""Trainer: the executor's Python API. Builds the schedule for (model, policy), allocates the
+host store and the device arena, and runs one schedule per optimizer step.
+
+    tr = Trainer(model, policy, lr=3e-4, device="cpu", seed=0)
+    res = tr.step(tokens)          # tokens: LongTensor (batch, seq)
+    res = tr.step(tokens, labels, lr=1e-4)   # explicit targets (-100 = ignored), this step's lr
+    res.loss, res.grad_norm, res.timeline, res.device_peak_bytes, res.rss_peak_bytes
+    tr.flush()                     # pipelined optimizer: apply the last step's gradients
+    tr.state_dict()                # master weights by transformers names (views, fp32)
+    tr.eval_loss(tokens, labels)   # (sum of token losses, labelled tokens); no update
+
+Admission: before anything is allocated, the planner simulates the schedule on this machine
+and the constructor raises AdmissionError (admission.py: needed vs available, by role, what to
+change) when the host RAM or device memory it needs is not available. `admission=False` skips it.
+
+Non-finite steps: a NaN/inf loss or global gradient norm is detected before any update is
+applied. on_nonfinite='skip' leaves master weights, Adam moments and step counters exactly
+as they were (pipelined: the step's pending update is dropped, not applied next step), counts
+the step in `skipped_steps` and returns a StepResult with skipped=True; 'stop' does the same
+and raises NonFiniteError naming the step. optimizer='backward' updates each layer as its
+gradient lands, before the loss and the global norm are known, so an exact skip is impossible
+there: it only allows 'stop' (the default in that mode): a unit whose own gradient is not
+finite, and every unit after it, is left untouched, units updated earlier in the step keep
+their update, and the error says how many.
+
+Pipelined mode: ops marked prev_step apply the previous step's gradients at the start of the
+next step, so after `step()` the master weights lag one update until the next step or
+`flush()`; the loss of step n is still computed with the weights after n-1 updates. The
+learning rate travels with the gradients: the update made from step n's gradients uses the
+lr that was current (or passed) when step n ran, whenever that update is applied.
+
+Loss: labels[b, t] is the target of position t (default: tokens[b, t+1], -100 at the last
+position, transformers' causal-LM convention). The step's loss is the sum of token losses
+over every labelled token of the step divided by their count, so with micro-batches
+(gradient accumulation) it is the token mean over the whole batch, exactly what one
+unsplit batch gives; not the mean of per-micro-batch means.
+"""
+import resource
+import sys
+import time
+import weakref
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from horizon_exec.train.admission import admit
+from horizon_exec.device.arena import DeviceArena
+from horizon_exec.device.backend import check_device, make_backend
+from horizon_exec.runtime.buffers import TORCH_DTYPE, BufferTable
+from horizon_exec.runtime.engine import DEFAULT_OP_TIMEOUT_S, Engine
+from horizon_exec.errors import ExecError
+from horizon_exec.model.head import IGNORE, head_loss, next_token_labels
+from horizon_exec.model.layers import rms_norm
+from horizon_exec.model.layout import block_layout, host_layout
+from horizon_exec.runtime.nonfinite import NonFiniteGuard
+from horizon_exec.runtime.ops import OpRunner, StepContext
+from horizon_exec.optim.adamw import AdamW, check_hyper
+from horizon_exec.runtime.positions import check_docs
+from horizon_exec.runtime.store import HostStore
+from horizon_sim.errors import HorizonError
+from horizon_sim.schedule import Holds, build_schedule
+from horizon_sim.sim.timeline import timeline_frame
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import Policy
+
+INIT_STD = 0.02  # transformers' initializer_range default for Llama/Qwen2
+ON_NONFINITE = ("skip", "stop")
+
+
+class NonFiniteError(HorizonError):
+    """A step's loss or gradients were not finite and the policy is to stop (on_nonfinite='stop')."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    loss: float
+    """Mean next-token cross-entropy over every labelled token of the step."""
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    timeline: pd.DataFrame
+    """One row per op that ran (horizon_sim.sim.timeline columns), seconds from step start,
+    plus temp_peak_bytes: the measured peak of a compute op's device temporaries (CPU backend;
+    the measured counterpart of Op.workspace_bytes), 0 for other ops."""
+    device_peak_bytes: int
+    """Device memory peak over the step: arena buffers + measured op temporaries (CPU), or the
+    caching allocator's peak (CUDA)."""
+    rss_peak_bytes: int
+    """Process peak resident set size so far."""
+    step_s: float
+    tokens: int
+    """Tokens the step ran (batch * seq)."""
+    labelled_tokens: int = 0
+    """Tokens with a target (label != -100): the loss's denominator."""
+    skipped: bool = False
+    """The loss or a gradient was not finite and the update was not applied (on_nonfinite='skip')."""
+    nonfinite: str = ""
+    """What was not finite (e.g. 'grad norm nan'), '' when the step was finite."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_s if self.step_s > 0 else float("nan")
+
+
+def _checked_schedule(sched, model: ModelSpec, policy: Policy):
+    """`sched`, checked, if it was built for `model` and `policy`."""
+    for what, have, want in (("model", sched.meta.model, model.to_dict()), ("policy", sched.meta.policy,
+                                                                              policy.to_dict())):
+        if ModelSpec(**have) != model if what == "model" else Policy(**have) != policy:
+            raise HorizonError(f"the schedule was built for another {what} than the trainer's")
+    return sched.check()
+
+
+def _shutdown(engine, backend) -> None:
+    engine.close()
+    backend.close()
+
+
+def rss_peak_bytes() -> int:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r if sys.platform == "darwin" else r * 1024)
+
+
+class Trainer:
+    """Streams `model` through the device under `policy` (see module docstring).
+
+    lr, weight_decay, betas, eps: AdamW (decoupled decay on every parameter, like
+    torch.optim.AdamW over model.parameters()); `lr` can be changed between steps.
+    device: 'cpu' or 'cuda[:N]'. seed: weight init. device_budget_bytes: arena budget (None:
+    unlimited). CPU backend only: compute_threads (intra-op threads of the compute lane;
+    default cores - 1), pin_cores (compute lane on its own cores, the other lanes on the
+    rest), track_memory (measure op temporaries). timeout_s: the op timeout: a step with no op
+    starting or finishing for that long fails instead of hanging (engine.py; default 120 s).
+    lr, betas, eps, weight_decay and each step's lr are checked (optim.check_hyper), seed must
+    fit 64 bits, device must exist (backend.check_device). random_init: False leaves the
+    weights zero (for a caller that loads them next, e.g. files/hf_checkpoint.load_hf).
+    admission: check up front that the run fits (admission.py); host_budget_bytes: host RAM
+    the run may use (default: MemAvailable + this process); device_budget_bytes is the
+    device side's (default: CUDA free memory, CPU unlimited); hardware: a HardwareSpec whose
+    speeds (and runtime overhead) the admission simulation uses; data_bytes: host memory the
+    training data will hold, counted by the admission (data.data_bytes_bound). on_nonfinite:
+    'skip' or 'stop' (module docstring; default 'skip', 'stop' with optimizer='backward').
+    schedule: a Schedule to run instead of building one (e.g. the one the planner simulated,
+    or one read from JSON); it must have been built for this model and policy.
+    """
+
+    def __init__(self, model: ModelSpec, policy: Policy, *, lr: float = 1e-3, weight_decay: float = 0.0,
+                 betas=(0.9, 0.999), eps: float = 1e-8, device: str = "cpu", seed: int = 0,
+                 device_budget_bytes: int | None = None, compute_threads: int | None = None,
+                 pin_cores: bool = True, track_memory: bool = True, timeout_s: float = DEFAULT_OP_TIMEOUT_S,
+                 random_init: bool = True, admission: bool = True, host_budget_bytes: int | None = None,
+                 hardware=None, on_nonfinite: str | None = None, data_bytes: int = 0, schedule=None):
+        if policy.seq < 2:
+            raise HorizonError(f"policy seq={policy.seq}: training needs sequences of at least 2 tokens")
+        check_device(device)  # before admission, which asks the device for its free memory
+        if not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise HorizonError(f"seed={seed!r} must be an integer in [0, 2**64)")
+        adamw = AdamW(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        try:  # bf16 moments with an fp32 master need the native kernel: say so before allocating
+            adamw.uses_native(TORCH_DTYPE[policy.master_dtype], TORCH_DTYPE[policy.states_dtype])
+        except ExecError as e:
+            raise HorizonError(f"policy states_dtype={policy.states_dtype}: {e}. Use states_dtype="
+                               f"{policy.master_dtype} (--states-dtype {policy.master_dtype})") from None
+        if on_nonfinite is None:
+            on_nonfinite = "stop" if policy.optimizer == "backward" else "skip"
+        if on_nonfinite not in ON_NONFINITE:
+            raise HorizonError(f"on_nonfinite={on_nonfinite!r}: use one of {', '.join(ON_NONFINITE)}")
+        if on_nonfinite == "skip" and policy.optimizer == "backward":
+            raise HorizonError("on_nonfinite='skip' cannot be exact with optimizer='backward': each layer "
+                               "is updated as its gradient lands, before the loss and the global norm are "
+                               "known; use on_nonfinite='stop', or optimizer='pipelined' or 'after'")
+        self.model, self.policy, self.on_nonfinite = model, policy, on_nonfinite
+        self.sched = build_schedule(model, policy) if schedule is None else _checked_schedule(schedule, model, policy)
+        # Before any allocation: does the run fit this machine? (AdmissionError if not)
+        self.admission = (admit(model, policy, self.sched, device=device, host_budget_bytes=host_budget_bytes,
+                                device_budget_bytes=device_budget_bytes, hardware=hardware,
+                                data_bytes=data_bytes)
+                          if admission else None)
+        self.backend = make_backend(device, timeout_s=timeout_s, compute_threads=compute_threads,
+                                    pin_cores=pin_cores, track_memory=track_memory)
+        self.store = HostStore(self.sched, model, self.backend)
+        self.arena = DeviceArena(self.backend, device_budget_bytes)
+        self.buffers = BufferTable(self.sched, self.store, self.arena, self.backend)
+        self._lr = float(lr)
+        self.runner = OpRunner(model=model, policy=policy, sched=self.sched, buffers=self.buffers,
+                               store=self.store, arena=self.arena, backend=self.backend, adamw=adamw)
+        self.units = [b.unit for b in self.sched.of(Holds.MASTER)]  # embedding, blocks, head
+        self._params = {}  # transformers name -> view of the master store
+        for u in self.units:
+            self._params.update(host_layout(model, u).views(self.store.of(Holds.MASTER, u)))
+        if random_init:
+            self.init_weights(seed)
+        self.engine = Engine(self.backend, self.runner, timeout_s=timeout_s)
+        # Lane threads stop (and CUDA host memory is unregistered) with the trainer, even
+        # without close(); the finalizer holds no reference to the trainer itself.
+        self._finalizer = weakref.finalize(self, _shutdown, self.engine, self.backend)
+        self.pending = False  # pipelined: the last step's gradients are not applied yet
+        self.pending_lr = self._lr  # the lr those pending gradients are applied with
+        self.steps_done = 0
+        self.skipped_steps = 0  # steps whose update was not applied (non-finite loss or grads)
+        self.failed: str | None = None
+        self.state_invalid: str | None = None  # a checkpoint load failed after writing the store
+
+    # ---- weights ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """transformers-style init from `seed`: matrices N(0, 0.02), norms 1, biases 0."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, t in self._params.items():
+            if name.endswith("norm.weight"):
+                t.fill_(1.0)
+            elif name.endswith(".bias"):
+                t.zero_()
+            else:
+                t.copy_(torch.randn(t.shape, generator=gen) * INIT_STD)
+        self._refresh_working_copy()
+
+    def _refresh_working_copy(self) -> None:
+        for u in self.units:
+            if self.store.has(Holds.WORKING_COPY, u):
+                self.store.of(Holds.WORKING_COPY, u).copy_(self.store.of(Holds.MASTER, u))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Master weights by transformers names: views into the host store (no lm_head.weight
+        when tied). Copy them before stepping again if you keep them."""
+        return dict(self._params)
+
+    @torch.no_grad()
+    def load_state_dict(self, sd: dict) -> None:
+        missing = [n for n in self._params if n not in sd]
+        if missing:
+            raise HorizonError(f"state dict lacks {len(missing)} parameter(s), e.g. {missing[0]!r}")
+        for name, t in self._params.items():
+            t.copy_(sd[name])
+        self._refresh_working_copy()
+        self.pending = False  # gradients of the old weights must not update the new ones
+
+    @property
+    def lr(self) -> float:
+        """The lr the next step's gradients are applied with (unless step() gets one)."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._lr = self._checked_lr(value)
+
+    def _checked_lr(self, value) -> float:
+        """A step's lr passes the optimizer's checks (optim.check_hyper) before it reaches a kernel."""
+        a = self.runner.adamw
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise HorizonError(f"lr={value!r} must be a number") from None
+        check_hyper(lr=value, betas=a.betas, eps=a.eps, weight_decay=a.weight_decay, name=lambda f: f"{f}=")
+        return value
+
+    # ---- running ----------------------------------------------------------------------------
+    def _check_usable(self):
+        if self.failed:
+            raise ExecError(f"the trainer failed earlier and its state is inconsistent: {self.failed}")
+        if self.state_invalid:
+            raise ExecError(f"the trainer's state is invalid: {self.state_invalid}; load a checkpoint")
+
+    def _run(self, ops, skip=frozenset()):
+        try:
+            return self.engine.run(ops, len(self.sched.ops), skip)
+        except BaseException as e:  # an op failed, or the caller was interrupted mid-step
+            self.failed = str(e) if isinstance(e, ExecError) else f"interrupted mid-step ({type(e).__name__})"
+            if not self.engine.broken:  # lanes are idle: the step's buffers can go
+                self.buffers.clear_dynamic()
+            raise
+
+    def _check_docs(self, docs, tokens):
+        if docs is None:
+            return None
+        if not self.policy.doc_masks:
+            raise HorizonError("docs were given but the policy has doc_masks off (attention would "
+                               "cross documents)")
+        return check_docs(docs, tokens.shape)
+
+    def _check_batch(self, tokens, labels, rows: int | None):
+        p, V = self.policy, self.model.vocab
+        want = (rows if rows is not None else p.batch, p.seq)
+        if tokens.dim() != 2 or (rows is not None and tuple(tokens.shape) != want) or tokens.shape[1] != p.seq:
+            raise HorizonError(f"tokens have shape {tuple(tokens.shape)}; the policy wants "
+                               f"({want[0] if rows is not None else 'n'}, {p.seq})")
+        tokens = tokens.to(torch.int64).cpu().contiguous()
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
+            raise HorizonError(f"token ids must lie in [0, {V})")
+        if labels is None:
+            return tokens, next_token_labels(tokens)
+        if tuple(labels.shape) != tuple(tokens.shape):
+            raise HorizonError(f"labels have shape {tuple(labels.shape)}; tokens have {tuple(tokens.shape)}")
+        labels = labels.to(torch.int64).cpu().contiguous()
+        bad = (labels != IGNORE) & ((labels < 0) | (labels >= V))
+        if bool(bad.any()):
+            raise HorizonError(f"labels must be {IGNORE} (ignored) or lie in [0, {V})")
+        return tokens, labels
+
+    def step(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, *, docs=None,
+             lr: float | None = None, skip_kinds=frozenset()) -> StepResult:
+        """One optimizer step on tokens (batch, seq) (int64, ids < vocab) with targets
+        `labels` (batch, seq) (-100 = ignored; default: the next token, see the module
+        docstring). docs (batch, seq) int: each token's document, for a policy with doc_masks
+        (None: one document per sequence). lr: the learning rate this step's gradients are
+        applied with (default: self.lr). `skip_kinds` (measurement only, e.g.
+        {OpKind.OPTIMIZER} to see what the optimizer costs): op kinds not run this step; the
+        step is then not a training step."""
+        self._check_usable()
+        p = self.policy
+        tokens, labels = self._check_batch(tokens, labels, p.batch)
+        docs = self._check_docs(docs, tokens)
+        lr_now = self._lr if lr is None else self._checked_lr(lr)
+        n_labelled = int((labels != IGNORE).sum())
+        # The optimizer ops of this run apply the previous step's gradients (pipelined) or
+        # this step's (after / backward): each with the lr of the step that made them.
+        ctx = StepContext(tokens=tokens, lr=self.pending_lr if p.optimizer == "pipelined" else lr_now,
+                          n_step_tokens=max(1, n_labelled),  # all ignored: loss and grads are 0
+                          guard=NonFiniteGuard(p.optimizer))
+        # labels go to the device here; the engine's step_begin synchronizes before any lane reads
+        self.runner.begin_step(ctx, labels, docs)
+        self.backend.reset_peak(self.arena)
+        skip = {o.id for o in self.sched.ops if (o.prev_step and not self.pending) or o.kind in skip_kinds}
+        t0 = time.perf_counter()
+        rows = self._run(self.sched.ops, skip)
+        step_s = time.perf_counter() - t0
+        self.steps_done += 1
+        loss, gnorm = ctx.loss(), self.store.scalar(Holds.GRAD_NORM)
+        # The GRAD_NORM op flags a non-finite loss or norm, and the optimizer ops of this step
+        # then leave everything untouched; the pipelined update of this step is dropped here.
+        bad = ctx.guard.found
+        self.pending = p.optimizer == "pipelined" and not bad
+        self.pending_lr = lr_now
+        if bad:
+            self.skipped_steps += 1
+            if self.on_nonfinite == "stop":
+                raise NonFiniteError(ctx.guard.message(self.steps_done, len(self.units)), step=self.steps_done)
+        ops, starts, ends = zip(*rows)
+        timeline = timeline_frame(ops, starts, ends)
+        timeline["temp_peak_bytes"] = [ctx.temp_peak.get(o.id, 0) for o in ops]
+        return StepResult(loss=loss, grad_norm=gnorm, timeline=timeline,
+                          device_peak_bytes=self.backend.device_peak(self.arena),
+                          rss_peak_bytes=rss_peak_bytes(), step_s=step_s, tokens=p.tokens,
+                          labelled_tokens=n_labelled, skipped=bool(bad), nonfinite=bad or "")
+
+    def flush(self) -> list:
+        """Apply pending pipelined optimizer updates (the prev_step ops), so the master
+        weights are final. A no-op in the other modes or when nothing is pending. Returns the
+        measured (op, start_s, end_s) of the ops it ran."""
+        self._check_usable()
+        if not self.pending:
+            return []
+        self.runner.ctx = StepContext(tokens=None, lr=self.pending_lr, n_step_tokens=1,
+                                      guard=NonFiniteGuard(self.policy.optimizer))
+        rows = self._run([o for o in self.sched.ops if o.prev_step])
+        self.pending = False
+        return rows
+
+    @torch.no_grad()
+    def _final_hidden(self, tokens, docs=None):
+        """Streaming forward without autograd, outside the schedule, on the calling thread:
+        pending pipelined updates are applied first (flush; the run's trajectory is
+        unchanged by that), then one unit's weights at a time go to the device (cast from
+        the fp32 master) and run over the sequences in micro_batch chunks. Returns the
+        activations entering the head, [(mb, T, H)], and the head's (norm, matrix)."""
+        self._check_usable()
+        self.flush()
+        m, p = self.model, self.policy
+        dev, act = self.backend.device, TORCH_DTYPE[p.compute_dtype]
+        emb = self._params["model.embed_tokens.weight"]                           # (V, H) fp32
+        xs = [emb.index_select(0, c.reshape(-1)).view(c.shape[0], p.seq, m.hidden).to(dev, act)
+              for c in tokens.split(p.micro_batch)]                               # [(mb, T, H)]
+        if docs is None and p.doc_masks:
+            docs = torch.zeros_like(tokens)
+        chunks = docs.split(p.micro_batch) if docs is not None else [None] * len(xs)
+        tabs = [self.runner.attn.tables(d) for d in chunks]                       # per chunk
+        blk = block_layout(m)
+        for layer in range(m.n_layers):
+            w = {k: v.to(dev, act) for k, v in blk.views(self.store.of(Holds.MASTER, layer)).items()}
+            for i, (c, s_, d) in enumerate(tabs):  # in place: one chunk's output is new at a time
+                xs[i] = self.runner.block(w, xs[i], c, s_, m.window(layer), d)
+            del w
+        w_norm = self._params["model.norm.weight"].to(dev, act)
+        w_lm = (emb if m.tied_embeddings else self._params["lm_head.weight"]).to(dev, act)
+        return xs, w_norm, w_lm
+
+    def eval_loss(self, tokens: torch.Tensor, labels: torch.Tensor | None = None,
+                  docs=None) -> tuple[float, int]:
+        """(sum of token losses, labelled tokens) of tokens (n, seq) under the current weights,
+        with no update (see _final_hidden); the loss is chunked like training's head, so full
+        logits never exist."""
+        tokens, labels = self._check_batch(tokens, labels, None)
+        xs, w_norm, w_lm = self._final_hidden(tokens, self._check_docs(docs, tokens))
+        total = 0.0
+        with torch.no_grad():
+            for x, lab in zip(xs, labels.split(self.policy.micro_batch)):
+                lab = lab.reshape(-1).to(x.device)
+                total += float(head_loss(x, w_norm, w_lm, lab, self.model.norm_eps,
+                                         min(self.policy.loss_chunk_tokens, lab.numel())))
+        return total, int((labels != IGNORE).sum())
+
+    def logits(self, tokens: torch.Tensor, docs=None) -> torch.Tensor:
+        """Full logits (n, seq, V), fp32, on the host, of the current weights: for checks on
+        small inputs (training never materialises them)."""
+        tokens, _ = self._check_batch(tokens, None, None)
+        xs, w_norm, w_lm = self._final_hidden(tokens, self._check_docs(docs, tokens))
+        with torch.no_grad():
+            return torch.cat([(rms_norm(x, w_norm, self.model.norm_eps) @ w_lm.t()).float().cpu() for x in xs])
+
+    @property
+    def host_store_bytes(self) -> int:
+        return self.store.nbytes
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,357 @@
+"""The training loop around a Trainer: lr schedule, periodic eval, logging, checkpoints, resume.
+
+    loop = TrainLoop(trainer, dataset, LoopConfig(steps=1000, schedule=CosineSchedule(...),
+                     ckpt_dir="ckpt", save_every=100), seed=0)
+    loop.resume("ckpt")          # optional: continue exactly where a checkpoint left off
+    loop.run()                   # steps loop.step .. steps-1; returns the last StepResult
+
+Per step s (0-based): the next batch from the seeded loader, Trainer.step with lr = schedule(s)
+(global-norm clipping and micro-batch gradient accumulation are the policy's: grad_clip,
+micro_batches), then a progress-bar update (loss, lr, tokens/s, MFU), a JSON line in the
+metrics log (a log that cannot be written is reported once and dropped) and, as configured, a
+checkpoint and then the eval loss on the held-out batches (checkpoint first: an eval that
+fails, an EvalError, stops the run without costing the step; it writes one if none was due).
+With a ckpt_dir the loop holds the folder's lock (ckpt_lock.py) until close().
+
+Exact resume: a checkpoint holds the trainer's state (ckpt.py) and the loop's (step, loader
+epoch/position, data fingerprint, schedule), so a resumed run's step s computes exactly what
+the uninterrupted run's step s did (fp32: bit for bit). Eval flushes a pending pipelined
+update first, which changes nothing numerically: the same per-unit updates run, earlier.
+Resume verifies checksums while it reads, and falls back to the previous checkpoint (with a
+warning) when the latest is damaged (ckpt.py).
+
+Signals: while run() runs in the main thread, the first SIGINT or SIGTERM lets the current
+step finish (and its checkpoint or eval, if in one), writes a checkpoint (when ckpt_dir is set
+and the step has none yet) and raises Interrupted at that step boundary; a step that makes no
+progress after it (a stuck op) is given up after engine.STOP_GRACE_S; a second signal raises
+Interrupted at once (mid-step, or mid-write: a checkpoint being written is abandoned under its
+temporary name, so the last complete one stays intact), naming what it abandoned. The CLI
+exits 128 + the signal number (130, 143).
+
+Non-finite steps (the trainer's on_nonfinite): a skipped step is logged ("skipped" in the
+JSON line, a message); 'stop' raises NonFiniteError out of run().
+"""
+import json
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+from horizon_exec.files import ckpt as ckpt_mod
+from horizon_exec.files import ckpt_lock
+from horizon_exec.train import stop_signals
+from horizon_exec.files.fileio import make_dirs, write_failure
+from horizon_exec.optim.lr import CosineSchedule
+from horizon_exec.train.stop_signals import StopSignals
+from horizon_sim.errors import HorizonError
+
+
+@dataclass(kw_only=True, slots=True)
+class LoopConfig:
+    steps: int
+    """Total optimizer steps of the run (a resumed run continues up to this)."""
+    schedule: CosineSchedule
+    eval_every: int = 0
+    """Eval every N steps; 0: only after the last step. No eval without held-out data or
+    with eval_batches = 0."""
+    eval_batches: int = 4
+    ckpt_dir: str | None = None
+    save_every: int = 0
+    """Checkpoint every N steps; 0: only after the last step (when ckpt_dir is set)."""
+    keep_ckpts: int = 2
+    """Checkpoints kept in ckpt_dir (older ones are removed); 0 keeps all."""
+    peak_flops: float | None = None
+    """Device peak FLOP/s for MFU; None: report achieved model TFLOP/s instead."""
+    progress: bool = True
+    log_file: str | None = None
+    """Append one JSON object per step (and per eval) to this file."""
+    log_window: int = 10
+    """Steps averaged for the tokens/s and MFU shown."""
+    handle_signals: bool = True
+    """Stop at a step boundary on SIGINT/SIGTERM (module docstring); only from the main thread."""
+
+    def __post_init__(self):
+        for f in ("steps",):
+            if getattr(self, f) <= 0:
+                raise HorizonError(f"{f}={getattr(self, f)} must be positive")
+        for f in ("eval_every", "eval_batches", "save_every", "keep_ckpts"):
+            if getattr(self, f) < 0:
+                raise HorizonError(f"{f.replace('_', '-')}={getattr(self, f)} must be >= 0")
+
+
+class EvalError(HorizonError):
+    """The eval after a step failed; the run stopped (with a checkpoint of that step when it could)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """run() stopped on a signal: at a step boundary (first signal; `checkpoint` is the last
+    one written, possibly just now) or at once (`immediate`: a second signal, or a step that
+    made no progress after the first). `during`: what was abandoned (default step `step` + 1);
+    `no_checkpoint`: why there is none; `why`: what made it immediate, if not a second signal."""
+
+    def __init__(self, signum: int, step: int, checkpoint, immediate: bool, *, during: str = "",
+                 no_checkpoint: str = "no ckpt_dir", why: str = ""):
+        self.signum, self.step, self.checkpoint, self.immediate = signum, step, checkpoint, immediate
+        where = (f"aborted during {during or f'step {step + 1}'}" if immediate else f"stopped after step {step}")
+        ck = f"; last checkpoint {checkpoint}" if checkpoint else f"; no checkpoint ({no_checkpoint})"
+        super().__init__(f"{stop_signals.name(signum)}: {where}{f' ({why})' if why else ''}{ck}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class TrainLoop:
+    def __init__(self, trainer, dataset, cfg: LoopConfig, seed: int = 0, out=print):
+        self.tr, self.ds, self.cfg, self.seed = trainer, dataset, cfg, seed
+        self.out = out  # where one-line messages go (the progress bar's writer while it runs)
+        pol = trainer.policy
+        if dataset.data.seq != pol.seq:
+            raise HorizonError(f"data packed to {dataset.data.seq} tokens, the policy runs {pol.seq}")
+        if dataset.max_id >= trainer.model.vocab:
+            raise HorizonError(f"token id {dataset.max_id} from the tokenizer does not fit the model's "
+                               f"vocab of {trainer.model.vocab}")
+        self.batches = dataset.batches(pol.batch, seed)
+        self.eval_set = dataset.eval_batches(pol.batch, cfg.eval_batches) if cfg.eval_batches else []
+        self.fingerprint = dataset.fingerprint()
+        self.step = 0
+        if pol.doc_masks != dataset.data.doc_masks:
+            raise HorizonError(f"the policy has doc_masks={pol.doc_masks}, the data was packed with "
+                               f"doc_masks={dataset.data.doc_masks}")
+        # Under document masks a token attends to its document: model FLOPs use the data's
+        # mean document length.
+        ctx = dataset.mean_doc_tokens if pol.doc_masks else 0
+        self.flops_per_step = trainer.model.model_flops_per_token(pol.seq, ctx) * pol.tokens
+        self.losses: dict[int, float] = {}       # step -> training loss
+        self.evals: dict[int, float] = {}        # step (steps done) -> eval loss
+        self.last = None
+        self._times: list[float] = []
+        self.last_ckpt: tuple[int, object] | None = None  # (step, folder) of the last checkpoint written
+        self.skipped: list[int] = []   # steps (1-based) whose update was skipped as non-finite
+        self._signal: int | None = None
+        self._phase = ""        # what run() is in, for an abort message: 'step 5', 'the eval after step 4'
+        self._log_failed = False
+        self._unlock = None
+        if cfg.ckpt_dir:  # one run per checkpoint folder, from before the first step to close()
+            make_dirs(Path(cfg.ckpt_dir))
+            self._unlock = weakref.finalize(self, ckpt_lock.release, ckpt_lock.acquire(cfg.ckpt_dir))
+
+    def close(self) -> None:
+        """Release the checkpoint folder's lock (also when the loop is garbage-collected)."""
+        if self._unlock is not None:
+            self._unlock()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- state ----------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"step": self.step, "data": self.batches.state_dict(), "data_fingerprint": self.fingerprint,
+                "data_source": self.ds.source, "seed": self.seed, "schedule": self.cfg.schedule.to_dict()}
+
+    def save(self) -> Path:
+        p = ckpt_mod.save_checkpoint(self.cfg.ckpt_dir, self.tr, self.step, self.state(),
+                                     keep=self.cfg.keep_ckpts)
+        self.last_ckpt = (self.step, p)
+        return p
+
+    def resume(self, path) -> Path:
+        """Restore trainer and loop from a checkpoint folder (or a ckpt_dir's latest, falling
+        back to older ones when it is damaged); checksums are verified while reading."""
+        def check(p, meta):
+            st = meta.get("loop", {})
+            if st.get("data_fingerprint") != self.fingerprint:
+                raise HorizonError(f"{p}: checkpoint was trained on different data (or tokenizer, seq or split) "
+                                   f"than {self.ds.source}; resume with the same data")
+            data = st.get("data")
+            n = len(self.ds.train)
+            if not (isinstance(data, dict) and all(type(data.get(k)) is int and data[k] >= 0 for k in ("epoch", "pos"))
+                    and data["pos"] <= n):
+                raise ckpt_mod.CheckpointError(f"{p / ckpt_mod.META}: loop.data {ckpt_mod._show(data)} is not a data "
+                                               f"position (epoch, pos <= {n}) (corrupt checkpoint)")
+            try:
+                self.batches.load_state_dict(data)  # checks the seed before anything changes
+            except HorizonError as e:
+                raise HorizonError(f"{p}: {e}") from None
+
+        meta = ckpt_mod.load_checkpoint(path, self.tr, check=check, warn=self.out)
+        p = Path(meta["path"])
+        self.step = int(meta["step"])
+        self.last_ckpt = (self.step, p)
+        sched = meta.get("loop", {}).get("schedule")
+        if sched != self.cfg.schedule.to_dict():
+            self.out(f"note: lr schedule differs from the checkpoint's ({ckpt_mod._show(sched)} -> "
+                     f"{self.cfg.schedule.to_dict()}); the run continues on the new one")
+        a = self.tr.runner.adamw
+        opt = {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay}
+        if meta.get("optimizer") != opt:
+            self.out(f"note: optimizer settings differ from the checkpoint's ({ckpt_mod._show(meta.get('optimizer'))} "
+                     f"-> {opt})")
+        return p
+
+    # ---- running --------------------------------------------------------------------------
+    def evaluate(self) -> float | None:
+        """Mean token loss over the held-out batches (None without any)."""
+        if not self.eval_set:
+            return None
+        total, n = 0.0, 0
+        for b in self.eval_set:
+            s, k = self.tr.eval_loss(b.tokens, b.labels, b.docs)
+            total, n = total + s, n + k
+        return total / max(1, n)
+
+    def _eval_step(self, write) -> float:
+        """evaluate() after a step; a failure stops the run as an EvalError, with a checkpoint
+        of this step first when there is a ckpt_dir and the trainer is still consistent."""
+        try:
+            return self.evaluate()
+        except Exception as e:
+            why = f"step {self.step}: eval failed: {type(e).__name__}: {e}"
+        tr = self.tr
+        if self.cfg.ckpt_dir and not (tr.failed or tr.state_invalid) and (
+                self.last_ckpt is None or self.last_ckpt[0] != self.step):
+            write(f"step {self.step}: checkpoint {self.save()}")
+        ck = self.last_ckpt
+        raise EvalError(why + (f"; last checkpoint {ck[1]} (step {ck[0]})" if ck else "; no checkpoint written")
+                        + "; resume with --resume, or with --eval-batches 0 if the eval keeps failing")
+
+    def _rate(self) -> tuple[float, float]:
+        """(tokens/s, model FLOP/s) over the last log_window steps."""
+        w = self._times[-self.cfg.log_window:]
+        secs = sum(w)
+        if secs <= 0:
+            return float("nan"), float("nan")
+        return len(w) * self.tr.policy.tokens / secs, len(w) * self.flops_per_step / secs
+
+    def _log(self, rec: dict, write) -> None:
+        """One JSON line in the metrics log. A log that cannot be written (disk full, ...) is
+        reported once and dropped: it is a record of the run, not its product, and stopping
+        would cost the steps since the last checkpoint (which reports its own failures)."""
+        if not self.cfg.log_file or self._log_failed:
+            return
+        try:
+            with open(self.cfg.log_file, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        except OSError as e:
+            self._log_failed = True
+            why = write_failure(f"the metrics log {self.cfg.log_file}", e, Path(self.cfg.log_file).parent)
+            write(f"warning: step {self.step}: {why}; training goes on without it")
+
+    # ---- signals ---------------------------------------------------------------------------
+    def _interrupted(self, signum: int, immediate: bool, why: str = "") -> Interrupted:
+        ck = self.last_ckpt[1] if self.last_ckpt else None
+        return Interrupted(signum, self.step, ck, immediate, during=self._phase, why=why,
+                           no_checkpoint="none written yet" if self.cfg.ckpt_dir else "no ckpt_dir")
+
+    def _first_signal(self, signum: int) -> None:
+        self._signal = signum
+        self.tr.engine.request_stop()   # a step stuck in an op is abandoned after engine.STOP_GRACE_S
+        stop_signals.say(f"\n{stop_signals.name(signum)} received: stopping at the next step boundary "
+                         f"(with a checkpoint when ckpt_dir is set); send it again to abort now\n")
+
+    def _second_signal(self, signum: int) -> None:
+        raise self._interrupted(signum, immediate=True)
+
+    def _stop_at_boundary(self, write):
+        """The first signal arrived: checkpoint this step (unless it has one) and stop."""
+        if self.cfg.ckpt_dir and self.step > 0 and (self.last_ckpt is None or self.last_ckpt[0] != self.step):
+            self._phase = f"the checkpoint of step {self.step}"
+            p = self.save()
+            write(f"step {self.step}: checkpoint {p}")
+        raise self._interrupted(self._signal, immediate=False)
+
+    def _train_step(self, s: int, b, lr: float):
+        """tr.step on batch b; a step abandoned after a stop request (stuck) is an immediate Interrupted."""
+        from horizon_exec.runtime.engine import StepAbandoned
+        self._phase = f"step {s + 1}"
+        try:
+            return self.tr.step(b.tokens, b.labels, docs=b.docs, lr=lr)
+        except StepAbandoned as e:
+            what = f"op {e.op.id} {e.op.label} made no progress" if e.op is not None else "no progress"
+            raise self._interrupted(self._signal, immediate=True, why=what) from e
+
+    def run(self, until: int | None = None):
+        """Train steps self.step .. min(until, steps) - 1; returns the last StepResult."""
+        cfg, tr = self.cfg, self.tr
+        end = cfg.steps if until is None else min(until, cfg.steps)
+        bar = None
+        if cfg.progress and self.step < end:
+            from tqdm import tqdm
+            bar = tqdm(total=cfg.steps, initial=self.step, unit="step", dynamic_ncols=True)
+        write = bar.write if bar is not None else self.out
+        self._signal = None
+        tr.engine.clear_stop()
+        try:
+            with StopSignals(self._first_signal, self._second_signal, enabled=cfg.handle_signals):
+                self._steps(end, write, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        return self.last
+
+    def _steps(self, end: int, write, bar) -> None:
+        cfg, tr = self.cfg, self.tr
+        while self.step < end:
+            if self._signal is not None:
+                self._stop_at_boundary(write)
+            s = self.step
+            t0 = time.perf_counter()
+            b = next(self.batches)
+            lr = cfg.schedule(s)
+            res = self._train_step(s, b, lr)
+            self._times.append(time.perf_counter() - t0)
+            self.step = s + 1
+            self._phase = f"the bookkeeping after step {self.step}"
+            self.losses[s] = res.loss
+            self.last = res
+            tok_s, flop_s = self._rate()
+            rec = {"step": self.step, "loss": res.loss, "lr": lr, "grad_norm": res.grad_norm,
+                   "tokens_per_s": tok_s, "model_tflops": flop_s / 1e12}
+            if cfg.peak_flops:
+                rec["mfu"] = flop_s / cfg.peak_flops
+            if res.skipped:
+                self.skipped.append(self.step)
+                rec.update(skipped=True, nonfinite=res.nonfinite)
+                write(f"step {self.step}: non-finite {res.nonfinite}: update skipped, weights and optimizer state "
+                      f"unchanged ({tr.skipped_steps} skipped so far)")
+            self._log(rec, write)
+            if bar is not None:
+                post = {"loss": f"{res.loss:.4f}", "lr": f"{lr:.2e}", "tok/s": f"{tok_s:,.0f}"}
+                post.update({"MFU": f"{100 * rec['mfu']:.3g}%"} if cfg.peak_flops else
+                            {"TFLOP/s": f"{flop_s / 1e12:.3g}"})
+                bar.set_postfix(post, refresh=False)
+                bar.update(1)
+            if self._signal is not None:
+                self._stop_at_boundary(write)
+            last = self.step == cfg.steps
+            # the checkpoint before the eval: an eval that fails (or is interrupted) cannot cost it
+            if cfg.ckpt_dir and ((cfg.save_every and self.step % cfg.save_every == 0) or last):
+                self._phase = f"the checkpoint of step {self.step}"
+                p = self.save()
+                write(f"step {self.step}: checkpoint {p}")
+            if self.eval_set and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
+                self._phase = f"the eval after step {self.step}"
+                ev = self._eval_step(write)
+                self.evals[self.step] = ev
+                self._log({"step": self.step, "eval_loss": ev}, write)
+                write(f"step {self.step}: eval loss {ev:.4f} ({len(self.eval_set)} batches)")
+            if self._signal is not None:  # a signal during the checkpoint or the eval, the last step's too
+                self._stop_at_boundary(write)
+
+    @property
+    def steps_run(self) -> int:
+        """Steps this loop object ran (a resumed run counts from its resume)."""
+        return len(self._times)
+
+    @property
+    def tokens_per_s(self) -> float:
+        secs = sum(self._times)
+        return len(self._times) * self.tr.policy.tokens / secs if secs > 0 else float("nan")
+
+    @property
+    def model_flops_per_s(self) -> float:
+        secs = sum(self._times)
+        return len(self._times) * self.flops_per_step / secs if secs > 0 else float("nan")

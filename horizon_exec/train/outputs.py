@@ -1,0 +1,115 @@
+"""A training run's outputs (--ckpt-dir, --save-hf, --log-file) checked before the first step,
+so that no run trains for hours and then finds it cannot keep what it made (issue 19).
+
+    prepare_outputs(ckpt_dir="ckpt", save_hf="out", log_file="log.jsonl", init_from=None)
+    check_space([("--ckpt-dir", Path("ckpt"), ckpt_bytes), ("--save-hf", Path("."), hf_bytes)])
+
+prepare_outputs creates the folders (and missing parents, each made durable), checks each
+output is of the right kind and can be written the way the run will write it (a file
+created in --ckpt-dir; a folder created beside --save-hf, where it is built before its
+rename; --log-file opened for appending), that --save-hf holds nothing but an HF checkpoint
+(it is replaced as a whole), and that --save-hf is not the --init-from folder nor holds
+another output. check_space compares what the writes need with the free space of each file
+system (outputs on one file system add up). Every refusal is one HorizonError line naming the
+flag, the path and what is needed. No torch here: the checks run before anything is built.
+"""
+import os
+import tempfile
+from pathlib import Path
+
+from horizon_exec.files.fileio import make_dirs, os_error_text
+from horizon_sim.errors import HorizonError
+from horizon_sim.units import fmt_bytes
+
+
+def _folder(path: Path, flag: str) -> None:
+    """`path` exists as a folder (created if missing) and a file can be made in it."""
+    if path.exists() and not path.is_dir():
+        raise HorizonError(f"{flag} {str(path)!r} is a file; give a folder")
+    try:
+        make_dirs(path)
+    except OSError as e:
+        raise HorizonError(f"{flag} {str(path)!r}: cannot create the folder: {os_error_text(e)}; "
+                           "give a folder this run can write") from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".horizon-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise HorizonError(f"{flag} {str(path)!r}: cannot write in it: {os_error_text(e)}; "
+                           "give a folder this run can write") from None
+
+
+def _inside(a: Path, b: Path) -> bool:
+    """a is b or lies under it (symbolic links resolved, missing parts taken as written)."""
+    a, b = a.resolve(), b.resolve()
+    return a == b or a.is_relative_to(b)
+
+
+def _save_hf(out: Path, init_from, others: dict) -> None:
+    from horizon_exec.files.hf_checkpoint import check_output_dir
+
+    if init_from and _inside(Path(init_from), out):
+        raise HorizonError(f"--save-hf {str(out)!r} would replace the --init-from folder {str(init_from)!r}, "
+                           "the weights this run starts from; save to another folder")
+    for flag, p in others.items():
+        if p and _inside(Path(p), out):
+            raise HorizonError(f"--save-hf {str(out)!r} would hold {flag} {str(p)!r}, but the save replaces "
+                               "the folder as a whole; give them separate places")
+    try:
+        check_output_dir(out)
+    except HorizonError as e:
+        raise HorizonError(f"--save-hf: {e}") from None
+    _folder(out.parent, f"--save-hf {str(out)!r}: its parent")
+    try:  # the checkpoint is built in a folder beside `out`, then renamed
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))
+    except OSError as e:
+        raise HorizonError(f"--save-hf {str(out)!r}: cannot create a folder beside it: {os_error_text(e)}; "
+                           "give a folder this run can write") from None
+
+
+def _log_file(path: Path) -> None:
+    if path.is_dir():
+        raise HorizonError(f"--log-file {str(path)!r} is a folder; give a file")
+    _folder(path.parent, f"--log-file {str(path)!r}: its parent")
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise HorizonError(f"--log-file {str(path)!r}: cannot append to it: {os_error_text(e)}") from None
+
+
+def prepare_outputs(*, ckpt_dir=None, save_hf=None, log_file=None, init_from=None) -> None:
+    """Check (and create) every output before the run starts (module docstring)."""
+    if save_hf:
+        _save_hf(Path(save_hf), init_from, {"--ckpt-dir": ckpt_dir, "--log-file": log_file})
+    if ckpt_dir:
+        _folder(Path(ckpt_dir), "--ckpt-dir")
+    if log_file:
+        _log_file(Path(log_file))
+
+
+def free_bytes(folder: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on folder's file system (None: unknown,
+    e.g. a file system that reports no sizes)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize if st.f_blocks else None
+
+
+def check_space(needs) -> None:
+    """needs: [(flag, existing folder written into, bytes)]. HorizonError when a file system
+    has less free space than the outputs on it need together."""
+    by_fs: dict[int, list] = {}
+    for flag, folder, nbytes in needs:
+        by_fs.setdefault(os.stat(folder).st_dev, []).append((flag, folder, nbytes))
+    for group in by_fs.values():
+        need = sum(n for *_, n in group)
+        free = free_bytes(group[0][1])
+        if free is not None and free < need:
+            what = " + ".join(f"{flag} {fmt_bytes(n)}" for flag, _, n in group)
+            raise HorizonError(f"{str(group[0][1])!r}: {fmt_bytes(free)} free on its file system; the run's "
+                               f"outputs there need about {fmt_bytes(need)} ({what}); free space or write "
+                               "elsewhere (--no-admission skips this check)")

@@ -1,0 +1,68 @@
+"""The outputs at the two ends of `horizon train`: room for them before the first step, and
+--save-hf after the last one: under signal handling (the first SIGINT/SIGTERM lets the save
+finish, then the run exits 130/143; a second aborts it and nothing half-written stays), with a
+write failure as one line naming the folder, the space it needs and where the trained weights
+still are."""
+import json
+from pathlib import Path
+
+from horizon_exec.files import hf_checkpoint
+from horizon_exec.files.hf_checkpoint import SAVE_DTYPES
+from horizon_exec.files.ckpt import checkpoint_bytes
+from horizon_exec.files.fileio import OutputError, write_failure
+from horizon_exec.train.loop import Interrupted
+from horizon_exec.train.outputs import check_space
+from horizon_exec.train.stop_signals import StopSignals, say
+from horizon_exec.train.stop_signals import name as signal_name
+from horizon_sim.specs.hf_config import model_source
+from horizon_sim.units import parse_size
+
+
+def check_space_for(args, tr) -> None:
+    """Room for one checkpoint and the --save-hf folder, before the first step."""
+    needs = []
+    if args.ckpt_dir:
+        needs.append(("--ckpt-dir", Path(args.ckpt_dir), checkpoint_bytes(tr)))
+    if args.save_hf:
+        needs.append(("--save-hf", Path(args.save_hf).parent, _hf_bytes(args, tr)))
+    check_space(needs)
+
+
+def _hf_bytes(args, tr) -> int:
+    return sum(t.numel() for t in tr.state_dict().values()) * SAVE_DTYPES[args.save_dtype][0].itemsize
+
+
+def save_hf(args, tr, loop, tok, init_dir) -> None:
+    """--save-hf; a write failure is one line naming the folder, the need, and where the
+    trained weights still are."""
+    # The source config.json is kept (only what training changed is rewritten) and the
+    # tokenizer the model was trained with goes along, chat template included.
+    src = (init_dir / "config.json") if init_dir is not None else (
+        model_source(args.model) if args.model else None)
+    base = json.loads(src.read_text()) if src is not None else None
+    side = [*tok.files, *hf_checkpoint.model_side_files(init_dir)]
+    save_shard = parse_size(args.save_shard_size, "--save-shard-size")
+    ck = loop.last_ckpt[1] if loop.last_ckpt and loop.last_ckpt[0] == loop.step else None
+
+    def interrupted(signum, immediate, why=""):
+        return Interrupted(signum, loop.step, ck, immediate, during=f"--save-hf {args.save_hf}", why=why,
+                           no_checkpoint="none of the last step" if args.ckpt_dir else "no --ckpt-dir")
+
+    def first(signum):  # the save is the run's last work: finish it rather than lose it
+        say(f"\n{signal_name(signum)} received: finishing --save-hf first (send it again to abort it; "
+            "nothing half-written stays)\n")
+
+    def second(signum):  # unwinding removes the staging folder
+        raise interrupted(signum, immediate=True)
+
+    try:
+        with StopSignals(first, second) as sig:
+            out = hf_checkpoint.save_hf(tr, args.save_hf, args.save_dtype, save_shard, base, side)
+    except OSError as e:
+        kept = (f"the trained weights are in the checkpoint {ck}" if ck else
+                "no checkpoint holds the trained weights" + ("" if args.ckpt_dir else " (no --ckpt-dir)"))
+        why = write_failure(f"the HF checkpoint {args.save_hf}", e, Path(args.save_hf).parent, _hf_bytes(args, tr))
+        raise OutputError(f"--save-hf: {why}; {kept}") from None
+    print(f"saved {args.save_dtype} HF checkpoint to {out}")
+    if sig.signum is not None:
+        raise interrupted(sig.signum, immediate=False, why="after completing --save-hf")
