@@ -3,8 +3,9 @@
 - The training data is counted before it is loaded (data.data_bytes_bound, from the file's
   size) and loaded streaming, so a large file is refused before it is read and a run never
   holds more of it than was admitted.
-- Eval (Trainer.eval_loss, between steps) is counted: its temporaries are bounded by
-  work.eval_temp_peak_bytes, checked against the executor's measured temporaries.
+- Eval (Trainer.eval_loss, between steps) needs nothing beyond a step: it runs its own
+  forward-only Schedule on the engine (tests/test_eval_engine.py); the runs below evaluate
+  after every step.
 - Over a grid of `horizon train` runs, each in its own process, the peak resident set
   (VmHWM) never exceeds the host RAM the admission said the run needs.
 """
@@ -14,50 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from horizon_exec.files.data import BUILTIN_CORPUS, data_bytes_bound
-from horizon_exec.device.memtrack import TransientTracker
 from horizon_exec.files.tokenize import ByteTokenizer
-from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
-from horizon_sim.schedule import work
-from horizon_sim.specs.model import ModelSpec
-from horizon_sim.specs.policy import Policy
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
-
-
-class _Arena:  # the tracker's arena interface, counting nothing
-    ptrs: set = set()
-
-    def transient(self, n, what=""):
-        pass
-
-
-@pytest.mark.parametrize("L, H, F, V, B, T, mb, chunk, dtype, tied, win, docs", [
-    (2, 512, 1376, 8192, 4, 256, 2, 256, "bf16", False, 0, False),   # a real LM head, 2 micro-batches
-    (2, 256, 688, 32000, 4, 128, 1, 1024, "bf16", True, 0, False),   # large tied vocabulary: the head dominates
-    (2, 256, 688, 256, 8, 256, 8, 1024, "bf16", False, 0, False),    # byte vocabulary: a layer dominates
-    (2, 128, 352, 2048, 2, 64, 2, 32, "fp32", False, 0, False),      # fp32: the head is a view, not a copy
-    (2, 128, 352, 256, 2, 256, 1, 1024, "bf16", False, 32, True),    # windows and document masks
-])
-def test_eval_temporaries_stay_under_their_bound(L, H, F, V, B, T, mb, chunk, dtype, tied, win, docs):
-    spec = ModelSpec(n_layers=L, hidden=H, n_heads=H // 64, n_kv_heads=max(1, H // 128), ffn_hidden=F,
-                     vocab=V, tied_embeddings=tied, layer_windows=(win,) * L if win else ())
-    kw = dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False) if dtype == "fp32" else {}
-    pol = Policy(batch=B, seq=T, micro_batches=B // mb, loss_chunk_tokens=chunk, doc_masks=docs, **kw)
-    a = 4 if dtype == "fp32" else 2
-    with Trainer(spec, pol, admission=False) as tr:
-        toks = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(0))
-        tr.step(toks)
-        t = TransientTracker(_Arena(), "eval")
-        with t:
-            tr.eval_loss(toks)
-    mask = work.mask_bytes(mb, T, docs) if (win or docs) else 0
-    bound = work.eval_temp_peak_bytes(spec, B, mb, T, chunk, a, head_copy=dtype != "fp32", mask=mask, doc_masks=docs)
-    assert t.peak <= bound <= 2 * t.peak, (t.peak, bound)  # an upper bound, and not a loose one
 
 
 def test_data_is_counted_before_it_is_read(tmp_path, monkeypatch, capsys):

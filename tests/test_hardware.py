@@ -12,6 +12,8 @@ from horizon_sim.specs.hardware_presets import (
 from horizon_sim.units import GiB, TB
 
 # Theoretical per-direction x16 rates after 128b/130b encoding, GB/s (PCI-SIG).
+# PCI Express Base Specification (PCI-SIG), x16 per direction after 128b/130b encoding:
+# gen3 8 GT/s, gen4 16 GT/s, gen5 32 GT/s.
 PCIE_THEORETICAL_GBps = {"pcie-gen3": 15.75, "pcie-gen4": 31.5, "pcie-gen5": 63.0}
 
 
@@ -115,6 +117,10 @@ def test_pcie_generations_double():
 
 
 def test_device_presets_match_datasheets():
+    # Sources: NVIDIA H200 Tensor Core GPU datasheet (141 GB HBM3e, 4.8 TB/s, 989 TFLOPS dense
+    # bf16 for SXM); NVIDIA H100 Tensor Core GPU datasheet (SXM: 80 GB HBM3, 3.35 TB/s, 989
+    # dense bf16; PCIe: 756); NVIDIA A100 datasheet (312 dense bf16; 40 GB and 80 GB); NVIDIA
+    # GH200 Grace Hopper Superchip datasheet (NVLink-C2C host link).
     h200, h100 = DEVICES["h200"], DEVICES["h100-sxm"]
     # H200: "141 GB" HBM3e; the driver reports 143771 MiB = 140.4 GiB (not 141e9 B = 131 GiB).
     assert h200.hbm_GiB == pytest.approx(140.4, abs=0.1)

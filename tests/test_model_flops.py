@@ -32,7 +32,9 @@ def _count(fn) -> int:
 
 
 def test_palm_formula_by_hand_llama2_7b():
-    """docs/architecture.md 'Honest metrics': 6·N + 12·L·H·T, N = block matmul weights + LM head."""
+    """docs/architecture.md 'Honest metrics': 6·N + 12·L·H·T, N = block matmul weights + LM head
+    (PaLM: Chowdhery et al. 2022, arXiv 2204.02311, Appendix B, model FLOPs utilization).
+    Llama-2-7B's shape (L 32, H 4096, F 11008, V 32000) is its published config.json."""
     s = model_preset("llama-2-7b")
     L, H, F, V, T = 32, 4096, 11008, 32000, 2048
     N = L * (4 * H * H + 3 * H * F) + V * H  # q,k,v,o + gate,up,down per block; LM head

@@ -18,15 +18,15 @@ import torch
 
 from horizon_exec.runtime.buffers import TORCH_DTYPE
 from horizon_exec.errors import ExecError
-from horizon_exec.model.head import head_fwd_bwd
+from horizon_exec.model.head import head_fwd_bwd, head_loss
 from horizon_exec.model.layers import DecoderBlock
 from horizon_exec.model.layout import block_layout, head_device_layout, unit_name
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
 from horizon_exec.optim.adamw import AdamW, clip_coef
 from horizon_exec.runtime.positions import AttentionInputs
-from horizon_sim.schedule.op import Holds as B
+from horizon_sim.schedule.op import Holds
 from horizon_sim.schedule.op import Op
-from horizon_sim.schedule.op import OpKind as K
+from horizon_sim.schedule.op import OpKind
 
 
 @dataclass
@@ -64,15 +64,16 @@ class OpRunner:
         # Device constants (the Schedule's static device buffers): RoPE tables (and per-token
         # positions and documents under document masks) and the step's labels.
         self.attn = AttentionInputs(model, policy, buffers, backend)
-        self.labels = buffers.find(B.LABELS)
+        self.labels = buffers.find(Holds.LABELS)
         self._g32 = None  # host scratch: a host grad in the master dtype (optimizer lane only)
         self.ctx: StepContext | None = None
         self.table = {
-            K.EMBED_FWD: self.embed_fwd, K.LOAD_INPUT: self.copy_h2d, K.LOAD_WEIGHTS: self.load_weights,
-            K.FORWARD: self.forward, K.RECOMPUTE: self.forward, K.SAVE_CKPT: self.copy_d2h,
-            K.LOAD_CKPT: self.copy_h2d, K.HEAD: self.head, K.BACKWARD: self.backward,
-            K.OFFLOAD_GRADS: self.offload_grads, K.OFFLOAD_INPUT_GRAD: self.copy_d2h,
-            K.EMBED_BWD: self.embed_bwd, K.GRAD_NORM: self.grad_norm, K.OPTIMIZER: self.optimizer,
+            OpKind.EMBED_FWD: self.embed_fwd, OpKind.LOAD_INPUT: self.copy_h2d,
+            OpKind.LOAD_WEIGHTS: self.load_weights, OpKind.FORWARD: self.forward, OpKind.RECOMPUTE: self.forward,
+            OpKind.SAVE_CKPT: self.copy_d2h, OpKind.LOAD_CKPT: self.copy_h2d, OpKind.HEAD: self.head,
+            OpKind.HEAD_LOSS: self.head_loss, OpKind.BACKWARD: self.backward, OpKind.OFFLOAD_GRADS: self.offload_grads,
+            OpKind.OFFLOAD_INPUT_GRAD: self.copy_d2h, OpKind.EMBED_BWD: self.embed_bwd,
+            OpKind.GRAD_NORM: self.grad_norm, OpKind.OPTIMIZER: self.optimizer,
         }
 
     def begin_step(self, ctx: StepContext, labels, docs=None):
@@ -98,7 +99,7 @@ class OpRunner:
         is_head = op.layer == self.L
         key = (op.slot, is_head)
         if key not in self._views:
-            flat = self.buf.find(B.WEIGHT_SLOT, layer=op.slot)
+            flat = self.buf.find(Holds.WEIGHT_SLOT, layer=op.slot)
             self._views[key] = (self.head_layout if is_head else self.block_layout).views(flat)
         return self._views[key]
 
@@ -137,8 +138,8 @@ class OpRunner:
     def embed_bwd(self, op):
         """The embedding's host grad (V*H,) += scatter of the input-gradient rows (zeroed
         first when the op starts its life)."""
-        hdx = self.buf.get(self.buf.one(op.reads, B.INPUT_GRAD)).view(-1, self.m.hidden)
-        gname = self.buf.one(op.writes, B.HOST_GRAD)
+        hdx = self.buf.get(self.buf.one(op.reads, Holds.INPUT_GRAD)).view(-1, self.m.hidden)
+        gname = self.buf.one(op.writes, Holds.HOST_GRAD)
         if gname in op.reads:
             g = self.buf.get(gname)
         else:
@@ -146,7 +147,7 @@ class OpRunner:
             g.zero_()
         ids = self.ctx.tokens[self._rows(op.micro)].reshape(-1)
         g.view(self.m.vocab, self.m.hidden).index_add_(0, ids, hdx.to(g.dtype))
-        for sq in self.buf.all(op.writes, B.GRAD_SQ):
+        for sq in self.buf.all(op.writes, Holds.GRAD_SQ):
             self._set_sq_norm(sq, g)
 
     # ---- copies across the link ------------------------------------------------------------
@@ -175,12 +176,12 @@ class OpRunner:
         """The unit's device grads (one micro-batch) -> its host grad targets, cast to
         grad_dtype before the link; accumulate into targets the op reads, overwrite the others;
         the unit's squared norm on its last micro-batch."""
-        g = self.buf.get(self.buf.one(op.reads, B.DEVICE_GRAD))
+        g = self.buf.get(self.buf.one(op.reads, Holds.DEVICE_GRAD))
         if g.dtype != self.link_dtype:
             g = g.to(self.link_dtype)  # device-side cast: what crosses the link
-        sq = next(iter(self.buf.all(op.writes, B.GRAD_SQ)), None)
+        sq = next(iter(self.buf.all(op.writes, Holds.GRAD_SQ)), None)
         off = 0
-        for t in self.buf.all(op.writes, B.HOST_GRAD):
+        for t in self.buf.all(op.writes, Holds.HOST_GRAD):
             target = self.buf.declared[t]
             n = target.numel
             own = target.unit == op.layer
@@ -210,10 +211,10 @@ class OpRunner:
     def backward(self, op):
         """The input's grad and the block's weight grads = autograd of block_l at its input
         against its output's grad: forward with grad and autograd.grad on this one layer only."""
-        x = self.buf.get(self.buf.one(op.reads, B.ACTIVATION))
-        dy = self.buf.get(self.buf.one(op.reads, B.ACTIVATION_GRAD))
+        x = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION))
+        dy = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION_GRAD))
         w = self._weights(op)
-        dgrad = self.buf.out(self.buf.one(op.writes, B.DEVICE_GRAD))
+        dgrad = self.buf.out(self.buf.one(op.writes, Holds.DEVICE_GRAD))
         gviews = self.block_layout.views(dgrad)
         with self._scope(op):
             with torch.enable_grad():
@@ -226,14 +227,14 @@ class OpRunner:
                 gviews[k].copy_(gk)
             dx = grads[0]
             del grads, wp
-        self.buf.put(self.buf.one(op.writes, B.ACTIVATION_GRAD), dx)
+        self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
 
     def head(self, op):
         """The head input's grad and the head's weight grads from the chunked norm + LM head
         + loss (fwd and bwd)."""
-        x = self.buf.get(self.buf.one(op.reads, B.ACTIVATION))
+        x = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION))
         w = self._weights(op)
-        dgrad = self.buf.out(self.buf.one(op.writes, B.DEVICE_GRAD))
+        dgrad = self.buf.out(self.buf.one(op.writes, Holds.DEVICE_GRAD))
         gv = self.head_layout.views(dgrad)
         labels = self.labels[self._rows(op.micro)].reshape(-1)
         with self._scope(op):
@@ -242,7 +243,18 @@ class OpRunner:
                                     min(self.p.loss_chunk_tokens, labels.numel()),
                                     gv["model.norm.weight"], gv["lm_head.weight"])
         self.ctx.loss_parts[op.micro] = loss
-        self.buf.put(self.buf.one(op.writes, B.ACTIVATION_GRAD), dx)
+        self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
+
+    def head_loss(self, op):
+        """HEAD_LOSS (eval): the micro-batch's summed token loss, forward only; nothing written
+        but the step context's loss part."""
+        x = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION))
+        w = self._weights(op)
+        labels = self.labels[self._rows(op.micro)].reshape(-1)
+        with self._scope(op), torch.no_grad():
+            loss = head_loss(x, w["model.norm.weight"], w["lm_head.weight"], labels, self.m.norm_eps,
+                             min(self.p.loss_chunk_tokens, labels.numel()))
+        self.ctx.loss_parts[op.micro] = loss
 
     # ---- host optimizer (CPU lane) ---------------------------------------------------------------
     def grad_norm(self, op):
@@ -257,14 +269,14 @@ class OpRunner:
         clipping is on), then refresh its working copy."""
         u, ctx = op.layer, self.ctx
         if not op.prev_step:  # prev_step ops apply a step the trainer found finite
-            if not ctx.guard.may_update(unit_name(self.m, u), lambda: self.store.scalar(B.GRAD_SQ, u), ctx.loss):
+            if not ctx.guard.may_update(unit_name(self.m, u), lambda: self.store.scalar(Holds.GRAD_SQ, u), ctx.loss):
                 return  # no update: master, moments, step counter and working copy stay as they are
-        p = self.buf.get(self.buf.one(op.writes, B.MASTER))
-        g = self.buf.get(self.buf.one(op.reads, B.HOST_GRAD))
+        p = self.buf.get(self.buf.one(op.writes, Holds.MASTER))
+        g = self.buf.get(self.buf.one(op.reads, Holds.HOST_GRAD))
         exp_avg, exp_avg_sq = self.store.moments(u)
-        wc = next(iter(self.buf.all(op.writes, B.WORKING_COPY)), None)
+        wc = next(iter(self.buf.all(op.writes, Holds.WORKING_COPY)), None)
         if g.dtype != p.dtype and self._g32 is None:  # torch path's reused chunk of scratch: O(1)
             self._g32 = torch.empty(self.adamw.chunk_params, dtype=p.dtype)
-        coef = clip_coef(self.p.grad_clip, self.store.scalar(B.GRAD_NORM)) if self.p.clip else 1.0
+        coef = clip_coef(self.p.grad_clip, self.store.scalar(Holds.GRAD_NORM)) if self.p.clip else 1.0
         self.adamw.step(p, g, exp_avg, exp_avg_sq, self.store.steps[u], coef, lr=ctx.lr,
                         working_copy=self.buf.get(wc) if wc else None, scratch=self._g32)

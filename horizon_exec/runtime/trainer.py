@@ -8,6 +8,11 @@ host store and the device arena, and runs one schedule per optimizer step.
     tr.flush()                     # pipelined optimizer: apply the last step's gradients
     tr.state_dict()                # master weights by transformers names (views, fp32)
     tr.eval_loss(tokens, labels)   # (sum of token losses, labelled tokens); no update
+    tr.evaluate(tokens, labels)    # the same as an EvalResult, with its measured timeline
+
+Eval runs through the engine too: build_eval_schedule's forward-only Schedule (embedding,
+blocks, HEAD_LOSS per micro-batch) over the buffers the training step already holds, so it
+needs no memory beyond the step's and its timeline is measured like a step's.
 
 Admission: before anything is allocated, the planner simulates the schedule on this machine
 and the constructor raises AdmissionError (admission.py: needed vs available, by role, what to
@@ -50,7 +55,7 @@ from horizon_exec.device.backend import check_device, make_backend
 from horizon_exec.runtime.buffers import TORCH_DTYPE, BufferTable
 from horizon_exec.runtime.engine import DEFAULT_OP_TIMEOUT_S, Engine
 from horizon_exec.errors import ExecError
-from horizon_exec.model.head import IGNORE, head_loss, next_token_labels
+from horizon_exec.model.head import IGNORE, next_token_labels
 from horizon_exec.model.layers import rms_norm
 from horizon_exec.model.layout import block_layout, host_layout
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
@@ -59,7 +64,7 @@ from horizon_exec.optim.adamw import AdamW, check_hyper
 from horizon_exec.runtime.positions import check_docs
 from horizon_exec.runtime.store import HostStore
 from horizon_sim.errors import HorizonError
-from horizon_sim.schedule import Holds, build_schedule
+from horizon_sim.schedule import Holds, build_eval_schedule, build_schedule
 from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -106,8 +111,27 @@ class StepResult:
         return self.tokens / self.step_s if self.step_s > 0 else float("nan")
 
 
+@dataclass(frozen=True, slots=True)
+class EvalResult:
+    loss_sum: float
+    """Sum of the token losses over every labelled token (no update was made)."""
+    labelled_tokens: int
+    batches: int
+    """Runs of the eval Schedule (policy.batch rows each; the last padded with ignored rows)."""
+    timeline: pd.DataFrame
+    """The first run's ops, in StepResult.timeline's format."""
+    device_peak_bytes: int
+    """Device memory peak over the eval (StepResult.device_peak_bytes' definition)."""
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(1, self.labelled_tokens)
+
+
 def _checked_schedule(sched, model: ModelSpec, policy: Policy):
     """`sched`, checked, if it was built for `model` and `policy`."""
+    if sched.meta.purpose != "train":
+        raise HorizonError(f"the schedule is an {sched.meta.purpose} schedule; the trainer runs a training step's")
     for what, have, want in (("model", sched.meta.model, model.to_dict()), ("policy", sched.meta.policy,
                                                                               policy.to_dict())):
         if ModelSpec(**have) != model if what == "model" else Policy(**have) != policy:
@@ -198,6 +222,7 @@ class Trainer:
         # Lane threads stop (and CUDA host memory is unregistered) with the trainer, even
         # without close(); the finalizer holds no reference to the trainer itself.
         self._finalizer = weakref.finalize(self, _shutdown, self.engine, self.backend)
+        self._eval_sched = None  # built on the first eval
         self.pending = False  # pipelined: the last step's gradients are not applied yet
         self.pending_lr = self._lr  # the lr those pending gradients are applied with
         self.steps_done = 0
@@ -265,9 +290,9 @@ class Trainer:
         if self.state_invalid:
             raise ExecError(f"the trainer's state is invalid: {self.state_invalid}; load a checkpoint")
 
-    def _run(self, ops, skip=frozenset()):
+    def _run(self, ops, skip=frozenset(), n_ids: int | None = None):
         try:
-            return self.engine.run(ops, len(self.sched.ops), skip)
+            return self.engine.run(ops, len(self.sched.ops) if n_ids is None else n_ids, skip)
         except BaseException as e:  # an op failed, or the caller was interrupted mid-step
             self.failed = str(e) if isinstance(e, ExecError) else f"interrupted mid-step ({type(e).__name__})"
             if not self.engine.broken:  # lanes are idle: the step's buffers can go
@@ -362,11 +387,12 @@ class Trainer:
 
     @torch.no_grad()
     def _final_hidden(self, tokens, docs=None):
-        """Streaming forward without autograd, outside the schedule, on the calling thread:
-        pending pipelined updates are applied first (flush; the run's trajectory is
-        unchanged by that), then one unit's weights at a time go to the device (cast from
-        the fp32 master) and run over the sequences in micro_batch chunks. Returns the
-        activations entering the head, [(mb, T, H)], and the head's (norm, matrix)."""
+        """For logits() only (a check on small inputs; eval runs through the engine): streaming
+        forward without autograd, outside the schedule, on the calling thread: pending
+        pipelined updates are applied first (flush; the run's trajectory is unchanged by
+        that), then one unit's weights at a time go to the device (cast from the fp32 master)
+        and run over the sequences in micro_batch chunks. Returns the activations entering
+        the head, [(mb, T, H)], and the head's (norm, matrix)."""
         self._check_usable()
         self.flush()
         m, p = self.model, self.policy
@@ -388,20 +414,57 @@ class Trainer:
         w_lm = (emb if m.tied_embeddings else self._params["lm_head.weight"]).to(dev, act)
         return xs, w_norm, w_lm
 
+    @property
+    def eval_schedule(self):
+        """The forward-only Schedule eval runs (build_eval_schedule), built on first use; every
+        buffer it names is one of the training step's, declared the same way."""
+        if self._eval_sched is None:
+            ev = build_eval_schedule(self.model, self.policy)
+            odd = [n for n, b in ev.buffers.items() if self.sched.buffers.get(n) != b]
+            if odd:  # a training Schedule given to the constructor that names buffers otherwise
+                raise ExecError(f"the eval schedule's buffer {odd[0]!r} is not the training schedule's")
+            self._eval_sched = ev
+        return self._eval_sched
+
+    def evaluate(self, tokens: torch.Tensor, labels: torch.Tensor | None = None, docs=None) -> EvalResult:
+        """The loss of tokens (n, seq) under the current weights, with no update: pending
+        pipelined updates are applied first (flush; the run's trajectory is unchanged by
+        that), then the eval Schedule runs on the engine once per policy.batch rows (the last
+        run padded with rows whose labels are all ignored). The loss is chunked like
+        training's head, so full logits never exist."""
+        self._check_usable()
+        tokens, labels = self._check_batch(tokens, labels, None)
+        docs = self._check_docs(docs, tokens)
+        self.flush()
+        sched, B = self.eval_schedule, self.policy.batch
+        total, timeline, peak, runs = 0.0, None, 0, 0
+        for r0 in range(0, tokens.shape[0], B):
+            t, lab = tokens[r0:r0 + B], labels[r0:r0 + B]
+            d = docs[r0:r0 + B] if docs is not None else None
+            if t.shape[0] < B:  # padding rows: token 0, nothing labelled, one document
+                pad = B - t.shape[0]
+                t = torch.cat([t, t.new_zeros(pad, t.shape[1])])
+                lab = torch.cat([lab, lab.new_full((pad, lab.shape[1]), IGNORE)])
+                d = torch.cat([d, d.new_zeros(pad, d.shape[1])]) if d is not None else None
+            ctx = StepContext(tokens=t, lr=self._lr, n_step_tokens=1, guard=NonFiniteGuard(self.policy.optimizer))
+            self.runner.begin_step(ctx, lab, d)
+            self.backend.reset_peak(self.arena)
+            rows = self._run(sched.ops, n_ids=len(sched.ops))
+            total += ctx.loss()
+            peak = max(peak, self.backend.device_peak(self.arena))
+            if timeline is None:
+                ops, starts, ends = zip(*rows)
+                timeline = timeline_frame(ops, starts, ends)
+                timeline["temp_peak_bytes"] = [ctx.temp_peak.get(o.id, 0) for o in ops]
+            runs += 1
+        return EvalResult(loss_sum=total, labelled_tokens=int((labels != IGNORE).sum()), batches=runs,
+                          timeline=timeline if timeline is not None else pd.DataFrame(), device_peak_bytes=peak)
+
     def eval_loss(self, tokens: torch.Tensor, labels: torch.Tensor | None = None,
                   docs=None) -> tuple[float, int]:
-        """(sum of token losses, labelled tokens) of tokens (n, seq) under the current weights,
-        with no update (see _final_hidden); the loss is chunked like training's head, so full
-        logits never exist."""
-        tokens, labels = self._check_batch(tokens, labels, None)
-        xs, w_norm, w_lm = self._final_hidden(tokens, self._check_docs(docs, tokens))
-        total = 0.0
-        with torch.no_grad():
-            for x, lab in zip(xs, labels.split(self.policy.micro_batch)):
-                lab = lab.reshape(-1).to(x.device)
-                total += float(head_loss(x, w_norm, w_lm, lab, self.model.norm_eps,
-                                         min(self.policy.loss_chunk_tokens, lab.numel())))
-        return total, int((labels != IGNORE).sum())
+        """(sum of token losses, labelled tokens) of tokens (n, seq): evaluate()'s."""
+        r = self.evaluate(tokens, labels, docs)
+        return r.loss_sum, r.labelled_tokens
 
     def logits(self, tokens: torch.Tensor, docs=None) -> torch.Tensor:
         """Full logits (n, seq, V), fp32, on the host, of the current weights: for checks on

@@ -13,14 +13,13 @@ What is compared (bytes):
   `hardware.host.runtime_overhead_GiB` when a hardware file is given, else RSS now +
   RUNTIME_GROWTH_BYTES) + the training data (data.data_bytes_bound: counted from the file's
   size before it is read) + on the CPU backend the device need (its "device" memory is host
-  RAM) and an eval's temporaries (work.eval_temp_peak_bytes; they come from the calling
-  thread's malloc arena, not the compute lane's).
+  RAM). An eval adds nothing: it runs its forward-only Schedule on the engine, over the
+  step's buffers and lanes, and needs no more than a step (tests/test_eval_engine.py).
 - host available: `host_budget_bytes`, else MemAvailable (/proc/meminfo) + this process's
   resident memory (the process may grow to that without the kernel running out of RAM).
 - device need: the planner's device peak (weight slots + the highest sum of live
   activations, gradients and op workspaces) + the executor's device constants (RoPE tables,
-  the step's labels) [+ on CUDA: CUDA_SLACK_BYTES and what an eval needs beyond the step's
-  dynamic peak].
+  the step's labels) [+ on CUDA: CUDA_SLACK_BYTES].
 - device available: CUDA: the free memory torch.cuda.mem_get_info reports, or
   `device_budget_bytes` when smaller; CPU: `device_budget_bytes`, else no separate limit.
 The arena still enforces the device budget op by op at run time; admission is the up-front
@@ -36,7 +35,7 @@ from horizon_sim.schedule.op import Space
 from horizon_sim.sim.verdict import MemoryVerdict
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
-from horizon_sim.specs.policy import DTYPE_BYTES, Policy
+from horizon_sim.specs.policy import Policy
 from horizon_sim.units import GiB, fmt_bytes
 
 RUNTIME_GROWTH_BYTES = 256 * 2**20
@@ -208,27 +207,10 @@ def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
     raise (AdmissionError if adm.device_fits else DeviceAdmissionError)(adm.message(), adm)
 
 
-def eval_bytes(model: ModelSpec, policy: Policy, cpu: bool) -> int:
-    """The temporaries of an eval (Trainer.eval_loss on a batch, between steps: the step's
-    dynamic buffers are gone, the weight slots and constants stay): work.eval_temp_peak_bytes."""
-    from horizon_sim.schedule import work
-    a = DTYPE_BYTES[policy.compute_dtype]
-    masked = any(work.masked_attention(model, u, policy.seq, policy.doc_masks) for u in range(model.n_layers))
-    ev = work.eval_temp_peak_bytes(model, policy.batch, policy.micro_batch, policy.seq, policy.loss_chunk_tokens,
-                                   a, head_copy=not (cpu and policy.compute_dtype == policy.master_dtype),
-                                   mask=work.mask_bytes(policy.micro_batch, policy.seq, policy.doc_masks) * masked,
-                                   doc_masks=policy.doc_masks)
-    return ev
-
-
 def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src, data_bytes=0) -> Admission:
     # the planner's verdict (weights, constants, activations_grads_workspaces; the host
     # footprint by role), plus what this executor adds to it
     dev = dict(res.summary.memory.device_need)
-    dynamic = dev["activations_grads_workspaces"]
-    ev = eval_bytes(model, policy, cpu)
-    if not cpu:  # on the device the eval reuses the step's freed memory: it counts beyond it
-        dev["eval_beyond_step"] = max(0, ev - dynamic)
     if not cpu:
         dev["allocator_and_library_slack"] = CUDA_SLACK_BYTES
     host = {k: int(v) for k, v in res.summary.memory.host_need.items()}
@@ -236,9 +218,6 @@ def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, de
     if data_bytes:
         host["training_data"] = int(data_bytes)
     if cpu:
-        # The eval runs on the calling thread, whose malloc arena is not the compute lane's:
-        # its temporaries do not reuse the step's freed memory, and glibc keeps them.
-        host["eval_on_calling_thread"] = ev
         host["device_on_cpu_backend"] = sum(dev.values())
     return Admission(MemoryVerdict(host_need=host, host_usable=host_avail, device_need=dev,
                                    device_usable=dev_avail, host_source=host_src, device_source=dev_src))
@@ -259,12 +238,10 @@ def _advice(model, policy, hw, adm: Admission, cpu: bool) -> list[str]:
     from horizon_sim.plan.sweep import Runner
 
     out = []
-    # What the planner's figures leave out (the eval term as this policy's: an approximation
-    # for the others, whose step peaks differ).
-    extra_host = (adm.host_by_role["store_padding"] + adm.host_by_role.get("training_data", 0)
-                  + adm.host_by_role.get("eval_on_calling_thread", 0))
+    # What the planner's figures leave out
+    extra_host = adm.host_by_role["store_padding"] + adm.host_by_role.get("training_data", 0)
     # (the constants are in the planner's peak: they are the Schedule's static device buffers)
-    extra_dev = adm.device_by_role.get("allocator_and_library_slack", 0) + adm.device_by_role.get("eval_beyond_step", 0)
+    extra_dev = adm.device_by_role.get("allocator_and_library_slack", 0)
     host_avail, dev_avail = adm.host_available_bytes, adm.device_available_bytes
 
     def need(o):  # (host, device) this executor would need for a planner outcome

@@ -11,7 +11,7 @@ from horizon_sim.schedule.op import EMBED, Lane, OpKind
 KIND_COLOR = {  # one hue family per lane; order is the legend's order
     OpKind.LOAD_WEIGHTS: "#4c72b0", OpKind.LOAD_CKPT: "#8fb3e0", OpKind.LOAD_INPUT: "#2a3f6b",
     OpKind.FORWARD: "#55a868", OpKind.RECOMPUTE: "#b5dc9a", OpKind.BACKWARD: "#dd8452",
-    OpKind.HEAD: "#8172b3",
+    OpKind.HEAD: "#8172b3", OpKind.HEAD_LOSS: "#b3a9d9",
     OpKind.SAVE_CKPT: "#17a2b8", OpKind.OFFLOAD_GRADS: "#c44e52", OpKind.OFFLOAD_INPUT_GRAD: "#e377c2",
     OpKind.OPTIMIZER: "#937860", OpKind.EMBED_FWD: "#9e9e9e", OpKind.EMBED_BWD: "#bcbd22",
     OpKind.GRAD_NORM: "#222222",
@@ -31,7 +31,7 @@ def _text_color(hex_color: str) -> str:
 def _bar_text(kind: str, layer: int, micro: int) -> str:
     if kind == OpKind.GRAD_NORM.value:
         return "norm"
-    unit = "E" if layer == EMBED else ("H" if kind == OpKind.HEAD.value else str(layer))
+    unit = "E" if layer == EMBED else ("H" if kind in (OpKind.HEAD.value, OpKind.HEAD_LOSS.value) else str(layer))
     return f"{unit}.{micro}" if micro else unit
 
 

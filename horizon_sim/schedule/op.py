@@ -26,6 +26,7 @@ class OpKind(str, Enum):
     SAVE_CKPT = "save_ckpt"                    # d2h: boundary activation -> host
     LOAD_CKPT = "load_ckpt"                    # h2d: boundary activation -> device
     HEAD = "head"                              # compute: final norm, LM head, chunked loss, fwd+bwd
+    HEAD_LOSS = "head_loss"                    # compute: final norm, LM head, chunked loss, forward only (eval)
     RECOMPUTE = "recompute"                    # compute: block forward from a checkpoint, no autograd
     BACKWARD = "backward"                      # compute: block forward with grad + autograd.grad
     OFFLOAD_GRADS = "offload_grads"            # d2h: a unit's weight grads -> host grad buffer
@@ -39,7 +40,8 @@ LANE_OF: dict[OpKind, Lane] = {
     OpKind.EMBED_FWD: Lane.CPU, OpKind.EMBED_BWD: Lane.CPU, OpKind.GRAD_NORM: Lane.CPU,
     OpKind.OPTIMIZER: Lane.CPU,
     OpKind.LOAD_INPUT: Lane.H2D, OpKind.LOAD_WEIGHTS: Lane.H2D, OpKind.LOAD_CKPT: Lane.H2D,
-    OpKind.FORWARD: Lane.COMPUTE, OpKind.HEAD: Lane.COMPUTE, OpKind.RECOMPUTE: Lane.COMPUTE,
+    OpKind.FORWARD: Lane.COMPUTE, OpKind.HEAD: Lane.COMPUTE, OpKind.HEAD_LOSS: Lane.COMPUTE,
+    OpKind.RECOMPUTE: Lane.COMPUTE,
     OpKind.BACKWARD: Lane.COMPUTE,
     OpKind.SAVE_CKPT: Lane.D2H, OpKind.OFFLOAD_GRADS: Lane.D2H, OpKind.OFFLOAD_INPUT_GRAD: Lane.D2H,
 }
@@ -185,3 +187,6 @@ class ScheduleMeta:
     tokens: int
     model_flops: float
     notes: tuple[str, ...] = field(default=())
+    purpose: str = "train"
+    """'train' (build_schedule: one optimizer step) or 'eval' (build_eval_schedule: the loss
+    of a batch, forward only, no update)."""

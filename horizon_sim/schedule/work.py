@@ -80,17 +80,18 @@ def head_chunks(tokens: int, chunk_tokens: int) -> int:
     return -(-tokens // max(1, min(chunk_tokens, tokens)))
 
 
-def head_gemms(m: ModelSpec, tokens: int, chunk_tokens: int) -> list[Gemm]:
-    """Per chunk of c tokens: logits h . W^T, dh = g . W, dW += g^T . h. The full chunks share
-    one shape and are one entry with a count, and the shorter last chunk another, so the
-    work of costing the head does not grow with the batch (tokens / c chunks)."""
+def head_gemms(m: ModelSpec, tokens: int, chunk_tokens: int, backward: bool = True) -> list[Gemm]:
+    """Per chunk of c tokens: logits h . W^T, and with backward dh = g . W, dW += g^T . h. The
+    full chunks share one shape and are one entry with a count, and the shorter last chunk
+    another, so the work of costing the head does not grow with the batch (tokens / c chunks)."""
     c = min(chunk_tokens, tokens)
     full, rest = divmod(tokens, c)
     out = []
     for n, count in ((c, full), (rest, 1)):
         if n and count:
-            out += [Gemm("nt", n, m.vocab, m.hidden, count), Gemm("nn", n, m.hidden, m.vocab, count),
-                    Gemm("tn", m.vocab, m.hidden, n, count)]
+            out.append(Gemm("nt", n, m.vocab, m.hidden, count))
+            if backward:
+                out += [Gemm("nn", n, m.hidden, m.vocab, count), Gemm("tn", m.vocab, m.hidden, n, count)]
     return out
 
 
@@ -145,6 +146,11 @@ def head_logits_bytes(m: ModelSpec, tokens: int, a: int) -> int:
     """The fp32 logits pipeline of the loss (cast, logsumexp, subtract, exp, scale, cast back:
     28 + casts bytes per logit)."""
     return int(tokens * m.vocab * (28 + _casts(a)))
+
+
+def head_loss_elementwise_bytes(m: ModelSpec, tokens: int, a: int) -> int:
+    """Forward only (HEAD_LOSS): the final norm and the logits pipeline."""
+    return int(tokens * _norm_fwd(m.hidden, a) + head_logits_bytes(m, tokens, a))
 
 
 def head_elementwise_bytes(m: ModelSpec, tokens: int, a: int) -> int:
@@ -232,27 +238,11 @@ def head_workspace_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -
     return head_temp_peak_bytes(m, tokens, chunk_tokens, a) - tokens * m.hidden * a
 
 
-def eval_temp_peak_bytes(m: ModelSpec, rows: int, micro_batch: int, seq: int, chunk_tokens: int, a: int,
-                         head_copy: bool, mask: int = 0, doc_masks: bool = False) -> int:
-    """An upper bound of the device temporaries of the executor's eval forward
-    (Trainer.eval_loss over `rows` sequences, outside the schedule): the activations of all
-    rows (rows x T x H, updated in place chunk by chunk) and, under document masks, the RoPE
-    tables gathered at every row's positions (2 x rows x T x hd) with the rows' documents and
-    positions (int64), plus the largest of
-      - building them: one chunk's fp32 embedding rows before the cast;
-      - a layer: its weights cast to the compute dtype, one chunk's forward temporaries
-        (block_temp_peak_bytes) and the attention's fp32 logsumexp;
-      - the head: the final norm and LM head cast to the compute dtype (head_copy: a copy,
-        not a view, unless the compute dtype is the master's on the same device), one chunk's
-        normed rows, and either the norm's fp32 internals or a loss chunk's logits in the
-        compute dtype and fp32 with logsumexp's fp32 temporary.
-    Checked against the executor's measured temporaries in tests/test_harden_admission.py."""
+def head_loss_workspace_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -> int:
+    """Peak bytes of HEAD_LOSS's temporaries (its input is a schedule buffer, its output a
+    scalar): the normed rows (N x H) next to either the norm's fp32 internals (its input and
+    rsqrt) or one loss chunk's logits in the compute dtype and fp32 with logsumexp's fp32
+    temporary and per-row scalars."""
     H, V = m.hidden, m.vocab
-    N = micro_batch * seq
-    c = min(chunk_tokens, N)
-    lse = 4 * m.n_heads * N
-    build = N * H * 4
-    layer = m.layer_params * a + block_temp_peak_bytes(m, micro_batch, seq, a, False, mask) + lse
-    head = ((V * H + H) * a if head_copy else 0) + N * H * a + max(N * H * 8 + N * 8, c * V * (a + 8) + c * 24)
-    tables = (2 * rows * seq * m.hd * a + 16 * rows * seq) if doc_masks else 0
-    return int(rows * seq * H * a + tables + max(build, layer, head) + N * 8)
+    c = min(chunk_tokens, tokens)
+    return int(tokens * H * a + max(tokens * H * 8 + tokens * 8, c * V * (a + 8) + c * 24) + 8)

@@ -133,6 +133,8 @@ class CostModel:
 
     # ---- compute ------------------------------------------------------------------------
     def _overhead_s(self, kind: str) -> float:
+        if kind == OpKind.HEAD_LOSS.value and kind not in self.overhead_us:
+            kind = OpKind.HEAD.value  # the same kernels' launches, less the backward's
         return self.overhead_us.get(kind, self.launch_s * 1e6) * 1e-6
 
     def _gemm_s(self, gemms) -> float:
@@ -146,11 +148,13 @@ class CostModel:
         t = {"overhead": self._overhead_s(op.kind.value), "gemm": 0.0, "attention": 0.0,
              "elementwise": op.hbm_bytes / self.hbm_Bps}
         m, p = self.model, self.policy
-        shaped = m is not None and op.kind in (OpKind.FORWARD, OpKind.RECOMPUTE, OpKind.BACKWARD, OpKind.HEAD)
+        shaped = m is not None and op.kind in (OpKind.FORWARD, OpKind.RECOMPUTE, OpKind.BACKWARD, OpKind.HEAD,
+                                               OpKind.HEAD_LOSS)
         if shaped:
             tokens = p["batch"] // p["micro_batches"] * p["seq"]
-            if op.kind == OpKind.HEAD:
-                gemms, attn = work.head_gemms(m, tokens, p["loss_chunk_tokens"]), None
+            if op.kind in (OpKind.HEAD, OpKind.HEAD_LOSS):
+                gemms = work.head_gemms(m, tokens, p["loss_chunk_tokens"], backward=op.kind == OpKind.HEAD)
+                attn = None
                 if self.loss_s_per_logit:  # the loss kernels at their measured per-logit time
                     a = 2 if self.dtype == "bf16" else 4
                     t["elementwise"] -= work.head_logits_bytes(m, tokens, a) / self.hbm_Bps
