@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh clone:
 #   make demo   set up, plan the paper's headline scenario, calibrate this machine, train a
-#               small model, validate predicted vs measured, write reports/ (about 2.5 minutes after set-up)
+#               small model, validate predicted vs measured, write reports/ (about 3 minutes after set-up)
 #   make test   set up, then run the test suite
 # Set-up makes .venv with the CPU build of torch that this machine kind has on disk
 # (TORCH=torch==2.13.0). On a GPU box, install your CUDA torch in .venv first or set TORCH.
