@@ -11,17 +11,10 @@ import sys
 
 import torch
 
+from horizon_exec.procfs import rss_bytes
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def main() -> int:

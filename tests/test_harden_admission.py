@@ -47,7 +47,7 @@ def test_loading_holds_what_the_bound_says(tmp_path):
     text = BUILTIN_CORPUS.read_text()
     f = tmp_path / "d.txt"
     f.write_text(text * (24_000_000 // len(text)))
-    code = ("import sys, json\nfrom horizon_exec.measure.probe import vm_hwm_bytes\n"
+    code = ("import sys, json\nfrom horizon_exec.procfs import vm_hwm_bytes\n"
             "from horizon_exec.files.data import load_dataset\nfrom horizon_exec.files.tokenize import ByteTokenizer\n"
             "before = vm_hwm_bytes()\nds = load_dataset(sys.argv[1], ByteTokenizer(), 256)\n"
             "print(json.dumps([before, vm_hwm_bytes(), ds.n_tokens]))")
@@ -60,8 +60,8 @@ def test_loading_holds_what_the_bound_says(tmp_path):
 
 _RUN = """
 import json, sys
-import horizon_exec.train.admission as adm_mod
-from horizon_exec.measure.probe import vm_hwm_bytes
+import horizon_exec.runtime.admission as adm_mod
+from horizon_exec.procfs import vm_hwm_bytes
 from horizon_sim.cli.main import main
 seen = []
 real = adm_mod.admit

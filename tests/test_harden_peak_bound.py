@@ -74,7 +74,7 @@ def test_fit_verdict_and_admission_use_the_bound():
     hw = replace(HW, device=replace(HW.device, hbm_GiB=between / 2**30, reserved_GiB=0.0))
     tight = simulate(sched, hw).summary
     assert not tight.fits and "device needs" in tight.why
-    from horizon_exec.train.admission import admit
+    from horizon_exec.runtime.admission import admit
     adm = admit(cfg.model, cfg.policy, sched, device_budget_bytes=10**12, advise=False)
     assert (adm.device_by_role["weights"] + adm.device_by_role["constants"]
             + adm.device_by_role["activations_grads_workspaces"]) == s.device_peak_bytes

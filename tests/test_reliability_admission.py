@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import horizon_exec.runtime.trainer as trainer_mod
-from horizon_exec.train.admission import AdmissionError, admit, mem_available_bytes, store_padding_bytes
+from horizon_exec.procfs import mem_available_bytes
+from horizon_exec.runtime.admission import AdmissionError, admit, store_padding_bytes
 from horizon_exec.errors import DeviceBudgetError
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main

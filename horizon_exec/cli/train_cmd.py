@@ -255,7 +255,7 @@ def _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what) -
 
 def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what) -> int:
     from horizon_exec.files import hf_checkpoint
-    from horizon_exec.runtime.buffers import TORCH_DTYPE
+    from horizon_exec.dtypes import TORCH_DTYPE
     from horizon_sim.units import fmt_bytes
 
     print(f"horizon train: {model.name}, {model.total_params / 1e6:.1f}M params, {len(tr.sched)} ops/step, "

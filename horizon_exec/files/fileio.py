@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from horizon_exec.procfs import umask
 from horizon_sim.errors import HorizonError
 from horizon_sim.units import fmt_bytes
 
@@ -219,26 +220,11 @@ def staging_dir(final):
     remove_dead_leftovers(final.parent, re.escape(final.name))
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{owner_tag()}.", suffix=".tmp", dir=final.parent))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; the published folder is an ordinary one
+        os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes it 0700; the published folder is an ordinary one
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _umask() -> int:
-    """The process umask, read without changing it (os.umask sets it; other threads may be
-    creating files meanwhile)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def sync_tree(folder: Path) -> None:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from horizon_exec.procfs import vm_hwm_bytes
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -42,22 +43,6 @@ def probe(model: ModelSpec, policy: Policy, *, steps: int = 3, warmup: int = 1, 
         tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
         raise HorizonError(f"probe of {model.name} failed: {' | '.join(tail)}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def vm_hwm_bytes() -> int:
-    """This process's peak resident set (VmHWM). Unlike ru_maxrss, which a child started by
-    fork/vfork + exec inherits from its parent's RSS at that moment, VmHWM belongs to the
-    child's own address space: a probe started from a large process still measures itself.
-    Falls back to ru_maxrss where /proc is missing."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(r if sys.platform == "darwin" else r * 1024)
 
 
 def _minor_faults() -> int:

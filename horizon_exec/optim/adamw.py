@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from horizon_exec.optim import native
-from horizon_exec.runtime.buffers import TORCH_DTYPE
+from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
 from horizon_sim.errors import HorizonError
 

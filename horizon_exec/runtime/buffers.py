@@ -16,7 +16,7 @@ import torch
 from horizon_exec.errors import ExecError
 from horizon_sim.schedule.op import Holds, Space
 
-TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64, "int64": torch.int64}
+from horizon_exec.dtypes import TORCH_DTYPE
 
 
 class BufferTable:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from horizon_exec.runtime.buffers import TORCH_DTYPE
+from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
 from horizon_exec.model.head import head_fwd_bwd, head_loss
 from horizon_exec.model.layers import DecoderBlock

@@ -24,7 +24,7 @@ def host_numel(m: ModelSpec, unit: int) -> int:
 
 class HostStore:
     def __init__(self, sched, m: ModelSpec, backend):
-        from horizon_exec.runtime.buffers import TORCH_DTYPE
+        from horizon_exec.dtypes import TORCH_DTYPE
         plan, total = [], 0
         for name, b in sched.buffers.items():
             if b.space != Space.HOST or not b.static:

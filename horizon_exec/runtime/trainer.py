@@ -49,10 +49,11 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from horizon_exec.train.admission import admit
+from horizon_exec.runtime.admission import admit
 from horizon_exec.device.arena import DeviceArena
 from horizon_exec.device.backend import check_device, make_backend
-from horizon_exec.runtime.buffers import TORCH_DTYPE, BufferTable
+from horizon_exec.dtypes import TORCH_DTYPE
+from horizon_exec.runtime.buffers import BufferTable
 from horizon_exec.runtime.engine import DEFAULT_OP_TIMEOUT_S, Engine
 from horizon_exec.errors import ExecError
 from horizon_exec.model.head import IGNORE, next_token_labels

@@ -8,7 +8,7 @@ from dataclasses import replace
 import torch
 
 from horizon_exec.measure.calibrate.contention import busy_latencies, compute_slowdown
-from horizon_exec.measure.calibrate.host import (_cpu_name, os_reserved_GiB, measure_accumulate_GBps, measure_adam_Gparams,
+from horizon_exec.measure.calibrate.host import (os_reserved_GiB, measure_accumulate_GBps, measure_adam_Gparams,
                                          measure_bus_GBps, measure_copy_GBps, measure_reduce_GBps,
                                          measure_shared_cores, ram_GiB)
 from horizon_exec.measure.calibrate.kernels import (_gemm_shapes, attention_grid, gemm_grid, gemm_rates, gemm_times,
@@ -17,6 +17,7 @@ from horizon_exec.measure.calibrate.kernels import (_gemm_shapes, attention_grid
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, TINY, TINY_POLICY, TinyProbe, head_id, op_overheads,
                                               runtime_overhead_GiB)
 from horizon_exec.measure.calibrate.timing import Progress, _in_lane, _mean_rate
+from horizon_exec.procfs import cpu_name
 from horizon_sim.schedule import Lane, OpKind, work
 from horizon_sim.sim.costs import COPY_TRAFFIC
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
@@ -104,7 +105,7 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
     link = LinkSpec(name="cpu-threads", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=0.0, pageable_GBps=h2d,
                     cpu_driven=True)
     dram = max(bus, COPY_TRAFFIC * h2d, COPY_TRAFFIC * d2h)  # traffic: a copied byte is read and written
-    hst = HostSpec(name=_cpu_name(), ram_GiB=ram, dram_GBps=dram, cores=os.cpu_count() or 1,
+    hst = HostSpec(name=cpu_name(), ram_GiB=ram, dram_GBps=dram, cores=os.cpu_count() or 1,
                    adam_Gparams_per_s=_mean_rate(R["adam"]),
                    os_reserved_GiB=os_reserved_GiB(ram),
                    runtime_overhead_GiB=0.0, lane_cores=min(float(len(be.host_cores)), shared),

@@ -16,12 +16,13 @@ from dataclasses import replace
 
 import torch
 
-from horizon_exec.measure.calibrate.host import _cpu_name, os_reserved_GiB, measure_adam_Gparams, measure_bus_GBps, ram_GiB
+from horizon_exec.measure.calibrate.host import os_reserved_GiB, measure_adam_Gparams, measure_bus_GBps, ram_GiB
 from horizon_exec.measure.calibrate.kernels import (_ColdOperands, _gemm_shapes, attention_calls, attention_grid,
                                             gemm_grid, measure_elementwise, measure_loss_ns_per_logit,
                                             slope_GBps)
 from horizon_exec.measure.calibrate.overheads import TINY, TINY_POLICY, op_overheads, tiny_op_times
 from horizon_exec.measure.calibrate.timing import Progress, _median_time
+from horizon_exec.procfs import cpu_name
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import work
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
@@ -165,7 +166,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds) -> HardwareS
                          gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn),
                          masked_attention_TFLOPs=tuple(mattn))
     link = LinkSpec(name="calibrated", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=lat, pageable_GBps=pg)
-    hst = HostSpec(name=_cpu_name(), ram_GiB=ram, dram_GBps=bus, cores=os.cpu_count() or 1,
+    hst = HostSpec(name=cpu_name(), ram_GiB=ram, dram_GBps=bus, cores=os.cpu_count() or 1,
                    adam_Gparams_per_s=adam, os_reserved_GiB=os_reserved_GiB(ram))
     hw = HardwareSpec(device=devspec, link=link, host=hst)
 

@@ -5,11 +5,10 @@ import os
 import statistics
 import threading
 import time
-from pathlib import Path
 
 import torch
 
-from horizon_exec.train.admission import meminfo_bytes
+from horizon_exec.procfs import meminfo_bytes
 from horizon_exec.device.hugepages import host_bytes
 
 from horizon_exec.measure.calibrate.timing import _median_time
@@ -168,12 +167,3 @@ def os_reserved_GiB(ram: float) -> float:
     return min(max(1.0, in_use + 0.5), ram / 2)
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or "cpu"

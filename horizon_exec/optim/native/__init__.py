@@ -29,6 +29,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from horizon_exec.procfs import cpu_flags
+
 SOURCE = Path(__file__).with_name("adamw.c")
 _PKG_ROOT = Path(__file__).resolve().parents[3]  # the folder holding horizon_exec
 # Tried in order: the first that builds is used. -ffp-contract=off: only the source's explicit
@@ -53,14 +55,6 @@ def cache_dir() -> Path:
     d = os.environ.get("HORIZON_CACHE_DIR")
     base = Path(d) if d else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "horizon"
     return base / "native"
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return platform.processor()
 
 
 def _compiler_version(cc: str) -> str:
@@ -107,7 +101,7 @@ def _build(cc: str) -> tuple[Path, list[str], list[str]]:
     damaged objects rebuilt. A rejection is remembered beside the cache (`.rejected`), so it is
     not rebuilt on every start."""
     src = SOURCE.read_bytes()
-    version, cpu, errors, rejected = _compiler_version(cc), _cpu_flags(), [], []
+    version, cpu, errors, rejected = _compiler_version(cc), cpu_flags(), [], []
     folder = _writable_cache_dir()
     for flags in FLAG_SETS:
         key = hashlib.sha256(b"\0".join([src, " ".join(flags).encode(), version.encode(),

@@ -25,10 +25,10 @@ What is compared (bytes):
 The arena still enforces the device budget op by op at run time; admission is the up-front
 check that a run which cannot fit never starts.
 """
-import os
 from dataclasses import dataclass, field, replace
 
 from horizon_exec.errors import DeviceBudgetError
+from horizon_exec.procfs import mem_available_bytes, rss_bytes
 from horizon_exec.runtime.store import ALIGN
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Space
@@ -105,32 +105,6 @@ class Admission:
 
 
 # ---- what the machine has --------------------------------------------------------------------
-def meminfo_bytes(field: str) -> int | None:
-    """A field of /proc/meminfo ('MemTotal', 'MemAvailable', ...) in bytes, else None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def mem_available_bytes() -> int | None:
-    """MemAvailable (RAM the kernel can give without swapping), else None."""
-    return meminfo_bytes("MemAvailable")
-
-
-def rss_bytes() -> int:
-    """This process's resident set size now (0 where /proc is not available)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def cuda_free_bytes(device: str) -> int:
     """Free device memory torch.cuda.mem_get_info reports for `device` ('cuda[:N]')."""
     import torch

@@ -1,0 +1,90 @@
+"""What Linux's /proc says about this machine and process, read in one place (the admission,
+calibration, the probe, the file writer and the native kernel's build key all ask). Every
+reader answers None (or a stated fallback) where /proc is missing instead of failing.
+Torch-free."""
+import os
+import sys
+
+
+def _lines(path: str):
+    try:
+        with open(path) as f:
+            yield from f
+    except OSError:
+        return
+
+
+def _field(path: str, name: str) -> str | None:
+    """The text after 'name:' on the first line of `path` that starts with it."""
+    for line in _lines(path):
+        if line.startswith(name + ":") or (line.startswith(name) and line[len(name):].lstrip().startswith(":")):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def meminfo_bytes(field: str) -> int | None:
+    """A field of /proc/meminfo ('MemTotal', 'MemAvailable', ...) in bytes, else None."""
+    v = _field("/proc/meminfo", field)
+    try:
+        return int(v.split()[0]) * 1024 if v else None
+    except (ValueError, IndexError):
+        return None
+
+
+def mem_available_bytes() -> int | None:
+    """MemAvailable (RAM the kernel can give without swapping), else None."""
+    return meminfo_bytes("MemAvailable")
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (0 where /proc is not available)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def vm_hwm_bytes() -> int:
+    """This process's peak resident set (VmHWM). Unlike ru_maxrss, which a child started by
+    fork/vfork + exec inherits from its parent's RSS at that moment, VmHWM belongs to the
+    child's own address space: a probe started from a large process still measures itself.
+    Falls back to ru_maxrss where /proc is missing."""
+    v = _field("/proc/self/status", "VmHWM")
+    try:
+        return int(v.split()[0]) * 1024
+    except (AttributeError, ValueError, IndexError):
+        import resource
+        r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(r if sys.platform == "darwin" else r * 1024)
+
+
+def umask() -> int:
+    """The process umask, read without changing it where /proc says it (os.umask sets it, and
+    other threads may be creating files meanwhile)."""
+    v = _field("/proc/self/status", "Umask")
+    try:
+        return int(v, 8)
+    except (TypeError, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
+def cpu_flags() -> str:
+    """The CPU's feature line of /proc/cpuinfo ('flags' on x86, 'Features' on Arm), else the
+    platform's processor name: part of the native kernel's build key."""
+    for line in _lines("/proc/cpuinfo"):
+        if line.startswith(("flags", "Features")):
+            return line
+    import platform
+    return platform.processor()
+
+
+def cpu_name() -> str:
+    """The CPU's model name, else the platform's processor name, else 'cpu'."""
+    v = _field("/proc/cpuinfo", "model name")
+    if v:
+        return v
+    import platform
+    return platform.processor() or "cpu"
