@@ -1,1 +1,2 @@
-"""The training loop around a Trainer and what guards a run: admission (does it fit, before anything is allocated), flag checks, outputs, signals, the HF save at the end."""
+"""The training loop around a Trainer and what guards a run: flag checks, outputs, signals, the
+HF save at the end."""
