@@ -35,7 +35,7 @@ def test_readme_links_point_at_files_that_exist(built):
     assert links and all((out / t).is_file() for t in links), [t for t in links if not (out / t).is_file()]
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme)
     assert set(images) == {"headline_overlap.png", "optimizer_modes.png", "ckpt_memory.png",
-                           f"feasibility_{CFG.map_gpu}.png"}
+                           f"feasibility_{CFG.map_gpu}.png", "scale_out.png"}
     for f in res["files"]:  # everything written is linked from the README (or is the README)
         assert f == "README.md" or f in links, f
     assert "make reports" in readme and "estimate" in readme
@@ -45,7 +45,7 @@ def test_readme_links_point_at_files_that_exist(built):
 def test_pngs_are_real_images(built):
     out, res = built
     pngs = [f for f in res["files"] if f.endswith(".png")]
-    assert len(pngs) == 4
+    assert len(pngs) == 5
     for f in pngs:
         data = (out / f).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, f
@@ -111,3 +111,15 @@ def test_help_explains_the_command(capsys):
     assert e.value.code == 0
     text = capsys.readouterr().out
     assert "--out" in text and "--quick" in text and "reports" in text
+
+
+def test_scale_out_section_is_planned_data_parallel(built):
+    _, res = built
+    rows = res["scale_out"].data["rows"]
+    assert {(r["devices_per_node"], r["nodes"]) for r in rows} == {(CFG.scale_gpus_per_node, n) for n in CFG.scale_nodes} \
+        | {(g, 1) for g in CFG.scale_devices}
+    by_nodes = sorted((r for r in rows if r["sweep"] == "nodes"), key=lambda r: r["nodes"])
+    # more nodes: less host RAM per node (master and moments are split), more tokens/s
+    assert all(a["host_bytes"] > b["host_bytes"] for a, b in zip(by_nodes, by_nodes[1:]))
+    assert all(a["tokens_per_s"] < b["tokens_per_s"] for a, b in zip(by_nodes, by_nodes[1:]))
+    assert "Planned, not yet executed" in res["scale_out"].body

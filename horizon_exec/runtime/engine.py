@@ -39,6 +39,9 @@ a large model may need more (Trainer(timeout_s=...), horizon train --op-timeout)
 STOP_GRACE_S = 10.0
 """After a stop request, how long a step may go without progress before it is abandoned."""
 _STOP = object()
+RUN_LANES = (Lane.H2D, Lane.COMPUTE, Lane.D2H, Lane.CPU)
+"""The lanes this executor runs (one device: the fabric and network lanes of a data-parallel
+Schedule are the planner's only; the Trainer refuses such a Schedule)."""
 
 
 class StepAbandoned(ExecError):
@@ -71,18 +74,18 @@ class Engine:
         self.runner = runner
         self.timeout_s = timeout_s
         self._progress_t = time.monotonic()   # when an op last started or finished, any lane
-        self._in_op: dict[Lane, float | None] = {lane: None for lane in Lane}  # since when, running
+        self._in_op: dict[Lane, float | None] = {lane: None for lane in RUN_LANES}  # since when, running
         self._stop_t: float | None = None
         self.hook = None  # called in the lane thread before each op (tests, tracing)
-        self._queues = {lane: queue.SimpleQueue() for lane in Lane}
-        self._current: dict[Lane, Op | None] = {lane: None for lane in Lane}
+        self._queues = {lane: queue.SimpleQueue() for lane in RUN_LANES}
+        self._current: dict[Lane, Op | None] = {lane: None for lane in RUN_LANES}
         self._abort = threading.Event()
         self._error: tuple[Op, BaseException] | None = None
         self._error_t = 0.0  # when _error was set (monotonic)
         self._err_lock = threading.Lock()
         self.broken: str | None = None
         self._threads = [threading.Thread(target=self._worker, args=(lane,), daemon=True,
-                                          name=f"horizon-{lane.value}") for lane in Lane]
+                                          name=f"horizon-{lane.value}") for lane in RUN_LANES]
         for t in self._threads:
             t.start()
 
@@ -172,7 +175,7 @@ class Engine:
         self.backend.step_begin()
         for op in to_run:  # program order; each lane is FIFO
             self._queues[op.lane].put((op, recs))
-        ends = {lane: _End() for lane in Lane}
+        ends = {lane: _End() for lane in RUN_LANES}
         for lane, end in ends.items():
             self._queues[lane].put(end)
         try:
@@ -245,7 +248,7 @@ class Engine:
 
     def _give_up(self, kind, why: str) -> None:
         now, stuck, lanes = time.monotonic(), None, []
-        for lane in Lane:
+        for lane in RUN_LANES:
             cur, since = self._current[lane], self._in_op[lane]
             if cur is None:
                 continue

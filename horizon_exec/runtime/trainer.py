@@ -131,6 +131,10 @@ class EvalResult:
 
 def _checked_schedule(sched, model: ModelSpec, policy: Policy):
     """`sched`, checked, if it was built for `model` and `policy`."""
+    if sched.meta.devices_per_node * sched.meta.nodes > 1:
+        raise HorizonError(f"the schedule is one rank's step of {sched.meta.nodes} node(s) x "
+                           f"{sched.meta.devices_per_node} device(s); the executor runs one device "
+                           "(data-parallel execution is not built yet)")
     if sched.meta.purpose != "train":
         raise HorizonError(f"the schedule is an {sched.meta.purpose} schedule; the trainer runs a training step's")
     for what, have, want in (("model", sched.meta.model, model.to_dict()), ("policy", sched.meta.policy,

@@ -47,8 +47,12 @@ def run(a: argparse.Namespace) -> int:
             "bottleneck": s.bottleneck, "device_peak_bytes": s.device_peak_bytes,
             "policy": policy.to_dict()}))
         return 0
-    print(f"min-ram: {model.name} ({n / 1e9:.2f}B params) on {hw.device.name} + {hw.link.name} needs "
-          f"{r.ram_bytes // GiB} GiB of host RAM ({fmt_bytes(r.ram_bytes)}, a multiple of {r.step_bytes // GiB} GiB)")
+    c = hw.cluster
+    on = (f"{hw.device.name} + {hw.link.name}" if c.ranks == 1 else
+          f"{c.nodes} node(s) x {c.devices_per_node} {hw.device.name} + {hw.link.name}")
+    print(f"min-ram: {model.name} ({n / 1e9:.2f}B params) on {on} needs "
+          f"{r.ram_bytes // GiB} GiB of host RAM{' per node' if c.ranks > 1 else ''} ({fmt_bytes(r.ram_bytes)}, "
+          f"a multiple of {r.step_bytes // GiB} GiB)")
     below = r.ram_bytes - r.step_bytes
     if r.below is not None:
         bs = r.below.summary

@@ -2,8 +2,10 @@
 import argparse
 import json
 
+from horizon_sim.cli.hardware_args import add_cluster_args, with_cluster
 from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
 from horizon_sim.plan import plan
+from horizon_sim.plan.plan import scaling_efficiency
 from horizon_sim.plan.advice import advise
 from horizon_sim.sim.simulate import SimResult
 from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
@@ -14,7 +16,8 @@ from horizon_sim.units import fmt_bytes
 EXAMPLE = """example:
   horizon plan --model llama-3.1-8b --gpu h100-pcie --ram 512GiB
   horizon plan --model dense-120b --gpu h200 --ram 1.5TB --optimizer backward --json
-  horizon plan --model ./my-model/config.json --hardware machine.toml --batch 8 --seq 4096"""
+  horizon plan --model ./my-model/config.json --hardware machine.toml --batch 8 --seq 4096
+  horizon plan --model llama-3.1-405b --gpu h200 --ram 1.5TB --gpus 8 --nodes 8   # data parallel"""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -30,6 +33,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--link", default=None, help=f"link preset: {', '.join(LINKS)} (default: the GPU's)")
     p.add_argument("--hardware", default=None, metavar="FILE.toml",
                    help="a hardware file (from `horizon calibrate` or hand-written); overrides --gpu/--link/--ram")
+    add_cluster_args(p)
     add_policy_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--no-advice", action="store_true",
@@ -50,6 +54,8 @@ def result_json(r: SimResult) -> dict:
         "device_usable_bytes": s.device_usable_bytes,
         "host_bytes": s.host_bytes, "host_usable_bytes": s.host_usable_bytes,
         "host_breakdown_bytes": r.host.by_role, "policy": meta.policy,
+        "devices_per_node": meta.devices_per_node, "nodes": meta.nodes, "ranks": s.ranks,
+        "exposed_network_s": s.exposed_network_s,
     }
 
 
@@ -58,26 +64,36 @@ def _params(r: SimResult) -> int:
     return ModelSpec(**r.schedule.meta.model).total_params
 
 
-def report(r: SimResult) -> str:
+def report(r: SimResult, efficiency: float | None = None) -> str:
     s, meta, hw = r.summary, r.schedule.meta, r.hardware
-    pol, n = meta.policy, _params(r)
+    pol, n, cl = meta.policy, _params(r), hw.cluster
     verdict = "FITS" if s.fits else "DOES NOT FIT"
+    if s.ranks == 1:
+        where = f"{hw.device.name} + {hw.link.name} with {fmt_bytes(hw.host.ram_GiB * 2**30)} host RAM"
+    else:
+        where = (f"{cl.nodes} node(s) x {cl.devices_per_node} {hw.device.name} ({s.ranks} ranks) + {hw.link.name}, "
+                 f"{fmt_bytes(hw.host.ram_GiB * 2**30)} host RAM per node")
     lines = [
-        f"{verdict}: {meta.model['name']} ({n / 1e9:.2f}B params) on {hw.device.name} + {hw.link.name}"
-        f" with {fmt_bytes(hw.host.ram_GiB * 2**30)} host RAM",
+        f"{verdict}: {meta.model['name']} ({n / 1e9:.2f}B params) on {where}",
         f"  {s.why}",
         "",
         f"speed     {s.tokens_per_s:,.0f} tokens/s, step {s.step_time_s:.3f} s "
         f"(lower bound {s.roofline_s:.3f} s), MFU {s.mfu:.1%}, HFU {s.hfu:.1%}, "
         f"{s.model_TFLOPs:.1f} model TFLOP/s",
         f"limit     {s.bottleneck}; compute idle waiting on: copies {s.exposed_copy_s:.3f} s, "
-        f"optimizer {s.exposed_optimizer_s:.3f} s, host work {s.exposed_host_s:.3f} s",
+        f"optimizer {s.exposed_optimizer_s:.3f} s, host work {s.exposed_host_s:.3f} s"
+        + (f", collectives {s.exposed_network_s:.3f} s" if s.ranks > 1 else ""),
         "lanes     " + ", ".join(f"{k} {v:.0%} busy" for k, v in s.lane_busy.items()),
         f"device    peak {fmt_bytes(s.device_peak_bytes)} at most whatever the timing (this timeline "
         f"{fmt_bytes(s.device_typical_peak_bytes)}) of {fmt_bytes(s.device_usable_bytes)} usable "
         f"({pol['slots']} weight slots of {fmt_bytes(meta.slot_bytes)})",
-        f"host      {fmt_bytes(s.host_bytes)} of {fmt_bytes(s.host_usable_bytes)} usable:",
+        f"host      {fmt_bytes(s.host_bytes)} of {fmt_bytes(s.host_usable_bytes)} usable"
+        + (" per node (its ranks' buffers, the host store once):" if s.ranks > 1 else ":"),
     ]
+    if s.ranks > 1:
+        eff = f", scaling efficiency {efficiency:.0%} against one device" if efficiency is not None else ""
+        lines.insert(3, f"cluster   {cl.name}: fabric {cl.fabric_GBps:g} GB/s per device, network "
+                        f"{cl.net_GBps:g} GB/s per node; every rank runs batch {pol['batch']}{eff}")
     for role, b in r.host.by_role.items():
         if b:
             lines.append(f"            {role:<16}{fmt_bytes(b):>12}  {b / n:6.2f} B/param")
@@ -94,13 +110,14 @@ def report(r: SimResult) -> str:
 
 
 def run(a: argparse.Namespace) -> int:
-    hw = load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link)
+    hw = with_cluster(load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link), a)
     r = plan(load_model(a.model), hw, policy_from_args(a))
     tips = advise(r, search=not getattr(a, "no_advice", False))
+    eff = scaling_efficiency(r)
     if a.json:
-        print(json.dumps({**result_json(r), "advice": tips}))
+        print(json.dumps({**result_json(r), "scaling_efficiency": eff, "advice": tips}))
         return 0
-    print(report(r))
+    print(report(r, eff))
     if tips:
         print()
         for i, t in enumerate(tips):

@@ -7,6 +7,7 @@ from horizon_sim.cli import plan_cmd
 from horizon_sim.cli.policy_args import policy_from_args
 from horizon_sim.errors import HorizonError
 from horizon_sim.plan import plan
+from horizon_sim.cli.hardware_args import with_cluster
 from horizon_sim.specs.hardware_io import load_hardware
 from horizon_sim.specs.hardware_presets import make_hardware
 from horizon_sim.specs.hf_config import load_model
@@ -42,7 +43,7 @@ def _check_out(path: str | None, what: str) -> None:
 def run(a: argparse.Namespace) -> int:
     _check_out(a.plot, "plot")
     _check_out(a.trace, "trace")
-    hw = load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link)
+    hw = with_cluster(load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link), a)
     r = plan(load_model(a.model), hw, policy_from_args(a))
     written = {}
     if a.plot:

@@ -62,10 +62,14 @@ def run(a: argparse.Namespace) -> int:
         return 0
     print(f"sweep: {len(df)} configurations ({len(grid.models)} models x {len(grid.gpus)} GPUs x "
           f"{len(grid.links)} links x {len(grid.hosts)} hosts x {len(grid.ram)} RAM sizes x "
-          f"{grid.n_policies} policies): {len(ok)} fit, {n_err} invalid")
+          + (f"{len(grid.layouts) * len(grid.clusters)} layouts x " if len(grid.layouts) * len(grid.clusters) > 1
+             else "")
+          + f"{grid.n_policies} policies): {len(ok)} fit, {n_err} invalid")
     if best is not None:
-        print(f"  fastest that fits: {best.model} on {best.gpu} + {best.link} with {fmt_bytes(best.ram_bytes)}: "
-              f"{best.tokens_per_s:,.0f} tokens/s")
+        where = (f" on {int(best.nodes)} node(s) x {int(best.devices_per_node)}" if best.nodes * best.devices_per_node > 1
+                 else " on")
+        print(f"  fastest that fits: {best.model}{where} {best.gpu} + {best.link} with {fmt_bytes(best.ram_bytes)}"
+              f"{' per node' if best.nodes * best.devices_per_node > 1 else ''}: {best.tokens_per_s:,.0f} tokens/s")
     if n_err:
         first = df[df.error != ""].iloc[0]
         print(f"  invalid, e.g.: {first.error}")

@@ -4,6 +4,7 @@ import json
 import math
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.cli.hardware_args import add_cluster_args, with_cluster
 from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
 from horizon_sim.specs.policy import DTYPES, Policy
 from horizon_sim.units import GiB, fmt_bytes
@@ -26,13 +27,14 @@ def add_hardware_args(p: argparse.ArgumentParser, *, ram: bool = True) -> None:
     p.add_argument("--hardware", default=None, metavar="FILE.toml",
                    help="a hardware file (from `horizon calibrate` or hand-written); overrides --gpu/--link"
                         + ("/--ram" if ram else ""))
+    add_cluster_args(p)
 
 
 def hardware_from_args(a: argparse.Namespace):
     if a.hardware:
         from horizon_sim.specs.hardware_io import load_hardware
-        return load_hardware(a.hardware)
-    return make_hardware(a.gpu, getattr(a, "ram", None), a.link)
+        return with_cluster(load_hardware(a.hardware), a)
+    return with_cluster(make_hardware(a.gpu, getattr(a, "ram", None), a.link), a)
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:

@@ -65,10 +65,13 @@ def _wide(base: ModelSpec, hidden: int) -> ModelSpec:
 
 
 def host_lower_bound(model: ModelSpec, policy: Policy, hw: HardwareSpec) -> int:
-    """Host bytes no schedule can go below: master weights, Adam moments, working copy, runtime."""
-    per_param = (DTYPE_BYTES[policy.master_dtype] + 2 * DTYPE_BYTES[policy.states_dtype]
-                 + (DTYPE_BYTES[policy.compute_dtype] if policy.working_copy else 0))
-    return model.total_params * per_param + int(hw.host.runtime_overhead_GiB * GiB)
+    """Host bytes a node cannot go below: its share of the master weights and Adam moments
+    (1/M of them on M nodes), the working copy, a runtime per device."""
+    c = hw.cluster
+    state = DTYPE_BYTES[policy.master_dtype] + 2 * DTYPE_BYTES[policy.states_dtype]
+    wc = DTYPE_BYTES[policy.compute_dtype] if policy.working_copy else 0
+    return (model.total_params * state // c.nodes + model.total_params * wc
+            + c.devices_per_node * int(hw.host.runtime_overhead_GiB * GiB))
 
 
 def device_lower_bound(model: ModelSpec, policy: Policy) -> int:

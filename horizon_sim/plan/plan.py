@@ -9,9 +9,29 @@ from horizon_sim.specs.policy import Policy
 
 
 def plan(model: ModelSpec | str, hardware: HardwareSpec | None = None, policy: Policy | None = None,
-         *, gpu: str = "h100-sxm", ram: str | int = "512GiB", link: str | None = None) -> SimResult:
+         *, gpu: str = "h100-sxm", ram: str | int = "512GiB", link: str | None = None, gpus: int = 1,
+         nodes: int = 1) -> SimResult:
     """Predict one training step. `model` is a ModelSpec, a preset name or a config.json path;
-    give `hardware`, or `gpu`/`ram`/`link` preset names and a RAM size."""
+    give `hardware`, or `gpu`/`ram`/`link` preset names and a RAM size (per node), and `gpus`
+    devices per node on `nodes` nodes (data parallel: each device runs policy.batch sequences)."""
     spec = load_model(model) if isinstance(model, str) else model
-    hw = hardware or make_hardware(gpu, ram, link)
-    return simulate(build_schedule(spec, policy or Policy()), hw)
+    hw = hardware or make_hardware(gpu, ram, link, gpus=gpus, nodes=nodes)
+    return simulate(build_for(spec, policy or Policy(), hw), hw)
+
+
+def build_for(model: ModelSpec, policy: Policy, hw: HardwareSpec):
+    """The Schedule of one step of `model` under `policy` on `hw`'s data-parallel layout."""
+    return build_schedule(model, policy, hw.cluster.devices_per_node, hw.cluster.nodes)
+
+
+def scaling_efficiency(r: SimResult) -> float | None:
+    """tokens/s of the job / (ranks x tokens/s of the same step on one device), or None for one
+    device."""
+    if r.summary.ranks == 1:
+        return None
+    from dataclasses import replace
+
+    from horizon_sim.specs.cluster import SINGLE
+    one = simulate(build_schedule(ModelSpec(**r.schedule.meta.model), Policy(**r.schedule.meta.policy)),
+                   replace(r.hardware, cluster=SINGLE))
+    return r.summary.tokens_per_s / (r.summary.ranks * one.summary.tokens_per_s)

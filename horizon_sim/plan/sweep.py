@@ -13,6 +13,9 @@ Grid file (every value may be one value or a list of values):
     ram    = ["256GiB", "512GiB", "1TB"]
     links  = ["pcie-gen4", "pcie-gen5"]          # optional; default: each GPU's own link
     hosts  = ["default"]                         # optional host presets
+    gpus_per_node = [1, 8]                       # optional data-parallel layouts (default 1 x 1):
+    nodes  = [1, 2, 4]                           #   every combination; RAM is per node
+    cluster = ["hgx-h100"]                       # optional: what joins them (default: the GPU's box)
     [policy]                                     # optional; any Policy field, lists of values
     batch = [4, 8]
     act_ckpt_every = [1, 2]
@@ -33,6 +36,7 @@ import pandas as pd
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import build_schedule
 from horizon_sim.sim.simulate import simulate
+from horizon_sim.specs.cluster import MAX_DEVICES_PER_NODE, MAX_NODES, cluster_preset, make_cluster
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.hardware_presets import device_preset, host_preset, link_preset, make_hardware
 from horizon_sim.specs.hf_config import load_model
@@ -140,7 +144,7 @@ def _time_limit(seconds: float):
 def simulate_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outcome:
     """Build and simulate one step; a bad combination becomes an Outcome with `error` set."""
     try:
-        sched = build_schedule(model, policy)
+        sched = build_schedule(model, policy, hw.cluster.devices_per_node, hw.cluster.nodes)
     except HorizonError as e:
         return Outcome(error=str(e))
     limit = SIM_TIME_LIMIT_S + SIM_TIME_PER_OP_S * len(sched.ops)
@@ -161,7 +165,7 @@ def _task(args) -> Outcome:
 
 def _ram_free_key(model: ModelSpec, hw: HardwareSpec, policy: Policy):
     host = tuple(getattr(hw.host, f.name) for f in fields(hw.host) if f.name != "ram_GiB")
-    return model, hw.device, hw.link, host, policy
+    return model, hw.device, hw.link, host, hw.cluster, policy
 
 
 def default_workers() -> int:
@@ -258,7 +262,8 @@ class Runner:
 
 
 # ---- rows -------------------------------------------------------------------------------
-RESULT_COLUMNS = ("model", "params", "gpu", "link", "host", "ram_bytes", *POLICY_FIELDS, "fits",
+RESULT_COLUMNS = ("model", "params", "gpu", "link", "host", "devices_per_node", "nodes", "ram_bytes",
+                  *POLICY_FIELDS, "fits",
                   "step_time_s", "tokens_per_s", "mfu", "device_peak_bytes", "device_usable_bytes",
                   "host_bytes", "host_usable_bytes", "bottleneck", "error")
 
@@ -266,7 +271,8 @@ RESULT_COLUMNS = ("model", "params", "gpu", "link", "host", "ram_bytes", *POLICY
 def outcome_row(model: ModelSpec, hw: HardwareSpec, policy_fields: dict, out: Outcome) -> dict:
     """One table row: what was simulated, and what it predicts on this machine."""
     return {"model": model.name, "params": model.total_params, "gpu": hw.device.name,
-            "link": hw.link.name, "host": hw.host.name, "ram_bytes": int(round(hw.host.ram_GiB * GiB)),
+            "link": hw.link.name, "host": hw.host.name, "devices_per_node": hw.cluster.devices_per_node,
+            "nodes": hw.cluster.nodes, "ram_bytes": int(round(hw.host.ram_GiB * GiB)),
             **{f: policy_fields.get(f) for f in POLICY_FIELDS}, "fits": out.fits(hw),
             "step_time_s": out.step_time_s, "tokens_per_s": out.tokens_per_s, "mfu": out.mfu,
             "device_peak_bytes": out.device_peak_bytes, "device_usable_bytes": hw.device_bytes_usable,
@@ -275,7 +281,7 @@ def outcome_row(model: ModelSpec, hw: HardwareSpec, policy_fields: dict, out: Ou
 
 
 # ---- the grid file ----------------------------------------------------------------------
-GRID_KEYS = ("models", "gpus", "ram", "links", "hosts", "policy")
+GRID_KEYS = ("models", "gpus", "ram", "links", "hosts", "gpus_per_node", "nodes", "cluster", "policy")
 _REQUIRED = ("models", "gpus", "ram")
 
 
@@ -290,6 +296,10 @@ class Grid:
     links: tuple = (None,)
     """Link preset names; None = each GPU's default link."""
     hosts: tuple[str, ...] = ("default",)
+    layouts: tuple = ((1, 1),)
+    """(devices per node, nodes) pairs."""
+    clusters: tuple = (None,)
+    """Cluster preset names; None = each GPU's usual box."""
     policy: dict = field(default_factory=dict)
     """Policy field -> tuple of values."""
 
@@ -307,7 +317,8 @@ class Grid:
     @property
     def n_simulations(self) -> int:
         """Configurations simulated: every one but the RAM size (module docstring)."""
-        return len(self.models) * len(self.gpus) * len(self.links) * len(self.hosts) * self.n_policies
+        return (len(self.models) * len(self.gpus) * len(self.links) * len(self.hosts) * len(self.layouts)
+                * len(self.clusters) * self.n_policies)
 
     def __len__(self) -> int:
         return self.n_simulations * len(self.ram)
@@ -353,6 +364,20 @@ def parse_grid(data: dict, where: str = "grid", base_dir: Path | None = None) ->
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
             raise HorizonError(f"{where}: ram value {v!r} must be a size like '512GiB'")
         ram.append(parse_size(v, f"{where}: ram"))
+    def counts(key, hi):
+        vals = _as_list(where, key, data.get(key, 1))
+        for v in vals:
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+                raise HorizonError(f"{where}: {key} value {v!r} must be a whole number from 1 to {hi}")
+        return vals
+
+    layouts = [(g, n) for g in counts("gpus_per_node", MAX_DEVICES_PER_NODE) for n in counts("nodes", MAX_NODES)]
+    clusters = [cluster_preset(c).name for c in strings("cluster")] if "cluster" in data else [None]
+    for gpu, (g, n), c in itertools.product(gpus, layouts, clusters):
+        try:
+            make_cluster(gpu, g, n, c)
+        except HorizonError as e:
+            raise HorizonError(f"{where}: {gpu} with gpus_per_node {g}, nodes {n}: {e}") from None
     pol = data.get("policy", {})
     if not isinstance(pol, dict):
         raise HorizonError(f"{where}: policy must be a table ([policy] with lists of values)")
@@ -363,12 +388,12 @@ def parse_grid(data: dict, where: str = "grid", base_dir: Path | None = None) ->
                                f"allowed: {', '.join(POLICY_FIELDS)}")
         policy[k] = tuple(_as_list(where, f"policy.{k}", v))
     grid = Grid(models=tuple(models), gpus=tuple(gpus), ram=tuple(ram), links=tuple(links),
-                hosts=tuple(hosts), policy=policy)
+                hosts=tuple(hosts), layouts=tuple(layouts), clusters=tuple(clusters), policy=policy)
     if grid.n_simulations > MAX_SWEEP_SIMULATIONS:
         raise HorizonError(
             f"{where}: the grid needs {grid.n_simulations:,} simulations ({len(models)} models x "
-            f"{len(gpus)} GPUs x {len(links)} links x {len(hosts)} hosts x {grid.n_policies:,} "
-            f"policies); allowed: up to {MAX_SWEEP_SIMULATIONS:,}: split it into several sweeps")
+            f"{len(gpus)} GPUs x {len(links)} links x {len(hosts)} hosts x {len(layouts) * len(clusters)} "
+            f"layouts x {grid.n_policies:,} policies); allowed: up to {MAX_SWEEP_SIMULATIONS:,}: split it into several sweeps")
     return grid
 
 
@@ -391,9 +416,10 @@ def sweep(grid: Grid, *, workers: int | None = None, progress: bool = False) -> 
     """One row per configuration of the grid (columns RESULT_COLUMNS). Invalid policies are
     rows with `error` set and fits False."""
     hws = {}
-    for gpu, link, host in itertools.product(grid.gpus, grid.links, grid.hosts):
+    for gpu, link, host, (g, n), c in itertools.product(grid.gpus, grid.links, grid.hosts, grid.layouts,
+                                                        grid.clusters):
         for ram in grid.ram:
-            hws[gpu, link, host, ram] = make_hardware(gpu, ram, link, host)
+            hws[gpu, link, host, g, n, c, ram] = make_hardware(gpu, ram, link, host, gpus=g, nodes=n, cluster=c)
     configs = []  # (model, hw, fields, policy or error)
     for model in grid.models:
         for fields_ in grid.policies():
@@ -401,7 +427,7 @@ def sweep(grid: Grid, *, workers: int | None = None, progress: bool = False) -> 
                 pol, err = Policy(**fields_), ""
             except (HorizonError, TypeError) as e:
                 pol, err = None, str(e).splitlines()[0]
-            for (gpu, link, host, ram), hw in hws.items():
+            for hw in hws.values():
                 configs.append((model, hw, fields_, pol, err))
     runnable = [(m, hw, pol) for m, hw, _, pol, err in configs if pol is not None]
     with Runner(workers, progress, desc="sweep", known_total=True) as runner:
@@ -445,10 +471,10 @@ def write_results(df: pd.DataFrame, path) -> Path:
 
 def check_map(grid: Grid) -> None:
     """Fail before simulating when the grid's feasibility map would be too big to draw."""
-    panels = len(grid.gpus) * len(grid.links)
+    panels = len(grid.gpus) * len(grid.links) * len(grid.layouts)
     for what, n, limit in (("models", len({m.name for m in grid.models}), MAX_MAP_ROWS),
                            ("RAM sizes", len(set(grid.ram)), MAX_MAP_COLUMNS),
-                           ("GPU x link panels", panels, MAX_MAP_PANELS)):
+                           ("GPU x link x layout panels", panels, MAX_MAP_PANELS)):
         if n > limit:
             raise HorizonError(f"the feasibility map draws at most {limit} {what}; the grid has {n}: "
                                "use --no-plot (the table has every row), or fewer values")

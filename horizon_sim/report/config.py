@@ -38,6 +38,14 @@ class BuildConfig:
     map_lean: dict = field(default_factory=lambda: {"optimizer": "backward", "grad_clip": 0.0,
                                                     "working_copy": False})
     """The second map's policy: the default with the leanest host footprint at fp32 moments."""
+    scale_models: tuple[str, ...] = ("dense-120b", "llama-3.1-405b")
+    scale_gpu: str = "h200"
+    scale_ram: str = "1.5TB"
+    scale_gpus_per_node: int = 8
+    scale_nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    scale_devices: tuple[int, ...] = (1, 2, 4, 8)
+    """Devices per node on one node (the second sweep of section 6)."""
+    scale_policy: Policy = Policy(batch=4, seq=4096, optimizer="backward", grad_clip=0.0, act_ckpt_on="device")
 
 
 FULL = BuildConfig()
@@ -48,4 +56,6 @@ QUICK = BuildConfig(
     modes_model="tiny", modes_policy=Policy(batch=4, seq=512),
     ckpt_models=("tiny", "qwen2.5-0.5b"), ckpt_policy=Policy(batch=4, seq=1024),
     map_models=("tiny", "qwen2.5-0.5b", "llama-3.1-8b"), map_rams=("16GiB", "64GiB", "256GiB"),
+    scale_models=("qwen2.5-0.5b",), scale_gpu="h100-sxm", scale_ram="16GiB", scale_gpus_per_node=2,
+    scale_nodes=(1, 2), scale_devices=(1, 2), scale_policy=Policy(batch=2, seq=512),
 )

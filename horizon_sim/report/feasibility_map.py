@@ -18,6 +18,11 @@ def feasibility_map(df: pd.DataFrame, path) -> Path:
 
     models = df[["model", "params"]].drop_duplicates().sort_values(["params", "model"])
     rams = sorted(df.ram_bytes.unique())
+    df = df.copy()
+    # several data-parallel layouts: a panel each (RAM is per node, tokens/s the job's)
+    layouts = df[["devices_per_node", "nodes"]].drop_duplicates() if "nodes" in df else None
+    if layouts is not None and len(layouts) > 1:
+        df["link"] = df.link + " / " + df.nodes.astype(str) + " x " + df.devices_per_node.astype(str) + " GPUs"
     panels = df[["gpu", "link"]].drop_duplicates().values.tolist()
     ok = df[df.fits.astype(bool)]
     best = ok.groupby(["gpu", "link", "model", "ram_bytes"]).tokens_per_s.max()

@@ -15,6 +15,8 @@ KIND_COLOR = {  # one hue family per lane; order is the legend's order
     OpKind.SAVE_CKPT: "#17a2b8", OpKind.OFFLOAD_GRADS: "#c44e52", OpKind.OFFLOAD_INPUT_GRAD: "#e377c2",
     OpKind.OPTIMIZER: "#937860", OpKind.EMBED_FWD: "#9e9e9e", OpKind.EMBED_BWD: "#bcbd22",
     OpKind.GRAD_NORM: "#222222",
+    OpKind.REDUCE_SCATTER: "#6a3d9a", OpKind.HOST_REDUCE: "#cab2d6", OpKind.NET_REDUCE_SCATTER: "#e31a1c",
+    OpKind.NET_ALL_GATHER: "#ff7f00", OpKind.NORM_ALL_REDUCE: "#555555", OpKind.UPDATE_BARRIER: "#999999",
 }
 LANES = [lane.value for lane in Lane]  # top to bottom
 BAR_HEIGHT = 0.72
@@ -29,7 +31,7 @@ def _text_color(hex_color: str) -> str:
 
 
 def _bar_text(kind: str, layer: int, micro: int) -> str:
-    if kind == OpKind.GRAD_NORM.value:
+    if kind in (OpKind.GRAD_NORM.value, OpKind.NORM_ALL_REDUCE.value):
         return "norm"
     unit = "E" if layer == EMBED else ("H" if kind in (OpKind.HEAD.value, OpKind.HEAD_LOSS.value) else str(layer))
     return f"{unit}.{micro}" if micro else unit
@@ -47,7 +49,9 @@ def default_title(result) -> str:
 def draw_lanes(ax, result) -> None:
     """Bars of every op on `ax`, one row per lane."""
     tl, s = result.timeline, result.summary
-    y = {lane: len(LANES) - 1 - i for i, lane in enumerate(LANES)}
+    # the four lanes of one device always; the fabric and network rows when the step has them
+    lanes = [lane for lane in LANES if lane in LANES[:4] or lane in set(tl.lane)]
+    y = {lane: len(lanes) - 1 - i for i, lane in enumerate(lanes)}
     px_per_s = WIDTH_IN * DPI * _AXES_FRACTION / s.step_time_s
     for (lane, kind), g in tl.groupby(["lane", "kind"], sort=False):
         # a thin white edge separates back-to-back bars, but would wash out bars a few px wide
@@ -62,9 +66,9 @@ def draw_lanes(ax, result) -> None:
             ax.text(r.start_s + r.dur_s / 2, y[r.lane], text, ha="center", va="center",
                     fontsize=FONT_PT, color=_text_color(KIND_COLOR[OpKind(r.kind)]), clip_on=True)
     busy = s.lane_busy
-    ax.set_yticks([y[l] for l in LANES],
-                  [f"{l}\n{busy[l]:.0%} busy" if l in busy else l for l in LANES])
-    ax.set_ylim(-0.6, len(LANES) - 0.4)
+    ax.set_yticks([y[l] for l in lanes],
+                  [f"{l}\n{busy[l]:.0%} busy" if l in busy else l for l in lanes])
+    ax.set_ylim(-0.6, len(lanes) - 0.4)
     ax.set_xlim(0, s.step_time_s)
     ax.grid(axis="x", alpha=0.3)
     present = [k for k in KIND_COLOR if k.value in set(tl.kind)]

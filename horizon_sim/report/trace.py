@@ -1,6 +1,7 @@
 """Chrome trace export: open the JSON in ui.perfetto.dev or chrome://tracing.
 
-One process (pid 1) with one thread per lane (h2d, compute, d2h, cpu), one complete event
+One process (pid 1) with one thread per lane (h2d, compute, d2h, cpu; fabric and net when the
+step has them), one complete event
 ("ph": "X") per op, and a counter track ("ph": "C") for device memory. Times are microseconds
 from the step's start, as the format requires."""
 import json
@@ -27,7 +28,10 @@ def chrome_trace(result) -> dict:
     labels = {op.id: op.label for op in result.schedule.ops}
     name = f"horizon: {meta.model['name']} on {hw.name or hw.device.name}"
     ev = [{"ph": "M", "pid": PID, "name": "process_name", "args": {"name": name}}]
+    used = {lane.value for lane in result.schedule.lanes}
     for lane, tid in TID.items():
+        if lane not in used:  # the fabric and net lanes only for a data-parallel step
+            continue
         ev.append({"ph": "M", "pid": PID, "tid": tid, "name": "thread_name", "args": {"name": lane}})
         ev.append({"ph": "M", "pid": PID, "tid": tid, "name": "thread_sort_index",
                    "args": {"sort_index": tid}})

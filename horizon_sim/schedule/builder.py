@@ -14,6 +14,15 @@ ops of one training step. It reads as the step's phases:
   end       the global gradient norm
 and the optimizer wherever its mode puts it (place_optimizer, the one place that decides).
 
+Data parallel (devices_per_node N, nodes M; the Schedule is one rank's step, every rank runs
+the same on its own share of the batch): a unit's device gradients are reduce-scattered over
+the node's devices before they cross the link, so each offloads 1/N (the embedding's and a tied
+head's, accumulated on the host, are summed in the node's shared memory instead); across nodes
+each rank's share is reduce-scattered so node j keeps 1/M, each rank updates its 1/(N M), and the
+updated working-copy slices are all-gathered from every node, and the node's ranks wait for each
+other before any loads the unit again (UPDATE_BARRIER); the global norm's partial sums are
+all-reduced. The host store is the node's, one copy mapped by its ranks (Buffer.node_shared).
+
 Dependencies are not written by hand: each op declares the buffers it reads, writes and frees,
 and deps.Deps derives the waits. The only waits added by hand are backpressure: a FORWARD or
 BACKWARD waits until at most PENDING_D2H device->host transfers that free device memory are
@@ -22,7 +31,7 @@ compute ops and their weight slots: sequence.py; the buffers: declare.py.
 """
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import work
-from horizon_sim.schedule.declare import Declarations
+from horizon_sim.schedule.declare import Declarations, shard
 from horizon_sim.schedule.deps import Deps
 from horizon_sim.schedule.limits import check_sizes
 from horizon_sim.schedule.op import EMBED, Holds, Op, OpKind, ScheduleMeta
@@ -37,8 +46,15 @@ waits (backpressure)."""
 
 
 class _Builder:
-    def __init__(self, model: ModelSpec, policy: Policy):
+    def __init__(self, model: ModelSpec, policy: Policy, devices_per_node: int = 1, nodes: int = 1):
         check_sizes(model, policy)  # before any work that grows with the sizes
+        for what, v in (("devices_per_node", devices_per_node), ("nodes", nodes)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise HorizonError(f"{what}={v!r} must be a whole number >= 1")
+        if nodes > 1 and not policy.working_copy:
+            raise HorizonError(f"{nodes} nodes need the bf16 working copy (each node holds 1/{nodes} of the "
+                               "master, and every device streams the whole model): drop --no-working-copy")
+        self.N, self.M, self.R = devices_per_node, nodes, devices_per_node * nodes
         if policy.act_ckpt_every > model.n_layers:
             raise HorizonError(f"policy act_ckpt_every={policy.act_ckpt_every} is larger than the model's "
                                f"{model.n_layers} layers; use 1..{model.n_layers}")
@@ -47,7 +63,7 @@ class _Builder:
         self.units = [EMBED, *range(model.n_layers), self.head]
         self.last_micro = policy.micro_batches - 1
         self.tokens = policy.micro_batch * policy.seq  # per micro-batch
-        self.bufs = Declarations(model, policy)
+        self.bufs = Declarations(model, policy, devices_per_node, nodes)
         self.ops: list[Op] = []
         self.deps = Deps()
         self.optimized: set[int] = set()
@@ -107,7 +123,7 @@ class _Builder:
 
     def optimizer(self, u: int, prev_step: bool = False) -> None:
         b, p = self.bufs, self.policy
-        params = b.host_params(u)
+        params = b.owned_params(u)
         master_b, state_b = DTYPE_BYTES[p.master_dtype], DTYPE_BYTES[p.states_dtype]
         per_param = 2 * master_b + 4 * state_b + DTYPE_BYTES[b.host_grad_dtype]
         per_param += DTYPE_BYTES[p.compute_dtype] if p.working_copy else 0
@@ -117,6 +133,14 @@ class _Builder:
         self.emit(OpKind.OPTIMIZER, u, reads=reads, writes=store, frees=frees, params=params,
                   host_bytes=params * per_param, prev_step=prev_step)
         self.optimized.add(u)
+        if self.M > 1:  # every node needs every node's updated slice of the working copy
+            wc = b.weights_of(u)
+            rank_part = shard(b.host_params(u), self.N) * DTYPE_BYTES[p.compute_dtype]
+            self.emit(OpKind.NET_ALL_GATHER, u, reads=[wc], writes=[wc], peers=self.M,
+                      net_bytes=rank_part * (self.M - 1) // self.M, prev_step=prev_step)
+        if self.N > 1:  # the node's ranks each updated a slice of the shared copy: all must be done
+            w = b.weights_of(u)
+            self.emit(OpKind.UPDATE_BARRIER, u, reads=[w], writes=[w], peers=self.N, prev_step=prev_step)
 
     # ---- copies ----------------------------------------------------------------------------------
     def load_weights(self, u: int, slot: str, m: int) -> None:
@@ -137,19 +161,42 @@ class _Builder:
         its last micro-batch."""
         b, p = self.bufs, self.policy
         dgrad = b.dgrad(u, m)
+        if self.N > 1 and not b.host_reduced(u):  # sum over the node's devices, keep 1/N
+            full, dgrad = dgrad, b.dgrad_shard(u, m)
+            nbytes = b.dev_params(u) * DTYPE_BYTES[p.compute_dtype]
+            self.emit(OpKind.REDUCE_SCATTER, u, m, reads=[full], writes=[dgrad], frees=[full], peers=self.N,
+                      net_bytes=nbytes * (self.N - 1) // self.N)
         targets = [b.hgrad(u)] + ([b.hgrad(EMBED)] if u == self.head and self.model.tied_embeddings else [])
         acc = [t for t in targets if self.deps.written(t)]  # accumulate into what exists
         # a piece the host adds or widens lands in a page-locked stage first (DMA links)
         stages = [b.link_stage(t) for t in targets if t in acc or b.buffers[t].dtype != p.grad_dtype]
         last = m == self.last_micro
         writes = targets + ([b.gsq(u)] if last else []) + stages
-        host_b = b.dev_params(u) * 8 if acc else 0  # read-add-write the fp32 host grad
+        elems = b.buffers[dgrad].numel  # the unit's, or this device's 1/N of it
+        host_b = elems * 8 if acc else 0  # read-add-write the fp32 host grad
         if acc and last:  # the squared norm is then taken of the accumulated host grad
-            host_b += b.host_params(u) * DTYPE_BYTES[b.host_grad_dtype]
-        link_b = b.dev_params(u) * DTYPE_BYTES[p.grad_dtype]
+            host_b += b.buffers[b.hgrad(u)].numel * DTYPE_BYTES[b.host_grad_dtype]
+        link_b = elems * DTYPE_BYTES[p.grad_dtype]
         self.pending_offloads.append(
             self.emit(OpKind.OFFLOAD_GRADS, u, m, reads=[dgrad, *acc], writes=writes, frees=[dgrad, *stages],
                       link_bytes=link_b, host_bytes=host_b, reduce_bytes=link_b if last and not acc else 0))
+        if last:
+            self.reduce_across_ranks(u)
+
+    def reduce_across_ranks(self, u: int) -> None:
+        """A unit's gradient is final on this rank: sum it over the node's ranks where it was
+        accumulated on the host, then over the nodes, so this rank holds the sum of its share;
+        its squared norm is taken of that share."""
+        b = self.bufs
+        g, gb = b.hgrad(u), DTYPE_BYTES[b.buffers[b.hgrad(u)].dtype]
+        part = shard(b.host_params(u), self.N)
+        if self.N > 1 and b.host_reduced(u):  # read the node's N slices of this rank's 1/N, write it
+            self.emit(OpKind.HOST_REDUCE, u, reads=[g], writes=[g, b.gsq(u)],
+                      host_bytes=(b.host_params(u) + 2 * part) * gb)
+        if self.M > 1:
+            self.emit(OpKind.NET_REDUCE_SCATTER, u, reads=[g], writes=[g, b.gsq(u)], peers=self.M,
+                      net_bytes=part * gb * (self.M - 1) // self.M,
+                      host_bytes=2 * part * gb * (self.M - 1) // self.M + b.owned_params(u) * gb)
 
     # ---- the phases ------------------------------------------------------------------------------
     def embed(self, m: int) -> None:
@@ -227,6 +274,8 @@ class _Builder:
                   writes=[g] + ([b.gsq(EMBED)] if last else []), frees=[hdx],
                   host_bytes=self.tokens * self.model.hidden * (a + 2 * grad_b)
                   + sweeps * self.model.embedding_params * grad_b)
+        if last:
+            self.reduce_across_ranks(EMBED)
         self.place_optimizer("grads", EMBED, m)
 
     def end(self) -> None:
@@ -234,6 +283,8 @@ class _Builder:
         b = self.bufs
         self.emit(OpKind.GRAD_NORM, -1, reads=[b.gsq(u) for u in self.units], writes=[b.gnorm()],
                   host_bytes=8 * len(self.units))
+        if self.R > 1:  # each rank's norm covers its share: the global one sums all ranks'
+            self.emit(OpKind.NORM_ALL_REDUCE, -1, reads=[b.gnorm()], writes=[b.gnorm()], peers=self.R, net_bytes=8)
         self.place_optimizer("end")
 
     # ---- the step ------------------------------------------------------------------------------
@@ -254,10 +305,12 @@ class _Builder:
             compute[use.kind](use, slots[s])
         self.end()
         meta = ScheduleMeta(model=m.to_dict(), policy=p.to_dict(), n_layers=m.n_layers, slot_bytes=b.slot_bytes,
-                            tokens=p.tokens, model_flops=m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens)
+                            tokens=p.tokens, model_flops=m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens,
+                            devices_per_node=self.N, nodes=self.M)
         return Schedule(ops=tuple(self.ops), buffers=dict(b.buffers), meta=meta)
 
 
-def build_schedule(model: ModelSpec, policy: Policy) -> Schedule:
-    """The ops of one steady-state training step of `model` under `policy`, checked."""
-    return _Builder(model, policy).build().check()
+def build_schedule(model: ModelSpec, policy: Policy, devices_per_node: int = 1, nodes: int = 1) -> Schedule:
+    """The ops of one steady-state training step of `model` under `policy`, checked: one
+    rank's step when devices_per_node x nodes > 1 (every rank runs `policy.batch` sequences)."""
+    return _Builder(model, policy, devices_per_node, nodes).build().check()

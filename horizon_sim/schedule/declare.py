@@ -6,9 +6,16 @@ from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
 
+def shard(n: int, k: int) -> int:
+    """One of k equal shares of n elements (the last rank's may hold padding)."""
+    return -(-n // k)
+
+
 class Declarations:
-    def __init__(self, model: ModelSpec, policy: Policy):
+    def __init__(self, model: ModelSpec, policy: Policy, devices_per_node: int = 1, nodes: int = 1):
         self.m, self.p = model, policy
+        self.N, self.M = devices_per_node, nodes
+        self.shared = devices_per_node * nodes > 1  # the host store is the node's, mapped by each rank
         self.head = model.n_layers
         self.buffers: dict[str, Buffer] = {}
         # Host grads accumulate over micro-batches in fp32; otherwise they stay as they arrive.
@@ -27,12 +34,27 @@ class Declarations:
         """Parameters unit `u` needs on the device (the head: its LM head matrix even when tied)."""
         return self.m.head_device_params if u == self.head else self.m.layer_params
 
+    def host_reduced(self, u: int) -> bool:
+        """Units whose gradient is accumulated on the host from more than one source (the
+        embedding's scatter-add, a tied head's matrix): with several devices per node each rank
+        keeps the whole of it and the node's ranks sum it in shared memory (HOST_REDUCE); the
+        others are reduce-scattered on the devices first (REDUCE_SCATTER)."""
+        return u == EMBED or (u == self.head and self.m.tied_embeddings)
+
+    def rank_grad_params(self, u: int) -> int:
+        """Elements of unit u's gradient this rank holds on the host (before the nodes' reduce)."""
+        return self.host_params(u) if self.host_reduced(u) else shard(self.host_params(u), self.N)
+
+    def owned_params(self, u: int) -> int:
+        """Elements of unit u this rank updates: 1/N of the node's 1/M."""
+        return shard(self.host_params(u), self.N * self.M)
+
     def unit_label(self, u: int) -> str:
         return {EMBED: "emb", self.head: "head"}.get(u, str(u))
 
     # ---- declaring ---------------------------------------------------------------------------------
     def declare(self, name, space, holds, shape, dtype, static=False, role="", *, unit=None, micro=None,
-                layer=None, dma_only=False) -> str:
+                layer=None, dma_only=False, node_shared=False) -> str:
         """Declare a buffer once and return its name."""
         if name not in self.buffers:
             shape = tuple(int(d) for d in shape)
@@ -41,7 +63,7 @@ class Declarations:
                 n *= d
             pooled = space == Space.HOST and not static  # the executor's exact-size host pool
             self.buffers[name] = Buffer(name, space, n * DTYPE_BYTES_OF[dtype], static, role, holds, unit, micro,
-                                        layer, shape, dtype, pooled, dma_only)
+                                        layer, shape, dtype, pooled, dma_only, node_shared)
         return name
 
     def _rows(self):  # (micro_batch, seq, hidden): an activation-sized buffer
@@ -70,22 +92,30 @@ class Declarations:
         return self.declare(f"dgrad.{self.unit_label(u)}.m{m}", Space.DEVICE, Holds.DEVICE_GRAD,
                             (self.dev_params(u),), self.p.compute_dtype, role="grads", unit=u, micro=m)
 
+    def dgrad_shard(self, u: int, m: int) -> str:
+        """This device's 1/N of a unit's weight grads after the node's reduce-scatter."""
+        return self.declare(f"dgrad.{self.unit_label(u)}.m{m}.shard", Space.DEVICE, Holds.DEVICE_GRAD_SHARD,
+                            (shard(self.dev_params(u), self.N),), self.p.compute_dtype, role="grads", unit=u, micro=m)
+
     def hgrad(self, u: int) -> str:
         # A tied embedding's grad sums the LM head's and the scatter-add's: keep it in fp32.
         dtype = "fp32" if u == EMBED and self.m.tied_embeddings else self.host_grad_dtype
-        return self.declare(f"hgrad.{self.unit_label(u)}", Space.HOST, Holds.HOST_GRAD, (self.host_params(u),),
+        return self.declare(f"hgrad.{self.unit_label(u)}", Space.HOST, Holds.HOST_GRAD, (self.rank_grad_params(u),),
                             dtype, static=self.grads_static, role="grads", unit=u)
 
     def host_store(self, u: int) -> list[str]:
         """A unit's static host buffers: master, moments, and the working copy when there is one."""
-        n, params, p = self.unit_label(u), self.host_params(u), self.p
-        names = [self.declare(f"master.{n}", Space.HOST, Holds.MASTER, (params,), p.master_dtype, True, "master",
-                              unit=u),
-                 self.declare(f"moments.{n}", Space.HOST, Holds.MOMENTS, (2, params), p.states_dtype, True,
-                              "moments", unit=u)]
+        n, params, p, sh = self.unit_label(u), self.host_params(u), self.p, self.shared
+        # Several nodes: each holds 1/M of the master and moments (its ranks update their 1/N
+        # of that), and the whole working copy every device streams from.
+        node = shard(params, self.M)
+        names = [self.declare(f"master.{n}", Space.HOST, Holds.MASTER, (node,), p.master_dtype, True, "master",
+                              unit=u, node_shared=sh),
+                 self.declare(f"moments.{n}", Space.HOST, Holds.MOMENTS, (2, node), p.states_dtype, True,
+                              "moments", unit=u, node_shared=sh)]
         if p.working_copy:
             names.append(self.declare(f"wc.{n}", Space.HOST, Holds.WORKING_COPY, (params,), p.compute_dtype, True,
-                                      "working_copy", unit=u))
+                                      "working_copy", unit=u, node_shared=sh))
         return names
 
     def weights_of(self, u: int) -> str:

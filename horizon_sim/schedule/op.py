@@ -16,6 +16,8 @@ class Lane(str, Enum):
     COMPUTE = "compute"  # device compute
     D2H = "d2h"          # device -> host copies
     CPU = "cpu"          # host CPU work: optimizer, embedding gather/scatter, norms
+    FABRIC = "fabric"    # collectives among a node's devices (NVLink, PCIe peer-to-peer)
+    NET = "net"          # collectives between nodes (the NICs), and the norm's all-reduce
 
 
 class OpKind(str, Enum):
@@ -34,6 +36,16 @@ class OpKind(str, Enum):
     EMBED_BWD = "embed_bwd"                    # cpu: scatter-add into the embedding grad
     GRAD_NORM = "grad_norm"                    # cpu: global grad norm from per-unit partial norms
     OPTIMIZER = "optimizer"                    # cpu: AdamW on one unit (+ working-copy refresh)
+    # data parallel (a Schedule built for more than one device; one rank's view, all alike)
+    REDUCE_SCATTER = "reduce_scatter"          # fabric: a unit's device grads summed over the node's
+    #                                            devices, each keeping 1/N
+    HOST_REDUCE = "host_reduce"                # cpu: a grad accumulated on the host (embedding) summed
+    #                                            over the node's ranks in shared memory, each keeping 1/N
+    NET_REDUCE_SCATTER = "net_reduce_scatter"  # net: a rank's grad shard summed over nodes, each keeping 1/M
+    NET_ALL_GATHER = "net_all_gather"          # net: the updated working-copy slices from every node
+    NORM_ALL_REDUCE = "norm_all_reduce"        # net: the global norm's partial sums over all ranks
+    UPDATE_BARRIER = "update_barrier"          # net: every rank of the node has updated its slice of a
+    #                                            unit in the shared store (before any rank loads it)
 
 
 LANE_OF: dict[OpKind, Lane] = {
@@ -44,7 +56,12 @@ LANE_OF: dict[OpKind, Lane] = {
     OpKind.RECOMPUTE: Lane.COMPUTE,
     OpKind.BACKWARD: Lane.COMPUTE,
     OpKind.SAVE_CKPT: Lane.D2H, OpKind.OFFLOAD_GRADS: Lane.D2H, OpKind.OFFLOAD_INPUT_GRAD: Lane.D2H,
+    OpKind.REDUCE_SCATTER: Lane.FABRIC, OpKind.HOST_REDUCE: Lane.CPU, OpKind.NET_REDUCE_SCATTER: Lane.NET,
+    OpKind.NET_ALL_GATHER: Lane.NET, OpKind.NORM_ALL_REDUCE: Lane.NET, OpKind.UPDATE_BARRIER: Lane.NET,
 }
+COLLECTIVES = (OpKind.REDUCE_SCATTER, OpKind.NET_REDUCE_SCATTER, OpKind.NET_ALL_GATHER, OpKind.NORM_ALL_REDUCE,
+               OpKind.UPDATE_BARRIER)
+"""Ops whose work is net_bytes among `peers` ranks."""
 
 EMBED = -1  # `layer` of the embedding unit; blocks are 0..L-1 and the head is L.
 
@@ -69,6 +86,8 @@ class Holds(str, Enum):
     ACTIVATION = "activation"            # (micro_batch, seq, hidden) entering block `layer`
     ACTIVATION_GRAD = "activation_grad"  # (micro_batch, seq, hidden) its gradient
     DEVICE_GRAD = "device_grad"          # (device params,) a unit's weight grads, one micro-batch
+    DEVICE_GRAD_SHARD = "device_grad_shard"  # (device params / N,) this device's share after the
+    #                                          node's reduce-scatter
     ROPE_COS = "rope_cos"                # (seq, head_dim) RoPE tables, positions 0..seq-1
     ROPE_SIN = "rope_sin"
     ROPE_COS_ROWS = "rope_cos_rows"      # (batch, 1, seq, head_dim) at each token's position
@@ -116,6 +135,9 @@ class Buffer:
     dma_only: bool = False
     """Exists only on a link that DMAs into page-locked memory (CUDA); a CPU-driven link needs
     none (LINK_STAGE)."""
+    node_shared: bool = False
+    """One copy per node, mapped by every local rank (the host store of a data-parallel run);
+    a node's host footprint counts it once and every other host buffer once per local rank."""
 
     def __post_init__(self):
         if not isinstance(self.shape, tuple):  # from JSON
@@ -163,6 +185,10 @@ class Op:
     prev_step: bool = False
     """Applies the previous step's gradients (pipelined optimizer): skipped on a run's first
     step and run once more after its last."""
+    net_bytes: int = 0
+    """Collectives (COLLECTIVES): bytes this rank sends over the fabric or the network."""
+    peers: int = 0
+    """Collectives: the ranks taking part."""
 
     @property
     def lane(self) -> Lane:
@@ -170,7 +196,7 @@ class Op:
 
     @property
     def label(self) -> str:
-        if self.kind == OpKind.GRAD_NORM:
+        if self.kind in (OpKind.GRAD_NORM, OpKind.NORM_ALL_REDUCE):
             return self.kind.value
         unit = {EMBED: "emb"}.get(self.layer, str(self.layer))
         mb = f".m{self.micro}" if self.micro else ""
@@ -187,6 +213,10 @@ class ScheduleMeta:
     tokens: int
     model_flops: float
     notes: tuple[str, ...] = field(default=())
+    devices_per_node: int = 1
+    nodes: int = 1
+    """The data-parallel layout the Schedule was built for (it is one rank's step; all ranks
+    run the same)."""
     purpose: str = "train"
     """'train' (build_schedule: one optimizer step) or 'eval' (build_eval_schedule: the loss
     of a batch, forward only, no update)."""

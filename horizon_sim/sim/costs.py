@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass
 
 from horizon_sim.schedule import work
-from horizon_sim.schedule.op import Lane, Op, OpKind
+from horizon_sim.schedule.op import COLLECTIVES, Lane, Op, OpKind
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 
@@ -130,6 +130,23 @@ class CostModel:
         self.model = ModelSpec(**meta.model) if meta is not None else None
         self.policy = dict(meta.policy) if meta is not None else None
         self._terms: dict = {}
+        # Data parallel: the Schedule is one rank's step, and every rank runs the same at the
+        # same time, so this rank gets 1/N of what the node's N devices share: the DRAM bus,
+        # the host lanes' cores, the optimizer's rate (measured on all cores) and the NIC; a
+        # host link serves devices_per_host_link devices.
+        cl = hw.cluster
+        n = meta.devices_per_node if meta is not None else 1
+        self.nodes = meta.nodes if meta is not None else 1
+        if n > 1:
+            self.h2d_Bps /= cl.devices_per_host_link
+            self.d2h_Bps /= cl.devices_per_host_link
+            self.dram_Bps /= n
+            self.lane_cores = host.lane_cores / n
+            self.adam_params_per_s /= n
+        self.fabric_Bps = cl.fabric_GBps * 1e9
+        self.fabric_latency_s = cl.fabric_latency_us * 1e-6
+        self.net_Bps = cl.net_GBps * 1e9 / n
+        self.net_latency_s = cl.net_latency_us * 1e-6
 
     # ---- compute ------------------------------------------------------------------------
     def _overhead_s(self, kind: str) -> float:
@@ -189,8 +206,27 @@ class CostModel:
         return sum(self.compute_terms(op).values())
 
     # ---- flows --------------------------------------------------------------------------
+    def _collective(self, op: Op) -> list[Flow]:
+        """A ring over `peers` ranks: peers - 1 steps (a scalar's all-reduce: a tree, 2 log2
+        steps), then net_bytes at the fabric's rate (device to device, no host memory) or at
+        this rank's share of the NIC (through host DRAM, as RDMA reads and writes it); a
+        reduction's sums on the host are host_bytes of CPU work."""
+        if op.lane == Lane.FABRIC:
+            return [Flow((op.peers - 1) * self.fabric_latency_s, op.net_bytes, self.fabric_Bps, dram=False)]
+        tree = op.kind in (OpKind.NORM_ALL_REDUCE, OpKind.UPDATE_BARRIER)
+        steps = 2 * math.ceil(math.log2(op.peers)) if tree else op.peers - 1
+        # within a node (one node, or the node's own barrier): shared memory
+        local = self.nodes == 1 or op.kind == OpKind.UPDATE_BARRIER
+        latency = self.host_latency_s if local else self.net_latency_s
+        out = [Flow(steps * latency, op.net_bytes, self.thread_Bps if local else self.net_Bps)]
+        if op.host_bytes:
+            out.append(Flow(0.0, op.host_bytes, self.thread_Bps, core=True))
+        return out
+
     def flows(self, op: Op) -> list[Flow]:
         """The flows of a non-compute op, run one after another."""
+        if op.kind in COLLECTIVES:
+            return self._collective(op)
         cpu = self.cpu_copies
         if op.lane in (Lane.H2D, Lane.D2H):
             cap = self.h2d_Bps if op.lane == Lane.H2D else self.d2h_Bps
@@ -209,7 +245,7 @@ class CostModel:
 
     def busy_latency_s(self, op: Op) -> float:
         """Extra fixed cost of a non-compute op that starts while the compute lane is busy."""
-        if op.lane == Lane.COMPUTE:
+        if op.lane in (Lane.COMPUTE, Lane.FABRIC, Lane.NET):
             return 0.0
         return self.copy_busy_s if op.lane in (Lane.H2D, Lane.D2H) else self.host_busy_s
 

@@ -101,11 +101,16 @@ def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int, dma: bool 
     backward of the `after` and `backward` modes. Each size's bytes go to the roles of the
     buffers live at its peak. dma: the link DMAs into page-locked memory (CUDA), so the
     gradient landing stages (Buffer.dma_only) exist; a CPU-driven link has none. effects:
-    op_effects(sched), when the caller has them already."""
+    op_effects(sched), when the caller has them already.
+
+    Data parallel: the footprint is the node's. A Schedule is one rank's step; the node runs
+    devices_per_node such ranks, each a process with its own buffers, pool and runtime, and
+    maps one copy of the node-shared buffers (the host store)."""
+    n = sched.meta.devices_per_node
     by_role = {r: 0 for r in HOST_ROLES}
     for b in sched.buffers.values():
         if b.static and b.space == Space.HOST:
-            by_role[b.role] = by_role.get(b.role, 0) + b.bytes
+            by_role[b.role] = by_role.get(b.role, 0) + b.bytes * (1 if b.node_shared else n)
     live: dict[int, dict[str, int]] = {}  # nbytes -> role -> buffers live
     held: dict[int, dict[str, int]] = {}  # nbytes -> role -> buffers live at that size's peak
     effects = op_effects(sched) if effects is None else effects
@@ -116,6 +121,6 @@ def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int, dma: bool 
             held[nbytes] = dict(roles)
     for nbytes, roles in held.items():
         for role, k in roles.items():
-            by_role[role] = by_role.get(role, 0) + k * nbytes
-    by_role["runtime"] = int(runtime_bytes)
+            by_role[role] = by_role.get(role, 0) + k * nbytes * n
+    by_role["runtime"] = int(runtime_bytes) * n
     return HostFootprint(by_role=by_role, total_bytes=int(sum(by_role.values())))

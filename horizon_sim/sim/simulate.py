@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pandas as pd
 import simpy
 
+from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.effects import op_effects
 from horizon_sim.schedule.op import Lane
 from horizon_sim.schedule.schedule import Schedule
@@ -77,7 +78,7 @@ def run_timeline(sched: Schedule, hw: HardwareSpec, costs: CostModel | None = No
     """Only the timeline: the predicted start and end of every op."""
     env = simpy.Environment()
     costs = costs or CostModel(hw, sched.meta.policy["compute_dtype"], sched.meta)
-    bus = DramBus(env, costs.dram_Bps, hw.host.lane_cores)
+    bus = DramBus(env, costs.dram_Bps, costs.lane_cores)
     done = [env.event() for _ in sched.ops]
     start, end = {}, {}
     busy = {"compute": False}  # is the compute lane running an op right now
@@ -90,13 +91,22 @@ def run_timeline(sched: Schedule, hw: HardwareSpec, costs: CostModel | None = No
     return timeline_frame(sched.ops, [start[o.id] for o in sched.ops], [end[o.id] for o in sched.ops])
 
 
+def check_layout(sched: Schedule, hw: HardwareSpec) -> None:
+    """A Schedule built for N devices per node and M nodes runs only on such a cluster."""
+    m, c = sched.meta, hw.cluster
+    if (m.devices_per_node, m.nodes) != (c.devices_per_node, c.nodes):
+        raise HorizonError(f"the schedule was built for {m.nodes} node(s) x {m.devices_per_node} device(s); "
+                           f"the hardware has {c.nodes} x {c.devices_per_node}")
+
+
 def simulate(sched: Schedule, hw: HardwareSpec) -> SimResult:
+    check_layout(sched, hw)
     costs = CostModel(hw, sched.meta.policy["compute_dtype"], sched.meta)
     tl = run_timeline(sched, hw, costs)
     effects = op_effects(sched)  # which buffers each op takes and gives back: both traces use them
     trace = device_trace(sched, tl, staging=not hw.link.cpu_driven, effects=effects)
     host = host_footprint(sched, tl, int(hw.host.runtime_overhead_GiB * GiB), dma=not hw.link.cpu_driven,
-                          effects=effects)
+                          effects=effects)  # the node's: its ranks' buffers, the shared store once
     bound = device_peak_bound(sched, staging=not hw.link.cpu_driven, effects=effects)
     summary = summarize(sched, hw, tl, trace, host, costs, bound)
     return SimResult(sched, hw, tl, trace, host, summary)

@@ -15,6 +15,7 @@ _EPS = 1e-12
 class Summary:
     step_time_s: float
     tokens_per_s: float
+    """Of the whole job: every rank's tokens (data parallel) per step time."""
     model_TFLOPs: float
     """Achieved model FLOP/s (PaLM 6N + 12LHT definition), 1e12."""
     mfu: float
@@ -44,6 +45,10 @@ class Summary:
     why: str
     memory: MemoryVerdict
     """The verdict behind fits and why (verdict.py: need by role against usable)."""
+    exposed_network_s: float = 0.0
+    """Compute-idle time spent waiting on collectives (fabric, network)."""
+    ranks: int = 1
+    """Data-parallel ranks (devices) the step runs on; host figures are per node."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,6 +59,8 @@ def _category(op) -> str:
         return "copy"
     if op.lane == Lane.CPU:
         return "optimizer" if op.kind == OpKind.OPTIMIZER else "host"
+    if op.lane in (Lane.FABRIC, Lane.NET):
+        return "network"
     return "compute"
 
 
@@ -69,7 +76,7 @@ def exposed_time(sched, tl: pd.DataFrame) -> dict:
     for op in sched.ops:
         preds[op.id] = list(op.deps) + ([last[op.lane]] if op.lane in last else [])
         last[op.lane] = op.id
-    out = {"copy": 0.0, "optimizer": 0.0, "host": 0.0}
+    out = {"copy": 0.0, "optimizer": 0.0, "host": 0.0, "network": 0.0}
     compute = [op.id for op in sched.ops if op.lane == Lane.COMPUTE]
     gaps = []
     prev_end = 0.0
@@ -119,7 +126,11 @@ def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None 
     else:
         worst = max(exposed, key=lambda k: exposed[k])
         bottleneck = {"copy": "link (h2d/d2h copies)", "optimizer": "cpu optimizer",
-                      "host": "host work (embedding, norms)"}[worst] if exposed[worst] > 0 else "compute"
+                      "host": "host work (embedding, norms)",
+                      "network": "collectives (fabric, network)"}[worst] if exposed[worst] > 0 else "compute"
+        if worst == "network" and exposed[worst] > 0:
+            busiest = max(("fabric", "net"), key=lambda l: lane_busy.get(l, 0.0))
+            bottleneck = "network between nodes" if busiest == "net" else "device fabric (reduce-scatter)"
         if worst == "copy" and exposed[worst] > 0:
             busiest = max(("h2d", "d2h"), key=lambda l: lane_busy.get(l, 0.0))
             bottleneck = f"link ({busiest} copies)"
@@ -140,8 +151,9 @@ def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None 
         f"device {fmt_bytes(dev_peak)} of {fmt_bytes(hw.device_bytes_usable)} usable, "
         f"host {fmt_bytes(host.total_bytes)} of {fmt_bytes(hw.host_bytes_usable)} usable")
     hw_flops = float(tl.flops.sum())
+    ranks = meta.devices_per_node * meta.nodes
     return Summary(
-        step_time_s=step, tokens_per_s=meta.tokens / step,
+        step_time_s=step, tokens_per_s=meta.tokens * ranks / step,
         model_TFLOPs=meta.model_flops / step / 1e12, mfu=meta.model_flops / step / peak_flops,
         hfu=hw_flops / step / peak_flops, lane_busy=lane_busy,
         exposed_copy_s=exposed["copy"], exposed_optimizer_s=exposed["optimizer"],
@@ -149,7 +161,7 @@ def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None 
         device_peak_bytes=dev_peak, device_typical_peak_bytes=typical,
         device_usable_bytes=int(hw.device_bytes_usable),
         host_bytes=host.total_bytes, host_usable_bytes=int(hw.host_bytes_usable),
-        fits=memory.fits, why=why, memory=memory)
+        fits=memory.fits, why=why, memory=memory, exposed_network_s=exposed["network"], ranks=ranks)
 
 
 def memory_verdict(sched, hw, host, device_bytes: int) -> MemoryVerdict:

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, asdict
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.cluster import SINGLE, ClusterSpec
 from horizon_sim.units import GiB
 
 
@@ -248,16 +249,18 @@ class HostSpec:
 
 @dataclass(kw_only=True, frozen=True, slots=True)
 class HardwareSpec:
-    """A whole single-device machine: device + link + host."""
+    """A machine: device + link + host, and the cluster of such devices and nodes (default:
+    one device on one node). Host RAM is per node; the link is each device's."""
 
     device: DeviceSpec
     link: LinkSpec
     host: HostSpec
     name: str = ""
     """Free-form label for reports; empty means unnamed."""
+    cluster: ClusterSpec = SINGLE
 
     def __post_init__(self):
-        for part, cls in (("device", DeviceSpec), ("link", LinkSpec), ("host", HostSpec)):
+        for part, cls in (("device", DeviceSpec), ("link", LinkSpec), ("host", HostSpec), ("cluster", ClusterSpec)):
             v = getattr(self, part)
             if not isinstance(v, cls):
                 raise HorizonError(f"hardware {part}={v!r} must be a {cls.__name__}")

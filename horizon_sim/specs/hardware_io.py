@@ -10,6 +10,8 @@
     [host]
     ...
 
+An optional [cluster] table (ClusterSpec: devices per node, nodes, fabric and network) is
+written only for a multi-device machine; without it the machine is one device on one node.
 Read with the standard library's tomllib; written here (flat tables of strings, numbers,
 booleans and arrays need no TOML library). Measured tables (a device's GEMM throughput by
 shape, its per-op overheads) are arrays of rows, one row per line:
@@ -26,11 +28,13 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.cluster import SINGLE, ClusterSpec
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
 from horizon_sim.units import closest
 
 TABLES = {"device": DeviceSpec, "link": LinkSpec, "host": HostSpec}
-TOP_LEVEL_KEYS = ("name", *TABLES)
+OPTIONAL_TABLES = {"cluster": ClusterSpec}
+TOP_LEVEL_KEYS = ("name", *TABLES, *OPTIONAL_TABLES)
 
 
 def _toml_value(v) -> str:
@@ -68,7 +72,7 @@ def hardware_to_toml(hw: HardwareSpec) -> str:
     lines = ["# Horizon hardware spec. Units are in the key names: GiB = 2**30 bytes,",
              "# GBps = 1e9 bytes/s, TFLOPs = 1e12 FLOP/s, us = microseconds.",
              f"name = {_toml_value(hw.name)}"]
-    for table in TABLES:
+    for table in (*TABLES, *(["cluster"] if hw.cluster != SINGLE else [])):
         part = getattr(hw, table)
         lines += ["", f"[{table}]"]
         lines += [_toml_line(f.name, getattr(part, f.name)) for f in fields(part)]
@@ -95,8 +99,10 @@ def hardware_from_dict(data: dict, where: str = "hardware") -> HardwareSpec:
             raise HorizonError(f"{where}: unknown key {key!r}{closest(key, TOP_LEVEL_KEYS)}; "
                                f"allowed at top level: {', '.join(TOP_LEVEL_KEYS)}")
     parts = {}
-    for table, cls in TABLES.items():
+    for table, cls in {**TABLES, **OPTIONAL_TABLES}.items():
         if table not in data:
+            if table in OPTIONAL_TABLES:
+                continue
             raise HorizonError(f"{where}: missing table [{table}]")
         body = data[table]
         if not isinstance(body, dict):
