@@ -66,4 +66,8 @@ def run(a: argparse.Namespace) -> int:
           + (f" (+{l.busy_latency_us:.0f} us next to a busy compute lane)" if l.busy_latency_us else ""))
     print(f"  host    {h.name}: {h.ram_GiB:.1f} GiB RAM, {h.cores} cores, AdamW {h.adam_Gparams_per_s:.2f} G params/s, "
           f"DRAM {h.dram_GBps:.1f} GB/s, runtime RSS {h.runtime_overhead_GiB * 1024:.0f} MiB")
+    c = hw.cluster
+    if c.fabric_GBps:
+        print(f"  ranks   {c.name}: {c.fabric_GBps:.2f} GB/s, {c.fabric_latency_us:.0f} us a ring step "
+              "(horizon plan --hardware FILE --gpus N plans N data-parallel processes here)")
     return 0

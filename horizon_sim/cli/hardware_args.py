@@ -33,10 +33,10 @@ def with_cluster(hw: HardwareSpec, a: argparse.Namespace) -> HardwareSpec:
     if gpus is None and nodes is None and preset is None:
         return hw
     c = hw.cluster
-    cl = make_cluster(hw.device.name, c.devices_per_node if gpus is None else gpus,
-                      c.nodes if nodes is None else nodes,
-                      preset if preset is not None else (None if c.ranks == 1 else c.name))
-    if preset is None and c.ranks > 1:  # the file's own fabric and network, with the new counts
-        cl = replace(c, devices_per_node=cl.devices_per_node, nodes=cl.nodes,
-                     devices_per_host_link=min(c.devices_per_host_link, cl.devices_per_node))
-    return replace(hw, cluster=cl)
+    g = c.devices_per_node if gpus is None else gpus
+    n = c.nodes if nodes is None else nodes
+    if preset is None and (c.ranks > 1 or c.fabric_GBps > 0 or c.net_GBps > 0):
+        # the hardware's own fabric and network (a file's, or what calibrate measured), new counts
+        return replace(hw, cluster=replace(c, devices_per_node=g, nodes=n,
+                                           devices_per_host_link=min(c.devices_per_host_link, g)))
+    return replace(hw, cluster=make_cluster(hw.device.name, g, n, preset))

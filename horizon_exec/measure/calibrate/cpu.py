@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import torch
 
+from horizon_exec.measure.calibrate.collectives import measure_loopback
 from horizon_exec.measure.calibrate.contention import busy_latencies, compute_slowdown
 from horizon_exec.measure.calibrate.host import (os_reserved_GiB, measure_accumulate_GBps, measure_adam_Gparams,
                                          measure_bus_GBps, measure_copy_GBps, measure_reduce_GBps,
@@ -20,6 +21,7 @@ from horizon_exec.measure.calibrate.timing import Progress, _in_lane, _mean_rate
 from horizon_exec.procfs import cpu_name
 from horizon_sim.schedule import Lane, OpKind, work
 from horizon_sim.sim.costs import COPY_TRAFFIC
+from horizon_sim.specs.cluster import ClusterSpec
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
 
 
@@ -33,7 +35,7 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
     from horizon_exec.measure.probe import probe
     t_start = time.perf_counter()
     be = CpuBackend()
-    prog = Progress(total=4 + rounds, say=say)
+    prog = Progress(total=5 + rounds, say=say)
     compute = lambda fn: _in_lane(be, Lane.COMPUTE, fn)  # noqa: E731
     host = lambda fn: _in_lane(be, Lane.CPU, fn)         # noqa: E731
 
@@ -137,6 +139,13 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
               f"host lanes share {shared:.2f} cores' worth, bus {bus:.1f} GB/s; bf16 GEMM best "
               f"{bf16_best * 1e3:.0f} GFLOP/s, median {statistics.median(bf16.values()) * 1e3:.0f}")
 
+    prog.step("collectives: gloo all-reduce between two processes over loopback")
+    coll_GBps, coll_us = measure_loopback(quick)
+    cluster = ClusterSpec(name="loopback-gloo", fabric_GBps=coll_GBps, fabric_latency_us=coll_us,
+                          net_GBps=coll_GBps, net_latency_us=coll_us)
+    prog.done(f"{coll_GBps:.2f} GB/s per ring step, {coll_us:.0f} us latency (data-parallel CPU ranks: "
+              "horizon plan --hardware FILE --gpus N)")
+
     prog.step("assemble the HardwareSpec")
     hw = HardwareSpec(
         device=replace(dev, op_overhead_us=tuple(sorted(comp_us.items())), reduce_GBps=reduce,
@@ -144,6 +153,7 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
         link=replace(link, latency_us=copy_us, busy_latency_us=copy_busy),
         host=replace(hst, op_latency_us=host_us, runtime_overhead_GiB=runtime, busy_latency_us=host_busy,
                      compute_contention=max(0.0, slowdown - 1.0)),
+        cluster=cluster,
         name=f"{hst.name}, CPU backend: compute on {be.compute_threads} core(s), lanes on "
              f"{len(be.host_cores)} ({'quick ' if quick else ''}calibrated {time.strftime('%Y-%m-%d %H:%M')})")
     prog.done(f"total {time.perf_counter() - t_start:.0f} s")
