@@ -1,5 +1,5 @@
 """The executor's groups depend on each other one way (docs/architecture.md, "Layout"): the
-bottom (model, device, optim, and the shared errors, dtypes and procfs modules) imports none of
+bottom (model, device, optim, dist, and the shared errors, dtypes and procfs modules) imports none of
 the groups above it, and no import cycle joins two groups."""
 import ast
 from pathlib import Path
@@ -7,7 +7,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "horizon_exec"
 GROUPS = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").exists())
-BOTTOM = {"model", "device", "optim"}
+BOTTOM = {"model", "device", "optim", "dist"}
 
 
 def _edges() -> dict[str, set[str]]:
@@ -28,7 +28,8 @@ def _edges() -> dict[str, set[str]]:
 
 
 def test_the_groups_are_the_documented_ones():
-    assert set(GROUPS) == {"runtime", "device", "model", "optim", "train", "files", "measure", "cli"}
+    assert set(GROUPS) == {"runtime", "device", "model", "optim", "dist", "train", "files", "measure",
+                           "cli"}
 
 
 def test_the_bottom_imports_no_group_above_it():

@@ -133,6 +133,8 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="a NaN/inf loss or gradient: skip the update (weights and optimizer state "
                         "unchanged) or stop the run (default skip; stop with --optimizer backward, "
                         "which cannot skip exactly)")
+    from horizon_exec.dist.launch import add_launch_args
+    add_launch_args(p)
     return p
 
 
@@ -153,22 +155,42 @@ def _peak_flops(args, compute_dtype: str) -> tuple[float | None, str]:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from horizon_exec.dist import launch
     from horizon_exec.train.checks import check_train_args
     check_train_args(args)
+    launch.check_launch_args(args)
     from horizon_exec.train.outputs import prepare_outputs
     init = None
     if args.init_from:  # a folder, or a model id in the HF cache: --save-hf must not replace it
         from horizon_exec.files.hf_checkpoint import resolve_checkpoint
         init = resolve_checkpoint(args.init_from)
-    prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, init_from=init)
-    if not args.ckpt_dir:
-        return _run_train(args)
+    if launch.wants_launch(args):  # outputs are checked here first: a bad one costs no process start
+        if args.nnodes > 1 and args.save_hf:
+            raise HorizonError(f"--save-hf of a run over {args.nnodes} nodes is not supported yet (no node holds "
+                               "the master whole): convert a checkpoint instead, or train on one node")
+        if args.node_rank == 0:
+            prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, init_from=init)
+        return launch.launch(args)
+    from horizon_exec.dist.context import agree, from_env
+    dist = from_env(args.device, args.dist_timeout)
+    if dist.rank:  # rank 0 speaks for the run; the others' errors still reach stderr
+        args.no_progress = True
+        sys.stdout = open(os.devnull, "w")
+    agree(dist, lambda: prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file,
+                                        init_from=init) if dist.rank == 0 else None)
+    lock_dir = None if not args.ckpt_dir or not dist.is_leader else (
+        args.ckpt_dir if dist.nodes == 1 else os.path.join(args.ckpt_dir, f"node-{dist.node}"))
+    if lock_dir is None:
+        return _run_train(args, dist)
     from horizon_exec.files import ckpt_lock
-    with ckpt_lock.holding(args.ckpt_dir):  # before anything is built: one run per folder
-        return _run_train(args)
+    from horizon_exec.files.fileio import make_dirs
+    from pathlib import Path
+    make_dirs(Path(lock_dir))
+    with ckpt_lock.holding(lock_dir):  # before anything is built: one run per folder
+        return _run_train(args, dist)
 
 
-def _run_train(args: argparse.Namespace) -> int:
+def _run_train(args: argparse.Namespace, dist) -> int:
     import dataclasses
 
     from horizon_exec.files import hf_checkpoint
@@ -217,7 +239,7 @@ def _run_train(args: argparse.Namespace) -> int:
                  device_budget_bytes=budget, compute_threads=args.compute_threads,
                  random_init=args.init_from is None, admission=not args.no_admission,
                  host_budget_bytes=host_budget, hardware=hardware, on_nonfinite=args.on_nonfinite,
-                 data_bytes=data_bytes,
+                 data_bytes=data_bytes, dist=dist,
                  **({"timeout_s": args.op_timeout} if args.op_timeout is not None else {}))
     with tr:
         if not args.no_admission:
@@ -259,7 +281,9 @@ def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what)
     from horizon_sim.units import fmt_bytes
 
     print(f"horizon train: {model.name}, {model.total_params / 1e6:.1f}M params, {len(tr.sched)} ops/step, "
-          f"host store {fmt_bytes(tr.host_store_bytes)}, device {args.device}")
+          f"host store {fmt_bytes(tr.host_store_bytes)}, device {args.device}"
+          + (f", {tr.dist.world} ranks ({tr.dist.nodes} node(s) x {tr.dist.devices_per_node}), a step trains "
+             f"{policy.batch * tr.dist.world} sequences" if tr.dist.world > 1 else ""))
     print(f"data: {ds.source}, tokenizer {tok.name}, {ds.n_tokens:,} tokens -> {len(ds.train)} train + "
           f"{len(ds.eval)} eval sequences of {policy.seq}")
     if tr.admission is not None:
@@ -298,8 +322,10 @@ def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what)
                   + "; lower --lr or check the data and the initial weights", file=sys.stderr)
             return 1
     if args.save_hf:
+        from horizon_exec.dist.context import agree
         from horizon_exec.train.save import save_hf
-        save_hf(args, tr, loop, tok, init_dir)
+        tr.flush()  # every rank (a collective when pending): the master is final
+        agree(tr.dist, lambda: save_hf(args, tr, loop, tok, init_dir) if tr.dist.rank == 0 else None)
     return 0
 
 
@@ -307,3 +333,12 @@ def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what)
 configure = configure_train_parser
 run = run_train
 KEEP_RUNNING_WITHOUT_STDOUT = True  # progress lines are not the product (stdout_guard.py)
+
+
+if __name__ == "__main__":  # a worker of a data-parallel run (dist/launch.py), or plain torchrun -m
+    from horizon_exec.dist.launch import ARGS_ENV
+    from horizon_sim.cli.main import main
+    if os.environ.get(ARGS_ENV):  # the launching `horizon train`'s arguments, as it parsed them
+        import json
+        sys.exit(main(args=argparse.Namespace(**json.loads(os.environ[ARGS_ENV]))))
+    sys.exit(main(["train", *sys.argv[1:]]))

@@ -72,6 +72,11 @@ class Backend:
         """One (nbytes,) uint8 host tensor for the host store."""
         raise NotImplementedError
 
+    def register_host(self, t):
+        """Host memory allocated elsewhere (the node's shared store) made usable by the link:
+        page-locked on CUDA; returned as is."""
+        return t
+
     pool: HostPool
     """Dynamic host buffers, exact-size blocks kept for reuse (host_pool.py); each backend
     makes its own (CUDA: page-locked blocks, reuse fenced by an event)."""

@@ -26,6 +26,11 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Lane
 
 
+def cpu_cores() -> list[int]:
+    """The cores this process may run on."""
+    return _cores()
+
+
 def _cores() -> list[int]:
     try:
         return sorted(os.sched_getaffinity(0))
@@ -37,11 +42,11 @@ class CpuBackend(Backend):
     name = "cpu"
 
     def __init__(self, compute_threads: int | None = None, pin_cores: bool = True,
-                 track_memory: bool = True):
+                 track_memory: bool = True, cores: list[int] | None = None):
         if compute_threads is not None and (not isinstance(compute_threads, int) or compute_threads < 1):
             raise HorizonError(f"compute_threads={compute_threads!r} must be a positive integer (None: cores - 1)")
         self.device = torch.device("cpu")
-        cores = _cores()
+        cores = list(cores) if cores else _cores()  # data parallel: this rank's share (dist/context.cores_of)
         self.compute_threads = compute_threads or max(1, len(cores) - 1)
         self.compute_cores = cores[:self.compute_threads]
         self.host_cores = cores[self.compute_threads:] or cores

@@ -35,6 +35,7 @@ import time
 import torch
 
 from horizon_exec.device.backend import DEVICE_LANES, Backend, wait_bounded
+from horizon_sim.schedule.op import Lane
 from horizon_exec.errors import ExecError
 from horizon_exec.device.host_pool import HostPool
 from horizon_exec.device.hugepages import host_bytes
@@ -49,7 +50,8 @@ class CudaBackend(Backend):
         self.device = torch.device(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.streams = {lane: torch.cuda.Stream(self.device) for lane in DEVICE_LANES}
+        # the fabric lane too: NCCL's collectives are ordered on it like the copies on theirs
+        self.streams = {lane: torch.cuda.Stream(self.device) for lane in (*DEVICE_LANES, Lane.FABRIC)}
         self._registered: list[torch.Tensor] = []
         # Dynamic host buffers and widening stages at their exact sizes (host_pool.py: torch's
         # pinned allocator would round each up to a power of two).
@@ -116,7 +118,12 @@ class CudaBackend(Backend):
         return torch.empty(shape, dtype=dtype, device=self.device)
 
     def host_raw(self, nbytes, what: str = "host store"):
-        t = host_bytes(nbytes)  # on huge pages: faster streaming, 512x fewer pages to lock
+        return self.register_host(host_bytes(nbytes), what)  # huge pages: 512x fewer pages to lock
+
+    def register_host(self, t, what: str = "node's shared host store"):
+        nbytes = t.numel()
+        if not nbytes:
+            return t
         # 1 = cudaHostRegisterPortable (what torch's own cuda/_pin_memory_utils.py passes):
         # pinned for every context, whichever device is current in the calling thread.
         with torch.cuda.device(self.device):

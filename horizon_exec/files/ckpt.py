@@ -103,6 +103,9 @@ def save_checkpoint(ckpt_dir, trainer, step: int, loop_state: dict | None = None
         "policy": trainer.policy.to_dict(),
         "optimizer": {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay},
         "loop": loop_state or {},
+        # data parallel: the node's shard of the store (ckpt_dir/node-J when several nodes)
+        "layout": {"devices_per_node": trainer.dist.devices_per_node, "nodes": trainer.dist.nodes,
+                   "node": trainer.dist.node},
     }
     try:
         return _save(root, final, trainer, step, meta, keep)
@@ -408,7 +411,9 @@ _CHUNK = 1 << 26  # bytes read (and hashed) per call: 64 MiB
 
 def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write) -> None:
     """Read state.safetensors in one pass straight into the `want` tensors (name -> tensor,
-    matching dtype and shape), hashing every byte; CheckpointError on any mismatch."""
+    matching dtype and shape), hashing every byte; CheckpointError on any mismatch. A name
+    mapped to None is skipped unread (data parallel: the node's shared store, which its leader
+    reads; then nothing is hashed and want_sha must be None)."""
     import torch
 
     from horizon_exec.files.fileio import ST_DTYPE
@@ -429,6 +434,12 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write) ->
         pos, started = 0, False
         for begin, end, name, v in entries:
             dst = want[name]
+            if dst is None:
+                if want_sha is not None:
+                    raise ValueError("a checksum cannot be verified while skipping tensors")
+                f.seek(end - begin, 1)
+                pos = end
+                continue
             if v["dtype"] != ST_DTYPE.get(dst.dtype) or v["shape"] != list(dst.shape):
                 raise CheckpointError(f"{path}: tensor {_show(name)} is {_show(v['shape'])} {_show(v['dtype'])}, "
                                       f"the store has {list(dst.shape)} {ST_DTYPE.get(dst.dtype)} (corrupt header)")
@@ -466,6 +477,14 @@ RENAMED_FIELDS = {"policy": {"ckpt_every": "act_ckpt_every", "ckpt_on": "act_ckp
 
 
 def _check_compatible(p: Path, meta: dict, trainer) -> None:
+    lay, d = meta.get("layout", {}), trainer.dist
+    if not isinstance(lay, dict):
+        raise CheckpointError(f"{p / META}: layout {_show(lay)} is not an object (corrupt checkpoint)")
+    have = (lay.get("nodes", 1), lay.get("devices_per_node", 1), lay.get("node", 0))
+    if have != (d.nodes, d.devices_per_node, d.node):
+        raise HorizonError(f"{p}: checkpoint holds node {have[2]}'s store of a run of {have[0]} node(s) x {have[1]} "
+                           f"device(s); this is node {d.node} of {d.nodes} x {d.devices_per_node}: resume with "
+                           "the same --nnodes and --nproc-per-node")
     for what, spec in (("model", trainer.model), ("policy", trainer.policy)):
         have = spec.to_dict()
         renamed = RENAMED_FIELDS.get(what, {})
@@ -490,6 +509,11 @@ def _load_one(p: Path, trainer, verify: bool, check) -> dict:
         check(p, meta)
     pending = bool(meta["trainer"]["pending"])
     want = dict(_state_items_for(trainer, pending))
+    d = trainer.dist
+    if d.world > 1 and not d.is_leader:  # the node's leader reads the shared store; this rank its own state
+        shared = {n for n, b in trainer.sched.buffers.items() if b.node_shared}
+        want = {n: (None if n in shared else t) for n, t in want.items()}
+        sums = {k: v for k, v in sums.items() if k != STATE}
     reason = f"loading {p / STATE} failed part way"
 
     def touched():

@@ -139,6 +139,24 @@ def _machine(hardware: HardwareSpec | None, host_bytes: int | None, device_bytes
                                 runtime_overhead_GiB=runtime_bytes / GiB))
 
 
+LOOPBACK_GBps = 1.0
+"""Collective rates the admission assumes when the hardware file has none for this layout
+(they only order the simulated events; the memory verdict does not depend on them)."""
+
+
+def _with_layout(hw: HardwareSpec, sched) -> HardwareSpec:
+    """hw with a cluster of the Schedule's layout (data parallel: one node's ranks, the nodes),
+    keeping the file's collective rates where it has them (calibrate measures gloo's)."""
+    n, m = sched.meta.devices_per_node, sched.meta.nodes
+    c = hw.cluster
+    if (c.devices_per_node, c.nodes) == (n, m):
+        return hw
+    return replace(hw, cluster=replace(c, name=f"{c.name}-as-{m}x{n}", devices_per_node=n, nodes=m,
+                                       fabric_GBps=c.fabric_GBps or (LOOPBACK_GBps if n > 1 else 0.0),
+                                       net_GBps=c.net_GBps or (LOOPBACK_GBps if m > 1 else 0.0),
+                                       devices_per_host_link=min(c.devices_per_host_link, n)))
+
+
 def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
           host_budget_bytes: int | None = None, device_budget_bytes: int | None = None,
           hardware: HardwareSpec | None = None, advise: bool = True, data_bytes: int = 0) -> Admission:
@@ -171,7 +189,7 @@ def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
         runtime = max(rss, int(hardware.host.runtime_overhead_GiB * GiB))
     else:
         runtime = rss + RUNTIME_GROWTH_BYTES
-    hw = _machine(hardware, host_avail, dev_avail, runtime)
+    hw = _with_layout(_machine(hardware, host_avail, dev_avail, runtime), sched)
     res = simulate(sched, hw)
     adm = _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src, data_bytes)
     if adm.fits:
@@ -191,8 +209,8 @@ def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, de
     host["store_padding"] = store_padding_bytes(sched)
     if data_bytes:
         host["training_data"] = int(data_bytes)
-    if cpu:
-        host["device_on_cpu_backend"] = sum(dev.values())
+    if cpu:  # each of the node's ranks has its "device" in host RAM
+        host["device_on_cpu_backend"] = sum(dev.values()) * sched.meta.devices_per_node
     return Admission(MemoryVerdict(host_need=host, host_usable=host_avail, device_need=dev,
                                    device_usable=dev_avail, host_source=host_src, device_source=dev_src))
 

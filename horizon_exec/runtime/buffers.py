@@ -40,12 +40,14 @@ class BufferTable:
         """The live tensor of the buffer holding `holds` (Schedule.find)."""
         return self.get(self.sched.find(holds, unit, micro, layer).name)
 
-    def one(self, names, holds: Holds) -> str:
-        """The name among `names` (an op's reads or writes) whose buffer holds `holds`."""
-        for n in names:
-            if self.declared[n].holds == holds:
-                return n
-        raise ExecError(f"op names no {holds.value} buffer in {names}")
+    def one(self, names, *holds: Holds) -> str:
+        """The name among `names` (an op's reads or writes) whose buffer holds `holds` (the
+        first of them found)."""
+        for h in holds:
+            for n in names:
+                if self.declared[n].holds == h:
+                    return n
+        raise ExecError(f"op names no {' or '.join(h.value for h in holds)} buffer in {names}")
 
     def all(self, names, holds: Holds) -> list[str]:
         """The names among `names` whose buffers hold `holds`, in order."""

@@ -40,8 +40,8 @@ STOP_GRACE_S = 10.0
 """After a stop request, how long a step may go without progress before it is abandoned."""
 _STOP = object()
 RUN_LANES = (Lane.H2D, Lane.COMPUTE, Lane.D2H, Lane.CPU)
-"""The lanes this executor runs (one device: the fabric and network lanes of a data-parallel
-Schedule are the planner's only; the Trainer refuses such a Schedule)."""
+"""The lanes of one device's step; a data-parallel step adds Lane.FABRIC and Lane.NET (each
+with its own worker and process groups: horizon_exec/dist/context.py)."""
 
 
 class StepAbandoned(ExecError):
@@ -67,25 +67,26 @@ class _Aborted(Exception):
 
 
 class Engine:
-    def __init__(self, backend, runner, timeout_s: float = DEFAULT_OP_TIMEOUT_S):
+    def __init__(self, backend, runner, timeout_s: float = DEFAULT_OP_TIMEOUT_S, lanes=RUN_LANES):
         if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
             raise HorizonError(f"op timeout {timeout_s!r} must be a positive number of seconds")
         self.backend = backend
         self.runner = runner
         self.timeout_s = timeout_s
+        self.lanes = tuple(lanes)
         self._progress_t = time.monotonic()   # when an op last started or finished, any lane
-        self._in_op: dict[Lane, float | None] = {lane: None for lane in RUN_LANES}  # since when, running
+        self._in_op: dict[Lane, float | None] = {lane: None for lane in self.lanes}  # since when, running
         self._stop_t: float | None = None
         self.hook = None  # called in the lane thread before each op (tests, tracing)
-        self._queues = {lane: queue.SimpleQueue() for lane in RUN_LANES}
-        self._current: dict[Lane, Op | None] = {lane: None for lane in RUN_LANES}
+        self._queues = {lane: queue.SimpleQueue() for lane in self.lanes}
+        self._current: dict[Lane, Op | None] = {lane: None for lane in self.lanes}
         self._abort = threading.Event()
         self._error: tuple[Op, BaseException] | None = None
         self._error_t = 0.0  # when _error was set (monotonic)
         self._err_lock = threading.Lock()
         self.broken: str | None = None
         self._threads = [threading.Thread(target=self._worker, args=(lane,), daemon=True,
-                                          name=f"horizon-{lane.value}") for lane in RUN_LANES]
+                                          name=f"horizon-{lane.value}") for lane in self.lanes]
         for t in self._threads:
             t.start()
 
@@ -175,7 +176,7 @@ class Engine:
         self.backend.step_begin()
         for op in to_run:  # program order; each lane is FIFO
             self._queues[op.lane].put((op, recs))
-        ends = {lane: _End() for lane in RUN_LANES}
+        ends = {lane: _End() for lane in self.lanes}
         for lane, end in ends.items():
             self._queues[lane].put(end)
         try:
@@ -248,7 +249,7 @@ class Engine:
 
     def _give_up(self, kind, why: str) -> None:
         now, stuck, lanes = time.monotonic(), None, []
-        for lane in RUN_LANES:
+        for lane in self.lanes:
             cur, since = self._current[lane], self._in_op[lane]
             if cur is None:
                 continue

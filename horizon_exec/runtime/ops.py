@@ -20,13 +20,12 @@ from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
 from horizon_exec.model.head import head_fwd_bwd, head_loss
 from horizon_exec.model.layers import DecoderBlock
-from horizon_exec.model.layout import block_layout, head_device_layout, unit_name
+from horizon_exec.model.layout import block_layout, head_device_layout, host_layout, unit_name
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
 from horizon_exec.optim.adamw import AdamW, clip_coef
 from horizon_exec.runtime.positions import AttentionInputs
-from horizon_sim.schedule.op import Holds
-from horizon_sim.schedule.op import Op
-from horizon_sim.schedule.op import OpKind
+from horizon_sim.schedule.op import Holds, Op, OpKind
+from horizon_sim.schedule.partition import Part, Partition
 
 
 @dataclass
@@ -44,14 +43,18 @@ class StepContext:
     """Each micro-batch's loss contribution (0-d tensors), set by its HEAD op."""
     temp_peak: dict = field(default_factory=dict)
     """op id -> measured peak of its device temporaries (CPU backend)."""
+    global_loss: float | None = None
+    """Data parallel: the step's loss summed over every rank (NORM_ALL_REDUCE)."""
 
     def loss(self) -> float:
         return float(sum(part.item() for part in self.loss_parts if part is not None))
 
 
 class OpRunner:
-    def __init__(self, *, model, policy, sched, buffers, store, arena, backend, adamw: AdamW):
+    def __init__(self, *, model, policy, sched, buffers, store, arena, backend, adamw: AdamW, dist=None):
+        from horizon_exec.dist.context import single
         self.m, self.p, self.sched = model, policy, sched
+        self.dist = dist or single()
         self.buf, self.store, self.arena, self.be = buffers, store, arena, backend
         self.adamw = adamw
         self.act = TORCH_DTYPE[policy.compute_dtype]
@@ -75,6 +78,9 @@ class OpRunner:
             OpKind.OFFLOAD_INPUT_GRAD: self.copy_d2h, OpKind.EMBED_BWD: self.embed_bwd,
             OpKind.GRAD_NORM: self.grad_norm, OpKind.OPTIMIZER: self.optimizer,
         }
+        if self.dist.world > 1:
+            from horizon_exec.dist.collectives import Collectives
+            self.table.update(Collectives(self, self.dist).table())
 
     def begin_step(self, ctx: StepContext, labels, docs=None):
         """The step's context; labels (batch, seq) int64 go to the device once per step, and
@@ -90,6 +96,24 @@ class OpRunner:
             self.buf.free(name)
 
     # ---- helpers ----------------------------------------------------------------------------
+    def host_numel(self, u: int) -> int:
+        """Parameters unit u keeps on the host (what its whole-unit buffers hold before padding)."""
+        return host_layout(self.m, u).numel
+
+    def dev_numel(self, u: int) -> int:
+        return self.m.head_device_params if u == self.L else self.m.layer_params
+
+    def partition(self, u: int) -> Partition:
+        """How unit u is split over the ranks (horizon_sim/schedule/partition.py)."""
+        return Partition(self.host_numel(u), self.dist.devices_per_node, self.dist.nodes)
+
+    def owned(self, name: str) -> torch.Tensor:
+        """This rank's chunk of a unit's buffer: the part it updates (one rank: all of it;
+        moments: (2, chunk))."""
+        b, t = self.buf.declared[name], self.buf.get(name)
+        a, e = self.partition(b.unit).owned_in(b.part, self.dist.local_rank, self.dist.node)
+        return t.view(2, -1)[:, a:e] if b.holds == Holds.MOMENTS else t[a:e]
+
     def _rows(self, m):  # the micro-batch's sequences
         mb = self.p.micro_batch
         return slice(m * mb, (m + 1) * mb)
@@ -113,7 +137,7 @@ class OpRunner:
         finally:
             self.ctx.temp_peak[op.id] = getattr(cm, "peak", 0)
 
-    def _set_sq_norm(self, name: str, g) -> None:
+    def set_sq_norm(self, name: str, g) -> None:
         """The unit's GRAD_SQ buffer `name` <- ||g||^2, reduced where g lives (device or
         host), stored on the host."""
         sq = torch.linalg.vector_norm(g, dtype=torch.float32).square().to(torch.float64)
@@ -127,7 +151,8 @@ class OpRunner:
     def embed_fwd(self, op):
         """The micro-batch's embedded rows (mb, T, H) compute dtype <- rows of the embedding's
         working copy or master."""
-        src = self.buf.get(op.reads[0]).view(self.m.vocab, self.m.hidden)
+        V, H = self.m.vocab, self.m.hidden
+        src = self.buf.get(op.reads[0])[:V * H].view(V, H)
         out = self.buf.out(op.writes[0]).view(-1, self.m.hidden)
         ids = self.ctx.tokens[self._rows(op.micro)].reshape(-1)
         if src.dtype == out.dtype:
@@ -146,9 +171,10 @@ class OpRunner:
             g = self.buf.out(gname)
             g.zero_()
         ids = self.ctx.tokens[self._rows(op.micro)].reshape(-1)
-        g.view(self.m.vocab, self.m.hidden).index_add_(0, ids, hdx.to(g.dtype))
+        V, H = self.m.vocab, self.m.hidden
+        g[:V * H].view(V, H).index_add_(0, ids, hdx.to(g.dtype))
         for sq in self.buf.all(op.writes, Holds.GRAD_SQ):
-            self._set_sq_norm(sq, g)
+            self.set_sq_norm(sq, g)
 
     # ---- copies across the link ------------------------------------------------------------
     def copy_h2d(self, op):
@@ -165,7 +191,7 @@ class OpRunner:
         slot = self.buf.get(op.writes[0])
         off = 0
         for name in op.reads:
-            src = self.buf.get(name)
+            src = self.buf.get(name)[:self.host_numel(self.buf.declared[name].unit)]  # not the padding
             self.be.h2d(slot[off:off + src.numel()], src)
             off += src.numel()
         want = self.m.head_device_params if op.layer == self.L else self.m.layer_params
@@ -176,26 +202,31 @@ class OpRunner:
         """The unit's device grads (one micro-batch) -> its host grad targets, cast to
         grad_dtype before the link; accumulate into targets the op reads, overwrite the others;
         the unit's squared norm on its last micro-batch."""
-        g = self.buf.get(self.buf.one(op.reads, Holds.DEVICE_GRAD))
+        # the unit's device grads, or (data parallel) this device's reduce-scattered slice of them
+        g = self.buf.get(self.buf.one(op.reads, Holds.DEVICE_GRAD_SHARD, Holds.DEVICE_GRAD))
         if g.dtype != self.link_dtype:
             g = g.to(self.link_dtype)  # device-side cast: what crosses the link
         sq = next(iter(self.buf.all(op.writes, Holds.GRAD_SQ)), None)
         off = 0
         for t in self.buf.all(op.writes, Holds.HOST_GRAD):
             target = self.buf.declared[t]
-            n = target.numel
+            # a local slice takes the whole reduce-scattered piece; a whole unit its real
+            # elements (the rest of the buffer is padding to whole chunks: kept zero)
+            n = target.numel if target.part == Part.LOCAL else self.host_numel(target.unit)
             own = target.unit == op.layer
             piece = g[off:off + n]
             off += n
             if t in op.reads:
                 host = self.buf.get(t)
-                self.be.d2h_add(host, piece)
+                self.be.d2h_add(host[:n], piece)
                 if sq and own:
-                    self._set_sq_norm(sq, host)          # the final accumulated host grad
+                    self.set_sq_norm(sq, host)          # the final accumulated host grad
             else:
-                self.be.d2h(self.buf.out(t), piece)
+                host = self.buf.out(t)
+                self.be.d2h(host[:n], piece)
+                host[n:].zero_()
                 if sq and own:
-                    self._set_sq_norm(sq, piece)         # on the device (one micro-batch)
+                    self.set_sq_norm(sq, piece)         # on the device (one micro-batch)
         if off != g.numel():
             raise ExecError(f"{op.label}: targets take {off} of {g.numel()} gradient elements")
 
@@ -261,8 +292,10 @@ class OpRunner:
         """The global norm = sqrt(sum of the units' squared norms)."""
         total = sum(float(self.buf.get(n).item()) for n in op.reads)
         self.buf.get(op.writes[0]).fill_(math.sqrt(total) if total >= 0 else math.nan)
-        # Every HEAD op is done (its gradient's norm is among the reads): the loss is known.
-        self.ctx.guard.after_grad_norm(self.ctx.loss(), total)
+        # Every HEAD op is done (its gradient's norm is among the reads): the loss is known
+        # (data parallel: this rank's share; NORM_ALL_REDUCE makes it the step's, then checks).
+        if self.dist.world == 1:
+            self.ctx.guard.after_grad_norm(self.ctx.loss(), total)
 
     def optimizer(self, op):
         """AdamW on the unit's master with its host grad (clipped by the global norm when
@@ -271,12 +304,17 @@ class OpRunner:
         if not op.prev_step:  # prev_step ops apply a step the trainer found finite
             if not ctx.guard.may_update(unit_name(self.m, u), lambda: self.store.scalar(Holds.GRAD_SQ, u), ctx.loss):
                 return  # no update: master, moments, step counter and working copy stay as they are
-        p = self.buf.get(self.buf.one(op.writes, Holds.MASTER))
-        g = self.buf.get(self.buf.one(op.reads, Holds.HOST_GRAD))
-        exp_avg, exp_avg_sq = self.store.moments(u)
+        # this rank's chunk of each (one rank: the whole unit)
+        p = self.owned(self.buf.one(op.writes, Holds.MASTER))
+        g = self.owned(self.buf.one(op.reads, Holds.HOST_GRAD))
+        exp_avg, exp_avg_sq = self.owned(self.buf.one(op.writes, Holds.MOMENTS))
         wc = next(iter(self.buf.all(op.writes, Holds.WORKING_COPY)), None)
         if g.dtype != p.dtype and self._g32 is None:  # torch path's reused chunk of scratch: O(1)
             self._g32 = torch.empty(self.adamw.chunk_params, dtype=p.dtype)
         coef = clip_coef(self.p.grad_clip, self.store.scalar(Holds.GRAD_NORM)) if self.p.clip else 1.0
+        wc = self.owned(wc) if wc else None
+        same = wc is not None and wc.dtype == p.dtype  # an fp32 copy (several nodes, fp32 compute)
         self.adamw.step(p, g, exp_avg, exp_avg_sq, self.store.steps[u], coef, lr=ctx.lr,
-                        working_copy=self.buf.get(wc) if wc else None, scratch=self._g32)
+                        working_copy=None if same else wc, scratch=self._g32)
+        if same:
+            wc.copy_(p)

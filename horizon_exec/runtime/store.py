@@ -23,19 +23,27 @@ def host_numel(m: ModelSpec, unit: int) -> int:
 
 
 class HostStore:
-    def __init__(self, sched, m: ModelSpec, backend):
+    def __init__(self, sched, m: ModelSpec, backend, dist=None):
         from horizon_exec.dtypes import TORCH_DTYPE
-        plan, total = [], 0
+        # Two allocations: the rank's own, and (data parallel) the node's, shared by its ranks
+        # (Buffer.node_shared: master, moments and working copy, one copy per node).
+        plans, totals = {False: [], True: []}, {False: 0, True: 0}
         for name, b in sched.buffers.items():
             if b.space != Space.HOST or not b.static:
                 continue
-            plan.append((name, total, TORCH_DTYPE[b.dtype], b.bytes))
-            total += -(-b.bytes // ALIGN) * ALIGN
-        self.nbytes = total
-        self.raw = backend.host_raw(total)  # (total,) uint8: the one allocation
-        self.raw.zero_()                    # moments and step counters start at zero
-        self.t: dict[str, torch.Tensor] = {
-            name: self.raw[off:off + nb].view(dt) for name, off, dt, nb in plan}
+            sh = bool(b.node_shared)
+            plans[sh].append((name, totals[sh], TORCH_DTYPE[b.dtype], b.bytes))
+            totals[sh] += -(-b.bytes // ALIGN) * ALIGN
+        self.nbytes = totals[False] + totals[True]
+        self.raw = backend.host_raw(totals[False])  # (total,) uint8: the rank's one allocation
+        self.raw.zero_()                             # moments and step counters start at zero
+        self.shared_raw = None
+        if totals[True]:
+            from horizon_exec.dist.shared import map_node_shared
+            self.shared_raw = backend.register_host(map_node_shared(dist, totals[True]))  # zeroed
+        self.t: dict[str, torch.Tensor] = {}
+        for sh, raw in ((False, self.raw), (True, self.shared_raw)):
+            self.t.update({name: raw[off:off + nb].view(dt) for name, off, dt, nb in plans[sh]})
         self.sched = sched
         # Adam's step counter per unit that has moments
         self.steps = {b.unit: torch.zeros((), dtype=torch.float32) for b in sched.of(Holds.MOMENTS)}
@@ -48,7 +56,8 @@ class HostStore:
         return self.sched.has(holds, unit) and self.sched.find(holds, unit).name in self.t
 
     def moments(self, unit: int):
-        """(m, v) flat views of a unit's Adam moments."""
+        """(m, v) flat views of a unit's Adam moments (as the buffer holds them: the node's
+        chunks in a data-parallel run)."""
         t = self.of(Holds.MOMENTS, unit)
         n = t.numel() // 2
         return t[:n], t[n:]

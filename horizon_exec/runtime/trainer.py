@@ -54,7 +54,9 @@ from horizon_exec.device.arena import DeviceArena
 from horizon_exec.device.backend import check_device, make_backend
 from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.runtime.buffers import BufferTable
-from horizon_exec.runtime.engine import DEFAULT_OP_TIMEOUT_S, Engine
+from horizon_exec.runtime.engine import DEFAULT_OP_TIMEOUT_S, RUN_LANES, Engine
+from horizon_exec.dist.context import agree, cores_of, single
+from horizon_exec.device.cpu import cpu_cores
 from horizon_exec.errors import ExecError
 from horizon_exec.model.head import IGNORE, next_token_labels
 from horizon_exec.model.layers import rms_norm
@@ -129,12 +131,12 @@ class EvalResult:
         return self.loss_sum / max(1, self.labelled_tokens)
 
 
-def _checked_schedule(sched, model: ModelSpec, policy: Policy):
-    """`sched`, checked, if it was built for `model` and `policy`."""
-    if sched.meta.devices_per_node * sched.meta.nodes > 1:
-        raise HorizonError(f"the schedule is one rank's step of {sched.meta.nodes} node(s) x "
-                           f"{sched.meta.devices_per_node} device(s); the executor runs one device "
-                           "(data-parallel execution is not built yet)")
+def _checked_schedule(sched, model: ModelSpec, policy: Policy, dist):
+    """`sched`, checked, if it was built for `model`, `policy` and the run's ranks."""
+    have = (sched.meta.devices_per_node, sched.meta.nodes)
+    if have != (dist.devices_per_node, dist.nodes):
+        raise HorizonError(f"the schedule is one rank's step of {have[1]} node(s) x {have[0]} device(s); this "
+                           f"run has {dist.nodes} x {dist.devices_per_node}")
     if sched.meta.purpose != "train":
         raise HorizonError(f"the schedule is an {sched.meta.purpose} schedule; the trainer runs a training step's")
     for what, have, want in (("model", sched.meta.model, model.to_dict()), ("policy", sched.meta.policy,
@@ -182,7 +184,7 @@ class Trainer:
                  device_budget_bytes: int | None = None, compute_threads: int | None = None,
                  pin_cores: bool = True, track_memory: bool = True, timeout_s: float = DEFAULT_OP_TIMEOUT_S,
                  random_init: bool = True, admission: bool = True, host_budget_bytes: int | None = None,
-                 hardware=None, on_nonfinite: str | None = None, data_bytes: int = 0, schedule=None):
+                 hardware=None, on_nonfinite: str | None = None, data_bytes: int = 0, schedule=None, dist=None):
         if policy.seq < 2:
             raise HorizonError(f"policy seq={policy.seq}: training needs sequences of at least 2 tokens")
         check_device(device)  # before admission, which asks the device for its free memory
@@ -203,27 +205,34 @@ class Trainer:
                                "is updated as its gradient lands, before the loss and the global norm are "
                                "known; use on_nonfinite='stop', or optimizer='pipelined' or 'after'")
         self.model, self.policy, self.on_nonfinite = model, policy, on_nonfinite
-        self.sched = build_schedule(model, policy) if schedule is None else _checked_schedule(schedule, model, policy)
-        # Before any allocation: does the run fit this machine? (AdmissionError if not)
-        self.admission = (admit(model, policy, self.sched, device=device, host_budget_bytes=host_budget_bytes,
-                                device_budget_bytes=device_budget_bytes, hardware=hardware,
-                                data_bytes=data_bytes)
-                          if admission else None)
+        self.dist = dist = dist or single()
+        self.sched = (build_schedule(model, policy, dist.devices_per_node, dist.nodes) if schedule is None
+                      else _checked_schedule(schedule, model, policy, dist))
+        # Before any allocation: does the run fit this machine (data parallel: this node)?
+        # AdmissionError if not; every rank hears of any rank's failure before anyone allocates.
+        self.admission = agree(dist, lambda: admit(model, policy, self.sched, device=device,
+                                                   host_budget_bytes=host_budget_bytes,
+                                                   device_budget_bytes=device_budget_bytes, hardware=hardware,
+                                                   data_bytes=data_bytes) if admission else None)
+        kw = dict(cores=cores_of(dist, cpu_cores())) if device == "cpu" and dist.world > 1 else {}
         self.backend = make_backend(device, timeout_s=timeout_s, compute_threads=compute_threads,
-                                    pin_cores=pin_cores, track_memory=track_memory)
-        self.store = HostStore(self.sched, model, self.backend)
+                                    pin_cores=pin_cores, track_memory=track_memory, **kw)
+        self.store = HostStore(self.sched, model, self.backend, dist)
         self.arena = DeviceArena(self.backend, device_budget_bytes)
         self.buffers = BufferTable(self.sched, self.store, self.arena, self.backend)
         self._lr = float(lr)
         self.runner = OpRunner(model=model, policy=policy, sched=self.sched, buffers=self.buffers,
-                               store=self.store, arena=self.arena, backend=self.backend, adamw=adamw)
+                               store=self.store, arena=self.arena, backend=self.backend, adamw=adamw, dist=dist)
         self.units = [b.unit for b in self.sched.of(Holds.MASTER)]  # embedding, blocks, head
-        self._params = {}  # transformers name -> view of the master store
-        for u in self.units:
-            self._params.update(host_layout(model, u).views(self.store.of(Holds.MASTER, u)))
+        self._params = {}  # transformers name -> view of the master store (whole on every node)
+        if dist.nodes == 1:
+            for u in self.units:
+                lay = host_layout(model, u)
+                self._params.update(lay.views(self.store.of(Holds.MASTER, u)[:lay.numel]))
         if random_init:
             self.init_weights(seed)
-        self.engine = Engine(self.backend, self.runner, timeout_s=timeout_s)
+        lanes = list(RUN_LANES) + sorted({o.lane for o in self.sched.ops} - set(RUN_LANES), key=lambda x: x.value)
+        self.engine = Engine(self.backend, self.runner, timeout_s=timeout_s, lanes=lanes)
         # Lane threads stop (and CUDA host memory is unregistered) with the trainer, even
         # without close(); the finalizer holds no reference to the trainer itself.
         self._finalizer = weakref.finalize(self, _shutdown, self.engine, self.backend)
@@ -238,25 +247,82 @@ class Trainer:
     # ---- weights ----------------------------------------------------------------------------
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
-        """transformers-style init from `seed`: matrices N(0, 0.02), norms 1, biases 0."""
+        """transformers-style init from `seed`: matrices N(0, 0.02), norms 1, biases 0 (the
+        same weights whatever the number of ranks: each node's leader draws every unit and
+        keeps its node's chunks)."""
         gen = torch.Generator().manual_seed(seed)
-        for name, t in self._params.items():
-            if name.endswith("norm.weight"):
-                t.fill_(1.0)
-            elif name.endswith(".bias"):
-                t.zero_()
-            else:
-                t.copy_(torch.randn(t.shape, generator=gen) * INIT_STD)
+        if self.dist.is_leader:
+            for u in self.units:
+                lay = host_layout(self.model, u)
+                whole = torch.empty(lay.numel) if self.dist.nodes > 1 else self.store.of(Holds.MASTER, u)[:lay.numel]
+                for name, t in lay.views(whole).items():
+                    if name.endswith("norm.weight"):
+                        t.fill_(1.0)
+                    elif name.endswith(".bias"):
+                        t.zero_()
+                    else:
+                        t.copy_(torch.randn(t.shape, generator=gen) * INIT_STD)
+                if self.dist.nodes > 1:
+                    self._keep_node_chunks(u, whole)
         self._refresh_working_copy()
 
+    def _keep_node_chunks(self, u: int, whole: torch.Tensor) -> None:
+        """The node's chunks of a whole unit's master -> its master buffer."""
+        part, master = self.runner.partition(u), self.store.of(Holds.MASTER, u)
+        padded = torch.zeros(part.padded, dtype=whole.dtype)
+        padded[:whole.numel()] = whole
+        for i in range(self.dist.devices_per_node):
+            a, e = part.owned_range(i, self.dist.node)
+            master[i * part.chunk:(i + 1) * part.chunk].copy_(padded[a:e])
+
     def _refresh_working_copy(self) -> None:
+        """Working copies <- the masters (data parallel: the node's leader writes the shared
+        copy, or with several nodes each rank its chunk and the nodes gather; every rank waits
+        until it is done)."""
+        d = self.dist
+        if d.nodes > 1:
+            d.barrier()  # the node's leader has written the master (each rank copies its chunk)
         for u in self.units:
-            if self.store.has(Holds.WORKING_COPY, u):
-                self.store.of(Holds.WORKING_COPY, u).copy_(self.store.of(Holds.MASTER, u))
+            if not self.store.has(Holds.WORKING_COPY, u):
+                continue
+            wc, master = self.store.of(Holds.WORKING_COPY, u), self.store.of(Holds.MASTER, u)
+            if d.nodes == 1:
+                if d.is_leader:
+                    wc[:master.numel()].copy_(master)
+                continue
+            part = self.runner.partition(u)
+            a, e = part.owned_range(d.local_rank, d.node)
+            wc[a:e].copy_(master[d.local_rank * part.chunk:(d.local_rank + 1) * part.chunk])
+            la, le = part.local_range(d.local_rank)
+            from horizon_exec.dist.collectives import all_gather_into
+            all_gather_into(wc[la:le], wc[a:e].clone(), group=d.groups["cross"])
+        d.barrier()
+
+    def gather_master(self, u: int) -> torch.Tensor:
+        """Unit u's whole fp32 master (a copy) on every rank: a collective of the calling
+        thread (every rank calls it); for checks and exports of a several-node run."""
+        lay = host_layout(self.model, u)
+        master, d = self.store.of(Holds.MASTER, u), self.dist
+        if d.nodes == 1:
+            return master[:lay.numel].clone()
+        from horizon_exec.dist.collectives import all_gather_into
+        part = self.runner.partition(u)
+        mine = master[d.local_rank * part.chunk:(d.local_rank + 1) * part.chunk].contiguous()
+        got = torch.empty(d.world * part.chunk, dtype=master.dtype)
+        all_gather_into(got, mine, group=d.groups["main"])
+        by_rank = got.view(d.world, part.chunk)  # world rank node*N + i holds chunk i*M + node
+        order = [(r % d.devices_per_node) * d.nodes + r // d.devices_per_node for r in range(d.world)]
+        whole = torch.empty(d.world, part.chunk, dtype=master.dtype)
+        whole[order] = by_rank
+        return whole.reshape(-1)[:lay.numel]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Master weights by transformers names: views into the host store (no lm_head.weight
-        when tied). Copy them before stepping again if you keep them."""
+        when tied). Copy them before stepping again if you keep them. Several nodes hold the
+        master in shards: gather_master() per unit instead."""
+        if self.dist.nodes > 1:
+            raise HorizonError(f"the master is sharded over {self.dist.nodes} nodes: no process holds it whole "
+                               "(gather a unit with Trainer.gather_master)")
         return dict(self._params)
 
     @torch.no_grad()
@@ -264,8 +330,11 @@ class Trainer:
         missing = [n for n in self._params if n not in sd]
         if missing:
             raise HorizonError(f"state dict lacks {len(missing)} parameter(s), e.g. {missing[0]!r}")
-        for name, t in self._params.items():
-            t.copy_(sd[name])
+        if self.dist.nodes > 1:
+            raise HorizonError(f"load_state_dict of a run sharded over {self.dist.nodes} nodes is not supported")
+        if self.dist.is_leader:  # the node's one copy
+            for name, t in self._params.items():
+                t.copy_(sd[name])
         self._refresh_working_copy()
         self.pending = False  # gradients of the old weights must not update the new ones
 
@@ -345,7 +414,7 @@ class Trainer:
         tokens, labels = self._check_batch(tokens, labels, p.batch)
         docs = self._check_docs(docs, tokens)
         lr_now = self._lr if lr is None else self._checked_lr(lr)
-        n_labelled = int((labels != IGNORE).sum())
+        n_labelled = self._sum_over_ranks(int((labels != IGNORE).sum()))  # the loss's denominator: every rank's
         # The optimizer ops of this run apply the previous step's gradients (pipelined) or
         # this step's (after / backward): each with the lr of the step that made them.
         ctx = StepContext(tokens=tokens, lr=self.pending_lr if p.optimizer == "pipelined" else lr_now,
@@ -359,7 +428,8 @@ class Trainer:
         rows = self._run(self.sched.ops, skip)
         step_s = time.perf_counter() - t0
         self.steps_done += 1
-        loss, gnorm = ctx.loss(), self.store.scalar(Holds.GRAD_NORM)
+        loss = ctx.loss() if ctx.global_loss is None else ctx.global_loss
+        gnorm = self.store.scalar(Holds.GRAD_NORM)
         # The GRAD_NORM op flags a non-finite loss or norm, and the optimizer ops of this step
         # then leave everything untouched; the pipelined update of this step is dropped here.
         bad = ctx.guard.found
@@ -376,6 +446,16 @@ class Trainer:
                           device_peak_bytes=self.backend.device_peak(self.arena),
                           rss_peak_bytes=rss_peak_bytes(), step_s=step_s, tokens=p.tokens,
                           labelled_tokens=n_labelled, skipped=bool(bad), nonfinite=bad or "")
+
+    def _sum_over_ranks(self, *xs):
+        """Numbers summed over every rank (the calling thread's collective); one rank: as given."""
+        if self.dist.world == 1:
+            return xs[0] if len(xs) == 1 else xs
+        import torch.distributed as tdist
+        t = torch.tensor(xs, dtype=torch.float64)
+        tdist.all_reduce(t, group=self.dist.groups["main"])
+        out = [type(x)(v) for x, v in zip(xs, t.tolist())]
+        return out[0] if len(out) == 1 else tuple(out)
 
     def flush(self) -> list:
         """Apply pending pipelined optimizer updates (the prev_step ops), so the master
@@ -424,7 +504,7 @@ class Trainer:
         """The forward-only Schedule eval runs (build_eval_schedule), built on first use; every
         buffer it names is one of the training step's, declared the same way."""
         if self._eval_sched is None:
-            ev = build_eval_schedule(self.model, self.policy)
+            ev = build_eval_schedule(self.model, self.policy, self.dist.devices_per_node, self.dist.nodes)
             odd = [n for n, b in ev.buffers.items() if self.sched.buffers.get(n) != b]
             if odd:  # a training Schedule given to the constructor that names buffers otherwise
                 raise ExecError(f"the eval schedule's buffer {odd[0]!r} is not the training schedule's")
@@ -462,7 +542,8 @@ class Trainer:
                 timeline = timeline_frame(ops, starts, ends)
                 timeline["temp_peak_bytes"] = [ctx.temp_peak.get(o.id, 0) for o in ops]
             runs += 1
-        return EvalResult(loss_sum=total, labelled_tokens=int((labels != IGNORE).sum()), batches=runs,
+        total, n_labelled = self._sum_over_ranks(float(total), int((labels != IGNORE).sum()))  # every rank's share
+        return EvalResult(loss_sum=total, labelled_tokens=n_labelled, batches=runs,
                           timeline=timeline if timeline is not None else pd.DataFrame(), device_peak_bytes=peak)
 
     def eval_loss(self, tokens: torch.Tensor, labels: torch.Tensor | None = None,

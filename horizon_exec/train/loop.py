@@ -30,6 +30,16 @@ exits 128 + the signal number (130, 143).
 
 Non-finite steps (the trainer's on_nonfinite): a skipped step is logged ("skipped" in the
 JSON line, a message); 'stop' raises NonFiniteError out of run().
+
+Data parallel (a Trainer with a DistContext of R ranks): every step draws one global batch of
+R x policy.batch sequences from the seeded loader (the same order whatever R) and rank r
+trains on its rows r*b .. (r+1)*b - 1; the eval batches are split the same way and their
+sums added over ranks. Rank 0 alone shows progress and writes the metrics log. A checkpoint
+first applies a pending pipelined update on every rank (which changes nothing numerically),
+then the node's leader writes the node's host store (one node: ckpt_dir itself; several:
+ckpt_dir/node-J, each node its shard of the master and moments) while the others wait; a
+resume loads the newest step every node has intact. At each step boundary the ranks agree
+whether a signal asked them to stop, so all stop at the same boundary.
 """
 import json
 import time
@@ -111,8 +121,14 @@ class TrainLoop:
         if dataset.max_id >= trainer.model.vocab:
             raise HorizonError(f"token id {dataset.max_id} from the tokenizer does not fit the model's "
                                f"vocab of {trainer.model.vocab}")
-        self.batches = dataset.batches(pol.batch, seed)
-        self.eval_set = dataset.eval_batches(pol.batch, cfg.eval_batches) if cfg.eval_batches else []
+        self.dist = d = trainer.dist
+        self.ranks = d.world
+        # one global batch per step (R x batch rows), this rank's share of it (module docstring)
+        self.batches = dataset.batches(pol.batch * d.world, seed)
+        self.eval_set = ([self._share(b) for b in dataset.eval_batches(pol.batch * d.world, cfg.eval_batches)]
+                         if cfg.eval_batches else [])
+        self.ckpt_root = (None if not cfg.ckpt_dir else cfg.ckpt_dir if d.nodes == 1
+                          else str(Path(cfg.ckpt_dir) / f"node-{d.node}"))
         self.fingerprint = dataset.fingerprint()
         self.step = 0
         if pol.doc_masks != dataset.data.doc_masks:
@@ -121,7 +137,8 @@ class TrainLoop:
         # Under document masks a token attends to its document: model FLOPs use the data's
         # mean document length.
         ctx = dataset.mean_doc_tokens if pol.doc_masks else 0
-        self.flops_per_step = trainer.model.model_flops_per_token(pol.seq, ctx) * pol.tokens
+        self.flops_per_step = trainer.model.model_flops_per_token(pol.seq, ctx) * pol.tokens * d.world
+        self.step_tokens = pol.tokens * d.world
         self.losses: dict[int, float] = {}       # step -> training loss
         self.evals: dict[int, float] = {}        # step (steps done) -> eval loss
         self.last = None
@@ -132,9 +149,17 @@ class TrainLoop:
         self._phase = ""        # what run() is in, for an abort message: 'step 5', 'the eval after step 4'
         self._log_failed = False
         self._unlock = None
-        if cfg.ckpt_dir:  # one run per checkpoint folder, from before the first step to close()
-            make_dirs(Path(cfg.ckpt_dir))
-            self._unlock = weakref.finalize(self, ckpt_lock.release, ckpt_lock.acquire(cfg.ckpt_dir))
+        if self.ckpt_root and d.is_leader:  # one run per checkpoint folder, from before the first step to close()
+            make_dirs(Path(self.ckpt_root))
+            self._unlock = weakref.finalize(self, ckpt_lock.release, ckpt_lock.acquire(self.ckpt_root))
+
+    def _share(self, b):
+        """This rank's rows of a global batch."""
+        if self.ranks == 1:
+            return b
+        n = b.tokens.shape[0] // self.ranks
+        rows = slice(self.dist.rank * n, (self.dist.rank + 1) * n)
+        return type(b)(b.tokens[rows], b.labels[rows], b.docs[rows] if b.docs is not None else None)
 
     def close(self) -> None:
         """Release the checkpoint folder's lock (also when the loop is garbage-collected)."""
@@ -153,8 +178,15 @@ class TrainLoop:
                 "data_source": self.ds.source, "seed": self.seed, "schedule": self.cfg.schedule.to_dict()}
 
     def save(self) -> Path:
-        p = ckpt_mod.save_checkpoint(self.cfg.ckpt_dir, self.tr, self.step, self.state(),
-                                     keep=self.cfg.keep_ckpts)
+        d = self.dist
+        if d.world == 1:
+            p = ckpt_mod.save_checkpoint(self.ckpt_root, self.tr, self.step, self.state(), keep=self.cfg.keep_ckpts)
+        else:
+            from horizon_exec.dist.context import agree
+            self.tr.flush()  # every rank: the pending update is applied, no rank's gradients need saving
+            p = Path(self.ckpt_root) / ckpt_mod.step_dir_name(self.step)
+            agree(d, lambda: ckpt_mod.save_checkpoint(self.ckpt_root, self.tr, self.step, self.state(),
+                                                      keep=self.cfg.keep_ckpts) if d.is_leader else None)
         self.last_ckpt = (self.step, p)
         return p
 
@@ -177,7 +209,9 @@ class TrainLoop:
             except HorizonError as e:
                 raise HorizonError(f"{p}: {e}") from None
 
-        meta = ckpt_mod.load_checkpoint(path, self.tr, check=check, warn=self.out)
+        if self.dist.world > 1:
+            path = self._agreed_checkpoint(path)
+        meta = ckpt_mod.load_checkpoint(path, self.tr, verify=self.dist.is_leader, check=check, warn=self.out)
         p = Path(meta["path"])
         self.step = int(meta["step"])
         self.last_ckpt = (self.step, p)
@@ -191,6 +225,40 @@ class TrainLoop:
             self.out(f"note: optimizer settings differ from the checkpoint's ({ckpt_mod._show(meta.get('optimizer'))} "
                      f"-> {opt})")
         return p
+
+    def _agreed_checkpoint(self, path) -> Path:
+        """Data parallel: the checkpoint folder every node resumes from, the newest step each
+        node has intact (a node's leader verifies its candidates; a step some node lacks, e.g.
+        one that died while writing, is not taken). Every rank then loads its node's folder of
+        that step (the leader verified it; the others read only what is theirs)."""
+        import torch.distributed as dist
+
+        from horizon_exec.dist.context import agree
+        d = self.dist
+        root = Path(path)
+        if d.nodes > 1 and not root.name.startswith("node-"):
+            root = root / f"node-{d.node}"
+
+        def intact() -> list[int]:
+            steps = []
+            for p in ckpt_mod.candidates(root) if d.is_leader else []:
+                try:
+                    ckpt_mod.verify_checkpoint(p)
+                    steps.append(int(ckpt_mod.read_meta(p)["step"]))
+                except (HorizonError, OSError) as e:
+                    self.out(f"warning: node {d.node}: skipping checkpoint {p}: {e}")
+            return steps
+        mine = agree(d, intact)
+        every = [None] * d.world
+        dist.all_gather_object(every, mine if d.is_leader else None, group=d.groups["main"])
+        per_node = [set(s) for r, s in enumerate(every) if r % d.devices_per_node == 0]
+        common = set.intersection(*per_node) if per_node else set()
+        if not common:
+            raise HorizonError(f"no checkpoint step is intact on every node under {path} "
+                               f"(steps per node: {[sorted(s) for s in per_node]})")
+        folder = (root if (root / ckpt_mod.META).exists() and int(ckpt_mod.read_meta(root)["step"]) == max(common)
+                  else root / ckpt_mod.step_dir_name(max(common)))
+        return folder
 
     # ---- running --------------------------------------------------------------------------
     def evaluate(self) -> float | None:
@@ -224,13 +292,13 @@ class TrainLoop:
         secs = sum(w)
         if secs <= 0:
             return float("nan"), float("nan")
-        return len(w) * self.tr.policy.tokens / secs, len(w) * self.flops_per_step / secs
+        return len(w) * self.step_tokens / secs, len(w) * self.flops_per_step / secs
 
     def _log(self, rec: dict, write) -> None:
         """One JSON line in the metrics log. A log that cannot be written (disk full, ...) is
         reported once and dropped: it is a record of the run, not its product, and stopping
         would cost the steps since the last checkpoint (which reports its own failures)."""
-        if not self.cfg.log_file or self._log_failed:
+        if not self.cfg.log_file or self._log_failed or self.dist.rank != 0:
             return
         try:
             with open(self.cfg.log_file, "a") as f:
@@ -255,6 +323,19 @@ class TrainLoop:
     def _second_signal(self, signum: int) -> None:
         raise self._interrupted(signum, immediate=True)
 
+    def _stop_asked(self) -> bool:
+        """A signal asked this run to stop (data parallel: any rank's; every rank agrees, so all
+        stop at this boundary, a collective of the calling thread)."""
+        if self.dist.world == 1:
+            return self._signal is not None
+        import torch
+        import torch.distributed as dist
+        t = torch.tensor([self._signal or 0], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.dist.groups["main"])
+        if t.item() and self._signal is None:
+            self._signal = int(t.item())
+        return bool(t.item())
+
     def _stop_at_boundary(self, write):
         """The first signal arrived: checkpoint this step (unless it has one) and stop."""
         if self.cfg.ckpt_dir and self.step > 0 and (self.last_ckpt is None or self.last_ckpt[0] != self.step):
@@ -278,7 +359,7 @@ class TrainLoop:
         cfg, tr = self.cfg, self.tr
         end = cfg.steps if until is None else min(until, cfg.steps)
         bar = None
-        if cfg.progress and self.step < end:
+        if cfg.progress and self.step < end and self.dist.rank == 0:
             from tqdm import tqdm
             bar = tqdm(total=cfg.steps, initial=self.step, unit="step", dynamic_ncols=True)
         write = bar.write if bar is not None else self.out
@@ -295,11 +376,11 @@ class TrainLoop:
     def _steps(self, end: int, write, bar) -> None:
         cfg, tr = self.cfg, self.tr
         while self.step < end:
-            if self._signal is not None:
+            if self._stop_asked():
                 self._stop_at_boundary(write)
             s = self.step
             t0 = time.perf_counter()
-            b = next(self.batches)
+            b = self._share(next(self.batches))
             lr = cfg.schedule(s)
             res = self._train_step(s, b, lr)
             self._times.append(time.perf_counter() - t0)
@@ -324,7 +405,7 @@ class TrainLoop:
                             {"TFLOP/s": f"{flop_s / 1e12:.3g}"})
                 bar.set_postfix(post, refresh=False)
                 bar.update(1)
-            if self._signal is not None:
+            if self._stop_asked():
                 self._stop_at_boundary(write)
             last = self.step == cfg.steps
             # the checkpoint before the eval: an eval that fails (or is interrupted) cannot cost it
@@ -338,7 +419,7 @@ class TrainLoop:
                 self.evals[self.step] = ev
                 self._log({"step": self.step, "eval_loss": ev}, write)
                 write(f"step {self.step}: eval loss {ev:.4f} ({len(self.eval_set)} batches)")
-            if self._signal is not None:  # a signal during the checkpoint or the eval, the last step's too
+            if self._stop_asked():  # a signal during the checkpoint or the eval, the last step's too
                 self._stop_at_boundary(write)
 
     @property
@@ -349,7 +430,7 @@ class TrainLoop:
     @property
     def tokens_per_s(self) -> float:
         secs = sum(self._times)
-        return len(self._times) * self.tr.policy.tokens / secs if secs > 0 else float("nan")
+        return len(self._times) * self.step_tokens / secs if secs > 0 else float("nan")
 
     @property
     def model_flops_per_s(self) -> float:

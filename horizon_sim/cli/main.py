@@ -39,8 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
+    """Run `horizon` on argv (default sys.argv[1:]), or on arguments already parsed (`args`,
+    with .cmd: a worker of a data-parallel run gets its parent's)."""
+    args = _parser().parse_args(argv) if args is None else args
     mod = importlib.import_module(COMMANDS[args.cmd][0])
     # A command whose product is files (training) does not stop when its stdout fails
     # (stdout_guard.py); the others' product is their output, so a reader that left ends them.

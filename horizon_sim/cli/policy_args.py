@@ -50,6 +50,9 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D) -> None:
                    help="document-aware attention for packed data: tokens attend only within their "
                         "document, positions restart per document (the attention kernel then runs "
                         "under an explicit mask: all T x T scores, no causal skipping)")
+    g.add_argument("--max-host-grads", type=int, default=0, metavar="N",
+                   help="with --optimizer backward: at most N units' gradients wait on the host for the "
+                        "CPU optimizer; the next offload waits (default 0: no bound)")
     g.add_argument("--doc-tokens", type=int, default=0, metavar="N",
                    help="with --doc-masks: mean document length, for model FLOPs and MFU (default: "
                         "--seq; horizon train measures it from the data)")
@@ -62,4 +65,5 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
                   slots=a.slots, act_ckpt_on=a.act_ckpt_on, optimizer=a.optimizer, grad_clip=clip,
                   compute_dtype=a.compute_dtype, states_dtype=a.states_dtype,
                   grad_dtype="fp32" if a.compute_dtype == "fp32" else a.grad_dtype,
-                  working_copy=working_copy, doc_masks=a.doc_masks, doc_tokens=a.doc_tokens)
+                  working_copy=working_copy, doc_masks=a.doc_masks, doc_tokens=a.doc_tokens,
+                  max_host_grads=getattr(a, "max_host_grads", 0))

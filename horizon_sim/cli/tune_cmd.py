@@ -82,6 +82,7 @@ def _tps(v) -> str:
 COLS = [("batch", "batch", str), ("micro", "micro_batches", lambda n: f"{n}x"),
         ("K", "act_ckpt_every", str), ("slots", "slots", str), ("ckpt", "act_ckpt_on", str),
         ("optimizer", "optimizer", str), ("wcopy", "working_copy", lambda w: "on" if w else "off"),
+        ("grads<=", "max_host_grads", lambda v: str(v) if v else "-"),
         ("tokens/s", "tokens_per_s", _tps), ("step s", "step_time_s", lambda v: f"{v:.2f}"),
         ("MFU", "mfu", lambda v: f"{v:.1%}"), ("device", "device_peak_bytes", _gib),
         ("host", "host_bytes", _gib), ("bottleneck", "bottleneck", str)]

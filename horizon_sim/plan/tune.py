@@ -23,8 +23,9 @@ from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import CKPT_PLACES, OPTIMIZER_MODES, Policy
 
-KNOBS = ("micro_batch", "micro_batches", "act_ckpt_every", "slots", "act_ckpt_on", "optimizer", "working_copy")
-_ORDERED = ("micro_batch", "micro_batches", "act_ckpt_every", "slots")
+KNOBS = ("micro_batch", "micro_batches", "act_ckpt_every", "slots", "act_ckpt_on", "optimizer", "working_copy",
+         "max_host_grads")
+_ORDERED = ("micro_batch", "micro_batches", "act_ckpt_every", "slots", "max_host_grads")
 TIE = 0.005
 """Configurations within this fraction of the fastest count as equally fast: the best is then
 the one with the smallest batch, then the smallest host and device footprint."""
@@ -50,6 +51,8 @@ class SearchSpace:
     act_ckpt_on: tuple[str, ...] = CKPT_PLACES
     optimizer: tuple[str, ...] = ("pipelined", "backward", "after")
     working_copy: tuple[bool, ...] = (True, False)
+    max_host_grads: tuple[int, ...] = (0, 2, 8)
+    """Bounds on the host gradients waiting for optimizer='backward' with one micro-batch (0 = none)."""
     max_batch: int = 64
     """Cap on sequences per step (micro_batch x micro_batches): the batch is a training
     hyperparameter, not only a speed knob."""
@@ -58,6 +61,10 @@ class SearchSpace:
         for f in ("micro_batch", "micro_batches", "act_ckpt_every"):
             object.__setattr__(self, f, _positive_ints(f, getattr(self, f)))
         object.__setattr__(self, "slots", _positive_ints("slots", self.slots))
+        hg = tuple(self.max_host_grads)
+        if not hg or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in hg):
+            raise HorizonError(f"search space max_host_grads={hg!r} must be integers >= 0")
+        object.__setattr__(self, "max_host_grads", tuple(sorted(set(hg) | {0})))  # 0: where no bound applies
         if min(self.slots) < 2:
             raise HorizonError(f"search space slots={self.slots!r} must all be >= 2")
         for f, allowed in (("act_ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES)):
@@ -107,16 +114,21 @@ class _Climb:
         self.values = {"micro_batch": space.micro_batch, "micro_batches": space.micro_batches,
                        "act_ckpt_every": tuple(k for k in space.act_ckpt_every if k <= self.L) or (1,),
                        "slots": space.slots, "act_ckpt_on": space.act_ckpt_on, "optimizer": tuple(opts),
-                       "working_copy": tuple(wcs)}
+                       "working_copy": tuple(wcs), "max_host_grads": space.max_host_grads}
         self.seen: dict[tuple, Outcome] = {}
 
     def policy(self, s: tuple) -> Policy:
-        mb, n, k, slots, on, opt, wc = s
+        mb, n, k, slots, on, opt, wc, hg = s
         return replace(self.base, batch=mb * n, micro_batches=n, act_ckpt_every=k, slots=slots,
-                       act_ckpt_on=on, optimizer=opt, working_copy=wc)
+                       act_ckpt_on=on, optimizer=opt, working_copy=wc, max_host_grads=hg)
+
+    @staticmethod
+    def _bounds_apply(s: tuple) -> bool:
+        return s[5] == "backward" and s[1] == 1
 
     def valid(self, s: tuple) -> bool:
-        return s[0] * s[1] <= self.space.max_batch and s[2] <= self.L
+        return (s[0] * s[1] <= self.space.max_batch and s[2] <= self.L
+                and (s[7] == 0 or self._bounds_apply(s)))
 
     def project(self, p: Policy) -> tuple:
         """The nearest state of the space to a policy."""
@@ -125,7 +137,10 @@ class _Climb:
              _near(v["act_ckpt_every"], p.act_ckpt_every), _near(v["slots"], p.slots),
              p.act_ckpt_on if p.act_ckpt_on in v["act_ckpt_on"] else v["act_ckpt_on"][0],
              p.optimizer if p.optimizer in v["optimizer"] else v["optimizer"][0],
-             p.working_copy if p.working_copy in v["working_copy"] else v["working_copy"][0]]
+             p.working_copy if p.working_copy in v["working_copy"] else v["working_copy"][0],
+             _near(v["max_host_grads"], p.max_host_grads)]
+        if not self._bounds_apply(s):
+            s[7] = 0
         while s[0] * s[1] > self.space.max_batch:  # shrink the larger factor first
             i = 0 if s[0] >= s[1] and s[0] > v["micro_batch"][0] else 1
             idx = v[KNOBS[i]].index(s[i])
@@ -150,6 +165,8 @@ class _Climb:
         for di, dj in ((1, -1), (-1, 1)):  # same batch, split differently
             if 0 <= i + di < len(mbs) and 0 <= j + dj < len(ns):
                 out.append((mbs[i + di], ns[j + dj]) + s[2:])
+        # a move into a mode the bound does not apply to drops the bound
+        out = [t if t[7] == 0 or self._bounds_apply(t) else t[:7] + (0,) for t in out]
         return [t for t in dict.fromkeys(out) if self.valid(t)]
 
     def score(self, s: tuple) -> tuple:
@@ -187,7 +204,8 @@ def lean_policy(base: Policy, model: ModelSpec) -> Policy:
 def _row(model, hw, p: Policy, o: Outcome) -> dict:
     return {"batch": p.batch, "micro_batches": p.micro_batches, "micro_batch": p.micro_batch,
             "act_ckpt_every": p.act_ckpt_every, "slots": p.slots, "act_ckpt_on": p.act_ckpt_on,
-            "optimizer": p.optimizer, "working_copy": p.working_copy, "fits": o.fits(hw),
+            "optimizer": p.optimizer, "working_copy": p.working_copy, "max_host_grads": p.max_host_grads,
+            "fits": o.fits(hw),
             "tokens_per_s": o.tokens_per_s, "step_time_s": o.step_time_s, "mfu": o.mfu,
             "device_peak_bytes": o.device_peak_bytes, "host_bytes": o.host_bytes,
             "ram_needed_bytes": round_up_ram(o.ram_needed_bytes(hw)) if o.ok else 0,

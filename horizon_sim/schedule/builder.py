@@ -31,10 +31,11 @@ compute ops and their weight slots: sequence.py; the buffers: declare.py.
 """
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import work
-from horizon_sim.schedule.declare import Declarations, shard
+from horizon_sim.schedule.declare import Declarations
 from horizon_sim.schedule.deps import Deps
 from horizon_sim.schedule.limits import check_sizes
 from horizon_sim.schedule.op import EMBED, Holds, Op, OpKind, ScheduleMeta
+from horizon_sim.schedule.partition import Part
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.schedule.sequence import Use, assign_slots, compute_sequence
 from horizon_sim.specs.model import ModelSpec
@@ -51,7 +52,7 @@ class _Builder:
         for what, v in (("devices_per_node", devices_per_node), ("nodes", nodes)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise HorizonError(f"{what}={v!r} must be a whole number >= 1")
-        if nodes > 1 and not policy.working_copy:
+        if nodes > 1 and not policy.working_copy and policy.compute_dtype != policy.master_dtype:
             raise HorizonError(f"{nodes} nodes need the bf16 working copy (each node holds 1/{nodes} of the "
                                "master, and every device streams the whole model): drop --no-working-copy")
         self.N, self.M, self.R = devices_per_node, nodes, devices_per_node * nodes
@@ -67,6 +68,8 @@ class _Builder:
         self.ops: list[Op] = []
         self.deps = Deps()
         self.optimized: set[int] = set()
+        self.optimizer_op: dict[int, int] = {}  # unit -> its (this step's) OPTIMIZER op
+        self.waiting_grads: list[int] = []  # units whose host grad waits for its optimizer (bounded)
         # transfers that free device memory, for backpressure
         self.pending_saves: list[int] = []
         self.pending_offloads: list[int] = []
@@ -126,16 +129,18 @@ class _Builder:
         params = b.owned_params(u)
         master_b, state_b = DTYPE_BYTES[p.master_dtype], DTYPE_BYTES[p.states_dtype]
         per_param = 2 * master_b + 4 * state_b + DTYPE_BYTES[b.host_grad_dtype]
-        per_param += DTYPE_BYTES[p.compute_dtype] if p.working_copy else 0
+        per_param += DTYPE_BYTES[p.compute_dtype] if b.has_copy else 0
         store = b.host_store(u)
         reads = [b.hgrad(u), *store[:2]] + ([b.gnorm()] if p.clip else [])
         frees = () if b.grads_static else (b.hgrad(u),)
-        self.emit(OpKind.OPTIMIZER, u, reads=reads, writes=store, frees=frees, params=params,
-                  host_bytes=params * per_param, prev_step=prev_step)
+        op_id = self.emit(OpKind.OPTIMIZER, u, reads=reads, writes=store, frees=frees, params=params,
+                          host_bytes=params * per_param, prev_step=prev_step)
         self.optimized.add(u)
+        if not prev_step:
+            self.optimizer_op[u] = op_id
         if self.M > 1:  # every node needs every node's updated slice of the working copy
             wc = b.weights_of(u)
-            rank_part = shard(b.host_params(u), self.N) * DTYPE_BYTES[p.compute_dtype]
+            rank_part = b.partition(u).numel(Part.LOCAL) * DTYPE_BYTES[p.compute_dtype]
             self.emit(OpKind.NET_ALL_GATHER, u, reads=[wc], writes=[wc], peers=self.M,
                       net_bytes=rank_part * (self.M - 1) // self.M, prev_step=prev_step)
         if self.N > 1:  # the node's ranks each updated a slice of the shared copy: all must be done
@@ -149,11 +154,24 @@ class _Builder:
         units = [u] + ([EMBED] if u == self.head and self.model.tied_embeddings else [])
         for v in units:
             self.place_optimizer("load", v)
-        cast_on_device = not p.working_copy and p.master_dtype != p.compute_dtype
+        cast_on_device = not b.has_copy and p.master_dtype != p.compute_dtype
         elem = DTYPE_BYTES[p.master_dtype] if cast_on_device else DTYPE_BYTES[p.compute_dtype]
         self.emit(OpKind.LOAD_WEIGHTS, u, m, slot=int(b.buffers[slot].layer), reads=[b.weights_of(v) for v in units],
                   writes=[slot], link_bytes=b.dev_params(u) * elem,
                   workspace_bytes=b.dev_params(u) * DTYPE_BYTES[p.master_dtype] if cast_on_device else 0)
+
+    def _bound_host_grads(self, u: int) -> tuple[int, ...]:
+        """policy.max_host_grads: before unit u's host gradient is made, wait for the updates
+        that bring the gradients still waiting down to one fewer than the bound (like the device
+        side's pending offloads; the wait shows up as d2h, then compute, stalls)."""
+        k = self.policy.max_host_grads
+        if not k or u == EMBED:
+            return ()
+        waits = []
+        while len(self.waiting_grads) >= k:
+            waits.append(self.optimizer_op[self.waiting_grads.pop(0)])
+        self.waiting_grads.append(u)
+        return tuple(waits)
 
     def offload_grads(self, u: int, m: int) -> None:
         """A unit's device gradients -> its host gradient (a tied head's matrix part -> the
@@ -163,7 +181,7 @@ class _Builder:
         dgrad = b.dgrad(u, m)
         if self.N > 1 and not b.host_reduced(u):  # sum over the node's devices, keep 1/N
             full, dgrad = dgrad, b.dgrad_shard(u, m)
-            nbytes = b.dev_params(u) * DTYPE_BYTES[p.compute_dtype]
+            nbytes = b.buffers[full].bytes
             self.emit(OpKind.REDUCE_SCATTER, u, m, reads=[full], writes=[dgrad], frees=[full], peers=self.N,
                       net_bytes=nbytes * (self.N - 1) // self.N)
         targets = [b.hgrad(u)] + ([b.hgrad(EMBED)] if u == self.head and self.model.tied_embeddings else [])
@@ -179,7 +197,8 @@ class _Builder:
         link_b = elems * DTYPE_BYTES[p.grad_dtype]
         self.pending_offloads.append(
             self.emit(OpKind.OFFLOAD_GRADS, u, m, reads=[dgrad, *acc], writes=writes, frees=[dgrad, *stages],
-                      link_bytes=link_b, host_bytes=host_b, reduce_bytes=link_b if last and not acc else 0))
+                      link_bytes=link_b, host_bytes=host_b, reduce_bytes=link_b if last and not acc else 0,
+                      after=self._bound_host_grads(u)))
         if last:
             self.reduce_across_ranks(u)
 
@@ -189,7 +208,7 @@ class _Builder:
         its squared norm is taken of that share."""
         b = self.bufs
         g, gb = b.hgrad(u), DTYPE_BYTES[b.buffers[b.hgrad(u)].dtype]
-        part = shard(b.host_params(u), self.N)
+        part = b.partition(u).numel(Part.LOCAL)
         if self.N > 1 and b.host_reduced(u):  # read the node's N slices of this rank's 1/N, write it
             self.emit(OpKind.HOST_REDUCE, u, reads=[g], writes=[g, b.gsq(u)],
                       host_bytes=(b.host_params(u) + 2 * part) * gb)
@@ -205,7 +224,7 @@ class _Builder:
         self.place_optimizer("load", EMBED)
         src = b.weights_of(EMBED)
         emb = b.host_rows(f"emb.m{m}", Holds.EMBEDDED, m, "staging")
-        src_b = a if p.working_copy else DTYPE_BYTES[p.master_dtype]
+        src_b = a if b.has_copy else DTYPE_BYTES[p.master_dtype]
         self.emit(OpKind.EMBED_FWD, EMBED, m, reads=[src], writes=[emb],
                   host_bytes=self.tokens * self.model.hidden * (src_b + a))
         self.emit(OpKind.LOAD_INPUT, EMBED, m, reads=[emb], writes=[b.x(m, 0)], frees=[emb],

@@ -2,6 +2,7 @@
 its unit, micro-batch or boundary, shape and dtype. Names are made here, for display and
 JSON; nothing reads meaning out of them. Each `declare` method returns the name ops list."""
 from horizon_sim.schedule.op import DTYPE_BYTES_OF, EMBED, Buffer, Holds, Space
+from horizon_sim.schedule.partition import Part, Partition
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
@@ -22,6 +23,9 @@ class Declarations:
         self.host_grad_dtype = "fp32" if policy.micro_batches > 1 else policy.grad_dtype
         self.grads_static = policy.optimizer == "pipelined"  # they cross the step boundary
         a = DTYPE_BYTES_OF[policy.compute_dtype]
+        # Several nodes hold the master in shards: every node keeps a whole copy to stream
+        # from (in fp32 compute too, where a single node would load the master itself).
+        self.has_copy = policy.working_copy or nodes > 1
         self.slot_bytes = max(model.layer_params, model.head_device_params) * a
 
     # ---- sizes ---------------------------------------------------------------------------------
@@ -41,20 +45,30 @@ class Declarations:
         others are reduce-scattered on the devices first (REDUCE_SCATTER)."""
         return u == EMBED or (u == self.head and self.m.tied_embeddings)
 
+    def partition(self, u: int) -> Partition:
+        """How unit u's host parameters are split over the ranks (partition.py)."""
+        return Partition(self.host_params(u), self.N, self.M)
+
+    def grad_part(self, u: int) -> Part:
+        """What of unit u's gradient this rank holds on the host (before the nodes' reduce):
+        the whole (accumulated on the host, then summed over the node's ranks), else its
+        local slice (the devices' reduce-scatter left it that)."""
+        return Part.WHOLE if self.host_reduced(u) or self.N == 1 else Part.LOCAL
+
     def rank_grad_params(self, u: int) -> int:
         """Elements of unit u's gradient this rank holds on the host (before the nodes' reduce)."""
-        return self.host_params(u) if self.host_reduced(u) else shard(self.host_params(u), self.N)
+        return self.partition(u).numel(self.grad_part(u))
 
     def owned_params(self, u: int) -> int:
         """Elements of unit u this rank updates: 1/N of the node's 1/M."""
-        return shard(self.host_params(u), self.N * self.M)
+        return self.partition(u).chunk
 
     def unit_label(self, u: int) -> str:
         return {EMBED: "emb", self.head: "head"}.get(u, str(u))
 
     # ---- declaring ---------------------------------------------------------------------------------
     def declare(self, name, space, holds, shape, dtype, static=False, role="", *, unit=None, micro=None,
-                layer=None, dma_only=False, node_shared=False) -> str:
+                layer=None, dma_only=False, node_shared=False, part=Part.WHOLE) -> str:
         """Declare a buffer once and return its name."""
         if name not in self.buffers:
             shape = tuple(int(d) for d in shape)
@@ -63,7 +77,7 @@ class Declarations:
                 n *= d
             pooled = space == Space.HOST and not static  # the executor's exact-size host pool
             self.buffers[name] = Buffer(name, space, n * DTYPE_BYTES_OF[dtype], static, role, holds, unit, micro,
-                                        layer, shape, dtype, pooled, dma_only, node_shared)
+                                        layer, shape, dtype, pooled, dma_only, node_shared, part)
         return name
 
     def _rows(self):  # (micro_batch, seq, hidden): an activation-sized buffer
@@ -89,38 +103,43 @@ class Declarations:
                             True, "weights", layer=s)
 
     def dgrad(self, u: int, m: int) -> str:
+        """A unit's device grads of one micro-batch (padded to whole chunks when the node's
+        devices reduce-scatter them)."""
+        n = self.partition(u).padded if self.N > 1 and not self.host_reduced(u) else self.dev_params(u)
         return self.declare(f"dgrad.{self.unit_label(u)}.m{m}", Space.DEVICE, Holds.DEVICE_GRAD,
-                            (self.dev_params(u),), self.p.compute_dtype, role="grads", unit=u, micro=m)
+                            (n,), self.p.compute_dtype, role="grads", unit=u, micro=m)
 
     def dgrad_shard(self, u: int, m: int) -> str:
-        """This device's 1/N of a unit's weight grads after the node's reduce-scatter."""
+        """This device's slice of a unit's weight grads after the node's reduce-scatter."""
         return self.declare(f"dgrad.{self.unit_label(u)}.m{m}.shard", Space.DEVICE, Holds.DEVICE_GRAD_SHARD,
-                            (shard(self.dev_params(u), self.N),), self.p.compute_dtype, role="grads", unit=u, micro=m)
+                            (self.partition(u).numel(Part.LOCAL),), self.p.compute_dtype, role="grads", unit=u,
+                            micro=m, part=Part.LOCAL)
 
     def hgrad(self, u: int) -> str:
         # A tied embedding's grad sums the LM head's and the scatter-add's: keep it in fp32.
         dtype = "fp32" if u == EMBED and self.m.tied_embeddings else self.host_grad_dtype
         return self.declare(f"hgrad.{self.unit_label(u)}", Space.HOST, Holds.HOST_GRAD, (self.rank_grad_params(u),),
-                            dtype, static=self.grads_static, role="grads", unit=u)
+                            dtype, static=self.grads_static, role="grads", unit=u, part=self.grad_part(u))
 
     def host_store(self, u: int) -> list[str]:
         """A unit's static host buffers: master, moments, and the working copy when there is one."""
-        n, params, p, sh = self.unit_label(u), self.host_params(u), self.p, self.shared
-        # Several nodes: each holds 1/M of the master and moments (its ranks update their 1/N
-        # of that), and the whole working copy every device streams from.
-        node = shard(params, self.M)
+        n, part, p, sh = self.unit_label(u), self.partition(u), self.p, self.shared
+        # Several ranks: the node holds its ranks' chunks of the master and moments (each rank
+        # updates its own), and the whole working copy every device streams from.
+        store = Part.NODE if sh else Part.WHOLE
+        node = part.numel(store)
         names = [self.declare(f"master.{n}", Space.HOST, Holds.MASTER, (node,), p.master_dtype, True, "master",
-                              unit=u, node_shared=sh),
+                              unit=u, node_shared=sh, part=store),
                  self.declare(f"moments.{n}", Space.HOST, Holds.MOMENTS, (2, node), p.states_dtype, True,
-                              "moments", unit=u, node_shared=sh)]
-        if p.working_copy:
-            names.append(self.declare(f"wc.{n}", Space.HOST, Holds.WORKING_COPY, (params,), p.compute_dtype, True,
-                                      "working_copy", unit=u, node_shared=sh))
+                              "moments", unit=u, node_shared=sh, part=store)]
+        if self.has_copy:
+            names.append(self.declare(f"wc.{n}", Space.HOST, Holds.WORKING_COPY, (part.padded,), p.compute_dtype,
+                                      True, "working_copy", unit=u, node_shared=sh))
         return names
 
     def weights_of(self, u: int) -> str:
         """What a unit's weights load from: its working copy, else its master."""
-        return self.host_store(u)[2 if self.p.working_copy else 0]
+        return self.host_store(u)[2 if self.has_copy else 0]
 
     def gsq(self, u: int) -> str:
         return self.declare(f"gsq.{self.unit_label(u)}", Space.HOST, Holds.GRAD_SQ, (1,), "fp64", True, "scalars",

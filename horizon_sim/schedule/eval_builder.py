@@ -62,10 +62,12 @@ class _EvalBuilder(_Builder):
         # forward only: a third of the training step's model FLOPs (6N + 12LHT per token)
         flops = m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens / 3
         meta = ScheduleMeta(model=m.to_dict(), policy=p.to_dict(), n_layers=m.n_layers, slot_bytes=b.slot_bytes,
-                            tokens=p.tokens, model_flops=flops, purpose="eval")
+                            tokens=p.tokens, model_flops=flops, purpose="eval", devices_per_node=self.N,
+                            nodes=self.M)
         return Schedule(ops=tuple(self.ops), buffers=dict(b.buffers), meta=meta)
 
 
-def build_eval_schedule(model: ModelSpec, policy: Policy) -> Schedule:
-    """The ops of one eval batch (policy.batch sequences in its micro-batches) of `model`, checked."""
-    return _EvalBuilder(model, policy).build().check()
+def build_eval_schedule(model: ModelSpec, policy: Policy, devices_per_node: int = 1, nodes: int = 1) -> Schedule:
+    """The ops of one eval batch (policy.batch sequences in its micro-batches) of `model`, checked
+    (data parallel: one rank's, over the buffers its training step declares; no collective)."""
+    return _EvalBuilder(model, policy, devices_per_node, nodes).build().check()

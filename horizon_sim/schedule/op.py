@@ -10,6 +10,8 @@ and re-checked by validation, so a missing dependency is a detectable hazard, no
 from dataclasses import dataclass, field
 from enum import Enum
 
+from horizon_sim.schedule.partition import Part
+
 
 class Lane(str, Enum):
     H2D = "h2d"          # host -> device copies
@@ -138,12 +140,17 @@ class Buffer:
     node_shared: bool = False
     """One copy per node, mapped by every local rank (the host store of a data-parallel run);
     a node's host footprint counts it once and every other host buffer once per local rank."""
+    part: Part = Part.WHOLE
+    """A unit's buffer in a data-parallel run: which part of the unit it holds (partition.py:
+    the whole unit, a local rank's slice, or a node's chunks)."""
 
     def __post_init__(self):
         if not isinstance(self.shape, tuple):  # from JSON
             object.__setattr__(self, "shape", tuple(self.shape))
         if self.holds is not None and not isinstance(self.holds, Holds):
             object.__setattr__(self, "holds", Holds(self.holds))
+        if not isinstance(self.part, Part):
+            object.__setattr__(self, "part", Part(self.part))
 
     @property
     def numel(self) -> int:

@@ -65,6 +65,10 @@ class Policy:
     doc_tokens: int = 0
     """Mean document length in tokens, for model FLOPs (MFU) under doc_masks: a token attends
     to at most its document. 0 = seq (documents as long as the sequence)."""
+    max_host_grads: int = 0
+    """optimizer='backward': at most this many units' gradients wait on the host for the CPU
+    optimizer at once; a unit's offload waits until the oldest has been applied (0 = no bound:
+    a slow optimizer lets them pile up). The embedding's own gradient is not counted."""
 
     def __post_init__(self):
         for f in ("batch", "seq", "micro_batches", "act_ckpt_every", "loss_chunk_tokens"):
@@ -90,6 +94,13 @@ class Policy:
                 raise HorizonError(f"policy {f}={getattr(self, f)!r}; allowed: {', '.join(allowed)}")
         if not isinstance(self.doc_tokens, int) or isinstance(self.doc_tokens, bool) or self.doc_tokens < 0:
             raise HorizonError(f"policy doc_tokens={self.doc_tokens!r} must be an integer >= 0 (0 = seq)")
+        if not isinstance(self.max_host_grads, int) or isinstance(self.max_host_grads, bool) or self.max_host_grads < 0:
+            raise HorizonError(f"policy max_host_grads={self.max_host_grads!r} must be an integer >= 0 (0 = no bound)")
+        if self.max_host_grads and (self.optimizer != "backward" or self.micro_batches != 1):
+            raise HorizonError(
+                f"policy max_host_grads={self.max_host_grads} bounds the gradients waiting for optimizer='backward' "
+                f"with one micro-batch (here optimizer={self.optimizer!r}, micro_batches={self.micro_batches}): "
+                "the other modes keep every gradient until the step's end by design")
         if self.doc_tokens and not self.doc_masks:
             raise HorizonError(f"policy doc_tokens={self.doc_tokens} prices document masks; set doc_masks too")
         if (not isinstance(self.grad_clip, (int, float)) or isinstance(self.grad_clip, bool)

@@ -1,0 +1,109 @@
+"""The data-parallel ops of a Schedule (op.COLLECTIVES and HOST_REDUCE), by the buffers they
+name and the partition rule (horizon_sim/schedule/partition.py). Each runs on its lane's thread
+with that lane's process groups (context.py), so every group sees its collectives in the
+Schedule's order on every rank.
+
+  REDUCE_SCATTER      fabric: the unit's device grads (padded, padding zeroed) summed over the
+                      node's devices; this device keeps its local slice
+  HOST_REDUCE         cpu: a gradient accumulated on the host (embedding, tied head) summed
+                      over the node's ranks; this rank's local slice of it holds the sum; its
+                      squared norm is the slice's
+  NET_REDUCE_SCATTER  net: the local slice summed over the nodes; this rank's chunk of it holds
+                      the sum; its squared norm is the chunk's
+  NET_ALL_GATHER      net: every node's updated chunk of this local slice of the working copy
+  UPDATE_BARRIER      net: every rank of the node has updated its chunk of the shared store
+  NORM_ALL_REDUCE     net: the squared norms of every rank's share, and the loss parts, summed:
+                      the global gradient norm and the step's loss (then the non-finite rule)
+
+A collective that fails (a peer died, or did not join within the timeout) is an error naming
+this rank and the op's peers.
+"""
+import math
+
+import torch
+import torch.distributed as dist
+
+from horizon_sim.schedule.op import Holds, OpKind
+from horizon_sim.schedule.partition import Part
+
+
+# torch 2.13 renamed the tensor collectives (*_single); older torch has only the old names
+all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_into = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _call(ctx, op, what: str, fn):
+    try:
+        return fn()
+    except Exception as e:  # gloo/NCCL: connection closed, timeout
+        raise RuntimeError(f"rank {ctx.rank} (node {ctx.node}, local rank {ctx.local_rank}): {what} with "
+                           f"{op.peers} peer rank(s) failed: {type(e).__name__}: {str(e).strip()[:300]}") from e
+
+
+class Collectives:
+    def __init__(self, runner, ctx):
+        self.r, self.ctx = runner, ctx
+
+    def table(self) -> dict:
+        return {OpKind.REDUCE_SCATTER: self.reduce_scatter, OpKind.HOST_REDUCE: self.host_reduce,
+                OpKind.NET_REDUCE_SCATTER: self.net_reduce_scatter, OpKind.NET_ALL_GATHER: self.net_all_gather,
+                OpKind.UPDATE_BARRIER: self.update_barrier, OpKind.NORM_ALL_REDUCE: self.norm_all_reduce}
+
+    def reduce_scatter(self, op):
+        r, ctx = self.r, self.ctx
+        full = r.buf.get(r.buf.one(op.reads, Holds.DEVICE_GRAD))
+        out = r.buf.out(r.buf.one(op.writes, Holds.DEVICE_GRAD_SHARD))
+        full[r.dev_numel(op.layer):].zero_()  # the padding to whole chunks
+        _call(ctx, op, "the node's gradient reduce-scatter",
+              lambda: reduce_scatter_into(out, full, group=ctx.groups["fabric"]))
+
+    def host_reduce(self, op):
+        r, ctx = self.r, self.ctx
+        name = r.buf.one(op.writes, Holds.HOST_GRAD)
+        g = r.buf.get(name)
+        a, e = r.partition(op.layer).local_range(ctx.local_rank)
+        mine = torch.empty(e - a, dtype=g.dtype)
+        _call(ctx, op, "the node's host-gradient reduce",
+              lambda: reduce_scatter_into(mine, g, group=ctx.groups["host"]))
+        g[a:e].copy_(mine)
+        for sq in r.buf.all(op.writes, Holds.GRAD_SQ):
+            r.set_sq_norm(sq, mine)
+
+    def net_reduce_scatter(self, op):
+        r, ctx = self.r, self.ctx
+        name = r.buf.one(op.writes, Holds.HOST_GRAD)
+        b, g = r.buf.declared[name], r.buf.get(name)
+        part = r.partition(op.layer)
+        a, e = part.local_range(ctx.local_rank) if b.part == Part.WHOLE else (0, part.numel(Part.LOCAL))
+        mine = torch.empty(part.chunk, dtype=g.dtype)
+        _call(ctx, op, "the nodes' gradient reduce-scatter",
+              lambda: reduce_scatter_into(mine, g[a:e], group=ctx.groups["cross"]))
+        c0, c1 = part.owned_in(b.part, ctx.local_rank, ctx.node)
+        g[c0:c1].copy_(mine)
+        for sq in r.buf.all(op.writes, Holds.GRAD_SQ):
+            r.set_sq_norm(sq, mine)
+
+    def net_all_gather(self, op):
+        r, ctx = self.r, self.ctx
+        name = r.buf.one(op.writes, Holds.WORKING_COPY)
+        wc, part = r.buf.get(name), r.partition(op.layer)
+        a, e = part.local_range(ctx.local_rank)
+        c0, c1 = part.owned_range(ctx.local_rank, ctx.node)
+        mine = wc[c0:c1].clone()  # the gather writes over the slice it is part of
+        _call(ctx, op, "the nodes' working-copy all-gather",
+              lambda: all_gather_into(wc[a:e], mine, group=ctx.groups["cross"]))
+
+    def update_barrier(self, op):
+        ctx = self.ctx
+        _call(ctx, op, "the node's update barrier", lambda: dist.barrier(group=ctx.groups["node_net"]))
+
+    def norm_all_reduce(self, op):
+        r, ctx = self.r, self.ctx
+        out = r.buf.get(op.writes[0])
+        sq = float(out.item()) ** 2
+        t = torch.tensor([sq if math.isfinite(sq) else math.nan, r.ctx.loss()], dtype=torch.float64)
+        _call(ctx, op, "the norm all-reduce", lambda: dist.all_reduce(t, group=ctx.groups["world_net"]))
+        total, loss = float(t[0]), float(t[1])
+        out.fill_(math.sqrt(total) if total >= 0 else math.nan)
+        r.ctx.global_loss = loss
+        r.ctx.guard.after_grad_norm(loss, total)

@@ -1,0 +1,71 @@
+"""`horizon train --nproc-per-node N [--nnodes M --node-rank J --master-addr A --master-port P]`:
+start the run's processes through torch.distributed's own launcher (torch.distributed.run, the
+code behind torchrun: env:// rendezvous, a worker that fails takes the others down).
+
+The workers run `horizon_exec.cli.train_cmd` as a module with the parent's parsed arguments
+(HORIZON_TRAIN_ARGS, JSON), so they train exactly what the parent checked; plain
+`torchrun --nproc-per-node N -m horizon_exec.cli.train_cmd --model tiny ...` works as well.
+"""
+import argparse
+import json
+import os
+import sys
+
+ARGS_ENV = "HORIZON_TRAIN_ARGS"
+LAUNCH_FLAGS = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port")
+
+
+def add_launch_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data parallel (torch.distributed; gloo on CPU, NCCL between GPUs)")
+    g.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                   help="processes (devices) per node; N > 1 or --nnodes > 1 launches the run through "
+                        "torch.distributed.run (default 1). --batch is per process: a step trains "
+                        "N x nnodes x batch sequences")
+    g.add_argument("--nnodes", type=int, default=1, metavar="M", help="nodes (default 1)")
+    g.add_argument("--node-rank", type=int, default=0, metavar="J", help="this node's rank, 0..M-1 (default 0)")
+    g.add_argument("--master-addr", default="127.0.0.1", metavar="HOST",
+                   help="node 0's address for the rendezvous (default 127.0.0.1)")
+    g.add_argument("--master-port", type=int, default=29500, metavar="PORT", help="its port (default 29500)")
+    g.add_argument("--dist-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="a collective whose peers do not all join within this fails, naming the rank "
+                        "and the op (a dead or stuck rank); every rank then exits non-zero (default 300)")
+
+
+def check_launch_args(a: argparse.Namespace) -> None:
+    from horizon_sim.errors import HorizonError
+    for flag, v, lo in (("--nproc-per-node", a.nproc_per_node, 1), ("--nnodes", a.nnodes, 1),
+                        ("--node-rank", a.node_rank, 0), ("--master-port", a.master_port, 1)):
+        if v < lo:
+            raise HorizonError(f"{flag} {v} must be >= {lo}")
+    if a.node_rank >= a.nnodes:
+        raise HorizonError(f"--node-rank {a.node_rank} must be below --nnodes {a.nnodes}")
+    if a.master_port > 65535:
+        raise HorizonError(f"--master-port {a.master_port} must be at most 65535")
+    if not (0 < a.dist_timeout < float("inf")):
+        raise HorizonError(f"--dist-timeout {a.dist_timeout} must be a positive number of seconds")
+
+
+def wants_launch(a: argparse.Namespace) -> bool:
+    """Several processes were asked for and this is not one of them yet."""
+    from horizon_exec.dist.context import launched
+    return a.nproc_per_node * a.nnodes > 1 and not launched()
+
+
+def launch(a: argparse.Namespace) -> int:
+    """Run the workers; their exit status (the first failure's, named on stderr)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+    os.environ[ARGS_ENV] = json.dumps({k: v for k, v in vars(a).items()
+                                       if isinstance(v, (str, int, float, bool, type(None)))})
+    argv = ["--nproc-per-node", str(a.nproc_per_node), "--nnodes", str(a.nnodes), "--node-rank", str(a.node_rank),
+            "--master-addr", a.master_addr, "--master-port", str(a.master_port), "--max-restarts", "0",
+            "--module", "horizon_exec.cli.train_cmd"]
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as e:
+        rank, f = min(e.failures.items(), key=lambda kv: kv[1].timestamp)
+        code = f.exitcode if f.exitcode and f.exitcode > 0 else 1
+        how = f"signal {-f.exitcode}" if f.exitcode and f.exitcode < 0 else f"exit code {f.exitcode}"
+        print(f"horizon train: rank {rank} failed first ({how}); every other rank was stopped", file=sys.stderr)
+        return code
+    return 0

@@ -1,0 +1,98 @@
+"""One rank of a data-parallel test run (tests/test_dist_exec.py starts it through
+torch.distributed.run, or directly with the env:// variables set).
+
+    python tests/dist_worker.py OUT MODE [key=value ...]
+
+MODE parity: 3 steps of a tiny model on this rank's share of fixed global batches; rank 0
+  writes OUT/master.pt (every unit's whole master, gathered) and OUT/losses.json.
+MODE store: one step; each rank writes OUT/store-RANK.json: the Rss and Pss of its mapping of
+  the node's shared store (/proc/self/smaps) and the store's declared bytes.
+MODE fault: steps until `kill_rank` reaches op `kill_op` of step 2, where it dies (os._exit)
+  or stalls (stall=1); the survivors' errors go to stderr.
+"""
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from horizon_exec.dist.context import from_env
+from horizon_exec.runtime.trainer import Trainer
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import Policy
+
+GLOBAL_BATCH = 4
+
+
+def spec(tied: bool) -> ModelSpec:
+    return ModelSpec(n_layers=3, hidden=64, n_heads=2, n_kv_heads=1, ffn_hidden=176, vocab=250, tied_embeddings=tied)
+
+
+def batches(n: int = 3, seq: int = 16, vocab: int = 250):
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, vocab, (GLOBAL_BATCH, seq), generator=g) for _ in range(n)]
+
+
+def policy(world: int, opt: str, micro_batches: int = 1) -> Policy:
+    return Policy(batch=GLOBAL_BATCH // world, micro_batches=micro_batches, seq=16, compute_dtype="fp32",
+                  grad_dtype="fp32", working_copy=False, optimizer=opt, grad_clip=0.0 if opt == "backward" else 0.5)
+
+
+def shared_mapping() -> dict:
+    """Rss and Pss (bytes) of this process's mapping of the node's shared store, and its inode."""
+    out, cur = {"rss": 0, "pss": 0, "inodes": []}, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+            cur = "/dev/shm/horizon-" in line
+            if cur:
+                out["inodes"].append(int(line.split()[4]))
+        elif cur and line.startswith(("Rss:", "Pss:")):
+            out[line.split(":")[0].lower()] += int(line.split()[1]) * 1024
+    return out
+
+
+def main(out: Path, mode: str, kw: dict) -> None:
+    ctx = from_env(timeout_s=float(kw.get("timeout", 60)))
+    opt = kw.get("opt", "pipelined")
+    pol = policy(ctx.world, opt)
+    b = pol.batch
+    tr = Trainer(spec(kw.get("tied") == "1"), pol, admission=False, lr=float(kw.get("lr", 1e-3)), dist=ctx,
+                 timeout_s=float(kw.get("op_timeout", 60)))
+    mine = [t[ctx.rank * b:(ctx.rank + 1) * b] for t in batches()]
+    if mode == "parity":
+        losses = [tr.step(t).loss for t in mine]
+        tr.flush()
+        full = torch.cat([tr.gather_master(u) for u in tr.units])
+        if ctx.rank == 0:
+            torch.save(full, out / "master.pt")
+            (out / "losses.json").write_text(json.dumps(losses))
+    elif mode == "store":
+        tr.step(mine[0])
+        tr.step(mine[1])
+        ctx.barrier()  # every rank has touched the store before any measures
+        shared = sum(bb.bytes for bb in tr.sched.buffers.values() if bb.node_shared)
+        (out / f"store-{ctx.rank}.json").write_text(json.dumps({**shared_mapping(), "declared": shared,
+                                                                "mapped": tr.store.shared_raw.numel()}))
+        ctx.barrier()
+    elif mode == "fault":
+        kill_rank, kill_op = int(kw["kill_rank"]), int(kw["kill_op"])
+        tr.step(mine[0])
+        if ctx.rank == kill_rank:
+            def hook(op):
+                if op.id == kill_op:
+                    if kw.get("stall") == "1":
+                        time.sleep(3600)
+                    os._exit(9)
+            tr.engine.hook = hook
+        try:
+            tr.step(mine[1])
+        except Exception as e:  # noqa: BLE001 - what the survivor says is what the test reads
+            print(f"rank {ctx.rank} error: {e}", file=sys.stderr, flush=True)
+            os._exit(1)
+    tr.close()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2], dict(a.split("=", 1) for a in sys.argv[3:]))
