@@ -92,6 +92,7 @@ def main(out: Path, mode: str, kw: dict) -> None:
             print(f"rank {ctx.rank} error: {e}", file=sys.stderr, flush=True)
             os._exit(1)
     tr.close()
+    ctx.close()
 
 
 if __name__ == "__main__":

@@ -178,6 +178,15 @@ def run_train(args: argparse.Namespace) -> int:
         sys.stdout = open(os.devnull, "w")
     agree(dist, lambda: prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file,
                                         init_from=init) if dist.rank == 0 else None)
+    rc = 1
+    try:
+        rc = _run_dist_rank(args, dist)
+    finally:  # a clean end waits for every rank; a failed one does not wait for the others
+        dist.close(wait=rc == 0)
+    return rc
+
+
+def _run_dist_rank(args: argparse.Namespace, dist) -> int:
     lock_dir = None if not args.ckpt_dir or not dist.is_leader else (
         args.ckpt_dir if dist.nodes == 1 else os.path.join(args.ckpt_dir, f"node-{dist.node}"))
     if lock_dir is None:

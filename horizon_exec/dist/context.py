@@ -52,6 +52,21 @@ class DistContext:
         job = os.environ.get("TORCHELASTIC_RUN_ID", "") or os.environ.get("MASTER_PORT", "0")
         return f"horizon-{job}-{os.environ.get('MASTER_ADDR', 'local')}-n{self.node}"
 
+    def close(self, wait: bool = True) -> None:
+        """End this process's part in the run: with `wait`, once every rank got here (so no rank
+        tears its connections down under a peer still using them), then the process groups go
+        (their threads stopped: a process that exits with them alive aborts). Idempotent."""
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            return
+        try:
+            if wait:
+                dist.barrier(group=self.groups["main"])
+        finally:
+            dist.destroy_process_group()
+
     def barrier(self) -> None:
         """Every rank reaches this point (the calling thread's group)."""
         if self.world > 1:

@@ -208,11 +208,16 @@ class CostModel:
     # ---- flows --------------------------------------------------------------------------
     def _collective(self, op: Op) -> list[Flow]:
         """A ring over `peers` ranks: peers - 1 steps (a scalar's all-reduce: a tree, 2 log2
-        steps), then net_bytes at the fabric's rate (device to device, no host memory) or at
+        steps), then net_bytes at the fabric's rate (device to device, no host memory; CPU
+        backend: host threads) or at
         this rank's share of the NIC (through host DRAM, as RDMA reads and writes it); a
         reduction's sums on the host are host_bytes of CPU work."""
         if op.lane == Lane.FABRIC:
-            return [Flow((op.peers - 1) * self.fabric_latency_s, op.net_bytes, self.fabric_Bps, dram=False)]
+            # A CPU backend's "devices" are host memory and its fabric is gloo on host threads:
+            # the ring's bytes then cross the DRAM bus on a host core (beside the compute lane
+            # that shares it), like its CPU-driven copies.
+            cpu = self.cpu_copies
+            return [Flow((op.peers - 1) * self.fabric_latency_s, op.net_bytes, self.fabric_Bps, core=cpu, dram=cpu)]
         tree = op.kind in (OpKind.NORM_ALL_REDUCE, OpKind.UPDATE_BARRIER)
         steps = 2 * math.ceil(math.log2(op.peers)) if tree else op.peers - 1
         # within a node (one node, or the node's own barrier): shared memory

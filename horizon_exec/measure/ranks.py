@@ -1,0 +1,108 @@
+"""Measure a data-parallel step: R processes on this machine (torch.distributed.run, gloo over
+loopback) each train `policy.batch` random sequences per step of `model`; the step time of a
+step is the slowest rank's (they end together at the norm all-reduce).
+
+    res = measure_ranks(model, policy, nproc=2, steps=6)
+    res["step_s"]      # per measured step, seconds (after `warmup` unmeasured ones)
+    res["timeline"]    # rank 0's last step, StepResult.timeline's columns (records)
+
+One rank runs the same code path with a world of one (no launcher), so the two are measured
+alike. Used by benchmarks/scaling.py.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_ENV = "HORIZON_RANKS_JOB"
+
+
+def measure_ranks(model, policy, nproc: int, steps: int = 6, warmup: int = 2, port: int = 0,
+                  timeout_s: float = 600) -> dict:
+    from dataclasses import asdict
+    with tempfile.TemporaryDirectory(prefix="horizon-ranks-") as d:
+        out = Path(d) / "result.json"
+        job = {"model": asdict(model), "policy": policy.to_dict(), "steps": steps, "warmup": warmup, "out": str(out)}
+        env = dict(os.environ, **{_ENV: json.dumps(job)}, OMP_NUM_THREADS="1")
+        env.pop("WORLD_SIZE", None)
+        cmd = [sys.executable, "-m", "horizon_exec.measure.ranks"]
+        if nproc > 1:
+            port = port or _free_port()
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                   "--master-addr", "127.0.0.1", "--master-port", str(port), "--module", "horizon_exec.measure.ranks"]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        if p.returncode != 0:
+            raise RuntimeError(f"{nproc}-rank measurement failed (exit {p.returncode}): {p.stderr[-2000:]}")
+        return json.loads(out.read_text())
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main() -> None:
+    import torch
+    import torch.distributed as dist
+
+    from horizon_exec.dist.context import from_env
+    from horizon_exec.runtime.trainer import Trainer
+    from horizon_sim.specs.model import ModelSpec
+    from horizon_sim.specs.policy import Policy
+    job = json.loads(os.environ[_ENV])
+    ctx = from_env()
+    model, pol = ModelSpec(**job["model"]), Policy(**job["policy"])
+    g = torch.Generator().manual_seed(ctx.rank)
+    times, res = [], None
+    with Trainer(model, pol, admission=False, dist=ctx) as tr:
+        for i in range(job["warmup"] + job["steps"]):
+            res = tr.step(torch.randint(0, model.vocab, (pol.batch, pol.seq), generator=g))
+            t = torch.tensor([res.step_s], dtype=torch.float64)
+            if ctx.world > 1:
+                dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.groups["main"])
+            if i >= job["warmup"]:
+                times.append(float(t))
+    if ctx.rank == 0:
+        tl = res.timeline.copy()
+        tl["kind"] = tl["kind"].astype(str)
+        tl["lane"] = tl["lane"].astype(str)
+        Path(job["out"]).write_text(json.dumps({"step_s": times, "timeline": tl.to_dict(orient="records"),
+                                                "device_peak_bytes": res.device_peak_bytes}, default=str))
+    ctx.close()
+
+
+if __name__ == "__main__":
+    _rank_main()
+
+
+def cpu_ranks_hardware(hw, nproc: int):
+    """The calibrated CPU-backend HardwareSpec `hw` (one rank: compute on its core(s), the lanes
+    on the rest) laid out for `nproc` ranks on the same cores, as horizon_exec/dist gives them:
+    each rank an equal share of the cores for its compute AND its lanes (dist/context.cores_of).
+
+    What changes, and why (the cost model then takes 1/nproc of what the node shares):
+      - cluster: nproc devices on one node; the fabric is gloo over loopback, at the rate
+        calibrate measured (hw.cluster), else admission's placeholder;
+      - host.lane_cores: a rank's lanes get half of its core while its compute runs (two busy
+        threads on one core), so nproc/2 for the node, 1/2 per rank;
+      - host.compute_contention = 1: the compute lane runs at half speed while host work runs
+        on its core (processor sharing of one core by two threads);
+      - host.adam_Gparams_per_s x nproc: calibrate timed AdamW on the lane core(s); every rank
+        runs its own optimizer on its own core (the core share above slows it), so the cost
+        model's 1/nproc split of a node-wide rate does not apply.
+    One rank: hw unchanged."""
+    from dataclasses import replace
+
+    from horizon_exec.runtime.admission import LOOPBACK_GBps
+    if nproc == 1:
+        return hw
+    c = hw.cluster
+    cluster = replace(c, name=f"cpu-{nproc}-ranks", devices_per_node=nproc, nodes=1,
+                      fabric_GBps=c.fabric_GBps or LOOPBACK_GBps, devices_per_host_link=1)
+    host = replace(hw.host, lane_cores=nproc / 2, compute_contention=1.0,
+                   adam_Gparams_per_s=hw.host.adam_Gparams_per_s * nproc)
+    return replace(hw, name=f"{hw.name}, {nproc} ranks", cluster=cluster, host=host)
