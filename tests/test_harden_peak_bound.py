@@ -94,7 +94,8 @@ def test_the_executor_with_a_late_d2h_lane_stays_under_the_bound():
     import torch
     toks = torch.randint(0, model.vocab, (pol.batch, pol.seq), generator=torch.Generator().manual_seed(0))
     with Trainer(model, pol, admission=False) as tr:
-        normal = max(tr.step(toks).device_peak_bytes for _ in range(2))
+        tr.step(toks)  # warm: the first step's peak is every later one's
+        normal = tr.step(toks).device_peak_bytes
         tr.engine.hook = late
-        slow = max(tr.step(toks).device_peak_bytes for _ in range(2))
+        slow = tr.step(toks).device_peak_bytes
     assert normal <= slow <= bound, (normal, slow, bound)

@@ -30,6 +30,25 @@ def _elem_points(rounds) -> list:
     return [(statistics.mean(x[i][0] for x in rounds), rounds[0][i][1]) for i in (0, 1)]
 
 
+BF16_FALLBACK_RATIO = 8.0
+"""bf16 GEMMs this many times slower than fp32 ones: no native bf16 arithmetic here."""
+
+
+def _bf16_fallback() -> bool:
+    """Does a 256^3 bf16 GEMM take over BF16_FALLBACK_RATIO x an fp32 one (best of 3 each)?"""
+    t = {}
+    for dt in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(256, 256, dtype=dt), torch.randn(256, 256, dtype=dt)
+        a @ b
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+        t[dt] = best
+    return t[torch.bfloat16] > BF16_FALLBACK_RATIO * t[torch.float32]
+
+
 def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
     from horizon_exec.device.cpu import CpuBackend
     from horizon_exec.measure.probe import probe
@@ -39,10 +58,16 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
     compute = lambda fn: _in_lane(be, Lane.COMPUTE, fn)  # noqa: E731
     host = lambda fn: _in_lane(be, Lane.CPU, fn)         # noqa: E731
 
-    shapes = _gemm_shapes(quick, "cpu", model, policy)
+    # A CPU without native bf16 arithmetic (no AVX-512: torch's bf16 GEMM falls back to a
+    # generic kernel, ~60x slower than fp32 on an AVX2 EPYC) would spend tens of minutes on
+    # the full bf16 grid: measure the small grid once instead, and say so.
+    slow_bf16 = compute(_bf16_fallback)
+    shapes = _gemm_shapes(quick or slow_bf16, "cpu", model, policy)
     fp32_shapes = [(l, *s) for l in work.LAYOUTS for s in gemm_grid(True, "cpu")]
     prog.step(f"GEMM library warm-up: {len(shapes)} bf16 shapes, {len(fp32_shapes)} fp32 on "
-              f"{be.compute_threads} thread(s) of core(s) {be.compute_cores}")
+              f"{be.compute_threads} thread(s) of core(s) {be.compute_cores}"
+              + (" (bf16 GEMMs run in a generic kernel here, over 8x slower than fp32: the small bf16 grid, "
+                 "one visit)" if slow_bf16 and not quick else ""))
     gemm_visits = [compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu"))]  # warm, and a first visit
     fp32_visits = [compute(lambda: gemm_times(fp32_shapes, torch.float32, "cpu"))]
 
@@ -61,7 +86,7 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
         prog.step(f"round {r + 1}/{rounds}: GEMM grid (cold operands), attention kernels, elementwise "
                   "bandwidth, copies, AdamW, per-op fixed costs (a tiny model, ops serialized)")
         sample_tiny()
-        if not quick:  # one more visit of the grid per round, alternating direction
+        if not quick and not slow_bf16:  # one more visit of the grid per round, alternating direction
             gemm_visits.append(compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu", reverse=r % 2 == 0,
                                                           warm=False)))
             sample_tiny()
