@@ -219,3 +219,18 @@ def test_sweep_grids_take_layouts():
         parse_grid({"models": ["tiny"], "gpus": ["gh200"], "ram": ["1TB"], "gpus_per_node": [2]})
     with pytest.raises(HorizonError, match="nodes value 0 must be a whole number from 1 to 4096"):
         parse_grid({"models": ["tiny"], "gpus": ["h200"], "ram": ["1TB"], "nodes": [0]})
+
+
+def test_gpus_on_a_calibrated_cpu_file_share_its_cores():
+    """`horizon plan --hardware machine.toml --gpus 2` on a CPU-backend file: two processes share
+    the machine's cores (specs/cpu_ranks.py), which benchmarks/scaling.py checks against runs;
+    a GPU file keeps its own cluster."""
+    import argparse
+
+    from horizon_sim.cli.hardware_args import with_cluster
+    from tests.cpu_machine import CPU_HW
+    hw = with_cluster(CPU_HW, argparse.Namespace(gpus=2, nodes=None, cluster=None))
+    assert (hw.cluster.devices_per_node, hw.host.compute_contention, hw.host.lane_cores) == (2, 1.0, 1.0)
+    assert hw.host.adam_Gparams_per_s == 2 * CPU_HW.host.adam_Gparams_per_s
+    gpu = with_cluster(_hw(1, 1), argparse.Namespace(gpus=2, nodes=None, cluster=None))
+    assert gpu.host == _hw(1, 1).host

@@ -80,29 +80,7 @@ if __name__ == "__main__":
 
 
 def cpu_ranks_hardware(hw, nproc: int):
-    """The calibrated CPU-backend HardwareSpec `hw` (one rank: compute on its core(s), the lanes
-    on the rest) laid out for `nproc` ranks on the same cores, as horizon_exec/dist gives them:
-    each rank an equal share of the cores for its compute AND its lanes (dist/context.cores_of).
-
-    What changes, and why (the cost model then takes 1/nproc of what the node shares):
-      - cluster: nproc devices on one node; the fabric is gloo over loopback, at the rate
-        calibrate measured (hw.cluster), else admission's placeholder;
-      - host.lane_cores: a rank's lanes get half of its core while its compute runs (two busy
-        threads on one core), so nproc/2 for the node, 1/2 per rank;
-      - host.compute_contention = 1: the compute lane runs at half speed while host work runs
-        on its core (processor sharing of one core by two threads);
-      - host.adam_Gparams_per_s x nproc: calibrate timed AdamW on the lane core(s); every rank
-        runs its own optimizer on its own core (the core share above slows it), so the cost
-        model's 1/nproc split of a node-wide rate does not apply.
-    One rank: hw unchanged."""
-    from dataclasses import replace
-
-    from horizon_exec.runtime.admission import LOOPBACK_GBps
-    if nproc == 1:
-        return hw
-    c = hw.cluster
-    cluster = replace(c, name=f"cpu-{nproc}-ranks", devices_per_node=nproc, nodes=1,
-                      fabric_GBps=c.fabric_GBps or LOOPBACK_GBps, devices_per_host_link=1)
-    host = replace(hw.host, lane_cores=nproc / 2, compute_contention=1.0,
-                   adam_Gparams_per_s=hw.host.adam_Gparams_per_s * nproc)
-    return replace(hw, name=f"{hw.name}, {nproc} ranks", cluster=cluster, host=host)
+    """The calibrated CPU-backend `hw` laid out for `nproc` ranks on the same cores
+    (horizon_sim/specs/cpu_ranks.py, which `horizon plan --gpus N` on such a file uses too)."""
+    from horizon_sim.specs.cpu_ranks import cpu_ranks
+    return cpu_ranks(hw, nproc)

@@ -33,6 +33,7 @@ from horizon_exec.runtime.store import ALIGN
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Space
 from horizon_sim.sim.verdict import MemoryVerdict
+from horizon_sim.specs.cpu_ranks import LOOPBACK_GBps  # collective rates when a file has none
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -139,9 +140,6 @@ def _machine(hardware: HardwareSpec | None, host_bytes: int | None, device_bytes
                                 runtime_overhead_GiB=runtime_bytes / GiB))
 
 
-LOOPBACK_GBps = 1.0
-"""Collective rates the admission assumes when the hardware file has none for this layout
-(they only order the simulated events; the memory verdict does not depend on them)."""
 
 
 def _with_layout(hw: HardwareSpec, sched) -> HardwareSpec:

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.cluster import CLUSTERS, MAX_DEVICES_PER_NODE, MAX_NODES, make_cluster
+from horizon_sim.specs.cpu_ranks import cpu_ranks, is_cpu_backend
 from horizon_sim.specs.hardware import HardwareSpec
 
 
@@ -35,6 +36,9 @@ def with_cluster(hw: HardwareSpec, a: argparse.Namespace) -> HardwareSpec:
     c = hw.cluster
     g = c.devices_per_node if gpus is None else gpus
     n = c.nodes if nodes is None else nodes
+    if preset is None and n == 1 and c.ranks == 1 and g > 1 and is_cpu_backend(hw):
+        # a calibrated CPU machine: g processes share its cores (specs/cpu_ranks.py)
+        return cpu_ranks(hw, g)
     if preset is None and (c.ranks > 1 or c.fabric_GBps > 0 or c.net_GBps > 0):
         # the hardware's own fabric and network (a file's, or what calibrate measured), new counts
         return replace(hw, cluster=replace(c, devices_per_node=g, nodes=n,
