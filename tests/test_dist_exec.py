@@ -174,14 +174,25 @@ def test_resume_of_a_two_rank_run_is_bit_exact(micro_model, nnodes):
         assert a == b
 
 
-def test_save_hf_of_a_two_rank_run_loads_in_transformers(micro_model):
+@pytest.mark.parametrize("nnodes", [1, 2])
+def test_save_hf_of_a_two_rank_run_loads_in_transformers(micro_model, nnodes):
+    """One node: rank 0 writes from the node's store. Two nodes (no process holds the master
+    whole): the ranks gather unit by unit and rank 0 writes, with a shard size that splits the
+    model over several files. The weights are the checkpoint's masters (with two one-rank nodes
+    the whole unit is node 0's chunk then node 1's)."""
     transformers = pytest.importorskip("transformers")
     from safetensors.torch import load_file
     t = micro_model
-    _train(t, "--steps", "2", "--ckpt-dir", "ck", "--save-hf", "hf", "--save-dtype", "fp32")
+    _train(t, "--steps", "2", "--ckpt-dir", "ck", "--save-hf", "hf", "--save-dtype", "fp32",
+           "--save-shard-size", "300KB", nnodes=nnodes)
     model = transformers.AutoModelForCausalLM.from_pretrained(t / "hf", torch_dtype=torch.float32)
-    state = load_file(t / "ck" / "step-00000002" / "state.safetensors")
-    emb = state["master.emb"][:256 * 64].view(256, 64)  # the trained master (padded to whole chunks)
+    if nnodes == 1:
+        emb = load_file(t / "ck" / "step-00000002" / "state.safetensors")["master.emb"]
+    else:
+        assert len(list((t / "hf").glob("model-*.safetensors"))) > 1
+        emb = torch.cat([load_file(t / "ck" / f"node-{j}" / "step-00000002" / "state.safetensors")["master.emb"]
+                         for j in range(2)])
+    emb = emb[:256 * 64].view(256, 64)  # the trained master (padded to whole chunks)
     assert torch.equal(model.model.embed_tokens.weight.detach(), emb)
     assert not torch.equal(emb, torch.zeros_like(emb))
 

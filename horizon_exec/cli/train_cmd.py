@@ -165,9 +165,6 @@ def run_train(args: argparse.Namespace) -> int:
         from horizon_exec.files.hf_checkpoint import resolve_checkpoint
         init = resolve_checkpoint(args.init_from)
     if launch.wants_launch(args):  # outputs are checked here first: a bad one costs no process start
-        if args.nnodes > 1 and args.save_hf:
-            raise HorizonError(f"--save-hf of a run over {args.nnodes} nodes is not supported yet (no node holds "
-                               "the master whole): convert a checkpoint instead, or train on one node")
         if args.node_rank == 0:
             prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, init_from=init)
         return launch.launch(args)
@@ -334,7 +331,9 @@ def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what)
         from horizon_exec.dist.context import agree
         from horizon_exec.train.save import save_hf
         tr.flush()  # every rank (a collective when pending): the master is final
-        agree(tr.dist, lambda: save_hf(args, tr, loop, tok, init_dir) if tr.dist.rank == 0 else None)
+        # one node: rank 0 writes from the shared store; several: every rank gathers, rank 0 writes
+        agree(tr.dist, lambda: save_hf(args, tr, loop, tok, init_dir)
+              if tr.dist.rank == 0 or tr.dist.nodes > 1 else None)
     return 0
 
 

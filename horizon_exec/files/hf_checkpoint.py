@@ -25,6 +25,7 @@ import torch
 
 from horizon_exec.files.fileio import publish_dir, staging_dir, write_safetensors, write_text
 from horizon_exec.files.tokenize import TOKENIZER_FILES
+from horizon_exec.model.layout import host_layout
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Holds
 from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
@@ -191,31 +192,94 @@ def save_hf(trainer, path, dtype: str = "fp32", max_shard_bytes: int = DEFAULT_S
     if max_shard_bytes <= 0:
         raise HorizonError(f"max shard size {max_shard_bytes} must be positive")
     out = Path(path)
+    d = trainer.dist
+    if d.nodes > 1:  # every rank takes part in the gathers; the first one writes
+        return _save_gathered(trainer, out, dtype, max_shard_bytes, base_config, side_files)
     check_output_dir(out)
     trainer.flush()
     tdt = SAVE_DTYPES[dtype][0]
     items = list(trainer.state_dict().items())
     shards = _shards(items, max_shard_bytes, torch.empty((), dtype=tdt).element_size())
     with staging_dir(out) as tmp:
-        if len(shards) == 1:
-            write_safetensors(tmp / SINGLE, [(n, t, tdt) for n, t in shards[0]], {"format": "pt"})
-        else:
-            wmap, total = {}, 0
-            for i, shard in enumerate(shards, 1):
-                fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-                write_safetensors(tmp / fname, [(n, t, tdt) for n, t in shard], {"format": "pt"})
-                for n, t in shard:
-                    wmap[n] = fname
-                    total += t.numel() * tdt.itemsize
-            write_text(tmp / INDEX, json.dumps({"metadata": {"total_size": total}, "weight_map": wmap},
-                                               indent=2) + "\n")
-        cfg = hf_config_dict(trainer.model, dtype, base_config)
-        write_text(tmp / "config.json", json.dumps(cfg, indent=2) + "\n")
-        for f in side_files:
-            f = Path(f)
-            if f.is_file() and f.name not in ("config.json", INDEX) and not f.name.endswith(".safetensors"):
-                shutil.copyfile(f, tmp / f.name)
+        _write_shards(tmp, shards, tdt, lambda shard: shard)
+        _write_side(tmp, trainer, dtype, base_config, side_files)
         publish_dir(tmp, out)
+    return out
+
+
+def _write_shards(tmp: Path, shards, tdt, real) -> None:
+    """The safetensors file(s) and, when sharded, the index; real(shard) gives a shard's
+    [(name, tensor)] with data (a shard is planned from shapes alone)."""
+    if len(shards) == 1:
+        write_safetensors(tmp / SINGLE, [(n, t, tdt) for n, t in real(shards[0])], {"format": "pt"})
+        return
+    wmap, total = {}, 0
+    for i, shard in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        write_safetensors(tmp / fname, [(n, t, tdt) for n, t in real(shard)], {"format": "pt"})
+        for n, t in shard:
+            wmap[n] = fname
+            total += t.numel() * tdt.itemsize
+    write_text(tmp / INDEX, json.dumps({"metadata": {"total_size": total}, "weight_map": wmap}, indent=2) + "\n")
+
+
+def _write_side(tmp: Path, trainer, dtype: str, base_config, side_files) -> None:
+    cfg = hf_config_dict(trainer.model, dtype, base_config)
+    write_text(tmp / "config.json", json.dumps(cfg, indent=2) + "\n")
+    for f in side_files:
+        f = Path(f)
+        if f.is_file() and f.name not in ("config.json", INDEX) and not f.name.endswith(".safetensors"):
+            shutil.copyfile(f, tmp / f.name)
+
+
+def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_config, side_files) -> Path:
+    """save_hf of a run sharded over nodes (no process holds the master whole): the shards are
+    planned from the tensors' shapes, then shard by shard every rank gathers the units it
+    needs (Trainer.gather_master, a collective) and rank 0 writes them; a unit is dropped once
+    its tensors are written, so rank 0 holds at most a shard plus one unit, never the model.
+    A write failure on rank 0 is raised after the gathers end (no rank is left waiting)."""
+    d = trainer.dist
+    writer = d.rank == 0
+    trainer.flush()
+    tdt = SAVE_DTYPES[dtype][0]
+    unit_of, items = {}, []
+    for u in trainer.units:
+        for name, t in host_layout(trainer.model, u).views(torch.empty(host_layout(trainer.model, u).numel,
+                                                                       device="meta")).items():
+            unit_of[name] = u
+            items.append((name, t))
+    shards = _shards(items, max_shard_bytes, torch.empty((), dtype=tdt).element_size())
+    remaining = {u: sum(1 for n in unit_of if unit_of[n] == u) for u in trainer.units}
+    cache: dict = {}
+    gathered = [0]  # shards whose units have been gathered
+
+    def real(shard):
+        gathered[0] += 1
+        got = []
+        for name, _ in shard:
+            u = unit_of[name]
+            if u not in cache:
+                cache[u] = host_layout(trainer.model, u).views(trainer.gather_master(u))
+            got.append((name, cache[u][name]))
+            remaining[u] -= 1
+            if not remaining[u]:
+                del cache[u]
+        return got if writer else []
+
+    if not writer:
+        for shard in shards:
+            real(shard)
+        return out
+    try:
+        check_output_dir(out)
+        with staging_dir(out) as tmp:
+            _write_shards(tmp, shards, tdt, real)
+            _write_side(tmp, trainer, dtype, base_config, side_files)
+            publish_dir(tmp, out)
+    except Exception:
+        for shard in shards[gathered[0]:]:  # the other ranks wait in these gathers
+            real(shard)
+        raise
     return out
 
 

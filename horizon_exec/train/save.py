@@ -29,7 +29,8 @@ def check_space_for(args, tr) -> None:
 
 
 def _hf_bytes(args, tr) -> int:
-    return sum(t.numel() for t in tr.state_dict().values()) * SAVE_DTYPES[args.save_dtype][0].itemsize
+    from horizon_exec.model.layout import host_layout
+    return sum(host_layout(tr.model, u).numel for u in tr.units) * SAVE_DTYPES[args.save_dtype][0].itemsize
 
 
 def save_hf(args, tr, loop, tok, init_dir) -> None:
