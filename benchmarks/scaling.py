@@ -4,8 +4,8 @@ The same per-rank step, one rank and two ranks (one node: gloo over loopback TCP
 host store shared), runs alternated --rounds times; measured tokens/s are medians over each
 run's steps, the slowest rank's step time. Scaling efficiency = tokens/s(2) / (2 x tokens/s(1)).
 The planner simulates both Schedules on the calibrated HardwareSpec (--hardware, default:
-`calibrate --quick` now, about a minute), laid out for two ranks of the CPU backend (horizon_exec/measure/ranks.py
-cpu_ranks_hardware: each rank one core for its compute and its lanes). Target: the predicted
+`calibrate --quick` now, about a minute), laid out for two ranks of the CPU backend
+(horizon_sim/specs/cpu_ranks.py: each rank one core for its compute and its lanes). Target: the predicted
 efficiency within 10% of the measured one.
 
 The model (width 256, 6 layers, batch 2 x 256 per rank) is validate's `base` configuration,
@@ -23,10 +23,11 @@ import time
 from dataclasses import replace
 
 from horizon_exec.measure.calibrate import calibrate
-from horizon_exec.measure.ranks import cpu_ranks_hardware, measure_ranks
+from horizon_exec.measure.ranks import measure_ranks
 from horizon_exec.measure.validate.configs import CONFIGS
 from horizon_sim.schedule import build_schedule
 from horizon_sim.sim.simulate import simulate
+from horizon_sim.specs.cpu_ranks import cpu_ranks
 from horizon_sim.specs.hardware_io import load_hardware
 
 TARGET = 0.10
@@ -54,7 +55,7 @@ def main() -> int:
             print(f"round {r + 1}: {n} rank(s): median step {meas[n][-1] * 1e3:.1f} ms "
                   f"(steps {', '.join(f'{s * 1e3:.0f}' for s in res['step_s'])} ms)", file=sys.stderr)
     tok = {n: n * pol.tokens / st.median(meas[n]) for n in (1, 2)}
-    pred = {n: simulate(build_schedule(model, pol, n, 1), cpu_ranks_hardware(hw, n)).summary for n in (1, 2)}
+    pred = {n: simulate(build_schedule(model, pol, n, 1), cpu_ranks(hw, n)).summary for n in (1, 2)}
     ptok = {n: n * pol.tokens / pred[n].step_time_s for n in (1, 2)}
     eff_m, eff_p = tok[2] / (2 * tok[1]), ptok[2] / (2 * ptok[1])
     print(f"machine: {hw.name}")

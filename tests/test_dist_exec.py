@@ -200,7 +200,8 @@ def test_save_hf_of_a_two_rank_run_loads_in_transformers(micro_model, nnodes):
 def test_measure_ranks_and_its_prediction_run_the_same_schedule():
     """benchmarks/scaling.py's pieces: two measured ranks record the collectives the planner
     simulates on the calibrated CPU hardware laid out for two ranks."""
-    from horizon_exec.measure.ranks import cpu_ranks_hardware, measure_ranks
+    from horizon_exec.measure.ranks import measure_ranks
+    from horizon_sim.specs.cpu_ranks import cpu_ranks
     from horizon_sim.schedule import build_schedule
     from horizon_sim.sim.simulate import simulate
     from tests.cpu_machine import CPU_HW
@@ -208,7 +209,7 @@ def test_measure_ranks_and_its_prediction_run_the_same_schedule():
     res = measure_ranks(spec, pol, 2, steps=1, warmup=1)
     assert len(res["step_s"]) == 1 and res["step_s"][0] > 0
     kinds = {r["kind"] for r in res["timeline"]}
-    hw = cpu_ranks_hardware(CPU_HW, 2)
+    hw = cpu_ranks(CPU_HW, 2)
     assert (hw.cluster.devices_per_node, hw.host.compute_contention) == (2, 1.0)
     sim = simulate(build_schedule(spec, pol, 2, 1), hw)
     assert kinds == {str(k) for k in sim.timeline.kind}

@@ -184,13 +184,14 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _run_dist_rank(args: argparse.Namespace, dist) -> int:
-    lock_dir = None if not args.ckpt_dir or not dist.is_leader else (
-        args.ckpt_dir if dist.nodes == 1 else os.path.join(args.ckpt_dir, f"node-{dist.node}"))
-    if lock_dir is None:
+    if not args.ckpt_dir or not dist.is_leader:
         return _run_train(args, dist)
-    from horizon_exec.files import ckpt_lock
-    from horizon_exec.files.fileio import make_dirs
     from pathlib import Path
+
+    from horizon_exec.files import ckpt_lock
+    from horizon_exec.files.ckpt import node_folder
+    from horizon_exec.files.fileio import make_dirs
+    lock_dir = node_folder(args.ckpt_dir, dist)
     make_dirs(Path(lock_dir))
     with ckpt_lock.holding(lock_dir):  # before anything is built: one run per folder
         return _run_train(args, dist)

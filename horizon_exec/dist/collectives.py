@@ -12,8 +12,9 @@ Schedule's order on every rank.
                       the sum; its squared norm is the chunk's
   NET_ALL_GATHER      net: every node's updated chunk of this local slice of the working copy
   UPDATE_BARRIER      net: every rank of the node has updated its chunk of the shared store
-  NORM_ALL_REDUCE     net: the squared norms of every rank's share, and the loss parts, summed:
-                      the global gradient norm and the step's loss (then the non-finite rule)
+  NORM_ALL_REDUCE     net: the squared norms of every rank's share (GRAD_NORM left this rank's
+                      sum of squares in the buffer) and the loss parts, summed: the global
+                      gradient norm and the step's loss (then the non-finite rule)
 
 A collective that fails (a peer died, or did not join within the timeout) is an error naming
 this rank and the op's peers.
@@ -24,7 +25,6 @@ import torch
 import torch.distributed as dist
 
 from horizon_sim.schedule.op import Holds, OpKind
-from horizon_sim.schedule.partition import Part
 
 
 # torch 2.13 renamed the tensor collectives (*_single); older torch has only the old names
@@ -74,7 +74,7 @@ class Collectives:
         name = r.buf.one(op.writes, Holds.HOST_GRAD)
         b, g = r.buf.declared[name], r.buf.get(name)
         part = r.partition(op.layer)
-        a, e = part.local_range(ctx.local_rank) if b.part == Part.WHOLE else (0, part.numel(Part.LOCAL))
+        a, e = part.local_in(b.part, ctx.local_rank)
         mine = torch.empty(part.chunk, dtype=g.dtype)
         _call(ctx, op, "the nodes' gradient reduce-scatter",
               lambda: reduce_scatter_into(mine, g[a:e], group=ctx.groups["cross"]))
@@ -100,8 +100,7 @@ class Collectives:
     def norm_all_reduce(self, op):
         r, ctx = self.r, self.ctx
         out = r.buf.get(op.writes[0])
-        sq = float(out.item()) ** 2
-        t = torch.tensor([sq if math.isfinite(sq) else math.nan, r.ctx.loss()], dtype=torch.float64)
+        t = torch.tensor([float(out.item()), r.ctx.loss()], dtype=torch.float64)
         _call(ctx, op, "the norm all-reduce", lambda: dist.all_reduce(t, group=ctx.groups["world_net"]))
         total, loss = float(t[0]), float(t[1])
         out.fill_(math.sqrt(total) if total >= 0 else math.nan)

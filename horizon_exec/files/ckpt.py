@@ -63,6 +63,12 @@ STATE, META, SUMS, LATEST = "state.safetensors", "trainer.json", "SHA256SUMS", "
 _STEP_DIR = re.compile(r"step-([0-9]+)")   # fullmatch only: 'step-1/../x' or 'step-1\n' are not step folders
 
 
+def node_folder(ckpt_dir, dist) -> str:
+    """Where a node's checkpoints go: ckpt_dir itself, or ckpt_dir/node-J when a run has
+    several nodes (each writes its shard of the host store)."""
+    return str(ckpt_dir) if dist.nodes == 1 else str(Path(ckpt_dir) / f"node-{dist.node}")
+
+
 def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 

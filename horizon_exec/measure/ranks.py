@@ -78,9 +78,3 @@ def _rank_main() -> None:
 if __name__ == "__main__":
     _rank_main()
 
-
-def cpu_ranks_hardware(hw, nproc: int):
-    """The calibrated CPU-backend `hw` laid out for `nproc` ranks on the same cores
-    (horizon_sim/specs/cpu_ranks.py, which `horizon plan --gpus N` on such a file uses too)."""
-    from horizon_sim.specs.cpu_ranks import cpu_ranks
-    return cpu_ranks(hw, nproc)

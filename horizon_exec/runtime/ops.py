@@ -291,11 +291,12 @@ class OpRunner:
     def grad_norm(self, op):
         """The global norm = sqrt(sum of the units' squared norms)."""
         total = sum(float(self.buf.get(n).item()) for n in op.reads)
+        if self.dist.world > 1:  # this rank's share: NORM_ALL_REDUCE sums the squares, takes the
+            self.buf.get(op.writes[0]).fill_(total)  # root and checks the step's loss and norm
+            return
         self.buf.get(op.writes[0]).fill_(math.sqrt(total) if total >= 0 else math.nan)
-        # Every HEAD op is done (its gradient's norm is among the reads): the loss is known
-        # (data parallel: this rank's share; NORM_ALL_REDUCE makes it the step's, then checks).
-        if self.dist.world == 1:
-            self.ctx.guard.after_grad_norm(self.ctx.loss(), total)
+        # Every HEAD op is done (its gradient's norm is among the reads): the loss is known.
+        self.ctx.guard.after_grad_norm(self.ctx.loss(), total)
 
     def optimizer(self, op):
         """AdamW on the unit's master with its host grad (clipped by the global norm when

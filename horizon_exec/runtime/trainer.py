@@ -68,6 +68,7 @@ from horizon_exec.runtime.positions import check_docs
 from horizon_exec.runtime.store import HostStore
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import Holds, build_eval_schedule, build_schedule
+from horizon_sim.schedule.partition import Part
 from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -231,7 +232,7 @@ class Trainer:
                 self._params.update(lay.views(self.store.of(Holds.MASTER, u)[:lay.numel]))
         if random_init:
             self.init_weights(seed)
-        lanes = list(RUN_LANES) + sorted({o.lane for o in self.sched.ops} - set(RUN_LANES), key=lambda x: x.value)
+        lanes = tuple(dict.fromkeys((*RUN_LANES, *self.sched.lanes)))  # + a data-parallel step's fabric, net
         self.engine = Engine(self.backend, self.runner, timeout_s=timeout_s, lanes=lanes)
         # Lane threads stop (and CUDA host memory is unregistered) with the trainer, even
         # without close(); the finalizer holds no reference to the trainer itself.
@@ -273,7 +274,8 @@ class Trainer:
         padded[:whole.numel()] = whole
         for i in range(self.dist.devices_per_node):
             a, e = part.owned_range(i, self.dist.node)
-            master[i * part.chunk:(i + 1) * part.chunk].copy_(padded[a:e])
+            m0, m1 = part.owned_in(Part.NODE, i, self.dist.node)
+            master[m0:m1].copy_(padded[a:e])
 
     def _refresh_working_copy(self) -> None:
         """Working copies <- the masters (data parallel: the node's leader writes the shared
@@ -292,7 +294,7 @@ class Trainer:
                 continue
             part = self.runner.partition(u)
             a, e = part.owned_range(d.local_rank, d.node)
-            wc[a:e].copy_(master[d.local_rank * part.chunk:(d.local_rank + 1) * part.chunk])
+            wc[a:e].copy_(self.runner.owned(self.sched.find(Holds.MASTER, u).name))
             la, le = part.local_range(d.local_rank)
             from horizon_exec.dist.collectives import all_gather_into
             all_gather_into(wc[la:le], wc[a:e].clone(), group=d.groups["cross"])
@@ -307,11 +309,11 @@ class Trainer:
             return master[:lay.numel].clone()
         from horizon_exec.dist.collectives import all_gather_into
         part = self.runner.partition(u)
-        mine = master[d.local_rank * part.chunk:(d.local_rank + 1) * part.chunk].contiguous()
+        mine = self.runner.owned(self.sched.find(Holds.MASTER, u).name).contiguous()
         got = torch.empty(d.world * part.chunk, dtype=master.dtype)
         all_gather_into(got, mine, group=d.groups["main"])
-        by_rank = got.view(d.world, part.chunk)  # world rank node*N + i holds chunk i*M + node
-        order = [(r % d.devices_per_node) * d.nodes + r // d.devices_per_node for r in range(d.world)]
+        by_rank = got.view(d.world, part.chunk)  # world rank r = node * N + local rank
+        order = [part.chunk_index(r % d.devices_per_node, r // d.devices_per_node) for r in range(d.world)]
         whole = torch.empty(d.world, part.chunk, dtype=master.dtype)
         whole[order] = by_rank
         return whole.reshape(-1)[:lay.numel]

@@ -122,13 +122,11 @@ class TrainLoop:
             raise HorizonError(f"token id {dataset.max_id} from the tokenizer does not fit the model's "
                                f"vocab of {trainer.model.vocab}")
         self.dist = d = trainer.dist
-        self.ranks = d.world
         # one global batch per step (R x batch rows), this rank's share of it (module docstring)
         self.batches = dataset.batches(pol.batch * d.world, seed)
         self.eval_set = ([self._share(b) for b in dataset.eval_batches(pol.batch * d.world, cfg.eval_batches)]
                          if cfg.eval_batches else [])
-        self.ckpt_root = (None if not cfg.ckpt_dir else cfg.ckpt_dir if d.nodes == 1
-                          else str(Path(cfg.ckpt_dir) / f"node-{d.node}"))
+        self.ckpt_root = ckpt_mod.node_folder(cfg.ckpt_dir, d) if cfg.ckpt_dir else None
         self.fingerprint = dataset.fingerprint()
         self.step = 0
         if pol.doc_masks != dataset.data.doc_masks:
@@ -155,9 +153,9 @@ class TrainLoop:
 
     def _share(self, b):
         """This rank's rows of a global batch."""
-        if self.ranks == 1:
+        if self.dist.world == 1:
             return b
-        n = b.tokens.shape[0] // self.ranks
+        n = b.tokens.shape[0] // self.dist.world
         rows = slice(self.dist.rank * n, (self.dist.rank + 1) * n)
         return type(b)(b.tokens[rows], b.labels[rows], b.docs[rows] if b.docs is not None else None)
 
@@ -235,9 +233,7 @@ class TrainLoop:
 
         from horizon_exec.dist.context import agree
         d = self.dist
-        root = Path(path)
-        if d.nodes > 1 and not root.name.startswith("node-"):
-            root = root / f"node-{d.node}"
+        root = Path(path) if Path(path).name.startswith("node-") else Path(ckpt_mod.node_folder(path, d))
 
         def intact() -> list[int]:
             steps = []

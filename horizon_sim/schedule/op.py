@@ -80,7 +80,8 @@ class Holds(str, Enum):
     MOMENTS = "moments"                  # (2, params) Adam m then v
     WORKING_COPY = "working_copy"        # (params,) the weights in the compute dtype
     GRAD_SQ = "grad_sq"                  # (1,) fp64 a unit's squared gradient norm
-    GRAD_NORM = "grad_norm"              # (1,) fp64 the global gradient norm
+    GRAD_NORM = "grad_norm"              # (1,) fp64 the global gradient norm (data parallel: this
+    #                                      rank's sum of squares until NORM_ALL_REDUCE)
     # gradients of a unit on the host (static when they cross the step: pipelined)
     HOST_GRAD = "host_grad"              # (params,)
     # device

@@ -53,14 +53,22 @@ class Partition:
         return {Part.WHOLE: self.padded, Part.LOCAL: self.nodes * self.chunk,
                 Part.NODE: self.devices_per_node * self.chunk}[part]
 
+    def chunk_index(self, local_rank: int, node: int) -> int:
+        """The number of rank (i, j)'s chunk: i*M + j."""
+        return local_rank * self.nodes + node
+
     def local_range(self, local_rank: int) -> tuple[int, int]:
         """Local rank i's slice of the whole unit (the node's reduce-scatter leaves it that)."""
         n = self.nodes * self.chunk
         return local_rank * n, (local_rank + 1) * n
 
+    def local_in(self, part: Part, local_rank: int) -> tuple[int, int]:
+        """Local rank i's slice within a buffer holding `part` of the unit (WHOLE or LOCAL)."""
+        return self.local_range(local_rank) if part == Part.WHOLE else (0, self.numel(Part.LOCAL))
+
     def owned_range(self, local_rank: int, node: int) -> tuple[int, int]:
         """Rank (i, j)'s chunk of the whole unit."""
-        c = (local_rank * self.nodes + node) * self.chunk
+        c = self.chunk_index(local_rank, node) * self.chunk
         return c, c + self.chunk
 
     def owned_in(self, part: Part, local_rank: int, node: int) -> tuple[int, int]:
