@@ -55,6 +55,13 @@ class HostStore:
     def has(self, holds: Holds, unit: int | None = None) -> bool:
         return self.sched.has(holds, unit) and self.sched.find(holds, unit).name in self.t
 
+    def moments(self, unit: int):
+        """(m, v) flat views of a unit's Adam moments (as the buffer holds them: the node's
+        chunks in a data-parallel run)."""
+        t = self.of(Holds.MOMENTS, unit)
+        n = t.numel() // 2
+        return t[:n], t[n:]
+
     def scalar(self, holds: Holds, unit: int | None = None) -> float:
         return float(self.of(holds, unit).item())
 
