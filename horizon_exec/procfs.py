@@ -59,6 +59,24 @@ def vm_hwm_bytes() -> int:
         return int(r if sys.platform == "darwin" else r * 1024)
 
 
+def rss_shmem_bytes() -> int:
+    """Resident pages of this process that are shared memory (RssShmem: a /dev/shm mapping such
+    as data parallel's node store, which every local rank maps and each counts in its RSS);
+    0 where /proc is missing."""
+    v = _field("/proc/self/status", "RssShmem")
+    try:
+        return int(v.split()[0]) * 1024 if v else 0
+    except (ValueError, IndexError):
+        return 0
+
+
+def node_rss_bytes(peaks: list[int], shmem: list[int]) -> int:
+    """The memory a node's local ranks hold together, from each rank's peak RSS and its resident
+    shared memory: every rank's private peak, plus the shared store once (the largest mapping
+    any rank has touched: the leader, which initialised it, touched all of it)."""
+    return int(sum(p - s for p, s in zip(peaks, shmem)) + max(shmem, default=0))
+
+
 def umask() -> int:
     """The process umask, read without changing it where /proc says it (os.umask sets it, and
     other threads may be creating files meanwhile)."""

@@ -96,4 +96,6 @@ def main(out: Path, mode: str, kw: dict) -> None:
 
 
 if __name__ == "__main__":
+    from horizon_exec.dist.context import exit_rank
     main(Path(sys.argv[1]), sys.argv[2], dict(a.split("=", 1) for a in sys.argv[3:]))
+    exit_rank(0)

@@ -31,8 +31,11 @@ def test_validate_quick_writes_table_overlays_and_json(run, capsys):
         for k in ("step_s_err", "device_peak_MiB_err", "rss_MiB_err", "overlap_err", "busy_compute_s_err"):
             assert c[k] is not None and math.isfinite(c[k]), (c["config"], k)
     f = res["figures"]
-    assert f["configs"] == 2 and f["worst_step_config"] in names
+    assert f["configs"] == 3 and f["worst_step_config"] in names
     assert math.isfinite(f["median_abs_step_err"])
+    # tiny_r2 ran as 2 ranks (one node, the store shared) and is summarised apart
+    assert [c["ranks"] for c in res["configs"]] == [c.ranks for c in QUICK_CONFIGS] == [1, 1, 2]
+    assert f["multi_rank_configs"] == 1 and math.isfinite(f["median_abs_step_err_multi_rank"])
     table = pd.read_csv(out / "validation.csv")
     for col in ("config", "step_s_pred", "step_s_meas", "step_s_err", "busy_compute_s_pred",
                 "busy_compute_s_meas", "busy_h2d_s_err", "busy_d2h_s_err", "busy_cpu_s_err", "overlap_pred",
@@ -49,7 +52,7 @@ def test_validate_quick_writes_table_overlays_and_json(run, capsys):
         png = out / f"validation_{n}.png"
         assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"validation_{n}.png" in md
-    assert "Median |step-time error|" in md and "Cost terms" in md
+    assert "Median |step-time error|" in md and "Cost terms" in md and "Data-parallel configurations (tiny_r2" in md
     # the machine's speed was sampled before the first turn and after each (2 steps = 1 turn)
     speed = res["machine_speed"]
     assert speed["gemm_speed"] is None  # CPU_HW has no GEMM table to compare with
@@ -82,6 +85,7 @@ def test_drift_references_are_the_heaviest_gemms_priced_by_the_table():
     (["--steps", "0"], "--steps 0 must be >= 1"),
     (["--configs", "base,nosuch"], "unknown configuration(s) nosuch"),
     (["--hardware", "missing.toml"], "missing.toml"),
+    (["--configs", "tiny_r2", "--device", "meta"], "--device"),
 ])
 def test_bad_input_is_one_line_and_exit_2(run, tmp_path, capsys, argv, says):
     (tmp_path / "FILE").write_text("not a folder")
@@ -90,6 +94,20 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path, capsys, argv, says):
     assert main(base + argv) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_multi_rank_configurations_are_refused_off_the_cpu_backend():
+    from horizon_exec.measure.validate import validate
+    from horizon_sim.errors import HorizonError
+    with pytest.raises(HorizonError, match="tiny_r2 run several ranks.*CPU backend only, not cuda"):
+        validate(CPU_HW, QUICK_CONFIGS, device="cuda", out_dir=None, say=None)
+
+
+def test_node_rss_counts_the_shared_store_once():
+    from horizon_exec.procfs import node_rss_bytes
+    # two ranks: 500 MiB private each; the leader touched the whole 300 MiB store, rank 1 a third
+    assert node_rss_bytes([800, 600], [300, 100]) == 500 + 500 + 300
+    assert node_rss_bytes([800], [0]) == 800
 
 
 def _tl(rows):

@@ -345,9 +345,10 @@ KEEP_RUNNING_WITHOUT_STDOUT = True  # progress lines are not the product (stdout
 
 
 if __name__ == "__main__":  # a worker of a data-parallel run (dist/launch.py), or plain torchrun -m
+    from horizon_exec.dist.context import exit_rank
     from horizon_exec.dist.launch import ARGS_ENV
     from horizon_sim.cli.main import main
     if os.environ.get(ARGS_ENV):  # the launching `horizon train`'s arguments, as it parsed them
         import json
-        sys.exit(main(args=argparse.Namespace(**json.loads(os.environ[ARGS_ENV]))))
-    sys.exit(main(["train", *sys.argv[1:]]))
+        exit_rank(main(args=argparse.Namespace(**json.loads(os.environ[ARGS_ENV]))))
+    exit_rank(main(["train", *sys.argv[1:]]))

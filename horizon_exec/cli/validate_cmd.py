@@ -14,8 +14,9 @@ EXAMPLE = """example:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.description = ("Predicted vs measured: run seven small configurations (depth, width, batch, K, slots, "
-                     "checkpoint placement, optimizer overlap, vocabulary, micro-batches) through the executor, "
+    p.description = ("Predicted vs measured: run nine small configurations (depth, width, batch, K, slots, "
+                     "checkpoint placement, optimizer overlap, vocabulary, micro-batches, and two with 2 "
+                     "data-parallel ranks sharing this machine, CPU backend only) through the executor, "
                      "simulate the same Schedule on the hardware file, and compare step time, busy time per "
                      "lane, overlap, device peak and host RSS. Writes validation.md, validation.csv and "
                      "validation_<config>.png into --out. Progress goes to stderr.")
@@ -56,6 +57,8 @@ def run(a: argparse.Namespace) -> int:
         if bad:
             raise HorizonError(f"unknown configuration(s) {', '.join(bad)}; known: {', '.join(known)}")
         configs = tuple(known[n] for n in names)
+    elif a.device != "cpu":  # several ranks per device are the CPU backend's: the others run here
+        configs = tuple(c for c in configs if c.ranks == 1)
     if a.hardware:
         from horizon_sim.specs.hardware_io import load_hardware
         hw = load_hardware(a.hardware)

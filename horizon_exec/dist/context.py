@@ -20,6 +20,7 @@ A collective that a dead or stuck peer never joins fails after `timeout_s` (the 
 group's timeout), naming this rank and the op; the engine's op timeout can end it sooner.
 """
 import os
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -38,6 +39,9 @@ class DistContext:
     node: int
     nodes: int
     timeout_s: float = DEFAULT_TIMEOUT_S
+    cores: tuple = ()
+    """CPU backend: the cores this process was pinned to when it joined (its share of the node's,
+    cores_of), which every thread it started since inherits; () when not pinned."""
     groups: dict = field(default_factory=dict, compare=False, repr=False)
     """name -> process group (module docstring); empty when world == 1."""
 
@@ -79,6 +83,31 @@ def single() -> DistContext:
     return DistContext(0, 1, 0, 1, 0, 1)
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now: the rendezvous of ranks this machine
+    starts for a measurement (validate, calibrate, benchmarks)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def exit_rank(rc: int) -> None:
+    """End a rank's process once its run is over and its groups are closed: flush the output,
+    then leave without the interpreter's teardown. That teardown, after a clean close, aborted
+    about 1 two-rank run in 8 here ('terminate called without an active exception', SIGABRT,
+    in a rank that had closed: a native thread of torch.distributed still joinable at exit),
+    and the launcher then reports a finished run as failed. A process of one rank exits as usual."""
+    if not launched():
+        sys.exit(rc)
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(rc if isinstance(rc, int) else 1)
+
+
 def _env_int(name: str) -> int:
     v = os.environ.get(name)
     try:
@@ -109,6 +138,7 @@ def from_env(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistC
                            "every node must run the same number of processes")
     import torch.distributed as dist
     t = timedelta(seconds=timeout_s)
+    cores = _pin_share(local_rank, n) if device == "cpu" and n > 1 else ()
     if not dist.is_initialized():
         dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world, timeout=t)
     m = world // n
@@ -127,18 +157,36 @@ def from_env(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistC
         if i == local_rank:
             groups["cross"] = g
     groups["world_net"] = dist.new_group(list(range(world)), timeout=t, backend="gloo")
-    return DistContext(rank, world, local_rank, n, node, m, float(timeout_s), groups)
+    return DistContext(rank, world, local_rank, n, node, m, float(timeout_s), cores, groups)
+
+
+def _pin_share(local_rank: int, n: int) -> tuple:
+    """Pin this thread, before the process groups start theirs, to this local rank's share of
+    the cores: every thread started after inherits it. gloo's loop threads do a collective's
+    reductions and copies; left on every core, one rank's land on its neighbour's core and slow
+    that rank's compute (measured: the second of two ranks' backward 25-40% slower), and a
+    step waits for its slowest rank. Best effort: () where the platform refuses."""
+    try:
+        share = core_share(local_rank, n, sorted(os.sched_getaffinity(0)))
+        os.sched_setaffinity(0, share)
+    except (AttributeError, OSError):
+        return ()
+    return tuple(share)
 
 
 def cores_of(ctx: DistContext, cores: list[int]) -> list[int]:
     """The CPU cores this rank's lanes may use when the node's ranks share one CPU (the CPU
-    backend): an equal, disjoint share per local rank (at least one core each)."""
-    n = ctx.devices_per_node
+    backend): the share it was pinned to at join, else its share of `cores`."""
+    return list(ctx.cores) or core_share(ctx.local_rank, ctx.devices_per_node, cores)
+
+
+def core_share(local_rank: int, n: int, cores: list[int]) -> list[int]:
+    """An equal, disjoint share of `cores` per local rank of n (at least one core each)."""
     if n == 1:
         return cores
     k = max(1, len(cores) // n)
-    share = cores[ctx.local_rank * k:(ctx.local_rank + 1) * k]
-    return share or [cores[ctx.local_rank % len(cores)]]
+    share = cores[local_rank * k:(local_rank + 1) * k]
+    return share or [cores[local_rank % len(cores)]]
 
 
 def agree(ctx: DistContext, fn):

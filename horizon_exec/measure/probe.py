@@ -17,7 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from horizon_exec.procfs import vm_hwm_bytes
+from horizon_exec.dist.context import free_port
+from horizon_exec.procfs import node_rss_bytes, rss_shmem_bytes, vm_hwm_bytes
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -85,58 +86,112 @@ class Session:
             s.start()                                  # ...waits until it has warmed up
             r = s.step()                               # one measured step (same fields as probe)
         s.final  # store_bytes, host_dynamic_peak_bytes, rss_peak_bytes, ...
+
+    ranks > 1: a data-parallel node of that many processes on this machine (gloo over
+    loopback, the env:// variables a launcher sets, one node store they share), each with its
+    own command pipe; every command goes to all of them. A step's time is the slowest rank's,
+    its timeline rank 0's, its device peak the largest rank's, its RSS the node's
+    (procfs.node_rss_bytes: private peaks plus the shared store once); each rank trains its own
+    random batch of `policy.batch` sequences.
     """
 
     def __init__(self, model: ModelSpec, policy: Policy, *, warmup: int = 1, device: str = "cpu",
-                 seed: int = 0, timeout_s: float = 600.0):
+                 seed: int = 0, timeout_s: float = 600.0, ranks: int = 1):
+        if not isinstance(ranks, int) or ranks < 1:
+            raise HorizonError(f"ranks={ranks!r} must be a positive integer")
         self.req = {"model": model.to_dict(), "policy": policy.to_dict(), "warmup": warmup,
                     "device": device, "seed": seed, "serialize": False, "session": True}
-        self.name, self.timeout_s = model.name, timeout_s
-        self.proc = None
+        self.name, self.timeout_s, self.ranks = model.name, timeout_s, ranks
+        self.procs: list = []
         self.final: dict = {}
 
     def __enter__(self):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-        self.proc = subprocess.Popen([sys.executable, "-m", "horizon_exec.measure.probe", "--session"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env, cwd=ROOT)
+        port = free_port() if self.ranks > 1 else 0
+        for r in range(self.ranks):
+            if self.ranks > 1:
+                env = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(self.ranks),
+                           LOCAL_WORLD_SIZE=str(self.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "horizon_exec.measure.probe", "--session"],
+                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                               text=True, env=env, cwd=ROOT))
         self._send(self.req)
         return self
 
     def _send(self, obj) -> None:
-        self.proc.stdin.write(json.dumps(obj) + "\n")
-        self.proc.stdin.flush()
+        for p in self.procs:
+            p.stdin.write(json.dumps(obj) + "\n")
+            p.stdin.flush()
 
-    def _recv(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            err = self.proc.stderr.read().strip().splitlines()[-3:]
-            raise HorizonError(f"probe of {self.name} failed: {' | '.join(err) or 'no output'}")
-        return json.loads(line)
+    def _recv(self) -> list[dict]:
+        out = []
+        for r, p in enumerate(self.procs):
+            line = p.stdout.readline()
+            if not line:
+                err = p.stderr.read().strip().splitlines()[-3:]
+                who = f" (rank {r} of {self.ranks})" if self.ranks > 1 else ""
+                raise HorizonError(f"probe of {self.name}{who} failed: {' | '.join(err) or 'no output'}")
+            out.append(json.loads(line))
+        return out
 
     def start(self) -> None:
         """Wait until the child has built its trainer and run its warm-up steps."""
-        assert self._recv()["ready"]
+        assert all(r["ready"] for r in self._recv())
 
     def step(self) -> dict:
         self._send({"cmd": "step"})
-        return self._recv()
+        return _node_step(self._recv())
 
     def __exit__(self, *exc):
-        if self.proc is None:
-            return
-        try:
-            if exc[0] is None:
-                self._send({"cmd": "done"})
-                self.final = self._recv()
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
-        except (OSError, subprocess.TimeoutExpired, HorizonError):
-            self.proc.kill()
-        finally:
-            self.proc.stdout.close()
-            self.proc.stderr.close()
+        ok, err = exc[0] is None, None
+        for p in self.procs:  # every child hears 'done' before any is waited on: they finish together
+            try:
+                if ok:
+                    p.stdin.write(json.dumps({"cmd": "done"}) + "\n")
+                    p.stdin.flush()
+            except OSError:
+                ok = False
+        if ok:
+            try:
+                self.final = _node_final(self._recv())
+            except HorizonError as e:
+                ok, err = False, e
+        for p in self.procs:
+            try:
+                p.stdin.close()
+                p.wait(timeout=30 if ok else 0.1)
+            except (OSError, subprocess.TimeoutExpired):
+                p.kill()
+                p.wait()
+            finally:
+                p.stdout.close()
+                p.stderr.close()
+        if err is not None and exc[0] is None:
+            raise err
+
+
+def _node_step(replies: list[dict]) -> dict:
+    """One step of a node's ranks as one measurement (Session's docstring)."""
+    if len(replies) == 1:
+        return replies[0]
+    out = dict(replies[0])
+    out["step_s"] = max(r["step_s"] for r in replies)
+    out["device_peak_bytes"] = max(r["device_peak_bytes"] for r in replies)
+    out["rss_peak_bytes"] = node_rss_bytes([r["rss_peak_bytes"] for r in replies],
+                                           [r["rss_shmem_bytes"] for r in replies])
+    out["minor_faults"] = sum(r["minor_faults"] for r in replies)
+    return out
+
+
+def _node_final(replies: list[dict]) -> dict:
+    out = dict(replies[0])
+    if len(replies) > 1:
+        out["rss_peak_bytes"] = node_rss_bytes([r["rss_peak_bytes"] for r in replies],
+                                               [r["rss_shmem_bytes"] for r in replies])
+        out["host_dynamic_peak_bytes"] = sum(r["host_dynamic_peak_bytes"] for r in replies)
+        out["ranks"] = len(replies)
+    return out
 
 
 def _sync_for(device: str):
@@ -149,14 +204,16 @@ def _sync_for(device: str):
 def _child(req: dict, commands=None) -> dict:
     """Run the request; with `commands` (a session's stdin), print 'ready' after warm-up, then
     one JSON line per 'step' command, and return at 'done'."""
+    from horizon_exec.dist.context import from_env
     from horizon_exec.runtime.trainer import Trainer
     import torch
 
     model, policy = ModelSpec(**req["model"]), Policy(**req["policy"])
     rss0 = vm_hwm_bytes()
-    gen = torch.Generator().manual_seed(req["seed"])
+    ctx = from_env(req["device"])  # a Session of several ranks set the launcher's variables
+    gen = torch.Generator().manual_seed(req["seed"] + ctx.rank)
     out = {"steps": []}
-    with Trainer(model, policy, device=req["device"], seed=req["seed"]) as tr:
+    with Trainer(model, policy, device=req["device"], seed=req["seed"], dist=ctx) as tr:
         ser = None
         if req["serialize"]:
             ser = _Serialized(tr.engine.runner, _sync_for(req["device"]))
@@ -172,7 +229,8 @@ def _child(req: dict, commands=None) -> dict:
             if ser is not None:
                 tl["own_s"] = [ser.durations.get(int(i), float("nan")) for i in tl.op_id]
             return {"step_s": res.step_s, "device_peak_bytes": int(res.device_peak_bytes),
-                    "rss_peak_bytes": vm_hwm_bytes(), "minor_faults": faults, "loss": res.loss,
+                    "rss_peak_bytes": vm_hwm_bytes(), "rss_shmem_bytes": rss_shmem_bytes(),
+                    "minor_faults": faults, "loss": res.loss,
                     "timeline": tl.to_dict(orient="list")}
 
         for _ in range(req["warmup"]):
@@ -189,6 +247,8 @@ def _child(req: dict, commands=None) -> dict:
         # ever live at once), which is at least the buffers' concurrent peak
         out["host_dynamic_peak_bytes"] = int(max(tr.backend.pool.held_bytes, tr.buffers.host_peak))
         out["compute_threads"] = getattr(tr.backend, "compute_threads", None)
+        out["rss_shmem_bytes"] = rss_shmem_bytes()  # while the node store is still mapped
+    ctx.close()
     out["rss_before_model_bytes"] = int(rss0)
     out["rss_peak_bytes"] = vm_hwm_bytes()
     return out
@@ -200,5 +260,7 @@ if __name__ == "__main__":
         final = _child(json.loads(first), commands=sys.stdin)
         final.pop("steps")
         print(json.dumps(final), flush=True)
+        from horizon_exec.dist.context import exit_rank
+        exit_rank(0)
     else:
         print(json.dumps(_child(json.loads(sys.stdin.read()))))

@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from horizon_exec.dist.context import free_port
+
 _ENV = "HORIZON_RANKS_JOB"
 
 
@@ -29,20 +31,15 @@ def measure_ranks(model, policy, nproc: int, steps: int = 6, warmup: int = 2, po
         env.pop("WORLD_SIZE", None)
         cmd = [sys.executable, "-m", "horizon_exec.measure.ranks"]
         if nproc > 1:
-            port = port or _free_port()
+            port = port or free_port()
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                    "--master-addr", "127.0.0.1", "--master-port", str(port), "--module", "horizon_exec.measure.ranks"]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-        if p.returncode != 0:
-            raise RuntimeError(f"{nproc}-rank measurement failed (exit {p.returncode}): {p.stderr[-2000:]}")
+        if p.returncode != 0:  # the ranks' own lines first: the launcher's report ends the stream
+            own = [ln for ln in p.stderr.splitlines() if not ln.startswith(("E1", "W1", "I1", " ", "Traceback", "="))]
+            raise RuntimeError(f"{nproc}-rank measurement failed (exit {p.returncode}): "
+                               + " | ".join(own[-12:]) + f"\n{p.stderr[-1500:]}")
         return json.loads(out.read_text())
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main() -> None:
@@ -76,5 +73,7 @@ def _rank_main() -> None:
 
 
 if __name__ == "__main__":
+    from horizon_exec.dist.context import exit_rank
     _rank_main()
+    exit_rank(0)
 

@@ -60,7 +60,10 @@ class RssPrediction:
 
 
 def predict_rss(result, backend: str = "cpu") -> RssPrediction:
-    """RSS peak of a process running `result`'s schedule (a SimResult) on `backend`."""
+    """RSS peak of a process running `result`'s schedule (a SimResult) on `backend`. Data
+    parallel: of the node's processes together (each its runtime, dynamic buffers, arena and
+    allocator; the host store once, as memory.host_footprint counts it), which is what
+    procfs.node_rss_bytes measures."""
     meta, hw = result.schedule.meta, result.hardware
     model, policy = ModelSpec(**meta.model), Policy(**meta.policy)
     by_role = dict(result.host.by_role)
@@ -69,6 +72,7 @@ def predict_rss(result, backend: str = "cpu") -> RssPrediction:
     terms = {"runtime": int(runtime), "host store": int(store),
              "host dynamic": int(sum(by_role.values()) - store)}
     if backend == "cpu":
-        terms["device arena"] = int(result.summary.device_typical_peak_bytes)  # constants included
-        terms["allocator"] = allocator_retention_bytes(largest_transient_block(model, policy))
+        n = meta.devices_per_node  # runtime and dynamic are the node's already (host_footprint)
+        terms["device arena"] = n * int(result.summary.device_typical_peak_bytes)  # constants included
+        terms["allocator"] = n * allocator_retention_bytes(largest_transient_block(model, policy))
     return RssPrediction(terms)

@@ -42,9 +42,9 @@ the lane that will do the work (same cores, same intra-op thread count):
 The noise-prone figures are measured in `rounds` rounds spread over the run (the GEMM grid is
 visited once per round, in alternating order) and averaged on time: a shared machine's speed
 drifts by tens of percent over seconds.
-  cluster             gloo all-reduce between two processes over loopback TCP: a ring step's
-                      bandwidth and latency (collectives.py), the fabric and network a
-                      data-parallel CPU run would use (`horizon plan --hardware FILE --gpus N`)
+  cluster             the executor's gloo reduce-scatter between two processes over loopback
+                      TCP, fitted to a ring step's bandwidth and latency (collectives.py): the
+                      fabric and network a data-parallel CPU run uses (`horizon plan --hardware FILE --gpus N`)
   compute_contention  how much slower the template block runs on the compute core while a
                       host-lane thread copies beside it (shared cache and DRAM bandwidth); the
                       simulator slows compute by it while host-lane work streams

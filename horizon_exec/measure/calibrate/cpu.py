@@ -164,7 +164,7 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
               f"host lanes share {shared:.2f} cores' worth, bus {bus:.1f} GB/s; bf16 GEMM best "
               f"{bf16_best * 1e3:.0f} GFLOP/s, median {statistics.median(bf16.values()) * 1e3:.0f}")
 
-    prog.step("collectives: gloo all-reduce between two processes over loopback")
+    prog.step("collectives: the executor's gloo reduce-scatter between two processes over loopback")
     coll_GBps, coll_us = measure_loopback(quick)
     cluster = ClusterSpec(name="loopback-gloo", fabric_GBps=coll_GBps, fabric_latency_us=coll_us,
                           net_GBps=coll_GBps, net_latency_us=coll_us)

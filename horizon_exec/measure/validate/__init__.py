@@ -10,6 +10,11 @@ on a calibrated HardwareSpec, and compare, configuration by configuration:
                     simulated peak (the Schedule's static device buffers included: slots,
                     RoPE tables, labels)
   host RSS          the process's peak resident set (VmHWM) against process_rss.predict_rss
+                    (several ranks: the node's, procfs.node_rss_bytes)
+
+Data-parallel configurations (Config.ranks > 1) run that many processes on this machine, the
+node store shared, gloo over loopback; the prediction lays the calibrated file out for them
+(horizon_sim/specs/cpu_ranks.py). CPU backend only.
 
 Each configuration runs in a process of its own (probe.Session), so each RSS peak is its own;
 the configurations are measured interleaved, a few steps of each in turn, so they all sample
@@ -34,6 +39,7 @@ from horizon_exec.measure.validate.measure import PER_TURN, measure
 from horizon_exec.measure.validate.metrics import LANES, timeline_metrics
 from horizon_exec.measure.validate.report import COST_TERMS, dumps, figures_text, markdown, speed_text, write_reports
 from horizon_exec.measure.validate.validation import Validation
+from horizon_sim.errors import HorizonError
 from horizon_sim.specs.hardware import HardwareSpec
 
 __all__ = ["CONFIGS", "COST_TERMS", "Config", "LANES", "MiB", "Outcome", "PER_TURN", "QUICK_CONFIGS",
@@ -46,6 +52,10 @@ def validate(hw: HardwareSpec, configs=CONFIGS, *, steps: int = 6, warmup: int =
     """Run, simulate and compare every configuration; write the report files into `out_dir`
     (None: write nothing). `say`: progress lines (None: quiet)."""
     from horizon_exec.measure.drift import DriftProbe
+    multi = [c.name for c in configs if c.ranks > 1]
+    if multi and device != "cpu":
+        raise HorizonError(f"configuration(s) {', '.join(multi)} run several ranks on this machine's cores: "
+                           f"validate runs data-parallel configurations on the CPU backend only, not {device}")
     t0 = time.perf_counter()
     outcomes = []
     ref = DriftProbe(hw, configs, device)

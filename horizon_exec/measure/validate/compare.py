@@ -12,6 +12,7 @@ from horizon_exec.measure.validate.metrics import LANES, timeline_metrics
 from horizon_sim.schedule import build_schedule
 from horizon_sim.sim.process_rss import predict_rss
 from horizon_sim.sim.simulate import simulate
+from horizon_sim.specs.cpu_ranks import cpu_ranks
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.units import MiB
 
@@ -28,8 +29,8 @@ class Outcome:
 
 def compare(cfg: Config, hw: HardwareSpec, res: dict, device: str = "cpu") -> Outcome:
     """Simulate `cfg` on `hw` and set the prediction against the measurements `res`."""
-    sched = build_schedule(cfg.model, cfg.policy)
-    sim = simulate(sched, hw)
+    sched = build_schedule(cfg.model, cfg.policy, cfg.ranks, 1)
+    sim = simulate(sched, cpu_ranks(hw, cfg.ranks))  # the machine's cores shared by the ranks
     pred = timeline_metrics(sim.timeline)
     pred["step_s"] = sim.summary.step_time_s
     per_step = []
@@ -48,7 +49,7 @@ def compare(cfg: Config, hw: HardwareSpec, res: dict, device: str = "cpu") -> Ou
     rss = predict_rss(sim, "cpu" if device == "cpu" else "cuda")
     rss_meas = res["rss_peak_bytes"]
     row = {"config": cfg.name, "what": cfg.label, "params_M": cfg.model.total_params / 1e6,
-           "steps": len(per_step)}
+           "ranks": cfg.ranks, "steps": len(per_step)}
 
     def pair(key, p, m, rel=True):
         row[f"{key}_pred"], row[f"{key}_meas"] = p, m

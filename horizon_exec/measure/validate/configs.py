@@ -1,7 +1,8 @@
 """The configurations `horizon validate` runs: Config (a named model and policy with a one-line
-label for the reports), the seven small CONFIGS that vary depth, width, batch, K, slots,
-checkpoint placement, optimizer overlap, vocabulary, micro-batches, the working copy and
-attention under explicit masks, and the two tiny QUICK_CONFIGS of `--quick`.
+label for the reports), the nine small CONFIGS that vary depth, width, batch, K, slots,
+checkpoint placement, optimizer overlap, vocabulary, micro-batches, the working copy,
+attention under explicit masks and two data-parallel ones (2 ranks), and the three tiny
+QUICK_CONFIGS of `--quick` (one of them on 2 ranks).
 """
 from dataclasses import dataclass, replace
 
@@ -20,6 +21,9 @@ class Config:
     model: ModelSpec
     policy: Policy
     what: str = ""
+    ranks: int = 1
+    """Data-parallel ranks on this machine (one node, its store shared): each trains
+    `policy.batch` sequences per step, so the step's global batch is ranks x batch."""
 
     @property
     def label(self) -> str:
@@ -27,7 +31,8 @@ class Config:
         return (f"L{m.n_layers} H{m.hidden} V{m.vocab}, batch {p.batch}x{p.seq}, K={p.act_ckpt_every}, "
                 f"{p.slots} slots, ckpt {p.act_ckpt_on}, opt {p.optimizer}"
                 + ("" if p.working_copy else ", no wc") + (f", {p.micro_batches} micro" if p.micro_batches > 1 else "")
-                + (", windows" if m.layer_windows else "") + (", doc masks" if p.doc_masks else ""))
+                + (", windows" if m.layer_windows else "") + (", doc masks" if p.doc_masks else "")
+                + (f", {self.ranks} ranks" if self.ranks > 1 else ""))
 
 
 CONFIGS = (
@@ -49,15 +54,23 @@ CONFIGS = (
     Config("masked", replace(_llama("v-masked", 6, 256, 4, 2, 688), layer_windows=(0, 64) * 3),
            Policy(batch=2, seq=512, doc_masks=True),
            "a 64-token window on every other layer and document masks: attention under explicit masks"),
+    Config("ranks2", _llama("v-ranks", 6, 256, 4, 2, 688), Policy(batch=2, seq=256),
+           "base on 2 data-parallel ranks: reduce-scatter per unit, each rank's AdamW on its half of "
+           "one shared store", ranks=2),
+    Config("ranks2_after", _llama("v-ranks-after", 4, 384, 6, 2, 1024),
+           Policy(batch=2, seq=128, optimizer="after", act_ckpt_every=2, act_ckpt_on="device"),
+           "2 ranks, optimizer after backward, K=2 on the device", ranks=2),
 )
-"""Seven small configurations that vary depth, width, batch, K, slots, checkpoint placement,
-optimizer overlap, vocabulary, micro-batches, the working copy and masked attention; about a
-minute in all on a 2-core CPU."""
+"""Nine small configurations that vary depth, width, batch, K, slots, checkpoint placement,
+optimizer overlap, vocabulary, micro-batches, the working copy, masked attention and data
+parallelism (two of them run 2 ranks sharing the machine's cores); about a minute and a half
+in all on a 2-core CPU."""
 
 QUICK_CONFIGS = (
     Config("tiny_a", _llama("v-tiny-a", 3, 128, 2, 1, 352), Policy(batch=1, seq=64), "tiny, default"),
     Config("tiny_b", _llama("v-tiny-b", 4, 128, 2, 1, 352, V=512),
            Policy(batch=2, seq=64, act_ckpt_every=2, slots=3, act_ckpt_on="device", optimizer="after"),
            "tiny, K=2, optimizer after"),
+    Config("tiny_r2", _llama("v-tiny-r2", 3, 128, 2, 1, 352), Policy(batch=1, seq=64), "tiny on 2 ranks", ranks=2),
 )
 

@@ -22,7 +22,8 @@ def measure(configs, *, steps: int = 6, warmup: int = 1, device: str = "cpu", sa
     from horizon_exec.measure.probe import Session
     results = [{"steps": []} for _ in configs]
     with ExitStack() as stack:
-        sessions = [stack.enter_context(Session(c.model, c.policy, warmup=warmup, device=device))
+        sessions = [stack.enter_context(Session(c.model, c.policy, warmup=warmup, device=device,
+                                                       ranks=c.ranks))
                     for c in configs]
         for s in sessions:
             s.start()

@@ -45,7 +45,13 @@ measured by `horizon calibrate`, every amount of work is counted from the model 
   running a tiny model, less its tensors) + host store + what the pool of dynamic host
   buffers holds (per size, the most live at once) + the device peak (the CPU backend's device
   is host RAM; constants included) + glibc's retained free memory (5 allocating threads x 2 x
-  the largest block a step frees, up to 32 MiB).
+  the largest block a step frees, up to 32 MiB). With several ranks: every term but the host
+  store once per rank, the store (one /dev/shm mapping) once; measured as each rank's peak RSS
+  less its resident shared memory, summed, plus the largest rank's shared memory.
+- **data parallel** (2 ranks on this machine): the calibrated file laid out for the ranks
+  (horizon_sim/specs/cpu_ranks.py: each rank one core for its compute and its lanes, AdamW
+  rate per rank as calibrated); a collective = its bytes over the ring at the measured gloo
+  loopback rate, as host-thread work on the rank's core.
 
 Known gaps (not modelled):
 
@@ -77,6 +83,15 @@ def speed_text(drift: dict) -> str:
             + one("fixed_cost_speed", "per-op fixed costs"))
 
 
+def _multi_rank_text(f: dict, t: pd.DataFrame) -> str:
+    if not f["multi_rank_configs"]:
+        return ""
+    names = ", ".join(t.config[t.ranks > 1])
+    return (f"Data-parallel configurations ({names}: ranks share this machine's cores, gloo over loopback, "
+            f"the node store shared; step = the slowest rank's, RSS = the node's): median |step-time error| "
+            f"{f['median_abs_step_err_multi_rank']:.1%}. ")
+
+
 def _pct(x) -> str:
     return "" if pd.isna(x) else f"{x:+.1%}"
 
@@ -94,6 +109,7 @@ def markdown(v: Validation) -> str:
              f"({f['worst_step_config']}); max |device peak error| {f['max_abs_device_peak_err']:.1%}; "
              f"max |host RSS error| {f['max_abs_rss_err']:.1%}; max |overlap error| "
              f"{f['max_abs_overlap_err_pp']:.1f} pp. "
+             + _multi_rank_text(f, v.table)
              + ("No measured step exceeded the device bound." if f["device_bound_held"] else
                 f"**A measured step exceeded the device bound in {', '.join(f['device_bound_broken_by'])}.**"),
              "",
@@ -158,7 +174,10 @@ def figures_text(v: Validation) -> str:
     f = v.figures()
     return (f"median |step-time error| {f['median_abs_step_err']:.1%} over {f['configs']} configurations, "
             f"worst {f['worst_step_err']:+.1%} ({f['worst_step_config']}); device peak error <= "
-            f"{f['max_abs_device_peak_err']:.1%}; host RSS error <= {f['max_abs_rss_err']:.1%}; device bound "
+            f"{f['max_abs_device_peak_err']:.1%}; host RSS error <= {f['max_abs_rss_err']:.1%}; "
+            + (f"data parallel ({f['multi_rank_configs']} configurations) median |step-time error| "
+               f"{f['median_abs_step_err_multi_rank']:.1%}; " if f["multi_rank_configs"] else "")
+            + "device bound "
             + ("held by every step" if f["device_bound_held"] else
                f"EXCEEDED in {', '.join(f['device_bound_broken_by'])}")
             + (f"\n{speed_text(v.drift)}" if v.drift else ""))

@@ -23,6 +23,7 @@ class Validation:
         t = self.table
         step = t.step_s_err.abs()
         worst = t.loc[step.idxmax()]
+        multi = t[t.ranks > 1] if "ranks" in t else t.iloc[:0]
         return {
             "configs": len(t),
             "median_abs_step_err": float(step.median()),
@@ -33,10 +34,13 @@ class Validation:
             "max_abs_overlap_err_pp": float(t.overlap_err.abs().max() * 100),
             "device_bound_held": bool(t.device_bound_held.all()),
             "device_bound_broken_by": [str(c) for c in t.config[~t.device_bound_held.astype(bool)]],
+            "multi_rank_configs": len(multi),
+            "median_abs_step_err_multi_rank": (float(multi.step_s_err.abs().median()) if len(multi)
+                                               else None),
         }
 
     def errors_json(self) -> dict:
-        cols = ["config", "step_s_err", "device_peak_MiB_err", "device_bound_held", "rss_MiB_err", "overlap_err"]
+        cols = ["config", "ranks", "step_s_err", "device_peak_MiB_err", "device_bound_held", "rss_MiB_err", "overlap_err"]
         cols += [c for c in self.table.columns if c.startswith("busy_") and c.endswith("_err")]
         return {"figures": self.figures(), "hardware": self.hardware.name, "machine_speed": self.drift,
                 "configs": [{k: (None if pd.isna(v) else v) for k, v in r.items()}
