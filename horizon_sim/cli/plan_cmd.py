@@ -7,6 +7,7 @@ from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
 from horizon_sim.plan import plan
 from horizon_sim.plan.plan import scaling_efficiency
 from horizon_sim.plan.advice import advise
+from horizon_sim.peer.compare import PEERS, compare_json, compare_text, parse_knobs, plan_zero3, zero3_like
 from horizon_sim.sim.simulate import SimResult
 from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
 from horizon_sim.specs.hardware_io import load_hardware
@@ -17,7 +18,9 @@ EXAMPLE = """example:
   horizon plan --model llama-3.1-8b --gpu h100-pcie --ram 512GiB
   horizon plan --model dense-120b --gpu h200 --ram 1.5TB --optimizer backward --json
   horizon plan --model ./my-model/config.json --hardware machine.toml --batch 8 --seq 4096
-  horizon plan --model llama-3.1-405b --gpu h200 --ram 1.5TB --gpus 8 --nodes 8   # data parallel"""
+  horizon plan --model llama-3.1-405b --gpu h200 --ram 1.5TB --gpus 8 --nodes 8   # data parallel
+  horizon plan --model llama-3.1-8b --gpu a100-80gb --ram 256GiB --compare zero3-offload
+  horizon plan --model qwen2.5-32b --gpu h200 --compare zero3-offload --peer-knobs act_ckpt=off"""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -35,6 +38,14 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="a hardware file (from `horizon calibrate` or hand-written); overrides --gpu/--link/--ram")
     add_cluster_args(p)
     add_policy_args(p)
+    p.add_argument("--compare", default=None, choices=PEERS,
+                   help="also plan the same model, batch and machine under DeepSpeed ZeRO-3 with parameters and "
+                        "optimizer offloaded to CPU (one device), and show both side by side with where the "
+                        "difference comes from")
+    p.add_argument("--peer-knobs", default=None, metavar="K=V,...",
+                   help="the peer's DeepSpeed knobs: act_ckpt (on), prefetch_bucket_params (5e7), max_live_params "
+                        "(1e9), max_reuse_distance_params (1e9), reduce_bucket_params (5e8), overlap_comm (on), "
+                        "pin_memory (on); defaults DeepSpeed's, batch and dtype Horizon's")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--no-advice", action="store_true",
                    help="skip the what-to-change search (a few extra simulations)")
@@ -111,15 +122,29 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
 
 def run(a: argparse.Namespace) -> int:
     hw = with_cluster(load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link), a)
-    r = plan(load_model(a.model), hw, policy_from_args(a))
+    if getattr(a, "peer_knobs", None) and not getattr(a, "compare", None):
+        from horizon_sim.errors import HorizonError
+        raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload")
+    model, policy = load_model(a.model), policy_from_args(a)
+    peer = z3 = None
+    if getattr(a, "compare", None):
+        z3 = zero3_like(policy, **parse_knobs(a.peer_knobs))
+        peer = plan_zero3(model, hw, z3)  # before our own plan: a bad peer setting fails fast
+    r = plan(model, hw, policy)
     tips = advise(r, search=not getattr(a, "no_advice", False))
     eff = scaling_efficiency(r)
     if a.json:
-        print(json.dumps({**result_json(r), "scaling_efficiency": eff, "advice": tips}))
+        out = {**result_json(r), "scaling_efficiency": eff, "advice": tips}
+        if peer is not None:
+            out["compare"] = compare_json(r, peer, z3)
+        print(json.dumps(out))
         return 0
     print(report(r, eff))
     if tips:
         print()
         for i, t in enumerate(tips):
             print(("advice    " if i == 0 else "          ") + t)
+    if peer is not None:
+        print()
+        print(compare_text(r, peer, z3))
     return 0

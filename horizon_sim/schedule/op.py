@@ -48,6 +48,9 @@ class OpKind(str, Enum):
     NORM_ALL_REDUCE = "norm_all_reduce"        # net: the global norm's partial sums over all ranks
     UPDATE_BARRIER = "update_barrier"          # net: every rank of the node has updated its slice of a
     #                                            unit in the shared store (before any rank loads it)
+    # the peer's step (horizon_sim/peer: ZeRO-3 offload), simulated, never run by the executor
+    BACKWARD_SAVED = "backward_saved"          # compute: a block's backward from what autograd saved in
+    #                                            its forward (a persistent graph: no forward again)
 
 
 LANE_OF: dict[OpKind, Lane] = {
@@ -56,7 +59,7 @@ LANE_OF: dict[OpKind, Lane] = {
     OpKind.LOAD_INPUT: Lane.H2D, OpKind.LOAD_WEIGHTS: Lane.H2D, OpKind.LOAD_CKPT: Lane.H2D,
     OpKind.FORWARD: Lane.COMPUTE, OpKind.HEAD: Lane.COMPUTE, OpKind.HEAD_LOSS: Lane.COMPUTE,
     OpKind.RECOMPUTE: Lane.COMPUTE,
-    OpKind.BACKWARD: Lane.COMPUTE,
+    OpKind.BACKWARD: Lane.COMPUTE, OpKind.BACKWARD_SAVED: Lane.COMPUTE,
     OpKind.SAVE_CKPT: Lane.D2H, OpKind.OFFLOAD_GRADS: Lane.D2H, OpKind.OFFLOAD_INPUT_GRAD: Lane.D2H,
     OpKind.REDUCE_SCATTER: Lane.FABRIC, OpKind.HOST_REDUCE: Lane.CPU, OpKind.NET_REDUCE_SCATTER: Lane.NET,
     OpKind.NET_ALL_GATHER: Lane.NET, OpKind.NORM_ALL_REDUCE: Lane.NET, OpKind.UPDATE_BARRIER: Lane.NET,
@@ -103,9 +106,14 @@ class Holds(str, Enum):
     ACT_CHECKPOINT = "act_checkpoint"    # (micro_batch, seq, hidden) a boundary kept on the host
     INPUT_GRAD = "input_grad"            # (micro_batch, seq, hidden) gradient of the layer-0 input
     LINK_STAGE = "link_stage"            # (device params,) a DMA link's landing stage for a gradient
+    # the peer's (horizon_sim/peer)
+    FETCHED_WEIGHTS = "fetched_weights"  # (device params,) a unit's parameters fetched to the device
+    #                                      for its uses, released after (ZeRO-3), dynamic
+    SAVED_ACTIVATIONS = "saved_activations"  # (bytes,) uint8: what autograd saved in a block's forward
+    #                                          for its backward (the persistent graph), dynamic
 
 
-DTYPE_BYTES_OF = {"fp32": 4, "bf16": 2, "fp64": 8, "int64": 8}
+DTYPE_BYTES_OF = {"fp32": 4, "bf16": 2, "fp64": 8, "int64": 8, "uint8": 1}
 """Element sizes of the dtypes a buffer can have."""
 
 

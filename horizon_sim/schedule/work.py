@@ -76,6 +76,12 @@ def block_gemms(m: ModelSpec, tokens: int, backward: bool) -> list[Gemm]:
     return out
 
 
+def block_gemms_saved_backward(m: ModelSpec, tokens: int) -> list[Gemm]:
+    """A backward from autograd's saved tensors (BACKWARD_SAVED): per projection the input and
+    weight gradients only; the forward ran once, in FORWARD, with the graph kept."""
+    return block_gemms(m, tokens, backward=True)[len(linears(m)):]
+
+
 def head_chunks(tokens: int, chunk_tokens: int) -> int:
     return -(-tokens // max(1, min(chunk_tokens, tokens)))
 
@@ -204,6 +210,20 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
     p_norm1 = N * (in1 + 20 * H + 2 * a * H) + m.layer_params * a
     p_attn = N * (norm1 + attn) + mask * (1 + a) if mask else 0
     return int(max(p_mlp, p_norm2, p_norm1, p_attn))
+
+
+def block_saved_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int) -> int:
+    """What autograd keeps from a block's forward for its backward when the graph persists (no
+    recompute): the saved tensors of block_temp_peak_bytes's backward (per norm its fp32 input,
+    cast and output, the rsqrt; q, k, v, o and the attention's logsumexp; the MLP's gate, up,
+    silu and product) and the block's output, which the next block saves as its input."""
+    H, F, q, kv, nh = m.hidden, m.ffn_hidden, m.q_dim, m.kv_dim, m.n_heads
+    N = micro_batch * seq
+    in1 = 4 * H if a != 4 else 0
+    norms = in1 + 2 * a * H + 4 * H + 2 * a * H + 8
+    attn = a * (2 * q + 2 * kv) + 4 * nh
+    mlp = (4 if m.ffn_type == "gated" else 2) * a * F
+    return int(N * (norms + attn + mlp + a * H))
 
 
 def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -> int:

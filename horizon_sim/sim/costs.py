@@ -38,7 +38,7 @@ on the CPU backend its thread waits for the interpreter lock that the compute la
 dispatch keeps taking.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from horizon_sim.schedule import work
 from horizon_sim.schedule.op import COLLECTIVES, Lane, Op, OpKind
@@ -152,6 +152,8 @@ class CostModel:
     def _overhead_s(self, kind: str) -> float:
         if kind == OpKind.HEAD_LOSS.value and kind not in self.overhead_us:
             kind = OpKind.HEAD.value  # the same kernels' launches, less the backward's
+        if kind == OpKind.BACKWARD_SAVED.value and kind not in self.overhead_us:
+            kind = OpKind.BACKWARD.value  # the executor's backward: an upper bound (it has the forward's too)
         return self.overhead_us.get(kind, self.launch_s * 1e6) * 1e-6
 
     def _gemm_s(self, gemms) -> float:
@@ -166,7 +168,7 @@ class CostModel:
              "elementwise": op.hbm_bytes / self.hbm_Bps}
         m, p = self.model, self.policy
         shaped = m is not None and op.kind in (OpKind.FORWARD, OpKind.RECOMPUTE, OpKind.BACKWARD, OpKind.HEAD,
-                                               OpKind.HEAD_LOSS)
+                                               OpKind.HEAD_LOSS, OpKind.BACKWARD_SAVED)
         if shaped:
             tokens = p["batch"] // p["micro_batches"] * p["seq"]
             if op.kind in (OpKind.HEAD, OpKind.HEAD_LOSS):
@@ -180,10 +182,13 @@ class CostModel:
                 if "head_chunk" in self.overhead_us:
                     t["overhead"] += (chunks - 1) * self._overhead_s("head_chunk")
             else:
-                bwd = op.kind == OpKind.BACKWARD
-                gemms = work.block_gemms(m, tokens, bwd)
+                bwd = op.kind in (OpKind.BACKWARD, OpKind.BACKWARD_SAVED)
+                saved = op.kind == OpKind.BACKWARD_SAVED  # the forward's kernels ran in FORWARD
+                gemms = work.block_gemms_saved_backward(m, tokens) if saved else work.block_gemms(m, tokens, bwd)
                 masked = work.masked_attention(m, op.layer, p["seq"], p.get("doc_masks", False))
                 attn = work.attention(m, p["batch"] // p["micro_batches"], p["seq"], bwd, masked)
+                if saved:
+                    attn = replace(attn, fwd_flops=0.0)
             if self.gemm:
                 t["gemm"] = self._gemm_s(gemms)
             else:

@@ -1,0 +1,254 @@
+"""build_zero3_schedule(model, z3): one training step of DeepSpeed ZeRO-3 with parameters and
+optimizer offloaded to CPU (one GPU), as a Schedule for the same simulator, in the same ops
+vocabulary (plus BACKWARD_SAVED, FETCHED_WEIGHTS, SAVED_ACTIVATIONS). It reads as the step:
+
+  host      fp32 master, fp32 Adam moments, fp32 gradient partition and the bf16 parameter
+            partition the device fetches from: 18 bytes per parameter, static (DeepSpeed's
+            estimate_zero3_model_states_mem_needs arithmetic, without its 1.5x buffer factor)
+  forward   per micro-batch, units in order (the embedding, the layers, the head): each unit's
+            parameters fetched to the device ahead of use (LOAD_WEIGHTS into a FETCHED_WEIGHTS
+            buffer: up to prefetch_bucket_params of it while the previous unit computes, the rest
+            on demand) and released after use unless it is used again within
+            max_reuse_distance_params of fetches (and max_live_params allows); each layer keeps
+            what its backward needs on the device (SAVED_ACTIVATIONS): every saved tensor of the
+            persistent autograd graph, or with act_ckpt only its input
+  head      logits of every token at once (one loss chunk), forward and backward in one op
+  backward  layers in reverse: parameters fetched again where they were released; BACKWARD
+            (act_ckpt: forward again with grad, then grad) or BACKWARD_SAVED (the graph's
+            backward only); the layer-0 backward also makes the embedding's dense gradient;
+            gradients gathered into buckets of reduce_bucket_params and offloaded as fp32 into
+            the host partition (OFFLOAD_GRADS: 4 bytes per parameter over the link; added to
+            the earlier micro-batches' on the host); overlap_comm off: the next backward waits
+            for each bucket's offload
+  end       the global norm over the host gradients, then DeepSpeedCPUAdam over every unit
+            (OPTIMIZER, after backward: nothing overlaps it), which also writes the updated bf16
+            partition the next step fetches
+
+What is approximated, and why: DeepSpeed fetches and prefetches tensor by tensor along its
+recorded trace; here a unit (layer) is fetched whole, its first prefetch_bucket_params early.
+Parameters below stage3_param_persistence_threshold (norm weights) stay on the device in
+DeepSpeed; here they travel with their layer (a few KB per layer). One device; ZeRO-3 over
+several GPUs (the all-gathers and reduce-scatters across them) is not modelled yet.
+"""
+from horizon_sim.errors import HorizonError
+from horizon_sim.peer.zero3_policy import Zero3Policy
+from horizon_sim.schedule import work
+from horizon_sim.schedule.declare import Declarations
+from horizon_sim.schedule.deps import Deps
+from horizon_sim.schedule.limits import check_sizes
+from horizon_sim.schedule.op import DTYPE_BYTES_OF, EMBED, Holds, Op, OpKind, ScheduleMeta, Space
+from horizon_sim.schedule.schedule import Schedule
+from horizon_sim.specs.model import ModelSpec
+
+FAMILY = "zero3-offload"
+"""ScheduleMeta.notes[0] of a peer Schedule: what built it."""
+
+ADAM_BYTES_PER_PARAM = 4 + 2 * 4 + 4 * 4 + 2
+"""DeepSpeedCPUAdam per parameter: read the fp32 gradient, read and write the fp32 master and
+both fp32 moments, write the bf16 partition (fp32 compute: no bf16 copy, 28)."""
+
+
+class _Zero3Builder:
+    def __init__(self, model: ModelSpec, z3: Zero3Policy):
+        self.model, self.z3 = model, z3
+        self.policy = z3.horizon_policy()
+        check_sizes(model, self.policy)
+        self.a = DTYPE_BYTES_OF[z3.compute_dtype]
+        self.bf16 = z3.compute_dtype == "bf16"
+        self.head = model.n_layers
+        self.units = [EMBED, *range(model.n_layers), self.head]
+        self.tokens = z3.micro_batch * z3.seq
+        self.bufs = Declarations(model, self.policy)
+        self.ops: list[Op] = []
+        self.deps = Deps()
+        self.fetched: set[int] = set()  # units whose parameters are on the device now
+        self.compute_ends: list[int] = []  # compute ops in order (prefetch is relative to them)
+        self.bucket: list[tuple[int, str]] = []  # (unit, device grad) gathered for the next offload
+        self.last_offload: int | None = None
+
+    # ---- sizes -----------------------------------------------------------------------------------
+    def params(self, u: int) -> int:
+        m = self.model
+        return m.embedding_params if u == EMBED else m.head_device_params if u == self.head else m.layer_params
+
+    # ---- emission ----------------------------------------------------------------------------------
+    def emit(self, kind, layer, micro=0, *, reads=(), writes=(), frees=(), after=(), **work_):
+        op_id = len(self.ops)
+        deps = self.deps.add(op_id, kind, reads, writes, frees, extra=after)
+        self.ops.append(Op(id=op_id, kind=kind, layer=layer, micro=micro, deps=deps, reads=tuple(reads),
+                           writes=tuple(writes), frees=tuple(frees), **work_))
+        if kind in (OpKind.FORWARD, OpKind.HEAD, OpKind.BACKWARD, OpKind.BACKWARD_SAVED):
+            self.compute_ends.append(op_id)
+        return op_id
+
+    # ---- buffers -----------------------------------------------------------------------------------
+    def w(self, u: int) -> str:
+        b = self.bufs
+        return b.declare(f"fetched.{b.unit_label(u)}", Space.DEVICE, Holds.FETCHED_WEIGHTS, (self.params(u),),
+                         self.z3.compute_dtype, role="weights", unit=u)
+
+    def saved(self, m: int, u: int) -> str:
+        """What layer u keeps on the device for its backward: its input (act_ckpt), else every
+        tensor autograd saved in its forward."""
+        n = (self.tokens * self.model.hidden * self.a if self.z3.act_ckpt else
+             work.block_saved_bytes(self.model, self.z3.micro_batch, self.z3.seq, self.a))
+        return self.bufs.declare(f"saved.m{m}.{u}", Space.DEVICE, Holds.SAVED_ACTIVATIONS, (n,), "uint8",
+                                 role="activations", micro=m, layer=u)
+
+    def partition(self, u: int) -> str:
+        """The parameters the device fetches from: DeepSpeed's offloaded partition, bf16 (the
+        working copy's place) or, in fp32, a second fp32 copy beside the optimizer's master."""
+        b = self.bufs
+        if self.bf16:
+            return b.weights_of(u)
+        return b.declare(f"params.{b.unit_label(u)}", Space.HOST, Holds.WORKING_COPY, (b.host_params(u),), "fp32",
+                         True, "working_copy", unit=u)
+
+    def dgrad(self, u: int, m: int) -> str:
+        b = self.bufs
+        return b.declare(f"dgrad.{b.unit_label(u)}.m{m}", Space.DEVICE, Holds.DEVICE_GRAD, (self.params(u),),
+                         self.z3.compute_dtype, role="grads", unit=u, micro=m)
+
+    def hgrad(self, u: int) -> str:
+        """DeepSpeed's fp32 gradient partition on the host: static, every step."""
+        b = self.bufs
+        n = self.params(u) if u != self.head or not self.model.tied_embeddings else self.model.head_params
+        return b.declare(f"hgrad.{b.unit_label(u)}", Space.HOST, Holds.HOST_GRAD, (n,), "fp32", True, "grads", unit=u)
+
+    # ---- fetch and release ----------------------------------------------------------------------------
+    def fetch(self, u: int, m: int) -> None:
+        """Unit u's parameters to the device before its next compute op: up to the prefetch
+        bucket while the compute op before that one runs, the rest once it is done."""
+        if u in self.fetched:
+            return
+        n, elem = self.params(u), self.a
+        early = min(n, self.z3.prefetch_bucket_params)
+        k = len(self.compute_ends)
+        before_prev = (self.compute_ends[k - 2],) if k >= 2 else ()
+        prev = (self.compute_ends[k - 1],) if k >= 1 else ()
+        src = self.partition(u)
+        self.emit(OpKind.LOAD_WEIGHTS, u, m, reads=[src], writes=[self.w(u)], link_bytes=early * elem,
+                  after=before_prev)
+        if n > early:
+            self.emit(OpKind.LOAD_WEIGHTS, u, m, reads=[src, self.w(u)], writes=[self.w(u)],
+                      link_bytes=(n - early) * elem, after=prev)
+        self.fetched.add(u)
+
+    def keep_after_forward(self, u: int) -> bool:
+        """DeepSpeed keeps a fetched parameter whose next use comes within max_reuse_distance
+        parameters' worth of fetches (and within max_live_params): the layers near the head
+        (their backward comes right after), or every layer of a small model."""
+        if u == EMBED:  # its next use is the layer-0 backward's scatter, which needs no parameters
+            return False
+        between = sum(self.params(v) for v in range(u + 1, self.head + 1))
+        between += sum(self.params(v) for v in range(u + 1, self.head))  # the backward's, before u's
+        live = sum(self.params(v) for v in self.fetched)
+        return between <= self.z3.max_reuse_distance_params and live <= self.z3.max_live_params
+
+    def release(self, u: int) -> str:
+        """Unit u's fetched parameters go after the op that frees them (it lists the name)."""
+        self.fetched.discard(u)
+        return self.w(u)
+
+    # ---- gradients ------------------------------------------------------------------------------------
+    def gather_grad(self, u: int, m: int, last: bool) -> None:
+        self.bucket.append((u, self.dgrad(u, m)))
+        if last or sum(self.params(v) for v, _ in self.bucket) >= self.z3.reduce_bucket_params:
+            self.offload(m)
+
+    def offload(self, m: int) -> None:
+        """The bucket's gradients -> their fp32 host partitions (cast on the device, 4 bytes a
+        parameter over the link), added into what earlier micro-batches left there."""
+        if not self.bucket:
+            return
+        units = [u for u, _ in self.bucket]
+        dgrads = [g for _, g in self.bucket]
+        n = sum(self.params(u) for u in units)
+        acc = m > 0
+        last = m == self.z3.micro_batches - 1
+        hg = [self.hgrad(u) for u in units]
+        writes = hg + ([self.bufs.gsq(u) for u in units] if last else [])
+        self.last_offload = self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=dgrads + (hg if acc else []),
+                                      writes=writes, frees=dgrads, link_bytes=n * 4,
+                                      host_bytes=n * 12 if acc else 0)
+        self.bucket = []
+
+    # ---- the phases ---------------------------------------------------------------------------------
+    def forward(self, m: int) -> None:
+        b, L = self.bufs, self.model.n_layers
+        a, mb, seq = self.a, self.z3.micro_batch, self.z3.seq
+        fwd_hbm = work.block_elementwise_bytes(self.model, self.tokens, seq, a, backward=False)
+        ws = work.block_workspace_bytes(self.model, mb, seq, a, backward=False)
+        self.fetch(EMBED, m)
+        for u in range(L):
+            self.fetch(u, m)
+            reads = [self.w(u)] + ([b.x(m, u)] if u > 0 else [self.w(EMBED)])
+            frees = ([b.x(m, u)] if u > 0 else [])
+            if u == 0:
+                frees.append(self.release(EMBED))
+            if not self.keep_after_forward(u):
+                frees.append(self.release(u))
+            self.emit(OpKind.FORWARD, u, m, reads=reads, writes=[b.x(m, u + 1), self.saved(m, u)], frees=frees,
+                      flops=self.model.layer_fwd_flops(self.tokens, seq), hbm_bytes=fwd_hbm, workspace_bytes=ws)
+        self.fetch(self.head, m)
+        tok = self.tokens
+        self.emit(OpKind.HEAD, self.head, m, reads=[b.x(m, L), self.w(self.head)],
+                  writes=[b.dx(m, L), self.dgrad(self.head, m)], frees=[b.x(m, L), self.release(self.head)],
+                  flops=3 * self.model.head_fwd_flops(tok), hbm_bytes=work.head_elementwise_bytes(self.model, tok, a),
+                  workspace_bytes=work.head_workspace_bytes(self.model, tok, tok, a))
+        self.gather_grad(self.head, m, last=False)
+
+    def backward(self, m: int) -> None:
+        b, L, z3 = self.bufs, self.model.n_layers, self.z3
+        a, mb, seq = self.a, z3.micro_batch, z3.seq
+        bwd_hbm = work.block_elementwise_bytes(self.model, self.tokens, seq, a, backward=True)
+        full_ws = work.block_workspace_bytes(self.model, mb, seq, a, backward=True)
+        saved_b = work.block_saved_bytes(self.model, mb, seq, a)
+        kind = OpKind.BACKWARD if z3.act_ckpt else OpKind.BACKWARD_SAVED
+        # the graph's backward holds its transients only: what the forward saved is a buffer
+        ws = full_ws if z3.act_ckpt else max(0, full_ws - saved_b)
+        flops = (3 if z3.act_ckpt else 2) * self.model.layer_fwd_flops(self.tokens, seq)
+        for u in reversed(range(L)):
+            self.fetch(u, m)
+            writes = [self.dgrad(u, m)] + ([b.dx(m, u)] if u > 0 else [self.dgrad(EMBED, m)])
+            after = (self.last_offload,) if not z3.overlap_comm and self.last_offload is not None else ()
+            self.emit(kind, u, m, reads=[self.saved(m, u), b.dx(m, u + 1), self.w(u)], writes=writes,
+                      frees=[self.saved(m, u), b.dx(m, u + 1), self.release(u)], flops=flops,
+                      hbm_bytes=bwd_hbm, workspace_bytes=ws, after=after)
+            self.gather_grad(u, m, last=False)
+        self.gather_grad(EMBED, m, last=True)
+
+    def end(self) -> None:
+        b = self.bufs
+        self.emit(OpKind.GRAD_NORM, -1, reads=[b.gsq(u) for u in self.units], writes=[b.gnorm()],
+                  host_bytes=8 * len(self.units))
+        per = ADAM_BYTES_PER_PARAM if self.bf16 else ADAM_BYTES_PER_PARAM - 2
+        for u in self.units:
+            params = self.bufs.buffers[self.hgrad(u)].numel
+            store = b.host_store(u)[:2] + [self.partition(u)]
+            self.emit(OpKind.OPTIMIZER, u, reads=[self.hgrad(u), *store[:2], b.gnorm()], writes=store,
+                      params=params, host_bytes=params * per)
+
+    def build(self) -> Schedule:
+        m, z3 = self.model, self.z3
+        self.bufs.device_constants()
+        for u in self.units:  # the host store first, in the units' order
+            self.bufs.host_store(u)
+            self.partition(u)
+            self.hgrad(u)
+        for mb in range(z3.micro_batches):
+            self.forward(mb)
+            self.backward(mb)
+        self.end()
+        p = self.policy
+        meta = ScheduleMeta(model=m.to_dict(), policy=p.to_dict(), n_layers=m.n_layers, slot_bytes=0, tokens=p.tokens,
+                            model_flops=m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens,
+                            notes=(FAMILY,))
+        return Schedule(ops=tuple(self.ops), buffers=dict(self.bufs.buffers), meta=meta)
+
+
+def build_zero3_schedule(model: ModelSpec, z3: Zero3Policy) -> Schedule:
+    """One step of DeepSpeed ZeRO-3 offload on one device (module docstring), checked."""
+    if not isinstance(z3, Zero3Policy):
+        raise HorizonError(f"zero3 policy {z3!r} is not a Zero3Policy")
+    return _Zero3Builder(model, z3).build().check()

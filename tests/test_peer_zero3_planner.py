@@ -1,0 +1,137 @@
+"""The ZeRO-3-offload peer's Schedule (horizon_sim/peer): it is a valid Schedule the simulator runs,
+its host model states follow DeepSpeed's own arithmetic, its knobs change the step the way
+DeepSpeed's do, and `horizon plan --compare` shows both plans. Planner only, no clocks."""
+import json
+
+import pytest
+
+from horizon_sim.cli.main import main
+from horizon_sim.peer.compare import parse_knobs, plan_zero3, zero3_like
+from horizon_sim.peer.zero3_builder import build_zero3_schedule
+from horizon_sim.peer.zero3_policy import Zero3Policy
+from horizon_sim.schedule.op import EMBED, Holds, Lane, OpKind
+from horizon_sim.sim.simulate import simulate
+from horizon_sim.specs.hardware_presets import make_hardware
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.model_presets import model_preset
+from horizon_sim.specs.policy import Policy
+
+
+def small(L=4, H=256, V=512):
+    return ModelSpec(name=f"s{L}", n_layers=L, hidden=H, n_heads=4, n_kv_heads=2, ffn_hidden=688, vocab=V)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(act_ckpt=False), dict(micro_batches=2, batch=4),
+                                dict(compute_dtype="fp32", grad_clip=0.0), dict(overlap_comm=False),
+                                dict(max_reuse_distance_params=1, prefetch_bucket_params=1000)])
+def test_the_peer_step_is_a_checked_schedule_the_simulator_runs(kw):
+    z3 = Zero3Policy(**{"batch": 2, "seq": 64, **kw})
+    s = build_zero3_schedule(small(), z3)  # .check(): hazards, balance, typed buffers
+    r = simulate(s, make_hardware("a100-80gb", "256GiB"))
+    assert r.summary.step_time_s > 0 and r.summary.device_peak_bytes > 0
+    kinds = [op.kind for op in s.ops]
+    # every unit's optimizer runs once, after the last backward: nothing overlaps it
+    last_bwd = max(i for i, k in enumerate(kinds) if k in (OpKind.BACKWARD, OpKind.BACKWARD_SAVED))
+    opt = [op for op in s.ops if op.kind == OpKind.OPTIMIZER]
+    assert sorted(op.layer for op in opt) == [EMBED, *range(4), 4]
+    tl = r.timeline
+    compute_end = tl[tl.lane == "compute"].end_s.max()
+    assert tl[tl.kind == "optimizer"].start_s.min() >= compute_end - 1e-12
+    assert all(op.id > last_bwd for op in opt)
+    bwd = OpKind.BACKWARD_SAVED if kw.get("act_ckpt") is False else OpKind.BACKWARD
+    assert kinds.count(bwd) == 4 * z3.micro_batches
+
+
+def test_host_model_states_follow_deepspeeds_own_arithmetic():
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    for name in ("llama-3.1-8b", "qwen2.5-32b"):
+        m = model_preset(name)
+        r = plan_zero3(m, make_hardware("h200", "1.5TB"), Zero3Policy(batch=1, seq=512))
+        states = sum(r.host.by_role[k] for k in ("master", "moments", "grads", "working_copy"))
+        largest = max(m.layer_params, m.embedding_params, m.head_device_params)
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+            m.total_params, largest, num_gpus_per_node=1, num_nodes=1, cpu_offload=True, cpu_offload_params=True,
+            zero_init=True, additional_buffer_factor=1.0)
+        assert states == pytest.approx(cpu, rel=1e-9), name  # 18 bytes a parameter
+        assert states == 18 * m.total_params
+
+
+def test_knobs_change_the_step_as_deepspeeds_do():
+    m, hw = small(L=8), make_hardware("a100-80gb", "256GiB")
+    base = dict(batch=2, seq=128)
+    ck, nock = (simulate(build_zero3_schedule(m, Zero3Policy(**base, act_ckpt=c)), hw) for c in (True, False))
+    # without checkpointing autograd keeps every layer's saved tensors: more device memory, no recompute
+    assert nock.summary.device_peak_bytes > ck.summary.device_peak_bytes
+    flops = [sum(op.flops for op in r.schedule.ops if op.lane == Lane.COMPUTE) for r in (ck, nock)]
+    assert flops[1] < flops[0]
+
+    def backward_loads(z):
+        s = build_zero3_schedule(m, z)
+        first_bwd = next(op.id for op in s.ops if op.kind in (OpKind.BACKWARD, OpKind.BACKWARD_SAVED))
+        return sum(1 for op in s.ops if op.kind == OpKind.LOAD_WEIGHTS and op.id > first_bwd)
+    # a small model within the reuse distance keeps its layers; a short distance fetches them again
+    assert backward_loads(Zero3Policy(**base)) == 0
+    assert backward_loads(Zero3Policy(**base, max_reuse_distance_params=1)) >= 7
+    # buckets: one offload per unit with a tiny bucket, a single one with DeepSpeed's default
+    offloads = lambda z: sum(op.kind == OpKind.OFFLOAD_GRADS for op in build_zero3_schedule(m, z).ops)  # noqa: E731
+    assert offloads(Zero3Policy(**base)) == 1 and offloads(Zero3Policy(**base, reduce_bucket_params=1)) == 10
+    # gradients leave as fp32: 4 bytes a parameter over the link
+    s = build_zero3_schedule(m, Zero3Policy(**base))
+    assert sum(op.link_bytes for op in s.ops if op.kind == OpKind.OFFLOAD_GRADS) == 4 * sum(
+        b.numel for b in s.buffers.values() if b.holds == Holds.DEVICE_GRAD)
+    # pageable buffers: the link's pageable rate
+    slow = plan_zero3(m, hw, Zero3Policy(**base, pin_memory=False))
+    assert slow.summary.step_time_s > ck.summary.step_time_s
+
+
+def test_the_ds_config_says_what_the_policy_says():
+    z = Zero3Policy(batch=8, seq=256, micro_batches=2, act_ckpt=False, reduce_bucket_params=123, pin_memory=False)
+    c = z.ds_config()
+    zo = c["zero_optimization"]
+    assert c["train_micro_batch_size_per_gpu"] == 4 and c["gradient_accumulation_steps"] == 2
+    assert zo["stage"] == 3 and zo["offload_param"] == {"device": "cpu", "pin_memory": False}
+    assert zo["offload_optimizer"]["device"] == "cpu" and zo["reduce_bucket_size"] == 123
+    assert c["bf16"]["enabled"] is True
+
+
+def test_zero3_like_keeps_the_batch_and_knobs_parse():
+    knobs = parse_knobs("act_ckpt=off,reduce_bucket_params=2e8")
+    z = zero3_like(Policy(batch=8, seq=1024, micro_batches=2, grad_clip=0.5), **knobs)
+    assert (z.batch, z.seq, z.micro_batches, z.grad_clip, z.act_ckpt, z.reduce_bucket_params) == (
+        8, 1024, 2, 0.5, False, 200_000_000)
+
+
+def test_plan_compare_prints_both_plans_and_json(capsys):
+    argv = ["plan", "--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--ram", "256GiB", "--no-advice"]
+    assert main(argv + ["--compare", "zero3-offload"]) == 0
+    out = capsys.readouterr().out
+    assert "ZeRO-3 offload" in out and "tokens/s" in out and "why" in out
+    assert main(argv + ["--compare", "zero3-offload", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    c = doc["compare"]
+    assert c["peer"] == "zero3-offload" and c["speedup"] == pytest.approx(doc["tokens_per_s"] / c["tokens_per_s"])
+    assert c["host_bytes"] > 18 * doc["params"]
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--compare", "zero3-offload", "--peer-knobs", "nosuch=1"], "--peer-knobs 'nosuch=1'"),
+    (["--compare", "zero3-offload", "--peer-knobs", "act_ckpt=maybe"], "act_ckpt='maybe'"),
+    (["--compare", "zero3-offload", "--peer-knobs", "reduce_bucket_params=0"], "reduce_bucket_params=0"),
+    (["--peer-knobs", "act_ckpt=off"], "add --compare zero3-offload"),
+    (["--compare", "zero3-offload", "--gpus", "2"], "modelled on one device"),
+    (["--compare", "zero4"], "invalid choice"),
+])
+def test_bad_compare_input_is_one_line_and_exit_2(capsys, extra, says):
+    argv = ["plan", "--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--no-advice"]
+    with pytest.raises(SystemExit) if "zero4" in extra else _nothing():
+        assert main(argv + extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "Traceback" not in err, err
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
