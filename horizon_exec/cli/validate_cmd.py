@@ -10,7 +10,8 @@ from horizon_sim.errors import HorizonError
 EXAMPLE = """example:
   horizon calibrate -o /tmp/machine.toml && horizon validate --hardware /tmp/machine.toml
   horizon validate --hardware machine.toml --configs base,wide_after --steps 8 --json
-  horizon validate                 # calibrates first (about 40 s), then validates"""
+  horizon validate                 # calibrates first (about 40 s), then validates
+  horizon validate --hardware machine.toml --peer deepspeed   # the ZeRO-3 offload peer, for real"""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -31,6 +32,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="two tiny configurations (for tests)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--no-plots", action="store_true", help="skip the overlay PNGs")
+    p.add_argument("--peer", default=None, choices=("deepspeed",),
+                   help="validate the planner's model of a peer instead of our executor: deepspeed runs small "
+                        "configurations through real DeepSpeed ZeRO-3 offload (CPU accelerator) and compares step "
+                        "time and RSS with the peer's simulated Schedule; writes validation_peer.md/.csv")
+    p.add_argument("--peer-threads", type=int, default=1,
+                   help="torch threads of the peer's runs (default 1: the calibrated compute core)")
     p.add_argument("--json", action="store_true", help="print the errors as one JSON object")
 
 
@@ -44,6 +51,8 @@ def run(a: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise HorizonError(f"--out {a.out!r}: cannot create the folder ({e.strerror})") from None
+    if a.peer:
+        return _run_peer(a, out)
     V = import_executor("horizon_exec.measure.validate", "validate")
     try:  # before a calibration or a configuration runs
         import_executor("horizon_exec.device.backend", "validate").check_device(a.device)
@@ -71,6 +80,45 @@ def run(a: argparse.Namespace) -> int:
         return 0
     print(V.figures_text(v))
     cols = ["config", "step_s_meas", "step_s_pred", "step_s_err", "device_peak_MiB_err", "rss_MiB_err"]
+    print(v.table[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print("wrote " + ", ".join(str(f) for f in v.files))
+    return 0
+
+
+def _run_peer(a: argparse.Namespace, out: Path) -> int:
+    if a.device != "cpu":
+        raise HorizonError(f"--peer deepspeed runs on DeepSpeed's CPU accelerator: --device {a.device} is not offered")
+    if a.peer_threads < 1:
+        raise HorizonError(f"--peer-threads {a.peer_threads} must be >= 1")
+    P = import_executor("horizon_exec.measure.validate.peer", "validate --peer")
+    from horizon_exec.measure.peer_deepspeed import deepspeed_available
+    if deepspeed_available() is None:
+        raise HorizonError("--peer deepspeed: DeepSpeed is not installed (make setup installs deepspeed==0.19.8)")
+    configs = P.QUICK_PEER_CONFIGS if a.quick else P.PEER_CONFIGS
+    if a.configs:
+        known = {c.name: c for c in (*P.PEER_CONFIGS, *P.QUICK_PEER_CONFIGS)}
+        names = [n.strip() for n in a.configs.split(",") if n.strip()]
+        bad = [n for n in names if n not in known]
+        if bad:
+            raise HorizonError(f"unknown peer configuration(s) {', '.join(bad)}; known: {', '.join(known)}")
+        configs = tuple(known[n] for n in names)
+    if a.hardware:
+        from horizon_sim.specs.hardware_io import load_hardware
+        hw = load_hardware(a.hardware)
+    else:
+        hw = import_executor("horizon_exec.measure.calibrate", "validate").calibrate("cpu", quick=a.quick, say=say)
+    v = P.validate_peer(hw, configs, steps=a.steps, warmup=max(a.warmup, 1), threads=a.peer_threads, out_dir=out,
+                        say=say)
+    if a.json:
+        import json
+        print(json.dumps({"figures": v.figures(), "configs": v.table.to_dict(orient="records"),
+                          "adam_Gparams_per_s": v.adam_Gparams_per_s, "runtime_GiB": v.runtime_GiB}))
+        return 0
+    f = v.figures()
+    print(f"peer deepspeed: median |step-time error| {f['median_abs_step_err']:.1%} over {f['configs']} configurations "
+          f"(max {f['max_abs_step_err']:.1%}); median |RSS error| {f['median_abs_rss_err']:.1%} (max "
+          f"{f['max_abs_rss_err']:.1%})")
+    cols = ["config", "step_s_meas", "step_s_pred", "step_s_err", "rss_MiB_meas", "rss_MiB_err"]
     print(v.table[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print("wrote " + ", ".join(str(f) for f in v.files))
     return 0

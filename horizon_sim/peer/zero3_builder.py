@@ -49,8 +49,8 @@ both fp32 moments, write the bf16 partition (fp32 compute: no bf16 copy, 28)."""
 
 
 class _Zero3Builder:
-    def __init__(self, model: ModelSpec, z3: Zero3Policy):
-        self.model, self.z3 = model, z3
+    def __init__(self, model: ModelSpec, z3: Zero3Policy, synchronous: bool = False):
+        self.model, self.z3, self.synchronous = model, z3, synchronous
         self.policy = z3.horizon_policy()
         check_sizes(model, self.policy)
         self.a = DTYPE_BYTES_OF[z3.compute_dtype]
@@ -74,6 +74,8 @@ class _Zero3Builder:
     # ---- emission ----------------------------------------------------------------------------------
     def emit(self, kind, layer, micro=0, *, reads=(), writes=(), frees=(), after=(), **work_):
         op_id = len(self.ops)
+        if self.synchronous and op_id:  # one thread does everything, in program order
+            after = (*after, op_id - 1)
         deps = self.deps.add(op_id, kind, reads, writes, frees, extra=after)
         self.ops.append(Op(id=op_id, kind=kind, layer=layer, micro=micro, deps=deps, reads=tuple(reads),
                            writes=tuple(writes), frees=tuple(frees), **work_))
@@ -247,8 +249,10 @@ class _Zero3Builder:
         return Schedule(ops=tuple(self.ops), buffers=dict(self.bufs.buffers), meta=meta)
 
 
-def build_zero3_schedule(model: ModelSpec, z3: Zero3Policy) -> Schedule:
-    """One step of DeepSpeed ZeRO-3 offload on one device (module docstring), checked."""
+def build_zero3_schedule(model: ModelSpec, z3: Zero3Policy, synchronous: bool = False) -> Schedule:
+    """One step of DeepSpeed ZeRO-3 offload on one device (module docstring), checked.
+    synchronous: every op waits for the one before it, as on DeepSpeed's CPU accelerator, whose
+    streams are no-ops (its copies, compute and CPU Adam run one after another in one thread)."""
     if not isinstance(z3, Zero3Policy):
         raise HorizonError(f"zero3 policy {z3!r} is not a Zero3Policy")
-    return _Zero3Builder(model, z3).build().check()
+    return _Zero3Builder(model, z3, synchronous).build().check()

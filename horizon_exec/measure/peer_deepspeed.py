@@ -1,0 +1,178 @@
+"""Run the real peer: DeepSpeed ZeRO-3 with parameters and optimizer offloaded to CPU, on
+DeepSpeed's CPU accelerator (gloo, DeepSpeedCPUAdam), training a transformers model built from
+a ModelSpec, in a process of its own (its own RSS peak, DeepSpeed's own environment).
+
+    res = run_deepspeed(model, Zero3Policy(batch=2, seq=256), steps=4, warmup=1)
+    res["steps"][i] = {"step_s", "loss", "rss_peak_bytes"}
+    res["rss_peak_bytes"], res["threads"], res["deepspeed"] (version)
+
+The Zero3Policy gives the DeepSpeed config (Zero3Policy.ds_config), so the planner's peer and
+this run are one configuration. Data: random tokens from `seed`, or `tokens` (steps x batch x seq
+token ids) for a parity check; `init_dir`: start from an HF folder instead of a random init;
+`save_losses_only`: skip nothing, the losses are always reported.
+
+`threads`: torch's (and DeepSpeedCPUAdam's OpenMP) threads in the child. DeepSpeed's first run on
+a machine builds its CPU ops (cpu_adam, the shared-memory comm op) with ninja into
+~/.cache/torch_extensions: a minute or two, once.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from horizon_exec.dist.context import free_port
+from horizon_sim.errors import HorizonError
+from horizon_sim.peer.zero3_policy import Zero3Policy
+from horizon_sim.specs.model import ModelSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def deepspeed_available() -> str | None:
+    """DeepSpeed's version when it is installed (without importing it: that takes seconds), else None."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("deepspeed")
+    except PackageNotFoundError:
+        return None
+
+
+def run_deepspeed(model: ModelSpec, z3: Zero3Policy, *, steps: int = 4, warmup: int = 1, threads: int | None = None,
+                  seed: int = 0, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                  weight_decay: float = 0.0, tokens=None, init_dir: str | None = None,
+                  timeout_s: float = 900.0) -> dict:
+    """Train warmup + steps steps of `model` under DeepSpeed ZeRO-3 offload in a child process
+    and return what it measured (module docstring)."""
+    req = run_request(model, z3, steps=steps, warmup=warmup, seed=seed, lr=lr, betas=betas, eps=eps,
+                      weight_decay=weight_decay, tokens=tokens, init_dir=init_dir)
+    return run_deepspeed_job({"runs": [req]}, threads, f"DeepSpeed run of {model.name}", timeout_s)["runs"][0]
+
+
+def run_request(model: ModelSpec, z3: Zero3Policy, *, steps: int = 4, warmup: int = 1, seed: int = 0,
+                lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, tokens=None,
+                init_dir: str | None = None) -> dict:
+    """One run of a job (run_deepspeed_job): the model, the peer's policy, steps and data."""
+    return {"model": model.to_dict(), "z3": z3.to_dict(), "steps": steps, "warmup": warmup, "seed": seed,
+            "lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay, "tokens": tokens,
+            "init_dir": init_dir}
+
+
+def deepspeed_adam_Gparams_per_s(params: int = 8 * 2**20, steps: int = 10, threads: int | None = None) -> float:
+    """DeepSpeedCPUAdam's rate here (10^9 parameters a second; fp32 master, fp32 moments), timed
+    in a child process like the runs: the peer's optimizer, for its plan."""
+    job = {"adam": {"params": params, "steps": steps}}
+    return run_deepspeed_job(job, threads, "DeepSpeedCPUAdam timing")["adam"]["Gparams_per_s"]
+
+
+def run_deepspeed_job(req: dict, threads: int | None, what: str, timeout_s: float = 900.0) -> dict:
+    """One child process (its own RSS peak; importing DeepSpeed costs seconds, once) that does
+    req["runs"] (run_request each) one after another, each result with the process's RSS peak at
+    its end, then times DeepSpeedCPUAdam if req["adam"] = {"params", "steps"}. Returns
+    {"runs": [...], "adam": {"Gparams_per_s"}} as far as asked."""
+    if deepspeed_available() is None:
+        raise HorizonError("DeepSpeed is not installed: `make setup` installs the pinned version "
+                           "(pip install 'deepspeed==0.19.8')")
+    env = dict(os.environ, DS_ACCELERATOR="cpu", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    try:
+        out = subprocess.run([sys.executable, "-m", "horizon_exec.measure.peer_deepspeed"], input=json.dumps(req),
+                             capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        raise HorizonError(f"{what}: no result within {timeout_s:g} s") from None
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        tail = [ln for ln in (out.stderr or out.stdout).strip().splitlines() if "Warning" not in ln][-4:]
+        raise HorizonError(f"{what} failed (exit {out.returncode}): {' | '.join(tail)}")
+    return json.loads(lines[-1])
+
+
+def _adam(req: dict) -> dict:
+    import time
+
+    import torch
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "0")) or torch.get_num_threads())
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    n, steps = req["params"], req["steps"]
+    p = torch.nn.Parameter(torch.randn(n))
+    p.grad = torch.randn(n) * 1e-3
+    opt = DeepSpeedCPUAdam([p], lr=1e-3, adamw_mode=True)
+    opt.step()  # builds or loads the op, allocates the moments
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        opt.step()
+    return {"Gparams_per_s": n * steps / (time.perf_counter() - t0) / 1e9}
+
+
+def _job(job: dict) -> dict:
+    import gc
+    out = {"runs": []}
+    for req in job.get("runs", ()):
+        out["runs"].append(_child(req))
+        gc.collect()
+    if "adam" in job:
+        out["adam"] = _adam(job["adam"])
+    return out
+
+
+def _child(req: dict) -> dict:
+    import time
+
+    import torch
+
+    from horizon_exec.procfs import vm_hwm_bytes
+    from horizon_sim.specs.hf_export import to_hf_config_dict
+    threads = int(os.environ.get("OMP_NUM_THREADS", "0")) or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    import deepspeed
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+    transformers.logging.set_verbosity_error()
+    spec, z3 = ModelSpec(**req["model"]), Zero3Policy(**req["z3"])
+    rss_runtime = vm_hwm_bytes()  # torch, transformers and DeepSpeed imported, no model yet
+    torch.manual_seed(req["seed"])
+    if req["init_dir"]:
+        model = AutoModelForCausalLM.from_pretrained(req["init_dir"], dtype=torch.float32)
+    else:
+        d = to_hf_config_dict(spec)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d), dtype=torch.float32)
+    model.config.use_cache = False
+    if z3.act_ckpt:  # transformers' per-layer checkpointing, as users turn it on under ZeRO-3
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    cfg = z3.ds_config()
+    cfg["optimizer"]["params"].update(lr=req["lr"], betas=req["betas"], eps=req["eps"],
+                                      weight_decay=req["weight_decay"])
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    gen = torch.Generator().manual_seed(req["seed"])
+    given = req["tokens"]
+    out = {"steps": [], "threads": threads, "deepspeed": deepspeed.__version__,
+           "optimizer": type(getattr(engine.optimizer, "optimizer", engine.optimizer)).__name__}
+    mb = z3.micro_batch
+    for i in range(req["warmup"] + req["steps"]):
+        batch = (torch.tensor(given[i], dtype=torch.long) if given else
+                 torch.randint(0, spec.vocab, (z3.batch, z3.seq), generator=gen))
+        t0 = time.perf_counter()
+        losses = []
+        for k in range(z3.micro_batches):
+            x = batch[k * mb:(k + 1) * mb]
+            loss = engine(input_ids=x, labels=x).loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss.detach()))
+        step_s = time.perf_counter() - t0
+        if i >= req["warmup"]:
+            out["steps"].append({"step_s": step_s, "loss": sum(losses) / len(losses), "rss_peak_bytes": vm_hwm_bytes()})
+    out["rss_peak_bytes"] = vm_hwm_bytes()
+    out["rss_before_model_bytes"] = rss_runtime
+    engine.destroy()
+    return out
+
+
+if __name__ == "__main__":
+    result = _job(json.loads(sys.stdin.read()))
+    print(json.dumps(result), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # DeepSpeed's process group and threads: nothing is left to tear down
