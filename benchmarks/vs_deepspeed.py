@@ -1,0 +1,89 @@
+"""Benchmark: Horizon's executor against DeepSpeed ZeRO-3 offload on the same model, batch and cores
+(issue 17), runs alternated, tokens/s side by side.
+
+Horizon: its CPU backend as `horizon train` runs it (compute on one core, its copy and optimizer
+lanes on the other; default policy: bf16, a checkpoint per layer on the host, the optimizer
+pipelined). DeepSpeed 0.19.8: ZeRO-3 with parameters and optimizer offloaded to CPU on its CPU
+accelerator, a transformers model from the same ModelSpec, with transformers' per-layer
+activation checkpointing and without it, at 2 torch threads (both cores for its math, its best
+here) and at 1. Each round runs Horizon, then DeepSpeed at each thread count; the figure of each
+is the median over rounds of its median step. The models are validate's `base` and `wide_after`
+shapes at their batch (2 x 256), not chosen for a result.
+
+Run: .venv/bin/python benchmarks/vs_deepspeed.py [--rounds 3] [--steps 4] [--models base,wide]
+
+Measured here (2026-11-25, AVX-512 2-core VM, 3 rounds): Horizon 246 ms (base) and 410 ms (wide)
+per step; DeepSpeed's best with checkpointing 278 / 385 ms (1.13x / 0.94x), its best overall
+(checkpointing off) 239 / 255 ms (0.97x / 0.62x). On a CPU "device" there is no link to hide
+and DeepSpeed's math gets both cores where Horizon's compute lane has one (docs/zero3_peer.md).
+"""
+import argparse
+import statistics as st
+import sys
+
+from horizon_exec.measure.peer_deepspeed import deepspeed_available, run_deepspeed_job, run_request
+from horizon_exec.measure.probe import probe
+from horizon_exec.measure.validate.configs import CONFIGS
+from horizon_sim.peer.zero3_policy import Zero3Policy
+from horizon_sim.specs.policy import Policy
+
+MODELS = {"base": CONFIGS[0].model, "wide": next(c.model for c in CONFIGS if c.name == "wide_after")}
+TARGET = 1.3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3, help="alternated rounds (default 3)")
+    ap.add_argument("--steps", type=int, default=4, help="measured steps per run, after 2 warm-up steps (default 4)")
+    ap.add_argument("--models", default="base,wide", help=f"comma-separated: {', '.join(MODELS)}")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=256)
+    a = ap.parse_args()
+    if deepspeed_available() is None:
+        print("DeepSpeed is not installed: make setup installs deepspeed==0.19.8", file=sys.stderr)
+        return 2
+    names = [n.strip() for n in a.models.split(",") if n.strip()]
+    bad = [n for n in names if n not in MODELS]
+    if bad:
+        print(f"--models: unknown {', '.join(bad)}; known: {', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    pol = Policy(batch=a.batch, seq=a.seq)
+    tokens = a.batch * a.seq
+    print(f"batch {a.batch} x {a.seq} ({tokens} tokens/step), {a.rounds} alternated rounds of {a.steps} steps; "
+          "tokens/s from the median step")
+    print(f"{'model':<7}{'params':>8}  {'run':<34}{'step ms':>9}{'tok/s':>8}{'Horizon x':>11}")
+    for name in names:
+        model = MODELS[name]
+        runs = {"Horizon (1 compute core + 1 lane core)": []}
+        peer = [(th, ck) for th in (2, 1) for ck in (True, False)]
+        for th, ck in peer:
+            runs[_label(th, ck)] = []
+        for r in range(a.rounds):
+            res = probe(model, pol, steps=a.steps, warmup=2)
+            runs["Horizon (1 compute core + 1 lane core)"].append(st.median(s["step_s"] for s in res["steps"]))
+            for th in (2, 1):
+                reqs = [run_request(model, Zero3Policy(batch=a.batch, seq=a.seq, act_ckpt=ck), steps=a.steps,
+                                    warmup=2) for ck in (True, False)]
+                job = run_deepspeed_job({"runs": reqs}, th, f"DeepSpeed {name}")
+                for ck, out in zip((True, False), job["runs"]):
+                    runs[_label(th, ck)].append(st.median(s["step_s"] for s in out["steps"]))
+            print(f"  round {r + 1}: " + ", ".join(f"{k} {v[-1] * 1e3:.0f} ms" for k, v in runs.items()),
+                  file=sys.stderr)
+        ours = st.median(runs["Horizon (1 compute core + 1 lane core)"])
+        best_ck = min(st.median(runs[_label(th, True)]) for th in (2, 1))
+        best_any = min(st.median(v) for k, v in runs.items() if not k.startswith("Horizon"))
+        for k, v in runs.items():
+            step = st.median(v)
+            print(f"{name:<7}{model.total_params / 1e6:7.1f}M  {k:<34}{step * 1e3:9.1f}{tokens / step:8,.0f}"
+                  f"{step / ours:10.2f}x")
+        print(f"{name}: Horizon vs DeepSpeed's best with checkpointing {best_ck / ours:.2f}x, vs its best overall "
+              f"{best_any / ours:.2f}x (target {TARGET}x: {'met' if best_any / ours >= TARGET else 'NOT met'})")
+    return 0
+
+
+def _label(threads: int, act_ckpt: bool) -> str:
+    return f"DeepSpeed (ckpt {'on' if act_ckpt else 'off'}, {threads} thread{'s' if threads > 1 else ''})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
