@@ -35,7 +35,7 @@ def test_readme_links_point_at_files_that_exist(built):
     assert links and all((out / t).is_file() for t in links), [t for t in links if not (out / t).is_file()]
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme)
     assert set(images) == {"headline_overlap.png", "optimizer_modes.png", "ckpt_memory.png",
-                           f"feasibility_{CFG.map_gpu}.png", "scale_out.png"}
+                           f"feasibility_{CFG.map_gpu}.png", "scale_out.png", "peer_compare.png"}
     for f in res["files"]:  # everything written is linked from the README (or is the README)
         assert f == "README.md" or f in links, f
     assert "make reports" in readme and "estimate" in readme
@@ -45,7 +45,7 @@ def test_readme_links_point_at_files_that_exist(built):
 def test_pngs_are_real_images(built):
     out, res = built
     pngs = [f for f in res["files"] if f.endswith(".png")]
-    assert len(pngs) == 5
+    assert len(pngs) == 6
     for f in pngs:
         data = (out / f).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, f
@@ -123,3 +123,18 @@ def test_scale_out_section_is_planned_data_parallel(built):
     assert all(a["host_bytes"] > b["host_bytes"] for a, b in zip(by_nodes, by_nodes[1:]))
     assert all(a["tokens_per_s"] < b["tokens_per_s"] for a, b in zip(by_nodes, by_nodes[1:]))
     assert "Planned, not yet executed" in res["scale_out"].body
+
+
+def test_peer_section_plans_both_on_every_platform_and_sweep(built):
+    from horizon_sim.specs.hf_config import load_model
+    out, res = built
+    rows = res["peer"].data["rows"]
+    assert len(rows) == (len(CFG.peer_platforms) * len(CFG.peer_models) + len(CFG.peer_depths)
+                         + len(CFG.peer_widths))
+    for r in rows:
+        assert r["speedup"] == r["horizon_tokens_per_s"] / r["peer_tokens_per_s"]
+    for r in (r for r in rows if r["sweep"] == "platforms"):  # 18 B/param of model states at least
+        assert r["peer_host_bytes"] >= 18 * load_model(r["model"]).total_params
+    depth = [r for r in rows if r["sweep"] == "depth"]
+    assert [r["params_B"] for r in depth] == sorted(r["params_B"] for r in depth)
+    assert "ZeRO-3" in res["peer"].body and (out / "peer_compare.csv").is_file()

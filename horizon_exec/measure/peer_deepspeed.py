@@ -129,6 +129,9 @@ def _child(req: dict) -> dict:
     torch.set_num_threads(threads)
     import deepspeed
     import transformers
+    # One process: DeepSpeed's shared-memory collective op (its CPU all-reduce between local
+    # ranks) is never called, so it is not built (a fresh build costs half a minute)
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     from transformers import AutoConfig, AutoModelForCausalLM
     transformers.logging.set_verbosity_error()
     spec, z3 = ModelSpec(**req["model"]), Zero3Policy(**req["z3"])

@@ -46,6 +46,17 @@ class BuildConfig:
     scale_devices: tuple[int, ...] = (1, 2, 4, 8)
     """Devices per node on one node (the second sweep of section 6)."""
     scale_policy: Policy = Policy(batch=4, seq=4096, optimizer="backward", grad_clip=0.0, act_ckpt_on="device")
+    peer_platforms: tuple = (("a100-80gb", "256GiB"), ("h100-pcie", "512GiB"), ("h200", "1.5TB"))
+    """The paper's platforms for the comparison with DeepSpeed ZeRO-3 offload (section 7)."""
+    peer_models: tuple[str, ...] = ("llama-3.1-8b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b", "dense-120b")
+    peer_policy: Policy = Policy(batch=8, seq=4096)
+    peer_scaling_machine: tuple = ("h200", "1.5TB")
+    peer_width: int = 8192
+    peer_depths: tuple[int, ...] = (20, 40, 80, 120)
+    """Depth sweep at peer_width."""
+    peer_depth: int = 40
+    peer_widths: tuple[int, ...] = (4096, 8192, 12288, 16384)
+    """Width sweep at peer_depth."""
 
 
 FULL = BuildConfig()
@@ -58,4 +69,7 @@ QUICK = BuildConfig(
     map_models=("tiny", "qwen2.5-0.5b", "llama-3.1-8b"), map_rams=("16GiB", "64GiB", "256GiB"),
     scale_models=("qwen2.5-0.5b",), scale_gpu="h100-sxm", scale_ram="16GiB", scale_gpus_per_node=2,
     scale_nodes=(1, 2), scale_devices=(1, 2), scale_policy=Policy(batch=2, seq=512),
+    peer_platforms=(("h100-pcie", "64GiB"),), peer_models=("tiny", "qwen2.5-0.5b"), peer_policy=Policy(batch=2, seq=512),
+    peer_scaling_machine=("h100-pcie", "64GiB"), peer_width=512, peer_depths=(2, 4), peer_depth=2,
+    peer_widths=(256, 512),
 )

@@ -89,7 +89,7 @@ def calibrate_peer(hw: HardwareSpec, threads: int, steps: int = 6) -> dict:
     adam_Gparams_per_s and overheads_us (fixed cost per compute op kind)."""
     probes = [_fixed_probe(layers, ck) for layers in (2, 6) for ck in (False, True)]
     runs = [run_request(TINY.model, TINY.z3, steps=1, warmup=1)]
-    runs += [run_request(c.model, c.z3, steps=steps, warmup=2) for c in probes]
+    runs += [run_request(c.model, c.z3, steps=steps, warmup=min(steps, 2)) for c in probes]
     job = run_deepspeed_job({"runs": runs, "adam": {"params": 8 * 2**20, "steps": 10}}, threads,
                             "DeepSpeed calibration runs")
     adam = job["adam"]["Gparams_per_s"]
@@ -142,12 +142,15 @@ def _schedule_rss(cfg: PeerConfig, hw: HardwareSpec):
 
 
 def validate_peer(hw: HardwareSpec, configs=PEER_CONFIGS, *, steps: int = 4, warmup: int = 2, threads: int = 1,
-                  out_dir="reports", say=print) -> PeerValidation:
+                  calibration_steps: int = 6, out_dir="reports", say=print) -> PeerValidation:
+    """Measure the peer's own figures (calibrate_peer, `calibration_steps` per tiny run), then run,
+    simulate and compare every configuration; write the report files into `out_dir` (None:
+    none)."""
     t0 = time.perf_counter()
     if say:
         say("validate --peer deepspeed: timing DeepSpeedCPUAdam and the runtime of a DeepSpeed process "
             "(the first run on a machine builds DeepSpeed's CPU ops: a minute or two)")
-    cal = calibrate_peer(hw, threads)
+    cal = calibrate_peer(hw, threads, calibration_steps)
     adam, runtime, fixed = cal["adam_Gparams_per_s"], cal["runtime_bytes"], cal["overheads_us"]
     peer_hw = with_overheads(replace(hw, host=replace(hw.host, adam_Gparams_per_s=adam,
                                                       runtime_overhead_GiB=runtime / GiB)), fixed)
