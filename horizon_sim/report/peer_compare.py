@@ -94,7 +94,8 @@ def build_peer_compare(cfg: BuildConfig, out: Out) -> Section:
     both = [r for r in rows if r["horizon_fits"] and r["peer_fits"]]
     only = [r for r in rows if r["horizon_fits"] and not r["peer_fits"]]
     lo, hi = (min(r["speedup"] for r in both), max(r["speedup"] for r in both)) if both else (0, 0)
-    lead = f"where both fit Horizon is {lo:.2f}x to {hi:.2f}x the peer's tokens/s" if both else "no configuration fits both"
+    lead = (f"where both fit Horizon is {lo:.2f}x to {hi:.2f}x the peer's tokens/s" if both
+            else "no configuration fits both")
     text = (f"Planned, not measured on GPUs: Horizon's default policy against DeepSpeed ZeRO-3 with parameters and "
             f"optimizer offloaded to CPU (`horizon plan --compare zero3-offload`; DeepSpeed's defaults, activation "
             f"checkpointing on) at batch {pol.batch} x {pol.seq}, on {len(cfg.peer_platforms)} platforms and a width "
