@@ -13,11 +13,13 @@ other inputs than the configurations (as `horizon calibrate` does for the execut
                  holds for it (model states, device memory, allocator): torch, transformers and
                  DeepSpeed themselves
   peer overheads the fixed cost per layer of DeepSpeed's hooks and transformers' modules: four
-                 tiny runs (2 and 6 layers, checkpointing on and off) less what the Schedule
-                 predicts for them without fixed costs; the 6-layer minus the 2-layer residual
-                 is 4 layers' fixed cost, forward f + backward b without checkpointing and 2f + b
-                 with it (the recompute), so f and b come apart; what the 2-layer run leaves
-                 over 2 layers is the step's own (the head, DeepSpeed's step), charged to HEAD
+                 tiny runs (2 and 10 layers, checkpointing on and off) less what the Schedule
+                 predicts for them without fixed costs (residuals R); a layer costs f + b without
+                 checkpointing and 2f + b with it (the recompute), so the double difference
+                 (R(10,on) - R(10,off)) - (R(2,on) - R(2,off)) is 8 f, and R(10,off) - R(2,off) is
+                 8 (f + b): each a difference over 8 layers, free of the step's own fixed cost;
+                 what the 2-layer run leaves over its 2 layers is the step's own (the head,
+                 DeepSpeed's step), charged to HEAD
 The peer runs `threads` torch threads (default 1: the calibrated file's compute runs on one
 core, so the GEMM table applies); DeepSpeed's CPU accelerator has no streams, so its Schedule
 is built synchronous (every op after the one before: copies, compute and CPU Adam in one
@@ -68,6 +70,8 @@ QUICK_PEER_CONFIGS = (
 TINY = PeerConfig("ds_runtime", _llama("p-runtime", 2, 64, 2, 1, 176), Zero3Policy(batch=1, seq=32, act_ckpt=False))
 """The tiny run whose RSS gives the peer's runtime overhead."""
 FIXED_KINDS = ("forward", "backward", "backward_saved", "head")
+DEPTHS = (2, 10)
+"""The tiny probes' depths: their difference is the layers the fixed cost is read over."""
 """The compute op kinds whose fixed cost the peer's own calibration replaces."""
 
 
@@ -83,11 +87,11 @@ def _without_fixed(hw: HardwareSpec) -> HardwareSpec:
     return replace(hw, device=replace(hw.device, op_overhead_us=rows))
 
 
-def calibrate_peer(hw: HardwareSpec, threads: int, steps: int = 6) -> dict:
+def calibrate_peer(hw: HardwareSpec, threads: int, steps: int = 8) -> dict:
     """The peer's own figures on this machine, from one DeepSpeed process (module docstring):
     runtime_bytes (its RSS after the tiny run, less what the Schedule holds for that run),
     adam_Gparams_per_s and overheads_us (fixed cost per compute op kind)."""
-    probes = [_fixed_probe(layers, ck) for layers in (2, 6) for ck in (False, True)]
+    probes = [_fixed_probe(layers, ck) for layers in DEPTHS for ck in (False, True)]
     runs = [run_request(TINY.model, TINY.z3, steps=1, warmup=1)]
     runs += [run_request(c.model, c.z3, steps=steps, warmup=min(steps, 2)) for c in probes]
     job = run_deepspeed_job({"runs": runs, "adam": {"params": 8 * 2**20, "steps": 10}}, threads,
@@ -102,11 +106,12 @@ def calibrate_peer(hw: HardwareSpec, threads: int, steps: int = 6) -> dict:
         meas = statistics.median(s["step_s"] for s in res["steps"])
         sim, _ = _schedule_rss(cfg, bare)
         resid[cfg.model.n_layers, cfg.z3.act_ckpt] = meas - sim.summary.step_time_s
-    f_plus_b = (resid[6, False] - resid[2, False]) / 4
-    two_f_plus_b = (resid[6, True] - resid[2, True]) / 4
-    f = min(max(two_f_plus_b - f_plus_b, 0.0), max(f_plus_b, 0.0))
+    lo, hi = DEPTHS
+    f_plus_b = (resid[hi, False] - resid[lo, False]) / (hi - lo)
+    f = ((resid[hi, True] - resid[hi, False]) - (resid[lo, True] - resid[lo, False])) / (hi - lo)
+    f = min(max(f, 0.0), max(f_plus_b, 0.0))
     b = max(f_plus_b - f, 0.0)
-    step = max(resid[2, False] - 2 * (f + b), 0.0)
+    step = max(resid[lo, False] - lo * (f + b), 0.0)
     us = {"forward": f * 1e6, "backward_saved": b * 1e6, "backward": (f + b) * 1e6, "head": step * 1e6}
     return {"runtime_bytes": runtime, "adam_Gparams_per_s": adam, "overheads_us": us}
 
@@ -142,7 +147,7 @@ def _schedule_rss(cfg: PeerConfig, hw: HardwareSpec):
 
 
 def validate_peer(hw: HardwareSpec, configs=PEER_CONFIGS, *, steps: int = 4, warmup: int = 2, threads: int = 1,
-                  calibration_steps: int = 6, out_dir="reports", say=print) -> PeerValidation:
+                  calibration_steps: int = 8, out_dir="reports", say=print) -> PeerValidation:
     """Measure the peer's own figures (calibrate_peer, `calibration_steps` per tiny run), then run,
     simulate and compare every configuration; write the report files into `out_dir` (None:
     none)."""
