@@ -135,3 +135,19 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_tune_compare_finds_the_peers_fastest_batch(capsys):
+    from horizon_sim.peer.compare import tune_zero3
+    m, hw = small(L=4), make_hardware("h100-pcie", "64GiB")
+    best, z3 = tune_zero3(m, hw, 256, max_batch=8)
+    rates = {(b, ck): plan_zero3(m, hw, Zero3Policy(batch=b, seq=256, act_ckpt=ck)).summary.tokens_per_s
+             for b in (1, 2, 4, 8) for ck in (True, False)}
+    assert best.summary.tokens_per_s == max(rates.values()) and rates[z3.batch, z3.act_ckpt] == max(rates.values())
+    argv = ["tune", "--model", "qwen2.5-0.5b", "--gpu", "h100-pcie", "--ram", "64GiB", "--seq", "512",
+            "--max-batch", "4", "--quiet", "--compare", "zero3-offload"]
+    assert main(argv + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["compare"]["peer"] == "zero3-offload" and doc["compare"]["peer_policy"]["batch"] <= 4
+    assert main(argv[:-2] + ["--peer-knobs", "act_ckpt=off"]) == 2
+    assert "add --compare zero3-offload" in capsys.readouterr().err

@@ -104,6 +104,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="global-norm clip kept by every candidate; 0 also allows --optimizer backward (default 1.0)")
     p.add_argument("--states-dtype", choices=DTYPES, default="fp32", help="Adam moments on the host (default fp32)")
     p.add_argument("--top", type=int, default=10, help="configurations to show (default 10)")
+    p.add_argument("--compare", default=None, choices=("zero3-offload",),
+                   help="also find DeepSpeed ZeRO-3 offload's fastest batch (with and without activation "
+                        "checkpointing) that fits, and show it beside Horizon's best")
+    p.add_argument("--peer-knobs", default=None, metavar="K=V,...",
+                   help="the peer's fixed DeepSpeed knobs (see horizon plan --help)")
     add_run_args(p)
 
 
@@ -117,10 +122,18 @@ def run(a: argparse.Namespace) -> int:
     positive("--workers", a.workers, allow_none=True)
     model, hw = load_model(a.model), hardware_from_args(a)
     base = Policy(seq=a.seq, grad_clip=a.grad_clip, states_dtype=a.states_dtype)
+    if a.peer_knobs and not a.compare:
+        raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload")
+    peer = z3 = None
+    if a.compare:
+        from horizon_sim.peer.compare import parse_knobs, tune_zero3
+        peer, z3 = tune_zero3(model, hw, a.seq, max_batch=a.max_batch, grad_clip=a.grad_clip,
+                              knobs=parse_knobs(a.peer_knobs))
     res = tune(model, hw, a.seq, base=base, space=SearchSpace(max_batch=a.max_batch), workers=a.workers,
                progress=not a.quiet)
     top = res.top(a.top)
     best_row = top.iloc[0].to_dict() if len(top) else None
+    compared = _compare(model, hw, res.best, peer, z3) if a.compare else None
     if a.json:
         print(json.dumps({
             "model": model.name, "params": model.total_params, "hardware": hw.name or hw.device.name,
@@ -128,7 +141,8 @@ def run(a: argparse.Namespace) -> int:
             "fits": res.best is not None, "best_policy": res.best.to_dict() if res.best else None,
             "best": jsonable(best_row) if best_row else None, "baseline": jsonable(res.baseline),
             "top": [jsonable(r) for r in top.to_dict("records")],
-            "pareto": [jsonable(r) for r in res.pareto.to_dict("records")]}))
+            "pareto": [jsonable(r) for r in res.pareto.to_dict("records")],
+            **({"compare": compared[1]} if compared else {})}))
         return 0
     print(f"tune: {model.name} ({model.total_params / 1e9:.2f}B params) on {hw.name or hw.device.name}, "
           f"seq {a.seq}: {res.evaluated} configurations simulated")
@@ -161,4 +175,23 @@ def run(a: argparse.Namespace) -> int:
         f"--link {a.link}" if a.link and not a.hardware else ""]))
     from horizon_sim.plan.advice import policy_flags
     print(f"plan it:  horizon plan {flags} {policy_flags(res.best)}")
+    if compared:
+        print()
+        print(compared[0])
     return 0
+
+
+def _compare(model, hw, best, peer, z3) -> tuple[str, dict]:
+    """(text, JSON) of the peer at its best batch against Horizon's best policy."""
+    if peer is None:
+        return ("compare   DeepSpeed ZeRO-3 offload: no batch up to --max-batch fits this machine, with or without "
+                "activation checkpointing", {"peer": "zero3-offload", "fits": False})
+    from horizon_sim.peer.compare import compare_json, compare_text
+    from horizon_sim.plan import plan
+    if best is None:
+        return (f"compare   DeepSpeed ZeRO-3 offload fits at batch {z3.batch} ({peer.summary.tokens_per_s:,.0f} "
+                "tokens/s); nothing in Horizon's search space does", {"peer": "zero3-offload", "fits": True,
+                                                                       "peer_policy": z3.to_dict()})
+    ours = plan(model, hw, best)
+    head = f"each at its fastest batch that fits: Horizon {best.batch}, ZeRO-3 offload {z3.batch}\n"
+    return head + compare_text(ours, peer, z3), compare_json(ours, peer, z3)

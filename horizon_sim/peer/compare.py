@@ -76,6 +76,25 @@ def plan_zero3(model: ModelSpec, hw: HardwareSpec, z3: Zero3Policy) -> SimResult
     return simulate(build_zero3_schedule(model, z3), peer_hardware(hw, z3))
 
 
+def tune_zero3(model: ModelSpec, hw: HardwareSpec, seq: int, *, max_batch: int = 64, grad_clip: float = 1.0,
+               knobs: dict | None = None) -> tuple[SimResult | None, Zero3Policy | None]:
+    """The peer at its fastest batch (powers of two up to max_batch) with activation
+    checkpointing on or off (unless `knobs` fixes it): the result that fits with the most
+    tokens/s, else (None, None). DeepSpeed's other knobs stay at `knobs` or its defaults."""
+    knobs = dict(knobs or {})
+    ckpts = [knobs.pop("act_ckpt")] if "act_ckpt" in knobs else [True, False]
+    best = (None, None)
+    batch = 1
+    while batch <= max_batch:
+        for ck in ckpts:
+            z3 = Zero3Policy(**{"batch": batch, "seq": seq, "grad_clip": grad_clip, "act_ckpt": ck, **knobs})
+            r = plan_zero3(model, hw, z3)
+            if r.summary.fits and (best[0] is None or r.summary.tokens_per_s > best[0].summary.tokens_per_s):
+                best = (r, z3)
+        batch *= 2
+    return best
+
+
 def _link_bytes(r: SimResult) -> dict:
     out = {"h2d": 0, "d2h": 0}
     for op in r.schedule.ops:
