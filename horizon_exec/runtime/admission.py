@@ -33,7 +33,7 @@ from horizon_exec.runtime.store import ALIGN
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Space
 from horizon_sim.sim.verdict import MemoryVerdict
-from horizon_sim.specs.cpu_ranks import LOOPBACK_GBps  # collective rates when a file has none
+from horizon_sim.specs.cpu_ranks import laid_out  # the Schedule's data-parallel layout of the machine
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -142,19 +142,6 @@ def _machine(hardware: HardwareSpec | None, host_bytes: int | None, device_bytes
 
 
 
-def _with_layout(hw: HardwareSpec, sched) -> HardwareSpec:
-    """hw with a cluster of the Schedule's layout (data parallel: one node's ranks, the nodes),
-    keeping the file's collective rates where it has them (calibrate measures gloo's)."""
-    n, m = sched.meta.devices_per_node, sched.meta.nodes
-    c = hw.cluster
-    if (c.devices_per_node, c.nodes) == (n, m):
-        return hw
-    return replace(hw, cluster=replace(c, name=f"{c.name}-as-{m}x{n}", devices_per_node=n, nodes=m,
-                                       fabric_GBps=c.fabric_GBps or (LOOPBACK_GBps if n > 1 else 0.0),
-                                       net_GBps=c.net_GBps or (LOOPBACK_GBps if m > 1 else 0.0),
-                                       devices_per_host_link=min(c.devices_per_host_link, n)))
-
-
 def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
           host_budget_bytes: int | None = None, device_budget_bytes: int | None = None,
           hardware: HardwareSpec | None = None, advise: bool = True, data_bytes: int = 0) -> Admission:
@@ -187,7 +174,7 @@ def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
         runtime = max(rss, int(hardware.host.runtime_overhead_GiB * GiB))
     else:
         runtime = rss + RUNTIME_GROWTH_BYTES
-    hw = _with_layout(_machine(hardware, host_avail, dev_avail, runtime), sched)
+    hw = laid_out(_machine(hardware, host_avail, dev_avail, runtime), sched.meta.devices_per_node, sched.meta.nodes)
     res = simulate(sched, hw)
     adm = _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src, data_bytes)
     if adm.fits:

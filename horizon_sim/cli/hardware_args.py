@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.cluster import CLUSTERS, MAX_DEVICES_PER_NODE, MAX_NODES, make_cluster
-from horizon_sim.specs.cpu_ranks import cpu_ranks, is_cpu_backend
+from horizon_sim.specs.cpu_ranks import is_cpu_backend, laid_out
 from horizon_sim.specs.hardware import HardwareSpec
 
 
@@ -36,11 +36,8 @@ def with_cluster(hw: HardwareSpec, a: argparse.Namespace) -> HardwareSpec:
     c = hw.cluster
     g = c.devices_per_node if gpus is None else gpus
     n = c.nodes if nodes is None else nodes
-    if preset is None and n == 1 and c.ranks == 1 and g > 1 and is_cpu_backend(hw):
-        # a calibrated CPU machine: g processes share its cores (specs/cpu_ranks.py)
-        return cpu_ranks(hw, g)
-    if preset is None and (c.ranks > 1 or c.fabric_GBps > 0 or c.net_GBps > 0):
-        # the hardware's own fabric and network (a file's, or what calibrate measured), new counts
-        return replace(hw, cluster=replace(c, devices_per_node=g, nodes=n,
-                                           devices_per_host_link=min(c.devices_per_host_link, g)))
+    if preset is None and (is_cpu_backend(hw) or c.ranks > 1 or c.fabric_GBps > 0 or c.net_GBps > 0):
+        # a calibrated CPU machine's cores shared by its processes, or the hardware's own fabric
+        # and network (a file's, or what calibrate measured) with new counts (specs/cpu_ranks.py)
+        return laid_out(hw, g, n)
     return replace(hw, cluster=make_cluster(hw.device.name, g, n, preset))

@@ -27,6 +27,23 @@ def is_cpu_backend(hw: HardwareSpec) -> bool:
     return bool(hw.link.cpu_driven) and hw.device.name.startswith("cpu")
 
 
+def laid_out(hw: HardwareSpec, devices_per_node: int, nodes: int) -> HardwareSpec:
+    """`hw` for a job of `devices_per_node` ranks on each of `nodes` nodes, the one rule the
+    planner's --gpus/--nodes on a hardware file, admission and validation share: a calibrated
+    CPU machine (one rank, one node) is laid out for its processes sharing its cores
+    (cpu_ranks); otherwise the file's own fabric and network with the new counts, at
+    LOOPBACK_GBps where the file has no rate."""
+    n, m, c = devices_per_node, nodes, hw.cluster
+    if (c.devices_per_node, c.nodes) == (n, m):
+        return hw
+    if m == 1 and c.ranks == 1 and n > 1 and is_cpu_backend(hw):
+        return cpu_ranks(hw, n)
+    return replace(hw, cluster=replace(c, devices_per_node=n, nodes=m,
+                                       fabric_GBps=c.fabric_GBps or (LOOPBACK_GBps if n > 1 else 0.0),
+                                       net_GBps=c.net_GBps or (LOOPBACK_GBps if m > 1 else 0.0),
+                                       devices_per_host_link=min(c.devices_per_host_link, n)))
+
+
 def cpu_ranks(hw: HardwareSpec, n: int) -> HardwareSpec:
     """`hw`, calibrated for one rank, laid out for n ranks on its cores (module docstring)."""
     if n == 1:
