@@ -65,7 +65,9 @@ PEER_CONFIGS = (
                Zero3Policy(batch=4, seq=128, micro_batches=2, act_ckpt=False), "2 micro-batches, no checkpointing"),
 )
 QUICK_PEER_CONFIGS = (
-    PeerConfig("ds_tiny", _llama("p-tiny", 3, 128, 2, 1, 352), Zero3Policy(batch=1, seq=64), "tiny, checkpointing on"),
+    # fp32: on CPUs without AVX-512 torch's bf16 GEMMs run ~60x slower (this is for tests)
+    PeerConfig("ds_tiny", _llama("p-tiny", 3, 128, 2, 1, 352), Zero3Policy(batch=1, seq=64, compute_dtype="fp32"),
+               "tiny, fp32, checkpointing on"),
 )
 TINY = PeerConfig("ds_runtime", _llama("p-runtime", 2, 64, 2, 1, 176), Zero3Policy(batch=1, seq=32, act_ckpt=False))
 """The tiny run whose RSS gives the peer's runtime overhead."""
@@ -75,10 +77,10 @@ DEPTHS = (2, 10)
 """The compute op kinds whose fixed cost the peer's own calibration replaces."""
 
 
-def _fixed_probe(layers: int, act_ckpt: bool) -> PeerConfig:
+def _fixed_probe(layers: int, act_ckpt: bool, dtype: str = "bf16") -> PeerConfig:
     return PeerConfig(f"ds_fixed_L{layers}_{'ckpt' if act_ckpt else 'graph'}",
                       _llama(f"p-fixed-{layers}", layers, 128, 2, 1, 352),
-                      Zero3Policy(batch=1, seq=64, act_ckpt=act_ckpt))
+                      Zero3Policy(batch=1, seq=64, act_ckpt=act_ckpt, compute_dtype=dtype))
 
 
 def _without_fixed(hw: HardwareSpec) -> HardwareSpec:
@@ -87,18 +89,19 @@ def _without_fixed(hw: HardwareSpec) -> HardwareSpec:
     return replace(hw, device=replace(hw.device, op_overhead_us=rows))
 
 
-def calibrate_peer(hw: HardwareSpec, threads: int, steps: int = 8) -> dict:
+def calibrate_peer(hw: HardwareSpec, threads: int, steps: int = 8, dtype: str = "bf16") -> dict:
     """The peer's own figures on this machine, from one DeepSpeed process (module docstring):
     runtime_bytes (its RSS after the tiny run, less what the Schedule holds for that run),
-    adam_Gparams_per_s and overheads_us (fixed cost per compute op kind)."""
-    probes = [_fixed_probe(layers, ck) for layers in DEPTHS for ck in (False, True)]
-    runs = [run_request(TINY.model, TINY.z3, steps=1, warmup=1)]
+    adam_Gparams_per_s and overheads_us (fixed cost per compute op kind), the runs in `dtype`."""
+    probes = [_fixed_probe(layers, ck, dtype) for layers in DEPTHS for ck in (False, True)]
+    tiny = replace(TINY, z3=replace(TINY.z3, compute_dtype=dtype))
+    runs = [run_request(tiny.model, tiny.z3, steps=1, warmup=1)]
     runs += [run_request(c.model, c.z3, steps=steps, warmup=min(steps, 2)) for c in probes]
     job = run_deepspeed_job({"runs": runs, "adam": {"params": 8 * 2**20, "steps": 10}}, threads,
                             "DeepSpeed calibration runs")
     adam = job["adam"]["Gparams_per_s"]
     hw_adam = replace(hw, host=replace(hw.host, adam_Gparams_per_s=adam))
-    _, rss_tiny = _schedule_rss(TINY, hw_adam)
+    _, rss_tiny = _schedule_rss(tiny, hw_adam)
     runtime = max(0, job["runs"][0]["rss_peak_bytes"] - (rss_tiny.total_bytes - rss_tiny.terms["runtime"]))
     bare = _without_fixed(hw_adam)
     resid = {}
@@ -155,7 +158,7 @@ def validate_peer(hw: HardwareSpec, configs=PEER_CONFIGS, *, steps: int = 4, war
     if say:
         say("validate --peer deepspeed: timing DeepSpeedCPUAdam and the runtime of a DeepSpeed process "
             "(the first run on a machine builds DeepSpeed's CPU ops: a minute or two)")
-    cal = calibrate_peer(hw, threads, calibration_steps)
+    cal = calibrate_peer(hw, threads, calibration_steps, configs[0].z3.compute_dtype)
     adam, runtime, fixed = cal["adam_Gparams_per_s"], cal["runtime_bytes"], cal["overheads_us"]
     peer_hw = with_overheads(replace(hw, host=replace(hw.host, adam_Gparams_per_s=adam,
                                                       runtime_overhead_GiB=runtime / GiB)), fixed)
