@@ -151,3 +151,24 @@ def test_tune_compare_finds_the_peers_fastest_batch(capsys):
     assert doc["compare"]["peer"] == "zero3-offload" and doc["compare"]["peer_policy"]["batch"] <= 4
     assert main(argv[:-2] + ["--peer-knobs", "act_ckpt=off"]) == 2
     assert "add --compare zero3-offload" in capsys.readouterr().err
+
+
+def test_sweep_compare_adds_the_peer_to_every_row(tmp_path, capsys):
+    grid = tmp_path / "g.toml"
+    grid.write_text('models = ["tiny", "qwen2.5-0.5b"]\ngpus = ["h100-pcie"]\nram = ["16GiB", "64GiB"]\n'
+                    '[policy]\nbatch = [2, 4]\n')
+    out = tmp_path / "r.csv"
+    assert main(["sweep", str(grid), "-o", str(out), "--no-plot", "--quiet", "--workers", "1",
+                 "--compare", "zero3-offload", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    import pandas as pd
+    df = pd.read_csv(out)
+    assert len(df) == 8 and df.peer_error.isna().all()
+    assert (df.speedup - df.tokens_per_s / df.peer_tokens_per_s).abs().max() < 1e-9
+    # the same step as plan --compare gives, row by row
+    r = df.iloc[-1]
+    ref = plan_zero3(model_preset(r.model), make_hardware("h100-pcie", "64GiB"),
+                     zero3_like(Policy(batch=int(r.batch), seq=int(r.seq))))
+    assert r.peer_tokens_per_s == pytest.approx(ref.summary.tokens_per_s) and bool(r.peer_fits) == ref.summary.fits
+    c = doc["compare"]
+    assert c["peer_fits"] == int(df.peer_fits.sum()) and c["both"] == int((df.fits & df.peer_fits).sum())

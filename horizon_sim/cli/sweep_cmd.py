@@ -8,6 +8,7 @@ from horizon_sim.units import fmt_bytes
 EXAMPLE = """example:
   horizon sweep grid.toml -o results.csv
   horizon sweep grid.toml -o results.parquet --workers 8 --json
+  horizon sweep grid.toml --compare zero3-offload    # + DeepSpeed ZeRO-3 offload on every row
 
 grid.toml (every value is one value or a list; [policy] takes any Policy field):
   models = ["llama-3.1-8b", "llama-3.1-70b", "dense-120b"]
@@ -34,6 +35,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default="results.csv", metavar="FILE",
                    help="results table: .csv or .parquet (default results.csv); the map goes next to it as .png")
     p.add_argument("--no-plot", action="store_true", help="do not write the feasibility map")
+    p.add_argument("--compare", default=None, choices=("zero3-offload",),
+                   help="also simulate DeepSpeed ZeRO-3 offload on every configuration's model, machine and batch "
+                        "(one device; DeepSpeed's defaults): adds peer_fits, peer_tokens_per_s, speedup, ... columns")
     add_run_args(p)
 
 
@@ -46,14 +50,16 @@ def run(a: argparse.Namespace) -> int:
     grid = load_grid(a.grid)
     if not a.no_plot:
         check_map(grid)
-    df = sweep(grid, workers=a.workers, progress=not a.quiet)
+    df = sweep(grid, workers=a.workers, progress=not a.quiet, compare=a.compare)
     write_results(df, out)
     png = None if a.no_plot else feasibility_map(df, map_path(out))
     ok = df[df.fits.astype(bool)]
     best = ok.loc[ok.tokens_per_s.idxmax()] if len(ok) else None
     n_err = int((df.error != "").sum())
+    peer = _peer_summary(df) if a.compare else None
     if a.json:
         print(json.dumps({"rows": len(df), "fits": len(ok), "errors": n_err, "output": str(out),
+                          **({"compare": peer} if peer else {}),
                           "plot": str(png) if png else None,
                           "best": None if best is None else {
                               "model": best.model, "gpu": best.gpu, "link": best.link,
@@ -70,6 +76,11 @@ def run(a: argparse.Namespace) -> int:
                  else " on")
         print(f"  fastest that fits: {best.model}{where} {best.gpu} + {best.link} with {fmt_bytes(best.ram_bytes)}"
               f"{' per node' if best.nodes * best.devices_per_node > 1 else ''}: {best.tokens_per_s:,.0f} tokens/s")
+    if peer:
+        print(f"  ZeRO-3 offload: {peer['peer_fits']} fit ({peer['only_horizon']} fit only Horizon, "
+              f"{peer['only_peer']} only the peer); where both fit, Horizon's speedup median "
+              + (f"{peer['median_speedup']:.2f}x (min {peer['min_speedup']:.2f}x, max {peer['max_speedup']:.2f}x)"
+                 if peer["both"] else "-"))
     if n_err:
         first = df[df.error != ""].iloc[0]
         print(f"  invalid, e.g.: {first.error}")
@@ -77,3 +88,13 @@ def run(a: argparse.Namespace) -> int:
     if png:
         print(f"wrote {png}")
     return 0
+
+
+def _peer_summary(df) -> dict:
+    both = df[df.fits.astype(bool) & df.peer_fits.astype(bool)]
+    sp = both.speedup.dropna()
+    return {"peer": "zero3-offload", "peer_fits": int(df.peer_fits.astype(bool).sum()), "both": len(both),
+            "only_horizon": int((df.fits.astype(bool) & ~df.peer_fits.astype(bool)).sum()),
+            "only_peer": int((~df.fits.astype(bool) & df.peer_fits.astype(bool)).sum()),
+            "median_speedup": float(sp.median()) if len(sp) else None,
+            "min_speedup": float(sp.min()) if len(sp) else None, "max_speedup": float(sp.max()) if len(sp) else None}

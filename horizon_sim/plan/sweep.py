@@ -159,13 +159,30 @@ def simulate_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outc
                    host_breakdown=tuple(r.host.by_role.items()), bottleneck=s.bottleneck)
 
 
+def simulate_peer_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outcome:
+    """The ZeRO-3-offload peer on the same batch (horizon_sim/peer), as an Outcome; a layout or
+    policy it does not take becomes an Outcome with `error` set."""
+    from horizon_sim.peer.compare import plan_zero3, zero3_like
+    try:
+        r = plan_zero3(model, hw, zero3_like(policy))
+    except HorizonError as e:
+        return Outcome(error=str(e).splitlines()[0])
+    s = r.summary
+    return Outcome(step_time_s=s.step_time_s, tokens_per_s=s.tokens_per_s, mfu=s.mfu,
+                   device_peak_bytes=s.device_peak_bytes, host_bytes=s.host_bytes,
+                   host_breakdown=tuple(r.host.by_role.items()), bottleneck=s.bottleneck)
+
+
 def _task(args) -> Outcome:
-    return simulate_outcome(*args)
+    """(model, hw, policy) or (model, hw, policy, peer): Horizon's step, or the peer's."""
+    if len(args) > 3 and args[3]:
+        return simulate_peer_outcome(*args[:3])
+    return simulate_outcome(*args[:3])
 
 
-def _ram_free_key(model: ModelSpec, hw: HardwareSpec, policy: Policy):
+def _ram_free_key(model: ModelSpec, hw: HardwareSpec, policy: Policy, peer: str | None = None):
     host = tuple(getattr(hw.host, f.name) for f in fields(hw.host) if f.name != "ram_GiB")
-    return model, hw.device, hw.link, host, hw.cluster, policy
+    return model, hw.device, hw.link, host, hw.cluster, policy, peer
 
 
 def default_workers() -> int:
@@ -232,7 +249,8 @@ class Runner:
         return self._bar
 
     def run(self, tasks) -> list[Outcome]:
-        """Outcomes of [(model, hw, policy), ...], in order."""
+        """Outcomes of [(model, hw, policy), ...] (or (model, hw, policy, peer) for a peer's
+        step, e.g. 'zero3-offload'), in order."""
         tasks = list(tasks)
         keys = [_ram_free_key(*t) for t in tasks]
         todo: dict = {}
@@ -266,6 +284,18 @@ RESULT_COLUMNS = ("model", "params", "gpu", "link", "host", "devices_per_node", 
                   *POLICY_FIELDS, "fits",
                   "step_time_s", "tokens_per_s", "mfu", "device_peak_bytes", "device_usable_bytes",
                   "host_bytes", "host_usable_bytes", "bottleneck", "error")
+
+
+PEER_COLUMNS = ("peer_fits", "peer_tokens_per_s", "speedup", "peer_device_peak_bytes", "peer_host_bytes",
+                "peer_bottleneck", "peer_error")
+"""Added by sweep(compare=...): the peer on the same model, machine and batch."""
+
+
+def peer_row(hw: HardwareSpec, ours: Outcome, peer: Outcome) -> dict:
+    speed = ours.tokens_per_s / peer.tokens_per_s if ours.ok and peer.ok and peer.tokens_per_s else math.nan
+    return {"peer_fits": peer.fits(hw), "peer_tokens_per_s": peer.tokens_per_s, "speedup": speed,
+            "peer_device_peak_bytes": peer.device_peak_bytes, "peer_host_bytes": peer.host_bytes,
+            "peer_bottleneck": peer.bottleneck, "peer_error": peer.error}
 
 
 def outcome_row(model: ModelSpec, hw: HardwareSpec, policy_fields: dict, out: Outcome) -> dict:
@@ -412,9 +442,11 @@ def load_grid(path) -> Grid:
 
 
 # ---- running it -------------------------------------------------------------------------
-def sweep(grid: Grid, *, workers: int | None = None, progress: bool = False) -> pd.DataFrame:
+def sweep(grid: Grid, *, workers: int | None = None, progress: bool = False,
+          compare: str | None = None) -> pd.DataFrame:
     """One row per configuration of the grid (columns RESULT_COLUMNS). Invalid policies are
-    rows with `error` set and fits False."""
+    rows with `error` set and fits False. compare='zero3-offload': the peer's step on the same
+    model, machine and batch too (PEER_COLUMNS)."""
     hws = {}
     for gpu, link, host, (g, n), c in itertools.product(grid.gpus, grid.links, grid.hosts, grid.layouts,
                                                         grid.clusters):
@@ -430,13 +462,18 @@ def sweep(grid: Grid, *, workers: int | None = None, progress: bool = False) -> 
             for hw in hws.values():
                 configs.append((model, hw, fields_, pol, err))
     runnable = [(m, hw, pol) for m, hw, _, pol, err in configs if pol is not None]
+    peers = [(*t, compare) for t in runnable] if compare else []
     with Runner(workers, progress, desc="sweep", known_total=True) as runner:
-        outs = iter(runner.run(runnable))
+        done = runner.run(runnable + peers)
+    outs, peer_outs = iter(done[:len(runnable)]), iter(done[len(runnable):])
     rows = []
     for m, hw, fields_, pol, err in configs:
         out = next(outs) if pol is not None else Outcome(error=err)
-        rows.append(outcome_row(m, hw, fields_, out))
-    return pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
+        row = outcome_row(m, hw, fields_, out)
+        if compare:
+            row.update(peer_row(hw, out, next(peer_outs) if pol is not None else Outcome(error=err)))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=list(RESULT_COLUMNS) + (list(PEER_COLUMNS) if compare else []))
 
 
 OUTPUT_SUFFIXES = (".csv", ".parquet")
