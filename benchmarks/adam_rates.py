@@ -1,0 +1,123 @@
+"""Benchmark: the host AdamW step's rate, Horizon's native kernel against DeepSpeedCPUAdam (the
+ZeRO-offload optimizer) and torch's fused AdamW, on the same N parameters and threads (issue 18's
+optimizer-rate item; issue 17's peer).
+
+Each contestant updates N fp32 parameters from fp32 gradients with fp32 moments (DeepSpeed
+0.19.8's step takes nothing else; Horizon's also reads bf16 gradients and writes a bf16 working
+copy in the same pass, which the second Horizon row times), in a process of its own with T
+torch/OpenMP threads, `--rounds` rounds alternating the contestants; each figure is the median
+over rounds of the rounds' G params/s (10^9 parameters a second, one step of each after a
+warm-up step). Rates are per step of the whole array (all parameters once).
+
+Run: .venv/bin/python benchmarks/adam_rates.py [--params 16M] [--threads 1,2] [--rounds 3] [--steps 10]
+
+Measured here (2026-11-25, 16M parameters, 3 rounds), G params/s on 1 / 2 threads: Horizon 1.70 /
+1.91, Horizon with bf16 gradients and working copy 1.71 / 1.97, torch fused 1.62 / 2.06,
+DeepSpeedCPUAdam 1.70 / 1.91: all DRAM-bound at 28 bytes a parameter (1.70 G/s x 28 B = 48 GB/s,
+this machine's bus). Horizon / DeepSpeed: 1.00x-1.03x; issue 18's split master (26 bytes) is
+what would move it.
+"""
+import argparse
+import json
+import os
+import statistics as st
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("horizon", "horizon_bf16_copy", "torch_fused", "deepspeed")
+
+
+def _child(kind: str, n: int, steps: int, threads: int) -> float:
+    import time
+
+    import torch
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(n, generator=g)
+    grad = torch.randn(n, generator=g) * 1e-3
+    m, v = torch.zeros(n), torch.zeros(n)
+    if kind == "deepspeed":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        param = torch.nn.Parameter(p)
+        param.grad = grad
+        opt = DeepSpeedCPUAdam([param], lr=1e-3, adamw_mode=True)
+        run = opt.step
+    elif kind == "torch_fused":
+        step = torch.zeros((), dtype=torch.float32)
+
+        def run():
+            step.add_(1)
+            torch._fused_adamw_([p], [grad], [m], [v], [], [step], lr=1e-3, beta1=0.9, beta2=0.999,
+                                weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+    else:
+        from horizon_exec.optim.adamw import AdamW
+        opt, step = AdamW(kernel="native"), torch.zeros((), dtype=torch.float32)
+        wc = torch.empty(n, dtype=torch.bfloat16) if kind == "horizon_bf16_copy" else None
+        gr = grad.to(torch.bfloat16) if kind == "horizon_bf16_copy" else grad
+
+        def run():
+            opt.step(p, gr, m, v, step, working_copy=wc)
+    run()  # warm-up: builds or loads the op, faults the moments in
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        run()
+    return n * steps / (time.perf_counter() - t0) / 1e9
+
+
+def _measure(kind: str, n: int, steps: int, threads: int) -> float:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), DS_ACCELERATOR="cpu")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    out = subprocess.run([sys.executable, __file__, "--child", kind, str(n), str(steps), str(threads)],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise SystemExit(f"{kind}: failed: {(out.stderr or out.stdout).strip().splitlines()[-1:]}")
+    return json.loads(lines[-1])["Gparams_per_s"]
+
+
+def _count(text: str) -> int:
+    t = text.strip().upper()
+    mult = {"K": 10**3, "M": 10**6, "G": 10**9}.get(t[-1:], 1)
+    return int(float(t[:-1] if t[-1:] in "KMG" else t) * mult)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        kind, n, steps, threads = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+        print(json.dumps({"Gparams_per_s": _child(kind, n, steps, threads)}))
+        sys.stdout.flush()
+        os._exit(0)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default="16M", help="parameters updated per step (default 16M)")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    a = ap.parse_args()
+    try:
+        n, threads = _count(a.params), [int(t) for t in a.threads.split(",")]
+    except ValueError:
+        print(f"--params {a.params!r} / --threads {a.threads!r}: numbers like 16M and 1,2", file=sys.stderr)
+        return 2
+    from horizon_exec.measure.peer_deepspeed import deepspeed_available
+    kinds = [k for k in KINDS if k != "deepspeed" or deepspeed_available()]
+    print(f"AdamW step over {n:,} fp32 parameters (fp32 grads and moments), {a.rounds} alternated rounds "
+          f"of {a.steps} steps; G params/s, median over rounds")
+    for t in threads:
+        rates = {k: [] for k in kinds}
+        for _ in range(a.rounds):
+            for k in kinds:
+                rates[k].append(_measure(k, n, a.steps, t))
+        med = {k: st.median(v) for k, v in rates.items()}
+        ref = med.get("deepspeed") or med["torch_fused"]
+        ref_name = "DeepSpeedCPUAdam" if "deepspeed" in med else "torch fused"
+        print(f"threads {t}:")
+        for k in kinds:
+            print(f"  {k:<20}{med[k]:7.2f} G params/s  {med[k] / ref:5.2f}x {ref_name}   "
+                  f"(rounds {', '.join(f'{x:.2f}' for x in rates[k])})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
