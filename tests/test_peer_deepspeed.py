@@ -59,7 +59,11 @@ def test_validate_peer_quick_writes_the_comparison(tmp_path, capsys):
         assert math.isfinite(row[k])
     assert doc["adam_Gparams_per_s"] > 0 and doc["runtime_GiB"] > 0
     md = (out / "validation_peer.md").read_text()
-    assert "ds_tiny" in md and "Median |step-time error|" in md
+    assert "ds_tiny" in md and "Median |step-time error|" in md and "validation_peer_ds_tiny.png" in md
+    png = (out / "validation_peer_ds_tiny.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    # the measured compute (hooked layer windows) is there and inside the step
+    assert 0 < row["compute_s_meas"] <= row["step_s_meas"] * 2
 
 
 def test_validate_peer_refuses_what_it_does_not_offer(tmp_path, capsys):

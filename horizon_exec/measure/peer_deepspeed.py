@@ -41,21 +41,22 @@ def deepspeed_available() -> str | None:
 def run_deepspeed(model: ModelSpec, z3: Zero3Policy, *, steps: int = 4, warmup: int = 1, threads: int | None = None,
                   seed: int = 0, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                   weight_decay: float = 0.0, tokens=None, init_dir: str | None = None,
-                  timeout_s: float = 900.0) -> dict:
+                  timeline: bool = False, timeout_s: float = 900.0) -> dict:
     """Train warmup + steps steps of `model` under DeepSpeed ZeRO-3 offload in a child process
     and return what it measured (module docstring)."""
     req = run_request(model, z3, steps=steps, warmup=warmup, seed=seed, lr=lr, betas=betas, eps=eps,
-                      weight_decay=weight_decay, tokens=tokens, init_dir=init_dir)
+                      weight_decay=weight_decay, tokens=tokens, init_dir=init_dir, timeline=timeline)
     return run_deepspeed_job({"runs": [req]}, threads, f"DeepSpeed run of {model.name}", timeout_s)["runs"][0]
 
 
 def run_request(model: ModelSpec, z3: Zero3Policy, *, steps: int = 4, warmup: int = 1, seed: int = 0,
                 lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, tokens=None,
-                init_dir: str | None = None) -> dict:
-    """One run of a job (run_deepspeed_job): the model, the peer's policy, steps and data."""
+                init_dir: str | None = None, timeline: bool = False) -> dict:
+    """One run of a job (run_deepspeed_job): the model, the peer's policy, steps and data;
+    timeline: record the last step's (_Recorder) as "timeline" (records)."""
     return {"model": model.to_dict(), "z3": z3.to_dict(), "steps": steps, "warmup": warmup, "seed": seed,
             "lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay, "tokens": tokens,
-            "init_dir": init_dir}
+            "init_dir": init_dir, "timeline": timeline}
 
 
 def deepspeed_adam_Gparams_per_s(params: int = 8 * 2**20, steps: int = 10, threads: int | None = None) -> float:
@@ -149,6 +150,7 @@ def _child(req: dict) -> dict:
     cfg["optimizer"]["params"].update(lr=req["lr"], betas=req["betas"], eps=req["eps"],
                                       weight_decay=req["weight_decay"])
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    rec = _Recorder(engine.module, z3) if req.get("timeline") else None
     gen = torch.Generator().manual_seed(req["seed"])
     given = req["tokens"]
     out = {"steps": [], "threads": threads, "deepspeed": deepspeed.__version__,
@@ -158,20 +160,85 @@ def _child(req: dict) -> dict:
         batch = (torch.tensor(given[i], dtype=torch.long) if given else
                  torch.randint(0, spec.vocab, (z3.batch, z3.seq), generator=gen))
         t0 = time.perf_counter()
+        if rec:
+            rec.begin(t0)
         losses = []
         for k in range(z3.micro_batches):
             x = batch[k * mb:(k + 1) * mb]
+            if rec:
+                rec.micro = k
             loss = engine(input_ids=x, labels=x).loss
             engine.backward(loss)
+            if rec and k == z3.micro_batches - 1:
+                rec.mark("optimizer", -1)
             engine.step()
+            if rec and k == z3.micro_batches - 1:
+                rec.close_mark()
             losses.append(float(loss.detach()))
         step_s = time.perf_counter() - t0
         if i >= req["warmup"]:
             out["steps"].append({"step_s": step_s, "loss": sum(losses) / len(losses), "rss_peak_bytes": vm_hwm_bytes()})
     out["rss_peak_bytes"] = vm_hwm_bytes()
     out["rss_before_model_bytes"] = rss_runtime
+    if rec:
+        out["timeline"] = rec.events  # the last step's
     engine.destroy()
     return out
+
+
+class _Recorder:
+    """The last step's timeline of a DeepSpeed run, from module hooks (DeepSpeed records none),
+    in horizon_sim.sim.timeline's terms: each decoder layer's forward, its recompute (a forward
+    inside the backward, under checkpointing) and its backward, the LM head's forward and
+    backward, and engine.step() on the last micro-batch (the optimizer). Everything runs in one
+    thread on DeepSpeed's CPU accelerator; its fetches and offloads happen inside the gaps and
+    inside these windows (its hooks run in the modules' hooks)."""
+
+    def __init__(self, model, z3):
+        import time
+        self.clock, self.t0, self.micro, self.events = time.perf_counter, 0.0, 0, []
+        self.in_backward, self.starts, self.open = False, {}, None
+        bwd_kind = "backward" if z3.act_ckpt else "backward_saved"
+        layers = model.model.layers
+        for i, layer in enumerate(layers):
+            self._hook(layer, i, bwd_kind)
+        self._hook(model.lm_head, len(layers), "head")
+
+    def _hook(self, mod, layer: int, bwd_kind: str) -> None:
+        def pre(m, args):
+            self.starts["f", layer] = self.clock()
+
+        def post(m, args, out):
+            kind = "head" if bwd_kind == "head" else "recompute" if self.in_backward else "forward"
+            self._add(kind, layer, self.starts.pop(("f", layer)), self.clock())
+
+        def bpre(m, grad_out):
+            self.in_backward = True
+            self.starts["b", layer] = self.clock()
+
+        def bpost(m, grad_in, grad_out):
+            self._add(bwd_kind, layer, self.starts.pop(("b", layer)), self.clock())
+        mod.register_forward_pre_hook(pre)
+        mod.register_forward_hook(post)
+        mod.register_full_backward_pre_hook(bpre)
+        mod.register_full_backward_hook(bpost)
+
+    def begin(self, t0: float) -> None:
+        self.t0, self.events, self.in_backward = t0, [], False
+
+    def _add(self, kind: str, layer: int, start: float, end: float) -> None:
+        lane = "cpu" if kind == "optimizer" else "compute"
+        self.events.append({"op_id": len(self.events), "kind": kind, "lane": lane, "layer": layer,
+                            "micro": self.micro, "start_s": start - self.t0, "end_s": end - self.t0,
+                            "dur_s": end - start})
+
+    def mark(self, kind: str, layer: int) -> None:
+        self.open = (kind, layer, self.clock())
+
+    def close_mark(self) -> None:
+        kind, layer, start = self.open
+        self._add(kind, layer, start, self.clock())
+        self.in_backward = False
 
 
 if __name__ == "__main__":
