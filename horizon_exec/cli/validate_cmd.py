@@ -108,7 +108,7 @@ def _run_peer(a: argparse.Namespace, out: Path) -> int:
     else:
         hw = import_executor("horizon_exec.measure.calibrate", "validate").calibrate("cpu", quick=a.quick, say=say)
     v = P.validate_peer(hw, configs, steps=a.steps, warmup=max(a.warmup, 1), threads=a.peer_threads, out_dir=out,
-                        calibration_steps=2 if a.quick else 8, say=say)
+                        calibration_steps=2 if a.quick else 8, per_param=not a.quick, say=say)
     if a.json:
         import json
         print(json.dumps({"figures": v.figures(), "configs": v.table.to_dict(orient="records"),
