@@ -38,7 +38,7 @@ demo: $(STAMP)
 	@echo "== 5/6 predicted vs measured: nine configurations through the executor and the planner (about 90 s)"
 	$(VENV)/bin/horizon validate --hardware reports/machine.toml --out reports
 	@echo
-	@echo "== 6/6 planner reports (headline, fit table, optimizer modes, checkpoints, feasibility map, scale out)"
+	@echo "== 6/6 planner reports (headline, fit table, optimizer modes, checkpoints, feasibility map, scale out, against ZeRO-3 offload)"
 	$(PY) -m horizon_sim.report.build --out reports
 	@echo
 	@echo "== done. Reports are in reports/ (start at reports/README.md):"
