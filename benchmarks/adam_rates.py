@@ -38,13 +38,7 @@ def _child(kind: str, n: int, steps: int, threads: int) -> float:
     p = torch.randn(n, generator=g)
     grad = torch.randn(n, generator=g) * 1e-3
     m, v = torch.zeros(n), torch.zeros(n)
-    if kind == "deepspeed":
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-        param = torch.nn.Parameter(p)
-        param.grad = grad
-        opt = DeepSpeedCPUAdam([param], lr=1e-3, adamw_mode=True)
-        run = opt.step
-    elif kind == "torch_fused":
+    if kind == "torch_fused":
         step = torch.zeros((), dtype=torch.float32)
 
         def run():
@@ -67,8 +61,11 @@ def _child(kind: str, n: int, steps: int, threads: int) -> float:
 
 
 def _measure(kind: str, n: int, steps: int, threads: int) -> float:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), DS_ACCELERATOR="cpu")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    if kind == "deepspeed":  # the peer's own timing, in its own child (peer_deepspeed.py)
+        from horizon_exec.measure.peer_deepspeed import deepspeed_adam_Gparams_per_s
+        return deepspeed_adam_Gparams_per_s(n, steps, threads)
+    from horizon_exec.measure.child import child_env
+    env = child_env({"OMP_NUM_THREADS": str(threads)})
     out = subprocess.run([sys.executable, __file__, "--child", kind, str(n), str(steps), str(threads)],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]

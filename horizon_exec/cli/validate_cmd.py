@@ -58,15 +58,8 @@ def run(a: argparse.Namespace) -> int:
         import_executor("horizon_exec.device.backend", "validate").check_device(a.device)
     except HorizonError as e:
         raise HorizonError(f"--device: {e}") from None
-    configs = V.QUICK_CONFIGS if a.quick else V.CONFIGS
-    if a.configs:
-        names = [n.strip() for n in a.configs.split(",") if n.strip()]
-        known = {c.name: c for c in (*V.CONFIGS, *V.QUICK_CONFIGS)}
-        bad = [n for n in names if n not in known]
-        if bad:
-            raise HorizonError(f"unknown configuration(s) {', '.join(bad)}; known: {', '.join(known)}")
-        configs = tuple(known[n] for n in names)
-    elif a.device != "cpu":  # several ranks per device are the CPU backend's: the others run here
+    configs = _pick(a, V.CONFIGS, V.QUICK_CONFIGS, "configuration(s)")
+    if not a.configs and a.device != "cpu":  # several ranks per device are the CPU backend's: the others run here
         configs = tuple(c for c in configs if c.ranks == 1)
     if a.hardware:
         from horizon_sim.specs.hardware_io import load_hardware
@@ -85,6 +78,18 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _pick(a: argparse.Namespace, full, quick, what: str) -> tuple:
+    """--configs by name (from either set), else the --quick or the full set."""
+    if not a.configs:
+        return quick if a.quick else full
+    known = {c.name: c for c in (*full, *quick)}
+    names = [n.strip() for n in a.configs.split(",") if n.strip()]
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise HorizonError(f"unknown {what} {', '.join(bad)}; known: {', '.join(known)}")
+    return tuple(known[n] for n in names)
+
+
 def _run_peer(a: argparse.Namespace, out: Path) -> int:
     if a.device != "cpu":
         raise HorizonError(f"--peer deepspeed runs on DeepSpeed's CPU accelerator: --device {a.device} is not offered")
@@ -94,14 +99,7 @@ def _run_peer(a: argparse.Namespace, out: Path) -> int:
     from horizon_exec.measure.peer_deepspeed import deepspeed_available
     if deepspeed_available() is None:
         raise HorizonError("--peer deepspeed: DeepSpeed is not installed (make setup installs deepspeed==0.19.8)")
-    configs = P.QUICK_PEER_CONFIGS if a.quick else P.PEER_CONFIGS
-    if a.configs:
-        known = {c.name: c for c in (*P.PEER_CONFIGS, *P.QUICK_PEER_CONFIGS)}
-        names = [n.strip() for n in a.configs.split(",") if n.strip()]
-        bad = [n for n in names if n not in known]
-        if bad:
-            raise HorizonError(f"unknown peer configuration(s) {', '.join(bad)}; known: {', '.join(known)}")
-        configs = tuple(known[n] for n in names)
+    configs = _pick(a, P.PEER_CONFIGS, P.QUICK_PEER_CONFIGS, "peer configuration(s)")
     if a.hardware:
         from horizon_sim.specs.hardware_io import load_hardware
         hw = load_hardware(a.hardware)

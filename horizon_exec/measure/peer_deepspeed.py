@@ -17,16 +17,13 @@ a machine builds its CPU ops (cpu_adam, the shared-memory comm op) with ninja in
 """
 import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 from horizon_exec.dist.context import free_port
+from horizon_exec.measure.child import run_json_child
 from horizon_sim.errors import HorizonError
 from horizon_sim.peer.zero3_policy import Zero3Policy
 from horizon_sim.specs.model import ModelSpec
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def deepspeed_available() -> str | None:
@@ -38,14 +35,11 @@ def deepspeed_available() -> str | None:
         return None
 
 
-def run_deepspeed(model: ModelSpec, z3: Zero3Policy, *, steps: int = 4, warmup: int = 1, threads: int | None = None,
-                  seed: int = 0, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                  weight_decay: float = 0.0, tokens=None, init_dir: str | None = None,
-                  timeline: bool = False, timeout_s: float = 900.0) -> dict:
+def run_deepspeed(model: ModelSpec, z3: Zero3Policy, *, threads: int | None = None, timeout_s: float = 900.0,
+                  **run) -> dict:
     """Train warmup + steps steps of `model` under DeepSpeed ZeRO-3 offload in a child process
-    and return what it measured (module docstring)."""
-    req = run_request(model, z3, steps=steps, warmup=warmup, seed=seed, lr=lr, betas=betas, eps=eps,
-                      weight_decay=weight_decay, tokens=tokens, init_dir=init_dir, timeline=timeline)
+    and return what it measured (module docstring); `run`: run_request's keywords."""
+    req = run_request(model, z3, **run)
     return run_deepspeed_job({"runs": [req]}, threads, f"DeepSpeed run of {model.name}", timeout_s)["runs"][0]
 
 
@@ -74,21 +68,10 @@ def run_deepspeed_job(req: dict, threads: int | None, what: str, timeout_s: floa
     if deepspeed_available() is None:
         raise HorizonError("DeepSpeed is not installed: `make setup` installs the pinned version "
                            "(pip install 'deepspeed==0.19.8')")
-    env = dict(os.environ, DS_ACCELERATOR="cpu", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    try:
-        out = subprocess.run([sys.executable, "-m", "horizon_exec.measure.peer_deepspeed"], input=json.dumps(req),
-                             capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        raise HorizonError(f"{what}: no result within {timeout_s:g} s") from None
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    if out.returncode != 0 or not lines:
-        tail = [ln for ln in (out.stderr or out.stdout).strip().splitlines() if "Warning" not in ln][-4:]
-        raise HorizonError(f"{what} failed (exit {out.returncode}): {' | '.join(tail)}")
-    return json.loads(lines[-1])
+    env = {"DS_ACCELERATOR": "cpu", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    return run_json_child("horizon_exec.measure.peer_deepspeed", req, what=what, env=env, timeout_s=timeout_s)
 
 
 def _adam(req: dict) -> dict:

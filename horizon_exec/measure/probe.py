@@ -12,18 +12,15 @@ what `horizon train` needs to run a step (torch, the executor, the planner's sch
 runtime overhead `horizon calibrate` measures with it is the one a training process carries.
 """
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 from horizon_exec.dist.context import free_port
+from horizon_exec.measure.child import ROOT, child_env, run_json_child
 from horizon_exec.procfs import node_rss_bytes, rss_shmem_bytes, vm_hwm_bytes
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def probe(model: ModelSpec, policy: Policy, *, steps: int = 3, warmup: int = 1, device: str = "cpu",
@@ -33,17 +30,7 @@ def probe(model: ModelSpec, policy: Policy, *, steps: int = 3, warmup: int = 1, 
     overlap): calibrate's way to see each op's own cost."""
     req = {"model": model.to_dict(), "policy": policy.to_dict(), "steps": steps, "warmup": warmup,
            "device": device, "seed": seed, "serialize": serialize}
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    try:
-        out = subprocess.run([sys.executable, "-m", "horizon_exec.measure.probe"], input=json.dumps(req),
-                             capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        raise HorizonError(f"probe of {model.name}: no result within {timeout_s:g} s") from None
-    if out.returncode != 0:
-        tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
-        raise HorizonError(f"probe of {model.name} failed: {' | '.join(tail)}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_json_child("horizon_exec.measure.probe", req, what=f"probe of {model.name}", timeout_s=timeout_s)
 
 
 def _minor_faults() -> int:
@@ -106,8 +93,7 @@ class Session:
         self.final: dict = {}
 
     def __enter__(self):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        env = child_env()
         port = free_port() if self.ranks > 1 else 0
         for r in range(self.ranks):
             if self.ranks > 1:

@@ -68,8 +68,9 @@ class _Zero3Builder:
 
     # ---- sizes -----------------------------------------------------------------------------------
     def params(self, u: int) -> int:
-        m = self.model
-        return m.embedding_params if u == EMBED else m.head_device_params if u == self.head else m.layer_params
+        """Parameters unit u brings to the device (the embedding's matrix too: the peer looks
+        rows up there)."""
+        return self.bufs.host_params(u) if u == EMBED else self.bufs.dev_params(u)
 
     # ---- emission ----------------------------------------------------------------------------------
     def emit(self, kind, layer, micro=0, *, reads=(), writes=(), frees=(), after=(), **work_):

@@ -67,10 +67,6 @@ class Zero3Policy:
     def micro_batch(self) -> int:
         return self.batch // self.micro_batches
 
-    @property
-    def tokens(self) -> int:
-        return self.batch * self.seq
-
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -153,6 +153,11 @@ def simulate_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outc
             r = simulate(sched, hw)
     except _SimTimeout:
         return Outcome(error=f"simulation did not finish in {limit:.0f} s")
+    return _outcome(r)
+
+
+def _outcome(r) -> Outcome:
+    """A SimResult's figures, as an Outcome."""
     s = r.summary
     return Outcome(step_time_s=s.step_time_s, tokens_per_s=s.tokens_per_s, mfu=s.mfu,
                    device_peak_bytes=s.device_peak_bytes, host_bytes=s.host_bytes,
@@ -167,10 +172,7 @@ def simulate_peer_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) ->
         r = plan_zero3(model, hw, zero3_like(policy))
     except HorizonError as e:
         return Outcome(error=str(e).splitlines()[0])
-    s = r.summary
-    return Outcome(step_time_s=s.step_time_s, tokens_per_s=s.tokens_per_s, mfu=s.mfu,
-                   device_peak_bytes=s.device_peak_bytes, host_bytes=s.host_bytes,
-                   host_breakdown=tuple(r.host.by_role.items()), bottleneck=s.bottleneck)
+    return _outcome(r)
 
 
 def _task(args) -> Outcome:
