@@ -52,7 +52,7 @@ def build(request, monkeypatch):
     """Runs a test once with each build of the kernel that AdamW(kernel='native') calls."""
     if request.param == "generic ISA":
         fn, status = request.getfixturevalue("_generic_build")
-        monkeypatch.setitem(native._state, "fn", fn)
+        monkeypatch.setitem(native._state, "fns", fn)
         monkeypatch.setitem(native._state, "status", status)
     status = native.status()
     if request.param not in status:
@@ -231,7 +231,7 @@ def test_bad_buffers_are_refused_by_name():
 def test_without_the_kernel(monkeypatch):
     """No compiler here: 'auto' falls back to torch for fp32 moments, bf16 moments and a
     forced 'native' are refused with the reason."""
-    monkeypatch.setitem(native._state, "fn", None)
+    monkeypatch.setitem(native._state, "fns", None)
     monkeypatch.setitem(native._state, "status", "unavailable: building adamw.c with 'cc' failed: no cc")
     opt = AdamW()
     assert not opt.uses_native(torch.float32, torch.float32)

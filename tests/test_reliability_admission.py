@@ -106,7 +106,7 @@ def test_bf16_moments_are_advised_only_where_they_can_run(monkeypatch):
     lean = policy_from_args(parser.parse_args(first.split(": ", 1)[1].split(" (host")[0].split()))
     assert lean.states_dtype == "bf16" and lean.optimizer == POL.optimizer  # one lossy change only
     assert admit(spec, lean, build_schedule(spec, lean), host_budget_bytes=budget).fits
-    monkeypatch.setitem(native._state, "fn", None)
+    monkeypatch.setitem(native._state, "fns", None)
     with pytest.raises(AdmissionError) as e:
         admit(spec, POL, sched, host_budget_bytes=budget)
     assert not any("bf16 moments" in line for line in e.value.admission.advice)

@@ -8,7 +8,7 @@ multiplies the gradient by it, as clip_grad_norm_ does; torch's kernel takes gra
 1/coef and divides (within an ulp of the same gradient).
 
 Which kernel (`kernel="auto"`):
-- the native one-pass kernel (native/adamw.c) whenever the master is fp32 and it builds here:
+- the native one-pass kernel (native/adamw.c) whenever the master is fp32 or bf16 and it builds here:
   it widens a bf16 gradient, clips, updates fp32 or bf16 moments and refreshes the bf16
   working copy in one pass over memory, 28 bytes per parameter with fp32 moments, what
   torch's fused kernel moves for the bare update on an fp32 gradient. (Torch's kernel also
@@ -20,7 +20,12 @@ Which kernel (`kernel="auto"`):
   one at ~0.92-1.10x (median 0.99) while doing the casts too (benchmarks/exec_vs_autograd.py;
   memory-bound there: streaming stores for the working copy and a store on huge pages keep
   its bytes at torch's 28 per parameter).
-  bf16 moments with an fp32 master need the native kernel.
+  bf16 moments with an fp32 master, and fp32 moments with a bf16 master, need the native kernel.
+- a bf16 master (no fp32 master): read as fp32, updated in fp32, stored rounded to nearest even;
+  an update smaller than half a bf16 ulp of the weight is lost (the seed code's policy).
+- a split master (optim/split.py: the bf16 working copy + the low 16 bits of the fp32 master):
+  `step_split`, native kernel only; the master it holds is updated bit for bit as step()
+  updates an fp32 master.
 `kernel="native"` or `"torch"` forces one (tests, benchmarks).
 """
 import ctypes
@@ -102,10 +107,10 @@ class AdamW:
         """Whether step() runs the native kernel for a master and moments of these dtypes
         (ExecError when neither kernel can: bf16 moments without the native one)."""
         torch_can = states_dtype == master_dtype  # torch's kernel: moments in the master dtype
-        native_can = master_dtype == torch.float32
+        native_can = master_dtype in (torch.float32, torch.bfloat16)
         want_native = self.kernel == "native" or (self.kernel == "auto" and native_can)
         if want_native and not native_can:
-            raise ExecError(f"the native AdamW kernel needs an fp32 master, not {master_dtype}")
+            raise ExecError(f"the native AdamW kernel needs an fp32 or bf16 master, not {master_dtype}")
         if want_native and native.adamw() is not None:
             return True
         if not torch_can:
@@ -138,18 +143,43 @@ class AdamW:
             step += 1
             self._torch(param, grad, exp_avg, exp_avg_sq, step, clip_coef, lr, working_copy, scratch)
 
-    def _native(self, param, grad, exp_avg, exp_avg_sq, step: float, clip_coef, lr, working_copy):
-        n = param.numel()
+    def step_split(self, hi, lo, grad, exp_avg, exp_avg_sq, step, clip_coef: float = 1.0, lr: float | None = None):
+        """AdamW on a split master (optim/split.py): hi, flat (n,) bf16, the working copy, and
+        lo, flat (n,) int16, updated in place as the fp32 master they hold would be by step();
+        the other arguments as step()'s. Native kernel only."""
+        lr = self.lr if lr is None else lr
+        fns = native.kernels()
+        if fns is None or self.kernel == "torch":
+            raise ExecError(f"a split master needs the native AdamW kernel; {native.status()}")
+        _check_native(hi, grad, exp_avg, exp_avg_sq, None, param_dtypes=(torch.bfloat16,))
+        _check_native(lo, grad, exp_avg, exp_avg_sq, None, param_dtypes=(torch.int16,))
+        step += 1
+        rc = fns["adamw_split"](hi.data_ptr(), lo.data_ptr(), grad.data_ptr(), int(grad.dtype == torch.bfloat16),
+                                exp_avg.data_ptr(), exp_avg_sq.data_ptr(), int(exp_avg.dtype == torch.bfloat16),
+                                hi.numel(), ctypes.byref(self._hyper(float(step), clip_coef, lr)),
+                                torch.get_num_threads())
+        if rc != 0:
+            raise ExecError(f"native AdamW rejected its arguments (code {rc})")
+
+    def _hyper(self, step: float, clip_coef: float, lr: float) -> native.AdamwHyper:
         b1, b2 = self.betas
         # Double precision here, float in the kernel: torch's fused kernel does the same.
-        h = native.AdamwHyper(
+        return native.AdamwHyper(
             decay=1.0 - lr * self.weight_decay, lerp_w=1.0 - b1, beta2=b2, one_m_beta2=1.0 - b2,
             bc2_sqrt=math.sqrt(1.0 - b2 ** step), eps=self.eps, neg_step_size=-(lr / (1.0 - b1 ** step)),
             grad_coef=min(1.0, clip_coef))
-        rc = native.adamw()(param.data_ptr(), grad.data_ptr(), int(grad.dtype == torch.bfloat16),
-                            exp_avg.data_ptr(), exp_avg_sq.data_ptr(), int(exp_avg.dtype == torch.bfloat16),
-                            working_copy.data_ptr() if working_copy is not None else None, n,
-                            ctypes.byref(h), torch.get_num_threads())
+
+    def _native(self, param, grad, exp_avg, exp_avg_sq, step: float, clip_coef, lr, working_copy):
+        n, h = param.numel(), self._hyper(step, clip_coef, lr)
+        g_bf16, s_bf16 = int(grad.dtype == torch.bfloat16), int(exp_avg.dtype == torch.bfloat16)
+        if param.dtype == torch.bfloat16:  # a bf16 master: rounded to nearest even after the update
+            rc = native.kernels()["adamw_bf16"](param.data_ptr(), grad.data_ptr(), g_bf16, exp_avg.data_ptr(),
+                                                exp_avg_sq.data_ptr(), s_bf16, n, ctypes.byref(h),
+                                                torch.get_num_threads())
+        else:
+            rc = native.adamw()(param.data_ptr(), grad.data_ptr(), g_bf16, exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
+                                s_bf16, working_copy.data_ptr() if working_copy is not None else None, n,
+                                ctypes.byref(h), torch.get_num_threads())
         if rc != 0:
             raise ExecError(f"native AdamW rejected its arguments (code {rc})")
 
@@ -170,10 +200,12 @@ class AdamW:
                 working_copy[s:e].copy_(param[s:e])
 
 
-def _check_native(param, grad, exp_avg, exp_avg_sq, working_copy) -> None:
+def _check_native(param, grad, exp_avg, exp_avg_sq, working_copy, param_dtypes=(torch.float32, torch.bfloat16)) -> None:
     """The native kernel reads raw pointers: every buffer must be what it assumes."""
     n = param.numel()
-    for name, t, ok in (("param", param, (torch.float32,)),
+    if working_copy is not None and param.dtype != torch.float32:
+        raise ExecError(f"native AdamW: a working copy is refreshed from an fp32 master, not {param.dtype}")
+    for name, t, ok in (("param", param, param_dtypes),
                         ("grad", grad, (torch.float32, torch.bfloat16)),
                         ("exp_avg", exp_avg, (torch.float32, torch.bfloat16)),
                         ("exp_avg_sq", exp_avg_sq, (exp_avg.dtype,)),

@@ -180,13 +180,31 @@ def _flags_name(flags: list[str]) -> str:
     return " ".join(f for f in flags if f not in _BASE)
 
 
+_PTR, _I32, _I64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+_HYPER = ctypes.POINTER(AdamwHyper)
+SIGNATURES = {
+    "horizon_adamw": [_PTR, _PTR, _I32, _PTR, _PTR, _I32, _PTR, _I64, _HYPER, _I32],
+    "horizon_adamw_split": [_PTR, _PTR, _PTR, _I32, _PTR, _PTR, _I32, _I64, _HYPER, _I32],
+    "horizon_adamw_bf16": [_PTR, _PTR, _I32, _PTR, _PTR, _I32, _I64, _HYPER, _I32],
+    "horizon_split": [_PTR, _PTR, _PTR, _I64, _I32],
+    "horizon_join": [_PTR, _PTR, _PTR, _I64, _I32],
+}
+"""adamw.c's entry points and their C argument types (each returns int: 0, or -1 on a bad argument)."""
+
+
+def bind_all(lib) -> dict:
+    """Every entry point of adamw.c, by name without the 'horizon_' prefix, with its C signature."""
+    out = {}
+    for name, argtypes in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = ctypes.c_int, argtypes
+        out[name.removeprefix("horizon_")] = fn
+    return out
+
+
 def bind(lib):
     """lib.horizon_adamw with its C signature."""
-    fn = lib.horizon_adamw
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(AdamwHyper), ctypes.c_int32]
-    return fn
+    return bind_all(lib)["adamw"]
 
 
 def _load():
@@ -195,23 +213,30 @@ def _load():
     cc = os.environ.get("CC", "cc")
     try:
         path, flags, rejected = _build(cc)
-        fn = bind(ctypes.CDLL(str(path)))
+        fns = bind_all(ctypes.CDLL(str(path)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         return None, f"unavailable: building {SOURCE.name} with {cc!r} failed: {e}"
     threads = "OpenMP" if "-fopenmp" in flags else "one thread"
     isa = "native ISA" if "-march=native" in flags else "generic ISA"
     note = f"; {'; '.join(rejected)}" if rejected else ""
-    return fn, f"({isa}, {threads}; {path}{note})"
+    return fns, f"({isa}, {threads}; {path}{note})"
+
+
+def kernels() -> dict | None:
+    """adamw.c's C functions by name ('adamw', 'adamw_split', 'adamw_bf16', 'split', 'join'),
+    or None if it cannot be built here."""
+    if "fns" in _state:  # loaded (or refused) once: no lock on the optimizer's hot path
+        return _state["fns"]
+    with _lock:
+        if "fns" not in _state:
+            _state["fns"], _state["status"] = _load()
+        return _state["fns"]
 
 
 def adamw():
     """The C function horizon_adamw (see adamw.c), or None if it cannot be built here."""
-    if "fn" in _state:  # loaded (or refused) once: no lock on the optimizer's hot path
-        return _state["fn"]
-    with _lock:
-        if "fn" not in _state:
-            _state["fn"], _state["status"] = _load()
-        return _state["fn"]
+    k = kernels()
+    return k["adamw"] if k else None
 
 
 def status() -> str:

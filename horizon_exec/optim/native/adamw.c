@@ -119,28 +119,41 @@ static void wc_store(const float* restrict p, uint16_t* restrict out, int64_t k)
 #define F32_LOAD(x) (x)
 #define F32_STORE(x) (x)
 
-/* One span of k elements: the whole update, element by element (the compiler vectorizes it).
- * GT/GLOAD: gradient type and widening; ST/SLOAD/SSTORE: moment type and conversions; WC: 1
- * to write the working copy to `out` (bf16), a sub-block at a time. */
+/* The update of one element, in torch's order: pi (the master, fp32), gi (the widened
+ * gradient), mi and vi (the moments, fp32) are updated in place. Every span below runs this one
+ * macro, so the three master layouts compute the same bits. */
+#define ADAMW_ELEM(pi, gi, mi, vi)                                                               \
+  do {                                                                                          \
+    (pi) = (pi) * decay;                                                                        \
+    /* exp_avg.lerp_(grad, 1 - beta1), torch's two-sided lerp */                                \
+    (mi) = small ? fmaf(w, (gi) - (mi), (mi)) : fmaf(w1, (gi) - (mi), (gi));                    \
+    (vi) = fmaf(c2 * (gi), (gi), (vi) * b2);                                                    \
+    const float den_ = sqrtf(vi) / bc2s + eps;                                                  \
+    (pi) = (pi) + (nss * (mi)) / den_;                                                          \
+  } while (0)
+
+#define ADAMW_CONSTS                                                                            \
+  const float decay = h->decay, w = h->lerp_w, w1 = h->lerp_w - 1.0f, b2 = h->beta2;             \
+  const float c2 = h->one_m_beta2, bc2s = h->bc2_sqrt, eps = h->eps, nss = h->neg_step_size;     \
+  const float coef = h->grad_coef;                                                              \
+  const int small = fabsf(w) < 0.5f
+
+/* One span of k elements of an fp32 master: the whole update, element by element (the
+ * compiler vectorizes it). GT/GLOAD: gradient type and widening; ST/SLOAD/SSTORE: moment type
+ * and conversions; WC: 1 to write the working copy to `out` (bf16), a sub-block at a time. */
 #define ADAMW_SPAN(NAME, GT, GLOAD, ST, SLOAD, SSTORE, WC)                                       \
-  static void NAME(float* restrict p, const GT* restrict g, ST* restrict m, ST* restrict v,      \
-                   uint16_t* restrict out, int64_t k, const horizon_adamw_hyper* h) {            \
-    const float decay = h->decay, w = h->lerp_w, w1 = h->lerp_w - 1.0f, b2 = h->beta2;           \
-    const float c2 = h->one_m_beta2, bc2s = h->bc2_sqrt, eps = h->eps, nss = h->neg_step_size;   \
-    const float coef = h->grad_coef;                                                            \
-    const int small = fabsf(w) < 0.5f;                                                          \
+  static void NAME(void* restrict p_, void* restrict out_, const GT* restrict g, ST* restrict m, \
+                   ST* restrict v, int64_t k, const horizon_adamw_hyper* h) {                   \
+    float* restrict p = p_;                                                                     \
+    uint16_t* restrict out = out_;                                                              \
+    ADAMW_CONSTS;                                                                               \
     const int64_t sub = WC ? WC_SUB : k;                                                        \
     for (int64_t j = 0; j < k; j += sub) {                                                      \
       const int64_t end = k - j < sub ? k : j + sub;                                            \
       for (int64_t i = j; i < end; i++) {                                                       \
         const float gi = GLOAD(g[i]) * coef;                                                    \
-        float pi = p[i] * decay;                                                                \
-        float mi = SLOAD(m[i]);                                                                 \
-        /* exp_avg.lerp_(grad, 1 - beta1), torch's two-sided lerp */                            \
-        mi = small ? fmaf(w, gi - mi, mi) : fmaf(w1, gi - mi, gi);                              \
-        const float vi = fmaf(c2 * gi, gi, SLOAD(v[i]) * b2);                                   \
-        const float den = sqrtf(vi) / bc2s + eps;                                               \
-        pi = pi + (nss * mi) / den;                                                             \
+        float pi = p[i], mi = SLOAD(m[i]), vi = SLOAD(v[i]);                                    \
+        ADAMW_ELEM(pi, gi, mi, vi);                                                             \
         m[i] = SSTORE(mi);                                                                      \
         v[i] = SSTORE(vi);                                                                      \
         p[i] = pi;                                                                              \
@@ -158,10 +171,109 @@ ADAMW_SPAN(span_gf_sb_w1, float, F32_LOAD, uint16_t, bf16_load, bf16_round, 1)
 ADAMW_SPAN(span_gb_sb_w0, uint16_t, bf16_load, uint16_t, bf16_load, bf16_round, 0)
 ADAMW_SPAN(span_gb_sb_w1, uint16_t, bf16_load, uint16_t, bf16_load, bf16_round, 1)
 
-typedef void (*span_fn)(float*, const void*, void*, void*, uint16_t*, int64_t, const horizon_adamw_hyper*);
+/* ---- The split master ----------------------------------------------------------------------
+ * The fp32 master x (bits u = H:L, two 16-bit halves) is kept as two 16-bit arrays:
+ *   hi = the bf16 nearest x, ties away from zero: (u + 0x8000) >> 16, i.e. H, or H + 1 when
+ *        L >= 0x8000 (bit patterns are sign-magnitude: H + 1 is one bf16 ulp further from 0);
+ *   lo = L read as a signed 16-bit number.
+ * Then (hi << 16) + lo == u exactly (mod 2^32): when L >= 0x8000, hi is H + 1 and lo is
+ * L - 65536. hi is what the loads stream (the working copy), so the exact fp32 master costs 4
+ * bytes with the working copy included, and the update moves 26 bytes per parameter (bf16
+ * gradient, fp32 moments) instead of 28.
+ * Why not round-half-even like .to(bfloat16): on an exact tie (L == 0x8000) it keeps H when H
+ * is even, and then lo would have to be +32768, one value more than 16 bits hold (RNE needs
+ * residuals -32768..32768: 65,537 values). So hi differs from .to(bfloat16) exactly on ties
+ * with even H: 32,640 of the 2^32 patterns (one in 131,584), each by one bf16 ulp, away from 0.
+ * NaN (exponent all ones, mantissa not 0): hi is the quiet NaN 0x7fc0 with x's sign (the
+ * rounding could turn a NaN into an infinity); lo keeps L, so the joined value is still a NaN
+ * (its payload may differ). Infinities, subnormals and -0 round trip exactly. */
+static inline uint16_t split_hi(uint32_t u) {
+  const uint16_t r = (uint16_t)((u + 0x8000u) >> 16);
+  return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)(((u >> 16) & 0x8000u) | 0x7fc0u) : r;
+}
+
+static inline float join_f32(uint16_t hi, int16_t lo) {
+  const uint32_t u = ((uint32_t)hi << 16) + (uint32_t)(int32_t)lo;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline void split_store(float f, uint16_t* hi, int16_t* lo) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  *hi = split_hi(u);
+  *lo = (int16_t)(uint16_t)u;
+}
+
+/* One span of a split master: hi (bf16 bits) and lo (int16) read and written in place. */
+#define ADAMW_SPLIT_SPAN(NAME, GT, GLOAD, ST, SLOAD, SSTORE)                                     \
+  static void NAME(void* restrict hi_, void* restrict lo_, const GT* restrict g, ST* restrict m, \
+                   ST* restrict v, int64_t k, const horizon_adamw_hyper* h) {                   \
+    uint16_t* restrict hi = hi_;                                                                \
+    int16_t* restrict lo = lo_;                                                                 \
+    ADAMW_CONSTS;                                                                               \
+    for (int64_t i = 0; i < k; i++) {                                                           \
+      const float gi = GLOAD(g[i]) * coef;                                                      \
+      float pi = join_f32(hi[i], lo[i]), mi = SLOAD(m[i]), vi = SLOAD(v[i]);                    \
+      ADAMW_ELEM(pi, gi, mi, vi);                                                               \
+      m[i] = SSTORE(mi);                                                                        \
+      v[i] = SSTORE(vi);                                                                        \
+      split_store(pi, hi + i, lo + i);                                                          \
+    }                                                                                           \
+  }
+
+ADAMW_SPLIT_SPAN(split_gf_sf, float, F32_LOAD, float, F32_LOAD, F32_STORE)
+ADAMW_SPLIT_SPAN(split_gb_sf, uint16_t, bf16_load, float, F32_LOAD, F32_STORE)
+ADAMW_SPLIT_SPAN(split_gf_sb, float, F32_LOAD, uint16_t, bf16_load, bf16_round)
+ADAMW_SPLIT_SPAN(split_gb_sb, uint16_t, bf16_load, uint16_t, bf16_load, bf16_round)
+
+/* ---- A bf16 master (no fp32 master: the seed code's policy) ----------------------------------
+ * The weight is read as fp32, updated in fp32 and stored rounded to nearest even: an update
+ * smaller than half a bf16 ulp of the weight is lost. */
+#define ADAMW_BF16_SPAN(NAME, GT, GLOAD, ST, SLOAD, SSTORE)                                      \
+  static void NAME(void* restrict p_, void* restrict unused, const GT* restrict g, ST* restrict m, \
+                   ST* restrict v, int64_t k, const horizon_adamw_hyper* h) {                   \
+    uint16_t* restrict p = p_;                                                                  \
+    (void)unused;                                                                               \
+    ADAMW_CONSTS;                                                                               \
+    for (int64_t i = 0; i < k; i++) {                                                           \
+      const float gi = GLOAD(g[i]) * coef;                                                      \
+      float pi = bf16_load(p[i]), mi = SLOAD(m[i]), vi = SLOAD(v[i]);                           \
+      ADAMW_ELEM(pi, gi, mi, vi);                                                               \
+      m[i] = SSTORE(mi);                                                                        \
+      v[i] = SSTORE(vi);                                                                        \
+      p[i] = bf16_round(pi);                                                                    \
+    }                                                                                           \
+  }
+
+ADAMW_BF16_SPAN(bf16_gf_sf, float, F32_LOAD, float, F32_LOAD, F32_STORE)
+ADAMW_BF16_SPAN(bf16_gb_sf, uint16_t, bf16_load, float, F32_LOAD, F32_STORE)
+ADAMW_BF16_SPAN(bf16_gf_sb, float, F32_LOAD, uint16_t, bf16_load, bf16_round)
+ADAMW_BF16_SPAN(bf16_gb_sb, uint16_t, bf16_load, uint16_t, bf16_load, bf16_round)
+
+typedef void (*span_fn)(void*, void*, const void*, void*, void*, int64_t, const horizon_adamw_hyper*);
 
 /* Elements per block: a thread's unit of work (8 KiB of each fp32 stream). */
 #define BLOCK 2048
+
+/* Runs `span` over n elements in blocks, on n_threads OpenMP threads. p and p2 advance by psz
+ * and p2sz bytes per element (p2 may be NULL), g by gsz, m and v by ssz. */
+static void run_blocks(span_fn span, void* p, size_t psz, void* p2, size_t p2sz, const void* g, size_t gsz,
+                       void* m, void* v, size_t ssz, int64_t n, const horizon_adamw_hyper* h, int32_t n_threads) {
+  const int64_t n_blocks = (n + BLOCK - 1) / BLOCK;
+  const int nt = n_threads > 0 ? n_threads : 1;
+#pragma omp parallel num_threads(nt) if (nt > 1 && n_blocks > 1)
+  {
+#pragma omp for schedule(static) nowait
+    for (int64_t b = 0; b < n_blocks; b++) {
+      const int64_t i0 = b * BLOCK, k = n - i0 < BLOCK ? n - i0 : BLOCK;
+      span((char*)p + i0 * psz, p2 ? (char*)p2 + i0 * p2sz : NULL, (const char*)g + i0 * gsz,
+           (char*)m + i0 * ssz, (char*)v + i0 * ssz, k, h);
+    }
+    STREAM_FENCE();  /* each thread's streaming stores are visible before the call returns */
+  }
+}
 
 /* p: fp32 (n,); g: fp32 or bf16 (n,); m, v: fp32 or bf16 (n,); wc: bf16 (n,) or NULL.
  * n_threads: OpenMP threads (the calling lane's). Returns 0, or -1 on a bad argument. */
@@ -171,21 +283,48 @@ int horizon_adamw(float* p, const void* g, int32_t g_bf16, void* m, void* v, int
       (span_fn)span_gf_sf_w0, (span_fn)span_gf_sf_w1, (span_fn)span_gb_sf_w0, (span_fn)span_gb_sf_w1,
       (span_fn)span_gf_sb_w0, (span_fn)span_gf_sb_w1, (span_fn)span_gb_sb_w0, (span_fn)span_gb_sb_w1};
   if (n < 0 || !p || !g || !m || !v || !h) return -1;
-  const span_fn span = spans[(s_bf16 ? 4 : 0) + (g_bf16 ? 2 : 0) + (wc ? 1 : 0)];
-  const size_t gsz = g_bf16 ? 2 : 4, ssz = s_bf16 ? 2 : 4;
-  const int64_t n_blocks = (n + BLOCK - 1) / BLOCK;
+  run_blocks(spans[(s_bf16 ? 4 : 0) + (g_bf16 ? 2 : 0) + (wc ? 1 : 0)], p, 4, wc, 2, g, g_bf16 ? 2 : 4,
+             m, v, s_bf16 ? 2 : 4, n, h, n_threads);
+  return 0;
+}
+
+/* The split master (hi: bf16 bits, lo: int16; see above) updated in place; otherwise as
+ * horizon_adamw. The updated hi is the working copy. */
+int horizon_adamw_split(uint16_t* hi, int16_t* lo, const void* g, int32_t g_bf16, void* m, void* v,
+                        int32_t s_bf16, int64_t n, const horizon_adamw_hyper* h, int32_t n_threads) {
+  static const span_fn spans[4] = {(span_fn)split_gf_sf, (span_fn)split_gb_sf, (span_fn)split_gf_sb,
+                                   (span_fn)split_gb_sb};
+  if (n < 0 || !hi || !lo || !g || !m || !v || !h) return -1;
+  run_blocks(spans[(s_bf16 ? 2 : 0) + (g_bf16 ? 1 : 0)], hi, 2, lo, 2, g, g_bf16 ? 2 : 4, m, v, s_bf16 ? 2 : 4,
+             n, h, n_threads);
+  return 0;
+}
+
+/* A bf16 master p (n,) updated in place (moments fp32 or bf16); otherwise as horizon_adamw. */
+int horizon_adamw_bf16(uint16_t* p, const void* g, int32_t g_bf16, void* m, void* v, int32_t s_bf16, int64_t n,
+                       const horizon_adamw_hyper* h, int32_t n_threads) {
+  static const span_fn spans[4] = {(span_fn)bf16_gf_sf, (span_fn)bf16_gb_sf, (span_fn)bf16_gf_sb,
+                                   (span_fn)bf16_gb_sb};
+  if (n < 0 || !p || !g || !m || !v || !h) return -1;
+  run_blocks(spans[(s_bf16 ? 2 : 0) + (g_bf16 ? 1 : 0)], p, 2, NULL, 0, g, g_bf16 ? 2 : 4, m, v, s_bf16 ? 2 : 4,
+             n, h, n_threads);
+  return 0;
+}
+
+/* x (n,) fp32 -> its split (hi, lo), and back. Bulk conversions for initialisation,
+ * checkpoints and exports (the optimizer splits inline). */
+int horizon_split(const float* x, uint16_t* hi, int16_t* lo, int64_t n, int32_t n_threads) {
+  if (n < 0 || !x || !hi || !lo) return -1;
   const int nt = n_threads > 0 ? n_threads : 1;
-#pragma omp parallel num_threads(nt) if (nt > 1 && n_blocks > 1)
-  {
-#pragma omp for schedule(static) nowait
-    for (int64_t b = 0; b < n_blocks; b++) {
-      const int64_t i0 = b * BLOCK, k = n - i0 < BLOCK ? n - i0 : BLOCK;
-      const void* gb = (const char*)g + i0 * gsz;
-      void* mb = (char*)m + i0 * ssz;
-      void* vb = (char*)v + i0 * ssz;
-      span(p + i0, gb, mb, vb, wc ? wc + i0 : NULL, k, h);
-    }
-    STREAM_FENCE();  /* each thread's streaming stores are visible before the call returns */
-  }
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n > (1 << 20))
+  for (int64_t i = 0; i < n; i++) split_store(x[i], hi + i, lo + i);
+  return 0;
+}
+
+int horizon_join(const uint16_t* hi, const int16_t* lo, float* x, int64_t n, int32_t n_threads) {
+  if (n < 0 || !x || !hi || !lo) return -1;
+  const int nt = n_threads > 0 ? n_threads : 1;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n > (1 << 20))
+  for (int64_t i = 0; i < n; i++) x[i] = join_f32(hi[i], lo[i]);
   return 0;
 }

@@ -7,7 +7,8 @@ trainer with it. Run here, such a death only rejects that build, and the next fl
 The check is one AdamW step of every kernel variant (fp32 or bf16 gradient, fp32 or bf16
 moments, with and without the working copy, clipped) on 37 elements (the vectorized body and
 the scalar tail; the working copy starts one element before a cache-line boundary), against
-the same formula in double precision. The tolerance (1e-5 relative, plus bf16 rounding where
+the same formula in double precision; then the split master (split/join round trips,
+specials included, and one step) and the bf16 master (one step). The tolerance (1e-5 relative, plus bf16 rounding where
 bf16 is stored) catches a wrong build, not ulp-level differences. No torch: the child starts in about 50 ms.
 
     python -m horizon_exec.optim.native.selftest PATH.so    # exit 0, or 1 with the first mismatch
@@ -17,7 +18,7 @@ import math
 import struct
 import sys
 
-from horizon_exec.optim.native import AdamwHyper, bind
+from horizon_exec.optim.native import AdamwHyper, bind_all
 
 N = 37
 LR, B1, B2, EPS, WD, STEP, COEF = 1e-2, 0.9, 0.95, 1e-8, 0.1, 3, 0.5
@@ -75,7 +76,8 @@ def _off_line(array_type):
 
 def check(path: str) -> str:
     """'' if every variant of the kernel at `path` computes AdamW, else what went wrong."""
-    fn = bind(ctypes.CDLL(path))
+    fns = bind_all(ctypes.CDLL(path))
+    fn = fns["adamw"]
     p, g, m, v = _inputs()
     want = _reference(p, g, m, v)
     h = _hyper()
@@ -101,6 +103,43 @@ def check(path: str) -> str:
                             return f"{what}: {name}[{i}] = {a!r}, expected {b!r}"
                     if wc is not None and wc[i] != _bf16_bits(got[0]):
                         return f"{what}: working copy[{i}] = {wc[i]:#06x}, expected {_bf16_bits(got[0]):#06x}"
+    return _check_split(fns, p, g, m, v, want, h) or _check_bf16_master(fns, p, g, m, v, want, h)
+
+
+def _check_split(fns, p, g, m, v, want, h) -> str:
+    """The split master: split/join round trips (specials included) and one AdamW step of it
+    equals the fp32 master's reference."""
+    specials = [0.0, -0.0, 1.0, -1.5, 3.4e38, -3.4e38, 1e-40, -1e-45, float("inf"), float("-inf")]
+    vals = (ctypes.c_float * (N + len(specials)))(*(p + specials))
+    hi, lo = (ctypes.c_uint16 * len(vals))(), (ctypes.c_int16 * len(vals))()
+    back = (ctypes.c_float * len(vals))()
+    if fns["split"](vals, hi, lo, len(vals), 1) or fns["join"](hi, lo, back, len(vals), 1):
+        return "split/join: rejected their arguments"
+    for i in range(len(vals)):
+        if struct.pack("<f", back[i]) != struct.pack("<f", vals[i]):
+            return f"split/join: {vals[i]!r} came back as {back[i]!r}"
+    g32 = (ctypes.c_float * N)(*g)
+    m32, v32 = (ctypes.c_float * N)(*m), (ctypes.c_float * N)(*v)
+    if fns["adamw_split"](hi, lo, g32, 0, m32, v32, 0, N, ctypes.byref(h), 1):
+        return "split master: rejected its arguments"
+    fns["join"](hi, lo, back, N, 1)
+    for i, (pi, _, _) in enumerate(want):
+        if not abs(back[i] - pi) <= 1e-5 * abs(pi) + 1e-30:
+            return f"split master: param[{i}] = {back[i]!r}, expected {pi!r}"
+    return ""
+
+
+def _check_bf16_master(fns, p, g, m, v, want, h) -> str:
+    """A bf16 master: one AdamW step, rounded to bf16 (the step starts from p rounded)."""
+    start = [_from_bf16(_bf16_bits(x)) for x in p]
+    ref = _reference(start, g, m, v)
+    pb = (ctypes.c_uint16 * N)(*[_bf16_bits(x) for x in start])
+    g32, m32, v32 = (ctypes.c_float * N)(*g), (ctypes.c_float * N)(*m), (ctypes.c_float * N)(*v)
+    if fns["adamw_bf16"](pb, g32, 0, m32, v32, 0, N, ctypes.byref(h), 1):
+        return "bf16 master: rejected its arguments"
+    for i, (pi, _, _) in enumerate(ref):
+        if not abs(_from_bf16(pb[i]) - pi) <= 2.0 ** -8 * abs(pi) + 1e-30:
+            return f"bf16 master: param[{i}] = {_from_bf16(pb[i])!r}, expected {pi!r}"
     return ""
 
 
