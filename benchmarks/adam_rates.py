@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("horizon", "horizon_bf16_copy", "torch_fused", "deepspeed")
+KINDS = ("horizon", "horizon_bf16_copy", "horizon_split", "torch_fused", "deepspeed")
 
 
 def _child(kind: str, n: int, steps: int, threads: int) -> float:
@@ -51,8 +51,18 @@ def _child(kind: str, n: int, steps: int, threads: int) -> float:
         wc = torch.empty(n, dtype=torch.bfloat16) if kind == "horizon_bf16_copy" else None
         gr = grad.to(torch.bfloat16) if kind == "horizon_bf16_copy" else grad
 
-        def run():
-            opt.step(p, gr, m, v, step, working_copy=wc)
+        if kind == "horizon_split":  # the master as its bf16 copy + low half, bf16 gradients
+            from horizon_exec.optim.split import split_
+            hi, lo = torch.empty(n, dtype=torch.bfloat16), torch.empty(n, dtype=torch.int16)
+            split_(p, hi, lo)
+            del p
+            gr = grad.to(torch.bfloat16)
+
+            def run():
+                opt.step_split(hi, lo, gr, m, v, step)
+        else:
+            def run():
+                opt.step(p, gr, m, v, step, working_copy=wc)
     run()  # warm-up: builds or loads the op, faults the moments in
     t0 = time.perf_counter()
     for _ in range(steps):

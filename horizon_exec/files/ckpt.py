@@ -8,7 +8,10 @@ A checkpoint is a folder `<ckpt_dir>/step-XXXXXXXX/` holding
                         it was written for, optimizer hyper-parameters, and the training
                         loop's own state (data loader position, schedule settings, ...)
     SHA256SUMS          one line per file, `sha256sum -c` format
-The working copy (bf16) is not stored: it is the master cast, recomputed on load. The
+The working copy (bf16) is not stored: it is the master cast, recomputed on load. A split
+master (policy split_master) is stored as the fp32 master it holds, joined a unit at a time,
+and split again on load: the format is the same, so a run may resume with or without the
+split (SAME_ON_DISK). The
 folder is written under a temporary name, fsynced and renamed into place; then the text file
 `<ckpt_dir>/latest` is replaced atomically to name it (for people and older versions: resume
 orders the step folders itself, by step and by the publication number each trainer.json
@@ -42,6 +45,7 @@ from pathlib import Path
 
 from horizon_exec.files import ckpt_lock
 from horizon_exec.files.fileio import (
+    Deferred,
     OutputError,
     aside_name,
     atomic_write_text,
@@ -81,9 +85,27 @@ def _state_items(trainer):
             continue
         if b.holds == Holds.HOST_GRAD and not trainer.pending:  # only pending pipelined grads matter
             continue
+        if b.holds == Holds.MASTER_LOW:  # a split master is saved as the fp32 master it holds
+            items.append((fp32_master_name(b.name), _split_master_item(trainer, b)))
+            continue
         items.append((b.name, trainer.store.t[b.name]))
     items += [(f"steps.{unit_name(trainer.model, u)}", s) for u, s in trainer.store.steps.items()]
     return items
+
+
+def fp32_master_name(low_name: str) -> str:
+    """The name an fp32 master's buffer has (declare.host_store), from its split low half's."""
+    return "master." + low_name.removeprefix("master_lo.")
+
+
+def _split_master_item(trainer, b):
+    """A split master's unit as an fp32 tensor that exists one unit at a time: joined when
+    written, split into the store when read (the on-disk format is the fp32 master's, so a
+    run may resume with or without the split)."""
+    import torch
+
+    return Deferred(shape=tuple(b.shape), dtype=torch.float32, make=lambda: trainer.node_master(b.unit),
+                    done=lambda t: trainer.set_node_master(b.unit, t))
 
 
 def checkpoint_bytes(trainer) -> int:
@@ -454,6 +476,9 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write) ->
             if not started:
                 on_first_write()
                 started = True
+            deferred = dst if isinstance(dst, Deferred) else None
+            if deferred:
+                dst = torch.empty(deferred.shape, dtype=deferred.dtype)
             mv = memoryview(dst.detach().reshape(-1).view(torch.uint8).numpy())
             off = 0
             while off < len(mv):
@@ -462,6 +487,8 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write) ->
                     raise CheckpointError(f"{path}: truncated while reading {name!r}")
                 h.update(mv[off:off + got])
                 off += got
+            if deferred and deferred.done:
+                deferred.done(dst)
             pos = end
         if f.read(1):
             raise CheckpointError(f"{path}: trailing bytes after the last tensor (corrupt checkpoint)")
@@ -479,6 +506,9 @@ def _field_defaults(spec) -> dict:
 
 
 RENAMED_FIELDS = {"policy": {"ckpt_every": "act_ckpt_every", "ckpt_on": "act_ckpt_on"}}
+SAME_ON_DISK = {"policy": {"split_master"}}
+"""Fields that change how the host store holds the state, not what a checkpoint holds (a split
+master is saved as the fp32 master): a run may resume with another value."""
 """Spec fields renamed since a checkpoint may have been written: old name -> new name."""
 
 
@@ -499,7 +529,7 @@ def _check_compatible(p: Path, meta: dict, trainer) -> None:
         # the field's default.
         saved = {**{k: v for k, v in _field_defaults(spec).items() if k in have}, **written}
         diff = [k for k in sorted(set(have) | set(saved)) if have.get(k) != saved.get(k)
-                and not (what == "model" and k == "name")]
+                and not (what == "model" and k == "name") and k not in SAME_ON_DISK.get(what, ())]
         if diff:
             k = diff[0]
             k_ = k if re.fullmatch(r"\w{1,40}", k) else _show(k)

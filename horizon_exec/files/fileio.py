@@ -12,12 +12,15 @@ import contextlib
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
 import socket
 import struct
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -69,13 +72,30 @@ def write_failure(what: str, e: OSError, folder, need_bytes: int | None = None) 
     return msg
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A tensor that exists only while its bytes are written or read, one at a time (a split
+    master's fp32 view: never the whole model's at once). Writing calls make() for the data;
+    reading reads into a new tensor of its shape and dtype, then hands it to done()."""
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    make: Callable[[], torch.Tensor]
+    done: Callable[[torch.Tensor], None] | None = None
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+
 def _nbytes(t: torch.Tensor, dtype) -> int:
     return t.numel() * torch.empty((), dtype=dtype).element_size()
 
 
 def write_safetensors(path, items, metadata: dict | None = None) -> str:
-    """Write `items` [(name, tensor, dtype or None)] (CPU tensors; dtype None keeps the
-    tensor's) to `path`; returns the file's SHA-256 (hex), computed while writing."""
+    """Write `items` [(name, tensor, dtype or None)] (CPU tensors or Deferred; dtype None keeps
+    the tensor's) to `path`; returns the file's SHA-256 (hex), computed while writing."""
     header, off = {}, 0
     for name, t, dt in items:
         dt = dt or t.dtype
@@ -92,7 +112,7 @@ def write_safetensors(path, items, metadata: dict | None = None) -> str:
             f.write(chunk)
             h.update(chunk)
         for name, t, dt in items:
-            t = t.detach()
+            t = (t.make() if isinstance(t, Deferred) else t).detach()
             if dt is not None and dt != t.dtype:
                 t = t.to(dt)                                  # one tensor's worth of memory
             b = t.contiguous().reshape(-1).view(torch.uint8).numpy()

@@ -113,7 +113,9 @@ def load_hf(trainer, path) -> None:
 
     d = Path(path)
     check_same_shapes(trainer.model, spec_from_hf_dir(d), str(d / "config.json"))
-    params = trainer.state_dict()         # name -> fp32 view into the store
+    # name -> fp32 view into the store (a split master: into a unit's scratch, split into the
+    # store once all its tensors have been read)
+    params = _SplitSink(trainer) if trainer.split_master else trainer.state_dict()
     tied = trainer.model.tied_embeddings
     seen: set[str] = set()
     for fname, names in weight_files(d).items():
@@ -135,6 +137,8 @@ def load_hf(trainer, path) -> None:
                         raise HorizonError(f"{d / fname}: tensor {name!r} has dtype {sl.get_dtype()}; "
                                            "want a floating-point checkpoint")
                     dst.copy_(f.get_tensor(name))     # one tensor read, cast to fp32 in place
+                    if name not in seen and trainer.split_master:
+                        params.filled(name)
                     seen.add(name)
         except HorizonError:
             raise
@@ -146,6 +150,40 @@ def load_hf(trainer, path) -> None:
                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     reset_optimizer_state(trainer)
     trainer._refresh_working_copy()
+
+
+class _SplitSink:
+    """load_hf's destination for a split master: params[name] is a view into an fp32 scratch
+    of its unit, made on first use; filled(name) counts the unit's tensors and, at its last,
+    splits the scratch into the store and drops it (a unit at a time for a checkpoint in
+    layer order, never the whole model in fp32)."""
+
+    def __init__(self, trainer):
+        self.tr, self.unit_of, self.left, self.scratch = trainer, {}, {}, {}
+        for u in trainer.units:
+            entries = host_layout(trainer.model, u).entries
+            self.unit_of.update({e.name: u for e in entries})
+            self.left[u] = len(entries)
+
+    def __contains__(self, name) -> bool:
+        return name in self.unit_of
+
+    def __iter__(self):
+        return iter(self.unit_of)
+
+    def __getitem__(self, name):
+        u = self.unit_of[name]
+        if u not in self.scratch:
+            lay = host_layout(self.tr.model, u)
+            flat = torch.empty(lay.numel)
+            self.scratch[u] = (flat, lay.views(flat))
+        return self.scratch[u][1][name]
+
+    def filled(self, name) -> None:
+        u = self.unit_of[name]
+        self.left[u] -= 1
+        if not self.left[u]:
+            self.tr._write_master(u, self.scratch.pop(u)[0])
 
 
 def reset_optimizer_state(trainer) -> None:
@@ -193,7 +231,7 @@ def save_hf(trainer, path, dtype: str = "fp32", max_shard_bytes: int = DEFAULT_S
         raise HorizonError(f"max shard size {max_shard_bytes} must be positive")
     out = Path(path)
     d = trainer.dist
-    if d.nodes > 1:  # every rank takes part in the gathers; the first one writes
+    if d.nodes > 1 or trainer.split_master:  # every rank takes part in the gathers; the first one writes
         return _save_gathered(trainer, out, dtype, max_shard_bytes, base_config, side_files)
     check_output_dir(out)
     trainer.flush()
@@ -233,7 +271,8 @@ def _write_side(tmp: Path, trainer, dtype: str, base_config, side_files) -> None
 
 
 def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_config, side_files) -> Path:
-    """save_hf of a run sharded over nodes (no process holds the master whole): the shards are
+    """save_hf of a run sharded over nodes, or of a split master (no process holds the fp32
+    master whole): the shards are
     planned from the tensors' shapes, then shard by shard every rank gathers the units it
     needs (Trainer.gather_master, a collective) and rank 0 writes them; a unit is dropped once
     its tensors are written, so rank 0 holds at most a shard plus one unit, never the model.

@@ -202,10 +202,11 @@ def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, de
 
 def unrunnable_moves() -> tuple[str, ...]:
     """Planner moves this executor cannot run here, left out of the search for a policy that
-    fits: bf16 moments need the native AdamW kernel (torch's keeps the moments in the master
-    dtype), so they are out only where it cannot be built."""
+    fits: bf16 moments and the split master need the native AdamW kernel (torch's keeps the
+    moments in the master dtype and has no split master), so they are out only where it cannot
+    be built."""
     from horizon_exec.optim import native
-    return () if native.adamw() is not None else ("bf16 moments",)
+    return () if native.adamw() is not None else ("bf16 moments", "split master")
 
 
 def _advice(model, policy, hw, adm: Admission, cpu: bool) -> list[str]:

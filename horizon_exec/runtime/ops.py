@@ -306,13 +306,18 @@ class OpRunner:
             if not ctx.guard.may_update(unit_name(self.m, u), lambda: self.store.scalar(Holds.GRAD_SQ, u), ctx.loss):
                 return  # no update: master, moments, step counter and working copy stay as they are
         # this rank's chunk of each (one rank: the whole unit)
-        p = self.owned(self.buf.one(op.writes, Holds.MASTER))
         g = self.owned(self.buf.one(op.reads, Holds.HOST_GRAD))
         exp_avg, exp_avg_sq = self.owned(self.buf.one(op.writes, Holds.MOMENTS))
+        coef = clip_coef(self.p.grad_clip, self.store.scalar(Holds.GRAD_NORM)) if self.p.clip else 1.0
+        if self.p.split_master:  # the working copy is the master's high half, updated with it
+            self.adamw.step_split(self.owned(self.buf.one(op.writes, Holds.WORKING_COPY)),
+                                  self.owned(self.buf.one(op.writes, Holds.MASTER_LOW)), g, exp_avg, exp_avg_sq,
+                                  self.store.steps[u], coef, lr=ctx.lr)
+            return
+        p = self.owned(self.buf.one(op.writes, Holds.MASTER))
         wc = next(iter(self.buf.all(op.writes, Holds.WORKING_COPY)), None)
         if g.dtype != p.dtype and self._g32 is None:  # torch path's reused chunk of scratch: O(1)
             self._g32 = torch.empty(self.adamw.chunk_params, dtype=p.dtype)
-        coef = clip_coef(self.p.grad_clip, self.store.scalar(Holds.GRAD_NORM)) if self.p.clip else 1.0
         wc = self.owned(wc) if wc else None
         same = wc is not None and wc.dtype == p.dtype  # an fp32 copy (several nodes, fp32 compute)
         self.adamw.step(p, g, exp_avg, exp_avg_sq, self.store.steps[u], coef, lr=ctx.lr,

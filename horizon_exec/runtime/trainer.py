@@ -6,7 +6,8 @@ host store and the device arena, and runs one schedule per optimizer step.
     res = tr.step(tokens, labels, lr=1e-4)   # explicit targets (-100 = ignored), this step's lr
     res.loss, res.grad_norm, res.timeline, res.device_peak_bytes, res.rss_peak_bytes
     tr.flush()                     # pipelined optimizer: apply the last step's gradients
-    tr.state_dict()                # master weights by transformers names (views, fp32)
+    tr.state_dict()                # master weights by transformers names (views, fp32; a split
+                                   # master: joined copies)
     tr.eval_loss(tokens, labels)   # (sum of token losses, labelled tokens); no update
     tr.evaluate(tokens, labels)    # the same as an EvalResult, with its measured timeline
 
@@ -63,11 +64,14 @@ from horizon_exec.model.layers import rms_norm
 from horizon_exec.model.layout import block_layout, host_layout
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
 from horizon_exec.runtime.ops import OpRunner, StepContext
+from horizon_exec.optim import native
 from horizon_exec.optim.adamw import AdamW, check_hyper
+from horizon_exec.optim.split import join, split_
 from horizon_exec.runtime.positions import check_docs
 from horizon_exec.runtime.store import HostStore
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import Holds, build_eval_schedule, build_schedule
+from horizon_sim.schedule.op import EMBED
 from horizon_sim.schedule.partition import Part
 from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.model import ModelSpec
@@ -197,6 +201,9 @@ class Trainer:
         except ExecError as e:
             raise HorizonError(f"policy states_dtype={policy.states_dtype}: {e}. Use states_dtype="
                                f"{policy.master_dtype} (--states-dtype {policy.master_dtype})") from None
+        if policy.split_master and native.kernels() is None:
+            raise HorizonError(f"policy split_master=True (--master-dtype split) needs the native kernels; "
+                               f"{native.status()}. Use --master-dtype fp32")
         if on_nonfinite is None:
             on_nonfinite = "stop" if policy.optimizer == "backward" else "skip"
         if on_nonfinite not in ON_NONFINITE:
@@ -224,9 +231,10 @@ class Trainer:
         self._lr = float(lr)
         self.runner = OpRunner(model=model, policy=policy, sched=self.sched, buffers=self.buffers,
                                store=self.store, arena=self.arena, backend=self.backend, adamw=adamw, dist=dist)
-        self.units = [b.unit for b in self.sched.of(Holds.MASTER)]  # embedding, blocks, head
+        self.units = [b.unit for b in self.sched.of(Holds.MOMENTS)]  # embedding, blocks, head
+        self.split_master = policy.split_master  # the master is its working copy + a low half
         self._params = {}  # transformers name -> view of the master store (whole on every node)
-        if dist.nodes == 1:
+        if dist.nodes == 1 and not self.split_master:
             for u in self.units:
                 lay = host_layout(model, u)
                 self._params.update(lay.views(self.store.of(Holds.MASTER, u)[:lay.numel]))
@@ -255,7 +263,8 @@ class Trainer:
         if self.dist.is_leader:
             for u in self.units:
                 lay = host_layout(self.model, u)
-                whole = torch.empty(lay.numel) if self.dist.nodes > 1 else self.store.of(Holds.MASTER, u)[:lay.numel]
+                in_place = self.dist.nodes == 1 and not self.split_master
+                whole = self.store.of(Holds.MASTER, u)[:lay.numel] if in_place else torch.empty(lay.numel)
                 for name, t in lay.views(whole).items():
                     if name.endswith("norm.weight"):
                         t.fill_(1.0)
@@ -263,19 +272,75 @@ class Trainer:
                         t.zero_()
                     else:
                         t.copy_(torch.randn(t.shape, generator=gen) * INIT_STD)
-                if self.dist.nodes > 1:
-                    self._keep_node_chunks(u, whole)
+                if not in_place:
+                    self._write_master(u, whole)
         self._refresh_working_copy()
 
-    def _keep_node_chunks(self, u: int, whole: torch.Tensor) -> None:
-        """The node's chunks of a whole unit's master -> its master buffer."""
-        part, master = self.runner.partition(u), self.store.of(Holds.MASTER, u)
+    def _write_master(self, u: int, whole: torch.Tensor) -> None:
+        """A whole unit's fp32 master -> the node's store (node leader only): its chunks of the
+        master on several nodes; a split master's high halves (the whole working copy) and its
+        low halves."""
+        if not self.split_master:
+            if self.dist.nodes == 1:
+                self.store.of(Holds.MASTER, u)[:whole.numel()].copy_(whole)
+            else:
+                self._keep_node_chunks(u, whole, self.store.of(Holds.MASTER, u))
+            return
+        n = whole.numel()
+        hi, lo = self.store.of(Holds.WORKING_COPY, u), self.store.of(Holds.MASTER_LOW, u)
+        if self.dist.nodes == 1:  # the node's store is the whole unit
+            split_(whole.contiguous(), hi[:n], lo[:n])
+            return
+        low = torch.empty(n, dtype=lo.dtype)
+        split_(whole.contiguous(), hi[:n], low)
+        self._keep_node_chunks(u, low, lo)
+
+    def _keep_node_chunks(self, u: int, whole: torch.Tensor, dst: torch.Tensor) -> None:
+        """The node's chunks of a whole unit's buffer (the master, a split master's low
+        halves) -> dst, the node's buffer of them."""
+        part = self.runner.partition(u)
         padded = torch.zeros(part.padded, dtype=whole.dtype)
         padded[:whole.numel()] = whole
         for i in range(self.dist.devices_per_node):
             a, e = part.owned_range(i, self.dist.node)
             m0, m1 = part.owned_in(Part.NODE, i, self.dist.node)
-            master[m0:m1].copy_(padded[a:e])
+            dst[m0:m1].copy_(padded[a:e])
+
+    def node_master(self, u: int) -> torch.Tensor:
+        """Unit u's fp32 master as the node's store holds it (the node's chunks when data
+        parallel; what a checkpoint saves): a view, or a split master joined (a copy)."""
+        if not self.split_master:
+            return self.store.of(Holds.MASTER, u)
+        hi, lo = self.store.of(Holds.WORKING_COPY, u), self.store.of(Holds.MASTER_LOW, u)
+        if self.dist.nodes == 1:  # the node holds the whole unit, in the order of the copy
+            return join(hi, lo)
+        part, out = self.runner.partition(u), torch.empty(lo.numel())
+        for i in range(self.dist.devices_per_node):
+            (a, e), (m0, m1) = part.owned_range(i, self.dist.node), part.owned_in(Part.NODE, i, self.dist.node)
+            join(hi[a:e], lo[m0:m1], out[m0:m1])
+        return out
+
+    def set_node_master(self, u: int, t: torch.Tensor) -> None:
+        """node_master(u) <- t (node leader; a split master: its halves; the working copy of the
+        other nodes' chunks is gathered by _refresh_working_copy)."""
+        if not self.split_master:
+            self.store.of(Holds.MASTER, u).copy_(t)
+            return
+        hi, lo = self.store.of(Holds.WORKING_COPY, u), self.store.of(Holds.MASTER_LOW, u)
+        if self.dist.nodes == 1:
+            split_(t, hi, lo)
+            return
+        part = self.runner.partition(u)
+        for i in range(self.dist.devices_per_node):
+            (a, e), (m0, m1) = part.owned_range(i, self.dist.node), part.owned_in(Part.NODE, i, self.dist.node)
+            split_(t[m0:m1], hi[a:e], lo[m0:m1])
+
+    def _owned_master(self, u: int) -> torch.Tensor:
+        """This rank's chunk of unit u's fp32 master (a split master's: joined, a copy)."""
+        if not self.split_master:
+            return self.runner.owned(self.sched.find(Holds.MASTER, u).name)
+        hi = self.runner.owned(self.sched.find(Holds.WORKING_COPY, u).name)
+        return join(hi.contiguous(), self.runner.owned(self.sched.find(Holds.MASTER_LOW, u).name).contiguous())
 
     def _refresh_working_copy(self) -> None:
         """Working copies <- the masters (data parallel: the node's leader writes the shared
@@ -287,14 +352,16 @@ class Trainer:
         for u in self.units:
             if not self.store.has(Holds.WORKING_COPY, u):
                 continue
-            wc, master = self.store.of(Holds.WORKING_COPY, u), self.store.of(Holds.MASTER, u)
-            if d.nodes == 1:
-                if d.is_leader:
+            wc = self.store.of(Holds.WORKING_COPY, u)
+            if d.nodes == 1:  # (a split master's high halves are its working copy: written with it)
+                if d.is_leader and not self.split_master:
+                    master = self.store.of(Holds.MASTER, u)
                     wc[:master.numel()].copy_(master)
                 continue
             part = self.runner.partition(u)
             a, e = part.owned_range(d.local_rank, d.node)
-            wc[a:e].copy_(self.runner.owned(self.sched.find(Holds.MASTER, u).name))
+            if not self.split_master:
+                wc[a:e].copy_(self._owned_master(u))
             la, le = part.local_range(d.local_rank)
             from horizon_exec.dist.collectives import all_gather_into
             all_gather_into(wc[la:le], wc[a:e].clone(), group=d.groups["cross"])
@@ -304,19 +371,25 @@ class Trainer:
         """Unit u's whole fp32 master (a copy) on every rank: a collective of the calling
         thread (every rank calls it); for checks and exports of a several-node run."""
         lay = host_layout(self.model, u)
-        master, d = self.store.of(Holds.MASTER, u), self.dist
+        d = self.dist
         if d.nodes == 1:
-            return master[:lay.numel].clone()
+            if self.split_master:
+                return join(self.store.of(Holds.WORKING_COPY, u)[:lay.numel], self.store.of(Holds.MASTER_LOW, u)[:lay.numel])
+            return self.store.of(Holds.MASTER, u)[:lay.numel].clone()
         from horizon_exec.dist.collectives import all_gather_into
         part = self.runner.partition(u)
-        mine = self.runner.owned(self.sched.find(Holds.MASTER, u).name).contiguous()
-        got = torch.empty(d.world * part.chunk, dtype=master.dtype)
+        mine = self._owned_master(u).contiguous()
+        got = torch.empty(d.world * part.chunk, dtype=torch.float32)
         all_gather_into(got, mine, group=d.groups["main"])
         by_rank = got.view(d.world, part.chunk)  # world rank r = node * N + local rank
         order = [part.chunk_index(r % d.devices_per_node, r // d.devices_per_node) for r in range(d.world)]
-        whole = torch.empty(d.world, part.chunk, dtype=master.dtype)
+        whole = torch.empty(d.world, part.chunk, dtype=torch.float32)
         whole[order] = by_rank
         return whole.reshape(-1)[:lay.numel]
+
+    def _unit_master(self, u: int) -> torch.Tensor:
+        """Unit u's fp32 master on one node: a view of the store, or a split master joined."""
+        return self.gather_master(u) if self.split_master else self.store.of(Holds.MASTER, u)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Master weights by transformers names: views into the host store (no lm_head.weight
@@ -325,18 +398,32 @@ class Trainer:
         if self.dist.nodes > 1:
             raise HorizonError(f"the master is sharded over {self.dist.nodes} nodes: no process holds it whole "
                                "(gather a unit with Trainer.gather_master)")
+        if self.split_master:  # no fp32 tensor to view: joined copies, a unit at a time
+            out = {}
+            for u in self.units:
+                out.update(host_layout(self.model, u).views(self.gather_master(u)))
+            return out
         return dict(self._params)
 
     @torch.no_grad()
     def load_state_dict(self, sd: dict) -> None:
-        missing = [n for n in self._params if n not in sd]
+        names = [e.name for u in self.units for e in host_layout(self.model, u).entries]
+        missing = [n for n in names if n not in sd]
         if missing:
             raise HorizonError(f"state dict lacks {len(missing)} parameter(s), e.g. {missing[0]!r}")
         if self.dist.nodes > 1:
             raise HorizonError(f"load_state_dict of a run sharded over {self.dist.nodes} nodes is not supported")
         if self.dist.is_leader:  # the node's one copy
-            for name, t in self._params.items():
-                t.copy_(sd[name])
+            for u in self.units:
+                lay = host_layout(self.model, u)
+                if self.split_master:
+                    whole = torch.empty(lay.numel)
+                    for name, t in lay.views(whole).items():
+                        t.copy_(sd[name])
+                    self._write_master(u, whole)
+                else:
+                    for name, t in lay.views(self.store.of(Holds.MASTER, u)[:lay.numel]).items():
+                        t.copy_(sd[name])
         self._refresh_working_copy()
         self.pending = False  # gradients of the old weights must not update the new ones
 
@@ -484,7 +571,11 @@ class Trainer:
         self.flush()
         m, p = self.model, self.policy
         dev, act = self.backend.device, TORCH_DTYPE[p.compute_dtype]
-        emb = self._params["model.embed_tokens.weight"]                           # (V, H) fp32
+        params = self._params if not self.split_master else {}
+        if self.split_master:  # the embedding and the head, joined (a block is joined when it runs)
+            for u in (EMBED, m.n_layers):
+                params.update(host_layout(m, u).views(self.gather_master(u)))
+        emb = params["model.embed_tokens.weight"]                                 # (V, H) fp32
         xs = [emb.index_select(0, c.reshape(-1)).view(c.shape[0], p.seq, m.hidden).to(dev, act)
               for c in tokens.split(p.micro_batch)]                               # [(mb, T, H)]
         if docs is None and p.doc_masks:
@@ -493,12 +584,12 @@ class Trainer:
         tabs = [self.runner.attn.tables(d) for d in chunks]                       # per chunk
         blk = block_layout(m)
         for layer in range(m.n_layers):
-            w = {k: v.to(dev, act) for k, v in blk.views(self.store.of(Holds.MASTER, layer)).items()}
+            w = {k: v.to(dev, act) for k, v in blk.views(self._unit_master(layer)).items()}
             for i, (c, s_, d) in enumerate(tabs):  # in place: one chunk's output is new at a time
                 xs[i] = self.runner.block(w, xs[i], c, s_, m.window(layer), d)
             del w
-        w_norm = self._params["model.norm.weight"].to(dev, act)
-        w_lm = (emb if m.tied_embeddings else self._params["lm_head.weight"]).to(dev, act)
+        w_norm = params["model.norm.weight"].to(dev, act)
+        w_lm = (emb if m.tied_embeddings else params["lm_head.weight"]).to(dev, act)
         return xs, w_norm, w_lm
 
     @property

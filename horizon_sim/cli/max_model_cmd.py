@@ -9,12 +9,17 @@ from horizon_sim.units import GiB, fmt_bytes
 EXAMPLE = """example:
   horizon max-model --gpu h200 --ram 1.5TB
   horizon max-model --gpu rtx-4090 --ram 128GiB --policies default
+  horizon max-model --gpu h200 --ram 1.5TB --policies exact
   horizon max-model --gpu gh200 --ram 480GB --seq 4096 --json
 
 Candidates: every model preset, plus dense-120b scaled in depth (-L<layers>) and in width
-(-w<hidden>). Policies: 'lean' (default) takes the fastest that fits of the default policy,
-bf16 moments, optimizer in backward without clipping and no working copy, and both;
-'default' uses the default policy only."""
+(-w<hidden>). Policies (the fastest that fits counts):
+  lean     (default) the default policy; bf16 moments without the working copy; optimizer in
+           backward without clipping and no working copy ('lean'), also with bf16 moments
+           ('leanest'); the split master ('split'), also in backward with the host gradients
+           bounded to 2 units ('split-lean')
+  exact    only those with an fp32 master and fp32 moments: default, lean, split, split-lean
+  default  the default policy only"""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -23,9 +28,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.epilog = EXAMPLE
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     add_hardware_args(p)
-    p.add_argument("--policies", choices=("lean", "default"), default="lean",
-                   help="'lean': best of the default and three memory-lean policies (default); "
-                        "'default': the default policy only")
+    p.add_argument("--policies", choices=("lean", "exact", "default"), default="lean",
+                   help="'lean': best of the default and five memory-lean policies (default); 'exact': "
+                        "those with fp32 master and moments; 'default': the default policy only")
     p.add_argument("--batch", type=int, default=Policy().batch, help="sequences per step (default 4)")
     p.add_argument("--seq", type=int, default=Policy().seq, help="tokens per sequence (default 2048)")
     add_run_args(p)

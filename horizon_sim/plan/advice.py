@@ -1,8 +1,8 @@
 """advise(): what to change when a plan does not fit, and what would move its bottleneck.
 
 Not fitting: which memory is short and by how much, then the nearest policy that fits, found
-by breadth-first search over a few memory-saving changes (optimizer in backward with clipping
-off, no working copy, checkpoints on the host or the device, bf16 moments, a larger K, smaller
+by breadth-first search over a few memory-saving changes (a split master, optimizer in backward
+with clipping off, host gradients bounded, no working copy, checkpoints on the host or the device, bf16 moments, a larger K, smaller
 micro-batches, a smaller batch). Changes that leave the trained model as it was (where things
 live, recompute, accumulation) are tried before those that change the training itself (LOSSY:
 no clipping, bf16 moments, a smaller batch): combinations are visited by (lossy changes, all
@@ -32,7 +32,17 @@ def _backward(p, m):
 
 
 def _no_wc(p, m):
-    return replace(p, working_copy=False) if p.working_copy else None
+    return replace(p, working_copy=False, split_master=False) if p.working_copy else None
+
+
+def _split_master(p, m):
+    ok = p.working_copy and (p.master_dtype, p.compute_dtype) == ("fp32", "bf16") and not p.split_master
+    return replace(p, split_master=True) if ok else None
+
+
+def _bound_host_grads(p, m):
+    ok = p.optimizer == "backward" and p.micro_batches == 1 and not p.max_host_grads
+    return replace(p, max_host_grads=BOUNDED_HOST_GRADS) if ok else None
 
 
 def _ckpt_host(p, m):
@@ -71,8 +81,14 @@ LOSSY = frozenset({"optimizer backward, clip 0", "bf16 moments", "batch halved"}
 """Moves that change what training computes (clipping, moment precision, the batch), not only
 where things live or when: a user gives these up last."""
 
+BOUNDED_HOST_GRADS = 2
+"""The bound the 'host grads bounded' move sets: two units' gradients wait for the optimizer
+(one being applied, one landing), the least that keeps both the link and the optimizer busy."""
+
 MOVES = (  # (name, helps host, helps device, fn)
+    ("split master", True, False, _split_master),
     ("optimizer backward, clip 0", True, False, _backward),
+    ("host grads bounded", True, False, _bound_host_grads),
     ("no working copy", True, False, _no_wc),
     ("checkpoints on host", False, True, _ckpt_host),
     ("checkpoints on device", True, False, _ckpt_device),
@@ -100,6 +116,8 @@ def policy_flags(p: Policy, base: Policy | None = None) -> str:
         v = getattr(p, f)
         if v != getattr(base, f):
             out.append(f"{flag} {v:g}" if isinstance(v, float) else f"{flag} {v}")
+    if (p.master_dtype, p.split_master) != (base.master_dtype, base.split_master):
+        out.append(f"--master-dtype {'split' if p.split_master else p.master_dtype}")
     if p.working_copy != base.working_copy:
         out.append("--no-working-copy" if not p.working_copy else "(working copy on)")
     return " ".join(out)

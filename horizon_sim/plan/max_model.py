@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.plan.advice import BOUNDED_HOST_GRADS
 from horizon_sim.plan.sweep import Outcome, Runner
 from horizon_sim.schedule.limits import MAX_LAYERS
 from horizon_sim.specs.hardware import HardwareSpec
@@ -30,10 +31,16 @@ _LEAN = {
     "bf16-moments": dict(states_dtype="bf16", working_copy=False),
     "lean": dict(optimizer="backward", grad_clip=0.0, working_copy=False),
     "leanest": dict(optimizer="backward", grad_clip=0.0, working_copy=False, states_dtype="bf16"),
+    "split": dict(split_master=True),
+    "split-lean": dict(split_master=True, optimizer="backward", grad_clip=0.0, max_host_grads=BOUNDED_HOST_GRADS),
 }
-POLICY_SETS = {"default": ("default",), "lean": ("default", *_LEAN)}
+POLICY_SETS = {"default": ("default",), "lean": ("default", *_LEAN),
+               "exact": ("default", "lean", "split", "split-lean")}
 """Named policies tried per candidate: 'default' is the base policy; the lean ones change the
-optimizer mode (no clipping), the working copy and the moments' precision."""
+optimizer mode (no clipping; host gradients bounded with the split master), the working copy,
+the master's form (split: the exact fp32 master as its bf16 working copy + a low half) and the
+moments' precision. 'exact': only those with an fp32 master and fp32 moments (AdamW as torch
+computes it in fp32)."""
 
 FAMILY_BASE = "dense-120b"
 WIDTHS = range(1024, 32768 + 1, 1024)
@@ -68,7 +75,7 @@ def host_lower_bound(model: ModelSpec, policy: Policy, hw: HardwareSpec) -> int:
     """Host bytes a node cannot go below: its share of the master weights and Adam moments
     (1/M of them on M nodes), the working copy, a runtime per device."""
     c = hw.cluster
-    state = DTYPE_BYTES[policy.master_dtype] + 2 * DTYPE_BYTES[policy.states_dtype]
+    state = policy.master_bytes + 2 * DTYPE_BYTES[policy.states_dtype]
     wc = DTYPE_BYTES[policy.compute_dtype] if policy.working_copy else 0
     return (model.total_params * state // c.nodes + model.total_params * wc
             + c.devices_per_node * int(hw.host.runtime_overhead_GiB * GiB))

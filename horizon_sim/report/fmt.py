@@ -56,4 +56,5 @@ def flags_or_default(p: Policy, base: Policy) -> str:
 def policy_text(p: Policy) -> str:
     return (f"batch {p.batch} x seq {p.seq} ({p.micro_batches} micro-batch{'es' if p.micro_batches > 1 else ''}), "
             f"K={p.act_ckpt_every}, {p.slots} slots, checkpoints on {p.act_ckpt_on}, optimizer {p.optimizer}, "
-            f"clip {p.grad_clip:g}, moments {p.states_dtype}, working copy {'on' if p.working_copy else 'off'}")
+            f"clip {p.grad_clip:g}, {'split ' if p.split_master else p.master_dtype + ' '}master, moments {p.states_dtype}, "
+            f"working copy {'on' if p.working_copy else 'off'}")

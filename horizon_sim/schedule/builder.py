@@ -127,11 +127,17 @@ class _Builder:
     def optimizer(self, u: int, prev_step: bool = False) -> None:
         b, p = self.bufs, self.policy
         params = b.owned_params(u)
-        master_b, state_b = DTYPE_BYTES[p.master_dtype], DTYPE_BYTES[p.states_dtype]
-        per_param = 2 * master_b + 4 * state_b + DTYPE_BYTES[b.host_grad_dtype]
-        per_param += DTYPE_BYTES[p.compute_dtype] if b.has_copy else 0
+        # bytes moved per parameter: the master read and written, the moments read and written,
+        # the gradient read, the working copy written (a split master: both halves read and
+        # written, the high half being the copy: 26 with fp32 moments and bf16 grads, not 28)
+        state_b = DTYPE_BYTES[p.states_dtype]
+        per_param = 4 * state_b + DTYPE_BYTES[b.host_grad_dtype]
+        if p.split_master:
+            per_param += 2 * (p.master_bytes + DTYPE_BYTES[p.compute_dtype])
+        else:
+            per_param += 2 * DTYPE_BYTES[p.master_dtype] + (DTYPE_BYTES[p.compute_dtype] if b.has_copy else 0)
         store = b.host_store(u)
-        reads = [b.hgrad(u), *store[:2]] + ([b.gnorm()] if p.clip else [])
+        reads = [b.hgrad(u), *store[:2], *(store[2:] if p.split_master else [])] + ([b.gnorm()] if p.clip else [])
         frees = () if b.grads_static else (b.hgrad(u),)
         op_id = self.emit(OpKind.OPTIMIZER, u, reads=reads, writes=store, frees=frees, params=params,
                           host_bytes=params * per_param, prev_step=prev_step)

@@ -122,14 +122,18 @@ class Declarations:
                             dtype, static=self.grads_static, role="grads", unit=u, part=self.grad_part(u))
 
     def host_store(self, u: int) -> list[str]:
-        """A unit's static host buffers: master, moments, and the working copy when there is one."""
+        """A unit's static host buffers: master (a split master: its low halves), moments, and the
+        working copy when there is one (a split master: its high halves)."""
         n, part, p, sh = self.unit_label(u), self.partition(u), self.p, self.shared
         # Several ranks: the node holds its ranks' chunks of the master and moments (each rank
         # updates its own), and the whole working copy every device streams from.
         store = Part.NODE if sh else Part.WHOLE
         node = part.numel(store)
-        names = [self.declare(f"master.{n}", Space.HOST, Holds.MASTER, (node,), p.master_dtype, True, "master",
-                              unit=u, node_shared=sh, part=store),
+        master = (self.declare(f"master_lo.{n}", Space.HOST, Holds.MASTER_LOW, (node,), "int16", True, "master",
+                               unit=u, node_shared=sh, part=store) if p.split_master else
+                  self.declare(f"master.{n}", Space.HOST, Holds.MASTER, (node,), p.master_dtype, True, "master",
+                               unit=u, node_shared=sh, part=store))
+        names = [master,
                  self.declare(f"moments.{n}", Space.HOST, Holds.MOMENTS, (2, node), p.states_dtype, True,
                               "moments", unit=u, node_shared=sh, part=store)]
         if self.has_copy:

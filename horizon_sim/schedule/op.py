@@ -80,6 +80,8 @@ class Holds(str, Enum):
     """What a buffer holds: how both interpreters find and shape it (never from its name)."""
     # the host store (static)
     MASTER = "master"                    # (params,) a unit's master weights
+    MASTER_LOW = "master_low"            # (params,) int16 the low halves of a split fp32 master
+    #                                      (its high halves are the working copy)
     MOMENTS = "moments"                  # (2, params) Adam m then v
     WORKING_COPY = "working_copy"        # (params,) the weights in the compute dtype
     GRAD_SQ = "grad_sq"                  # (1,) fp64 a unit's squared gradient norm
@@ -113,7 +115,7 @@ class Holds(str, Enum):
     #                                          for its backward (the persistent graph), dynamic
 
 
-DTYPE_BYTES_OF = {"fp32": 4, "bf16": 2, "fp64": 8, "int64": 8, "uint8": 1}
+DTYPE_BYTES_OF = {"fp32": 4, "bf16": 2, "fp64": 8, "int64": 8, "int16": 2, "uint8": 1}
 """Element sizes of the dtypes a buffer can have."""
 
 
