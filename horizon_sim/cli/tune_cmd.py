@@ -82,6 +82,7 @@ def _tps(v) -> str:
 COLS = [("batch", "batch", str), ("micro", "micro_batches", lambda n: f"{n}x"),
         ("K", "act_ckpt_every", str), ("slots", "slots", str), ("ckpt", "act_ckpt_on", str),
         ("optimizer", "optimizer", str), ("wcopy", "working_copy", lambda w: "on" if w else "off"),
+        ("master", "split_master", lambda s: "split" if s else "fp32"),
         ("grads<=", "max_host_grads", lambda v: str(v) if v else "-"),
         ("tokens/s", "tokens_per_s", _tps), ("step s", "step_time_s", lambda v: f"{v:.2f}"),
         ("MFU", "mfu", lambda v: f"{v:.1%}"), ("device", "device_peak_bytes", _gib),
@@ -90,7 +91,7 @@ COLS = [("batch", "batch", str), ("micro", "micro_batches", lambda n: f"{n}x"),
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.description = ("Search batch, micro-batches, checkpoint interval K, device slots, checkpoint "
-                     "placement, optimizer overlap and the host working copy for the highest tokens/s "
+                     "placement, optimizer overlap, the host working copy and the split master for the highest tokens/s "
                      "that fits; print the top configurations and the Pareto front of tokens/s against "
                      "host RAM.")
     p.epilog = EXAMPLE

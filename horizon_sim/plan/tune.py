@@ -24,7 +24,7 @@ from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import CKPT_PLACES, OPTIMIZER_MODES, Policy
 
 KNOBS = ("micro_batch", "micro_batches", "act_ckpt_every", "slots", "act_ckpt_on", "optimizer", "working_copy",
-         "max_host_grads")
+         "max_host_grads", "split_master")
 _ORDERED = ("micro_batch", "micro_batches", "act_ckpt_every", "slots", "max_host_grads")
 TIE = 0.005
 """Configurations within this fraction of the fastest count as equally fast: the best is then
@@ -53,6 +53,9 @@ class SearchSpace:
     working_copy: tuple[bool, ...] = (True, False)
     max_host_grads: tuple[int, ...] = (0, 2, 8)
     """Bounds on the host gradients waiting for optimizer='backward' with one micro-batch (0 = none)."""
+    split_master: tuple[bool, ...] = (False, True)
+    """The exact fp32 master whole, or split into the working copy + a low half (with the copy,
+    an fp32 master and bf16 compute only)."""
     max_batch: int = 64
     """Cap on sequences per step (micro_batch x micro_batches): the batch is a training
     hyperparameter, not only a speed knob."""
@@ -74,6 +77,8 @@ class SearchSpace:
             object.__setattr__(self, f, vals)
         if not self.working_copy:
             raise HorizonError("search space working_copy must hold True, False or both")
+        if not self.split_master or any(not isinstance(v, bool) for v in self.split_master):
+            raise HorizonError(f"search space split_master={tuple(self.split_master)!r} must hold True, False or both")
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch <= 0:
             raise HorizonError(f"max_batch={self.max_batch!r} must be a positive integer")
 
@@ -114,13 +119,18 @@ class _Climb:
         self.values = {"micro_batch": space.micro_batch, "micro_batches": space.micro_batches,
                        "act_ckpt_every": tuple(k for k in space.act_ckpt_every if k <= self.L) or (1,),
                        "slots": space.slots, "act_ckpt_on": space.act_ckpt_on, "optimizer": tuple(opts),
-                       "working_copy": tuple(wcs), "max_host_grads": space.max_host_grads}
+                       "working_copy": tuple(wcs), "max_host_grads": space.max_host_grads,
+                       "split_master": tuple(v for v in space.split_master if not v or self._can_split(base)) or (False,)}
         self.seen: dict[tuple, Outcome] = {}
 
+    @staticmethod
+    def _can_split(p: Policy) -> bool:
+        return (p.master_dtype, p.compute_dtype) == ("fp32", "bf16")
+
     def policy(self, s: tuple) -> Policy:
-        mb, n, k, slots, on, opt, wc, hg = s
+        mb, n, k, slots, on, opt, wc, hg, split = s
         return replace(self.base, batch=mb * n, micro_batches=n, act_ckpt_every=k, slots=slots,
-                       act_ckpt_on=on, optimizer=opt, working_copy=wc, max_host_grads=hg)
+                       act_ckpt_on=on, optimizer=opt, working_copy=wc, max_host_grads=hg, split_master=split)
 
     @staticmethod
     def _bounds_apply(s: tuple) -> bool:
@@ -128,7 +138,7 @@ class _Climb:
 
     def valid(self, s: tuple) -> bool:
         return (s[0] * s[1] <= self.space.max_batch and s[2] <= self.L
-                and (s[7] == 0 or self._bounds_apply(s)))
+                and (s[7] == 0 or self._bounds_apply(s)) and (not s[8] or s[6]))  # a split master is the copy
 
     def project(self, p: Policy) -> tuple:
         """The nearest state of the space to a policy."""
@@ -138,9 +148,12 @@ class _Climb:
              p.act_ckpt_on if p.act_ckpt_on in v["act_ckpt_on"] else v["act_ckpt_on"][0],
              p.optimizer if p.optimizer in v["optimizer"] else v["optimizer"][0],
              p.working_copy if p.working_copy in v["working_copy"] else v["working_copy"][0],
-             _near(v["max_host_grads"], p.max_host_grads)]
+             _near(v["max_host_grads"], p.max_host_grads),
+             p.split_master if p.split_master in v["split_master"] else v["split_master"][0]]
         if not self._bounds_apply(s):
             s[7] = 0
+        if not s[6]:
+            s[8] = False
         while s[0] * s[1] > self.space.max_batch:  # shrink the larger factor first
             i = 0 if s[0] >= s[1] and s[0] > v["micro_batch"][0] else 1
             idx = v[KNOBS[i]].index(s[i])
@@ -165,8 +178,11 @@ class _Climb:
         for di, dj in ((1, -1), (-1, 1)):  # same batch, split differently
             if 0 <= i + di < len(mbs) and 0 <= j + dj < len(ns):
                 out.append((mbs[i + di], ns[j + dj]) + s[2:])
+        if not s[6] and True in self.values["split_master"] and True in self.values["working_copy"]:
+            out.append(s[:6] + (True,) + s[7:8] + (True,))  # no copy -> the split master (same bytes)
         # a move into a mode the bound does not apply to drops the bound
-        out = [t if t[7] == 0 or self._bounds_apply(t) else t[:7] + (0,) for t in out]
+        out = [t if t[7] == 0 or self._bounds_apply(t) else t[:7] + (0,) + t[8:] for t in out]
+        out = [t if t[6] or not t[8] else t[:8] + (False,) for t in out]  # no copy: no split master
         return [t for t in dict.fromkeys(out) if self.valid(t)]
 
     def score(self, s: tuple) -> tuple:
@@ -205,7 +221,7 @@ def _row(model, hw, p: Policy, o: Outcome) -> dict:
     return {"batch": p.batch, "micro_batches": p.micro_batches, "micro_batch": p.micro_batch,
             "act_ckpt_every": p.act_ckpt_every, "slots": p.slots, "act_ckpt_on": p.act_ckpt_on,
             "optimizer": p.optimizer, "working_copy": p.working_copy, "max_host_grads": p.max_host_grads,
-            "fits": o.fits(hw),
+            "split_master": p.split_master, "fits": o.fits(hw),
             "tokens_per_s": o.tokens_per_s, "step_time_s": o.step_time_s, "mfu": o.mfu,
             "device_peak_bytes": o.device_peak_bytes, "host_bytes": o.host_bytes,
             "ram_needed_bytes": round_up_ram(o.ram_needed_bytes(hw)) if o.ok else 0,

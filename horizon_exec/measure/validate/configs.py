@@ -1,7 +1,7 @@
 """The configurations `horizon validate` runs: Config (a named model and policy with a one-line
-label for the reports), the nine small CONFIGS that vary depth, width, batch, K, slots,
-checkpoint placement, optimizer overlap, vocabulary, micro-batches, the working copy,
-attention under explicit masks and two data-parallel ones (2 ranks), and the three tiny
+label for the reports), the ten small CONFIGS that vary depth, width, batch, K, slots,
+checkpoint placement, optimizer overlap, vocabulary, micro-batches, the working copy, the
+split master, attention under explicit masks and two data-parallel ones (2 ranks), and the three tiny
 QUICK_CONFIGS of `--quick` (one of them on 2 ranks).
 """
 from dataclasses import dataclass, replace
@@ -30,7 +30,9 @@ class Config:
         m, p = self.model, self.policy
         return (f"L{m.n_layers} H{m.hidden} V{m.vocab}, batch {p.batch}x{p.seq}, K={p.act_ckpt_every}, "
                 f"{p.slots} slots, ckpt {p.act_ckpt_on}, opt {p.optimizer}"
-                + ("" if p.working_copy else ", no wc") + (f", {p.micro_batches} micro" if p.micro_batches > 1 else "")
+                + ("" if p.working_copy else ", no wc") + (", split master" if p.split_master else "")
+                + (f", grads<={p.max_host_grads}" if p.max_host_grads else "")
+                + (f", {p.micro_batches} micro" if p.micro_batches > 1 else "")
                 + (", windows" if m.layer_windows else "") + (", doc masks" if p.doc_masks else "")
                 + (f", {self.ranks} ranks" if self.ranks > 1 else ""))
 
@@ -60,11 +62,15 @@ CONFIGS = (
     Config("ranks2_after", _llama("v-ranks-after", 4, 384, 6, 2, 1024),
            Policy(batch=2, seq=128, optimizer="after", act_ckpt_every=2, act_ckpt_on="device"),
            "2 ranks, optimizer after backward, K=2 on the device", ranks=2),
+    Config("split_lean", _llama("v-split", 6, 384, 6, 2, 1024),
+           Policy(batch=2, seq=128, split_master=True, optimizer="backward", grad_clip=0.0, max_host_grads=2),
+           "split master (the bf16 copy + a low half), optimizer in backward, host grads bounded to 2: "
+           "the exact-fp32 policy that fits dense-120b in 1.5 TB"),
 )
-"""Nine small configurations that vary depth, width, batch, K, slots, checkpoint placement,
-optimizer overlap, vocabulary, micro-batches, the working copy, masked attention and data
-parallelism (two of them run 2 ranks sharing the machine's cores); about a minute and a half
-in all on a 2-core CPU."""
+"""Ten small configurations that vary depth, width, batch, K, slots, checkpoint placement,
+optimizer overlap, vocabulary, micro-batches, the working copy, the split master, masked
+attention and data parallelism (two of them run 2 ranks sharing the machine's cores); about
+two minutes in all on a 2-core CPU."""
 
 QUICK_CONFIGS = (
     Config("tiny_a", _llama("v-tiny-a", 3, 128, 2, 1, 352), Policy(batch=1, seq=64), "tiny, default"),
