@@ -10,6 +10,42 @@ from horizon_sim.specs.cpu_ranks import is_cpu_backend, laid_out
 from horizon_sim.specs.hardware import HardwareSpec
 
 
+DISK_GBPS_DEFAULT = 7.0
+"""--disk-GBps when only --disk is given: one PCIe Gen4 data-center NVMe drive (Micron 9400
+PRO datasheet: 7.0 GB/s sequential read and write)."""
+
+
+def add_disk_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--disk", default=None, metavar="SIZE",
+                   help="local NVMe space for the disk tier (--disk-tier moments), e.g. 4TB (default: none, "
+                        "or the hardware file's)")
+    p.add_argument("--disk-GBps", default=None, metavar="READ[/WRITE]",
+                   help=f"its sequential bandwidth in GB/s, read and write (default {DISK_GBPS_DEFAULT:g}: one "
+                        "PCIe Gen4 NVMe; 4 striped: 28)")
+
+
+def with_disk(hw: HardwareSpec, a: argparse.Namespace) -> HardwareSpec:
+    """`hw` with the disk the flags give (unset: the hardware's)."""
+    size, rate = getattr(a, "disk", None), getattr(a, "disk_GBps", None)
+    if size is None and rate is None:
+        return hw
+    from horizon_sim.units import GiB, parse_size
+    gib = parse_size(size, "--disk") / GiB if size is not None else hw.host.disk_GiB
+    if not gib:
+        raise HorizonError("--disk-GBps needs --disk SIZE (how much local disk the tier may fill)")
+    if rate is None:
+        r, w = hw.host.disk_read_GBps or DISK_GBPS_DEFAULT, hw.host.disk_write_GBps or DISK_GBPS_DEFAULT
+    else:
+        try:
+            parts = [float(x) for x in str(rate).split("/")]
+        except ValueError:
+            parts = []
+        if len(parts) not in (1, 2) or not all(0 < x < 1e4 for x in parts):
+            raise HorizonError(f"--disk-GBps {rate!r}: want GB/s as READ or READ/WRITE, e.g. 25 or 26/12")
+        r, w = parts[0], parts[-1]
+    return replace(hw, host=replace(hw.host, disk_GiB=gib, disk_read_GBps=r, disk_write_GBps=w))
+
+
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="devices per node, each a data-parallel rank running --batch sequences (default 1, "
@@ -19,6 +55,7 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default=None, metavar="NAME",
                    help=f"what joins the devices and nodes: {', '.join(CLUSTERS)} (default: the box the GPU "
                         "usually comes in; see horizon_sim/specs/cluster.py)")
+    add_disk_args(p)
 
 
 def _count(flag: str, v: int | None, hi: int) -> None:
@@ -27,7 +64,8 @@ def _count(flag: str, v: int | None, hi: int) -> None:
 
 
 def with_cluster(hw: HardwareSpec, a: argparse.Namespace) -> HardwareSpec:
-    """`hw` with the layout the flags ask for (unset flags keep the hardware's)."""
+    """`hw` with the layout (and the disk) the flags ask for (unset flags keep the hardware's)."""
+    hw = with_disk(hw, a)
     gpus, nodes, preset = getattr(a, "gpus", None), getattr(a, "nodes", None), getattr(a, "cluster", None)
     _count("--gpus", gpus, MAX_DEVICES_PER_NODE)
     _count("--nodes", nodes, MAX_NODES)

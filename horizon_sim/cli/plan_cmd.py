@@ -67,6 +67,7 @@ def result_json(r: SimResult) -> dict:
         "host_breakdown_bytes": r.host.by_role, "policy": meta.policy,
         "devices_per_node": meta.devices_per_node, "nodes": meta.nodes, "ranks": s.ranks,
         "exposed_network_s": s.exposed_network_s,
+        "disk_bytes": s.memory.disk_need_bytes, "exposed_disk_s": s.exposed_disk_s,
     }
 
 
@@ -93,7 +94,8 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
         f"{s.model_TFLOPs:.1f} model TFLOP/s",
         f"limit     {s.bottleneck}; compute idle waiting on: copies {s.exposed_copy_s:.3f} s, "
         f"optimizer {s.exposed_optimizer_s:.3f} s, host work {s.exposed_host_s:.3f} s"
-        + (f", collectives {s.exposed_network_s:.3f} s" if s.ranks > 1 else ""),
+        + (f", collectives {s.exposed_network_s:.3f} s" if s.ranks > 1 else "")
+        + (f", disk {s.exposed_disk_s:.3f} s" if s.memory.disk_need_bytes else ""),
         "lanes     " + ", ".join(f"{k} {v:.0%} busy" for k, v in s.lane_busy.items()),
         f"device    peak {fmt_bytes(s.device_peak_bytes)} at most whatever the timing (this timeline "
         f"{fmt_bytes(s.device_typical_peak_bytes)}) of {fmt_bytes(s.device_usable_bytes)} usable "
@@ -108,6 +110,11 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
     for role, b in r.host.by_role.items():
         if b:
             lines.append(f"            {role:<16}{fmt_bytes(b):>12}  {b / n:6.2f} B/param")
+    disk = s.memory.disk_need_bytes
+    if disk:
+        lines.append(f"disk      {fmt_bytes(disk)} of {fmt_bytes(hw.disk_bytes_usable)} ({disk / n:.2f} B/param: the Adam "
+                     f"moments), read and written once a step at {hw.host.disk_read_GBps:g}/"
+                     f"{hw.host.disk_write_GBps:g} GB/s")
     lines += [
         "",
         f"policy    batch {pol['batch']} x seq {pol['seq']} ({meta.tokens:,} tokens/step, "

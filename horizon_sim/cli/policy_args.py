@@ -2,7 +2,7 @@
 import argparse
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs.policy import CKPT_PLACES, DTYPES, OPTIMIZER_MODES, Policy
+from horizon_sim.specs.policy import CKPT_PLACES, DISK_TIERS, DTYPES, OPTIMIZER_MODES, Policy
 
 _D = Policy()
 
@@ -52,6 +52,10 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D) -> None:
                    help="gradients over the device-to-host link (default bf16)")
     g.add_argument("--no-working-copy", action="store_true",
                    help="no persistent bf16 host copy: loads move fp32 and cast on the device")
+    g.add_argument("--disk-tier", choices=DISK_TIERS, default=defaults.disk_tier,
+                   help="'moments': keep the Adam moments in a file on local disk (--disk SIZE in the planner, "
+                        "--disk-dir in train), read into RAM a unit ahead of its update and written back "
+                        "after: RAM holds two units' moments instead of 8 B/param (default none)")
     g.add_argument("--doc-masks", action="store_true",
                    help="document-aware attention for packed data: tokens attend only within their "
                         "document, positions restart per document (the attention kernel then runs "
@@ -85,4 +89,5 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
                   master_dtype="fp32" if master == "split" else master, split_master=master == "split",
                   grad_dtype="fp32" if a.compute_dtype == "fp32" else a.grad_dtype,
                   working_copy=working_copy, doc_masks=a.doc_masks, doc_tokens=a.doc_tokens,
+                  disk_tier=getattr(a, "disk_tier", "none"),
                   max_host_grads=getattr(a, "max_host_grads", 0))

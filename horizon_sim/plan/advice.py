@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.plan.sweep import Outcome, Runner, round_up_ram
+from horizon_sim.plan.sweep import Outcome, Runner, outcome_of, round_up_ram
 from horizon_sim.sim.simulate import SimResult
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.hardware_presets import LINKS
@@ -105,6 +105,7 @@ _FLAGS = (  # Policy field -> CLI flag of `horizon plan`
     ("act_ckpt_every", "--act-ckpt-every"), ("slots", "--slots"), ("act_ckpt_on", "--act-ckpt-on"),
     ("optimizer", "--optimizer"), ("grad_clip", "--grad-clip"), ("compute_dtype", "--compute-dtype"),
     ("states_dtype", "--states-dtype"), ("grad_dtype", "--grad-dtype"), ("max_host_grads", "--max-host-grads"),
+    ("disk_tier", "--disk-tier"),
 )
 
 
@@ -208,9 +209,7 @@ def advise(result: SimResult, *, search: bool = True, workers: int | None = None
     re-simulation (only the shortfall is reported)."""
     meta, hw, s = result.schedule.meta, result.hardware, result.summary
     model, policy = ModelSpec(**meta.model), Policy(**meta.policy)
-    out = Outcome(step_time_s=s.step_time_s, tokens_per_s=s.tokens_per_s, mfu=s.mfu,
-                  device_peak_bytes=s.device_peak_bytes, host_bytes=s.host_bytes,
-                  host_breakdown=tuple(result.host.by_role.items()), bottleneck=s.bottleneck)
+    out = outcome_of(result)
     lines = []
     if not out.fits_device(hw):
         lines.append(f"device memory is short by {fmt_bytes(s.device_peak_bytes - hw.device_bytes_usable)}: "
@@ -254,7 +253,9 @@ def _what_ifs(model, hw, policy, out: Outcome, runner: Runner) -> list[str]:
     other = "host" if policy.act_ckpt_on == "device" else "device"
     tasks["ckpt"] = (model, hw, replace(policy, act_ckpt_on=other))
     tasks["batch"] = (model, hw, replace(policy, batch=policy.batch * 2))
-    tasks["batch_acc"] = (model, hw, replace(policy, batch=policy.batch * 2, micro_batches=policy.micro_batches * 2))
+    # (in micro-batches every gradient waits for the step's end: no bound on them applies)
+    tasks["batch_acc"] = (model, hw, replace(policy, batch=policy.batch * 2, micro_batches=policy.micro_batches * 2,
+                                             max_host_grads=0))
     if policy.optimizer == "after":
         tasks["pipelined"] = (model, hw, replace(policy, optimizer="pipelined"))
     tasks["adam"] = (model, replace(hw, host=replace(hw.host, adam_Gparams_per_s=2 * hw.host.adam_Gparams_per_s)),

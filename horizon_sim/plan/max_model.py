@@ -34,6 +34,9 @@ _LEAN = {
     "split": dict(split_master=True),
     "split-lean": dict(split_master=True, optimizer="backward", grad_clip=0.0, max_host_grads=BOUNDED_HOST_GRADS),
 }
+_DISK = {"split-disk": dict(_LEAN["split-lean"], disk_tier="moments")}
+"""Tried too when the machine has a disk tier (--disk): the split-lean policy with the Adam
+moments on disk."""
 POLICY_SETS = {"default": ("default",), "lean": ("default", *_LEAN),
                "exact": ("default", "lean", "split", "split-lean")}
 """Named policies tried per candidate: 'default' is the base policy; the lean ones change the
@@ -46,12 +49,15 @@ FAMILY_BASE = "dense-120b"
 WIDTHS = range(1024, 32768 + 1, 1024)
 
 
-def policy_set(name: str, base: Policy | None = None) -> dict[str, Policy]:
+def policy_set(name: str, base: Policy | None = None, disk: bool = False) -> dict[str, Policy]:
+    """The named set's policies; disk: with the disk-tier ones (not in 'default')."""
     if name not in POLICY_SETS:
         raise HorizonError(f"unknown policy set {name!r}{closest(name, POLICY_SETS)}; "
                            f"allowed: {', '.join(POLICY_SETS)}")
     base = base or Policy()
-    return {n: (base if n == "default" else replace(base, **_LEAN[n])) for n in POLICY_SETS[name]}
+    kinds = {**_LEAN, **_DISK}
+    names = POLICY_SETS[name] + (tuple(_DISK) if disk and name != "default" else ())
+    return {n: (base if n == "default" else replace(base, **kinds[n])) for n in names}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +79,9 @@ def _wide(base: ModelSpec, hidden: int) -> ModelSpec:
 
 def host_lower_bound(model: ModelSpec, policy: Policy, hw: HardwareSpec) -> int:
     """Host bytes a node cannot go below: its share of the master weights and Adam moments
-    (1/M of them on M nodes), the working copy, a runtime per device."""
+    (1/M of them on M nodes; the moments not when on disk), the working copy, a runtime per device."""
     c = hw.cluster
-    state = policy.master_bytes + 2 * DTYPE_BYTES[policy.states_dtype]
+    state = policy.master_bytes + (0 if policy.disk_tier == "moments" else 2 * DTYPE_BYTES[policy.states_dtype])
     wc = DTYPE_BYTES[policy.compute_dtype] if policy.working_copy else 0
     return (model.total_params * state // c.nodes + model.total_params * wc
             + c.devices_per_node * int(hw.host.runtime_overhead_GiB * GiB))
@@ -86,9 +92,15 @@ def device_lower_bound(model: ModelSpec, policy: Policy) -> int:
     return policy.slots * max(model.layer_params, model.head_device_params) * DTYPE_BYTES[policy.compute_dtype]
 
 
+def disk_lower_bound(model: ModelSpec, policy: Policy) -> int:
+    """Disk bytes of the disk tier: the moments (0 without one)."""
+    return model.total_params * 2 * DTYPE_BYTES[policy.states_dtype] if policy.disk_tier == "moments" else 0
+
+
 def _bound_ok(model, policy, hw) -> bool:
     return (host_lower_bound(model, policy, hw) <= hw.host_bytes_usable
-            and device_lower_bound(model, policy) <= hw.device_bytes_usable)
+            and device_lower_bound(model, policy) <= hw.device_bytes_usable
+            and disk_lower_bound(model, policy) <= hw.disk_bytes_usable)
 
 
 def candidates(hw: HardwareSpec, policies: dict[str, Policy]) -> list[Candidate]:
@@ -174,9 +186,12 @@ def _judge(cands: list[Candidate], policies: dict[str, Policy], hw, runner: Runn
         else:
             name, p = min(policies.items(), key=lambda kv: host_lower_bound(c.model, kv[1], hw))
             hb, db = host_lower_bound(c.model, p, hw), device_lower_bound(c.model, p)
+            kb = disk_lower_bound(c.model, p)
             why = (f"host store alone needs {fmt_bytes(hb)} of {fmt_bytes(hw.host_bytes_usable)} usable"
                    if hb > hw.host_bytes_usable else
-                   f"weight slots alone need {fmt_bytes(db)} of {fmt_bytes(hw.device_bytes_usable)} usable")
+                   f"weight slots alone need {fmt_bytes(db)} of {fmt_bytes(hw.device_bytes_usable)} usable"
+                   if db > hw.device_bytes_usable else
+                   f"the moments on disk alone need {fmt_bytes(kb)} of {fmt_bytes(hw.disk_bytes_usable)}")
             verdicts.append(Verdict(c, False, name, p, None, why))
     return verdicts
 
@@ -184,7 +199,7 @@ def _judge(cands: list[Candidate], policies: dict[str, Policy], hw, runner: Runn
 def max_model(hw: HardwareSpec, *, base: Policy | None = None, policies: str = "lean",
               workers: int | None = None, progress: bool = False) -> MaxModelResult:
     """The largest candidate model that fits `hw` under the policy set `policies`."""
-    pols = policy_set(policies, base)
+    pols = policy_set(policies, base, disk=hw.disk_bytes_usable > 0)
     cands = candidates(hw, pols)
     judged: list[Verdict] = []
     with Runner(workers, progress, desc="max-model") as runner:

@@ -77,6 +77,8 @@ class Outcome:
     host_breakdown: tuple = ()
     """(role, bytes) pairs of the host footprint: master, moments, working_copy, grads, ..."""
     bottleneck: str = ""
+    disk_bytes: int = 0
+    """Local disk the disk tier fills (0: none)."""
     error: str = ""
     """Why there is no prediction (an invalid policy, a simulation that did not finish)."""
 
@@ -89,7 +91,8 @@ class Outcome:
         simulated: the footprint does not depend on it)."""
         return MemoryVerdict(host_need=dict(self.host_breakdown) or {"host": self.host_bytes},
                              host_usable=int(hw.host_bytes_usable), device_need={"device": self.device_peak_bytes},
-                             device_usable=int(hw.device_bytes_usable))
+                             device_usable=int(hw.device_bytes_usable), disk_need=self.disk_bytes,
+                             disk_usable=hw.disk_bytes_usable)
 
     def fits_device(self, hw: HardwareSpec) -> bool:
         return self.ok and self.verdict(hw).device_fits
@@ -153,15 +156,16 @@ def simulate_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outc
             r = simulate(sched, hw)
     except _SimTimeout:
         return Outcome(error=f"simulation did not finish in {limit:.0f} s")
-    return _outcome(r)
+    return outcome_of(r)
 
 
-def _outcome(r) -> Outcome:
+def outcome_of(r) -> Outcome:
     """A SimResult's figures, as an Outcome."""
     s = r.summary
     return Outcome(step_time_s=s.step_time_s, tokens_per_s=s.tokens_per_s, mfu=s.mfu,
                    device_peak_bytes=s.device_peak_bytes, host_bytes=s.host_bytes,
-                   host_breakdown=tuple(r.host.by_role.items()), bottleneck=s.bottleneck)
+                   host_breakdown=tuple(r.host.by_role.items()), bottleneck=s.bottleneck,
+                   disk_bytes=s.memory.disk_need_bytes)
 
 
 def simulate_peer_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outcome:
@@ -172,7 +176,7 @@ def simulate_peer_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) ->
         r = plan_zero3(model, hw, zero3_like(policy))
     except HorizonError as e:
         return Outcome(error=str(e).splitlines()[0])
-    return _outcome(r)
+    return outcome_of(r)
 
 
 def _task(args) -> Outcome:

@@ -70,6 +70,7 @@ class _Builder:
         self.optimized: set[int] = set()
         self.optimizer_op: dict[int, int] = {}  # unit -> its (this step's) OPTIMIZER op
         self.waiting_grads: list[int] = []  # units whose host grad waits for its optimizer (bounded)
+        self.disk_write: dict | None = None  # the disk tier: the last update's DISK_WRITE, not yet emitted
         # transfers that free device memory, for backpressure
         self.pending_saves: list[int] = []
         self.pending_offloads: list[int] = []
@@ -137,10 +138,19 @@ class _Builder:
         else:
             per_param += 2 * DTYPE_BYTES[p.master_dtype] + (DTYPE_BYTES[p.compute_dtype] if b.has_copy else 0)
         store = b.host_store(u)
-        reads = [b.hgrad(u), *store[:2], *(store[2:] if p.split_master else [])] + ([b.gnorm()] if p.clip else [])
+        moments = store[1]
+        if b.on_disk:  # read into a stage ahead of the update; the previous unit's write after it
+            moments = b.moments_stage(u)
+            nbytes = b.buffers[moments].bytes
+            self.emit(OpKind.DISK_READ, u, reads=[store[1]], writes=[moments], disk_bytes=nbytes, prev_step=prev_step)
+            self.flush_disk_write()
+        reads = [b.hgrad(u), store[0], moments, *(store[2:] if p.split_master else [])] + ([b.gnorm()] if p.clip else [])
         frees = () if b.grads_static else (b.hgrad(u),)
-        op_id = self.emit(OpKind.OPTIMIZER, u, reads=reads, writes=store, frees=frees, params=params,
-                          host_bytes=params * per_param, prev_step=prev_step)
+        op_id = self.emit(OpKind.OPTIMIZER, u, reads=reads, writes=[store[0], moments, *store[2:]], frees=frees,
+                          params=params, host_bytes=params * per_param, prev_step=prev_step)
+        if b.on_disk:
+            self.disk_write = dict(layer=u, reads=[moments], writes=[store[1]], frees=[moments],
+                                   disk_bytes=b.buffers[moments].bytes, prev_step=prev_step)
         self.optimized.add(u)
         if not prev_step:
             self.optimizer_op[u] = op_id
@@ -152,6 +162,14 @@ class _Builder:
         if self.N > 1:  # the node's ranks each updated a slice of the shared copy: all must be done
             w = b.weights_of(u)
             self.emit(OpKind.UPDATE_BARRIER, u, reads=[w], writes=[w], peers=self.N, prev_step=prev_step)
+
+    def flush_disk_write(self) -> None:
+        """Emit the pending DISK_WRITE. It goes after the next unit's DISK_READ on the disk lane
+        (FIFO), so the read of unit i+1 overlaps the update of unit i, and a third stage is
+        never live: a read waits for the write two units back, ahead of it on the lane."""
+        if self.disk_write:
+            w, self.disk_write = self.disk_write, None
+            self.emit(OpKind.DISK_WRITE, w.pop("layer"), **w)
 
     # ---- copies ----------------------------------------------------------------------------------
     def load_weights(self, u: int, slot: str, m: int) -> None:
@@ -329,6 +347,7 @@ class _Builder:
                 self.load_weights(use.unit, slots[s], use.micro)
             compute[use.kind](use, slots[s])
         self.end()
+        self.flush_disk_write()
         meta = ScheduleMeta(model=m.to_dict(), policy=p.to_dict(), n_layers=m.n_layers, slot_bytes=b.slot_bytes,
                             tokens=p.tokens, model_flops=m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens,
                             devices_per_node=self.N, nodes=self.M)

@@ -1,6 +1,7 @@
 """The buffers of one step, declared with their typed fields (op.Buffer): what each holds,
 its unit, micro-batch or boundary, shape and dtype. Names are made here, for display and
 JSON; nothing reads meaning out of them. Each `declare` method returns the name ops list."""
+from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import DTYPE_BYTES_OF, EMBED, Buffer, Holds, Space
 from horizon_sim.schedule.partition import Part, Partition
 from horizon_sim.specs.model import ModelSpec
@@ -26,6 +27,10 @@ class Declarations:
         # Several nodes hold the master in shards: every node keeps a whole copy to stream
         # from (in fp32 compute too, where a single node would load the master itself).
         self.has_copy = policy.working_copy or nodes > 1
+        self.on_disk = policy.disk_tier == "moments"
+        if self.on_disk and self.shared:
+            raise HorizonError(f"policy disk_tier={policy.disk_tier!r} runs on one device for now, not "
+                               f"{devices_per_node} x {nodes}: drop --disk-tier or --gpus/--nodes")
         self.slot_bytes = max(model.layer_params, model.head_device_params) * a
 
     # ---- sizes ---------------------------------------------------------------------------------
@@ -134,12 +139,18 @@ class Declarations:
                   self.declare(f"master.{n}", Space.HOST, Holds.MASTER, (node,), p.master_dtype, True, "master",
                                unit=u, node_shared=sh, part=store))
         names = [master,
-                 self.declare(f"moments.{n}", Space.HOST, Holds.MOMENTS, (2, node), p.states_dtype, True,
-                              "moments", unit=u, node_shared=sh, part=store)]
+                 self.declare(f"moments.{n}", Space.DISK if self.on_disk else Space.HOST, Holds.MOMENTS, (2, node),
+                              p.states_dtype, True, "moments", unit=u, node_shared=sh, part=store)]
         if self.has_copy:
             names.append(self.declare(f"wc.{n}", Space.HOST, Holds.WORKING_COPY, (part.padded,), p.compute_dtype,
                                       True, "working_copy", unit=u, node_shared=sh))
         return names
+
+    def moments_stage(self, u: int) -> str:
+        """The disk tier: a unit's moments in RAM from its DISK_READ to its DISK_WRITE."""
+        return self.declare(f"moments_stage.{self.unit_label(u)}", Space.HOST, Holds.MOMENTS_STAGE,
+                            self.buffers[self.host_store(u)[1]].shape, self.p.states_dtype, role="disk_stages",
+                            unit=u)
 
     def weights_of(self, u: int) -> str:
         """What a unit's weights load from: its working copy, else its master."""

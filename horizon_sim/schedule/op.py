@@ -20,6 +20,7 @@ class Lane(str, Enum):
     CPU = "cpu"          # host CPU work: optimizer, embedding gather/scatter, norms
     FABRIC = "fabric"    # collectives among a node's devices (NVLink, PCIe peer-to-peer)
     NET = "net"          # collectives between nodes (the NICs), and the norm's all-reduce
+    DISK = "disk"        # reads and writes of the host state kept on local disk (the disk tier)
 
 
 class OpKind(str, Enum):
@@ -48,6 +49,9 @@ class OpKind(str, Enum):
     NORM_ALL_REDUCE = "norm_all_reduce"        # net: the global norm's partial sums over all ranks
     UPDATE_BARRIER = "update_barrier"          # net: every rank of the node has updated its slice of a
     #                                            unit in the shared store (before any rank loads it)
+    # the disk tier (policy disk_tier): a unit's Adam moments live in a file on local disk
+    DISK_READ = "disk_read"                    # disk: a unit's moments -> a RAM stage, ahead of its update
+    DISK_WRITE = "disk_write"                  # disk: the updated moments -> the file, freeing the stage
     # the peer's step (horizon_sim/peer: ZeRO-3 offload), simulated, never run by the executor
     BACKWARD_SAVED = "backward_saved"          # compute: a block's backward from what autograd saved in
     #                                            its forward (a persistent graph: no forward again)
@@ -63,6 +67,7 @@ LANE_OF: dict[OpKind, Lane] = {
     OpKind.SAVE_CKPT: Lane.D2H, OpKind.OFFLOAD_GRADS: Lane.D2H, OpKind.OFFLOAD_INPUT_GRAD: Lane.D2H,
     OpKind.REDUCE_SCATTER: Lane.FABRIC, OpKind.HOST_REDUCE: Lane.CPU, OpKind.NET_REDUCE_SCATTER: Lane.NET,
     OpKind.NET_ALL_GATHER: Lane.NET, OpKind.NORM_ALL_REDUCE: Lane.NET, OpKind.UPDATE_BARRIER: Lane.NET,
+    OpKind.DISK_READ: Lane.DISK, OpKind.DISK_WRITE: Lane.DISK,
 }
 COLLECTIVES = (OpKind.REDUCE_SCATTER, OpKind.NET_REDUCE_SCATTER, OpKind.NET_ALL_GATHER, OpKind.NORM_ALL_REDUCE,
                OpKind.UPDATE_BARRIER)
@@ -74,6 +79,7 @@ EMBED = -1  # `layer` of the embedding unit; blocks are 0..L-1 and the head is L
 class Space(str, Enum):
     DEVICE = "device"
     HOST = "host"
+    DISK = "disk"  # a file on the host's local disk (the disk tier), read and written by DISK ops
 
 
 class Holds(str, Enum):
@@ -83,6 +89,8 @@ class Holds(str, Enum):
     MASTER_LOW = "master_low"            # (params,) int16 the low halves of a split fp32 master
     #                                      (its high halves are the working copy)
     MOMENTS = "moments"                  # (2, params) Adam m then v
+    MOMENTS_STAGE = "moments_stage"      # (2, params) a unit's moments in RAM between its DISK_READ
+    #                                      and DISK_WRITE (the disk tier)
     WORKING_COPY = "working_copy"        # (params,) the weights in the compute dtype
     GRAD_SQ = "grad_sq"                  # (1,) fp64 a unit's squared gradient norm
     GRAD_NORM = "grad_norm"              # (1,) fp64 the global gradient norm (data parallel: this
@@ -207,6 +215,8 @@ class Op:
     """Collectives (COLLECTIVES): bytes this rank sends over the fabric or the network."""
     peers: int = 0
     """Collectives: the ranks taking part."""
+    disk_bytes: int = 0
+    """DISK_READ / DISK_WRITE: bytes read from or written to the local disk."""
 
     @property
     def lane(self) -> Lane:

@@ -31,6 +31,8 @@ traffic (read plus written), the bus's unit (HostSpec.dram_GBps):
   host work    host_bytes at one host thread's streaming rate (accumulating micro-batch grads,
                embedding gather/scatter), after the host's per-op latency
   optimizer    host_bytes at the fused-AdamW rate (adam_Gparams_per_s x bytes per parameter)
+  disk         the disk tier's reads and writes: disk latency, then disk_bytes at the disk's
+               read or write bandwidth (HostSpec.disk_*_GBps), DRAM traffic once (the disk DMAs)
 Flows share the DRAM bus max-min fairly and, when HostSpec.lane_cores > 0, the host lane cores
 by processor sharing: lanes on one core slow each other down. A copy or CPU-lane op that
 starts while the compute lane is busy pays busy_latency_us once more (LinkSpec / HostSpec):
@@ -40,6 +42,7 @@ dispatch keeps taking.
 import math
 from dataclasses import dataclass, replace
 
+from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import work
 from horizon_sim.schedule.op import COLLECTIVES, Lane, Op, OpKind
 from horizon_sim.specs.hardware import HardwareSpec
@@ -127,6 +130,8 @@ class CostModel:
         self.copy_busy_s = link.busy_latency_us * 1e-6
         self.host_busy_s = host.busy_latency_us * 1e-6
         self.adam_params_per_s = host.adam_Gparams_per_s * 1e9
+        self.disk_read_Bps, self.disk_write_Bps = host.disk_read_GBps * 1e9, host.disk_write_GBps * 1e9
+        self.disk_latency_s = host.disk_latency_us * 1e-6
         self.model = ModelSpec(**meta.model) if meta is not None else None
         self.policy = dict(meta.policy) if meta is not None else None
         self._terms: dict = {}
@@ -247,6 +252,12 @@ class CostModel:
             if op.host_bytes:  # accumulating a micro-batch's grads into the fp32 host buffer
                 out.append(Flow(0.0, op.host_bytes, self.thread_Bps, core=True))
             return out
+        if op.lane == Lane.DISK:  # the disk's DMA to or from RAM: DRAM bytes once, no core
+            cap = self.disk_read_Bps if op.kind == OpKind.DISK_READ else self.disk_write_Bps
+            if cap <= 0:
+                raise HorizonError("the policy keeps state on disk (disk_tier) but the hardware has no disk: "
+                                   "give --disk SIZE (and --disk-GBps)")
+            return [Flow(self.disk_latency_s, op.disk_bytes, cap)]
         if op.kind == OpKind.OPTIMIZER and op.params:
             bytes_per_param = op.host_bytes / op.params
             return [Flow(self.host_latency_s, op.host_bytes, self.adam_params_per_s * bytes_per_param,
@@ -255,7 +266,7 @@ class CostModel:
 
     def busy_latency_s(self, op: Op) -> float:
         """Extra fixed cost of a non-compute op that starts while the compute lane is busy."""
-        if op.lane in (Lane.COMPUTE, Lane.FABRIC, Lane.NET):
+        if op.lane in (Lane.COMPUTE, Lane.FABRIC, Lane.NET, Lane.DISK):
             return 0.0
         return self.copy_busy_s if op.lane in (Lane.H2D, Lane.D2H) else self.host_busy_s
 

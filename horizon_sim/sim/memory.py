@@ -17,7 +17,7 @@ from horizon_sim.schedule.effects import op_effects
 from horizon_sim.schedule.op import Lane, Space
 from horizon_sim.schedule.work import WORKSPACE_ONSET
 
-HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "act_checkpoints", "scalars")
+HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "act_checkpoints", "scalars", "disk_stages")
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,8 @@ class Summary:
     """The verdict behind fits and why (verdict.py: need by role against usable)."""
     exposed_network_s: float = 0.0
     """Compute-idle time spent waiting on collectives (fabric, network)."""
+    exposed_disk_s: float = 0.0
+    """Compute-idle time spent waiting on the disk tier's reads and writes."""
     ranks: int = 1
     """Data-parallel ranks (devices) the step runs on; host figures are per node."""
 
@@ -61,6 +63,8 @@ def _category(op) -> str:
         return "optimizer" if op.kind == OpKind.OPTIMIZER else "host"
     if op.lane in (Lane.FABRIC, Lane.NET):
         return "network"
+    if op.lane == Lane.DISK:
+        return "disk"
     return "compute"
 
 
@@ -76,7 +80,7 @@ def exposed_time(sched, tl: pd.DataFrame) -> dict:
     for op in sched.ops:
         preds[op.id] = list(op.deps) + ([last[op.lane]] if op.lane in last else [])
         last[op.lane] = op.id
-    out = {"copy": 0.0, "optimizer": 0.0, "host": 0.0, "network": 0.0}
+    out = {"copy": 0.0, "optimizer": 0.0, "host": 0.0, "network": 0.0, "disk": 0.0}
     compute = [op.id for op in sched.ops if op.lane == Lane.COMPUTE]
     gaps = []
     prev_end = 0.0
@@ -127,7 +131,8 @@ def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None 
         worst = max(exposed, key=lambda k: exposed[k])
         bottleneck = {"copy": "link (h2d/d2h copies)", "optimizer": "cpu optimizer",
                       "host": "host work (embedding, norms)",
-                      "network": "collectives (fabric, network)"}[worst] if exposed[worst] > 0 else "compute"
+                      "network": "collectives (fabric, network)",
+                      "disk": "disk tier (reads and writes of the moments)"}[worst] if exposed[worst] > 0 else "compute"
         if worst == "network" and exposed[worst] > 0:
             busiest = max(("fabric", "net"), key=lambda l: lane_busy.get(l, 0.0))
             bottleneck = "network between nodes" if busiest == "net" else "device fabric (reduce-scatter)"
@@ -138,6 +143,7 @@ def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None 
     dev_peak = max(typical, device_bound_bytes if device_bound_bytes is not None else typical)
     memory = memory_verdict(sched, hw, host, dev_peak)
     dev_ok, host_ok = memory.device_fits, memory.host_fits
+    disk = memory.disk_need_bytes
     reasons = []
     if not dev_ok:
         reasons.append(f"device needs {fmt_bytes(dev_peak)} but {hw.device.name} has "
@@ -147,9 +153,13 @@ def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None 
         reasons.append(f"host needs {fmt_bytes(host.total_bytes)} but {fmt_bytes(hw.host.ram_GiB * 2**30)} "
                        f"RAM leaves {fmt_bytes(hw.host_bytes_usable)} usable "
                        f"(short by {fmt_bytes(host.total_bytes - hw.host_bytes_usable)})")
+    if not memory.disk_fits:
+        reasons.append(f"disk tier needs {fmt_bytes(disk)} but the disk has {fmt_bytes(hw.disk_bytes_usable)} "
+                       f"(short by {fmt_bytes(memory.disk_short_bytes)})")
     why = "; ".join(reasons) if reasons else (
         f"device {fmt_bytes(dev_peak)} of {fmt_bytes(hw.device_bytes_usable)} usable, "
-        f"host {fmt_bytes(host.total_bytes)} of {fmt_bytes(hw.host_bytes_usable)} usable")
+        f"host {fmt_bytes(host.total_bytes)} of {fmt_bytes(hw.host_bytes_usable)} usable"
+        + (f", disk {fmt_bytes(disk)} of {fmt_bytes(hw.disk_bytes_usable)}" if disk else ""))
     hw_flops = float(tl.flops.sum())
     ranks = meta.devices_per_node * meta.nodes
     return Summary(
@@ -161,7 +171,8 @@ def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None 
         device_peak_bytes=dev_peak, device_typical_peak_bytes=typical,
         device_usable_bytes=int(hw.device_bytes_usable),
         host_bytes=host.total_bytes, host_usable_bytes=int(hw.host_bytes_usable),
-        fits=memory.fits, why=why, memory=memory, exposed_network_s=exposed["network"], ranks=ranks)
+        fits=memory.fits, why=why, memory=memory, exposed_network_s=exposed["network"],
+        exposed_disk_s=exposed["disk"], ranks=ranks)
 
 
 def memory_verdict(sched, hw, host, device_bytes: int) -> MemoryVerdict:
@@ -175,5 +186,6 @@ def memory_verdict(sched, hw, host, device_bytes: int) -> MemoryVerdict:
     device = {**static, "activations_grads_workspaces": device_bytes - sum(static.values())}
     return MemoryVerdict(host_need=dict(host.by_role), host_usable=int(hw.host_bytes_usable),
                          device_need=device, device_usable=int(hw.device_bytes_usable),
+                         disk_need=sched.static_bytes(Space.DISK), disk_usable=hw.disk_bytes_usable,
                          host_source=f"{fmt_bytes(hw.host.ram_GiB * 2**30)} RAM less the OS reserve",
                          device_source=f"{hw.device.name} less its reserve")

@@ -19,6 +19,9 @@ class MemoryVerdict:
     device_need: dict = field(default_factory=dict)
     """Device bytes the run needs at most, by role (weight slots, activations, ...)."""
     device_usable: int | None = None
+    disk_need: int = 0
+    """Local disk bytes the disk tier fills (0: no state on disk)."""
+    disk_usable: int | None = None
     host_source: str = ""
     """Where host_usable comes from, for messages (e.g. 'MemAvailable 20 GiB + this process')."""
     device_source: str = ""
@@ -41,6 +44,18 @@ class MemoryVerdict:
         return 0 if self.device_usable is None else max(0, self.device_need_bytes - self.device_usable)
 
     @property
+    def disk_need_bytes(self) -> int:
+        return int(self.disk_need)
+
+    @property
+    def disk_short_bytes(self) -> int:
+        return 0 if self.disk_usable is None or not self.disk_need else max(0, self.disk_need - self.disk_usable)
+
+    @property
+    def disk_fits(self) -> bool:
+        return self.disk_short_bytes == 0
+
+    @property
     def host_fits(self) -> bool:
         return self.host_short_bytes == 0
 
@@ -50,13 +65,15 @@ class MemoryVerdict:
 
     @property
     def fits(self) -> bool:
-        return self.host_fits and self.device_fits
+        return self.host_fits and self.device_fits and self.disk_fits
 
     def shortfall(self) -> float:
         """Need over usable of the tighter memory (<= 1 when it fits)."""
         ratios = [need / usable for need, usable in ((self.host_need_bytes, self.host_usable),
                                                      (self.device_need_bytes, self.device_usable))
                   if usable]
+        if self.disk_need:
+            ratios.append(self.disk_need / self.disk_usable if self.disk_usable else float("inf"))
         return max(ratios, default=0.0)
 
     def short(self) -> str:
@@ -66,6 +83,8 @@ class MemoryVerdict:
             out.append(f"device short by {fmt_bytes(self.device_short_bytes)}")
         if not self.host_fits:
             out.append(f"host short by {fmt_bytes(self.host_short_bytes)}")
+        if not self.disk_fits:
+            out.append(f"disk short by {fmt_bytes(self.disk_short_bytes)}")
         return ", ".join(out)
 
     def line(self) -> str:
@@ -76,8 +95,11 @@ class MemoryVerdict:
                 return f"{what} needs {fmt_bytes(need)}{src}"
             verdict = "" if need <= usable else f", short by {fmt_bytes(need - usable)}"
             return f"{what} needs {fmt_bytes(need)} of {fmt_bytes(usable)} usable{src}{verdict}"
-        return "; ".join((part("device", self.device_need_bytes, self.device_usable, self.device_source),
-                          part("host", self.host_need_bytes, self.host_usable, self.host_source)))
+        parts = [part("device", self.device_need_bytes, self.device_usable, self.device_source),
+                 part("host", self.host_need_bytes, self.host_usable, self.host_source)]
+        if self.disk_need:
+            parts.append(part("disk", self.disk_need_bytes, self.disk_usable, ""))
+        return "; ".join(parts)
 
     def breakdown(self) -> list[str]:
         def fmt(roles):

@@ -226,6 +226,15 @@ class HostSpec:
     busy_latency_us: float = 0.0
     """Extra fixed cost of a CPU-lane op that runs while the compute lane is busy (waiting for
     the interpreter lock, shared cache), microseconds; 0: none."""
+    disk_GiB: float = 0.0
+    """Local disk space the disk tier may fill (policy disk_tier), GiB; 0: no disk tier."""
+    disk_read_GBps: float = 0.0
+    """Sequential read bandwidth of that disk into RAM, 1e9 bytes/s (`calibrate` measures it
+    with the executor's reads; the presets cite NVMe datasheets)."""
+    disk_write_GBps: float = 0.0
+    """Sequential write bandwidth, 1e9 bytes/s."""
+    disk_latency_us: float = 0.0
+    """Fixed cost of one disk op (a unit's read or write), microseconds."""
     compute_contention: float = 0.0
     """How much slower the compute lane runs while CPU-thread work streams on the host lane
     cores (copies on a cpu_driven link, the optimizer, host gathers), as a fraction: 0.1 = 10%
@@ -238,8 +247,12 @@ class HostSpec:
         for f in ("ram_GiB", "dram_GBps", "adam_Gparams_per_s"):
             _check_number(self, "host", f)
         for f in ("os_reserved_GiB", "runtime_overhead_GiB", "lane_cores", "thread_GBps", "op_latency_us",
-                  "busy_latency_us", "compute_contention"):
+                  "busy_latency_us", "compute_contention", "disk_GiB", "disk_read_GBps", "disk_write_GBps",
+                  "disk_latency_us"):
             _check_number(self, "host", f, low_ok=True)
+        if self.disk_GiB and not (self.disk_read_GBps and self.disk_write_GBps):
+            raise HorizonError(f"host disk_GiB={self.disk_GiB:g} needs disk_read_GBps and disk_write_GBps "
+                               "(how fast the disk tier streams)")
         if not isinstance(self.cores, int) or isinstance(self.cores, bool) or self.cores <= 0:
             raise HorizonError(f"host cores={self.cores!r} must be a positive integer")
         if self.os_reserved_GiB >= self.ram_GiB:
@@ -271,6 +284,11 @@ class HardwareSpec:
     def device_bytes_usable(self) -> int:
         """Device bytes tensors may use: hbm_GiB - reserved_GiB."""
         return int((self.device.hbm_GiB - self.device.reserved_GiB) * GiB)
+
+    @property
+    def disk_bytes_usable(self) -> int:
+        """Local disk bytes the disk tier may fill (0: none)."""
+        return int(self.host.disk_GiB * GiB)
 
     @property
     def host_bytes_usable(self) -> int:

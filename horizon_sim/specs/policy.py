@@ -5,6 +5,7 @@ from dataclasses import dataclass, asdict
 from horizon_sim.errors import HorizonError
 
 OPTIMIZER_MODES = ("after", "backward", "pipelined")
+DISK_TIERS = ("none", "moments")
 CKPT_PLACES = ("device", "host")
 DTYPES = ("fp32", "bf16")
 ATTENTION = ("flash", "eager")
@@ -72,6 +73,12 @@ class Policy:
     doc_tokens: int = 0
     """Mean document length in tokens, for model FLOPs (MFU) under doc_masks: a token attends
     to at most its document. 0 = seq (documents as long as the sequence)."""
+    disk_tier: str = "none"
+    """'moments': the Adam moments live in a file on local disk, not in RAM; the disk lane reads
+    a unit's moments into a RAM stage ahead of its update and writes them back after (two
+    stages: one being updated while the next is read and the last written). RAM then holds the
+    master (4 B/param split, with the working copy) and two units' moments; the disk holds the
+    moments (8 B/param) and moves 16 B/param a step."""
     max_host_grads: int = 0
     """optimizer='backward': at most this many units' gradients wait on the host for the CPU
     optimizer at once; a unit's offload waits until the oldest has been applied (0 = no bound:
@@ -95,7 +102,7 @@ class Policy:
             raise HorizonError(
                 f"policy batch={self.batch} is not divisible by micro_batches={self.micro_batches}")
         for f, allowed in (("act_ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES),
-                           ("attention", ATTENTION), ("compute_dtype", DTYPES),
+                           ("attention", ATTENTION), ("compute_dtype", DTYPES), ("disk_tier", DISK_TIERS),
                            ("master_dtype", DTYPES), ("states_dtype", DTYPES), ("grad_dtype", DTYPES)):
             if getattr(self, f) not in allowed:
                 raise HorizonError(f"policy {f}={getattr(self, f)!r}; allowed: {', '.join(allowed)}")
