@@ -116,6 +116,10 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     r.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     r.add_argument("--device-budget", default=None, metavar="SIZE",
                    help="device arena budget, e.g. 2GiB (default: unlimited)")
+    r.add_argument("--disk-dir", default=None, metavar="DIR",
+                   help="with --disk-tier moments: the folder (on local NVMe) for the disk tier's file; it is "
+                        "unlinked at once and gone with the process, the checkpoints hold the moments "
+                        "(default: the system temp dir)")
     r.add_argument("--compute-threads", type=int, default=None,
                    help="CPU backend: intra-op threads of the compute lane (default: cores - 1)")
 
@@ -246,7 +250,7 @@ def _run_train(args: argparse.Namespace, dist) -> int:
                  device_budget_bytes=budget, compute_threads=args.compute_threads,
                  random_init=args.init_from is None, admission=not args.no_admission,
                  host_budget_bytes=host_budget, hardware=hardware, on_nonfinite=args.on_nonfinite,
-                 data_bytes=data_bytes, dist=dist,
+                 data_bytes=data_bytes, dist=dist, disk_dir=args.disk_dir,
                  **({"timeout_s": args.op_timeout} if args.op_timeout is not None else {}))
     with tr:
         if not args.no_admission:

@@ -60,7 +60,7 @@ from horizon_exec.files.fileio import (
 )
 from horizon_exec.model.layout import unit_name
 from horizon_sim.errors import HorizonError
-from horizon_sim.schedule.op import Holds
+from horizon_sim.schedule.op import Holds, Space
 
 FORMAT = 1
 STATE, META, SUMS, LATEST = "state.safetensors", "trainer.json", "SHA256SUMS", "latest"
@@ -81,6 +81,9 @@ def _state_items(trainer):
     """(name, tensor) of everything a resumed step reads from the host store."""
     items = []
     for b in trainer.sched.buffers.values():
+        if b.space == Space.DISK:  # the disk tier's moments: copied out of its file a unit at a time
+            items.append((b.name, _disk_item(trainer, b)))
+            continue
         if b.name not in trainer.store or b.holds == Holds.WORKING_COPY:  # the copy is rebuilt from the master
             continue
         if b.holds == Holds.HOST_GRAD and not trainer.pending:  # only pending pipelined grads matter
@@ -106,6 +109,23 @@ def _split_master_item(trainer, b):
 
     return Deferred(shape=tuple(b.shape), dtype=torch.float32, make=lambda: trainer.node_master(b.unit),
                     done=lambda t: trainer.set_node_master(b.unit, t))
+
+
+def _disk_item(trainer, b):
+    """A disk-tier buffer as a tensor that exists one unit at a time: read from the file when
+    written, written to the file when read (the checkpoint, not the file, is what a resumed run
+    starts from: disk_store.py)."""
+    import torch
+
+    from horizon_exec.dtypes import TORCH_DTYPE
+
+    def make():
+        t = torch.empty(b.shape, dtype=TORCH_DTYPE[b.dtype])
+        trainer.disk.read(b.name, t)
+        return t
+
+    return Deferred(shape=tuple(b.shape), dtype=TORCH_DTYPE[b.dtype], make=make,
+                    done=lambda t: trainer.disk.write(b.name, t))
 
 
 def checkpoint_bytes(trainer) -> int:

@@ -27,7 +27,7 @@ from horizon_exec.files.fileio import publish_dir, staging_dir, write_safetensor
 from horizon_exec.files.tokenize import TOKENIZER_FILES
 from horizon_exec.model.layout import host_layout
 from horizon_sim.errors import HorizonError
-from horizon_sim.schedule.op import Holds
+from horizon_sim.schedule.op import Holds, Space
 from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
 from horizon_sim.specs.hf_config import from_hf_config
 from horizon_sim.specs.hf_export import to_hf_config_dict
@@ -191,6 +191,8 @@ def reset_optimizer_state(trainer) -> None:
     for b in trainer.sched.buffers.values():
         if b.name in trainer.store and b.holds in (Holds.MOMENTS, Holds.HOST_GRAD, Holds.GRAD_SQ, Holds.GRAD_NORM):
             trainer.store.t[b.name].zero_()
+        elif b.space == Space.DISK:  # the disk tier's moments
+            trainer.disk.zero(b.name)
     for s in trainer.store.steps.values():
         s.zero_()
     trainer.pending = False

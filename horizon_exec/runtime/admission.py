@@ -135,9 +135,12 @@ def _machine(hardware: HardwareSpec | None, host_bytes: int | None, device_bytes
         hardware = make_hardware(_DEFAULT_TIMING[0], host=_DEFAULT_TIMING[1])
     dev_gib = (device_bytes if device_bytes is not None else 2**60) / GiB
     host_gib = (host_bytes if host_bytes is not None else 2**60) / GiB
+    # the disk tier's space is not checked here: its file reserves it when made (disk_store.py)
+    h = hardware.host
     return replace(hardware, device=replace(hardware.device, hbm_GiB=max(dev_gib, 1e-9), reserved_GiB=0.0),
-                   host=replace(hardware.host, ram_GiB=max(host_gib, 1e-9), os_reserved_GiB=0.0,
-                                runtime_overhead_GiB=runtime_bytes / GiB))
+                   host=replace(h, ram_GiB=max(host_gib, 1e-9), os_reserved_GiB=0.0,
+                                runtime_overhead_GiB=runtime_bytes / GiB, disk_GiB=2.0**40,
+                                disk_read_GBps=h.disk_read_GBps or 1.0, disk_write_GBps=h.disk_write_GBps or 1.0))
 
 
 

@@ -51,9 +51,10 @@ class StepContext:
 
 
 class OpRunner:
-    def __init__(self, *, model, policy, sched, buffers, store, arena, backend, adamw: AdamW, dist=None):
+    def __init__(self, *, model, policy, sched, buffers, store, arena, backend, adamw: AdamW, dist=None, disk=None):
         from horizon_exec.dist.context import single
         self.m, self.p, self.sched = model, policy, sched
+        self.disk = disk  # the disk tier's file (disk_store.DiskStore), when the Schedule has one
         self.dist = dist or single()
         self.buf, self.store, self.arena, self.be = buffers, store, arena, backend
         self.adamw = adamw
@@ -77,6 +78,7 @@ class OpRunner:
             OpKind.HEAD_LOSS: self.head_loss, OpKind.BACKWARD: self.backward, OpKind.OFFLOAD_GRADS: self.offload_grads,
             OpKind.OFFLOAD_INPUT_GRAD: self.copy_d2h, OpKind.EMBED_BWD: self.embed_bwd,
             OpKind.GRAD_NORM: self.grad_norm, OpKind.OPTIMIZER: self.optimizer,
+            OpKind.DISK_READ: self.disk_read, OpKind.DISK_WRITE: self.disk_write,
         }
         if self.dist.world > 1:
             from horizon_exec.dist.collectives import Collectives
@@ -112,7 +114,7 @@ class OpRunner:
         moments: (2, chunk))."""
         b, t = self.buf.declared[name], self.buf.get(name)
         a, e = self.partition(b.unit).owned_in(b.part, self.dist.local_rank, self.dist.node)
-        return t.view(2, -1)[:, a:e] if b.holds == Holds.MOMENTS else t[a:e]
+        return t.view(2, -1)[:, a:e] if b.holds in (Holds.MOMENTS, Holds.MOMENTS_STAGE) else t[a:e]
 
     def _rows(self, m):  # the micro-batch's sequences
         mb = self.p.micro_batch
@@ -287,6 +289,15 @@ class OpRunner:
                              min(self.p.loss_chunk_tokens, labels.numel()))
         self.ctx.loss_parts[op.micro] = loss
 
+    # ---- the disk tier (disk lane) ----------------------------------------------------------------
+    def disk_read(self, op):
+        """A unit's moments from the disk tier's file into their RAM stage."""
+        self.disk.read(op.reads[0], self.buf.out(op.writes[0]))
+
+    def disk_write(self, op):
+        """The updated moments back to the file (the stage is freed after)."""
+        self.disk.write(op.writes[0], self.buf.get(op.reads[0]))
+
     # ---- host optimizer (CPU lane) ---------------------------------------------------------------
     def grad_norm(self, op):
         """The global norm = sqrt(sum of the units' squared norms)."""
@@ -307,7 +318,7 @@ class OpRunner:
                 return  # no update: master, moments, step counter and working copy stay as they are
         # this rank's chunk of each (one rank: the whole unit)
         g = self.owned(self.buf.one(op.reads, Holds.HOST_GRAD))
-        exp_avg, exp_avg_sq = self.owned(self.buf.one(op.writes, Holds.MOMENTS))
+        exp_avg, exp_avg_sq = self.owned(self.buf.one(op.writes, Holds.MOMENTS_STAGE, Holds.MOMENTS))
         coef = clip_coef(self.p.grad_clip, self.store.scalar(Holds.GRAD_NORM)) if self.p.clip else 1.0
         if self.p.split_master:  # the working copy is the master's high half, updated with it
             self.adamw.step_split(self.owned(self.buf.one(op.writes, Holds.WORKING_COPY)),

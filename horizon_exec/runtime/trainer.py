@@ -71,7 +71,7 @@ from horizon_exec.runtime.positions import check_docs
 from horizon_exec.runtime.store import HostStore
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import Holds, build_eval_schedule, build_schedule
-from horizon_sim.schedule.op import EMBED
+from horizon_sim.schedule.op import EMBED, Space
 from horizon_sim.schedule.partition import Part
 from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.model import ModelSpec
@@ -151,9 +151,11 @@ def _checked_schedule(sched, model: ModelSpec, policy: Policy, dist):
     return sched.check()
 
 
-def _shutdown(engine, backend) -> None:
+def _shutdown(engine, backend, disk=None) -> None:
     engine.close()
     backend.close()
+    if disk is not None:
+        disk.close()
 
 
 def rss_peak_bytes() -> int:
@@ -180,6 +182,8 @@ class Trainer:
     speeds (and runtime overhead) the admission simulation uses; data_bytes: host memory the
     training data will hold, counted by the admission (data.data_bytes_bound). on_nonfinite:
     'skip' or 'stop' (module docstring; default 'skip', 'stop' with optimizer='backward').
+    disk_dir: where the disk tier's file goes (policy disk_tier; default the system temp dir:
+    point it at local NVMe), disk_method: how it is read and written (disk_store.py).
     schedule: a Schedule to run instead of building one (e.g. the one the planner simulated,
     or one read from JSON); it must have been built for this model and policy.
     """
@@ -189,7 +193,8 @@ class Trainer:
                  device_budget_bytes: int | None = None, compute_threads: int | None = None,
                  pin_cores: bool = True, track_memory: bool = True, timeout_s: float = DEFAULT_OP_TIMEOUT_S,
                  random_init: bool = True, admission: bool = True, host_budget_bytes: int | None = None,
-                 hardware=None, on_nonfinite: str | None = None, data_bytes: int = 0, schedule=None, dist=None):
+                 hardware=None, on_nonfinite: str | None = None, data_bytes: int = 0, schedule=None, dist=None,
+                 disk_dir=None, disk_method: str = "direct"):
         if policy.seq < 2:
             raise HorizonError(f"policy seq={policy.seq}: training needs sequences of at least 2 tokens")
         check_device(device)  # before admission, which asks the device for its free memory
@@ -226,11 +231,17 @@ class Trainer:
         self.backend = make_backend(device, timeout_s=timeout_s, compute_threads=compute_threads,
                                     pin_cores=pin_cores, track_memory=track_memory, **kw)
         self.store = HostStore(self.sched, model, self.backend, dist)
+        self.disk = None  # the disk tier (policy disk_tier): a file in disk_dir, gone with the process
+        if self.sched.static_bytes(Space.DISK):
+            import tempfile
+            from horizon_exec.runtime.disk_store import DiskStore
+            self.disk = DiskStore(self.sched, disk_dir or tempfile.gettempdir(), disk_method)
         self.arena = DeviceArena(self.backend, device_budget_bytes)
         self.buffers = BufferTable(self.sched, self.store, self.arena, self.backend)
         self._lr = float(lr)
         self.runner = OpRunner(model=model, policy=policy, sched=self.sched, buffers=self.buffers,
-                               store=self.store, arena=self.arena, backend=self.backend, adamw=adamw, dist=dist)
+                               store=self.store, arena=self.arena, backend=self.backend, adamw=adamw, dist=dist,
+                               disk=self.disk)
         self.units = [b.unit for b in self.sched.of(Holds.MOMENTS)]  # embedding, blocks, head
         self.split_master = policy.split_master  # the master is its working copy + a low half
         self._params = {}  # transformers name -> view of the master store (whole on every node)
@@ -244,7 +255,7 @@ class Trainer:
         self.engine = Engine(self.backend, self.runner, timeout_s=timeout_s, lanes=lanes)
         # Lane threads stop (and CUDA host memory is unregistered) with the trainer, even
         # without close(); the finalizer holds no reference to the trainer itself.
-        self._finalizer = weakref.finalize(self, _shutdown, self.engine, self.backend)
+        self._finalizer = weakref.finalize(self, _shutdown, self.engine, self.backend, self.disk)
         self._eval_sched = None  # built on the first eval
         self.pending = False  # pipelined: the last step's gradients are not applied yet
         self.pending_lr = self._lr  # the lr those pending gradients are applied with

@@ -10,6 +10,10 @@ EXAMPLE = """example:
   horizon min-ram --model llama-3.1-70b --gpu h100-pcie
   horizon min-ram --model dense-120b --gpu h200 --optimizer backward --no-working-copy --states-dtype bf16
   horizon min-ram --model ./my-model/config.json --gpu rtx-4090 --batch 8 --json
+  horizon min-ram --model dense-120b --gpu h200 --master-dtype split --disk 4TB --disk-GBps 25
+
+With --disk (local NVMe for the disk tier) and a policy that keeps the moments in RAM, the
+answer is also given with the moments on disk (--disk-tier moments): RAM + disk, and speed.
 
 The host footprint does not depend on the RAM installed, so it is simulated once and rounded
 up to a multiple of 64 GiB (after the OS reserve); the answer is then checked by simulating
@@ -32,10 +36,19 @@ def run(a: argparse.Namespace) -> int:
     from horizon_sim.plan.min_ram import min_ram
     from horizon_sim.specs.hf_config import load_model
 
+    from dataclasses import replace
+
+    from horizon_sim.errors import HorizonError
     model, hw, policy = load_model(a.model), hardware_from_args(a), policy_from_args(a)
     r = min_ram(model, hw, policy)
     s = r.result.summary
     n = model.total_params
+    disk = None  # the same policy with the moments on disk, when the machine has a disk
+    if hw.disk_bytes_usable and policy.disk_tier == "none" and hw.cluster.ranks == 1:
+        try:
+            disk = min_ram(model, hw, replace(policy, disk_tier="moments"))
+        except HorizonError as e:
+            disk = str(e)
     if a.json:
         print(json.dumps({
             "model": model.name, "params": n, "gpu": hw.device.name, "link": hw.link.name,
@@ -45,7 +58,10 @@ def run(a: argparse.Namespace) -> int:
             "below_fits": r.below.summary.fits if r.below else False,
             "tokens_per_s": s.tokens_per_s, "step_time_s": s.step_time_s, "mfu": s.mfu,
             "bottleneck": s.bottleneck, "device_peak_bytes": s.device_peak_bytes,
-            "policy": policy.to_dict()}))
+            "disk_bytes": s.memory.disk_need_bytes, "policy": policy.to_dict(),
+            "with_moments_on_disk": (None if disk is None else {"error": disk} if isinstance(disk, str) else {
+                "ram_bytes": disk.ram_bytes, "disk_bytes": disk.result.summary.memory.disk_need_bytes,
+                "tokens_per_s": disk.tokens_per_s, "host_bytes": disk.host_bytes})}))
         return 0
     c = hw.cluster
     on = (f"{hw.device.name} + {hw.link.name}" if c.ranks == 1 else
@@ -70,4 +86,14 @@ def run(a: argparse.Namespace) -> int:
     print(f"at {r.ram_bytes // GiB} GiB: {s.tokens_per_s:,.0f} tokens/s, step {s.step_time_s:.2f} s, "
           f"MFU {s.mfu:.1%}, limited by {s.bottleneck}; device peak {fmt_bytes(s.device_peak_bytes)} of "
           f"{fmt_bytes(s.device_usable_bytes)} usable")
+    if s.memory.disk_need_bytes:
+        print(f"disk: {fmt_bytes(s.memory.disk_need_bytes)} of {fmt_bytes(hw.disk_bytes_usable)} (the Adam moments)")
+    if isinstance(disk, str):
+        print(f"\nwith the moments on disk (--disk-tier moments): {disk}")
+    elif disk is not None:
+        ds = disk.result.summary
+        print(f"\nwith the moments on disk (--disk-tier moments): {disk.ram_bytes // GiB} GiB of RAM "
+              f"({disk.host_bytes / n:.2f} B/param) + {fmt_bytes(ds.memory.disk_need_bytes)} of disk at "
+              f"{hw.host.disk_read_GBps:g}/{hw.host.disk_write_GBps:g} GB/s: {ds.tokens_per_s:,.0f} tokens/s "
+              f"({ds.tokens_per_s / s.tokens_per_s:.2f}x), limited by {ds.bottleneck}")
     return 0
