@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from horizon_exec.files import ckpt as ckpt_mod
-from horizon_exec.runtime.disk_store import METHODS, DiskStore
+from horizon_exec.runtime.disk_store import METHODS, DiskStore, disk_buffers
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Holds, build_schedule
 from horizon_sim.schedule.op import Space
@@ -89,7 +89,7 @@ def test_a_disk_tier_checkpoint_resumes_exactly_in_ram_or_on_disk(tmp_path):
 @pytest.mark.parametrize("offset", [0, 4096 + 4, 64])
 def test_every_method_reads_back_what_it_wrote(method, offset, tmp_path):
     sched = build_schedule(SPEC, POL)
-    d = DiskStore(sched, tmp_path, method)
+    d = DiskStore(disk_buffers(sched), tmp_path, method)
     try:
         names = [n for n, b in sched.buffers.items() if b.space == Space.DISK]
         gen = torch.Generator().manual_seed(0)
@@ -119,7 +119,7 @@ def test_no_room_on_the_disk_is_one_clear_error(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(os, "posix_fallocate", full)
     with pytest.raises(Exception, match=r"the disk tier needs .* No space left on device"):
-        DiskStore(build_schedule(SPEC, POL), tmp_path)
+        DiskStore(disk_buffers(build_schedule(SPEC, POL)), tmp_path)
 
 
 def _train(tmp_path, *extra):

@@ -205,3 +205,10 @@ def test_write_trace(tiny, tmp_path):
     assert sum(e["ph"] == "X" for e in data["traceEvents"]) == len(tiny.timeline)
     with pytest.raises(HorizonError, match="does not exist"):
         write_trace(tiny, tmp_path / "missing" / "t.json")
+
+
+def test_every_op_kind_has_a_colour():
+    """A Gantt or overlay of any Schedule (the disk tier's ops included) can be drawn."""
+    from horizon_sim.report.gantt import KIND_COLOR
+    from horizon_sim.schedule.op import OpKind
+    assert set(KIND_COLOR) == set(OpKind)

@@ -35,6 +35,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--micro-batches", type=int, default=1)
+    p.add_argument("--disk-dir", default=None, metavar="DIR",
+                   help="a folder on the disk the disk tier would use (train --disk-dir): its read and write "
+                        "bandwidth and free space are measured (default: the system temp dir)")
     p.add_argument("--json", action="store_true", help="print the spec as JSON instead of a summary")
 
 
@@ -52,7 +55,8 @@ def run(a: argparse.Namespace) -> int:
         policy = Policy(batch=a.batch, seq=a.seq, micro_batches=a.micro_batches)
     calibrate = import_executor("horizon_exec.measure.calibrate", "calibrate").calibrate
     from horizon_sim.specs.hardware_io import save_hardware
-    hw = calibrate(a.device, quick=a.quick, model=model, policy=policy, rounds=a.rounds, say=say)
+    hw = calibrate(a.device, quick=a.quick, model=model, policy=policy, rounds=a.rounds, say=say,
+                   disk_dir=a.disk_dir)
     save_hardware(hw, out)
     if a.json:
         print(json.dumps({"output": str(out), **hw.to_dict()}))

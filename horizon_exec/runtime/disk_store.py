@@ -16,7 +16,7 @@ How bytes move (`method`; benchmarks/disk_tier.py measures them side by side):
             stage must be 4 KiB-aligned (the host pool's large blocks are page-aligned mmaps);
             an unaligned head or tail goes through a small aligned bounce buffer.
   buffered  plain pread/pwrite through the page cache (file systems without O_DIRECT: tmpfs);
-            after each write the unit's pages are dropped (fdatasync + POSIX_FADV_DONTNEED).
+            after each read and write the unit's pages are dropped (fdatasync, POSIX_FADV_DONTNEED).
   mmap      the file mapped, copied with torch: every touched page is resident and counts in
             the process's RSS until evicted (benchmark only).
 """
@@ -42,15 +42,20 @@ def _up(n: int) -> int:
     return -(-n // BLOCK) * BLOCK
 
 
+def disk_buffers(sched) -> dict[str, int]:
+    """{name: bytes} of a Schedule's Space.DISK buffers."""
+    return {name: b.bytes for name, b in sched.buffers.items() if b.space == Space.DISK}
+
+
 class DiskStore:
-    def __init__(self, sched, folder, method: str = "direct"):
+    def __init__(self, sizes: dict[str, int], folder, method: str = "direct"):
+        """sizes: {buffer name: bytes} (disk_buffers(sched)); folder: where the file goes."""
         if method not in METHODS:
             raise HorizonError(f"disk tier method {method!r}; allowed: {', '.join(METHODS)}")
         self.offsets, total = {}, 0
-        for name, b in sched.buffers.items():
-            if b.space == Space.DISK:
-                self.offsets[name] = (total, b.bytes)
-                total += _up(b.bytes)
+        for name, n in sizes.items():
+            self.offsets[name] = (total, n)
+            total += _up(n)
         self.nbytes, self.folder = total, str(folder)
         if not os.path.isdir(self.folder):
             raise HorizonError(f"disk tier folder {self.folder!r} does not exist (--disk-dir)")
@@ -96,8 +101,10 @@ class DiskStore:
         off, b = self._where(name, t)
         if self._map is not None:
             b.copy_(torch.frombuffer(self._map, dtype=torch.uint8, count=b.numel(), offset=off))
-        else:
-            self._io(os.preadv, off, b)
+            return
+        self._io(os.preadv, off, b)
+        if self.method == "buffered":  # the read filled the page cache with the unit: drop it
+            os.posix_fadvise(self.fd, off, b.numel(), os.POSIX_FADV_DONTNEED)
 
     def write(self, name: str, t: torch.Tensor) -> None:
         """`t` into buffer `name`'s place in the file."""

@@ -234,8 +234,8 @@ class Trainer:
         self.disk = None  # the disk tier (policy disk_tier): a file in disk_dir, gone with the process
         if self.sched.static_bytes(Space.DISK):
             import tempfile
-            from horizon_exec.runtime.disk_store import DiskStore
-            self.disk = DiskStore(self.sched, disk_dir or tempfile.gettempdir(), disk_method)
+            from horizon_exec.runtime.disk_store import DiskStore, disk_buffers
+            self.disk = DiskStore(disk_buffers(self.sched), disk_dir or tempfile.gettempdir(), disk_method)
         self.arena = DeviceArena(self.backend, device_budget_bytes)
         self.buffers = BufferTable(self.sched, self.store, self.arena, self.backend)
         self._lr = float(lr)

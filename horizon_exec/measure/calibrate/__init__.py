@@ -39,6 +39,8 @@ the lane that will do the work (same cores, same intra-op thread count):
   dram_GBps           all cores copying at once (the bus), bytes read + written per second
   runtime_overhead    RSS of a training process before model tensors: a tiny model trained in
                       a fresh process (probe.py), less its tensors and allocator retention
+  disk_*              the disk tier's disk (disk.py): units of moments written and read back with
+                      the executor's own I/O (O_DIRECT) in --disk-dir; disk_GiB: its free space
 The noise-prone figures are measured in `rounds` rounds spread over the run (the GEMM grid is
 visited once per round, in alternating order) and averaged on time: a shared machine's speed
 drifts by tens of percent over seconds.
@@ -73,15 +75,16 @@ __all__ = ["calibrate", "KernelTimer", "_block_pass"]
 
 
 def calibrate(device: str = "cpu", *, quick: bool = False, model: ModelSpec | None = None,
-              policy: Policy | None = None, say=print, rounds: int | None = None) -> HardwareSpec:
+              policy: Policy | None = None, say=print, rounds: int | None = None, disk_dir=None) -> HardwareSpec:
     """Measure this machine for the executor on `device` ('cpu' or 'cuda[:N]'). `model` and
     `policy` add their exact GEMM shapes to the table. `say`: progress lines (None: quiet).
     `rounds`: how many times the cheap, noise-prone measurements (attention, elementwise,
     per-op costs, copies, AdamW) are repeated, spread over the run (default 3, quick 1); each
-    figure is the mean over rounds of its time."""
+    figure is the mean over rounds of its time. `disk_dir`: the folder whose disk the disk tier
+    would use (default: the system temp dir)."""
     rounds = rounds or (1 if quick else 3)
     if device == "cpu":
-        return _calibrate_cpu(quick, model, policy, say, rounds)
+        return _calibrate_cpu(quick, model, policy, say, rounds, disk_dir)
     if device.startswith("cuda"):
-        return _calibrate_cuda(device, quick, model, policy, say, rounds)
+        return _calibrate_cuda(device, quick, model, policy, say, rounds, disk_dir)
     raise HorizonError(f"device {device!r}: calibrate measures 'cpu' or 'cuda[:N]'")

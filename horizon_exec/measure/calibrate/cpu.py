@@ -9,6 +9,7 @@ import torch
 
 from horizon_exec.measure.calibrate.collectives import measure_loopback
 from horizon_exec.measure.calibrate.contention import busy_latencies, compute_slowdown
+from horizon_exec.measure.calibrate.disk import disk_host_fields
 from horizon_exec.measure.calibrate.host import (os_reserved_GiB, measure_accumulate_GBps, measure_adam_Gparams,
                                          measure_bus_GBps, measure_copy_GBps, measure_reduce_GBps,
                                          measure_shared_cores, ram_GiB)
@@ -49,12 +50,12 @@ def _bf16_fallback() -> bool:
     return t[torch.bfloat16] > BF16_FALLBACK_RATIO * t[torch.float32]
 
 
-def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
+def _calibrate_cpu(quick, model, policy, say, rounds, disk_dir=None) -> HardwareSpec:
     from horizon_exec.device.cpu import CpuBackend
     from horizon_exec.measure.probe import probe
     t_start = time.perf_counter()
     be = CpuBackend()
-    prog = Progress(total=5 + rounds, say=say)
+    prog = Progress(total=6 + rounds, say=say)
     compute = lambda fn: _in_lane(be, Lane.COMPUTE, fn)  # noqa: E731
     host = lambda fn: _in_lane(be, Lane.CPU, fn)         # noqa: E731
 
@@ -171,13 +172,14 @@ def _calibrate_cpu(quick, model, policy, say, rounds) -> HardwareSpec:
     prog.done(f"{coll_GBps:.2f} GB/s per ring step, {coll_us:.0f} us latency (data-parallel CPU ranks: "
               "horizon plan --hardware FILE --gpus N)")
 
+    disk = disk_host_fields(disk_dir, quick, prog)
     prog.step("assemble the HardwareSpec")
     hw = HardwareSpec(
         device=replace(dev, op_overhead_us=tuple(sorted(comp_us.items())), reduce_GBps=reduce,
                        launch_overhead_us=comp_us.get(OpKind.FORWARD.value, 0.0)),
         link=replace(link, latency_us=copy_us, busy_latency_us=copy_busy),
         host=replace(hst, op_latency_us=host_us, runtime_overhead_GiB=runtime, busy_latency_us=host_busy,
-                     compute_contention=max(0.0, slowdown - 1.0)),
+                     compute_contention=max(0.0, slowdown - 1.0), **disk),
         cluster=cluster,
         name=f"{hst.name}, CPU backend: compute on {be.compute_threads} core(s), lanes on "
              f"{len(be.host_cores)} ({'quick ' if quick else ''}calibrated {time.strftime('%Y-%m-%d %H:%M')})")

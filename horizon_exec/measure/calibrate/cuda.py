@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import torch
 
+from horizon_exec.measure.calibrate.disk import disk_host_fields
 from horizon_exec.measure.calibrate.host import os_reserved_GiB, measure_adam_Gparams, measure_bus_GBps, ram_GiB
 from horizon_exec.measure.calibrate.kernels import (_ColdOperands, _gemm_shapes, attention_calls, attention_grid,
                                             gemm_grid, measure_elementwise, measure_loss_ns_per_logit,
@@ -88,7 +89,7 @@ def _preset_for(gpu_name: str):
     return best[1] if best else None
 
 
-def _calibrate_cuda(device, quick, model, policy, say, rounds) -> HardwareSpec:
+def _calibrate_cuda(device, quick, model, policy, say, rounds, disk_dir=None) -> HardwareSpec:
     """The CUDA backend: copies are DMA over the real link (pinned and pageable), compute is
     the GPU, the optimizer runs on all host cores. Not exercised on the machine this was
     written on (no GPU); the CPU path is the one validated."""
@@ -105,7 +106,7 @@ def _calibrate_cuda(device, quick, model, policy, say, rounds) -> HardwareSpec:
 def _calibrate_on(device, dev_t, quick, model, policy, say, rounds) -> HardwareSpec:
     from horizon_exec.measure.probe import probe
     sync = lambda: torch.cuda.synchronize(dev_t)  # noqa: E731
-    prog = Progress(total=6, say=say)
+    prog = Progress(total=7, say=say)
     props = torch.cuda.get_device_properties(dev_t)
     t_start = time.perf_counter()
 
@@ -174,10 +175,11 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds) -> HardwareS
     comp_us, copy_us, host_us = op_overheads(hw, tiny_op_times(device, 4))
     res = probe(TINY, TINY_POLICY, steps=2, warmup=1, device=device)
     runtime = max(res["rss_peak_bytes"] - res["store_bytes"] - res["host_dynamic_peak_bytes"], 0) / GiB
+    disk = disk_host_fields(disk_dir, quick, prog)
     prog.step("assemble the HardwareSpec")
     hw = HardwareSpec(device=replace(devspec, op_overhead_us=tuple(sorted(comp_us.items()))),
                       link=replace(link, latency_us=max(lat, copy_us)),
-                      host=replace(hst, op_latency_us=host_us, runtime_overhead_GiB=runtime),
+                      host=replace(hst, op_latency_us=host_us, runtime_overhead_GiB=runtime, **disk),
                       name=f"{props.name} / {hst.name} (calibrated {time.strftime('%Y-%m-%d %H:%M')})")
     prog.done(f"total {time.perf_counter() - t_start:.0f} s")
     return hw

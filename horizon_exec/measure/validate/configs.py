@@ -1,7 +1,8 @@
 """The configurations `horizon validate` runs: Config (a named model and policy with a one-line
-label for the reports), the ten small CONFIGS that vary depth, width, batch, K, slots,
+label for the reports), the eleven small CONFIGS that vary depth, width, batch, K, slots,
 checkpoint placement, optimizer overlap, vocabulary, micro-batches, the working copy, the
-split master, attention under explicit masks and two data-parallel ones (2 ranks), and the three tiny
+split master, the disk tier, attention under explicit masks and two data-parallel ones (2 ranks),
+and the three tiny
 QUICK_CONFIGS of `--quick` (one of them on 2 ranks).
 """
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ class Config:
         return (f"L{m.n_layers} H{m.hidden} V{m.vocab}, batch {p.batch}x{p.seq}, K={p.act_ckpt_every}, "
                 f"{p.slots} slots, ckpt {p.act_ckpt_on}, opt {p.optimizer}"
                 + ("" if p.working_copy else ", no wc") + (", split master" if p.split_master else "")
+                + (", moments on disk" if p.disk_tier == "moments" else "")
                 + (f", grads<={p.max_host_grads}" if p.max_host_grads else "")
                 + (f", {p.micro_batches} micro" if p.micro_batches > 1 else "")
                 + (", windows" if m.layer_windows else "") + (", doc masks" if p.doc_masks else "")
@@ -66,11 +68,15 @@ CONFIGS = (
            Policy(batch=2, seq=128, split_master=True, optimizer="backward", grad_clip=0.0, max_host_grads=2),
            "split master (the bf16 copy + a low half), optimizer in backward, host grads bounded to 2: "
            "the exact-fp32 policy that fits dense-120b in 1.5 TB"),
+    Config("disk_tier", _llama("v-disk", 6, 256, 4, 2, 688), Policy(batch=2, seq=256, split_master=True,
+                                                                    disk_tier="moments"),
+           "base with the split master and the Adam moments on disk (O_DIRECT, read a unit ahead into two "
+           "RAM stages, written back after the update)"),
 )
-"""Ten small configurations that vary depth, width, batch, K, slots, checkpoint placement,
-optimizer overlap, vocabulary, micro-batches, the working copy, the split master, masked
-attention and data parallelism (two of them run 2 ranks sharing the machine's cores); about
-two minutes in all on a 2-core CPU."""
+"""Eleven small configurations that vary depth, width, batch, K, slots, checkpoint placement,
+optimizer overlap, vocabulary, micro-batches, the working copy, the split master, the disk
+tier, masked attention and data parallelism (two of them run 2 ranks sharing the machine's
+cores); about two minutes in all on a 2-core CPU."""
 
 QUICK_CONFIGS = (
     Config("tiny_a", _llama("v-tiny-a", 3, 128, 2, 1, 352), Policy(batch=1, seq=64), "tiny, default"),
