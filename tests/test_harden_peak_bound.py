@@ -23,7 +23,7 @@ from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
 HW = make_hardware("h100-pcie")
-
+HW = replace(HW, host=replace(HW.host, disk_GiB=4096.0, disk_read_GBps=7.0, disk_write_GBps=7.0))  # the disk tier's
 
 def _slowed(hw, d2h=1.0, h2d=1.0, cpu=1.0):
     link = replace(hw.link, d2h_GBps=hw.link.d2h_GBps * d2h, h2d_GBps=hw.link.h2d_GBps * h2d)
