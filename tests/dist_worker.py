@@ -35,7 +35,12 @@ def batches(n: int = 3, seq: int = 16, vocab: int = 250):
     return [torch.randint(0, vocab, (GLOBAL_BATCH, seq), generator=g) for _ in range(n)]
 
 
-def policy(world: int, opt: str, micro_batches: int = 1) -> Policy:
+def policy(world: int, opt: str, micro_batches: int = 1, bf16: str = "") -> Policy:
+    """fp32 compute (parity); bf16 = 'copy' or 'split': bf16 compute with the working copy, the
+    master whole or split."""
+    if bf16:
+        return Policy(batch=GLOBAL_BATCH // world, micro_batches=micro_batches, seq=16, optimizer=opt,
+                      grad_clip=0.0 if opt == "backward" else 0.5, split_master=bf16 == "split")
     return Policy(batch=GLOBAL_BATCH // world, micro_batches=micro_batches, seq=16, compute_dtype="fp32",
                   grad_dtype="fp32", working_copy=False, optimizer=opt, grad_clip=0.0 if opt == "backward" else 0.5)
 
@@ -56,7 +61,7 @@ def shared_mapping() -> dict:
 def main(out: Path, mode: str, kw: dict) -> None:
     ctx = from_env(timeout_s=float(kw.get("timeout", 60)))
     opt = kw.get("opt", "pipelined")
-    pol = policy(ctx.world, opt)
+    pol = policy(ctx.world, opt, bf16=kw.get("bf16", ""))
     b = pol.batch
     tr = Trainer(spec(kw.get("tied") == "1"), pol, admission=False, lr=float(kw.get("lr", 1e-3)), dist=ctx,
                  timeout_s=float(kw.get("op_timeout", 60)))
@@ -64,7 +69,17 @@ def main(out: Path, mode: str, kw: dict) -> None:
     if mode == "parity":
         losses = [tr.step(t).loss for t in mine]
         tr.flush()
-        full = torch.cat([tr.gather_master(u) for u in tr.units])
+        wholes = [tr.gather_master(u) for u in tr.units]
+        full = torch.cat(wholes)
+        if pol.split_master:  # every node's whole working copy is the gathered master's high half
+            from horizon_exec.optim.split import split_
+            from horizon_sim.schedule import Holds
+            ok = True
+            for u, w in zip(tr.units, wholes):
+                hi, lo = torch.empty(w.numel(), dtype=torch.bfloat16), torch.empty(w.numel(), dtype=torch.int16)
+                split_(w, hi, lo)
+                ok &= torch.equal(tr.store.of(Holds.WORKING_COPY, u)[:w.numel()], hi)
+            (out / f"wc-{ctx.rank}.json").write_text(json.dumps(bool(ok)))
         if ctx.rank == 0:
             torch.save(full, out / "master.pt")
             (out / "losses.json").write_text(json.dumps(losses))

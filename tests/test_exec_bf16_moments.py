@@ -73,5 +73,5 @@ def test_cli_trains_with_bf16_moments(capsys):
                "--states-dtype", "bf16", "--no-progress"])
     out = capsys.readouterr()
     assert rc == 0, out.err
-    assert "optimizer: AdamW (pipelined), bf16 moments: native AdamW kernel (" in out.out
+    assert "optimizer: AdamW (pipelined), fp32 master, bf16 moments: native AdamW kernel (" in out.out
     assert "final loss" in out.out

@@ -137,3 +137,27 @@ def test_cli_trains_with_a_split_master(capsys):
     assert "final loss" in out.out
     assert main(["train", "--model", "tiny", "--steps", "1", "--master-dtype", "split", "--no-working-copy"]) == 2
     assert "drop --no-working-copy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("optimizer", ["pipelined", "after"])
+def test_a_bf16_master_is_the_fp32_master_rounded_after_a_step(optimizer):
+    """--master-dtype bf16 (no fp32 master): from weights bf16 holds exactly, the device sees
+    the same weights as an fp32-master run, so the gradients are the same, and the updated bf16
+    master is the fp32 master's update rounded to nearest even."""
+    base = Policy(batch=2, seq=16, optimizer=optimizer)
+    with Trainer(SPEC, base, lr=LR, weight_decay=WD, seed=0) as a:
+        start = {n: t.to(torch.bfloat16).float() for n, t in a.state_dict().items()}
+        a.load_state_dict(start)
+        with Trainer(SPEC, dataclasses.replace(base, master_dtype="bf16", working_copy=False), lr=LR,
+                     weight_decay=WD, seed=1) as b:
+            b.load_state_dict(start)
+            assert b.store.of(Holds.MASTER, 0).dtype == torch.bfloat16
+            assert a.step(_tokens()).loss == b.step(_tokens()).loss
+            a.flush()
+            b.flush()
+            sa, sb = a.state_dict(), b.state_dict()
+            changed = 0
+            for n in sa:
+                assert torch.equal(sb[n], sa[n].to(torch.bfloat16)), n
+                changed += int((sb[n] != start[n].to(torch.bfloat16)).sum())
+            assert changed > SPEC.total_params // 2  # lr 1e-3 moves most weights by more than half an ulp

@@ -299,7 +299,9 @@ def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what)
           f"{len(ds.eval)} eval sequences of {policy.seq}")
     if tr.admission is not None:
         print(f"admission: fits: {tr.admission.line()}")
-    print(f"optimizer: AdamW ({policy.optimizer}), {policy.states_dtype} moments: "
+    master = "split fp32 master (bf16 copy + low half)" if policy.split_master else f"{policy.master_dtype} master"
+    disk = f" on disk ({tr.disk.method} I/O in {tr.disk.folder})" if tr.disk is not None else ""
+    print(f"optimizer: AdamW ({policy.optimizer}), {master}, {policy.states_dtype} moments{disk}: "
           f"{tr.runner.adamw.describe(TORCH_DTYPE[policy.master_dtype], TORCH_DTYPE[policy.states_dtype])}")
     if args.resume is not None:
         p = loop.resume(args.resume or args.ckpt_dir)
