@@ -25,9 +25,9 @@ demo: $(STAMP)
 	@echo "== 1/6 the paper's headline: ~120B dense on one H200 with 1.5 TB host RAM, default policy"
 	$(VENV)/bin/horizon plan --model dense-120b --gpu h200 --ram 1.5TB --batch 8 --seq 4096
 	@echo
-	@echo "== 2/6 the same with a lean host footprint (optimizer per layer in backward, no working copy)"
+	@echo "== 2/6 the same with a lean host footprint, exact fp32 AdamW (split master, optimizer per layer in backward)"
 	$(VENV)/bin/horizon plan --model dense-120b --gpu h200 --ram 1.5TB --batch 8 --seq 4096 \
-	    --optimizer backward --grad-clip 0 --no-working-copy --act-ckpt-on device --no-advice
+	    --optimizer backward --grad-clip 0 --master-dtype split --act-ckpt-on device --no-advice
 	@echo
 	@echo "== 3/6 calibrate this machine for the executor's CPU backend (about 50 s)"
 	$(VENV)/bin/horizon calibrate -o reports/machine.toml
@@ -38,7 +38,7 @@ demo: $(STAMP)
 	@echo "== 5/6 predicted vs measured: eleven configurations through the executor and the planner (about 2 min)"
 	$(VENV)/bin/horizon validate --hardware reports/machine.toml --out reports
 	@echo
-	@echo "== 6/6 planner reports (headline, fit table, optimizer modes, checkpoints, feasibility map, scale out, against ZeRO-3 offload)"
+	@echo "== 6/6 planner reports (headline, fit table, optimizer modes, checkpoints, feasibility map, scale out, against ZeRO-3 offload, host bytes)"
 	$(PY) -m horizon_sim.report.build --out reports
 	@echo
 	@echo "== done. Reports are in reports/ (start at reports/README.md):"

@@ -49,6 +49,17 @@ FAMILY_BASE = "dense-120b"
 WIDTHS = range(1024, 32768 + 1, 1024)
 
 
+def exact_sets(base: Policy | None = None) -> dict[str, dict[str, Policy]]:
+    """The exact-fp32 policy sets compared side by side (benchmarks/host_bytes.py, reports
+    section 8): 'before' the split master (the default and the lean policy: no working copy,
+    loads move fp32), '+ split' (and the split master, also lean with bounded host grads),
+    '+ disk' (and the split master with the moments on disk)."""
+    base = base or Policy()
+    before = {"default": base, "lean": replace(base, **_LEAN["lean"])}
+    split = {**before, **{n: replace(base, **_LEAN[n]) for n in ("split", "split-lean")}}
+    return {"before": before, "+ split": split, "+ disk": {**split, "split-disk": replace(base, **_DISK["split-disk"])}}
+
+
 def policy_set(name: str, base: Policy | None = None, disk: bool = False) -> dict[str, Policy]:
     """The named set's policies; disk: with the disk-tier ones (not in 'default')."""
     if name not in POLICY_SETS:
@@ -196,10 +207,13 @@ def _judge(cands: list[Candidate], policies: dict[str, Policy], hw, runner: Runn
     return verdicts
 
 
-def max_model(hw: HardwareSpec, *, base: Policy | None = None, policies: str = "lean",
+def max_model(hw: HardwareSpec, *, base: Policy | None = None, policies: str | dict = "lean",
               workers: int | None = None, progress: bool = False) -> MaxModelResult:
-    """The largest candidate model that fits `hw` under the policy set `policies`."""
-    pols = policy_set(policies, base, disk=hw.disk_bytes_usable > 0)
+    """The largest candidate model that fits `hw` under the policy set `policies` (a name of
+    POLICY_SETS, or {name: Policy})."""
+    pols = dict(policies) if isinstance(policies, dict) else policy_set(policies, base, disk=hw.disk_bytes_usable > 0)
+    if not pols:
+        raise HorizonError("max-model needs at least one policy")
     cands = candidates(hw, pols)
     judged: list[Verdict] = []
     with Runner(workers, progress, desc="max-model") as runner:

@@ -57,6 +57,14 @@ class BuildConfig:
     peer_depth: int = 40
     peer_widths: tuple[int, ...] = (4096, 8192, 12288, 16384)
     """Width sweep at peer_depth."""
+    host_model: str = "dense-120b"
+    host_gpu: str = "h200"
+    host_ram: str = "1.5TB"
+    host_disk: str = "8TB"
+    host_disk_GBps: str = "25"
+    host_policy: Policy = Policy()
+    host_max_model: bool = True
+    """Section 8 also asks max-model under each exact-fp32 policy set (seconds)."""
 
 
 FULL = BuildConfig()
@@ -72,4 +80,6 @@ QUICK = BuildConfig(
     peer_platforms=(("h100-pcie", "64GiB"),), peer_models=("tiny", "qwen2.5-0.5b"), peer_policy=Policy(batch=2, seq=512),
     peer_scaling_machine=("h100-pcie", "64GiB"), peer_width=512, peer_depths=(2, 4), peer_depth=2,
     peer_widths=(256, 512),
+    host_model="qwen2.5-0.5b", host_gpu="h100-pcie", host_ram="16GiB", host_disk="64GiB",
+    host_policy=Policy(batch=2, seq=512), host_max_model=False,
 )
