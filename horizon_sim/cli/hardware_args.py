@@ -8,6 +8,7 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.specs.cluster import CLUSTERS, MAX_DEVICES_PER_NODE, MAX_NODES, make_cluster
 from horizon_sim.specs.cpu_ranks import is_cpu_backend, laid_out
 from horizon_sim.specs.hardware import HardwareSpec
+from horizon_sim.specs.hardware_presets import DISKS
 
 
 DISK_GBPS_DEFAULT = 7.0
@@ -19,9 +20,10 @@ def add_disk_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disk", default=None, metavar="SIZE",
                    help="local NVMe space for the disk tier (--disk-tier moments), e.g. 4TB (default: none, "
                         "or the hardware file's)")
-    p.add_argument("--disk-GBps", default=None, metavar="READ[/WRITE]",
-                   help=f"its sequential bandwidth in GB/s, read and write (default {DISK_GBPS_DEFAULT:g}: one "
-                        "PCIe Gen4 NVMe; 4 striped: 28)")
+    p.add_argument("--disk-GBps", default=None, metavar="READ[/WRITE]|DRIVE[xN]",
+                   help=f"its sequential bandwidth in GB/s, read and write, or a drive preset ({', '.join(DISKS)}) "
+                        f"with xN for N striped (default {DISK_GBPS_DEFAULT:g}: one PCIe Gen4 NVMe; e.g. 26/12, "
+                        "pm1743x2)")
 
 
 def with_disk(hw: HardwareSpec, a: argparse.Namespace) -> HardwareSpec:
@@ -36,14 +38,25 @@ def with_disk(hw: HardwareSpec, a: argparse.Namespace) -> HardwareSpec:
     if rate is None:
         r, w = hw.host.disk_read_GBps or DISK_GBPS_DEFAULT, hw.host.disk_write_GBps or DISK_GBPS_DEFAULT
     else:
-        try:
-            parts = [float(x) for x in str(rate).split("/")]
-        except ValueError:
-            parts = []
-        if len(parts) not in (1, 2) or not all(0 < x < 1e4 for x in parts):
-            raise HorizonError(f"--disk-GBps {rate!r}: want GB/s as READ or READ/WRITE, e.g. 25 or 26/12")
-        r, w = parts[0], parts[-1]
+        r, w = disk_rates(rate)
     return replace(hw, host=replace(hw.host, disk_GiB=gib, disk_read_GBps=r, disk_write_GBps=w))
+
+
+def disk_rates(text: str) -> tuple[float, float]:
+    """(read, write) GB/s from '25', '26/12', or a drive preset with an optional 'xN' (striped)."""
+    name, _, count = str(text).partition("x")
+    if name in DISKS:
+        n = int(count) if count.isdigit() and 0 < int(count) <= 64 else (1 if not count else 0)
+        if n:
+            return DISKS[name][0] * n, DISKS[name][1] * n
+    try:
+        parts = [float(x) for x in str(text).split("/")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or not all(0 < x < 1e4 for x in parts):
+        raise HorizonError(f"--disk-GBps {text!r}: want GB/s as READ or READ/WRITE (25, 26/12), or a drive "
+                           f"({', '.join(DISKS)}) with an optional xN for N striped (1..64), e.g. pm1743x2")
+    return parts[0], parts[-1]
 
 
 def add_cluster_args(p: argparse.ArgumentParser) -> None:

@@ -145,6 +145,19 @@ def device_preset(name: str) -> DeviceSpec:
     return _lookup("gpu", DEVICES, name)
 
 
+# ---- local disks for the disk tier: (sequential read GB/s, sequential write GB/s) -------------
+DISKS: dict[str, tuple[float, float]] = {
+    # Micron 9400 PRO (PCIe Gen4 x4, U.3), product brief: 7,000 MB/s sequential read and write.
+    "micron-9400": (7.0, 7.0),
+    # Samsung PM1743 (PCIe Gen5 x4), product brief: 13,000 MB/s read, 6,600 MB/s write.
+    "pm1743": (13.0, 6.6),
+    # Samsung 990 PRO 4 TB (consumer PCIe Gen4), datasheet: 7,450 MB/s read, 6,900 MB/s write.
+    "990-pro": (7.45, 6.9),
+}
+"""Datasheet sequential rates (the drives' best case: large blocks, deep queues; calibrate
+measures a real one with the executor's own I/O)."""
+
+
 def link_preset(name: str) -> LinkSpec:
     return _lookup("link", LINKS, name)
 
