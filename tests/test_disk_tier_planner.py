@@ -39,7 +39,8 @@ def test_a_read_runs_ahead_of_the_previous_write_and_two_stages_at_most(optimize
     sched = build_schedule(MODEL, pol)
     disk = [o for o in sched.ops if o.lane == Lane.DISK]
     reads = [o.layer for o in disk if o.kind == OpKind.DISK_READ]
-    assert len(reads) == MODEL.n_layers + 2 and [o.kind for o in disk][:3] == [OpKind.DISK_READ] * 2 + [OpKind.DISK_WRITE]
+    assert len(reads) == MODEL.n_layers + 2
+    assert [o.kind for o in disk][:3] == [OpKind.DISK_READ, OpKind.DISK_READ, OpKind.DISK_WRITE]
     live, most = set(), 0
     for o in disk:  # FIFO lane: the stages live between a unit's read and its write
         if o.kind == OpKind.DISK_READ:
@@ -67,7 +68,8 @@ def test_moments_leave_ram_for_the_disk_and_the_split_master_saves_two_bytes():
     # stages: at most two live, pooled by size (the embedding's, a block's, the head's)
     stages = r2.host.by_role["disk_stages"]
     assert r2.host.by_role["moments"] == 0
-    assert 8 * MODEL.embedding_params <= stages <= 8 * (MODEL.embedding_params + 2 * MODEL.layer_params + MODEL.head_params)
+    most = 8 * (MODEL.embedding_params + 2 * MODEL.layer_params + MODEL.head_params)
+    assert 8 * MODEL.embedding_params <= stages <= most
     assert r2.summary.memory.disk_need_bytes == 8 * n and r2.summary.fits
     small = plan(MODEL, _hw(disk_GiB=1.0, disk_read_GBps=6.0, disk_write_GBps=3.0),
                  replace(base, disk_tier="moments")).summary

@@ -107,8 +107,8 @@ def _split_master_item(trainer, b):
     run may resume with or without the split)."""
     import torch
 
-    return Deferred(shape=tuple(b.shape), dtype=torch.float32, make=lambda: trainer.node_master(b.unit),
-                    done=lambda t: trainer.set_node_master(b.unit, t))
+    return Deferred(shape=tuple(b.shape), dtype=torch.float32, make=lambda: trainer.master.node(b.unit),
+                    done=lambda t: trainer.master.set_node(b.unit, t))
 
 
 def _disk_item(trainer, b):

@@ -183,7 +183,7 @@ class _SplitSink:
         u = self.unit_of[name]
         self.left[u] -= 1
         if not self.left[u]:
-            self.tr._write_master(u, self.scratch.pop(u)[0])
+            self.tr.master.write_whole(u, self.scratch.pop(u)[0])
 
 
 def reset_optimizer_state(trainer) -> None:

@@ -66,13 +66,12 @@ from horizon_exec.runtime.nonfinite import NonFiniteGuard
 from horizon_exec.runtime.ops import OpRunner, StepContext
 from horizon_exec.optim import native
 from horizon_exec.optim.adamw import AdamW, check_hyper
-from horizon_exec.optim.split import join, split_
 from horizon_exec.runtime.positions import check_docs
+from horizon_exec.runtime.master import Master
 from horizon_exec.runtime.store import HostStore
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import Holds, build_eval_schedule, build_schedule
 from horizon_sim.schedule.op import EMBED, Space
-from horizon_sim.schedule.partition import Part
 from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -244,6 +243,7 @@ class Trainer:
                                disk=self.disk)
         self.units = [b.unit for b in self.sched.of(Holds.MOMENTS)]  # embedding, blocks, head
         self.split_master = policy.split_master  # the master is its working copy + a low half
+        self.master = Master(self.store, self.sched, self.runner, dist, self.split_master)  # fp32 access
         self._params = {}  # transformers name -> view of the master store (whole on every node)
         if dist.nodes == 1 and not self.split_master:
             for u in self.units:
@@ -284,74 +284,8 @@ class Trainer:
                     else:
                         t.copy_(torch.randn(t.shape, generator=gen) * INIT_STD)
                 if not in_place:
-                    self._write_master(u, whole)
+                    self.master.write_whole(u, whole)
         self._refresh_working_copy()
-
-    def _write_master(self, u: int, whole: torch.Tensor) -> None:
-        """A whole unit's fp32 master -> the node's store (node leader only): its chunks of the
-        master on several nodes; a split master's high halves (the whole working copy) and its
-        low halves."""
-        if not self.split_master:
-            if self.dist.nodes == 1:
-                self.store.of(Holds.MASTER, u)[:whole.numel()].copy_(whole)
-            else:
-                self._keep_node_chunks(u, whole, self.store.of(Holds.MASTER, u))
-            return
-        n = whole.numel()
-        hi, lo = self.store.of(Holds.WORKING_COPY, u), self.store.of(Holds.MASTER_LOW, u)
-        if self.dist.nodes == 1:  # the node's store is the whole unit
-            split_(whole.contiguous(), hi[:n], lo[:n])
-            return
-        low = torch.empty(n, dtype=lo.dtype)
-        split_(whole.contiguous(), hi[:n], low)
-        self._keep_node_chunks(u, low, lo)
-
-    def _keep_node_chunks(self, u: int, whole: torch.Tensor, dst: torch.Tensor) -> None:
-        """The node's chunks of a whole unit's buffer (the master, a split master's low
-        halves) -> dst, the node's buffer of them."""
-        part = self.runner.partition(u)
-        padded = torch.zeros(part.padded, dtype=whole.dtype)
-        padded[:whole.numel()] = whole
-        for i in range(self.dist.devices_per_node):
-            a, e = part.owned_range(i, self.dist.node)
-            m0, m1 = part.owned_in(Part.NODE, i, self.dist.node)
-            dst[m0:m1].copy_(padded[a:e])
-
-    def node_master(self, u: int) -> torch.Tensor:
-        """Unit u's fp32 master as the node's store holds it (the node's chunks when data
-        parallel; what a checkpoint saves): a view, or a split master joined (a copy)."""
-        if not self.split_master:
-            return self.store.of(Holds.MASTER, u)
-        hi, lo = self.store.of(Holds.WORKING_COPY, u), self.store.of(Holds.MASTER_LOW, u)
-        if self.dist.nodes == 1:  # the node holds the whole unit, in the order of the copy
-            return join(hi, lo)
-        part, out = self.runner.partition(u), torch.empty(lo.numel())
-        for i in range(self.dist.devices_per_node):
-            (a, e), (m0, m1) = part.owned_range(i, self.dist.node), part.owned_in(Part.NODE, i, self.dist.node)
-            join(hi[a:e], lo[m0:m1], out[m0:m1])
-        return out
-
-    def set_node_master(self, u: int, t: torch.Tensor) -> None:
-        """node_master(u) <- t (node leader; a split master: its halves; the working copy of the
-        other nodes' chunks is gathered by _refresh_working_copy)."""
-        if not self.split_master:
-            self.store.of(Holds.MASTER, u).copy_(t)
-            return
-        hi, lo = self.store.of(Holds.WORKING_COPY, u), self.store.of(Holds.MASTER_LOW, u)
-        if self.dist.nodes == 1:
-            split_(t, hi, lo)
-            return
-        part = self.runner.partition(u)
-        for i in range(self.dist.devices_per_node):
-            (a, e), (m0, m1) = part.owned_range(i, self.dist.node), part.owned_in(Part.NODE, i, self.dist.node)
-            split_(t[m0:m1], hi[a:e], lo[m0:m1])
-
-    def _owned_master(self, u: int) -> torch.Tensor:
-        """This rank's chunk of unit u's fp32 master (a split master's: joined, a copy)."""
-        if not self.split_master:
-            return self.runner.owned(self.sched.find(Holds.MASTER, u).name)
-        hi = self.runner.owned(self.sched.find(Holds.WORKING_COPY, u).name)
-        return join(hi.contiguous(), self.runner.owned(self.sched.find(Holds.MASTER_LOW, u).name).contiguous())
 
     def _refresh_working_copy(self) -> None:
         """Working copies <- the masters (data parallel: the node's leader writes the shared
@@ -372,7 +306,7 @@ class Trainer:
             part = self.runner.partition(u)
             a, e = part.owned_range(d.local_rank, d.node)
             if not self.split_master:
-                wc[a:e].copy_(self._owned_master(u))
+                wc[a:e].copy_(self.master.owned(u))
             la, le = part.local_range(d.local_rank)
             from horizon_exec.dist.collectives import all_gather_into
             all_gather_into(wc[la:le], wc[a:e].clone(), group=d.groups["cross"])
@@ -384,12 +318,10 @@ class Trainer:
         lay = host_layout(self.model, u)
         d = self.dist
         if d.nodes == 1:
-            if self.split_master:
-                return join(self.store.of(Holds.WORKING_COPY, u)[:lay.numel], self.store.of(Holds.MASTER_LOW, u)[:lay.numel])
-            return self.store.of(Holds.MASTER, u)[:lay.numel].clone()
+            return self.master.local_whole(u, lay.numel)
         from horizon_exec.dist.collectives import all_gather_into
         part = self.runner.partition(u)
-        mine = self._owned_master(u).contiguous()
+        mine = self.master.owned(u).contiguous()
         got = torch.empty(d.world * part.chunk, dtype=torch.float32)
         all_gather_into(got, mine, group=d.groups["main"])
         by_rank = got.view(d.world, part.chunk)  # world rank r = node * N + local rank
@@ -431,7 +363,7 @@ class Trainer:
                     whole = torch.empty(lay.numel)
                     for name, t in lay.views(whole).items():
                         t.copy_(sd[name])
-                    self._write_master(u, whole)
+                    self.master.write_whole(u, whole)
                 else:
                     for name, t in lay.views(self.store.of(Holds.MASTER, u)[:lay.numel]).items():
                         t.copy_(sd[name])

@@ -44,7 +44,8 @@ def build_host_bytes(cfg: BuildConfig, out: Out) -> Section:
     pd.DataFrame(rows).to_csv(out.path("host_bytes.csv"), index=False, float_format="%.6g")
     yes = lambda f: "yes" if f else "no"  # noqa: E731
     table = md_table(rows, [("policy", "policy", str, "l"), ("exact fp32 AdamW", "exact", yes, "l"),
-                            ("fits", "fits", yes, "l"), ("host B/param", "host_bytes_per_param", lambda v: f"{v:.2f}", "r"),
+                            ("fits", "fits", yes, "l"),
+                            ("host B/param", "host_bytes_per_param", lambda v: f"{v:.2f}", "r"),
                             ("disk B/param", "disk_bytes_per_param", lambda v: f"{v:.2f}" if v else "", "r"),
                             ("tokens/s", "tokens_per_s", tps, "r"), ("bottleneck", "bottleneck", str, "l"),
                             ("flags", "flags", lambda f: f"`{f}`", "l")])

@@ -100,10 +100,10 @@ def _calibrate_cuda(device, quick, model, policy, say, rounds, disk_dir=None) ->
         dev_t = torch.device("cuda", torch.cuda.current_device())
     # Events, synchronize() and the caching allocator's counters below use the current device.
     with torch.cuda.device(dev_t):
-        return _calibrate_on(device, dev_t, quick, model, policy, say, rounds)
+        return _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk_dir)
 
 
-def _calibrate_on(device, dev_t, quick, model, policy, say, rounds) -> HardwareSpec:
+def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk_dir) -> HardwareSpec:
     from horizon_exec.measure.probe import probe
     sync = lambda: torch.cuda.synchronize(dev_t)  # noqa: E731
     prog = Progress(total=7, say=say)

@@ -1,0 +1,91 @@
+"""The master weights in the host store, whatever their form: an fp32 buffer (the whole unit, or
+the node's chunks of it when several nodes shard it), or a split master (policy split_master:
+the working copy's bf16 high halves and the int16 low halves, optim/split.py). Whatever reads
+or writes the master as fp32 outside the optimizer goes through here: initialisation, state
+dicts, checkpoints, HF load and save, the gathers of a data-parallel run.
+"""
+import torch
+
+from horizon_exec.optim.split import join, split_
+from horizon_sim.schedule import Holds
+from horizon_sim.schedule.partition import Part
+
+
+class Master:
+    def __init__(self, store, sched, runner, dist, split: bool):
+        self.store, self.sched, self.runner, self.dist, self.split = store, sched, runner, dist, split
+
+    def _halves(self, u: int):
+        return self.store.of(Holds.WORKING_COPY, u), self.store.of(Holds.MASTER_LOW, u)
+
+    def _node_chunks(self, u: int):
+        """(range in the whole unit, range in the node's buffers) of each of the node's ranks' chunks."""
+        part, j = self.runner.partition(u), self.dist.node
+        return [(part.owned_range(i, j), part.owned_in(Part.NODE, i, j)) for i in range(self.dist.devices_per_node)]
+
+    def write_whole(self, u: int, whole: torch.Tensor) -> None:
+        """A whole unit's fp32 master -> the node's store (node leader only): its chunks of the
+        master on several nodes; a split master's high halves (the whole working copy: every
+        node streams the whole unit) and its low halves."""
+        n, whole = whole.numel(), whole.contiguous()
+        if not self.split:
+            dst = self.store.of(Holds.MASTER, u)
+            if self.dist.nodes == 1:
+                dst[:n].copy_(whole)
+            else:
+                self._keep_node_chunks(u, whole, dst)
+            return
+        hi, lo = self._halves(u)
+        if self.dist.nodes == 1:  # the node's store is the whole unit
+            split_(whole, hi[:n], lo[:n])
+            return
+        low = torch.empty(n, dtype=lo.dtype)
+        split_(whole, hi[:n], low)
+        self._keep_node_chunks(u, low, lo)
+
+    def _keep_node_chunks(self, u: int, whole: torch.Tensor, dst: torch.Tensor) -> None:
+        """The node's chunks of a whole unit's buffer -> dst, the node's buffer of them."""
+        padded = torch.zeros(self.runner.partition(u).padded, dtype=whole.dtype)
+        padded[:whole.numel()] = whole
+        for (a, e), (m0, m1) in self._node_chunks(u):
+            dst[m0:m1].copy_(padded[a:e])
+
+    def node(self, u: int) -> torch.Tensor:
+        """Unit u's fp32 master as the node's store holds it (the node's chunks when data
+        parallel: what a checkpoint saves): a view, or a split master joined (a copy)."""
+        if not self.split:
+            return self.store.of(Holds.MASTER, u)
+        hi, lo = self._halves(u)
+        if self.dist.nodes == 1:  # the node holds the whole unit, in the order of the copy
+            return join(hi, lo)
+        out = torch.empty(lo.numel())
+        for (a, e), (m0, m1) in self._node_chunks(u):
+            join(hi[a:e], lo[m0:m1], out[m0:m1])
+        return out
+
+    def set_node(self, u: int, t: torch.Tensor) -> None:
+        """node(u) <- t (node leader; the working copy's other nodes' chunks are gathered by
+        the trainer's working-copy refresh)."""
+        if not self.split:
+            self.store.of(Holds.MASTER, u).copy_(t)
+            return
+        hi, lo = self._halves(u)
+        if self.dist.nodes == 1:
+            split_(t, hi, lo)
+            return
+        for (a, e), (m0, m1) in self._node_chunks(u):
+            split_(t[m0:m1], hi[a:e], lo[m0:m1])
+
+    def owned(self, u: int) -> torch.Tensor:
+        """This rank's chunk of unit u's fp32 master (a split master's: joined, a copy)."""
+        if not self.split:
+            return self.runner.owned(self.sched.find(Holds.MASTER, u).name)
+        hi = self.runner.owned(self.sched.find(Holds.WORKING_COPY, u).name).contiguous()
+        return join(hi, self.runner.owned(self.sched.find(Holds.MASTER_LOW, u).name).contiguous())
+
+    def local_whole(self, u: int, numel: int) -> torch.Tensor:
+        """One node's whole unit as fp32 (a copy), its first `numel` elements (the padding off)."""
+        if self.split:
+            hi, lo = self._halves(u)
+            return join(hi[:numel], lo[:numel])
+        return self.store.of(Holds.MASTER, u)[:numel].clone()
