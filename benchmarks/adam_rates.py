@@ -11,6 +11,11 @@ warm-up step). Rates are per step of the whole array (all parameters once).
 
 Run: .venv/bin/python benchmarks/adam_rates.py [--params 16M] [--threads 1,2] [--rounds 3] [--steps 10]
 
+Last, per thread count: the split master against Horizon's fp32-master kernel doing the same
+work, interleaved step by step in one process (the paired ratio is what the 26-against-28 bytes
+buy, free of the machine's drift; the fp32-master kernel is itself within a few percent of
+DeepSpeedCPUAdam above).
+
 The split master (`horizon_split`: the master as its bf16 working copy + a 16-bit low half, bf16
 gradients) moves 26 bytes a parameter where the others move 28: it gains only where the bus, not
 the core, is the limit. Figures: the issue-18 note of 2026-11-25 (this 2-core VM's second core and
@@ -69,6 +74,38 @@ def _child(kind: str, n: int, steps: int, threads: int) -> float:
     return n * steps / (time.perf_counter() - t0) / 1e9
 
 
+def _interleaved(n: int, steps: int, threads: int) -> dict:
+    """The split master against the fp32 master with its bf16 copy (the same work: bf16
+    gradients in, bf16 working copy out; 26 bytes a parameter against 28), one step of each in
+    turn in one process, the order alternating: both see the same machine at the same moment."""
+    import time
+
+    import torch
+
+    from horizon_exec.optim.adamw import AdamW
+    from horizon_exec.optim.split import split_
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(n, generator=g)
+    grad = (torch.randn(n, generator=g) * 1e-3).to(torch.bfloat16)
+    hi, lo = torch.empty(n, dtype=torch.bfloat16), torch.empty(n, dtype=torch.int16)
+    split_(p, hi, lo)
+    opt, wc = AdamW(kernel="native"), torch.empty(n, dtype=torch.bfloat16)
+    st1, st2 = (torch.zeros(n), torch.zeros(n), torch.zeros(())), (torch.zeros(n), torch.zeros(n), torch.zeros(()))
+    whole = lambda: opt.step(p, grad, *st1, working_copy=wc)  # noqa: E731
+    split = lambda: opt.step_split(hi, lo, grad, *st2)  # noqa: E731
+    whole(), split()
+    t = {"whole": [], "split": []}
+    for i in range(2 * steps):
+        for name, fn in ((("whole", whole), ("split", split)) if i % 2 == 0 else (("split", split), ("whole", whole))):
+            t0 = time.perf_counter()
+            fn()
+            t[name].append(time.perf_counter() - t0)
+    ratios = sorted(a / b for a, b in zip(t["whole"], t["split"]))
+    return {"whole": n / st.median(t["whole"]) / 1e9, "split": n / st.median(t["split"]) / 1e9,
+            "ratio": st.median(ratios), "q1": ratios[len(ratios) // 4], "q3": ratios[3 * len(ratios) // 4]}
+
+
 def _measure(kind: str, n: int, steps: int, threads: int) -> float:
     if kind == "deepspeed":  # the peer's own timing, in its own child (peer_deepspeed.py)
         from horizon_exec.measure.peer_deepspeed import deepspeed_adam_Gparams_per_s
@@ -92,7 +129,10 @@ def _count(text: str) -> int:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, n, steps, threads = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-        print(json.dumps({"Gparams_per_s": _child(kind, n, steps, threads)}))
+        if kind == "interleaved":
+            print(json.dumps(_interleaved(n, steps, threads)))
+        else:
+            print(json.dumps({"Gparams_per_s": _child(kind, n, steps, threads)}))
         sys.stdout.flush()
         os._exit(0)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -124,6 +164,15 @@ def main() -> int:
             paired = [x / y for x, y in zip(rates[k], rates[ref_key])]
             print(f"  {k:<20}{med[k]:7.2f} G params/s  {st.median(paired):5.2f}x {ref_name} "
                   f"(rounds {min(paired):.2f}-{max(paired):.2f})   rates {', '.join(f'{x:.2f}' for x in rates[k])}")
+        from horizon_exec.measure.child import child_env
+        out = subprocess.run([sys.executable, __file__, "--child", "interleaved", str(n), str(3 * a.steps), str(t)],
+                             capture_output=True, text=True, env=child_env({"OMP_NUM_THREADS": str(t)}), cwd=ROOT,
+                             timeout=900)
+        if out.returncode == 0:
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"  interleaved in one process, {3 * a.steps} steps each in turn: split master {r['split']:.2f} "
+                  f"G params/s vs fp32 master + bf16 copy {r['whole']:.2f}: {r['ratio']:.3f}x per paired step "
+                  f"(quartiles {r['q1']:.3f}-{r['q3']:.3f})")
     return 0
 
 

@@ -5,8 +5,10 @@ which is faster here and say why").
 
 Each method runs in a process of its own: `--units` units of `--unit-MiB` are written and read
 back whole, `--rounds` times, alternating the methods; rates are the median over rounds of bytes
-/ time. Beside the rates: how much the process's RSS grew (VmRSS) and how much the page cache
-grew (/proc/meminfo Cached) by the end, i.e. the RAM the tier would take back.
+/ time. Beside the rates: how much the process's peak RSS grew beyond the stage (the RAM a way takes
+back from the tier: mmap keeps every touched page resident). The measurement is calibrate's
+(horizon_exec/measure/calibrate/disk.py). A virtual machine's disk may be served from the
+hypervisor's cache, so buffered reads can look faster than the device is.
 
 Run: .venv/bin/python benchmarks/disk_tier.py [--dir /path/on/nvme] [--unit-MiB 64] [--units 16] [--rounds 3]
 
@@ -20,7 +22,6 @@ import statistics as st
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,28 +29,14 @@ METHODS = ("direct", "buffered", "mmap")
 
 
 def _child(method: str, folder: str, unit: int, units: int) -> dict:
-    import mmap
+    """calibrate's own measurement (one round), with the peak RSS around it."""
+    import resource
 
-    import torch
-
-    from horizon_exec.procfs import meminfo_bytes, rss_bytes
-    from horizon_exec.runtime.disk_store import DiskStore
-    cached0, rss0 = meminfo_bytes("Cached") or 0, rss_bytes()
-    d = DiskStore({f"u{i}": unit for i in range(units)}, folder, method)
-    stage = torch.frombuffer(mmap.mmap(-1, unit), dtype=torch.uint8)
-    stage.fill_(3)
-    t0 = time.perf_counter()
-    for i in range(units):
-        d.write(f"u{i}", stage)
-    t1 = time.perf_counter()
-    for i in range(units):
-        d.read(f"u{i}", stage)
-    t2 = time.perf_counter()
-    out = {"write_GBps": unit * units / (t1 - t0) / 1e9, "read_GBps": unit * units / (t2 - t1) / 1e9,
-           "rss_growth_MiB": (rss_bytes() - rss0 - unit) / 2**20,
-           "cache_growth_MiB": ((meminfo_bytes("Cached") or 0) - cached0) / 2**20, "method": d.method}
-    d.close()
-    return out
+    from horizon_exec.measure.calibrate.disk import measure_disk
+    peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # noqa: E731 (Linux: KiB)
+    peak0 = peak()
+    r = measure_disk(folder, unit_bytes=unit, units=units, rounds=1, method=method)
+    return {**r, "rss_growth_MiB": (peak() - peak0 - unit) / 2**20}  # less the stage itself
 
 
 def main() -> int:
@@ -77,13 +64,11 @@ def main() -> int:
             res[m].append(json.loads(r.stdout.strip().splitlines()[-1]))
     print(f"disk tier I/O in {a.dir}: {a.units} units of {a.unit_MiB} MiB written then read, median of {a.rounds} "
           "alternated rounds, one process per method")
-    print(f"  {'method':<10}{'write GB/s':>11}{'read GB/s':>11}{'RSS grew':>11}{'page cache grew':>17}")
+    print(f"  {'method':<10}{'write GB/s':>11}{'read GB/s':>11}{'peak RSS grew':>15}")
     for m, rows in res.items():
-        med = {k: st.median(r[k] for r in rows) for k in ("write_GBps", "read_GBps", "rss_growth_MiB",
-                                                           "cache_growth_MiB")}
+        med = {k: st.median(r[k] for r in rows) for k in ("write_GBps", "read_GBps", "rss_growth_MiB")}
         used = rows[-1]["method"] + ("" if rows[-1]["method"] == m else f" (asked {m})")
-        print(f"  {used:<10}{med['write_GBps']:>11.2f}{med['read_GBps']:>11.2f}{med['rss_growth_MiB']:>8.0f} MiB"
-              f"{med['cache_growth_MiB']:>13.0f} MiB")
+        print(f"  {used:<10}{med['write_GBps']:>11.2f}{med['read_GBps']:>11.2f}{med['rss_growth_MiB']:>11.0f} MiB")
     return 0
 
 

@@ -38,6 +38,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disk-dir", default=None, metavar="DIR",
                    help="a folder on the disk the disk tier would use (train --disk-dir): its read and write "
                         "bandwidth and free space are measured (default: the system temp dir)")
+    p.add_argument("--disk-io", choices=("direct", "buffered"), default="direct",
+                   help="the disk tier's I/O to measure, as train --disk-io (default direct)")
     p.add_argument("--json", action="store_true", help="print the spec as JSON instead of a summary")
 
 
@@ -56,7 +58,7 @@ def run(a: argparse.Namespace) -> int:
     calibrate = import_executor("horizon_exec.measure.calibrate", "calibrate").calibrate
     from horizon_sim.specs.hardware_io import save_hardware
     hw = calibrate(a.device, quick=a.quick, model=model, policy=policy, rounds=a.rounds, say=say,
-                   disk_dir=a.disk_dir)
+                   disk_dir=a.disk_dir, disk_io=a.disk_io)
     save_hardware(hw, out)
     if a.json:
         print(json.dumps({"output": str(out), **hw.to_dict()}))

@@ -120,6 +120,9 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="with --disk-tier moments: the folder (on local NVMe) for the disk tier's file; it is "
                         "unlinked at once and gone with the process, the checkpoints hold the moments "
                         "(default: the system temp dir)")
+    r.add_argument("--disk-io", choices=("direct", "buffered"), default="direct",
+                   help="how the disk tier reads and writes: O_DIRECT (default: the disk DMAs, nothing is "
+                        "cached in RAM) or through the page cache, each unit dropped after use")
     r.add_argument("--compute-threads", type=int, default=None,
                    help="CPU backend: intra-op threads of the compute lane (default: cores - 1)")
 
@@ -250,7 +253,7 @@ def _run_train(args: argparse.Namespace, dist) -> int:
                  device_budget_bytes=budget, compute_threads=args.compute_threads,
                  random_init=args.init_from is None, admission=not args.no_admission,
                  host_budget_bytes=host_budget, hardware=hardware, on_nonfinite=args.on_nonfinite,
-                 data_bytes=data_bytes, dist=dist, disk_dir=args.disk_dir,
+                 data_bytes=data_bytes, dist=dist, disk_dir=args.disk_dir, disk_method=args.disk_io,
                  **({"timeout_s": args.op_timeout} if args.op_timeout is not None else {}))
     with tr:
         if not args.no_admission:

@@ -75,16 +75,17 @@ __all__ = ["calibrate", "KernelTimer", "_block_pass"]
 
 
 def calibrate(device: str = "cpu", *, quick: bool = False, model: ModelSpec | None = None,
-              policy: Policy | None = None, say=print, rounds: int | None = None, disk_dir=None) -> HardwareSpec:
+              policy: Policy | None = None, say=print, rounds: int | None = None, disk_dir=None,
+              disk_io: str = "direct") -> HardwareSpec:
     """Measure this machine for the executor on `device` ('cpu' or 'cuda[:N]'). `model` and
     `policy` add their exact GEMM shapes to the table. `say`: progress lines (None: quiet).
     `rounds`: how many times the cheap, noise-prone measurements (attention, elementwise,
     per-op costs, copies, AdamW) are repeated, spread over the run (default 3, quick 1); each
     figure is the mean over rounds of its time. `disk_dir`: the folder whose disk the disk tier
-    would use (default: the system temp dir)."""
+    would use (default: the system temp dir), `disk_io` how the disk tier reads and writes it."""
     rounds = rounds or (1 if quick else 3)
     if device == "cpu":
-        return _calibrate_cpu(quick, model, policy, say, rounds, disk_dir)
+        return _calibrate_cpu(quick, model, policy, say, rounds, (disk_dir, disk_io))
     if device.startswith("cuda"):
-        return _calibrate_cuda(device, quick, model, policy, say, rounds, disk_dir)
+        return _calibrate_cuda(device, quick, model, policy, say, rounds, (disk_dir, disk_io))
     raise HorizonError(f"device {device!r}: calibrate measures 'cpu' or 'cuda[:N]'")

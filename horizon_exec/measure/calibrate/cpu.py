@@ -50,7 +50,7 @@ def _bf16_fallback() -> bool:
     return t[torch.bfloat16] > BF16_FALLBACK_RATIO * t[torch.float32]
 
 
-def _calibrate_cpu(quick, model, policy, say, rounds, disk_dir=None) -> HardwareSpec:
+def _calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> HardwareSpec:
     from horizon_exec.device.cpu import CpuBackend
     from horizon_exec.measure.probe import probe
     t_start = time.perf_counter()
@@ -172,7 +172,7 @@ def _calibrate_cpu(quick, model, policy, say, rounds, disk_dir=None) -> Hardware
     prog.done(f"{coll_GBps:.2f} GB/s per ring step, {coll_us:.0f} us latency (data-parallel CPU ranks: "
               "horizon plan --hardware FILE --gpus N)")
 
-    disk = disk_host_fields(disk_dir, quick, prog)
+    disk = disk_host_fields(disk, quick, prog)
     prog.step("assemble the HardwareSpec")
     hw = HardwareSpec(
         device=replace(dev, op_overhead_us=tuple(sorted(comp_us.items())), reduce_GBps=reduce,

@@ -89,7 +89,7 @@ def _preset_for(gpu_name: str):
     return best[1] if best else None
 
 
-def _calibrate_cuda(device, quick, model, policy, say, rounds, disk_dir=None) -> HardwareSpec:
+def _calibrate_cuda(device, quick, model, policy, say, rounds, disk=(None, "direct")) -> HardwareSpec:
     """The CUDA backend: copies are DMA over the real link (pinned and pageable), compute is
     the GPU, the optimizer runs on all host cores. Not exercised on the machine this was
     written on (no GPU); the CPU path is the one validated."""
@@ -100,10 +100,10 @@ def _calibrate_cuda(device, quick, model, policy, say, rounds, disk_dir=None) ->
         dev_t = torch.device("cuda", torch.cuda.current_device())
     # Events, synchronize() and the caching allocator's counters below use the current device.
     with torch.cuda.device(dev_t):
-        return _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk_dir)
+        return _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk)
 
 
-def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk_dir) -> HardwareSpec:
+def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> HardwareSpec:
     from horizon_exec.measure.probe import probe
     sync = lambda: torch.cuda.synchronize(dev_t)  # noqa: E731
     prog = Progress(total=7, say=say)
@@ -175,7 +175,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk_dir) ->
     comp_us, copy_us, host_us = op_overheads(hw, tiny_op_times(device, 4))
     res = probe(TINY, TINY_POLICY, steps=2, warmup=1, device=device)
     runtime = max(res["rss_peak_bytes"] - res["store_bytes"] - res["host_dynamic_peak_bytes"], 0) / GiB
-    disk = disk_host_fields(disk_dir, quick, prog)
+    disk = disk_host_fields(disk, quick, prog)
     prog.step("assemble the HardwareSpec")
     hw = HardwareSpec(device=replace(devspec, op_overhead_us=tuple(sorted(comp_us.items()))),
                       link=replace(link, latency_us=max(lat, copy_us)),

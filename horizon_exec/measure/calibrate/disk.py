@@ -53,13 +53,15 @@ def measure_disk(folder, unit_bytes: int = 64 << 20, units: int = 8, rounds: int
         d.close()
 
 
-def disk_host_fields(folder, quick: bool, prog) -> dict:
-    """HostSpec's disk fields for `folder`, measured (one progress step of `prog`)."""
+def disk_host_fields(disk: tuple, quick: bool, prog) -> dict:
+    """HostSpec's disk fields for disk = (folder or None: the temp dir, I/O method), measured
+    (one progress step of `prog`)."""
     import tempfile
+    folder, method = disk
     folder = folder or tempfile.gettempdir()
     prog.step(f"the disk tier's disk: units of moments written and read back in {folder}")
     r = measure_disk(folder, unit_bytes=(16 if quick else 64) << 20, units=4 if quick else 8,
-                     rounds=1 if quick else 2)
+                     rounds=1 if quick else 2, method=method)
     prog.done(f"read {r['read_GBps']:.2f} GB/s, write {r['write_GBps']:.2f} GB/s ({r['method']} I/O), "
               f"{r['latency_us']:.0f} us a unit; {r['free_GiB']:.0f} GiB free there")
     return dict(disk_GiB=r["free_GiB"], disk_read_GBps=r["read_GBps"], disk_write_GBps=r["write_GBps"],
