@@ -161,3 +161,29 @@ def test_a_bf16_master_is_the_fp32_master_rounded_after_a_step(optimizer):
                 assert torch.equal(sb[n], sa[n].to(torch.bfloat16)), n
                 changed += int((sb[n] != start[n].to(torch.bfloat16)).sum())
             assert changed > SPEC.total_params // 2  # lr 1e-3 moves most weights by more than half an ulp
+
+
+def test_a_bf16_master_rounded_stochastically_resumes_exactly(tmp_path):
+    """--master-rounding stochastic: the draws follow the seed, the unit and the step, so a run
+    resumed from a checkpoint stores what the uninterrupted run stores, bit for bit; and it is
+    not the run that rounds to nearest."""
+    pol = Policy(batch=2, seq=16, master_dtype="bf16", working_copy=False, master_rounding="stochastic")
+    with Trainer(SPEC, pol, lr=LR, seed=0) as tr:
+        for s in range(2):
+            tr.step(_tokens(s))
+        path = ckpt_mod.save_checkpoint(tmp_path, tr, 2)
+        want = [tr.step(_tokens(s)).loss for s in range(2, 4)]
+        tr.flush()
+        final = tr.state_dict()
+    with Trainer(SPEC, pol, lr=LR, seed=0) as tr:
+        ckpt_mod.load_checkpoint(path, tr)
+        assert [tr.step(_tokens(s)).loss for s in range(2, 4)] == want
+        tr.flush()
+        assert all(torch.equal(t, final[n]) for n, t in tr.state_dict().items())
+    with Trainer(SPEC, dataclasses.replace(pol, master_rounding="nearest"), lr=LR, seed=0) as tr:
+        for s in range(4):
+            tr.step(_tokens(s))
+        tr.flush()
+        assert any(not torch.equal(t, final[n]) for n, t in tr.state_dict().items())
+    with pytest.raises(HorizonError, match="master_rounding='stochastic' rounds a bf16 master"):
+        Policy(master_rounding="stochastic")

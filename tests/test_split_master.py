@@ -137,3 +137,56 @@ def test_bf16_master_is_torchs_step_rounded(states_dtype):
         opt.step(p, g, m, v, step, 1.0)
         assert torch.equal(p, rp.to(torch.bfloat16))
         assert torch.equal(m, rm.to(states_dtype)) and torch.equal(v, rv.to(states_dtype))
+
+
+def _kernel(name):
+    return native.kernels()[name]
+
+
+def test_stochastic_rounding_is_exact_in_expectation_over_all_its_draws():
+    """For each value, every one of the 2^16 draws r: the mean of what is stored is the value
+    itself, exactly (computed in float64), for normal, subnormal, negative and binade-edge
+    values; a bf16 value is stored unchanged whatever the draw."""
+    gen = torch.Generator().manual_seed(0)
+    xs = torch.cat([torch.randn(40, generator=gen), torch.randn(8, generator=gen) * 1e-39,
+                    torch.tensor([1.0 - 2 ** -24, -3.9999998, 2 ** -126 * 1.5, 0.25, -0.0])])
+    r = torch.arange(65536, dtype=torch.int32).to(torch.int16)  # every 16-bit draw once
+    out = torch.empty(65536, dtype=torch.int16)
+    for x in xs.tolist():
+        xv = torch.full((65536,), x, dtype=torch.float32)
+        assert _kernel("round_sr")(xv.data_ptr(), r.data_ptr(), out.data_ptr(), 65536) == 0
+        got = out.view(torch.bfloat16).double()
+        assert got.mean().item() == torch.tensor(x, dtype=torch.float32).double().item(), x
+        assert set(got.unique().tolist()) <= {got.min().item(), got.max().item()}  # two neighbours at most
+
+
+def test_the_draws_are_uniform_and_seeded():
+    n = 1 << 20
+    a, b, c = (torch.empty(n, dtype=torch.int16) for _ in range(3))
+    _kernel("sr_bits")(7, a.data_ptr(), n)
+    _kernel("sr_bits")(7, b.data_ptr(), n)
+    _kernel("sr_bits")(8, c.data_ptr(), n)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    counts = torch.bincount((a.int() & 0xFFFF) >> 8, minlength=256).double()  # 256 buckets of the 16 bits
+    chi2 = ((counts - n / 256) ** 2 / (n / 256)).sum().item()
+    assert chi2 < 360  # 255 degrees of freedom: p ~ 1e-4
+
+
+def test_stochastic_rounding_keeps_updates_below_half_an_ulp_on_average():
+    """Weights at 1.0, gradients of one sign, lr 1e-4 (far below half an ulp of 1.0, 2^-8):
+    rounding to nearest keeps every weight at 1.0; stochastic rounding moves the mean as fp32
+    would, each weight by whole ulps."""
+    n, steps, lr = 1 << 16, 200, 1e-4
+    g = torch.full((n,), 1e-3, dtype=torch.bfloat16)
+    results = {}
+    for seed in (0, 12345):
+        p = torch.ones(n, dtype=torch.bfloat16)
+        m, v, step = torch.zeros(n), torch.zeros(n), torch.zeros(())
+        opt = AdamW(lr=lr)
+        for s in range(steps):
+            opt.step(p, g, m, v, step, sr_seed=seed and seed + s)
+        results[seed] = p.float()
+    assert torch.equal(results[0], torch.ones(n))  # nearest: every update lost
+    mean = results[12345].mean().item()
+    assert abs((1.0 - mean) - steps * lr) < 0.05 * steps * lr  # fp32 would move it by steps x lr
+    assert len(results[12345].unique()) >= 2

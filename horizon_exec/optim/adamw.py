@@ -129,16 +129,23 @@ class AdamW:
         return f"torch's fused AdamW, casts in extra passes ({why})"
 
     def step(self, param, grad, exp_avg, exp_avg_sq, step, clip_coef: float = 1.0,
-             lr: float | None = None, working_copy=None, scratch=None):
-        """param: flat fp32 (n,) host tensor; exp_avg, exp_avg_sq: flat (n,) fp32 (or bf16,
-        native kernel) moments; all updated in place. grad: flat (n,) fp32 or bf16. step: fp32
-        scalar tensor, incremented once here. working_copy: optional flat (n,) bf16 tensor
-        refreshed from the updated master. scratch: torch path only, fp32 >= one chunk."""
+             lr: float | None = None, working_copy=None, scratch=None, sr_seed: int = 0):
+        """param: flat fp32 (n,) host tensor (or bf16: a bf16 master, native kernel); exp_avg,
+        exp_avg_sq: flat (n,) fp32 (or bf16, native kernel) moments; all updated in place.
+        grad: flat (n,) fp32 or bf16. step: fp32 scalar tensor, incremented once here.
+        working_copy: optional flat (n,) bf16 tensor refreshed from the updated master.
+        scratch: torch path only, fp32 >= one chunk. sr_seed: a bf16 master only: 0 rounds it to
+        nearest even, any other value stochastically (adamw.c), the draws a function of the seed
+        and the element's index."""
         lr = self.lr if lr is None else lr
+        if sr_seed and param.dtype != torch.bfloat16:
+            raise ExecError(f"stochastic rounding is for a bf16 master, not {param.dtype}")
         if self.uses_native(param.dtype, exp_avg.dtype):
             _check_native(param, grad, exp_avg, exp_avg_sq, working_copy)  # before any state changes
             step += 1
-            self._native(param, grad, exp_avg, exp_avg_sq, float(step), clip_coef, lr, working_copy)
+            self._native(param, grad, exp_avg, exp_avg_sq, float(step), clip_coef, lr, working_copy, sr_seed)
+        elif sr_seed:
+            raise ExecError(f"stochastic rounding needs the native AdamW kernel; {native.status()}")
         else:
             step += 1
             self._torch(param, grad, exp_avg, exp_avg_sq, step, clip_coef, lr, working_copy, scratch)
@@ -161,18 +168,18 @@ class AdamW:
         if rc != 0:
             raise ExecError(f"native AdamW rejected its arguments (code {rc})")
 
-    def _hyper(self, step: float, clip_coef: float, lr: float) -> native.AdamwHyper:
+    def _hyper(self, step: float, clip_coef: float, lr: float, sr_seed: int = 0) -> native.AdamwHyper:
         b1, b2 = self.betas
         # Double precision here, float in the kernel: torch's fused kernel does the same.
         return native.AdamwHyper(
             decay=1.0 - lr * self.weight_decay, lerp_w=1.0 - b1, beta2=b2, one_m_beta2=1.0 - b2,
             bc2_sqrt=math.sqrt(1.0 - b2 ** step), eps=self.eps, neg_step_size=-(lr / (1.0 - b1 ** step)),
-            grad_coef=min(1.0, clip_coef))
+            grad_coef=min(1.0, clip_coef), sr_seed=sr_seed & (2**64 - 1))
 
-    def _native(self, param, grad, exp_avg, exp_avg_sq, step: float, clip_coef, lr, working_copy):
-        n, h = param.numel(), self._hyper(step, clip_coef, lr)
+    def _native(self, param, grad, exp_avg, exp_avg_sq, step: float, clip_coef, lr, working_copy, sr_seed=0):
+        n, h = param.numel(), self._hyper(step, clip_coef, lr, sr_seed)
         g_bf16, s_bf16 = int(grad.dtype == torch.bfloat16), int(exp_avg.dtype == torch.bfloat16)
-        if param.dtype == torch.bfloat16:  # a bf16 master: rounded to nearest even after the update
+        if param.dtype == torch.bfloat16:  # a bf16 master: rounded after the update (to nearest even, or sr)
             rc = native.kernels()["adamw_bf16"](param.data_ptr(), grad.data_ptr(), g_bf16, exp_avg.data_ptr(),
                                                 exp_avg_sq.data_ptr(), s_bf16, n, ctypes.byref(h),
                                                 torch.get_num_threads())

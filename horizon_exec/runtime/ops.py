@@ -11,6 +11,7 @@ order: the engine calls ops as the schedule says. What one step's ops share with
 travels in a StepContext.
 """
 import contextlib
+import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -55,6 +56,7 @@ class OpRunner:
         from horizon_exec.dist.context import single
         self.m, self.p, self.sched = model, policy, sched
         self.disk = disk  # the disk tier's file (disk_store.DiskStore), when the Schedule has one
+        self.sr_base = 0  # the run's seed, for a bf16 master's stochastic rounding (Trainer sets it)
         self.dist = dist or single()
         self.buf, self.store, self.arena, self.be = buffers, store, arena, backend
         self.adamw = adamw
@@ -289,6 +291,16 @@ class OpRunner:
                              min(self.p.loss_chunk_tokens, labels.numel()))
         self.ctx.loss_parts[op.micro] = loss
 
+    def _sr_seed(self, u: int) -> int:
+        """A bf16 master under stochastic rounding: the seed of this update's draws, from the
+        run's seed, the unit, this rank's chunk and the unit's next Adam step (so a resumed run
+        draws what the uninterrupted one would); 0: round to nearest even."""
+        if self.p.master_rounding != "stochastic":
+            return 0
+        chunk = self.partition(u).chunk_index(self.dist.local_rank, self.dist.node)
+        key = f"{self.sr_base}/{u}/{chunk}/{int(self.store.steps[u].item()) + 1}".encode()
+        return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") or 1
+
     # ---- the disk tier (disk lane) ----------------------------------------------------------------
     def disk_read(self, op):
         """A unit's moments from the disk tier's file into their RAM stage."""
@@ -332,6 +344,6 @@ class OpRunner:
         wc = self.owned(wc) if wc else None
         same = wc is not None and wc.dtype == p.dtype  # an fp32 copy (several nodes, fp32 compute)
         self.adamw.step(p, g, exp_avg, exp_avg_sq, self.store.steps[u], coef, lr=ctx.lr,
-                        working_copy=None if same else wc, scratch=self._g32)
+                        working_copy=None if same else wc, scratch=self._g32, sr_seed=self._sr_seed(u))
         if same:
             wc.copy_(p)

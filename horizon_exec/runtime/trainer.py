@@ -241,6 +241,7 @@ class Trainer:
         self.runner = OpRunner(model=model, policy=policy, sched=self.sched, buffers=self.buffers,
                                store=self.store, arena=self.arena, backend=self.backend, adamw=adamw, dist=dist,
                                disk=self.disk)
+        self.runner.sr_base = seed  # a bf16 master's stochastic rounding draws from the run's seed
         self.units = [b.unit for b in self.sched.of(Holds.MOMENTS)]  # embedding, blocks, head
         self.split_master = policy.split_master  # the master is its working copy + a low half
         self.master = Master(self.store, self.sched, self.runner, dist, self.split_master)  # fp32 access

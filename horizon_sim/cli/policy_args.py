@@ -2,7 +2,7 @@
 import argparse
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs.policy import CKPT_PLACES, DISK_TIERS, DTYPES, OPTIMIZER_MODES, Policy
+from horizon_sim.specs.policy import CKPT_PLACES, DISK_TIERS, DTYPES, MASTER_ROUNDINGS, OPTIMIZER_MODES, Policy
 
 _D = Policy()
 
@@ -46,6 +46,10 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D) -> None:
                         "bf16 working copy plus a 16-bit low half (4 bytes per parameter with the copy, "
                         "not 6; the copy rounds ties away from zero); 'bf16': no fp32 master (the seed "
                         "code's policy: an update smaller than half a bf16 ulp of its weight is lost)")
+    g.add_argument("--master-rounding", choices=MASTER_ROUNDINGS, default=defaults.master_rounding,
+                   help="with --master-dtype bf16: 'nearest' (even; default) or 'stochastic': rounds up with "
+                        "probability residual/ulp, so the stored weight equals the updated one in expectation and "
+                        "small updates survive on average (draws seeded by --seed, the unit and the step)")
     g.add_argument("--states-dtype", choices=DTYPES, default=defaults.states_dtype,
                    help="Adam moments on the host (default fp32)")
     g.add_argument("--grad-dtype", choices=DTYPES, default=defaults.grad_dtype,
@@ -87,6 +91,7 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
                   slots=a.slots, act_ckpt_on=a.act_ckpt_on, optimizer=a.optimizer, grad_clip=clip,
                   compute_dtype=a.compute_dtype, states_dtype=a.states_dtype,
                   master_dtype="fp32" if master == "split" else master, split_master=master == "split",
+                  master_rounding=getattr(a, "master_rounding", "nearest"),
                   grad_dtype="fp32" if a.compute_dtype == "fp32" else a.grad_dtype,
                   working_copy=working_copy, doc_masks=a.doc_masks, doc_tokens=a.doc_tokens,
                   disk_tier=getattr(a, "disk_tier", "none"),

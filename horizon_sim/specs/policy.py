@@ -6,6 +6,7 @@ from horizon_sim.errors import HorizonError
 
 OPTIMIZER_MODES = ("after", "backward", "pipelined")
 DISK_TIERS = ("none", "moments")
+MASTER_ROUNDINGS = ("nearest", "stochastic")
 CKPT_PLACES = ("device", "host")
 DTYPES = ("fp32", "bf16")
 ATTENTION = ("flash", "eager")
@@ -42,6 +43,11 @@ class Policy:
     master_dtype: str = "fp32"
     """Host master weights. 'bf16': no fp32 master (the seed code's policy): an update smaller
     than half a bf16 ulp of its weight is lost."""
+    master_rounding: str = "nearest"
+    """A bf16 master: 'nearest' (even) loses every update below half a bf16 ulp of its weight;
+    'stochastic' rounds up with probability (the residual / one ulp), so the stored weight is
+    the updated one in expectation and small updates survive on average (reproducible: the
+    draws are a hash of the seed, the unit, the step and the element)."""
     split_master: bool = False
     """Keep the exact fp32 master as two 16-bit halves: the high half (its bf16 rounding to
     nearest, ties away from zero) is the working copy the loads stream, the low half its other
@@ -103,6 +109,7 @@ class Policy:
                 f"policy batch={self.batch} is not divisible by micro_batches={self.micro_batches}")
         for f, allowed in (("act_ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES),
                            ("attention", ATTENTION), ("compute_dtype", DTYPES), ("disk_tier", DISK_TIERS),
+                           ("master_rounding", MASTER_ROUNDINGS),
                            ("master_dtype", DTYPES), ("states_dtype", DTYPES), ("grad_dtype", DTYPES)):
             if getattr(self, f) not in allowed:
                 raise HorizonError(f"policy {f}={getattr(self, f)!r}; allowed: {', '.join(allowed)}")
@@ -124,6 +131,9 @@ class Policy:
             raise HorizonError(
                 "policy optimizer='backward' updates each layer before the global gradient norm "
                 "is known, so it cannot clip exactly: use grad_clip=0 or optimizer='pipelined'")
+        if self.master_rounding == "stochastic" and self.master_dtype != "bf16":
+            raise HorizonError(f"policy master_rounding='stochastic' rounds a bf16 master; here master_dtype="
+                               f"{self.master_dtype} (an fp32 master keeps every update: use --master-dtype bf16)")
         if not isinstance(self.split_master, bool):
             raise HorizonError(f"policy split_master={self.split_master!r} must be True or False")
         if self.split_master and (self.master_dtype, self.compute_dtype, self.working_copy) != ("fp32", "bf16", True):

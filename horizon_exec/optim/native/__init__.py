@@ -44,7 +44,7 @@ class AdamwHyper(ctypes.Structure):
     """horizon_adamw_hyper in adamw.c: one step's constants, as float."""
     _fields_ = [("decay", ctypes.c_float), ("lerp_w", ctypes.c_float), ("beta2", ctypes.c_float),
                 ("one_m_beta2", ctypes.c_float), ("bc2_sqrt", ctypes.c_float), ("eps", ctypes.c_float),
-                ("neg_step_size", ctypes.c_float), ("grad_coef", ctypes.c_float)]
+                ("neg_step_size", ctypes.c_float), ("grad_coef", ctypes.c_float), ("sr_seed", ctypes.c_uint64)]
 
 
 _lock = threading.Lock()
@@ -188,6 +188,8 @@ SIGNATURES = {
     "horizon_adamw_bf16": [_PTR, _PTR, _I32, _PTR, _PTR, _I32, _I64, _HYPER, _I32],
     "horizon_split": [_PTR, _PTR, _PTR, _I64, _I32],
     "horizon_join": [_PTR, _PTR, _PTR, _I64, _I32],
+    "horizon_round_sr": [_PTR, _PTR, _PTR, _I64],
+    "horizon_sr_bits": [ctypes.c_uint64, _PTR, _I64],
 }
 """adamw.c's entry points and their C argument types (each returns int: 0, or -1 on a bad argument)."""
 

@@ -50,6 +50,7 @@ typedef struct {
   float eps;
   float neg_step_size;  /* -lr / (1 - beta1^step) */
   float grad_coef;      /* the gradient is multiplied by it: the clip coefficient, 1 unclipped */
+  uint64_t sr_seed;     /* a bf16 master: 0 rounds to nearest even, else stochastically (below) */
 } horizon_adamw_hyper;
 
 static inline float bf16_load(uint16_t h) {
@@ -143,9 +144,10 @@ static void wc_store(const float* restrict p, uint16_t* restrict out, int64_t k)
  * and conversions; WC: 1 to write the working copy to `out` (bf16), a sub-block at a time. */
 #define ADAMW_SPAN(NAME, GT, GLOAD, ST, SLOAD, SSTORE, WC)                                       \
   static void NAME(void* restrict p_, void* restrict out_, const GT* restrict g, ST* restrict m, \
-                   ST* restrict v, int64_t k, const horizon_adamw_hyper* h) {                   \
+                   ST* restrict v, int64_t k, int64_t i0, const horizon_adamw_hyper* h) {       \
     float* restrict p = p_;                                                                     \
     uint16_t* restrict out = out_;                                                              \
+    (void)i0;                                                                                   \
     ADAMW_CONSTS;                                                                               \
     const int64_t sub = WC ? WC_SUB : k;                                                        \
     for (int64_t j = 0; j < k; j += sub) {                                                      \
@@ -209,9 +211,10 @@ static inline void split_store(float f, uint16_t* hi, int16_t* lo) {
 /* One span of a split master: hi (bf16 bits) and lo (int16) read and written in place. */
 #define ADAMW_SPLIT_SPAN(NAME, GT, GLOAD, ST, SLOAD, SSTORE)                                     \
   static void NAME(void* restrict hi_, void* restrict lo_, const GT* restrict g, ST* restrict m, \
-                   ST* restrict v, int64_t k, const horizon_adamw_hyper* h) {                   \
+                   ST* restrict v, int64_t k, int64_t i0, const horizon_adamw_hyper* h) {       \
     uint16_t* restrict hi = hi_;                                                                \
     int16_t* restrict lo = lo_;                                                                 \
+    (void)i0;                                                                                   \
     ADAMW_CONSTS;                                                                               \
     for (int64_t i = 0; i < k; i++) {                                                           \
       const float gi = GLOAD(g[i]) * coef;                                                      \
@@ -229,12 +232,38 @@ ADAMW_SPLIT_SPAN(split_gf_sb, float, F32_LOAD, uint16_t, bf16_load, bf16_round)
 ADAMW_SPLIT_SPAN(split_gb_sb, uint16_t, bf16_load, uint16_t, bf16_load, bf16_round)
 
 /* ---- A bf16 master (no fp32 master: the seed code's policy) ----------------------------------
- * The weight is read as fp32, updated in fp32 and stored rounded to nearest even: an update
- * smaller than half a bf16 ulp of the weight is lost. */
+ * The weight is read as fp32, updated in fp32 and stored in bf16:
+ * - to nearest even (sr_seed 0): an update smaller than half a bf16 ulp of the weight is lost;
+ * - stochastically (sr_seed != 0): with the updated value's bits H:L, the stored value is H + 1
+ *   (one ulp away from zero) with probability L / 65536, else H: r, 16 uniform bits, added to
+ *   the low half carries into the high half exactly when r >= 65536 - L. Between the bf16
+ *   values a = H and b = H + 1 the fp32 values are evenly spaced (b - a) / 65536 apart (also
+ *   when b starts the next binade), so x = a + (L / 65536)(b - a) and the expected stored value
+ *   is x exactly: no update is lost on average. r comes from a counter-based hash of the seed
+ *   and the element's index (SplitMix64's finaliser), so a run is reproducible and a resumed one
+ *   draws what the uninterrupted one would. NaN stays NaN (0x7fc0). */
+static inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static inline uint16_t bf16_round_sr(float f, uint32_t r16) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  const uint16_t s = (uint16_t)((u + r16) >> 16);
+  return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0u : s;
+}
+
+static inline uint32_t sr_bits(uint64_t seed, int64_t i) {
+  return (uint32_t)(mix64(seed + (uint64_t)i * 0x9e3779b97f4a7c15ull) >> 48);
+}
+
 #define ADAMW_BF16_SPAN(NAME, GT, GLOAD, ST, SLOAD, SSTORE)                                      \
   static void NAME(void* restrict p_, void* restrict unused, const GT* restrict g, ST* restrict m, \
-                   ST* restrict v, int64_t k, const horizon_adamw_hyper* h) {                   \
+                   ST* restrict v, int64_t k, int64_t i0, const horizon_adamw_hyper* h) {       \
     uint16_t* restrict p = p_;                                                                  \
+    const uint64_t seed = h->sr_seed;                                                           \
     (void)unused;                                                                               \
     ADAMW_CONSTS;                                                                               \
     for (int64_t i = 0; i < k; i++) {                                                           \
@@ -243,7 +272,7 @@ ADAMW_SPLIT_SPAN(split_gb_sb, uint16_t, bf16_load, uint16_t, bf16_load, bf16_rou
       ADAMW_ELEM(pi, gi, mi, vi);                                                               \
       m[i] = SSTORE(mi);                                                                        \
       v[i] = SSTORE(vi);                                                                        \
-      p[i] = bf16_round(pi);                                                                    \
+      p[i] = seed ? bf16_round_sr(pi, sr_bits(seed, i0 + i)) : bf16_round(pi);                  \
     }                                                                                           \
   }
 
@@ -252,7 +281,7 @@ ADAMW_BF16_SPAN(bf16_gb_sf, uint16_t, bf16_load, float, F32_LOAD, F32_STORE)
 ADAMW_BF16_SPAN(bf16_gf_sb, float, F32_LOAD, uint16_t, bf16_load, bf16_round)
 ADAMW_BF16_SPAN(bf16_gb_sb, uint16_t, bf16_load, uint16_t, bf16_load, bf16_round)
 
-typedef void (*span_fn)(void*, void*, const void*, void*, void*, int64_t, const horizon_adamw_hyper*);
+typedef void (*span_fn)(void*, void*, const void*, void*, void*, int64_t, int64_t, const horizon_adamw_hyper*);
 
 /* Elements per block: a thread's unit of work (8 KiB of each fp32 stream). */
 #define BLOCK 2048
@@ -269,7 +298,7 @@ static void run_blocks(span_fn span, void* p, size_t psz, void* p2, size_t p2sz,
     for (int64_t b = 0; b < n_blocks; b++) {
       const int64_t i0 = b * BLOCK, k = n - i0 < BLOCK ? n - i0 : BLOCK;
       span((char*)p + i0 * psz, p2 ? (char*)p2 + i0 * p2sz : NULL, (const char*)g + i0 * gsz,
-           (char*)m + i0 * ssz, (char*)v + i0 * ssz, k, h);
+           (char*)m + i0 * ssz, (char*)v + i0 * ssz, k, i0, h);
     }
     STREAM_FENCE();  /* each thread's streaming stores are visible before the call returns */
   }
@@ -318,6 +347,21 @@ int horizon_split(const float* x, uint16_t* hi, int16_t* lo, int64_t n, int32_t 
   const int nt = n_threads > 0 ? n_threads : 1;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1 && n > (1 << 20))
   for (int64_t i = 0; i < n; i++) split_store(x[i], hi + i, lo + i);
+  return 0;
+}
+
+/* out[i] = x[i] rounded stochastically to bf16 with the 16 bits r[i] (bf16_round_sr): the
+ * kernel's rounding with its random bits given, for tests that enumerate all of them. */
+int horizon_round_sr(const float* x, const uint16_t* r, uint16_t* out, int64_t n) {
+  if (n < 0 || !x || !r || !out) return -1;
+  for (int64_t i = 0; i < n; i++) out[i] = bf16_round_sr(x[i], r[i]);
+  return 0;
+}
+
+/* out[i] = the 16 random bits the kernel draws for element i under `seed` (sr_bits). */
+int horizon_sr_bits(uint64_t seed, uint16_t* out, int64_t n) {
+  if (n < 0 || !out) return -1;
+  for (int64_t i = 0; i < n; i++) out[i] = (uint16_t)sr_bits(seed, i);
   return 0;
 }
 
