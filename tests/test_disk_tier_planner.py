@@ -106,3 +106,17 @@ def test_bad_disk_input_is_one_line(capsys):
     assert "runs on one device for now" in capsys.readouterr().err
     with pytest.raises(HorizonError, match="disk_tier='tape'"):
         Policy(disk_tier="tape")
+
+
+def test_the_low_halves_on_disk_leave_two_bytes_of_master_in_ram():
+    hw, base = _hw(), Policy(batch=2, seq=512, split_master=True)
+    n = MODEL.total_params
+    r = plan(MODEL, hw, replace(base, disk_tier="moments+low"))
+    assert r.host.by_role["master"] == 0 and r.host.by_role["moments"] == 0
+    assert r.host.by_role["working_copy"] == 2 * n  # the high halves: what the loads stream
+    assert r.summary.memory.disk_need_bytes == 10 * n
+    disk = [o for o in r.schedule.ops if o.lane == Lane.DISK]
+    assert sum(o.disk_bytes for o in disk) == 2 * 10 * n
+    assert all(len(o.reads) == 2 for o in disk if o.kind == OpKind.DISK_READ)  # moments and low halves
+    with pytest.raises(HorizonError, match="moments\\+low' puts a split master's low halves on disk"):
+        Policy(disk_tier="moments+low")

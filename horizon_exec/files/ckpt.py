@@ -81,15 +81,15 @@ def _state_items(trainer):
     """(name, tensor) of everything a resumed step reads from the host store."""
     items = []
     for b in trainer.sched.buffers.values():
+        if b.holds == Holds.MASTER_LOW:  # a split master is saved as the fp32 master it holds
+            items.append((fp32_master_name(b.name), _split_master_item(trainer, b)))
+            continue
         if b.space == Space.DISK:  # the disk tier's moments: copied out of its file a unit at a time
             items.append((b.name, _disk_item(trainer, b)))
             continue
         if b.name not in trainer.store or b.holds == Holds.WORKING_COPY:  # the copy is rebuilt from the master
             continue
         if b.holds == Holds.HOST_GRAD and not trainer.pending:  # only pending pipelined grads matter
-            continue
-        if b.holds == Holds.MASTER_LOW:  # a split master is saved as the fp32 master it holds
-            items.append((fp32_master_name(b.name), _split_master_item(trainer, b)))
             continue
         items.append((b.name, trainer.store.t[b.name]))
     items += [(f"steps.{unit_name(trainer.model, u)}", s) for u, s in trainer.store.steps.items()]

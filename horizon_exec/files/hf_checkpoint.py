@@ -191,7 +191,7 @@ def reset_optimizer_state(trainer) -> None:
     for b in trainer.sched.buffers.values():
         if b.name in trainer.store and b.holds in (Holds.MOMENTS, Holds.HOST_GRAD, Holds.GRAD_SQ, Holds.GRAD_NORM):
             trainer.store.t[b.name].zero_()
-        elif b.space == Space.DISK:  # the disk tier's moments
+        elif b.space == Space.DISK and b.holds == Holds.MOMENTS:  # the disk tier's moments
             trainer.disk.zero(b.name)
     for s in trainer.store.steps.values():
         s.zero_()

@@ -8,15 +8,30 @@ import torch
 
 from horizon_exec.optim.split import join, split_
 from horizon_sim.schedule import Holds
+from horizon_sim.schedule.op import Space
 from horizon_sim.schedule.partition import Part
 
 
 class Master:
-    def __init__(self, store, sched, runner, dist, split: bool):
+    def __init__(self, store, sched, runner, dist, split: bool, disk=None):
         self.store, self.sched, self.runner, self.dist, self.split = store, sched, runner, dist, split
+        self.disk = disk  # the disk tier's file: the low halves are there under disk_tier='moments+low'
 
     def _halves(self, u: int):
-        return self.store.of(Holds.WORKING_COPY, u), self.store.of(Holds.MASTER_LOW, u)
+        """(high halves, low halves) of a split master; low halves on disk are read into a copy
+        (write a changed copy back with _put_low)."""
+        b = self.sched.find(Holds.MASTER_LOW, u)
+        if b.space != Space.DISK:
+            return self.store.of(Holds.WORKING_COPY, u), self.store.of(Holds.MASTER_LOW, u)
+        lo = torch.empty(b.shape, dtype=torch.int16)
+        self.disk.read(b.name, lo)
+        return self.store.of(Holds.WORKING_COPY, u), lo
+
+    def _put_low(self, u: int, lo: torch.Tensor) -> None:
+        """Low halves changed through _halves' copy -> the file (nothing to do in RAM)."""
+        b = self.sched.find(Holds.MASTER_LOW, u)
+        if b.space == Space.DISK:
+            self.disk.write(b.name, lo)
 
     def _node_chunks(self, u: int):
         """(range in the whole unit, range in the node's buffers) of each of the node's ranks' chunks."""
@@ -38,6 +53,7 @@ class Master:
         hi, lo = self._halves(u)
         if self.dist.nodes == 1:  # the node's store is the whole unit
             split_(whole, hi[:n], lo[:n])
+            self._put_low(u, lo)
             return
         low = torch.empty(n, dtype=lo.dtype)
         split_(whole, hi[:n], low)
@@ -72,6 +88,7 @@ class Master:
         hi, lo = self._halves(u)
         if self.dist.nodes == 1:
             split_(t, hi, lo)
+            self._put_low(u, lo)
             return
         for (a, e), (m0, m1) in self._node_chunks(u):
             split_(t[m0:m1], hi[a:e], lo[m0:m1])
@@ -80,6 +97,8 @@ class Master:
         """This rank's chunk of unit u's fp32 master (a split master's: joined, a copy)."""
         if not self.split:
             return self.runner.owned(self.sched.find(Holds.MASTER, u).name)
+        if self.sched.find(Holds.MASTER_LOW, u).space == Space.DISK:  # one device: the whole unit
+            return join(*self._halves(u))
         hi = self.runner.owned(self.sched.find(Holds.WORKING_COPY, u).name).contiguous()
         return join(hi, self.runner.owned(self.sched.find(Holds.MASTER_LOW, u).name).contiguous())
 

@@ -303,12 +303,14 @@ class OpRunner:
 
     # ---- the disk tier (disk lane) ----------------------------------------------------------------
     def disk_read(self, op):
-        """A unit's moments from the disk tier's file into their RAM stage."""
-        self.disk.read(op.reads[0], self.buf.out(op.writes[0]))
+        """A unit's moments (and low halves) from the disk tier's file into their RAM stages."""
+        for disk, stage in zip(op.reads, op.writes):
+            self.disk.read(disk, self.buf.out(stage))
 
     def disk_write(self, op):
-        """The updated moments back to the file (the stage is freed after)."""
-        self.disk.write(op.writes[0], self.buf.get(op.reads[0]))
+        """The updated ones back to the file (the stages are freed after)."""
+        for stage, disk in zip(op.reads, op.writes):
+            self.disk.write(disk, self.buf.get(stage))
 
     # ---- host optimizer (CPU lane) ---------------------------------------------------------------
     def grad_norm(self, op):
@@ -334,7 +336,8 @@ class OpRunner:
         coef = clip_coef(self.p.grad_clip, self.store.scalar(Holds.GRAD_NORM)) if self.p.clip else 1.0
         if self.p.split_master:  # the working copy is the master's high half, updated with it
             self.adamw.step_split(self.owned(self.buf.one(op.writes, Holds.WORKING_COPY)),
-                                  self.owned(self.buf.one(op.writes, Holds.MASTER_LOW)), g, exp_avg, exp_avg_sq,
+                                  self.owned(self.buf.one(op.writes, Holds.MASTER_LOW_STAGE, Holds.MASTER_LOW)),
+                                  g, exp_avg, exp_avg_sq,
                                   self.store.steps[u], coef, lr=ctx.lr)
             return
         p = self.owned(self.buf.one(op.writes, Holds.MASTER))

@@ -244,7 +244,7 @@ class Trainer:
         self.runner.sr_base = seed  # a bf16 master's stochastic rounding draws from the run's seed
         self.units = [b.unit for b in self.sched.of(Holds.MOMENTS)]  # embedding, blocks, head
         self.split_master = policy.split_master  # the master is its working copy + a low half
-        self.master = Master(self.store, self.sched, self.runner, dist, self.split_master)  # fp32 access
+        self.master = Master(self.store, self.sched, self.runner, dist, self.split_master, self.disk)  # fp32 access
         self._params = {}  # transformers name -> view of the master store (whole on every node)
         if dist.nodes == 1 and not self.split_master:
             for u in self.units:

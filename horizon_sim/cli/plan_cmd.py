@@ -112,9 +112,9 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
             lines.append(f"            {role:<16}{fmt_bytes(b):>12}  {b / n:6.2f} B/param")
     disk = s.memory.disk_need_bytes
     if disk:
-        lines.append(f"disk      {fmt_bytes(disk)} of {fmt_bytes(hw.disk_bytes_usable)} ({disk / n:.2f} B/param: the Adam "
-                     f"moments), read and written once a step at {hw.host.disk_read_GBps:g}/"
-                     f"{hw.host.disk_write_GBps:g} GB/s")
+        what = "the Adam moments" + (" and the master's low halves" if pol["disk_tier"] == "moments+low" else "")
+        lines.append(f"disk      {fmt_bytes(disk)} of {fmt_bytes(hw.disk_bytes_usable)} ({disk / n:.2f} B/param: {what}), "
+                     f"read and written once a step at {hw.host.disk_read_GBps:g}/{hw.host.disk_write_GBps:g} GB/s")
     lines += [
         "",
         f"policy    batch {pol['batch']} x seq {pol['seq']} ({meta.tokens:,} tokens/step, "

@@ -34,9 +34,10 @@ _LEAN = {
     "split": dict(split_master=True),
     "split-lean": dict(split_master=True, optimizer="backward", grad_clip=0.0, max_host_grads=BOUNDED_HOST_GRADS),
 }
-_DISK = {"split-disk": dict(_LEAN["split-lean"], disk_tier="moments")}
+_DISK = {"split-disk": dict(_LEAN["split-lean"], disk_tier="moments"),
+         "split-disk-low": dict(_LEAN["split-lean"], disk_tier="moments+low")}
 """Tried too when the machine has a disk tier (--disk): the split-lean policy with the Adam
-moments on disk."""
+moments on disk, and with the master's low halves there too."""
 POLICY_SETS = {"default": ("default",), "lean": ("default", *_LEAN),
                "exact": ("default", "lean", "split", "split-lean")}
 """Named policies tried per candidate: 'default' is the base policy; the lean ones change the
@@ -57,7 +58,7 @@ def exact_sets(base: Policy | None = None) -> dict[str, dict[str, Policy]]:
     base = base or Policy()
     before = {"default": base, "lean": replace(base, **_LEAN["lean"])}
     split = {**before, **{n: replace(base, **_LEAN[n]) for n in ("split", "split-lean")}}
-    return {"before": before, "+ split": split, "+ disk": {**split, "split-disk": replace(base, **_DISK["split-disk"])}}
+    return {"before": before, "+ split": split, "+ disk": {**split, **{n: replace(base, **kw) for n, kw in _DISK.items()}}}
 
 
 def policy_set(name: str, base: Policy | None = None, disk: bool = False) -> dict[str, Policy]:
@@ -92,7 +93,7 @@ def host_lower_bound(model: ModelSpec, policy: Policy, hw: HardwareSpec) -> int:
     """Host bytes a node cannot go below: its share of the master weights and Adam moments
     (1/M of them on M nodes; the moments not when on disk), the working copy, a runtime per device."""
     c = hw.cluster
-    state = policy.master_bytes + (0 if policy.disk_tier == "moments" else 2 * DTYPE_BYTES[policy.states_dtype])
+    state = policy.master_bytes + (0 if policy.disk_tier != "none" else 2 * DTYPE_BYTES[policy.states_dtype])
     wc = DTYPE_BYTES[policy.compute_dtype] if policy.working_copy else 0
     return (model.total_params * state // c.nodes + model.total_params * wc
             + c.devices_per_node * int(hw.host.runtime_overhead_GiB * GiB))
@@ -105,7 +106,7 @@ def device_lower_bound(model: ModelSpec, policy: Policy) -> int:
 
 def disk_lower_bound(model: ModelSpec, policy: Policy) -> int:
     """Disk bytes of the disk tier: the moments (0 without one)."""
-    return model.total_params * 2 * DTYPE_BYTES[policy.states_dtype] if policy.disk_tier == "moments" else 0
+    return model.total_params * policy.disk_bytes_per_param
 
 
 def _bound_ok(model, policy, hw) -> bool:

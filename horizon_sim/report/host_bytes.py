@@ -26,6 +26,8 @@ POLICIES = (  # (name, exact fp32 AdamW?, changes to the base policy)
     ("bf16 master", False, dict(master_dtype="bf16", working_copy=False)),
     ("bf16 moments, backward", False, dict(_LEAN, states_dtype="bf16", split_master=True)),
     ("split master, backward, moments on disk", True, dict(_LEAN, split_master=True, disk_tier="moments")),
+    ("split master, backward, moments and low halves on disk", True,
+     dict(_LEAN, split_master=True, disk_tier="moments+low")),
 )
 
 

@@ -138,19 +138,22 @@ class _Builder:
         else:
             per_param += 2 * DTYPE_BYTES[p.master_dtype] + (DTYPE_BYTES[p.compute_dtype] if b.has_copy else 0)
         store = b.host_store(u)
-        moments = store[1]
-        if b.on_disk:  # read into a stage ahead of the update; the previous unit's write after it
-            moments = b.moments_stage(u)
-            nbytes = b.buffers[moments].bytes
-            self.emit(OpKind.DISK_READ, u, reads=[store[1]], writes=[moments], disk_bytes=nbytes, prev_step=prev_step)
+        here = dict(zip(store, store))  # what the update touches of each store buffer: itself, or its stage
+        if b.on_disk:  # read into stages ahead of the update; the previous unit's write after it
+            pairs = b.disk_stages(u)
+            here.update(pairs)
+            disk, stages = [d for d, _ in pairs], [s for _, s in pairs]
+            nbytes = sum(b.buffers[s].bytes for s in stages)
+            self.emit(OpKind.DISK_READ, u, reads=disk, writes=stages, disk_bytes=nbytes, prev_step=prev_step)
             self.flush_disk_write()
-        reads = [b.hgrad(u), store[0], moments, *(store[2:] if p.split_master else [])] + ([b.gnorm()] if p.clip else [])
+        master, moments = here[store[0]], here[store[1]]
+        reads = [b.hgrad(u), master, moments, *(store[2:] if p.split_master else [])] + ([b.gnorm()] if p.clip else [])
         frees = () if b.grads_static else (b.hgrad(u),)
-        op_id = self.emit(OpKind.OPTIMIZER, u, reads=reads, writes=[store[0], moments, *store[2:]], frees=frees,
+        op_id = self.emit(OpKind.OPTIMIZER, u, reads=reads, writes=[master, moments, *store[2:]], frees=frees,
                           params=params, host_bytes=params * per_param, prev_step=prev_step)
         if b.on_disk:
-            self.disk_write = dict(layer=u, reads=[moments], writes=[store[1]], frees=[moments],
-                                   disk_bytes=b.buffers[moments].bytes, prev_step=prev_step)
+            self.disk_write = dict(layer=u, reads=stages, writes=disk, frees=stages, disk_bytes=nbytes,
+                                   prev_step=prev_step)
         self.optimized.add(u)
         if not prev_step:
             self.optimizer_op[u] = op_id

@@ -27,7 +27,8 @@ class Declarations:
         # Several nodes hold the master in shards: every node keeps a whole copy to stream
         # from (in fp32 compute too, where a single node would load the master itself).
         self.has_copy = policy.working_copy or nodes > 1
-        self.on_disk = policy.disk_tier == "moments"
+        self.on_disk = policy.disk_tier != "none"
+        self.low_on_disk = policy.disk_tier == "moments+low"
         if self.on_disk and self.shared:
             raise HorizonError(f"policy disk_tier={policy.disk_tier!r} runs on one device for now, not "
                                f"{devices_per_node} x {nodes}: drop --disk-tier or --gpus/--nodes")
@@ -134,7 +135,8 @@ class Declarations:
         # updates its own), and the whole working copy every device streams from.
         store = Part.NODE if sh else Part.WHOLE
         node = part.numel(store)
-        master = (self.declare(f"master_lo.{n}", Space.HOST, Holds.MASTER_LOW, (node,), "int16", True, "master",
+        low_space = Space.DISK if self.low_on_disk else Space.HOST
+        master = (self.declare(f"master_lo.{n}", low_space, Holds.MASTER_LOW, (node,), "int16", True, "master",
                                unit=u, node_shared=sh, part=store) if p.split_master else
                   self.declare(f"master.{n}", Space.HOST, Holds.MASTER, (node,), p.master_dtype, True, "master",
                                unit=u, node_shared=sh, part=store))
@@ -146,11 +148,17 @@ class Declarations:
                                       True, "working_copy", unit=u, node_shared=sh))
         return names
 
-    def moments_stage(self, u: int) -> str:
-        """The disk tier: a unit's moments in RAM from its DISK_READ to its DISK_WRITE."""
-        return self.declare(f"moments_stage.{self.unit_label(u)}", Space.HOST, Holds.MOMENTS_STAGE,
-                            self.buffers[self.host_store(u)[1]].shape, self.p.states_dtype, role="disk_stages",
-                            unit=u)
+    def disk_stages(self, u: int) -> list[tuple[str, str]]:
+        """The disk tier: (disk buffer, its RAM stage from the unit's DISK_READ to its DISK_WRITE)
+        for the unit's moments, and its master's low halves when they are on disk too."""
+        store, label = self.host_store(u), self.unit_label(u)
+        out = [(store[1], self.declare(f"moments_stage.{label}", Space.HOST, Holds.MOMENTS_STAGE,
+                                       self.buffers[store[1]].shape, self.p.states_dtype, role="disk_stages",
+                                       unit=u))]
+        if self.low_on_disk:
+            out.append((store[0], self.declare(f"master_lo_stage.{label}", Space.HOST, Holds.MASTER_LOW_STAGE,
+                                               self.buffers[store[0]].shape, "int16", role="disk_stages", unit=u)))
+        return out
 
     def weights_of(self, u: int) -> str:
         """What a unit's weights load from: its working copy, else its master."""

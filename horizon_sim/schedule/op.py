@@ -50,8 +50,9 @@ class OpKind(str, Enum):
     UPDATE_BARRIER = "update_barrier"          # net: every rank of the node has updated its slice of a
     #                                            unit in the shared store (before any rank loads it)
     # the disk tier (policy disk_tier): a unit's Adam moments live in a file on local disk
-    DISK_READ = "disk_read"                    # disk: a unit's moments -> a RAM stage, ahead of its update
-    DISK_WRITE = "disk_write"                  # disk: the updated moments -> the file, freeing the stage
+    DISK_READ = "disk_read"                    # disk: a unit's moments (and low halves) -> RAM stages,
+    #                                            ahead of its update
+    DISK_WRITE = "disk_write"                  # disk: the updated ones -> the file, freeing the stages
     # the peer's step (horizon_sim/peer: ZeRO-3 offload), simulated, never run by the executor
     BACKWARD_SAVED = "backward_saved"          # compute: a block's backward from what autograd saved in
     #                                            its forward (a persistent graph: no forward again)
@@ -91,6 +92,7 @@ class Holds(str, Enum):
     MOMENTS = "moments"                  # (2, params) Adam m then v
     MOMENTS_STAGE = "moments_stage"      # (2, params) a unit's moments in RAM between its DISK_READ
     #                                      and DISK_WRITE (the disk tier)
+    MASTER_LOW_STAGE = "master_low_stage"  # (params,) int16 the same for a split master's low halves
     WORKING_COPY = "working_copy"        # (params,) the weights in the compute dtype
     GRAD_SQ = "grad_sq"                  # (1,) fp64 a unit's squared gradient norm
     GRAD_NORM = "grad_norm"              # (1,) fp64 the global gradient norm (data parallel: this

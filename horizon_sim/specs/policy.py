@@ -5,7 +5,7 @@ from dataclasses import dataclass, asdict
 from horizon_sim.errors import HorizonError
 
 OPTIMIZER_MODES = ("after", "backward", "pipelined")
-DISK_TIERS = ("none", "moments")
+DISK_TIERS = ("none", "moments", "moments+low")
 MASTER_ROUNDINGS = ("nearest", "stochastic")
 CKPT_PLACES = ("device", "host")
 DTYPES = ("fp32", "bf16")
@@ -84,7 +84,8 @@ class Policy:
     a unit's moments into a RAM stage ahead of its update and writes them back after (two
     stages: one being updated while the next is read and the last written). RAM then holds the
     master (4 B/param split, with the working copy) and two units' moments; the disk holds the
-    moments (8 B/param) and moves 16 B/param a step."""
+    moments (8 B/param) and moves 16 B/param a step. 'moments+low' (a split master): its low
+    halves too, so RAM holds 2 B/param of master (the working copy) and the disk 10."""
     max_host_grads: int = 0
     """optimizer='backward': at most this many units' gradients wait on the host for the CPU
     optimizer at once; a unit's offload waits until the oldest has been applied (0 = no bound:
@@ -131,6 +132,9 @@ class Policy:
             raise HorizonError(
                 "policy optimizer='backward' updates each layer before the global gradient norm "
                 "is known, so it cannot clip exactly: use grad_clip=0 or optimizer='pipelined'")
+        if self.disk_tier == "moments+low" and not self.split_master:
+            raise HorizonError("policy disk_tier='moments+low' puts a split master's low halves on disk: set "
+                               "split_master (--master-dtype split), or use disk_tier='moments'")
         if self.master_rounding == "stochastic" and self.master_dtype != "bf16":
             raise HorizonError(f"policy master_rounding='stochastic' rounds a bf16 master; here master_dtype="
                                f"{self.master_dtype} (an fp32 master keeps every update: use --master-dtype bf16)")
@@ -172,9 +176,17 @@ class Policy:
 
     @property
     def master_bytes(self) -> int:
-        """Host bytes per parameter of the master beyond the working copy (a split master: its
-        low half; the high half is the copy)."""
-        return 2 if self.split_master else DTYPE_BYTES[self.master_dtype]
+        """Host RAM bytes per parameter of the master beyond the working copy (a split master:
+        its low half, unless it is on disk; the high half is the copy)."""
+        if self.split_master:
+            return 0 if self.disk_tier == "moments+low" else 2
+        return DTYPE_BYTES[self.master_dtype]
+
+    @property
+    def disk_bytes_per_param(self) -> int:
+        """Bytes per parameter the disk tier keeps on disk (0: none)."""
+        return {"none": 0, "moments": 2 * DTYPE_BYTES[self.states_dtype],
+                "moments+low": 2 * DTYPE_BYTES[self.states_dtype] + 2}[self.disk_tier]
 
     def to_dict(self) -> dict:
         return asdict(self)

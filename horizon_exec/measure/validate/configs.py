@@ -32,7 +32,7 @@ class Config:
         return (f"L{m.n_layers} H{m.hidden} V{m.vocab}, batch {p.batch}x{p.seq}, K={p.act_ckpt_every}, "
                 f"{p.slots} slots, ckpt {p.act_ckpt_on}, opt {p.optimizer}"
                 + ("" if p.working_copy else ", no wc") + (", split master" if p.split_master else "")
-                + (", moments on disk" if p.disk_tier == "moments" else "")
+                + (f", {p.disk_tier} on disk" if p.disk_tier != "none" else "")
                 + (f", grads<={p.max_host_grads}" if p.max_host_grads else "")
                 + (f", {p.micro_batches} micro" if p.micro_batches > 1 else "")
                 + (", windows" if m.layer_windows else "") + (", doc masks" if p.doc_masks else "")
