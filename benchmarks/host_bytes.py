@@ -8,7 +8,8 @@ and moments):
              (optimizer in backward without clipping, no working copy: loads move fp32)
   + split    those plus the split master (the bf16 working copy + a 16-bit low half), also in
              backward with the host gradients bounded to 2 units
-  + disk     those plus the Adam moments on a local disk (--disk, --disk-GBps)
+  + disk     those plus the Adam moments on a local disk (--disk, --disk-GBps), and the master's
+             low halves there too
 and prints the largest model's parameters, its tokens/s and policy, and the ratio to 'before'.
 
 Run: .venv/bin/python benchmarks/host_bytes.py [--gpu h200] [--ram 1.5TB] [--disk 8TB] [--disk-GBps 25]

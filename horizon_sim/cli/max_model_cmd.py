@@ -17,8 +17,10 @@ Candidates: every model preset, plus dense-120b scaled in depth (-L<layers>) and
   lean     (default) the default policy; bf16 moments without the working copy; optimizer in
            backward without clipping and no working copy ('lean'), also with bf16 moments
            ('leanest'); the split master ('split'), also in backward with the host gradients
-           bounded to 2 units ('split-lean')
-  exact    only those with an fp32 master and fp32 moments: default, lean, split, split-lean
+           bounded to 2 units ('split-lean'); with --disk, 'split-lean' with the moments on disk
+           ('split-disk') and with the master's low halves there too ('split-disk-low')
+  exact    only those with an fp32 master and fp32 moments: default, lean, split, split-lean (and
+           the disk ones with --disk)
   default  the default policy only"""
 
 

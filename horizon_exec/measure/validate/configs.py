@@ -69,9 +69,9 @@ CONFIGS = (
            "split master (the bf16 copy + a low half), optimizer in backward, host grads bounded to 2: "
            "the exact-fp32 policy that fits dense-120b in 1.5 TB"),
     Config("disk_tier", _llama("v-disk", 6, 256, 4, 2, 688), Policy(batch=2, seq=256, split_master=True,
-                                                                    disk_tier="moments"),
-           "base with the split master and the Adam moments on disk (O_DIRECT, read a unit ahead into two "
-           "RAM stages, written back after the update)"),
+                                                                    disk_tier="moments+low"),
+           "base with the split master, its low halves and the Adam moments on disk (O_DIRECT, read a unit "
+           "ahead into two RAM stages, written back after the update)"),
 )
 """Eleven small configurations that vary depth, width, batch, K, slots, checkpoint placement,
 optimizer overlap, vocabulary, micro-batches, the working copy, the split master, the disk
