@@ -31,7 +31,8 @@ class Declarations:
         self.low_on_disk = policy.disk_tier == "moments+low"
         if self.on_disk and self.shared:
             raise HorizonError(f"policy disk_tier={policy.disk_tier!r} runs on one device for now, not "
-                               f"{devices_per_node} x {nodes}: drop --disk-tier or --gpus/--nodes")
+                               f"{devices_per_node} x {nodes}: drop --disk-tier, or run one device (planner: "
+                               "--gpus/--nodes; train: --nproc-per-node/--nnodes)")
         self.slot_bytes = max(model.layer_params, model.head_device_params) * a
 
     # ---- sizes ---------------------------------------------------------------------------------
