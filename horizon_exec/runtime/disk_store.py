@@ -98,36 +98,42 @@ class DiskStore:
 
     def read(self, name: str, t: torch.Tensor) -> None:
         """Buffer `name` from the file into `t` (a CPU tensor of its size)."""
-        off, b = self._where(name, t)
-        if self._map is not None:
-            b.copy_(torch.frombuffer(self._map, dtype=torch.uint8, count=b.numel(), offset=off))
-            return
-        self._io(os.preadv, off, b)
-        if self.method == "buffered":  # the read filled the page cache with the unit: drop it
-            os.posix_fadvise(self.fd, off, b.numel(), os.POSIX_FADV_DONTNEED)
+        self._at(os.preadv, *self._where(name, t))
 
     def write(self, name: str, t: torch.Tensor) -> None:
         """`t` into buffer `name`'s place in the file."""
-        off, b = self._where(name, t)
+        self._at(os.pwritev, *self._where(name, t))
+
+    def zero(self, name: str) -> None:
+        """Buffer `name` to zeros (optimizer state reset)."""
+        off, n = self.offsets[name]
+        z = torch.zeros(min(n, BOUNCE_BYTES), dtype=torch.uint8)
+        for s in range(0, n, z.numel()):
+            self._at(os.pwritev, off + s, z[:min(z.numel(), n - s)])
+
+    def _at(self, call, off: int, b: torch.Tensor) -> None:
+        """os.preadv or os.pwritev of the bytes b at file offset off, by this store's method."""
         if self._map is not None:
-            torch.frombuffer(self._map, dtype=torch.uint8, count=b.numel(), offset=off).copy_(b)
+            mapped = torch.frombuffer(self._map, dtype=torch.uint8, count=b.numel(), offset=off)
+            if call is os.preadv:
+                b.copy_(mapped)
+            else:
+                mapped.copy_(b)
             return
-        self._io(os.pwritev, off, b)
+        self._io(call, off, b)
         if self.method == "buffered":  # drop the unit's pages: the page cache would hold them in RAM
-            os.fdatasync(self.fd)
+            if call is os.pwritev:
+                os.fdatasync(self.fd)  # dirty pages are not dropped
             os.posix_fadvise(self.fd, off, b.numel(), os.POSIX_FADV_DONTNEED)
 
     def _io(self, call, off: int, b: torch.Tensor) -> None:
         """pread/pwrite all of b at file offset off; under O_DIRECT the aligned middle goes
         straight from or to b, the rest through the bounce buffer."""
         n = b.numel()
-        head = 0
-        if self.method == "direct":
-            head = min(n, (-b.data_ptr()) % BLOCK)  # bytes before b's first aligned address
-        body = (n - head) // BLOCK * BLOCK if self.method == "direct" else n - head
-        if head:  # b is not aligned: all of it through the bounce buffer
+        if self.method == "direct" and b.data_ptr() % BLOCK:  # b unaligned: all through the bounce buffer
             self._bounced(call, off, b)
             return
+        body = n // BLOCK * BLOCK if self.method == "direct" else n
         done = 0
         while done < body:
             mv = memoryview(b[done:body].numpy())
@@ -152,17 +158,3 @@ class DiskStore:
                 raise ExecError(f"disk tier: {call.__name__} returned {got} of {span} bytes at offset {off + s}")
             if call is os.preadv:
                 b[s:s + k].copy_(self._bounce_t[:k])
-
-    def zero(self, name: str) -> None:
-        """Buffer `name` to zeros (optimizer state reset)."""
-        off, n = self.offsets[name]
-        z = torch.zeros(min(n, BOUNCE_BYTES), dtype=torch.uint8)
-        for s in range(0, n, z.numel()):
-            k = min(z.numel(), n - s)
-            self.write_range(off + s, z[:k])
-
-    def write_range(self, off: int, b: torch.Tensor) -> None:
-        if self._map is not None:
-            torch.frombuffer(self._map, dtype=torch.uint8, count=b.numel(), offset=off).copy_(b)
-        else:
-            self._io(os.pwritev, off, b)

@@ -52,11 +52,12 @@ class StepContext:
 
 
 class OpRunner:
-    def __init__(self, *, model, policy, sched, buffers, store, arena, backend, adamw: AdamW, dist=None, disk=None):
+    def __init__(self, *, model, policy, sched, buffers, store, arena, backend, adamw: AdamW, dist=None, disk=None,
+                 seed: int = 0):
         from horizon_exec.dist.context import single
         self.m, self.p, self.sched = model, policy, sched
         self.disk = disk  # the disk tier's file (disk_store.DiskStore), when the Schedule has one
-        self.sr_base = 0  # the run's seed, for a bf16 master's stochastic rounding (Trainer sets it)
+        self.sr_base = seed  # the run's seed: a bf16 master's stochastic rounding draws from it
         self.dist = dist or single()
         self.buf, self.store, self.arena, self.be = buffers, store, arena, backend
         self.adamw = adamw

@@ -240,10 +240,8 @@ class Trainer:
         self._lr = float(lr)
         self.runner = OpRunner(model=model, policy=policy, sched=self.sched, buffers=self.buffers,
                                store=self.store, arena=self.arena, backend=self.backend, adamw=adamw, dist=dist,
-                               disk=self.disk)
-        self.runner.sr_base = seed  # a bf16 master's stochastic rounding draws from the run's seed
+                               disk=self.disk, seed=seed)
         self.units = [b.unit for b in self.sched.of(Holds.MOMENTS)]  # embedding, blocks, head
-        self.split_master = policy.split_master  # the master is its working copy + a low half
         self.master = Master(self.store, self.sched, self.runner, dist, self.split_master, self.disk)  # fp32 access
         self._params = {}  # transformers name -> view of the master store (whole on every node)
         if dist.nodes == 1 and not self.split_master:
@@ -330,6 +328,11 @@ class Trainer:
         whole = torch.empty(d.world, part.chunk, dtype=torch.float32)
         whole[order] = by_rank
         return whole.reshape(-1)[:lay.numel]
+
+    @property
+    def split_master(self) -> bool:
+        """The master is its working copy's high halves + low halves (policy split_master)."""
+        return self.policy.split_master
 
     def _unit_master(self, u: int) -> torch.Tensor:
         """Unit u's fp32 master on one node: a view of the store, or a split master joined."""

@@ -38,6 +38,8 @@ _DISK = {"split-disk": dict(_LEAN["split-lean"], disk_tier="moments"),
          "split-disk-low": dict(_LEAN["split-lean"], disk_tier="moments+low")}
 """Tried too when the machine has a disk tier (--disk): the split-lean policy with the Adam
 moments on disk, and with the master's low halves there too."""
+POLICY_CHANGES = {**_LEAN, **_DISK}
+"""Every named policy max-model tries, as its changes to the base policy."""
 POLICY_SETS = {"default": ("default",), "lean": ("default", *_LEAN),
                "exact": ("default", "lean", "split", "split-lean")}
 """Named policies tried per candidate: 'default' is the base policy; the lean ones change the
@@ -58,7 +60,8 @@ def exact_sets(base: Policy | None = None) -> dict[str, dict[str, Policy]]:
     base = base or Policy()
     before = {"default": base, "lean": replace(base, **_LEAN["lean"])}
     split = {**before, **{n: replace(base, **_LEAN[n]) for n in ("split", "split-lean")}}
-    return {"before": before, "+ split": split, "+ disk": {**split, **{n: replace(base, **kw) for n, kw in _DISK.items()}}}
+    disk = {n: replace(base, **kw) for n, kw in _DISK.items()}
+    return {"before": before, "+ split": split, "+ disk": {**split, **disk}}
 
 
 def policy_set(name: str, base: Policy | None = None, disk: bool = False) -> dict[str, Policy]:
@@ -67,9 +70,8 @@ def policy_set(name: str, base: Policy | None = None, disk: bool = False) -> dic
         raise HorizonError(f"unknown policy set {name!r}{closest(name, POLICY_SETS)}; "
                            f"allowed: {', '.join(POLICY_SETS)}")
     base = base or Policy()
-    kinds = {**_LEAN, **_DISK}
     names = POLICY_SETS[name] + (tuple(_DISK) if disk and name != "default" else ())
-    return {n: (base if n == "default" else replace(base, **kinds[n])) for n in names}
+    return {n: (base if n == "default" else replace(base, **POLICY_CHANGES[n])) for n in names}
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ import pandas as pd
 from horizon_sim.cli.hardware_args import with_disk
 from horizon_sim.plan import plan
 from horizon_sim.plan.advice import BOUNDED_HOST_GRADS, policy_flags
-from horizon_sim.plan.max_model import exact_sets, max_model
+from horizon_sim.plan.max_model import POLICY_CHANGES, exact_sets, max_model
 from horizon_sim.report.config import BuildConfig
 from horizon_sim.report.fmt import md_table, tps
 from horizon_sim.report.out import Out, Section
@@ -17,17 +17,16 @@ from horizon_sim.specs.hardware_presets import make_hardware
 from horizon_sim.specs.hf_config import load_model
 from horizon_sim.units import fmt_bytes
 
-_LEAN = dict(optimizer="backward", grad_clip=0.0, max_host_grads=BOUNDED_HOST_GRADS)
+_C = POLICY_CHANGES  # max-model's named policies; 'split-lean' = the split master in backward, host grads bounded
 POLICIES = (  # (name, exact fp32 AdamW?, changes to the base policy)
     ("default", True, {}),
-    ("split master", True, dict(split_master=True)),
-    ("no working copy, backward", True, dict(_LEAN, working_copy=False)),
-    ("split master, backward", True, dict(_LEAN, split_master=True)),
+    ("split master", True, _C["split"]),
+    ("no working copy, backward", True, dict(_C["lean"], max_host_grads=BOUNDED_HOST_GRADS)),
+    ("split master, backward", True, _C["split-lean"]),
     ("bf16 master", False, dict(master_dtype="bf16", working_copy=False)),
-    ("bf16 moments, backward", False, dict(_LEAN, states_dtype="bf16", split_master=True)),
-    ("split master, backward, moments on disk", True, dict(_LEAN, split_master=True, disk_tier="moments")),
-    ("split master, backward, moments and low halves on disk", True,
-     dict(_LEAN, split_master=True, disk_tier="moments+low")),
+    ("bf16 moments, backward", False, dict(_C["split-lean"], states_dtype="bf16")),
+    ("split master, backward, moments on disk", True, _C["split-disk"]),
+    ("split master, backward, moments and low halves on disk", True, _C["split-disk-low"]),
 )
 
 
