@@ -328,6 +328,16 @@ def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what)
         print(f"final loss {res.loss:.4f}" + (f"  eval loss {ev:.4f}" if ev is not None else "")
               + f"  grad norm {res.grad_norm:.3f}  {rate}  device peak {fmt_bytes(res.device_peak_bytes)}"
               f"  peak RSS {fmt_bytes(res.rss_peak_bytes)}")
+    if loop.untargeted:
+        print(f"{len(loop.untargeted)} of {loop.steps_run} step(s) had a batch with no target token (loss 0, "
+              f"nothing trained): {', '.join(map(str, loop.untargeted[:20]))}"
+              f"{' ...' if len(loop.untargeted) > 20 else ''}")
+        if len(loop.untargeted) == loop.steps_run:  # every loss 0 and nothing learnt: not a success
+            print(f"horizon train: error: no batch of this run ({loop.steps_run} step(s)) had a target token, so "
+                  f"nothing was trained" + (" (--save-hf not written)" if args.save_hf else "")
+                  + f"; with instruction data, prompts longer than --seq {policy.seq} leave no response token "
+                  f"to train on: raise --seq or shorten the prompts", file=sys.stderr)
+            return 1
     if loop.skipped:
         print(f"{len(loop.skipped)} step(s) skipped for a non-finite loss or gradient: "
               f"{', '.join(map(str, loop.skipped[:20]))}{' ...' if len(loop.skipped) > 20 else ''}")

@@ -31,6 +31,12 @@ exits 128 + the signal number (130, 143).
 Non-finite steps (the trainer's on_nonfinite): a skipped step is logged ("skipped" in the
 JSON line, a message); 'stop' raises NonFiniteError out of run().
 
+Batches without a target (every label ignored: e.g. instruction data whose prompts are longer
+than seq) have loss 0 and gradient 0, which is no measurement: each step's JSON line holds its
+labelled_tokens, such steps are counted in `untargeted` (one warning line at the first), and an
+eval whose batches hold no target reports none (eval_loss null) instead of 0. The CLI fails a
+run whose every step was untargeted.
+
 Data parallel (a Trainer with a DistContext of R ranks): every step draws one global batch of
 R x policy.batch sequences from the seeded loader (the same order whatever R) and rank r
 trains on its rows r*b .. (r+1)*b - 1; the eval batches are split the same way and their
@@ -143,6 +149,7 @@ class TrainLoop:
         self._times: list[float] = []
         self.last_ckpt: tuple[int, object] | None = None  # (step, folder) of the last checkpoint written
         self.skipped: list[int] = []   # steps (1-based) whose update was skipped as non-finite
+        self.untargeted: list[int] = []  # steps (1-based) whose batch had no target token (module docstring)
         self._signal: int | None = None
         self._phase = ""        # what run() is in, for an abort message: 'step 5', 'the eval after step 4'
         self._log_failed = False
@@ -258,14 +265,15 @@ class TrainLoop:
 
     # ---- running --------------------------------------------------------------------------
     def evaluate(self) -> float | None:
-        """Mean token loss over the held-out batches (None without any)."""
+        """Mean token loss over the held-out batches (None without any, or when none of their
+        tokens is a target: a mean over nothing is not 0)."""
         if not self.eval_set:
             return None
         total, n = 0.0, 0
         for b in self.eval_set:
             s, k = self.tr.eval_loss(b.tokens, b.labels, b.docs)
             total, n = total + s, n + k
-        return total / max(1, n)
+        return total / n if n else None
 
     def _eval_step(self, write) -> float:
         """evaluate() after a step; a failure stops the run as an EvalError, with a checkpoint
@@ -386,7 +394,13 @@ class TrainLoop:
             self.last = res
             tok_s, flop_s = self._rate()
             rec = {"step": self.step, "loss": res.loss, "lr": lr, "grad_norm": res.grad_norm,
-                   "tokens_per_s": tok_s, "model_tflops": flop_s / 1e12}
+                   "tokens_per_s": tok_s, "model_tflops": flop_s / 1e12, "labelled_tokens": res.labelled_tokens}
+            if res.labelled_tokens == 0:
+                self.untargeted.append(self.step)
+                if len(self.untargeted) == 1:
+                    write(f"warning: step {self.step}: the batch has no target token (every label ignored, e.g. "
+                          f"prompts longer than seq {tr.policy.seq}): its loss 0 measures nothing and it "
+                          f"trains nothing; such steps are counted")
             if cfg.peak_flops:
                 rec["mfu"] = flop_s / cfg.peak_flops
             if res.skipped:
@@ -414,7 +428,9 @@ class TrainLoop:
                 ev = self._eval_step(write)
                 self.evals[self.step] = ev
                 self._log({"step": self.step, "eval_loss": ev}, write)
-                write(f"step {self.step}: eval loss {ev:.4f} ({len(self.eval_set)} batches)")
+                write(f"step {self.step}: eval loss {ev:.4f} ({len(self.eval_set)} batches)" if ev is not None else
+                      f"step {self.step}: eval: no target token in the {len(self.eval_set)} held-out batches, "
+                      f"no eval loss")
             if self._stop_asked():  # a signal during the checkpoint or the eval, the last step's too
                 self._stop_at_boundary(write)
 
