@@ -1,7 +1,7 @@
 """Issue 19, item 5: a full disk (ENOSPC), a file size limit (`ulimit -f`: SIGXFSZ is ignored by
 Python, so EFBIG) or a read-only file system met while training writes is one line naming the
 path and what it needed; checkpoints stay atomic (the previous one intact, nothing half-written
-left behind); a metrics log that cannot be written is reported once and training goes on."""
+left behind); a metrics log that cannot be written stops the run the same way (issue 30)."""
 import os
 import re
 import resource
@@ -66,10 +66,12 @@ def test_a_file_size_limit_is_one_line_and_leaves_nothing_half_written(tmp_path)
 
 
 @needs_tmpfs
-def test_a_full_metrics_log_is_reported_once_and_training_goes_on():
+def test_a_full_metrics_log_stops_the_run_with_one_line():
+    """Issue 30 changed this from 'reported once, training goes on' (exit 0 with a truncated
+    log): a run that promised a record does not succeed without it."""
     r = in_tmpfs('$TRAIN --steps 3 --log-file "$M/log.jsonl"; echo "rc=$?"', size="64k",
                  setup='(head -c 1048576 /dev/zero > "$M/fill" 2>/dev/null || true)')
-    assert "rc=0" in r.stdout and "final loss" in r.stdout, (r.stdout, r.stderr)
-    warn = [ln for ln in r.stdout.splitlines() if ln.startswith("warning:")]   # the loop's messages: stdout
-    assert warn == ["warning: step 1: cannot write the metrics log /mnt/log.jsonl: no space left on the device "
-                    "(0 B free there); training goes on without it"], r.stdout
+    assert "rc=1" in r.stdout and "final loss" not in r.stdout, (r.stdout, r.stderr)
+    assert _one_error_line(r.stderr) == ("horizon train: error: step 1: cannot write the metrics log /mnt/log.jsonl: "
+                                         "no space left on the device (0 B free there); the run stopped; no "
+                                         "checkpoint written")

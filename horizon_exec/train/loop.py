@@ -8,7 +8,7 @@
 Per step s (0-based): the next batch from the seeded loader, Trainer.step with lr = schedule(s)
 (global-norm clipping and micro-batch gradient accumulation are the policy's: grad_clip,
 micro_batches), then a progress-bar update (loss, lr, tokens/s, MFU), a JSON line in the
-metrics log (a log that cannot be written is reported once and dropped) and, as configured, a
+metrics log (non-finite numbers as null; a log that cannot be written stops the run, exit 1) and, as configured, a
 checkpoint and then the eval loss on the held-out batches (checkpoint first: an eval that
 fails, an EvalError, stops the run without costing the step; it writes one if none was due).
 With a ckpt_dir the loop holds the folder's lock (ckpt_lock.py) until close().
@@ -48,6 +48,7 @@ resume loads the newest step every node has intact. At each step boundary the ra
 whether a signal asked them to stop, so all stop at the same boundary.
 """
 import json
+import math
 import time
 import weakref
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ from pathlib import Path
 from horizon_exec.files import ckpt as ckpt_mod
 from horizon_exec.files import ckpt_lock
 from horizon_exec.train import stop_signals
-from horizon_exec.files.fileio import make_dirs, write_failure
+from horizon_exec.files.fileio import OutputError, make_dirs, write_failure
 from horizon_exec.optim.lr import CosineSchedule
 from horizon_exec.train.stop_signals import StopSignals
 from horizon_sim.errors import HorizonError
@@ -93,6 +94,11 @@ class LoopConfig:
         for f in ("eval_every", "eval_batches", "save_every", "keep_ckpts"):
             if getattr(self, f) < 0:
                 raise HorizonError(f"{f.replace('_', '-')}={getattr(self, f)} must be >= 0")
+
+
+def _finite_or_none(v):
+    """A float that JSON can hold: NaN and infinities become None (null)."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 class EvalError(HorizonError):
@@ -152,7 +158,6 @@ class TrainLoop:
         self.untargeted: list[int] = []  # steps (1-based) whose batch had no target token (module docstring)
         self._signal: int | None = None
         self._phase = ""        # what run() is in, for an abort message: 'step 5', 'the eval after step 4'
-        self._log_failed = False
         self._unlock = None
         if self.ckpt_root and d.is_leader:  # one run per checkpoint folder, from before the first step to close()
             make_dirs(Path(self.ckpt_root))
@@ -299,18 +304,28 @@ class TrainLoop:
         return len(w) * self.step_tokens / secs, len(w) * self.flops_per_step / secs
 
     def _log(self, rec: dict, write) -> None:
-        """One JSON line in the metrics log. A log that cannot be written (disk full, ...) is
-        reported once and dropped: it is a record of the run, not its product, and stopping
-        would cost the steps since the last checkpoint (which reports its own failures)."""
-        if not self.cfg.log_file or self._log_failed or self.dist.rank != 0:
+        """One JSON line in the metrics log, flushed (closed) at once so a full disk shows at
+        the line that did not fit. Non-finite numbers are written as null (NaN is not JSON).
+        A log that cannot be written stops the run (OutputError, exit 1, naming the path):
+        a run that promised a record must not succeed without it. The step is checkpointed
+        first when a ckpt_dir is set, so stopping costs nothing."""
+        if not self.cfg.log_file or self.dist.rank != 0:
             return
+        line = json.dumps({k: _finite_or_none(v) for k, v in rec.items()}, allow_nan=False) + "\n"
         try:
             with open(self.cfg.log_file, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+                f.write(line)
         except OSError as e:
-            self._log_failed = True
             why = write_failure(f"the metrics log {self.cfg.log_file}", e, Path(self.cfg.log_file).parent)
-            write(f"warning: step {self.step}: {why}; training goes on without it")
+        else:
+            return
+        tr = self.tr
+        if self.cfg.ckpt_dir and not (tr.failed or tr.state_invalid) and (
+                self.last_ckpt is None or self.last_ckpt[0] != self.step):
+            write(f"step {self.step}: checkpoint {self.save()}")
+        ck = self.last_ckpt
+        raise OutputError(f"step {self.step}: {why}; the run stopped"
+                          + (f"; last checkpoint {ck[1]} (step {ck[0]})" if ck else "; no checkpoint written"))
 
     # ---- signals ---------------------------------------------------------------------------
     def _interrupted(self, signum: int, immediate: bool, why: str = "") -> Interrupted:
