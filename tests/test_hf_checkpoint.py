@@ -173,6 +173,8 @@ def _broken(tmp_path, how):
         sd["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(16, 64)
     elif how == "dtype":
         sd["model.norm.weight"] = torch.zeros(64, dtype=torch.int32)
+    elif how in ("nan", "inf"):  # issue 30: caught at load, not as nan evals
+        sd["model.layers.1.mlp.up_proj.weight"][3, 5] = float(how)
     elif how == "model_type":
         cfg["model_type"] = "gpt2"
     elif how == "config_shape":
@@ -198,6 +200,8 @@ def _broken(tmp_path, how):
     ("config_shape", "ffn_hidden=128 but the model being trained has ffn_hidden=96"),
     ("index", "shard 'model-00002-of-00002.safetensors' is missing"),
     ("truncated", "cannot read"),
+    ("nan", r"model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight' holds 1 NaN or infinite value"),
+    ("inf", r"tensor 'model.layers.1.mlp.up_proj.weight' holds 1 NaN or infinite value\(s\) \(first at \[3, 5\]: inf\)"),
 ])
 def test_bad_checkpoint_is_a_one_line_error(tmp_path, how, match):
     d = _broken(tmp_path, how)

@@ -137,6 +137,7 @@ def load_hf(trainer, path) -> None:
                         raise HorizonError(f"{d / fname}: tensor {name!r} has dtype {sl.get_dtype()}; "
                                            "want a floating-point checkpoint")
                     dst.copy_(f.get_tensor(name))     # one tensor read, cast to fp32 in place
+                    _check_finite(dst, name, d / fname)
                     if name not in seen and trainer.split_master:
                         params.filled(name)
                     seen.add(name)
@@ -150,6 +151,16 @@ def load_hf(trainer, path) -> None:
                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     reset_optimizer_state(trainer)
     trainer._refresh_working_copy()
+
+
+def _check_finite(t, name: str, where) -> None:
+    """A NaN or inf weight would make every loss and eval NaN: refused at load, naming it."""
+    ok = torch.isfinite(t)
+    if not bool(ok.all()):
+        bad = (~ok).nonzero()
+        first = bad[0].tolist()
+        raise HorizonError(f"{where}: tensor {name!r} holds {bad.shape[0]} NaN or infinite value(s) (first at "
+                           f"{first}: {t[tuple(first)].item()}); the weights must be finite")
 
 
 class _SplitSink:
