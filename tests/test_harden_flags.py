@@ -24,6 +24,7 @@ FLAGS = {
     "--eps=-1e-8": "--eps -1e-08 must be",
     "--eps nan": "--eps nan must be",
     "--eps 1e-50": "--eps 1e-50 must be",
+    "--eps 1e30": "--eps 1e+30 must be <= 0.01",   # issue 30: trains nothing, looks healthy
     "--beta1 2": "--beta1 2.0 must lie in [0, 1)",
     "--beta1 -0.1": "--beta1 -0.1 must lie in [0, 1)",
     "--beta2 1": "--beta2 1.0 must lie in [0, 1)",

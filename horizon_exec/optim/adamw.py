@@ -49,11 +49,15 @@ MIN_EPS = 1.1754944e-38
 """Smallest eps accepted: the kernels compute in float32, where a smaller eps is denormal or
 0 (1e-46 rounds to 0), and m / (sqrt(v) + 0) is 0/0 = NaN for every weight whose gradient
 has been 0 (e.g. embedding rows of tokens not seen yet)."""
+MAX_EPS = 1e-2
+"""Largest eps accepted: eps is added to sqrt(v), which is of the order of the gradients
+(1e-3 .. 1e-6 for LLMs); at eps >> |g| the update lr * m / (sqrt(v) + eps) is about 0, a run
+that trains nothing and looks healthy (--eps 1e30). Usual values are 1e-8 .. 1e-6."""
 
 
 def check_hyper(*, lr: float, betas, eps: float, weight_decay: float, name=lambda f: f"AdamW {f}=") -> None:
     """HorizonError unless AdamW's hyper-parameters are usable: lr in [0, MAX_LR], each beta in
-    [0, 1) (1 never forgets and its bias correction divides by 0), eps in [MIN_EPS, inf),
+    [0, 1) (1 never forgets and its bias correction divides by 0), eps in [MIN_EPS, MAX_EPS],
     weight_decay finite >= 0 with lr * weight_decay <= 1 (the decay factor 1 - lr * wd stays in
     [0, 1]; above, weights flip sign every step). name(field) is how a message names a field."""
     def bad(field, value, want):
@@ -72,6 +76,9 @@ def check_hyper(*, lr: float, betas, eps: float, weight_decay: float, name=lambd
     if not _number(eps) or not MIN_EPS <= eps < math.inf:
         bad("eps", eps, f"must be a finite number >= {MIN_EPS:.3g} (the smallest normal float32; "
                         "usual value 1e-8)")
+    if eps > MAX_EPS:
+        bad("eps", eps, f"must be <= {MAX_EPS:g} (it is added to sqrt(v), the gradient's scale: above, the update "
+                        "lr * m / (sqrt(v) + eps) is about 0 and nothing trains; usual value 1e-8)")
     if not _number(weight_decay) or not 0 <= weight_decay < math.inf:
         bad("weight_decay", weight_decay, "must be a finite number >= 0")
     if lr * weight_decay > 1:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
-from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.model import MAX_NORM_EPS, ModelSpec
 from horizon_sim.specs.model_presets import model_preset
 from horizon_sim.specs.rope import ROPE_KINDS, RopeScaling
 
@@ -127,6 +127,15 @@ def _float(v, key: str, where: str, minimum: float = 0.0, strict: bool = True) -
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
         raise HorizonError(f"{where}: key {key!r} = {v!r} must be a finite number {bound}")
     return float(v)
+
+
+def _norm_eps(v, where: str) -> float:
+    """rms_norm_eps in (0, MAX_NORM_EPS] (model.py says why), named as the config names it."""
+    eps = _float(v, "rms_norm_eps", where)
+    if eps > MAX_NORM_EPS:
+        raise HorizonError(f"{where}: key 'rms_norm_eps' = {v!r} must lie in (0, {MAX_NORM_EPS:g}] (it is added to "
+                           f"the activations' mean square; usual values 1e-6 .. 1e-5)")
+    return eps
 
 
 def _check_fields(cfg: dict, mt: str, where: str) -> None:
@@ -311,7 +320,7 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         qkv_bias=qkv_bias,
         mlp_bias=mlp_bias,
         norm="rmsnorm",
-        norm_eps=_float(eps, "rms_norm_eps", where) if eps is not None else _DEFAULT_RMS_EPS,
+        norm_eps=_norm_eps(eps, where) if eps is not None else _DEFAULT_RMS_EPS,
         rope_theta=theta,
         rope_scaling=scaling,
         max_position=_int(cfg, "max_position_embeddings", where, default=0, minimum=0),

@@ -9,6 +9,10 @@ from horizon_sim.specs.rope import RopeScaling
 
 FFN_TYPES = ("gated", "plain")
 NORM_TYPES = ("rmsnorm", "layernorm")
+MAX_NORM_EPS = 0.1
+"""Largest norm epsilon accepted. It is added to the mean square of activations of order 1
+(RMSNorm: x / sqrt(mean(x^2) + eps)); real models use 1e-6 .. 1e-5. At 1e30 every normalised
+activation is ~0 and the model trains on nothing while the loss looks fine."""
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -76,6 +80,9 @@ class ModelSpec:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise HorizonError(f"model {f}={v!r} must be a positive finite number")
+        if self.norm_eps > MAX_NORM_EPS:
+            raise HorizonError(f"model norm_eps={self.norm_eps!r} must lie in (0, {MAX_NORM_EPS:g}] (it is added "
+                               f"to the activations' mean square; usual values 1e-6 .. 1e-5)")
         if not isinstance(self.max_position, int) or self.max_position < 0:
             raise HorizonError(f"model max_position={self.max_position!r} must be an integer >= 0")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
