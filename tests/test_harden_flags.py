@@ -49,6 +49,8 @@ FLAGS = {
     "--seed -1": "--seed -1 must lie in [0, 2**64)",
     "--compute-threads -1": "--compute-threads -1 must be >= 1",
     "--compute-threads 0": "--compute-threads 0 must be >= 1",
+    "--disk-dir /tmp": "--disk-dir /tmp needs --disk-tier moments or moments+low",   # issue 30: was ignored
+    "--eos-token </s>": "--eos-token '</s>' needs a tokenizer (--tokenizer, or one in the --init-from folder)",
     "--device tpu": "--device: device 'tpu' is not supported; use 'cpu' or 'cuda[:N]'",
     "--device cuda:x": "--device: device 'cuda:x' is not supported",
 }

@@ -230,6 +230,9 @@ def _run_train(args: argparse.Namespace, dist) -> int:
     policy = dataclasses.replace(policy_from_args(args), loss_chunk_tokens=args.loss_chunk_tokens)
     tok_path = resolve_tokenizer(args.tokenizer) if args.tokenizer else (
         tokenizer_of_folder(init_dir) if init_dir is not None else None)
+    if tok_path is None and args.eos_token is not None:  # the byte tokenizer's end of document is fixed
+        raise HorizonError(f"--eos-token {args.eos_token!r} needs a tokenizer (--tokenizer, or one in the "
+                           f"--init-from folder); the byte tokenizer has no end-of-document token to choose")
     tok = load_tokenizer(tok_path, args.eos_token)
     if tok.vocab_size > model.vocab:
         raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")

@@ -24,6 +24,9 @@ def check_train_args(a) -> None:
         raise HorizonError("--resume without a folder needs --ckpt-dir")
     if a.ckpt_interval and not a.ckpt_dir:
         raise HorizonError("--ckpt-interval needs --ckpt-dir")
+    if a.disk_dir is not None and getattr(a, "disk_tier", "none") == "none":  # it would be ignored
+        raise HorizonError(f"--disk-dir {a.disk_dir} needs --disk-tier moments or moments+low: without a disk "
+                           f"tier nothing is kept on disk")
     _check_optimizer(a)
     if not 0 <= a.seed < SEED_LIMIT:
         raise HorizonError(f"--seed {a.seed} must lie in [0, 2**64)")
