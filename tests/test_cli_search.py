@@ -169,3 +169,14 @@ def test_non_numbers_are_argparse_errors(capsys):
     with pytest.raises(SystemExit) as e:
         _parse(tune_cmd, ["--seq", "many"])
     assert e.value.code == 2
+
+
+def test_a_sweep_whose_every_row_is_invalid_fails(tmp_path, capsys):
+    """Issue 30: a grid with no valid row is an error (the table is still written); with one valid
+    row the invalid ones are error rows of a successful sweep (test_harden_plan_sizes)."""
+    text = GRID.replace("act_ckpt_every = [1, 2]", "act_ckpt_every = [99]").replace(
+        'models = ["tiny", "qwen2.5-0.5b"]', 'models = ["tiny"]')
+    _one_line_error(sweep_cmd, [_grid(tmp_path, text), "-o", str(tmp_path / "r.csv"), "--quiet", "--workers", "1"],
+                    r"every configuration of .*grid.toml is invalid \(4 row\(s\), each with its error in .*r.csv\), "
+                    r"e.g.: .*act_ckpt_every=99", capsys)
+    assert (tmp_path / "r.csv").exists() and not (tmp_path / "r.png").exists()

@@ -172,9 +172,13 @@ def test_every_verb_refuses_a_huge_seq_in_one_line(capsys, no_hang, verb):
 
 def test_sweep_refuses_a_huge_model_and_grid_in_one_line(capsys, no_hang, tmp_path, deep_config):
     grid = tmp_path / "grid.toml"
-    grid.write_text(f'models = ["{deep_config}"]\ngpus = "h100-pcie"\nram = "64GiB"\n')
+    # among valid rows, an invalid one is an error row and the sweep succeeds; alone, it fails (issue 30)
+    grid.write_text(f'models = ["tiny", "{deep_config}"]\ngpus = "h100-pcie"\nram = "64GiB"\n')
     rc = main(["sweep", str(grid), "-o", str(tmp_path / "r.csv"), "--quiet", "--workers", "1", "--no-plot"])
     assert rc == 0 and "n_layers=100000 is beyond" in (tmp_path / "r.csv").read_text()  # an error row
+    grid.write_text(f'models = ["{deep_config}"]\ngpus = "h100-pcie"\nram = "64GiB"\n')
+    _one_line_error(capsys, ["sweep", str(grid), "-o", str(tmp_path / "r.csv"), "--workers", "1", "--no-plot"],
+                    "every configuration of", "is invalid (1 row(s)", "n_layers=100000 is beyond")
     grid.write_text('models = "tiny"\ngpus = "h100-pcie"\nram = "64GiB"\n'
                     f'[policy]\nbatch = {list(range(1, 10_002))}\n')
     _one_line_error(capsys, ["sweep", str(grid), "-o", str(tmp_path / "r.csv")], "10,001 simulations")

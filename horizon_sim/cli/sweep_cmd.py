@@ -3,6 +3,7 @@ import argparse
 import json
 
 from horizon_sim.cli.tune_cmd import add_run_args, positive
+from horizon_sim.errors import HorizonError
 from horizon_sim.units import fmt_bytes
 
 EXAMPLE = """example:
@@ -22,7 +23,9 @@ grid.toml (every value is one value or a list; [policy] takes any Policy field):
 Writes one row per configuration (model, params, gpu, ram_bytes, the policy fields, fits,
 step_time_s, tokens_per_s, mfu, device_peak_bytes, host_bytes, bottleneck, error) and a
 feasibility map next to it (results.png): model size against host RAM, coloured by the best
-tokens/s that fits, x where nothing fits."""
+tokens/s that fits, x where nothing fits. A row that is invalid (e.g. a model past the size
+limits) carries its error and the sweep goes on; a grid whose every row is invalid is an
+error (exit 2, the table still written)."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -52,10 +55,13 @@ def run(a: argparse.Namespace) -> int:
         check_map(grid)
     df = sweep(grid, workers=a.workers, progress=not a.quiet, compare=a.compare)
     write_results(df, out)
+    n_err = int((df.error != "").sum())
+    if len(df) and n_err == len(df):  # some invalid corners are a grid's nature; all of them is a bad grid
+        raise HorizonError(f"every configuration of {a.grid} is invalid ({n_err} row(s), each with its error in "
+                           f"{out}), e.g.: {df.error.iloc[0]}")
     png = None if a.no_plot else feasibility_map(df, map_path(out))
     ok = df[df.fits.astype(bool)]
     best = ok.loc[ok.tokens_per_s.idxmax()] if len(ok) else None
-    n_err = int((df.error != "").sum())
     peer = _peer_summary(df) if a.compare else None
     if a.json:
         print(json.dumps({"rows": len(df), "fits": len(ok), "errors": n_err, "output": str(out),
