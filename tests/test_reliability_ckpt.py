@@ -186,3 +186,77 @@ def test_a_checkpoint_for_another_run_is_refused_not_skipped(two_checkpoints):
     with Trainer(SPEC, Policy(batch=2, seq=16, optimizer="after")) as tr:
         with pytest.raises(HorizonError, match="policy optimizer='pipelined'.*optimizer='after'"):
             ckpt_mod.load_checkpoint(root, tr, warn=pytest.fail)
+
+
+# ---- values no run writes (issue 30): checksums match, the checkpoint is still damaged ---------------
+def _rewrite(folder, tensors=None, meta=None):
+    """Edit a step folder's state tensors (name -> fn(tensor) in place; moments are m then v, flat) and trainer.json (fn(dict)),
+    then write SHA256SUMS anew, as a hand edit with matching checksums would."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from horizon_exec.files.fileio import sha256_file
+    st = folder / "state.safetensors"
+    if tensors:
+        with safe_open(str(st), "pt") as f:
+            md = f.metadata()
+        sd = load_file(st)
+        for name, fn in tensors.items():
+            fn(sd[name])
+        save_file(sd, st, metadata=md)
+    if meta:
+        m = json.loads((folder / "trainer.json").read_text())
+        meta(m)
+        (folder / "trainer.json").write_text(json.dumps(m))
+    (folder / "SHA256SUMS").write_text("".join(f"{sha256_file(folder / n)}  {n}\n"
+                                               for n in ("state.safetensors", "trainer.json")))
+
+
+INVALID = {
+    "negative second moment": ({"moments.1": lambda t: t.view(2, -1)[1, 5:6].fill_(-1.0)},
+                               "tensor 'moments.1' holds a second moment of -1.0 at element 5"),
+    "NaN second moment": ({"moments.head": lambda t: t.view(2, -1)[1, 0:1].fill_(float("nan"))},
+                          "tensor 'moments.head' holds a second moment of nan at element 0"),
+    "inf first moment": ({"moments.emb": lambda t: t.view(2, -1)[0, 7:8].fill_(float("inf"))},
+                         "tensor 'moments.emb' holds a non-finite first moment inf at element 7"),
+    "NaN master": ({"master.0": lambda t: t.view(-1)[3:4].fill_(float("nan"))},
+                   "tensor 'master.0' holds a non-finite value nan at element 3"),
+    "NaN pending gradient": ({"hgrad.2": lambda t: t.view(-1)[0:1].fill_(float("nan"))},
+                             "tensor 'hgrad.2' holds a non-finite value nan"),
+    "step count past the steps taken": ({"steps.2": lambda t: t.fill_(3)},
+                                        "tensor 'steps.2' holds an Adam step count of 3, outside [0, 2]"),
+    "fractional step count": ({"steps.emb": lambda t: t.fill_(0.5)}, "an Adam step count of 0.5"),
+}
+
+
+@pytest.mark.parametrize("case", INVALID)
+def test_a_checkpoint_with_impossible_values_is_damaged_and_the_previous_one_loads(two_checkpoints, case):
+    root, states = two_checkpoints
+    edit, words = INVALID[case]
+    _rewrite(root / "step-00000002", tensors=edit)
+    ckpt_mod.verify_checkpoint(root / "step-00000002")   # the checksums match
+    with Trainer(SPEC, POL, seed=9) as tr:
+        warnings = []
+        assert ckpt_mod.load_checkpoint(root, tr, warn=warnings.append)["step"] == 1
+        assert warnings[0].startswith("warning: skipping checkpoint step-00000002: ") and words in warnings[0], warnings
+        assert "(corrupt checkpoint); trying step-00000001" in warnings[0]
+        assert _equal(_state(tr), states[1]) and tr.state_invalid is None
+
+
+def test_a_loop_step_no_run_reached_is_damaged(tmp_path):
+    """trainer.json's step 10**15 with the data position of step 4 (checksums matching) gave
+    'nothing to do', exit 0: the step must match the loader's position."""
+    ds = load_dataset(None, ByteTokenizer(), seq=16, eval_fraction=0.01)
+    cfg = LoopConfig(steps=4, schedule=CosineSchedule(peak=1e-3, total_steps=4), eval_batches=0,
+                     ckpt_dir=str(tmp_path), save_every=2, keep_ckpts=0, progress=False)
+    with Trainer(SPEC, POL, seed=0) as tr:
+        TrainLoop(tr, ds, cfg).run()
+    _rewrite(tmp_path / "step-00000004", meta=lambda m: m.update(step=10**15))
+    msgs = []
+    with Trainer(SPEC, POL, seed=0) as tr:
+        loop = TrainLoop(tr, ds, cfg, out=msgs.append)
+        assert loop.resume(tmp_path).name == "step-00000002" and loop.step == 2
+    assert "step 1000000000000000 does not match loop.data (epoch 0, pos 8): a run at step 1000000000000000 " \
+           "has read epoch" in msgs[0] and "(corrupt checkpoint); trying step-00000002" in msgs[0], msgs

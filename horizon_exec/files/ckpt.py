@@ -25,7 +25,8 @@ is ever under a final name. A save holds the folder's lock (ckpt_lock.py): one r
 Loading verifies as it reads: trainer.json and state.safetensors are hashed and checked
 against SHA256SUMS, the state in one pass (each tensor is read straight into the host store
 and hashed on the way, so a terabyte store is not read twice), and a missing, truncated or
-corrupted file is a CheckpointError naming it. Given a ckpt_dir, the loader tries the step
+corrupted file is a CheckpointError naming it, and so are values no run writes (a NaN
+master, a negative second moment, ...: ckpt_invariants.py). Given a ckpt_dir, the loader tries the step
 folders newest first (candidates()) and warns for each one it skips, so a damaged last
 checkpoint costs the steps since the previous one, not the run. A damaged `latest`, or one
 naming anything but a step folder of this ckpt_dir (`../../x`), is reported and not followed.
@@ -43,7 +44,7 @@ import shutil
 import struct
 from pathlib import Path
 
-from horizon_exec.files import ckpt_lock
+from horizon_exec.files import ckpt_invariants, ckpt_lock
 from horizon_exec.files.fileio import (
     Deferred,
     OutputError,
@@ -457,11 +458,12 @@ def read_meta(path, verify: bool = False) -> dict:
 _CHUNK = 1 << 26  # bytes read (and hashed) per call: 64 MiB
 
 
-def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write) -> None:
+def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write, problem=None) -> None:
     """Read state.safetensors in one pass straight into the `want` tensors (name -> tensor,
     matching dtype and shape), hashing every byte; CheckpointError on any mismatch. A name
     mapped to None is skipped unread (data parallel: the node's shared store, which its leader
-    reads; then nothing is hashed and want_sha must be None)."""
+    reads; then nothing is hashed and want_sha must be None). problem(name, tensor): what is
+    wrong with a tensor's values once read ('' if nothing; ckpt_invariants.py), a CheckpointError."""
     import torch
 
     from horizon_exec.files.fileio import ST_DTYPE
@@ -479,7 +481,7 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write) ->
             extra, missing = sorted(names - set(want)), sorted(set(want) - names)
             what = f"unexpected tensor {_show(extra[0])}" if extra else f"tensor {_show(missing[0])} is missing"
             raise CheckpointError(f"{path}: {what} (corrupt header, or a checkpoint of another build)")
-        pos, started = 0, False
+        pos, started, bad_values = 0, False, ""
         for begin, end, name, v in entries:
             dst = want[name]
             if dst is None:
@@ -507,6 +509,9 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write) ->
                     raise CheckpointError(f"{path}: truncated while reading {name!r}")
                 h.update(mv[off:off + got])
                 off += got
+            why = problem(name, dst) if problem is not None and not bad_values else ""
+            if why:  # reported once the checksum is known: a mismatch is the better diagnosis
+                bad_values = f"{path}: tensor {_show(name)} holds {why} (corrupt checkpoint)"
             if deferred and deferred.done:
                 deferred.done(dst)
             pos = end
@@ -514,6 +519,8 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write) ->
             raise CheckpointError(f"{path}: trailing bytes after the last tensor (corrupt checkpoint)")
     if want_sha is not None and h.hexdigest() != want_sha:
         raise CheckpointError(f"{path}: checksum mismatch (corrupt checkpoint)")
+    if bad_values:
+        raise CheckpointError(bad_values)
 
 
 def _field_defaults(spec) -> dict:
@@ -575,7 +582,9 @@ def _load_one(p: Path, trainer, verify: bool, check) -> dict:
     def touched():
         trainer.state_invalid = reason
 
-    _read_state(p / STATE, want, sums.get(STATE), touched)
+    holds, steps_done = ckpt_invariants.holds_by_name(trainer), int(meta["trainer"]["steps_done"])
+    _read_state(p / STATE, want, sums.get(STATE), touched,
+                lambda name, t: ckpt_invariants.value_problem(name, t, holds.get(name), steps_done))
     trainer.state_invalid = None
     trainer._refresh_working_copy()
     tm = meta["trainer"]

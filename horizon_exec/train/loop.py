@@ -214,6 +214,17 @@ class TrainLoop:
                     and data["pos"] <= n):
                 raise ckpt_mod.CheckpointError(f"{p / ckpt_mod.META}: loop.data {ckpt_mod._show(data)} is not a data "
                                                f"position (epoch, pos <= {n}) (corrupt checkpoint)")
+            # The loader draws one batch per step (epochs advance lazily, at the next draw), so
+            # the step fixes the position: a step no run of this data reached is damage too.
+            step, b = meta["step"], self.batches.batch
+            per_epoch = len(self.batches.indices) // b
+            want = {"epoch": 0, "pos": 0} if step == 0 else {"epoch": (step - 1) // per_epoch,
+                                                            "pos": ((step - 1) % per_epoch + 1) * b}
+            if {k: data[k] for k in want} != want:
+                raise ckpt_mod.CheckpointError(
+                    f"{p / ckpt_mod.META}: step {step} does not match loop.data (epoch {data['epoch']}, pos "
+                    f"{data['pos']}): a run at step {step} has read epoch {want['epoch']} up to {want['pos']} "
+                    f"(corrupt checkpoint)")
             try:
                 self.batches.load_state_dict(data)  # checks the seed before anything changes
             except HorizonError as e:
