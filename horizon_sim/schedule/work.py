@@ -227,8 +227,9 @@ def block_saved_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int) -> int:
 
 
 def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -> int:
-    """The head's peak: inside a chunk, fp32 logits (c x V) next to their gradient in the
-    compute dtype (the same tensor in fp32), with the norm's saved fp32 input and cast, the
+    """The head's peak: inside a chunk, fp32 logits (c x V) next to logsumexp's fp32 x - max
+    (8 B a logit; issue 30: uncounted, a 131k vocabulary in fp32 peaked 35% above admission) or
+    their gradient in the compute dtype (the same tensor in fp32), with the norm's saved fp32 input and cast, the
     normed rows and dh (N x H), 4 bytes of rsqrt per token and per-row scalars (target id,
     logsumexp, target logit, mask: 17 bytes); or, with a small vocabulary, in the norm's
     backward (its fp32 input, five fp32 temporaries, the normed rows and dh)."""
@@ -238,7 +239,10 @@ def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -
     rows = c * (8 + 4 + 4 + 1)
     in32 = 4 * H if a != 4 else 0
     loss = 4  # the fp32 loss accumulator
-    logits = c * V * (4 + (a if a != 4 else 0)) + tokens * (in32 + 3 * a * H + 4) + rows + loss
+    # within a chunk: the fp32 logits with either logsumexp's x - max (fp32, inside the kernel;
+    # the per-row target id and mask beside them) or, later, their gradient in the compute dtype
+    chunk = max(c * V * 8 + c * 9, c * V * (4 + (a if a != 4 else 0)) + rows)
+    logits = chunk + tokens * (in32 + 3 * a * H + 4) + loss
     norm_bwd = tokens * (in32 + 20 * H + 2 * a * H) + last * 17 + H * a + loss  # + the norm weight's grad
     return int(max(logits, norm_bwd))
 
