@@ -45,6 +45,22 @@ def rss_bytes() -> int:
         return 0
 
 
+def vm_size_bytes() -> int:
+    """This process's address space now (VmSize; 0 where /proc is not available)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def address_space_limit_bytes() -> int | None:
+    """The soft RLIMIT_AS (`ulimit -v`) in bytes, or None when unlimited."""
+    import resource
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
 def vm_hwm_bytes() -> int:
     """This process's peak resident set (VmHWM). Unlike ru_maxrss, which a child started by
     fork/vfork + exec inherits from its parent's RSS at that moment, VmHWM belongs to the

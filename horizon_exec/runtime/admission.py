@@ -16,7 +16,8 @@ What is compared (bytes):
   RAM). An eval adds nothing: it runs its forward-only Schedule on the engine, over the
   step's buffers and lanes, and needs no more than a step (tests/test_eval_engine.py).
 - host available: `host_budget_bytes`, else MemAvailable (/proc/meminfo) + this process's
-  resident memory (the process may grow to that without the kernel running out of RAM).
+  resident memory (the process may grow to that without the kernel running out of RAM);
+  with an address-space limit (`ulimit -v`), at most what it still lets the process map.
 - device need: the planner's device peak (weight slots + the highest sum of live
   activations, gradients and op workspaces) + the executor's device constants (RoPE tables,
   the step's labels) [+ on CUDA: CUDA_SLACK_BYTES].
@@ -28,7 +29,7 @@ check that a run which cannot fit never starts.
 from dataclasses import dataclass, field, replace
 
 from horizon_exec.errors import DeviceBudgetError
-from horizon_exec.procfs import mem_available_bytes, rss_bytes
+from horizon_exec.procfs import address_space_limit_bytes, mem_available_bytes, rss_bytes, vm_size_bytes
 from horizon_exec.runtime.store import ALIGN
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Space
@@ -173,6 +174,7 @@ def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
         host_avail = None if avail is None else avail + rss
         host_src = ("MemAvailable unknown: not checked" if avail is None else
                     f"MemAvailable {fmt_bytes(avail)} + this process {fmt_bytes(rss)}")
+    host_avail, host_src = _address_space_cap(host_avail, host_src, rss)
     if hardware is not None:
         runtime = max(rss, int(hardware.host.runtime_overhead_GiB * GiB))
     else:
@@ -185,6 +187,20 @@ def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
     if advise:
         adm = replace(adm, advice=_advice(model, policy, hw, adm, cpu))
     raise (AdmissionError if adm.device_fits else DeviceAdmissionError)(adm.message(), adm)
+
+
+def _address_space_cap(host_avail, host_src, rss: int) -> tuple[int | None, str]:
+    """The host budget, lowered to what an address-space limit (`ulimit -v`, RLIMIT_AS) lets
+    this process still map: RSS now + (limit - VmSize now). Past it every allocation fails
+    (MemoryError) however much RAM is free, so it is a budget like --host-budget."""
+    limit = address_space_limit_bytes()
+    if limit is None:
+        return host_avail, host_src
+    room = rss + max(0, limit - vm_size_bytes())
+    if host_avail is not None and host_avail <= room:
+        return host_avail, host_src
+    return room, (f"address-space limit (ulimit -v) {fmt_bytes(limit)}: this process {fmt_bytes(rss)} + "
+                  f"{fmt_bytes(room - rss)} left to map")
 
 
 def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src, data_bytes=0) -> Admission:

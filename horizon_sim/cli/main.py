@@ -67,6 +67,12 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
     except KeyboardInterrupt:
         print(f"horizon {args.cmd}: interrupted", file=sys.stderr)
         return 130
+    except MemoryError as e:  # past admission (an estimate) or under a limit it could not see: one line
+        detail = f" ({e})" if str(e) else ""
+        print(f"horizon {args.cmd}: error: out of memory: an allocation failed{detail}; give the process more "
+              f"memory (ulimit -v, other processes) or make the run smaller (--batch, --seq, --loss-chunk-tokens)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
