@@ -8,12 +8,19 @@ kernel drops the lock when its holder dies, even by kill -9, so a stale lock nev
 resume. The lock is per process and re-entrant: a TrainLoop and the saves it makes share it.
 (flock works across hosts on NFSv4 and most cluster file systems; where it does not, the
 folder is not protected.)
+
+The --save-hf folder is locked the same way for a whole run (acquire_save: `.<name>.lock`
+beside it, since the folder itself is replaced by the save), so two runs saving to one folder
+cannot both report success while one's weights are gone. A lock file is opened without
+following a symbolic link (a `.lock` pointing elsewhere would have that file truncated) and
+without blocking (a FIFO there would hang the open); anything but a regular file is refused.
 """
 import contextlib
 import datetime
 import fcntl
 import os
 import socket
+import stat
 import threading
 from pathlib import Path
 
@@ -36,27 +43,57 @@ def _key(folder: Path) -> str:
 def acquire(folder) -> str:
     """Take (or re-enter) the lock of `folder`, which must exist; returns the key to release."""
     folder = Path(folder)
-    key = _key(folder)
+    return _acquire(folder / LOCK, _key(folder), f"checkpoint folder {str(folder)!r}",
+                    "wait for it to end or use another --ckpt-dir", CkptDirBusy)
+
+
+def save_lock_path(out) -> Path:
+    """The lock file of a --save-hf folder: beside it (the save replaces the folder)."""
+    out = Path(out)
+    return out.parent / f".{out.name}.lock"
+
+
+def acquire_save(out) -> str:
+    """Take the lock of the --save-hf folder `out` (its parent must exist) for this run;
+    returns the key to release. Another run saving to the same folder is refused, named."""
+    path = save_lock_path(out)
+    return _acquire(path, _key(path), f"--save-hf {str(out)!r}",
+                    "wait for it to end or save to another folder", HorizonError)
+
+
+def _open_lock(path: Path, what: str) -> int:
+    """The lock file, opened read-write (created 0666 & ~umask when missing), never through a
+    symbolic link, never blocking; anything but a regular file is refused."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+    except OSError as e:
+        if os.path.islink(path):
+            raise HorizonError(f"{what}: its lock file {str(path)!r} is a symbolic link; a lock is never "
+                               "followed (it would overwrite the file it points to): remove the link") from None
+        raise HorizonError(f"{what}: cannot create its lock file: {os_error_text(e)}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise HorizonError(f"{what}: its lock file {str(path)!r} is not a regular file; remove it")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _acquire(path: Path, key: str, what: str, advice: str, busy) -> str:
     with _mutex:
         if key in _held:
             _held[key][1] += 1
             return key
-        path = folder / LOCK
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            raise HorizonError(f"checkpoint folder {str(folder)!r}: cannot create its lock file: "
-                               f"{os_error_text(e)}") from None
+        fd = _open_lock(path, what)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that did not say who"
             os.close(fd)
-            raise CkptDirBusy(f"checkpoint folder {str(folder)!r} is in use by another run ({holder}; lock "
-                              f"{path}); wait for it to end or use another --ckpt-dir") from None
+            raise busy(f"{what} is in use by another run ({holder}; lock {path}); {advice}") from None
         except OSError as e:
             os.close(fd)
-            raise HorizonError(f"checkpoint folder {str(folder)!r}: cannot lock {path}: {os_error_text(e)}") from None
+            raise HorizonError(f"{what}: cannot lock {path}: {os_error_text(e)}") from None
         started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         with contextlib.suppress(OSError):  # who holds it is information; the flock is the lock
             os.ftruncate(fd, 0)
