@@ -67,7 +67,9 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "not; llama, qwen2, mistral), or a model id (org/name[@revision]) found in the "
                         "local HF cache (never downloaded), read tensor by tensor into the host store")
     m.add_argument("--save-hf", default=None, metavar="DIR",
-                   help="after training, write a transformers checkpoint folder (safetensors + config.json)")
+                   help="after training, write a transformers checkpoint folder (safetensors + config.json); "
+                        "a symbolic link is followed (the save goes into its target); one run at a time "
+                        "(.DIR.lock beside it names the holder)")
     m.add_argument("--save-dtype", choices=("fp32", "bf16"), default="bf16",
                    help="dtype of the --save-hf weights (default bf16)")
     m.add_argument("--save-shard-size", default="5GB", metavar="SIZE",
@@ -103,6 +105,9 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "is the policy's activation-checkpoint interval, not this)")
     e.add_argument("--keep-ckpts", type=int, default=2, metavar="N",
                    help="checkpoints kept in --ckpt-dir, 0 = all (default 2)")
+    e.add_argument("--overwrite-ckpt", action="store_true",
+                   help="a fresh run (no --resume) in a --ckpt-dir that holds checkpoints removes them and "
+                        "starts over (without it such a run is refused)")
     e.add_argument("--resume", nargs="?", const="", default=None, metavar="CKPT",
                    help="continue from a checkpoint folder (no value: --ckpt-dir's latest); the "
                         "resumed steps equal an uninterrupted run's")
@@ -166,26 +171,38 @@ def run_train(args: argparse.Namespace) -> int:
     from horizon_exec.train.checks import check_train_args
     check_train_args(args)
     launch.check_launch_args(args)
-    from horizon_exec.train.outputs import prepare_outputs
+    from horizon_exec.train.outputs import follow_save_hf, prepare_outputs
+    if args.save_hf:  # the save goes into a link's target, never replaces the link
+        args.save_hf = follow_save_hf(args.save_hf)
+    outputs = dict(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, resume=args.resume,
+                   overwrite_ckpt=args.overwrite_ckpt)
     init = None
     if args.init_from:  # a folder, or a model id in the HF cache: --save-hf must not replace it
         from horizon_exec.files.hf_checkpoint import resolve_checkpoint
         init = resolve_checkpoint(args.init_from)
     if launch.wants_launch(args):  # outputs are checked here first: a bad one costs no process start
         if args.node_rank == 0:
-            prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, init_from=init)
+            prepare_outputs(**outputs, init_from=init)
         return launch.launch(args)
     from horizon_exec.dist.context import agree, from_env
     dist = from_env(args.device, args.dist_timeout)
     if dist.rank:  # rank 0 speaks for the run; the others' errors still reach stderr
         args.no_progress = True
         sys.stdout = open(os.devnull, "w")
-    agree(dist, lambda: prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file,
-                                        init_from=init) if dist.rank == 0 else None)
+    from horizon_exec.files import ckpt_lock
+    save_lock = []
+
+    def claim():  # rank 0: the outputs checked, and --save-hf this run's until it ends
+        prepare_outputs(**outputs, init_from=init)
+        if args.save_hf:
+            save_lock.append(ckpt_lock.acquire_save(args.save_hf))
+    agree(dist, lambda: claim() if dist.rank == 0 else None)
     rc = 1
     try:
         rc = _run_dist_rank(args, dist)
     finally:  # a clean end waits for every rank; a failed one does not wait for the others
+        for key in save_lock:
+            ckpt_lock.release(key)
         dist.close(wait=rc == 0)
     return rc
 
@@ -201,6 +218,11 @@ def _run_dist_rank(args: argparse.Namespace, dist) -> int:
     lock_dir = node_folder(args.ckpt_dir, dist)
     make_dirs(Path(lock_dir))
     with ckpt_lock.holding(lock_dir):  # before anything is built: one run per folder
+        if args.overwrite_ckpt and args.resume is None:  # checked up front (outputs.py): start over
+            from horizon_exec.files.ckpt import remove_checkpoints
+            gone = remove_checkpoints(lock_dir)
+            if gone:
+                print(f"--overwrite-ckpt: removed {len(gone)} checkpoint(s) of an earlier run from {lock_dir}")
         return _run_train(args, dist)
 
 
@@ -244,8 +266,12 @@ def _run_train(args: argparse.Namespace, dist) -> int:
     if args.hardware and not args.no_admission:
         from horizon_sim.specs.hardware_io import load_hardware
         hardware = load_hardware(args.hardware)  # its speeds and runtime overhead, for admission
+    save_inputs = None
     if args.save_hf:
         parse_size(args.save_shard_size, "--save-shard-size")  # a bad size is refused before training
+        if dist.rank == 0:  # what the save copies, read now: the source folders may change meanwhile
+            from horizon_exec.train.save import read_save_inputs
+            save_inputs = read_save_inputs(args, tok, init_dir)
 
     # ---- trainer and loop ------------------------------------------------------------------
     tr = Trainer(model, policy, lr=args.lr, weight_decay=args.weight_decay,
@@ -261,7 +287,7 @@ def _run_train(args: argparse.Namespace, dist) -> int:
             check_space_for(args, tr)
         ds = load_dataset(args.data, tok, policy.seq, args.eval_fraction, doc_masks=policy.doc_masks)
         try:
-            return _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what)
+            return _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what, save_inputs)
         except Interrupted as e:
             print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
             return e.exit_code
@@ -278,7 +304,7 @@ def _run_train(args: argparse.Namespace, dist) -> int:
             return 1
 
 
-def _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what) -> int:
+def _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what, save_inputs) -> int:
     from horizon_exec.train.loop import LoopConfig, TrainLoop
 
     cfg = LoopConfig(steps=args.steps, schedule=sched, eval_every=args.eval_every,
@@ -286,10 +312,10 @@ def _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what) -
                      save_every=args.ckpt_interval, keep_ckpts=args.keep_ckpts, peak_flops=peak,
                      progress=not args.no_progress, log_file=args.log_file)
     with TrainLoop(tr, ds, cfg, seed=args.seed) as loop:
-        return _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what)
+        return _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what, save_inputs)
 
 
-def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what) -> int:
+def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what, save_inputs) -> int:
     from horizon_exec.files import hf_checkpoint
     from horizon_exec.dtypes import TORCH_DTYPE
     from horizon_sim.units import fmt_bytes
@@ -342,7 +368,7 @@ def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what)
         from horizon_exec.train.save import save_hf
         tr.flush()  # every rank (a collective when pending): the master is final
         # one node: rank 0 writes from the shared store; several: every rank gathers, rank 0 writes
-        agree(tr.dist, lambda: save_hf(args, tr, loop, tok, init_dir)
+        agree(tr.dist, lambda: save_hf(args, tr, loop, save_inputs)
               if tr.dist.rank == 0 or tr.dist.nodes > 1 else None)
     return 0
 

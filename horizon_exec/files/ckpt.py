@@ -49,6 +49,7 @@ from horizon_exec.files.fileio import (
     OutputError,
     aside_name,
     atomic_write_text,
+    fsync_dir,
     make_dirs,
     publish_dir,
     remove_dead_leftovers,
@@ -196,6 +197,19 @@ def _remove(folder: Path) -> None:
     except OSError:
         return
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def remove_checkpoints(ckpt_dir) -> list[Path]:
+    """Remove every step folder of ckpt_dir and its `latest` (a run told to start over,
+    --overwrite-ckpt; the caller holds the folder's lock); returns the folders removed."""
+    root = Path(ckpt_dir)
+    gone = [p for _, p in sorted(_step_folders(root))]
+    for p in gone:
+        _remove(p)
+    if (root / LATEST).is_file():
+        os.unlink(root / LATEST)
+    fsync_dir(root)
+    return gone
 
 
 def list_checkpoints(ckpt_dir) -> list[Path]:

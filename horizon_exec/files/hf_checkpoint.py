@@ -263,12 +263,23 @@ def _write_shards(tmp: Path, shards, tdt, real) -> None:
     write_text(tmp / INDEX, json.dumps({"metadata": {"total_size": total}, "weight_map": wmap}, indent=2) + "\n")
 
 
+def copied_side_file(f: Path) -> bool:
+    """Whether a save copies the side file `f` (never one that would stand for its weights or config)."""
+    return f.is_file() and f.name not in ("config.json", INDEX) and not f.name.endswith(".safetensors")
+
+
 def _write_side(tmp: Path, trainer, dtype: str, base_config, side_files) -> None:
+    """config.json and the side files: paths (copied now) or (name, contents) read earlier."""
     cfg = hf_config_dict(trainer.model, dtype, base_config)
     write_text(tmp / "config.json", json.dumps(cfg, indent=2) + "\n")
     for f in side_files:
+        if isinstance(f, tuple):
+            name, data = f
+            if name not in ("config.json", INDEX) and not name.endswith(".safetensors") and "/" not in name:
+                (tmp / name).write_bytes(data)
+            continue
         f = Path(f)
-        if f.is_file() and f.name not in ("config.json", INDEX) and not f.name.endswith(".safetensors"):
+        if copied_side_file(f):
             shutil.copyfile(f, tmp / f.name)
 
 
