@@ -60,13 +60,23 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         # `horizon plan | head`: the reader left, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except OSError as e:  # stdout on a full disk, a quota, an I/O error: the output is lost, say so
+    except OSError as e:
+        if e.filename is not None:  # a file or folder no message above named: name it now
+            print(f"horizon {args.cmd}: error: {_os_error_on(e)}", file=sys.stderr)
+            return 1
+        # stdout on a full disk, a quota, an I/O error: the output is lost, say so
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
         print(f"horizon {args.cmd}: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"horizon {args.cmd}: interrupted", file=sys.stderr)
         return 130
+
+
+def _os_error_on(e: OSError) -> str:
+    """'<path>: <why>' (with the second path of a rename or a link): what failed, and on what."""
+    where = os.fsdecode(e.filename) + (f" -> {os.fsdecode(e.filename2)}" if e.filename2 is not None else "")
+    return f"{where}: {e.strerror or e}"
 
 
 if __name__ == "__main__":
