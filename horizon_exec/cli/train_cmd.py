@@ -23,6 +23,7 @@ This module must not import torch at import time: the `horizon` entry point impo
 build its parser, and `horizon plan` must start fast.
 """
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -166,23 +167,39 @@ def _peak_flops(args, compute_dtype: str) -> tuple[float | None, str]:
     return tf * 1e12, f"{dev.name} {compute_dtype} peak {tf:g} TFLOP/s"
 
 
+@contextlib.contextmanager
+def _os_errors_as_usage():
+    """A path the flags name that cannot be used (too long a name, a loop of links, no access)
+    found while the run is set up: a usage error (exit 2) naming the path, not an error of
+    the output."""
+    from horizon_exec.files.fileio import os_error_text
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            raise
+        raise HorizonError(f"cannot use {os.fsdecode(e.filename)!r}: {os_error_text(e).removesuffix(f' ({e.filename})')}") from None
+
+
 def run_train(args: argparse.Namespace) -> int:
     from horizon_exec.dist import launch
     from horizon_exec.train.checks import check_train_args
     check_train_args(args)
     launch.check_launch_args(args)
     from horizon_exec.train.outputs import follow_save_hf, prepare_outputs
-    if args.save_hf:  # the save goes into a link's target, never replaces the link
-        args.save_hf = follow_save_hf(args.save_hf)
+    with _os_errors_as_usage():
+        if args.save_hf:  # the save goes into a link's target, never replaces the link
+            args.save_hf = follow_save_hf(args.save_hf)
+        init = None
+        if args.init_from:  # a folder, or a model id in the HF cache: --save-hf must not replace it
+            from horizon_exec.files.hf_checkpoint import resolve_checkpoint
+            init = resolve_checkpoint(args.init_from)
     outputs = dict(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, resume=args.resume,
-                   overwrite_ckpt=args.overwrite_ckpt)
-    init = None
-    if args.init_from:  # a folder, or a model id in the HF cache: --save-hf must not replace it
-        from horizon_exec.files.hf_checkpoint import resolve_checkpoint
-        init = resolve_checkpoint(args.init_from)
+                   overwrite_ckpt=args.overwrite_ckpt, init_from=init)
     if launch.wants_launch(args):  # outputs are checked here first: a bad one costs no process start
         if args.node_rank == 0:
-            prepare_outputs(**outputs, init_from=init)
+            with _os_errors_as_usage():
+                prepare_outputs(**outputs)
         return launch.launch(args)
     from horizon_exec.dist.context import agree, from_env
     dist = from_env(args.device, args.dist_timeout)
@@ -193,10 +210,11 @@ def run_train(args: argparse.Namespace) -> int:
     save_lock = []
 
     def claim():  # rank 0: the outputs checked, and --save-hf this run's until it ends
-        prepare_outputs(**outputs, init_from=init)
+        prepare_outputs(**outputs)
         if args.save_hf:
             save_lock.append(ckpt_lock.acquire_save(args.save_hf))
-    agree(dist, lambda: claim() if dist.rank == 0 else None)
+    with _os_errors_as_usage():
+        agree(dist, lambda: claim() if dist.rank == 0 else None)
     rc = 1
     try:
         rc = _run_dist_rank(args, dist)
@@ -241,37 +259,38 @@ def _run_train(args: argparse.Namespace, dist) -> int:
     from horizon_sim.units import parse_size
 
     # ---- model, tokenizer, data ------------------------------------------------------------
-    init_dir = hf_checkpoint.resolve_checkpoint(args.init_from) if args.init_from else None
-    if init_dir is not None:
-        model = hf_checkpoint.spec_from_hf_dir(init_dir)
-        if args.model:
-            hf_checkpoint.check_same_shapes(load_model(args.model), model, f"--init-from {args.init_from}",
-                                            f"--model {args.model}")
-    else:
-        model = load_model(args.model)
-    policy = dataclasses.replace(policy_from_args(args), loss_chunk_tokens=args.loss_chunk_tokens)
-    tok_path = resolve_tokenizer(args.tokenizer) if args.tokenizer else (
-        tokenizer_of_folder(init_dir) if init_dir is not None else None)
-    tok = load_tokenizer(tok_path, args.eos_token)
-    if tok.vocab_size > model.vocab:
-        raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")
-    # The data is loaded after the admission, which counts what it will hold (a bound from its size).
-    data_bytes = data_bytes_bound(args.data, tok, policy.seq)
-    min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
-    sched = CosineSchedule(peak=args.lr, total_steps=args.steps, warmup_steps=args.warmup_steps, min_lr=min_lr)
-    peak, peak_what = _peak_flops(args, policy.compute_dtype)
-    budget = parse_size(args.device_budget, "--device-budget") if args.device_budget else None
-    host_budget = parse_size(args.host_budget, "--host-budget") if args.host_budget else None
-    hardware = None
-    if args.hardware and not args.no_admission:
-        from horizon_sim.specs.hardware_io import load_hardware
-        hardware = load_hardware(args.hardware)  # its speeds and runtime overhead, for admission
-    save_inputs = None
-    if args.save_hf:
-        parse_size(args.save_shard_size, "--save-shard-size")  # a bad size is refused before training
-        if dist.rank == 0:  # what the save copies, read now: the source folders may change meanwhile
-            from horizon_exec.train.save import read_save_inputs
-            save_inputs = read_save_inputs(args, tok, init_dir)
+    with _os_errors_as_usage():  # a path the flags name that cannot be read: refused, named
+        init_dir = hf_checkpoint.resolve_checkpoint(args.init_from) if args.init_from else None
+        if init_dir is not None:
+            model = hf_checkpoint.spec_from_hf_dir(init_dir)
+            if args.model:
+                hf_checkpoint.check_same_shapes(load_model(args.model), model, f"--init-from {args.init_from}",
+                                                f"--model {args.model}")
+        else:
+            model = load_model(args.model)
+        policy = dataclasses.replace(policy_from_args(args), loss_chunk_tokens=args.loss_chunk_tokens)
+        tok_path = resolve_tokenizer(args.tokenizer) if args.tokenizer else (
+            tokenizer_of_folder(init_dir) if init_dir is not None else None)
+        tok = load_tokenizer(tok_path, args.eos_token)
+        if tok.vocab_size > model.vocab:
+            raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")
+        # The data is loaded after the admission, which counts what it will hold (a bound from its size).
+        data_bytes = data_bytes_bound(args.data, tok, policy.seq)
+        min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
+        sched = CosineSchedule(peak=args.lr, total_steps=args.steps, warmup_steps=args.warmup_steps, min_lr=min_lr)
+        peak, peak_what = _peak_flops(args, policy.compute_dtype)
+        budget = parse_size(args.device_budget, "--device-budget") if args.device_budget else None
+        host_budget = parse_size(args.host_budget, "--host-budget") if args.host_budget else None
+        hardware = None
+        if args.hardware and not args.no_admission:
+            from horizon_sim.specs.hardware_io import load_hardware
+            hardware = load_hardware(args.hardware)  # its speeds and runtime overhead, for admission
+        save_inputs = None
+        if args.save_hf:
+            parse_size(args.save_shard_size, "--save-shard-size")  # a bad size is refused before training
+            if dist.rank == 0:  # what the save copies, read now: the source folders may change meanwhile
+                from horizon_exec.train.save import read_save_inputs
+                save_inputs = read_save_inputs(args, tok, init_dir)
 
     # ---- trainer and loop ------------------------------------------------------------------
     tr = Trainer(model, policy, lr=args.lr, weight_decay=args.weight_decay,
