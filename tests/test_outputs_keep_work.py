@@ -149,8 +149,10 @@ def test_an_empty_output_path_is_refused(capsys, flag):
 
 
 def test_latest_as_a_folder_is_refused_before_the_run(tmp_path, capsys):
+    """(The resume itself would work: it orders the step folders; the last checkpoint would not.)"""
     ck = tmp_path / "ck"
-    _checkpoints(ck, 1)
+    assert main(BASE + ["--ckpt-dir", str(ck)]) == 0
+    capsys.readouterr()
     (ck / "latest").unlink()
     (ck / "latest").mkdir()
     _refused(capsys, BASE + ["--ckpt-dir", str(ck), "--resume", "--steps", "2"],
