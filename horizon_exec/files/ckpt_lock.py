@@ -9,8 +9,8 @@ resume. The lock is per process and re-entrant: a TrainLoop and the saves it mak
 (flock works across hosts on NFSv4 and most cluster file systems; where it does not, the
 folder is not protected.)
 
-The --save-hf folder is locked the same way for a whole run (acquire_save: `.<name>.lock`, removed at the end,
-beside it, since the folder itself is replaced by the save), so two runs saving to one folder
+The --save-hf folder is locked the same way for a whole run (acquire_save: `.<name>.lock`
+beside it, since the save replaces the folder; removed at the end), so two runs saving to one folder
 cannot both report success while one's weights are gone. A lock file is opened without
 following a symbolic link (a `.lock` pointing elsewhere would have that file truncated) and
 without blocking (a FIFO there would hang the open); anything but a regular file is refused.
