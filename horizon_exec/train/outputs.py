@@ -15,8 +15,8 @@ flag, the path and what is needed. No torch here: the checks run before anything
 
 Work already on disk is not lost to a new run (issue 30): a fresh run (no --resume) in a
 --ckpt-dir that holds checkpoints is refused unless --overwrite-ckpt says to start over (its
-checkpoints are then removed once the run holds the folder's lock); a `latest` that is not a
-file is refused (the run would fail to write it after training). follow_save_hf writes
+checkpoints are then removed once the run holds the folder's lock); a `latest` that is a
+folder is refused (a resume would work, then the run would fail to replace it after training). follow_save_hf writes
 through a --save-hf symbolic link into its target (created when missing) instead of replacing
 the link. check_file_sizes compares the largest file the run writes (a checkpoint's state,
 an HF shard) with the file size limit (`ulimit -f`) up front, as check_space does with the
