@@ -14,12 +14,18 @@ from pathlib import Path
 
 from horizon_sim.errors import HorizonError
 
+BYTES = "bytes"
+"""--tokenizer's name for ByteTokenizer (an --init-from folder without a tokenizer needs it said)."""
 # End-of-document tokens, in the order they are looked for when tokenizer_config.json does
 # not name one: GPT-2/Qwen, Llama-2/Mistral, Llama-3, Gemma.
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
-# Files of a tokenizer folder that a saved model carries along (transformers reads them).
+# Files of a tokenizer folder that a saved model carries along: every one transformers' tokenizer
+# classes of the supported families read (fast and slow: a slow or sentencepiece-based load of
+# the saved folder needs tokenizer.model, vocab.json + merges.txt, Mistral's tekken.json /
+# tokenizer.model.v3).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja", "chat_template.json", "added_tokens.json")
+                   "chat_template.jinja", "chat_template.json", "added_tokens.json",
+                   "tokenizer.model", "tokenizer.model.v3", "vocab.json", "merges.txt", "tekken.json")
 
 
 class ByteTokenizer:

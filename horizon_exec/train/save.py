@@ -3,7 +3,6 @@
 finish, then the run exits 130/143; a second aborts it and nothing half-written stays), with a
 write failure as one line naming the folder, the space it needs and where the trained weights
 still are."""
-import json
 from pathlib import Path
 
 from horizon_exec.files import hf_checkpoint
@@ -14,7 +13,6 @@ from horizon_exec.train.loop import Interrupted
 from horizon_exec.train.outputs import check_space
 from horizon_exec.train.stop_signals import StopSignals, say
 from horizon_exec.train.stop_signals import name as signal_name
-from horizon_sim.specs.hf_config import model_source
 from horizon_sim.units import parse_size
 
 
@@ -38,9 +36,7 @@ def save_hf(args, tr, loop, tok, init_dir) -> None:
     trained weights still are."""
     # The source config.json is kept (only what training changed is rewritten) and the
     # tokenizer the model was trained with goes along, chat template included.
-    src = (init_dir / "config.json") if init_dir is not None else (
-        model_source(args.model) if args.model else None)
-    base = json.loads(src.read_text()) if src is not None else None
+    base = hf_checkpoint.base_config(init_dir, args.model)
     side = [*tok.files, *hf_checkpoint.model_side_files(init_dir)]
     save_shard = parse_size(args.save_shard_size, "--save-shard-size")
     ck = loop.last_ckpt[1] if loop.last_ckpt and loop.last_ckpt[0] == loop.step else None
