@@ -89,6 +89,15 @@ class HFTokenizer:
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
+    def keeps_ids_at(self, text: str, cut: int, window: int = 1024) -> bool:
+        """Whether tokenizing text[:cut] and text[cut:] apart gives the ids of the whole
+        around the cut (checked on `window` characters either side: a pre-tokenizer's split
+        there makes the cut exact; a SentencePiece tokenizer would add its word-start mark to
+        a piece that begins a line, and one without pre-tokenizer merges across anything)."""
+        left, right = text[max(0, cut - window):cut], text[cut:cut + window]
+        a, b, whole = self.tok.encode_batch([left, right, left + right], add_special_tokens=False)
+        return a.ids + b.ids == whole.ids
+
     def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """ids and (start, end) character offsets of one text, no special tokens added."""
         e = self.tok.encode(text, add_special_tokens=False)
