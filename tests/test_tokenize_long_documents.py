@@ -37,7 +37,7 @@ def _sentencepiece(tmp_path, split: bool):
 @pytest.fixture
 def small_pieces(monkeypatch):
     monkeypatch.setattr(data, "_TEXT_PIECE_CHARS", 3000)
-    monkeypatch.setattr(data, "_CUT_WINDOW", 200)
+    monkeypatch.setattr(data, "_CUT_WINDOW", 200, raising=False)
 
 
 @pytest.mark.parametrize("kind", ["metaspace", "no-pretokenizer", "byte-level"])
