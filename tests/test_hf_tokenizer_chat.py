@@ -2,7 +2,8 @@
 - the special tokens a tokenizer adds around a text (Llama's BOS) are added per document, as
   `AutoTokenizer(text)` adds them, and are not targets;
 - chat `messages` records are tokenized exactly as apply_chat_template(tokenize=True) does,
-  with targets exactly transformers' own assistant mask ({% generation %} template);
+  with targets exactly transformers' own assistant mask ({% generation %} template), no
+  end-of-document id after a template that ends with its end-of-turn token, in linear time;
 - a folder with only a SentencePiece tokenizer.model is refused, not trained on bytes;
 - document masks: per-token documents, positions restart, no target across a document start.
 """
@@ -52,8 +53,8 @@ def test_chat_records_match_apply_chat_template_and_its_assistant_mask(tmp_path,
     ids, tgt = [], []
     for chat in CHATS:
         out = ref.apply_chat_template(chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-        ids += list(out["input_ids"]) + [tok.eos_id]
-        tgt += [bool(m) for m in out["assistant_masks"]] + [True]
+        ids += list(out["input_ids"])   # no end-of-document id: the template ends with <|im_end|>\n
+        tgt += [bool(m) for m in out["assistant_masks"]]
     assert stream.ids.tolist() == ids
     assert stream.target.tolist() == tgt
     assert sum(tgt) < len(tgt) / 2  # system and user turns are not trained on
@@ -66,7 +67,7 @@ def test_llama3_style_template_writes_its_own_bos(tmp_path):
     ref = AutoTokenizer.from_pretrained(str(d))
     stream = tokenize_documents([read_documents(jsonl(tmp_path / "c.jsonl", [{"messages": CHATS[1]}]))[0]], tok)
     want = ref.apply_chat_template(CHATS[1], tokenize=True, return_dict=True)["input_ids"]
-    assert stream.ids.tolist()[:-1] == list(want) and want[0] == ref.convert_tokens_to_ids("<s>")
+    assert stream.ids.tolist() == list(want) and want[0] == ref.convert_tokens_to_ids("<s>")
     text = ref.apply_chat_template(CHATS[1], tokenize=False)
     targets = [i for i, t in zip(want, stream.target.tolist()) if t]
     assert ref.decode(targets) == "hi<|eot_id|>"

@@ -289,13 +289,10 @@ def _closing_ids(tokenizer) -> list[int]:
 
 
 def _chat_parts(c: Chat, tokenizer):
-    """(ids, target mask) of a rendered conversation: a token is a target when it starts
-    inside an assistant turn."""
-    text, spans = tokenizer.render_chat(list(c.messages), c.tools)
-    ids, offsets = tokenizer.encode_offsets(text)
-    tgt = [any(a <= s < b for a, b in spans) for s, _ in offsets]
-    closing = _closing_ids(tokenizer)
-    return ids + closing, tgt + [True] * len(closing)
+    """(ids, target mask) of a rendered conversation: apply_chat_template's ids and assistant
+    mask (chat_tokens.py)."""
+    from horizon_exec.files.chat_tokens import chat_tokens
+    return chat_tokens(tokenizer, list(c.messages), c.tools)
 
 
 class _Sink:

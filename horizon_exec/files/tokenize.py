@@ -41,7 +41,7 @@ class ByteTokenizer:
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [list(t.encode("utf-8")) for t in texts]
 
-    def render_chat(self, messages, tools=None):
+    def chat_reference(self):
         raise HorizonError("chat data ('messages') needs a tokenizer with a chat template "
                            "(--tokenizer, or an --init-from folder holding tokenizer.json)")
 
@@ -74,6 +74,7 @@ class HFTokenizer:
         # The file itself plus its folder's companions (config, special tokens, chat template).
         self.files = (p, *(self.folder / n for n in TOKENIZER_FILES[1:] if (self.folder / n).is_file()))
         self._hf = None
+        self._special = None
 
     def _specials(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The ids the tokenizer's post-processor puts before and after one text (transformers
@@ -105,33 +106,27 @@ class HFTokenizer:
 
     def render_chat(self, messages: list, tools=None) -> tuple[str, list[tuple[int, int]]]:
         """(text, [(start, end) character spans of the assistant turns]) of one conversation,
-        rendered by the folder's chat template exactly as transformers' apply_chat_template
-        renders it. The spans come from rendering the conversation prefix by prefix: turn i
-        spans from the end of messages[:i] with the generation prompt to the end of
-        messages[:i + 1] (its content and end-of-turn marker; on a template with
-        `{% generation %}` blocks this equals transformers' assistant mask, which tests check).
-        A template that rewrites earlier turns is refused."""
-        hf = self._transformers()
-        kw = dict(tools=tools, tokenize=False)
+        rendered by the folder's chat template exactly as apply_chat_template renders it; the
+        spans as chat_tokens.py defines them (without {% generation %} blocks)."""
+        from horizon_exec.files.chat_tokens import render_spans
         try:
-            full = hf.apply_chat_template(messages, **kw)
-            spans = []
-            for i, msg in enumerate(messages):
-                if msg.get("role") != "assistant":
-                    continue
-                before = hf.apply_chat_template(messages[:i], add_generation_prompt=True, **kw) if i else ""
-                upto = hf.apply_chat_template(messages[:i + 1], **kw)
-                if not (upto.startswith(before) and full.startswith(upto)):
-                    raise HorizonError(f"the chat template of {self.folder} does not render a conversation "
-                                       "prefix by prefix (it rewrites earlier turns), so the assistant's "
-                                       "tokens cannot be told apart; use 'instruction'/'response' records")
-                spans.append((len(before), len(upto)))
+            return render_spans(self.chat_reference(), messages, tools, self.folder)
         except HorizonError:
             raise
         except Exception as e:  # the template raised (raise_exception), or a message is malformed
             raise HorizonError(f"chat template of {self.folder}: {type(e).__name__}: "
                                f"{str(e).splitlines()[0] if str(e) else ''}") from None
-        return full, spans
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the special added tokens (<|im_end|>, <|eot_id|>, </s>...)."""
+        if self._special is None:
+            self._special = frozenset(i for i, t in self.tok.get_added_tokens_decoder().items() if t.special)
+        return self._special
+
+    def chat_reference(self):
+        """transformers' tokenizer of the folder (its chat template is the reference)."""
+        return self._transformers()
 
     def _transformers(self):
         if self._hf is None:
