@@ -14,7 +14,7 @@ from horizon_exec.files.data import PackedData, load_dataset, read_documents, to
 from horizon_exec.model.head import IGNORE
 from horizon_exec.files.tokenize import load_tokenizer, tokenizer_of_folder
 from horizon_sim.errors import HorizonError
-from tests.hf_tokenizers import LLAMA3, jsonl, tokenizer_folder
+from tests.hf_tokenizers import CHATML, LLAMA3, jsonl, tokenizer_folder
 
 TEXTS = ["Return the number of items in a container.", "Hello world again"]
 CHATS = [
@@ -117,3 +117,68 @@ def test_document_masks_in_packed_batches(tmp_path):
     assert ds.n_docs == 16 and ds.mean_doc_tokens == ds.n_tokens // 16
     assert ds.fingerprint() != plain.fingerprint()
     assert isinstance(ds.data, PackedData)
+
+
+# ---- issue 30, section 6 ------------------------------------------------------------------------
+NO_GENERATION = CHATML.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+# the generation block starts inside a word: the token 'er' of 'Answer' straddles its start
+STRADDLE = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{{ 'Answe' }}{% generation %}"
+            "{{ 'ring: ' + m['content'] + '<|im_end|>' }}{% endgeneration %}{% else %}"
+            "{{ 'Question: ' + m['content'] + '\\n' }}{% endif %}{% endfor %}")
+PLAIN = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
+def _stream(tmp_path, template, chats):
+    d = tokenizer_folder(tmp_path / "tok", template=template)
+    tok = load_tokenizer(d)
+    return tok, tokenize_documents(read_documents(jsonl(tmp_path / "c.jsonl", [{"messages": c} for c in chats])), tok)
+
+
+def _reference(tmp_path, template, chat):
+    from transformers import AutoTokenizer
+    d = tokenizer_folder(tmp_path / "ref", template=template)
+    out = AutoTokenizer.from_pretrained(str(d)).apply_chat_template(chat, tokenize=True, return_dict=True,
+                                                                    return_assistant_tokens_mask=True)
+    return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
+
+
+def test_generation_block_mask_is_followed_exactly(tmp_path):
+    """Every token overlapping the block is a target, one that straddles its start too."""
+    want_ids, want_mask = _reference(tmp_path, STRADDLE, CHATS[0])
+    _, s = _stream(tmp_path, STRADDLE, [CHATS[0]])
+    assert s.ids.tolist() == want_ids and s.target.tolist() == want_mask
+
+
+def test_template_without_generation_blocks(tmp_path):
+    """The rule without blocks: an assistant turn runs from the end of the generation prompt
+    before it to the end of its turn (content + end-of-turn text); for ChatML that is what the
+    same template with generation blocks masks."""
+    want_ids, want_mask = _reference(tmp_path, CHATML, CHATS[0])
+    _, s = _stream(tmp_path, NO_GENERATION, [CHATS[0]])
+    assert s.ids.tolist() == want_ids and s.target.tolist() == want_mask
+
+
+def test_a_template_that_ends_without_a_special_token_gets_the_eos(tmp_path):
+    from transformers import AutoTokenizer
+    tok, s = _stream(tmp_path, PLAIN, [CHATS[1]])
+    ref = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    want = list(ref.apply_chat_template(CHATS[1], tokenize=True, return_dict=True)["input_ids"])
+    assert s.ids.tolist() == want + [tok.eos_id]
+    assert s.target.tolist()[-1]        # the assistant's turn ends the conversation: its end is learnt
+    # no generation prompt in this template: the turn's header is part of it, by the rule
+    assert ref.decode([i for i, t in zip(s.ids.tolist(), s.target.tolist()) if t]) == "assistant: hi\n<|endoftext|>"
+
+
+@pytest.mark.parametrize("template", ["generation", "none"])
+def test_a_long_conversation_tokenizes_in_linear_time(tmp_path, template):
+    """3000 turns: one render, not one per prefix (that took ~30 s)."""
+    import time
+    chat = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} says something"}
+            for i in range(3000)]
+    d = tokenizer_folder(tmp_path / "tok", template=CHATML if template == "generation" else NO_GENERATION)
+    tok = load_tokenizer(d)
+    tok.chat_reference()                     # loading transformers' tokenizer is not the point
+    t0 = time.perf_counter()
+    s = tokenize_documents(read_documents(jsonl(tmp_path / "c.jsonl", [{"messages": chat}])), tok)
+    assert time.perf_counter() - t0 < 8.0
+    assert s.target.sum() > 0

@@ -98,7 +98,7 @@ def render_spans(hf, messages: list, tools, folder) -> tuple[str, list[tuple[int
 
 def _prefix_span(render, messages, i, full, folder) -> tuple[int, int]:
     before = render(messages[:i], gen=True)
-    upto = render(messages[:i + 1])
+    upto = full if i + 1 == len(messages) else render(messages[:i + 1])
     if not (upto.startswith(before) and full.startswith(upto)):
         raise HorizonError(f"the chat template of {folder} does not render a conversation prefix by prefix "
                            "(it rewrites earlier turns), so the assistant's tokens cannot be told apart; "
