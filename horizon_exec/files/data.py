@@ -6,11 +6,14 @@ Inputs
   PROMPT_FORMAT + response (prompt tokens are not targets: label -100; the response and
   the end-of-document token are), or {"messages": [{"role": ..., "content": ...}, ...]}
   (optionally "tools"): a conversation rendered by the tokenizer's chat template, exactly
-  as transformers' apply_chat_template renders it, with loss on the assistant turns only.
+  as transformers' apply_chat_template renders it, with loss on the assistant turns only
+  (chat_tokens.py: its ids and assistant mask; no end-of-document id after a template that
+  ends with its end-of-turn token).
 - any other file (.txt, .md, ...): UTF-8 text, the whole file one document.
 - none: the built-in corpus (BUILTIN_CORPUS).
 
-Documents are tokenized (tokenize.py: a tokenizer.json or bytes) with the special tokens the
+Documents are tokenized (tokenize.py: a tokenizer.json or bytes; a long one in pieces cut only
+where the ids do not change, so they are the whole text's) with the special tokens the
 tokenizer adds around a text (Llama's BOS; not targets: they carry nothing to predict), each
 followed by the tokenizer's end-of-document id, and concatenated into one stream. Packing
 cuts the stream into sequences of `seq` tokens whose targets are the next `seq` tokens
