@@ -54,8 +54,9 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "assistant turns) or a text file (default: the built-in corpus of Python "
                         "standard-library docstrings)")
     d.add_argument("--tokenizer", default=None, metavar="tokenizer.json",
-                   help="a local tokenizer.json or a folder holding one, or a model id in the local HF "
-                        "cache (default: the one in --init-from's folder, else bytes 0..255); its files "
+                   help="a local tokenizer.json or a folder holding one, a model id in the local HF "
+                        "cache, or 'bytes' (UTF-8 bytes as ids 0..255) (default: the one in --init-from's "
+                        "folder, which must then hold one; without --init-from, bytes); its files "
                         "(config, chat template) go into --save-hf")
     d.add_argument("--eos-token", default=None,
                    help="end-of-document token (default: tokenizer_config.json's, or a usual one)")
@@ -253,7 +254,7 @@ def _run_train(args: argparse.Namespace, dist) -> int:
     from horizon_exec.files.fileio import OutputError
     from horizon_exec.train.loop import EvalError, Interrupted
     from horizon_exec.optim.lr import CosineSchedule
-    from horizon_exec.files.tokenize import load_tokenizer, resolve_tokenizer, tokenizer_of_folder
+    from horizon_exec.files.tokenize import BYTES, load_tokenizer, resolve_tokenizer, tokenizer_of_folder
     from horizon_exec.runtime.trainer import NonFiniteError, Trainer
     from horizon_sim.specs.hf_config import load_model
     from horizon_sim.units import parse_size
@@ -262,15 +263,27 @@ def _run_train(args: argparse.Namespace, dist) -> int:
     with _os_errors_as_usage():  # a path the flags name that cannot be read: refused, named
         init_dir = hf_checkpoint.resolve_checkpoint(args.init_from) if args.init_from else None
         if init_dir is not None:
-            model = hf_checkpoint.spec_from_hf_dir(init_dir)
-            if args.model:
-                hf_checkpoint.check_same_shapes(load_model(args.model), model, f"--init-from {args.init_from}",
-                                                f"--model {args.model}")
+            run = hf_checkpoint.run_model(init_dir, args.model)
+            model = run.spec
+            if run.overridden:  # a context extension, say: the point of giving both
+                print(f"--model {args.model}: its {', '.join(run.overridden)} replace(s) --init-from "
+                      f"{args.init_from}'s (same shapes); --save-hf writes the config trained with")
+            if run.untied_head:
+                print(f"--init-from {args.init_from}: tie_word_embeddings is true but lm_head.weight differs from "
+                      "the embedding: trained untied, as transformers loads it (--save-hf writes tie false)")
         else:
             model = load_model(args.model)
         policy = dataclasses.replace(policy_from_args(args), loss_chunk_tokens=args.loss_chunk_tokens)
-        tok_path = resolve_tokenizer(args.tokenizer) if args.tokenizer else (
-            tokenizer_of_folder(init_dir) if init_dir is not None else None)
+        if args.tokenizer == BYTES:
+            tok_path = None
+        elif args.tokenizer:
+            tok_path = resolve_tokenizer(args.tokenizer)
+        else:
+            tok_path = tokenizer_of_folder(init_dir) if init_dir is not None else None
+            if init_dir is not None and tok_path is None:  # pretrained weights on byte ids: silently useless
+                raise HorizonError(f"--init-from {args.init_from}: the folder has no tokenizer.json; give the "
+                                   f"tokenizer the model was trained with (--tokenizer FILE|DIR), or --tokenizer "
+                                   f"{BYTES} to train it on UTF-8 byte ids")
         tok = load_tokenizer(tok_path, args.eos_token)
         if tok.vocab_size > model.vocab:
             raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")

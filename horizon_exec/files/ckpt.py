@@ -541,9 +541,10 @@ def _field_defaults(spec) -> dict:
 
 RENAMED_FIELDS = {"policy": {"ckpt_every": "act_ckpt_every", "ckpt_on": "act_ckpt_on"}}
 """Spec fields renamed since a checkpoint may have been written: old name -> new name."""
-SAME_ON_DISK = {"policy": {"split_master"}}
+SAME_ON_DISK = {"policy": {"split_master"}, "model": {"init_std"}}
 """Fields that change how the host store holds the state, not what a checkpoint holds (a split
-master is saved as the fp32 master): a run may resume with another value."""
+master is saved as the fp32 master; the std of the random init, which a resume does not
+redo): a run may resume with another value."""
 
 
 def _check_compatible(p: Path, meta: dict, trainer) -> None:

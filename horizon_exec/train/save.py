@@ -8,7 +8,6 @@ What the save copies besides the weights (the source config.json, the tokenizer'
 generation config) is read when the run starts (read_save_inputs), so a folder deleted or
 swapped during training changes nothing: the save writes what the model was trained with, and
 a file that cannot be read is refused before the first step, named."""
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,6 @@ from horizon_exec.train.outputs import check_file_sizes, check_space, largest_sh
 from horizon_exec.train.stop_signals import StopSignals, say
 from horizon_exec.train.stop_signals import name as signal_name
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs.hf_config import model_source
 from horizon_sim.units import parse_size
 
 
@@ -67,12 +65,11 @@ def read_save_inputs(args, tok, init_dir) -> SaveInputs:
     is a HorizonError naming it (exit 2, before the first step)."""
     # The source config.json is kept (only what training changed is rewritten) and the
     # tokenizer the model was trained with goes along, chat template included.
-    src = (init_dir / "config.json") if init_dir is not None else (
-        model_source(args.model) if args.model else None)
     try:
-        base = json.loads(Path(src).read_bytes()) if src is not None else None
+        base = hf_checkpoint.base_config(init_dir, args.model)
     except (OSError, ValueError) as e:
-        raise HorizonError(f"--save-hf: cannot read the model's config {src} to copy: "
+        where = getattr(e, "filename", None) or args.init_from or args.model
+        raise HorizonError(f"--save-hf: cannot read the model's config {where} to copy: "
                            f"{getattr(e, 'strerror', None) or e}") from None
     side = []
     for f in (*tok.files, *hf_checkpoint.model_side_files(init_dir)):
