@@ -172,6 +172,8 @@ def run_train(args: argparse.Namespace) -> int:
         from horizon_exec.files.hf_checkpoint import resolve_checkpoint
         init = resolve_checkpoint(args.init_from)
     if launch.wants_launch(args):  # outputs are checked here first: a bad one costs no process start
+        from horizon_exec.cli.node_admission import check_node
+        check_node(args)  # the whole node's cores and RAM, before any rank starts
         if args.node_rank == 0:
             prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, init_from=init)
         return launch.launch(args)

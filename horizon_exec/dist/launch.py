@@ -21,6 +21,9 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
                    help="processes (devices) per node; N > 1 or --nnodes > 1 launches the run through "
                         "torch.distributed.run (default 1). --batch is per process: a step trains "
                         "N x nnodes x batch sequences")
+    g.add_argument("--oversubscribe", action="store_true",
+                   help="run more ranks than this node has CPU cores (refused by default: a rank without a "
+                        "core of its own slows every step)")
     g.add_argument("--nnodes", type=int, default=1, metavar="M", help="nodes (default 1)")
     g.add_argument("--node-rank", type=int, default=0, metavar="J", help="this node's rank, 0..M-1 (default 0)")
     g.add_argument("--master-addr", default="127.0.0.1", metavar="HOST",
