@@ -163,6 +163,9 @@ def _peak_flops(args, compute_dtype: str) -> tuple[float | None, str]:
 
 def run_train(args: argparse.Namespace) -> int:
     from horizon_exec.dist import launch
+    if launch.wants_launch(args):  # before torch loads: its C++ log level is read then (rendezvous.py)
+        from horizon_exec.dist.rendezvous import quiet_cpp_logs
+        quiet_cpp_logs()
     from horizon_exec.train.checks import check_train_args
     check_train_args(args)
     launch.check_launch_args(args)

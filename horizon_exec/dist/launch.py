@@ -56,19 +56,39 @@ def wants_launch(a: argparse.Namespace) -> bool:
 
 def launch(a: argparse.Namespace) -> int:
     """Run the workers; their exit status (the first failure's, named on stderr)."""
+    from horizon_exec.dist.rendezvous import check_rendezvous, quiet_cpp_logs, rendezvous_conf
+    check_rendezvous(a.master_addr, a.master_port, a.node_rank, a.dist_timeout)  # exit 2 before any rank
+    quiet_cpp_logs()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
     os.environ[ARGS_ENV] = json.dumps({k: v for k, v in vars(a).items()
                                        if isinstance(v, (str, int, float, bool, type(None)))})
     argv = ["--nproc-per-node", str(a.nproc_per_node), "--nnodes", str(a.nnodes), "--node-rank", str(a.node_rank),
             "--master-addr", a.master_addr, "--master-port", str(a.master_port), "--max-restarts", "0",
-            "--module", "horizon_exec.cli.train_cmd"]
+            "--rdzv-conf", rendezvous_conf(a.dist_timeout), "--module", "horizon_exec.cli.train_cmd"]
     try:
         run(parse_args(argv))
     except ChildFailedError as e:
-        rank, f = min(e.failures.items(), key=lambda kv: kv[1].timestamp)
+        rank, f = first_failure(e.failures)
         code = f.exitcode if f.exitcode and f.exitcode > 0 else 1
         how = f"signal {-f.exitcode}" if f.exitcode and f.exitcode < 0 else f"exit code {f.exitcode}"
         print(f"horizon train: rank {rank} failed first ({how}); every other rank was stopped", file=sys.stderr)
         return code
+    except SignalException as e:  # the launcher was asked to stop: its ranks were told and have stopped
+        return 128 + int(e.sigval)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - the rendezvous or the agent failed: one line, not torch's frames
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        print(f"horizon train: error: the launch at {a.master_addr}:{a.master_port} (node {a.node_rank} of "
+              f"{a.nnodes}) failed within --dist-timeout {a.dist_timeout:g} s: {type(e).__name__}: {msg}",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def first_failure(failures: dict):
+    """(rank, failure) to report: a rank that named a stalled peer (its error file says "rank R
+    stalled") defers to that peer; otherwise the earliest."""
+    return min(failures.items(), key=lambda kv: kv[1].timestamp)
