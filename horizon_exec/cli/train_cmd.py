@@ -14,7 +14,7 @@ it does not fit the host RAM (--host-budget, else MemAvailable) or the device (-
 else CUDA free memory), for a harmful flag (train/checks.py), or an output that cannot be
 written or has no room (outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf
 loss or gradient skips the update (--on-nonfinite skip; all steps skipped: exit 1) or stops the
-run (stop, exit 1); SIGINT/SIGTERM finish the step, write a checkpoint and exit 130/143 (a
+run (stop, exit 1); SIGINT/SIGTERM/SIGHUP finish the step, write a checkpoint and exit 130/143/129 (a
 second signal aborts at once; the last complete checkpoint stays intact); a stuck step fails
 after --op-timeout; an eval failure, a lane fault or a full disk is one line, exit 1; a closed
 stdout drops the output, not the run; --resume verifies checksums and falls back to the
