@@ -13,7 +13,6 @@ import time
 import pytest
 
 from horizon_exec.dist import launch
-from horizon_exec.dist.rendezvous import QUIET_ENV
 from horizon_sim.cli.main import main
 from tests.harden_run import MICRO, ROOT, env
 
@@ -30,8 +29,9 @@ def no_ranks(monkeypatch):
         raise AssertionError("a rank was started")
     monkeypatch.setattr(tdr, "run", started)
     monkeypatch.setattr("os.cpu_count", lambda: 8)  # the cores check is its own test
-    for k, v in QUIET_ENV.items():
-        monkeypatch.setenv(k, v)
+    for k in ("TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_DISTRIBUTED_DEBUG"):
+        monkeypatch.setenv(k, "x")   # what the launcher sets is put back after the test
+        monkeypatch.delenv(k)
     monkeypatch.setenv(launch.ARGS_ENV, "")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
 
