@@ -144,3 +144,38 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def test_a_stalled_rank_is_named_rather_than_the_one_that_gave_up(tmp_path):
+    """Rank 1 SIGSTOPped: rank 0's collective times out after --dist-timeout and rank 0 fails
+    first; the heartbeats (rank 1's stopped 15 s before rank 0's last) name rank 1. (Measured
+    for real once: `kill -STOP` of rank 1 of 2, --dist-timeout 8 -> "rank 1 stalled (no
+    heartbeat for 8 s ...)"; too slow for the suite, ranks on 2 shared cores.)"""
+    import os
+
+    from horizon_exec.dist import watchdog
+    now = time.time()
+    for rank, age in ((0, 0.0), (1, 15.0), (2, 0.5)):
+        (tmp_path / f"rank-{rank}").touch()
+        os.utime(tmp_path / f"rank-{rank}", (now - age, now - age))
+    beats = watchdog.last_beats(str(tmp_path))
+    assert watchdog.stalled_ranks(beats, failed=0) == [1]
+    assert launch.failure_line(0, "exit code 1", beats, watchdog.stalled_ranks) == (
+        "rank 1 stalled (no heartbeat for 15 s before rank 0 gave up waiting for it, exit code 1: stopped, "
+        "e.g. SIGSTOP, or starved)")
+    fresh = {0: now, 1: now - 0.4}   # a rank that crashed, its peers beating: the crashed one is named
+    assert launch.failure_line(0, "exit code 1", fresh, watchdog.stalled_ranks) == "rank 0 failed first (exit code 1)"
+
+
+def test_the_watchdog_beats(tmp_path, monkeypatch):
+    from horizon_exec.dist import watchdog
+    monkeypatch.setenv(watchdog.HEARTBEAT_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setattr(watchdog, "_set_pdeathsig", lambda sig: True)   # not on the pytest process
+    t = watchdog.start(poll_s=0.02)
+    try:
+        first = (tmp_path / "rank-3").stat().st_mtime_ns
+        time.sleep(0.2)
+        assert (tmp_path / "rank-3").stat().st_mtime_ns > first
+    finally:
+        t.stop.set()

@@ -56,12 +56,27 @@ def wants_launch(a: argparse.Namespace) -> bool:
 
 def launch(a: argparse.Namespace) -> int:
     """Run the workers; their exit status (the first failure's, named on stderr)."""
-    from horizon_exec.dist.rendezvous import check_rendezvous, quiet_cpp_logs, rendezvous_conf
+    from horizon_exec.dist.rendezvous import check_rendezvous, quiet_cpp_logs
     check_rendezvous(a.master_addr, a.master_port, a.node_rank, a.dist_timeout)  # exit 2 before any rank
     quiet_cpp_logs()
+    import tempfile
+    from horizon_exec.dist import watchdog
+    beats = tempfile.mkdtemp(prefix="horizon-heartbeat-")  # the ranks' heartbeats (watchdog.py)
+    os.environ[watchdog.HEARTBEAT_ENV] = beats
+    try:
+        return _run(a, beats)
+    finally:
+        import shutil
+        shutil.rmtree(beats, ignore_errors=True)
+
+
+def _run(a: argparse.Namespace, beats: str) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
+
+    from horizon_exec.dist.rendezvous import rendezvous_conf
+    from horizon_exec.dist.watchdog import last_beats, stalled_ranks
     os.environ[ARGS_ENV] = json.dumps({k: v for k, v in vars(a).items()
                                        if isinstance(v, (str, int, float, bool, type(None)))})
     argv = ["--nproc-per-node", str(a.nproc_per_node), "--nnodes", str(a.nnodes), "--node-rank", str(a.node_rank),
@@ -73,7 +88,8 @@ def launch(a: argparse.Namespace) -> int:
         rank, f = first_failure(e.failures)
         code = f.exitcode if f.exitcode and f.exitcode > 0 else 1
         how = f"signal {-f.exitcode}" if f.exitcode and f.exitcode < 0 else f"exit code {f.exitcode}"
-        print(f"horizon train: rank {rank} failed first ({how}); every other rank was stopped", file=sys.stderr)
+        print(f"horizon train: {failure_line(rank, how, last_beats(beats), stalled_ranks)}; every other rank "
+              "was stopped", file=sys.stderr)
         return code
     except SignalException as e:  # the launcher was asked to stop: its ranks were told and have stopped
         return 128 + int(e.sigval)
@@ -89,6 +105,16 @@ def launch(a: argparse.Namespace) -> int:
 
 
 def first_failure(failures: dict):
-    """(rank, failure) to report: a rank that named a stalled peer (its error file says "rank R
-    stalled") defers to that peer; otherwise the earliest."""
+    """(rank, failure) of the earliest failure torch.distributed.run recorded."""
     return min(failures.items(), key=lambda kv: kv[1].timestamp)
+
+
+def failure_line(rank: int, how: str, beats: dict, stalled_ranks) -> str:
+    """Who failed: a rank that stopped beating well before the first failure (stalled: SIGSTOP,
+    starved) is named as the cause, since the first to fail only gave up waiting for it."""
+    stalled = stalled_ranks(beats, rank)
+    if not stalled:
+        return f"rank {rank} failed first ({how})"
+    r = stalled[0]
+    return (f"rank {r} stalled (no heartbeat for {beats[rank] - beats[r]:.0f} s before rank {rank} gave up "
+            f"waiting for it, {how}: stopped, e.g. SIGSTOP, or starved)")
