@@ -9,8 +9,10 @@ or a text file, default the built-in corpus; tokens from --tokenizer tokenizer.j
 to --min-lr. A progress bar shows loss, lr, tokens/s and MFU (peak from --gpu or
 --hardware, else achieved model TFLOP/s). Periodic eval on held-out sequences, atomic
 checkpoints to --ckpt-dir, exact --resume, and --save-hf writes a transformers checkpoint.
-Reliability: the run is refused up front (exit 2, needed vs available) when the planner says
-it does not fit the host RAM (--host-budget, else MemAvailable) or the device (--device-budget,
+Reliability: a data-parallel launch is refused before any rank starts when the node cannot
+hold it (node_admission.py: ranks vs cores unless --oversubscribe, ranks x per-rank footprint +
+the shared store vs host RAM) or its rendezvous cannot happen (dist/rendezvous.py); the run is
+refused up front (exit 2, needed vs available) when the planner says it does not fit the host RAM (--host-budget, else MemAvailable) or the device (--device-budget,
 else CUDA free memory), for a harmful flag (train/checks.py), or an output that cannot be
 written or has no room (outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf
 loss or gradient skips the update (--on-nonfinite skip; all steps skipped: exit 1) or stops the
@@ -267,8 +269,9 @@ def _run_train(args: argparse.Namespace, dist) -> int:
         ds = load_dataset(args.data, tok, policy.seq, args.eval_fraction, doc_masks=policy.doc_masks)
         try:
             return _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what)
-        except Interrupted as e:
-            print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
+        except Interrupted as e:  # every rank stopped at the same boundary: rank 0 says so for the run
+            if tr.dist.rank == 0:
+                print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
             return e.exit_code
         except NonFiniteError as e:
             print(f"horizon train: stopped: {e}", file=sys.stderr)

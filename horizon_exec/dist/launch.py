@@ -5,6 +5,14 @@ code behind torchrun: env:// rendezvous, a worker that fails takes the others do
 The workers run `horizon_exec.cli.train_cmd` as a module with the parent's parsed arguments
 (HORIZON_TRAIN_ARGS, JSON), so they train exactly what the parent checked; plain
 `torchrun --nproc-per-node N -m horizon_exec.cli.train_cmd --model tiny ...` works as well.
+
+Before any rank starts: the node admission (cli/node_admission.py, called by train_cmd) and the
+rendezvous checks (rendezvous.py: the master address resolves, the master port is free on node
+0; the rendezvous waits at most --dist-timeout). While the ranks run, each watches this process
+and beats (watchdog.py): killed outright, the launcher takes its ranks with it; a rank stopped
+mid-run is named as the cause when a peer fails waiting for it. Stopped by a signal (SIGINT,
+SIGTERM, SIGHUP: torch.distributed.run forwards it to the ranks, which checkpoint and stop), the
+launcher exits 128 + the signal, without torch's SignalException traceback.
 """
 import argparse
 import json
