@@ -13,8 +13,8 @@ Reliability: a data-parallel launch is refused before any rank starts when the n
 hold it (node_admission.py: ranks vs cores unless --oversubscribe, ranks x per-rank footprint +
 the shared store vs host RAM) or its rendezvous cannot happen (dist/rendezvous.py); the run is
 refused up front (exit 2, needed vs available) when the planner says it does not fit the host
-RAM (--host-budget, else MemAvailable) or the device (--device-budget, else CUDA free memory), for a harmful flag (train/checks.py), or an output that cannot be
-written or has no room (outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf
+RAM (--host-budget, else MemAvailable) or the device (--device-budget, else CUDA free memory),
+for a harmful flag (train/checks.py), or an output that cannot be written or has no room (outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf
 loss or gradient skips the update (--on-nonfinite skip; all steps skipped: exit 1) or stops the
 run (stop, exit 1); SIGINT/SIGTERM/SIGHUP finish the step, write a checkpoint and exit 130/143/129 (a
 second signal aborts at once; the last complete checkpoint stays intact); a stuck step fails
