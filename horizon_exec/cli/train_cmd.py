@@ -9,18 +9,19 @@ or a text file, default the built-in corpus; tokens from --tokenizer tokenizer.j
 to --min-lr. A progress bar shows loss, lr, tokens/s and MFU (peak from --gpu or
 --hardware, else achieved model TFLOP/s). Periodic eval on held-out sequences, atomic
 checkpoints to --ckpt-dir, exact --resume, and --save-hf writes a transformers checkpoint.
-Reliability: a data-parallel launch is refused before any rank starts when the node cannot
-hold it (node_admission.py: ranks vs cores unless --oversubscribe, ranks x per-rank footprint +
-the shared store vs host RAM) or its rendezvous cannot happen (dist/rendezvous.py); the run is
+Reliability: a data-parallel launch is refused before any rank starts when the node cannot hold
+it (node_admission.py: ranks vs cores unless --oversubscribe, ranks x per-rank footprint + the
+shared store vs host RAM) or its rendezvous cannot happen (dist/rendezvous.py); the run is
 refused up front (exit 2, needed vs available) when the planner says it does not fit the host
 RAM (--host-budget, else MemAvailable) or the device (--device-budget, else CUDA free memory),
-for a harmful flag (train/checks.py), or an output that cannot be written or has no room (outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf
-loss or gradient skips the update (--on-nonfinite skip; all steps skipped: exit 1) or stops the
-run (stop, exit 1); SIGINT/SIGTERM/SIGHUP finish the step, write a checkpoint and exit 130/143/129 (a
-second signal aborts at once; the last complete checkpoint stays intact); a stuck step fails
-after --op-timeout; an eval failure, a lane fault or a full disk is one line, exit 1; a closed
-stdout drops the output, not the run; --resume verifies checksums and falls back to the
-previous checkpoint when the latest is damaged.
+for a harmful flag (train/checks.py), or an output that cannot be written or has no room
+(outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf loss or gradient skips
+the update (--on-nonfinite skip; all steps skipped: exit 1) or stops the run (stop, exit 1);
+SIGINT/SIGTERM/SIGHUP finish the step, write a checkpoint and exit 130/143/129 (a second signal
+aborts at once; the last complete checkpoint stays intact); a stuck step fails after
+--op-timeout; an eval failure, a lane fault or a full disk is one line, exit 1; a closed stdout
+drops the output, not the run; --resume verifies checksums and falls back to the previous
+checkpoint when the latest is damaged.
 This module must not import torch at import time: the `horizon` entry point imports it to
 build its parser, and `horizon plan` must start fast.
 """
