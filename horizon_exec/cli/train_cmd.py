@@ -9,16 +9,19 @@ or a text file, default the built-in corpus; tokens from --tokenizer tokenizer.j
 to --min-lr. A progress bar shows loss, lr, tokens/s and MFU (peak from --gpu or
 --hardware, else achieved model TFLOP/s). Periodic eval on held-out sequences, atomic
 checkpoints to --ckpt-dir, exact --resume, and --save-hf writes a transformers checkpoint.
-Reliability: the run is refused up front (exit 2, needed vs available) when the planner says
-it does not fit the host RAM (--host-budget, else MemAvailable) or the device (--device-budget,
-else CUDA free memory), for a harmful flag (train/checks.py), or an output that cannot be
-written or has no room (outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf
-loss or gradient skips the update (--on-nonfinite skip; all steps skipped: exit 1) or stops the
-run (stop, exit 1); SIGINT/SIGTERM finish the step, write a checkpoint and exit 130/143 (a
-second signal aborts at once; the last complete checkpoint stays intact); a stuck step fails
-after --op-timeout; an eval failure, a lane fault or a full disk is one line, exit 1; a closed
-stdout drops the output, not the run; --resume verifies checksums and falls back to the
-previous checkpoint when the latest is damaged.
+Reliability: a data-parallel launch is refused before any rank starts when the node cannot hold
+it (node_admission.py: ranks vs cores unless --oversubscribe, ranks x per-rank footprint + the
+shared store vs host RAM) or its rendezvous cannot happen (dist/rendezvous.py); the run is
+refused up front (exit 2, needed vs available) when the planner says it does not fit the host
+RAM (--host-budget, else MemAvailable) or the device (--device-budget, else CUDA free memory),
+for a harmful flag (train/checks.py), or an output that cannot be written or has no room
+(outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf loss or gradient skips
+the update (--on-nonfinite skip; all steps skipped: exit 1) or stops the run (stop, exit 1);
+SIGINT/SIGTERM/SIGHUP finish the step, write a checkpoint and exit 130/143/129 (a second signal
+aborts at once; the last complete checkpoint stays intact); a stuck step fails after
+--op-timeout; an eval failure, a lane fault or a full disk is one line, exit 1; a closed stdout
+drops the output, not the run; --resume verifies checksums and falls back to the previous
+checkpoint when the latest is damaged.
 This module must not import torch at import time: the `horizon` entry point imports it to
 build its parser, and `horizon plan` must start fast.
 """
@@ -184,6 +187,9 @@ def _os_errors_as_usage():
 
 def run_train(args: argparse.Namespace) -> int:
     from horizon_exec.dist import launch
+    if launch.wants_launch(args):  # before torch loads: its C++ log level is read then (rendezvous.py)
+        from horizon_exec.dist.rendezvous import quiet_cpp_logs
+        quiet_cpp_logs()
     from horizon_exec.train.checks import check_train_args
     check_train_args(args)
     launch.check_launch_args(args)
@@ -198,6 +204,8 @@ def run_train(args: argparse.Namespace) -> int:
     outputs = dict(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, resume=args.resume,
                    overwrite_ckpt=args.overwrite_ckpt, init_from=init)
     if launch.wants_launch(args):  # outputs are checked here first: a bad one costs no process start
+        from horizon_exec.cli.node_admission import check_node
+        check_node(args)  # the whole node's cores and RAM, before any rank starts
         if args.node_rank == 0:
             with _os_errors_as_usage():
                 prepare_outputs(**outputs)
@@ -320,8 +328,9 @@ def _run_train(args: argparse.Namespace, dist) -> int:
         ds = load_dataset(args.data, tok, policy.seq, args.eval_fraction, doc_masks=policy.doc_masks)
         try:
             return _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what, save_inputs)
-        except Interrupted as e:
-            print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
+        except Interrupted as e:  # every rank stopped at the same boundary: rank 0 says so for the run
+            if tr.dist.rank == 0:
+                print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
             return e.exit_code
         except NonFiniteError as e:
             print(f"horizon train: stopped: {e}", file=sys.stderr)
