@@ -103,3 +103,22 @@ def test_an_abort_names_what_it_abandoned(tmp_path, ckpt_dir):
             loop.run()
     want = "none written yet" if ckpt_dir else "no ckpt_dir"
     assert str(e.value) == f"SIGTERM: aborted during the eval after step 2; no checkpoint ({want})"
+
+
+def test_sighup_stops_at_a_checkpoint_like_sigterm_exit_129(tmp_path, capsys, monkeypatch):
+    """Issue 30: the terminal or ssh session going away (SIGHUP) killed the run at once, losing
+    the steps since the last checkpoint; it is a stop request like SIGTERM."""
+    real = Trainer.step
+
+    def step(self, *a, **kw):
+        os.kill(os.getpid(), signal.SIGHUP)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    ck = tmp_path / "ck"
+    assert main(BASE + ["--eval-batches", "0", "--compute-dtype", "fp32", "--no-working-copy",
+                        "--ckpt-dir", str(ck)]) == 129
+    err = capsys.readouterr().err
+    assert (f"horizon train: SIGHUP: stopped after step 1; last checkpoint {ck / 'step-00000001'}; "
+            "resume with --resume") in err and "Traceback" not in err
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL   # the handler was put back

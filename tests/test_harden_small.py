@@ -33,7 +33,7 @@ def test_published_folders_follow_the_umask(tmp_path, umask):
 def test_init_from_with_resume_says_where_the_weights_come_from(tmp_path, capsys):
     with Trainer(SPEC, Policy(batch=1, seq=16), admission=False) as tr:
         hf_checkpoint.save_hf(tr, tmp_path / "hf")     # an HF folder to start from
-    argv = ["train", "--init-from", str(tmp_path / "hf"), "--batch", "2", "--seq", "16", "--no-progress",
+    argv = ["train", "--init-from", str(tmp_path / "hf"), "--tokenizer", "bytes", "--batch", "2", "--seq", "16", "--no-progress",
             "--eval-batches", "0", "--ckpt-dir", str(tmp_path / "ck")]
     assert main(argv + ["--steps", "1"]) == 0
     assert f"weights from {tmp_path / 'hf'}" in capsys.readouterr().out

@@ -135,3 +135,49 @@ def test_resolver_refuses_a_snapshot_without_config(tmp_path, monkeypatch):
     with pytest.raises(HorizonError, match="no config.json"):
         resolve_model_dir("acme/tiny-chat")
     assert os.environ["HF_HUB_CACHE"].endswith("hub")
+
+
+# ---- issue 30, section 6 -----------------------------------------------------------------------
+
+def test_model_config_overrides_the_init_folders_non_shape_fields(tmp_path, capsys):
+    """The context-extension workflow: --init-from SRC --model cfg.json where cfg.json changes
+    the rope scaling and max positions trains with cfg.json's and saves it; every tokenizer file
+    of the folder (vocab.json, merges.txt, tokenizer.model, tekken.json...) goes along."""
+    src = _source(tmp_path, "llama3-rope")
+    extra = ("vocab.json", "merges.txt", "tokenizer.model", "tekken.json", "added_tokens.json")
+    for name in extra:
+        if not (src / name).exists():
+            (src / name).write_text("{}\n")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["rope_parameters"] = {**cfg["rope_parameters"], "factor": 16.0}
+    cfg["max_position_embeddings"] = 8192
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    assert _train("--init-from", src, "--model", tmp_path / "m" / "config.json", "--save-hf", out,
+                  "--data", jsonl(tmp_path / "c.jsonl", CHAT[:8])) == 0
+    said = capsys.readouterr().out
+    assert "its rope_scaling, max_position replace(s) --init-from" in said, said
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["rope_parameters"]["factor"] == 16.0 and saved["max_position_embeddings"] == 8192
+    for name in extra:
+        assert (out / name).read_bytes() == (src / name).read_bytes(), name
+
+
+def test_model_config_with_other_shapes_is_refused_by_field(tmp_path, capsys):
+    src = _source(tmp_path, "llama3-rope")
+    cfg = {**json.loads((src / "config.json").read_text()), "intermediate_size": 128}
+    (tmp_path / "m.json").write_text(json.dumps(cfg))
+    assert _train("--init-from", src, "--model", tmp_path / "m.json") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]   # (save_pretrained's progress bars before)
+    assert "ffn_hidden=96 but --model" in err and "ffn_hidden=128" in err
+
+
+def test_init_folder_without_a_tokenizer_needs_one(tmp_path, capsys):
+    """Pretrained weights on UTF-8 byte ids would train, silently useless: --tokenizer is
+    required (--tokenizer bytes says it on purpose; tests/test_harden_small.py runs that)."""
+    mt, over, _ = CASES["qkv-bias"]
+    _hf(mt, over).save_pretrained(tmp_path / "src")
+    assert _train("--init-from", tmp_path / "src") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "has no tokenizer.json" in err and "--tokenizer bytes" in err

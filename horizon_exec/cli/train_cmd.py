@@ -9,20 +9,24 @@ or a text file, default the built-in corpus; tokens from --tokenizer tokenizer.j
 to --min-lr. A progress bar shows loss, lr, tokens/s and MFU (peak from --gpu or
 --hardware, else achieved model TFLOP/s). Periodic eval on held-out sequences, atomic
 checkpoints to --ckpt-dir, exact --resume, and --save-hf writes a transformers checkpoint.
-Reliability: the run is refused up front (exit 2, needed vs available) when the planner says
-it does not fit the host RAM (--host-budget, else MemAvailable) or the device (--device-budget,
-else CUDA free memory), for a harmful flag (train/checks.py), or an output that cannot be
-written or has no room (outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf
-loss or gradient skips the update (--on-nonfinite skip; all steps skipped: exit 1) or stops the
-run (stop, exit 1); SIGINT/SIGTERM finish the step, write a checkpoint and exit 130/143 (a
-second signal aborts at once; the last complete checkpoint stays intact); a stuck step fails
-after --op-timeout; an eval failure, a lane fault or a full disk is one line, exit 1; a closed
-stdout drops the output, not the run; --resume verifies checksums and falls back to the
-previous checkpoint when the latest is damaged.
+Reliability: a data-parallel launch is refused before any rank starts when the node cannot hold
+it (node_admission.py: ranks vs cores unless --oversubscribe, ranks x per-rank footprint + the
+shared store vs host RAM) or its rendezvous cannot happen (dist/rendezvous.py); the run is
+refused up front (exit 2, needed vs available) when the planner says it does not fit the host
+RAM (--host-budget, else MemAvailable) or the device (--device-budget, else CUDA free memory),
+for a harmful flag (train/checks.py), or an output that cannot be written or has no room
+(outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf loss or gradient skips
+the update (--on-nonfinite skip; all steps skipped: exit 1) or stops the run (stop, exit 1);
+SIGINT/SIGTERM/SIGHUP finish the step, write a checkpoint and exit 130/143/129 (a second signal
+aborts at once; the last complete checkpoint stays intact); a stuck step fails after
+--op-timeout; an eval failure, a lane fault or a full disk is one line, exit 1; a closed stdout
+drops the output, not the run; --resume verifies checksums and falls back to the previous
+checkpoint when the latest is damaged.
 This module must not import torch at import time: the `horizon` entry point imports it to
 build its parser, and `horizon plan` must start fast.
 """
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -53,8 +57,9 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "assistant turns) or a text file (default: the built-in corpus of Python "
                         "standard-library docstrings)")
     d.add_argument("--tokenizer", default=None, metavar="tokenizer.json",
-                   help="a local tokenizer.json or a folder holding one, or a model id in the local HF "
-                        "cache (default: the one in --init-from's folder, else bytes 0..255); its files "
+                   help="a local tokenizer.json or a folder holding one, a model id in the local HF "
+                        "cache, or 'bytes' (UTF-8 bytes as ids 0..255) (default: the one in --init-from's "
+                        "folder, which must then hold one; without --init-from, bytes); its files "
                         "(config, chat template) go into --save-hf")
     d.add_argument("--eos-token", default=None,
                    help="end-of-document token (default: tokenizer_config.json's, or a usual one)")
@@ -67,7 +72,9 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "not; llama, qwen2, mistral), or a model id (org/name[@revision]) found in the "
                         "local HF cache (never downloaded), read tensor by tensor into the host store")
     m.add_argument("--save-hf", default=None, metavar="DIR",
-                   help="after training, write a transformers checkpoint folder (safetensors + config.json)")
+                   help="after training, write a transformers checkpoint folder (safetensors + config.json); "
+                        "a symbolic link is followed (the save goes into its target); one run at a time "
+                        "(.DIR.lock beside it names the holder)")
     m.add_argument("--save-dtype", choices=("fp32", "bf16"), default="bf16",
                    help="dtype of the --save-hf weights (default bf16)")
     m.add_argument("--save-shard-size", default="5GB", metavar="SIZE",
@@ -103,6 +110,9 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "is the policy's activation-checkpoint interval, not this)")
     e.add_argument("--keep-ckpts", type=int, default=2, metavar="N",
                    help="checkpoints kept in --ckpt-dir, 0 = all (default 2)")
+    e.add_argument("--overwrite-ckpt", action="store_true",
+                   help="a fresh run (no --resume) in a --ckpt-dir that holds checkpoints removes them and "
+                        "starts over (without it such a run is refused)")
     e.add_argument("--resume", nargs="?", const="", default=None, metavar="CKPT",
                    help="continue from a checkpoint folder (no value: --ckpt-dir's latest); the "
                         "resumed steps equal an uninterrupted run's")
@@ -161,31 +171,65 @@ def _peak_flops(args, compute_dtype: str) -> tuple[float | None, str]:
     return tf * 1e12, f"{dev.name} {compute_dtype} peak {tf:g} TFLOP/s"
 
 
+@contextlib.contextmanager
+def _os_errors_as_usage():
+    """A path the flags name that cannot be used (too long a name, a loop of links, no access)
+    found while the run is set up: a usage error (exit 2) naming the path, not an error of
+    the output."""
+    from horizon_exec.files.fileio import os_error_text
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            raise
+        raise HorizonError(f"cannot use {os.fsdecode(e.filename)!r}: {os_error_text(e).removesuffix(f' ({e.filename})')}") from None
+
+
 def run_train(args: argparse.Namespace) -> int:
     from horizon_exec.dist import launch
+    if launch.wants_launch(args):  # before torch loads: its C++ log level is read then (rendezvous.py)
+        from horizon_exec.dist.rendezvous import quiet_cpp_logs
+        quiet_cpp_logs()
     from horizon_exec.train.checks import check_train_args
     check_train_args(args)
     launch.check_launch_args(args)
-    from horizon_exec.train.outputs import prepare_outputs
-    init = None
-    if args.init_from:  # a folder, or a model id in the HF cache: --save-hf must not replace it
-        from horizon_exec.files.hf_checkpoint import resolve_checkpoint
-        init = resolve_checkpoint(args.init_from)
+    from horizon_exec.train.outputs import follow_save_hf, prepare_outputs
+    with _os_errors_as_usage():
+        if args.save_hf:  # the save goes into a link's target, never replaces the link
+            args.save_hf = follow_save_hf(args.save_hf)
+        init = None
+        if args.init_from:  # a folder, or a model id in the HF cache: --save-hf must not replace it
+            from horizon_exec.files.hf_checkpoint import resolve_checkpoint
+            init = resolve_checkpoint(args.init_from)
+    outputs = dict(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, resume=args.resume,
+                   overwrite_ckpt=args.overwrite_ckpt, init_from=init)
     if launch.wants_launch(args):  # outputs are checked here first: a bad one costs no process start
+        from horizon_exec.cli.node_admission import check_node
+        check_node(args)  # the whole node's cores and RAM, before any rank starts
         if args.node_rank == 0:
-            prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, init_from=init)
+            with _os_errors_as_usage():
+                prepare_outputs(**outputs)
         return launch.launch(args)
     from horizon_exec.dist.context import agree, from_env
     dist = from_env(args.device, args.dist_timeout)
     if dist.rank:  # rank 0 speaks for the run; the others' errors still reach stderr
         args.no_progress = True
         sys.stdout = open(os.devnull, "w")
-    agree(dist, lambda: prepare_outputs(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file,
-                                        init_from=init) if dist.rank == 0 else None)
+    from horizon_exec.files import ckpt_lock
+    save_lock = []
+
+    def claim():  # rank 0: the outputs checked, and --save-hf this run's until it ends
+        prepare_outputs(**outputs)
+        if args.save_hf:
+            save_lock.append(ckpt_lock.acquire_save(args.save_hf))
+    with _os_errors_as_usage():
+        agree(dist, lambda: claim() if dist.rank == 0 else None)
     rc = 1
     try:
         rc = _run_dist_rank(args, dist)
     finally:  # a clean end waits for every rank; a failed one does not wait for the others
+        for key in save_lock:
+            ckpt_lock.release(key)
         dist.close(wait=rc == 0)
     return rc
 
@@ -201,6 +245,11 @@ def _run_dist_rank(args: argparse.Namespace, dist) -> int:
     lock_dir = node_folder(args.ckpt_dir, dist)
     make_dirs(Path(lock_dir))
     with ckpt_lock.holding(lock_dir):  # before anything is built: one run per folder
+        if args.overwrite_ckpt and args.resume is None:  # checked up front (outputs.py): start over
+            from horizon_exec.files.ckpt import remove_checkpoints
+            gone = remove_checkpoints(lock_dir)
+            if gone:
+                print(f"--overwrite-ckpt: removed {len(gone)} checkpoint(s) of an earlier run from {lock_dir}")
         return _run_train(args, dist)
 
 
@@ -213,42 +262,59 @@ def _run_train(args: argparse.Namespace, dist) -> int:
     from horizon_exec.files.fileio import OutputError
     from horizon_exec.train.loop import EvalError, Interrupted
     from horizon_exec.optim.lr import CosineSchedule
-    from horizon_exec.files.tokenize import load_tokenizer, resolve_tokenizer, tokenizer_of_folder
+    from horizon_exec.files.tokenize import BYTES, load_tokenizer, resolve_tokenizer, tokenizer_of_folder
     from horizon_exec.runtime.trainer import NonFiniteError, Trainer
     from horizon_sim.specs.hf_config import load_model
     from horizon_sim.units import parse_size
 
     # ---- model, tokenizer, data ------------------------------------------------------------
-    init_dir = hf_checkpoint.resolve_checkpoint(args.init_from) if args.init_from else None
-    if init_dir is not None:
-        model = hf_checkpoint.spec_from_hf_dir(init_dir)
-        if args.model:
-            hf_checkpoint.check_same_shapes(load_model(args.model), model, f"--init-from {args.init_from}",
-                                            f"--model {args.model}")
-    else:
-        model = load_model(args.model)
-    policy = dataclasses.replace(policy_from_args(args), loss_chunk_tokens=args.loss_chunk_tokens)
-    tok_path = resolve_tokenizer(args.tokenizer) if args.tokenizer else (
-        tokenizer_of_folder(init_dir) if init_dir is not None else None)
-    if tok_path is None and args.eos_token is not None:  # the byte tokenizer's end of document is fixed
-        raise HorizonError(f"--eos-token {args.eos_token!r} needs a tokenizer (--tokenizer, or one in the "
-                           f"--init-from folder); the byte tokenizer has no end-of-document token to choose")
-    tok = load_tokenizer(tok_path, args.eos_token)
-    if tok.vocab_size > model.vocab:
-        raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")
-    # The data is loaded after the admission, which counts what it will hold (a bound from its size).
-    data_bytes = data_bytes_bound(args.data, tok, policy.seq)
-    min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
-    sched = CosineSchedule(peak=args.lr, total_steps=args.steps, warmup_steps=args.warmup_steps, min_lr=min_lr)
-    peak, peak_what = _peak_flops(args, policy.compute_dtype)
-    budget = parse_size(args.device_budget, "--device-budget") if args.device_budget else None
-    host_budget = parse_size(args.host_budget, "--host-budget") if args.host_budget else None
-    hardware = None
-    if args.hardware and not args.no_admission:
-        from horizon_sim.specs.hardware_io import load_hardware
-        hardware = load_hardware(args.hardware)  # its speeds and runtime overhead, for admission
-    if args.save_hf:
-        parse_size(args.save_shard_size, "--save-shard-size")  # a bad size is refused before training
+    with _os_errors_as_usage():  # a path the flags name that cannot be read: refused, named
+        init_dir = hf_checkpoint.resolve_checkpoint(args.init_from) if args.init_from else None
+        if init_dir is not None:
+            run = hf_checkpoint.run_model(init_dir, args.model)
+            model = run.spec
+            if run.overridden:  # a context extension, say: the point of giving both
+                print(f"--model {args.model}: its {', '.join(run.overridden)} replace(s) --init-from "
+                      f"{args.init_from}'s (same shapes); --save-hf writes the config trained with")
+            if run.untied_head:
+                print(f"--init-from {args.init_from}: tie_word_embeddings is true but lm_head.weight differs from "
+                      "the embedding: trained untied, as transformers loads it (--save-hf writes tie false)")
+        else:
+            model = load_model(args.model)
+        policy = dataclasses.replace(policy_from_args(args), loss_chunk_tokens=args.loss_chunk_tokens)
+        if args.tokenizer == BYTES:
+            tok_path = None
+        elif args.tokenizer:
+            tok_path = resolve_tokenizer(args.tokenizer)
+        else:
+            tok_path = tokenizer_of_folder(init_dir) if init_dir is not None else None
+            if init_dir is not None and tok_path is None:  # pretrained weights on byte ids: silently useless
+                raise HorizonError(f"--init-from {args.init_from}: the folder has no tokenizer.json; give the "
+                                   f"tokenizer the model was trained with (--tokenizer FILE|DIR), or --tokenizer "
+                                   f"{BYTES} to train it on UTF-8 byte ids")
+        if tok_path is None and args.eos_token is not None:  # the byte tokenizer's end of document is fixed
+            raise HorizonError(f"--eos-token {args.eos_token!r} needs a tokenizer (--tokenizer, or one in the "
+                               f"--init-from folder); the byte tokenizer has no end-of-document token to choose")
+        tok = load_tokenizer(tok_path, args.eos_token)
+        if tok.vocab_size > model.vocab:
+            raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")
+        # The data is loaded after the admission, which counts what it will hold (a bound from its size).
+        data_bytes = data_bytes_bound(args.data, tok, policy.seq)
+        min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
+        sched = CosineSchedule(peak=args.lr, total_steps=args.steps, warmup_steps=args.warmup_steps, min_lr=min_lr)
+        peak, peak_what = _peak_flops(args, policy.compute_dtype)
+        budget = parse_size(args.device_budget, "--device-budget") if args.device_budget else None
+        host_budget = parse_size(args.host_budget, "--host-budget") if args.host_budget else None
+        hardware = None
+        if args.hardware and not args.no_admission:
+            from horizon_sim.specs.hardware_io import load_hardware
+            hardware = load_hardware(args.hardware)  # its speeds and runtime overhead, for admission
+        save_inputs = None
+        if args.save_hf:
+            parse_size(args.save_shard_size, "--save-shard-size")  # a bad size is refused before training
+            if dist.rank == 0:  # what the save copies, read now: the source folders may change meanwhile
+                from horizon_exec.train.save import read_save_inputs
+                save_inputs = read_save_inputs(args, tok, init_dir)
 
     # ---- trainer and loop ------------------------------------------------------------------
     tr = Trainer(model, policy, lr=args.lr, weight_decay=args.weight_decay,
@@ -264,9 +330,10 @@ def _run_train(args: argparse.Namespace, dist) -> int:
             check_space_for(args, tr)
         ds = load_dataset(args.data, tok, policy.seq, args.eval_fraction, doc_masks=policy.doc_masks)
         try:
-            return _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what)
-        except Interrupted as e:
-            print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
+            return _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what, save_inputs)
+        except Interrupted as e:  # every rank stopped at the same boundary: rank 0 says so for the run
+            if tr.dist.rank == 0:
+                print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
             return e.exit_code
         except NonFiniteError as e:
             print(f"horizon train: stopped: {e}", file=sys.stderr)
@@ -281,7 +348,7 @@ def _run_train(args: argparse.Namespace, dist) -> int:
             return 1
 
 
-def _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what) -> int:
+def _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what, save_inputs) -> int:
     from horizon_exec.train.loop import LoopConfig, TrainLoop
 
     cfg = LoopConfig(steps=args.steps, schedule=sched, eval_every=args.eval_every,
@@ -289,10 +356,10 @@ def _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what) -
                      save_every=args.ckpt_interval, keep_ckpts=args.keep_ckpts, peak_flops=peak,
                      progress=not args.no_progress, log_file=args.log_file)
     with TrainLoop(tr, ds, cfg, seed=args.seed) as loop:
-        return _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what)
+        return _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what, save_inputs)
 
 
-def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what) -> int:
+def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what, save_inputs) -> int:
     from horizon_exec.files import hf_checkpoint
     from horizon_exec.dtypes import TORCH_DTYPE
     from horizon_sim.units import fmt_bytes
@@ -355,7 +422,7 @@ def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what)
         from horizon_exec.train.save import save_hf
         tr.flush()  # every rank (a collective when pending): the master is final
         # one node: rank 0 writes from the shared store; several: every rank gathers, rank 0 writes
-        agree(tr.dist, lambda: save_hf(args, tr, loop, tok, init_dir)
+        agree(tr.dist, lambda: save_hf(args, tr, loop, save_inputs)
               if tr.dist.rank == 0 or tr.dist.nodes > 1 else None)
     return 0
 

@@ -136,6 +136,8 @@ def from_env(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistC
     if world % n or not 0 <= rank < world or not 0 <= local_rank < n:
         raise HorizonError(f"ranks: RANK={rank} WORLD_SIZE={world} LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={n}: "
                            "every node must run the same number of processes")
+    from horizon_exec.dist import watchdog
+    watchdog.start()  # a launcher killed outright takes this rank with it (watchdog.py)
     import torch.distributed as dist
     t = timedelta(seconds=timeout_s)
     cores = _pin_share(local_rank, n) if device == "cpu" and n > 1 else ()

@@ -50,6 +50,7 @@ from horizon_exec.files.fileio import (
     OutputError,
     aside_name,
     atomic_write_text,
+    fsync_dir,
     make_dirs,
     publish_dir,
     remove_dead_leftovers,
@@ -197,6 +198,19 @@ def _remove(folder: Path) -> None:
     except OSError:
         return
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def remove_checkpoints(ckpt_dir) -> list[Path]:
+    """Remove every step folder of ckpt_dir and its `latest` (a run told to start over,
+    --overwrite-ckpt; the caller holds the folder's lock); returns the folders removed."""
+    root = Path(ckpt_dir)
+    gone = [p for _, p in sorted(_step_folders(root))]
+    for p in gone:
+        _remove(p)
+    if (root / LATEST).is_file():
+        os.unlink(root / LATEST)
+    fsync_dir(root)
+    return gone
 
 
 def list_checkpoints(ckpt_dir) -> list[Path]:
@@ -534,9 +548,10 @@ def _field_defaults(spec) -> dict:
 
 RENAMED_FIELDS = {"policy": {"ckpt_every": "act_ckpt_every", "ckpt_on": "act_ckpt_on"}}
 """Spec fields renamed since a checkpoint may have been written: old name -> new name."""
-SAME_ON_DISK = {"policy": {"split_master"}}
+SAME_ON_DISK = {"policy": {"split_master"}, "model": {"init_std"}}
 """Fields that change how the host store holds the state, not what a checkpoint holds (a split
-master is saved as the fp32 master): a run may resume with another value."""
+master is saved as the fp32 master; the std of the random init, which a resume does not
+redo): a run may resume with another value."""
 
 
 def _check_compatible(p: Path, meta: dict, trainer) -> None:

@@ -6,11 +6,14 @@ Inputs
   PROMPT_FORMAT + response (prompt tokens are not targets: label -100; the response and
   the end-of-document token are), or {"messages": [{"role": ..., "content": ...}, ...]}
   (optionally "tools"): a conversation rendered by the tokenizer's chat template, exactly
-  as transformers' apply_chat_template renders it, with loss on the assistant turns only.
+  as transformers' apply_chat_template renders it, with loss on the assistant turns only
+  (chat_tokens.py: its ids and assistant mask; no end-of-document id after a template that
+  ends with its end-of-turn token).
 - any other file (.txt, .md, ...): UTF-8 text, the whole file one document.
 - none: the built-in corpus (BUILTIN_CORPUS).
 
-Documents are tokenized (tokenize.py: a tokenizer.json or bytes) with the special tokens the
+Documents are tokenized (tokenize.py: a tokenizer.json or bytes; a long one in pieces cut only
+where the ids do not change, so they are the whole text's) with the special tokens the
 tokenizer adds around a text (Llama's BOS; not targets: they carry nothing to predict), each
 followed by the tokenizer's end-of-document id, and concatenated into one stream. Packing
 cuts the stream into sequences of `seq` tokens whose targets are the next `seq` tokens
@@ -43,7 +46,8 @@ the package, so the demo and tests train on real text without downloading anythi
 PROMPT_FORMAT = "{instruction}\n\n"
 PROMPT_WITH_INPUT_FORMAT = "{instruction}\n\n{input}\n\n"
 SPLIT_SEED = 0x5EED  # the eval split does not move with --seed
-_TEXT_PIECE_CHARS = 1 << 16  # long texts are tokenized in pieces cut after a newline
+_TEXT_PIECE_CHARS = 1 << 16  # long texts are tokenized in pieces, cut only where the ids stay the same
+_CUT_TRIES = 8  # candidate cuts of each kind tried per piece before the piece grows
 TEMPLATE_TOKENS_PER_RECORD = 128
 """A chat template's own tokens per conversation beyond the record's bytes (role headers,
 default system prompts): an allowance for the admission's data bound."""
@@ -138,15 +142,18 @@ class TextFile:
     """A text file as one document, read piece by piece when it is tokenized."""
     path: Path
 
-    def pieces(self):
-        """Pieces of about _TEXT_PIECE_CHARS characters, cut after a newline where there is one."""
+    def pieces(self, keeps_ids=None):
+        """Pieces of about _TEXT_PIECE_CHARS characters, cut only where keeps_ids(text, cut)
+        (the tokenizer's: the ids of the two sides are the ids of the whole there); a text
+        with no such cut is one piece. keeps_ids None: every cut (bytes)."""
         with open(self.path, encoding="utf-8") as f:
             carry = ""
             while chunk := f.read(_TEXT_PIECE_CHARS):
                 text = carry + chunk
-                cut = text.rfind("\n") + 1 or len(text)
-                carry = text[cut:]
-                if text[:cut]:
+                # a cut needs text on its right to be verified: keep the last bit for the next round
+                cut = _find_cut(text, len(text) // 2, len(text) - _CUT_WINDOW, keeps_ids)
+                carry = text if cut is None else text[cut:]
+                if cut:
                     yield text[:cut]
             if carry:
                 yield carry
@@ -199,13 +206,41 @@ def read_documents(path=None) -> list:
         return [Document("".join(d.pieces())) if isinstance(d, TextFile) else d for d in docs]
 
 
-def _pieces(text: str) -> list[str]:
-    """A long text cut after newlines into pieces of about _TEXT_PIECE_CHARS (tokenizers
-    split at whitespace anyway, so ids barely change and batches stay small)."""
+_CUT_WINDOW = 1024
+"""Characters either side of a candidate cut that the tokenizer checks (tokenize.keeps_ids_at)."""
+
+
+def _find_cut(text: str, lo: int, hi: int, keeps_ids) -> int | None:
+    """A cut in (lo, hi] where the ids do not change: after a newline, else before a space
+    (a SentencePiece tokenizer marks a word start with the space, not the newline), the
+    latest first; None when no candidate keeps them."""
+    if hi <= lo:
+        return None
+    for mark, after in (("\n", 1), (" ", 0)):
+        end = hi
+        for _ in range(_CUT_TRIES):
+            i = text.rfind(mark, lo, end)
+            if i < 0:
+                break
+            cut = i + after
+            if lo < cut < len(text) and (keeps_ids is None or keeps_ids(text, cut)):
+                return cut
+            end = i
+    return None
+
+
+def _pieces(text: str, keeps_ids=None) -> list[str]:
+    """A long text cut into pieces of about _TEXT_PIECE_CHARS where the ids do not change
+    (keeps_ids: see _find_cut), so the pieces' ids are the whole text's; where no cut keeps
+    them the piece grows (a tokenizer that never allows one tokenizes the text whole)."""
     out, start = [], 0
     while len(text) - start > _TEXT_PIECE_CHARS:
-        cut = text.rfind("\n", start, start + _TEXT_PIECE_CHARS)
-        cut = cut + 1 if cut > start else start + _TEXT_PIECE_CHARS
+        hi, cut = start + _TEXT_PIECE_CHARS, None
+        while cut is None and hi < len(text):
+            cut = _find_cut(text, hi - _TEXT_PIECE_CHARS // 2, hi, keeps_ids)
+            hi += _TEXT_PIECE_CHARS
+        if cut is None:
+            break
         out.append(text[start:cut])
         start = cut
     out.append(text[start:])
@@ -237,13 +272,14 @@ def _doc_pieces(d, tokenizer):
     specials, the prompt, the text, its suffix specials and the end-of-document id."""
     if tokenizer.prefix_ids:
         yield False, list(tokenizer.prefix_ids)
+    keeps = getattr(tokenizer, "keeps_ids_at", None)
     if isinstance(d, TextFile):
-        yield from ((True, p) for p in d.pieces())
+        yield from ((True, p) for p in d.pieces(keeps))
     else:
         if d.prompt:
-            yield from ((False, p) for p in _pieces(d.prompt))
+            yield from ((False, p) for p in _pieces(d.prompt, keeps))
         if d.text:
-            yield from ((True, p) for p in _pieces(d.text))
+            yield from ((True, p) for p in _pieces(d.text, keeps))
     yield True, _closing_ids(tokenizer)
 
 
@@ -256,13 +292,10 @@ def _closing_ids(tokenizer) -> list[int]:
 
 
 def _chat_parts(c: Chat, tokenizer):
-    """(ids, target mask) of a rendered conversation: a token is a target when it starts
-    inside an assistant turn."""
-    text, spans = tokenizer.render_chat(list(c.messages), c.tools)
-    ids, offsets = tokenizer.encode_offsets(text)
-    tgt = [any(a <= s < b for a, b in spans) for s, _ in offsets]
-    closing = _closing_ids(tokenizer)
-    return ids + closing, tgt + [True] * len(closing)
+    """(ids, target mask) of a rendered conversation: apply_chat_template's ids and assistant
+    mask (chat_tokens.py)."""
+    from horizon_exec.files.chat_tokens import chat_tokens
+    return chat_tokens(tokenizer, list(c.messages), c.tools)
 
 
 class _Sink:

@@ -193,7 +193,10 @@ def atomic_write_text(path, text: str) -> None:
     """Replace `path` with `text` atomically (temporary file in the same folder + rename)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{owner_tag()}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    try:  # mkstemp makes it 0600; the published file is an ordinary one (0666 & ~umask)
+        os.fchmod(fd, 0o666 & ~umask())
+    finally:
+        os.close(fd)
     try:
         write_text(tmp, text)
         os.replace(tmp, path)

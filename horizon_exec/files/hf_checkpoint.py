@@ -19,6 +19,7 @@ result loads with `AutoModelForCausalLM.from_pretrained(dir)`.
 """
 import json
 import shutil
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -29,7 +30,7 @@ from horizon_exec.model.layout import host_layout
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Holds, Space
 from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
-from horizon_sim.specs.hf_config import from_hf_config
+from horizon_sim.specs.hf_config import IGNORED, from_hf_config, load_model, model_source
 from horizon_sim.specs.hf_export import to_hf_config_dict
 from horizon_sim.specs.model import ModelSpec
 
@@ -39,9 +40,14 @@ SAVE_DTYPES = {"fp32": (torch.float32, "float32"), "bf16": (torch.bfloat16, "bfl
 DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' long-standing save_pretrained default
 # Files that make a saved folder a usable model besides the weights; copied from the source.
 MODEL_SIDE_FILES = ("generation_config.json",)
-SIDE_FILES = (*MODEL_SIDE_FILES, *TOKENIZER_FILES, "tokenizer.model", "vocab.json", "merges.txt")
-_SHAPE_FIELDS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "hd", "ffn_hidden", "vocab",
-                 "tied_embeddings", "qkv_bias", "mlp_bias", "norm_eps", "rope_theta")
+SIDE_FILES = (*MODEL_SIDE_FILES, *TOKENIZER_FILES)
+_SHAPE_FIELDS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "hd", "ffn_hidden", "ffn_type", "vocab",
+                 "tied_embeddings", "qkv_bias", "mlp_bias", "norm")
+"""What a checkpoint's tensors fix: a config that differs here describes another model."""
+OVERRIDABLE = ("rope_theta", "rope_scaling", "max_position", "layer_windows", "norm_eps", "init_std")
+"""What the same weights may be trained with otherwise (a context extension changes rope
+scaling and max positions, perhaps the window): --model's value wins over --init-from's."""
+HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints carry
 
 
@@ -55,11 +61,89 @@ def resolve_checkpoint(name) -> Path:
 
 
 def spec_from_hf_dir(path) -> ModelSpec:
-    """ModelSpec of a local checkpoint folder (validates model_type: llama, qwen2, mistral)."""
+    """ModelSpec of a local checkpoint folder (validates model_type: llama, qwen2, mistral).
+    tie_word_embeddings true with an lm_head.weight in the weights that differs from the
+    embedding is an untied model, as transformers loads it (it keeps both, with a warning)."""
     p = Path(path)
     if not p.is_dir():
         raise HorizonError(f"HF checkpoint {str(p)!r} is not a folder (want config.json + *.safetensors)")
-    return from_hf_config(p)
+    spec = from_hf_config(p)
+    if spec.tied_embeddings and distinct_head(p):
+        spec = replace(spec, tied_embeddings=False)
+    return spec
+
+
+def distinct_head(path) -> bool:
+    """Whether a folder's weights hold an lm_head.weight that is not equal to the embedding
+    (transformers 5 compares them with torch.equal and ties only equal ones)."""
+    from safetensors import safe_open
+    d = Path(path)
+    where: dict[str, str] = {}
+    try:
+        for fname, names in weight_files(d).items():
+            if names is None:
+                with safe_open(str(d / fname), framework="pt", device="cpu") as f:
+                    names = list(f.keys())
+            where.update({n: fname for n in names if n in (HEAD, EMBED)})
+        if HEAD not in where or EMBED not in where:
+            return False
+        with safe_open(str(d / where[HEAD]), framework="pt", device="cpu") as f:
+            head = f.get_tensor(HEAD)
+        with safe_open(str(d / where[EMBED]), framework="pt", device="cpu") as f:
+            return tuple(head.shape) != tuple(f.get_slice(EMBED).get_shape()) or not torch.equal(head, f.get_tensor(EMBED))
+    except HorizonError:
+        raise
+    except Exception as e:  # a truncated or corrupt file: load_hf names it
+        raise HorizonError(f"{d}: cannot read the weights ({type(e).__name__}: {e})") from None
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """The model an --init-from run trains: the checkpoint's spec with --model's overridable
+    fields over it."""
+    spec: ModelSpec
+    overridden: tuple[str, ...]
+    """OVERRIDABLE fields --model changed (empty: none, or no --model)."""
+    untied_head: bool
+    """The config ties the head but the weights hold a distinct one (trained untied)."""
+
+
+def run_model(init_dir, model_arg=None) -> RunModel:
+    """--init-from DIR [--model CFG]: shapes must agree (refused naming the field); rope
+    scaling, max positions, sliding windows, rms eps and init std are CFG's (with_overrides)."""
+    d = Path(init_dir)
+    spec = spec_from_hf_dir(d)
+    declared = from_hf_config(d)
+    if model_arg is None:
+        return RunModel(spec, (), spec.tied_embeddings != declared.tied_embeddings)
+    over = load_model(model_arg)
+    check_same_shapes(over, declared, f"--init-from {init_dir}", f"--model {model_arg}")
+    merged, changed = with_overrides(spec, over)
+    return RunModel(merged, changed, spec.tied_embeddings != declared.tied_embeddings)
+
+
+def with_overrides(base: ModelSpec, over: ModelSpec) -> tuple[ModelSpec, tuple[str, ...]]:
+    """(base with over's OVERRIDABLE fields, the names of those that changed)."""
+    changed = tuple(f for f in OVERRIDABLE if getattr(base, f) != getattr(over, f))
+    return replace(base, **{f: getattr(over, f) for f in OVERRIDABLE}), changed
+
+
+def base_config(init_dir, model_arg=None) -> dict | None:
+    """The config.json a --save-hf starts from: --init-from's, or --model's file; with both,
+    --model's (the config the run trained with) keeping --init-from's metadata it lacks
+    (token ids, architectures...). None: a preset without --init-from (hf_export writes it)."""
+    init = _read_config(Path(init_dir) / "config.json") if init_dir is not None else None
+    if model_arg is None:
+        return init
+    src = model_source(model_arg)
+    over = _read_config(src) if src is not None else to_hf_config_dict(load_model(model_arg))
+    if init is None:
+        return over if src is not None else None
+    return {**{k: v for k, v in init.items() if k in IGNORED}, **over}
+
+
+def _read_config(path: Path) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def check_same_shapes(a: ModelSpec, b: ModelSpec, where: str, what: str = "the model being trained") -> None:
@@ -213,6 +297,8 @@ def hf_config_dict(spec: ModelSpec, dtype: str, base: dict | None = None) -> dic
     """config.json for a save: the source checkpoint's own config when given (it describes
     the same model, and keeps fields we do not model, like token ids), else hf_export's."""
     d = dict(base) if base is not None else to_hf_config_dict(spec)
+    if d.get("tie_word_embeddings", False) != spec.tied_embeddings:  # a distinct head kept (spec_from_hf_dir)
+        d["tie_word_embeddings"] = spec.tied_embeddings
     d["torch_dtype"] = d["dtype"] = SAVE_DTYPES[dtype][1]  # transformers 4.x and 5.x names
     return d
 
@@ -274,12 +360,23 @@ def _write_shards(tmp: Path, shards, tdt, real) -> None:
     write_text(tmp / INDEX, json.dumps({"metadata": {"total_size": total}, "weight_map": wmap}, indent=2) + "\n")
 
 
+def copied_side_file(f: Path) -> bool:
+    """Whether a save copies the side file `f` (never one that would stand for its weights or config)."""
+    return f.is_file() and f.name not in ("config.json", INDEX) and not f.name.endswith(".safetensors")
+
+
 def _write_side(tmp: Path, trainer, dtype: str, base_config, side_files) -> None:
+    """config.json and the side files: paths (copied now) or (name, contents) read earlier."""
     cfg = hf_config_dict(trainer.model, dtype, base_config)
     write_text(tmp / "config.json", json.dumps(cfg, indent=2) + "\n")
     for f in side_files:
+        if isinstance(f, tuple):
+            name, data = f
+            if name not in ("config.json", INDEX) and not name.endswith(".safetensors") and "/" not in name:
+                (tmp / name).write_bytes(data)
+            continue
         f = Path(f)
-        if f.is_file() and f.name not in ("config.json", INDEX) and not f.name.endswith(".safetensors"):
+        if copied_side_file(f):
             shutil.copyfile(f, tmp / f.name)
 
 

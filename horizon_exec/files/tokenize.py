@@ -14,12 +14,18 @@ from pathlib import Path
 
 from horizon_sim.errors import HorizonError
 
+BYTES = "bytes"
+"""--tokenizer's name for ByteTokenizer (an --init-from folder without a tokenizer needs it said)."""
 # End-of-document tokens, in the order they are looked for when tokenizer_config.json does
 # not name one: GPT-2/Qwen, Llama-2/Mistral, Llama-3, Gemma.
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
-# Files of a tokenizer folder that a saved model carries along (transformers reads them).
+# Files of a tokenizer folder that a saved model carries along: every one transformers' tokenizer
+# classes of the supported families read (fast and slow: a slow or sentencepiece-based load of
+# the saved folder needs tokenizer.model, vocab.json + merges.txt, Mistral's tekken.json /
+# tokenizer.model.v3).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja", "chat_template.json", "added_tokens.json")
+                   "chat_template.jinja", "chat_template.json", "added_tokens.json",
+                   "tokenizer.model", "tokenizer.model.v3", "vocab.json", "merges.txt", "tekken.json")
 
 
 class ByteTokenizer:
@@ -35,7 +41,7 @@ class ByteTokenizer:
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [list(t.encode("utf-8")) for t in texts]
 
-    def render_chat(self, messages, tools=None):
+    def chat_reference(self):
         raise HorizonError("chat data ('messages') needs a tokenizer with a chat template "
                            "(--tokenizer, or an --init-from folder holding tokenizer.json)")
 
@@ -68,6 +74,7 @@ class HFTokenizer:
         # The file itself plus its folder's companions (config, special tokens, chat template).
         self.files = (p, *(self.folder / n for n in TOKENIZER_FILES[1:] if (self.folder / n).is_file()))
         self._hf = None
+        self._special = None
 
     def _specials(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The ids the tokenizer's post-processor puts before and after one text (transformers
@@ -83,6 +90,15 @@ class HFTokenizer:
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
+    def keeps_ids_at(self, text: str, cut: int, window: int = 1024) -> bool:
+        """Whether tokenizing text[:cut] and text[cut:] apart gives the ids of the whole
+        around the cut (checked on `window` characters either side: a pre-tokenizer's split
+        there makes the cut exact; a SentencePiece tokenizer would add its word-start mark to
+        a piece that begins a line, and one without pre-tokenizer merges across anything)."""
+        left, right = text[max(0, cut - window):cut], text[cut:cut + window]
+        a, b, whole = self.tok.encode_batch([left, right, left + right], add_special_tokens=False)
+        return a.ids + b.ids == whole.ids
+
     def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """ids and (start, end) character offsets of one text, no special tokens added."""
         e = self.tok.encode(text, add_special_tokens=False)
@@ -90,33 +106,27 @@ class HFTokenizer:
 
     def render_chat(self, messages: list, tools=None) -> tuple[str, list[tuple[int, int]]]:
         """(text, [(start, end) character spans of the assistant turns]) of one conversation,
-        rendered by the folder's chat template exactly as transformers' apply_chat_template
-        renders it. The spans come from rendering the conversation prefix by prefix: turn i
-        spans from the end of messages[:i] with the generation prompt to the end of
-        messages[:i + 1] (its content and end-of-turn marker; on a template with
-        `{% generation %}` blocks this equals transformers' assistant mask, which tests check).
-        A template that rewrites earlier turns is refused."""
-        hf = self._transformers()
-        kw = dict(tools=tools, tokenize=False)
+        rendered by the folder's chat template exactly as apply_chat_template renders it; the
+        spans as chat_tokens.py defines them (without {% generation %} blocks)."""
+        from horizon_exec.files.chat_tokens import render_spans
         try:
-            full = hf.apply_chat_template(messages, **kw)
-            spans = []
-            for i, msg in enumerate(messages):
-                if msg.get("role") != "assistant":
-                    continue
-                before = hf.apply_chat_template(messages[:i], add_generation_prompt=True, **kw) if i else ""
-                upto = hf.apply_chat_template(messages[:i + 1], **kw)
-                if not (upto.startswith(before) and full.startswith(upto)):
-                    raise HorizonError(f"the chat template of {self.folder} does not render a conversation "
-                                       "prefix by prefix (it rewrites earlier turns), so the assistant's "
-                                       "tokens cannot be told apart; use 'instruction'/'response' records")
-                spans.append((len(before), len(upto)))
+            return render_spans(self.chat_reference(), messages, tools, self.folder)
         except HorizonError:
             raise
         except Exception as e:  # the template raised (raise_exception), or a message is malformed
             raise HorizonError(f"chat template of {self.folder}: {type(e).__name__}: "
                                f"{str(e).splitlines()[0] if str(e) else ''}") from None
-        return full, spans
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the special added tokens (<|im_end|>, <|eot_id|>, </s>...)."""
+        if self._special is None:
+            self._special = frozenset(i for i, t in self.tok.get_added_tokens_decoder().items() if t.special)
+        return self._special
+
+    def chat_reference(self):
+        """transformers' tokenizer of the folder (its chat template is the reference)."""
+        return self._transformers()
 
     def _transformers(self):
         if self._hf is None:

@@ -57,7 +57,8 @@ def _yarn(m: ModelSpec, device):
     def corr_dim(rot):
         return (dim * math.log(s.original_max_position / (rot * 2 * math.pi))) / (2 * math.log(base))
 
-    low, high = corr_dim(s.beta_fast), corr_dim(s.beta_slow)
+    # 0 means the default, as transformers' `beta_fast or 32` (a 0 would divide by zero)
+    low, high = corr_dim(s.beta_fast or 32.0), corr_dim(s.beta_slow or 1.0)
     if s.truncate:
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, dim - 1)

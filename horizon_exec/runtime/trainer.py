@@ -76,7 +76,6 @@ from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
-INIT_STD = 0.02  # transformers' initializer_range default for Llama/Qwen2
 ON_NONFINITE = ("skip", "stop")
 
 
@@ -281,7 +280,7 @@ class Trainer:
                     elif name.endswith(".bias"):
                         t.zero_()
                     else:
-                        t.copy_(torch.randn(t.shape, generator=gen) * INIT_STD)
+                        t.copy_(torch.randn(t.shape, generator=gen) * self.model.init_std)
                 if not in_place:
                     self.master.write_whole(u, whole)
         self._refresh_working_copy()

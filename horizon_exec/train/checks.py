@@ -20,6 +20,12 @@ def check_train_args(a) -> None:
             raise HorizonError(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= 0")
     if a.model is None and a.init_from is None:
         raise HorizonError("give --model (a preset or config.json) or --init-from (an HF checkpoint folder)")
+    for flag in ("save_hf", "ckpt_dir", "log_file"):  # an empty path would be taken as "not given"
+        if getattr(a, flag) == "":
+            raise HorizonError(f"--{flag.replace('_', '-')} is empty; give a path (or leave the flag out)")
+    if a.overwrite_ckpt and (not a.ckpt_dir or a.resume is not None):
+        raise HorizonError("--overwrite-ckpt starts a fresh run over the checkpoints of --ckpt-dir: it needs "
+                           "--ckpt-dir and no --resume")
     if a.resume == "" and not a.ckpt_dir:
         raise HorizonError("--resume without a folder needs --ckpt-dir")
     if a.ckpt_interval and not a.ckpt_dir:

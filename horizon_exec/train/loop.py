@@ -20,13 +20,13 @@ update first, which changes nothing numerically: the same per-unit updates run, 
 Resume verifies checksums while it reads, and falls back to the previous checkpoint (with a
 warning) when the latest is damaged (ckpt.py).
 
-Signals: while run() runs in the main thread, the first SIGINT or SIGTERM lets the current
+Signals: while run() runs in the main thread, the first SIGINT, SIGTERM or SIGHUP lets the current
 step finish (and its checkpoint or eval, if in one), writes a checkpoint (when ckpt_dir is set
 and the step has none yet) and raises Interrupted at that step boundary; a step that makes no
 progress after it (a stuck op) is given up after engine.STOP_GRACE_S; a second signal raises
 Interrupted at once (mid-step, or mid-write: a checkpoint being written is abandoned under its
 temporary name, so the last complete one stays intact), naming what it abandoned. The CLI
-exits 128 + the signal number (130, 143).
+exits 128 + the signal number (130, 143, 129).
 
 Non-finite steps (the trainer's on_nonfinite): a skipped step is logged ("skipped" in the
 JSON line, a message); 'stop' raises NonFiniteError out of run().
@@ -85,7 +85,7 @@ class LoopConfig:
     log_window: int = 10
     """Steps averaged for the tokens/s and MFU shown."""
     handle_signals: bool = True
-    """Stop at a step boundary on SIGINT/SIGTERM (module docstring); only from the main thread."""
+    """Stop at a step boundary on SIGINT/SIGTERM/SIGHUP (module docstring); only from the main thread."""
 
     def __post_init__(self):
         for f in ("steps",):

@@ -12,8 +12,19 @@ rename; --log-file opened for appending), that --save-hf holds nothing but an HF
 another output. check_space compares what the writes need with the free space of each file
 system (outputs on one file system add up). Every refusal is one HorizonError line naming the
 flag, the path and what is needed. No torch here: the checks run before anything is built.
+
+Work already on disk is not lost to a new run (issue 30): a fresh run (no --resume) in a
+--ckpt-dir that holds checkpoints is refused unless --overwrite-ckpt says to start over (its
+checkpoints are then removed once the run holds the folder's lock); a `latest` that is a
+folder is refused (a resume would work, then the run would fail to replace it after training). follow_save_hf writes
+through a --save-hf symbolic link into its target (created when missing) instead of replacing
+the link. check_file_sizes compares the largest file the run writes (a checkpoint's state,
+an HF shard) with the file size limit (`ulimit -f`) up front, as check_space does with the
+free space.
 """
 import os
+import re
+import resource
 import tempfile
 from pathlib import Path
 
@@ -79,14 +90,97 @@ def _log_file(path: Path) -> None:
         raise HorizonError(f"--log-file {str(path)!r}: cannot append to it: {os_error_text(e)}") from None
 
 
-def prepare_outputs(*, ckpt_dir=None, save_hf=None, log_file=None, init_from=None) -> None:
-    """Check (and create) every output before the run starts (module docstring)."""
+_STEP = re.compile(r"step-[0-9]+")   # ckpt.py's step folders (not imported: that module needs torch)
+
+
+def step_folders(folder: Path) -> list[Path]:
+    """The checkpoint step folders of a --ckpt-dir: its own and, of a run over several nodes,
+    those of its node-J folders."""
+    found = []
+    for d in [folder, *sorted(folder.glob("node-*"))]:
+        try:
+            found += sorted(p for p in d.iterdir() if _STEP.fullmatch(p.name) and p.is_dir())
+        except OSError:
+            continue
+    return found
+
+
+def _ckpt_dir(folder: Path, resume, overwrite: bool) -> None:
+    from horizon_exec.files import ckpt_lock
+
+    _folder(folder, "--ckpt-dir")
+    for d in [folder, *sorted(folder.glob("node-*"))]:
+        latest = d / "latest"
+        if latest.is_dir() and not latest.is_symlink():  # a rename cannot replace a folder by a file
+            raise HorizonError(f"--ckpt-dir: {str(latest)!r} is a folder; every checkpoint replaces this file "
+                               "(it names the newest step folder): move the folder away")
+    if resume is not None:
+        return
+    # another run writing here is reported as such (its lock), not as checkpoints in the way
+    ckpt_lock.release(ckpt_lock.acquire(folder))
+    found = step_folders(folder)
+    if found and not overwrite:
+        raise HorizonError(f"--ckpt-dir {str(folder)!r} holds the checkpoints of an earlier run ({len(found)}, "
+                           f"newest {found[-1].name}); continue it with --resume, start over with "
+                           "--overwrite-ckpt (they are removed), or give another --ckpt-dir")
+
+
+def follow_save_hf(save_hf: str) -> str:
+    """--save-hf as the run writes it: a symbolic link is followed to its target (the link is
+    kept and the save goes where it points; a missing target is created like any --save-hf),
+    since the save replaces the folder by a rename, which would replace the link instead."""
+    p = Path(save_hf)
+    if not p.is_symlink():
+        return save_hf
+    target = os.path.realpath(p)
+    if Path(target).is_symlink():   # a loop: realpath gives up on it
+        raise HorizonError(f"--save-hf {save_hf!r}: a symbolic link that leads nowhere (a loop); give a folder")
+    return target
+
+
+def prepare_outputs(*, ckpt_dir=None, save_hf=None, log_file=None, init_from=None, resume=None,
+                    overwrite_ckpt=False) -> None:
+    """Check (and create) every output before the run starts (module docstring). resume: the
+    --resume value (None: a fresh run); overwrite_ckpt: a fresh run may replace the
+    checkpoints in ckpt_dir."""
     if save_hf:
         _save_hf(Path(save_hf), init_from, {"--ckpt-dir": ckpt_dir, "--log-file": log_file})
     if ckpt_dir:
-        _folder(Path(ckpt_dir), "--ckpt-dir")
+        _ckpt_dir(Path(ckpt_dir), resume, overwrite_ckpt)
     if log_file:
         _log_file(Path(log_file))
+
+
+def file_size_limit() -> int | None:
+    """The largest file this process may write (`ulimit -f`, RLIMIT_FSIZE), None: unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def check_file_sizes(needs) -> None:
+    """needs: [(flag, file, bytes of the largest file written there)]. HorizonError when one
+    is over the file size limit: the write would fail with EFBIG after training."""
+    limit = file_size_limit()
+    if limit is None:
+        return
+    for flag, path, nbytes in needs:
+        if nbytes > limit:
+            raise HorizonError(f"{flag}: {path} would be {fmt_bytes(nbytes)}, over this process's file size "
+                               f"limit of {fmt_bytes(limit)} (ulimit -f); raise the limit"
+                               + (" or lower --save-shard-size" if flag == "--save-hf" else "")
+                               + " (--no-admission skips this check)")
+
+
+def largest_shard_bytes(tensor_bytes, max_shard_bytes: int) -> int:
+    """The largest safetensors file of an HF save whose tensors (in order) take `tensor_bytes`
+    each, filled greedily up to max_shard_bytes (hf_checkpoint._shards' rule)."""
+    largest = size = 0
+    for n in tensor_bytes:
+        if size and size + n > max_shard_bytes:
+            size = 0
+        size += n
+        largest = max(largest, size)
+    return largest
 
 
 def free_bytes(folder: Path) -> int | None:

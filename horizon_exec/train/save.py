@@ -2,8 +2,13 @@
 --save-hf after the last one: under signal handling (the first SIGINT/SIGTERM lets the save
 finish, then the run exits 130/143; a second aborts it and nothing half-written stays), with a
 write failure as one line naming the folder, the space it needs and where the trained weights
-still are."""
-import json
+still are.
+
+What the save copies besides the weights (the source config.json, the tokenizer's files, the
+generation config) is read when the run starts (read_save_inputs), so a folder deleted or
+swapped during training changes nothing: the save writes what the model was trained with, and
+a file that cannot be read is refused before the first step, named."""
+from dataclasses import dataclass
 from pathlib import Path
 
 from horizon_exec.files import hf_checkpoint
@@ -11,21 +16,34 @@ from horizon_exec.files.hf_checkpoint import SAVE_DTYPES
 from horizon_exec.files.ckpt import checkpoint_bytes
 from horizon_exec.files.fileio import OutputError, write_failure
 from horizon_exec.train.loop import Interrupted
-from horizon_exec.train.outputs import check_space
+from horizon_exec.train.outputs import check_file_sizes, check_space, largest_shard_bytes
 from horizon_exec.train.stop_signals import StopSignals, say
 from horizon_exec.train.stop_signals import name as signal_name
-from horizon_sim.specs.hf_config import model_source
+from horizon_sim.errors import HorizonError
 from horizon_sim.units import parse_size
 
 
 def check_space_for(args, tr) -> None:
-    """Room for one checkpoint and the --save-hf folder, before the first step."""
-    needs = []
+    """Room for one checkpoint and the --save-hf folder, and files within the file size
+    limit, before the first step."""
+    needs, files = [], []
     if args.ckpt_dir:
         needs.append(("--ckpt-dir", Path(args.ckpt_dir), checkpoint_bytes(tr)))
+        # the state file is the checkpoint less the slack checkpoint_bytes allows for the rest
+        files.append(("--ckpt-dir", Path(args.ckpt_dir) / "step-N" / "state.safetensors",
+                      checkpoint_bytes(tr) - (1 << 20)))
     if args.save_hf:
         needs.append(("--save-hf", Path(args.save_hf).parent, _hf_bytes(args, tr)))
+        itemsize = SAVE_DTYPES[args.save_dtype][0].itemsize
+        files.append(("--save-hf", Path(args.save_hf) / "model*.safetensors", largest_shard_bytes(
+            (e.numel * itemsize for e in _hf_entries(tr)), parse_size(args.save_shard_size, "--save-shard-size"))))
     check_space(needs)
+    check_file_sizes(files)
+
+
+def _hf_entries(tr):
+    from horizon_exec.model.layout import host_layout
+    return [e for u in tr.units for e in host_layout(tr.model, u).entries]
 
 
 def _hf_bytes(args, tr) -> int:
@@ -33,15 +51,42 @@ def _hf_bytes(args, tr) -> int:
     return sum(host_layout(tr.model, u).numel for u in tr.units) * SAVE_DTYPES[args.save_dtype][0].itemsize
 
 
-def save_hf(args, tr, loop, tok, init_dir) -> None:
-    """--save-hf; a write failure is one line naming the folder, the need, and where the
-    trained weights still are."""
+@dataclass(frozen=True)
+class SaveInputs:
+    """What --save-hf copies besides the weights, as read at the start of the run."""
+    base_config: dict | None
+    """The source config.json (kept, only what training changed is rewritten), or None."""
+    side: tuple[tuple[str, bytes], ...]
+    """(file name, contents) of the tokenizer's files and the model's side files."""
+
+
+def read_save_inputs(args, tok, init_dir) -> SaveInputs:
+    """Read now what the save copies at the end (module docstring); a file that cannot be read
+    is a HorizonError naming it (exit 2, before the first step)."""
     # The source config.json is kept (only what training changed is rewritten) and the
     # tokenizer the model was trained with goes along, chat template included.
-    src = (init_dir / "config.json") if init_dir is not None else (
-        model_source(args.model) if args.model else None)
-    base = json.loads(src.read_text()) if src is not None else None
-    side = [*tok.files, *hf_checkpoint.model_side_files(init_dir)]
+    try:
+        base = hf_checkpoint.base_config(init_dir, args.model)
+    except (OSError, ValueError) as e:
+        where = getattr(e, "filename", None) or args.init_from or args.model
+        raise HorizonError(f"--save-hf: cannot read the model's config {where} to copy: "
+                           f"{getattr(e, 'strerror', None) or e}") from None
+    side = []
+    for f in (*tok.files, *hf_checkpoint.model_side_files(init_dir)):
+        f = Path(f)
+        if not hf_checkpoint.copied_side_file(f):
+            continue
+        try:
+            side.append((f.name, f.read_bytes()))
+        except OSError as e:
+            raise HorizonError(f"--save-hf: cannot read {f} to copy: {e.strerror or e}") from None
+    return SaveInputs(base, tuple(side))
+
+
+def save_hf(args, tr, loop, inputs: SaveInputs | None) -> None:
+    """--save-hf; a write failure is one line naming the folder, the need, and where the
+    trained weights still are. inputs: read_save_inputs's, from the start of the run."""
+    base, side = (inputs.base_config, inputs.side) if inputs is not None else (None, ())  # None: not the writer
     save_shard = parse_size(args.save_shard_size, "--save-shard-size")
     ck = loop.last_ckpt[1] if loop.last_ckpt and loop.last_ckpt[0] == loop.step else None
 

@@ -1,14 +1,16 @@
-"""SIGINT/SIGTERM around work that must end cleanly (a training loop, an HF save): the first
+"""SIGINT/SIGTERM/SIGHUP around work that must end cleanly (a training loop, an HF save): the first
 signal is recorded and the work is asked to stop at its next safe point; a second one raises
 at once, and the work's own cleanup (a staging folder's removal, a checkpoint abandoned under
 its temporary name) runs as the exception unwinds. The process then exits 128 + the signal
-(130, 143). Handlers are installed only in the main thread (Python delivers signals there).
+(130, 143, 129). Handlers are installed only in the main thread (Python delivers signals there).
+SIGHUP (the terminal or ssh session went away) is a stop request like SIGTERM: its default
+action killed the run at once, losing everything since the last checkpoint.
 """
 import os
 import signal
 import threading
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class StopSignals:

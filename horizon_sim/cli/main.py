@@ -1,13 +1,31 @@
 """The `horizon` command. Each subcommand is a module with configure(parser) and run(args);
 modules are torch-free at import, so `horizon plan` starts fast and `horizon train` loads
 torch only when it runs."""
-import argparse
-import contextlib
-import importlib
 import os
+import signal
 import sys
 
-from horizon_sim.cli.stdout_guard import keep_running_without_stdout
+
+def _interrupted_at_start(signum, frame):
+    """Ctrl-C while the command is still importing and building its parser: nothing has been
+    done yet, so one line and exit 130, not a KeyboardInterrupt traceback from an import."""
+    try:
+        os.write(2, b"horizon: interrupted\n")
+    finally:
+        os._exit(130)
+
+
+# Only as the program (`python -m horizon_sim.cli.main`, the `horizon` script), not when a test or
+# a library imports this module; not where SIGINT is ignored (a background job).
+if ((__name__ == "__main__" or os.path.basename(sys.argv[0] or "") == "horizon")
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+    signal.signal(signal.SIGINT, _interrupted_at_start)
+
+import argparse  # noqa: E402 - after the handler: these imports are what Ctrl-C interrupted
+import contextlib  # noqa: E402
+import importlib  # noqa: E402
+
+from horizon_sim.cli.stdout_guard import keep_running_without_stdout, reopen_closed_std_fds  # noqa: E402
 from horizon_sim.errors import HorizonError
 
 # name -> (module, one-line help). Order is the order of `horizon --help`.
@@ -42,7 +60,15 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
     """Run `horizon` on argv (default sys.argv[1:]), or on arguments already parsed (`args`,
     with .cmd: a worker of a data-parallel run gets its parent's)."""
-    args = _parser().parse_args(argv) if args is None else args
+    reopen_closed_std_fds()  # `horizon train >&-`: output dropped, the run goes on (stdout_guard.py)
+    if args is None:
+        try:
+            args = _parser().parse_args(argv)
+        except KeyboardInterrupt:
+            print("horizon: interrupted", file=sys.stderr)
+            return 130
+    if signal.getsignal(signal.SIGINT) is _interrupted_at_start:  # the command's own handling from here
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     mod = importlib.import_module(COMMANDS[args.cmd][0])
     # A command whose product is files (training) does not stop when its stdout fails
     # (stdout_guard.py); the others' product is their output, so a reader that left ends them.
@@ -60,7 +86,11 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         # `horizon plan | head`: the reader left, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except OSError as e:  # stdout on a full disk, a quota, an I/O error: the output is lost, say so
+    except OSError as e:
+        if e.filename is not None:  # a file or folder no message above named: name it now
+            print(f"horizon {args.cmd}: error: {_os_error_on(e)}", file=sys.stderr)
+            return 1
+        # stdout on a full disk, a quota, an I/O error: the output is lost, say so
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
         print(f"horizon {args.cmd}: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
         return 1
@@ -73,6 +103,12 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
               f"memory (ulimit -v, other processes) or make the run smaller (--batch, --seq, --loss-chunk-tokens)",
               file=sys.stderr)
         return 1
+
+
+def _os_error_on(e: OSError) -> str:
+    """'<path>: <why>' (with the second path of a rename or a link): what failed, and on what."""
+    where = os.fsdecode(e.filename) + (f" -> {os.fsdecode(e.filename2)}" if e.filename2 is not None else "")
+    return f"{where}: {e.strerror or e}"
 
 
 if __name__ == "__main__":

@@ -6,6 +6,13 @@ Why go on rather than stop: a training run's product is its checkpoints and --sa
 its progress lines are a view of it. Stopping on a closed pipe would throw away the work
 since the last checkpoint because someone stopped reading, and a run that completes has
 succeeded, whatever happened to its progress lines, so the exit status stays the run's own.
+stderr is guarded the same way (the progress bar draws there: `horizon train 2>&1 >/dev/null |
+head -c 10` killed the run at its first redraw), silently: there is nowhere left to say it.
+
+reopen_closed_std_fds: a command started with a standard descriptor closed (`horizon train >&-`)
+had sys.stdout None (an AttributeError at its first print) and would hand that descriptor's
+number to the next file it opened (a checkpoint written where output goes): the entry point
+puts /dev/null on any of 0-2 that is closed before anything else runs.
 """
 import contextlib
 import os
@@ -51,20 +58,39 @@ class _Guarded:
         return getattr(self._inner, name)
 
 
+def reopen_closed_std_fds() -> None:
+    """/dev/null on each of fds 0, 1, 2 that is closed, and sys.stdin/stdout/stderr over them
+    where Python left None (module docstring)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False, errors="backslashreplace" if fd == 2 else None))
+
+
 @contextlib.contextmanager
 def keep_running_without_stdout(cmd: str):
-    """sys.stdout guarded (module docstring) for the duration; one note on stderr when it fails."""
+    """sys.stdout and sys.stderr guarded (module docstring) for the duration; one note on
+    stderr when stdout fails."""
     def note(e: OSError) -> None:
         why = "the reader closed it" if isinstance(e, BrokenPipeError) else (e.strerror or str(e))
         with contextlib.suppress(OSError):
             print(f"horizon {cmd}: stdout failed ({why}); carrying on, its output is dropped "
                   f"(stderr and the output files are unaffected)", file=sys.stderr, flush=True)
 
-    old = sys.stdout
+    old, old_err = sys.stdout, sys.stderr
     guarded = _Guarded(old, note)
     sys.stdout = guarded
+    sys.stderr = guarded_err = _Guarded(old_err, lambda e: None)
     try:
         yield guarded
     finally:
         guarded.flush()
-        sys.stdout = old
+        guarded_err.flush()
+        sys.stdout, sys.stderr = old, old_err

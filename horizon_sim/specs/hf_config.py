@@ -8,19 +8,23 @@ model is ever dropped without a word. Field mapping (HF name -> ModelSpec field)
     num_hidden_layers   -> n_layers          (required)
     hidden_size         -> hidden            (required)
     num_attention_heads -> n_heads           (required)
-    num_key_value_heads -> n_kv_heads        (default: num_attention_heads)
+    num_key_value_heads -> n_kv_heads        (null: num_attention_heads)
     head_dim            -> head_dim          (0 when absent/null or equal to hidden // heads)
     intermediate_size   -> ffn_hidden        (required; always a gated SiLU MLP)
     vocab_size          -> vocab             (required)
-    tie_word_embeddings -> tied_embeddings   (default False, as in all three HF classes)
+    tie_word_embeddings -> tied_embeddings
     qwen2               -> qkv_bias = True   (Qwen2 always has q/k/v biases, never o/MLP biases)
     mlp_bias            -> mlp_bias          (llama only)
-    rms_norm_eps        -> norm_eps          (default 1e-6, as in all three HF classes)
+    rms_norm_eps        -> norm_eps
+    initializer_range   -> init_std          (the std of a random init)
     max_position_embeddings -> max_position  (dynamic RoPE and yarn read it)
     rope_parameters (transformers 5) or rope_scaling + rope_theta (4.x) -> rope_theta and
                            rope_scaling (linear, dynamic, yarn, llama3; see specs/rope.py)
     mistral sliding_window; qwen2 use_sliding_window, sliding_window, max_window_layers,
     layer_types            -> layer_windows   (the window of each block, 0 = full)
+
+An absent key takes the value transformers' config class gives it (hf_defaults.HF_DEFAULTS:
+e.g. a Mistral config without sliding_window has the 4096-token window).
 
 Refused: llama `attention_bias: true` (a bias on o too), attention dropout, partial rotary,
 rope types other than the four above, per-layer rope parameters, quantized checkpoints, code
@@ -35,6 +39,7 @@ from pathlib import Path
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
+from horizon_sim.specs.hf_defaults import with_hf_defaults
 from horizon_sim.specs.model import MAX_NORM_EPS, ModelSpec
 from horizon_sim.specs.model_presets import model_preset
 from horizon_sim.specs.rope import ROPE_KINDS, RopeScaling
@@ -42,7 +47,6 @@ from horizon_sim.specs.rope import ROPE_KINDS, RopeScaling
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 _SILU = ("silu", "swish")  # transformers maps both names to SiLU
 _DEFAULT_ROPE_THETA = 10000.0  # default_theta of all three HF config classes
-_DEFAULT_RMS_EPS = 1e-6  # rms_norm_eps default of all three HF config classes
 _QWEN2_MAX_WINDOW_LAYERS = 28  # Qwen2Config's default
 _QWEN2_SLIDING_WINDOW = 4096  # Qwen2Config's default
 
@@ -50,7 +54,7 @@ _QWEN2_SLIDING_WINDOW = 4096  # Qwen2Config's default
 _READ = {"model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
          "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings", "rms_norm_eps",
          "hidden_act", "max_position_embeddings", "rope_theta", "rope_parameters", "rope_scaling",
-         "attention_dropout"}
+         "attention_dropout", "initializer_range"}
 _READ_BY_TYPE = {
     "llama": {"attention_bias", "mlp_bias"},
     "qwen2": {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "use_mrope"},
@@ -64,7 +68,7 @@ IGNORED = frozenset({
     "_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype",
     "use_cache", "output_attentions", "output_hidden_states", "return_dict", "torchscript",
     "id2label", "label2id", "num_labels", "problem_type", "chunk_size_feed_forward",
-    "is_encoder_decoder", "initializer_range", "pretraining_tp",
+    "is_encoder_decoder", "pretraining_tp",
     "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
     "tokenizer_class", "prefix", "task_specific_params", "finetuning_task",
     "_attn_implementation", "_attn_implementation_autoset", "attn_implementation",
@@ -211,6 +215,14 @@ def _rope(cfg: dict, where: str) -> tuple[float, RopeScaling | None]:
                      ("mscale", "mscale"), ("mscale_all_dim", "mscale_all_dim")):
         if params.get(k) is not None:
             num[field] = _float(params[k], f"{key}.{k}", where, strict=False)
+    if num.get("factor", 1.0) < 1.0:  # yarn's null factor is derived; an explicit one below 1 is invalid
+        raise HorizonError(f"{where}: {key}.factor = {params['factor']!r} must be >= 1 (a context stretch)")
+    if num.get("attention_factor", 1.0) <= 0.0:
+        raise HorizonError(f"{where}: {key}.attention_factor = {params['attention_factor']!r} must be > 0 "
+                           "(or absent: derived from factor)")
+    for k, dflt in (("beta_fast", 32.0), ("beta_slow", 1.0)):
+        if num.get(k) == 0.0:  # transformers' `beta_fast or 32`, `beta_slow or 1`
+            num[k] = dflt
     if params.get("original_max_position_embeddings") is not None:
         num["original_max_position"] = _int(params, "original_max_position_embeddings", f"{where}: {key}")
     if "truncate" in params:
@@ -285,6 +297,7 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         raise HorizonError(f"{where}: model_type {mt!r} is not supported; allowed: "
                            f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     _check_fields(cfg, mt, where)
+    cfg = with_hf_defaults(cfg, mt)
     act = cfg.get("hidden_act", "silu")
     if act not in _SILU:
         raise HorizonError(f"{where}: hidden_act {act!r} is not supported; the gated MLP must use silu")
@@ -320,11 +333,12 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         qkv_bias=qkv_bias,
         mlp_bias=mlp_bias,
         norm="rmsnorm",
-        norm_eps=_norm_eps(eps, where) if eps is not None else _DEFAULT_RMS_EPS,
+        norm_eps=_norm_eps(eps, where),
         rope_theta=theta,
         rope_scaling=scaling,
         max_position=_int(cfg, "max_position_embeddings", where, default=0, minimum=0),
         layer_windows=_windows(cfg, mt, n_layers, where),
+        init_std=_float(cfg["initializer_range"], "initializer_range", where, strict=False),
     )
     try:
         fields["rope_scaling"] = _resolve(scaling, fields["max_position"])

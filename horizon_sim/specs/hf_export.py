@@ -69,13 +69,14 @@ def to_hf_config_dict(spec: ModelSpec) -> dict:
         "hidden_act": "silu",
         "tie_word_embeddings": spec.tied_embeddings,
         "rms_norm_eps": spec.norm_eps,
+        "initializer_range": spec.init_std,
         "rope_theta": spec.rope_theta,
         "rope_parameters": _rope_parameters(spec),
     }
     if spec.rope_scaling is not None:
         d["rope_scaling"] = {k: v for k, v in d["rope_parameters"].items() if k != "rope_theta"}
-    if spec.max_position:
-        d["max_position_embeddings"] = spec.max_position
+    # always written (0 = not given): absent, transformers would assume its class default
+    d["max_position_embeddings"] = spec.max_position
     if spec.head_dim and spec.head_dim * spec.n_heads != spec.hidden:
         d["head_dim"] = spec.head_dim
     if mt == "llama":

@@ -51,6 +51,8 @@ class ModelSpec:
     layer_windows: tuple[int, ...] = ()
     """Sliding-window attention per block: a query attends to itself and the window-1 tokens
     before it; 0 = the whole causal prefix. Empty = every block full (Llama)."""
+    init_std: float = 0.02
+    """Standard deviation of a random init's matrices (the HF config's initializer_range)."""
 
     def __post_init__(self):
         # JSON round trips (schedule meta, sweep rows) hand these back as dict / list.
@@ -83,6 +85,9 @@ class ModelSpec:
         if self.norm_eps > MAX_NORM_EPS:
             raise HorizonError(f"model norm_eps={self.norm_eps!r} must lie in (0, {MAX_NORM_EPS:g}] (it is added "
                                f"to the activations' mean square; usual values 1e-6 .. 1e-5)")
+        if (isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float))
+                or not math.isfinite(self.init_std) or self.init_std < 0):
+            raise HorizonError(f"model init_std={self.init_std!r} must be a finite number >= 0")
         if not isinstance(self.max_position, int) or self.max_position < 0:
             raise HorizonError(f"model max_position={self.max_position!r} must be an integer >= 0")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):

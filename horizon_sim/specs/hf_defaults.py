@@ -1,0 +1,40 @@
+"""What transformers assumes for a config.json key that is absent, per supported model_type:
+the keyword defaults of LlamaConfig, MistralConfig and Qwen2Config (transformers 5;
+tests/test_hf_config_defaults.py checks this table against the installed classes).
+
+hf_config fills every absent key from here before reading the file, so a config that leaves
+a field out trains the model transformers would build from it (a Mistral config without
+`sliding_window` gets the 4096-token window, not full attention; a Qwen2 config without
+`num_key_value_heads` gets 32 of them, not one per query head). An explicit null keeps its
+own meaning (num_key_value_heads null: one per query head; sliding_window null: none).
+The sizes (REQUIRED) stay required: a config without hidden_size is broken, not a 4096-wide
+model, and refusing it by name is not a silent difference.
+"""
+
+_COMMON = {
+    "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "hidden_act": "silu", "initializer_range": 0.02, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+    "rope_theta": 10000.0, "attention_dropout": 0.0,
+}
+
+HF_DEFAULTS: dict[str, dict] = {
+    "llama": {**_COMMON, "intermediate_size": 11008, "num_key_value_heads": None, "head_dim": None,
+              "max_position_embeddings": 2048, "attention_bias": False, "mlp_bias": False},
+    "mistral": {**_COMMON, "intermediate_size": 14336, "num_key_value_heads": 8, "head_dim": None,
+                "max_position_embeddings": 131072, "sliding_window": 4096},
+    "qwen2": {**_COMMON, "vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
+              "max_position_embeddings": 32768, "use_sliding_window": False, "sliding_window": 4096,
+              "max_window_layers": 28},
+}
+"""{model_type: {config key: the value transformers uses when the key is absent}}. rope_theta
+is the classes' default_theta (transformers 5 keeps it inside rope_parameters)."""
+
+
+REQUIRED = frozenset({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                      "num_attention_heads"})
+"""Keys hf_config refuses to guess (the model's sizes)."""
+
+
+def with_hf_defaults(cfg: dict, model_type: str) -> dict:
+    """cfg with every absent key of its family but the sizes filled in as transformers fills it."""
+    return {**{k: v for k, v in HF_DEFAULTS[model_type].items() if k not in REQUIRED}, **cfg}

@@ -1,0 +1,105 @@
+"""Issue 30, section 6: a config.json that leaves a field out trains the model transformers
+builds from it (HF_DEFAULTS equals the installed config classes' defaults); initializer_range
+is the std of a random init; yarn's beta_fast/beta_slow 0 mean their defaults (transformers'
+`or 32`) and an explicit factor below 1 or attention_factor 0 is refused in one line."""
+import inspect
+import json
+
+import pytest
+import torch
+
+from horizon_sim.errors import HorizonError
+from horizon_sim.specs.hf_config import from_hf_config, spec_from_config_dict
+from horizon_sim.specs.hf_defaults import HF_DEFAULTS
+
+SIZES = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=48, vocab_size=64)
+
+
+def _class(mt):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[mt]
+
+
+@pytest.mark.parametrize("mt", sorted(HF_DEFAULTS))
+def test_table_equals_the_installed_config_classes(mt):
+    cls = _class(mt)
+    params = inspect.signature(cls.__init__).parameters
+    for key, want in HF_DEFAULTS[mt].items():
+        have = cls.default_theta if key == "rope_theta" else params[key].default
+        assert have == want, (mt, key, have, want)
+
+
+@pytest.mark.parametrize("mt", sorted(HF_DEFAULTS))
+def test_a_minimal_config_reads_as_transformers_builds_it(mt, tmp_path):
+    """Only the sizes given (num_attention_heads 8 so that Mistral's and Qwen2's default kv
+    head counts divide it): every other field as transformers' class fills it in."""
+    from transformers import AutoConfig
+    d = {"model_type": mt, **SIZES, "num_attention_heads": 8, "hidden_size": 64}
+    if mt == "qwen2":
+        d["num_attention_heads"] = 32   # Qwen2's default num_key_value_heads is 32
+        d["hidden_size"] = 256
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    spec = from_hf_config(tmp_path)
+    hf = AutoConfig.for_model(mt, **{k: v for k, v in d.items() if k != "model_type"})
+    assert spec.n_kv_heads == hf.num_key_value_heads
+    assert spec.norm_eps == hf.rms_norm_eps
+    assert spec.rope_theta == hf.rope_parameters["rope_theta"]
+    assert spec.tied_embeddings == hf.tie_word_embeddings
+    assert spec.max_position == hf.max_position_embeddings
+    assert spec.init_std == hf.initializer_range
+    window = getattr(hf, "sliding_window", None) if mt == "mistral" else None
+    assert spec.layer_windows == ((window,) * 2 if window else ())
+    if mt == "mistral":
+        assert spec.layer_windows == (4096, 4096)  # the default window, not full attention
+
+
+def test_explicit_nulls_keep_their_meaning():
+    spec = spec_from_config_dict({"model_type": "mistral", **SIZES, "num_key_value_heads": None,
+                                  "sliding_window": None})
+    assert spec.n_kv_heads == 4 and spec.layer_windows == ()
+
+
+def test_sizes_stay_required():
+    d = {"model_type": "llama", **SIZES}
+    del d["intermediate_size"]
+    with pytest.raises(HorizonError, match="'intermediate_size' is missing"):
+        spec_from_config_dict(d)
+
+
+def test_initializer_range_is_the_init_std():
+    from horizon_exec.runtime.trainer import Trainer
+    from horizon_sim.specs.policy import Policy
+    spec = spec_from_config_dict({"model_type": "llama", **SIZES, "initializer_range": 0.5})
+    assert spec.init_std == 0.5
+    with Trainer(spec, Policy(batch=1, seq=16), admission=False) as tr:
+        w = tr.state_dict()["model.layers.0.mlp.up_proj.weight"]
+        assert 0.4 < float(w.std()) < 0.6
+
+
+def _yarn(**rp):
+    return {"model_type": "llama", **SIZES, "max_position_embeddings": 256,
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                "original_max_position_embeddings": 64, **rp}}
+
+
+@pytest.mark.parametrize("zero", ["beta_fast", "beta_slow"])
+def test_yarn_beta_zero_means_the_default_as_in_transformers(zero):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from horizon_exec.model.rope import inv_freq
+    d = _yarn(**{zero: 0})
+    spec = spec_from_config_dict(d)
+    got, attn = inv_freq(spec, 16)
+    m = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **{k: v for k, v in d.items()
+                                                                        if k != "model_type"}))
+    assert torch.equal(got, m.model.rotary_emb.inv_freq)
+    assert attn == m.model.rotary_emb.attention_scaling
+
+
+@pytest.mark.parametrize("bad, words", [({"factor": 0}, "factor = 0 must be >= 1"),
+                                        ({"factor": 0.5}, "factor = 0.5 must be >= 1"),
+                                        ({"attention_factor": 0}, "attention_factor = 0 must be > 0")])
+def test_invalid_yarn_values_are_refused_in_one_line(bad, words):
+    with pytest.raises(HorizonError) as e:
+        spec_from_config_dict(_yarn(**bad))
+    assert words in str(e.value) and "\n" not in str(e.value)
