@@ -213,9 +213,11 @@ def test_second_signal_during_the_checkpoint_write_leaves_no_partial_one(tmp_pat
 # ---- signals and kills of `horizon train` (a subprocess) ------------------------------------------------
 
 def _train(ckpt_dir: Path, *extra) -> subprocess.Popen:
+    # fp32: signals and checkpoint writes are the point, not the dtype (bf16 GEMMs are ~60x slower
+    # on CPUs without AVX-512, and the tests wait for checkpoints)
     cmd = [sys.executable, "-m", "horizon_sim.cli.main", "train", "--model", "tiny", "--steps", "100000",
            "--batch", "2", "--seq", "32", "--eval-batches", "0", "--no-progress", "--ckpt-dir", str(ckpt_dir),
-           "--keep-ckpts", "2", *extra]
+           "--keep-ckpts", "2", "--compute-dtype", "fp32", "--no-working-copy", *extra]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -35,6 +35,9 @@ def _split(x):
 def test_split_is_exact_and_rounds_to_nearest_over_all_2_32_patterns():
     hi = torch.empty(CHUNK, dtype=torch.bfloat16)
     lo, back = torch.empty(CHUNK, dtype=torch.int16), torch.empty(CHUNK)
+    # buffers reused chunk by chunk (fresh 64-256 MiB tensors per chunk cost their page faults)
+    ref, ne, no_nan = torch.empty(CHUNK, dtype=torch.bfloat16), torch.empty(CHUNK, dtype=torch.bool), torch.zeros(
+        CHUNK, dtype=torch.bool)
     u = torch.arange(-(1 << 31), -(1 << 31) + CHUNK, dtype=torch.int32)  # patterns, chunk by chunk
     differ_total = nans = 0
     for k in range(1 << 32 >> 26):
@@ -46,10 +49,10 @@ def test_split_is_exact_and_rounds_to_nearest_over_all_2_32_patterns():
         # NaN patterns (exponent all ones, mantissa not 0) lie in two chunks only: -8388607..-1
         # and 0x7f800001..0x7fffffff as int32
         has_nan = start <= -1 and start + CHUNK > -8388607 or start + CHUNK > 0x7F800001
-        nan = x.isnan() if has_nan else torch.zeros(CHUNK, dtype=torch.bool)
+        nan = x.isnan() if has_nan else no_nan
         # hi against torch's round-half-even: the positions where they differ are the ties
         # with an even high half (u & 0x1ffff == 0x8000: every 2^17th pattern), none of them NaN
-        ne = hi.view(torch.int16) != x.to(torch.bfloat16).view(torch.int16)
+        torch.ne(hi.view(torch.int16), ref.copy_(x).view(torch.int16), out=ne)  # ref: x.to(bfloat16)
         differ = (ne & ~nan if has_nan else ne).nonzero().flatten()
         first = (0x8000 - start) % (1 << 17)
         ties = torch.arange(first, CHUNK, 1 << 17)

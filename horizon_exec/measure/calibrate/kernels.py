@@ -205,7 +205,7 @@ def measure_elementwise(dtype, device, quick: bool, sync=None, sizes=None) -> li
     the two (batch, seq); by default the CPU's (a GPU needs ones large enough that each
     kernel's bytes outweigh its launch, see calibrate/cuda.py)."""
     out = []
-    for batch, seq in sizes or ((1, 64), (2, 256) if quick else (4, 256)):
+    for batch, seq in sizes or ((1, 64), (1, 256) if quick else (4, 256)):
         fn = _block_pass(ELEMENTWISE_MODEL, batch, seq, dtype, device)
         fn()
         runs = []
