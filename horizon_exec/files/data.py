@@ -65,6 +65,8 @@ class Chat:
     """A conversation: rendered by the tokenizer's chat template, trained on its assistant turns."""
     messages: tuple
     tools: list | None = None
+    where: str = ""
+    """file:line of the record, for errors raised while it is rendered."""
 
 
 class Batch(NamedTuple):
@@ -113,7 +115,32 @@ def iter_jsonl(path):
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise HorizonError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            except ValueError as e:  # an integer past Python's 4300-digit conversion limit
+                raise HorizonError(f"{where}: cannot read this JSON ({str(e).split(';')[0]})") from None
+            except RecursionError:
+                raise HorizonError(f"{where}: JSON nested too deeply to read") from None
+            _check_strings(rec, where)
             yield _record(rec, where)
+
+
+def _check_strings(rec, where: str) -> None:
+    """HorizonError when a string of the record holds a lone surrogate ("\\ud800"): valid JSON,
+    but not text; the tokenizer would fail on it deep inside a batch. Walked without recursion
+    (the nesting json.loads accepts is close to Python's recursion limit)."""
+    todo = [rec]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise HorizonError(f"{where}: a string holds a lone surrogate {v[e.start]!r} "
+                                   f"(not text; write the character itself or a surrogate pair)") from None
+        elif isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
 
 
 def read_jsonl(path) -> list:
@@ -130,7 +157,7 @@ def _chat(rec: dict, where: str) -> Chat:
     tools = rec.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise HorizonError(f"{where}: 'tools' must be a list")
-    return Chat(tuple(msgs), tools)
+    return Chat(tuple(msgs), tools, where)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +285,11 @@ def _closing_ids(tokenizer) -> list[int]:
 def _chat_parts(c: Chat, tokenizer):
     """(ids, target mask) of a rendered conversation: a token is a target when it starts
     inside an assistant turn."""
-    text, spans = tokenizer.render_chat(list(c.messages), c.tools)
-    ids, offsets = tokenizer.encode_offsets(text)
+    try:
+        text, spans = tokenizer.render_chat(list(c.messages), c.tools)
+        ids, offsets = tokenizer.encode_offsets(text)
+    except HorizonError as e:
+        raise HorizonError(f"{c.where}: {e}" if c.where else str(e)) from None
     tgt = [any(a <= s < b for a, b in spans) for s, _ in offsets]
     closing = _closing_ids(tokenizer)
     return ids + closing, tgt + [True] * len(closing)
