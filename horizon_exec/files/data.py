@@ -36,6 +36,7 @@ import torch
 
 from horizon_exec.model.head import IGNORE
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_files import refuse_non_regular
 
 BUILTIN_CORPUS = Path(__file__).parent / "corpus" / "python_docs.txt"
 """~360 KB of English prose (Python standard library docstrings, PSF License) shipped with
@@ -181,6 +182,7 @@ class TextFile:
 
 def _source(path) -> Path:
     p = Path(path) if path is not None else BUILTIN_CORPUS
+    refuse_non_regular(p, "data file")  # a FIFO is not a file to read twice (sized, then loaded)
     if not p.is_file():
         raise HorizonError(f"data file {str(p)!r} not found")
     return p
