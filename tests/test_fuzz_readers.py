@@ -300,8 +300,10 @@ def test_hf_cache_refs(tmp_path_factory, data):
     (root / "snapshots" / "abc123").mkdir(parents=True)
     (root / "snapshots" / "abc123" / "config.json").write_text("{}")
     ref = root / "refs" / "main"
-    how = data.draw(st.sampled_from(["bytes", "text", "folder", "fifo", "none"]), label="refs/main")
-    if how == "bytes":
+    how = data.draw(st.sampled_from(["good", "bytes", "text", "folder", "fifo", "none"]), label="refs/main")
+    if how == "good":
+        ref.write_text("abc123\n")
+    elif how == "bytes":
         ref.write_bytes(data.draw(st.binary(max_size=300), label="raw"))
     elif how == "text":
         ref.write_text(data.draw(st.text(max_size=60), label="text"), encoding="utf-8", errors="surrogatepass")
@@ -309,7 +311,8 @@ def test_hf_cache_refs(tmp_path_factory, data):
         ref.mkdir()
     elif how == "fifo":
         os.mkfifo(ref)
-    rev = data.draw(st.one_of(st.just(""), st.from_regex(r"@[A-Za-z0-9._/-]{1,20}", fullmatch=True)), label="rev")
+    rev = data.draw(st.one_of(st.just(""), st.just("@abc123"), st.from_regex(r"@[A-Za-z0-9._/-]{1,20}", fullmatch=True)),
+                    label="rev")
     old = os.environ.get("HF_HUB_CACHE")
     os.environ["HF_HUB_CACHE"] = str(hub)
     try:
@@ -322,8 +325,11 @@ def test_hf_cache_refs(tmp_path_factory, data):
 
 
 # ---- checkpoint metadata and the latest pointer ------------------------------------------------------
-META = {"format": 3, "step": 2, "generation": 2, "model": {"name": "m", "n_layers": 1}, "policy": {"batch": 1},
-        "layout": {"a": [0, 16]}, "loop": {"epoch": 0, "pos": 1, "seed": 0}}
+def _meta() -> dict:
+    from horizon_exec.files.ckpt import FORMAT
+    return {"format": FORMAT, "step": 2, "generation": 2, "model": {"name": "m", "n_layers": 1},
+            "policy": {"batch": 1}, "trainer": {"pending": False, "steps_done": 2, "lr": 1e-3, "pending_lr": 0.0},
+            "optimizer": {}, "loop": {"epoch": 0, "pos": 1, "seed": 0}}
 
 
 @FUZZ
@@ -334,8 +340,12 @@ def test_ckpt_meta_and_pointer(tmp_path_factory, data):
     step = root / "step-2"
     step.mkdir()
     which = data.draw(st.sampled_from(["meta", "meta_bytes", "pointer"]), label="damage")
+    META = _meta()
     if which == "meta":
-        (step / "trainer.json").write_text(dumps(mutate(META, data, keys=[*META, "version", "data"])))
+        meta = mutate(META, data, keys=[*META, "version", "data"])
+        if isinstance(meta.get("trainer"), dict) and data.draw(st.booleans(), label="damage trainer"):
+            meta["trainer"] = mutate(meta["trainer"], data, keys=[*META["trainer"], "skipped_steps"])
+        (step / "trainer.json").write_text(dumps(meta))
     elif which == "meta_bytes":
         (step / "trainer.json").write_bytes(data.draw(st.one_of(st.binary(max_size=200), AWKWARD_LINES.map(str.encode)),
                                                       label="raw"))
@@ -344,7 +354,8 @@ def test_ckpt_meta_and_pointer(tmp_path_factory, data):
         if data.draw(st.booleans(), label="fifo"):
             os.mkfifo(root / "latest")
         else:
-            (root / "latest").write_bytes(data.draw(st.binary(max_size=60), label="latest"))
+            (root / "latest").write_bytes(data.draw(st.one_of(st.binary(max_size=60), st.sampled_from(
+                [b"step-2\n", b"step-2", b"step-3\n", b"../../etc\n", b"step-2\x00"])), label="latest"))
     if which == "pointer":
         name, why = read_pointer(root)
         assert (name is None or not why) and "\n" not in why, (name, why)
