@@ -4,10 +4,21 @@ TypeError, RecursionError, OverflowError, ... deep inside). Shared by tests/test
 and benchmarks/fuzz_readers.py."""
 import json
 import math
+import os
 
 from hypothesis import strategies as st
 
 from horizon_sim.errors import HorizonError
+
+# Lines that are JSON to some readers and not to Python's, or not text: lone surrogates, an
+# integer past the 4300-digit conversion limit, nesting past the recursion limit.
+AWKWARD_LINES = st.sampled_from([
+    '{"text": "bad \\ud800"}', '{"text": "x\\udfff"}', '{"\\ud800": 1, "text": "x"}',
+    '{"messages": [{"role": "user", "content": "bad \\ud800"}]}',
+    '{"text": ' + "9" * 5000 + '}', '{"text": "x", "n": -' + "1" * 4400 + '}',
+    '{"text": ' + "[" * 5000 + "]" * 5000 + '}', "[" * 3000 + "]" * 3000,
+    '{"text": "ok", "x": ' + '{"a": ' * 2000 + "1" + "}" * 2000 + '}',
+    '{"text": "emoji \\ud83d\\ude00 fine"}', '{"text": 1e999}', '{"text": NaN}'])
 
 # JSON values of every type, including the awkward ones: huge and non-finite numbers, deep
 # nesting, empty containers, unicode and NUL in strings.
@@ -40,15 +51,36 @@ def dumps(d) -> str:
     return json.dumps(d, allow_nan=True)
 
 
-def one_line_or_ok(fn, *args, **kwargs):
-    """Run a reader: its result, or None when it refused with a one-line HorizonError."""
+def count(outcome: str) -> None:
+    """Tally one example's outcome (accepted, refused, other) for benchmarks/fuzz_readers.py:
+    a line '<test> <outcome>' appended to $HORIZON_FUZZ_COUNTS when it is set."""
+    path = os.environ.get("HORIZON_FUZZ_COUNTS")
+    if path:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split("::")[-1].split("[")[0].split(" ")[0]
+        with open(path, "a") as f:
+            f.write(f"{test} {outcome}\n")
+
+
+def one_line_or_ok(fn, *args, counted: bool = True, **kwargs):
+    """Run a reader: its result, or None when it refused with a one-line HorizonError.
+    counted=False: a follow-up call on what the reader accepted (not an example of its own)."""
     try:
-        return fn(*args, **kwargs)
+        out = fn(*args, **kwargs)
     except HorizonError as e:
         msg = str(e)
+        ok = bool(msg) and "\n" not in msg.strip() and "Traceback" not in msg
+        if counted:
+            count("refused" if ok else "other")
         assert msg and "\n" not in msg.strip(), f"not one line: {msg!r}"
         assert "Traceback" not in msg
         return None
+    except BaseException:
+        if counted:
+            count("other")
+        raise
+    if counted:
+        count("accepted")
+    return out
 
 
 def finite(x) -> bool:

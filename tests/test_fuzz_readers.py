@@ -1,6 +1,9 @@
-"""Issue 19 item 12: every reader of user input, fuzzed with hypothesis: config.json, JSONL and
-text data, the safetensors index and files, tokenizer.json and tokenizer_config.json, sweep
-grids, hardware TOML, and the planner's command-line flags. Each input either reads, or is
+"""Issue 19 item 12 and issue 30: every reader of user input, fuzzed with hypothesis: config.json,
+JSONL and text data (lone surrogates, huge integers, deep nesting), chat records through a
+chat template, the safetensors index, files and headers, tokenizer.json and
+tokenizer_config.json, the local HF cache's refs, checkpoint metadata and the `latest`
+pointer, sweep grids, hardware TOML (and its numbers' ranges), and the planner's
+command-line flags. Each input either reads, or is
 refused with a one-line HorizonError (the CLI: exit 2, one line, no traceback). A few dozen
 examples per reader here; benchmarks/fuzz_readers.py runs thousands."""
 import json
@@ -12,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from horizon_sim.errors import HorizonError
-from tests.fuzz_strategies import SCALARS, dumps, mutate, one_line_or_ok
+from tests.fuzz_strategies import AWKWARD_LINES, JSON, SCALARS, count, dumps, mutate, one_line_or_ok
 
 EXAMPLES = int(os.environ.get("HORIZON_FUZZ_EXAMPLES", "40"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
@@ -63,12 +66,14 @@ def test_jsonl_data(tmp_path_factory, data):
     from horizon_exec.files.tokenize import ByteTokenizer
     lines = []
     for _ in range(data.draw(st.integers(1, 4), label="records")):
-        kind = data.draw(st.sampled_from(["json", "raw", "blank"]), label="line kind")
+        kind = data.draw(st.sampled_from(["json", "raw", "blank", "awkward"]), label="line kind")
         if kind == "json":
             base = data.draw(st.sampled_from([{"text": "hello world " * 3},
                                               {"instruction": "q", "response": "a" * 10},
                                               {"messages": [{"role": "user", "content": "hi"}]}]))
             lines.append(dumps(mutate(base, data, keys=RECORD_KEYS)))
+        elif kind == "awkward":
+            lines.append(data.draw(AWKWARD_LINES, label="awkward line"))
         elif kind == "raw":
             lines.append(data.draw(st.text(max_size=30), label="raw line").replace("\n", " "))
         else:
@@ -154,7 +159,7 @@ def test_tokenizer_files(tmp_path_factory, tok_json, data):
                                              if which == "config" else json.dumps(cfg))
     t = one_line_or_ok(HFTokenizer, d)
     if t is not None:
-        one_line_or_ok(t.encode, ["hello world"])
+        one_line_or_ok(t.encode, ["hello world"], counted=False)
 
 
 # ---- sweep grid and hardware TOML --------------------------------------------------------------------
@@ -226,7 +231,138 @@ def test_hardware_toml(tmp_path_factory, hw_toml, data):
     if hw is not None:  # what was accepted simulates
         from horizon_sim.plan import plan
         from horizon_sim.specs.policy import Policy
-        one_line_or_ok(plan, "tiny", hw, Policy(batch=1, seq=64))
+        one_line_or_ok(plan, "tiny", hw, Policy(batch=1, seq=64), counted=False)
+
+
+# any number, tiny to huge, of either sign, in any numeric field: in range it plans, out of
+# range it is refused by name (issue 30: hbm_GiB = 1e300 overflowed the planner)
+MAGNITUDES = st.one_of(st.builds(lambda m, e: m * 10.0 ** e, st.floats(-9.99, 9.99), st.integers(-320, 308)),
+                       st.integers(-2**70, 2**70), st.sampled_from([0, 0.0, -0.0, 1e308, 5e-324, 2**63, 2**64]))
+
+
+@FUZZ
+@given(data=st.data())
+def test_hardware_ranges(tmp_path_factory, hw_toml, data):
+    from horizon_sim.specs.hardware_io import load_hardware
+    d = json.loads(json.dumps(hw_toml))
+    for _ in range(data.draw(st.integers(1, 3), label="fields")):
+        part = data.draw(st.sampled_from(["device", "link", "host"]), label="table")
+        nums = sorted(k for k, v in d[part].items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        d[part][data.draw(st.sampled_from(nums), label="key")] = data.draw(MAGNITUDES, label="value")
+    if data.draw(st.booleans(), label="a table row"):
+        d["device"]["gemm_TFLOPs"] = [["bf16", "nt", *(data.draw(MAGNITUDES, label="cell") for _ in range(4))]]
+    p = tmp_path_factory.mktemp("hw") / "hw.toml"
+    try:
+        p.write_text(_toml(d))
+    except (ValueError, OverflowError, HorizonError):
+        return  # a value TOML cannot hold
+    hw = one_line_or_ok(load_hardware, p)
+    if hw is not None:
+        from horizon_sim.plan import plan
+        from horizon_sim.specs.policy import Policy
+        one_line_or_ok(plan, "tiny", hw, Policy(batch=1, seq=64), counted=False)
+
+
+# ---- chat records through a chat template ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def chat_tok(tmp_path_factory):
+    from horizon_exec.files.tokenize import HFTokenizer
+    from tests.hf_tokenizers import tokenizer_folder
+    return HFTokenizer(tokenizer_folder(tmp_path_factory.mktemp("chat")))
+
+
+MESSAGE = st.fixed_dictionaries({"role": st.one_of(st.sampled_from(["user", "assistant", "system", "tool"]), SCALARS),
+                                 "content": st.one_of(st.text(max_size=20), JSON)})
+
+
+@FUZZ
+@given(data=st.data())
+def test_chat_records(tmp_path_factory, chat_tok, data):
+    from horizon_exec.files.data import load_dataset
+    base = {"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello " * 4}]}
+    rec = mutate(base, data, keys=["messages", "tools"])
+    if data.draw(st.booleans(), label="fuzz the messages"):
+        rec["messages"] = data.draw(st.lists(st.one_of(MESSAGE, JSON), max_size=4), label="messages")
+    line = dumps(rec)
+    p = tmp_path_factory.mktemp("chat") / "d.jsonl"
+    p.write_text(line + "\n" + dumps(base) + "\n", encoding="utf-8", errors="surrogatepass")
+    one_line_or_ok(load_dataset, p, chat_tok, 4, 0.0)
+
+
+# ---- the local Hugging Face cache -----------------------------------------------------------------
+@FUZZ
+@given(data=st.data())
+def test_hf_cache_refs(tmp_path_factory, data):
+    from horizon_sim.specs.hf_cache import resolve_model_dir
+    hub = tmp_path_factory.mktemp("hub")
+    root = hub / "models--org--m"
+    (root / "refs").mkdir(parents=True)
+    (root / "snapshots" / "abc123").mkdir(parents=True)
+    (root / "snapshots" / "abc123" / "config.json").write_text("{}")
+    ref = root / "refs" / "main"
+    how = data.draw(st.sampled_from(["good", "bytes", "text", "folder", "fifo", "none"]), label="refs/main")
+    if how == "good":
+        ref.write_text("abc123\n")
+    elif how == "bytes":
+        ref.write_bytes(data.draw(st.binary(max_size=300), label="raw"))
+    elif how == "text":
+        ref.write_text(data.draw(st.text(max_size=60), label="text"), encoding="utf-8", errors="surrogatepass")
+    elif how == "folder":
+        ref.mkdir()
+    elif how == "fifo":
+        os.mkfifo(ref)
+    rev = data.draw(st.one_of(st.just(""), st.just("@abc123"), st.from_regex(r"@[A-Za-z0-9._/-]{1,20}", fullmatch=True)),
+                    label="rev")
+    old = os.environ.get("HF_HUB_CACHE")
+    os.environ["HF_HUB_CACHE"] = str(hub)
+    try:
+        one_line_or_ok(resolve_model_dir, "org/m" + rev)
+    finally:
+        if old is None:
+            del os.environ["HF_HUB_CACHE"]
+        else:
+            os.environ["HF_HUB_CACHE"] = old
+
+
+# ---- checkpoint metadata and the latest pointer ------------------------------------------------------
+def _meta() -> dict:
+    from horizon_exec.files.ckpt import FORMAT
+    return {"format": FORMAT, "step": 2, "generation": 2, "model": {"name": "m", "n_layers": 1},
+            "policy": {"batch": 1}, "trainer": {"pending": False, "steps_done": 2, "lr": 1e-3, "pending_lr": 0.0},
+            "optimizer": {}, "loop": {"epoch": 0, "pos": 1, "seed": 0}}
+
+
+@FUZZ
+@given(data=st.data())
+def test_ckpt_meta_and_pointer(tmp_path_factory, data):
+    from horizon_exec.files.ckpt import candidates, read_meta, read_pointer
+    root = tmp_path_factory.mktemp("ck")
+    step = root / "step-2"
+    step.mkdir()
+    which = data.draw(st.sampled_from(["meta", "meta_bytes", "pointer"]), label="damage")
+    META = _meta()
+    if which == "meta":
+        meta = mutate(META, data, keys=[*META, "version", "data"])
+        if isinstance(meta.get("trainer"), dict) and data.draw(st.booleans(), label="damage trainer"):
+            meta["trainer"] = mutate(meta["trainer"], data, keys=[*META["trainer"], "skipped_steps"])
+        (step / "trainer.json").write_text(dumps(meta))
+    elif which == "meta_bytes":
+        (step / "trainer.json").write_bytes(data.draw(st.one_of(st.binary(max_size=200), AWKWARD_LINES.map(str.encode)),
+                                                      label="raw"))
+    else:
+        (step / "trainer.json").write_text(json.dumps(META))
+        if data.draw(st.booleans(), label="fifo"):
+            os.mkfifo(root / "latest")
+        else:
+            (root / "latest").write_bytes(data.draw(st.one_of(st.binary(max_size=60), st.sampled_from(
+                [b"step-2\n", b"step-2", b"step-3\n", b"../../etc\n", b"step-2\x00"])), label="latest"))
+    if which == "pointer":
+        name, why = read_pointer(root)
+        assert (name is None or not why) and "\n" not in why, (name, why)
+        count("refused" if why else "accepted")
+        assert candidates(root)
+    else:
+        one_line_or_ok(read_meta, step)
 
 
 # ---- the planner's flags -------------------------------------------------------------------------------
@@ -256,6 +392,7 @@ def test_planner_flags(capsys, verb, flags):
     except SystemExit as e:  # argparse's own refusal: exit 2 and a usage line
         rc = e.code
     err = capsys.readouterr().err
+    count("accepted" if rc == 0 else "refused" if rc == 2 else "other")
     assert rc in (0, 2), (argv, rc, err)
     assert "Traceback" not in err, err
     if rc == 2:

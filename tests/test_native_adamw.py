@@ -263,8 +263,10 @@ def test_build_is_cached(monkeypatch, tmp_path):
     before = so.stat().st_mtime_ns
     fn2, _ = native._load()
     assert fn2 is not None and so.stat().st_mtime_ns == before
-    # no temporary left behind; the checksum recorded at build time beside it
-    assert sorted(p.name for p in tmp_path.glob("native/*")) == [so.with_suffix(".sha256").name, so.name]
+    # no temporary left behind; the checksum recorded at build time beside it, and the verdict
+    # of its self-test in a child (issue 30: a forged object is never mapped by the trainer)
+    assert sorted(p.name for p in tmp_path.glob("native/*")) == [so.with_suffix(".sha256").name, so.name,
+                                                                 so.with_suffix(".verified").name]
 
 
 def test_unwritable_cache_falls_back_to_a_temp_folder(monkeypatch, tmp_path):

@@ -4,6 +4,7 @@ import argparse
 import json
 from pathlib import Path
 
+from horizon_exec.measure.arg_bounds import check_calibrate
 from horizon_exec.cli.needs_exec import import_executor, say
 from horizon_sim.errors import HorizonError
 
@@ -47,8 +48,7 @@ def run(a: argparse.Namespace) -> int:
     out = Path(a.output)
     if out.is_dir() or not out.parent.is_dir():
         raise HorizonError(f"-o {a.output!r}: give a file in an existing folder")
-    if a.rounds is not None and a.rounds < 1:
-        raise HorizonError(f"--rounds {a.rounds} must be >= 1")
+    check_calibrate(a)  # every bound (and --disk-dir) before anything is measured
     model = policy = None
     if a.model:
         from horizon_sim.specs.hf_config import load_model

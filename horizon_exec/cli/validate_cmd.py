@@ -4,6 +4,7 @@ reports/. Needs torch (imported only when it runs)."""
 import argparse
 from pathlib import Path
 
+from horizon_exec.measure.arg_bounds import check_validate
 from horizon_exec.cli.needs_exec import import_executor, say
 from horizon_sim.errors import HorizonError
 
@@ -42,8 +43,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    if a.steps < 1 or a.warmup < 0:
-        raise HorizonError(f"--steps {a.steps} must be >= 1 and --warmup {a.warmup} >= 0")
+    check_validate(a)  # every bound before a calibration or a configuration runs
     out = Path(a.out)
     if out.exists() and not out.is_dir():
         raise HorizonError(f"--out {a.out!r} is a file, not a folder")
@@ -80,21 +80,19 @@ def run(a: argparse.Namespace) -> int:
 
 def _pick(a: argparse.Namespace, full, quick, what: str) -> tuple:
     """--configs by name (from either set), else the --quick or the full set."""
-    if not a.configs:
+    if a.configs is None:
         return quick if a.quick else full
     known = {c.name: c for c in (*full, *quick)}
     names = [n.strip() for n in a.configs.split(",") if n.strip()]
     bad = [n for n in names if n not in known]
-    if bad:
-        raise HorizonError(f"unknown {what} {', '.join(bad)}; known: {', '.join(known)}")
+    if bad or not names:
+        raise HorizonError(f"unknown {what} {', '.join(bad) or repr(a.configs)}; known: {', '.join(known)}")
     return tuple(known[n] for n in names)
 
 
 def _run_peer(a: argparse.Namespace, out: Path) -> int:
     if a.device != "cpu":
         raise HorizonError(f"--peer deepspeed runs on DeepSpeed's CPU accelerator: --device {a.device} is not offered")
-    if a.peer_threads < 1:
-        raise HorizonError(f"--peer-threads {a.peer_threads} must be >= 1")
     P = import_executor("horizon_exec.measure.validate.peer", "validate --peer")
     from horizon_exec.measure.peer_deepspeed import deepspeed_available
     if deepspeed_available() is None:

@@ -62,6 +62,7 @@ from horizon_exec.files.fileio import (
 )
 from horizon_exec.model.layout import unit_name
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_files import kind_of
 from horizon_sim.schedule.op import Holds, Space
 
 FORMAT = 1
@@ -241,6 +242,8 @@ def read_pointer(root: Path) -> tuple[str | None, str]:
     ptr = root / LATEST
     if not ptr.exists():
         return None, ""
+    if (kind := kind_of(ptr)) is not None:  # a FIFO would block the open: a damaged pointer
+        return None, f"{ptr} is {kind}, not a file"
     try:
         with open(ptr, "rb") as f:
             raw = f.read(256)

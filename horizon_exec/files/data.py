@@ -39,6 +39,7 @@ import torch
 
 from horizon_exec.model.head import IGNORE
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_files import refuse_non_regular
 
 BUILTIN_CORPUS = Path(__file__).parent / "corpus" / "python_docs.txt"
 """~360 KB of English prose (Python standard library docstrings, PSF License) shipped with
@@ -69,6 +70,8 @@ class Chat:
     """A conversation: rendered by the tokenizer's chat template, trained on its assistant turns."""
     messages: tuple
     tools: list | None = None
+    where: str = ""
+    """file:line of the record, for errors raised while it is rendered."""
 
 
 class Batch(NamedTuple):
@@ -117,7 +120,32 @@ def iter_jsonl(path):
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise HorizonError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            except ValueError as e:  # an integer past Python's 4300-digit conversion limit
+                raise HorizonError(f"{where}: cannot read this JSON ({str(e).split(';')[0]})") from None
+            except RecursionError:
+                raise HorizonError(f"{where}: JSON nested too deeply to read") from None
+            _check_strings(rec, where)
             yield _record(rec, where)
+
+
+def _check_strings(rec, where: str) -> None:
+    """HorizonError when a string of the record holds a lone surrogate ("\\ud800"): valid JSON,
+    but not text; the tokenizer would fail on it deep inside a batch. Walked without recursion
+    (the nesting json.loads accepts is close to Python's recursion limit)."""
+    todo = [rec]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise HorizonError(f"{where}: a string holds a lone surrogate {v[e.start]!r} "
+                                   f"(not text; write the character itself or a surrogate pair)") from None
+        elif isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
 
 
 def read_jsonl(path) -> list:
@@ -134,7 +162,7 @@ def _chat(rec: dict, where: str) -> Chat:
     tools = rec.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise HorizonError(f"{where}: 'tools' must be a list")
-    return Chat(tuple(msgs), tools)
+    return Chat(tuple(msgs), tools, where)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +189,7 @@ class TextFile:
 
 def _source(path) -> Path:
     p = Path(path) if path is not None else BUILTIN_CORPUS
+    refuse_non_regular(p, "data file")  # a FIFO is not a file to read twice (sized, then loaded)
     if not p.is_file():
         raise HorizonError(f"data file {str(p)!r} not found")
     return p
@@ -293,9 +322,12 @@ def _closing_ids(tokenizer) -> list[int]:
 
 def _chat_parts(c: Chat, tokenizer):
     """(ids, target mask) of a rendered conversation: apply_chat_template's ids and assistant
-    mask (chat_tokens.py)."""
+    mask (chat_tokens.py); an error names the record."""
     from horizon_exec.files.chat_tokens import chat_tokens
-    return chat_tokens(tokenizer, list(c.messages), c.tools)
+    try:
+        return chat_tokens(tokenizer, list(c.messages), c.tools)
+    except HorizonError as e:
+        raise HorizonError(f"{c.where}: {e}" if c.where else str(e)) from None
 
 
 class _Sink:

@@ -28,6 +28,7 @@ from horizon_exec.files.fileio import publish_dir, staging_dir, write_safetensor
 from horizon_exec.files.tokenize import TOKENIZER_FILES
 from horizon_exec.model.layout import host_layout
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_files import refuse_non_regular
 from horizon_sim.schedule.op import Holds, Space
 from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
 from horizon_sim.specs.hf_config import IGNORED, from_hf_config, load_model, model_source
@@ -175,6 +176,7 @@ def weight_files(path) -> dict[str, list[str]]:
                                    "name in the checkpoint folder")
             files.setdefault(fname, []).append(name)
         for fname in files:
+            refuse_non_regular(d / fname, "weights file")  # a FIFO would block safe_open forever
             if not (d / fname).is_file():
                 raise HorizonError(f"{idx}: shard {fname!r} is missing from {d}")
         return files
@@ -184,6 +186,7 @@ def weight_files(path) -> dict[str, list[str]]:
         hint = " (PyTorch .bin checkpoints are not read; convert them to safetensors)" if bins else ""
         raise HorizonError(f"{d}: found {len(cands)} safetensors files and no {INDEX}; "
                            f"want one model.safetensors or an index{hint}")
+    refuse_non_regular(cands[0], "weights file")  # a FIFO would block safe_open forever
     return {cands[0].name: None}  # names come from the file itself
 
 

@@ -62,6 +62,7 @@ class HFTokenizer:
             raise HorizonError(f"{p}: not a tokenizers tokenizer.json ({str(e).splitlines()[0]})") from None
         self.name = str(p)
         self.folder = p.parent
+        _check_unknown_words(self.tok, p)
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         eos_token = eos_token or _configured_eos(p.parent / "tokenizer_config.json")
         if eos_token is not None:
@@ -70,7 +71,10 @@ class HFTokenizer:
                 raise HorizonError(f"{p}: end-of-document token {eos_token!r} is not in the vocabulary")
         else:
             self.eos_id = next((i for c in EOS_CANDIDATES if (i := self.tok.token_to_id(c)) is not None), None)
-        self.prefix_ids, self.suffix_ids = self._specials()
+        try:
+            self.prefix_ids, self.suffix_ids = self._specials()
+        except Exception as e:  # the library raises a bare Exception when a text cannot be encoded
+            raise HorizonError(f"{p}: cannot encode a probe text ({str(e).splitlines()[0] if str(e) else e})") from None
         # The file itself plus its folder's companions (config, special tokens, chat template).
         self.files = (p, *(self.folder / n for n in TOKENIZER_FILES[1:] if (self.folder / n).is_file()))
         self._hf = None
@@ -88,7 +92,11 @@ class HFTokenizer:
         return (), ()
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        try:
+            return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        except Exception as e:  # the library's bare Exception / TypeError: one line naming the file
+            raise HorizonError(f"{self.name}: cannot encode the data ({type(e).__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''})") from None
 
     def keeps_ids_at(self, text: str, cut: int, window: int = 1024) -> bool:
         """Whether tokenizing text[:cut] and text[cut:] apart gives the ids of the whole
@@ -101,7 +109,11 @@ class HFTokenizer:
 
     def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """ids and (start, end) character offsets of one text, no special tokens added."""
-        e = self.tok.encode(text, add_special_tokens=False)
+        try:
+            e = self.tok.encode(text, add_special_tokens=False)
+        except Exception as e:
+            raise HorizonError(f"{self.name}: cannot encode the data ({type(e).__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''})") from None
         return e.ids, e.offsets
 
     def render_chat(self, messages: list, tools=None) -> tuple[str, list[tuple[int, int]]]:
@@ -144,6 +156,20 @@ class HFTokenizer:
                 raise HorizonError(f"{self.folder}: no chat template (chat_template.jinja, or chat_template "
                                    "in tokenizer_config.json); chat data ('messages') needs one")
         return self._hf
+
+
+def _check_unknown_words(tok, path: Path) -> None:
+    """A WordLevel model fails on every word outside its vocabulary unless its unk token is in
+    it; the `tokenizers` library then raises deep inside a batch (and even on the probe text
+    the specials are found with, so a vocabulary that covers the data does not help). Refused
+    up front, naming the file."""
+    from tokenizers import models
+    m = tok.model
+    if isinstance(m, models.WordLevel):
+        unk = m.unk_token
+        if not unk or tok.token_to_id(unk) is None:
+            raise HorizonError(f"{path}: a WordLevel tokenizer whose unk token {unk!r} is not in its vocabulary "
+                               "cannot encode a word outside it; add the unk token to the vocabulary")
 
 
 def _configured_eos(cfg_path: Path) -> str | None:

@@ -58,7 +58,8 @@ class DiskStore:
             total += _up(n)
         self.nbytes, self.folder = total, str(folder)
         if not os.path.isdir(self.folder):
-            raise HorizonError(f"disk tier folder {self.folder!r} does not exist (--disk-dir)")
+            raise HorizonError(f"disk tier folder {self.folder!r} " + ("is not a folder" if os.path.exists(self.folder)
+                                                                       else "does not exist") + " (--disk-dir)")
         try:
             fd, path = tempfile.mkstemp(prefix="horizon-disk-tier-", dir=self.folder)
         except OSError as e:

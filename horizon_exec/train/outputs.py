@@ -30,6 +30,7 @@ from pathlib import Path
 
 from horizon_exec.files.fileio import make_dirs, os_error_text
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_files import refuse_non_regular
 from horizon_sim.units import fmt_bytes
 
 
@@ -83,6 +84,8 @@ def _log_file(path: Path) -> None:
     if path.is_dir():
         raise HorizonError(f"--log-file {str(path)!r} is a folder; give a file")
     _folder(path.parent, f"--log-file {str(path)!r}: its parent")
+    # a FIFO would block the open until a reader comes; /dev/null, /dev/stderr are fine
+    refuse_non_regular(path, "--log-file", allow_chardev=True)
     try:
         with open(path, "a"):
             pass

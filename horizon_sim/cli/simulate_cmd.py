@@ -7,6 +7,7 @@ from horizon_sim.cli import plan_cmd
 from horizon_sim.cli.policy_args import policy_from_args
 from horizon_sim.errors import HorizonError
 from horizon_sim.plan import plan
+from horizon_sim.safe_files import refuse_non_regular
 from horizon_sim.cli.hardware_args import with_cluster
 from horizon_sim.specs.hardware_io import load_hardware
 from horizon_sim.specs.hardware_presets import make_hardware
@@ -38,6 +39,7 @@ def _check_out(path: str | None, what: str) -> None:
         raise HorizonError(f"--{what} {path!r} is a directory; give a file name")
     if not p.parent.is_dir():
         raise HorizonError(f"--{what} {path!r}: directory {str(p.parent)!r} does not exist")
+    refuse_non_regular(p, f"--{what}", allow_chardev=True)  # a FIFO blocks its writer forever
 
 
 def run(a: argparse.Namespace) -> int:

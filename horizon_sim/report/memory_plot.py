@@ -7,6 +7,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_files import refuse_non_regular, write_atomic
 from horizon_sim.units import GiB, fmt_bytes
 
 MEMORY_COLOR = "#4c72b0"
@@ -54,14 +55,10 @@ def save_figure(fig: Figure, path, **savefig_kw) -> Path:
                            f"use .png, .svg or .pdf")
     if not path.parent.is_dir():
         raise HorizonError(f"cannot write plot {str(path)!r}: directory {str(path.parent)!r} does not exist")
+    refuse_non_regular(path, "cannot write plot", allow_chardev=True)  # a FIFO would block the open
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt or "png", **{"dpi": fig.dpi, **savefig_kw})
-    try:
-        with open(path, "wb") as f:
-            f.write(buf.getvalue())
-    except OSError as e:
-        raise HorizonError(f"cannot write plot {str(path)!r}: {e.strerror or e}") from None
-    return path
+    return write_atomic(path, buf.getvalue(), "plot")  # a full disk leaves no truncated image
 
 
 def plot_memory(result, path=None, title: str | None = None) -> Figure:

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from horizon_sim.safe_files import write_atomic
+
 MANIFEST = ".planner-build-files"
 """Lists, one per line, the files the previous build wrote (relative to the output folder)."""
 DPI = 100
@@ -28,9 +30,7 @@ class Out:
         return self.root / name
 
     def text(self, name: str, content: str) -> Path:
-        p = self.path(name)
-        p.write_text(content)
-        return p
+        return write_atomic(self.path(name), content.encode(), name)  # never half a file on a full disk
 
     def previous(self) -> list[str]:
         m = self.root / MANIFEST

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_files import refuse_non_regular, write_atomic
 from horizon_sim.schedule.op import Lane
 from horizon_sim.units import GiB
 
@@ -59,9 +60,6 @@ def write_trace(result, path) -> Path:
     path = Path(path)
     if not path.parent.is_dir():
         raise HorizonError(f"cannot write trace {str(path)!r}: directory {str(path.parent)!r} does not exist")
+    refuse_non_regular(path, "cannot write trace", allow_chardev=True)  # a FIFO would block the open
     data = chrome_trace(result)
-    try:
-        path.write_text(json.dumps(data, separators=(",", ":")))
-    except OSError as e:
-        raise HorizonError(f"cannot write trace {str(path)!r}: {e.strerror or e}") from None
-    return path
+    return write_atomic(path, json.dumps(data, separators=(",", ":")).encode(), "trace")

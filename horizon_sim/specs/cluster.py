@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, replace
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs import ranges
 from horizon_sim.units import closest
 
 MAX_DEVICES_PER_NODE = 64
@@ -49,6 +50,8 @@ class ClusterSpec:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise HorizonError(f"cluster {f}={v!r} must be a finite number >= 0")
+            if why := ranges.out_of_range(v, *ranges.CLUSTER[f]):  # finite but overflowing the planner
+                raise HorizonError(f"cluster {f}={v!r} {why}")
             object.__setattr__(self, f, float(v))
         if self.devices_per_node > 1 and self.fabric_GBps <= 0:
             raise HorizonError(f"cluster {self.name}: {self.devices_per_node} devices per node need "

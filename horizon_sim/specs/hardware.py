@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, asdict
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs import ranges
 from horizon_sim.specs.cluster import SINGLE, ClusterSpec
 from horizon_sim.units import GiB
 
@@ -27,7 +28,15 @@ def _check_number(spec, part: str, field: str, *, low: float = 0.0, low_ok: bool
         raise HorizonError(f"{part} {field}={v!r} must be {'>=' if low_ok else '>'} {low:g}")
     if high is not None and v > high:
         raise HorizonError(f"{part} {field}={v!r} must be <= {high:g}")
+    _check_range(part, field, v)
     object.__setattr__(spec, field, float(v))
+
+
+def _check_range(part: str, field: str, v) -> None:
+    """The field's sane range (ranges.py): finite but absurd values overflow the planner."""
+    b = ranges.bounds(part, field)
+    if b and (why := ranges.out_of_range(v, *b)):
+        raise HorizonError(f"{part} {field}={v!r} {why}")
 
 
 TABLE_KEYS = {"dtype": ("bf16", "fp32"), "layout": ("nt", "nn", "tn")}
@@ -71,6 +80,8 @@ def _check_table(spec, part: str, field: str, columns: tuple[str, ...]) -> None:
                         or v < low or v == 0):
                     raise HorizonError(f"{part} {field}: {col}={v!r} in row {row!r} must be a finite number "
                                        + (">= 1" if low else "> 0"))
+                if col in ranges.TABLE_CELLS and (why := ranges.out_of_range(v, *ranges.TABLE_CELLS[col])):
+                    raise HorizonError(f"{part} {field}: {col}={v!r} in row {row!r} {why}")
                 cells.append(float(v))
         out.append(tuple(cells))
     object.__setattr__(spec, field, tuple(out))
@@ -255,6 +266,7 @@ class HostSpec:
                                "(how fast the disk tier streams)")
         if not isinstance(self.cores, int) or isinstance(self.cores, bool) or self.cores <= 0:
             raise HorizonError(f"host cores={self.cores!r} must be a positive integer")
+        _check_range("host", "cores", self.cores)
         if self.os_reserved_GiB >= self.ram_GiB:
             raise HorizonError(f"host ram_GiB={self.ram_GiB:g} must be more than "
                                f"os_reserved_GiB={self.os_reserved_GiB:g}")

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_files import refuse_non_regular
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
 
@@ -32,6 +33,8 @@ def resolve_model_dir(name: str, need: str = "config.json") -> Path:
     """The snapshot folder of model id `name` in the local hub cache (it must hold `need`)."""
     repo, _, rev = name.partition("@")
     rev = rev or "main"
+    if ".." in rev.split("/"):  # a revision names a ref or a commit, never a path out of the cache
+        raise HorizonError(f"{name!r}: revision {rev!r} is not a branch, tag or commit name")
     cache = hub_cache_dir()
     root = cache / ("models--" + repo.replace("/", "--"))
     if not root.is_dir():
@@ -39,7 +42,7 @@ def resolve_model_dir(name: str, need: str = "config.json") -> Path:
                            f"({cache}); Horizon never downloads: fetch it first (e.g. `hf download {repo}`) "
                            "or give a folder")
     ref = root / "refs" / rev
-    commit = ref.read_text().strip() if ref.is_file() else rev
+    commit = _read_ref(ref) if ref.exists() else rev
     snap = root / "snapshots" / commit
     if not snap.is_dir():
         have = sorted(p.name for p in (root / "refs").glob("*")) if (root / "refs").is_dir() else []
@@ -48,3 +51,24 @@ def resolve_model_dir(name: str, need: str = "config.json") -> Path:
     if not (snap / need).is_file():
         raise HorizonError(f"{name!r}: the cached snapshot {snap} has no {need} (a partial download?)")
     return snap
+
+
+_COMMIT = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+
+def _read_ref(ref: Path) -> str:
+    """The commit a refs/<branch> file names. A damaged cache (binary bytes, a FIFO, a folder,
+    a path instead of a hash) is one line naming the file, never a UnicodeDecodeError, a hang
+    or a snapshot outside the cache."""
+    refuse_non_regular(ref, "the cache's ref file")
+    try:
+        with open(ref, "rb") as f:
+            raw = f.read(256)
+        commit = raw.decode("ascii").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise HorizonError(f"{ref}: damaged Hugging Face cache ref ({type(e).__name__}); "
+                           "want a commit hash: fetch the model again") from None
+    if not _COMMIT.match(commit) or commit in (".", ".."):
+        raise HorizonError(f"{ref}: damaged Hugging Face cache ref ({raw[:40]!r}); want a commit hash: "
+                           "fetch the model again")
+    return commit

@@ -84,6 +84,10 @@ def calibrate(device: str = "cpu", *, quick: bool = False, model: ModelSpec | No
     figure is the mean over rounds of its time. `disk_dir`: the folder whose disk the disk tier
     would use (default: the system temp dir), `disk_io` how the disk tier reads and writes it."""
     rounds = rounds or (1 if quick else 3)
+    from horizon_exec.measure.arg_bounds import ROUNDS, check_disk_dir
+    if not ROUNDS[0] <= rounds <= ROUNDS[1]:
+        raise HorizonError(f"rounds={rounds} must be in {ROUNDS[0]}..{ROUNDS[1]}")
+    check_disk_dir(disk_dir)  # before the minutes of measuring that come first
     if device == "cpu":
         return _calibrate_cpu(quick, model, policy, say, rounds, (disk_dir, disk_io))
     if device.startswith("cuda"):

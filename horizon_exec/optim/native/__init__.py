@@ -12,7 +12,11 @@ meets a CPU it was not built for. A new build is cached only once it passes a se
 child process (selftest.py): a CPU that reports an instruction set it does not run kills the
 child, not the trainer, and the next flag set (generic ISA) is used. Its SHA-256 is recorded
 beside it (`.sha256`) and checked before every load: a cached object that was truncated or
-changed (dlopen maps it, and touching the missing part is a SIGBUS) is rebuilt instead. If no build works, `adamw()`
+changed (dlopen maps it, and touching the missing part is a SIGBUS) is rebuilt instead; and
+an object is loaded only once it has passed the self-test in a child (a `.verified` marker
+caches that verdict for the object's exact bytes, so the child runs once per build): a
+truncated object whose checksum file was recomputed to match kills the child, not the
+trainer, and is rebuilt. If no build works, `adamw()`
 returns None and `status()` says why; the optimizer then uses torch's kernels (slower: three
 passes) and refuses only what they cannot do (bf16 moments). HORIZON_NATIVE=0 turns the
 kernels off; CC picks the compiler (default cc).
@@ -109,11 +113,11 @@ def _build(cc: str) -> tuple[Path, list[str], list[str]]:
         out = folder / f"adamw-{key}.so"
         mark = out.with_suffix(".rejected")
         if out.exists():
-            why = _damaged(out)
+            why = _damaged(out) or _unverified(out)
             if not why:
                 return out, flags, rejected
             rejected.append(f"the cached {out.name} was {why}: rebuilt")   # dlopen of it could die (SIGBUS)
-            for f in (out, _sum_file(out)):
+            for f in (out, _sum_file(out), _verified_file(out)):
                 with contextlib.suppress(OSError):
                     f.unlink()
         if mark.exists():
@@ -135,6 +139,7 @@ def _build(cc: str) -> tuple[Path, list[str], list[str]]:
                 continue
             _write_atomic(_sum_file(out), _sha256(tmp) + "\n")  # before the object: never one unverifiable
             os.replace(tmp, out)  # atomic: a concurrent process sees all of it or nothing
+            _write_atomic(_verified_file(out), _fingerprint(out) + "\n")  # its self-test passed above
             return out, flags, rejected
         finally:
             if os.path.exists(tmp):
@@ -144,6 +149,37 @@ def _build(cc: str) -> tuple[Path, list[str], list[str]]:
 
 def _sum_file(so: Path) -> Path:
     return so.with_suffix(".sha256")
+
+
+def _verified_file(so: Path) -> Path:
+    return so.with_suffix(".verified")
+
+
+def _fingerprint(so: Path) -> str:
+    """What a `.verified` marker vouches for: the object's SHA-256, size, inode and mtime."""
+    st = so.stat()
+    return f"{_sha256(so)} {st.st_size} {st.st_ino} {st.st_mtime_ns}"
+
+
+def _unverified(so: Path) -> str:
+    """'' when this exact object passed a self-test in a child process (its `.verified` marker
+    matches it), else the self-test is run now, in a child, and '' when it passes (the verdict
+    is cached in the marker). A matching checksum alone is not enough: a truncated object
+    whose `.sha256` was recomputed to match kills the process that maps it with SIGBUS
+    (exit 135, no message); the child dies instead, and the object is rebuilt."""
+    mark = _verified_file(so)
+    try:
+        fp = _fingerprint(so)
+        if mark.is_file() and mark.read_text().strip() == fp:
+            return ""
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    why = _self_test(str(so))
+    if why:
+        return f"refused by a load check in a child process ({why})"
+    with contextlib.suppress(OSError):
+        _write_atomic(mark, fp + "\n")
+    return ""
 
 
 def _sha256(path) -> str:
