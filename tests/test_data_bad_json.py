@@ -37,13 +37,15 @@ def test_a_surrogate_pair_is_text(tmp_path):
 
 
 def test_chat_template_failure_names_the_record(tmp_path):
-    """A message the template cannot render (content not a string) names file:line too."""
-    from horizon_exec.files import data
-
-    class Tok(ByteTokenizer):
-        def render_chat(self, messages, tools=None):
-            raise HorizonError("chat template of X: TypeError: can only concatenate str")
+    """A message the template cannot render (content not a string: `'<' + 5` raises inside
+    jinja) names file:line and the template's folder, in one line."""
+    from horizon_exec.files.tokenize import load_tokenizer
+    from tests.hf_tokenizers import tokenizer_folder
+    tok = load_tokenizer(tokenizer_folder(tmp_path / "tok", template=(
+        "{% for m in messages %}{{ '<' + m['content'] + '>' }}{% endfor %}")))
     p = tmp_path / "d.jsonl"
-    p.write_text('{"messages": [{"role": "user", "content": 5}]}\n')
-    with pytest.raises(HorizonError, match=rf"^{p}:1: chat template of X"):
-        data.load_dataset(p, Tok(), 8, 0.0)
+    p.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n'
+                 '{"messages": [{"role": "user", "content": 5}]}\n')
+    with pytest.raises(HorizonError, match=rf"^{p}:2: chat template of .*tok") as e:
+        load_dataset(p, tok, 8, 0.0)
+    assert "\n" not in str(e.value)
