@@ -23,13 +23,15 @@ CASES = [
 
 
 @pytest.mark.parametrize("argv,says", CASES, ids=[" ".join(a) for a, _ in CASES])
-def test_refused_before_measuring(tmp_path, capsys, argv, says):
+def test_refused_before_measuring(tmp_path, capsys, monkeypatch, argv, says):
+    def measuring(*a, **k):  # the measuring code is loaded through this, after the checks
+        raise AssertionError("measured before refusing")
+    for cmd in ("calibrate_cmd", "validate_cmd"):
+        monkeypatch.setattr(f"horizon_exec.cli.{cmd}.import_executor", measuring)
     (tmp_path / "AFILE").write_text("x")
     argv = [str(tmp_path / a) if a == "AFILE" else a for a in argv]
     out = ["-o", str(tmp_path / "hw.toml")] if argv[0] == "calibrate" else ["--out", str(tmp_path / "r")]
-    t0 = time.perf_counter()
     assert main(argv + out) == 2
-    assert time.perf_counter() - t0 < 5, "measured before refusing"
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
 
