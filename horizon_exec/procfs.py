@@ -36,22 +36,24 @@ def mem_available_bytes() -> int | None:
     return meminfo_bytes("MemAvailable")
 
 
-def rss_bytes() -> int:
-    """This process's resident set size now (0 where /proc is not available)."""
+def _statm_bytes(column: int) -> int:
+    """/proc/self/statm's `column` (0: address space, 1: resident) in bytes; 0 where /proc is
+    not available."""
     try:
         with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            return int(f.read().split()[column]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (0 where /proc is not available)."""
+    return _statm_bytes(1)
 
 
 def vm_size_bytes() -> int:
     """This process's address space now (VmSize; 0 where /proc is not available)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+    return _statm_bytes(0)
 
 
 def address_space_limit_bytes() -> int | None:
