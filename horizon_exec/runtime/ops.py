@@ -25,6 +25,7 @@ from horizon_exec.model.layout import block_layout, head_device_layout, host_lay
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
 from horizon_exec.optim.adamw import AdamW, clip_coef
 from horizon_exec.runtime.positions import AttentionInputs
+from horizon_exec.runtime.sq_norm import sq_norm
 from horizon_sim.schedule.op import Holds, Op, OpKind
 from horizon_sim.schedule.partition import Part, Partition
 
@@ -145,7 +146,7 @@ class OpRunner:
     def set_sq_norm(self, name: str, g) -> None:
         """The unit's GRAD_SQ buffer `name` <- ||g||^2, reduced where g lives (device or
         host), stored on the host."""
-        sq = torch.linalg.vector_norm(g, dtype=torch.float32).square().to(torch.float64)
+        sq = sq_norm(g)
         out = self.buf.get(name)
         if sq.device == out.device:
             out.copy_(sq.reshape(1))

@@ -12,6 +12,7 @@ from horizon_exec.procfs import meminfo_bytes
 from horizon_exec.device.hugepages import host_bytes
 
 from horizon_exec.measure.calibrate.timing import _median_time
+from horizon_exec.runtime.sq_norm import sq_norm
 from horizon_sim.schedule import Lane
 from horizon_sim.sim.costs import COPY_TRAFFIC
 from horizon_sim.units import GiB
@@ -50,14 +51,13 @@ def measure_copy_GBps(nbytes: int, direction: str) -> float:
 
 
 def measure_reduce_GBps(nbytes: int) -> float:
-    """An offload's squared-norm pass (torch.linalg.vector_norm into fp32) over a bf16
-    gradient, as the copy lane does it: gradients cold in this core's cache, the pass's fp32
-    temporary served the way glibc serves it after warm-up."""
+    """An offload's squared-norm pass (runtime/sq_norm.py: through a float32 scratch) over a
+    bf16 gradient, as the copy lane does it: gradients cold in this core's cache."""
     pool = _cold_pool(nbytes, pool_bytes=48 * 2**20, host=False)  # device-side gradients
     it = iter(range(10**9))
 
     def one():
-        torch.linalg.vector_norm(pool[next(it) % len(pool)], dtype=torch.float32).square()
+        sq_norm(pool[next(it) % len(pool)])
     for _ in range(3):
         one()
     return nbytes / _median_time(one, min_s=0.03) / 1e9
