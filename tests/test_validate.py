@@ -80,6 +80,25 @@ def test_drift_references_are_the_heaviest_gemms_priced_by_the_table():
         probe.close()
 
 
+def test_drift_references_on_a_gpu_table_are_not_launch_bound():
+    """On a GPU the quick configurations' GEMMs take a few microseconds whatever their size
+    (an H200 measured them at '0.00x' the table's rate): the probe times the table's own
+    largest shapes instead."""
+    from dataclasses import replace
+
+    from horizon_exec.measure.drift import MIN_CALL_S, drift_gemms
+    from horizon_sim.sim.costs import CostModel
+    rows = (("bf16", "nn", 512.0, 512.0, 512.0, 17.0), ("bf16", "nn", 4096.0, 4096.0, 4096.0, 800.0),
+            ("bf16", "tn", 8192.0, 8192.0, 8192.0, 850.0), ("fp32", "nn", 16384.0, 16384.0, 16384.0, 50.0))
+    hw = replace(CPU_HW, device=replace(CPU_HW.device, gemm_TFLOPs=rows))
+    costs = CostModel(hw, "bf16")
+    assert drift_gemms(hw, costs, QUICK_CONFIGS)[:2] == [("tn", 8192, 8192, 8192), ("nn", 4096, 4096, 4096)]
+    slow = replace(hw, device=replace(hw.device, gemm_TFLOPs=tuple(r[:5] + (1e-3,) for r in rows)))
+    kept = drift_gemms(slow, CostModel(slow, "bf16"), QUICK_CONFIGS)  # a slow device: the configs' own
+    assert kept and all(m <= 512 for _, m, _, _ in kept)
+    assert all(2 * m * n * k / 1e9 >= MIN_CALL_S for _, m, n, k in kept)
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--out", "FILE"], "is a file, not a folder"),
     (["--steps", "0"], "--steps 0 must be >= 1"),

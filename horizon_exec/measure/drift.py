@@ -25,6 +25,12 @@ MAX_SHAPES = 8
 """GEMM shapes timed per sample: the validation models' largest (by FLOPs x count), enough
 to average the per-shape noise, few enough that a sample takes well under a second here."""
 
+MIN_CALL_S = 20e-6
+"""A reference GEMM the file predicts faster than this is launch-bound on a GPU (a kernel takes
+a few microseconds whatever its size), where the table's rate says nothing: on an H200 the
+quick configurations' shapes (m <= 128) measured at "0.00x" their predicted speed. Such shapes
+are left out; if none is left, the table's own largest bf16 shapes are the reference."""
+
 
 @dataclass
 class Drift:
@@ -49,6 +55,23 @@ def reference_gemms(configs, max_shapes: int = MAX_SHAPES) -> list[tuple[str, in
     return sorted(weight, key=lambda s: (-weight[s], s))[:max_shapes]
 
 
+def _predicted_s(costs, shape) -> float:
+    lay, m, n, k = shape
+    return 2.0 * m * n * k / (costs.gemm.rate(lay, (m, n, k)) * 1e12)
+
+
+def drift_gemms(hw: HardwareSpec, costs, configs) -> list[tuple[str, int, int, int]]:
+    """The GEMM references: the configurations' largest shapes that are not launch-bound
+    (MIN_CALL_S), else the file's own largest bf16 shapes; none without a GEMM table."""
+    if not costs.gemm:
+        return []
+    shapes = [s for s in reference_gemms(configs) if _predicted_s(costs, s) >= MIN_CALL_S]
+    if not shapes:
+        table = [(r[1], int(r[2]), int(r[3]), int(r[4])) for r in hw.device.gemm_TFLOPs if r[0] == "bf16"]
+        shapes = sorted(table, key=lambda s: (-s[1] * s[2] * s[3], s))[:MAX_SHAPES // 2]
+    return shapes
+
+
 class DriftProbe:
     """Times the references; `sample()` appends one figure of each to `drift`."""
 
@@ -57,9 +80,8 @@ class DriftProbe:
         from horizon_exec.measure.probe import _sync_for
         self.device, self.sync = device, _sync_for(device)
         costs = CostModel(hw, "bf16")
-        self.shapes = reference_gemms(configs) if costs.gemm else []
-        self.gemm_pred_s = sum(2.0 * m * n * k / (costs.gemm.rate(lay, (m, n, k)) * 1e12)
-                               for lay, m, n, k in self.shapes)
+        self.shapes = drift_gemms(hw, costs, configs)
+        self.gemm_pred_s = sum(_predicted_s(costs, s) for s in self.shapes)
         sched = build_schedule(TINY, TINY_POLICY)
         tiny_costs = CostModel(hw, TINY_POLICY.compute_dtype, sched.meta)
         self.tiny_ops = {op.id: tiny_costs.compute_s(op) for op in sched.ops if op.lane == Lane.COMPUTE}

@@ -60,10 +60,12 @@ def _device_events(sched, timeline: pd.DataFrame, staging: bool, effects):
     return ev
 
 
-def device_trace(sched, timeline: pd.DataFrame, staging: bool = True, effects=None) -> pd.DataFrame:
+def device_trace(sched, timeline: pd.DataFrame, staging: bool = True, effects=None,
+                 runtime_bytes: int = 0) -> pd.DataFrame:
     """Device bytes in use over the step: columns time_s, bytes (staging: see _device_events;
-    effects: op_effects(sched), when the caller has them already)."""
-    base = sched.static_bytes(Space.DEVICE)
+    effects: op_effects(sched), when the caller has them already; runtime_bytes: held for the
+    whole step outside the Schedule's buffers, the math libraries' workspaces)."""
+    base = sched.static_bytes(Space.DEVICE) + runtime_bytes
     rows, cur = [(0.0, base)], base
     effects = op_effects(sched) if effects is None else effects
     for time_s, _, delta, _ in _device_events(sched, timeline, staging, effects):

@@ -19,7 +19,7 @@ from horizon_sim.sim.memory import HostFootprint, device_trace, host_footprint
 from horizon_sim.sim.summary import Summary, summarize
 from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.hardware import HardwareSpec
-from horizon_sim.units import GiB
+from horizon_sim.units import GiB, MiB
 
 
 @dataclass(frozen=True)
@@ -104,9 +104,11 @@ def simulate(sched: Schedule, hw: HardwareSpec) -> SimResult:
     costs = CostModel(hw, sched.meta.policy["compute_dtype"], sched.meta)
     tl = run_timeline(sched, hw, costs)
     effects = op_effects(sched)  # which buffers each op takes and gives back: both traces use them
-    trace = device_trace(sched, tl, staging=not hw.link.cpu_driven, effects=effects)
+    # The math libraries' workspaces: taken at the first matmul and held, under every op.
+    library_bytes = int(hw.device.library_workspace_MiB * MiB)
+    trace = device_trace(sched, tl, staging=not hw.link.cpu_driven, effects=effects, runtime_bytes=library_bytes)
     host = host_footprint(sched, tl, int(hw.host.runtime_overhead_GiB * GiB), dma=not hw.link.cpu_driven,
                           effects=effects)  # the node's: its ranks' buffers, the shared store once
-    bound = device_peak_bound(sched, staging=not hw.link.cpu_driven, effects=effects)
+    bound = device_peak_bound(sched, staging=not hw.link.cpu_driven, effects=effects) + library_bytes
     summary = summarize(sched, hw, tl, trace, host, costs, bound)
     return SimResult(sched, hw, tl, trace, host, summary)

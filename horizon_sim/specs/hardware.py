@@ -110,6 +110,11 @@ class DeviceSpec:
     reserved_GiB: float = 1.5
     """Device memory tensors cannot use: CUDA context, cuBLAS/cuDNN workspaces and allocator
     slack (an estimate; the CUDA context alone is typically 0.3-0.6 GiB)."""
+    library_workspace_MiB: float = 0.0
+    """Device memory the math libraries take at the first matmul and keep: the cuBLAS and
+    cuBLASLt workspaces of the compute stream, handed out by PyTorch's caching allocator and never
+    given back, so part of every measured device peak. 0 on the CPU backend; the GPU presets cite
+    their figure; `calibrate --device cuda` measures it."""
     launch_overhead_us: float = 8.0
     """Fixed cost of one schedule op on the device (the several kernel launches of one layer
     op and the gaps between them), microseconds. An estimate; calibrate measures it."""
@@ -149,6 +154,7 @@ class DeviceSpec:
         _check_name("device default_link", self.default_link)
         _check_number(self, "device", "matmul_efficiency", high=1.0)
         _check_number(self, "device", "reserved_GiB", low_ok=True)
+        _check_number(self, "device", "library_workspace_MiB", low_ok=True)
         _check_number(self, "device", "launch_overhead_us", low_ok=True)
         _check_number(self, "device", "reduce_GBps", low_ok=True)
         _check_number(self, "device", "loss_ns_per_logit", low_ok=True)

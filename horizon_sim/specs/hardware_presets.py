@@ -60,47 +60,64 @@ def _mib(n: int) -> float:
 
 
 # ---- devices -------------------------------------------------------------------------------
+# library_workspace_MiB (DeviceSpec): the cuBLAS + cuBLASLt workspaces PyTorch keeps for the
+# compute stream. Hopper: 64 MiB measured (an H200, torch 2.11+cu130, 2026-11-27: this project's
+# device run, tests/test_exec_cuda.py's depth test: 66.3 MiB allocated at rest after a step
+# against 2.3 MiB of the executor's own buffers). Earlier GPUs: estimate, 2 x PyTorch's default
+# CUBLAS_WORKSPACE_CONFIG below Hopper (":4096:2:16:8" = 8.125 MiB), on the same two-workspace
+# pattern.
+HOPPER_WORKSPACE_MiB = 64.0
+PRE_HOPPER_WORKSPACE_MiB = 16.25
 DEVICES: dict[str, DeviceSpec] = {
     d.name: d for d in (
         # A100 SXM4 40GB: NVIDIA A100 datasheet: bf16 312 TF dense (624 sparse), FP32 19.5 TF,
         # HBM2 1,555 GB/s. nvidia-smi "NVIDIA A100-SXM4-40GB": 40960 MiB. Host link PCIe 4.0.
         DeviceSpec(name="a100-40gb", hbm_GiB=_mib(40960), bf16_TFLOPs=312.0, fp32_TFLOPs=19.5,
-                   hbm_GBps=1555.0, default_link="pcie-gen4"),
+                   hbm_GBps=1555.0, default_link="pcie-gen4",
+                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
         # A100 SXM4 80GB: same datasheet: bf16 312 TF, FP32 19.5 TF, HBM2e 2,039 GB/s.
         # nvidia-smi "NVIDIA A100-SXM4-80GB": 81920 MiB.
         DeviceSpec(name="a100-80gb", hbm_GiB=_mib(81920), bf16_TFLOPs=312.0, fp32_TFLOPs=19.5,
-                   hbm_GBps=2039.0, default_link="pcie-gen4"),
+                   hbm_GBps=2039.0, default_link="pcie-gen4",
+                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
         # H100 SXM5: NVIDIA H100 datasheet: bf16 1,979 TF with sparsity -> 989 dense (989.4),
         # FP32 67 TF, HBM3 3.35 TB/s. nvidia-smi "NVIDIA H100 80GB HBM3": 81559 MiB. PCIe 5.0.
         DeviceSpec(name="h100-sxm", hbm_GiB=_mib(81559), bf16_TFLOPs=989.0, fp32_TFLOPs=67.0,
-                   hbm_GBps=3350.0, default_link="pcie-gen5"),
+                   hbm_GBps=3350.0, default_link="pcie-gen5",
+                   library_workspace_MiB=HOPPER_WORKSPACE_MiB),
         # H100 PCIe: same datasheet: bf16 1,513 TF sparse -> 756 dense, FP32 51 TF, HBM2e
         # 2.0 TB/s. nvidia-smi "NVIDIA H100 PCIe": 81559 MiB.
         DeviceSpec(name="h100-pcie", hbm_GiB=_mib(81559), bf16_TFLOPs=756.0, fp32_TFLOPs=51.0,
-                   hbm_GBps=2000.0, default_link="pcie-gen5"),
+                   hbm_GBps=2000.0, default_link="pcie-gen5",
+                   library_workspace_MiB=HOPPER_WORKSPACE_MiB),
         # H200 SXM: NVIDIA H200 datasheet: 141 GB HBM3e at 4.8 TB/s; same GH100 compute as
         # H100 SXM (bf16 989 dense, FP32 67). nvidia-smi "NVIDIA H200": 143771 MiB = 140.4 GiB.
         DeviceSpec(name="h200", hbm_GiB=_mib(143771), bf16_TFLOPs=989.0, fp32_TFLOPs=67.0,
-                   hbm_GBps=4800.0, default_link="pcie-gen5"),
+                   hbm_GBps=4800.0, default_link="pcie-gen5",
+                   library_workspace_MiB=HOPPER_WORKSPACE_MiB),
         # GH200 (96 GB HBM3 version, sold as "GH200 480GB"): GH200 datasheet: Hopper GPU with
         # bf16 990 TF dense, FP32 67 TF, HBM3 4 TB/s. nvidia-smi "NVIDIA GH200 480GB":
         # 97871 MiB. Host link NVLink-C2C. (The 144 GB HBM3e version reports 146831 MiB.)
         DeviceSpec(name="gh200", hbm_GiB=_mib(97871), bf16_TFLOPs=990.0, fp32_TFLOPs=67.0,
-                   hbm_GBps=4000.0, default_link="nvlink-c2c"),
+                   hbm_GBps=4000.0, default_link="nvlink-c2c",
+                   library_workspace_MiB=HOPPER_WORKSPACE_MiB),
         # L40S: NVIDIA L40S datasheet: bf16 362.05 TF dense (733 sparse), FP32 91.6 TF,
         # GDDR6 864 GB/s, PCIe 4.0 x16. nvidia-smi "NVIDIA L40S": 46068 MiB.
         DeviceSpec(name="l40s", hbm_GiB=_mib(46068), bf16_TFLOPs=362.05, fp32_TFLOPs=91.6,
-                   hbm_GBps=864.0, default_link="pcie-gen4"),
+                   hbm_GBps=864.0, default_link="pcie-gen4",
+                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
         # RTX 4090: NVIDIA Ada (AD102) architecture whitepaper: bf16 tensor with FP32 accumulate
         # 165.2 TF dense (the 330 TF figure is FP16 accumulate), FP32 82.6 TF, GDDR6X
         # 1,008 GB/s. nvidia-smi "NVIDIA GeForce RTX 4090": 24564 MiB. PCIe 4.0 x16.
         DeviceSpec(name="rtx-4090", hbm_GiB=_mib(24564), bf16_TFLOPs=165.2, fp32_TFLOPs=82.6,
-                   hbm_GBps=1008.0, default_link="pcie-gen4"),
+                   hbm_GBps=1008.0, default_link="pcie-gen4",
+                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
         # RTX 3090: NVIDIA Ampere GA102 whitepaper (appendix A): bf16 tensor with FP32
         # accumulate 71 TF dense (142 sparse), FP32 35.6 TF, GDDR6X 936 GB/s.
         # nvidia-smi "NVIDIA GeForce RTX 3090": 24576 MiB. PCIe 4.0 x16.
         DeviceSpec(name="rtx-3090", hbm_GiB=_mib(24576), bf16_TFLOPs=71.0, fp32_TFLOPs=35.6,
-                   hbm_GBps=936.0, default_link="pcie-gen4"),
+                   hbm_GBps=936.0, default_link="pcie-gen4",
+                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
     )
 }
 

@@ -24,6 +24,7 @@ DEVICE = {
     "hbm_GBps": (RATE_MIN, 1e12),
     "matmul_efficiency": (RATE_MIN, 1.0),
     "reserved_GiB": (0.0, 1 << 50),
+    "library_workspace_MiB": (0.0, 1 << 40),
     "launch_overhead_us": (0.0, 1e9),         # 1000 s
     "reduce_GBps": (0.0, 1e9),
     "loss_ns_per_logit": (0.0, 1e9),

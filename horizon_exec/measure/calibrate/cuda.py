@@ -27,7 +27,7 @@ from horizon_exec.procfs import cpu_name
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import work
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
-from horizon_sim.units import GiB
+from horizon_sim.units import GiB, MiB
 
 
 def _device_seconds(fn, *, min_s: float = 0.01, max_reps: int = 200, batches: int = 3) -> float:
@@ -71,6 +71,24 @@ def _attention(seq: int, hd: int, dtype, device, heads: int = 8, kv_heads: int =
     t_f = _device_seconds(fwd, max_reps=50)
     t_b = max(_device_seconds(fwd_bwd, max_reps=50) - t_f, 0.1 * t_f)
     return nominal / t_f / 1e12, 2.0 * nominal / t_b / 1e12
+
+
+def _library_workspace_bytes(dev_t) -> int:
+    """Device bytes the math libraries take for a stream at its first matmuls and keep (the
+    cuBLAS and cuBLASLt workspaces, per handle and stream): what the executor's compute stream
+    holds under every step. Measured on a fresh stream, the products themselves freed."""
+    a = torch.ones(256, 256, device=dev_t, dtype=torch.bfloat16)
+    bias = torch.ones(256, device=dev_t, dtype=torch.bfloat16)
+    a32, bias32 = a.float(), bias.float()
+    s = torch.cuda.Stream(dev_t)
+    torch.cuda.synchronize(dev_t)
+    before = torch.cuda.memory_allocated(dev_t)
+    with torch.cuda.stream(s):  # the executor's kinds of product: mm, and linear with a bias (Lt)
+        for x, b in ((a, bias), (a32, bias32)):
+            x @ x
+            torch.nn.functional.linear(x, x, b)
+    torch.cuda.synchronize(dev_t)
+    return max(0, torch.cuda.memory_allocated(dev_t) - before)
 
 
 def _preset_for(gpu_name: str):
@@ -153,6 +171,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     # the GEMM grid and the loss kernels) mem_get_info counted them as reserved for good.
     del d, pinned, pageable, small_d, small_h
     sync()
+    library_ws = _library_workspace_bytes(dev_t)
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(dev_t)
     not_ours = max(0, total - free - torch.cuda.memory_reserved(dev_t))
@@ -162,7 +181,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     devspec = DeviceSpec(name=props.name, hbm_GiB=props.total_memory / GiB, bf16_TFLOPs=peak,
                          fp32_TFLOPs=max(preset.fp32_TFLOPs, fp32_best) if preset else fp32_best,
                          hbm_GBps=elem, default_link="calibrated", matmul_efficiency=min(1.0, bf16_best / peak),
-                         reserved_GiB=not_ours / GiB + 0.5,
+                         reserved_GiB=not_ours / GiB + 0.5, library_workspace_MiB=library_ws / MiB,
                          launch_overhead_us=lat, loss_ns_per_logit=loss_ns,
                          gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn),
                          masked_attention_TFLOPs=tuple(mattn))
