@@ -35,3 +35,16 @@ def test_a_bf16_host_gradient_is_reduced_without_a_float32_copy():
     assert float(sq_norm(g)) == n
     faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
     assert faults < (4 * n // 4096) // 20, f"{faults} page faults: a float32 copy of the gradient was made"
+
+
+def test_rows_norm_equals_the_whole_norm_of_a_row_sparse_matrix():
+    """The embedding's gradient: zero outside the step's token rows, so the rows' norm is the
+    whole one (what embed_bwd now computes instead of sweeping the vocabulary)."""
+    from horizon_exec.runtime.sq_norm import sq_norm_rows
+    V, H = 5000, 3000  # 349 rows a chunk: several chunks, the last one part full
+    g = torch.zeros(V, H, dtype=torch.bfloat16)
+    ids = torch.randint(0, V, (4000,), generator=torch.Generator().manual_seed(1))
+    g.index_add_(0, ids, torch.randn(4000, H, generator=torch.Generator().manual_seed(2)).bfloat16())
+    rows = torch.unique(ids)
+    assert float(sq_norm_rows(g, rows)) == pytest.approx(_ref(g), rel=1e-12)
+    assert float(sq_norm_rows(g, rows[:10])) == pytest.approx(_ref(g[rows[:10]]), rel=1e-12)

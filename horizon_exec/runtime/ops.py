@@ -25,7 +25,7 @@ from horizon_exec.model.layout import block_layout, head_device_layout, host_lay
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
 from horizon_exec.optim.adamw import AdamW, clip_coef
 from horizon_exec.runtime.positions import AttentionInputs
-from horizon_exec.runtime.sq_norm import sq_norm
+from horizon_exec.runtime.sq_norm import sq_norm, sq_norm_rows
 from horizon_sim.schedule.op import Holds, Op, OpKind
 from horizon_sim.schedule.partition import Part, Partition
 
@@ -143,10 +143,10 @@ class OpRunner:
         finally:
             self.ctx.temp_peak[op.id] = getattr(cm, "peak", 0)
 
-    def set_sq_norm(self, name: str, g) -> None:
-        """The unit's GRAD_SQ buffer `name` <- ||g||^2, reduced where g lives (device or
-        host), stored on the host."""
-        sq = sq_norm(g)
+    def set_sq_norm(self, name: str, g, rows=None) -> None:
+        """The unit's GRAD_SQ buffer `name` <- ||g||^2 (rows: of g's rows only, the others
+        being zero), reduced where g lives (device or host), stored on the host."""
+        sq = sq_norm(g) if rows is None else sq_norm_rows(g, rows)
         out = self.buf.get(name)
         if sq.device == out.device:
             out.copy_(sq.reshape(1))
@@ -178,9 +178,13 @@ class OpRunner:
             g.zero_()
         ids = self.ctx.tokens[self._rows(op.micro)].reshape(-1)
         V, H = self.m.vocab, self.m.hidden
-        g[:V * H].view(V, H).index_add_(0, ids, hdx.to(g.dtype))
+        g2 = g[:V * H].view(V, H)
+        g2.index_add_(0, ids, hdx.to(g.dtype))
         for sq in self.buf.all(op.writes, Holds.GRAD_SQ):
-            self.set_sq_norm(sq, g)
+            if self.m.tied_embeddings:  # the head's gradient landed here too: dense
+                self.set_sq_norm(sq, g)
+            else:  # zeroed at the step's first micro-batch: nonzero only on its token rows
+                self.set_sq_norm(sq, g2, rows=torch.unique(self.ctx.tokens))
 
     # ---- copies across the link ------------------------------------------------------------
     def copy_h2d(self, op):

@@ -37,3 +37,22 @@ def sq_norm(g: torch.Tensor) -> torch.Tensor:
         s.copy_(piece)
         total += float(torch.linalg.vector_norm(s)) ** 2
     return torch.tensor(total, dtype=torch.float64)
+
+
+def sq_norm_rows(m: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """||m[rows]||^2 (float64, 0-d) of a 2-d host tensor, the rows gathered a chunk at a time
+    into per-thread scratch: the embedding's gradient is zero outside the step's token rows, so
+    its norm need not sweep the vocabulary (545M elements for Qwen2.5-7B: ~0.3 s on one core)."""
+    if m.device.type != "cpu":
+        return sq_norm(m.index_select(0, rows))
+    per = max(1, CHUNK_ELEMS // max(1, m.shape[1]))
+    gathered = getattr(_scratch, "rows", None)
+    if gathered is None or gathered.dtype != m.dtype or gathered.numel() < per * m.shape[1]:
+        gathered = _scratch.rows = torch.empty(per * m.shape[1], dtype=m.dtype)
+    total = 0.0
+    for a in range(0, rows.numel(), per):
+        idx = rows[a:a + per]
+        out = gathered[:idx.numel() * m.shape[1]].view(idx.numel(), m.shape[1])
+        torch.index_select(m, 0, idx, out=out)
+        total += float(sq_norm(out))
+    return torch.tensor(total, dtype=torch.float64)

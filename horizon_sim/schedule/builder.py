@@ -312,14 +312,18 @@ class _Builder:
         g = b.hgrad(EMBED)
         exists = self.deps.written(g)
         last = m == self.last_micro
-        # A fresh dense embedding grad is zeroed first; the last micro also sums its squares for
-        # the global norm. Both sweep the whole matrix.
-        sweeps = (0 if exists else 1) + (1 if last else 0)
+        # A fresh dense embedding grad is zeroed first (a sweep of the whole matrix); the last
+        # micro also sums its squares for the global norm: over the step's token rows (the rest
+        # is zero), or the whole matrix when a tied head's gradient landed in it too.
+        tied = self.model.tied_embeddings
+        sweeps = (0 if exists else 1) + (1 if last and tied else 0)
+        norm_rows = self.tokens * self.policy.micro_batches if last and not tied else 0  # at most
         grad_b = DTYPE_BYTES[b.host_grad_dtype]
         self.emit(OpKind.EMBED_BWD, EMBED, m, reads=[hdx] + ([g] if exists else []),
                   writes=[g] + ([b.gsq(EMBED)] if last else []), frees=[hdx],
                   host_bytes=self.tokens * self.model.hidden * (a + 2 * grad_b)
-                  + sweeps * self.model.embedding_params * grad_b)
+                  + sweeps * self.model.embedding_params * grad_b
+                  + min(norm_rows, self.model.vocab) * self.model.hidden * 2 * grad_b)
         if last:
             self.reduce_across_ranks(EMBED)
         self.place_optimizer("grads", EMBED, m)

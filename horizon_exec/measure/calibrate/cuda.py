@@ -17,7 +17,8 @@ from dataclasses import replace
 import torch
 
 from horizon_exec.measure.calibrate.disk import disk_host_fields
-from horizon_exec.measure.calibrate.host import os_reserved_GiB, measure_adam_Gparams, measure_bus_GBps, ram_GiB
+from horizon_exec.measure.calibrate.host import (measure_accumulate_GBps, measure_adam_Gparams, measure_bus_GBps,
+                                                 os_reserved_GiB, ram_GiB)
 from horizon_exec.measure.calibrate.kernels import (_ColdOperands, _gemm_shapes, attention_calls, attention_grid,
                                             gemm_grid, measure_elementwise, measure_loss_ns_per_logit,
                                             slope_GBps)
@@ -75,18 +76,21 @@ def _attention(seq: int, hd: int, dtype, device, heads: int = 8, kv_heads: int =
 
 def _library_workspace_bytes(dev_t) -> int:
     """Device bytes the math libraries take for a stream at its first matmuls and keep (the
-    cuBLAS and cuBLASLt workspaces, per handle and stream): what the executor's compute stream
-    holds under every step. Measured on a fresh stream, the products themselves freed."""
-    a = torch.ones(256, 256, device=dev_t, dtype=torch.bfloat16)
-    bias = torch.ones(256, device=dev_t, dtype=torch.bfloat16)
-    a32, bias32 = a.float(), bias.float()
+    cuBLAS and cuBLASLt workspaces, one set per handle and stream): what the executor's compute
+    stream holds under every step. Its forward products run on the lane's thread, its backward
+    ones on autograd's device thread, which has a cuBLAS handle of its own: an H200 (torch 2.11)
+    held 64 MiB in the executor, 33 MiB for the forward kinds alone. Measured on a fresh stream,
+    the products themselves freed."""
+    leaves = [(torch.ones(256, 256, device=dev_t, dtype=dt, requires_grad=True),
+               torch.ones(256, device=dev_t, dtype=dt, requires_grad=True)) for dt in (torch.bfloat16, torch.float32)]
     s = torch.cuda.Stream(dev_t)
     torch.cuda.synchronize(dev_t)
     before = torch.cuda.memory_allocated(dev_t)
-    with torch.cuda.stream(s):  # the executor's kinds of product: mm, and linear with a bias (Lt)
-        for x, b in ((a, bias), (a32, bias32)):
-            x @ x
-            torch.nn.functional.linear(x, x, b)
+    with torch.cuda.stream(s):  # the executor's kinds of product: mm, linear with a bias (Lt), backward
+        for x, b in leaves:
+            y = torch.nn.functional.linear(x @ x, x, b)
+            torch.autograd.grad(y.sum(), (x, b))
+            del y
     torch.cuda.synchronize(dev_t)
     return max(0, torch.cuda.memory_allocated(dev_t) - before)
 
@@ -164,6 +168,9 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     adam = measure_adam_Gparams(2**24 if not quick else 2**21, quick)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     bus = measure_bus_GBps(64 * 2**20, cores)
+    # The CPU lane's gathers, scatters and reductions (embedding rows, host-gradient sums), at
+    # the intra-op threads its torch calls get: without it they were priced at the whole bus.
+    thread = measure_accumulate_GBps(2**24 if not quick else 2**21)
     ram = ram_GiB()
 
     # What the driver reports in use that this process's tensors are not: the CUDA context,
@@ -187,7 +194,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
                          masked_attention_TFLOPs=tuple(mattn))
     link = LinkSpec(name="calibrated", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=lat, pageable_GBps=pg)
     hst = HostSpec(name=cpu_name(), ram_GiB=ram, dram_GBps=bus, cores=os.cpu_count() or 1,
-                   adam_Gparams_per_s=adam, os_reserved_GiB=os_reserved_GiB(ram))
+                   adam_Gparams_per_s=adam, os_reserved_GiB=os_reserved_GiB(ram), thread_GBps=thread)
     hw = HardwareSpec(device=devspec, link=link, host=hst)
 
     prog.step("fixed cost per op: a tiny model, ops serialized")
