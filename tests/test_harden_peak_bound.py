@@ -38,7 +38,8 @@ def test_a_late_offload_raises_the_peak_up_to_the_bound_and_no_further(cfg):
     below it."""
     sched = build_schedule(cfg.model, cfg.policy)
     fast, slow = simulate(sched, HW).summary, simulate(sched, _slowed(HW, d2h=0.02)).summary
-    assert fast.device_peak_bytes == slow.device_peak_bytes == device_peak_bound(sched)  # timing-free
+    library = int(HW.device.library_workspace_MiB * 2**20)  # cuBLAS workspaces, held all step
+    assert fast.device_peak_bytes == slow.device_peak_bytes == device_peak_bound(sched) + library  # timing-free
     assert fast.device_typical_peak_bytes <= slow.device_typical_peak_bytes <= slow.device_peak_bytes
     assert slow.device_peak_bytes <= 1.02 * slow.device_typical_peak_bytes  # and tight: met by a slow link
 

@@ -244,7 +244,7 @@ def test_mfu_against_a_hardware_file(tmp_path, capsys):
     from horizon_sim.specs.hardware_presets import make_hardware
     save_hardware(make_hardware("a100-80gb", "512GiB"), tmp_path / "hw.toml")
     argv = ["train", "--model", "tiny", "--steps", "1", "--batch", "2", "--seq", "32", "--no-progress",
-            "--eval-batches", "0", "--hardware", str(tmp_path / "hw.toml")]
+            "--eval-batches", "0", "--hardware", str(tmp_path / "hw.toml"), "--compute-dtype", "bf16"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "MFU against a100-80gb bf16 peak 312 TFLOP/s" in out and "% " in out.split("final loss")[1]

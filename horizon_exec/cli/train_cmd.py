@@ -80,7 +80,9 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     m.add_argument("--save-shard-size", default="5GB", metavar="SIZE",
                    help="largest safetensors shard of --save-hf (default 5GB)")
 
-    add_policy_args(p)
+    add_policy_args(p, compute_help="dtype of the device's matmuls and activations (default: bf16 on a GPU and on "
+                                    "CPUs with bf16 matrix instructions, avx512_bf16/amx_bf16; fp32 on other CPUs, "
+                                    "where bf16 GEMMs run tens of times slower)")
     p.add_argument("--grad-accum", dest="micro_batches", type=int, default=argparse.SUPPRESS, metavar="N",
                    help="gradient accumulation: the same as --micro-batches N (the batch runs as N "
                         "micro-batches, gradients add up on the host; loss = token mean of the whole batch)")
@@ -191,6 +193,9 @@ def run_train(args: argparse.Namespace) -> int:
         from horizon_exec.dist.rendezvous import quiet_cpp_logs
         quiet_cpp_logs()
     from horizon_exec.train.checks import check_train_args
+    if args.compute_dtype is None:  # before anything reads the policy (node admission, the ranks)
+        from horizon_exec.device.compute_dtype import default_compute_dtype
+        args.compute_dtype, args.compute_dtype_why = default_compute_dtype(args.device)
     check_train_args(args)
     launch.check_launch_args(args)
     from horizon_exec.train.outputs import follow_save_hf, prepare_outputs
@@ -372,6 +377,8 @@ def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what,
           f"{len(ds.eval)} eval sequences of {policy.seq}")
     if tr.admission is not None:
         print(f"admission: fits: {tr.admission.line()}")
+    why = getattr(args, "compute_dtype_why", "")
+    print(f"compute: {policy.compute_dtype}" + (f" by default: {why}" if why else ""))
     master = "split fp32 master (bf16 copy + low half)" if policy.split_master else f"{policy.master_dtype} master"
     disk = f" on disk ({tr.disk.method} I/O in {tr.disk.folder})" if tr.disk is not None else ""
     print(f"optimizer: AdamW ({policy.optimizer}), {master}, {policy.states_dtype} moments{disk}: "

@@ -26,6 +26,7 @@ from horizon_exec.runtime.nonfinite import NonFiniteGuard
 from horizon_exec.optim.adamw import AdamW, clip_coef
 from horizon_exec.runtime.positions import AttentionInputs
 from horizon_exec.runtime.sq_norm import sq_norm, sq_norm_rows
+from horizon_sim.schedule.builder import embed_norm_over_rows
 from horizon_sim.schedule.op import Holds, Op, OpKind
 from horizon_sim.schedule.partition import Part, Partition
 
@@ -181,10 +182,10 @@ class OpRunner:
         g2 = g[:V * H].view(V, H)
         g2.index_add_(0, ids, hdx.to(g.dtype))
         for sq in self.buf.all(op.writes, Holds.GRAD_SQ):
-            if self.m.tied_embeddings:  # the head's gradient landed here too: dense
+            if embed_norm_over_rows(self.m, self.ctx.tokens.numel()):  # zeroed at the step's first
+                self.set_sq_norm(sq, g2, rows=torch.unique(self.ctx.tokens))  # micro: its token rows
+            else:  # many tokens, or a tied head's gradient landed here too: a sweep
                 self.set_sq_norm(sq, g)
-            else:  # zeroed at the step's first micro-batch: nonzero only on its token rows
-                self.set_sq_norm(sq, g2, rows=torch.unique(self.ctx.tokens))
 
     # ---- copies across the link ------------------------------------------------------------
     def copy_h2d(self, op):

@@ -16,7 +16,9 @@ def _renamed(use: str):
     return Renamed
 
 
-def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D) -> None:
+def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_help: str | None = None) -> None:
+    """compute_help: the command picks the compute dtype's default itself (--compute-dtype then
+    defaults to None, resolved before policy_from_args), and says how here."""
     g = p.add_argument_group("policy")
     # "ckpt" meant both activation checkpoints (these) and training checkpoints (horizon train
     # --ckpt-dir/--save-every): the old names are refused rather than silently read as one.
@@ -40,7 +42,8 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D) -> None:
                         f"clipping), or pipelined into the next forward (default {defaults.optimizer})")
     g.add_argument("--grad-clip", type=float, default=None,
                    help=f"global-norm clip, 0 = off (default {defaults.grad_clip}, or 0 with --optimizer backward)")
-    g.add_argument("--compute-dtype", choices=DTYPES, default=defaults.compute_dtype)
+    g.add_argument("--compute-dtype", choices=DTYPES, default=None if compute_help else defaults.compute_dtype,
+                   help=compute_help or f"dtype of the device's matmuls and activations (default {defaults.compute_dtype})")
     g.add_argument("--master-dtype", choices=MASTER_CHOICES, default=_master_choice(defaults),
                    help="host master weights: 'fp32' (default); 'split': the exact fp32 master kept as its "
                         "bf16 working copy plus a 16-bit low half (4 bytes per parameter with the copy, "

@@ -46,6 +46,14 @@ PENDING_D2H = 2
 waits (backpressure)."""
 
 
+
+def embed_norm_over_rows(model, step_tokens: int) -> bool:
+    """Whether the embedding gradient's squared norm is taken over the step's token rows rather
+    than by a sweep of the matrix: untied (a tied head's gradient fills every row) and tokens
+    under half the vocabulary (at most that many rows are nonzero; gathering costs twice a sweep
+    per element)."""
+    return not model.tied_embeddings and 2 * step_tokens < model.vocab
+
 class _Builder:
     def __init__(self, model: ModelSpec, policy: Policy, devices_per_node: int = 1, nodes: int = 1):
         check_sizes(model, policy)  # before any work that grows with the sizes
@@ -313,17 +321,18 @@ class _Builder:
         exists = self.deps.written(g)
         last = m == self.last_micro
         # A fresh dense embedding grad is zeroed first (a sweep of the whole matrix); the last
-        # micro also sums its squares for the global norm: over the step's token rows (the rest
-        # is zero), or the whole matrix when a tied head's gradient landed in it too.
-        tied = self.model.tied_embeddings
-        sweeps = (0 if exists else 1) + (1 if last and tied else 0)
-        norm_rows = self.tokens * self.policy.micro_batches if last and not tied else 0  # at most
+        # micro also sums its squares for the global norm: over the step's token rows when they
+        # are few against the vocabulary (the rest is zero; gathered, so 2 x the bytes), else
+        # (or when a tied head's gradient landed in it too) a sweep (ops.embed_bwd decides alike).
+        step_tokens = self.tokens * self.policy.micro_batches
+        rows = last and embed_norm_over_rows(self.model, step_tokens)
+        sweeps = (0 if exists else 1) + (1 if last and not rows else 0)
         grad_b = DTYPE_BYTES[b.host_grad_dtype]
         self.emit(OpKind.EMBED_BWD, EMBED, m, reads=[hdx] + ([g] if exists else []),
                   writes=[g] + ([b.gsq(EMBED)] if last else []), frees=[hdx],
                   host_bytes=self.tokens * self.model.hidden * (a + 2 * grad_b)
                   + sweeps * self.model.embedding_params * grad_b
-                  + min(norm_rows, self.model.vocab) * self.model.hidden * 2 * grad_b)
+                  + (step_tokens * self.model.hidden * 2 * grad_b if rows else 0))
         if last:
             self.reduce_across_ranks(EMBED)
         self.place_optimizer("grads", EMBED, m)
