@@ -41,8 +41,10 @@ def test_disk_full_at_a_checkpoint_keeps_the_previous_one():
 
 @needs_tmpfs
 def test_disk_full_at_save_hf_says_where_the_weights_are():
-    """1050 KiB: the last checkpoint fits (the up-front check skipped), the HF save does not."""
-    r = in_tmpfs('$TRAIN --steps 2 --ckpt-dir "$M/ck" --save-hf "$M/out" --no-admission' + INSPECT, size="1050k")
+    """1050 KiB: the last checkpoint fits (the up-front check skipped), the HF save does not
+    (bf16 compute: the sizes this was set for; fp32's pending gradients are twice as large)."""
+    r = in_tmpfs('$TRAIN --steps 2 --ckpt-dir "$M/ck" --save-hf "$M/out" --no-admission --compute-dtype bf16'
+                 + INSPECT, size="1050k")
     assert "rc=1" in r.stdout and "final loss" in r.stdout, (r.stdout, r.stderr)
     line = _one_error_line(r.stderr)
     assert "--save-hf: cannot write the HF checkpoint /mnt/out: no space left on the device" in line, line
