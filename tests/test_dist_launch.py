@@ -4,6 +4,7 @@ its port is taken; the rendezvous is bounded by --dist-timeout; the launcher exi
 when stopped, one line when the launch fails; a rank outlives a SIGKILLed launcher by well
 under a second. No test here starts a real rank (2 shared cores): the refusals come first,
 and torch.distributed.run is replaced where the launch itself is the point."""
+import re
 import signal
 import socket
 import subprocess
@@ -49,7 +50,10 @@ def test_ranks_x_per_rank_footprint_over_the_host_budget_is_refused(monkeypatch,
     assert main(BASE + ["--nproc-per-node", "24", "--oversubscribe", "--host-budget", "1GiB"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("horizon train: error: --nproc-per-node 24 does not fit this node's host RAM: 24 ranks x ")
-    assert "1.00 GiB available (--host-budget); at most 1 rank(s) fit" in err and err.count("\n") == 1
+    # the per-rank figure holds this process's measured runtime (a pytest worker's, ~1 GiB after
+    # other tests): how many ranks fit depends on it, so only that fewer than 24 do is fixed
+    fit = re.search(r"1\.00 GiB available \(--host-budget\); at most (\d+) rank\(s\) fit$", err.strip())
+    assert fit and int(fit[1]) < 24 and err.count("\n") == 1, err
 
 
 def test_a_master_port_in_use_is_named(capsys):
