@@ -165,6 +165,16 @@ def test_make_hardware_uses_the_device_default_link():
     assert "h200" in hw.name
 
 
+def test_a_gh200_comes_with_its_grace_host():
+    """A GH200 is a GPU and a Grace CPU on one module: planned with the x86 default host, it
+    got an x86 server's cores, bus and AdamW rate."""
+    gh = make_hardware("gh200", "480GB")
+    assert gh.host.name == "grace" and gh.host.cores == HOSTS["grace"].cores
+    assert gh.host.ram_GiB == pytest.approx(480e9 / GiB)  # --ram still sets its size
+    assert make_hardware("gh200", host="default").host.name == "default"  # and a host can be named
+    assert make_hardware("h200").host.name == "default"
+
+
 @pytest.mark.parametrize("ram, GiB_expected", [
     ("1.5TB", 1.5 * TB / GiB),
     ("1024GiB", 1024.0),

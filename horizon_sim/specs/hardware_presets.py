@@ -183,15 +183,24 @@ def host_preset(name: str) -> HostSpec:
     return _lookup("host", HOSTS, name)
 
 
+DEFAULT_HOSTS: dict[str, str] = {
+    # A GH200 is one module: the Hopper GPU and a Grace CPU joined by NVLink-C2C (NVIDIA GH200
+    # datasheet), so its host is Grace whatever box it sits in, never the x86 default.
+    "gh200": "grace",
+}
+"""Device preset -> the host preset it comes with; others get 'default' (an x86 server)."""
+
+
 def make_hardware(gpu: str, ram: str | int | None = None, link: str | None = None,
-                  host: str = "default", gpus: int = 1, nodes: int = 1, cluster: str | None = None) -> HardwareSpec:
+                  host: str | None = None, gpus: int = 1, nodes: int = 1, cluster: str | None = None) -> HardwareSpec:
     """A machine from presets: `gpu` with its default link unless `link` is given, and the
-    `host` preset with its RAM replaced by `ram` ('1.5TB', '1024GiB', '512G' or bytes; per
-    node); `gpus` devices per node and `nodes` nodes joined as the `cluster` preset (default:
-    the box the device usually comes in; cluster.py)."""
+    `host` preset (default: the one the device comes with, DEFAULT_HOSTS) with its RAM replaced
+    by `ram` ('1.5TB', '1024GiB', '512G' or bytes; per node); `gpus` devices per node and
+    `nodes` nodes joined as the `cluster` preset (default: the box the device usually comes in;
+    cluster.py)."""
     dev = device_preset(gpu)
     lnk = link_preset(dev.default_link if link is None else link)
-    hst = host_preset(host)
+    hst = host_preset(host if host is not None else DEFAULT_HOSTS.get(dev.name, "default"))
     if ram is not None:
         hst = replace(hst, ram_GiB=parse_size(ram, "ram") / GiB)
     cl = make_cluster(gpu, gpus, nodes, cluster)
