@@ -9,8 +9,9 @@ the hardware file predicts, in a thread set up like the compute lane:
   fixed   the calibration's tiny model with its ops serialized (calibrate.overheads.TinyProbe)
           against the file's prediction of its compute ops, which is what calibration measured.
 Each figure is predicted time / measured time: 1.00 is the calibrated machine, 0.90 a machine
-running 10% slower. Validation reports them beside the errors and corrects nothing with them,
-so a user can tell a cost-model error from a machine that changed under the measurement.
+running 10% slower. Validation reports them beside the errors, so a user can tell a cost-model
+error from a machine that changed under the measurement, and when one is off by more than 5%
+also the errors with the factors applied (validate/corrected.py).
 """
 import statistics
 from dataclasses import dataclass, field

@@ -35,6 +35,7 @@ import pandas as pd
 
 from horizon_exec.measure.validate.compare import MiB, Outcome, compare
 from horizon_exec.measure.validate.configs import CONFIGS, QUICK_CONFIGS, Config
+from horizon_exec.measure.validate.corrected import machine_moved, scaled_hardware
 from horizon_exec.measure.validate.measure import PER_TURN, measure
 from horizon_exec.measure.validate.metrics import LANES, timeline_metrics
 from horizon_exec.measure.validate.report import COST_TERMS, dumps, figures_text, markdown, speed_text, write_reports
@@ -74,6 +75,11 @@ def validate(hw: HardwareSpec, configs=CONFIGS, *, steps: int = 6, warmup: int =
             say(f"validate {cfg.name:<11} step {r['step_s_meas'] * 1e3:7.1f} ms measured, "
                 f"{r['step_s_pred'] * 1e3:7.1f} predicted ({r['step_s_err']:+.1%}); device peak "
                 f"{r['device_peak_MiB_err']:+.1%}, host RSS {r['rss_MiB_err']:+.1%}")
+    if machine_moved(drift):  # the machine was not the calibrated one: the errors on it too
+        fast = scaled_hardware(hw, drift.get("gemm_speed"), drift.get("fixed_cost_speed"))
+        for o, cfg, res in zip(outcomes, configs, results):
+            c = compare(cfg, fast, res, device).row
+            o.row["step_s_pred_corrected"], o.row["step_s_err_corrected"] = c["step_s_pred"], c["step_s_err"]
     table = pd.DataFrame([o.row for o in outcomes])
     v = Validation(hw, outcomes, table, time.perf_counter() - t0, drift=drift)
     if out_dir is not None:

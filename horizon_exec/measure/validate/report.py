@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from horizon_exec.measure.validate.corrected import factors_text
 from horizon_exec.measure.validate.measure import PER_TURN
 from horizon_exec.measure.validate.validation import Validation
 from horizon_sim.errors import HorizonError
@@ -83,6 +84,21 @@ def speed_text(drift: dict) -> str:
             + one("fixed_cost_speed", "per-op fixed costs"))
 
 
+def step_headline(f: dict, drift: dict) -> str:
+    """'median |step-time error| X%', and when the machine was not quiet (corrected.py) the
+    error with the probe's factors applied too, the headline first."""
+    measured = f"median |step-time error| {f['median_abs_step_err']:.1%}"
+    if not f.get("machine_moved"):
+        return measured
+    corr = (f"{f['median_abs_step_err_corrected']:.1%} with the drift probe's factors applied "
+            f"({factors_text(drift)})")
+    if f["headline"] == "corrected":
+        return (f"median |step-time error| {corr}; {f['median_abs_step_err']:.1%} as measured "
+                "(the machine was not quiet: it ran at another speed than calibrated)")
+    return (f"{measured} as measured; the machine was not quiet and the probe's samples disagree with "
+            f"each other, so its factors are not trusted: {corr}")
+
+
 def _multi_rank_text(f: dict, t: pd.DataFrame) -> str:
     if not f["multi_rank_configs"]:
         return ""
@@ -105,7 +121,7 @@ def markdown(v: Validation) -> str:
              "measured figures are medians over those steps. Predictions simulate the same Schedule on the calibrated "
              "HardwareSpec. Errors are (predicted - measured) / measured; overlap errors are in "
              "percentage points.", "",
-             f"**Median |step-time error| {f['median_abs_step_err']:.1%}**, worst {f['worst_step_err']:+.1%} "
+             f"**M{step_headline(f, v.drift)[1:]}**, worst {f['worst_step_err']:+.1%} "
              f"({f['worst_step_config']}); max |device peak error| {f['max_abs_device_peak_err']:.1%}; "
              f"max |host RSS error| {f['max_abs_rss_err']:.1%}; max |overlap error| "
              f"{f['max_abs_overlap_err_pp']:.1f} pp. "
@@ -115,9 +131,13 @@ def markdown(v: Validation) -> str:
              "",
              "**Machine speed against the hardware file** (horizon_exec/measure/drift.py: references timed before "
              "the first turn and after each, while the configurations waited; predicted / measured time, "
-             "1.00 = the calibrated machine; nothing is corrected with them): "
+             "1.00 = the calibrated machine; one off by more than 5% puts the errors with the factors "
+             "applied beside the measured ones, horizon_exec/measure/validate/corrected.py): "
              + speed_text(v.drift).split(": ", 1)[1] + ". A step-time error of the same sign and size as "
-             "(speed - 1) is the machine having changed since calibration, not the cost model.", "",
+             "(speed - 1) is the machine having changed since calibration, not the cost model."
+             + (" Step error with the factors applied, per configuration: "
+                + ", ".join(f"{r['config']} {_pct(r['step_s_err_corrected'])}" for r in t.to_dict(orient="records"))
+                + "." if f["machine_moved"] else ""), "",
              "| config | what | step meas (ms) | step pred (ms) | step err | compute busy err | h2d busy err | "
              "d2h busy err | cpu busy err | overlap meas / pred | device peak meas (MiB) | dev err | "
              "dev peak max (MiB) | dev bound (MiB) | RSS meas (MiB) | RSS err | step spread | page faults / step |",
@@ -172,7 +192,7 @@ def write_reports(v: Validation, out: Path, plots: bool = True) -> list[Path]:
 
 def figures_text(v: Validation) -> str:
     f = v.figures()
-    return (f"median |step-time error| {f['median_abs_step_err']:.1%} over {f['configs']} configurations, "
+    return (f"{step_headline(f, v.drift)} over {f['configs']} configurations, "
             f"worst {f['worst_step_err']:+.1%} ({f['worst_step_config']}); device peak error <= "
             f"{f['max_abs_device_peak_err']:.1%}; host RSS error <= {f['max_abs_rss_err']:.1%}; "
             + (f"data parallel ({f['multi_rank_configs']} configurations) median |step-time error| "

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from horizon_exec.measure.validate.corrected import samples_agree
 from horizon_sim.specs.hardware import HardwareSpec
 
 
@@ -24,9 +25,17 @@ class Validation:
         step = t.step_s_err.abs()
         worst = t.loc[step.idxmax()]
         multi = t[t.ranks > 1] if "ranks" in t else t.iloc[:0]
+        corrected = "step_s_err_corrected" in t
+        median_corr = float(t.step_s_err_corrected.abs().median()) if corrected else None
+        headline = "corrected" if corrected and samples_agree(self.drift) else "measured"
         return {
             "configs": len(t),
             "median_abs_step_err": float(step.median()),
+            # the machine ran faster or slower than calibrated (corrected.py): the errors with the
+            # probe's factors applied, the headline only when its samples agree with each other
+            "machine_moved": corrected, "median_abs_step_err_corrected": median_corr,
+            "headline": headline,
+            "headline_median_abs_step_err": median_corr if headline == "corrected" else float(step.median()),
             "worst_step_err": float(worst.step_s_err), "worst_step_config": str(worst.config),
             "max_abs_device_peak_err": float(t.device_peak_MiB_err.abs().max()),
             "max_abs_rss_err": float(t.rss_MiB_err.abs().max()),
@@ -41,6 +50,7 @@ class Validation:
 
     def errors_json(self) -> dict:
         cols = ["config", "ranks", "step_s_err", "device_peak_MiB_err", "device_bound_held", "rss_MiB_err", "overlap_err"]
+        cols += [c for c in ("step_s_err_corrected",) if c in self.table]
         cols += [c for c in self.table.columns if c.startswith("busy_") and c.endswith("_err")]
         return {"figures": self.figures(), "hardware": self.hardware.name, "machine_speed": self.drift,
                 "configs": [{k: (None if pd.isna(v) else v) for k, v in r.items()}
