@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh clone:
 #   make demo   set up, plan the paper's headline scenario, calibrate this machine, train a
-#               small model, validate predicted vs measured, write reports/ (about 3 minutes after set-up)
+#               small model, validate predicted vs measured, write reports/ (minutes where the CPU has
+#               bf16 instructions; 27 minutes on a 2-core AVX2 machine, where bf16 GEMMs are emulated)
 #   make test   set up, then run the test suite
 # Set-up makes .venv with the CPU build of torch that this machine kind has on disk
 # (TORCH=torch==2.13.0). On a GPU box, install your CUDA torch in .venv first or set TORCH.
@@ -31,13 +32,13 @@ demo: $(STAMP)
 	$(VENV)/bin/horizon plan --model dense-120b --gpu h200 --ram 1.5TB --batch 8 --seq 4096 \
 	    --optimizer backward --grad-clip 0 --master-dtype split --act-ckpt-on device --no-advice
 	@echo
-	@echo "== 3/6 calibrate this machine for the executor's CPU backend (about 50 s)"
+	@echo "== 3/6 calibrate this machine for the executor's CPU backend (about a minute with bf16 CPU instructions, 8-9 without)"
 	$(VENV)/bin/horizon calibrate -o reports/machine.toml
 	@echo
 	@echo "== 4/6 train a small Llama-style model for real through the streaming executor (CPU backend)"
 	$(VENV)/bin/horizon train --model tiny --steps 20 --batch 4 --seq 128
 	@echo
-	@echo "== 5/6 predicted vs measured: eleven configurations through the executor and the planner (about 2 min)"
+	@echo "== 5/6 predicted vs measured: eleven configurations through the executor and the planner (2-10 min)"
 	$(VENV)/bin/horizon validate --hardware reports/machine.toml --out reports
 	@echo
 	@echo "== 6/6 planner reports (headline, fit table, optimizer modes, checkpoints, feasibility map, scale out, against ZeRO-3 offload, host bytes)"
