@@ -195,9 +195,8 @@ def run_train(args: argparse.Namespace) -> int:
     from horizon_exec.train.checks import check_train_args
     if args.compute_dtype is None:  # before anything reads the policy (node admission, the ranks)
         from horizon_exec.device.compute_dtype import default_compute_dtype
-        args.compute_dtype, args.compute_dtype_why = default_compute_dtype(args.device)
-        if args.master_dtype == "split":  # its high half is the bf16 working copy: bf16 compute
-            args.compute_dtype, args.compute_dtype_why = "bf16", ""
+        args.compute_dtype, args.compute_dtype_why = default_compute_dtype(args.device,
+                                                                           master_dtype=args.master_dtype)
     check_train_args(args)
     launch.check_launch_args(args)
     from horizon_exec.train.outputs import follow_save_hf, prepare_outputs

@@ -17,9 +17,10 @@ def cpu_has_bf16_matmul(flags_line: str | None = None) -> bool:
     return any(f in words for f in BF16_FLAGS)
 
 
-def default_compute_dtype(device: str, flags_line: str | None = None) -> tuple[str, str]:
-    """(dtype, why): why is '' when nothing needs saying (bf16 where bf16 is fast)."""
-    if not device.startswith("cpu") or cpu_has_bf16_matmul(flags_line):
+def default_compute_dtype(device: str, flags_line: str | None = None, master_dtype: str = "fp32") -> tuple[str, str]:
+    """(dtype, why): why is '' when nothing needs saying (bf16 where bf16 is fast, or where the
+    policy needs it: a split master's high half is the bf16 working copy)."""
+    if master_dtype == "split" or not device.startswith("cpu") or cpu_has_bf16_matmul(flags_line):
         return "bf16", ""
     return "fp32", ("this CPU has no bf16 matrix instructions (avx512_bf16, amx_bf16), where bf16 GEMMs run "
                     "tens of times slower than fp32; --compute-dtype bf16 to use it anyway")
