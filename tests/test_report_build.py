@@ -35,7 +35,7 @@ def test_readme_links_point_at_files_that_exist(built):
     assert links and all((out / t).is_file() for t in links), [t for t in links if not (out / t).is_file()]
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme)
     assert set(images) == {"headline_overlap.png", "optimizer_modes.png", "ckpt_memory.png",
-                           f"feasibility_{CFG.map_gpu}.png", "scale_out.png", "peer_compare.png"}
+                           f"feasibility_{CFG.map_gpu}.png", "scale_out.png", "peer_compare.png", "published.png"}
     for f in res["files"]:  # everything written is linked from the README (or is the README)
         assert f == "README.md" or f in links, f
     assert "make reports" in readme and "estimate" in readme
@@ -45,7 +45,7 @@ def test_readme_links_point_at_files_that_exist(built):
 def test_pngs_are_real_images(built):
     out, res = built
     pngs = [f for f in res["files"] if f.endswith(".png")]
-    assert len(pngs) == 6
+    assert len(pngs) == 7
     for f in pngs:
         data = (out / f).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, f

@@ -12,7 +12,9 @@ EXAMPLE = """example:
   horizon calibrate -o /tmp/machine.toml && horizon validate --hardware /tmp/machine.toml
   horizon validate --hardware machine.toml --configs base,wide_after --steps 8 --json
   horizon validate                 # calibrates first (about 40 s), then validates
-  horizon validate --hardware machine.toml --peer deepspeed   # the ZeRO-3 offload peer, for real"""
+  horizon validate --hardware machine.toml --peer deepspeed   # the ZeRO-3 offload peer, for real
+  horizon validate --published     # the planner against published GPU measurements (no torch, seconds)
+  horizon validate --published my_rows.toml --out /tmp/pub"""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -21,7 +23,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                      "data-parallel ranks sharing this machine, CPU backend only) through the executor, "
                      "simulate the same Schedule on the hardware file, and compare step time, busy time per "
                      "lane, overlap, device peak and host RSS. Writes validation.md, validation.csv and "
-                     "validation_<config>.png into --out. Progress goes to stderr.")
+                     "validation_<config>.png into --out. With --published: the planner alone against "
+                     "published GPU measurements (no torch). Progress goes to stderr.")
     p.epilog = EXAMPLE
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--hardware", default=None, metavar="FILE.toml",
@@ -39,10 +42,16 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "time and RSS with the peer's simulated Schedule; writes validation_peer.md/.csv")
     p.add_argument("--peer-threads", type=int, default=1,
                    help="torch threads of the peer's runs (default 1: the calibrated compute core)")
+    p.add_argument("--published", nargs="?", const="", default=None, metavar="FILE.toml",
+                   help="instead of running anything, plan every published measurement (the built-in file, or "
+                        "FILE.toml in its format) on the setup its source ran and print predicted, published and "
+                        "error per row with a median per quantity; writes published.md/.csv/.png into --out")
     p.add_argument("--json", action="store_true", help="print the errors as one JSON object")
 
 
 def run(a: argparse.Namespace) -> int:
+    if a.published is not None:
+        return _run_published(a)
     check_validate(a)  # every bound before a calibration or a configuration runs
     out = Path(a.out)
     if out.exists() and not out.is_dir():
@@ -117,4 +126,33 @@ def _run_peer(a: argparse.Namespace, out: Path) -> int:
     cols = ["config", "step_s_meas", "step_s_pred", "step_s_err", "rss_MiB_meas", "rss_MiB_err"]
     print(v.table[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print("wrote " + ", ".join(str(f) for f in v.files))
+    return 0
+
+
+_PUBLISHED_ALONE = (("hardware", None), ("configs", None), ("quick", False), ("device", "cpu"), ("peer", None))
+
+
+def _run_published(a: argparse.Namespace) -> int:
+    """The planner only (no torch): every row runs on the machine its source names."""
+    for flag, default in _PUBLISHED_ALONE:
+        if getattr(a, flag) != default:
+            raise HorizonError(f"--{flag} does not apply to --published (each row names its own machine and setup)")
+    from horizon_sim.published import load_rows, run_suite
+    from horizon_sim.published.write import write_published
+    out = Path(a.out)
+    if out.exists() and not out.is_dir():
+        raise HorizonError(f"--out {a.out!r} is a file, not a folder")
+    rows = load_rows(a.published) if a.published else load_rows()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HorizonError(f"--out {a.out!r}: cannot create the folder ({e.strerror})") from None
+    res = run_suite(rows, say=say)
+    files = write_published(res, out, plots=not a.no_plots)
+    if a.json:
+        import json
+        print(json.dumps({"figures": res.figures(), "rows": res.table.to_dict(orient="records")}, default=str))
+        return 0
+    print(res.text())
+    print("wrote " + ", ".join(str(f) for f in files))
     return 0

@@ -118,6 +118,16 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec(name="rtx-3090", hbm_GiB=_mib(24576), bf16_TFLOPs=71.0, fp32_TFLOPs=35.6,
                    hbm_GBps=936.0, default_link="pcie-gen4",
                    library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
+        # V100 SXM2 32GB (for the published ZeRO-Offload/ZeRO-3 Offload figures, run on DGX-2):
+        # NVIDIA V100 datasheet: "Tensor Performance" 125 TF (SXM2), FP32 15.7 TF, HBM2 900 GB/s.
+        # Volta has no bf16: its 16-bit rate here is fp16 on tensor cores, the precision those
+        # runs trained in (the planner's 16-bit compute dtype stands for either). nvidia-smi
+        # memory.total 32480 MiB: DeepSpeed's ZeRO-Offload tutorial screenshot of its DGX-2 run
+        # (microsoft/DeepSpeed docs/assets/images/zero_offload_dp1_10B_smi.png, "32290MiB /
+        # 32480MiB"). Host link PCIe 3.0 (DGX-2: PCIe switches to the CPUs).
+        DeviceSpec(name="v100-32gb", hbm_GiB=_mib(32480), bf16_TFLOPs=125.0, fp32_TFLOPs=15.7,
+                   hbm_GBps=900.0, default_link="pcie-gen3",
+                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
     )
 }
 
@@ -134,10 +144,22 @@ HOSTS: dict[str, HostSpec] = {
                  adam_Gparams_per_s=4.0),
         # NVIDIA Grace (the CPU half of a GH200 "480GB"): 72 Neoverse V2 cores, 480 GB
         # LPDDR5X at up to 546 GB/s peak (NVIDIA Grace Hopper architecture whitepaper).
-        # ram_GiB: 480e9 bytes = 447 GiB (estimate of what the OS reports). dram_GBps and
-        # adam_Gparams_per_s: estimates (~75% of peak; Adam scaled by core count).
+        # ram_GiB: 480e9 bytes = 447 GiB (estimate of what the OS reports). dram_GBps:
+        # estimate (~75% of peak). adam_Gparams_per_s: DeepSpeed's vectorised CPU Adam on a
+        # GH200's Grace, 0.769 for 8B parameters (and 0.098 for 1B): 10.4 G params/s (SuperOffload
+        # blog, deepspeedai/DeepSpeed blogs/deepspeed-superoffload, figure 5 "Using GraceAdam ...";
+        # the table's unit is not printed, read as seconds per step). Horizon's native AdamW is
+        # the same kind of fused, vectorised loop (1.05-1.22x DeepSpeedCPUAdam on x86 here:
+        # benchmarks/adam_rates.py).
         HostSpec(name="grace", ram_GiB=447.0, dram_GBps=410.0, cores=72,
-                 adam_Gparams_per_s=5.0),
+                 adam_Gparams_per_s=10.4),
+        # NVIDIA DGX-2 (the V100 box of DeepSpeed's published ZeRO-Offload runs): DGX-2
+        # datasheet: 2x Intel Xeon Platinum 8168 (24 cores each, 2.7 GHz), 1.5 TB system memory.
+        # dram_GBps: estimate, ~75% of 12 channels of DDR4-2666 (256 GB/s theoretical).
+        # adam_Gparams_per_s: estimate, the rate of DeepSpeed's vectorised CPU Adam on this host
+        # (its ZeRO-Offload tutorial log: a 10B model's optimizer step in 6.2-6.5 s, so ~1.6).
+        HostSpec(name="dgx-2", ram_GiB=1397.0, dram_GBps=190.0, cores=48,
+                 adam_Gparams_per_s=1.6),
         # A desktop/workstation box for the RTX cards: 16 cores, 2 channels of DDR5-5600
         # (89.6 GB/s theoretical). All three rates: estimates (~70% of theoretical DRAM
         # bandwidth; Adam scaled down by cores from the server estimate).
@@ -187,6 +209,8 @@ DEFAULT_HOSTS: dict[str, str] = {
     # A GH200 is one module: the Hopper GPU and a Grace CPU joined by NVLink-C2C (NVIDIA GH200
     # datasheet), so its host is Grace whatever box it sits in, never the x86 default.
     "gh200": "grace",
+    # DeepSpeed's published V100 offload runs are on a DGX-2; a V100 is planned on its host.
+    "v100-32gb": "dgx-2",
 }
 """Device preset -> the host preset it comes with; others get 'default' (an x86 server)."""
 

@@ -1,0 +1,156 @@
+"""Plan every published row on the setup its source ran, and set the prediction beside the
+published figure: per row predicted, published and error; per quantity group the median
+|error|; rows the planner cannot model listed with the reason.
+
+    res = run_suite(load_rows())
+    print(res.text())
+"""
+import argparse
+import shlex
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+
+from horizon_sim.errors import HorizonError
+from horizon_sim.published.quantity import GROUPS, QUANTITIES, error
+from horizon_sim.published.rows import PublishedRow
+from horizon_sim.sim.simulate import SimResult
+from horizon_sim.specs.model import ModelSpec
+
+
+class _Parser(argparse.ArgumentParser):
+    """`horizon plan`'s parser, raising instead of exiting: a bad row is an error naming it."""
+
+    def error(self, message):
+        raise HorizonError(message)
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    from horizon_sim.cli import plan_cmd
+    p = _Parser(prog="horizon plan", add_help=False)
+    plan_cmd.configure(p)
+    return p
+
+
+def plan_row(row: PublishedRow) -> tuple[SimResult, ModelSpec]:
+    """The planner's step for the row's setup: Horizon's plan, or the ZeRO-3-offload peer's."""
+    from horizon_sim.cli.hardware_args import with_cluster
+    from horizon_sim.cli.policy_args import policy_from_args
+    from horizon_sim.peer.compare import parse_knobs, plan_zero3, zero3_like
+    from horizon_sim.plan import plan
+    from horizon_sim.specs.hardware_presets import make_hardware
+    from horizon_sim.specs.hf_config import load_model
+
+    a = _plan_parser().parse_args(shlex.split(row.plan))
+    if a.hardware or a.compare or a.json:
+        raise HorizonError("plan flags --hardware, --compare and --json have no place in a row "
+                           "(the row names its machine; system picks the peer)")
+    if row.system != "zero3-offload" and a.peer_knobs:
+        raise HorizonError("--peer-knobs is for system = 'zero3-offload' rows")
+    model = ModelSpec(**{"name": row.id, **row.model}) if row.model else load_model(a.model)
+    hw = with_cluster(make_hardware(a.gpu, a.ram, a.link), a)
+    policy = policy_from_args(a)
+    if row.system == "zero3-offload":
+        return plan_zero3(model, hw, zero3_like(policy, **parse_knobs(a.peer_knobs))), model
+    return plan(model, hw, policy), model
+
+
+COLUMNS = ["id", "source", "system", "quantity", "unit", "published", "predicted", "error", "planned_fits",
+           "assumed", "status", "cite"]
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    table: pd.DataFrame
+    """One row per published figure (COLUMNS); status 'ok', or why it was not compared;
+    planned_fits: the planner's verdict on the setup (a speed predicted for a setup it says does
+    not fit is still shown, marked); assumed: what the row assumes that its source leaves out."""
+
+    @property
+    def compared(self) -> pd.DataFrame:
+        return self.table[self.table.status == "ok"]
+
+    def medians(self) -> dict[str, dict]:
+        """Per quantity group: rows compared, median and worst |error| (for 'fit': verdicts wrong)."""
+        out = {}
+        for g in GROUPS:
+            t = self.compared[self.compared.quantity.map(lambda q: QUANTITIES[q].group) == g]
+            if len(t):
+                e = t.error.abs()
+                out[g] = {"rows": len(t), "median_abs_err": float(e.median()), "max_abs_err": float(e.max()),
+                          "wrong": int((e > 0).sum()) if g == "fit" else None}
+        return out
+
+    def figures(self) -> dict:
+        t = self.table
+        return {"rows": len(t), "compared": len(self.compared), "sources": int(t.source.nunique()),
+                "sources_compared": int(self.compared.source.nunique()), "groups": self.medians()}
+
+    def text(self) -> str:
+        f = self.figures()
+        lines = [f"published measurements: {f['rows']} rows from {f['sources']} sources; "
+                 f"{f['compared']} compared ({f['sources_compared']} sources), "
+                 f"{f['rows'] - f['compared']} not (reasons below)"]
+        for g, m in f["groups"].items():
+            if g == "fit":
+                lines.append(f"  fit verdicts: {m['rows'] - m['wrong']} of {m['rows']} right")
+            else:
+                lines.append(f"  {g}: median |error| {m['median_abs_err']:.1%} over {m['rows']} rows "
+                             f"(worst {m['max_abs_err']:.1%})")
+        lines.append("")
+        t = self.compared
+        w = max([len(i) for i in self.table.id] + [2]) + 1
+        lines.append(f"{'id':<{w}}  {'system':<13} {'quantity':<12} {'published':>10} {'predicted':>10} {'error':>9}")
+        for r in t.itertuples():
+            err = ("right" if r.error == 0 else "WRONG") if r.quantity == "fits" else f"{r.error:+.1%}"
+            if r.quantity != "fits" and not r.planned_fits:
+                err += " !"
+            name = r.id + ("*" if r.assumed else "")
+            lines.append(f"{name:<{w}}  {r.system:<13} {r.quantity:<12} {_num(r.published):>10} "
+                         f"{_num(r.predicted):>10} {err:>9}")
+        lines.append("* the source leaves part of the setup unstated; the row's assumption is in published.csv "
+                     "(assumed)")
+        if (t.quantity != "fits").any() and not t[t.quantity != "fits"].planned_fits.all():
+            lines.append("! the planner says this setup does not fit the device or host; the speed is what it "
+                         "would be")
+        rest = self.table[self.table.status != "ok"]
+        if len(rest):
+            lines += ["", "not compared:"]
+            lines += [f"  {r.id}: {r.status}" for r in rest.itertuples()]
+        return "\n".join(lines)
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+
+
+def run_suite(rows: list[PublishedRow], say: Callable[[str], None] | None = None) -> SuiteResult:
+    """Plan each row (once per distinct setup) and compare. A row whose setup the planner
+    refuses is kept, with the planner's reason as its status."""
+    plans: dict[tuple, tuple | HorizonError] = {}
+    out = []
+    for i, row in enumerate(rows):
+        q = QUANTITIES[row.quantity]
+        rec = dict(id=row.id, source=row.source, system=row.system, quantity=row.quantity, unit=q.unit,
+                   published=row.value, predicted=float("nan"), error=float("nan"), planned_fits=None,
+                   assumed=row.assumed, cite=row.cite)
+        if row.unreachable:
+            out.append({**rec, "status": f"not modelled: {row.unreachable}"})
+            continue
+        key = (row.system, row.plan, tuple(sorted(row.model.items())))
+        if key not in plans:
+            if say:
+                say(f"[{i + 1}/{len(rows)}] {row.id}: planning {row.system} {row.plan}")
+            try:
+                plans[key] = plan_row(row)
+            except HorizonError as e:
+                plans[key] = e
+        got = plans[key]
+        if isinstance(got, HorizonError):
+            out.append({**rec, "status": f"the planner refused the setup: {got}"})
+            continue
+        pred = q.read(*got)
+        out.append({**rec, "predicted": pred, "error": error(q, pred, row.value), "planned_fits": got[0].summary.fits,
+                    "status": "ok"})
+    return SuiteResult(pd.DataFrame(out, columns=COLUMNS))
