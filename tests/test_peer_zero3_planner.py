@@ -172,3 +172,42 @@ def test_sweep_compare_adds_the_peer_to_every_row(tmp_path, capsys):
     assert r.peer_tokens_per_s == pytest.approx(ref.summary.tokens_per_s) and bool(r.peer_fits) == ref.summary.fits
     c = doc["compare"]
     assert c["peer_fits"] == int(df.peer_fits.sum()) and c["both"] == int((df.fits & df.peer_fits).sum())
+
+
+def _peer_peak(model, link_GBps, **kw):
+    from dataclasses import replace
+    hw = make_hardware("a100-80gb", "256GiB")
+    hw = replace(hw, link=replace(hw.link, h2d_GBps=link_GBps, d2h_GBps=link_GBps))
+    z3 = Zero3Policy(**{"batch": 1, "seq": 64, "reduce_bucket_params": model.layer_params, "act_ckpt": True,
+                        "max_reuse_distance_params": 1, **kw})  # no fetched layer kept for its backward
+    return simulate(build_zero3_schedule(model, z3), hw).summary.device_peak_bytes
+
+
+def test_overlap_comm_keeps_in_flight_gradients_bounded(monkeypatch):
+    """With overlap_comm DeepSpeed stalls the backward while more than two bucket offloads are
+    outstanding (zero3_builder.MAX_REDUCE_EVENTS): on a link far slower than the backward the
+    device holds a few buckets of gradients at any depth, not every layer's. Without the stall
+    (the bound lifted) the same step holds the depth's worth."""
+    import horizon_sim.peer.zero3_builder as zb
+    slow = 0.05  # GB/s: every offload outlasts every backward
+    layer = small(L=8).layer_params * 2  # bf16 gradient of one layer (one bucket here)
+    p8 = _peer_peak(small(L=8), slow)
+    p32 = _peer_peak(small(L=32), slow)
+    # act_ckpt keeps each layer's input (seq x hidden bf16, 32 KiB): the rest must not grow
+    saved = 64 * 256 * 2
+    assert p32 - p8 <= 24 * saved + 2 * layer, (p8, p32)
+    monkeypatch.setattr(zb, "MAX_REDUCE_EVENTS", 10**9)
+    q32 = _peer_peak(small(L=32), slow)
+    assert q32 - p32 > 10 * layer, (p32, q32)  # the pile the bound prevents
+
+
+def test_the_reduce_bucket_is_a_persistent_device_buffer():
+    """DeepSpeed allocates reduce_bucket_size elements for its contiguous gradients once; the
+    peer's device peak carries it whatever the model's size."""
+    m = small(L=16)  # 12.2M parameters
+    for bucket, counted in ((1_000_000, 1_000_000), (10**9, m.total_params)):  # (a bucket above the model: what it fills)
+        s = build_zero3_schedule(m, Zero3Policy(batch=1, seq=64, reduce_bucket_params=bucket))
+        b = s.buffers["ipg_bucket"]
+        assert b.static and b.bytes == counted * 2
+    r = simulate(s, make_hardware("a100-80gb", "256GiB"))
+    assert r.summary.device_peak_bytes > 2 * m.total_params

@@ -19,7 +19,9 @@ vocabulary (plus BACKWARD_SAVED, FETCHED_WEIGHTS, SAVED_ACTIVATIONS). It reads a
             gradients gathered into buckets of reduce_bucket_params and offloaded as fp32 into
             the host partition (OFFLOAD_GRADS: 4 bytes per parameter over the link; added to
             the earlier micro-batches' on the host); overlap_comm off: the next backward waits
-            for each bucket's offload
+            for each bucket's offload; on: at most MAX_REDUCE_EVENTS offloads are in flight
+            when the next is issued (the backward waits for the oldest), and the bucket itself
+            is one persistent device buffer of reduce_bucket_params in the compute dtype
   end       the global norm over the host gradients, then DeepSpeedCPUAdam over every unit
             (OPTIMIZER, after backward: nothing overlaps it), which also writes the updated bf16
             partition the next step fetches
@@ -48,6 +50,14 @@ ADAM_BYTES_PER_PARAM = 4 + 2 * 4 + 4 * 4 + 2
 both fp32 moments, write the bf16 partition (fp32 compute: no bf16 copy, 28)."""
 
 
+MAX_REDUCE_EVENTS = 2
+"""DeepSpeed 0.19 stage 3 (deepspeed/runtime/zero/stage3.py): `max_param_reduce_events = 2`;
+__reduce_and_partition_ipg_grads synchronises the oldest reduce event before it issues a bucket
+while more than that many are outstanding, so the host thread, and with it the backward, stalls
+until the offload three buckets back is done. The gradients waiting for their bucket are what the
+device holds on top of it: a bounded number, whatever the link's speed."""
+
+
 class _Zero3Builder:
     def __init__(self, model: ModelSpec, z3: Zero3Policy, synchronous: bool = False):
         self.model, self.z3, self.synchronous = model, z3, synchronous
@@ -64,7 +74,8 @@ class _Zero3Builder:
         self.fetched: set[int] = set()  # units whose parameters are on the device now
         self.compute_ends: list[int] = []  # compute ops in order (prefetch is relative to them)
         self.bucket: list[tuple[int, str]] = []  # (unit, device grad) gathered for the next offload
-        self.last_offload: int | None = None
+        self.offloads: list[int] = []  # OFFLOAD_GRADS ops so far, in order
+        self.stall: tuple[int, ...] = ()  # what the next backward waits for (overlap_comm's bound)
 
     # ---- sizes -----------------------------------------------------------------------------------
     def params(self, u: int) -> int:
@@ -171,10 +182,23 @@ class _Zero3Builder:
         last = m == self.z3.micro_batches - 1
         hg = [self.hgrad(u) for u in units]
         writes = hg + ([self.bufs.gsq(u) for u in units] if last else [])
-        self.last_offload = self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=dgrads + (hg if acc else []),
-                                      writes=writes, frees=dgrads, link_bytes=n * 4,
-                                      host_bytes=n * 12 if acc else 0)
+        if self.z3.overlap_comm and len(self.offloads) > MAX_REDUCE_EVENTS:
+            self.stall = (self.offloads[-MAX_REDUCE_EVENTS - 1],)  # MAX_REDUCE_EVENTS' docstring
+        reads = dgrads + (hg if acc else []) + [self.ipg_bucket()]
+        self.offloads.append(self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=reads, writes=writes, frees=dgrads,
+                                       link_bytes=n * 4, host_bytes=n * 12 if acc else 0))
         self.bucket = []
+
+    def ipg_bucket(self) -> str:
+        """DeepSpeed's contiguous gradient bucket, allocated once at start-up and kept (stage3.py:
+        `bucket.buffer = torch.empty(self.reduce_bucket_size, ...)` when contiguous_gradients,
+        which ds_config sets), in the compute dtype. Counted up to the model's size: a GPU
+        reserves all of it, but only a model smaller than the bucket can tell, and that is where
+        the CPU accelerator (the peer's real runs here) never touches, so never makes resident,
+        the rest."""
+        n = min(self.z3.reduce_bucket_params, sum(self.params(u) for u in self.units))
+        return self.bufs.declare("ipg_bucket", Space.DEVICE, Holds.GRAD_BUCKET, (n,), self.z3.compute_dtype, True,
+                                 "grads")
 
     # ---- the phases ---------------------------------------------------------------------------------
     def forward(self, m: int) -> None:
@@ -214,10 +238,13 @@ class _Zero3Builder:
         for u in reversed(range(L)):
             self.fetch(u, m)
             writes = [self.dgrad(u, m)] + ([b.dx(m, u)] if u > 0 else [self.dgrad(EMBED, m)])
-            after = (self.last_offload,) if not z3.overlap_comm and self.last_offload is not None else ()
+            if not z3.overlap_comm:
+                after = self.offloads[-1:]
+            else:
+                after, self.stall = self.stall, ()
             self.emit(kind, u, m, reads=[self.saved(m, u), b.dx(m, u + 1), self.w(u)], writes=writes,
                       frees=[self.saved(m, u), b.dx(m, u + 1), self.release(u)], flops=flops,
-                      hbm_bytes=bwd_hbm, workspace_bytes=ws, after=after)
+                      hbm_bytes=bwd_hbm, workspace_bytes=ws, after=tuple(after))
             self.gather_grad(u, m, last=False)
         self.gather_grad(EMBED, m, last=True)
 
@@ -235,6 +262,7 @@ class _Zero3Builder:
     def build(self) -> Schedule:
         m, z3 = self.model, self.z3
         self.bufs.device_constants()
+        self.ipg_bucket()
         for u in self.units:  # the host store first, in the units' order
             self.bufs.host_store(u)
             self.partition(u)

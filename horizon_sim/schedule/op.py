@@ -123,6 +123,8 @@ class Holds(str, Enum):
     #                                      for its uses, released after (ZeRO-3), dynamic
     SAVED_ACTIVATIONS = "saved_activations"  # (bytes,) uint8: what autograd saved in a block's forward
     #                                          for its backward (the persistent graph), dynamic
+    GRAD_BUCKET = "grad_bucket"          # (reduce bucket elements,) the contiguous buffer gradients are
+    #                                      gathered in before each offload, static
 
 
 DTYPE_BYTES_OF = {"fp32": 4, "bf16": 2, "fp64": 8, "int64": 8, "int16": 2, "uint8": 1}
