@@ -46,6 +46,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="the peer's DeepSpeed knobs: act_ckpt (on), prefetch_bucket_params (5e7), max_live_params "
                         "(1e9), max_reuse_distance_params (1e9), reduce_bucket_params (5e8), overlap_comm (on), "
                         "pin_memory (on); defaults DeepSpeed's, batch and dtype Horizon's")
+    p.add_argument("--sources", action="store_true",
+                   help="print each number of the --gpu/--link/host presets with where it comes from (datasheet, "
+                        "measured, published or estimate) instead of planning")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--no-advice", action="store_true",
                    help="skip the what-to-change search (a few extra simulations)")
@@ -128,7 +131,26 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
     return "\n".join(lines)
 
 
+def sources_text(hw) -> str:
+    """Each priced number of the machine's presets and its source (specs/preset_sources.py)."""
+    from horizon_sim.specs.preset_sources import PRICED, source_of
+    lines = []
+    for kind in ("device", "link", "host"):
+        part = getattr(hw, kind)
+        lines.append(f"{kind} {part.name}")
+        for f in PRICED[kind]:
+            lines.append(f"  {f} = {getattr(part, f):g}: {source_of(kind, part, f) or 'no source'}")
+    return "\n".join(lines)
+
+
 def run(a: argparse.Namespace) -> int:
+    if getattr(a, "sources", False):
+        if a.hardware:
+            from horizon_sim.errors import HorizonError
+            raise HorizonError("--sources lists the presets' sources; a --hardware file's numbers are its own "
+                               "(calibrate measured them, or whoever wrote it)")
+        print(sources_text(make_hardware(a.gpu, a.ram, a.link)))
+        return 0
     hw = with_cluster(load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link), a)
     if getattr(a, "peer_knobs", None) and not getattr(a, "compare", None):
         from horizon_sim.errors import HorizonError

@@ -43,6 +43,8 @@ def _check_out(path: str | None, what: str) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
+    if a.sources:  # the presets' sources, as `horizon plan --sources` prints them
+        return plan_cmd.run(a)
     _check_out(a.plot, "plot")
     _check_out(a.trace, "trace")
     hw = with_cluster(load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link), a)

@@ -43,8 +43,8 @@ def plan_row(row: PublishedRow) -> tuple[SimResult, ModelSpec]:
     from horizon_sim.specs.hf_config import load_model
 
     a = _plan_parser().parse_args(shlex.split(row.plan))
-    if a.hardware or a.compare or a.json:
-        raise HorizonError("plan flags --hardware, --compare and --json have no place in a row "
+    if a.hardware or a.compare or a.json or a.sources:
+        raise HorizonError("plan flags --hardware, --compare, --json and --sources have no place in a row "
                            "(the row names its machine; system picks the peer)")
     if row.system != "zero3-offload" and a.peer_knobs:
         raise HorizonError("--peer-knobs is for system = 'zero3-offload' rows")
