@@ -180,3 +180,26 @@ def test_a_sweep_whose_every_row_is_invalid_fails(tmp_path, capsys):
                     r"every configuration of .*grid.toml is invalid \(4 row\(s\), each with its error in .*r.csv\), "
                     r"e.g.: .*act_ckpt_every=99", capsys)
     assert (tmp_path / "r.csv").exists() and not (tmp_path / "r.png").exists()
+
+
+def test_tunes_printed_command_plans_its_best_row_on_the_whole_cluster(capsys):
+    """The 'plan it' command of a multi-node search keeps the layout (--gpus/--nodes) and the
+    header names it: planned as printed, it gives the best row's figures exactly."""
+    import shlex
+
+    from horizon_sim.cli import plan_cmd
+    argv = ["--model", "qwen2.5-0.5b", "--gpu", "h200", "--ram", "128GiB", "--gpus", "2", "--nodes", "2",
+            "--seq", "256", "--max-batch", "4", "--workers", "1", "--quiet"]
+    rc, text = _run(tune_cmd, argv, capsys)
+    assert rc == 0 and " on 2 x 2 x h200 / " in text.splitlines()[0]
+    rc, out = _run(tune_cmd, argv + ["--json"], capsys)
+    d = json.loads(out)
+    cmd = d["plan_command"]
+    assert f"plan it:  {cmd}" in text and "--gpus 2 --nodes 2" in cmd
+    words = shlex.split(cmd)
+    assert words[:2] == ["horizon", "plan"]
+    rc, out = _run(plan_cmd, words[2:] + ["--json", "--no-advice"], capsys)
+    got = json.loads(out)
+    assert got["ranks"] == 4 and got["fits"]
+    assert got["tokens_per_s"] == pytest.approx(d["best"]["tokens_per_s"], rel=1e-9)
+    assert got["host_bytes"] == d["best"]["host_bytes"]

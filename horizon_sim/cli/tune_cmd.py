@@ -31,10 +31,35 @@ def add_hardware_args(p: argparse.ArgumentParser, *, ram: bool = True) -> None:
 
 
 def hardware_from_args(a: argparse.Namespace):
+    """The machine the flags describe, named with its layout when it has several devices (the
+    search commands' headers say what was searched: '2 x 8 x h200 / ... per node')."""
     if a.hardware:
         from horizon_sim.specs.hardware_io import load_hardware
-        return with_cluster(load_hardware(a.hardware), a)
-    return with_cluster(make_hardware(a.gpu, getattr(a, "ram", None), a.link), a)
+        hw = with_cluster(load_hardware(a.hardware), a)
+    else:
+        hw = with_cluster(make_hardware(a.gpu, getattr(a, "ram", None), a.link), a)
+    c = hw.cluster
+    if c.ranks > 1 and " per node" not in hw.name:
+        from dataclasses import replace
+        hw = replace(hw, name=f"{c.nodes} x {c.devices_per_node} x {hw.name or hw.device.name} per node")
+    return hw
+
+
+def machine_flags(a: argparse.Namespace, hw) -> str:
+    """The flags that rebuild the machine a search ran on: the hardware, the layout and the disk
+    (a printed command must plan what was searched, not one device of it)."""
+    out = [f"--hardware {a.hardware}"] if a.hardware else [f"--gpu {a.gpu}"] + (
+        [f"--ram {a.ram}"] if getattr(a, "ram", None) else []) + ([f"--link {a.link}"] if a.link else [])
+    c = hw.cluster
+    if c.ranks > 1 or a.gpus is not None or a.nodes is not None:
+        out += [f"--gpus {c.devices_per_node}", f"--nodes {c.nodes}"]
+    if a.cluster:
+        out.append(f"--cluster {a.cluster}")
+    if a.disk:
+        out.append(f"--disk {a.disk}")
+    if a.disk_GBps:
+        out.append(f"--disk-GBps {a.disk_GBps}")
+    return " ".join(out)
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -135,6 +160,9 @@ def run(a: argparse.Namespace) -> int:
     top = res.top(a.top)
     best_row = top.iloc[0].to_dict() if len(top) else None
     compared = _compare(model, hw, res.best, peer, z3) if a.compare else None
+    from horizon_sim.plan.advice import policy_flags
+    plan_it = (f"horizon plan --model {a.model} {machine_flags(a, hw)} {policy_flags(res.best)}".rstrip()
+               if res.best else None)
     if a.json:
         print(json.dumps({
             "model": model.name, "params": model.total_params, "hardware": hw.name or hw.device.name,
@@ -142,7 +170,7 @@ def run(a: argparse.Namespace) -> int:
             "fits": res.best is not None, "best_policy": res.best.to_dict() if res.best else None,
             "best": jsonable(best_row) if best_row else None, "baseline": jsonable(res.baseline),
             "top": [jsonable(r) for r in top.to_dict("records")],
-            "pareto": [jsonable(r) for r in res.pareto.to_dict("records")],
+            "pareto": [jsonable(r) for r in res.pareto.to_dict("records")], "plan_command": plan_it,
             **({"compare": compared[1]} if compared else {})}))
         return 0
     print(f"tune: {model.name} ({model.total_params / 1e9:.2f}B params) on {hw.name or hw.device.name}, "
@@ -171,11 +199,7 @@ def run(a: argparse.Namespace) -> int:
              ("fits here", "fits", lambda f: "yes" if f else "no")] + COLS
     print(format_table(res.pareto.to_dict("records"), pcols))
     print()
-    flags = " ".join(filter(None, [
-        f"--model {a.model}", f"--hardware {a.hardware}" if a.hardware else f"--gpu {a.gpu} --ram {a.ram}",
-        f"--link {a.link}" if a.link and not a.hardware else ""]))
-    from horizon_sim.plan.advice import policy_flags
-    print(f"plan it:  horizon plan {flags} {policy_flags(res.best)}")
+    print(f"plan it:  {plan_it}")
     if compared:
         print()
         print(compared[0])
