@@ -20,7 +20,6 @@ import os
 import sys
 
 ARGS_ENV = "HORIZON_TRAIN_ARGS"
-LAUNCH_FLAGS = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port")
 
 
 def add_launch_args(p: argparse.ArgumentParser) -> None:

@@ -148,10 +148,6 @@ def _check_strings(rec, where: str) -> None:
             todo.extend(v)
 
 
-def read_jsonl(path) -> list:
-    return list(iter_jsonl(path))
-
-
 def _chat(rec: dict, where: str) -> Chat:
     msgs = rec["messages"]
     if not isinstance(msgs, list) or not msgs:
@@ -534,10 +530,6 @@ class Batches:
         idx = self._order()[self.pos:self.pos + self.batch]
         self.pos += self.batch
         return self.data.get(idx)
-
-    @property
-    def epoch_progress(self) -> float:
-        return self.epoch + self.pos / len(self.indices)
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed}

@@ -451,12 +451,6 @@ def _checkpoint_file(name: str) -> bool:
     return name in ("config.json", INDEX, *SIDE_FILES) or name.endswith(".safetensors")
 
 
-def side_files_of(path) -> list[Path]:
-    """The tokenizer/generation files of a checkpoint folder, to carry over on save."""
-    d = Path(path)
-    return [d / n for n in SIDE_FILES if (d / n).is_file()]
-
-
 def model_side_files(path) -> list[Path]:
     """The model's own non-weight files of a checkpoint folder (generation config); the
     tokenizer's files come from the tokenizer a run uses (tokenize.HFTokenizer.files)."""
