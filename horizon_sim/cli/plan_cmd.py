@@ -139,7 +139,9 @@ def sources_text(hw) -> str:
         part = getattr(hw, kind)
         lines.append(f"{kind} {part.name}")
         for f in PRICED[kind]:
-            lines.append(f"  {f} = {getattr(part, f):g}: {source_of(kind, part, f) or 'no source'}")
+            v = getattr(part, f)
+            shown = f"{len(v)} rows" if isinstance(v, tuple) else f"{v:g}"
+            lines.append(f"  {f} = {shown}: {source_of(kind, part, f) or 'no source'}")
     return "\n".join(lines)
 
 

@@ -84,7 +84,8 @@ def build_scale_out(cfg: BuildConfig, out: Out) -> Section:
             first_fit[r["model"]] = r
     fit_txt = "; ".join(f"{m} first fits on {r['nodes']} node(s) ({gib(r['host_bytes'])} GiB per node, "
                         f"{tps(r['tokens_per_s'])} tokens/s)" for m, r in first_fit.items()) or "no model fits"
-    body = (f"**Planned, not yet executed** (the executor runs one device). {cfg.scale_gpu} boxes of "
+    body = (f"**Planned, not yet executed on GPUs** (the executor runs these Schedules over processes: tested on "
+            f"CPU ranks over gloo, NCCL written but never run on GPUs). {cfg.scale_gpu} boxes of "
             f"{cfg.scale_gpus_per_node} with {ram_label(cfg.scale_ram)} RAM per node, joined as `{c.name}` "
             f"(fabric {c.fabric_GBps:g} GB/s per device, network {c.net_GBps:g} GB/s per node: estimates, "
             f"`horizon_sim/specs/cluster.py`); every device runs batch {pol.batch} x {pol.seq}, optimizer "

@@ -14,7 +14,7 @@ Compute ops (one lane, kernels run back to back, so the terms add):
                               a layer under an explicit mask (window, document masks): the
                               full T x T count / masked_attention_TFLOPs
             + elementwise     hbm_bytes (what the norms, RoPE, SiLU, casts, residual adds and
-                              the loss read and write) / hbm_GBps; the head's loss kernels
+                              the loss read and write) / elementwise_GBps (else hbm_GBps); the head's loss kernels
                               (exp/log-bound) at the measured loss_ns_per_logit instead, when
                               the device has one
   The GEMM shapes and the attention come from the schedule's model and policy
@@ -26,7 +26,7 @@ traffic (read plus written), the bus's unit (HostSpec.dram_GBps):
                work that shares the host lane cores with the other lanes, and it reads and
                writes host memory: 2 x link_bytes of traffic at 2 x its link rate
   grad norm    an offload that also writes a squared norm reduces the gradient where it lies:
-               a pass over link_bytes at the reduction bandwidth (reduce_GBps, else hbm_GBps;
+               a pass over link_bytes at the reduction bandwidth (reduce_GBps, else elementwise_GBps, else hbm_GBps;
                a host pass when cpu_driven)
   host work    host_bytes at one host thread's streaming rate (accumulating micro-batch grads,
                embedding gather/scatter), after the host's per-op latency
@@ -95,13 +95,17 @@ class RateTable:
             coords = row[key_len:key_len + 3] if key_len == 2 else row[1:3]
             values = row[key_len + 3:] if key_len == 2 else row[3:]
             self.by_key.setdefault(key, []).append((tuple(coords), tuple(values)))
+        self._memo: dict = {}  # a step asks for the same few shapes once per layer
 
     def __bool__(self) -> bool:
         return bool(self.by_key)
 
     def rate(self, key: str, at: tuple, column: int = 0) -> float:
-        pts = self.by_key.get(key) or next(iter(self.by_key.values()))
-        return _interpolate([(c, v[column]) for c, v in pts], at)
+        got = self._memo.get((key, at, column))
+        if got is None:
+            pts = self.by_key.get(key) or next(iter(self.by_key.values()))
+            got = self._memo[(key, at, column)] = _interpolate([(c, v[column]) for c, v in pts], at)
+        return got
 
 
 class CostModel:
@@ -110,8 +114,8 @@ class CostModel:
         self.dtype = compute_dtype
         peak = d.bf16_TFLOPs if compute_dtype == "bf16" else d.fp32_TFLOPs
         self.flops_per_s = peak * 1e12 * d.matmul_efficiency
-        self.hbm_Bps = d.hbm_GBps * 1e9
-        self.reduce_Bps = (d.reduce_GBps or d.hbm_GBps) * 1e9
+        self.hbm_Bps = (d.elementwise_GBps or d.hbm_GBps) * 1e9  # what elementwise kernels reach
+        self.reduce_Bps = (d.reduce_GBps or d.elementwise_GBps or d.hbm_GBps) * 1e9
         self.loss_s_per_logit = d.loss_ns_per_logit * 1e-9
         self.launch_s = d.launch_overhead_us * 1e-6
         self.overhead_us = dict(d.op_overhead_us)

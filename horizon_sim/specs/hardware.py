@@ -134,9 +134,14 @@ class DeviceSpec:
     document masks), rows (DTYPE, SEQ, HEAD_DIM, FWD, BWD) against the full count, forward
     4 x T^2 x head_dim per head and sequence: such kernels cannot skip masked tiles. Empty: the
     full count runs at attention_TFLOPs' rate."""
+    elementwise_GBps: float = 0.0
+    """What the executor's elementwise kernels (norms, RoPE, SiLU, residual adds, casts) reach,
+    1e9 bytes/s of traffic; the step's elementwise work is priced at it. 0: hbm_GBps (a
+    calibrated file writes its measured rate into hbm_GBps; the GH100 presets carry an H200's
+    measured rate here, beside the datasheet peak)."""
     reduce_GBps: float = 0.0
     """Bandwidth of a squared-norm reduction over a gradient where it lies (what an offload
-    does before the global norm), 1e9 bytes/s. 0: hbm_GBps."""
+    does before the global norm), 1e9 bytes/s. 0: elementwise_GBps, else hbm_GBps."""
     loss_ns_per_logit: float = 0.0
     """Time per logit of the loss kernels of an LM-head chunk (fp32 upcast, logsumexp, target
     gather, the softmax gradient in place, cast back), nanoseconds. These are exp/log-bound,
@@ -156,6 +161,7 @@ class DeviceSpec:
         _check_number(self, "device", "reserved_GiB", low_ok=True)
         _check_number(self, "device", "library_workspace_MiB", low_ok=True)
         _check_number(self, "device", "launch_overhead_us", low_ok=True)
+        _check_number(self, "device", "elementwise_GBps", low_ok=True)
         _check_number(self, "device", "reduce_GBps", low_ok=True)
         _check_number(self, "device", "loss_ns_per_logit", low_ok=True)
         _check_table(self, "device", "gemm_TFLOPs", ("dtype", "layout", "M", "N", "K", "TFLOPS"))

@@ -15,6 +15,7 @@ from dataclasses import replace
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.cluster import make_cluster
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
+from horizon_sim.specs.measured_kernels import gh100_kernels
 from horizon_sim.units import GiB, closest, fmt_bytes, parse_size
 
 # ---- links ---------------------------------------------------------------------------------
@@ -49,7 +50,9 @@ def _mib(n: int) -> float:
 
 # ---- devices -------------------------------------------------------------------------------
 # library_workspace_MiB: the cuBLAS + cuBLASLt workspaces PyTorch keeps for the compute stream
-# (measured on Hopper, estimated before it: preset_sources.py).
+# (measured on Hopper, estimated before it: preset_sources.py). The GH100 parts' kernel rates
+# (GEMM by shape, attention, elementwise, loss, per-op costs) come from an H200 measurement
+# (measured_kernels.py); the others price GEMMs at peak x matmul_efficiency.
 HOPPER_WORKSPACE_MiB = 64.0
 PRE_HOPPER_WORKSPACE_MiB = 16.25
 DEVICES: dict[str, DeviceSpec] = {
@@ -62,16 +65,20 @@ DEVICES: dict[str, DeviceSpec] = {
                    library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
         DeviceSpec(name="h100-sxm", hbm_GiB=_mib(81559), bf16_TFLOPs=989.0, fp32_TFLOPs=67.0,
                    hbm_GBps=3350.0, default_link="pcie-gen5",
-                   library_workspace_MiB=HOPPER_WORKSPACE_MiB),
+                   library_workspace_MiB=HOPPER_WORKSPACE_MiB,
+                   **gh100_kernels(989.0, 3350.0)),
         DeviceSpec(name="h100-pcie", hbm_GiB=_mib(81559), bf16_TFLOPs=756.0, fp32_TFLOPs=51.0,
                    hbm_GBps=2000.0, default_link="pcie-gen5",
-                   library_workspace_MiB=HOPPER_WORKSPACE_MiB),
+                   library_workspace_MiB=HOPPER_WORKSPACE_MiB,
+                   **gh100_kernels(756.0, 2000.0)),
         DeviceSpec(name="h200", hbm_GiB=_mib(143771), bf16_TFLOPs=989.0, fp32_TFLOPs=67.0,
                    hbm_GBps=4800.0, default_link="pcie-gen5",
-                   library_workspace_MiB=HOPPER_WORKSPACE_MiB),
+                   library_workspace_MiB=HOPPER_WORKSPACE_MiB,
+                   **gh100_kernels(989.0, 4800.0)),
         DeviceSpec(name="gh200", hbm_GiB=_mib(97871), bf16_TFLOPs=990.0, fp32_TFLOPs=67.0,
                    hbm_GBps=4000.0, default_link="nvlink-c2c",
-                   library_workspace_MiB=HOPPER_WORKSPACE_MiB),
+                   library_workspace_MiB=HOPPER_WORKSPACE_MiB,
+                   **gh100_kernels(990.0, 4000.0)),
         DeviceSpec(name="l40s", hbm_GiB=_mib(46068), bf16_TFLOPs=362.05, fp32_TFLOPs=91.6,
                    hbm_GBps=864.0, default_link="pcie-gen4",
                    library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),

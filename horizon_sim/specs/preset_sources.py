@@ -15,7 +15,8 @@ KINDS = ("datasheet", "measured", "published", "estimate")
 
 PRICED = {
     "device": ("hbm_GiB", "bf16_TFLOPs", "fp32_TFLOPs", "hbm_GBps", "matmul_efficiency", "reserved_GiB",
-               "library_workspace_MiB", "launch_overhead_us"),
+               "library_workspace_MiB", "launch_overhead_us", "gemm_TFLOPs", "attention_TFLOPs",
+               "masked_attention_TFLOPs", "elementwise_GBps", "loss_ns_per_logit", "op_overhead_us"),
     "link": ("h2d_GBps", "d2h_GBps", "latency_us", "pageable_GBps"),
     "host": ("dram_GBps", "cores", "adam_Gparams_per_s", "os_reserved_GiB", "runtime_overhead_GiB"),
 }
@@ -33,6 +34,13 @@ DEFAULTS: dict[str, str] = {
     "device.launch_overhead_us": "estimate: 8 us per schedule op on the device. Measured on an H200, ops "
                                  "serialised: 1.15-1.17 ms per layer forward, 3.9-4.4 ms per backward, the "
                                  "Python dispatch of every kernel (docs/gpu_runs.md), not yet in the presets",
+    "device.gemm_TFLOPs": "estimate: no measured table for this GPU: every GEMM at the bf16 peak x matmul_efficiency",
+    "device.attention_TFLOPs": "estimate: no measured table: attention FLOPs at the bf16 peak x matmul_efficiency",
+    "device.masked_attention_TFLOPs": "estimate: no measured table: a masked layer's full count at the attention rate",
+    "device.elementwise_GBps": "estimate: none measured on this GPU: elementwise work at the datasheet hbm_GBps "
+                               "(an H200 measured 54% of its peak for the executor's kernels: optimistic)",
+    "device.loss_ns_per_logit": "estimate: none measured: the head's loss priced as elementwise bytes",
+    "device.op_overhead_us": "estimate: no table: every op costs launch_overhead_us",
     "host.os_reserved_GiB": "estimate: the OS, a minimum page cache and other processes",
     "host.runtime_overhead_GiB": "estimate: Python, torch and the CUDA libraries before any model tensor",
 }
@@ -42,6 +50,22 @@ _HOPPER_WS = ("measured: 64 MiB of cuBLAS/cuBLASLt workspace on an H200 (torch 2
               "calibrate: 65.0 MiB; docs/gpu_runs.md)")
 _PRE_HOPPER_WS = ("estimate: 2 x PyTorch's default CUBLAS_WORKSPACE_CONFIG below Hopper (:4096:2:16:8 = "
                   "8.125 MiB), on Hopper's two-workspace pattern")
+
+
+_H200 = ("measured: this project's H200 (calibrate --device cuda, torch 2.11+cu130, 2026-11-27; "
+         "horizon_sim/specs/measured/h200_2026-11-27.toml)")
+_SAME_DIE = ("estimate: the H200's measured rates as they are (horizon_sim/specs/measured/h200_2026-11-27.toml): "
+             "the same GH100 compute, 132 SMs, 989-990 TF dense bf16")
+_PCIE_DIE = ("estimate: the H200's measured rates (horizon_sim/specs/measured/h200_2026-11-27.toml) scaled by the "
+             "dense peak, 756 / 989 (114 SMs, lower clocks)")
+_XEON_OPS = ("the executor's per-op Python dispatch on the H200 box's 16-core Xeon (forward 1.15 ms, backward "
+             "3.9 ms, ...), an estimate on any other host")
+
+
+def _gh100(rates: str, elementwise: str, ops: str) -> dict:
+    return {"gemm_TFLOPs": rates, "attention_TFLOPs": rates, "masked_attention_TFLOPs": rates,
+            "loss_ns_per_logit": rates, "elementwise_GBps": elementwise, "launch_overhead_us": ops,
+            "op_overhead_us": ops}
 
 
 def _smi(mib: int, name: str) -> str:
@@ -63,18 +87,24 @@ SOURCES: dict[str, dict[str, str]] = {
         "hbm_GBps": "datasheet: NVIDIA A100 80GB: HBM2e 2,039 GB/s",
         "library_workspace_MiB": _PRE_HOPPER_WS},
     "device:h100-sxm": {
+        **_gh100(_SAME_DIE, "estimate: the H200's measured 2,612 GB/s scaled by the HBM peak, 3.35 / 4.8",
+                "measured: " + _XEON_OPS),
         "hbm_GiB": _smi(81559, "NVIDIA H100 80GB HBM3"),
         "bf16_TFLOPs": "datasheet: NVIDIA H100 SXM: bf16 1,979 TF with sparsity, 989 dense",
         "fp32_TFLOPs": "datasheet: NVIDIA H100 SXM: FP32 67 TF",
         "hbm_GBps": "datasheet: NVIDIA H100 SXM: HBM3 3.35 TB/s",
         "library_workspace_MiB": _HOPPER_WS},
     "device:h100-pcie": {
+        **_gh100(_PCIE_DIE, "estimate: the H200's measured 2,612 GB/s scaled by the HBM peak, 2.0 / 4.8",
+                "measured: " + _XEON_OPS),
         "hbm_GiB": _smi(81559, "NVIDIA H100 PCIe"),
         "bf16_TFLOPs": "datasheet: NVIDIA H100 PCIe: bf16 1,513 TF with sparsity, 756 dense",
         "fp32_TFLOPs": "datasheet: NVIDIA H100 PCIe: FP32 51 TF",
         "hbm_GBps": "datasheet: NVIDIA H100 PCIe: HBM2e 2.0 TB/s",
         "library_workspace_MiB": _HOPPER_WS},
     "device:h200": {
+        **_gh100(_H200 + ": GEMM by shape and layout, causal and masked SDPA attention, the loss kernels",
+                _H200 + ": 2,612 GB/s for the executor's elementwise kernels", "measured: " + _XEON_OPS),
         "hbm_GiB": _smi(143771, "NVIDIA H200") + " (this project's H200, docs/gpu_runs.md)",
         "bf16_TFLOPs": "datasheet: NVIDIA H200: the H100 SXM's GH100 compute, bf16 989 TF dense",
         "fp32_TFLOPs": "datasheet: NVIDIA H200: FP32 67 TF",
@@ -82,6 +112,8 @@ SOURCES: dict[str, dict[str, str]] = {
                     "executor's elementwise kernels, docs/gpu_runs.md)",
         "library_workspace_MiB": _HOPPER_WS},
     "device:gh200": {
+        **_gh100(_SAME_DIE, "estimate: the H200's measured 2,612 GB/s scaled by the HBM peak, 4.0 / 4.8",
+                "measured: " + _XEON_OPS + " (a GH200's host is a Grace)"),
         "hbm_GiB": _smi(97871, "NVIDIA GH200 480GB"),
         "bf16_TFLOPs": "datasheet: NVIDIA GH200: bf16 990 TF dense",
         "fp32_TFLOPs": "datasheet: NVIDIA GH200: FP32 67 TF",

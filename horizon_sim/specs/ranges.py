@@ -26,6 +26,7 @@ DEVICE = {
     "reserved_GiB": (0.0, 1 << 50),
     "library_workspace_MiB": (0.0, 1 << 40),
     "launch_overhead_us": (0.0, 1e9),         # 1000 s
+    "elementwise_GBps": (0.0, 1e12),
     "reduce_GBps": (0.0, 1e9),
     "loss_ns_per_logit": (0.0, 1e9),
 }

@@ -1,0 +1,38 @@
+"""Kernel rates measured on a real GPU, shipped with the planner so a preset's compute is priced
+from a measurement rather than a flat efficiency (issue 26).
+
+One measurement so far: an H200, by this project's `horizon calibrate --device cuda`
+(measured/h200_2026-11-27.toml). The GH100 presets take it: the H200 as measured; the H100 SXM
+and the GH200 (the same GH100 compute, 132 SMs, 989-990 TF dense bf16) with its compute tables
+as they are and its elementwise rate scaled by their HBM peak; the H100 PCIe (756 TF) with the
+compute rates scaled by the peak ratio. Those transfers are estimates and preset_sources.py says
+so. The per-op fixed costs are the executor's Python dispatch on that box's 16-core Xeon: kept
+as measured for every GH100 preset (an estimate for other hosts)."""
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+
+H200_FILE = Path(__file__).parent / "measured" / "h200_2026-11-27.toml"
+
+
+@lru_cache(maxsize=None)
+def _load(path: Path) -> dict:
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def gh100_kernels(bf16_TFLOPs: float, hbm_GBps: float) -> dict:
+    """DeviceSpec fields for a GH100 part with this dense bf16 peak and HBM peak: the H200's
+    measured GEMM, attention and loss rates scaled by the peak ratio (1 for the H200, H100 SXM
+    and GH200), its elementwise rate by the HBM ratio, its op overheads as measured."""
+    m = _load(H200_FILE)
+    c = bf16_TFLOPs / m["bf16_TFLOPs"]
+    h200_hbm_GBps = 4800.0  # the H200 datasheet peak the elementwise rate was measured under
+    gemm = tuple((r[0], r[1], *r[2:5], r[5] * c) for r in m["gemm_TFLOPs"])
+    attn = lambda rows: tuple((r[0], r[1], r[2], r[3] * c, r[4] * c) for r in rows)  # noqa: E731
+    return dict(gemm_TFLOPs=gemm, attention_TFLOPs=attn(m["attention_TFLOPs"]),
+                masked_attention_TFLOPs=attn(m["masked_attention_TFLOPs"]),
+                loss_ns_per_logit=m["loss_ns_per_logit"] / c,
+                elementwise_GBps=m["elementwise_GBps"] * hbm_GBps / h200_hbm_GBps,
+                launch_overhead_us=m["launch_overhead_us"],
+                op_overhead_us=tuple((k, v) for k, v in m["op_overhead_us"]))
