@@ -10,6 +10,8 @@ oldest waiting one has been applied, like the device side's pending offloads.
 - The executor runs the same Schedule: the trained weights are bit for bit those of the unbounded
   run, and every bounded offload started after the update it waited for.
 """
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -30,7 +32,11 @@ def _pol(k, **kw):
 
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_the_bound_holds_in_the_plan(k):
+    # a host whose AdamW is 1000x slower than the preset's: the optimizer lags the backward, so
+    # without a bound the host holds every block's gradients (the regime the bound is for; at the
+    # preset's rate the H100's measured per-op costs give the optimizer time to keep up)
     hw = make_hardware("h100-sxm", "64GiB")
+    hw = replace(hw, host=replace(hw.host, adam_Gparams_per_s=hw.host.adam_Gparams_per_s / 1000))
     free, bound = simulate(build_schedule(SPEC, _pol(0)), hw), simulate(build_schedule(SPEC, _pol(k)), hw)
     tl = bound.timeline.set_index("op_id")
     for op in bound.schedule.ops:
@@ -40,8 +46,8 @@ def test_the_bound_holds_in_the_plan(k):
     blocks, head, emb = SPEC.layer_params * 2, SPEC.head_params * 2, SPEC.embedding_params * 2
     assert bound.host.by_role["grads"] <= k * blocks + head + emb
     assert bound.host.by_role["grads"] <= free.host.by_role["grads"]
-    if k < 4:  # the unbounded step here holds four blocks' grads at once (the optimizer lags)
-        assert free.host.by_role["grads"] == 4 * blocks + head + emb > bound.host.by_role["grads"]
+    # the unbounded step holds all six blocks' grads at once (the optimizer lags)
+    assert free.host.by_role["grads"] == 6 * blocks + head + emb > bound.host.by_role["grads"]
     assert bound.summary.step_time_s >= free.summary.step_time_s * (1 - 1e-9)
 
 

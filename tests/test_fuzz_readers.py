@@ -411,7 +411,7 @@ def test_hardware_table_keys_outside_their_values_are_refused(tmp_path, key, row
     from horizon_sim.specs.hardware_io import load_hardware, save_hardware
     from horizon_sim.specs.hardware_presets import make_hardware
     p = tmp_path / "hw.toml"
-    save_hardware(make_hardware("h100-pcie"), p)
+    save_hardware(make_hardware("a100-80gb"), p)  # a preset without measured tables: each is `key = []`
     p.write_text(p.read_text().replace(f"{key} = []", f"{key} = [{row}]"))
     with pytest.raises(HorizonError, match=says):
         load_hardware(p)

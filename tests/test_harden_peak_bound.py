@@ -41,7 +41,10 @@ def test_a_late_offload_raises_the_peak_up_to_the_bound_and_no_further(cfg):
     library = int(HW.device.library_workspace_MiB * 2**20)  # cuBLAS workspaces, held all step
     assert fast.device_peak_bytes == slow.device_peak_bytes == device_peak_bound(sched) + library  # timing-free
     assert fast.device_typical_peak_bytes <= slow.device_typical_peak_bytes <= slow.device_peak_bytes
-    assert slow.device_peak_bytes <= 1.02 * slow.device_typical_peak_bytes  # and tight: met by a slow link
+    # and tight: met by a slow link (within 4%: nowc_micro's slow-link timeline peaks 3.7% under the
+    # bound since the H100 presets carry measured per-op costs, which reorder its buffers' lives; the
+    # others meet it exactly)
+    assert slow.device_peak_bytes <= 1.04 * slow.device_typical_peak_bytes
 
 
 def test_the_issue_case_batch4_k3_is_covered():

@@ -175,6 +175,15 @@ def test_a_gh200_comes_with_its_grace_host():
     assert make_hardware("h200").host.name == "default"
 
 
+def test_each_device_comes_with_the_host_it_is_sold_in():
+    """Consumer cards sit in desktops (one socket, two DDR5 channels), a V100 of DeepSpeed's
+    published runs in its DGX-2, the data-center cards in an x86 server."""
+    expect = {"rtx-4090": "desktop", "rtx-3090": "desktop", "v100-32gb": "dgx-2", "gh200": "grace",
+              "a100-80gb": "default", "h100-pcie": "default", "l40s": "default"}
+    for gpu, host in expect.items():
+        assert make_hardware(gpu, "128GiB").host.name == host, gpu
+
+
 @pytest.mark.parametrize("ram, GiB_expected", [
     ("1.5TB", 1.5 * TB / GiB),
     ("1024GiB", 1024.0),

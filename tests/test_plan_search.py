@@ -50,7 +50,8 @@ def test_tune_is_at_least_as_fast_as_the_default_and_fits():
 
 
 def test_tune_finds_a_fit_when_the_default_does_not():
-    model, hw = model_preset("qwen2.5-0.5b"), make_hardware("rtx-4090", "19GiB")
+    # 17 GiB on an RTX 4090's desktop host (6 GiB kept for the OS): the default policy does not fit
+    model, hw = model_preset("qwen2.5-0.5b"), make_hardware("rtx-4090", "17GiB")
     res = tune(model, hw, 512, space=SMALL, workers=1)
     assert not res.baseline["fits"]
     assert res.best is not None and _fits(model, hw, res.best)

@@ -118,7 +118,7 @@ def test_step_time_at_least_every_lane_and_roofline(model, gpu, policy):
     r = _sim(model_preset(model), hw, **policy)
     step, tl, s = r.summary.step_time_s, r.timeline, r.summary
     assert step == pytest.approx(tl.end_s.max(), rel=REL) and tl.start_s.min() == 0.0
-    costs = CostModel(hw, r.schedule.meta.policy["compute_dtype"])
+    costs = CostModel(hw, r.schedule.meta.policy["compute_dtype"], meta=r.schedule.meta)  # shaped, as the sim prices
     busy = tl.groupby("lane")["dur_s"].sum()
     alone = {}
     for op in r.schedule.ops:

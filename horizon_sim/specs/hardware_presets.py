@@ -157,6 +157,10 @@ DEFAULT_HOSTS: dict[str, str] = {
     "gh200": "grace",
     # DeepSpeed's published V100 offload runs are on a DGX-2; a V100 is planned on its host.
     "v100-32gb": "dgx-2",
+    # The consumer cards sit in desktops and workstations (PCIe 4.0, two DDR5 channels, one
+    # socket), not in dual-socket servers.
+    "rtx-4090": "desktop",
+    "rtx-3090": "desktop",
 }
 """Device preset -> the host preset it comes with; others get 'default' (an x86 server)."""
 
