@@ -187,5 +187,9 @@ def test_published_runs_without_torch(tmp_path):
             "print(json.dumps({'rc': rc, 'torch': sorted(m for m in sys.modules if m.split('.')[0] == 'torch')}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
                          text=True, timeout=120)
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    lines = out.stdout.strip().splitlines()
+    res = json.loads(lines[-1])
     assert res == {"rc": 0, "torch": []}, out.stderr[-2000:]
+    # strict JSON (no NaN): rows not compared have null predictions
+    printed = json.loads(lines[-2], parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert any(r["predicted"] is None for r in printed["rows"]) and printed["figures"]["rows"] >= 15

@@ -151,7 +151,9 @@ def _run_published(a: argparse.Namespace) -> int:
     files = write_published(res, out, plots=not a.no_plots)
     if a.json:
         import json
-        print(json.dumps({"figures": res.figures(), "rows": res.table.to_dict(orient="records")}, default=str))
+        rows = res.table.astype(object).where(res.table.notna(), None)  # NaN is not JSON: null
+        print(json.dumps({"figures": res.figures(), "rows": rows.to_dict(orient="records")}, default=str,
+                         allow_nan=False))
         return 0
     print(res.text())
     print("wrote " + ", ".join(str(f) for f in files))
