@@ -35,7 +35,21 @@ def test_other_gh100_parts_scale_it_by_their_peaks(name, compute, hbm):
 def test_other_presets_keep_the_flat_efficiency():
     for name in ("a100-80gb", "l40s", "rtx-4090", "v100-32gb"):
         d = DEVICES[name]
-        assert not d.gemm_TFLOPs and not d.attention_TFLOPs and d.elementwise_GBps == 0
+        assert not d.gemm_TFLOPs and d.elementwise_GBps == 0
+        assert bool(d.attention_TFLOPs) == name.startswith("a100")  # FlashAttention-2's published A100 rates
+
+
+def test_a100_attention_takes_flashattention2s_published_time():
+    """FA2 publishes forward + backward at a rate R in its count (3.5 forwards); the planner's
+    pair (1 forward + 2) at the stored rates takes the same time: 3.5 f / R."""
+    from horizon_sim.specs.measured_kernels import FA2_A100_CAUSAL, FA2_SEQS
+    rows = {(r[1], r[2]): r for r in DEVICES["a100-80gb"].attention_TFLOPs}
+    f = 1e12  # any forward FLOP count
+    for hd, rates in FA2_A100_CAUSAL.items():
+        for seq, R in zip(FA2_SEQS, rates):
+            _, _, _, fwd, bwd = rows[(float(seq), float(hd))]
+            assert f / (fwd * 1e12) + 2 * f / (bwd * 1e12) == pytest.approx(3.5 * f / (R * 1e12))
+    assert DEVICES["a100-40gb"].attention_TFLOPs == DEVICES["a100-80gb"].attention_TFLOPs
 
 
 def test_the_planner_prices_a_measured_shape_at_its_measured_rate():

@@ -15,7 +15,7 @@ from dataclasses import replace
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.cluster import make_cluster
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
-from horizon_sim.specs.measured_kernels import gh100_kernels
+from horizon_sim.specs.measured_kernels import fa2_a100_attention, gh100_kernels
 from horizon_sim.units import GiB, closest, fmt_bytes, parse_size
 
 # ---- links ---------------------------------------------------------------------------------
@@ -59,10 +59,12 @@ DEVICES: dict[str, DeviceSpec] = {
     d.name: d for d in (
         DeviceSpec(name="a100-40gb", hbm_GiB=_mib(40960), bf16_TFLOPs=312.0, fp32_TFLOPs=19.5,
                    hbm_GBps=1555.0, default_link="pcie-gen4",
-                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
+                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB,
+                   attention_TFLOPs=fa2_a100_attention()),
         DeviceSpec(name="a100-80gb", hbm_GiB=_mib(81920), bf16_TFLOPs=312.0, fp32_TFLOPs=19.5,
                    hbm_GBps=2039.0, default_link="pcie-gen4",
-                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
+                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB,
+                   attention_TFLOPs=fa2_a100_attention()),
         DeviceSpec(name="h100-sxm", hbm_GiB=_mib(81559), bf16_TFLOPs=989.0, fp32_TFLOPs=67.0,
                    hbm_GBps=3350.0, default_link="pcie-gen5",
                    library_workspace_MiB=HOPPER_WORKSPACE_MiB,

@@ -36,3 +36,19 @@ def gh100_kernels(bf16_TFLOPs: float, hbm_GBps: float) -> dict:
                 elementwise_GBps=m["elementwise_GBps"] * hbm_GBps / h200_hbm_GBps,
                 launch_overhead_us=m["launch_overhead_us"],
                 op_overhead_us=tuple((k, v) for k, v in m["op_overhead_us"]))
+
+
+# FlashAttention-2 on an A100 80GB SXM4, causal, fp16, forward + backward (Dao-AILab/flash-attention,
+# assets/flash2_a100_fwd_bwd_benchmark.png, the data labels of panels (c) head dim 64 and (d) 128),
+# TFLOP/s in FA2's count: 3.5 x the causal forward 4 x T^2 x head_dim / 2 per head and sequence.
+FA2_A100_CAUSAL = {64: (88, 119, 140, 156, 165, 171), 128: (99, 133, 155, 173, 182, 189)}
+FA2_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def fa2_a100_attention() -> tuple:
+    """attention_TFLOPs rows (DTYPE, SEQ, HEAD_DIM, FWD, BWD) from FlashAttention-2's published
+    A100 figure. It gives the forward + backward time only: the planner counts the backward as 2
+    forwards where FA2 counts 2.5, so both columns are 6/7 of the published rate, which gives the
+    published time for the pair (how it splits between them is not in the figure)."""
+    return tuple(("bf16", float(s), float(hd), r * 6 / 7, r * 6 / 7)
+                 for hd, rates in FA2_A100_CAUSAL.items() for s, r in zip(FA2_SEQS, rates))

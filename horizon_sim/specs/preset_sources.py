@@ -25,8 +25,8 @@ then stand for one of these (an empty GEMM table: every GEMM at peak x matmul_ef
 ram_GiB: replaced by --ram)."""
 
 DEFAULTS: dict[str, str] = {
-    "device.matmul_efficiency": "estimate: 0.70 of the dense bf16 peak for transformer GEMMs, attention "
-                                "included (well-tuned cuBLAS GEMMs of LLM shapes land between 0.6 and 0.8 of the "
+    "device.matmul_efficiency": "estimate: 0.70 of the dense bf16 peak for transformer GEMMs, and attention "
+                                "where no attention table is given (well-tuned cuBLAS GEMMs of LLM shapes land between 0.6 and 0.8 of the "
                                 "datasheet peak). Measured on an H200 by this project's calibrate: 0.93 at the best "
                                 "shape, 17 TFLOP/s at 512^3 (docs/gpu_runs.md)",
     "device.reserved_GiB": "estimate: CUDA context (0.3-0.6 GiB), library workspaces and allocator slack; "
@@ -68,6 +68,11 @@ def _gh100(rates: str, elementwise: str, ops: str) -> dict:
             "op_overhead_us": ops}
 
 
+_FA2_A100 = ("published: FlashAttention-2 on an A100 80GB SXM4, causal, fp16, forward + backward "
+             "(Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png, data labels), x 6/7 to this "
+             "planner's count (FA2 counts the backward as 2.5 forwards, the planner 2); forward and backward at "
+             "one rate: estimate (the figure gives their sum)")
+
 def _smi(mib: int, name: str) -> str:
     return f"measured: nvidia-smi memory.total {mib} MiB for \"{name}\""
 
@@ -75,12 +80,14 @@ def _smi(mib: int, name: str) -> str:
 SOURCES: dict[str, dict[str, str]] = {
     # ---- devices (peaks dense: the datasheets' bf16 "with sparsity" figure halved) -------------
     "device:a100-40gb": {
+        "attention_TFLOPs": _FA2_A100 + "; the 80GB part's figure, the same GA100 compute",
         "hbm_GiB": _smi(40960, "NVIDIA A100-SXM4-40GB"),
         "bf16_TFLOPs": "datasheet: NVIDIA A100: bf16 312 TF dense (624 sparse)",
         "fp32_TFLOPs": "datasheet: NVIDIA A100: FP32 19.5 TF",
         "hbm_GBps": "datasheet: NVIDIA A100 40GB: HBM2 1,555 GB/s",
         "library_workspace_MiB": _PRE_HOPPER_WS},
     "device:a100-80gb": {
+        "attention_TFLOPs": _FA2_A100,
         "hbm_GiB": _smi(81920, "NVIDIA A100-SXM4-80GB"),
         "bf16_TFLOPs": "datasheet: NVIDIA A100: bf16 312 TF dense",
         "fp32_TFLOPs": "datasheet: NVIDIA A100: FP32 19.5 TF",
