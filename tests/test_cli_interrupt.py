@@ -12,9 +12,15 @@ AS_THE_SCRIPT = ("import os, signal, sys, time; sys.argv[0] = '/usr/local/bin/ho
                  "import horizon_sim.cli.main; os.kill(os.getpid(), signal.SIGINT); time.sleep(10)")
 
 
+def _as_from_a_terminal():
+    """SIGINT as a terminal leaves it. A test run launched in the background by a shell without
+    job control inherits it ignored, and then (rightly) so does horizon: Ctrl-C cannot reach it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_the_entry_point_imports_is_one_line_exit_130():
     r = subprocess.run([sys.executable, "-c", AS_THE_SCRIPT], cwd=ROOT, env=env(), capture_output=True,
-                       text=True, timeout=60)
+                       text=True, timeout=60, preexec_fn=_as_from_a_terminal)
     assert (r.returncode, r.stderr) == (130, "horizon: interrupted\n")
 
 
