@@ -134,6 +134,10 @@ def test_bad_files(tmp_path):
     p.write_text('[[row]]\nid = "a"\n')
     with pytest.raises(HorizonError, match="a: missing source, cite"):
         load_rows(p)
+    p.write_text(ROW.format(id="m", source="S", system="horizon", plan="--gpu h200", quantity="tokens_per_s",
+                            value=1) + "[row.model]\nlayers = 4\n")
+    with pytest.raises(HorizonError, match="m: model field\\(s\\) layers unknown"):
+        load_rows(p)
     p.write_text("[[row]\n")
     with pytest.raises(HorizonError, match="not valid TOML"):
         load_rows(p)

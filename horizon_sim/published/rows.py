@@ -65,6 +65,13 @@ def _row(d: dict, i: int, where: str) -> PublishedRow:
         raise HorizonError(f"{where}: {name}: a fits row's value is true or false, not {v!r}")
     if "--model" in d["plan"].split() and d.get("model"):
         raise HorizonError(f"{where}: {name}: give the model once, as --model in plan or as a model table")
+    if "model" in d:
+        from horizon_sim.specs.model import ModelSpec
+        known = {f.name for f in fields(ModelSpec)}
+        bad = sorted(set(d["model"]) - known) if isinstance(d["model"], dict) else ["(not a table)"]
+        if bad:
+            raise HorizonError(f"{where}: {name}: model field(s) {', '.join(bad)} unknown; a model table takes "
+                               f"ModelSpec's fields: {', '.join(sorted(known))}")
     return PublishedRow(**{**d, "value": float(v)})
 
 

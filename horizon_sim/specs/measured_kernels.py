@@ -27,13 +27,12 @@ def gh100_kernels(bf16_TFLOPs: float, hbm_GBps: float) -> dict:
     and GH200), its elementwise rate by the HBM ratio, its op overheads as measured."""
     m = _load(H200_FILE)
     c = bf16_TFLOPs / m["bf16_TFLOPs"]
-    h200_hbm_GBps = 4800.0  # the H200 datasheet peak the elementwise rate was measured under
     gemm = tuple((r[0], r[1], *r[2:5], r[5] * c) for r in m["gemm_TFLOPs"])
     attn = lambda rows: tuple((r[0], r[1], r[2], r[3] * c, r[4] * c) for r in rows)  # noqa: E731
     return dict(gemm_TFLOPs=gemm, attention_TFLOPs=attn(m["attention_TFLOPs"]),
                 masked_attention_TFLOPs=attn(m["masked_attention_TFLOPs"]),
                 loss_ns_per_logit=m["loss_ns_per_logit"] / c,
-                elementwise_GBps=m["elementwise_GBps"] * hbm_GBps / h200_hbm_GBps,
+                elementwise_GBps=m["elementwise_GBps"] * hbm_GBps / m["hbm_GBps"],
                 launch_overhead_us=m["launch_overhead_us"],
                 op_overhead_us=tuple((k, v) for k, v in m["op_overhead_us"]))
 
