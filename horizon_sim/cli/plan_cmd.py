@@ -145,6 +145,16 @@ def sources_text(hw) -> str:
     return "\n".join(lines)
 
 
+def machine_from_args(a: argparse.Namespace):
+    """The machine `horizon plan`'s flags describe: a hardware file or presets, with the layout."""
+    return with_cluster(load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link), a)
+
+
+def peer_policy_from_args(a: argparse.Namespace, policy):
+    """The ZeRO-3-offload peer on the same batch, with the --peer-knobs given."""
+    return zero3_like(policy, **parse_knobs(a.peer_knobs))
+
+
 def run(a: argparse.Namespace) -> int:
     if getattr(a, "sources", False):
         if a.hardware:
@@ -153,14 +163,14 @@ def run(a: argparse.Namespace) -> int:
                                "(calibrate measured them, or whoever wrote it)")
         print(sources_text(make_hardware(a.gpu, a.ram, a.link)))
         return 0
-    hw = with_cluster(load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link), a)
+    hw = machine_from_args(a)
     if getattr(a, "peer_knobs", None) and not getattr(a, "compare", None):
         from horizon_sim.errors import HorizonError
         raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload")
     model, policy = load_model(a.model), policy_from_args(a)
     peer = z3 = None
     if getattr(a, "compare", None):
-        z3 = zero3_like(policy, **parse_knobs(a.peer_knobs))
+        z3 = peer_policy_from_args(a, policy)
         peer = plan_zero3(model, hw, z3)  # before our own plan: a bad peer setting fails fast
     r = plan(model, hw, policy)
     tips = advise(r, search=not getattr(a, "no_advice", False))

@@ -8,9 +8,6 @@ from horizon_sim.cli.policy_args import policy_from_args
 from horizon_sim.errors import HorizonError
 from horizon_sim.plan import plan
 from horizon_sim.safe_files import refuse_non_regular
-from horizon_sim.cli.hardware_args import with_cluster
-from horizon_sim.specs.hardware_io import load_hardware
-from horizon_sim.specs.hardware_presets import make_hardware
 from horizon_sim.specs.hf_config import load_model
 
 EXAMPLE = """example:
@@ -47,7 +44,7 @@ def run(a: argparse.Namespace) -> int:
         return plan_cmd.run(a)
     _check_out(a.plot, "plot")
     _check_out(a.trace, "trace")
-    hw = with_cluster(load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link), a)
+    hw = plan_cmd.machine_from_args(a)
     r = plan(load_model(a.model), hw, policy_from_args(a))
     written = {}
     if a.plot:

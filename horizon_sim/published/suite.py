@@ -34,12 +34,12 @@ def _plan_parser() -> argparse.ArgumentParser:
 
 
 def plan_row(row: PublishedRow) -> tuple[SimResult, ModelSpec]:
-    """The planner's step for the row's setup: Horizon's plan, or the ZeRO-3-offload peer's."""
-    from horizon_sim.cli.hardware_args import with_cluster
+    """The planner's step for the row's setup, built as `horizon plan` builds it from the same
+    flags: Horizon's plan, or the ZeRO-3-offload peer's."""
+    from horizon_sim.cli import plan_cmd
     from horizon_sim.cli.policy_args import policy_from_args
-    from horizon_sim.peer.compare import parse_knobs, plan_zero3, zero3_like
+    from horizon_sim.peer.compare import plan_zero3
     from horizon_sim.plan import plan
-    from horizon_sim.specs.hardware_presets import make_hardware
     from horizon_sim.specs.hf_config import load_model
 
     a = _plan_parser().parse_args(shlex.split(row.plan))
@@ -49,12 +49,10 @@ def plan_row(row: PublishedRow) -> tuple[SimResult, ModelSpec]:
     if row.system != "zero3-offload" and a.peer_knobs:
         raise HorizonError("--peer-knobs is for system = 'zero3-offload' rows")
     model = ModelSpec(**{"name": row.id, **row.model}) if row.model else load_model(a.model)
-    hw = with_cluster(make_hardware(a.gpu, a.ram, a.link), a)
-    policy = policy_from_args(a)
+    hw, policy = plan_cmd.machine_from_args(a), policy_from_args(a)
     if row.system == "zero3-offload":
-        return plan_zero3(model, hw, zero3_like(policy, **parse_knobs(a.peer_knobs))), model
+        return plan_zero3(model, hw, plan_cmd.peer_policy_from_args(a, policy)), model
     return plan(model, hw, policy), model
-
 
 COLUMNS = ["id", "source", "system", "quantity", "unit", "published", "predicted", "error", "planned_fits",
            "assumed", "status", "cite"]
