@@ -29,6 +29,7 @@ from horizon_sim.schedule import build_schedule
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.specs.cpu_ranks import cpu_ranks
 from horizon_sim.specs.hardware_io import load_hardware
+from horizon_sim.specs.layout import Layout
 
 TARGET = 0.10
 
@@ -55,7 +56,7 @@ def main() -> int:
             print(f"round {r + 1}: {n} rank(s): median step {meas[n][-1] * 1e3:.1f} ms "
                   f"(steps {', '.join(f'{s * 1e3:.0f}' for s in res['step_s'])} ms)", file=sys.stderr)
     tok = {n: n * pol.tokens / st.median(meas[n]) for n in (1, 2)}
-    pred = {n: simulate(build_schedule(model, pol, n, 1), cpu_ranks(hw, n)).summary for n in (1, 2)}
+    pred = {n: simulate(build_schedule(model, pol, Layout(n)), cpu_ranks(hw, n)).summary for n in (1, 2)}
     ptok = {n: n * pol.tokens / pred[n].step_time_s for n in (1, 2)}
     eff_m, eff_p = tok[2] / (2 * tok[1]), ptok[2] / (2 * ptok[1])
     print(f"machine: {hw.name}")

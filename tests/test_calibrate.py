@@ -16,6 +16,7 @@ from horizon_sim.schedule import OpKind, build_schedule, work
 from horizon_sim.sim.costs import CostModel, RateTable
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.specs.hardware import DeviceSpec
+from horizon_sim.specs.layout import Layout
 from horizon_sim.specs.hardware_io import hardware_to_toml, load_hardware
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -43,12 +44,12 @@ def test_quick_calibration_writes_a_loadable_sane_spec(quick_hw):
     assert all(r[3] > 0 and r[4] > 0 for r in d.masked_attention_TFLOPs)
     # gloo over loopback, measured: one device as calibrated, its rates serve --gpus N
     c = hw.cluster
-    assert (c.devices_per_node, c.nodes) == (1, 1) and c.fabric_GBps > 0 and c.fabric_latency_us >= 0
+    assert c.layout == Layout(1, 1) and c.fabric_GBps > 0 and c.fabric_latency_us >= 0
     from argparse import Namespace
 
     from horizon_sim.cli.hardware_args import with_cluster
     two = with_cluster(hw, Namespace(gpus=2, nodes=None, cluster=None)).cluster
-    assert two.devices_per_node == 2 and two.fabric_GBps == c.fabric_GBps
+    assert two.layout.devices_per_node == 2 and two.fabric_GBps == c.fabric_GBps
     kinds = dict(d.op_overhead_us)
     assert {"forward", "backward", "head", "recompute", "head_chunk"} <= set(kinds)
     assert kinds["backward"] > 0 and kinds["forward"] > 0

@@ -133,7 +133,8 @@ def _by_hand(tmp_path, mode, **kw):
 @pytest.mark.parametrize("stall", [0, 1])
 def test_a_rank_that_dies_or_stalls_fails_the_other(tmp_path, stall):
     from horizon_sim.schedule import OpKind, build_schedule
-    sched = build_schedule(dist_worker.spec(False), dist_worker.policy(2, "pipelined"), 2, 1)
+    from horizon_sim.specs.layout import Layout
+    sched = build_schedule(dist_worker.spec(False), dist_worker.policy(2, "pipelined"), Layout(2))
     # rank 1 dies (stalls) as it starts the backward of block 1: rank 0 is then waiting for it
     # in the reduce-scatter of block 2's gradients or soon after
     kill = next(o.id for o in sched.ops if o.kind == OpKind.BACKWARD and o.layer == 1)
@@ -221,6 +222,7 @@ def test_measure_ranks_and_its_prediction_run_the_same_schedule():
     simulates on the calibrated CPU hardware laid out for two ranks."""
     from horizon_exec.measure.ranks import measure_ranks
     from horizon_sim.specs.cpu_ranks import cpu_ranks
+    from horizon_sim.specs.layout import Layout
     from horizon_sim.schedule import build_schedule
     from horizon_sim.sim.simulate import simulate
     from tests.cpu_machine import CPU_HW
@@ -229,7 +231,7 @@ def test_measure_ranks_and_its_prediction_run_the_same_schedule():
     assert len(res["step_s"]) == 1 and res["step_s"][0] > 0
     kinds = {r["kind"] for r in res["timeline"]}
     hw = cpu_ranks(CPU_HW, 2)
-    assert (hw.cluster.devices_per_node, hw.host.compute_contention) == (2, 1.0)
-    sim = simulate(build_schedule(spec, pol, 2, 1), hw)
+    assert (hw.cluster.layout.devices_per_node, hw.host.compute_contention) == (2, 1.0)
+    sim = simulate(build_schedule(spec, pol, Layout(2)), hw)
     assert kinds == {str(k) for k in sim.timeline.kind}
     assert {"reduce_scatter", "norm_all_reduce", "update_barrier"} <= {k.split(".")[-1].lower() for k in kinds}

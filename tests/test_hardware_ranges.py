@@ -47,8 +47,9 @@ def test_absurd_values_are_refused_by_name(tmp_path, toml_text, table, key, valu
 
 def test_cluster_rates_have_ranges():
     from horizon_sim.specs.cluster import ClusterSpec
+    from horizon_sim.specs.layout import Layout
     with pytest.raises(HorizonError, match="cluster net_GBps=1e\\+300 must be from 0 to"):
-        ClusterSpec(name="x", nodes=2, net_GBps=1e300)
+        ClusterSpec(name="x", layout=Layout(1, 2), net_GBps=1e300)
 
 
 def test_every_preset_is_inside_the_ranges():

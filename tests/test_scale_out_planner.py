@@ -27,6 +27,7 @@ from horizon_sim.specs.cluster import SINGLE, ClusterSpec, make_cluster
 from horizon_sim.specs.hardware_io import hardware_from_dict, hardware_to_toml
 from horizon_sim.specs.hardware_presets import make_hardware
 from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.layout import Layout
 from horizon_sim.specs.policy import Policy
 
 SPEC = ModelSpec(n_layers=4, hidden=256, n_heads=4, n_kv_heads=2, ffn_hidden=688, vocab=4096)
@@ -34,12 +35,12 @@ NEW_KINDS = {OpKind.REDUCE_SCATTER, OpKind.HOST_REDUCE, *COLLECTIVES}
 
 
 def _hw(gpus, nodes, free_network=False):
-    hw = make_hardware("h100-sxm", "4TB", gpus=gpus, nodes=nodes)
+    hw = make_hardware("h100-sxm", "4TB", layout=Layout(gpus, nodes))
     if free_network:
         c = hw.cluster
         hw = dataclasses.replace(hw, cluster=dataclasses.replace(
-            c, fabric_GBps=1e9 if c.devices_per_node > 1 else 0.0, fabric_latency_us=0.0,
-            net_GBps=1e9 if c.nodes > 1 else 0.0, net_latency_us=0.0))
+            c, fabric_GBps=1e9 if c.layout.devices_per_node > 1 else 0.0, fabric_latency_us=0.0,
+            net_GBps=1e9 if c.layout.nodes > 1 else 0.0, net_latency_us=0.0))
     return hw
 
 
@@ -48,7 +49,7 @@ def test_one_device_has_no_collectives():
         s = build_schedule(SPEC, Policy(batch=2, seq=64, optimizer=opt, grad_clip=0 if opt == "backward" else 1))
         assert not {o.kind for o in s.ops} & NEW_KINDS
         assert not any(b.node_shared for b in s.buffers.values())
-        assert (s.meta.devices_per_node, s.meta.nodes) == (1, 1)
+        assert s.meta.layout == Layout(1, 1)
 
 
 CASES = list(itertools.product([(2, 1), (1, 2), (4, 2)], ["after", "backward", "pipelined"], [1, 2], [False, True]))
@@ -59,7 +60,7 @@ def test_collectives_obey_dependencies(layout, opt, mb, tied):
     n, m = layout
     spec = dataclasses.replace(SPEC, tied_embeddings=tied)
     pol = Policy(batch=2 * mb, seq=64, micro_batches=mb, optimizer=opt, grad_clip=0 if opt == "backward" else 1)
-    sched = build_schedule(spec, pol, n, m)
+    sched = build_schedule(spec, pol, Layout(n, m))
     assert from_json(to_json(sched)) == sched
     kinds = [o.kind for o in sched.ops]
     if n > 1:
@@ -96,7 +97,7 @@ def test_collectives_obey_dependencies(layout, opt, mb, tied):
 @pytest.mark.parametrize("n,m", [(1, 1), (4, 1), (2, 4), (8, 8)])
 def test_host_footprint_is_the_nodes(n, m):
     pol = Policy(batch=2, seq=64)
-    r = simulate(build_schedule(SPEC, pol, n, m), _hw(n, m))
+    r = simulate(build_schedule(SPEC, pol, Layout(n, m)), _hw(n, m))
     by = r.host.by_role
     units = [SPEC.embedding_params, *[SPEC.layer_params] * SPEC.n_layers, SPEC.head_params]
     assert by["master"] == sum(-(-p // m) for p in units) * 4
@@ -111,9 +112,9 @@ def test_host_footprint_is_the_nodes(n, m):
 def test_with_a_free_network_more_nodes_never_slow_the_step(opt):
     pol = Policy(batch=4, seq=128, optimizer=opt, grad_clip=0 if opt == "backward" else 1)
     for n in (1, 4):
-        base = simulate(build_schedule(SPEC, pol, n, 1), _hw(n, 1, free_network=True)).summary
+        base = simulate(build_schedule(SPEC, pol, Layout(n, 1)), _hw(n, 1, free_network=True)).summary
         for m in (2, 8):
-            r = simulate(build_schedule(SPEC, pol, n, m), _hw(n, m, free_network=True))
+            r = simulate(build_schedule(SPEC, pol, Layout(n, m)), _hw(n, m, free_network=True))
             s = r.summary
             assert s.step_time_s <= base.step_time_s * (1 + 1e-9)
             assert s.tokens_per_s >= m * base.tokens_per_s * (1 - 1e-9)
@@ -121,7 +122,7 @@ def test_with_a_free_network_more_nodes_never_slow_the_step(opt):
 
 def test_the_overlap_plot_shows_the_collective_lanes():
     from horizon_sim.report.gantt import plot_overlap
-    r = simulate(build_schedule(SPEC, Policy(batch=2, seq=64), 2, 2), _hw(2, 2))
+    r = simulate(build_schedule(SPEC, Policy(batch=2, seq=64), Layout(2, 2)), _hw(2, 2))
     fig = plot_overlap(r)
     ticks = [t.get_text().split("\n")[0] for t in fig.axes[0].get_yticklabels()]
     assert ticks == ["h2d", "compute", "d2h", "cpu", "fabric", "net"]
@@ -129,24 +130,24 @@ def test_the_overlap_plot_shows_the_collective_lanes():
 
 def test_the_network_can_be_the_bottleneck():
     pol = Policy(batch=1, seq=64)
-    hw = make_hardware("h100-sxm", "4TB", gpus=1, nodes=8, cluster="gh200-nodes")
+    hw = make_hardware("h100-sxm", "4TB", layout=Layout(1, 8), cluster="gh200-nodes")
     slow = dataclasses.replace(hw, cluster=dataclasses.replace(hw.cluster, net_GBps=0.01))
-    s = simulate(build_schedule(SPEC, pol, 1, 8), slow).summary
+    s = simulate(build_schedule(SPEC, pol, Layout(1, 8)), slow).summary
     assert s.bottleneck == "network between nodes" and s.exposed_network_s > 0.5 * s.step_time_s
 
 
 def test_cluster_spec_checks_and_files():
     with pytest.raises(HorizonError, match="need fabric_GBps > 0"):
-        ClusterSpec(devices_per_node=2)
+        ClusterSpec(layout=Layout(2))
     with pytest.raises(HorizonError, match="need net_GBps > 0"):
-        ClusterSpec(nodes=2)
+        ClusterSpec(layout=Layout(1, 2))
     with pytest.raises(HorizonError, match="devices_per_node=0 must be a whole number"):
-        ClusterSpec(devices_per_node=0)
+        ClusterSpec(layout=Layout(0))
     with pytest.raises(HorizonError, match="devices_per_host_link=4 is more than devices_per_node=2"):
-        ClusterSpec(devices_per_node=2, fabric_GBps=10, devices_per_host_link=4)
+        ClusterSpec(layout=Layout(2), fabric_GBps=10, devices_per_host_link=4)
     with pytest.raises(HorizonError, match="unknown cluster 'hgx-h10'.*did you mean"):
-        make_cluster("h100-sxm", 8, 1, "hgx-h10")
-    hw = make_hardware("a100-80gb", "1TB", gpus=8, nodes=4)
+        make_cluster("h100-sxm", Layout(8), "hgx-h10")
+    hw = make_hardware("a100-80gb", "1TB", layout=Layout(8, 4))
     assert hw.cluster.name == "hgx-a100" and hw.cluster.ranks == 32
     assert hardware_from_dict(tomllib.loads(hardware_to_toml(hw))) == hw
     single = make_hardware("a100-80gb", "1TB")
@@ -157,7 +158,7 @@ def test_cluster_spec_checks_and_files():
 
 def test_several_nodes_need_the_working_copy():
     with pytest.raises(HorizonError, match="2 nodes need the bf16 working copy"):
-        build_schedule(SPEC, Policy(batch=1, seq=64, working_copy=False), 1, 2)
+        build_schedule(SPEC, Policy(batch=1, seq=64, working_copy=False), Layout(1, 2))
 
 
 def test_plan_cli(capsys):
@@ -181,8 +182,8 @@ def test_the_executor_refuses_a_schedule_for_another_layout():
     pytest.importorskip("torch")
     from horizon_exec.runtime.trainer import Trainer
     pol = Policy(batch=1, seq=16)
-    with pytest.raises(HorizonError, match=r"one rank's step of 1 node\(s\) x 2 device\(s\); this run has 1 x 1"):
-        Trainer(SPEC, pol, schedule=build_schedule(SPEC, pol, 2, 1), admission=False)
+    with pytest.raises(HorizonError, match=r"one rank's step of 1 node\(s\) x 2 device\(s\); this run has 1 node\(s\) x 1 device\(s\)"):
+        Trainer(SPEC, pol, schedule=build_schedule(SPEC, pol, Layout(2, 1)), admission=False)
 
 
 def test_search_verbs_take_the_layout(capsys):
@@ -213,7 +214,7 @@ def test_sweep_grids_take_layouts():
     df = sweep(grid, workers=1)
     assert sorted(zip(df.devices_per_node, df.nodes)) == [(1, 1), (1, 2), (2, 1), (2, 2)]
     row = df[(df.devices_per_node == 2) & (df.nodes == 2)].iloc[0]
-    r = plan("qwen2.5-0.5b", make_hardware("h100-sxm", "64GiB", gpus=2, nodes=2), Policy(batch=2, seq=256))
+    r = plan("qwen2.5-0.5b", make_hardware("h100-sxm", "64GiB", layout=Layout(2, 2)), Policy(batch=2, seq=256))
     assert row.tokens_per_s == pytest.approx(r.summary.tokens_per_s) and row.host_bytes == r.summary.host_bytes
     with pytest.raises(HorizonError, match="gh200 with gpus_per_node 2, nodes 1: cluster gh200-nodes"):
         parse_grid({"models": ["tiny"], "gpus": ["gh200"], "ram": ["1TB"], "gpus_per_node": [2]})
@@ -230,7 +231,7 @@ def test_gpus_on_a_calibrated_cpu_file_share_its_cores():
     from horizon_sim.cli.hardware_args import with_cluster
     from tests.cpu_machine import CPU_HW
     hw = with_cluster(CPU_HW, argparse.Namespace(gpus=2, nodes=None, cluster=None))
-    assert (hw.cluster.devices_per_node, hw.host.compute_contention, hw.host.lane_cores) == (2, 1.0, 1.0)
+    assert (hw.cluster.layout.devices_per_node, hw.host.compute_contention, hw.host.lane_cores) == (2, 1.0, 1.0)
     assert hw.host.adam_Gparams_per_s == 2 * CPU_HW.host.adam_Gparams_per_s
     gpu = with_cluster(_hw(1, 1), argparse.Namespace(gpus=2, nodes=None, cluster=None))
     assert gpu.host == _hw(1, 1).host

@@ -40,7 +40,7 @@ def test_round_trip_is_lossless(case):
     assert to_json(back) == text  # stable: writing it again gives the same bytes
     # kinds come back as enums, tuples as tuples (not lists): they hash and compare
     assert all(isinstance(op.kind, OpKind) and isinstance(op.deps, tuple) for op in back.ops)
-    assert back.meta.policy == policy.to_dict() and back.meta.model == model.to_dict()
+    assert back.meta.policy == policy and back.meta.model == model  # typed specs, not dicts
 
 
 # ---- tampering ------------------------------------------------------------------------------
@@ -108,12 +108,30 @@ def test_unknown_buffer_is_rejected(doc):
         _load(d)
 
 
-@pytest.mark.parametrize("version", [0, 1, 3, "2", None])
+@pytest.mark.parametrize("version", [0, 1, 4, "3", None])
 def test_wrong_version_is_rejected(doc, version):
     d = _copy(doc)
     d["version"] = version
     with pytest.raises(ScheduleError, match="version"):
         _load(d)
+
+
+def test_version_2_files_still_read(doc):
+    """Version 2 spelled the layout flat and a peer's family in notes[0]."""
+    from horizon_sim.peer.zero3_builder import build_zero3_schedule
+    from horizon_sim.peer.zero3_policy import Zero3Policy
+    from horizon_sim.specs.layout import Layout
+    model = CASES["default"][0]
+    for sched in (build_schedule(model, Policy(batch=2, seq=32), Layout(2, 2)),
+                  build_zero3_schedule(model, Zero3Policy(batch=2, seq=32))):
+        d = json.loads(to_json(sched))
+        meta = d["meta"]
+        layout, family = meta.pop("layout"), meta.pop("family")
+        meta.update(layout, notes=[] if family == "horizon" else [family])
+        d["version"] = 2
+        back = from_json(json.dumps(d))
+        assert back.meta == sched.meta and back.meta.family == family
+    assert [family, back.meta.layout] == ["zero3-offload", Layout(1, 1)]
 
 
 def test_missing_version_is_rejected(doc):

@@ -93,7 +93,7 @@ def test_host_footprint_linear_in_parameters(policy):
         by = r.host.by_role
         assert by["master"] == 4 * model.total_params  # fp32 master
         assert by["moments"] == 2 * 4 * model.total_params  # fp32 Adam m and v
-        assert by["working_copy"] == (2 * model.total_params if pol["working_copy"] else 0)
+        assert by["working_copy"] == (2 * model.total_params if pol.working_copy else 0)
         assert r.host.total_bytes == sum(by.values()) == r.summary.host_bytes
     x, y = np.array(params, float), np.array(host, float)
     slope, intercept = np.polyfit(x, y, 1)
@@ -118,7 +118,7 @@ def test_step_time_at_least_every_lane_and_roofline(model, gpu, policy):
     r = _sim(model_preset(model), hw, **policy)
     step, tl, s = r.summary.step_time_s, r.timeline, r.summary
     assert step == pytest.approx(tl.end_s.max(), rel=REL) and tl.start_s.min() == 0.0
-    costs = CostModel(hw, r.schedule.meta.policy["compute_dtype"], meta=r.schedule.meta)  # shaped, as the sim prices
+    costs = CostModel(hw, r.schedule.meta.policy.compute_dtype, meta=r.schedule.meta)  # shaped, as the sim prices
     busy = tl.groupby("lane")["dur_s"].sum()
     alone = {}
     for op in r.schedule.ops:

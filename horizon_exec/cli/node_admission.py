@@ -55,7 +55,7 @@ def node_need(args: argparse.Namespace) -> NodeNeed:
     from horizon_sim.specs.hf_config import load_model
     model = _model(args, load_model)
     policy = policy_from_args(args)
-    sched = build_schedule(model, policy, 1, 1)
+    sched = build_schedule(model, policy)
     # a budget nothing exceeds: the figures are wanted, the verdict is decided here
     adm = admit(model, policy, sched, device="cpu", host_budget_bytes=2**62, advise=False)
     roles = adm.host_by_role

@@ -372,7 +372,7 @@ def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what,
 
     print(f"horizon train: {model.name}, {model.total_params / 1e6:.1f}M params, {len(tr.sched)} ops/step, "
           f"host store {fmt_bytes(tr.host_store_bytes)}, device {args.device}"
-          + (f", {tr.dist.world} ranks ({tr.dist.nodes} node(s) x {tr.dist.devices_per_node}), a step trains "
+          + (f", {tr.dist.world} ranks ({tr.dist.layout}), a step trains "
              f"{policy.batch * tr.dist.world} sequences" if tr.dist.world > 1 else ""))
     print(f"data: {ds.source}, tokenizer {tok.name}, {ds.n_tokens:,} tokens -> {len(ds.train)} train + "
           f"{len(ds.eval)} eval sequences of {policy.seq}")
@@ -431,7 +431,7 @@ def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what,
         tr.flush()  # every rank (a collective when pending): the master is final
         # one node: rank 0 writes from the shared store; several: every rank gathers, rank 0 writes
         agree(tr.dist, lambda: save_hf(args, tr, loop, save_inputs)
-              if tr.dist.rank == 0 or tr.dist.nodes > 1 else None)
+              if tr.dist.rank == 0 or tr.dist.layout.nodes > 1 else None)
     return 0
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.layout import ONE, Layout
 
 DEFAULT_TIMEOUT_S = 300.0
 """How long a collective waits for its peers before it fails (horizon train --dist-timeout)."""
@@ -33,17 +34,21 @@ DEFAULT_TIMEOUT_S = 300.0
 @dataclass(frozen=True, slots=True)
 class DistContext:
     rank: int
-    world: int
     local_rank: int
-    devices_per_node: int
     node: int
-    nodes: int
+    layout: Layout
+    """The run's ranks: devices per node x nodes."""
     timeout_s: float = DEFAULT_TIMEOUT_S
     cores: tuple = ()
     """CPU backend: the cores this process was pinned to when it joined (its share of the node's,
     cores_of), which every thread it started since inherits; () when not pinned."""
     groups: dict = field(default_factory=dict, compare=False, repr=False)
     """name -> process group (module docstring); empty when world == 1."""
+
+    @property
+    def world(self) -> int:
+        """Every rank of the run."""
+        return self.layout.ranks
 
     @property
     def is_leader(self) -> bool:
@@ -80,7 +85,7 @@ class DistContext:
 
 def single() -> DistContext:
     """The context of a run of one process."""
-    return DistContext(0, 1, 0, 1, 0, 1)
+    return DistContext(0, 0, 0, ONE)
 
 
 def free_port() -> int:
@@ -159,7 +164,7 @@ def from_env(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistC
         if i == local_rank:
             groups["cross"] = g
     groups["world_net"] = dist.new_group(list(range(world)), timeout=t, backend="gloo")
-    return DistContext(rank, world, local_rank, n, node, m, float(timeout_s), cores, groups)
+    return DistContext(rank, local_rank, node, Layout(n, m), float(timeout_s), cores, groups)
 
 
 def _pin_share(local_rank: int, n: int) -> tuple:
@@ -179,7 +184,7 @@ def _pin_share(local_rank: int, n: int) -> tuple:
 def cores_of(ctx: DistContext, cores: list[int]) -> list[int]:
     """The CPU cores this rank's lanes may use when the node's ranks share one CPU (the CPU
     backend): the share it was pinned to at join, else its share of `cores`."""
-    return list(ctx.cores) or core_share(ctx.local_rank, ctx.devices_per_node, cores)
+    return list(ctx.cores) or core_share(ctx.local_rank, ctx.layout.devices_per_node, cores)
 
 
 def core_share(local_rank: int, n: int, cores: list[int]) -> list[int]:

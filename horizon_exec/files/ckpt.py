@@ -73,7 +73,7 @@ _STEP_DIR = re.compile(r"step-([0-9]+)")   # fullmatch only: 'step-1/../x' or 's
 def node_folder(ckpt_dir, dist) -> str:
     """Where a node's checkpoints go: ckpt_dir itself, or ckpt_dir/node-J when a run has
     several nodes (each writes its shard of the host store)."""
-    return str(ckpt_dir) if dist.nodes == 1 else str(Path(ckpt_dir) / f"node-{dist.node}")
+    return str(ckpt_dir) if dist.layout.nodes == 1 else str(Path(ckpt_dir) / f"node-{dist.node}")
 
 
 def step_dir_name(step: int) -> str:
@@ -155,8 +155,7 @@ def save_checkpoint(ckpt_dir, trainer, step: int, loop_state: dict | None = None
         "optimizer": {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay},
         "loop": loop_state or {},
         # data parallel: the node's shard of the store (ckpt_dir/node-J when several nodes)
-        "layout": {"devices_per_node": trainer.dist.devices_per_node, "nodes": trainer.dist.nodes,
-                   "node": trainer.dist.node},
+        "layout": {**dataclasses.asdict(trainer.dist.layout), "node": trainer.dist.node},
     }
     try:
         return _save(root, final, trainer, step, meta, keep)
@@ -562,9 +561,9 @@ def _check_compatible(p: Path, meta: dict, trainer) -> None:
     if not isinstance(lay, dict):
         raise CheckpointError(f"{p / META}: layout {_show(lay)} is not an object (corrupt checkpoint)")
     have = (lay.get("nodes", 1), lay.get("devices_per_node", 1), lay.get("node", 0))
-    if have != (d.nodes, d.devices_per_node, d.node):
+    if have != (d.layout.nodes, d.layout.devices_per_node, d.node):
         raise HorizonError(f"{p}: checkpoint holds node {have[2]}'s store of a run of {have[0]} node(s) x {have[1]} "
-                           f"device(s); this is node {d.node} of {d.nodes} x {d.devices_per_node}: resume with "
+                           f"device(s); this is node {d.node} of {d.layout}: resume with "
                            "the same --nnodes and --nproc-per-node")
     for what, spec in (("model", trainer.model), ("policy", trainer.policy)):
         have = spec.to_dict()

@@ -333,7 +333,7 @@ def save_hf(trainer, path, dtype: str = "fp32", max_shard_bytes: int = DEFAULT_S
         raise HorizonError(f"max shard size {max_shard_bytes} must be positive")
     out = Path(path)
     d = trainer.dist
-    if d.nodes > 1 or trainer.split_master:  # every rank takes part in the gathers; the first one writes
+    if d.layout.nodes > 1 or trainer.split_master:  # every rank takes part in the gathers; the first one writes
         return _save_gathered(trainer, out, dtype, max_shard_bytes, base_config, side_files)
     check_output_dir(out)
     trainer.flush()

@@ -118,7 +118,7 @@ def _child(req: dict) -> dict:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     from transformers import AutoConfig, AutoModelForCausalLM
     transformers.logging.set_verbosity_error()
-    spec, z3 = ModelSpec(**req["model"]), Zero3Policy(**req["z3"])
+    spec, z3 = ModelSpec.from_dict(req["model"]), Zero3Policy.from_dict(req["z3"])
     rss_runtime = vm_hwm_bytes()  # torch, transformers and DeepSpeed imported, no model yet
     torch.manual_seed(req["seed"])
     if req["init_dir"]:

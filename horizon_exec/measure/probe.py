@@ -194,7 +194,7 @@ def _child(req: dict, commands=None) -> dict:
     from horizon_exec.runtime.trainer import Trainer
     import torch
 
-    model, policy = ModelSpec(**req["model"]), Policy(**req["policy"])
+    model, policy = ModelSpec.from_dict(req["model"]), Policy.from_dict(req["policy"])
     rss0 = vm_hwm_bytes()
     ctx = from_env(req["device"])  # a Session of several ranks set the launcher's variables
     gen = torch.Generator().manual_seed(req["seed"] + ctx.rank)

@@ -52,7 +52,7 @@ def _rank_main() -> None:
     from horizon_sim.specs.policy import Policy
     job = json.loads(os.environ[_ENV])
     ctx = from_env()
-    model, pol = ModelSpec(**job["model"]), Policy(**job["policy"])
+    model, pol = ModelSpec.from_dict(job["model"]), Policy.from_dict(job["policy"])
     g = torch.Generator().manual_seed(ctx.rank)
     times, res = [], None
     with Trainer(model, pol, admission=False, dist=ctx) as tr:

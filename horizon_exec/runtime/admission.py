@@ -179,7 +179,7 @@ def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
         runtime = max(rss, int(hardware.host.runtime_overhead_GiB * GiB))
     else:
         runtime = rss + RUNTIME_GROWTH_BYTES
-    hw = laid_out(_machine(hardware, host_avail, dev_avail, runtime), sched.meta.devices_per_node, sched.meta.nodes)
+    hw = laid_out(_machine(hardware, host_avail, dev_avail, runtime), sched.meta.layout)
     res = simulate(sched, hw)
     adm = _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src, data_bytes)
     if adm.fits:
@@ -214,7 +214,7 @@ def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, de
     if data_bytes:
         host["training_data"] = int(data_bytes)
     if cpu:  # each of the node's ranks has its "device" in host RAM
-        host["device_on_cpu_backend"] = sum(dev.values()) * sched.meta.devices_per_node
+        host["device_on_cpu_backend"] = sum(dev.values()) * sched.meta.layout.devices_per_node
     return Admission(MemoryVerdict(host_need=host, host_usable=host_avail, device_need=dev,
                                    device_usable=dev_avail, host_source=host_src, device_source=dev_src))
 

@@ -36,7 +36,8 @@ class Master:
     def _node_chunks(self, u: int):
         """(range in the whole unit, range in the node's buffers) of each of the node's ranks' chunks."""
         part, j = self.runner.partition(u), self.dist.node
-        return [(part.owned_range(i, j), part.owned_in(Part.NODE, i, j)) for i in range(self.dist.devices_per_node)]
+        return [(part.owned_range(i, j), part.owned_in(Part.NODE, i, j))
+                for i in range(self.dist.layout.devices_per_node)]
 
     def write_whole(self, u: int, whole: torch.Tensor) -> None:
         """A whole unit's fp32 master -> the node's store (node leader only): its chunks of the
@@ -45,13 +46,13 @@ class Master:
         n, whole = whole.numel(), whole.contiguous()
         if not self.split:
             dst = self.store.of(Holds.MASTER, u)
-            if self.dist.nodes == 1:
+            if self.dist.layout.nodes == 1:
                 dst[:n].copy_(whole)
             else:
                 self._keep_node_chunks(u, whole, dst)
             return
         hi, lo = self._halves(u)
-        if self.dist.nodes == 1:  # the node's store is the whole unit
+        if self.dist.layout.nodes == 1:  # the node's store is the whole unit
             split_(whole, hi[:n], lo[:n])
             self._put_low(u, lo)
             return
@@ -72,7 +73,7 @@ class Master:
         if not self.split:
             return self.store.of(Holds.MASTER, u)
         hi, lo = self._halves(u)
-        if self.dist.nodes == 1:  # the node holds the whole unit, in the order of the copy
+        if self.dist.layout.nodes == 1:  # the node holds the whole unit, in the order of the copy
             return join(hi, lo)
         out = torch.empty(lo.numel())
         for (a, e), (m0, m1) in self._node_chunks(u):
@@ -86,7 +87,7 @@ class Master:
             self.store.of(Holds.MASTER, u).copy_(t)
             return
         hi, lo = self._halves(u)
-        if self.dist.nodes == 1:
+        if self.dist.layout.nodes == 1:
             split_(t, hi, lo)
             self._put_low(u, lo)
             return

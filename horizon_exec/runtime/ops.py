@@ -112,7 +112,7 @@ class OpRunner:
 
     def partition(self, u: int) -> Partition:
         """How unit u is split over the ranks (horizon_sim/schedule/partition.py)."""
-        return Partition(self.host_numel(u), self.dist.devices_per_node, self.dist.nodes)
+        return Partition(self.host_numel(u), self.dist.layout)
 
     def owned(self, name: str) -> torch.Tensor:
         """This rank's chunk of a unit's buffer: the part it updates (one rank: all of it;

@@ -136,15 +136,12 @@ class EvalResult:
 
 def _checked_schedule(sched, model: ModelSpec, policy: Policy, dist):
     """`sched`, checked, if it was built for `model`, `policy` and the run's ranks."""
-    have = (sched.meta.devices_per_node, sched.meta.nodes)
-    if have != (dist.devices_per_node, dist.nodes):
-        raise HorizonError(f"the schedule is one rank's step of {have[1]} node(s) x {have[0]} device(s); this "
-                           f"run has {dist.nodes} x {dist.devices_per_node}")
+    if sched.meta.layout != dist.layout:
+        raise HorizonError(f"the schedule is one rank's step of {sched.meta.layout}; this run has {dist.layout}")
     if sched.meta.purpose != "train":
         raise HorizonError(f"the schedule is an {sched.meta.purpose} schedule; the trainer runs a training step's")
-    for what, have, want in (("model", sched.meta.model, model.to_dict()), ("policy", sched.meta.policy,
-                                                                              policy.to_dict())):
-        if ModelSpec(**have) != model if what == "model" else Policy(**have) != policy:
+    for what, have, want in (("model", sched.meta.model, model), ("policy", sched.meta.policy, policy)):
+        if have != want:
             raise HorizonError(f"the schedule was built for another {what} than the trainer's")
     return sched.check()
 
@@ -217,7 +214,7 @@ class Trainer:
                                "known; use on_nonfinite='stop', or optimizer='pipelined' or 'after'")
         self.model, self.policy, self.on_nonfinite = model, policy, on_nonfinite
         self.dist = dist = dist or single()
-        self.sched = (build_schedule(model, policy, dist.devices_per_node, dist.nodes) if schedule is None
+        self.sched = (build_schedule(model, policy, dist.layout) if schedule is None
                       else _checked_schedule(schedule, model, policy, dist))
         # Before any allocation: does the run fit this machine (data parallel: this node)?
         # AdmissionError if not; every rank hears of any rank's failure before anyone allocates.
@@ -243,7 +240,7 @@ class Trainer:
         self.units = [b.unit for b in self.sched.of(Holds.MOMENTS)]  # embedding, blocks, head
         self.master = Master(self.store, self.sched, self.runner, dist, self.split_master, self.disk)  # fp32 access
         self._params = {}  # transformers name -> view of the master store (whole on every node)
-        if dist.nodes == 1 and not self.split_master:
+        if dist.layout.nodes == 1 and not self.split_master:
             for u in self.units:
                 lay = host_layout(model, u)
                 self._params.update(lay.views(self.store.of(Holds.MASTER, u)[:lay.numel]))
@@ -272,7 +269,7 @@ class Trainer:
         if self.dist.is_leader:
             for u in self.units:
                 lay = host_layout(self.model, u)
-                in_place = self.dist.nodes == 1 and not self.split_master
+                in_place = self.dist.layout.nodes == 1 and not self.split_master
                 whole = self.store.of(Holds.MASTER, u)[:lay.numel] if in_place else torch.empty(lay.numel)
                 for name, t in lay.views(whole).items():
                     if name.endswith("norm.weight"):
@@ -290,13 +287,13 @@ class Trainer:
         copy, or with several nodes each rank its chunk and the nodes gather; every rank waits
         until it is done)."""
         d = self.dist
-        if d.nodes > 1:
+        if d.layout.nodes > 1:
             d.barrier()  # the node's leader has written the master (each rank copies its chunk)
         for u in self.units:
             if not self.store.has(Holds.WORKING_COPY, u):
                 continue
             wc = self.store.of(Holds.WORKING_COPY, u)
-            if d.nodes == 1:  # (a split master's high halves are its working copy: written with it)
+            if d.layout.nodes == 1:  # (a split master's high halves are its working copy: written with it)
                 if d.is_leader and not self.split_master:
                     master = self.store.of(Holds.MASTER, u)
                     wc[:master.numel()].copy_(master)
@@ -315,7 +312,7 @@ class Trainer:
         thread (every rank calls it); for checks and exports of a several-node run."""
         lay = host_layout(self.model, u)
         d = self.dist
-        if d.nodes == 1:
+        if d.layout.nodes == 1:
             return self.master.local_whole(u, lay.numel)
         from horizon_exec.dist.collectives import all_gather_into
         part = self.runner.partition(u)
@@ -323,7 +320,7 @@ class Trainer:
         got = torch.empty(d.world * part.chunk, dtype=torch.float32)
         all_gather_into(got, mine, group=d.groups["main"])
         by_rank = got.view(d.world, part.chunk)  # world rank r = node * N + local rank
-        order = [part.chunk_index(r % d.devices_per_node, r // d.devices_per_node) for r in range(d.world)]
+        order = [part.chunk_index(r % d.layout.devices_per_node, r // d.layout.devices_per_node) for r in range(d.world)]
         whole = torch.empty(d.world, part.chunk, dtype=torch.float32)
         whole[order] = by_rank
         return whole.reshape(-1)[:lay.numel]
@@ -341,8 +338,8 @@ class Trainer:
         """Master weights by transformers names: views into the host store (no lm_head.weight
         when tied). Copy them before stepping again if you keep them. Several nodes hold the
         master in shards: gather_master() per unit instead."""
-        if self.dist.nodes > 1:
-            raise HorizonError(f"the master is sharded over {self.dist.nodes} nodes: no process holds it whole "
+        if self.dist.layout.nodes > 1:
+            raise HorizonError(f"the master is sharded over {self.dist.layout.nodes} nodes: no process holds it whole "
                                "(gather a unit with Trainer.gather_master)")
         if self.split_master:  # no fp32 tensor to view: joined copies, a unit at a time
             out = {}
@@ -357,8 +354,8 @@ class Trainer:
         missing = [n for n in names if n not in sd]
         if missing:
             raise HorizonError(f"state dict lacks {len(missing)} parameter(s), e.g. {missing[0]!r}")
-        if self.dist.nodes > 1:
-            raise HorizonError(f"load_state_dict of a run sharded over {self.dist.nodes} nodes is not supported")
+        if self.dist.layout.nodes > 1:
+            raise HorizonError(f"load_state_dict of a run sharded over {self.dist.layout.nodes} nodes is not supported")
         if self.dist.is_leader:  # the node's one copy
             for u in self.units:
                 lay = host_layout(self.model, u)
@@ -543,7 +540,7 @@ class Trainer:
         """The forward-only Schedule eval runs (build_eval_schedule), built on first use; every
         buffer it names is one of the training step's, declared the same way."""
         if self._eval_sched is None:
-            ev = build_eval_schedule(self.model, self.policy, self.dist.devices_per_node, self.dist.nodes)
+            ev = build_eval_schedule(self.model, self.policy, self.dist.layout)
             odd = [n for n, b in ev.buffers.items() if self.sched.buffers.get(n) != b]
             if odd:  # a training Schedule given to the constructor that names buffers otherwise
                 raise ExecError(f"the eval schedule's buffer {odd[0]!r} is not the training schedule's")

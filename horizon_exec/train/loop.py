@@ -270,7 +270,7 @@ class TrainLoop:
         mine = agree(d, intact)
         every = [None] * d.world
         dist.all_gather_object(every, mine if d.is_leader else None, group=d.groups["main"])
-        per_node = [set(s) for r, s in enumerate(every) if r % d.devices_per_node == 0]
+        per_node = [set(s) for r, s in enumerate(every) if r % d.layout.devices_per_node == 0]
         common = set.intersection(*per_node) if per_node else set()
         if not common:
             raise HorizonError(f"no checkpoint step is intact on every node under {path} "

@@ -5,10 +5,11 @@ import argparse
 from dataclasses import replace
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs.cluster import CLUSTERS, MAX_DEVICES_PER_NODE, MAX_NODES, make_cluster
+from horizon_sim.specs.cluster import CLUSTERS, make_cluster
 from horizon_sim.specs.cpu_ranks import is_cpu_backend, laid_out
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.hardware_presets import DISKS
+from horizon_sim.specs.layout import MAX_DEVICES_PER_NODE, MAX_NODES, Layout
 
 
 DISK_GBPS_DEFAULT = 7.0
@@ -85,10 +86,9 @@ def with_cluster(hw: HardwareSpec, a: argparse.Namespace) -> HardwareSpec:
     if gpus is None and nodes is None and preset is None:
         return hw
     c = hw.cluster
-    g = c.devices_per_node if gpus is None else gpus
-    n = c.nodes if nodes is None else nodes
+    layout = Layout(c.layout.devices_per_node if gpus is None else gpus, c.layout.nodes if nodes is None else nodes)
     if preset is None and (is_cpu_backend(hw) or c.ranks > 1 or c.fabric_GBps > 0 or c.net_GBps > 0):
         # a calibrated CPU machine's cores shared by its processes, or the hardware's own fabric
         # and network (a file's, or what calibrate measured) with new counts (specs/cpu_ranks.py)
-        return laid_out(hw, g, n)
-    return replace(hw, cluster=make_cluster(hw.device.name, g, n, preset))
+        return laid_out(hw, layout)
+    return replace(hw, cluster=make_cluster(hw.device.name, layout, preset))

@@ -65,7 +65,7 @@ def run(a: argparse.Namespace) -> int:
         return 0
     c = hw.cluster
     on = (f"{hw.device.name} + {hw.link.name}" if c.ranks == 1 else
-          f"{c.nodes} node(s) x {c.devices_per_node} {hw.device.name} + {hw.link.name}")
+          f"{c.layout.nodes} node(s) x {c.layout.devices_per_node} {hw.device.name} + {hw.link.name}")
     print(f"min-ram: {model.name} ({n / 1e9:.2f}B params) on {on} needs "
           f"{r.ram_bytes // GiB} GiB of host RAM{' per node' if c.ranks > 1 else ''} ({fmt_bytes(r.ram_bytes)}, "
           f"a multiple of {r.step_bytes // GiB} GiB)")

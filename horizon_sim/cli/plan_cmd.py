@@ -58,7 +58,7 @@ def result_json(r: SimResult) -> dict:
     s = r.summary
     meta = r.schedule.meta
     return {
-        "model": meta.model["name"], "hardware": r.hardware.name or r.hardware.device.name,
+        "model": meta.model.name, "hardware": r.hardware.name or r.hardware.device.name,
         "params": _params(r), "fits": s.fits, "why": s.why,
         "step_time_s": s.step_time_s, "tokens_per_s": s.tokens_per_s, "model_TFLOPs": s.model_TFLOPs,
         "mfu": s.mfu, "hfu": s.hfu, "bottleneck": s.bottleneck, "roofline_s": s.roofline_s,
@@ -67,16 +67,15 @@ def result_json(r: SimResult) -> dict:
         "device_peak_bytes": s.device_peak_bytes, "device_typical_peak_bytes": s.device_typical_peak_bytes,
         "device_usable_bytes": s.device_usable_bytes,
         "host_bytes": s.host_bytes, "host_usable_bytes": s.host_usable_bytes,
-        "host_breakdown_bytes": r.host.by_role, "policy": meta.policy,
-        "devices_per_node": meta.devices_per_node, "nodes": meta.nodes, "ranks": s.ranks,
+        "host_breakdown_bytes": r.host.by_role, "policy": meta.policy.to_dict(),
+        "devices_per_node": meta.layout.devices_per_node, "nodes": meta.layout.nodes, "ranks": s.ranks,
         "exposed_network_s": s.exposed_network_s,
         "disk_bytes": s.memory.disk_need_bytes, "exposed_disk_s": s.exposed_disk_s,
     }
 
 
 def _params(r: SimResult) -> int:
-    from horizon_sim.specs.model import ModelSpec
-    return ModelSpec(**r.schedule.meta.model).total_params
+    return r.schedule.meta.model.total_params
 
 
 def report(r: SimResult, efficiency: float | None = None) -> str:
@@ -86,10 +85,11 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
     if s.ranks == 1:
         where = f"{hw.device.name} + {hw.link.name} with {fmt_bytes(hw.host.ram_GiB * 2**30)} host RAM"
     else:
-        where = (f"{cl.nodes} node(s) x {cl.devices_per_node} {hw.device.name} ({s.ranks} ranks) + {hw.link.name}, "
+        where = (f"{cl.layout.nodes} node(s) x {cl.layout.devices_per_node} {hw.device.name} ({s.ranks} ranks) "
+                 f"+ {hw.link.name}, "
                  f"{fmt_bytes(hw.host.ram_GiB * 2**30)} host RAM per node")
     lines = [
-        f"{verdict}: {meta.model['name']} ({n / 1e9:.2f}B params) on {where}",
+        f"{verdict}: {meta.model.name} ({n / 1e9:.2f}B params) on {where}",
         f"  {s.why}",
         "",
         f"speed     {s.tokens_per_s:,.0f} tokens/s, step {s.step_time_s:.3f} s "
@@ -102,31 +102,31 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
         "lanes     " + ", ".join(f"{k} {v:.0%} busy" for k, v in s.lane_busy.items()),
         f"device    peak {fmt_bytes(s.device_peak_bytes)} at most whatever the timing (this timeline "
         f"{fmt_bytes(s.device_typical_peak_bytes)}) of {fmt_bytes(s.device_usable_bytes)} usable "
-        f"({pol['slots']} weight slots of {fmt_bytes(meta.slot_bytes)})",
+        f"({pol.slots} weight slots of {fmt_bytes(meta.slot_bytes)})",
         f"host      {fmt_bytes(s.host_bytes)} of {fmt_bytes(s.host_usable_bytes)} usable"
         + (" per node (its ranks' buffers, the host store once):" if s.ranks > 1 else ":"),
     ]
     if s.ranks > 1:
         eff = f", scaling efficiency {efficiency:.0%} against one device" if efficiency is not None else ""
         lines.insert(3, f"cluster   {cl.name}: fabric {cl.fabric_GBps:g} GB/s per device, network "
-                        f"{cl.net_GBps:g} GB/s per node; every rank runs batch {pol['batch']}{eff}")
+                        f"{cl.net_GBps:g} GB/s per node; every rank runs batch {pol.batch}{eff}")
     for role, b in r.host.by_role.items():
         if b:
             lines.append(f"            {role:<16}{fmt_bytes(b):>12}  {b / n:6.2f} B/param")
     disk = s.memory.disk_need_bytes
     if disk:
-        what = "the Adam moments" + (" and the master's low halves" if pol["disk_tier"] == "moments+low" else "")
+        what = "the Adam moments" + (" and the master's low halves" if pol.disk_tier == "moments+low" else "")
         lines.append(f"disk      {fmt_bytes(disk)} of {fmt_bytes(hw.disk_bytes_usable)} ({disk / n:.2f} B/param: {what}), "
                      f"read and written once a step at {hw.host.disk_read_GBps:g}/{hw.host.disk_write_GBps:g} GB/s")
     lines += [
         "",
-        f"policy    batch {pol['batch']} x seq {pol['seq']} ({meta.tokens:,} tokens/step, "
-        f"{pol['micro_batches']} micro-batch(es)), K={pol['act_ckpt_every']}, slots {pol['slots']}, "
-        f"checkpoints on {pol['act_ckpt_on']}, optimizer {pol['optimizer']}, clip {pol['grad_clip']:g}",
-        f"          compute {pol['compute_dtype']}, master "
-        f"{'fp32 split (bf16 working copy + 16-bit low half)' if pol['split_master'] else pol['master_dtype']}, "
-        f"moments {pol['states_dtype']}, grads {pol['grad_dtype']} over the link, working copy "
-        f"{'on' if pol['working_copy'] else 'off'}",
+        f"policy    batch {pol.batch} x seq {pol.seq} ({meta.tokens:,} tokens/step, "
+        f"{pol.micro_batches} micro-batch(es)), K={pol.act_ckpt_every}, slots {pol.slots}, "
+        f"checkpoints on {pol.act_ckpt_on}, optimizer {pol.optimizer}, clip {pol.grad_clip:g}",
+        f"          compute {pol.compute_dtype}, master "
+        f"{'fp32 split (bf16 working copy + 16-bit low half)' if pol.split_master else pol.master_dtype}, "
+        f"moments {pol.states_dtype}, grads {pol.grad_dtype} over the link, working copy "
+        f"{'on' if pol.working_copy else 'off'}",
     ]
     return "\n".join(lines)
 

@@ -41,7 +41,7 @@ def hardware_from_args(a: argparse.Namespace):
     c = hw.cluster
     if c.ranks > 1 and " per node" not in hw.name:
         from dataclasses import replace
-        hw = replace(hw, name=f"{c.nodes} x {c.devices_per_node} x {hw.name or hw.device.name} per node")
+        hw = replace(hw, name=f"{c.layout.nodes} x {c.layout.devices_per_node} x {hw.name or hw.device.name} per node")
     return hw
 
 
@@ -52,7 +52,7 @@ def machine_flags(a: argparse.Namespace, hw) -> str:
         [f"--ram {a.ram}"] if getattr(a, "ram", None) else []) + ([f"--link {a.link}"] if a.link else [])
     c = hw.cluster
     if c.ranks > 1 or a.gpus is not None or a.nodes is not None:
-        out += [f"--gpus {c.devices_per_node}", f"--nodes {c.nodes}"]
+        out += [f"--gpus {c.layout.devices_per_node}", f"--nodes {c.layout.nodes}"]
     if a.cluster:
         out.append(f"--cluster {a.cluster}")
     if a.disk:

@@ -71,7 +71,7 @@ def peer_hardware(hw: HardwareSpec, z3: Zero3Policy) -> HardwareSpec:
 
 def plan_zero3(model: ModelSpec, hw: HardwareSpec, z3: Zero3Policy) -> SimResult:
     """Simulate one step of DeepSpeed ZeRO-3 offload of `model` on `hw` (one device)."""
-    if hw.cluster.devices_per_node * hw.cluster.nodes > 1:
+    if hw.cluster.ranks > 1:
         raise HorizonError("the ZeRO-3-offload peer is modelled on one device: drop --gpus/--nodes to compare")
     return simulate(build_zero3_schedule(model, z3), peer_hardware(hw, z3))
 
@@ -111,7 +111,7 @@ def _optimizer_s(r: SimResult) -> float:
 def compare_rows(ours: SimResult, peer: SimResult) -> list[tuple[str, str, str]]:
     """(figure, Horizon, ZeRO-3 offload) rows."""
     a, b = ours.summary, peer.summary
-    n = ModelSpec(**ours.schedule.meta.model).total_params
+    n = ours.schedule.meta.model.total_params
     la, lb = _link_bytes(ours), _link_bytes(peer)
     rows = [
         ("fits", "yes" if a.fits else "NO", "yes" if b.fits else "NO"),

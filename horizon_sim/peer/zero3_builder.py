@@ -43,7 +43,7 @@ from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.specs.model import ModelSpec
 
 FAMILY = "zero3-offload"
-"""ScheduleMeta.notes[0] of a peer Schedule: what built it."""
+"""ScheduleMeta.family of a peer Schedule: what built it."""
 
 ADAM_BYTES_PER_PARAM = 4 + 2 * 4 + 4 * 4 + 2
 """DeepSpeedCPUAdam per parameter: read the fp32 gradient, read and write the fp32 master and
@@ -272,9 +272,9 @@ class _Zero3Builder:
             self.backward(mb)
         self.end()
         p = self.policy
-        meta = ScheduleMeta(model=m.to_dict(), policy=p.to_dict(), n_layers=m.n_layers, slot_bytes=0, tokens=p.tokens,
+        meta = ScheduleMeta(model=m, policy=p, n_layers=m.n_layers, slot_bytes=0, tokens=p.tokens,
                             model_flops=m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens,
-                            notes=(FAMILY,))
+                            family=FAMILY)
         return Schedule(ops=tuple(self.ops), buffers=dict(self.bufs.buffers), meta=meta)
 
 

@@ -10,6 +10,7 @@ for stage 3, pinned offload buffers.
 from dataclasses import asdict, dataclass
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.from_dict import spec_from_dict
 from horizon_sim.specs.policy import DTYPES, MAX_BATCH, MAX_SEQ, Policy
 
 
@@ -66,6 +67,11 @@ class Zero3Policy:
     @property
     def micro_batch(self) -> int:
         return self.batch // self.micro_batches
+
+    @classmethod
+    def from_dict(cls, d: dict, what: str = "") -> "Zero3Policy":
+        """The spec to_dict() wrote (unknown fields: a one-line error naming them)."""
+        return spec_from_dict(cls, d, what)
 
     def to_dict(self) -> dict:
         return asdict(self)

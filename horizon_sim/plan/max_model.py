@@ -97,8 +97,8 @@ def host_lower_bound(model: ModelSpec, policy: Policy, hw: HardwareSpec) -> int:
     c = hw.cluster
     state = policy.master_bytes + (0 if policy.disk_tier != "none" else 2 * DTYPE_BYTES[policy.states_dtype])
     wc = DTYPE_BYTES[policy.compute_dtype] if policy.working_copy else 0
-    return (model.total_params * state // c.nodes + model.total_params * wc
-            + c.devices_per_node * int(hw.host.runtime_overhead_GiB * GiB))
+    return (model.total_params * state // c.layout.nodes + model.total_params * wc
+            + c.layout.devices_per_node * int(hw.host.runtime_overhead_GiB * GiB))
 
 
 def device_lower_bound(model: ModelSpec, policy: Policy) -> int:

@@ -59,7 +59,7 @@ def min_ram(model: ModelSpec, hw: HardwareSpec, policy: Policy | None = None, *,
             f"(short by {fmt_bytes(out.device_peak_bytes - hw.device_bytes_usable)}); try --act-ckpt-on host, "
             "a larger --act-ckpt-every, more --micro-batches or a smaller --batch")
     ram = round_up_ram(out.ram_needed_bytes(hw), step_bytes)
-    sched = build_schedule(model, policy, hw.cluster.devices_per_node, hw.cluster.nodes)
+    sched = build_schedule(model, policy, hw.cluster.layout)
     for _ in range(3):  # float rounding of GiB sizes could leave a byte short: step up
         at = simulate(sched, _with_ram(hw, ram))
         if at.summary.fits:

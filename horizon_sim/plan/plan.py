@@ -4,24 +4,25 @@ from horizon_sim.sim.simulate import SimResult, simulate
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.hardware_presets import make_hardware
 from horizon_sim.specs.hf_config import load_model
+from horizon_sim.specs.layout import ONE, Layout
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
 
 def plan(model: ModelSpec | str, hardware: HardwareSpec | None = None, policy: Policy | None = None,
-         *, gpu: str = "h100-sxm", ram: str | int = "512GiB", link: str | None = None, gpus: int = 1,
-         nodes: int = 1) -> SimResult:
+         *, gpu: str = "h100-sxm", ram: str | int = "512GiB", link: str | None = None,
+         layout: Layout = ONE) -> SimResult:
     """Predict one training step. `model` is a ModelSpec, a preset name or a config.json path;
-    give `hardware`, or `gpu`/`ram`/`link` preset names and a RAM size (per node), and `gpus`
-    devices per node on `nodes` nodes (data parallel: each device runs policy.batch sequences)."""
+    give `hardware`, or `gpu`/`ram`/`link` preset names and a RAM size (per node), and the
+    `layout`, devices per node x nodes (data parallel: each device runs policy.batch sequences)."""
     spec = load_model(model) if isinstance(model, str) else model
-    hw = hardware or make_hardware(gpu, ram, link, gpus=gpus, nodes=nodes)
+    hw = hardware or make_hardware(gpu, ram, link, layout=layout)
     return simulate(build_for(spec, policy or Policy(), hw), hw)
 
 
 def build_for(model: ModelSpec, policy: Policy, hw: HardwareSpec):
     """The Schedule of one step of `model` under `policy` on `hw`'s data-parallel layout."""
-    return build_schedule(model, policy, hw.cluster.devices_per_node, hw.cluster.nodes)
+    return build_schedule(model, policy, hw.cluster.layout)
 
 
 def scaling_efficiency(r: SimResult) -> float | None:
@@ -32,6 +33,5 @@ def scaling_efficiency(r: SimResult) -> float | None:
     from dataclasses import replace
 
     from horizon_sim.specs.cluster import SINGLE
-    one = simulate(build_schedule(ModelSpec(**r.schedule.meta.model), Policy(**r.schedule.meta.policy)),
-                   replace(r.hardware, cluster=SINGLE))
+    one = simulate(build_schedule(r.schedule.meta.model, r.schedule.meta.policy), replace(r.hardware, cluster=SINGLE))
     return r.summary.tokens_per_s / (r.summary.ranks * one.summary.tokens_per_s)

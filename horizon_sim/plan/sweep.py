@@ -36,7 +36,8 @@ import pandas as pd
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import build_schedule
 from horizon_sim.sim.simulate import simulate
-from horizon_sim.specs.cluster import MAX_DEVICES_PER_NODE, MAX_NODES, cluster_preset, make_cluster
+from horizon_sim.specs.cluster import cluster_preset, make_cluster
+from horizon_sim.specs.layout import MAX_DEVICES_PER_NODE, MAX_NODES, Layout
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.hardware_presets import device_preset, host_preset, link_preset, make_hardware
 from horizon_sim.specs.hf_config import load_model
@@ -147,7 +148,7 @@ def _time_limit(seconds: float):
 def simulate_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outcome:
     """Build and simulate one step; a bad combination becomes an Outcome with `error` set."""
     try:
-        sched = build_schedule(model, policy, hw.cluster.devices_per_node, hw.cluster.nodes)
+        sched = build_schedule(model, policy, hw.cluster.layout)
     except HorizonError as e:
         return Outcome(error=str(e))
     limit = SIM_TIME_LIMIT_S + SIM_TIME_PER_OP_S * len(sched.ops)
@@ -307,8 +308,8 @@ def peer_row(hw: HardwareSpec, ours: Outcome, peer: Outcome) -> dict:
 def outcome_row(model: ModelSpec, hw: HardwareSpec, policy_fields: dict, out: Outcome) -> dict:
     """One table row: what was simulated, and what it predicts on this machine."""
     return {"model": model.name, "params": model.total_params, "gpu": hw.device.name,
-            "link": hw.link.name, "host": hw.host.name, "devices_per_node": hw.cluster.devices_per_node,
-            "nodes": hw.cluster.nodes, "ram_bytes": int(round(hw.host.ram_GiB * GiB)),
+            "link": hw.link.name, "host": hw.host.name, "devices_per_node": hw.cluster.layout.devices_per_node,
+            "nodes": hw.cluster.layout.nodes, "ram_bytes": int(round(hw.host.ram_GiB * GiB)),
             **{f: policy_fields.get(f) for f in POLICY_FIELDS}, "fits": out.fits(hw),
             "step_time_s": out.step_time_s, "tokens_per_s": out.tokens_per_s, "mfu": out.mfu,
             "device_peak_bytes": out.device_peak_bytes, "device_usable_bytes": hw.device_bytes_usable,
@@ -411,7 +412,7 @@ def parse_grid(data: dict, where: str = "grid", base_dir: Path | None = None) ->
     clusters = [cluster_preset(c).name for c in strings("cluster")] if "cluster" in data else [None]
     for gpu, (g, n), c in itertools.product(gpus, layouts, clusters):
         try:
-            make_cluster(gpu, g, n, c)
+            make_cluster(gpu, Layout(g, n), c)
         except HorizonError as e:
             raise HorizonError(f"{where}: {gpu} with gpus_per_node {g}, nodes {n}: {e}") from None
     pol = data.get("policy", {})
@@ -457,7 +458,7 @@ def sweep(grid: Grid, *, workers: int | None = None, progress: bool = False,
     for gpu, link, host, (g, n), c in itertools.product(grid.gpus, grid.links, grid.hosts, grid.layouts,
                                                         grid.clusters):
         for ram in grid.ram:
-            hws[gpu, link, host, g, n, c, ram] = make_hardware(gpu, ram, link, host, gpus=g, nodes=n, cluster=c)
+            hws[gpu, link, host, g, n, c, ram] = make_hardware(gpu, ram, link, host, layout=Layout(g, n), cluster=c)
     configs = []  # (model, hw, fields, policy or error)
     for model in grid.models:
         for fields_ in grid.policies():

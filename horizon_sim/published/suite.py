@@ -48,7 +48,7 @@ def plan_row(row: PublishedRow) -> tuple[SimResult, ModelSpec]:
                            "(the row names its machine; system picks the peer)")
     if row.system != "zero3-offload" and a.peer_knobs:
         raise HorizonError("--peer-knobs is for system = 'zero3-offload' rows")
-    model = ModelSpec(**{"name": row.id, **row.model}) if row.model else load_model(a.model)
+    model = ModelSpec.from_dict({"name": row.id, **row.model}, f"row {row.id} model") if row.model else load_model(a.model)
     hw, policy = plan_cmd.machine_from_args(a), policy_from_args(a)
     if row.system == "zero3-offload":
         return plan_zero3(model, hw, plan_cmd.peer_policy_from_args(a, policy)), model

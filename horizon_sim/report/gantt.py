@@ -41,10 +41,10 @@ def _bar_text(kind: str, layer: int, micro: int) -> str:
 def default_title(result) -> str:
     s, meta, hw = result.summary, result.schedule.meta, result.hardware
     pol = meta.policy
-    return (f"{meta.model['name']} on {hw.device.name}: step {s.step_time_s:.3f} s, "
+    return (f"{meta.model.name} on {hw.device.name}: step {s.step_time_s:.3f} s, "
             f"MFU {s.mfu:.1%}, {s.tokens_per_s:,.0f} tokens/s\n"
-            f"batch {pol['batch']} x seq {pol['seq']}, K={pol['act_ckpt_every']}, "
-            f"{pol['slots']} slots, optimizer {pol['optimizer']}; limit: {s.bottleneck}")
+            f"batch {pol.batch} x seq {pol.seq}, K={pol.act_ckpt_every}, "
+            f"{pol.slots} slots, optimizer {pol.optimizer}; limit: {s.bottleneck}")
 
 
 def draw_lanes(ax, result) -> None:

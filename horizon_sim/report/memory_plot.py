@@ -67,7 +67,7 @@ def plot_memory(result, path=None, title: str | None = None) -> Figure:
     ax = fig.add_subplot()
     draw_memory(ax, result)
     meta = result.schedule.meta
-    ax.set_title(title or f"{meta.model['name']}: device memory over one step")
+    ax.set_title(title or f"{meta.model.name}: device memory over one step")
     if path is not None:
         save_figure(fig, path)
     return fig

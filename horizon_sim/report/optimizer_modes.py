@@ -33,7 +33,7 @@ def plot_modes(results: dict, path: Path) -> Path:
         ax.get_legend().remove()
         kinds |= set(r.timeline.kind)
         s, pol = r.summary, r.schedule.meta.policy
-        ax.set_title(f"optimizer {mode} (clip {pol['grad_clip']:g}): step {s.step_time_s:.2f} s, "
+        ax.set_title(f"optimizer {mode} (clip {pol.grad_clip:g}): step {s.step_time_s:.2f} s, "
                      f"compute waits {s.exposed_optimizer_s:.2f} s on the optimizer, "
                      f"{s.tokens_per_s:,.0f} tokens/s", fontsize=10, loc="left")
     axes[0].set_xlim(0, t_max)
@@ -53,7 +53,7 @@ def build_optimizer_modes(cfg: BuildConfig, out: Out) -> Section:
                     grad_clip=0.0 if mode == "backward" else cfg.modes_policy.grad_clip)
         res[mode] = plan(model, hw, p)
     plot_modes(res, out.path("optimizer_modes.png"))
-    rows = [{"mode": m, "grad_clip": r.schedule.meta.policy["grad_clip"], "step_time_s": r.summary.step_time_s,
+    rows = [{"mode": m, "grad_clip": r.schedule.meta.policy.grad_clip, "step_time_s": r.summary.step_time_s,
              "tokens_per_s": r.summary.tokens_per_s, "mfu": r.summary.mfu,
              "exposed_optimizer_s": r.summary.exposed_optimizer_s, "cpu_busy": r.summary.lane_busy.get("cpu", 0.0),
              "compute_busy": r.summary.lane_busy.get("compute", 0.0), "bottleneck": r.summary.bottleneck}

@@ -8,10 +8,11 @@ import pandas as pd
 from horizon_sim.plan import plan
 from horizon_sim.plan.plan import scaling_efficiency
 from horizon_sim.report.config import BuildConfig
-from horizon_sim.report.fmt import gib, md_table, pct, ram_label, tps
+from horizon_sim.report.fmt import gib, md_table, ram_label, tps
 from horizon_sim.report.out import DPI, Out, Section
 from horizon_sim.specs.hardware_presets import make_hardware
 from horizon_sim.specs.hf_config import load_model
+from horizon_sim.specs.layout import Layout
 from horizon_sim.units import TiB
 
 
@@ -54,7 +55,7 @@ def build_scale_out(cfg: BuildConfig, out: Out) -> Section:
         layouts = ([("nodes", cfg.scale_gpus_per_node, n) for n in cfg.scale_nodes]
                    + [("devices", g, 1) for g in cfg.scale_devices if g != cfg.scale_gpus_per_node])
         for sweep, g, n in layouts:
-            hw = make_hardware(cfg.scale_gpu, cfg.scale_ram, gpus=g, nodes=n)
+            hw = make_hardware(cfg.scale_gpu, cfg.scale_ram, layout=Layout(g, n))
             r = plan(model, hw, pol)
             s = r.summary
             rows.append({"model": model.name, "sweep": sweep, "devices_per_node": g, "nodes": n, "ranks": s.ranks,
@@ -76,7 +77,7 @@ def build_scale_out(cfg: BuildConfig, out: Out) -> Section:
                             ("collectives exposed s", "exposed_network_s", lambda v: f"{v:.2f}", "r"),
                             ("bottleneck", "bottleneck", str, "l")])
     out.text("scale_out.md", table + "\n")
-    hw = make_hardware(cfg.scale_gpu, cfg.scale_ram, gpus=cfg.scale_gpus_per_node, nodes=2)
+    hw = make_hardware(cfg.scale_gpu, cfg.scale_ram, layout=Layout(cfg.scale_gpus_per_node, 2))
     c = hw.cluster
     first_fit = {}
     for r in rows:

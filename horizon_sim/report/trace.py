@@ -27,7 +27,7 @@ def chrome_trace(result) -> dict:
     """The trace of one step as a dict in the Chrome Trace Event format."""
     tl, meta, hw = result.timeline, result.schedule.meta, result.hardware
     labels = {op.id: op.label for op in result.schedule.ops}
-    name = f"horizon: {meta.model['name']} on {hw.name or hw.device.name}"
+    name = f"horizon: {meta.model.name} on {hw.name or hw.device.name}"
     ev = [{"ph": "M", "pid": PID, "name": "process_name", "args": {"name": name}}]
     used = {lane.value for lane in result.schedule.lanes}
     for lane, tid in TID.items():
@@ -50,7 +50,7 @@ def chrome_trace(result) -> dict:
                    "args": {"GiB": float(b) / GiB}})
     s = result.summary
     return {"traceEvents": ev, "displayTimeUnit": "ms",
-            "otherData": {"model": meta.model["name"], "hardware": hw.name or hw.device.name,
+            "otherData": {"model": meta.model.name, "hardware": hw.name or hw.device.name,
                           "step_time_s": s.step_time_s, "mfu": s.mfu,
                           "device_usable_GiB": s.device_usable_bytes / GiB}}
 

@@ -38,6 +38,7 @@ from horizon_sim.schedule.op import EMBED, Holds, Op, OpKind, ScheduleMeta
 from horizon_sim.schedule.partition import Part
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.schedule.sequence import Use, assign_slots, compute_sequence
+from horizon_sim.specs.layout import ONE, Layout
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import DTYPE_BYTES, Policy
 
@@ -55,15 +56,15 @@ def embed_norm_over_rows(model, step_tokens: int) -> bool:
     return not model.tied_embeddings and 2 * step_tokens < model.vocab
 
 class _Builder:
-    def __init__(self, model: ModelSpec, policy: Policy, devices_per_node: int = 1, nodes: int = 1):
+    def __init__(self, model: ModelSpec, policy: Policy, layout: Layout = ONE):
         check_sizes(model, policy)  # before any work that grows with the sizes
-        for what, v in (("devices_per_node", devices_per_node), ("nodes", nodes)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise HorizonError(f"{what}={v!r} must be a whole number >= 1")
+        if not isinstance(layout, Layout):
+            raise HorizonError(f"layout={layout!r} must be a Layout (devices per node x nodes)")
+        nodes = layout.nodes
         if nodes > 1 and not policy.working_copy and policy.compute_dtype != policy.master_dtype:
             raise HorizonError(f"{nodes} nodes need the bf16 working copy (each node holds 1/{nodes} of the "
                                "master, and every device streams the whole model): drop --no-working-copy")
-        self.N, self.M, self.R = devices_per_node, nodes, devices_per_node * nodes
+        self.layout = layout
         if policy.act_ckpt_every > model.n_layers:
             raise HorizonError(f"policy act_ckpt_every={policy.act_ckpt_every} is larger than the model's "
                                f"{model.n_layers} layers; use 1..{model.n_layers}")
@@ -72,7 +73,7 @@ class _Builder:
         self.units = [EMBED, *range(model.n_layers), self.head]
         self.last_micro = policy.micro_batches - 1
         self.tokens = policy.micro_batch * policy.seq  # per micro-batch
-        self.bufs = Declarations(model, policy, devices_per_node, nodes)
+        self.bufs = Declarations(model, policy, layout)
         self.ops: list[Op] = []
         self.deps = Deps()
         self.optimized: set[int] = set()
@@ -165,14 +166,15 @@ class _Builder:
         self.optimized.add(u)
         if not prev_step:
             self.optimizer_op[u] = op_id
-        if self.M > 1:  # every node needs every node's updated slice of the working copy
+        n, m = self.layout.devices_per_node, self.layout.nodes
+        if m > 1:  # every node needs every node's updated slice of the working copy
             wc = b.weights_of(u)
             rank_part = b.partition(u).numel(Part.LOCAL) * DTYPE_BYTES[p.compute_dtype]
-            self.emit(OpKind.NET_ALL_GATHER, u, reads=[wc], writes=[wc], peers=self.M,
-                      net_bytes=rank_part * (self.M - 1) // self.M, prev_step=prev_step)
-        if self.N > 1:  # the node's ranks each updated a slice of the shared copy: all must be done
+            self.emit(OpKind.NET_ALL_GATHER, u, reads=[wc], writes=[wc], peers=m,
+                      net_bytes=rank_part * (m - 1) // m, prev_step=prev_step)
+        if n > 1:  # the node's ranks each updated a slice of the shared copy: all must be done
             w = b.weights_of(u)
-            self.emit(OpKind.UPDATE_BARRIER, u, reads=[w], writes=[w], peers=self.N, prev_step=prev_step)
+            self.emit(OpKind.UPDATE_BARRIER, u, reads=[w], writes=[w], peers=n, prev_step=prev_step)
 
     def flush_disk_write(self) -> None:
         """Emit the pending DISK_WRITE. It goes after the next unit's DISK_READ on the disk lane
@@ -213,12 +215,12 @@ class _Builder:
         embedding's), added into what earlier micro-batches left; the unit's squared norm on
         its last micro-batch."""
         b, p = self.bufs, self.policy
-        dgrad = b.dgrad(u, m)
-        if self.N > 1 and not b.host_reduced(u):  # sum over the node's devices, keep 1/N
+        dgrad, n = b.dgrad(u, m), self.layout.devices_per_node
+        if n > 1 and not b.host_reduced(u):  # sum over the node's devices, keep 1/N
             full, dgrad = dgrad, b.dgrad_shard(u, m)
             nbytes = b.buffers[full].bytes
-            self.emit(OpKind.REDUCE_SCATTER, u, m, reads=[full], writes=[dgrad], frees=[full], peers=self.N,
-                      net_bytes=nbytes * (self.N - 1) // self.N)
+            self.emit(OpKind.REDUCE_SCATTER, u, m, reads=[full], writes=[dgrad], frees=[full], peers=n,
+                      net_bytes=nbytes * (n - 1) // n)
         targets = [b.hgrad(u)] + ([b.hgrad(EMBED)] if u == self.head and self.model.tied_embeddings else [])
         acc = [t for t in targets if self.deps.written(t)]  # accumulate into what exists
         # a piece the host adds or widens lands in a page-locked stage first (DMA links)
@@ -243,14 +245,14 @@ class _Builder:
         its squared norm is taken of that share."""
         b = self.bufs
         g, gb = b.hgrad(u), DTYPE_BYTES[b.buffers[b.hgrad(u)].dtype]
-        part = b.partition(u).numel(Part.LOCAL)
-        if self.N > 1 and b.host_reduced(u):  # read the node's N slices of this rank's 1/N, write it
+        part, n, m = b.partition(u).numel(Part.LOCAL), self.layout.devices_per_node, self.layout.nodes
+        if n > 1 and b.host_reduced(u):  # read the node's N slices of this rank's 1/N, write it
             self.emit(OpKind.HOST_REDUCE, u, reads=[g], writes=[g, b.gsq(u)],
                       host_bytes=(b.host_params(u) + 2 * part) * gb)
-        if self.M > 1:
-            self.emit(OpKind.NET_REDUCE_SCATTER, u, reads=[g], writes=[g, b.gsq(u)], peers=self.M,
-                      net_bytes=part * gb * (self.M - 1) // self.M,
-                      host_bytes=2 * part * gb * (self.M - 1) // self.M + b.owned_params(u) * gb)
+        if m > 1:
+            self.emit(OpKind.NET_REDUCE_SCATTER, u, reads=[g], writes=[g, b.gsq(u)], peers=m,
+                      net_bytes=part * gb * (m - 1) // m,
+                      host_bytes=2 * part * gb * (m - 1) // m + b.owned_params(u) * gb)
 
     # ---- the phases ------------------------------------------------------------------------------
     def embed(self, m: int) -> None:
@@ -342,8 +344,9 @@ class _Builder:
         b = self.bufs
         self.emit(OpKind.GRAD_NORM, -1, reads=[b.gsq(u) for u in self.units], writes=[b.gnorm()],
                   host_bytes=8 * len(self.units))
-        if self.R > 1:  # each rank's norm covers its share: the global one sums all ranks'
-            self.emit(OpKind.NORM_ALL_REDUCE, -1, reads=[b.gnorm()], writes=[b.gnorm()], peers=self.R, net_bytes=8)
+        if self.layout.ranks > 1:  # each rank's norm covers its share: the global one sums all ranks'
+            self.emit(OpKind.NORM_ALL_REDUCE, -1, reads=[b.gnorm()], writes=[b.gnorm()], peers=self.layout.ranks,
+                      net_bytes=8)
         self.place_optimizer("end")
 
     # ---- the step ------------------------------------------------------------------------------
@@ -364,13 +367,13 @@ class _Builder:
             compute[use.kind](use, slots[s])
         self.end()
         self.flush_disk_write()
-        meta = ScheduleMeta(model=m.to_dict(), policy=p.to_dict(), n_layers=m.n_layers, slot_bytes=b.slot_bytes,
+        meta = ScheduleMeta(model=m, policy=p, n_layers=m.n_layers, slot_bytes=b.slot_bytes,
                             tokens=p.tokens, model_flops=m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens,
-                            devices_per_node=self.N, nodes=self.M)
+                            layout=self.layout)
         return Schedule(ops=tuple(self.ops), buffers=dict(b.buffers), meta=meta)
 
 
-def build_schedule(model: ModelSpec, policy: Policy, devices_per_node: int = 1, nodes: int = 1) -> Schedule:
+def build_schedule(model: ModelSpec, policy: Policy, layout: Layout = ONE) -> Schedule:
     """The ops of one steady-state training step of `model` under `policy`, checked: one
-    rank's step when devices_per_node x nodes > 1 (every rank runs `policy.batch` sequences)."""
-    return _Builder(model, policy, devices_per_node, nodes).build().check()
+    rank's step when the layout has several ranks (every rank runs `policy.batch` sequences)."""
+    return _Builder(model, policy, layout).build().check()

@@ -4,6 +4,7 @@ JSON; nothing reads meaning out of them. Each `declare` method returns the name 
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import DTYPE_BYTES_OF, EMBED, Buffer, Holds, Space
 from horizon_sim.schedule.partition import Part, Partition
+from horizon_sim.specs.layout import ONE, Layout
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
@@ -14,10 +15,10 @@ def shard(n: int, k: int) -> int:
 
 
 class Declarations:
-    def __init__(self, model: ModelSpec, policy: Policy, devices_per_node: int = 1, nodes: int = 1):
+    def __init__(self, model: ModelSpec, policy: Policy, layout: Layout = ONE):
         self.m, self.p = model, policy
-        self.N, self.M = devices_per_node, nodes
-        self.shared = devices_per_node * nodes > 1  # the host store is the node's, mapped by each rank
+        self.layout = layout
+        self.shared = layout.ranks > 1  # the host store is the node's, mapped by each rank
         self.head = model.n_layers
         self.buffers: dict[str, Buffer] = {}
         # Host grads accumulate over micro-batches in fp32; otherwise they stay as they arrive.
@@ -26,12 +27,12 @@ class Declarations:
         a = DTYPE_BYTES_OF[policy.compute_dtype]
         # Several nodes hold the master in shards: every node keeps a whole copy to stream
         # from (in fp32 compute too, where a single node would load the master itself).
-        self.has_copy = policy.working_copy or nodes > 1
+        self.has_copy = policy.working_copy or layout.nodes > 1
         self.on_disk = policy.disk_tier != "none"
         self.low_on_disk = policy.disk_tier == "moments+low"
         if self.on_disk and self.shared:
             raise HorizonError(f"policy disk_tier={policy.disk_tier!r} runs on one device for now, not "
-                               f"{devices_per_node} x {nodes}: drop --disk-tier, or run one device (planner: "
+                               f"{layout.devices_per_node} x {layout.nodes}: drop --disk-tier, or run one device (planner: "
                                "--gpus/--nodes; train: --nproc-per-node/--nnodes)")
         self.slot_bytes = max(model.layer_params, model.head_device_params) * a
 
@@ -54,13 +55,13 @@ class Declarations:
 
     def partition(self, u: int) -> Partition:
         """How unit u's host parameters are split over the ranks (partition.py)."""
-        return Partition(self.host_params(u), self.N, self.M)
+        return Partition(self.host_params(u), self.layout)
 
     def grad_part(self, u: int) -> Part:
         """What of unit u's gradient this rank holds on the host (before the nodes' reduce):
         the whole (accumulated on the host, then summed over the node's ranks), else its
         local slice (the devices' reduce-scatter left it that)."""
-        return Part.WHOLE if self.host_reduced(u) or self.N == 1 else Part.LOCAL
+        return Part.WHOLE if self.host_reduced(u) or self.layout.devices_per_node == 1 else Part.LOCAL
 
     def rank_grad_params(self, u: int) -> int:
         """Elements of unit u's gradient this rank holds on the host (before the nodes' reduce)."""
@@ -112,7 +113,7 @@ class Declarations:
     def dgrad(self, u: int, m: int) -> str:
         """A unit's device grads of one micro-batch (padded to whole chunks when the node's
         devices reduce-scatter them)."""
-        n = self.partition(u).padded if self.N > 1 and not self.host_reduced(u) else self.dev_params(u)
+        n = self.partition(u).padded if self.layout.devices_per_node > 1 and not self.host_reduced(u) else self.dev_params(u)
         return self.declare(f"dgrad.{self.unit_label(u)}.m{m}", Space.DEVICE, Holds.DEVICE_GRAD,
                             (n,), self.p.compute_dtype, role="grads", unit=u, micro=m)
 

@@ -17,6 +17,7 @@ from horizon_sim.schedule.builder import _Builder
 from horizon_sim.schedule.op import OpKind, ScheduleMeta
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.schedule.sequence import Use, assign_slots
+from horizon_sim.specs.layout import ONE, Layout
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import DTYPE_BYTES, Policy
 
@@ -61,13 +62,12 @@ class _EvalBuilder(_Builder):
             compute[use.kind](use, slots[s])
         # forward only: a third of the training step's model FLOPs (6N + 12LHT per token)
         flops = m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens / 3
-        meta = ScheduleMeta(model=m.to_dict(), policy=p.to_dict(), n_layers=m.n_layers, slot_bytes=b.slot_bytes,
-                            tokens=p.tokens, model_flops=flops, purpose="eval", devices_per_node=self.N,
-                            nodes=self.M)
+        meta = ScheduleMeta(model=m, policy=p, n_layers=m.n_layers, slot_bytes=b.slot_bytes,
+                            tokens=p.tokens, model_flops=flops, purpose="eval", layout=self.layout)
         return Schedule(ops=tuple(self.ops), buffers=dict(b.buffers), meta=meta)
 
 
-def build_eval_schedule(model: ModelSpec, policy: Policy, devices_per_node: int = 1, nodes: int = 1) -> Schedule:
+def build_eval_schedule(model: ModelSpec, policy: Policy, layout: Layout = ONE) -> Schedule:
     """The ops of one eval batch (policy.batch sequences in its micro-batches) of `model`, checked
     (data parallel: one rank's, over the buffers its training step declares; no collective)."""
-    return _EvalBuilder(model, policy, devices_per_node, nodes).build().check()
+    return _EvalBuilder(model, policy, layout).build().check()

@@ -7,10 +7,13 @@ released when an op that lists it in `frees` ends; static buffers (weight slots,
 store) live for the whole run. Dependencies are derived from these accesses by the builder
 and re-checked by validation, so a missing dependency is a detectable hazard, not a race.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 from horizon_sim.schedule.partition import Part
+from horizon_sim.specs.layout import ONE, Layout
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import Policy
 
 
 class Lane(str, Enum):
@@ -237,18 +240,21 @@ class Op:
 
 @dataclass(frozen=True, slots=True)
 class ScheduleMeta:
-    """What the schedule was built from, so it can be simulated or executed on its own."""
-    model: dict
-    policy: dict
+    """What the schedule was built from, so it can be simulated or executed on its own. Typed:
+    only the serializer (serialize.py) turns it into JSON values and back."""
+    model: ModelSpec
+    policy: Policy
+    """The Horizon policy the step runs under (a peer family's builder gives the Policy its
+    step corresponds to, for what the simulator reads: batch shape, dtypes, clipping)."""
     n_layers: int
     slot_bytes: int
     tokens: int
     model_flops: float
-    notes: tuple[str, ...] = field(default=())
-    devices_per_node: int = 1
-    nodes: int = 1
+    layout: Layout = ONE
     """The data-parallel layout the Schedule was built for (it is one rank's step; all ranks
     run the same)."""
     purpose: str = "train"
     """'train' (build_schedule: one optimizer step) or 'eval' (build_eval_schedule: the loss
     of a batch, forward only, no update)."""
+    family: str = "horizon"
+    """The schedule family that built it (plan/families.py): 'horizon' or a peer's name."""

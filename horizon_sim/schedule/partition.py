@@ -20,6 +20,8 @@ real elements' norm.
 from dataclasses import dataclass
 from enum import Enum
 
+from horizon_sim.specs.layout import ONE, Layout
+
 
 class Part(str, Enum):
     """Which part of its unit a buffer holds (Buffer.part)."""
@@ -32,12 +34,11 @@ class Part(str, Enum):
 class Partition:
     params: int
     """P: the unit's parameters."""
-    devices_per_node: int = 1
-    nodes: int = 1
+    layout: Layout = ONE
 
     @property
     def ranks(self) -> int:
-        return self.devices_per_node * self.nodes
+        return self.layout.ranks
 
     @property
     def chunk(self) -> int:
@@ -50,16 +51,16 @@ class Partition:
         return self.chunk * self.ranks
 
     def numel(self, part: Part) -> int:
-        return {Part.WHOLE: self.padded, Part.LOCAL: self.nodes * self.chunk,
-                Part.NODE: self.devices_per_node * self.chunk}[part]
+        return {Part.WHOLE: self.padded, Part.LOCAL: self.layout.nodes * self.chunk,
+                Part.NODE: self.layout.devices_per_node * self.chunk}[part]
 
     def chunk_index(self, local_rank: int, node: int) -> int:
         """The number of rank (i, j)'s chunk: i*M + j."""
-        return local_rank * self.nodes + node
+        return local_rank * self.layout.nodes + node
 
     def local_range(self, local_rank: int) -> tuple[int, int]:
         """Local rank i's slice of the whole unit (the node's reduce-scatter leaves it that)."""
-        n = self.nodes * self.chunk
+        n = self.layout.nodes * self.chunk
         return local_rank * n, (local_rank + 1) * n
 
     def local_in(self, part: Part, local_rank: int) -> tuple[int, int]:

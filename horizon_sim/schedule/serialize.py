@@ -3,12 +3,18 @@ missing dependency, an unknown op kind, another version) is rejected with a Sche
 import json
 from dataclasses import asdict, fields
 
+from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.check import ScheduleError
 from horizon_sim.schedule.op import Buffer, Holds, Op, OpKind, ScheduleMeta, Space
 from horizon_sim.schedule.schedule import Schedule
+from horizon_sim.specs.from_dict import spec_from_dict
+from horizon_sim.specs.layout import Layout
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import Policy
 
 FORMAT = "horizon.schedule"
-VERSION = 2  # 2: policy act_ckpt_every/act_ckpt_on (were ckpt_every/ckpt_on), typed fields
+VERSION = 3  # 3: meta layout {devices_per_node, nodes} and family (were flat fields and notes)
+READS = (2, 3)  # 2: policy act_ckpt_every/act_ckpt_on (were ckpt_every/ckpt_on), typed fields
 _OP_FIELDS = {f.name for f in fields(Op)}
 _OP_DEFAULTS = {f.name: f.default for f in fields(Op) if f.name not in ("id", "kind", "layer")}
 
@@ -27,6 +33,22 @@ def _buffer_json(b: Buffer) -> dict:
     return d
 
 
+def _meta_json(meta: ScheduleMeta) -> dict:
+    d = {f.name: getattr(meta, f.name) for f in fields(ScheduleMeta)}
+    return dict(d, model=meta.model.to_dict(), policy=meta.policy.to_dict(), layout=asdict(meta.layout))
+
+
+def _meta_of(d: dict, version: int) -> ScheduleMeta:
+    d = dict(d)
+    if version == 2:  # flat layout; notes[0] named a peer family
+        d["layout"] = {"devices_per_node": d.pop("devices_per_node", 1), "nodes": d.pop("nodes", 1)}
+        notes = d.pop("notes", ())
+        d["family"] = notes[0] if notes else "horizon"
+    return ScheduleMeta(**dict(d, model=ModelSpec.from_dict(d["model"], "schedule meta model"),
+                               policy=Policy.from_dict(d["policy"], "schedule meta policy"),
+                               layout=spec_from_dict(Layout, d.get("layout", {}), "schedule meta layout")))
+
+
 def to_json(sched: Schedule) -> str:
     ops = []
     for op in sched.ops:
@@ -36,7 +58,7 @@ def to_json(sched: Schedule) -> str:
         ops.append(d)
     doc = {
         "format": FORMAT, "version": VERSION,
-        "meta": asdict(sched.meta),
+        "meta": _meta_json(sched.meta),
         "buffers": [_buffer_json(b) for b in sched.buffers.values()],
         "ops": ops,
     }
@@ -50,9 +72,9 @@ def from_json(text: str) -> Schedule:
         raise ScheduleError(f"schedule JSON is malformed: {e}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ScheduleError(f"not a Horizon schedule (format {doc.get('format') if isinstance(doc, dict) else None!r})")
-    if doc.get("version") != VERSION:
+    if doc.get("version") not in READS:
         raise ScheduleError(f"schedule format version {doc.get('version')!r} is not supported; this "
-                            f"Horizon reads version {VERSION}")
+                            f"Horizon reads versions {', '.join(map(str, READS))}")
     try:
         buffers = {}
         for d in doc["buffers"]:
@@ -78,10 +100,11 @@ def from_json(text: str) -> Schedule:
             for k in ("deps", "reads", "writes", "frees"):
                 d[k] = tuple(d.get(k, ()))
             ops.append(Op(**d))
-        meta = doc["meta"]
-        meta = ScheduleMeta(**dict(meta, notes=tuple(meta.get("notes", ()))))
+        meta = _meta_of(doc["meta"], doc["version"])
     except ScheduleError:
         raise
+    except HorizonError as e:  # a spec in the meta that its own checks refuse
+        raise ScheduleError(f"schedule JSON: {e}") from None
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ScheduleError(f"schedule JSON has a malformed entry: {e!r}") from None
     return Schedule(ops=tuple(ops), buffers=buffers, meta=meta).check()

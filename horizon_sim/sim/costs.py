@@ -46,7 +46,6 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import work
 from horizon_sim.schedule.op import COLLECTIVES, Lane, Op, OpKind
 from horizon_sim.specs.hardware import HardwareSpec
-from horizon_sim.specs.model import ModelSpec
 
 _IDW_POWER = 4.0  # inverse-distance weights in log2 space: the nearest measured shapes dominate
 
@@ -136,16 +135,16 @@ class CostModel:
         self.adam_params_per_s = host.adam_Gparams_per_s * 1e9
         self.disk_read_Bps, self.disk_write_Bps = host.disk_read_GBps * 1e9, host.disk_write_GBps * 1e9
         self.disk_latency_s = host.disk_latency_us * 1e-6
-        self.model = ModelSpec(**meta.model) if meta is not None else None
-        self.policy = dict(meta.policy) if meta is not None else None
+        self.model = meta.model if meta is not None else None
+        self.policy = meta.policy if meta is not None else None
         self._terms: dict = {}
         # Data parallel: the Schedule is one rank's step, and every rank runs the same at the
         # same time, so this rank gets 1/N of what the node's N devices share: the DRAM bus,
         # the host lanes' cores, the optimizer's rate (measured on all cores) and the NIC; a
         # host link serves devices_per_host_link devices.
         cl = hw.cluster
-        n = meta.devices_per_node if meta is not None else 1
-        self.nodes = meta.nodes if meta is not None else 1
+        n = meta.layout.devices_per_node if meta is not None else 1
+        self.nodes = meta.layout.nodes if meta is not None else 1
         if n > 1:
             self.h2d_Bps /= cl.devices_per_host_link
             self.d2h_Bps /= cl.devices_per_host_link
@@ -179,23 +178,23 @@ class CostModel:
         shaped = m is not None and op.kind in (OpKind.FORWARD, OpKind.RECOMPUTE, OpKind.BACKWARD, OpKind.HEAD,
                                                OpKind.HEAD_LOSS, OpKind.BACKWARD_SAVED)
         if shaped:
-            tokens = p["batch"] // p["micro_batches"] * p["seq"]
+            tokens = p.micro_batch * p.seq
             if op.kind in (OpKind.HEAD, OpKind.HEAD_LOSS):
-                gemms = work.head_gemms(m, tokens, p["loss_chunk_tokens"], backward=op.kind == OpKind.HEAD)
+                gemms = work.head_gemms(m, tokens, p.loss_chunk_tokens, backward=op.kind == OpKind.HEAD)
                 attn = None
                 if self.loss_s_per_logit:  # the loss kernels at their measured per-logit time
                     a = 2 if self.dtype == "bf16" else 4
                     t["elementwise"] -= work.head_logits_bytes(m, tokens, a) / self.hbm_Bps
                     t["elementwise"] += tokens * m.vocab * self.loss_s_per_logit
-                chunks = work.head_chunks(tokens, p["loss_chunk_tokens"])
+                chunks = work.head_chunks(tokens, p.loss_chunk_tokens)
                 if "head_chunk" in self.overhead_us:
                     t["overhead"] += (chunks - 1) * self._overhead_s("head_chunk")
             else:
                 bwd = op.kind in (OpKind.BACKWARD, OpKind.BACKWARD_SAVED)
                 saved = op.kind == OpKind.BACKWARD_SAVED  # the forward's kernels ran in FORWARD
                 gemms = work.block_gemms_saved_backward(m, tokens) if saved else work.block_gemms(m, tokens, bwd)
-                masked = work.masked_attention(m, op.layer, p["seq"], p.get("doc_masks", False))
-                attn = work.attention(m, p["batch"] // p["micro_batches"], p["seq"], bwd, masked)
+                masked = work.masked_attention(m, op.layer, p.seq, p.doc_masks)
+                attn = work.attention(m, p.micro_batch, p.seq, bwd, masked)
                 if saved:
                     attn = replace(attn, fwd_flops=0.0)
             if self.gemm:

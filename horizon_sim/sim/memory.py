@@ -108,7 +108,7 @@ def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int, dma: bool 
     Data parallel: the footprint is the node's. A Schedule is one rank's step; the node runs
     devices_per_node such ranks, each a process with its own buffers, pool and runtime, and
     maps one copy of the node-shared buffers (the host store)."""
-    n = sched.meta.devices_per_node
+    n = sched.meta.layout.devices_per_node
     by_role = {r: 0 for r in HOST_ROLES}
     for b in sched.buffers.values():
         if b.static and b.space == Space.HOST:

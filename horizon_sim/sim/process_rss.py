@@ -65,14 +65,14 @@ def predict_rss(result, backend: str = "cpu") -> RssPrediction:
     allocator; the host store once, as memory.host_footprint counts it), which is what
     procfs.node_rss_bytes measures."""
     meta, hw = result.schedule.meta, result.hardware
-    model, policy = ModelSpec(**meta.model), Policy(**meta.policy)
+    model, policy = meta.model, meta.policy
     by_role = dict(result.host.by_role)
     runtime = by_role.pop("runtime", int(hw.host.runtime_overhead_GiB * GiB))
     store = sum(b.bytes for b in result.schedule.buffers.values() if b.static and b.space.value == "host")
     terms = {"runtime": int(runtime), "host store": int(store),
              "host dynamic": int(sum(by_role.values()) - store)}
     if backend == "cpu":
-        n = meta.devices_per_node  # runtime and dynamic are the node's already (host_footprint)
+        n = meta.layout.devices_per_node  # runtime and dynamic are the node's already (host_footprint)
         terms["device arena"] = n * int(result.summary.device_typical_peak_bytes)  # constants included
         terms["allocator"] = n * allocator_retention_bytes(largest_transient_block(model, policy))
     return RssPrediction(terms)

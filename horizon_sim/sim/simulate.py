@@ -77,7 +77,7 @@ def _lane_process(env, ops, done, costs: CostModel, bus: DramBus, start, end, bu
 def run_timeline(sched: Schedule, hw: HardwareSpec, costs: CostModel | None = None) -> pd.DataFrame:
     """Only the timeline: the predicted start and end of every op."""
     env = simpy.Environment()
-    costs = costs or CostModel(hw, sched.meta.policy["compute_dtype"], sched.meta)
+    costs = costs or CostModel(hw, sched.meta.policy.compute_dtype, sched.meta)
     bus = DramBus(env, costs.dram_Bps, costs.lane_cores)
     done = [env.event() for _ in sched.ops]
     start, end = {}, {}
@@ -93,15 +93,13 @@ def run_timeline(sched: Schedule, hw: HardwareSpec, costs: CostModel | None = No
 
 def check_layout(sched: Schedule, hw: HardwareSpec) -> None:
     """A Schedule built for N devices per node and M nodes runs only on such a cluster."""
-    m, c = sched.meta, hw.cluster
-    if (m.devices_per_node, m.nodes) != (c.devices_per_node, c.nodes):
-        raise HorizonError(f"the schedule was built for {m.nodes} node(s) x {m.devices_per_node} device(s); "
-                           f"the hardware has {c.nodes} x {c.devices_per_node}")
+    if sched.meta.layout != hw.cluster.layout:
+        raise HorizonError(f"the schedule was built for {sched.meta.layout}; the hardware has {hw.cluster.layout}")
 
 
 def simulate(sched: Schedule, hw: HardwareSpec) -> SimResult:
     check_layout(sched, hw)
-    costs = CostModel(hw, sched.meta.policy["compute_dtype"], sched.meta)
+    costs = CostModel(hw, sched.meta.policy.compute_dtype, sched.meta)
     tl = run_timeline(sched, hw, costs)
     effects = op_effects(sched)  # which buffers each op takes and gives back: both traces use them
     # The math libraries' workspaces: taken at the first matmul and held, under every op.

@@ -115,7 +115,7 @@ def exposed_time(sched, tl: pd.DataFrame) -> dict:
 def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None = None) -> Summary:
     step = float(tl.end_s.max())
     meta = sched.meta
-    peak_flops = (hw.device.bf16_TFLOPs if meta.policy["compute_dtype"] == "bf16"
+    peak_flops = (hw.device.bf16_TFLOPs if meta.policy.compute_dtype == "bf16"
                   else hw.device.fp32_TFLOPs) * 1e12
     busy = tl.groupby("lane")["dur_s"].sum()
     lane_busy = {lane.value: float(busy.get(lane.value, 0.0)) / step for lane in sched.lanes}
@@ -161,7 +161,7 @@ def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None 
         f"host {fmt_bytes(host.total_bytes)} of {fmt_bytes(hw.host_bytes_usable)} usable"
         + (f", disk {fmt_bytes(disk)} of {fmt_bytes(hw.disk_bytes_usable)}" if disk else ""))
     hw_flops = float(tl.flops.sum())
-    ranks = meta.devices_per_node * meta.nodes
+    ranks = meta.layout.ranks
     return Summary(
         step_time_s=step, tokens_per_s=meta.tokens * ranks / step,
         model_TFLOPs=meta.model_flops / step / 1e12, mfu=meta.model_flops / step / peak_flops,

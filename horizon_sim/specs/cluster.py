@@ -10,17 +10,15 @@ from dataclasses import dataclass, replace
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs import ranges
+from horizon_sim.specs.layout import MAX_DEVICES_PER_NODE, ONE, Layout, whole_in_range
 from horizon_sim.units import closest
-
-MAX_DEVICES_PER_NODE = 64
-MAX_NODES = 4096
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
 class ClusterSpec:
     name: str = "single"
-    devices_per_node: int = 1
-    nodes: int = 1
+    layout: Layout = ONE
+    """Devices per node x nodes."""
     fabric_GBps: float = 0.0
     """Device-to-device bandwidth inside a node, per device and direction (what a ring
     collective moves per link); 0 is allowed only with one device per node."""
@@ -38,14 +36,10 @@ class ClusterSpec:
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.strip():
             raise HorizonError(f"cluster name={self.name!r} must be a non-empty string")
-        for f, hi in (("devices_per_node", MAX_DEVICES_PER_NODE), ("nodes", MAX_NODES),
-                      ("devices_per_host_link", MAX_DEVICES_PER_NODE)):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) and not (isinstance(v, float) and v.is_integer()):
-                raise HorizonError(f"cluster {f}={v!r} must be a whole number from 1 to {hi}")
-            if not 1 <= v <= hi:
-                raise HorizonError(f"cluster {f}={v!r} must be a whole number from 1 to {hi}")
-            object.__setattr__(self, f, int(v))
+        if not isinstance(self.layout, Layout):
+            raise HorizonError(f"cluster layout={self.layout!r} must be a Layout (devices per node x nodes)")
+        object.__setattr__(self, "devices_per_host_link", whole_in_range(
+            "cluster devices_per_host_link", self.devices_per_host_link, MAX_DEVICES_PER_NODE))
         for f in ("fabric_GBps", "fabric_latency_us", "net_GBps", "net_latency_us"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -53,19 +47,20 @@ class ClusterSpec:
             if why := ranges.out_of_range(v, *ranges.CLUSTER[f]):  # finite but overflowing the planner
                 raise HorizonError(f"cluster {f}={v!r} {why}")
             object.__setattr__(self, f, float(v))
-        if self.devices_per_node > 1 and self.fabric_GBps <= 0:
-            raise HorizonError(f"cluster {self.name}: {self.devices_per_node} devices per node need "
+        n, m = self.layout.devices_per_node, self.layout.nodes
+        if n > 1 and self.fabric_GBps <= 0:
+            raise HorizonError(f"cluster {self.name}: {n} devices per node need "
                                "fabric_GBps > 0 (NVLink or PCIe peer-to-peer bandwidth)")
-        if self.nodes > 1 and self.net_GBps <= 0:
-            raise HorizonError(f"cluster {self.name}: {self.nodes} nodes need net_GBps > 0")
-        if self.devices_per_host_link > self.devices_per_node:
+        if m > 1 and self.net_GBps <= 0:
+            raise HorizonError(f"cluster {self.name}: {m} nodes need net_GBps > 0")
+        if self.devices_per_host_link > n:
             raise HorizonError(f"cluster devices_per_host_link={self.devices_per_host_link} is more than "
-                               f"devices_per_node={self.devices_per_node}")
+                               f"devices_per_node={n}")
 
     @property
     def ranks(self) -> int:
         """Data-parallel ranks: one per device."""
-        return self.devices_per_node * self.nodes
+        return self.layout.ranks
 
 
 SINGLE = ClusterSpec()
@@ -78,19 +73,19 @@ CLUSTERS: dict[str, ClusterSpec] = {
     # 8 x H100/H200 SXM (HGX/DGX H100): NVLink 4 through NVSwitch; 8 x ConnectX-7 400 Gb/s
     # = 400 GB/s per node (DGX H100 user guide); 4 PCIe gen5 switches, each with 2 GPUs on
     # one uplink to a CPU (DGX H100 block diagram).
-    "hgx-h100": ClusterSpec(name="hgx-h100", devices_per_node=8, fabric_GBps=360.0, fabric_latency_us=5.0,
+    "hgx-h100": ClusterSpec(name="hgx-h100", layout=Layout(8), fabric_GBps=360.0, fabric_latency_us=5.0,
                             net_GBps=400.0 * 0.8, net_latency_us=10.0, devices_per_host_link=2),
     # 8 x A100 SXM (HGX/DGX A100): NVLink 3; 8 x ConnectX-6 200 Gb/s = 200 GB/s per node;
     # 4 PCIe gen4 switches with 2 GPUs each (DGX A100 user guide).
-    "hgx-a100": ClusterSpec(name="hgx-a100", devices_per_node=8, fabric_GBps=240.0, fabric_latency_us=5.0,
+    "hgx-a100": ClusterSpec(name="hgx-a100", layout=Layout(8), fabric_GBps=240.0, fabric_latency_us=5.0,
                             net_GBps=200.0 * 0.8, net_latency_us=10.0, devices_per_host_link=2),
     # 4 x L40S on PCIe gen4, no NVLink: peer-to-peer through the PCIe switch/root complex,
     # *estimate* ~20 GB/s each way; 2 x 100 GbE = 25 GB/s per node, *estimate* 0.8 of it.
-    "pcie-4x": ClusterSpec(name="pcie-4x", devices_per_node=4, fabric_GBps=20.0, fabric_latency_us=10.0,
+    "pcie-4x": ClusterSpec(name="pcie-4x", layout=Layout(4), fabric_GBps=20.0, fabric_latency_us=10.0,
                            net_GBps=25.0 * 0.8, net_latency_us=15.0, devices_per_host_link=1),
     # GH200 nodes: one superchip each, its own NVLink-C2C host link; one 400 Gb/s NIC per
     # superchip (NVIDIA GH200 datasheet: ConnectX-7 or BlueField-3).
-    "gh200-nodes": ClusterSpec(name="gh200-nodes", devices_per_node=1, net_GBps=50.0 * 0.8, net_latency_us=10.0),
+    "gh200-nodes": ClusterSpec(name="gh200-nodes", net_GBps=50.0 * 0.8, net_latency_us=10.0),
 }
 
 DEFAULT_CLUSTER_OF_DEVICE = {"h100-sxm": "hgx-h100", "h200": "hgx-h100", "a100-80gb": "hgx-a100",
@@ -105,14 +100,14 @@ def cluster_preset(name: str) -> ClusterSpec:
     return CLUSTERS[name]
 
 
-def make_cluster(device: str, devices_per_node: int = 1, nodes: int = 1, preset: str | None = None) -> ClusterSpec:
-    """`devices_per_node` x `nodes` of `device`, joined as `preset` (default: the box the device
-    usually comes in), or SINGLE for one device."""
-    if devices_per_node == 1 and nodes == 1 and preset is None:
+def make_cluster(device: str, layout: Layout = ONE, preset: str | None = None) -> ClusterSpec:
+    """`layout` of `device`, joined as `preset` (default: the box the device usually comes in),
+    or SINGLE for one device."""
+    if layout == ONE and preset is None:
         return SINGLE
     base = cluster_preset(preset or DEFAULT_CLUSTER_OF_DEVICE.get(device, "pcie-4x"))
-    if devices_per_node > 1 and base.fabric_GBps <= 0:
+    if layout.devices_per_node > 1 and base.fabric_GBps <= 0:
         raise HorizonError(f"cluster {base.name} has one device per node; use --gpus 1 or another "
                            f"--cluster ({', '.join(n for n, c in CLUSTERS.items() if c.fabric_GBps > 0)})")
-    links = min(base.devices_per_host_link, devices_per_node)
-    return replace(base, devices_per_node=devices_per_node, nodes=nodes, devices_per_host_link=links)
+    links = min(base.devices_per_host_link, layout.devices_per_node)
+    return replace(base, layout=layout, devices_per_host_link=links)

@@ -17,6 +17,7 @@ benchmarks/scaling.py checks the result against measured 1- and 2-rank runs.
 from dataclasses import replace
 
 from horizon_sim.specs.hardware import HardwareSpec
+from horizon_sim.specs.layout import Layout
 
 LOOPBACK_GBps = 1.0
 """A collective rate for a file without a measured one (it only orders simulated events)."""
@@ -27,18 +28,18 @@ def is_cpu_backend(hw: HardwareSpec) -> bool:
     return bool(hw.link.cpu_driven) and hw.device.name.startswith("cpu")
 
 
-def laid_out(hw: HardwareSpec, devices_per_node: int, nodes: int) -> HardwareSpec:
-    """`hw` for a job of `devices_per_node` ranks on each of `nodes` nodes, the one rule the
+def laid_out(hw: HardwareSpec, layout: Layout) -> HardwareSpec:
+    """`hw` for a job laid out as `layout` (ranks per node x nodes), the one rule the
     planner's --gpus/--nodes on a hardware file, admission and validation share: a calibrated
     CPU machine (one rank, one node) is laid out for its processes sharing its cores
     (cpu_ranks); otherwise the file's own fabric and network with the new counts, at
     LOOPBACK_GBps where the file has no rate."""
-    n, m, c = devices_per_node, nodes, hw.cluster
-    if (c.devices_per_node, c.nodes) == (n, m):
+    n, m, c = layout.devices_per_node, layout.nodes, hw.cluster
+    if c.layout == layout:
         return hw
     if m == 1 and c.ranks == 1 and n > 1 and is_cpu_backend(hw):
         return cpu_ranks(hw, n)
-    return replace(hw, cluster=replace(c, devices_per_node=n, nodes=m,
+    return replace(hw, cluster=replace(c, layout=layout,
                                        fabric_GBps=c.fabric_GBps or (LOOPBACK_GBps if n > 1 else 0.0),
                                        net_GBps=c.net_GBps or (LOOPBACK_GBps if m > 1 else 0.0),
                                        devices_per_host_link=min(c.devices_per_host_link, n)))
@@ -49,7 +50,7 @@ def cpu_ranks(hw: HardwareSpec, n: int) -> HardwareSpec:
     if n == 1:
         return hw
     c = hw.cluster
-    cluster = replace(c, name=f"cpu-{n}-ranks", devices_per_node=n, nodes=1,
+    cluster = replace(c, name=f"cpu-{n}-ranks", layout=Layout(n),
                       fabric_GBps=c.fabric_GBps or LOOPBACK_GBps, devices_per_host_link=1)
     host = replace(hw.host, lane_cores=n / 2, compute_contention=1.0,
                    adam_Gparams_per_s=hw.host.adam_Gparams_per_s * n)

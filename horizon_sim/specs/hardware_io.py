@@ -30,11 +30,41 @@ from pathlib import Path
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.cluster import SINGLE, ClusterSpec
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
+from horizon_sim.specs.layout import Layout
 from horizon_sim.units import closest
 
 TABLES = {"device": DeviceSpec, "link": LinkSpec, "host": HostSpec}
 OPTIONAL_TABLES = {"cluster": ClusterSpec}
 TOP_LEVEL_KEYS = ("name", *TABLES, *OPTIONAL_TABLES)
+LAYOUT_KEYS = tuple(f.name for f in fields(Layout))
+"""[cluster] spells its Layout's fields flat, beside the fabric and network it describes."""
+
+
+def _table_items(part) -> list[tuple[str, object]]:
+    """(key, value) of a table as the file writes it: a cluster's layout flattened."""
+    items = [(f.name, getattr(part, f.name)) for f in fields(part)]
+    if isinstance(part, ClusterSpec):
+        items = [(k, getattr(part.layout, k)) for k in LAYOUT_KEYS] + [(k, v) for k, v in items if k != "layout"]
+    return items
+
+
+def _table_keys(cls) -> list[tuple[str, bool]]:
+    """(key, required) a table of `cls` may hold."""
+    keys = [(f.name, f.default is MISSING and f.default_factory is MISSING) for f in fields(cls)]
+    if cls is ClusterSpec:
+        keys = [(k, False) for k in LAYOUT_KEYS] + [kr for kr in keys if kr[0] != "layout"]
+    return keys
+
+
+def _table_spec(cls, body: dict):
+    if cls is ClusterSpec:
+        body = dict(body)
+        try:
+            layout = Layout(**{k: body.pop(k) for k in LAYOUT_KEYS if k in body})
+        except HorizonError as e:
+            raise HorizonError(f"cluster {e}") from None
+        return ClusterSpec(layout=layout, **body)
+    return cls(**body)
 
 
 def _toml_value(v) -> str:
@@ -75,7 +105,7 @@ def hardware_to_toml(hw: HardwareSpec) -> str:
     for table in (*TABLES, *(["cluster"] if hw.cluster != SINGLE else [])):
         part = getattr(hw, table)
         lines += ["", f"[{table}]"]
-        lines += [_toml_line(f.name, getattr(part, f.name)) for f in fields(part)]
+        lines += [_toml_line(k, v) for k, v in _table_items(part)]
     return "\n".join(lines) + "\n"
 
 
@@ -107,16 +137,17 @@ def hardware_from_dict(data: dict, where: str = "hardware") -> HardwareSpec:
         body = data[table]
         if not isinstance(body, dict):
             raise HorizonError(f"{where}: {table} = {body!r} must be a table [{table}]")
-        known = [f.name for f in fields(cls)]
+        keys = _table_keys(cls)
+        known = [k for k, _ in keys]
         for key in body:
             if key not in known:
                 raise HorizonError(f"{where}: unknown key {key!r} in [{table}]{closest(key, known)}; "
                                    f"allowed: {', '.join(known)}")
-        for f in fields(cls):
-            if f.name not in body and f.default is MISSING:
-                raise HorizonError(f"{where}: [{table}] is missing key {f.name!r}")
+        for key, required in keys:
+            if key not in body and required:
+                raise HorizonError(f"{where}: [{table}] is missing key {key!r}")
         try:
-            parts[table] = cls(**body)  # type and range checks live in __post_init__
+            parts[table] = _table_spec(cls, body)  # type and range checks live in __post_init__
         except HorizonError as e:
             raise HorizonError(f"{where}: {e}") from None
     name = data.get("name", "")

@@ -15,6 +15,7 @@ from dataclasses import replace
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.cluster import make_cluster
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
+from horizon_sim.specs.layout import ONE, Layout
 from horizon_sim.specs.measured_kernels import fa2_a100_attention, gh100_kernels
 from horizon_sim.units import GiB, closest, fmt_bytes, parse_size
 
@@ -168,19 +169,19 @@ DEFAULT_HOSTS: dict[str, str] = {
 
 
 def make_hardware(gpu: str, ram: str | int | None = None, link: str | None = None,
-                  host: str | None = None, gpus: int = 1, nodes: int = 1, cluster: str | None = None) -> HardwareSpec:
+                  host: str | None = None, layout: Layout = ONE, cluster: str | None = None) -> HardwareSpec:
     """A machine from presets: `gpu` with its default link unless `link` is given, and the
     `host` preset (default: the one the device comes with, DEFAULT_HOSTS) with its RAM replaced
-    by `ram` ('1.5TB', '1024GiB', '512G' or bytes; per node); `gpus` devices per node and
-    `nodes` nodes joined as the `cluster` preset (default: the box the device usually comes in;
+    by `ram` ('1.5TB', '1024GiB', '512G' or bytes; per node); `layout` (devices per node x
+    nodes) joined as the `cluster` preset (default: the box the device usually comes in;
     cluster.py)."""
     dev = device_preset(gpu)
     lnk = link_preset(dev.default_link if link is None else link)
     hst = host_preset(host if host is not None else DEFAULT_HOSTS.get(dev.name, "default"))
     if ram is not None:
         hst = replace(hst, ram_GiB=parse_size(ram, "ram") / GiB)
-    cl = make_cluster(gpu, gpus, nodes, cluster)
+    cl = make_cluster(gpu, layout, cluster)
     name = f"{dev.name} / {lnk.name} / {hst.name} host, {fmt_bytes(hst.ram_GiB * GiB)} RAM"
     if cl.ranks > 1:
-        name = f"{cl.nodes} x {cl.devices_per_node} x " + name + " per node"
+        name = f"{cl.layout.nodes} x {cl.layout.devices_per_node} x " + name + " per node"
     return HardwareSpec(device=dev, link=lnk, host=hst, name=name, cluster=cl)

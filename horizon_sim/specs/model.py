@@ -5,6 +5,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.from_dict import spec_from_dict
 from horizon_sim.specs.rope import RopeScaling
 
 FFN_TYPES = ("gated", "plain")
@@ -186,9 +187,14 @@ class ModelSpec:
     def head_fwd_flops(self, tokens: int) -> float:
         return 2.0 * self.vocab * self.hidden * tokens
 
+    @classmethod
+    def from_dict(cls, d: dict, what: str = "") -> "ModelSpec":
+        """The spec to_dict() wrote (unknown fields: a one-line error naming them)."""
+        return spec_from_dict(cls, d, what)
+
     def to_dict(self) -> dict:
         """Plain JSON values (layer_windows as a list, rope_scaling as a dict or None), so a
-        dict read back from JSON compares equal; ModelSpec(**d) rebuilds the spec."""
+        dict read back from JSON compares equal; ModelSpec.from_dict(d) rebuilds the spec."""
         d = asdict(self)
         d["layer_windows"] = list(self.layer_windows)
         return d

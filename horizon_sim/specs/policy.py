@@ -3,6 +3,7 @@ import math
 from dataclasses import dataclass, asdict
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.from_dict import spec_from_dict
 
 OPTIMIZER_MODES = ("after", "backward", "pipelined")
 DISK_TIERS = ("none", "moments", "moments+low")
@@ -187,6 +188,11 @@ class Policy:
         """Bytes per parameter the disk tier keeps on disk (0: none)."""
         return {"none": 0, "moments": 2 * DTYPE_BYTES[self.states_dtype],
                 "moments+low": 2 * DTYPE_BYTES[self.states_dtype] + 2}[self.disk_tier]
+
+    @classmethod
+    def from_dict(cls, d: dict, what: str = "") -> "Policy":
+        """The spec to_dict() wrote (unknown fields: a one-line error naming them)."""
+        return spec_from_dict(cls, d, what)
 
     def to_dict(self) -> dict:
         return asdict(self)

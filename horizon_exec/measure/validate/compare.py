@@ -14,6 +14,7 @@ from horizon_sim.sim.process_rss import predict_rss
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.specs.cpu_ranks import laid_out
 from horizon_sim.specs.hardware import HardwareSpec
+from horizon_sim.specs.layout import Layout
 from horizon_sim.units import MiB
 
 
@@ -29,8 +30,8 @@ class Outcome:
 
 def compare(cfg: Config, hw: HardwareSpec, res: dict, device: str = "cpu") -> Outcome:
     """Simulate `cfg` on `hw` and set the prediction against the measurements `res`."""
-    sched = build_schedule(cfg.model, cfg.policy, cfg.ranks, 1)
-    sim = simulate(sched, laid_out(hw, cfg.ranks, 1))  # the machine's cores shared by the ranks
+    sched = build_schedule(cfg.model, cfg.policy, Layout(cfg.ranks))
+    sim = simulate(sched, laid_out(hw, Layout(cfg.ranks)))  # the machine's cores shared by the ranks
     pred = timeline_metrics(sim.timeline)
     pred["step_s"] = sim.summary.step_time_s
     per_step = []
