@@ -45,7 +45,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    from horizon_sim.plan.sweep import check_map, check_output, load_grid, map_path, sweep, write_results
+    from horizon_sim.plan.grid import load_grid
+    from horizon_sim.plan.sweep import check_map, check_output, map_path, sweep, write_results
     from horizon_sim.report.feasibility_map import feasibility_map
 
     positive("--workers", a.workers, allow_none=True)
