@@ -14,8 +14,9 @@ from horizon_sim.plan.max_model import POLICY_SETS, candidates, host_lower_bound
 from horizon_sim.plan.min_ram import min_ram
 from horizon_sim.report.feasibility_map import feasibility_map
 from horizon_sim.plan.grid import parse_grid
-from horizon_sim.plan.sweep import (RAM_STEP_BYTES, Runner, round_up_ram, simulate_outcome, sweep,
-                                    write_results)
+from horizon_sim.plan.outcome import RAM_STEP_BYTES, round_up_ram, simulate_outcome
+from horizon_sim.plan.runner import Runner
+from horizon_sim.plan.sweep import sweep, write_results
 from horizon_sim.plan.tune import SearchSpace, pareto_front, tune
 from horizon_sim.specs.hardware_presets import make_hardware
 from horizon_sim.specs.model_presets import model_preset

@@ -196,7 +196,7 @@ def test_search_verbs_take_the_layout(capsys):
 
 
 def test_the_search_cache_tells_layouts_apart():
-    from horizon_sim.plan.sweep import Runner
+    from horizon_sim.plan.runner import Runner
     pol = Policy(batch=2, seq=64)
     with Runner(1) as runner:
         one = runner.one(SPEC, _hw(1, 1), pol)

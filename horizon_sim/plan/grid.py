@@ -28,7 +28,7 @@ from horizon_sim.units import closest, parse_size
 
 POLICY_FIELDS = tuple(f.name for f in fields(Policy))
 MAX_SWEEP_SIMULATIONS = 10_000
-"""Simulations one sweep runs (RAM sizes are free: plan/sweep.py). A 7B-class configuration
+"""Simulations one sweep runs (RAM sizes are free: plan/runner.py). A 7B-class configuration
 takes ~0.1 s of one core, so 10,000 are minutes on a small machine; a bigger grid is split."""
 GRID_KEYS = ("models", "gpus", "ram", "links", "hosts", "gpus_per_node", "nodes", "cluster", "policy")
 _REQUIRED = ("models", "gpus", "ram")
@@ -65,7 +65,7 @@ class Grid:
 
     @property
     def n_simulations(self) -> int:
-        """Configurations simulated: every one but the RAM size (plan/sweep.py)."""
+        """Configurations simulated: every one but the RAM size (plan/runner.py)."""
         return (len(self.models) * len(self.gpus) * len(self.links) * len(self.hosts) * len(self.layouts)
                 * len(self.clusters) * self.n_policies)
 
