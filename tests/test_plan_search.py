@@ -255,6 +255,20 @@ def test_runner_caches_across_ram_sizes():
         assert a is b and len(r.cache) == 1
 
 
+def test_runner_runs_a_peer_by_its_name_and_refuses_an_unknown_one():
+    from horizon_sim.peer.compare import PEERS
+    from horizon_sim.plan.peers import PEER_OUTCOMES
+    assert set(PEER_OUTCOMES) == set(PEERS)  # every peer `plan --compare` offers, a sweep runs too
+    m, hw, p = model_preset("tiny"), make_hardware("h100-pcie"), Policy(seq=128)
+    with Runner(workers=1) as r:
+        for bad in ("zero3", "", True):
+            with pytest.raises(HorizonError, match=r"^unknown peer .*; allowed: zero3-offload$"):
+                r.run([(m, hw, p), (m, hw, p, bad)])
+        assert not r.cache  # refused before anything was simulated
+        ours, peer, again = r.run([(m, hw, p), (m, hw, p, "zero3-offload"), (m, hw, p, None)])
+        assert ours is again and peer.ok and peer.device_peak_bytes != ours.device_peak_bytes
+
+
 def test_outcome_of_a_bad_policy_is_an_error():
     o = simulate_outcome(model_preset("tiny"), make_hardware("h100-pcie"), Policy(act_ckpt_every=9))
     assert not o.ok and "act_ckpt_every" in o.error and math.isnan(o.tokens_per_s)

@@ -11,17 +11,18 @@ from dataclasses import fields
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.plan.outcome import Outcome, simulate_outcome
-from horizon_sim.plan.peers import simulate_peer_outcome
+from horizon_sim.plan.peers import check_peer, simulate_peer_outcome
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
 
 def _task(args) -> Outcome:
-    """(model, hw, policy) or (model, hw, policy, peer): Horizon's step, or the peer's."""
-    if len(args) > 3 and args[3]:
-        return simulate_peer_outcome(*args[:3])
-    return simulate_outcome(*args[:3])
+    """(model, hw, policy) for Horizon's step, or (model, hw, policy, peer) for the named peer's."""
+    model, hw, policy, *peer = args
+    if not peer or peer[0] is None:
+        return simulate_outcome(model, hw, policy)
+    return simulate_peer_outcome(peer[0], model, hw, policy)
 
 
 def _ram_free_key(model: ModelSpec, hw: HardwareSpec, policy: Policy, peer: str | None = None):
@@ -96,6 +97,8 @@ class Runner:
         """Outcomes of [(model, hw, policy), ...] (or (model, hw, policy, peer) for a peer's
         step, e.g. 'zero3-offload'), in order."""
         tasks = list(tasks)
+        for peer in dict.fromkeys(t[3] for t in tasks if len(t) > 3 and t[3] is not None):
+            check_peer(peer)  # here, before a worker starts on the rest
         keys = [_ram_free_key(*t) for t in tasks]
         todo: dict = {}
         for k, t in zip(keys, tasks):
