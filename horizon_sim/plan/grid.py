@@ -40,8 +40,8 @@ class Grid:
 
     models: tuple  # ModelSpec
     gpus: tuple[str, ...]
-    ram: tuple[int, ...]
-    """Installed RAM sizes, bytes."""
+    ram_bytes: tuple[int, ...]
+    """Installed RAM sizes (the grid file's `ram`)."""
     links: tuple = (None,)
     """Link preset names; None = each GPU's default link."""
     hosts: tuple[str, ...] = ("default",)
@@ -70,7 +70,7 @@ class Grid:
                 * len(self.clusters) * self.n_policies)
 
     def __len__(self) -> int:
-        return self.n_simulations * len(self.ram)
+        return self.n_simulations * len(self.ram_bytes)
 
 
 def _as_list(where: str, key: str, v) -> list:
@@ -136,7 +136,7 @@ def parse_grid(data: dict, where: str = "grid", base_dir: Path | None = None) ->
             raise HorizonError(f"{where}: unknown policy key {k!r}{closest(k, POLICY_FIELDS)}; "
                                f"allowed: {', '.join(POLICY_FIELDS)}")
         policy[k] = tuple(_as_list(where, f"policy.{k}", v))
-    grid = Grid(models=tuple(models), gpus=tuple(gpus), ram=tuple(ram), links=tuple(links),
+    grid = Grid(models=tuple(models), gpus=tuple(gpus), ram_bytes=tuple(ram), links=tuple(links),
                 hosts=tuple(hosts), layouts=tuple(layouts), clusters=tuple(clusters), policy=policy)
     if grid.n_simulations > MAX_SWEEP_SIMULATIONS:
         raise HorizonError(

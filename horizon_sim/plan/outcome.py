@@ -76,9 +76,9 @@ class Outcome:
         return self.verdict(hw).short() if self.ok else self.error
 
 
-def round_up_ram(nbytes: int, step: int = RAM_STEP_BYTES) -> int:
-    """`nbytes` rounded up to a multiple of `step` (64 GiB)."""
-    return max(1, -(-int(nbytes) // step)) * step
+def round_up_ram(nbytes: int, step_bytes: int = RAM_STEP_BYTES) -> int:
+    """`nbytes` rounded up to a multiple of `step_bytes` (64 GiB)."""
+    return max(1, -(-int(nbytes) // step_bytes)) * step_bytes
 
 
 class _SimTimeout(Exception):

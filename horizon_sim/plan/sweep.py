@@ -48,7 +48,7 @@ def sweep(grid: Grid, *, workers: int | None = None, progress: bool = False,
     hws = {}
     for gpu, link, host, (g, n), c in itertools.product(grid.gpus, grid.links, grid.hosts, grid.layouts,
                                                         grid.clusters):
-        for ram in grid.ram:
+        for ram in grid.ram_bytes:
             hws[gpu, link, host, g, n, c, ram] = make_hardware(gpu, ram, link, host, gpus=g, nodes=n, cluster=c)
     configs = []  # (model, hw, fields, policy or error)
     for model in grid.models:
@@ -108,7 +108,7 @@ def check_map(grid: Grid) -> None:
     """Fail before simulating when the grid's feasibility map would be too big to draw."""
     panels = len(grid.gpus) * len(grid.links) * len(grid.layouts)
     for what, n, limit in (("models", len({m.name for m in grid.models}), MAX_MAP_ROWS),
-                           ("RAM sizes", len(set(grid.ram)), MAX_MAP_COLUMNS),
+                           ("RAM sizes", len(set(grid.ram_bytes)), MAX_MAP_COLUMNS),
                            ("GPU x link x layout panels", panels, MAX_MAP_PANELS)):
         if n > limit:
             raise HorizonError(f"the feasibility map draws at most {limit} {what}; the grid has {n}: "
