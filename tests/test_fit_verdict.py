@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from horizon_exec.runtime.admission import AdmissionError, admit
-from horizon_sim.plan.sweep import Runner
+from horizon_sim.plan.runner import Runner
 from horizon_sim.schedule import build_schedule
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.sim.verdict import MemoryVerdict

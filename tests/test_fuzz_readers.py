@@ -170,7 +170,7 @@ GRID = {"models": ["tiny"], "gpus": ["h100-pcie"], "ram": ["64GiB"], "links": ["
 @FUZZ
 @given(data=st.data())
 def test_sweep_grid(data):
-    from horizon_sim.plan.sweep import parse_grid
+    from horizon_sim.plan.grid import parse_grid
     grid = mutate(GRID, data, keys=[*GRID, "hosts"])
     if isinstance(grid.get("policy"), dict) and data.draw(st.booleans(), label="damage policy"):
         grid["policy"] = mutate(grid["policy"], data, keys=["batch", "seq", "act_ckpt_every", "optimizer", "slots"])
@@ -180,7 +180,7 @@ def test_sweep_grid(data):
 @FUZZ
 @given(text=st.text(max_size=120))
 def test_sweep_grid_any_toml(tmp_path_factory, text):
-    from horizon_sim.plan.sweep import load_grid
+    from horizon_sim.plan.grid import load_grid
     p = tmp_path_factory.mktemp("grid") / "g.toml"
     p.write_text(text)
     one_line_or_ok(load_grid, p)

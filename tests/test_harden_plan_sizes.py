@@ -10,7 +10,9 @@ import pytest
 from horizon_sim.cli.main import main
 from horizon_sim.errors import HorizonError
 from horizon_sim.plan.max_model import candidates, policy_set
-from horizon_sim.plan.sweep import MAX_SWEEP_SIMULATIONS, Runner, check_map, parse_grid
+from horizon_sim.plan.grid import MAX_SWEEP_SIMULATIONS, parse_grid
+from horizon_sim.plan.runner import Runner
+from horizon_sim.plan.sweep import check_map
 from horizon_sim.schedule import build_schedule, builder, work
 from horizon_sim.schedule.limits import MAX_LAYER_PASSES, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH
 from horizon_sim.schedule.op import OpKind

@@ -13,8 +13,10 @@ from horizon_sim.plan.advice import advise, nearest_fit, policy_flags
 from horizon_sim.plan.max_model import POLICY_SETS, candidates, host_lower_bound, max_model, policy_set
 from horizon_sim.plan.min_ram import min_ram
 from horizon_sim.report.feasibility_map import feasibility_map
-from horizon_sim.plan.sweep import (RAM_STEP_BYTES, Runner, parse_grid, round_up_ram,
-                                    simulate_outcome, sweep, write_results)
+from horizon_sim.plan.grid import parse_grid
+from horizon_sim.plan.outcome import RAM_STEP_BYTES, round_up_ram, simulate_outcome
+from horizon_sim.plan.runner import Runner
+from horizon_sim.plan.sweep import sweep, write_results
 from horizon_sim.plan.tune import SearchSpace, pareto_front, tune
 from horizon_sim.specs.hardware_presets import make_hardware
 from horizon_sim.specs.model_presets import model_preset
@@ -251,6 +253,20 @@ def test_runner_caches_across_ram_sizes():
     with Runner(workers=1) as r:
         a, b = r.run([(m, make_hardware("h100-pcie", "16GiB"), p), (m, make_hardware("h100-pcie", "1TB"), p)])
         assert a is b and len(r.cache) == 1
+
+
+def test_runner_runs_a_peer_by_its_name_and_refuses_an_unknown_one():
+    from horizon_sim.peer.compare import PEERS
+    from horizon_sim.plan.peers import PEER_OUTCOMES
+    assert set(PEER_OUTCOMES) == set(PEERS)  # every peer `plan --compare` offers, a sweep runs too
+    m, hw, p = model_preset("tiny"), make_hardware("h100-pcie"), Policy(seq=128)
+    with Runner(workers=1) as r:
+        for bad in ("zero3", "", True):
+            with pytest.raises(HorizonError, match=r"^unknown peer .*; allowed: zero3-offload$"):
+                r.run([(m, hw, p), (m, hw, p, bad)])
+        assert not r.cache  # refused before anything was simulated
+        ours, peer, again = r.run([(m, hw, p), (m, hw, p, "zero3-offload"), (m, hw, p, None)])
+        assert ours is again and peer.ok and peer.device_peak_bytes != ours.device_peak_bytes
 
 
 def test_outcome_of_a_bad_policy_is_an_error():

@@ -197,7 +197,7 @@ def test_search_verbs_take_the_layout(capsys):
 
 
 def test_the_search_cache_tells_layouts_apart():
-    from horizon_sim.plan.sweep import Runner
+    from horizon_sim.plan.runner import Runner
     pol = Policy(batch=2, seq=64)
     with Runner(1) as runner:
         one = runner.one(SPEC, _hw(1, 1), pol)
@@ -207,7 +207,8 @@ def test_the_search_cache_tells_layouts_apart():
 
 def test_sweep_grids_take_layouts():
     from horizon_sim.plan.plan import plan
-    from horizon_sim.plan.sweep import parse_grid, sweep
+    from horizon_sim.plan.grid import parse_grid
+    from horizon_sim.plan.sweep import sweep
     grid = parse_grid({"models": ["qwen2.5-0.5b"], "gpus": ["h100-sxm"], "ram": ["64GiB"], "gpus_per_node": [1, 2],
                        "nodes": [1, 2], "policy": {"batch": [2], "seq": [256]}})
     assert grid.layouts == ((1, 1), (1, 2), (2, 1), (2, 2)) and len(grid) == 4

@@ -232,7 +232,7 @@ def _advice(model, policy, hw, adm: Admission, cpu: bool) -> list[str]:
     """What to change: the nearest policy that fits (planner outcomes plus this executor's
     own extras), a bigger budget, or --no-admission."""
     from horizon_sim.plan.advice import nearest_fit, policy_flags
-    from horizon_sim.plan.sweep import Runner
+    from horizon_sim.plan.runner import Runner
 
     out = []
     # What the planner's figures leave out

@@ -45,7 +45,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    from horizon_sim.plan.sweep import check_map, check_output, load_grid, map_path, sweep, write_results
+    from horizon_sim.plan.grid import load_grid
+    from horizon_sim.plan.sweep import check_map, check_output, map_path, sweep, write_results
     from horizon_sim.report.feasibility_map import feasibility_map
 
     positive("--workers", a.workers, allow_none=True)
@@ -73,7 +74,7 @@ def run(a: argparse.Namespace) -> int:
                               "batch": int(best.batch), "act_ckpt_every": int(best.act_ckpt_every)}}))
         return 0
     print(f"sweep: {len(df)} configurations ({len(grid.models)} models x {len(grid.gpus)} GPUs x "
-          f"{len(grid.links)} links x {len(grid.hosts)} hosts x {len(grid.ram)} RAM sizes x "
+          f"{len(grid.links)} links x {len(grid.hosts)} hosts x {len(grid.ram_bytes)} RAM sizes x "
           + (f"{len(grid.layouts) * len(grid.clusters)} layouts x " if len(grid.layouts) * len(grid.clusters) > 1
              else "")
           + f"{grid.n_policies} policies): {len(ok)} fit, {n_err} invalid")

@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.plan.sweep import Outcome, Runner, outcome_of, round_up_ram
+from horizon_sim.plan.outcome import Outcome, outcome_of, round_up_ram
+from horizon_sim.plan.runner import Runner
 from horizon_sim.sim.simulate import SimResult
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.hardware_presets import LINKS

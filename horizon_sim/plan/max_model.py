@@ -19,7 +19,8 @@ import pandas as pd
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.plan.advice import BOUNDED_HOST_GRADS
-from horizon_sim.plan.sweep import Outcome, Runner
+from horizon_sim.plan.outcome import Outcome
+from horizon_sim.plan.runner import Runner
 from horizon_sim.schedule.limits import MAX_LAYERS
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec

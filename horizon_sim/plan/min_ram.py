@@ -7,7 +7,7 @@ checked by simulating on a host of that size (it must fit) and of 64 GiB less (i
 from dataclasses import dataclass, replace
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.plan.sweep import RAM_STEP_BYTES, round_up_ram, simulate_outcome
+from horizon_sim.plan.outcome import RAM_STEP_BYTES, round_up_ram, simulate_outcome
 from horizon_sim.schedule import build_schedule
 from horizon_sim.sim.simulate import SimResult, simulate
 from horizon_sim.specs.hardware import HardwareSpec

@@ -1,308 +1,32 @@
-"""Many simulations at once: the engine under tune, min-ram, max-model and advice, and
-`horizon sweep`, a grid of models x hardware x policies read from a TOML file.
-
-A simulation's outcome (step time, device peak, host footprint) does not depend on how much
-RAM the host has: RAM only decides whether the footprint fits. So every configuration is
-simulated once per (model, device, link, host type, policy) and judged against each RAM size
-afterwards. Simulations run on all cores (a fork pool), each under a time limit.
-
-Grid file (every value may be one value or a list of values):
-
-    models = ["llama-3.1-8b", "qwen2.5-14b"]   # presets or config.json paths (relative to the file)
-    gpus   = ["h100-pcie", "h200"]
-    ram    = ["256GiB", "512GiB", "1TB"]
-    links  = ["pcie-gen4", "pcie-gen5"]          # optional; default: each GPU's own link
-    hosts  = ["default"]                         # optional host presets
-    gpus_per_node = [1, 8]                       # optional data-parallel layouts (default 1 x 1):
-    nodes  = [1, 2, 4]                           #   every combination; RAM is per node
-    cluster = ["hgx-h100"]                       # optional: what joins them (default: the GPU's box)
-    [policy]                                     # optional; any Policy field, lists of values
-    batch = [4, 8]
-    act_ckpt_every = [1, 2]
-"""
-import contextlib
+"""`horizon sweep`: every configuration of a grid (plan/grid.py) simulated into one table,
+and where its results and feasibility map are written."""
 import itertools
-import math
-import os
-import signal
-import sys
-import threading
-import tomllib
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pandas as pd
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.schedule import build_schedule
-from horizon_sim.sim.simulate import simulate
-from horizon_sim.specs.cluster import cluster_preset, make_cluster
-from horizon_sim.specs.layout import MAX_DEVICES_PER_NODE, MAX_NODES, Layout
+from horizon_sim.plan.grid import POLICY_FIELDS, Grid
+from horizon_sim.plan.outcome import Outcome
+from horizon_sim.plan.peers import PEER_COLUMNS, peer_row
+from horizon_sim.plan.runner import Runner
 from horizon_sim.specs.hardware import HardwareSpec
-from horizon_sim.specs.hardware_presets import device_preset, host_preset, link_preset, make_hardware
-from horizon_sim.specs.hf_config import load_model
+from horizon_sim.specs.hardware_presets import make_hardware
+from horizon_sim.specs.layout import Layout
 from horizon_sim.specs.model import ModelSpec
-from horizon_sim.sim.verdict import MemoryVerdict
 from horizon_sim.specs.policy import Policy
-from horizon_sim.units import GiB, closest, parse_size
+from horizon_sim.units import GiB
 
-POLICY_FIELDS = tuple(f.name for f in fields(Policy))
-MAX_SWEEP_SIMULATIONS = 10_000
-"""Simulations one sweep runs (RAM sizes are free: see above). A 7B-class configuration takes
-~0.1 s of one core, so 10,000 are minutes on a small machine; a bigger grid is split."""
 MAX_MAP_ROWS = MAX_MAP_COLUMNS = 64
 """Models (rows) and RAM sizes (columns) the feasibility map draws: one labelled cell each,
 about an inch wide, so a larger map would be an unreadable image of hundreds of megabytes."""
 MAX_MAP_PANELS = 16
 """GPU x link panels of the map, side by side."""
-RAM_STEP_BYTES = 64 * GiB
-"""RAM is sold and reported here in multiples of 64 GiB."""
-SIM_TIME_LIMIT_S = 2.0
-SIM_TIME_PER_OP_S = 1e-3
-"""A simulation that runs longer than SIM_TIME_LIMIT_S + SIM_TIME_PER_OP_S x ops (normal runs
-take ~0.1 ms per op) is stopped and reported as an error, so one stuck configuration cannot
-stall a search."""
 
-
-# ---- one simulation ---------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What one simulation predicts for (model, machine, policy), whatever the host's RAM."""
-
-    step_time_s: float = math.nan
-    tokens_per_s: float = math.nan
-    mfu: float = math.nan
-    device_peak_bytes: int = 0
-    host_bytes: int = 0
-    """Host footprint at its peak, process runtime included."""
-    host_breakdown: tuple = ()
-    """(role, bytes) pairs of the host footprint: master, moments, working_copy, grads, ..."""
-    bottleneck: str = ""
-    disk_bytes: int = 0
-    """Local disk the disk tier fills (0: none)."""
-    error: str = ""
-    """Why there is no prediction (an invalid policy, a simulation that did not finish)."""
-
-    @property
-    def ok(self) -> bool:
-        return not self.error
-
-    def verdict(self, hw: HardwareSpec) -> MemoryVerdict:
-        """This prediction against `hw`'s memories (the host's RAM may differ from the one
-        simulated: the footprint does not depend on it)."""
-        return MemoryVerdict(host_need=dict(self.host_breakdown) or {"host": self.host_bytes},
-                             host_usable=int(hw.host_bytes_usable), device_need={"device": self.device_peak_bytes},
-                             device_usable=int(hw.device_bytes_usable), disk_need=self.disk_bytes,
-                             disk_usable=hw.disk_bytes_usable)
-
-    def fits_device(self, hw: HardwareSpec) -> bool:
-        return self.ok and self.verdict(hw).device_fits
-
-    def fits_host(self, hw: HardwareSpec) -> bool:
-        return self.ok and self.verdict(hw).host_fits
-
-    def fits(self, hw: HardwareSpec) -> bool:
-        return self.ok and self.verdict(hw).fits
-
-    def shortfall(self, hw: HardwareSpec) -> float:
-        """Need over what is usable, of the tighter memory (<= 1 when it fits)."""
-        return self.verdict(hw).shortfall() if self.ok else math.inf
-
-    def ram_needed_bytes(self, hw: HardwareSpec) -> int:
-        """Installed RAM the host footprint needs on this host type (the OS reserve added)."""
-        return self.host_bytes + int(math.ceil(hw.host.os_reserved_GiB * GiB))
-
-    def why_not(self, hw: HardwareSpec) -> str:
-        """One phrase: what does not fit and by how much ('' when it fits)."""
-        return self.verdict(hw).short() if self.ok else self.error
-
-
-def round_up_ram(nbytes: int, step: int = RAM_STEP_BYTES) -> int:
-    """`nbytes` rounded up to a multiple of `step` (64 GiB)."""
-    return max(1, -(-int(nbytes) // step)) * step
-
-
-class _SimTimeout(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: float):
-    """Raise _SimTimeout after `seconds` (SIGALRM; only in a main thread, elsewhere unguarded)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def _alarm(signum, frame):
-        raise _SimTimeout()
-
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def simulate_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outcome:
-    """Build and simulate one step; a bad combination becomes an Outcome with `error` set."""
-    try:
-        sched = build_schedule(model, policy, hw.cluster.layout)
-    except HorizonError as e:
-        return Outcome(error=str(e))
-    limit = SIM_TIME_LIMIT_S + SIM_TIME_PER_OP_S * len(sched.ops)
-    try:
-        with _time_limit(limit):
-            r = simulate(sched, hw)
-    except _SimTimeout:
-        return Outcome(error=f"simulation did not finish in {limit:.0f} s")
-    return outcome_of(r)
-
-
-def outcome_of(r) -> Outcome:
-    """A SimResult's figures, as an Outcome."""
-    s = r.summary
-    return Outcome(step_time_s=s.step_time_s, tokens_per_s=s.tokens_per_s, mfu=s.mfu,
-                   device_peak_bytes=s.device_peak_bytes, host_bytes=s.host_bytes,
-                   host_breakdown=tuple(r.host.by_role.items()), bottleneck=s.bottleneck,
-                   disk_bytes=s.memory.disk_need_bytes)
-
-
-def simulate_peer_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outcome:
-    """The ZeRO-3-offload peer on the same batch (horizon_sim/peer), as an Outcome; a layout or
-    policy it does not take becomes an Outcome with `error` set."""
-    from horizon_sim.peer.compare import plan_zero3, zero3_like
-    try:
-        r = plan_zero3(model, hw, zero3_like(policy))
-    except HorizonError as e:
-        return Outcome(error=str(e).splitlines()[0])
-    return outcome_of(r)
-
-
-def _task(args) -> Outcome:
-    """(model, hw, policy) or (model, hw, policy, peer): Horizon's step, or the peer's."""
-    if len(args) > 3 and args[3]:
-        return simulate_peer_outcome(*args[:3])
-    return simulate_outcome(*args[:3])
-
-
-def _ram_free_key(model: ModelSpec, hw: HardwareSpec, policy: Policy, peer: str | None = None):
-    host = tuple(getattr(hw.host, f.name) for f in fields(hw.host) if f.name != "ram_GiB")
-    return model, hw.device, hw.link, host, hw.cluster, policy, peer
-
-
-def default_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
-
-
-class Runner:
-    """Simulates (model, hardware, policy) configurations on all cores, each one once: results
-    are cached by everything but the RAM size. One tqdm bar on stderr counts simulations."""
-
-    def __init__(self, workers: int | None = None, progress: bool = False, desc: str = "simulating",
-                 known_total: bool = False):
-        """known_total: each run() call is the whole job (the bar shows a total); otherwise
-        the bar only counts (a search does not know how many simulations it will need)."""
-        self.workers = default_workers() if workers is None else int(workers)
-        most = 4 * default_workers()  # simulations are CPU-bound: more processes only take memory
-        if not 1 <= self.workers <= most:
-            raise HorizonError(f"workers={workers!r}: this machine has {default_workers()} cores; "
-                               f"allowed: 1..{most}")
-        self.progress, self.desc, self.known_total = progress, desc, known_total
-        self.cache: dict = {}
-        self._pool = None
-        self._bar = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.terminate()  # a worker stuck past its time limit must not block exit
-            self._pool.join()
-            self._pool = None
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-
-    def _get_pool(self):
-        if self._pool is None:
-            import multiprocessing as mp
-            method = "fork" if sys.platform.startswith("linux") else "spawn"
-            self._pool = mp.get_context(method).Pool(self.workers)
-        return self._pool
-
-    def _tick(self, n_new: int):
-        if not self.progress:
-            return None
-        if self._bar is None:
-            from tqdm import tqdm
-
-            class _Bar(tqdm):
-                monitor_interval = 0  # no monitor thread: the pool may fork later
-
-            self._bar = _Bar(total=0 if self.known_total else None, desc=self.desc, unit="sim",
-                             file=sys.stderr, leave=False, dynamic_ncols=True)
-        if self.known_total:
-            self._bar.total += n_new
-            self._bar.refresh()
-        return self._bar
-
-    def run(self, tasks) -> list[Outcome]:
-        """Outcomes of [(model, hw, policy), ...] (or (model, hw, policy, peer) for a peer's
-        step, e.g. 'zero3-offload'), in order."""
-        tasks = list(tasks)
-        keys = [_ram_free_key(*t) for t in tasks]
-        todo: dict = {}
-        for k, t in zip(keys, tasks):
-            if k not in self.cache and k not in todo:
-                todo[k] = t
-        if todo:
-            items = list(todo.items())
-            parallel = self.workers > 1 and len(items) > 1
-            pool = self._get_pool() if parallel else None
-            bar = self._tick(len(todo))
-            if not parallel:
-                for k, t in items:
-                    self.cache[k] = _task(t)
-                    if bar is not None:
-                        bar.update(1)
-            else:
-                it = pool.imap(_task, [t for _, t in items], chunksize=1)
-                for (k, _), out in zip(items, it):
-                    self.cache[k] = out
-                    if bar is not None:
-                        bar.update(1)
-        return [self.cache[k] for k in keys]
-
-    def one(self, model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outcome:
-        return self.run([(model, hw, policy)])[0]
-
-
-# ---- rows -------------------------------------------------------------------------------
 RESULT_COLUMNS = ("model", "params", "gpu", "link", "host", "devices_per_node", "nodes", "ram_bytes",
                   *POLICY_FIELDS, "fits",
                   "step_time_s", "tokens_per_s", "mfu", "device_peak_bytes", "device_usable_bytes",
                   "host_bytes", "host_usable_bytes", "bottleneck", "error")
-
-
-PEER_COLUMNS = ("peer_fits", "peer_tokens_per_s", "speedup", "peer_device_peak_bytes", "peer_host_bytes",
-                "peer_bottleneck", "peer_error")
-"""Added by sweep(compare=...): the peer on the same model, machine and batch."""
-
-
-def peer_row(hw: HardwareSpec, ours: Outcome, peer: Outcome) -> dict:
-    speed = ours.tokens_per_s / peer.tokens_per_s if ours.ok and peer.ok and peer.tokens_per_s else math.nan
-    return {"peer_fits": peer.fits(hw), "peer_tokens_per_s": peer.tokens_per_s, "speedup": speed,
-            "peer_device_peak_bytes": peer.device_peak_bytes, "peer_host_bytes": peer.host_bytes,
-            "peer_bottleneck": peer.bottleneck, "peer_error": peer.error}
 
 
 def outcome_row(model: ModelSpec, hw: HardwareSpec, policy_fields: dict, out: Outcome) -> dict:
@@ -317,138 +41,6 @@ def outcome_row(model: ModelSpec, hw: HardwareSpec, policy_fields: dict, out: Ou
             "bottleneck": out.bottleneck, "error": out.error}
 
 
-# ---- the grid file ----------------------------------------------------------------------
-GRID_KEYS = ("models", "gpus", "ram", "links", "hosts", "gpus_per_node", "nodes", "cluster", "policy")
-_REQUIRED = ("models", "gpus", "ram")
-
-
-@dataclass(frozen=True)
-class Grid:
-    """Models x GPUs x links x hosts x RAM sizes x policy combinations."""
-
-    models: tuple  # ModelSpec
-    gpus: tuple[str, ...]
-    ram: tuple[int, ...]
-    """Installed RAM sizes, bytes."""
-    links: tuple = (None,)
-    """Link preset names; None = each GPU's default link."""
-    hosts: tuple[str, ...] = ("default",)
-    layouts: tuple = ((1, 1),)
-    """(devices per node, nodes) pairs."""
-    clusters: tuple = (None,)
-    """Cluster preset names; None = each GPU's usual box."""
-    policy: dict = field(default_factory=dict)
-    """Policy field -> tuple of values."""
-
-    def policies(self) -> list[dict]:
-        """Every combination of the policy values (Policy defaults for the rest)."""
-        keys = list(self.policy)
-        base = Policy().to_dict()
-        return [{**base, **dict(zip(keys, combo))}
-                for combo in itertools.product(*(self.policy[k] for k in keys))]
-
-    @property
-    def n_policies(self) -> int:
-        return math.prod(len(v) for v in self.policy.values())
-
-    @property
-    def n_simulations(self) -> int:
-        """Configurations simulated: every one but the RAM size (module docstring)."""
-        return (len(self.models) * len(self.gpus) * len(self.links) * len(self.hosts) * len(self.layouts)
-                * len(self.clusters) * self.n_policies)
-
-    def __len__(self) -> int:
-        return self.n_simulations * len(self.ram)
-
-
-def _as_list(where: str, key: str, v) -> list:
-    vals = v if isinstance(v, list) else [v]
-    if not vals:
-        raise HorizonError(f"{where}: {key} is an empty list; give at least one value")
-    return vals
-
-
-def parse_grid(data: dict, where: str = "grid", base_dir: Path | None = None) -> Grid:
-    """A Grid from the dict of a TOML grid file; every problem is a one-line HorizonError."""
-    if not isinstance(data, dict):
-        raise HorizonError(f"{where}: a grid is a table of keys {', '.join(GRID_KEYS)}")
-    for k in data:
-        if k not in GRID_KEYS:
-            raise HorizonError(f"{where}: unknown key {k!r}{closest(k, GRID_KEYS)}; "
-                               f"allowed: {', '.join(GRID_KEYS)}")
-    for k in _REQUIRED:
-        if k not in data:
-            raise HorizonError(f"{where}: required key {k!r} is missing (needs {', '.join(_REQUIRED)})")
-
-    def strings(key):
-        vals = _as_list(where, key, data[key])
-        for v in vals:
-            if not isinstance(v, str):
-                raise HorizonError(f"{where}: {key} value {v!r} must be a string")
-        return vals
-
-    models = []
-    for name in strings("models"):
-        p = Path(name)
-        if base_dir is not None and not p.is_absolute() and (name.endswith(".json") or (base_dir / p).exists()):
-            name = str(base_dir / p)
-        models.append(load_model(name))
-    gpus = [device_preset(g).name for g in strings("gpus")]
-    links = [link_preset(x).name for x in strings("links")] if "links" in data else [None]
-    hosts = [host_preset(h).name for h in strings("hosts")] if "hosts" in data else ["default"]
-    ram = []
-    for v in _as_list(where, "ram", data["ram"]):
-        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-            raise HorizonError(f"{where}: ram value {v!r} must be a size like '512GiB'")
-        ram.append(parse_size(v, f"{where}: ram"))
-    def counts(key, hi):
-        vals = _as_list(where, key, data.get(key, 1))
-        for v in vals:
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
-                raise HorizonError(f"{where}: {key} value {v!r} must be a whole number from 1 to {hi}")
-        return vals
-
-    layouts = [(g, n) for g in counts("gpus_per_node", MAX_DEVICES_PER_NODE) for n in counts("nodes", MAX_NODES)]
-    clusters = [cluster_preset(c).name for c in strings("cluster")] if "cluster" in data else [None]
-    for gpu, (g, n), c in itertools.product(gpus, layouts, clusters):
-        try:
-            make_cluster(gpu, Layout(g, n), c)
-        except HorizonError as e:
-            raise HorizonError(f"{where}: {gpu} with gpus_per_node {g}, nodes {n}: {e}") from None
-    pol = data.get("policy", {})
-    if not isinstance(pol, dict):
-        raise HorizonError(f"{where}: policy must be a table ([policy] with lists of values)")
-    policy = {}
-    for k, v in pol.items():
-        if k not in POLICY_FIELDS:
-            raise HorizonError(f"{where}: unknown policy key {k!r}{closest(k, POLICY_FIELDS)}; "
-                               f"allowed: {', '.join(POLICY_FIELDS)}")
-        policy[k] = tuple(_as_list(where, f"policy.{k}", v))
-    grid = Grid(models=tuple(models), gpus=tuple(gpus), ram=tuple(ram), links=tuple(links),
-                hosts=tuple(hosts), layouts=tuple(layouts), clusters=tuple(clusters), policy=policy)
-    if grid.n_simulations > MAX_SWEEP_SIMULATIONS:
-        raise HorizonError(
-            f"{where}: the grid needs {grid.n_simulations:,} simulations ({len(models)} models x "
-            f"{len(gpus)} GPUs x {len(links)} links x {len(hosts)} hosts x {len(layouts) * len(clusters)} "
-            f"layouts x {grid.n_policies:,} policies); allowed: up to {MAX_SWEEP_SIMULATIONS:,}: split it into several sweeps")
-    return grid
-
-
-def load_grid(path) -> Grid:
-    """Read a TOML grid file (see the module docstring for its keys)."""
-    p = Path(path)
-    if not p.is_file():
-        raise HorizonError(f"grid file {str(p)!r} not found")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise HorizonError(f"{p}: not valid TOML: {e}") from None
-    except UnicodeDecodeError:
-        raise HorizonError(f"{p}: not a text file") from None
-    return parse_grid(data, str(p), p.parent)
-
-
-# ---- running it -------------------------------------------------------------------------
 def sweep(grid: Grid, *, workers: int | None = None, progress: bool = False,
           compare: str | None = None) -> pd.DataFrame:
     """One row per configuration of the grid (columns RESULT_COLUMNS). Invalid policies are
@@ -457,7 +49,7 @@ def sweep(grid: Grid, *, workers: int | None = None, progress: bool = False,
     hws = {}
     for gpu, link, host, (g, n), c in itertools.product(grid.gpus, grid.links, grid.hosts, grid.layouts,
                                                         grid.clusters):
-        for ram in grid.ram:
+        for ram in grid.ram_bytes:
             hws[gpu, link, host, g, n, c, ram] = make_hardware(gpu, ram, link, host, layout=Layout(g, n), cluster=c)
     configs = []  # (model, hw, fields, policy or error)
     for model in grid.models:
@@ -517,7 +109,7 @@ def check_map(grid: Grid) -> None:
     """Fail before simulating when the grid's feasibility map would be too big to draw."""
     panels = len(grid.gpus) * len(grid.links) * len(grid.layouts)
     for what, n, limit in (("models", len({m.name for m in grid.models}), MAX_MAP_ROWS),
-                           ("RAM sizes", len(set(grid.ram)), MAX_MAP_COLUMNS),
+                           ("RAM sizes", len(set(grid.ram_bytes)), MAX_MAP_COLUMNS),
                            ("GPU x link x layout panels", panels, MAX_MAP_PANELS)):
         if n > limit:
             raise HorizonError(f"the feasibility map draws at most {limit} {what}; the grid has {n}: "

@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.plan.sweep import Outcome, Runner, round_up_ram
+from horizon_sim.plan.outcome import Outcome, round_up_ram
+from horizon_sim.plan.runner import Runner
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import CKPT_PLACES, OPTIMIZER_MODES, Policy

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from horizon_sim.plan.sweep import Runner
+from horizon_sim.plan.runner import Runner
 from horizon_sim.report.checkpoints import build_checkpoints
 from horizon_sim.report.config import FULL, QUICK, BuildConfig
 from horizon_sim.report.feasibility import build_feasibility

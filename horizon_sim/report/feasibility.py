@@ -3,7 +3,8 @@ under the default policy and a lean one, drawn as one map with a panel per polic
 largest preset that fits at each RAM size (largest_fitting) as a table."""
 import pandas as pd
 
-from horizon_sim.plan.sweep import parse_grid, sweep, write_results
+from horizon_sim.plan.grid import parse_grid
+from horizon_sim.plan.sweep import sweep, write_results
 from horizon_sim.report.feasibility_map import feasibility_map
 from horizon_sim.report.config import BuildConfig
 from horizon_sim.report.fmt import md_table, policy_text, size

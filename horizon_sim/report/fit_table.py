@@ -7,7 +7,7 @@ import statistics
 import pandas as pd
 
 from horizon_sim.plan.advice import policy_flags
-from horizon_sim.plan.sweep import Runner
+from horizon_sim.plan.runner import Runner
 from horizon_sim.plan.tune import tune
 from horizon_sim.report.config import BuildConfig
 from horizon_sim.report.fmt import gib, md_table, pct, policy_text, ram_label, tps

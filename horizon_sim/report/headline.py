@@ -7,7 +7,7 @@ from dataclasses import replace
 from horizon_sim.plan import plan
 from horizon_sim.plan.advice import nearest_fit
 from horizon_sim.plan.min_ram import min_ram
-from horizon_sim.plan.sweep import Runner
+from horizon_sim.plan.runner import Runner
 from horizon_sim.plan.tune import tune
 from horizon_sim.report.config import BuildConfig
 from horizon_sim.report.fmt import flags_or_default, gib, md_table, policy_text, ram_label, secs
