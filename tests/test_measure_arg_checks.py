@@ -18,7 +18,7 @@ CASES = [
     (["validate", "--configs", ""], "--configs '' names no configuration"),
     (["validate", "--steps", "1000000"], "--steps 1000000 must be <= 1000"),
     (["validate", "--warmup", "101"], "--warmup 101 must be <= 100"),
-    (["validate", "--peer", "deepspeed", "--peer-threads", "100000"], "--peer-threads 100000 must be <= "),
+    (["validate", "--peer", "zero3-offload", "--peer-threads", "100000"], "--peer-threads 100000 must be <= "),
 ]
 
 

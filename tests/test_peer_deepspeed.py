@@ -1,6 +1,6 @@
 """The real peer here: DeepSpeed ZeRO-3 with parameters and optimizer offloaded to CPU runs on this
 machine (its CPU accelerator, gloo, DeepSpeedCPUAdam), trains what Horizon trains to the same
-losses, and `horizon validate --peer deepspeed` compares it with its simulated Schedule.
+losses, and `horizon validate --peer zero3-offload` compares it with its simulated Schedule.
 DeepSpeed's first run on a machine builds its CPU ops (about a minute); later runs load them."""
 import json
 import math
@@ -68,7 +68,7 @@ def test_validate_peer_quick_writes_the_comparison(tmp_path, capsys):
 
 def test_validate_peer_refuses_what_it_does_not_offer(tmp_path, capsys):
     save_hardware(CPU_HW, tmp_path / "hw.toml")
-    base = ["validate", "--peer", "deepspeed", "--hardware", str(tmp_path / "hw.toml"), "--out", str(tmp_path / "r")]
+    base = ["validate", "--peer", "zero3-offload", "--hardware", str(tmp_path / "hw.toml"), "--out", str(tmp_path / "r")]
     for extra, says in ((["--configs", "nosuch"], "unknown peer configuration(s) nosuch"),
                         (["--peer-threads", "0"], "--peer-threads 0 must be >= 1")):
         assert main(base + extra) == 2

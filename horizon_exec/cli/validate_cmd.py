@@ -7,12 +7,16 @@ from pathlib import Path
 from horizon_exec.measure.arg_bounds import check_validate
 from horizon_exec.cli.needs_exec import import_executor, say
 from horizon_sim.errors import HorizonError
+from horizon_sim.schedule.op import PEERS
+
+PEER_ALIASES = {"deepspeed": "zero3-offload"}
+"""validate --peer's earlier name for the ZeRO-3 offload peer, still taken."""
 
 EXAMPLE = """example:
   horizon calibrate -o /tmp/machine.toml && horizon validate --hardware /tmp/machine.toml
   horizon validate --hardware machine.toml --configs base,wide_after --steps 8 --json
   horizon validate                 # calibrates first (about 40 s), then validates
-  horizon validate --hardware machine.toml --peer deepspeed   # the ZeRO-3 offload peer, for real
+  horizon validate --hardware machine.toml --peer zero3-offload   # the ZeRO-3 offload peer, run by DeepSpeed
   horizon validate --published     # the planner against published GPU measurements (no torch, seconds)
   horizon validate --published my_rows.toml --out /tmp/pub"""
 
@@ -36,10 +40,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="two tiny configurations (for tests)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--no-plots", action="store_true", help="skip the overlay PNGs")
-    p.add_argument("--peer", default=None, choices=("deepspeed",),
-                   help="validate the planner's model of a peer instead of our executor: deepspeed runs small "
-                        "configurations through real DeepSpeed ZeRO-3 offload (CPU accelerator) and compares step "
-                        "time and RSS with the peer's simulated Schedule; writes validation_peer.md/.csv")
+    p.add_argument("--peer", default=None, choices=(*PEERS, *PEER_ALIASES),
+                   help="validate the planner's model of a peer instead of our executor: zero3-offload (old name: "
+                        "deepspeed) runs small configurations through real DeepSpeed ZeRO-3 offload (CPU "
+                        "accelerator) and compares step time and RSS with the peer's simulated Schedule; writes "
+                        "validation_peer.md/.csv")
     p.add_argument("--peer-threads", type=int, default=1,
                    help="torch threads of the peer's runs (default 1: the calibrated compute core)")
     p.add_argument("--published", nargs="?", const="", default=None, metavar="FILE.toml",
@@ -101,11 +106,11 @@ def _pick(a: argparse.Namespace, full, quick, what: str) -> tuple:
 
 def _run_peer(a: argparse.Namespace, out: Path) -> int:
     if a.device != "cpu":
-        raise HorizonError(f"--peer deepspeed runs on DeepSpeed's CPU accelerator: --device {a.device} is not offered")
+        raise HorizonError(f"--peer {a.peer} runs on DeepSpeed's CPU accelerator: --device {a.device} is not offered")
     P = import_executor("horizon_exec.measure.validate.peer", "validate --peer")
     from horizon_exec.measure.peer_deepspeed import deepspeed_available
     if deepspeed_available() is None:
-        raise HorizonError("--peer deepspeed: DeepSpeed is not installed (make setup installs deepspeed==0.19.8)")
+        raise HorizonError(f"--peer {a.peer}: DeepSpeed is not installed (make setup installs deepspeed==0.19.8)")
     configs = _pick(a, P.PEER_CONFIGS, P.QUICK_PEER_CONFIGS, "peer configuration(s)")
     if a.hardware:
         from horizon_sim.specs.hardware_io import load_hardware
@@ -120,7 +125,7 @@ def _run_peer(a: argparse.Namespace, out: Path) -> int:
                           "adam_Gparams_per_s": v.adam_Gparams_per_s, "runtime_GiB": v.runtime_GiB}))
         return 0
     f = v.figures()
-    print(f"peer deepspeed: median |step-time error| {f['median_abs_step_err']:.1%} over {f['configs']} configurations "
+    print(f"peer zero3-offload (real DeepSpeed): median |step-time error| {f['median_abs_step_err']:.1%} over {f['configs']} configurations "
           f"(max {f['max_abs_step_err']:.1%}); median |RSS error| {f['median_abs_rss_err']:.1%} (max "
           f"{f['max_abs_rss_err']:.1%})")
     cols = ["config", "step_s_meas", "step_s_pred", "step_s_err", "rss_MiB_meas", "rss_MiB_err"]

@@ -71,7 +71,7 @@ from horizon_exec.runtime.master import Master
 from horizon_exec.runtime.store import HostStore
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import Holds, build_eval_schedule, build_schedule
-from horizon_sim.schedule.op import EMBED, Space
+from horizon_sim.schedule.op import EMBED, Family, Space
 from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -135,7 +135,11 @@ class EvalResult:
 
 
 def _checked_schedule(sched, model: ModelSpec, policy: Policy, dist):
-    """`sched`, checked, if it was built for `model`, `policy` and the run's ranks."""
+    """`sched`, checked, if it is Horizon's step built for `model`, `policy` and the run's ranks."""
+    if sched.meta.family != Family.HORIZON:
+        raise HorizonError(f"the schedule is a {sched.meta.family.value} step; the executor runs Horizon's "
+                           f"(the {sched.meta.family.value} peer's is run by DeepSpeed: horizon validate --peer "
+                           f"{sched.meta.family.value})")
     if sched.meta.layout != dist.layout:
         raise HorizonError(f"the schedule is one rank's step of {sched.meta.layout}; this run has {dist.layout}")
     if sched.meta.purpose != "train":

@@ -7,7 +7,9 @@ from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
 from horizon_sim.plan import plan
 from horizon_sim.plan.plan import scaling_efficiency
 from horizon_sim.plan.advice import advise
-from horizon_sim.peer.compare import PEERS, compare_json, compare_text, parse_knobs, plan_zero3, zero3_like
+from horizon_sim.peer.compare import compare_json, compare_text, parse_knobs
+from horizon_sim.plan.families import peer
+from horizon_sim.schedule.op import PEERS
 from horizon_sim.sim.simulate import SimResult
 from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
 from horizon_sim.specs.hardware_io import load_hardware
@@ -150,9 +152,10 @@ def machine_from_args(a: argparse.Namespace):
     return with_cluster(load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link), a)
 
 
-def peer_policy_from_args(a: argparse.Namespace, policy):
-    """The ZeRO-3-offload peer on the same batch, with the --peer-knobs given."""
-    return zero3_like(policy, **parse_knobs(a.peer_knobs))
+def peer_policy_from_args(a: argparse.Namespace, policy, name: str | None = None):
+    """The peer's policy (--compare, or `name`) on the same batch, with the --peer-knobs given."""
+    fam = peer(name or a.compare)
+    return fam.like(policy, **parse_knobs(a.peer_knobs, fam.policy_type))
 
 
 def run(a: argparse.Namespace) -> int:
@@ -168,17 +171,17 @@ def run(a: argparse.Namespace) -> int:
         from horizon_sim.errors import HorizonError
         raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload")
     model, policy = load_model(a.model), policy_from_args(a)
-    peer = z3 = None
+    other = z3 = None
     if getattr(a, "compare", None):
         z3 = peer_policy_from_args(a, policy)
-        peer = plan_zero3(model, hw, z3)  # before our own plan: a bad peer setting fails fast
+        other = peer(a.compare).plan(model, hw, z3)  # before our own plan: a bad peer setting fails fast
     r = plan(model, hw, policy)
     tips = advise(r, search=not getattr(a, "no_advice", False))
     eff = scaling_efficiency(r)
     if a.json:
         out = {**result_json(r), "scaling_efficiency": eff, "advice": tips}
-        if peer is not None:
-            out["compare"] = compare_json(r, peer, z3)
+        if other is not None:
+            out["compare"] = compare_json(r, other, z3)
         print(json.dumps(out))
         return 0
     print(report(r, eff))
@@ -186,7 +189,7 @@ def run(a: argparse.Namespace) -> int:
         print()
         for i, t in enumerate(tips):
             print(("advice    " if i == 0 else "          ") + t)
-    if peer is not None:
+    if other is not None:
         print()
-        print(compare_text(r, peer, z3))
+        print(compare_text(r, other, z3))
     return 0

@@ -4,6 +4,7 @@ import json
 
 from horizon_sim.cli.tune_cmd import add_run_args, positive
 from horizon_sim.errors import HorizonError
+from horizon_sim.schedule.op import PEERS
 from horizon_sim.units import fmt_bytes
 
 EXAMPLE = """example:
@@ -38,7 +39,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default="results.csv", metavar="FILE",
                    help="results table: .csv or .parquet (default results.csv); the map goes next to it as .png")
     p.add_argument("--no-plot", action="store_true", help="do not write the feasibility map")
-    p.add_argument("--compare", default=None, choices=("zero3-offload",),
+    p.add_argument("--compare", default=None, choices=PEERS,
                    help="also simulate DeepSpeed ZeRO-3 offload on every configuration's model, machine and batch "
                         "(one device; DeepSpeed's defaults): adds peer_fits, peer_tokens_per_s, speedup, ... columns")
     add_run_args(p)
@@ -63,7 +64,7 @@ def run(a: argparse.Namespace) -> int:
     png = None if a.no_plot else feasibility_map(df, map_path(out))
     ok = df[df.fits.astype(bool)]
     best = ok.loc[ok.tokens_per_s.idxmax()] if len(ok) else None
-    peer = _peer_summary(df) if a.compare else None
+    peer = _peer_summary(df, a.compare) if a.compare else None
     if a.json:
         print(json.dumps({"rows": len(df), "fits": len(ok), "errors": n_err, "output": str(out),
                           **({"compare": peer} if peer else {}),
@@ -97,10 +98,10 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
-def _peer_summary(df) -> dict:
+def _peer_summary(df, peer_name: str) -> dict:
     both = df[df.fits.astype(bool) & df.peer_fits.astype(bool)]
     sp = both.speedup.dropna()
-    return {"peer": "zero3-offload", "peer_fits": int(df.peer_fits.astype(bool).sum()), "both": len(both),
+    return {"peer": peer_name, "peer_fits": int(df.peer_fits.astype(bool).sum()), "both": len(both),
             "only_horizon": int((df.fits.astype(bool) & ~df.peer_fits.astype(bool)).sum()),
             "only_peer": int((~df.fits.astype(bool) & df.peer_fits.astype(bool)).sum()),
             "median_speedup": float(sp.median()) if len(sp) else None,

@@ -17,8 +17,6 @@ from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 from horizon_sim.units import fmt_bytes
 
-PEERS = ("zero3-offload",)
-
 
 def zero3_like(policy: Policy, **knobs) -> Zero3Policy:
     """The peer run on the same batch: the same sequences, micro-batches, compute dtype and
@@ -29,11 +27,12 @@ def zero3_like(policy: Policy, **knobs) -> Zero3Policy:
     return Zero3Policy(**{**base, **knobs})
 
 
-def parse_knobs(text: str | None) -> dict:
-    """'act_ckpt=off,reduce_bucket_params=2e8' -> {'act_ckpt': False, 'reduce_bucket_params': 200000000}."""
+def parse_knobs(text: str | None, policy_type: type = Zero3Policy) -> dict:
+    """'act_ckpt=off,reduce_bucket_params=2e8' -> {'act_ckpt': False, 'reduce_bucket_params': 200000000}:
+    fields of `policy_type` (a family's policy: plan/families.py), typed as it declares them."""
     if not text:
         return {}
-    types = {f.name: f.type for f in fields(Zero3Policy)}
+    types = {f.name: f.type for f in fields(policy_type)}
     out = {}
     for item in text.split(","):
         key, eq, value = item.strip().partition("=")

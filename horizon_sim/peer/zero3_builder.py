@@ -35,15 +35,11 @@ several GPUs (the all-gathers and reduce-scatters across them) is not modelled y
 from horizon_sim.errors import HorizonError
 from horizon_sim.peer.zero3_policy import Zero3Policy
 from horizon_sim.schedule import work
-from horizon_sim.schedule.declare import Declarations
-from horizon_sim.schedule.deps import Deps
-from horizon_sim.schedule.limits import check_sizes
-from horizon_sim.schedule.op import DTYPE_BYTES_OF, EMBED, Holds, Op, OpKind, ScheduleMeta, Space
+from horizon_sim.schedule.op import DTYPE_BYTES_OF, EMBED, Family, Holds, OpKind, Space
 from horizon_sim.schedule.schedule import Schedule
+from horizon_sim.schedule.step_builder import StepBuilder
 from horizon_sim.specs.model import ModelSpec
 
-FAMILY = "zero3-offload"
-"""ScheduleMeta.family of a peer Schedule: what built it."""
 
 ADAM_BYTES_PER_PARAM = 4 + 2 * 4 + 4 * 4 + 2
 """DeepSpeedCPUAdam per parameter: read the fp32 gradient, read and write the fp32 master and
@@ -58,19 +54,15 @@ until the offload three buckets back is done. The gradients waiting for their bu
 device holds on top of it: a bounded number, whatever the link's speed."""
 
 
-class _Zero3Builder:
+class _Zero3Builder(StepBuilder):
+    family = Family.ZERO3_OFFLOAD
+
     def __init__(self, model: ModelSpec, z3: Zero3Policy, synchronous: bool = False):
-        self.model, self.z3, self.synchronous = model, z3, synchronous
-        self.policy = z3.horizon_policy()
-        check_sizes(model, self.policy)
+        super().__init__(model, z3.horizon_policy())
+        self.z3, self.synchronous = z3, synchronous
         self.a = DTYPE_BYTES_OF[z3.compute_dtype]
         self.bf16 = z3.compute_dtype == "bf16"
-        self.head = model.n_layers
-        self.units = [EMBED, *range(model.n_layers), self.head]
         self.tokens = z3.micro_batch * z3.seq
-        self.bufs = Declarations(model, self.policy)
-        self.ops: list[Op] = []
-        self.deps = Deps()
         self.fetched: set[int] = set()  # units whose parameters are on the device now
         self.compute_ends: list[int] = []  # compute ops in order (prefetch is relative to them)
         self.bucket: list[tuple[int, str]] = []  # (unit, device grad) gathered for the next offload
@@ -84,13 +76,11 @@ class _Zero3Builder:
         return self.bufs.host_params(u) if u == EMBED else self.bufs.dev_params(u)
 
     # ---- emission ----------------------------------------------------------------------------------
-    def emit(self, kind, layer, micro=0, *, reads=(), writes=(), frees=(), after=(), **work_):
-        op_id = len(self.ops)
-        if self.synchronous and op_id:  # one thread does everything, in program order
-            after = (*after, op_id - 1)
-        deps = self.deps.add(op_id, kind, reads, writes, frees, extra=after)
-        self.ops.append(Op(id=op_id, kind=kind, layer=layer, micro=micro, deps=deps, reads=tuple(reads),
-                           writes=tuple(writes), frees=tuple(frees), **work_))
+    def extra_waits(self, op_id: int) -> tuple[int, ...]:
+        return (op_id - 1,) if self.synchronous and op_id else ()  # one thread does everything, in order
+
+    def emit(self, kind, layer, micro=0, **kw) -> int:
+        op_id = super().emit(kind, layer, micro, **kw)
         if kind in (OpKind.FORWARD, OpKind.HEAD, OpKind.BACKWARD, OpKind.BACKWARD_SAVED):
             self.compute_ends.append(op_id)
         return op_id
@@ -250,8 +240,7 @@ class _Zero3Builder:
 
     def end(self) -> None:
         b = self.bufs
-        self.emit(OpKind.GRAD_NORM, -1, reads=[b.gsq(u) for u in self.units], writes=[b.gnorm()],
-                  host_bytes=8 * len(self.units))
+        self.grad_norm()
         per = ADAM_BYTES_PER_PARAM if self.bf16 else ADAM_BYTES_PER_PARAM - 2
         for u in self.units:
             params = self.bufs.buffers[self.hgrad(u)].numel
@@ -272,10 +261,7 @@ class _Zero3Builder:
             self.backward(mb)
         self.end()
         p = self.policy
-        meta = ScheduleMeta(model=m, policy=p, n_layers=m.n_layers, slot_bytes=0, tokens=p.tokens,
-                            model_flops=m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens,
-                            family=FAMILY)
-        return Schedule(ops=tuple(self.ops), buffers=dict(self.bufs.buffers), meta=meta)
+        return self.schedule(slot_bytes=0, model_flops=m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens)
 
 
 def build_zero3_schedule(model: ModelSpec, z3: Zero3Policy, synchronous: bool = False) -> Schedule:

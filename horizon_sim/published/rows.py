@@ -8,9 +8,10 @@ from pathlib import Path
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.published.quantity import QUANTITIES
+from horizon_sim.schedule.op import Family
 
 MEASUREMENTS = Path(__file__).with_name("measurements.toml")
-SYSTEMS = ("horizon", "zero3-offload")
+SYSTEMS = tuple(f.value for f in Family)
 """What the source ran: a RAM-centric trainer of Horizon's design (planned with `horizon plan`)
 or DeepSpeed ZeRO-3 with parameters and optimizer offloaded to the CPU (the planner's peer,
 `plan --compare zero3-offload`)."""

@@ -38,21 +38,22 @@ def plan_row(row: PublishedRow) -> tuple[SimResult, ModelSpec]:
     flags: Horizon's plan, or the ZeRO-3-offload peer's."""
     from horizon_sim.cli import plan_cmd
     from horizon_sim.cli.policy_args import policy_from_args
-    from horizon_sim.peer.compare import plan_zero3
-    from horizon_sim.plan import plan
+    from horizon_sim.plan.families import family
+    from horizon_sim.schedule.op import Family
     from horizon_sim.specs.hf_config import load_model
 
     a = _plan_parser().parse_args(shlex.split(row.plan))
     if a.hardware or a.compare or a.json or a.sources:
         raise HorizonError("plan flags --hardware, --compare, --json and --sources have no place in a row "
                            "(the row names its machine; system picks the peer)")
-    if row.system != "zero3-offload" and a.peer_knobs:
-        raise HorizonError("--peer-knobs is for system = 'zero3-offload' rows")
+    fam = family(row.system)
+    if fam.name == Family.HORIZON and a.peer_knobs:
+        raise HorizonError("--peer-knobs is for a peer's rows (system = 'zero3-offload')")
     model = ModelSpec.from_dict({"name": row.id, **row.model}, f"row {row.id} model") if row.model else load_model(a.model)
     hw, policy = plan_cmd.machine_from_args(a), policy_from_args(a)
-    if row.system == "zero3-offload":
-        return plan_zero3(model, hw, plan_cmd.peer_policy_from_args(a, policy)), model
-    return plan(model, hw, policy), model
+    if fam.name != Family.HORIZON:
+        policy = plan_cmd.peer_policy_from_args(a, policy, fam.name.value)
+    return fam.plan(model, hw, policy), model
 
 COLUMNS = ["id", "source", "system", "quantity", "unit", "published", "predicted", "error", "planned_fits",
            "assumed", "status", "cite"]

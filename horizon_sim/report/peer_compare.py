@@ -101,6 +101,6 @@ def build_peer_compare(cfg: BuildConfig, out: Out) -> Section:
             f"checkpointing on) at batch {pol.batch} x {pol.seq}, on {len(cfg.peer_platforms)} platforms and a width "
             f"and depth sweep on {gpu} + {ram}. {lead[0].upper() + lead[1:]}; {len(only)} configuration(s) fit only "
             f"Horizon. The peer's model is checked against real DeepSpeed runs on a CPU by `horizon validate --peer "
-            f"deepspeed`.\n\n![peer](peer_compare.png)\n\n" + table + "\n\n([peer_compare.md](peer_compare.md) gives "
+            f"zero3-offload`.\n\n![peer](peer_compare.png)\n\n" + table + "\n\n([peer_compare.md](peer_compare.md) gives "
             "the reasons; [peer_compare.csv](peer_compare.csv) the figures.)")
     return Section("Against DeepSpeed ZeRO-3 offload (planned)", text, {"rows": rows})

@@ -31,13 +31,12 @@ compute ops and their weight slots: sequence.py; the buffers: declare.py.
 """
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import work
-from horizon_sim.schedule.declare import Declarations
-from horizon_sim.schedule.deps import Deps
 from horizon_sim.schedule.limits import check_sizes
-from horizon_sim.schedule.op import EMBED, Holds, Op, OpKind, ScheduleMeta
+from horizon_sim.schedule.op import EMBED, Holds, OpKind
 from horizon_sim.schedule.partition import Part
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.schedule.sequence import Use, assign_slots, compute_sequence
+from horizon_sim.schedule.step_builder import StepBuilder
 from horizon_sim.specs.layout import ONE, Layout
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import DTYPE_BYTES, Policy
@@ -55,7 +54,7 @@ def embed_norm_over_rows(model, step_tokens: int) -> bool:
     per element)."""
     return not model.tied_embeddings and 2 * step_tokens < model.vocab
 
-class _Builder:
+class _Builder(StepBuilder):
     def __init__(self, model: ModelSpec, policy: Policy, layout: Layout = ONE):
         check_sizes(model, policy)  # before any work that grows with the sizes
         if not isinstance(layout, Layout):
@@ -64,18 +63,12 @@ class _Builder:
         if nodes > 1 and not policy.working_copy and policy.compute_dtype != policy.master_dtype:
             raise HorizonError(f"{nodes} nodes need the bf16 working copy (each node holds 1/{nodes} of the "
                                "master, and every device streams the whole model): drop --no-working-copy")
-        self.layout = layout
         if policy.act_ckpt_every > model.n_layers:
             raise HorizonError(f"policy act_ckpt_every={policy.act_ckpt_every} is larger than the model's "
                                f"{model.n_layers} layers; use 1..{model.n_layers}")
-        self.model, self.policy = model, policy
-        self.head = model.n_layers
-        self.units = [EMBED, *range(model.n_layers), self.head]
+        super().__init__(model, policy, layout)
         self.last_micro = policy.micro_batches - 1
         self.tokens = policy.micro_batch * policy.seq  # per micro-batch
-        self.bufs = Declarations(model, policy, layout)
-        self.ops: list[Op] = []
-        self.deps = Deps()
         self.optimized: set[int] = set()
         self.optimizer_op: dict[int, int] = {}  # unit -> its (this step's) OPTIMIZER op
         self.waiting_grads: list[int] = []  # units whose host grad waits for its optimizer (bounded)
@@ -104,14 +97,6 @@ class _Builder:
         self.boundary_bytes = tok * m.hidden * a
 
     # ---- emission ------------------------------------------------------------------------------
-    def emit(self, kind, layer, micro=0, *, reads=(), writes=(), frees=(), after=(), **work_):
-        """Append an op; `after` adds waits that are not data hazards (backpressure)."""
-        op_id = len(self.ops)
-        deps = self.deps.add(op_id, kind, reads, writes, frees, extra=after)
-        self.ops.append(Op(id=op_id, kind=kind, layer=layer, micro=micro, deps=deps, reads=tuple(reads),
-                           writes=tuple(writes), frees=tuple(frees), **work_))
-        return op_id
-
     @staticmethod
     def _backpressure(pending: list[int]) -> tuple[int, ...]:
         """Wait for the transfer that would make PENDING_D2H + 1 outstanding."""
@@ -341,12 +326,7 @@ class _Builder:
 
     def end(self) -> None:
         """The global gradient norm (clipping, logging), then the 'after' mode's updates."""
-        b = self.bufs
-        self.emit(OpKind.GRAD_NORM, -1, reads=[b.gsq(u) for u in self.units], writes=[b.gnorm()],
-                  host_bytes=8 * len(self.units))
-        if self.layout.ranks > 1:  # each rank's norm covers its share: the global one sums all ranks'
-            self.emit(OpKind.NORM_ALL_REDUCE, -1, reads=[b.gnorm()], writes=[b.gnorm()], peers=self.layout.ranks,
-                      net_bytes=8)
+        self.grad_norm()
         self.place_optimizer("end")
 
     # ---- the step ------------------------------------------------------------------------------
@@ -367,10 +347,8 @@ class _Builder:
             compute[use.kind](use, slots[s])
         self.end()
         self.flush_disk_write()
-        meta = ScheduleMeta(model=m, policy=p, n_layers=m.n_layers, slot_bytes=b.slot_bytes,
-                            tokens=p.tokens, model_flops=m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens,
-                            layout=self.layout)
-        return Schedule(ops=tuple(self.ops), buffers=dict(b.buffers), meta=meta)
+        return self.schedule(slot_bytes=b.slot_bytes,
+                             model_flops=m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens)
 
 
 def build_schedule(model: ModelSpec, policy: Policy, layout: Layout = ONE) -> Schedule:

@@ -14,7 +14,7 @@ temporaries at a time; tests/test_eval_engine.py checks both).
 """
 from horizon_sim.schedule import work
 from horizon_sim.schedule.builder import _Builder
-from horizon_sim.schedule.op import OpKind, ScheduleMeta
+from horizon_sim.schedule.op import OpKind
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.schedule.sequence import Use, assign_slots
 from horizon_sim.specs.layout import ONE, Layout
@@ -62,9 +62,7 @@ class _EvalBuilder(_Builder):
             compute[use.kind](use, slots[s])
         # forward only: a third of the training step's model FLOPs (6N + 12LHT per token)
         flops = m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens / 3
-        meta = ScheduleMeta(model=m, policy=p, n_layers=m.n_layers, slot_bytes=b.slot_bytes,
-                            tokens=p.tokens, model_flops=flops, purpose="eval", layout=self.layout)
-        return Schedule(ops=tuple(self.ops), buffers=dict(b.buffers), meta=meta)
+        return self.schedule(slot_bytes=b.slot_bytes, model_flops=flops, purpose="eval")
 
 
 def build_eval_schedule(model: ModelSpec, policy: Policy, layout: Layout = ONE) -> Schedule:

@@ -238,6 +238,16 @@ class Op:
         return f"{self.kind.value}[{unit}{mb}]"
 
 
+class Family(str, Enum):
+    """The schedule families (plan/families.py registers what builds, prices and runs each)."""
+    HORIZON = "horizon"              # Horizon's streaming step (schedule/builder.py)
+    ZERO3_OFFLOAD = "zero3-offload"  # DeepSpeed ZeRO-3 with parameters and optimizer on the CPU (peer/)
+
+
+PEERS: tuple[str, ...] = tuple(f.value for f in Family if f is not Family.HORIZON)
+"""The families Horizon is compared with (plan/tune/sweep --compare, validate --peer)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleMeta:
     """What the schedule was built from, so it can be simulated or executed on its own. Typed:
@@ -256,5 +266,5 @@ class ScheduleMeta:
     purpose: str = "train"
     """'train' (build_schedule: one optimizer step) or 'eval' (build_eval_schedule: the loss
     of a batch, forward only, no update)."""
-    family: str = "horizon"
-    """The schedule family that built it (plan/families.py): 'horizon' or a peer's name."""
+    family: Family = Family.HORIZON
+    """The schedule family that built it."""

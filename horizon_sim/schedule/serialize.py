@@ -5,7 +5,7 @@ from dataclasses import asdict, fields
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.check import ScheduleError
-from horizon_sim.schedule.op import Buffer, Holds, Op, OpKind, ScheduleMeta, Space
+from horizon_sim.schedule.op import Buffer, Family, Holds, Op, OpKind, ScheduleMeta, Space
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.specs.from_dict import spec_from_dict
 from horizon_sim.specs.layout import Layout
@@ -35,7 +35,8 @@ def _buffer_json(b: Buffer) -> dict:
 
 def _meta_json(meta: ScheduleMeta) -> dict:
     d = {f.name: getattr(meta, f.name) for f in fields(ScheduleMeta)}
-    return dict(d, model=meta.model.to_dict(), policy=meta.policy.to_dict(), layout=asdict(meta.layout))
+    return dict(d, model=meta.model.to_dict(), policy=meta.policy.to_dict(), layout=asdict(meta.layout),
+                family=meta.family.value)
 
 
 def _meta_of(d: dict, version: int) -> ScheduleMeta:
@@ -44,7 +45,12 @@ def _meta_of(d: dict, version: int) -> ScheduleMeta:
         d["layout"] = {"devices_per_node": d.pop("devices_per_node", 1), "nodes": d.pop("nodes", 1)}
         notes = d.pop("notes", ())
         d["family"] = notes[0] if notes else "horizon"
-    return ScheduleMeta(**dict(d, model=ModelSpec.from_dict(d["model"], "schedule meta model"),
+    try:
+        family = Family(d.get("family", Family.HORIZON.value))
+    except ValueError:
+        raise ScheduleError(f"schedule meta family {d.get('family')!r} is unknown; known: "
+                            f"{', '.join(f.value for f in Family)}") from None
+    return ScheduleMeta(**dict(d, family=family, model=ModelSpec.from_dict(d["model"], "schedule meta model"),
                                policy=Policy.from_dict(d["policy"], "schedule meta policy"),
                                layout=spec_from_dict(Layout, d.get("layout", {}), "schedule meta layout")))
 

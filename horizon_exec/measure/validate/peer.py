@@ -1,4 +1,4 @@
-"""`horizon validate --peer deepspeed`: the ZeRO-3-offload peer predicted against the real thing.
+"""`horizon validate --peer zero3-offload`: the ZeRO-3-offload peer predicted against the real thing.
 
 Each configuration trains through real DeepSpeed (ZeRO-3, parameters and optimizer offloaded to
 CPU, its CPU accelerator; a transformers model built from the ModelSpec; with and without
@@ -42,8 +42,6 @@ from horizon_sim.sim.simulate import simulate
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.units import GiB, MiB
-
-PEERS = ("deepspeed",)
 
 
 @dataclass(frozen=True)
@@ -172,7 +170,7 @@ def validate_peer(hw: HardwareSpec, configs=PEER_CONFIGS, *, steps: int = 4, war
     none)."""
     t0 = time.perf_counter()
     if say:
-        say("validate --peer deepspeed: timing DeepSpeedCPUAdam and the runtime of a DeepSpeed process "
+        say("validate --peer zero3-offload: timing DeepSpeedCPUAdam and the runtime of a DeepSpeed process "
             "(the first run on a machine builds DeepSpeed's CPU ops: a minute or two)")
     cal = calibrate_peer(hw, threads, calibration_steps, configs[0].z3.compute_dtype, per_param)
     adam, runtime, fixed = cal["adam_Gparams_per_s"], cal["runtime_bytes"], cal["overheads_us"]
@@ -217,7 +215,7 @@ def validate_peer(hw: HardwareSpec, configs=PEER_CONFIGS, *, steps: int = 4, war
 
 def markdown(v: PeerValidation) -> str:
     f, t = v.figures(), v.table
-    lines = ["# The peer predicted vs measured: `horizon validate --peer deepspeed`", "",
+    lines = ["# The peer predicted vs measured: `horizon validate --peer zero3-offload`", "",
              f"Machine: {v.hardware.name or v.hardware.device.name}. Each configuration trained through real "
              f"DeepSpeed ZeRO-3 (parameters and optimizer offloaded to CPU, its CPU accelerator, a transformers "
              f"model from the same ModelSpec, {v.threads} torch thread(s)) in a process of its own; measured step "
