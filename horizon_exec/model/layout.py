@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from math import prod
 
 from horizon_sim.schedule.op import EMBED
+from horizon_sim.specs import block
 from horizon_sim.specs.model import ModelSpec
 
 
@@ -39,22 +40,9 @@ class Layout:
 
 
 def block_layout(m: ModelSpec) -> Layout:
-    """One decoder block, names relative to `model.layers.N.` (transformers order)."""
-    H, F = m.hidden, m.ffn_hidden
-    s = [("self_attn.q_proj.weight", (m.q_dim, H))]
-    s += [("self_attn.q_proj.bias", (m.q_dim,))] if m.qkv_bias else []
-    s += [("self_attn.k_proj.weight", (m.kv_dim, H))]
-    s += [("self_attn.k_proj.bias", (m.kv_dim,))] if m.qkv_bias else []
-    s += [("self_attn.v_proj.weight", (m.kv_dim, H))]
-    s += [("self_attn.v_proj.bias", (m.kv_dim,))] if m.qkv_bias else []
-    s += [("self_attn.o_proj.weight", (H, m.q_dim))]
-    for proj, shape in (("gate_proj", (F, H)), ("up_proj", (F, H)), ("down_proj", (H, F))):
-        s += [(f"mlp.{proj}.weight", shape)]
-        s += [(f"mlp.{proj}.bias", (shape[0],))] if m.mlp_bias else []
-    s += [("input_layernorm.weight", (H,)), ("post_attention_layernorm.weight", (H,))]
-    lay = Layout(s)
-    assert lay.numel == m.layer_params, (lay.numel, m.layer_params)
-    return lay
+    """One decoder block, names relative to `model.layers.N.` (transformers order; the tensors
+    are the block description's, horizon_sim/specs/block.py)."""
+    return Layout(block.parameters(m))
 
 
 def head_device_layout(m: ModelSpec) -> Layout:

@@ -21,6 +21,7 @@ temp_peak_bytes; nothing here is fitted.
 """
 from dataclasses import dataclass
 
+from horizon_sim.specs import block
 from horizon_sim.specs.model import ModelSpec
 
 LAYOUTS = ("nt", "nn", "tn")
@@ -60,10 +61,9 @@ class Attention:
 
 
 def linears(m: ModelSpec) -> list[tuple[int, int]]:
-    """(in, out) features of the block's projections, in the order the template runs them."""
-    H, F, q, kv = m.hidden, m.ffn_hidden, m.q_dim, m.kv_dim
-    mlp = [(H, F), (H, F), (F, H)] if m.ffn_type == "gated" else [(H, F), (F, H)]
-    return [(H, q), (H, kv), (H, kv), (q, H), *mlp]
+    """(in, out) features of the block's projections, in the order the template runs them
+    (specs/block.py)."""
+    return [(p.in_features, p.out_features) for p in block.projections(m)]
 
 
 def block_gemms(m: ModelSpec, tokens: int, backward: bool) -> list[Gemm]:

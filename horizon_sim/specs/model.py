@@ -5,6 +5,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs import block
 from horizon_sim.specs.from_dict import spec_from_dict
 from horizon_sim.specs.rope import RopeScaling
 
@@ -123,26 +124,21 @@ class ModelSpec:
         w = self.window(layer)
         return min(w, seq) if w else seq
 
-    # ---- parameters (exact: tests compare with transformers) ----------------------------
+    # ---- parameters (exact: tests compare with transformers; the block: specs/block.py) ---
     @property
-    def _norm_params(self) -> int:
-        return self.hidden * (2 if self.norm == "layernorm" else 1)
+    def norm_params(self) -> int:
+        """One norm's parameters (a block has two, the head one)."""
+        return self.hidden * len(block.norm_tensors(self))
 
     @property
     def layer_matmul_params(self) -> int:
         """Weights of the block's matmuls (q, k, v, o, MLP); what 6·N counts per layer."""
-        H, F = self.hidden, self.ffn_hidden
-        attn = H * self.q_dim + 2 * H * self.kv_dim + self.q_dim * H
-        mlp = (3 if self.ffn_type == "gated" else 2) * H * F
-        return attn + mlp
+        return sum(p.weight_params for p in block.projections(self))
 
     @property
     def layer_params(self) -> int:
         """All parameters of one decoder block: matmuls, biases and both norms."""
-        bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
-        if self.mlp_bias:
-            bias += (2 * self.ffn_hidden if self.ffn_type == "gated" else self.ffn_hidden) + self.hidden
-        return self.layer_matmul_params + bias + 2 * self._norm_params
+        return sum(math.prod(shape) for _, shape in block.parameters(self))
 
     @property
     def embedding_params(self) -> int:
@@ -151,12 +147,12 @@ class ModelSpec:
     @property
     def head_params(self) -> int:
         """Final norm plus the LM head matrix (0 extra when tied: it is the embedding)."""
-        return self._norm_params + (0 if self.tied_embeddings else self.vocab * self.hidden)
+        return self.norm_params + (0 if self.tied_embeddings else self.vocab * self.hidden)
 
     @property
     def head_device_params(self) -> int:
         """Parameters the head needs on the device: the LM head matrix even when tied."""
-        return self._norm_params + self.vocab * self.hidden
+        return self.norm_params + self.vocab * self.hidden
 
     @property
     def total_params(self) -> int:
