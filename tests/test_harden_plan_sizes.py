@@ -42,7 +42,7 @@ def no_build(monkeypatch):
     """Any schedule actually built fails loudly: the refusal must come first."""
     def boom(self):
         raise AssertionError("the schedule was built before the size was refused")
-    monkeypatch.setattr(builder._Builder, "build", boom)
+    monkeypatch.setattr(builder.TrainStepBuilder, "build", boom)
 
 
 def _one_line_error(capsys, argv, *words):

@@ -54,7 +54,7 @@ until the offload three buckets back is done. The gradients waiting for their bu
 device holds on top of it: a bounded number, whatever the link's speed."""
 
 
-class _Zero3Builder(StepBuilder):
+class Zero3StepBuilder(StepBuilder):
     family = Family.ZERO3_OFFLOAD
 
     def __init__(self, model: ModelSpec, z3: Zero3Policy, synchronous: bool = False):
@@ -270,4 +270,4 @@ def build_zero3_schedule(model: ModelSpec, z3: Zero3Policy, synchronous: bool = 
     streams are no-ops (its copies, compute and CPU Adam run one after another in one thread)."""
     if not isinstance(z3, Zero3Policy):
         raise HorizonError(f"zero3 policy {z3!r} is not a Zero3Policy")
-    return _Zero3Builder(model, z3, synchronous).build().check()
+    return Zero3StepBuilder(model, z3, synchronous).build().check()

@@ -106,7 +106,11 @@ def _near(vals, v):
     return min(vals, key=lambda x: (abs(x - v), x))
 
 
-class _Climb:
+class HillClimb:
+    """Hill climbing over the policy space (tune's search): each round simulates every neighbour
+    of the current state (one knob moved one step) through the shared runner and moves to the
+    best, until no neighbour scores higher; every state simulated is kept in `seen`."""
+
     def __init__(self, model, hw, base, space, runner):
         self.model, self.hw, self.base, self.space, self.runner = model, hw, base, space, runner
         self.L = model.n_layers
@@ -265,7 +269,7 @@ def tune(model: ModelSpec, hw: HardwareSpec, seq: int = 2048, *, base: Policy | 
     own = runner is None
     runner = runner or Runner(workers, progress, desc=f"tune {model.name}")
     try:
-        c = _Climb(model, hw, base, space, runner)
+        c = HillClimb(model, hw, base, space, runner)
         base_out = runner.one(model, hw, base)
         seeds = [s for s in (c.project(base), c.project(lean_policy(base, model))) if c.valid(s)]
         if not seeds:

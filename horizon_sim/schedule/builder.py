@@ -54,7 +54,7 @@ def embed_norm_over_rows(model, step_tokens: int) -> bool:
     per element)."""
     return not model.tied_embeddings and 2 * step_tokens < model.vocab
 
-class _Builder(StepBuilder):
+class TrainStepBuilder(StepBuilder):
     def __init__(self, model: ModelSpec, policy: Policy, layout: Layout = ONE):
         check_sizes(model, policy)  # before any work that grows with the sizes
         if not isinstance(layout, Layout):
@@ -354,4 +354,4 @@ class _Builder(StepBuilder):
 def build_schedule(model: ModelSpec, policy: Policy, layout: Layout = ONE) -> Schedule:
     """The ops of one steady-state training step of `model` under `policy`, checked: one
     rank's step when the layout has several ranks (every rank runs `policy.batch` sequences)."""
-    return _Builder(model, policy, layout).build().check()
+    return TrainStepBuilder(model, policy, layout).build().check()

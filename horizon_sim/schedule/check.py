@@ -15,7 +15,7 @@ class ScheduleError(HorizonError):
     """A schedule that an interpreter must not run."""
 
 
-def _predecessors(sched) -> list[list[int]]:
+def predecessors(sched) -> list[list[int]]:
     """deps plus the previous op on the same lane, for every op."""
     last_on_lane: dict = {}
     preds = []
@@ -31,7 +31,7 @@ def _predecessors(sched) -> list[list[int]]:
 def topo_order(sched) -> list[int]:
     """Kahn's algorithm over deps + lane order; raises ScheduleError naming an op on a cycle."""
     n = len(sched.ops)
-    preds = _predecessors(sched)
+    preds = predecessors(sched)
     succs = [[] for _ in range(n)]
     indeg = [0] * n
     for i, ps in enumerate(preds):
@@ -56,7 +56,7 @@ def topo_order(sched) -> list[int]:
 
 def ancestors(sched) -> list[int]:
     """Bitset (Python int) of all ops each op is ordered after."""
-    preds = _predecessors(sched)
+    preds = predecessors(sched)
     anc = [0] * len(sched.ops)
     for i in topo_order(sched):
         a = 0

@@ -13,7 +13,7 @@ never exceeds the step's (the same slots and constants, at most two boundaries a
 temporaries at a time; tests/test_eval_engine.py checks both).
 """
 from horizon_sim.schedule import work
-from horizon_sim.schedule.builder import _Builder
+from horizon_sim.schedule.builder import TrainStepBuilder
 from horizon_sim.schedule.op import OpKind
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.schedule.sequence import Use, assign_slots
@@ -31,7 +31,7 @@ def eval_sequence(n_layers: int, micro_batches: int) -> list[Use]:
     return out
 
 
-class _EvalBuilder(_Builder):
+class EvalStepBuilder(TrainStepBuilder):
     def place_optimizer(self, event: str, unit: int | None = None, micro: int = 0) -> None:
         """No update in an eval."""
 
@@ -68,4 +68,4 @@ class _EvalBuilder(_Builder):
 def build_eval_schedule(model: ModelSpec, policy: Policy, layout: Layout = ONE) -> Schedule:
     """The ops of one eval batch (policy.batch sequences in its micro-batches) of `model`, checked
     (data parallel: one rank's, over the buffers its training step declares; no collective)."""
-    return _EvalBuilder(model, policy, layout).build().check()
+    return EvalStepBuilder(model, policy, layout).build().check()

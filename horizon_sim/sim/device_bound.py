@@ -25,7 +25,7 @@ forward would, taken as the anchor, admit every activation the forward ever make
 """
 import numpy as np
 
-from horizon_sim.schedule.check import _predecessors, topo_order
+from horizon_sim.schedule.check import predecessors, topo_order
 from horizon_sim.schedule.effects import op_effects
 from horizon_sim.schedule.op import Lane, Space
 
@@ -33,7 +33,7 @@ from horizon_sim.schedule.op import Lane, Space
 def _order_and_edges(sched):
     """(topological order, predecessors, successors per op): deps plus each op's lane
     predecessor (check.py's view of the order)."""
-    preds = [sorted(set(ps)) for ps in _predecessors(sched)]
+    preds = [sorted(set(ps)) for ps in predecessors(sched)]
     succs: list[list[int]] = [[] for _ in preds]
     for o, ps in enumerate(preds):
         for p in ps:
