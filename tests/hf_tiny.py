@@ -44,8 +44,8 @@ def executor_grads(tr, tokens, labels=None, docs=None):
 
     def snapshot(op):  # CPU lane, just before each unit's optimizer op
         if op.kind == OpKind.OPTIMIZER:
-            g = tr.buffers.find(Holds.HOST_GRAD, unit=op.layer)
-            grads.update({n: v.clone() for n, v in host_layout(tr.model, op.layer).views(g).items()})
+            g = tr.buffers.find(Holds.HOST_GRAD, unit=op.unit)
+            grads.update({n: v.clone() for n, v in host_layout(tr.model, op.unit).views(g).items()})
 
     tr.engine.hook = snapshot
     res = tr.step(tokens, labels, docs=docs)

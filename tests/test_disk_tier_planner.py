@@ -38,15 +38,15 @@ def test_a_read_runs_ahead_of_the_previous_write_and_two_stages_at_most(optimize
                  grad_clip=0.0 if optimizer == "backward" else 1.0)
     sched = build_schedule(MODEL, pol)
     disk = [o for o in sched.ops if o.lane == Lane.DISK]
-    reads = [o.layer for o in disk if o.kind == OpKind.DISK_READ]
+    reads = [o.unit for o in disk if o.kind == OpKind.DISK_READ]
     assert len(reads) == MODEL.n_layers + 2
     assert [o.kind for o in disk][:3] == [OpKind.DISK_READ, OpKind.DISK_READ, OpKind.DISK_WRITE]
     live, most = set(), 0
     for o in disk:  # FIFO lane: the stages live between a unit's read and its write
         if o.kind == OpKind.DISK_READ:
-            live.add(o.layer)
+            live.add(o.unit)
         else:
-            live.discard(o.layer)
+            live.discard(o.unit)
         most = max(most, len(live))
     assert most == 2
     moments = sum(b.bytes for b in sched.buffers.values() if b.space == Space.DISK)

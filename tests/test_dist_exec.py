@@ -137,7 +137,7 @@ def test_a_rank_that_dies_or_stalls_fails_the_other(tmp_path, stall):
     sched = build_schedule(dist_worker.spec(False), dist_worker.policy(2, "pipelined"), Layout(2))
     # rank 1 dies (stalls) as it starts the backward of block 1: rank 0 is then waiting for it
     # in the reduce-scatter of block 2's gradients or soon after
-    kill = next(o.id for o in sched.ops if o.kind == OpKind.BACKWARD and o.layer == 1)
+    kill = next(o.id for o in sched.ops if o.kind == OpKind.BACKWARD and o.unit == 1)
     procs = _by_hand(tmp_path, "fault", kill_rank=1, kill_op=kill, stall=stall, timeout=10, op_timeout=10)
     survivor = procs[0]
     err = survivor.communicate(timeout=240)[1]

@@ -134,8 +134,8 @@ def test_gradients_match(opt):
 
         def snapshot(op):  # runs in the CPU lane just before each optimizer op
             if op.kind == OpKind.OPTIMIZER:
-                g = tr.buffers.find(Holds.HOST_GRAD, unit=op.layer)
-                grads.update({n: v.clone() for n, v in host_layout(spec, op.layer).views(g).items()})
+                g = tr.buffers.find(Holds.HOST_GRAD, unit=op.unit)
+                grads.update({n: v.clone() for n, v in host_layout(spec, op.unit).views(g).items()})
 
         tr.engine.hook = snapshot
         tokens = torch.randint(0, VOCAB, (pol.batch, SEQ), generator=torch.Generator().manual_seed(1))

@@ -73,7 +73,7 @@ def test_timeline_obeys_schedule_and_lanes_overlap():
             skipped = {o.id for o in tr.sched.ops} - ran
             assert all(tr.sched.ops[i].prev_step for i in skipped)
             assert (step == 0) == bool(skipped)  # prev-step optimizer ops skip only the first step
-            assert list(df.columns[:10]) == ["op_id", "kind", "lane", "layer", "micro", "start_s",
+            assert list(df.columns[:10]) == ["op_id", "kind", "lane", "unit", "micro", "start_s",
                                              "end_s", "link_bytes", "flops", "host_bytes"]
             assert (df.end_s >= df.start_s).all() and (df.start_s >= 0).all()
             pairs += _overlapping_pairs(df)
@@ -222,10 +222,10 @@ def test_exception_in_a_lane_reaches_the_caller(kind, layer, lane):
     pol = exact_policy(batch=2, seq=16, optimizer="after")
     with Trainer(_spec(), pol) as tr:
         def boom(op):
-            if op.kind == kind and op.layer == layer:
+            if op.kind == kind and op.unit == layer:
                 raise RuntimeError("injected fault")
         tr.engine.hook = boom
-        target = next(o for o in tr.sched.ops if o.kind == kind and o.layer == layer)
+        target = next(o for o in tr.sched.ops if o.kind == kind and o.unit == layer)
         with pytest.raises(ExecError) as e:
             tr.step(_tokens(pol))
         msg = str(e.value)
@@ -241,7 +241,7 @@ def test_a_stuck_op_times_out_instead_of_hanging():
     release, finished = threading.Event(), []
 
     def stuck(op):
-        if op.kind == OpKind.LOAD_WEIGHTS and op.layer == 1:
+        if op.kind == OpKind.LOAD_WEIGHTS and op.unit == 1:
             release.wait(60)
             finished.append(op)
 

@@ -128,8 +128,8 @@ def test_schedule_prices_masked_attention_and_its_temporaries():
     base = ModelSpec(n_layers=2, hidden=256, n_heads=4, n_kv_heads=2, ffn_hidden=640, vocab=256)
     win = replace(base, layer_windows=(0, 64))           # layer 1 windowed, layer 0 full
     pol = Policy(batch=2, seq=512)
-    ops = {(o.kind, o.layer): o for o in build_schedule(win, pol).ops if o.micro == 0}
-    plain = {(o.kind, o.layer): o for o in build_schedule(base, pol).ops if o.micro == 0}
+    ops = {(o.kind, o.unit): o for o in build_schedule(win, pol).ops if o.micro == 0}
+    plain = {(o.kind, o.unit): o for o in build_schedule(base, pol).ops if o.micro == 0}
     tok = pol.batch * pol.seq
     assert ops[OpKind.FORWARD, 0].flops == plain[OpKind.FORWARD, 0].flops
     assert ops[OpKind.FORWARD, 1].flops - plain[OpKind.FORWARD, 1].flops == 2 * pol.seq * base.q_dim * tok

@@ -33,7 +33,7 @@ def test_the_peer_step_is_a_checked_schedule_the_simulator_runs(kw):
     # every unit's optimizer runs once, after the last backward: nothing overlaps it
     last_bwd = max(i for i, k in enumerate(kinds) if k in (OpKind.BACKWARD, OpKind.BACKWARD_SAVED))
     opt = [op for op in s.ops if op.kind == OpKind.OPTIMIZER]
-    assert sorted(op.layer for op in opt) == [EMBED, *range(4), 4]
+    assert sorted(op.unit for op in opt) == [EMBED, *range(4), 4]
     tl = r.timeline
     compute_end = tl[tl.lane == "compute"].end_s.max()
     assert tl[tl.kind == "optimizer"].start_s.min() >= compute_end - 1e-12

@@ -75,7 +75,7 @@ def test_engine_gives_its_timeout_to_the_backend():
 
 
 def _matches(op, kind, layer, prev):
-    return op.kind == kind and op.layer == layer and op.micro == 0 and op.prev_step == prev
+    return op.kind == kind and op.unit == layer and op.micro == 0 and op.prev_step == prev
 
 
 # (failing op, op blocked on another lane when it fails): each pair can run at the same time in

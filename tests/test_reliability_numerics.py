@@ -54,7 +54,7 @@ def _nan_grad(tr, layer=1):
     last = tr.policy.micro_batches - 1
 
     def hook(op):
-        if op.kind == OpKind.OFFLOAD_GRADS and op.layer == layer and op.micro == last:
+        if op.kind == OpKind.OFFLOAD_GRADS and op.unit == layer and op.micro == last:
             tr.buffers.find(Holds.DEVICE_GRAD, unit=layer, micro=last).fill_(math.nan)
     return hook
 
@@ -144,7 +144,7 @@ def test_backward_mode_refuses_skip_and_stops_before_a_nonfinite_unit():
         tr.step(good[0])
         before = _state(tr)
         tr.engine.hook = _nan_grad(tr, layer=1)
-        order = [o.layer for o in tr.sched.ops if o.kind == OpKind.OPTIMIZER]  # CPU lane order
+        order = [o.unit for o in tr.sched.ops if o.kind == OpKind.OPTIMIZER]  # CPU lane order
         done = order[:order.index(1)]                     # units updated before layer 1's gradient
         with pytest.raises(NonFiniteError, match=f"already applied this step's finite gradients to "
                                                  f"{len(done)} of {len(order)} units") as e:

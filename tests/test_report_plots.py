@@ -186,7 +186,7 @@ def test_trace_one_event_per_op(llama):
         assert e["name"] == labels[e["args"]["op_id"]] and e["cat"] == row.kind
         assert e["ts"] == pytest.approx(row.start_s * 1e6)
         assert e["dur"] == pytest.approx(row.dur_s * 1e6)
-        assert e["args"]["layer"] == row.layer and e["args"]["micro"] == row.micro
+        assert e["args"]["unit"] == row.unit and e["args"]["micro"] == row.micro
         assert e["args"]["link_bytes"] == row.link_bytes
         assert e["args"]["flops"] == pytest.approx(row.flops)
 

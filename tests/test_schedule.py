@@ -42,7 +42,7 @@ def _policy(optimizer="pipelined", **kw):
 
 
 def _of(sched, kind, layer=None, micro=None):
-    return [op for op in sched.ops if op.kind == kind and (layer is None or op.layer == layer)
+    return [op for op in sched.ops if op.kind == kind and (layer is None or op.unit == layer)
             and (micro is None or op.micro == micro)]
 
 
@@ -76,7 +76,7 @@ def _check_structure(sched, model, policy):
     host_ck = policy.act_ckpt_on == "host"
     assert count(OpKind.SAVE_CKPT) == (mb * n_blocks if host_ck else 0)
     assert count(OpKind.LOAD_CKPT) == (mb * n_blocks if host_ck else 0)
-    assert sorted(op.layer for op in _of(sched, OpKind.SAVE_CKPT, micro=0)) == \
+    assert sorted(op.unit for op in _of(sched, OpKind.SAVE_CKPT, micro=0)) == \
         (list(range(0, Ln, K)) if host_ck else [])
     for kind in (OpKind.EMBED_FWD, OpKind.LOAD_INPUT, OpKind.OFFLOAD_INPUT_GRAD, OpKind.EMBED_BWD):
         assert count(kind) == mb
@@ -85,7 +85,7 @@ def _check_structure(sched, model, policy):
 
     # exactly one OPTIMIZER per unit (L + 2 units) per step
     opt = _of(sched, OpKind.OPTIMIZER)
-    assert sorted(op.layer for op in opt) == sorted(units)
+    assert sorted(op.unit for op in opt) == sorted(units)
     assert len(opt) == Ln + 2
     # prev_step optimizer ops only (and always) in pipelined mode
     assert all(op.prev_step == (policy.optimizer == "pipelined") for op in opt)
@@ -97,12 +97,12 @@ def _check_structure(sched, model, policy):
         elif policy.optimizer == "backward":
             # right after the last micro-batch's gradient of that unit arrives on the host
             assert o.id < gnorm.id
-            arrives = (_of(sched, OpKind.EMBED_BWD, micro=mb - 1) if o.layer == EMBED
-                       else _of(sched, OpKind.OFFLOAD_GRADS, o.layer, mb - 1))
+            arrives = (_of(sched, OpKind.EMBED_BWD, micro=mb - 1) if o.unit == EMBED
+                       else _of(sched, OpKind.OFFLOAD_GRADS, o.unit, mb - 1))
             assert arrives[0].id < o.id
         else:  # pipelined: before the first load of that unit's weights in this step
             first_load = min(op.id for op in sched.ops if op.kind in (OpKind.LOAD_WEIGHTS, OpKind.EMBED_FWD)
-                             and any(r.endswith(f".{_unit_name(o.layer, Ln)}") for r in op.reads))
+                             and any(r.endswith(f".{_unit_name(o.unit, Ln)}") for r in op.reads))
             assert o.id < first_load
             assert gnorm.id not in o.deps
 
@@ -115,9 +115,9 @@ def _check_structure(sched, model, policy):
             assert op.writes == (f"w{op.slot}",)
             # never into the slot the previous compute op uses, so a load can overlap compute
             assert op.slot != last_compute_slot
-            slot_holds[op.slot] = op.layer
+            slot_holds[op.slot] = op.unit
         elif op.lane == Lane.COMPUTE:
-            assert slot_holds.get(op.slot) == op.layer, f"{op.label} would run with wrong weights"
+            assert slot_holds.get(op.slot) == op.unit, f"{op.label} would run with wrong weights"
             assert f"w{op.slot}" in op.reads
             last_compute_slot = op.slot
 
@@ -125,11 +125,11 @@ def _check_structure(sched, model, policy):
     act = 2 if policy.compute_dtype == "bf16" else 4
     per_param = act if (policy.working_copy or policy.compute_dtype == "fp32") else 4
     for op in _of(sched, OpKind.LOAD_WEIGHTS):
-        dev_params = model.head_device_params if op.layer == Ln else model.layer_params
+        dev_params = model.head_device_params if op.unit == Ln else model.layer_params
         assert op.link_bytes == dev_params * per_param
         src = "wc" if policy.working_copy else "master"
-        assert f"{src}.{_unit_name(op.layer, Ln)}" in op.reads
-        if op.layer == Ln:  # the tied head streams the embedding matrix from the host store
+        assert f"{src}.{_unit_name(op.unit, Ln)}" in op.reads
+        if op.unit == Ln:  # the tied head streams the embedding matrix from the host store
             assert (f"{src}.emb" in op.reads) == model.tied_embeddings
     for op in _of(sched, OpKind.OFFLOAD_GRADS, Ln):
         assert ("hgrad.emb" in op.writes) == model.tied_embeddings
@@ -217,7 +217,7 @@ def test_loads_when_every_unit_fits_in_a_slot_each_unit_is_loaded_once():
     Ln = 5
     for K in (1, 2, 3):
         sched = build_schedule(_model(Ln), _policy(act_ckpt_every=K, slots=Ln + 1 + 1))
-        layers = sorted(op.layer for op in _of(sched, OpKind.LOAD_WEIGHTS))
+        layers = sorted(op.unit for op in _of(sched, OpKind.LOAD_WEIGHTS))
         assert layers == list(range(Ln + 1)), K
 
 
@@ -248,7 +248,7 @@ def test_forward_without_its_weight_load_is_rejected(good):
     fwd = _of(good, OpKind.FORWARD, 3)[0]
     load = max((op for op in _of(good, OpKind.LOAD_WEIGHTS) if op.id < fwd.id and op.slot == fwd.slot),
                key=lambda op: op.id)
-    assert load.layer == 3
+    assert load.unit == 3
     with pytest.raises(ScheduleError, match=rf"reads 'w{fwd.slot}' without waiting for op {load.id}"):
         check_schedule(_drop_dep(good, fwd, load.id))
 

@@ -55,7 +55,7 @@ def _load(d) -> None:
 
 
 def _op(d, kind, layer):
-    return next(o for o in d["ops"] if o["kind"] == kind and o["layer"] == layer)
+    return next(o for o in d["ops"] if o["kind"] == kind and o["unit"] == layer)
 
 
 def _copy(d):
@@ -174,7 +174,7 @@ def test_unknown_op_field_is_rejected(doc):
         _load(d)
 
 
-@pytest.mark.parametrize("breakage", ["no_ops", "no_meta", "short_buffer", "op_no_layer",
+@pytest.mark.parametrize("breakage", ["no_ops", "no_meta", "short_buffer", "op_no_unit",
                                       "bad_space", "bad_meta_field"])
 def test_structurally_broken_doc_is_rejected(doc, breakage):
     d = _copy(doc)
@@ -184,8 +184,8 @@ def test_structurally_broken_doc_is_rejected(doc, breakage):
         del d["meta"]
     elif breakage == "short_buffer":
         del d["buffers"][0]["bytes"]
-    elif breakage == "op_no_layer":
-        del d["ops"][0]["layer"]
+    elif breakage == "op_no_unit":
+        del d["ops"][0]["unit"]
     elif breakage == "bad_space":
         d["buffers"][0]["space"] = "cloud"
     else:

@@ -188,7 +188,7 @@ def test_schedule_is_the_one_worked_on_paper(sched):
     ]
     assert len(sched.ops) == len(want)
     for op, (kind, layer, deps) in zip(sched.ops, want):
-        assert (op.kind, op.layer) == (kind, layer), op.label
+        assert (op.kind, op.unit) == (kind, layer), op.label
         if deps is not None:
             assert op.deps == deps, op.label
         else:  # optimizer deps all point at ops that end before grad_norm does

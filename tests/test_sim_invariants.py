@@ -190,7 +190,7 @@ def test_timeline_obeys_schedule(i):
 def test_check_obeys_schedule_catches_an_early_start():
     r = _sim(_wide(9))
     tl = r.timeline.copy()
-    fwd = next(op for op in r.schedule.ops if op.kind == OpKind.FORWARD and op.layer == 4)
+    fwd = next(op for op in r.schedule.ops if op.kind == OpKind.FORWARD and op.unit == 4)
     dep_end = tl.end_s[fwd.deps[0]]
     tl.loc[fwd.id, "start_s"] = dep_end - 1e-6
     with pytest.raises(AssertionError, match=r"forward\[4\] started"):
@@ -269,8 +269,8 @@ def test_a_cpu_driven_copy_is_read_and_written_on_the_bus():
     from tests.cpu_machine import CPU_HW
     model = model_preset("qwen2.5-0.5b")
     sched = build_schedule(model, Policy(batch=1, seq=128))
-    load = next(o for o in sched.ops if o.kind == OpKind.LOAD_WEIGHTS and o.layer == 0)
-    opt = next(o for o in sched.ops if o.kind == OpKind.OPTIMIZER and o.layer == 0)
+    load = next(o for o in sched.ops if o.kind == OpKind.LOAD_WEIGHTS and o.unit == 0)
+    opt = next(o for o in sched.ops if o.kind == OpKind.OPTIMIZER and o.unit == 0)
     bus20 = replace(CPU_HW, host=replace(CPU_HW.host, dram_GBps=20.0))
     for cpu_driven, traffic, rate in ((True, 2, 10e9), (False, 1, 15e9)):
         hw = replace(bus20, link=replace(CPU_HW.link, cpu_driven=cpu_driven, latency_us=0.0))

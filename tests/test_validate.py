@@ -130,7 +130,7 @@ def test_node_rss_counts_the_shared_store_once():
 
 
 def _tl(rows):
-    df = pd.DataFrame(rows, columns=["op_id", "kind", "lane", "layer", "micro", "start_s", "end_s"])
+    df = pd.DataFrame(rows, columns=["op_id", "kind", "lane", "unit", "micro", "start_s", "end_s"])
     df["dur_s"] = df.end_s - df.start_s
     return df
 

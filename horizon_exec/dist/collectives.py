@@ -68,7 +68,7 @@ class Collectives:
         r, ctx = self.r, self.ctx
         full = r.buf.get(r.buf.one(op.reads, Holds.DEVICE_GRAD))
         out = r.buf.out(r.buf.one(op.writes, Holds.DEVICE_GRAD_SHARD))
-        full[r.dev_numel(op.layer):].zero_()  # the padding to whole chunks
+        full[r.dev_numel(op.unit):].zero_()  # the padding to whole chunks
         _call(ctx, op, "the node's gradient reduce-scatter",  # full: its only reader is this op
               lambda: reduce_scatter(out, full, ctx.groups["fabric"]))
 
@@ -76,7 +76,7 @@ class Collectives:
         r, ctx = self.r, self.ctx
         name = r.buf.one(op.writes, Holds.HOST_GRAD)
         g = r.buf.get(name)
-        a, e = r.partition(op.layer).local_range(ctx.local_rank)
+        a, e = r.partition(op.unit).local_range(ctx.local_rank)
         mine = torch.empty(e - a, dtype=g.dtype)
         _call(ctx, op, "the node's host-gradient reduce",
               lambda: reduce_scatter(mine, g, ctx.groups["host"]))
@@ -88,7 +88,7 @@ class Collectives:
         r, ctx = self.r, self.ctx
         name = r.buf.one(op.writes, Holds.HOST_GRAD)
         b, g = r.buf.declared[name], r.buf.get(name)
-        part = r.partition(op.layer)
+        part = r.partition(op.unit)
         a, e = part.local_in(b.part, ctx.local_rank)
         mine = torch.empty(part.chunk, dtype=g.dtype)
         _call(ctx, op, "the nodes' gradient reduce-scatter",
@@ -101,7 +101,7 @@ class Collectives:
     def net_all_gather(self, op):
         r, ctx = self.r, self.ctx
         name = r.buf.one(op.writes, Holds.WORKING_COPY)
-        wc, part = r.buf.get(name), r.partition(op.layer)
+        wc, part = r.buf.get(name), r.partition(op.unit)
         a, e = part.local_range(ctx.local_rank)
         c0, c1 = part.owned_range(ctx.local_rank, ctx.node)
         mine = wc[c0:c1].clone()  # the gather writes over the slice it is part of

@@ -211,7 +211,7 @@ class _Recorder:
 
     def _add(self, kind: str, layer: int, start: float, end: float) -> None:
         lane = "cpu" if kind == "optimizer" else "compute"
-        self.events.append({"op_id": len(self.events), "kind": kind, "lane": lane, "layer": layer,
+        self.events.append({"op_id": len(self.events), "kind": kind, "lane": lane, "unit": layer,
                             "micro": self.micro, "start_s": start - self.t0, "end_s": end - self.t0,
                             "dur_s": end - start})
 

@@ -127,7 +127,7 @@ class OpRunner:
 
     def _weights(self, op: Op) -> dict:
         """Named views of the slot the op computes with (bound once per slot and unit kind)."""
-        is_head = op.layer == self.L
+        is_head = op.unit == self.L
         key = (op.slot, is_head)
         if key not in self._views:
             flat = self.buf.find(Holds.WEIGHT_SLOT, layer=op.slot)
@@ -205,7 +205,7 @@ class OpRunner:
             src = self.buf.get(name)[:self.host_numel(self.buf.declared[name].unit)]  # not the padding
             self.be.h2d(slot[off:off + src.numel()], src)
             off += src.numel()
-        want = self.m.head_device_params if op.layer == self.L else self.m.layer_params
+        want = self.m.head_device_params if op.unit == self.L else self.m.layer_params
         if off != want:
             raise ExecError(f"{op.label}: sources {op.reads} hold {off} parameters, the unit needs {want}")
 
@@ -224,7 +224,7 @@ class OpRunner:
             # a local slice takes the whole reduce-scattered piece; a whole unit its real
             # elements (the rest of the buffer is padding to whole chunks: kept zero)
             n = target.numel if target.part == Part.LOCAL else self.host_numel(target.unit)
-            own = target.unit == op.layer
+            own = target.unit == op.unit
             piece = g[off:off + n]
             off += n
             if t in op.reads:
@@ -247,7 +247,7 @@ class OpRunner:
         x = self.buf.get(op.reads[0])
         w = self._weights(op)
         with self._scope(op), torch.no_grad():
-            y = self.block(w, x, *self.attn.rows(self._rows(op.micro), op.layer))   # (mb, T, H)
+            y = self.block(w, x, *self.attn.rows(self._rows(op.micro), op.unit))   # (mb, T, H)
         self.buf.put(op.writes[0], y)
 
     def backward(self, op):
@@ -262,7 +262,7 @@ class OpRunner:
             with torch.enable_grad():
                 xg = x.detach().requires_grad_()
                 wp = {k: v.detach().requires_grad_() for k, v in w.items()}
-                y = self.block(wp, xg, *self.attn.rows(self._rows(op.micro), op.layer))
+                y = self.block(wp, xg, *self.attn.rows(self._rows(op.micro), op.unit))
                 grads = torch.autograd.grad(y, [xg, *wp.values()], dy)
             del y
             for k, gk in zip(wp, grads[1:]):
@@ -333,7 +333,7 @@ class OpRunner:
     def optimizer(self, op):
         """AdamW on the unit's master with its host grad (clipped by the global norm when
         clipping is on), then refresh its working copy."""
-        u, ctx = op.layer, self.ctx
+        u, ctx = op.unit, self.ctx
         if not op.prev_step:  # prev_step ops apply a step the trainer found finite
             if not ctx.guard.may_update(unit_name(self.m, u), lambda: self.store.scalar(Holds.GRAD_SQ, u), ctx.loss):
                 return  # no update: master, moments, step counter and working copy stay as they are

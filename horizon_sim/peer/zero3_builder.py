@@ -79,8 +79,8 @@ class Zero3StepBuilder(StepBuilder):
     def extra_waits(self, op_id: int) -> tuple[int, ...]:
         return (op_id - 1,) if self.synchronous and op_id else ()  # one thread does everything, in order
 
-    def emit(self, kind, layer, micro=0, **kw) -> int:
-        op_id = super().emit(kind, layer, micro, **kw)
+    def emit(self, kind, unit, micro=0, **kw) -> int:
+        op_id = super().emit(kind, unit, micro, **kw)
         if kind in (OpKind.FORWARD, OpKind.HEAD, OpKind.BACKWARD, OpKind.BACKWARD_SAVED):
             self.compute_ends.append(op_id)
         return op_id

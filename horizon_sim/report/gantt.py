@@ -62,7 +62,7 @@ def draw_lanes(ax, result) -> None:
     # label a bar when its width in pixels holds the text
     char_px = FONT_PT * 0.62 * DPI / 72
     for r in tl.itertuples(index=False):
-        text = _bar_text(r.kind, r.layer, r.micro)
+        text = _bar_text(r.kind, r.unit, r.micro)
         if r.dur_s * px_per_s >= len(text) * char_px + 4:
             ax.text(r.start_s + r.dur_s / 2, y[r.lane], text, ha="center", va="center",
                     fontsize=FONT_PT, color=_text_color(KIND_COLOR[OpKind(r.kind)]), clip_on=True)

@@ -20,7 +20,7 @@ _US = 1e6
 def _label(row, labels: dict) -> str:
     if row.op_id in labels:
         return labels[row.op_id]
-    return f"{row.kind}[{row.layer}]"
+    return f"{row.kind}[{row.unit}]"
 
 
 def chrome_trace(result) -> dict:
@@ -40,7 +40,7 @@ def chrome_trace(result) -> dict:
         ev.append({
             "ph": "X", "pid": PID, "tid": TID[r.lane], "name": _label(r, labels), "cat": r.kind,
             "ts": float(r.start_s) * _US, "dur": float(r.dur_s) * _US,
-            "args": {"op_id": int(r.op_id), "layer": int(r.layer), "micro": int(r.micro),
+            "args": {"op_id": int(r.op_id), "unit": int(r.unit), "micro": int(r.micro),
                      "link_bytes": int(r.link_bytes), "flops": float(r.flops),
                      "host_bytes": int(r.host_bytes)},
         })

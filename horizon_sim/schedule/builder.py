@@ -146,7 +146,7 @@ class TrainStepBuilder(StepBuilder):
         op_id = self.emit(OpKind.OPTIMIZER, u, reads=reads, writes=[master, moments, *store[2:]], frees=frees,
                           params=params, host_bytes=params * per_param, prev_step=prev_step)
         if b.on_disk:
-            self.disk_write = dict(layer=u, reads=stages, writes=disk, frees=stages, disk_bytes=nbytes,
+            self.disk_write = dict(unit=u, reads=stages, writes=disk, frees=stages, disk_bytes=nbytes,
                                    prev_step=prev_step)
         self.optimized.add(u)
         if not prev_step:
@@ -167,7 +167,7 @@ class TrainStepBuilder(StepBuilder):
         never live: a read waits for the write two units back, ahead of it on the lane."""
         if self.disk_write:
             w, self.disk_write = self.disk_write, None
-            self.emit(OpKind.DISK_WRITE, w.pop("layer"), **w)
+            self.emit(OpKind.DISK_WRITE, w.pop("unit"), **w)
 
     # ---- copies ----------------------------------------------------------------------------------
     def load_weights(self, u: int, slot: str, m: int) -> None:

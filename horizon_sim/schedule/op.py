@@ -77,7 +77,7 @@ COLLECTIVES = (OpKind.REDUCE_SCATTER, OpKind.NET_REDUCE_SCATTER, OpKind.NET_ALL_
                OpKind.UPDATE_BARRIER)
 """Ops whose work is net_bytes among `peers` ranks."""
 
-EMBED = -1  # `layer` of the embedding unit; blocks are 0..L-1 and the head is L.
+EMBED = -1  # `unit` of the embedding; blocks are 0..L-1 and the head is L.
 
 
 class Space(str, Enum):
@@ -190,7 +190,7 @@ class Buffer:
 class Op:
     id: int
     kind: OpKind
-    layer: int
+    unit: int
     """Unit the op concerns: EMBED (-1), a block 0..L-1, or the head L."""
     micro: int = 0
     slot: int | None = None
@@ -233,7 +233,7 @@ class Op:
     def label(self) -> str:
         if self.kind in (OpKind.GRAD_NORM, OpKind.NORM_ALL_REDUCE):
             return self.kind.value
-        unit = {EMBED: "emb"}.get(self.layer, str(self.layer))
+        unit = {EMBED: "emb"}.get(self.unit, str(self.unit))
         mb = f".m{self.micro}" if self.micro else ""
         return f"{self.kind.value}[{unit}{mb}]"
 

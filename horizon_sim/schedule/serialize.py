@@ -13,10 +13,10 @@ from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
 FORMAT = "horizon.schedule"
-VERSION = 3  # 3: meta layout {devices_per_node, nodes} and family (were flat fields and notes)
+VERSION = 3  # 3: meta layout {devices_per_node, nodes} and family (were flat fields and notes); op unit (was layer)
 READS = (2, 3)  # 2: policy act_ckpt_every/act_ckpt_on (were ckpt_every/ckpt_on), typed fields
 _OP_FIELDS = {f.name for f in fields(Op)}
-_OP_DEFAULTS = {f.name: f.default for f in fields(Op) if f.name not in ("id", "kind", "layer")}
+_OP_DEFAULTS = {f.name: f.default for f in fields(Op) if f.name not in ("id", "kind", "unit")}
 
 
 _BUFFER_FIELDS = {f.name for f in fields(Buffer)}
@@ -94,6 +94,8 @@ def from_json(text: str) -> Schedule:
             buffers[b.name] = b
         ops = []
         for d in doc["ops"]:
+            if doc["version"] == 2 and isinstance(d, dict) and "layer" in d:  # version 2 named the unit 'layer'
+                d = {("unit" if k == "layer" else k): v for k, v in d.items()}
             unknown = set(d) - _OP_FIELDS
             if unknown:
                 raise ScheduleError(f"op {d.get('id')} has unknown field(s) {sorted(unknown)}")

@@ -31,12 +31,12 @@ class StepBuilder:
         """Waits a family adds to every op (none here; a synchronous peer waits for the op before)."""
         return ()
 
-    def emit(self, kind, layer, micro=0, *, reads=(), writes=(), frees=(), after=(), **work_) -> int:
+    def emit(self, kind, unit, micro=0, *, reads=(), writes=(), frees=(), after=(), **work_) -> int:
         """Append an op; its waits are the data hazards on what it reads, writes and frees, plus
         `after` (waits that are not data hazards: backpressure, a bound on what is in flight)."""
         op_id = len(self.ops)
         deps = self.deps.add(op_id, kind, reads, writes, frees, extra=(*after, *self.extra_waits(op_id)))
-        self.ops.append(Op(id=op_id, kind=kind, layer=layer, micro=micro, deps=deps, reads=tuple(reads),
+        self.ops.append(Op(id=op_id, kind=kind, unit=unit, micro=micro, deps=deps, reads=tuple(reads),
                            writes=tuple(writes), frees=tuple(frees), **work_))
         return op_id
 

@@ -193,7 +193,7 @@ class CostModel:
                 bwd = op.kind in (OpKind.BACKWARD, OpKind.BACKWARD_SAVED)
                 saved = op.kind == OpKind.BACKWARD_SAVED  # the forward's kernels ran in FORWARD
                 gemms = work.block_gemms_saved_backward(m, tokens) if saved else work.block_gemms(m, tokens, bwd)
-                masked = work.masked_attention(m, op.layer, p.seq, p.doc_masks)
+                masked = work.masked_attention(m, op.unit, p.seq, p.doc_masks)
                 attn = work.attention(m, p.micro_batch, p.seq, bwd, masked)
                 if saved:
                     attn = replace(attn, fwd_flops=0.0)

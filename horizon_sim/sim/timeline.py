@@ -4,7 +4,7 @@ import pandas as pd
 
 from horizon_sim.schedule.op import Op
 
-COLUMNS = ["op_id", "kind", "lane", "layer", "micro", "start_s", "end_s", "link_bytes", "flops",
+COLUMNS = ["op_id", "kind", "lane", "unit", "micro", "start_s", "end_s", "link_bytes", "flops",
            "host_bytes"]
 
 
@@ -14,7 +14,7 @@ def timeline_frame(ops: list[Op] | tuple[Op, ...], start_s, end_s) -> pd.DataFra
         "op_id": [o.id for o in ops],
         "kind": [o.kind.value for o in ops],
         "lane": [o.lane.value for o in ops],
-        "layer": [o.layer for o in ops],
+        "unit": [o.unit for o in ops],
         "micro": [o.micro for o in ops],
         "start_s": list(start_s),
         "end_s": list(end_s),
