@@ -140,16 +140,14 @@ def save_checkpoint(ckpt_dir, trainer, step: int, loop_state: dict | None = None
     """Write checkpoint `step` (optimizer steps done) under ckpt_dir; returns its folder.
     Does not flush a pending pipelined update: the pending gradients are saved instead, so
     the run's own overlap is not disturbed."""
-    trainer._check_usable()
+    state = trainer.checkpoint_state()
     root = Path(ckpt_dir)
     final = root / step_dir_name(step)
     a = trainer.runner.adamw
     meta = {
         "format": FORMAT,
         "step": step,
-        "trainer": {"steps_done": trainer.steps_done, "pending": trainer.pending,
-                    "pending_lr": trainer.pending_lr, "lr": trainer.lr,
-                    "skipped_steps": trainer.skipped_steps},
+        "trainer": dataclasses.asdict(state),
         "model": trainer.model.to_dict(),
         "policy": trainer.policy.to_dict(),
         "optimizer": {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay},
@@ -583,6 +581,8 @@ def _check_compatible(p: Path, meta: dict, trainer) -> None:
 
 
 def _load_one(p: Path, trainer, verify: bool, check) -> dict:
+    from horizon_exec.runtime.trainer import TrainerState
+
     sums = _sums(p) if verify else {}
     meta = _read_meta_bytes(p, sums.get(META))
     _check_compatible(p, meta, trainer)
@@ -603,14 +603,9 @@ def _load_one(p: Path, trainer, verify: bool, check) -> dict:
     holds, steps_done = ckpt_invariants.holds_by_name(trainer), int(meta["trainer"]["steps_done"])
     _read_state(p / STATE, want, sums.get(STATE), touched,
                 lambda name, t: ckpt_invariants.value_problem(name, t, holds.get(name), steps_done))
-    trainer.state_invalid = None
-    trainer._refresh_working_copy()
     tm = meta["trainer"]
-    trainer.pending = pending
-    trainer.pending_lr = float(tm["pending_lr"])
-    trainer.lr = float(tm["lr"])
-    trainer.steps_done = int(tm["steps_done"])
-    trainer.skipped_steps = int(tm.get("skipped_steps", 0))
+    trainer.restore(TrainerState(steps_done=int(tm["steps_done"]), pending=pending, pending_lr=float(tm["pending_lr"]),
+                                 lr=float(tm["lr"]), skipped_steps=int(tm.get("skipped_steps", 0))))
     meta["path"] = str(p)
     return meta
 
@@ -624,8 +619,7 @@ def load_checkpoint(path, trainer, verify: bool = True, check=None, warn=print) 
     check(folder, meta): called before the state is read (e.g. the loop's data check); its
     error is not a damaged checkpoint and stops the load. A failure after the store was
     partly overwritten leaves trainer.state_invalid set until a load succeeds."""
-    if trainer.failed:
-        trainer._check_usable()
+    trainer.check_loadable()
     cands = candidates(path)
     _, bad_pointer = read_pointer(Path(path)) if Path(path).is_dir() else (None, "")
     if bad_pointer and len(cands) > 1:
