@@ -188,7 +188,7 @@ class Trainer:
     starting or finishing for that long fails instead of hanging (engine.py; default 120 s).
     lr, betas, eps, weight_decay and each step's lr are checked (optim.check_hyper), seed must
     fit 64 bits, device must exist (backend.check_device). random_init: False leaves the
-    weights zero (for a caller that loads them next, e.g. files/hf_checkpoint.load_hf).
+    weights zero (for a caller that loads them next, e.g. checkpoints/hf_checkpoint.load_hf).
     admission: check up front that the run fits (admission.py); host_budget_bytes: host RAM
     the run may use (default: MemAvailable + this process); device_budget_bytes is the
     device side's (default: CUDA free memory, CPU unlimited); hardware: a HardwareSpec whose

@@ -54,10 +54,10 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from horizon_exec.files import ckpt as ckpt_mod
-from horizon_exec.files import ckpt_lock
+from horizon_exec.checkpoints import ckpt as ckpt_mod
+from horizon_exec.checkpoints import ckpt_lock
 from horizon_exec.train import stop_signals
-from horizon_exec.files.fileio import OutputError, make_dirs, write_failure
+from horizon_exec.checkpoints.fileio import OutputError, make_dirs, write_failure
 from horizon_exec.optim.lr import CosineSchedule
 from horizon_exec.train.stop_signals import StopSignals
 from horizon_sim.errors import HorizonError

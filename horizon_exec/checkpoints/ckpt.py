@@ -44,8 +44,8 @@ import shutil
 import struct
 from pathlib import Path
 
-from horizon_exec.files import ckpt_invariants, ckpt_lock
-from horizon_exec.files.fileio import (
+from horizon_exec.checkpoints import ckpt_invariants, ckpt_lock
+from horizon_exec.checkpoints.fileio import (
     Deferred,
     OutputError,
     aside_name,
@@ -481,7 +481,7 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write, pr
     wrong with a tensor's values once read ('' if nothing; ckpt_invariants.py), a CheckpointError."""
     import torch
 
-    from horizon_exec.files.fileio import ST_DTYPE
+    from horizon_exec.checkpoints.fileio import ST_DTYPE
 
     _exists(path)
     size = path.stat().st_size
