@@ -3,7 +3,7 @@ built-in corpus, saved by transformers with a chat template, with or without a B
 tokenizer adds to every text."""
 import json
 
-from horizon_exec.files.data import BUILTIN_CORPUS
+from horizon_exec.data.data import BUILTIN_CORPUS
 
 # Qwen2-style ChatML; the assistant's content and end-of-turn inside {% generation %}, so
 # transformers can give its own assistant mask to compare with.

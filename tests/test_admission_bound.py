@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from horizon_exec.device.memtrack import TransientTracker
-from horizon_exec.files import data as data_mod
+from horizon_exec.data import data as data_mod
 from horizon_exec.runtime import admission
 from horizon_sim.cli.main import main
 from horizon_sim.schedule import work

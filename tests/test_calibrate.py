@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from horizon_exec.measure.calibrate import KernelTimer, _block_pass
+from horizon_exec.measure.calibrate import KernelTimer, block_pass
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.schedule import OpKind, build_schedule, work
@@ -103,7 +103,7 @@ def test_elementwise_bytes_match_a_kernel_by_kernel_count():
     write (a dispatch-level count), to within the row statistics the formula rounds."""
     for H, heads, kv, F, B, T in ((256, 4, 2, 688, 2, 128), (384, 6, 2, 1024, 2, 96)):
         m = ModelSpec(n_layers=1, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=256)
-        fn = _block_pass(m, B, T, torch.bfloat16, "cpu")
+        fn = block_pass(m, B, T, torch.bfloat16, "cpu")
         fn()  # the first call also lays out weights for the GEMM library: not the steady state
         timer = KernelTimer()
         with timer:
@@ -148,8 +148,8 @@ def test_bad_measured_tables_raise(rows, match):
 def test_cuda_calibration_names_the_preset_of_the_gpu(reported, preset):
     """calibrate --device cuda takes the datasheet peak from the preset torch's device name
     matches (the measured GEMMs give the efficiency against it)."""
-    from horizon_exec.measure.calibrate.cuda import _preset_for
-    got = _preset_for(reported)
+    from horizon_exec.measure.calibrate.cuda import preset_for
+    got = preset_for(reported)
     assert (got.name if got else None) == preset
 
 
@@ -175,7 +175,7 @@ def test_cuda_calibration_timing_runs_with_events_faked(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", HostClockEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     shapes = [("nt", 64, 96, 32), ("nn", 64, 32, 96), ("tn", 96, 32, 64)]
-    rates = cc._gemm_table(shapes, torch.float32, "cpu")
+    rates = cc.gemm_table(shapes, torch.float32, "cpu")
     fwd, bwd = cc._attention(64, 16, torch.float32, "cpu")
     assert set(rates) == set(shapes)
     assert all(0 < r < math.inf for r in [*rates.values(), fwd, bwd])

@@ -3,8 +3,8 @@ read: each is one line naming file:line (the CLI: exit 2 before training), not a
 UnicodeEncodeError / TypeError from the tokenizer, a ValueError or a RecursionError."""
 import pytest
 
-from horizon_exec.files.data import load_dataset
-from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.data.data import load_dataset
+from horizon_exec.data.tokenize import ByteTokenizer
 from horizon_sim.errors import HorizonError
 
 OK = '{"text": "' + "fine text " * 20 + '"}\n'
@@ -39,7 +39,7 @@ def test_a_surrogate_pair_is_text(tmp_path):
 def test_chat_template_failure_names_the_record(tmp_path):
     """A message the template cannot render (content not a string: `'<' + 5` raises inside
     jinja) names file:line and the template's folder, in one line."""
-    from horizon_exec.files.tokenize import load_tokenizer
+    from horizon_exec.data.tokenize import load_tokenizer
     from tests.hf_tokenizers import tokenizer_folder
     tok = load_tokenizer(tokenizer_folder(tmp_path / "tok", template=(
         "{% for m in messages %}{{ '<' + m['content'] + '>' }}{% endfor %}")))

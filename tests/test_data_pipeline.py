@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from horizon_exec.files.data import (BUILTIN_CORPUS, PROMPT_FORMAT, Batches, Document, PackedData, TokenStream,
+from horizon_exec.data.data import (BUILTIN_CORPUS, PROMPT_FORMAT, Batches, Document, PackedData, TokenStream,
                                load_dataset, read_documents, split_indices, tokenize_documents)
-from horizon_exec.files.tokenize import ByteTokenizer, HFTokenizer, load_tokenizer
+from horizon_exec.data.tokenize import ByteTokenizer, HFTokenizer, load_tokenizer
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.policy import exact_policy

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from horizon_exec.files import ckpt as ckpt_mod
+from horizon_exec.checkpoints import ckpt as ckpt_mod
 from horizon_exec.runtime.disk_store import METHODS, DiskStore, disk_buffers
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Holds, build_schedule

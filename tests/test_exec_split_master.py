@@ -14,8 +14,8 @@ import dataclasses
 import pytest
 import torch
 
-from horizon_exec.files import ckpt as ckpt_mod
-from horizon_exec.files.hf_checkpoint import load_hf, save_hf
+from horizon_exec.checkpoints import ckpt as ckpt_mod
+from horizon_exec.checkpoints.hf_checkpoint import load_hf, save_hf
 from horizon_exec.optim import native
 from horizon_exec.optim.adamw import AdamW, clip_coef
 from horizon_exec.optim.split import join

@@ -62,8 +62,8 @@ RECORD_KEYS = ["text", "instruction", "response", "input", "messages", "tools"]
 @FUZZ
 @given(data=st.data())
 def test_jsonl_data(tmp_path_factory, data):
-    from horizon_exec.files.data import load_dataset
-    from horizon_exec.files.tokenize import ByteTokenizer
+    from horizon_exec.data.data import load_dataset
+    from horizon_exec.data.tokenize import ByteTokenizer
     lines = []
     for _ in range(data.draw(st.integers(1, 4), label="records")):
         kind = data.draw(st.sampled_from(["json", "raw", "blank", "awkward"]), label="line kind")
@@ -86,8 +86,8 @@ def test_jsonl_data(tmp_path_factory, data):
 @FUZZ
 @given(raw=st.binary(max_size=300))
 def test_text_data_any_bytes(tmp_path_factory, raw):
-    from horizon_exec.files.data import load_dataset
-    from horizon_exec.files.tokenize import ByteTokenizer
+    from horizon_exec.data.data import load_dataset
+    from horizon_exec.data.tokenize import ByteTokenizer
     for name in ("d.txt", "d.jsonl"):
         p = tmp_path_factory.mktemp("data") / name
         p.write_bytes(raw)
@@ -108,7 +108,7 @@ def hf_dir(tmp_path_factory):
 def test_safetensors_index(tmp_path_factory, hf_dir, data):
     import shutil
 
-    from horizon_exec.files.hf_checkpoint import load_hf, spec_from_hf_dir
+    from horizon_exec.checkpoints.hf_checkpoint import load_hf, spec_from_hf_dir
     from horizon_exec.runtime.trainer import Trainer
     from horizon_sim.specs.policy import exact_policy
     d = tmp_path_factory.mktemp("ckpt")
@@ -149,7 +149,7 @@ def tok_json(tmp_path_factory):
 @FUZZ
 @given(data=st.data())
 def test_tokenizer_files(tmp_path_factory, tok_json, data):
-    from horizon_exec.files.tokenize import HFTokenizer
+    from horizon_exec.data.tokenize import HFTokenizer
     tok, cfg = tok_json
     d = tmp_path_factory.mktemp("tok")
     which = data.draw(st.sampled_from(["tokenizer", "config", "text"]), label="damage")
@@ -266,7 +266,7 @@ def test_hardware_ranges(tmp_path_factory, hw_toml, data):
 # ---- chat records through a chat template ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def chat_tok(tmp_path_factory):
-    from horizon_exec.files.tokenize import HFTokenizer
+    from horizon_exec.data.tokenize import HFTokenizer
     from tests.hf_tokenizers import tokenizer_folder
     return HFTokenizer(tokenizer_folder(tmp_path_factory.mktemp("chat")))
 
@@ -278,7 +278,7 @@ MESSAGE = st.fixed_dictionaries({"role": st.one_of(st.sampled_from(["user", "ass
 @FUZZ
 @given(data=st.data())
 def test_chat_records(tmp_path_factory, chat_tok, data):
-    from horizon_exec.files.data import load_dataset
+    from horizon_exec.data.data import load_dataset
     base = {"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello " * 4}]}
     rec = mutate(base, data, keys=["messages", "tools"])
     if data.draw(st.booleans(), label="fuzz the messages"):
@@ -326,7 +326,7 @@ def test_hf_cache_refs(tmp_path_factory, data):
 
 # ---- checkpoint metadata and the latest pointer ------------------------------------------------------
 def _meta() -> dict:
-    from horizon_exec.files.ckpt import FORMAT
+    from horizon_exec.checkpoints.ckpt import FORMAT
     return {"format": FORMAT, "step": 2, "generation": 2, "model": {"name": "m", "n_layers": 1},
             "policy": {"batch": 1}, "trainer": {"pending": False, "steps_done": 2, "lr": 1e-3, "pending_lr": 0.0},
             "optimizer": {}, "loop": {"epoch": 0, "pos": 1, "seed": 0}}
@@ -335,7 +335,7 @@ def _meta() -> dict:
 @FUZZ
 @given(data=st.data())
 def test_ckpt_meta_and_pointer(tmp_path_factory, data):
-    from horizon_exec.files.ckpt import candidates, read_meta, read_pointer
+    from horizon_exec.checkpoints.ckpt import candidates, read_meta, read_pointer
     root = tmp_path_factory.mktemp("ck")
     step = root / "step-2"
     step.mkdir()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from horizon_exec.files.data import BUILTIN_CORPUS, data_bytes_bound
-from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.data.data import BUILTIN_CORPUS, data_bytes_bound
+from horizon_exec.data.tokenize import ByteTokenizer
 from horizon_sim.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ def test_data_is_counted_before_it_is_read(tmp_path, monkeypatch, capsys):
     big = tmp_path / "big.txt"
     with open(big, "w") as f:
         f.truncate(4 * 2**30)       # 4 GiB of holes: its size is all the admission looks at
-    import horizon_exec.files.data as data
+    import horizon_exec.data.data as data
 
     def never(*a, **k):
         raise AssertionError("the data was loaded before the admission refused it")
@@ -48,7 +48,7 @@ def test_loading_holds_what_the_bound_says(tmp_path):
     f = tmp_path / "d.txt"
     f.write_text(text * (24_000_000 // len(text)))
     code = ("import sys, json\nfrom horizon_exec.procfs import vm_hwm_bytes\n"
-            "from horizon_exec.files.data import load_dataset\nfrom horizon_exec.files.tokenize import ByteTokenizer\n"
+            "from horizon_exec.data.data import load_dataset\nfrom horizon_exec.data.tokenize import ByteTokenizer\n"
             "before = vm_hwm_bytes()\nds = load_dataset(sys.argv[1], ByteTokenizer(), 256)\n"
             "print(json.dumps([before, vm_hwm_bytes(), ds.n_tokens]))")
     out = subprocess.run([sys.executable, "-c", code, str(f)], cwd=ROOT, capture_output=True, text=True, check=True)

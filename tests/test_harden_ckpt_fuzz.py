@@ -15,12 +15,12 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from horizon_exec.files import ckpt as ckpt_mod
-from horizon_exec.files.ckpt import CheckpointError
-from horizon_exec.files.data import load_dataset
+from horizon_exec.checkpoints import ckpt as ckpt_mod
+from horizon_exec.checkpoints.ckpt import CheckpointError
+from horizon_exec.data.data import load_dataset
 from horizon_exec.train.loop import LoopConfig, TrainLoop
 from horizon_exec.optim.lr import CosineSchedule
-from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.data.tokenize import ByteTokenizer
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.model import ModelSpec

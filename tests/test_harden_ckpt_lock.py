@@ -12,9 +12,9 @@ import time
 import pytest
 import torch
 
-from horizon_exec.files import ckpt as ckpt_mod
-from horizon_exec.files import ckpt_lock
-from horizon_exec.files.fileio import owner_tag
+from horizon_exec.checkpoints import ckpt as ckpt_mod
+from horizon_exec.checkpoints import ckpt_lock
+from horizon_exec.checkpoints.fileio import owner_tag
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -49,7 +49,7 @@ def test_a_second_trainer_on_the_folder_is_refused_and_the_first_goes_on(tmp_pat
 
 
 def test_the_lock_dies_with_its_holder(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from horizon_exec.files import ckpt_lock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from horizon_exec.checkpoints import ckpt_lock; "
                                "ckpt_lock.acquire(sys.argv[1]); print('held', flush=True); time.sleep(600)",
                                str(tmp_path)], cwd=ROOT, env=env(), stdout=subprocess.PIPE, text=True)
     try:

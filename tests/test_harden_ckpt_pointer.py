@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from horizon_exec.files import ckpt as ckpt_mod
+from horizon_exec.checkpoints import ckpt as ckpt_mod
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -24,8 +24,8 @@ pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
 KILLED_BEFORE_POINTER = """
 import os, signal, sys, torch
-from horizon_exec.files import ckpt
-from horizon_exec.files import fileio
+from horizon_exec.checkpoints import ckpt
+from horizon_exec.checkpoints import fileio
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy

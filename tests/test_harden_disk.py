@@ -9,13 +9,13 @@ import subprocess
 
 import pytest
 
-from horizon_exec.files import ckpt as ckpt_mod
+from horizon_exec.checkpoints import ckpt as ckpt_mod
 from tests.harden_run import ROOT, env, in_tmpfs, tmpfs_works, train_cmd
 
 needs_tmpfs = pytest.mark.skipif(not tmpfs_works(), reason="needs a private tmpfs mount (root or user namespaces)")
 # After the run, still inside the mount namespace: what the checkpoint folder holds, and whether
 # every complete checkpoint in it verifies.
-INSPECT = ('; echo "rc=$?"; ls -A "$M" "$M/ck"; $PY -c "import sys; from horizon_exec.files import ckpt; '
+INSPECT = ('; echo "rc=$?"; ls -A "$M" "$M/ck"; $PY -c "import sys; from horizon_exec.checkpoints import ckpt; '
            '[ckpt.verify_checkpoint(p) for p in ckpt.list_checkpoints(sys.argv[1])]; print(\'verified\')" "$M/ck"')
 
 

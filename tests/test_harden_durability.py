@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from horizon_exec.files import hf_checkpoint
-from horizon_exec.files import ckpt as ckpt_mod
+from horizon_exec.checkpoints import hf_checkpoint
+from horizon_exec.checkpoints import ckpt as ckpt_mod
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy

@@ -3,7 +3,7 @@
 and an eval failing mid-run leaves a checkpoint of its step."""
 import pytest
 
-from horizon_exec.files import ckpt as ckpt_mod
+from horizon_exec.checkpoints import ckpt as ckpt_mod
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from tests.harden_run import MICRO

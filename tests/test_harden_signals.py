@@ -9,11 +9,11 @@ import signal
 import pytest
 from safetensors import safe_open
 
-from horizon_exec.files import hf_checkpoint
-from horizon_exec.files.data import load_dataset
+from horizon_exec.checkpoints import hf_checkpoint
+from horizon_exec.data.data import load_dataset
 from horizon_exec.train.loop import Interrupted, LoopConfig, TrainLoop
 from horizon_exec.optim.lr import CosineSchedule
-from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.data.tokenize import ByteTokenizer
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from tests.harden_run import MICRO

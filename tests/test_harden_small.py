@@ -5,8 +5,8 @@ import stat
 
 import pytest
 
-from horizon_exec.files import hf_checkpoint
-from horizon_exec.files import ckpt as ckpt_mod
+from horizon_exec.checkpoints import hf_checkpoint
+from horizon_exec.checkpoints import ckpt as ckpt_mod
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.specs.model import ModelSpec

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from horizon_exec.runtime import engine as engine_mod
-from horizon_exec.files.data import load_dataset
+from horizon_exec.data.data import load_dataset
 from horizon_exec.runtime.engine import Engine
 from horizon_exec.train.loop import Interrupted, LoopConfig, TrainLoop
 from horizon_exec.optim.lr import CosineSchedule
-from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.data.tokenize import ByteTokenizer
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from tests.harden_run import MICRO

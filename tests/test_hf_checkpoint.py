@@ -1,4 +1,4 @@
-"""HF checkpoints in and out of the host store (files/hf_checkpoint.py), against transformers itself.
+"""HF checkpoints in and out of the host store (checkpoints/hf_checkpoint.py), against transformers itself.
 
 - save_hf -> AutoModelForCausalLM.from_pretrained(dir) gives the master weights bit for bit
   and logits equal to the executor's own forward (fp32, 1e-5 norm-relative), sharded or
@@ -17,9 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from horizon_exec.files import hf_checkpoint
-from horizon_exec.files.hf_checkpoint import load_hf, save_hf, spec_from_hf_dir
-from horizon_exec.files.fileio import sha256_file
+from horizon_exec.checkpoints import hf_checkpoint
+from horizon_exec.checkpoints.hf_checkpoint import load_hf, save_hf, spec_from_hf_dir
+from horizon_exec.checkpoints.fileio import sha256_file
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.policy import exact_policy

@@ -15,7 +15,7 @@ batches), so the features are checked in the streamed step, not in a side path.
 import pytest
 import torch
 
-from horizon_exec.files.hf_checkpoint import load_hf, spec_from_hf_dir
+from horizon_exec.checkpoints.hf_checkpoint import load_hf, spec_from_hf_dir
 from horizon_exec.model.rope import rope_tables
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.policy import exact_policy

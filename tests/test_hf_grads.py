@@ -8,7 +8,7 @@ which is what transformers computes for the unsplit batch.
 import pytest
 import torch
 
-from horizon_exec.files.hf_checkpoint import load_hf, spec_from_hf_dir
+from horizon_exec.checkpoints.hf_checkpoint import load_hf, spec_from_hf_dir
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.policy import exact_policy
 from tests.hf_tiny import T, V, executor_grads, hf_grads, rel_err as _rel, tiny_hf as _hf

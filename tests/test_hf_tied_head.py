@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from horizon_exec.files.hf_checkpoint import hf_config_dict, load_hf, spec_from_hf_dir
+from horizon_exec.checkpoints.hf_checkpoint import hf_config_dict, load_hf, spec_from_hf_dir
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.policy import exact_policy
 from tests.hf_tiny import T, V, rel_err, tiny_hf

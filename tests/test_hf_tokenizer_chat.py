@@ -10,9 +10,9 @@
 import pytest
 import torch
 
-from horizon_exec.files.data import PackedData, load_dataset, read_documents, tokenize_documents
+from horizon_exec.data.data import PackedData, load_dataset, read_documents, tokenize_documents
 from horizon_exec.model.head import IGNORE
-from horizon_exec.files.tokenize import load_tokenizer, tokenizer_of_folder
+from horizon_exec.data.tokenize import load_tokenizer, tokenizer_of_folder
 from horizon_sim.errors import HorizonError
 from tests.hf_tokenizers import CHATML, LLAMA3, jsonl, tokenizer_folder
 

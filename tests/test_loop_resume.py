@@ -9,11 +9,11 @@ import os
 import pytest
 import torch
 
-from horizon_exec.files import ckpt as ckpt_mod
-from horizon_exec.files.data import load_dataset
+from horizon_exec.checkpoints import ckpt as ckpt_mod
+from horizon_exec.data.data import load_dataset
 from horizon_exec.train.loop import LoopConfig, TrainLoop
 from horizon_exec.optim.lr import CosineSchedule
-from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.data.tokenize import ByteTokenizer
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.errors import HorizonError
@@ -261,7 +261,7 @@ def test_tokenizer_larger_than_the_vocab_is_refused(tmp_path, capsys):
 def test_a_checkpoint_from_before_a_field_existed_resumes_with_its_default(tmp_path):
     """trainer.json written before a ModelSpec/Policy field was added does not name it: the run
     it came from used the default, so it is compatible; a real difference is still refused."""
-    from horizon_exec.files.ckpt import _check_compatible
+    from horizon_exec.checkpoints.ckpt import check_compatible
     from horizon_exec.runtime.trainer import Trainer
     from horizon_sim.errors import HorizonError
     from horizon_sim.specs.model_presets import model_preset
@@ -274,6 +274,6 @@ def test_a_checkpoint_from_before_a_field_existed_resumes_with_its_default(tmp_p
             policy.pop(k)
         for old, new in (("ckpt_every", "act_ckpt_every"), ("ckpt_on", "act_ckpt_on")):  # renamed since
             policy[old] = policy.pop(new)
-        _check_compatible(tmp_path, {"model": model, "policy": policy}, tr)
+        check_compatible(tmp_path, {"model": model, "policy": policy}, tr)
         with pytest.raises(HorizonError, match="policy doc_masks=True"):
-            _check_compatible(tmp_path, {"model": model, "policy": {**policy, "doc_masks": True}}, tr)
+            check_compatible(tmp_path, {"model": model, "policy": {**policy, "doc_masks": True}}, tr)

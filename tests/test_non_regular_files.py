@@ -32,7 +32,7 @@ def _fifo(path):
 
 
 def test_fifo_latest_is_a_damaged_pointer(tmp_path):
-    from horizon_exec.files.ckpt import read_pointer
+    from horizon_exec.checkpoints.ckpt import read_pointer
     _fifo(tmp_path / "latest")
     with no_hang():
         name, why = read_pointer(tmp_path)
@@ -40,14 +40,14 @@ def test_fifo_latest_is_a_damaged_pointer(tmp_path):
 
 
 def test_fifo_weights_file_in_init_from(tmp_path):
-    from horizon_exec.files.hf_checkpoint import weight_files
+    from horizon_exec.checkpoints.hf_checkpoint import weight_files
     _fifo(tmp_path / "model.safetensors")
     with no_hang(), pytest.raises(HorizonError, match="model.safetensors' is a FIFO"):
         weight_files(tmp_path)
 
 
 def test_fifo_shard_named_by_the_index(tmp_path):
-    from horizon_exec.files.hf_checkpoint import weight_files
+    from horizon_exec.checkpoints.hf_checkpoint import weight_files
     (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": {"a": "s1.safetensors"}}')
     _fifo(tmp_path / "s1.safetensors")
     with no_hang(), pytest.raises(HorizonError, match="s1.safetensors' is a FIFO"):
@@ -71,8 +71,8 @@ def test_character_devices_stay_accepted_as_log_file(dev):
 
 
 def test_fifo_data_file_is_refused(tmp_path):
-    from horizon_exec.files.data import load_dataset
-    from horizon_exec.files.tokenize import ByteTokenizer
+    from horizon_exec.data.data import load_dataset
+    from horizon_exec.data.tokenize import ByteTokenizer
     _fifo(tmp_path / "d.jsonl")
     with no_hang(), pytest.raises(HorizonError, match="data file .* is a FIFO"):
         load_dataset(tmp_path / "d.jsonl", ByteTokenizer(), 8)

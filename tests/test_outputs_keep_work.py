@@ -14,8 +14,8 @@ import stat
 
 import pytest
 
-from horizon_exec.files import ckpt as ckpt_mod
-from horizon_exec.files import hf_checkpoint
+from horizon_exec.checkpoints import ckpt as ckpt_mod
+from horizon_exec.checkpoints import hf_checkpoint
 from horizon_exec.runtime.trainer import Trainer
 from horizon_exec.train.loop import TrainLoop
 from horizon_sim.cli.main import main

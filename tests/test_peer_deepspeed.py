@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from horizon_exec.files.hf_checkpoint import load_hf
+from horizon_exec.checkpoints.hf_checkpoint import load_hf
 from horizon_exec.measure.peer_deepspeed import deepspeed_available, run_deepspeed
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main

@@ -7,13 +7,13 @@ import os
 import pytest
 import torch
 
-from horizon_exec.files import ckpt as ckpt_mod
-from horizon_exec.files.ckpt import CheckpointError
-from horizon_exec.files.data import load_dataset
+from horizon_exec.checkpoints import ckpt as ckpt_mod
+from horizon_exec.checkpoints.ckpt import CheckpointError
+from horizon_exec.data.data import load_dataset
 from horizon_exec.errors import ExecError
 from horizon_exec.train.loop import LoopConfig, TrainLoop
 from horizon_exec.optim.lr import CosineSchedule
-from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.data.tokenize import ByteTokenizer
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.model import ModelSpec
@@ -197,7 +197,7 @@ def _rewrite(folder, tensors=None, meta=None):
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from horizon_exec.files.fileio import sha256_file
+    from horizon_exec.checkpoints.fileio import sha256_file
     st = folder / "state.safetensors"
     if tensors:
         with safe_open(str(st), "pt") as f:

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from horizon_exec.files import ckpt as ckpt_mod
+from horizon_exec.checkpoints import ckpt as ckpt_mod
 from horizon_exec.runtime import engine as engine_mod
-from horizon_exec.files.data import load_dataset
+from horizon_exec.data.data import load_dataset
 from horizon_exec.errors import ExecError
 from horizon_exec.train.loop import Interrupted, LoopConfig, TrainLoop
 from horizon_exec.optim.lr import CosineSchedule
-from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.data.tokenize import ByteTokenizer
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import OpKind
 from horizon_sim.specs.model import ModelSpec

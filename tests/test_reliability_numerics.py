@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from horizon_exec.files.data import load_dataset
+from horizon_exec.data.data import load_dataset
 from horizon_exec.model.layout import unit_name
 from horizon_exec.train.loop import LoopConfig, TrainLoop
 from horizon_exec.optim.lr import CosineSchedule
-from horizon_exec.files.tokenize import ByteTokenizer
+from horizon_exec.data.tokenize import ByteTokenizer
 from horizon_exec.runtime.trainer import NonFiniteError, Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import Holds, OpKind

@@ -4,9 +4,9 @@ tokenizer (Metaspace, prepend_scheme 'first') would otherwise put its word-start
 piece that begins a line, and one without a pre-tokenizer allows no cut (tokenized whole)."""
 import pytest
 
-from horizon_exec.files import data
-from horizon_exec.files.data import Document, TextFile, tokenize_documents
-from horizon_exec.files.tokenize import HFTokenizer
+from horizon_exec.data import data
+from horizon_exec.data.data import Document, TextFile, tokenize_documents
+from horizon_exec.data.tokenize import HFTokenizer
 from tests.hf_tokenizers import bpe
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "

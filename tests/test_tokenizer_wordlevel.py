@@ -17,7 +17,7 @@ def _wordlevel(folder, vocab, unk="<unk>"):
 
 
 def test_wordlevel_without_unk_is_refused_naming_the_file(tmp_path):
-    from horizon_exec.files.tokenize import HFTokenizer
+    from horizon_exec.data.tokenize import HFTokenizer
     d = _wordlevel(tmp_path / "tok", {"hello": 0, "world": 1, "<eos>": 2})
     with pytest.raises(HorizonError) as e:
         HFTokenizer(d)
@@ -26,14 +26,14 @@ def test_wordlevel_without_unk_is_refused_naming_the_file(tmp_path):
 
 
 def test_wordlevel_with_unk_reads_and_encodes(tmp_path):
-    from horizon_exec.files.tokenize import HFTokenizer
+    from horizon_exec.data.tokenize import HFTokenizer
     d = _wordlevel(tmp_path / "tok", {"hello": 0, "world": 1, "<eos>": 2, "<unk>": 3})
     t = HFTokenizer(d, eos_token="<eos>")
     assert t.encode(["hello world zzz"]) == [[0, 1, 3]]
 
 
 def test_encode_failure_is_one_line_naming_the_file(tmp_path):
-    from horizon_exec.files.tokenize import HFTokenizer
+    from horizon_exec.data.tokenize import HFTokenizer
     d = _wordlevel(tmp_path / "tok", {"hello": 0, "<unk>": 1})
     t = HFTokenizer(d)
     with pytest.raises(HorizonError, match=rf"^{d / 'tokenizer.json'}: cannot encode the data"):

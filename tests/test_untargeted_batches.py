@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from horizon_exec.files import data as data_mod
+from horizon_exec.data import data as data_mod
 from horizon_sim.cli.main import main
 from tests.harden_run import TINY
 

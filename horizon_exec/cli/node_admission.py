@@ -66,7 +66,7 @@ def node_need(args: argparse.Namespace) -> NodeNeed:
 
 def _model(args, load_model):
     if args.init_from:
-        from horizon_exec.files import hf_checkpoint
+        from horizon_exec.checkpoints import hf_checkpoint
         return hf_checkpoint.spec_from_hf_dir(hf_checkpoint.resolve_checkpoint(args.init_from))
     return load_model(args.model)
 

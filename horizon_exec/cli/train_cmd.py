@@ -178,7 +178,7 @@ def _os_errors_as_usage():
     """A path the flags name that cannot be used (too long a name, a loop of links, no access)
     found while the run is set up: a usage error (exit 2) naming the path, not an error of
     the output."""
-    from horizon_exec.files.fileio import os_error_text
+    from horizon_exec.checkpoints.fileio import os_error_text
     try:
         yield
     except OSError as e:
@@ -205,7 +205,7 @@ def run_train(args: argparse.Namespace) -> int:
             args.save_hf = follow_save_hf(args.save_hf)
         init = None
         if args.init_from:  # a folder, or a model id in the HF cache: --save-hf must not replace it
-            from horizon_exec.files.hf_checkpoint import resolve_checkpoint
+            from horizon_exec.checkpoints.hf_checkpoint import resolve_checkpoint
             init = resolve_checkpoint(args.init_from)
     outputs = dict(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, resume=args.resume,
                    overwrite_ckpt=args.overwrite_ckpt, init_from=init)
@@ -221,7 +221,7 @@ def run_train(args: argparse.Namespace) -> int:
     if dist.rank:  # rank 0 speaks for the run; the others' errors still reach stderr
         args.no_progress = True
         sys.stdout = open(os.devnull, "w")
-    from horizon_exec.files import ckpt_lock
+    from horizon_exec.checkpoints import ckpt_lock
     save_lock = []
 
     def claim():  # rank 0: the outputs checked, and --save-hf this run's until it ends
@@ -245,14 +245,14 @@ def _run_dist_rank(args: argparse.Namespace, dist) -> int:
         return _run_train(args, dist)
     from pathlib import Path
 
-    from horizon_exec.files import ckpt_lock
-    from horizon_exec.files.ckpt import node_folder
-    from horizon_exec.files.fileio import make_dirs
+    from horizon_exec.checkpoints import ckpt_lock
+    from horizon_exec.checkpoints.ckpt import node_folder
+    from horizon_exec.checkpoints.fileio import make_dirs
     lock_dir = node_folder(args.ckpt_dir, dist)
     make_dirs(Path(lock_dir))
     with ckpt_lock.holding(lock_dir):  # before anything is built: one run per folder
         if args.overwrite_ckpt and args.resume is None:  # checked up front (outputs.py): start over
-            from horizon_exec.files.ckpt import remove_checkpoints
+            from horizon_exec.checkpoints.ckpt import remove_checkpoints
             gone = remove_checkpoints(lock_dir)
             if gone:
                 print(f"--overwrite-ckpt: removed {len(gone)} checkpoint(s) of an earlier run from {lock_dir}")
@@ -262,13 +262,13 @@ def _run_dist_rank(args: argparse.Namespace, dist) -> int:
 def _run_train(args: argparse.Namespace, dist) -> int:
     import dataclasses
 
-    from horizon_exec.files import hf_checkpoint
-    from horizon_exec.files.data import data_bytes_bound, load_dataset
+    from horizon_exec.checkpoints import hf_checkpoint
+    from horizon_exec.data.data import data_bytes_bound, load_dataset
     from horizon_exec.errors import ExecError
-    from horizon_exec.files.fileio import OutputError
+    from horizon_exec.checkpoints.fileio import OutputError
     from horizon_exec.train.loop import EvalError, Interrupted
     from horizon_exec.optim.lr import CosineSchedule
-    from horizon_exec.files.tokenize import BYTES, load_tokenizer, resolve_tokenizer, tokenizer_of_folder
+    from horizon_exec.data.tokenize import BYTES, load_tokenizer, resolve_tokenizer, tokenizer_of_folder
     from horizon_exec.runtime.trainer import NonFiniteError, Trainer
     from horizon_sim.specs.hf_config import load_model
     from horizon_sim.units import parse_size
@@ -366,7 +366,7 @@ def _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what, s
 
 
 def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what, save_inputs) -> int:
-    from horizon_exec.files import hf_checkpoint
+    from horizon_exec.checkpoints import hf_checkpoint
     from horizon_exec.dtypes import TORCH_DTYPE
     from horizon_sim.units import fmt_bytes
 

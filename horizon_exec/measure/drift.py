@@ -78,8 +78,8 @@ class DriftProbe:
 
     def __init__(self, hw: HardwareSpec, configs, device: str = "cpu"):
         from horizon_exec.measure.calibrate.overheads import TINY, TINY_POLICY, TinyProbe
-        from horizon_exec.measure.probe import _sync_for
-        self.device, self.sync = device, _sync_for(device)
+        from horizon_exec.measure.probe import sync_for
+        self.device, self.sync = device, sync_for(device)
         costs = CostModel(hw, "bf16")
         self.shapes = drift_gemms(hw, costs, configs)
         self.gemm_pred_s = sum(_predicted_s(costs, s) for s in self.shapes)
@@ -96,8 +96,8 @@ class DriftProbe:
     def _in_compute_lane(self, fn):
         if self.backend is None:
             return fn()
-        from horizon_exec.measure.calibrate.timing import _in_lane
-        return _in_lane(self.backend, Lane.COMPUTE, fn)
+        from horizon_exec.measure.calibrate.timing import in_lane
+        return in_lane(self.backend, Lane.COMPUTE, fn)
 
     def _gemm_times(self) -> dict:
         """Seconds per call of each reference GEMM, timed as calibrate timed the rates they are
@@ -105,9 +105,9 @@ class DriftProbe:
         if self.device == "cpu":
             from horizon_exec.measure.calibrate.kernels import gemm_times
             return self._in_compute_lane(lambda: gemm_times(self.shapes, torch.bfloat16, self.device, self.sync))
-        from horizon_exec.measure.calibrate.cuda import _gemm_table
+        from horizon_exec.measure.calibrate.cuda import gemm_table
         with torch.cuda.device(self.device):
-            rates = _gemm_table(self.shapes, torch.bfloat16, self.device)
+            rates = gemm_table(self.shapes, torch.bfloat16, self.device)
         return {s: 2.0 * s[1] * s[2] * s[3] / (r * 1e12) for s, r in rates.items()}
 
     def sample(self) -> None:

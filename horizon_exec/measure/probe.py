@@ -40,7 +40,7 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-class _Serialized:
+class Serialized:
     """Wraps the engine's op runner so that one op runs at a time across all lanes, and
     records each op's own duration (lock wait excluded)."""
 
@@ -180,7 +180,8 @@ def _node_final(replies: list[dict]) -> dict:
     return out
 
 
-def _sync_for(device: str):
+def sync_for(device: str):
+    """What waits for `device`'s queued work before a clock is read (None: the CPU runs it in order)."""
     if device.startswith("cuda"):
         import torch
         return torch.cuda.synchronize
@@ -202,7 +203,7 @@ def _child(req: dict, commands=None) -> dict:
     with Trainer(model, policy, device=req["device"], seed=req["seed"], dist=ctx) as tr:
         ser = None
         if req["serialize"]:
-            ser = _Serialized(tr.engine.runner, _sync_for(req["device"]))
+            ser = Serialized(tr.engine.runner, sync_for(req["device"]))
             tr.engine.runner = ser
         out["store_bytes"] = int(tr.host_store_bytes)
 

@@ -134,6 +134,21 @@ class EvalResult:
         return self.loss_sum / max(1, self.labelled_tokens)
 
 
+@dataclass(frozen=True, slots=True)
+class TrainerState:
+    """What a checkpoint records of a Trainer beyond its host store (Trainer.checkpoint_state,
+    Trainer.restore; checkpoints/ckpt.py writes it as trainer.json's "trainer")."""
+    steps_done: int
+    pending: bool
+    """Pipelined: the last step's gradients are in the store, not applied yet."""
+    pending_lr: float
+    """The lr those pending gradients are applied with."""
+    lr: float
+    """The lr the next step's gradients are applied with."""
+    skipped_steps: int = 0
+    """Steps whose update was not applied (non-finite loss or gradients)."""
+
+
 def _checked_schedule(sched, model: ModelSpec, policy: Policy, dist):
     """`sched`, checked, if it is Horizon's step built for `model`, `policy` and the run's ranks."""
     if sched.meta.family != Family.HORIZON:
@@ -174,7 +189,7 @@ class Trainer:
     starting or finishing for that long fails instead of hanging (engine.py; default 120 s).
     lr, betas, eps, weight_decay and each step's lr are checked (optim.check_hyper), seed must
     fit 64 bits, device must exist (backend.check_device). random_init: False leaves the
-    weights zero (for a caller that loads them next, e.g. files/hf_checkpoint.load_hf).
+    weights zero (for a caller that loads them next, e.g. checkpoints/hf_checkpoint.load_hf).
     admission: check up front that the run fits (admission.py); host_budget_bytes: host RAM
     the run may use (default: MemAvailable + this process); device_budget_bytes is the
     device side's (default: CUDA free memory, CPU unlimited); hardware: a HardwareSpec whose
@@ -392,6 +407,32 @@ class Trainer:
             raise HorizonError(f"lr={value!r} must be a number") from None
         check_hyper(lr=value, betas=a.betas, eps=a.eps, weight_decay=a.weight_decay, name=lambda f: f"{f}=")
         return value
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def checkpoint_state(self) -> TrainerState:
+        """What a checkpoint must record of this trainer besides the host store. ExecError when
+        the trainer failed mid-step or a checkpoint load failed part way: its state is not one
+        a run can resume from."""
+        self._check_usable()
+        return TrainerState(steps_done=self.steps_done, pending=self.pending, pending_lr=self.pending_lr,
+                            lr=self.lr, skipped_steps=self.skipped_steps)
+
+    def check_loadable(self) -> None:
+        """ExecError when no checkpoint can be loaded into this trainer: it failed mid-step (a
+        load that failed part way leaves it loadable: the next load rewrites the store)."""
+        if self.failed:
+            self._check_usable()
+
+    def restore(self, state: TrainerState) -> None:
+        """Put back a checkpoint's `state` once the host store holds the checkpoint's tensors:
+        the trainer is valid again and its working copy is rebuilt from the master."""
+        self.state_invalid = None
+        self._refresh_working_copy()
+        self.pending = state.pending
+        self.pending_lr = state.pending_lr
+        self.lr = state.lr
+        self.steps_done = state.steps_done
+        self.skipped_steps = state.skipped_steps
 
     # ---- running ----------------------------------------------------------------------------
     def _check_usable(self):

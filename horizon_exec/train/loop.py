@@ -54,10 +54,10 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from horizon_exec.files import ckpt as ckpt_mod
-from horizon_exec.files import ckpt_lock
+from horizon_exec.checkpoints import ckpt as ckpt_mod
+from horizon_exec.checkpoints import ckpt_lock
 from horizon_exec.train import stop_signals
-from horizon_exec.files.fileio import OutputError, make_dirs, write_failure
+from horizon_exec.checkpoints.fileio import OutputError, make_dirs, write_failure
 from horizon_exec.optim.lr import CosineSchedule
 from horizon_exec.train.stop_signals import StopSignals
 from horizon_sim.errors import HorizonError
@@ -212,7 +212,7 @@ class TrainLoop:
             n = len(self.ds.train)
             if not (isinstance(data, dict) and all(type(data.get(k)) is int and data[k] >= 0 for k in ("epoch", "pos"))
                     and data["pos"] <= n):
-                raise ckpt_mod.CheckpointError(f"{p / ckpt_mod.META}: loop.data {ckpt_mod._show(data)} is not a data "
+                raise ckpt_mod.CheckpointError(f"{p / ckpt_mod.META}: loop.data {ckpt_mod.show(data)} is not a data "
                                                f"position (epoch, pos <= {n}) (corrupt checkpoint)")
             # The loader draws one batch per step (epochs advance lazily, at the next draw), so
             # the step fixes the position: a step no run of this data reached is damage too.
@@ -238,12 +238,12 @@ class TrainLoop:
         self.last_ckpt = (self.step, p)
         sched = meta.get("loop", {}).get("schedule")
         if sched != self.cfg.schedule.to_dict():
-            self.out(f"note: lr schedule differs from the checkpoint's ({ckpt_mod._show(sched)} -> "
+            self.out(f"note: lr schedule differs from the checkpoint's ({ckpt_mod.show(sched)} -> "
                      f"{self.cfg.schedule.to_dict()}); the run continues on the new one")
         a = self.tr.runner.adamw
         opt = {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay}
         if meta.get("optimizer") != opt:
-            self.out(f"note: optimizer settings differ from the checkpoint's ({ckpt_mod._show(meta.get('optimizer'))} "
+            self.out(f"note: optimizer settings differ from the checkpoint's ({ckpt_mod.show(meta.get('optimizer'))} "
                      f"-> {opt})")
         return p
 

@@ -28,7 +28,7 @@ import resource
 import tempfile
 from pathlib import Path
 
-from horizon_exec.files.fileio import make_dirs, os_error_text
+from horizon_exec.checkpoints.fileio import make_dirs, os_error_text
 from horizon_sim.errors import HorizonError
 from horizon_sim.safe_files import refuse_non_regular
 from horizon_sim.units import fmt_bytes
@@ -59,7 +59,7 @@ def _inside(a: Path, b: Path) -> bool:
 
 
 def _save_hf(out: Path, init_from, others: dict) -> None:
-    from horizon_exec.files.hf_checkpoint import check_output_dir
+    from horizon_exec.checkpoints.hf_checkpoint import check_output_dir
 
     if init_from and _inside(Path(init_from), out):
         raise HorizonError(f"--save-hf {str(out)!r} would replace the --init-from folder {str(init_from)!r}, "
@@ -109,7 +109,7 @@ def step_folders(folder: Path) -> list[Path]:
 
 
 def _ckpt_dir(folder: Path, resume, overwrite: bool) -> None:
-    from horizon_exec.files import ckpt_lock
+    from horizon_exec.checkpoints import ckpt_lock
 
     _folder(folder, "--ckpt-dir")
     for d in [folder, *sorted(folder.glob("node-*"))]:

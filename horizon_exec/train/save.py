@@ -11,10 +11,10 @@ a file that cannot be read is refused before the first step, named."""
 from dataclasses import dataclass
 from pathlib import Path
 
-from horizon_exec.files import hf_checkpoint
-from horizon_exec.files.hf_checkpoint import SAVE_DTYPES
-from horizon_exec.files.ckpt import checkpoint_bytes
-from horizon_exec.files.fileio import OutputError, write_failure
+from horizon_exec.checkpoints import hf_checkpoint
+from horizon_exec.checkpoints.hf_checkpoint import SAVE_DTYPES
+from horizon_exec.checkpoints.ckpt import checkpoint_bytes
+from horizon_exec.checkpoints.fileio import OutputError, write_failure
 from horizon_exec.train.loop import Interrupted
 from horizon_exec.train.outputs import check_file_sizes, check_space, largest_shard_bytes
 from horizon_exec.train.stop_signals import StopSignals, say

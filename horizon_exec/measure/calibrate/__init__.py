@@ -8,16 +8,16 @@ timer), kernels.py (GEMM, attention, elementwise, loss), host.py (copies, reduce
 AdamW, shared cores, bus, RAM), contention.py (lanes together), overheads.py (the tiny
 serialized model: per-op costs, runtime RSS), cpu.py and cuda.py (each backend's whole run).
 """
-from horizon_exec.measure.calibrate.cpu import _calibrate_cpu
-from horizon_exec.measure.calibrate.cuda import _calibrate_cuda
-from horizon_exec.measure.calibrate.kernels import _block_pass
+from horizon_exec.measure.calibrate.cpu import calibrate_cpu
+from horizon_exec.measure.calibrate.cuda import calibrate_cuda
+from horizon_exec.measure.calibrate.kernels import block_pass
 from horizon_exec.measure.calibrate.timing import KernelTimer
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
-__all__ = ["calibrate", "KernelTimer", "_block_pass"]
+__all__ = ["calibrate", "KernelTimer", "block_pass"]
 
 
 def calibrate(device: str = "cpu", *, quick: bool = False, model: ModelSpec | None = None,
@@ -35,7 +35,7 @@ def calibrate(device: str = "cpu", *, quick: bool = False, model: ModelSpec | No
         raise HorizonError(f"rounds={rounds} must be in {ROUNDS[0]}..{ROUNDS[1]}")
     check_disk_dir(disk_dir)  # before the minutes of measuring that come first
     if device == "cpu":
-        return _calibrate_cpu(quick, model, policy, say, rounds, (disk_dir, disk_io))
+        return calibrate_cpu(quick, model, policy, say, rounds, (disk_dir, disk_io))
     if device.startswith("cuda"):
-        return _calibrate_cuda(device, quick, model, policy, say, rounds, (disk_dir, disk_io))
+        return calibrate_cuda(device, quick, model, policy, say, rounds, (disk_dir, disk_io))
     raise HorizonError(f"device {device!r}: calibrate measures 'cpu' or 'cuda[:N]'")

@@ -6,9 +6,9 @@ import time
 
 import torch
 
-from horizon_exec.measure.calibrate.host import _cold_pool
-from horizon_exec.measure.calibrate.kernels import ELEMENTWISE_MODEL, _block_pass
-from horizon_exec.measure.calibrate.timing import _in_lane
+from horizon_exec.measure.calibrate.host import cold_pool
+from horizon_exec.measure.calibrate.kernels import ELEMENTWISE_MODEL, block_pass
+from horizon_exec.measure.calibrate.timing import in_lane
 from horizon_sim.schedule import Lane, OpKind, build_schedule
 from horizon_sim.sim.costs import CostModel
 from horizon_sim.specs.hardware import HardwareSpec
@@ -81,8 +81,8 @@ def compute_slowdown(backend, quick: bool) -> float:
     arena = DeviceArena(backend)
     # quick (for tests): a quarter of the tokens (bf16 GEMMs crawl on CPUs without AVX-512);
     # a block pass still outlasts many copies
-    block = _block_pass(ELEMENTWISE_MODEL, 1 if quick else 2, 128 if quick else 256, torch.bfloat16, "cpu")
-    pool = _cold_pool(2**20, pool_bytes=48 * 2**20)
+    block = block_pass(ELEMENTWISE_MODEL, 1 if quick else 2, 128 if quick else 256, torch.bfloat16, "cpu")
+    pool = cold_pool(2**20, pool_bytes=48 * 2**20)
     dst = torch.empty_like(pool[0])
     go, stop = threading.Event(), threading.Event()
 
@@ -116,7 +116,7 @@ def compute_slowdown(backend, quick: bool) -> float:
     t = threading.Thread(target=copier)
     t.start()
     try:
-        return _in_lane(backend, Lane.COMPUTE, lambda: pairs(3 if quick else 8))
+        return in_lane(backend, Lane.COMPUTE, lambda: pairs(3 if quick else 8))
     finally:
         stop.set()
         t.join()

@@ -13,12 +13,12 @@ from horizon_exec.measure.calibrate.disk import disk_host_fields
 from horizon_exec.measure.calibrate.host import (os_reserved_GiB, measure_accumulate_GBps, measure_adam_Gparams,
                                          measure_bus_GBps, measure_copy_GBps, measure_reduce_GBps,
                                          measure_shared_cores, ram_GiB)
-from horizon_exec.measure.calibrate.kernels import (_gemm_shapes, attention_grid, gemm_grid, gemm_rates, gemm_times,
+from horizon_exec.measure.calibrate.kernels import (attention_grid, gemm_grid, gemm_rates, gemm_shapes, gemm_times,
                                             measure_attention, measure_elementwise, measure_loss_ns_per_logit,
                                             slope_GBps)
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, TINY, TINY_POLICY, TinyProbe, head_id, op_overheads,
                                               runtime_overhead_GiB)
-from horizon_exec.measure.calibrate.timing import Progress, _in_lane, _mean_rate
+from horizon_exec.measure.calibrate.timing import Progress, in_lane, mean_rate
 from horizon_exec.procfs import cpu_name
 from horizon_sim.schedule import Lane, OpKind, work
 from horizon_sim.sim.costs import COPY_TRAFFIC
@@ -50,20 +50,20 @@ def _bf16_fallback() -> bool:
     return t[torch.bfloat16] > BF16_FALLBACK_RATIO * t[torch.float32]
 
 
-def _calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> HardwareSpec:
+def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> HardwareSpec:
     from horizon_exec.device.cpu import CpuBackend
     from horizon_exec.measure.probe import probe
     t_start = time.perf_counter()
     be = CpuBackend()
     prog = Progress(total=6 + rounds, say=say)
-    compute = lambda fn: _in_lane(be, Lane.COMPUTE, fn)  # noqa: E731
-    host = lambda fn: _in_lane(be, Lane.CPU, fn)         # noqa: E731
+    compute = lambda fn: in_lane(be, Lane.COMPUTE, fn)  # noqa: E731
+    host = lambda fn: in_lane(be, Lane.CPU, fn)         # noqa: E731
 
     # A CPU without native bf16 arithmetic (no AVX-512: torch's bf16 GEMM falls back to a
     # generic kernel, ~60x slower than fp32 on an AVX2 EPYC) would spend tens of minutes on
     # the full bf16 grid: measure the small grid once instead, and say so.
     slow_bf16 = compute(_bf16_fallback)
-    shapes = _gemm_shapes(quick or slow_bf16, "cpu", model, policy)
+    shapes = gemm_shapes(quick or slow_bf16, "cpu", model, policy)
     fp32_shapes = [(l, *s) for l in work.LAYOUTS for s in gemm_grid(True, "cpu")]
     prog.step(f"GEMM library warm-up: {len(shapes)} bf16 shapes, {len(fp32_shapes)} fp32 on "
               f"{be.compute_threads} thread(s) of core(s) {be.compute_cores}"
@@ -118,15 +118,15 @@ def _calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> 
     attn, mattn = [], []
     for out, key in ((attn, "attn"), (mattn, "mattn")):
         for (seq, hd), vals in R[key].items():
-            out.append(("bf16", float(seq), float(hd), _mean_rate([v[0] for v in vals]),
-                        _mean_rate([v[1] for v in vals])))
+            out.append(("bf16", float(seq), float(hd), mean_rate([v[0] for v in vals]),
+                        mean_rate([v[1] for v in vals])))
     elem = _elem_points(R["elem"])
-    h2d, d2h = _mean_rate(R["h2d"]), _mean_rate(R["d2h"])
+    h2d, d2h = mean_rate(R["h2d"]), mean_rate(R["d2h"])
     dev = DeviceSpec(
         name=f"cpu-core ({be.compute_threads} thread{'s' if be.compute_threads > 1 else ''})",
         hbm_GiB=ram, bf16_TFLOPs=bf16_best, fp32_TFLOPs=fp32_best, hbm_GBps=slope_GBps(elem),
         default_link="cpu-threads", matmul_efficiency=statistics.median(bf16.values()) / bf16_best,
-        reserved_GiB=0.0, launch_overhead_us=0.0, reduce_GBps=_mean_rate(R["reduce"]),
+        reserved_GiB=0.0, launch_overhead_us=0.0, reduce_GBps=mean_rate(R["reduce"]),
         loss_ns_per_logit=statistics.mean(R["loss"]),
         gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn), masked_attention_TFLOPs=tuple(mattn))
     slowdown = statistics.mean(R["slowdown"])
@@ -134,10 +134,10 @@ def _calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> 
                     cpu_driven=True)
     dram = max(bus, COPY_TRAFFIC * h2d, COPY_TRAFFIC * d2h)  # traffic: a copied byte is read and written
     hst = HostSpec(name=cpu_name(), ram_GiB=ram, dram_GBps=dram, cores=os.cpu_count() or 1,
-                   adam_Gparams_per_s=_mean_rate(R["adam"]),
+                   adam_Gparams_per_s=mean_rate(R["adam"]),
                    os_reserved_GiB=os_reserved_GiB(ram),
                    runtime_overhead_GiB=0.0, lane_cores=min(float(len(be.host_cores)), shared),
-                   thread_GBps=_mean_rate(R["thread"]))
+                   thread_GBps=mean_rate(R["thread"]))
     hw = HardwareSpec(device=dev, link=link, host=hst)
     for t in tiny:
         t.close()
@@ -153,7 +153,7 @@ def _calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> 
     copy_busy = statistics.mean(b[0] for b in busy)
     host_busy = statistics.mean(b[1] for b in busy)
     reduces = [b[2] for b in busy if b[2] > 0]
-    reduce = _mean_rate(reduces) if reduces else dev.reduce_GBps
+    reduce = mean_rate(reduces) if reduces else dev.reduce_GBps
     prog.done(f"a copy takes {copy_busy:.0f} us longer, a CPU-lane op {host_busy:.0f} us; an offload's norm "
               f"pass runs at {reduce:.1f} GB/s in place (alone: {dev.reduce_GBps:.1f}); a host lane copying "
               f"without pause slows compute by {slowdown - 1:+.1%} (modelled while host-lane work runs)")

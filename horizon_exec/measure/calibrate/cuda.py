@@ -19,11 +19,11 @@ import torch
 from horizon_exec.measure.calibrate.disk import disk_host_fields
 from horizon_exec.measure.calibrate.host import (measure_accumulate_GBps, measure_adam_Gparams, measure_bus_GBps,
                                                  os_reserved_GiB, ram_GiB)
-from horizon_exec.measure.calibrate.kernels import (_ColdOperands, _gemm_shapes, attention_calls, attention_grid,
-                                            gemm_grid, measure_elementwise, measure_loss_ns_per_logit,
+from horizon_exec.measure.calibrate.kernels import (ColdOperands, attention_calls, attention_grid, gemm_grid,
+                                            gemm_shapes, measure_elementwise, measure_loss_ns_per_logit,
                                             slope_GBps)
 from horizon_exec.measure.calibrate.overheads import TINY, TINY_POLICY, op_overheads, tiny_op_times
-from horizon_exec.measure.calibrate.timing import Progress, _median_time
+from horizon_exec.measure.calibrate.timing import Progress, median_time
 from horizon_exec.procfs import cpu_name
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import work
@@ -50,12 +50,12 @@ def _device_seconds(fn, *, min_s: float = 0.01, max_reps: int = 200, batches: in
     return statistics.median(batch(reps) for _ in range(batches))
 
 
-def _gemm_table(shapes, dtype, device) -> dict:
+def gemm_table(shapes, dtype, device) -> dict:
     """{(layout, m, n, k): TFLOP/s} of torch.mm on the GPU, event-timed (see the module docstring)."""
     out = {}
     for shape in shapes:
         layout, m, n, k = shape
-        fn = _ColdOperands(layout, m, n, k, dtype, device, 0)  # one operand set off the CPU
+        fn = ColdOperands(layout, m, n, k, dtype, device, 0)  # one operand set off the CPU
         out[shape] = 2.0 * m * n * k / _device_seconds(fn) / 1e12
         del fn
     return out
@@ -95,7 +95,7 @@ def _library_workspace_bytes(dev_t) -> int:
     return max(0, torch.cuda.memory_allocated(dev_t) - before)
 
 
-def _preset_for(gpu_name: str):
+def preset_for(gpu_name: str):
     """The DeviceSpec preset whose name's words all appear in the GPU's name (the most specific
     one), e.g. 'NVIDIA A100-SXM4-80GB' -> a100-80gb; None if none does. Words, not substrings:
     'h200' must not match 'NVIDIA GH200 480GB'."""
@@ -111,7 +111,7 @@ def _preset_for(gpu_name: str):
     return best[1] if best else None
 
 
-def _calibrate_cuda(device, quick, model, policy, say, rounds, disk=(None, "direct")) -> HardwareSpec:
+def calibrate_cuda(device, quick, model, policy, say, rounds, disk=(None, "direct")) -> HardwareSpec:
     """The CUDA backend: copies are DMA over the real link (pinned and pageable), compute is
     the GPU, the optimizer runs on all host cores. Not exercised on the machine this was
     written on (no GPU); the CPU path is the one validated."""
@@ -133,9 +133,9 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     t_start = time.perf_counter()
 
     prog.step(f"GEMM throughput on {props.name}")
-    shapes = _gemm_shapes(quick, "cuda", model, policy)
-    bf16 = _gemm_table(shapes, torch.bfloat16, dev_t)
-    fp32 = _gemm_table([(l, *s) for l in work.LAYOUTS for s in gemm_grid(True, "cuda")], torch.float32, dev_t)
+    shapes = gemm_shapes(quick, "cuda", model, policy)
+    bf16 = gemm_table(shapes, torch.bfloat16, dev_t)
+    fp32 = gemm_table([(l, *s) for l in work.LAYOUTS for s in gemm_grid(True, "cuda")], torch.float32, dev_t)
     gemm = [("bf16", s[0], *map(float, s[1:]), r) for s, r in bf16.items()]
     gemm += [("fp32", s[0], *map(float, s[1:]), r) for s, r in fp32.items()]
 
@@ -157,11 +157,11 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     d = torch.empty(n, dtype=torch.uint8, device=dev_t)
     pinned = torch.empty(n, dtype=torch.uint8).pin_memory()
     pageable = torch.empty(n, dtype=torch.uint8)
-    h2d = n / _median_time(lambda: d.copy_(pinned, non_blocking=True), sync=sync) / 1e9
-    d2h = n / _median_time(lambda: pinned.copy_(d, non_blocking=True), sync=sync) / 1e9
-    pg = n / _median_time(lambda: d.copy_(pageable), sync=sync) / 1e9
+    h2d = n / median_time(lambda: d.copy_(pinned, non_blocking=True), sync=sync) / 1e9
+    d2h = n / median_time(lambda: pinned.copy_(d, non_blocking=True), sync=sync) / 1e9
+    pg = n / median_time(lambda: d.copy_(pageable), sync=sync) / 1e9
     small_d, small_h = d[:4096], pinned[:4096]
-    lat = _median_time(lambda: small_d.copy_(small_h, non_blocking=True), sync=sync) * 1e6
+    lat = median_time(lambda: small_d.copy_(small_h, non_blocking=True), sync=sync) * 1e6
 
     prog.step("host: AdamW on all cores, DRAM bus")
     torch.set_num_threads(os.cpu_count() or 1)
@@ -182,7 +182,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(dev_t)
     not_ours = max(0, total - free - torch.cuda.memory_reserved(dev_t))
-    preset = _preset_for(props.name)
+    preset = preset_for(props.name)
     bf16_best, fp32_best = max(bf16.values()), max(fp32.values())
     peak = max(preset.bf16_TFLOPs, bf16_best) if preset else bf16_best
     devspec = DeviceSpec(name=props.name, hbm_GiB=props.total_memory / GiB, bf16_TFLOPs=peak,

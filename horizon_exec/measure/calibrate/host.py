@@ -11,7 +11,7 @@ import torch
 from horizon_exec.procfs import meminfo_bytes
 from horizon_exec.device.hugepages import host_bytes
 
-from horizon_exec.measure.calibrate.timing import _median_time
+from horizon_exec.measure.calibrate.timing import median_time
 from horizon_exec.runtime.sq_norm import sq_norm
 from horizon_sim.schedule import Lane
 from horizon_sim.sim.costs import COPY_TRAFFIC
@@ -24,7 +24,7 @@ def _host(numel: int, dtype=torch.float32, fill: float = 0.0):
     return host_bytes(numel * dtype.itemsize).view(dtype).fill_(fill)
 
 
-def _cold_pool(nbytes: int, dtype=torch.bfloat16, pool_bytes: int = 96 * 2**20, host: bool = True):
+def cold_pool(nbytes: int, dtype=torch.bfloat16, pool_bytes: int = 96 * 2**20, host: bool = True):
     """Buffers of nbytes whose total exceeds the last-level cache, used round robin so each
     use finds its buffer cold. host: in the executor's host memory (the store, the pool), else
     plain tensors (the CPU backend's device buffers)."""
@@ -37,7 +37,7 @@ def measure_copy_GBps(nbytes: int, direction: str) -> float:
     """One thread's copy rate for an nbytes buffer: h2d reads a cold source into a warm
     destination (load_weights: host store -> slot), d2h a warm source into a cold one (the
     cold side in host memory, the warm side a device buffer)."""
-    pool = _cold_pool(nbytes)
+    pool = cold_pool(nbytes)
     warm = torch.empty_like(pool[0])
     it = iter(range(10**9))
 
@@ -47,20 +47,20 @@ def measure_copy_GBps(nbytes: int, direction: str) -> float:
             warm.copy_(b)
         else:
             b.copy_(warm)
-    return nbytes / _median_time(one, min_s=0.03) / 1e9
+    return nbytes / median_time(one, min_s=0.03) / 1e9
 
 
 def measure_reduce_GBps(nbytes: int) -> float:
     """An offload's squared-norm pass (runtime/sq_norm.py: through a float32 scratch) over a
     bf16 gradient, as the copy lane does it: gradients cold in this core's cache."""
-    pool = _cold_pool(nbytes, pool_bytes=48 * 2**20, host=False)  # device-side gradients
+    pool = cold_pool(nbytes, pool_bytes=48 * 2**20, host=False)  # device-side gradients
     it = iter(range(10**9))
 
     def one():
         sq_norm(pool[next(it) % len(pool)])
     for _ in range(3):
         one()
-    return nbytes / _median_time(one, min_s=0.03) / 1e9
+    return nbytes / median_time(one, min_s=0.03) / 1e9
 
 
 def measure_accumulate_GBps(n_params: int) -> float:
@@ -70,7 +70,7 @@ def measure_accumulate_GBps(n_params: int) -> float:
     dsts = [_host(n_params) for _ in range(max(2, (64 * 2**20) // (4 * n_params)))]
     src = torch.ones(n_params, dtype=torch.bfloat16)
     it = iter(range(10**9))
-    return 8 * n_params / _median_time(lambda: dsts[next(it) % len(dsts)].add_(src), min_s=0.03) / 1e9
+    return 8 * n_params / median_time(lambda: dsts[next(it) % len(dsts)].add_(src), min_s=0.03) / 1e9
 
 
 def measure_adam_Gparams(n_params: int, quick: bool) -> float:

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from horizon_exec.measure.calibrate.timing import KernelTimer, _median_time
+from horizon_exec.measure.calibrate.timing import KernelTimer, median_time
 from horizon_sim.schedule import work
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -34,7 +34,7 @@ def model_gemms(model: ModelSpec, policy: Policy) -> set[tuple[str, int, int, in
     return {(g.layout, g.m, g.n, g.k) for g in gs}
 
 
-class _ColdOperands:
+class ColdOperands:
     """Operands of one GEMM shape taken round robin from a pool larger than the core's L2, so
     each call finds them the way a layer op does: weights just copied in by another core
     (in the shared cache at best), not in this core's private cache."""
@@ -68,7 +68,7 @@ def gemm_times(shapes, dtype, device, sync=None, reverse: bool = False, warm: bo
     out = {}
     for shape in (reversed(shapes) if reverse else shapes):
         layout, m, n, k = shape
-        fn = _ColdOperands(layout, m, n, k, dtype, device, pool)
+        fn = ColdOperands(layout, m, n, k, dtype, device, pool)
         if warm:
             fn()
         reps = 2 if m * n * k < 2**27 else 1
@@ -148,7 +148,7 @@ def attention_calls(seq: int, hd: int, dtype, device, heads: int, kv_heads: int,
     return fwd, fwd_bwd, 2.0 * batch * heads * seq * seq * hd * (2 if masked else 1)
 
 
-def _block_pass(model: ModelSpec, batch: int, seq: int, dtype, device):
+def block_pass(model: ModelSpec, batch: int, seq: int, dtype, device):
     """fn() running one forward and one forward-with-grad + autograd.grad of the template block."""
     from horizon_exec.model.layers import DecoderBlock
     from horizon_exec.model.layout import block_layout
@@ -191,7 +191,7 @@ def measure_loss_ns_per_logit(vocab: int = 8192, chunk: int = 256, dtype=torch.b
         p[torch.arange(chunk, device=device), safe] -= valid.to(p.dtype)
         p.mul_((valid.to(p.dtype) * 1e-3)[:, None])
         p.to(dtype)
-    return _median_time(once, min_s=0.02, min_reps=reps, sync=sync) / (chunk * vocab) * 1e9
+    return median_time(once, min_s=0.02, min_reps=reps, sync=sync) / (chunk * vocab) * 1e9
 
 
 ELEMENTWISE_MODEL = ModelSpec(name="calibrate-block", n_layers=1, hidden=512, n_heads=8, n_kv_heads=4,
@@ -206,7 +206,7 @@ def measure_elementwise(dtype, device, quick: bool, sync=None, sizes=None) -> li
     kernel's bytes outweigh its launch, see calibrate/cuda.py)."""
     out = []
     for batch, seq in sizes or ((1, 64), (1, 256) if quick else (4, 256)):
-        fn = _block_pass(ELEMENTWISE_MODEL, batch, seq, dtype, device)
+        fn = block_pass(ELEMENTWISE_MODEL, batch, seq, dtype, device)
         fn()
         runs = []
         for _ in range(3 if quick else 5):
@@ -224,6 +224,7 @@ def slope_GBps(points) -> float:
     return (b2 - b1) / (t2 - t1) / 1e9 if t2 > t1 else b2 / t2 / 1e9
 
 
-def _gemm_shapes(quick, device, model, policy):
+def gemm_shapes(quick, device, model, policy):
+    """(layout, m, n, k) to time: the grid for `device`, plus the model's own GEMMs when a model is given."""
     extra = model_gemms(model, policy or Policy()) if model is not None else set()
     return sorted({(l, *s) for l in work.LAYOUTS for s in gemm_grid(quick, device)} | extra)

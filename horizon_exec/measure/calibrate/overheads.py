@@ -28,12 +28,12 @@ class TinyProbe:
     noisiest figures on a shared machine, are averaged over the whole run."""
 
     def __init__(self, device: str, policy: Policy = TINY_POLICY):
-        from horizon_exec.measure.probe import _Serialized, _sync_for
+        from horizon_exec.measure.probe import Serialized, sync_for
         from horizon_exec.runtime.trainer import Trainer
         self.policy = policy
         self.gen = torch.Generator().manual_seed(0)
         self.tr = Trainer(TINY, policy, device=device)
-        self.ser = _Serialized(self.tr.engine.runner, _sync_for(device))
+        self.ser = Serialized(self.tr.engine.runner, sync_for(device))
         self.tr.engine.runner = self.ser
         self.own: dict[int, list[float]] = {}
         self._step()  # warm-up, not kept

@@ -11,7 +11,7 @@ import torch
 from horizon_sim.schedule import Lane
 
 
-def _median_time(fn, *, min_s: float = 0.02, max_reps: int = 50, min_reps: int = 3, sync=None) -> float:
+def median_time(fn, *, min_s: float = 0.02, max_reps: int = 50, min_reps: int = 3, sync=None) -> float:
     """Median seconds of fn() over enough repeats to fill ~min_s (after one warm-up call)."""
     fn()
     if sync:
@@ -32,7 +32,7 @@ def _median_time(fn, *, min_s: float = 0.02, max_reps: int = 50, min_reps: int =
     return statistics.median(ts)
 
 
-def _in_lane(backend, lane: Lane, fn):
+def in_lane(backend, lane: Lane, fn):
     """Run fn() in a fresh thread set up like the executor's `lane` worker; return its result."""
     out = {}
 
@@ -117,6 +117,6 @@ class KernelTimer:
         return _Mode()
 
 
-def _mean_rate(rates) -> float:
+def mean_rate(rates) -> float:
     """Mean over rounds taken on times (the harmonic mean of rates): the machine's average."""
     return len(rates) / sum(1.0 / r for r in rates)

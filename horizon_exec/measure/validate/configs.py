@@ -11,7 +11,8 @@ from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
 
-def _llama(name, L, H, heads, kv, F, V=256):
+def llama(name, L, H, heads, kv, F, V=256):
+    """A Llama-shaped ModelSpec: L layers of width H, heads/kv attention heads, FFN width F, vocabulary V."""
     return ModelSpec(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F,
                      vocab=V, norm_eps=1e-5, rope_theta=1e4)
 
@@ -40,36 +41,36 @@ class Config:
 
 
 CONFIGS = (
-    Config("base", _llama("v-base", 6, 256, 4, 2, 688),
+    Config("base", llama("v-base", 6, 256, 4, 2, 688),
            Policy(batch=2, seq=256), "the default policy at width 256"),
-    Config("deep_k2", _llama("v-deep", 12, 256, 4, 2, 688),
+    Config("deep_k2", llama("v-deep", 12, 256, 4, 2, 688),
            Policy(batch=2, seq=128, act_ckpt_every=2, slots=3, act_ckpt_on="device", optimizer="backward",
                   grad_clip=0.0), "depth 12, K=2, 3 slots, checkpoints on the device, optimizer in backward"),
-    Config("wide_after", _llama("v-wide", 4, 512, 8, 4, 1376),
+    Config("wide_after", llama("v-wide", 4, 512, 8, 4, 1376),
            Policy(batch=2, seq=256, optimizer="after"), "width 512, optimizer after backward"),
-    Config("batch4_k3", _llama("v-b4", 6, 384, 6, 2, 1024),
+    Config("batch4_k3", llama("v-b4", 6, 384, 6, 2, 1024),
            Policy(batch=4, seq=128, act_ckpt_every=3), "batch 4, K=3 with checkpoints on the host"),
-    Config("vocab8k", _llama("v-vocab", 4, 384, 6, 2, 1024, V=8192),
+    Config("vocab8k", llama("v-vocab", 4, 384, 6, 2, 1024, V=8192),
            Policy(batch=2, seq=256, act_ckpt_every=2, slots=4, act_ckpt_on="device", loss_chunk_tokens=256),
            "8k vocabulary (a real LM head, 2 loss chunks), 4 slots, K=2 on the device"),
-    Config("nowc_micro", _llama("v-micro", 8, 256, 4, 2, 688),
+    Config("nowc_micro", llama("v-micro", 8, 256, 4, 2, 688),
            Policy(batch=4, seq=128, micro_batches=2, working_copy=False, optimizer="after"),
            "2 micro-batches, no working copy (fp32 loads cast on the device), optimizer after"),
-    Config("masked", replace(_llama("v-masked", 6, 256, 4, 2, 688), layer_windows=(0, 64) * 3),
+    Config("masked", replace(llama("v-masked", 6, 256, 4, 2, 688), layer_windows=(0, 64) * 3),
            Policy(batch=2, seq=512, doc_masks=True),
            "a 64-token window on every other layer and document masks: attention under explicit masks"),
-    Config("ranks2", _llama("v-ranks", 6, 256, 4, 2, 688), Policy(batch=2, seq=256),
+    Config("ranks2", llama("v-ranks", 6, 256, 4, 2, 688), Policy(batch=2, seq=256),
            "base on 2 data-parallel ranks: reduce-scatter per unit, each rank's AdamW on its half of "
            "one shared store", ranks=2),
-    Config("ranks2_after", _llama("v-ranks-after", 4, 384, 6, 2, 1024),
+    Config("ranks2_after", llama("v-ranks-after", 4, 384, 6, 2, 1024),
            Policy(batch=2, seq=128, optimizer="after", act_ckpt_every=2, act_ckpt_on="device"),
            "2 ranks, optimizer after backward, K=2 on the device", ranks=2),
-    Config("split_lean", _llama("v-split", 6, 384, 6, 2, 1024),
+    Config("split_lean", llama("v-split", 6, 384, 6, 2, 1024),
            Policy(batch=2, seq=128, split_master=True, optimizer="backward", grad_clip=0.0, max_host_grads=2),
            "split master (the bf16 copy + a low half), optimizer in backward, host grads bounded to 2: "
            "the exact-fp32 policy that fits dense-120b in 1.5 TB"),
-    Config("disk_tier", _llama("v-disk", 6, 256, 4, 2, 688), Policy(batch=2, seq=256, split_master=True,
-                                                                    disk_tier="moments+low"),
+    Config("disk_tier", llama("v-disk", 6, 256, 4, 2, 688), Policy(batch=2, seq=256, split_master=True,
+                                                                   disk_tier="moments+low"),
            "base with the split master, its low halves and the Adam moments on disk (O_DIRECT, read a unit "
            "ahead into two RAM stages, written back after the update)"),
 )
@@ -79,10 +80,10 @@ tier, masked attention and data parallelism (two of them run 2 ranks sharing the
 cores); about two minutes in all on a 2-core CPU."""
 
 QUICK_CONFIGS = (
-    Config("tiny_a", _llama("v-tiny-a", 3, 128, 2, 1, 352), Policy(batch=1, seq=64), "tiny, default"),
-    Config("tiny_b", _llama("v-tiny-b", 4, 128, 2, 1, 352, V=512),
+    Config("tiny_a", llama("v-tiny-a", 3, 128, 2, 1, 352), Policy(batch=1, seq=64), "tiny, default"),
+    Config("tiny_b", llama("v-tiny-b", 4, 128, 2, 1, 352, V=512),
            Policy(batch=2, seq=64, act_ckpt_every=2, slots=3, act_ckpt_on="device", optimizer="after"),
            "tiny, K=2, optimizer after"),
-    Config("tiny_r2", _llama("v-tiny-r2", 3, 128, 2, 1, 352), Policy(batch=1, seq=64), "tiny on 2 ranks", ranks=2),
+    Config("tiny_r2", llama("v-tiny-r2", 3, 128, 2, 1, 352), Policy(batch=1, seq=64), "tiny on 2 ranks", ranks=2),
 )
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 
 from horizon_exec.measure.peer_deepspeed import run_deepspeed, run_deepspeed_job, run_request
-from horizon_exec.measure.validate.configs import _llama
+from horizon_exec.measure.validate.configs import llama
 from horizon_sim.peer.compare import peer_hardware
 from horizon_sim.peer.zero3_builder import build_zero3_schedule
 from horizon_sim.peer.zero3_policy import Zero3Policy
@@ -53,23 +53,23 @@ class PeerConfig:
 
 
 PEER_CONFIGS = (
-    PeerConfig("ds_base_ckpt", _llama("p-base", 6, 256, 4, 2, 688), Zero3Policy(batch=2, seq=256),
+    PeerConfig("ds_base_ckpt", llama("p-base", 6, 256, 4, 2, 688), Zero3Policy(batch=2, seq=256),
                "validate's base model, activation checkpointing on"),
-    PeerConfig("ds_base", _llama("p-base", 6, 256, 4, 2, 688), Zero3Policy(batch=2, seq=256, act_ckpt=False),
+    PeerConfig("ds_base", llama("p-base", 6, 256, 4, 2, 688), Zero3Policy(batch=2, seq=256, act_ckpt=False),
                "the same, the autograd graph kept"),
-    PeerConfig("ds_wide", _llama("p-wide", 4, 512, 8, 4, 1376), Zero3Policy(batch=2, seq=256),
+    PeerConfig("ds_wide", llama("p-wide", 4, 512, 8, 4, 1376), Zero3Policy(batch=2, seq=256),
                "width 512, checkpointing on"),
-    PeerConfig("ds_micro", _llama("p-micro", 8, 256, 4, 2, 688),
+    PeerConfig("ds_micro", llama("p-micro", 8, 256, 4, 2, 688),
                Zero3Policy(batch=4, seq=128, micro_batches=2, act_ckpt=False), "2 micro-batches, no checkpointing"),
 )
 QUICK_PEER_CONFIGS = (
     # fp32: on CPUs without AVX-512 torch's bf16 GEMMs run ~60x slower (this is for tests)
-    PeerConfig("ds_tiny", _llama("p-tiny", 3, 128, 2, 1, 352), Zero3Policy(batch=1, seq=64, compute_dtype="fp32"),
+    PeerConfig("ds_tiny", llama("p-tiny", 3, 128, 2, 1, 352), Zero3Policy(batch=1, seq=64, compute_dtype="fp32"),
                "tiny, fp32, checkpointing on"),
 )
-TINY = PeerConfig("ds_runtime", _llama("p-runtime", 2, 64, 2, 1, 176), Zero3Policy(batch=1, seq=32, act_ckpt=False))
+TINY = PeerConfig("ds_runtime", llama("p-runtime", 2, 64, 2, 1, 176), Zero3Policy(batch=1, seq=32, act_ckpt=False))
 """The tiny run whose RSS gives the peer's runtime overhead."""
-RSS_PROBE = PeerConfig("ds_rss", _llama("p-rss", 8, 384, 6, 2, 1024), Zero3Policy(batch=1, seq=32, act_ckpt=False))
+RSS_PROBE = PeerConfig("ds_rss", llama("p-rss", 8, 384, 6, 2, 1024), Zero3Policy(batch=1, seq=32, act_ckpt=False))
 """A larger run (12.8M parameters) in a process of its own: with TINY it separates the runtime from
 what DeepSpeed holds per parameter beyond the Schedule's model states."""
 FIXED_KINDS = ("forward", "backward", "backward_saved", "head")
@@ -80,7 +80,7 @@ DEPTHS = (2, 10)
 
 def _fixed_probe(layers: int, act_ckpt: bool, dtype: str = "bf16") -> PeerConfig:
     return PeerConfig(f"ds_fixed_L{layers}_{'ckpt' if act_ckpt else 'graph'}",
-                      _llama(f"p-fixed-{layers}", layers, 128, 2, 1, 352),
+                      llama(f"p-fixed-{layers}", layers, 128, 2, 1, 352),
                       Zero3Policy(batch=1, seq=64, act_ckpt=act_ckpt, compute_dtype=dtype))
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from horizon_exec.files.fileio import publish_dir, staging_dir, write_safetensors, write_text
-from horizon_exec.files.tokenize import TOKENIZER_FILES
+from horizon_exec.checkpoints.fileio import publish_dir, staging_dir, write_safetensors, write_text
+from horizon_exec.data.tokenize import TOKENIZER_FILES
 from horizon_exec.model.layout import host_layout
 from horizon_sim.errors import HorizonError
 from horizon_sim.safe_files import refuse_non_regular

@@ -319,7 +319,7 @@ def _closing_ids(tokenizer) -> list[int]:
 def _chat_parts(c: Chat, tokenizer):
     """(ids, target mask) of a rendered conversation: apply_chat_template's ids and assistant
     mask (chat_tokens.py); an error names the record."""
-    from horizon_exec.files.chat_tokens import chat_tokens
+    from horizon_exec.data.chat_tokens import chat_tokens
     try:
         return chat_tokens(tokenizer, list(c.messages), c.tools)
     except HorizonError as e:

@@ -44,8 +44,8 @@ import shutil
 import struct
 from pathlib import Path
 
-from horizon_exec.files import ckpt_invariants, ckpt_lock
-from horizon_exec.files.fileio import (
+from horizon_exec.checkpoints import ckpt_invariants, ckpt_lock
+from horizon_exec.checkpoints.fileio import (
     Deferred,
     OutputError,
     aside_name,
@@ -140,16 +140,14 @@ def save_checkpoint(ckpt_dir, trainer, step: int, loop_state: dict | None = None
     """Write checkpoint `step` (optimizer steps done) under ckpt_dir; returns its folder.
     Does not flush a pending pipelined update: the pending gradients are saved instead, so
     the run's own overlap is not disturbed."""
-    trainer._check_usable()
+    state = trainer.checkpoint_state()
     root = Path(ckpt_dir)
     final = root / step_dir_name(step)
     a = trainer.runner.adamw
     meta = {
         "format": FORMAT,
         "step": step,
-        "trainer": {"steps_done": trainer.steps_done, "pending": trainer.pending,
-                    "pending_lr": trainer.pending_lr, "lr": trainer.lr,
-                    "skipped_steps": trainer.skipped_steps},
+        "trainer": dataclasses.asdict(state),
         "model": trainer.model.to_dict(),
         "policy": trainer.policy.to_dict(),
         "optimizer": {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay},
@@ -352,7 +350,7 @@ def _state_header(f, path: Path, size: int) -> tuple[bytes, dict, int]:
     for k, v in header.items():
         why = _entry_problem(k, v)
         if why:
-            raise CheckpointError(f"{path}: corrupt header (entry {_show(k)}: {why})")
+            raise CheckpointError(f"{path}: corrupt header (entry {show(k)}: {why})")
     ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
     total = 8 + n + max(ends, default=0)
     if size < total:
@@ -376,16 +374,16 @@ def _entry_problem(k: str, v) -> str:
     if not isinstance(v, dict):
         return "not an object"
     if not isinstance(v.get("dtype"), str):
-        return f"dtype {_show(v.get('dtype'))}"
+        return f"dtype {show(v.get('dtype'))}"
     shape, off = v.get("shape"), v.get("data_offsets")
     if not isinstance(shape, list) or not all(_nonneg_int(d) for d in shape):
-        return f"shape {_show(shape)}"
+        return f"shape {show(shape)}"
     if not (isinstance(off, list) and len(off) == 2 and all(_nonneg_int(o) for o in off) and off[0] <= off[1]):
-        return f"data_offsets {_show(off)}"
+        return f"data_offsets {show(off)}"
     return ""
 
 
-def _show(x) -> str:
+def show(x) -> str:
     """A damaged value in a one-line message: repr (no raw newlines), at most 60 characters."""
     r = repr(x)
     return r if len(r) <= 60 else r[:57] + "..."
@@ -437,7 +435,6 @@ def _meta_problem(meta: dict) -> str:
     it is checked here, so a damaged file is a CheckpointError naming it, never a KeyError."""
     from horizon_exec.optim.adamw import MAX_LR
 
-    show = _show
     if meta.get("format") != FORMAT:
         return f"format {show(meta.get('format'))}"
     if not _nonneg_int(meta.get("step")):
@@ -482,7 +479,7 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write, pr
     wrong with a tensor's values once read ('' if nothing; ckpt_invariants.py), a CheckpointError."""
     import torch
 
-    from horizon_exec.files.fileio import ST_DTYPE
+    from horizon_exec.checkpoints.fileio import ST_DTYPE
 
     _exists(path)
     size = path.stat().st_size
@@ -495,7 +492,7 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write, pr
         names = {k for *_, k, _v in entries}
         if names != set(want):
             extra, missing = sorted(names - set(want)), sorted(set(want) - names)
-            what = f"unexpected tensor {_show(extra[0])}" if extra else f"tensor {_show(missing[0])} is missing"
+            what = f"unexpected tensor {show(extra[0])}" if extra else f"tensor {show(missing[0])} is missing"
             raise CheckpointError(f"{path}: {what} (corrupt header, or a checkpoint of another build)")
         pos, started, bad_values = 0, False, ""
         for begin, end, name, v in entries:
@@ -507,10 +504,10 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write, pr
                 pos = end
                 continue
             if v["dtype"] != ST_DTYPE.get(dst.dtype) or v["shape"] != list(dst.shape):
-                raise CheckpointError(f"{path}: tensor {_show(name)} is {_show(v['shape'])} {_show(v['dtype'])}, "
+                raise CheckpointError(f"{path}: tensor {show(name)} is {show(v['shape'])} {show(v['dtype'])}, "
                                       f"the store has {list(dst.shape)} {ST_DTYPE.get(dst.dtype)} (corrupt header)")
             if begin != pos or end - begin != dst.numel() * dst.element_size():
-                raise CheckpointError(f"{path}: tensor {_show(name)} has offsets [{begin}, {end}) (corrupt header)")
+                raise CheckpointError(f"{path}: tensor {show(name)} has offsets [{begin}, {end}) (corrupt header)")
             if not started:
                 on_first_write()
                 started = True
@@ -527,7 +524,7 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write, pr
                 off += got
             why = problem(name, dst) if problem is not None and not bad_values else ""
             if why:  # reported once the checksum is known: a mismatch is the better diagnosis
-                bad_values = f"{path}: tensor {_show(name)} holds {why} (corrupt checkpoint)"
+                bad_values = f"{path}: tensor {show(name)} holds {why} (corrupt checkpoint)"
             if deferred and deferred.done:
                 deferred.done(dst)
             pos = end
@@ -556,10 +553,10 @@ master is saved as the fp32 master; the std of the random init, which a resume d
 redo): a run may resume with another value."""
 
 
-def _check_compatible(p: Path, meta: dict, trainer) -> None:
+def check_compatible(p: Path, meta: dict, trainer) -> None:
     lay, d = meta.get("layout", {}), trainer.dist
     if not isinstance(lay, dict):
-        raise CheckpointError(f"{p / META}: layout {_show(lay)} is not an object (corrupt checkpoint)")
+        raise CheckpointError(f"{p / META}: layout {show(lay)} is not an object (corrupt checkpoint)")
     have = (lay.get("nodes", 1), lay.get("devices_per_node", 1), lay.get("node", 0))
     if have != (d.layout.nodes, d.layout.devices_per_node, d.node):
         raise HorizonError(f"{p}: checkpoint holds node {have[2]}'s store of a run of {have[0]} node(s) x {have[1]} "
@@ -576,15 +573,17 @@ def _check_compatible(p: Path, meta: dict, trainer) -> None:
                 and not (what == "model" and k == "name") and k not in SAME_ON_DISK.get(what, ())]
         if diff:
             k = diff[0]
-            k_ = k if re.fullmatch(r"\w{1,40}", k) else _show(k)
-            raise HorizonError(f"{p}: checkpoint was written for {what} {k_}={_show(saved.get(k))}, this run has "
-                               f"{k_}={_show(have.get(k))}; resume with the same {what}")
+            k_ = k if re.fullmatch(r"\w{1,40}", k) else show(k)
+            raise HorizonError(f"{p}: checkpoint was written for {what} {k_}={show(saved.get(k))}, this run has "
+                               f"{k_}={show(have.get(k))}; resume with the same {what}")
 
 
 def _load_one(p: Path, trainer, verify: bool, check) -> dict:
+    from horizon_exec.runtime.trainer import TrainerState
+
     sums = _sums(p) if verify else {}
     meta = _read_meta_bytes(p, sums.get(META))
-    _check_compatible(p, meta, trainer)
+    check_compatible(p, meta, trainer)
     if check is not None:
         check(p, meta)
     pending = bool(meta["trainer"]["pending"])
@@ -602,14 +601,9 @@ def _load_one(p: Path, trainer, verify: bool, check) -> dict:
     holds, steps_done = ckpt_invariants.holds_by_name(trainer), int(meta["trainer"]["steps_done"])
     _read_state(p / STATE, want, sums.get(STATE), touched,
                 lambda name, t: ckpt_invariants.value_problem(name, t, holds.get(name), steps_done))
-    trainer.state_invalid = None
-    trainer._refresh_working_copy()
     tm = meta["trainer"]
-    trainer.pending = pending
-    trainer.pending_lr = float(tm["pending_lr"])
-    trainer.lr = float(tm["lr"])
-    trainer.steps_done = int(tm["steps_done"])
-    trainer.skipped_steps = int(tm.get("skipped_steps", 0))
+    trainer.restore(TrainerState(steps_done=int(tm["steps_done"]), pending=pending, pending_lr=float(tm["pending_lr"]),
+                                 lr=float(tm["lr"]), skipped_steps=int(tm.get("skipped_steps", 0))))
     meta["path"] = str(p)
     return meta
 
@@ -623,8 +617,7 @@ def load_checkpoint(path, trainer, verify: bool = True, check=None, warn=print) 
     check(folder, meta): called before the state is read (e.g. the loop's data check); its
     error is not a damaged checkpoint and stops the load. A failure after the store was
     partly overwritten leaves trainer.state_invalid set until a load succeeds."""
-    if trainer.failed:
-        trainer._check_usable()
+    trainer.check_loadable()
     cands = candidates(path)
     _, bad_pointer = read_pointer(Path(path)) if Path(path).is_dir() else (None, "")
     if bad_pointer and len(cands) > 1:

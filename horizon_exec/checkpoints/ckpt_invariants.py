@@ -21,7 +21,7 @@ CHUNK = 1 << 24
 
 def holds_by_name(trainer) -> dict[str, Holds]:
     """{checkpoint tensor name: what it holds} for the names _state_items writes."""
-    from horizon_exec.files.ckpt import fp32_master_name
+    from horizon_exec.checkpoints.ckpt import fp32_master_name
     out = {}
     for b in trainer.sched.buffers.values():
         if b.holds == Holds.MASTER_LOW:

@@ -24,7 +24,7 @@ import stat
 import threading
 from pathlib import Path
 
-from horizon_exec.files.fileio import os_error_text
+from horizon_exec.checkpoints.fileio import os_error_text
 from horizon_sim.errors import HorizonError
 
 LOCK = ".lock"

@@ -120,7 +120,7 @@ class HFTokenizer:
         """(text, [(start, end) character spans of the assistant turns]) of one conversation,
         rendered by the folder's chat template exactly as apply_chat_template renders it; the
         spans as chat_tokens.py defines them (without {% generation %} blocks)."""
-        from horizon_exec.files.chat_tokens import render_spans
+        from horizon_exec.data.chat_tokens import render_spans
         try:
             return render_spans(self.chat_reference(), messages, tools, self.folder)
         except HorizonError:

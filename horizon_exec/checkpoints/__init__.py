@@ -1,0 +1,1 @@
+"""Checkpoints: training checkpoints for exact resume (ckpt.py), the values they must hold (ckpt_invariants.py), one run per folder (ckpt_lock.py), HF checkpoints in and out (hf_checkpoint.py), and the writing they share: streamed safetensors, SHA-256, atomic publication (fileio.py)."""
