@@ -120,7 +120,7 @@ def test_a_run_whose_every_step_was_skipped_does_not_succeed(tmp_path, capsys, m
     def nan_weights(self, seed):   # a NaN in the final norm: every loss is NaN
         real(self, seed)
         self.state_dict()["model.norm.weight"][0] = math.nan
-        self._refresh_working_copy()
+        self.refresh_working_copy()
 
     monkeypatch.setattr(Trainer, "init_weights", nan_weights)
     assert main(BASE + ["--steps", "3", "--save-hf", str(tmp_path / "out")]) == 1

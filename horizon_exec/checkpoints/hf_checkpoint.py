@@ -237,7 +237,7 @@ def load_hf(trainer, path) -> None:
         raise HorizonError(f"{d}: tensor {missing[0]!r} is missing from the checkpoint"
                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     reset_optimizer_state(trainer)
-    trainer._refresh_working_copy()
+    trainer.refresh_working_copy()
 
 
 def _check_finite(t, name: str, where) -> None:

@@ -299,10 +299,11 @@ class Trainer:
                         t.copy_(torch.randn(t.shape, generator=gen) * self.model.init_std)
                 if not in_place:
                     self.master.write_whole(u, whole)
-        self._refresh_working_copy()
+        self.refresh_working_copy()
 
-    def _refresh_working_copy(self) -> None:
-        """Working copies <- the masters (data parallel: the node's leader writes the shared
+    def refresh_working_copy(self) -> None:
+        """Working copies <- the masters, after anything wrote the masters directly (a loaded
+        checkpoint, new weights; data parallel: the node's leader writes the shared
         copy, or with several nodes each rank its chunk and the nodes gather; every rank waits
         until it is done)."""
         d = self.dist
@@ -386,7 +387,7 @@ class Trainer:
                 else:
                     for name, t in lay.views(self.store.of(Holds.MASTER, u)[:lay.numel]).items():
                         t.copy_(sd[name])
-        self._refresh_working_copy()
+        self.refresh_working_copy()
         self.pending = False  # gradients of the old weights must not update the new ones
 
     @property
@@ -427,7 +428,7 @@ class Trainer:
         """Put back a checkpoint's `state` once the host store holds the checkpoint's tensors:
         the trainer is valid again and its working copy is rebuilt from the master."""
         self.state_invalid = None
-        self._refresh_working_copy()
+        self.refresh_working_copy()
         self.pending = state.pending
         self.pending_lr = state.pending_lr
         self.lr = state.lr
