@@ -37,7 +37,7 @@ def test_the_executor_reads_exactly_the_described_tensors_in_order(kw):
     m = ModelSpec(n_layers=1, hidden=64, n_heads=4, n_kv_heads=kw.pop("n_kv_heads", 2), ffn_hidden=96,
                   vocab=100, **kw)
     lay = block_layout(m)
-    assert [(e.name, e.shape) for e in lay.entries] == block.parameters(m)
+    assert [(e.name, e.shape) for e in lay.entries] == list(block.parameters(m))
     assert lay.numel == m.layer_params
     w = Recording(lay.views(torch.randn(lay.numel) * 0.02))
     x = torch.randn(1, 8, m.hidden)

@@ -8,7 +8,9 @@ attention, o projection, residual, RMSNorm, then a gated MLP (gate, up, down; Sw
 one (up, down), residual. `plain` and `layernorm` (a weight and a bias per norm) describe
 GPT-2-style models the planner prices for published comparisons; the executor runs the gated,
 RMSNorm block only (horizon_exec/model/layers.py refuses the others by name)."""
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,7 @@ class Projection:
 NORMS = ("input_layernorm", "post_attention_layernorm")
 
 
+@lru_cache(maxsize=256)  # the planner asks for a model's counts per unit of every step it builds
 def projections(m) -> tuple[Projection, ...]:
     """The block's projections (a ModelSpec's), in the order its forward runs them."""
     H, F, q, kv = m.hidden, m.ffn_hidden, m.q_dim, m.kv_dim
@@ -43,7 +46,14 @@ def norm_tensors(m) -> tuple[str, ...]:
     return ("weight", "bias") if m.norm == "layernorm" else ("weight",)
 
 
-def parameters(m) -> list[tuple[str, tuple[int, ...]]]:
+@lru_cache(maxsize=256)
+def parameter_count(m) -> int:
+    """Elements of every tensor of the block."""
+    return sum(math.prod(shape) for _, shape in parameters(m))
+
+
+@lru_cache(maxsize=256)
+def parameters(m) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """(name, shape) of every tensor of the block, in transformers' order: each projection's
     weight then bias, then the norms."""
     out = []
@@ -51,4 +61,4 @@ def parameters(m) -> list[tuple[str, tuple[int, ...]]]:
         out.append((f"{p.module}.weight", (p.out_features, p.in_features)))
         if p.bias:
             out.append((f"{p.module}.bias", (p.out_features,)))
-    return out + [(f"{norm}.{t}", (m.hidden,)) for norm in NORMS for t in norm_tensors(m)]
+    return (*out, *((f"{norm}.{t}", (m.hidden,)) for norm in NORMS for t in norm_tensors(m)))

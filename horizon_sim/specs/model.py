@@ -138,7 +138,7 @@ class ModelSpec:
     @property
     def layer_params(self) -> int:
         """All parameters of one decoder block: matmuls, biases and both norms."""
-        return sum(math.prod(shape) for _, shape in block.parameters(self))
+        return block.parameter_count(self)
 
     @property
     def embedding_params(self) -> int:
