@@ -269,6 +269,7 @@ def _run_train(args: argparse.Namespace, dist) -> int:
     from horizon_exec.train.loop import EvalError, Interrupted
     from horizon_exec.optim.lr import CosineSchedule
     from horizon_exec.files.tokenize import BYTES, load_tokenizer, resolve_tokenizer, tokenizer_of_folder
+    from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, RuntimeConfig, TrainerConfig
     from horizon_exec.runtime.trainer import NonFiniteError, Trainer
     from horizon_sim.specs.hf_config import load_model
     from horizon_sim.units import parse_size
@@ -323,13 +324,15 @@ def _run_train(args: argparse.Namespace, dist) -> int:
                 save_inputs = read_save_inputs(args, tok, init_dir)
 
     # ---- trainer and loop ------------------------------------------------------------------
-    tr = Trainer(model, policy, lr=args.lr, weight_decay=args.weight_decay,
-                 betas=(args.beta1, args.beta2), eps=args.eps, device=args.device, seed=args.seed,
-                 device_budget_bytes=budget, compute_threads=args.compute_threads,
-                 random_init=args.init_from is None, admission=not args.no_admission,
-                 host_budget_bytes=host_budget, hardware=hardware, on_nonfinite=args.on_nonfinite,
-                 data_bytes=data_bytes, dist=dist, disk_dir=args.disk_dir, disk_method=args.disk_io,
-                 **({"timeout_s": args.op_timeout} if args.op_timeout is not None else {}))
+    runtime = RuntimeConfig(device=args.device, compute_threads=args.compute_threads, on_nonfinite=args.on_nonfinite,
+                            disk_dir=args.disk_dir, disk_method=args.disk_io,
+                            **({"timeout_s": args.op_timeout} if args.op_timeout is not None else {}))
+    tr = Trainer(model, policy, TrainerConfig(
+        optimizer=OptimizerConfig(lr=args.lr, weight_decay=args.weight_decay, betas=(args.beta1, args.beta2),
+                                  eps=args.eps),
+        runtime=runtime, seed=args.seed, random_init=args.init_from is None,
+        admission=AdmissionConfig(enabled=not args.no_admission, host_budget_bytes=host_budget,
+                                  device_budget_bytes=budget, hardware=hardware, data_bytes=data_bytes)), dist=dist)
     with tr:
         if not args.no_admission:
             from horizon_exec.train.save import check_space_for
