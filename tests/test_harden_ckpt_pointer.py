@@ -27,12 +27,13 @@ KILLED_BEFORE_POINTER = """
 import os, signal, sys, torch
 from horizon_exec.files import ckpt
 from horizon_exec.files import fileio
+from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 root = sys.argv[1]
 tr = Trainer(ModelSpec(n_layers=2, hidden=32, n_heads=2, n_kv_heads=2, ffn_hidden=64, vocab=256),
-             Policy(batch=1, seq=16, optimizer="after"), admission=False)
+             Policy(batch=1, seq=16, optimizer="after"), TrainerConfig(admission=AdmissionConfig(enabled=False)))
 g = torch.Generator().manual_seed(0)
 tr.step(torch.randint(0, 256, (1, 16), generator=g))
 ckpt.save_checkpoint(root, tr, 1)

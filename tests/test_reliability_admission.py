@@ -1,6 +1,6 @@
 """Admission control (issue 7): before allocating anything the executor asks the planner what
 the run needs and refuses, with needed vs available, the breakdown by role and what to change,
-when it does not fit; `--no-admission` / admission=False skips the check."""
+when it does not fit; `--no-admission` / AdmissionConfig(enabled=False) skips the check."""
 import argparse
 
 import pytest
