@@ -173,7 +173,7 @@ class Trainer:
     def __init__(self, model: ModelSpec, policy: Policy, config: TrainerConfig = TrainerConfig(), *,
                  schedule=None, dist=None):
         if not isinstance(config, TrainerConfig):
-            raise HorizonError(f"config={config!r} must be a TrainerConfig (runtime/config.py)")
+            raise HorizonError(f"config must be a TrainerConfig (runtime/config.py), not {type(config).__name__}")
         if policy.seq < 2:
             raise HorizonError(f"policy seq={policy.seq}: training needs sequences of at least 2 tokens")
         opt, rt, adm = config.optimizer, config.runtime, config.admission
