@@ -56,6 +56,7 @@ from horizon_exec.model.layers import DecoderBlock, rms_norm
 from horizon_exec.model.rope import rope_tables
 from horizon_exec.model.layout import block_layout
 from horizon_exec.optim.adamw import clip_coef
+from horizon_exec.runtime.config import OptimizerConfig, RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Holds, Lane, OpKind
 from horizon_sim.specs.model import ModelSpec
@@ -118,6 +119,11 @@ class AutogradStep:
             return time.perf_counter() - t0
         finally:
             os.sched_setaffinity(0, prev)
+
+
+def _config(a) -> TrainerConfig:
+    """The executor's settings of both runs: lr 1e-4, --compute-threads."""
+    return TrainerConfig(optimizer=OptimizerConfig(lr=1e-4), runtime=RuntimeConfig(compute_threads=a.compute_threads))
 
 
 def exec_step(tr, skip=frozenset()) -> float:
@@ -216,7 +222,7 @@ def main():
                      n_kv_heads=a.heads, ffn_hidden=a.ffn, vocab=a.vocab)
     pol = Policy(batch=a.batch, seq=a.seq, act_ckpt_every=1, slots=2, act_ckpt_on="host",
                  optimizer="pipelined", grad_clip=1.0)
-    tr = Trainer(spec, pol, lr=1e-4, compute_threads=a.compute_threads)
+    tr = Trainer(spec, pol, _config(a))
     threads = tr.backend.compute_threads
     print(f"model {spec.n_layers}x{spec.hidden} (ffn {spec.ffn_hidden}, vocab {spec.vocab}), "
           f"{spec.total_params / 1e6:.1f}M params, {pol.batch}x{pol.seq} tokens/step, bf16 compute, "
@@ -260,7 +266,7 @@ def main():
 
 def lean_optimizer_rates(spec, pol, a):
     lean = dataclasses.replace(pol, working_copy=False, micro_batches=2)  # op = the Adam update alone
-    with Trainer(spec, lean, lr=1e-4, compute_threads=a.compute_threads) as tr2:
+    with Trainer(spec, lean, _config(a)) as tr2:
         exec_step(tr2)
         return optimizer_rates(tr2, 4 * a.steps + 1)
 

@@ -12,6 +12,7 @@ import sys
 import torch
 
 from horizon_exec.procfs import rss_bytes
+from horizon_exec.runtime.config import OptimizerConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -26,7 +27,7 @@ def main() -> int:
     pol = Policy(batch=2, seq=64, act_ckpt_every=2, slots=2, act_ckpt_on="host", optimizer="pipelined")
     gen = torch.Generator().manual_seed(0)
     at = {}
-    with Trainer(spec, pol, lr=1e-3) as tr:
+    with Trainer(spec, pol, TrainerConfig(optimizer=OptimizerConfig(lr=1e-3))) as tr:
         for step in range(1, a.steps + 1):
             tokens = torch.randint(0, spec.vocab, (pol.batch, pol.seq), generator=gen)
             res = tr.step(tokens)

@@ -5,6 +5,8 @@ startup); `Trainer` and friends load on first use.
 """
 _LAZY = {
     "Trainer": "horizon_exec.runtime.trainer", "StepResult": "horizon_exec.runtime.trainer",
+    "TrainerConfig": "horizon_exec.runtime.config", "OptimizerConfig": "horizon_exec.runtime.config",
+    "RuntimeConfig": "horizon_exec.runtime.config", "AdmissionConfig": "horizon_exec.runtime.config",
     "ExecError": "horizon_exec.errors", "DeviceBudgetError": "horizon_exec.errors",
     "AdamW": "horizon_exec.optim.adamw", "DecoderBlock": "horizon_exec.model.layers",
 }

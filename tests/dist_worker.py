@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from horizon_exec.dist.context import from_env
+from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -63,8 +64,9 @@ def main(out: Path, mode: str, kw: dict) -> None:
     opt = kw.get("opt", "pipelined")
     pol = policy(ctx.world, opt, bf16=kw.get("bf16", ""))
     b = pol.batch
-    tr = Trainer(spec(kw.get("tied") == "1"), pol, admission=False, lr=float(kw.get("lr", 1e-3)), dist=ctx,
-                 timeout_s=float(kw.get("op_timeout", 60)))
+    cfg = TrainerConfig(optimizer=OptimizerConfig(lr=float(kw.get("lr", 1e-3))), admission=AdmissionConfig(enabled=False),
+                        runtime=RuntimeConfig(timeout_s=float(kw.get("op_timeout", 60))))
+    tr = Trainer(spec(kw.get("tied") == "1"), pol, cfg, dist=ctx)
     mine = [t[ctx.rank * b:(ctx.rank + 1) * b] for t in batches()]
     if mode == "parity":
         losses = [tr.step(t).loss for t in mine]

@@ -71,12 +71,14 @@ def test_policy_refuses_a_bound_where_it_cannot_apply():
 
 @pytest.mark.usefixtures("one_intraop_thread")
 def test_the_executor_runs_it_and_trains_the_same():
+    from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
     fp32 = dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False)
     toks = [torch.randint(0, SPEC.vocab, (2, 64), generator=torch.Generator().manual_seed(s)) for s in range(2)]
     out = {}
     for k in (0, 1):
-        with Trainer(SPEC, _pol(k, **fp32), admission=False, lr=1e-2) as tr:
+        cfg = TrainerConfig(optimizer=OptimizerConfig(lr=1e-2), admission=AdmissionConfig(enabled=False))
+        with Trainer(SPEC, _pol(k, **fp32), cfg) as tr:
             for t in toks:
                 res = tr.step(t)
             out[k] = {n: v.clone() for n, v in tr.state_dict().items()}

@@ -9,6 +9,7 @@ import torch
 from horizon_exec.data.data import (BUILTIN_CORPUS, PROMPT_FORMAT, Batches, Document, PackedData, TokenStream,
                                load_dataset, read_documents, split_indices, tokenize_documents)
 from horizon_exec.data.tokenize import ByteTokenizer, HFTokenizer, load_tokenizer
+from horizon_exec.runtime.config import TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.policy import exact_policy
@@ -57,7 +58,7 @@ def test_jsonl_masked_gradient_equals_transformers_with_ignored_prompt(tmp_path)
     assert (labels == -100).sum() > 8 and (labels != -100).sum() > 8
     ref = tiny_hf("qwen2", seed=2)
     pol = exact_policy(batch=4, seq=16, micro_batches=2, optimizer="after", grad_clip=0.0)
-    with Trainer(tiny_spec("qwen2"), pol, random_init=False) as tr:
+    with Trainer(tiny_spec("qwen2"), pol, TrainerConfig(random_init=False)) as tr:
         tr.load_state_dict({n: p.detach() for n, p in ref.named_parameters()})
         loss, grads = executor_grads(tr, tokens, labels)
     ref_loss, ref_grads = hf_grads(ref, tokens, labels)

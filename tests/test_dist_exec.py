@@ -57,9 +57,11 @@ def torchrun(out: Path, mode: str, nproc: int, nnodes: int = 1, **kw) -> None:
 
 def reference(opt: str, micro_batches: int, tied: bool, lr: float = 1e-3):
     """One rank, the whole global batch (as micro_batches micro-batches), in this process."""
+    from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
     pol = dist_worker.policy(1, opt, micro_batches)
-    with Trainer(dist_worker.spec(tied), pol, admission=False, lr=lr) as tr:
+    cfg = TrainerConfig(optimizer=OptimizerConfig(lr=lr), admission=AdmissionConfig(enabled=False))
+    with Trainer(dist_worker.spec(tied), pol, cfg) as tr:
         losses = [tr.step(t).loss for t in dist_worker.batches()]
         tr.flush()
         return torch.cat([tr.gather_master(u) for u in tr.units]), losses

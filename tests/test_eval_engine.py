@@ -13,6 +13,7 @@ import itertools
 import pytest
 import torch
 
+from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import OpKind, build_eval_schedule, build_schedule
 from horizon_sim.sim.device_bound import device_peak_bound
@@ -67,7 +68,8 @@ def _tokens(rows, seq=64, seed=0):
 @pytest.mark.parametrize("optimizer", ["after", "pipelined"])
 def test_eval_loss_is_the_next_steps_loss(optimizer):
     pol = Policy(batch=4, seq=64, micro_batches=2, optimizer=optimizer, **FP32)
-    with Trainer(SPEC, pol, admission=False, lr=1e-2) as tr:
+    cfg = TrainerConfig(optimizer=OptimizerConfig(lr=1e-2), admission=AdmissionConfig(enabled=False))
+    with Trainer(SPEC, pol, cfg) as tr:
         tr.step(_tokens(4, seed=1))                      # weights move (pipelined: one update pending)
         before = {k: v.clone() for k, v in tr.state_dict().items()}
         x = _tokens(4, seed=2)
@@ -83,7 +85,7 @@ def test_eval_loss_is_the_next_steps_loss(optimizer):
 def test_rows_beyond_whole_batches_are_padded_without_changing_the_sum():
     pol = Policy(batch=4, seq=64, micro_batches=2, **FP32)
     x = _tokens(6, seed=3)
-    with Trainer(SPEC, pol, admission=False) as tr:
+    with Trainer(SPEC, pol, TrainerConfig(admission=AdmissionConfig(enabled=False))) as tr:
         r = tr.evaluate(x)
         singles = [tr.eval_loss(x[i:i + 1]) for i in range(6)]  # each run is 1 row + 3 padding rows
     assert r.batches == 2 and r.labelled_tokens == 6 * 63
@@ -98,7 +100,7 @@ def test_measured_eval_memory_is_within_its_plan_and_the_step(kw):
     spec = ModelSpec(n_layers=3, hidden=256, n_heads=4, n_kv_heads=2, ffn_hidden=688, vocab=8192)
     pol = Policy(seq=128, **kw)
     x = torch.randint(0, spec.vocab, (pol.batch, pol.seq), generator=torch.Generator().manual_seed(0))
-    with Trainer(spec, pol, admission=False) as tr:
+    with Trainer(spec, pol, TrainerConfig(admission=AdmissionConfig(enabled=False))) as tr:
         step = tr.step(x)
         r = tr.evaluate(x)
         ev = tr.eval_schedule

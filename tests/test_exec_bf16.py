@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from horizon_exec.model.hf import copy_to_hf, hf_model
+from horizon_exec.runtime.config import OptimizerConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -47,11 +48,12 @@ def test_bf16_loss_tracks_autocast_baseline():
     pol = Policy(batch=B, seq=T, act_ckpt_every=2, slots=2, optimizer="pipelined", grad_clip=CLIP)
     assert (pol.compute_dtype, pol.grad_dtype, pol.master_dtype, pol.working_copy) == ("bf16", "bf16", "fp32", True)
     batches = _batches()
-    with Trainer(spec, pol, lr=LR, betas=BETAS, seed=0) as tr:
+    with Trainer(spec, pol, TrainerConfig(optimizer=OptimizerConfig(lr=LR, betas=BETAS), seed=0)) as tr:
         ref = hf_model(spec)
         copy_to_hf(tr, ref)
         ours = [tr.step(tok).loss for tok in batches]
-    with Trainer(spec, dataclasses.replace(pol, states_dtype="bf16"), lr=LR, betas=BETAS, seed=0) as tr:
+    cfg = TrainerConfig(optimizer=OptimizerConfig(lr=LR, betas=BETAS), seed=0)
+    with Trainer(spec, dataclasses.replace(pol, states_dtype="bf16"), cfg) as tr:
         assert tr.store.moments(0)[0].dtype == torch.bfloat16
         ours_bf16_moments = [tr.step(tok).loss for tok in batches]
     opt = torch.optim.AdamW(ref.parameters(), lr=LR, betas=BETAS, weight_decay=0.0)

@@ -14,6 +14,7 @@ import torch
 
 from horizon_exec.optim import native
 from horizon_exec.model.layout import unit_name
+from horizon_exec.runtime.config import OptimizerConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.errors import HorizonError
@@ -39,8 +40,8 @@ def test_first_step_equals_fp32_moments_then_rounds(optimizer):
     tokens = torch.randint(0, SPEC.vocab, (2, 16), generator=torch.Generator().manual_seed(0))
     state = {}
     for states in ("fp32", "bf16"):
-        with Trainer(SPEC, dataclasses.replace(pol, states_dtype=states), lr=1e-3, weight_decay=0.1,
-                     seed=0) as tr:
+        cfg = TrainerConfig(optimizer=OptimizerConfig(lr=1e-3, weight_decay=0.1), seed=0)
+        with Trainer(SPEC, dataclasses.replace(pol, states_dtype=states), cfg) as tr:
             tr.step(tokens)
             tr.flush()
             state[states] = {unit_name(SPEC, u): (tr.store.of(Holds.MASTER, u).clone(),

@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 
+from horizon_exec.runtime.config import OptimizerConfig, RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Lane
 from horizon_sim.sim.timeline import check_obeys_schedule
@@ -59,7 +60,7 @@ def test_matches_transformers_autograd_on_cuda(opt, clip, act_ckpt_on, K, tied, 
 def test_timeline_obeys_schedule_and_copies_overlap_compute():
     spec = _spec(8, 512)
     pol = Policy(batch=4, seq=256, act_ckpt_every=2, slots=3, optimizer="pipelined")
-    with Trainer(spec, pol, device="cuda") as tr:
+    with Trainer(spec, pol, TrainerConfig(runtime=RuntimeConfig(device="cuda"))) as tr:
         overlapped = 0.0
         for step in range(3):
             df = tr.step(_tokens(pol, step)).timeline
@@ -77,7 +78,7 @@ def test_device_peak_flat_in_depth_on_cuda():
     pol = Policy(batch=2, seq=64, act_ckpt_every=1, slots=2, act_ckpt_on="host", optimizer="pipelined")
     peaks = {}
     for L in (8, 32):
-        with Trainer(_spec(L, 256), pol, device="cuda") as tr:
+        with Trainer(_spec(L, 256), pol, TrainerConfig(runtime=RuntimeConfig(device="cuda"))) as tr:
             peaks[L] = min(tr.step(_tokens(pol)).device_peak_bytes for _ in range(2))
     assert peaks[8] > 2 * tr.sched.meta.slot_bytes  # it counts real allocations
     assert peaks[32] / peaks[8] <= 1.05, peaks
@@ -85,7 +86,7 @@ def test_device_peak_flat_in_depth_on_cuda():
 
 def test_host_store_is_page_locked_in_one_allocation():
     pol = Policy(batch=2, seq=32, act_ckpt_every=1, slots=2)
-    with Trainer(_spec(4, 64), pol, device="cuda") as tr:
+    with Trainer(_spec(4, 64), pol, TrainerConfig(runtime=RuntimeConfig(device="cuda"))) as tr:
         assert tr.store.raw.is_pinned()
         assert tr.store.raw.numel() == tr.store.nbytes == tr.host_store_bytes
         assert tr.store.moments(0)[0].is_pinned()  # views into the registered block
@@ -100,7 +101,8 @@ def test_bf16_loss_falls_on_cuda():
     for _ in range(pol.seq - 1):  # a deterministic successor chain: fully learnable
         seqs.append(succ[seqs[-1]])
     tokens = torch.cat(seqs, dim=1)
-    with Trainer(spec, pol, lr=3e-3, betas=BETAS, device="cuda") as tr:
+    cfg = TrainerConfig(optimizer=OptimizerConfig(lr=3e-3, betas=BETAS), runtime=RuntimeConfig(device="cuda"))
+    with Trainer(spec, pol, cfg) as tr:
         losses = [tr.step(tokens).loss for _ in range(30)]
     assert losses[0] == pytest.approx(math.log(VOCAB), rel=0.1)
     assert all(math.isfinite(x) for x in losses)
@@ -112,7 +114,7 @@ def test_dynamic_host_buffers_are_pooled_at_exact_sizes():
     at their declared sizes (no power-of-two rounding), and are reused step after step."""
     from horizon_sim.schedule.op import Space
     pol = Policy(batch=2, seq=48, act_ckpt_every=1, slots=2, act_ckpt_on="host", optimizer="after")
-    with Trainer(_spec(4, 96), pol, device="cuda") as tr:
+    with Trainer(_spec(4, 96), pol, TrainerConfig(runtime=RuntimeConfig(device="cuda"))) as tr:
         declared = {b.bytes for n, b in tr.sched.buffers.items() if b.space == Space.HOST and not b.static}
         held = []
         for step in range(3):

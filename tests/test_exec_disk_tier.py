@@ -24,6 +24,7 @@ import torch
 
 from horizon_exec.checkpoints import ckpt as ckpt_mod
 from horizon_exec.runtime.disk_store import METHODS, DiskStore, disk_buffers
+from horizon_exec.runtime.config import OptimizerConfig, RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Holds, build_schedule
 from horizon_sim.schedule.op import Space
@@ -41,6 +42,11 @@ def _tokens(s):
     return torch.randint(0, SPEC.vocab, (2, 16), generator=torch.Generator().manual_seed(s))
 
 
+def _on_disk(folder, seed: int) -> TrainerConfig:
+    """lr 1e-3, the disk tier's file in `folder`."""
+    return TrainerConfig(optimizer=OptimizerConfig(lr=1e-3), runtime=RuntimeConfig(disk_dir=folder), seed=seed)
+
+
 def _moments(tr, u):
     b = tr.sched.find(Holds.MOMENTS, u)
     if b.space == Space.DISK:
@@ -55,7 +61,7 @@ def test_moments_on_disk_train_exactly_as_in_ram(optimizer, tmp_path):
     pol = dataclasses.replace(POL, optimizer=optimizer, grad_clip=0.0 if optimizer == "backward" else 1.0)
     runs = {}
     for tier in ("none", "moments"):
-        with Trainer(SPEC, dataclasses.replace(pol, disk_tier=tier), lr=1e-3, seed=0, disk_dir=tmp_path) as tr:
+        with Trainer(SPEC, dataclasses.replace(pol, disk_tier=tier), _on_disk(tmp_path, 0)) as tr:
             losses = [tr.step(_tokens(s)).loss for s in range(3)]
             tr.flush()
             runs[tier] = (losses, {u: (tr.gather_master(u), _moments(tr, u)) for u in tr.units}, tr.store.nbytes)
@@ -70,13 +76,13 @@ def test_moments_on_disk_train_exactly_as_in_ram(optimizer, tmp_path):
 
 
 def test_a_disk_tier_checkpoint_resumes_exactly_in_ram_or_on_disk(tmp_path):
-    with Trainer(SPEC, POL, lr=1e-3, seed=0, disk_dir=tmp_path) as tr:
+    with Trainer(SPEC, POL, _on_disk(tmp_path, 0)) as tr:
         for s in range(2):
             tr.step(_tokens(s))
         path = ckpt_mod.save_checkpoint(tmp_path / "ckpt", tr, 2)
         want = [tr.step(_tokens(s)).loss for s in range(2, 4)]
     for tier in ("moments", "none"):
-        with Trainer(SPEC, dataclasses.replace(POL, disk_tier=tier), lr=1e-3, seed=3, disk_dir=tmp_path) as tr:
+        with Trainer(SPEC, dataclasses.replace(POL, disk_tier=tier), _on_disk(tmp_path, 3)) as tr:
             if tier == "none":  # another policy: the checkpoint says so
                 with pytest.raises(Exception, match="disk_tier"):
                     ckpt_mod.load_checkpoint(path, tr)
@@ -161,7 +167,7 @@ def test_a_split_masters_low_halves_on_disk_train_exactly_as_in_ram(optimizer, t
                  grad_clip=0.0 if optimizer == "backward" else 1.0)
     runs = {}
     for tier in ("none", "moments+low"):
-        with Trainer(SPEC, dataclasses.replace(pol, disk_tier=tier), lr=1e-3, seed=0, disk_dir=tmp_path) as tr:
+        with Trainer(SPEC, dataclasses.replace(pol, disk_tier=tier), _on_disk(tmp_path, 0)) as tr:
             losses = [tr.step(_tokens(s)).loss for s in range(2)]
             if tier != "none":
                 assert not any(tr.store.has(Holds.MASTER_LOW, u) for u in tr.units)
@@ -173,6 +179,6 @@ def test_a_split_masters_low_halves_on_disk_train_exactly_as_in_ram(optimizer, t
     for u, (master, mom) in runs["none"][1].items():
         assert torch.equal(master, runs["moments+low"][1][u][0]) and torch.equal(mom, runs["moments+low"][1][u][1])
     assert runs["none"][2] - runs["moments+low"][2] >= 10 * SPEC.total_params - 4096 * 12
-    with Trainer(SPEC, dataclasses.replace(pol, disk_tier="moments+low"), lr=1e-3, seed=5, disk_dir=tmp_path) as tr:
+    with Trainer(SPEC, dataclasses.replace(pol, disk_tier="moments+low"), _on_disk(tmp_path, 5)) as tr:
         ckpt_mod.load_checkpoint(path, tr)
         assert [tr.step(_tokens(s)).loss for s in range(2, 4)] == runs["none"][0][2:]

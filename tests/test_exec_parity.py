@@ -22,6 +22,7 @@ import torch
 
 from horizon_exec.model.hf import copy_from_hf, copy_to_hf, hf_model
 from horizon_exec.model.layout import host_layout
+from horizon_exec.runtime.config import OptimizerConfig, RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Holds, OpKind
 from horizon_sim.sim.timeline import check_obeys_schedule
@@ -96,7 +97,9 @@ def check_matches_autograd(spec, pol, device="cpu"):
     each step's measured timeline obeying the schedule. (tests/test_exec_cuda.py uses it.)"""
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
-    with Trainer(spec, pol, lr=LR, weight_decay=WD, betas=BETAS, eps=EPS, seed=3, device=device) as tr:
+    cfg = TrainerConfig(optimizer=OptimizerConfig(lr=LR, weight_decay=WD, betas=BETAS, eps=EPS),
+                        runtime=RuntimeConfig(device=device), seed=3)
+    with Trainer(spec, pol, cfg) as tr:
         ref = _reference(spec, tr)
         init = {n: t.clone() for n, t in tr.state_dict().items()}
         opt_ref = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD, betas=BETAS, eps=EPS)
@@ -129,7 +132,7 @@ def test_gradients_match(opt):
     pol = exact_policy(batch=4, seq=SEQ, micro_batches=2, act_ckpt_every=2, slots=2, act_ckpt_on="host",
                        optimizer=opt, grad_clip=0.0, loss_chunk_tokens=12)
     grads = {}
-    with Trainer(spec, pol, seed=3) as tr:
+    with Trainer(spec, pol, TrainerConfig(seed=3)) as tr:
         ref = _reference(spec, tr)
 
         def snapshot(op):  # runs in the CPU lane just before each optimizer op

@@ -16,6 +16,7 @@ from horizon_exec.device.cpu import CpuBackend
 from horizon_exec.cli.train_cmd import configure_train_parser, run_train
 from horizon_exec.errors import DeviceBudgetError, ExecError
 from horizon_exec.device.memtrack import TransientTracker
+from horizon_exec.runtime.config import AdmissionConfig, RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Lane, OpKind
 from horizon_sim.sim.timeline import check_obeys_schedule
@@ -200,7 +201,8 @@ def test_transient_tracker_counts_fresh_storages_only():
 
 def test_budget_below_the_slots_is_refused_up_front():
     with pytest.raises(DeviceBudgetError, match="budget"):
-        Trainer(_spec(), exact_policy(batch=2, seq=16), device_budget_bytes=1000)
+        Trainer(_spec(), exact_policy(batch=2, seq=16),
+                TrainerConfig(admission=AdmissionConfig(device_budget_bytes=1000)))
 
 
 def test_budget_exceeded_in_a_step_names_the_op():
@@ -245,7 +247,7 @@ def test_a_stuck_op_times_out_instead_of_hanging():
             release.wait(60)
             finished.append(op)
 
-    with Trainer(_spec(), pol, timeout_s=0.3) as tr:
+    with Trainer(_spec(), pol, TrainerConfig(runtime=RuntimeConfig(timeout_s=0.3))) as tr:
         tr.engine.hook = stuck
         try:
             with pytest.raises(ExecError, match="load_weights\\[1\\]"):

@@ -19,6 +19,7 @@ from horizon_exec.checkpoints.hf_checkpoint import load_hf, save_hf
 from horizon_exec.optim import native
 from horizon_exec.optim.adamw import AdamW, clip_coef
 from horizon_exec.optim.split import join
+from horizon_exec.runtime.config import OptimizerConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.errors import HorizonError
@@ -29,6 +30,10 @@ from horizon_sim.specs.policy import Policy
 SPEC = ModelSpec(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=96, vocab=128)
 POL = Policy(batch=2, seq=16, act_ckpt_every=2, grad_clip=0.05, split_master=True)  # clipping bites
 LR, WD = 1e-3, 0.1
+
+
+def _at_lr(seed: int, weight_decay: float = 0.0) -> TrainerConfig:
+    return TrainerConfig(optimizer=OptimizerConfig(lr=LR, weight_decay=weight_decay), seed=seed)
 
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
@@ -51,7 +56,7 @@ def _snapshot(tr):
 
 def test_the_optimizer_op_keeps_the_fp32_master_bit_for_bit():
     ref_opt = AdamW(lr=LR, weight_decay=WD, kernel="native")
-    with Trainer(SPEC, POL, lr=LR, weight_decay=WD, seed=0) as tr:
+    with Trainer(SPEC, POL, _at_lr(0, WD)) as tr:
         for s in range(4):
             tr.step(_tokens(s))                 # pipelined: this step's update is pending
             before = _snapshot(tr)
@@ -73,7 +78,7 @@ def test_the_optimizer_op_keeps_the_fp32_master_bit_for_bit():
 def test_store_is_two_bytes_per_parameter_smaller_and_the_run_tracks_fp32():
     plain = dataclasses.replace(POL, split_master=False)
     losses = {}
-    with Trainer(SPEC, plain, lr=LR, seed=0) as a, Trainer(SPEC, POL, lr=LR, seed=0) as b:
+    with Trainer(SPEC, plain, _at_lr(0)) as a, Trainer(SPEC, POL, _at_lr(0)) as b:
         saved = a.store.nbytes - b.store.nbytes
         assert abs(saved - 2 * SPEC.total_params) <= 4096 * len(a.units)  # page-aligned buffers
         assert not any(b.store.has(Holds.MASTER, u) for u in b.units)
@@ -86,7 +91,7 @@ def test_store_is_two_bytes_per_parameter_smaller_and_the_run_tracks_fp32():
 
 
 def test_checkpoint_is_the_fp32_master_and_resumes_either_way(tmp_path):
-    with Trainer(SPEC, POL, lr=LR, seed=0) as tr:
+    with Trainer(SPEC, POL, _at_lr(0)) as tr:
         for s in range(2):
             tr.step(_tokens(s))
         path = ckpt_mod.save_checkpoint(tmp_path, tr, 2)
@@ -97,24 +102,24 @@ def test_checkpoint_is_the_fp32_master_and_resumes_either_way(tmp_path):
         names = set(f.keys())
         assert "master.0" in names and not any(n.startswith("master_lo") for n in names)
         assert f.get_tensor("master.0").dtype == torch.float32
-    with Trainer(SPEC, POL, lr=LR, seed=1) as tr:   # another init: everything comes from the file
+    with Trainer(SPEC, POL, _at_lr(1)) as tr:   # another init: everything comes from the file
         ckpt_mod.load_checkpoint(path, tr)
         assert all(torch.equal(tr.gather_master(u), master[u]) for u in tr.units)
         assert [tr.step(_tokens(s)).loss for s in range(2, 4)] == want   # bit for bit
-    with Trainer(SPEC, dataclasses.replace(POL, split_master=False), lr=LR, seed=1) as tr:
+    with Trainer(SPEC, dataclasses.replace(POL, split_master=False), _at_lr(1)) as tr:
         ckpt_mod.load_checkpoint(path, tr)
         assert all(torch.equal(tr.gather_master(u), master[u]) for u in tr.units)
 
 
 def test_hf_save_and_load_go_through_the_fp32_master(tmp_path):
-    with Trainer(SPEC, POL, lr=LR, seed=0) as tr:
+    with Trainer(SPEC, POL, _at_lr(0)) as tr:
         tr.step(_tokens())
         save_hf(tr, tmp_path / "hf")
         sd = tr.state_dict()
     from safetensors.torch import load_file
     saved = load_file(str(tmp_path / "hf" / "model.safetensors"))
     assert set(saved) == set(sd) and all(torch.equal(saved[n], sd[n]) for n in sd)
-    with Trainer(SPEC, POL, lr=LR, seed=5) as tr:
+    with Trainer(SPEC, POL, _at_lr(5)) as tr:
         load_hf(tr, tmp_path / "hf")
         again = tr.state_dict()
         assert all(torch.equal(again[n], sd[n]) for n in sd)
@@ -145,11 +150,10 @@ def test_a_bf16_master_is_the_fp32_master_rounded_after_a_step(optimizer):
     the same weights as an fp32-master run, so the gradients are the same, and the updated bf16
     master is the fp32 master's update rounded to nearest even."""
     base = Policy(batch=2, seq=16, optimizer=optimizer)
-    with Trainer(SPEC, base, lr=LR, weight_decay=WD, seed=0) as a:
+    with Trainer(SPEC, base, _at_lr(0, WD)) as a:
         start = {n: t.to(torch.bfloat16).float() for n, t in a.state_dict().items()}
         a.load_state_dict(start)
-        with Trainer(SPEC, dataclasses.replace(base, master_dtype="bf16", working_copy=False), lr=LR,
-                     weight_decay=WD, seed=1) as b:
+        with Trainer(SPEC, dataclasses.replace(base, master_dtype="bf16", working_copy=False), _at_lr(1, WD)) as b:
             b.load_state_dict(start)
             assert b.store.of(Holds.MASTER, 0).dtype == torch.bfloat16
             assert a.step(_tokens()).loss == b.step(_tokens()).loss
@@ -168,19 +172,19 @@ def test_a_bf16_master_rounded_stochastically_resumes_exactly(tmp_path):
     resumed from a checkpoint stores what the uninterrupted run stores, bit for bit; and it is
     not the run that rounds to nearest."""
     pol = Policy(batch=2, seq=16, master_dtype="bf16", working_copy=False, master_rounding="stochastic")
-    with Trainer(SPEC, pol, lr=LR, seed=0) as tr:
+    with Trainer(SPEC, pol, _at_lr(0)) as tr:
         for s in range(2):
             tr.step(_tokens(s))
         path = ckpt_mod.save_checkpoint(tmp_path, tr, 2)
         want = [tr.step(_tokens(s)).loss for s in range(2, 4)]
         tr.flush()
         final = tr.state_dict()
-    with Trainer(SPEC, pol, lr=LR, seed=0) as tr:
+    with Trainer(SPEC, pol, _at_lr(0)) as tr:
         ckpt_mod.load_checkpoint(path, tr)
         assert [tr.step(_tokens(s)).loss for s in range(2, 4)] == want
         tr.flush()
         assert all(torch.equal(t, final[n]) for n, t in tr.state_dict().items())
-    with Trainer(SPEC, dataclasses.replace(pol, master_rounding="nearest"), lr=LR, seed=0) as tr:
+    with Trainer(SPEC, dataclasses.replace(pol, master_rounding="nearest"), _at_lr(0)) as tr:
         for s in range(4):
             tr.step(_tokens(s))
         tr.flush()

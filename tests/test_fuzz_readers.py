@@ -109,6 +109,7 @@ def test_safetensors_index(tmp_path_factory, hf_dir, data):
     import shutil
 
     from horizon_exec.checkpoints.hf_checkpoint import load_hf, spec_from_hf_dir
+    from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
     from horizon_sim.specs.policy import exact_policy
     d = tmp_path_factory.mktemp("ckpt")
@@ -133,7 +134,8 @@ def test_safetensors_index(tmp_path_factory, hf_dir, data):
         shard.write_bytes(bytes(raw))
 
     def load():
-        with Trainer(spec_from_hf_dir(d), exact_policy(batch=1, seq=8), random_init=False, admission=False) as tr:
+        cfg = TrainerConfig(admission=AdmissionConfig(enabled=False), random_init=False)
+        with Trainer(spec_from_hf_dir(d), exact_policy(batch=1, seq=8), cfg) as tr:
             load_hf(tr, d)
     one_line_or_ok(load)
 

@@ -21,6 +21,7 @@ from horizon_exec.data.data import load_dataset
 from horizon_exec.train.loop import LoopConfig, TrainLoop
 from horizon_exec.optim.lr import CosineSchedule
 from horizon_exec.data.tokenize import ByteTokenizer
+from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.model import ModelSpec
@@ -41,7 +42,7 @@ def run(tmp_path_factory):
     loop (with its trainer) to resume into."""
     root = tmp_path_factory.mktemp("fuzz") / "ck"
     ds = load_dataset(None, ByteTokenizer(), seq=16, eval_fraction=0.01)
-    tr = Trainer(SPEC, POL, admission=False)
+    tr = Trainer(SPEC, POL, TrainerConfig(admission=AdmissionConfig(enabled=False)))
     cfg = LoopConfig(steps=4, schedule=CosineSchedule(peak=1e-3, total_steps=4), eval_batches=0,
                      ckpt_dir=str(root), save_every=1, keep_ckpts=0, progress=False)
     loop = TrainLoop(tr, ds, cfg, out=lambda *_: None)

@@ -15,6 +15,7 @@ import torch
 from horizon_exec.checkpoints import ckpt as ckpt_mod
 from horizon_exec.checkpoints import ckpt_lock
 from horizon_exec.checkpoints.fileio import owner_tag
+from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -76,7 +77,7 @@ def test_a_save_removes_only_dead_leftovers(tmp_path):
     try:
         for name in names.values():
             (tmp_path / name).mkdir() if not name.startswith(".latest") else (tmp_path / name).write_text("x")
-        with Trainer(SPEC, POL, admission=False) as tr:
+        with Trainer(SPEC, POL, TrainerConfig(admission=AdmissionConfig(enabled=False))) as tr:
             tr.step(torch.randint(0, SPEC.vocab, (1, 16)))
             ckpt_mod.save_checkpoint(tmp_path, tr, 1)
         left = sorted(n for n in os.listdir(tmp_path) if n.startswith("."))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from horizon_exec.checkpoints import ckpt as ckpt_mod
+from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -26,12 +27,13 @@ KILLED_BEFORE_POINTER = """
 import os, signal, sys, torch
 from horizon_exec.checkpoints import ckpt
 from horizon_exec.checkpoints import fileio
+from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 root = sys.argv[1]
 tr = Trainer(ModelSpec(n_layers=2, hidden=32, n_heads=2, n_kv_heads=2, ffn_hidden=64, vocab=256),
-             Policy(batch=1, seq=16, optimizer="after"), admission=False)
+             Policy(batch=1, seq=16, optimizer="after"), TrainerConfig(admission=AdmissionConfig(enabled=False)))
 g = torch.Generator().manual_seed(0)
 tr.step(torch.randint(0, 256, (1, 16), generator=g))
 ckpt.save_checkpoint(root, tr, 1)
@@ -59,7 +61,7 @@ def test_killed_between_publishing_and_the_pointer_resumes_from_the_newest(tmp_p
     leftovers = [n for n in os.listdir(tmp_path) if n.startswith(".latest.")]
     assert len(leftovers) == 1
     ckpt_mod.verify_checkpoint(tmp_path / "step-00000002")
-    with Trainer(SPEC, POL, admission=False) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(admission=AdmissionConfig(enabled=False))) as tr:
         meta = ckpt_mod.load_checkpoint(tmp_path, tr, warn=pytest.fail)
         assert meta["step"] == 2 and ckpt_mod.latest_checkpoint(tmp_path).name == "step-00000002"
         tr.step(torch.randint(0, 256, (1, 16)))
@@ -72,7 +74,7 @@ def test_killed_between_publishing_and_the_pointer_resumes_from_the_newest(tmp_p
 def two_steps(tmp_path):
     root = tmp_path / "ck"
     states = {}
-    with Trainer(SPEC, POL, admission=False, seed=1) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(admission=AdmissionConfig(enabled=False), seed=1)) as tr:
         for step in (1, 2):
             tr.step(torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(step)))
             ckpt_mod.save_checkpoint(root, tr, step)
@@ -103,7 +105,7 @@ def test_a_damaged_pointer_falls_back_to_the_step_folders(two_steps, pointer):
         (root / "latest").write_bytes(POINTERS[pointer])
     assert ckpt_mod.latest_checkpoint(root) == root / "step-00000002"
     warnings = []
-    with Trainer(SPEC, POL, admission=False) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(admission=AdmissionConfig(enabled=False))) as tr:
         meta = ckpt_mod.load_checkpoint(root, tr, warn=warnings.append)
         assert meta["path"] == str(root / "step-00000002")
         assert all(torch.equal(t, states[2][n]) for n, t in _state(tr).items())
@@ -115,7 +117,7 @@ def test_a_damaged_pointer_falls_back_to_the_step_folders(two_steps, pointer):
 def test_an_abandoned_later_checkpoint_is_tried_last(tmp_path):
     """Resumed from step 1 while steps 2 and 3 exist (an older trajectory), the run wrote step 2
     again: a later resume takes the new step 2, not the old step 3."""
-    with Trainer(SPEC, POL, admission=False) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(admission=AdmissionConfig(enabled=False))) as tr:
         for step in (1, 2, 3):
             ckpt_mod.save_checkpoint(tmp_path, tr, step, keep=0)
         ckpt_mod.load_checkpoint(tmp_path / "step-00000001", tr)

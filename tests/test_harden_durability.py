@@ -8,6 +8,7 @@ import pytest
 
 from horizon_exec.checkpoints import hf_checkpoint
 from horizon_exec.checkpoints import ckpt as ckpt_mod
+from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -54,7 +55,7 @@ def _published_durably(calls, final):
 
 def test_a_checkpoint_and_an_hf_folder_are_on_disk_before_their_names(tmp_path, calls):
     (tmp_path / "tokenizer.json").write_text("{}")   # a side file, copied (not written) into the HF folder
-    with Trainer(SPEC, Policy(batch=1, seq=16), admission=False) as tr:
+    with Trainer(SPEC, Policy(batch=1, seq=16), TrainerConfig(admission=AdmissionConfig(enabled=False))) as tr:
         step = ckpt_mod.save_checkpoint(tmp_path / "ck", tr, 1)
         out = hf_checkpoint.save_hf(tr, tmp_path / "hf", side_files=[tmp_path / "tokenizer.json"])
     _published_durably(calls, step)

@@ -10,6 +10,7 @@ import torch
 
 from horizon_exec.device.cpu import CpuBackend
 from horizon_exec.optim.adamw import AdamW
+from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.errors import HorizonError
@@ -93,18 +94,20 @@ def test_the_python_api_applies_the_same_rules(kw, words):
     with pytest.raises(HorizonError, match=re.escape(words)):
         AdamW(**kw)
     with pytest.raises(HorizonError, match="AdamW "):
-        Trainer(SPEC, Policy(batch=1, seq=16), admission=False, **kw)
+        Trainer(SPEC, Policy(batch=1, seq=16),
+                TrainerConfig(optimizer=OptimizerConfig(**kw), admission=AdmissionConfig(enabled=False)))
 
 
 def test_the_trainer_checks_its_seed_threads_device_and_each_step_lr():
     pol = Policy(batch=1, seq=16)
     with pytest.raises(HorizonError, match=r"seed=18446744073709551616 must be an integer in \[0, 2\*\*64\)"):
-        Trainer(SPEC, pol, seed=2**64, admission=False)
+        Trainer(SPEC, pol, TrainerConfig(admission=AdmissionConfig(enabled=False), seed=2**64))
     with pytest.raises(HorizonError, match="compute_threads=-1 must be a positive integer"):
         CpuBackend(compute_threads=-1)
     with pytest.raises(HorizonError, match="device 'gpu' is not supported"):
-        Trainer(SPEC, pol, device="gpu", admission=False)
-    with Trainer(SPEC, pol, admission=False, weight_decay=0.1) as tr:
+        Trainer(SPEC, pol, TrainerConfig(runtime=RuntimeConfig(device="gpu"), admission=AdmissionConfig(enabled=False)))
+    cfg = TrainerConfig(optimizer=OptimizerConfig(weight_decay=0.1), admission=AdmissionConfig(enabled=False))
+    with Trainer(SPEC, pol, cfg) as tr:
         before = {n: t.clone() for n, t in tr.state_dict().items()}
         for lr in (math.nan, math.inf, 1e30, -1.0):
             with pytest.raises(HorizonError, match=re.escape(f"lr={lr!r} must lie in [0, 1]")):

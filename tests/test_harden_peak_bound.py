@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_exec.measure.validate.configs import CONFIGS
 from horizon_sim.schedule import OpKind, build_schedule
@@ -99,7 +100,7 @@ def test_the_executor_with_a_late_d2h_lane_stays_under_the_bound():
             time.sleep(0.03)
     import torch
     toks = torch.randint(0, model.vocab, (pol.batch, pol.seq), generator=torch.Generator().manual_seed(0))
-    with Trainer(model, pol, admission=False) as tr:
+    with Trainer(model, pol, TrainerConfig(admission=AdmissionConfig(enabled=False))) as tr:
         tr.step(toks)  # warm: the first step's peak is every later one's
         normal = tr.step(toks).device_peak_bytes
         tr.engine.hook = late

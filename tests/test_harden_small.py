@@ -7,6 +7,7 @@ import pytest
 
 from horizon_exec.checkpoints import hf_checkpoint
 from horizon_exec.checkpoints import ckpt as ckpt_mod
+from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.specs.model import ModelSpec
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 def test_published_folders_follow_the_umask(tmp_path, umask):
     old = os.umask(umask)
     try:
-        with Trainer(SPEC, Policy(batch=1, seq=16), admission=False) as tr:
+        with Trainer(SPEC, Policy(batch=1, seq=16), TrainerConfig(admission=AdmissionConfig(enabled=False))) as tr:
             step = ckpt_mod.save_checkpoint(tmp_path / "ck", tr, 1)
             out = hf_checkpoint.save_hf(tr, tmp_path / "hf")
     finally:
@@ -31,7 +32,7 @@ def test_published_folders_follow_the_umask(tmp_path, umask):
 
 
 def test_init_from_with_resume_says_where_the_weights_come_from(tmp_path, capsys):
-    with Trainer(SPEC, Policy(batch=1, seq=16), admission=False) as tr:
+    with Trainer(SPEC, Policy(batch=1, seq=16), TrainerConfig(admission=AdmissionConfig(enabled=False))) as tr:
         hf_checkpoint.save_hf(tr, tmp_path / "hf")     # an HF folder to start from
     argv = ["train", "--init-from", str(tmp_path / "hf"), "--tokenizer", "bytes", "--batch", "2", "--seq", "16", "--no-progress",
             "--eval-batches", "0", "--ckpt-dir", str(tmp_path / "ck")]

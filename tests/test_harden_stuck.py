@@ -16,6 +16,7 @@ from horizon_exec.runtime.engine import Engine
 from horizon_exec.train.loop import Interrupted, LoopConfig, TrainLoop
 from horizon_exec.optim.lr import CosineSchedule
 from horizon_exec.data.tokenize import ByteTokenizer
+from horizon_exec.runtime.config import RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from tests.harden_run import MICRO
@@ -46,7 +47,7 @@ def test_one_sigterm_ends_a_stuck_step(tmp_path, monkeypatch):
     ds = load_dataset(None, ByteTokenizer(), seq=16, eval_fraction=0.01)
     pol = exact_policy(batch=2, seq=16)
     release = threading.Event()
-    tr = Trainer(SPEC, pol, timeout_s=600)
+    tr = Trainer(SPEC, pol, TrainerConfig(runtime=RuntimeConfig(timeout_s=600)))
     try:
         cfg = LoopConfig(steps=10, schedule=CosineSchedule(peak=1e-3, total_steps=10), eval_batches=0,
                          ckpt_dir=str(tmp_path), save_every=2, progress=False)
@@ -87,6 +88,6 @@ def test_a_long_queue_is_not_a_stall():
     """Progress is any op starting or finishing: a lane waiting on another lane's long queue of
     quick ops is not stuck, even past the op timeout."""
     pol = exact_policy(batch=2, seq=16)
-    with Trainer(SPEC, pol, timeout_s=0.4) as tr:
+    with Trainer(SPEC, pol, TrainerConfig(runtime=RuntimeConfig(timeout_s=0.4))) as tr:
         tr.engine.hook = lambda op: time.sleep(0.05)   # every op slow: a step takes far more than 0.4 s
         tr.step(torch.randint(0, SPEC.vocab, (2, 16)))

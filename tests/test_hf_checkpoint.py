@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from horizon_exec.checkpoints import hf_checkpoint
 from horizon_exec.checkpoints.hf_checkpoint import load_hf, save_hf, spec_from_hf_dir
 from horizon_exec.checkpoints.fileio import sha256_file
+from horizon_exec.runtime.config import OptimizerConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.policy import exact_policy
@@ -42,7 +43,7 @@ def _tokens(n=2, seed=0):
 def test_save_loads_in_transformers_with_equal_logits(tmp_path, kind, shard):
     from transformers import AutoModelForCausalLM
     pol = exact_policy(batch=2, seq=T, optimizer="pipelined", grad_clip=1.0)
-    with Trainer(_spec(kind), pol, lr=1e-2, seed=1) as tr:
+    with Trainer(_spec(kind), pol, TrainerConfig(optimizer=OptimizerConfig(lr=1e-2), seed=1)) as tr:
         for s in range(2):  # trained weights, and a pending pipelined update at save time
             tr.step(_tokens(seed=s))
         assert tr.pending
@@ -72,7 +73,7 @@ def test_save_loads_in_transformers_with_equal_logits(tmp_path, kind, shard):
 
 def test_save_bf16_loads_as_bf16(tmp_path):
     from transformers import AutoModelForCausalLM
-    with Trainer(_spec("qwen2"), exact_policy(batch=2, seq=T), seed=2) as tr:
+    with Trainer(_spec("qwen2"), exact_policy(batch=2, seq=T), TrainerConfig(seed=2)) as tr:
         out = save_hf(tr, tmp_path / "bf16", "bf16")
         ref = AutoModelForCausalLM.from_pretrained(out)
         assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
@@ -91,7 +92,7 @@ def test_load_transformers_checkpoint(tmp_path, kind):
     assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
     spec = spec_from_hf_dir(tmp_path / "hf")
     pol = exact_policy(batch=2, seq=T)
-    with Trainer(spec, pol, random_init=False) as tr:
+    with Trainer(spec, pol, TrainerConfig(random_init=False)) as tr:
         load_hf(tr, tmp_path / "hf")
         params = dict(ref.named_parameters())
         assert set(tr.state_dict()) == set(params) - ({"lm_head.weight"} if spec.tied_embeddings else set())
@@ -107,7 +108,8 @@ def test_load_unsharded_and_bf16(tmp_path):
     ref = _hf("llama").to(torch.bfloat16)
     ref.save_pretrained(tmp_path / "hf")
     assert (tmp_path / "hf" / "model.safetensors").is_file()
-    with Trainer(spec_from_hf_dir(tmp_path / "hf"), exact_policy(batch=2, seq=T), random_init=False) as tr:
+    with Trainer(spec_from_hf_dir(tmp_path / "hf"), exact_policy(batch=2, seq=T),
+                 TrainerConfig(random_init=False)) as tr:
         load_hf(tr, tmp_path / "hf")
         for n, p in ref.named_parameters():
             assert tr.state_dict()[n].dtype == torch.float32
@@ -149,7 +151,8 @@ def test_loader_holds_one_tensor_at_a_time(tmp_path, monkeypatch):
             return t
 
     monkeypatch.setattr(safetensors, "safe_open", Handle)
-    with Trainer(spec_from_hf_dir(tmp_path / "hf"), exact_policy(batch=2, seq=T), random_init=False) as tr:
+    with Trainer(spec_from_hf_dir(tmp_path / "hf"), exact_policy(batch=2, seq=T),
+                 TrainerConfig(random_init=False)) as tr:
         load_hf(tr, tmp_path / "hf")
         largest = max(t.numel() * 4 for t in tr.state_dict().values())
         assert reads[0] == len(tr.state_dict())
@@ -205,7 +208,7 @@ def _broken(tmp_path, how):
 ])
 def test_bad_checkpoint_is_a_one_line_error(tmp_path, how, match):
     d = _broken(tmp_path, how)
-    with Trainer(_spec("llama"), exact_policy(batch=2, seq=T), random_init=False) as tr:
+    with Trainer(_spec("llama"), exact_policy(batch=2, seq=T), TrainerConfig(random_init=False)) as tr:
         with pytest.raises(HorizonError, match=match) as e:
             load_hf(tr, d)
     assert "\n" not in str(e.value)
@@ -216,7 +219,7 @@ def test_not_a_folder_and_bin_only(tmp_path):
         spec_from_hf_dir(tmp_path / "nope")
     d = _broken(tmp_path, "missing")
     os.rename(d / "model.safetensors", d / "pytorch_model.bin")
-    with Trainer(_spec("llama"), exact_policy(batch=2, seq=T), random_init=False) as tr:
+    with Trainer(_spec("llama"), exact_policy(batch=2, seq=T), TrainerConfig(random_init=False)) as tr:
         with pytest.raises(HorizonError, match="convert them to safetensors"):
             load_hf(tr, d)
 
@@ -225,7 +228,7 @@ def test_not_a_folder_and_bin_only(tmp_path):
 
 def test_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     out = tmp_path / "model"
-    with Trainer(_spec("llama"), exact_policy(batch=2, seq=T), seed=1) as tr:
+    with Trainer(_spec("llama"), exact_policy(batch=2, seq=T), TrainerConfig(seed=1)) as tr:
         save_hf(tr, out, "fp32", max_shard_bytes=40_000)
         before = {f: sha256_file(out / f) for f in os.listdir(out)}
         tr.step(_tokens())

@@ -67,11 +67,12 @@ def test_sizes_stay_required():
 
 
 def test_initializer_range_is_the_init_std():
+    from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
     from horizon_sim.specs.policy import Policy
     spec = spec_from_config_dict({"model_type": "llama", **SIZES, "initializer_range": 0.5})
     assert spec.init_std == 0.5
-    with Trainer(spec, Policy(batch=1, seq=16), admission=False) as tr:
+    with Trainer(spec, Policy(batch=1, seq=16), TrainerConfig(admission=AdmissionConfig(enabled=False))) as tr:
         w = tr.state_dict()["model.layers.0.mlp.up_proj.weight"]
         assert 0.4 < float(w.std()) < 0.6
 

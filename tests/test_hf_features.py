@@ -17,6 +17,7 @@ import torch
 
 from horizon_exec.checkpoints.hf_checkpoint import load_hf, spec_from_hf_dir
 from horizon_exec.model.rope import rope_tables
+from horizon_exec.runtime.config import TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.policy import exact_policy
 from tests.hf_tiny import executor_grads, rel_err
@@ -66,7 +67,7 @@ def _pair(tmp_path, name, doc_masks=False):
     spec = spec_from_hf_dir(tmp_path / "hf")
     pol = exact_policy(batch=B, seq=T, micro_batches=2, act_ckpt_every=2, optimizer="after", grad_clip=0.0,
                        loss_chunk_tokens=40, doc_masks=doc_masks)
-    tr = Trainer(spec, pol, random_init=False)
+    tr = Trainer(spec, pol, TrainerConfig(random_init=False))
     load_hf(tr, tmp_path / "hf")
     return tr, ref, T
 
@@ -203,5 +204,5 @@ def test_dynamic_rope_past_its_context_with_document_masks_is_refused(tmp_path):
     _hf(mt, over).save_pretrained(tmp_path / "hf")
     spec = spec_from_hf_dir(tmp_path / "hf")
     with pytest.raises(HorizonError, match="dynamic RoPE past max_position_embeddings"):
-        Trainer(spec, exact_policy(batch=2, seq=32, doc_masks=True), random_init=False)
-    Trainer(spec, exact_policy(batch=2, seq=24, doc_masks=True), random_init=False).close()
+        Trainer(spec, exact_policy(batch=2, seq=32, doc_masks=True), TrainerConfig(random_init=False))
+    Trainer(spec, exact_policy(batch=2, seq=24, doc_masks=True), TrainerConfig(random_init=False)).close()

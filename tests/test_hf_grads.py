@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from horizon_exec.checkpoints.hf_checkpoint import load_hf, spec_from_hf_dir
+from horizon_exec.runtime.config import TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.policy import exact_policy
 from tests.hf_tiny import T, V, executor_grads, hf_grads, rel_err as _rel, tiny_hf as _hf
@@ -32,7 +33,7 @@ def _trainer(tmp_path, kind, micro=1, K=2):
     ref.save_pretrained(tmp_path / "hf", max_shard_size="60KB")
     pol = exact_policy(batch=B, seq=T, micro_batches=micro, act_ckpt_every=K, optimizer="after",
                        grad_clip=0.0, loss_chunk_tokens=24)  # several loss chunks, the last ragged
-    tr = Trainer(spec_from_hf_dir(tmp_path / "hf"), pol, random_init=False)
+    tr = Trainer(spec_from_hf_dir(tmp_path / "hf"), pol, TrainerConfig(random_init=False))
     load_hf(tr, tmp_path / "hf")
     return tr, ref
 

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from horizon_exec.checkpoints.hf_checkpoint import hf_config_dict, load_hf, spec_from_hf_dir
+from horizon_exec.runtime.config import TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.policy import exact_policy
 from tests.hf_tiny import T, V, rel_err, tiny_hf
@@ -39,7 +40,7 @@ def test_logits_equal_what_transformers_loads(tmp_path, same_head):
     spec = spec_from_hf_dir(d)
     assert spec.tied_embeddings == same_head
     toks = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(0))
-    with Trainer(spec, exact_policy(batch=2, seq=T), random_init=False) as tr:
+    with Trainer(spec, exact_policy(batch=2, seq=T), TrainerConfig(random_init=False)) as tr:
         load_hf(tr, d)
         with torch.no_grad():
             want = ref(input_ids=toks).logits

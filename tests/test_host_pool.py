@@ -98,6 +98,7 @@ def test_training_through_the_pool_equals_training_without(monkeypatch):
     growing after the first step."""
     import horizon_exec.runtime.trainer as trainer_mod
     from horizon_exec.device.cpu import CpuBackend
+    from horizon_exec.runtime.config import TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
     from horizon_sim.specs.model import ModelSpec
     from horizon_sim.specs.policy import exact_policy
@@ -119,7 +120,7 @@ def test_training_through_the_pool_equals_training_without(monkeypatch):
         with monkeypatch.context() as mp:
             if not pooled:
                 mp.setattr(trainer_mod, "make_backend", lambda device, timeout_s, **kw: PlainCpu(**kw))
-            with Trainer(spec, pol, seed=0) as tr:
+            with Trainer(spec, pol, TrainerConfig(seed=0)) as tr:
                 assert isinstance(tr.backend, PlainCpu) != pooled
                 losses, held = [], []
                 for b in batches:

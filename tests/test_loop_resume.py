@@ -14,6 +14,7 @@ from horizon_exec.data.data import load_dataset
 from horizon_exec.train.loop import LoopConfig, TrainLoop
 from horizon_exec.optim.lr import CosineSchedule
 from horizon_exec.data.tokenize import ByteTokenizer
+from horizon_exec.runtime.config import OptimizerConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.errors import HorizonError
@@ -59,7 +60,8 @@ def dataset():
 
 
 def _loop(ds, pol, ckpt_dir=None, seed=0):
-    tr = Trainer(SPEC, pol, lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95), seed=seed)
+    tr = Trainer(SPEC, pol, TrainerConfig(optimizer=OptimizerConfig(lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95)),
+                                          seed=seed))
     cfg = LoopConfig(steps=STEPS, schedule=CosineSchedule(peak=3e-3, total_steps=STEPS, warmup_steps=2,
                                                           min_lr=3e-4),
                      eval_every=3, eval_batches=2, ckpt_dir=ckpt_dir, save_every=2, keep_ckpts=0,
@@ -145,7 +147,7 @@ def test_resume_refuses_other_policy_or_data(tmp_path, dataset):
 
 def test_failed_checkpoint_leaves_the_previous_one(tmp_path, monkeypatch):
     pol = POLICIES["bf16-after"]
-    with Trainer(SPEC, pol, seed=1) as tr:
+    with Trainer(SPEC, pol, TrainerConfig(seed=1)) as tr:
         tr.step(torch.randint(0, 256, (2, 32)))
         good = ckpt_mod.save_checkpoint(tmp_path, tr, 1, {"x": 1})
         sums = (good / "SHA256SUMS").read_text()

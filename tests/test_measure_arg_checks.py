@@ -2,7 +2,6 @@
 would run for days (--rounds 1000000, --peer-threads 100000, --steps 10**6), a --configs that
 names nothing, and a --disk-dir that is missing or a file were refused (or not) only after
 seconds of measuring. Each is now exit 2 with one line, at once."""
-import time
 
 import pytest
 

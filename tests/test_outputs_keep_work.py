@@ -16,6 +16,7 @@ import pytest
 
 from horizon_exec.checkpoints import ckpt as ckpt_mod
 from horizon_exec.checkpoints import hf_checkpoint
+from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_exec.train.loop import TrainLoop
 from horizon_sim.cli.main import main
@@ -42,7 +43,7 @@ def _refused(capsys, argv, *words) -> str:
 
 
 def _checkpoints(ck, *steps):
-    with Trainer(SPEC, POL, admission=False) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(admission=AdmissionConfig(enabled=False))) as tr:
         for s in steps:
             ckpt_mod.save_checkpoint(ck, tr, s, keep=0)
 
@@ -119,7 +120,7 @@ def test_the_save_copies_what_the_run_started_with(tmp_path, capsys, monkeypatch
     from tests.hf_tokenizers import bpe
 
     init, tok, out = tmp_path / "init", tmp_path / "tok", tmp_path / "out"
-    with Trainer(SPEC, POL, admission=False) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(admission=AdmissionConfig(enabled=False))) as tr:
         hf_checkpoint.save_hf(tr, init)
     (init / "generation_config.json").write_text('{"max_length": 77}\n')
     tok.mkdir()

@@ -10,6 +10,7 @@ import torch
 
 from horizon_exec.checkpoints.hf_checkpoint import load_hf
 from horizon_exec.measure.peer_deepspeed import deepspeed_available, run_deepspeed
+from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.peer.zero3_policy import Zero3Policy
@@ -37,8 +38,8 @@ def test_losses_agree_with_deepspeed_zero3_offload_over_20_steps(tmp_path):
     assert ds["optimizer"] == "DeepSpeedCPUAdam"
     pol = Policy(batch=B, seq=T, compute_dtype="fp32", master_dtype="fp32", grad_dtype="fp32", working_copy=False,
                  grad_clip=1.0)
-    with Trainer(spec, pol, lr=hp["lr"], betas=hp["betas"], eps=hp["eps"], weight_decay=hp["weight_decay"],
-                 random_init=False, admission=False) as tr:
+    cfg = TrainerConfig(optimizer=OptimizerConfig(**hp), admission=AdmissionConfig(enabled=False), random_init=False)
+    with Trainer(spec, pol, cfg) as tr:
         load_hf(tr, tmp_path / "init")
         ours = [tr.step(data[i]).loss for i in range(STEPS)]
     theirs = [s["loss"] for s in ds["steps"]]

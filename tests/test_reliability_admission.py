@@ -1,6 +1,6 @@
 """Admission control (issue 7): before allocating anything the executor asks the planner what
 the run needs and refuses, with needed vs available, the breakdown by role and what to change,
-when it does not fit; `--no-admission` / admission=False skips the check."""
+when it does not fit; `--no-admission` / AdmissionConfig(enabled=False) skips the check."""
 import argparse
 
 import pytest
@@ -10,6 +10,7 @@ import horizon_exec.runtime.trainer as trainer_mod
 from horizon_exec.procfs import mem_available_bytes
 from horizon_exec.runtime.admission import AdmissionError, admit, store_padding_bytes
 from horizon_exec.errors import DeviceBudgetError
+from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
@@ -38,7 +39,7 @@ def test_host_budget_below_the_need_is_refused_before_allocating(monkeypatch):
     need = admit(SPEC, POL, build_schedule(SPEC, POL)).host_need_bytes
     _no_allocation(monkeypatch)
     with pytest.raises(AdmissionError) as e:
-        Trainer(SPEC, POL, host_budget_bytes=need // 2)
+        Trainer(SPEC, POL, TrainerConfig(admission=AdmissionConfig(host_budget_bytes=need // 2)))
     adm, msg = e.value.admission, str(e.value)
     first = msg.splitlines()[0]
     assert first.startswith("the run does not fit in host RAM: host RAM needs ")
@@ -58,7 +59,7 @@ def test_device_budget_below_the_need_is_refused(monkeypatch):
     need = admit(SPEC, POL, sched).device_need_bytes
     _no_allocation(monkeypatch)
     with pytest.raises(AdmissionError) as e:
-        Trainer(SPEC, POL, device_budget_bytes=need - 1)
+        Trainer(SPEC, POL, TrainerConfig(admission=AdmissionConfig(device_budget_bytes=need - 1)))
     assert isinstance(e.value, DeviceBudgetError)  # what the arena would have raised, only later
     adm = e.value.admission
     assert not adm.device_fits and adm.device_available_bytes == need - 1
@@ -140,7 +141,7 @@ def test_what_fits_is_admitted_and_the_breakdown_matches_the_store():
 
 
 def test_admission_false_skips_the_check():
-    with Trainer(SPEC, POL, host_budget_bytes=1, admission=False) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(admission=AdmissionConfig(host_budget_bytes=1, enabled=False))) as tr:
         assert tr.admission is None
         tr.step(torch.randint(0, SPEC.vocab, (POL.batch, POL.seq)))
 

@@ -14,6 +14,7 @@ from horizon_exec.errors import ExecError
 from horizon_exec.train.loop import LoopConfig, TrainLoop
 from horizon_exec.optim.lr import CosineSchedule
 from horizon_exec.data.tokenize import ByteTokenizer
+from horizon_exec.runtime.config import TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.model import ModelSpec
@@ -41,7 +42,7 @@ def two_checkpoints(tmp_path):
     """Checkpoints after steps 1 and 2, and the trainer state each one holds."""
     g = torch.Generator().manual_seed(0)
     states = {}
-    with Trainer(SPEC, POL, seed=3) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(seed=3)) as tr:
         for step in (1, 2):
             tr.step(torch.randint(0, SPEC.vocab, (POL.batch, POL.seq), generator=g))
             ckpt_mod.save_checkpoint(tmp_path, tr, step, {"at": step})
@@ -80,7 +81,7 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_loads(two_che
     with pytest.raises(CheckpointError, match=words) as e:
         ckpt_mod.verify_checkpoint(root / "step-00000002")
     assert str(root / "step-00000002") in str(e.value)
-    with Trainer(SPEC, POL, seed=9) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(seed=9)) as tr:
         with pytest.raises(CheckpointError) as e:
             ckpt_mod.load_checkpoint(root / "step-00000002", tr)
         assert str(target) in str(e.value) or str(root / "step-00000002" / "SHA256SUMS") in str(e.value)
@@ -96,7 +97,7 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_loads(two_che
 
 def test_an_intact_latest_checkpoint_loads_with_no_warning(two_checkpoints):
     root, states = two_checkpoints
-    with Trainer(SPEC, POL, seed=9) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(seed=9)) as tr:
         meta = ckpt_mod.load_checkpoint(root, tr, warn=pytest.fail)
         assert meta["step"] == 2 and _equal(_state(tr), states[2])
 
@@ -106,7 +107,7 @@ def test_corruption_found_after_the_store_was_written_invalidates_the_trainer(tw
     the store holds the damaged data, so the trainer refuses to step until a load succeeds."""
     root, states = two_checkpoints
     _flip(root / "step-00000002" / "state.safetensors", "end")
-    with Trainer(SPEC, POL, seed=9) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(seed=9)) as tr:
         with pytest.raises(CheckpointError, match="checksum mismatch"):
             ckpt_mod.load_checkpoint(root / "step-00000002", tr)
         assert tr.state_invalid
@@ -144,7 +145,7 @@ def test_loop_resume_falls_back_and_continues(tmp_path):
     ds = load_dataset(None, ByteTokenizer(), seq=16, eval_fraction=0.01)
 
     def loop(seed):
-        tr = Trainer(SPEC, POL, seed=seed)
+        tr = Trainer(SPEC, POL, TrainerConfig(seed=seed))
         cfg = LoopConfig(steps=6, schedule=CosineSchedule(peak=1e-3, total_steps=6), eval_batches=0,
                          ckpt_dir=str(tmp_path), save_every=2, keep_ckpts=0, progress=False)
         msgs = []
@@ -237,7 +238,7 @@ def test_a_checkpoint_with_impossible_values_is_damaged_and_the_previous_one_loa
     edit, words = INVALID[case]
     _rewrite(root / "step-00000002", tensors=edit)
     ckpt_mod.verify_checkpoint(root / "step-00000002")   # the checksums match
-    with Trainer(SPEC, POL, seed=9) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(seed=9)) as tr:
         warnings = []
         assert ckpt_mod.load_checkpoint(root, tr, warn=warnings.append)["step"] == 1
         assert warnings[0].startswith("warning: skipping checkpoint step-00000002: ") and words in warnings[0], warnings
@@ -251,11 +252,11 @@ def test_a_loop_step_no_run_reached_is_damaged(tmp_path):
     ds = load_dataset(None, ByteTokenizer(), seq=16, eval_fraction=0.01)
     cfg = LoopConfig(steps=4, schedule=CosineSchedule(peak=1e-3, total_steps=4), eval_batches=0,
                      ckpt_dir=str(tmp_path), save_every=2, keep_ckpts=0, progress=False)
-    with Trainer(SPEC, POL, seed=0) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(seed=0)) as tr:
         TrainLoop(tr, ds, cfg).run()
     _rewrite(tmp_path / "step-00000004", meta=lambda m: m.update(step=10**15))
     msgs = []
-    with Trainer(SPEC, POL, seed=0) as tr:
+    with Trainer(SPEC, POL, TrainerConfig(seed=0)) as tr:
         loop = TrainLoop(tr, ds, cfg, out=msgs.append)
         assert loop.resume(tmp_path).name == "step-00000002" and loop.step == 2
     assert "step 1000000000000000 does not match loop.data (epoch 0, pos 8): a run at step 1000000000000000 " \

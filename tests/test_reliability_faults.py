@@ -21,6 +21,7 @@ from horizon_exec.errors import ExecError
 from horizon_exec.train.loop import Interrupted, LoopConfig, TrainLoop
 from horizon_exec.optim.lr import CosineSchedule
 from horizon_exec.data.tokenize import ByteTokenizer
+from horizon_exec.runtime.config import OptimizerConfig, RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import OpKind
 from horizon_sim.specs.model import ModelSpec
@@ -67,7 +68,7 @@ def test_device_waits_are_bounded_and_name_what_hung():
 
 
 def test_engine_gives_its_timeout_to_the_backend():
-    tr = Trainer(SPEC, Policy(batch=1, seq=16), timeout_s=7.5)
+    tr = Trainer(SPEC, Policy(batch=1, seq=16), TrainerConfig(runtime=RuntimeConfig(timeout_s=7.5)))
     try:
         assert tr.engine.backend.timeout_s == 7.5
     finally:
@@ -131,7 +132,7 @@ def dataset():
 
 def _loop(ds, ckpt_dir, steps=50, save_every=2):
     pol = exact_policy(batch=2, seq=16, optimizer="pipelined")
-    tr = Trainer(SPEC, pol, lr=1e-3)
+    tr = Trainer(SPEC, pol, TrainerConfig(optimizer=OptimizerConfig(lr=1e-3)))
     cfg = LoopConfig(steps=steps, schedule=CosineSchedule(peak=1e-3, total_steps=steps), eval_batches=0,
                      ckpt_dir=str(ckpt_dir), save_every=save_every, keep_ckpts=0, progress=False)
     return tr, TrainLoop(tr, ds, cfg, out=lambda *_: None)
@@ -235,7 +236,7 @@ def _wait_for_checkpoint(proc, ckpt_dir: Path, n: int = 1, timeout: float = 120)
 
 def _load_latest(ckpt_dir: Path) -> dict:
     meta = ckpt_mod.read_meta(ckpt_mod.latest_checkpoint(ckpt_dir), verify=True)
-    with Trainer(ModelSpec(**meta["model"]), Policy(**meta["policy"]), random_init=False) as tr:
+    with Trainer(ModelSpec(**meta["model"]), Policy(**meta["policy"]), TrainerConfig(random_init=False)) as tr:
         return ckpt_mod.load_checkpoint(ckpt_dir, tr, warn=pytest.fail)
 
 

@@ -13,6 +13,7 @@ from horizon_exec.model.layout import unit_name
 from horizon_exec.train.loop import LoopConfig, TrainLoop
 from horizon_exec.optim.lr import CosineSchedule
 from horizon_exec.data.tokenize import ByteTokenizer
+from horizon_exec.runtime.config import OptimizerConfig, RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import NonFiniteError, Trainer
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import Holds, OpKind
@@ -74,7 +75,7 @@ def _nan_loss(tr):
 def test_skip_leaves_the_state_bit_identical(name, inject):
     pol = POLICIES[name]
     good = _batches(pol, 3)
-    with Trainer(SPEC, pol, lr=1e-2) as tr:
+    with Trainer(SPEC, pol, TrainerConfig(optimizer=OptimizerConfig(lr=1e-2))) as tr:
         assert tr.on_nonfinite == "skip"
         for t in good[:2]:
             assert not tr.step(t).skipped
@@ -100,7 +101,8 @@ def test_a_skipped_step_is_as_if_it_never_ran(name):
     the bad step still applies the previous step's pending update, and drops its own)."""
     pol = POLICIES[name]
     g0, g1, g2, bad = _batches(pol, 4)
-    with Trainer(SPEC, pol, lr=1e-2) as a, Trainer(SPEC, pol, lr=1e-2) as b:
+    cfg = TrainerConfig(optimizer=OptimizerConfig(lr=1e-2))
+    with Trainer(SPEC, pol, cfg) as a, Trainer(SPEC, pol, cfg) as b:
         la = [a.step(g0).loss, a.step(g1).loss]
         a.engine.hook = _nan_grad(a, layer=2)
         assert a.step(bad).skipped
@@ -117,7 +119,7 @@ def test_a_skipped_step_is_as_if_it_never_ran(name):
 def test_stop_raises_naming_the_step_and_changes_nothing(name):
     pol = POLICIES[name]
     good = _batches(pol, 3)
-    with Trainer(SPEC, pol, on_nonfinite="stop") as tr:
+    with Trainer(SPEC, pol, TrainerConfig(runtime=RuntimeConfig(on_nonfinite="stop"))) as tr:
         tr.step(good[0])
         tr.step(good[1])
         tr.flush()
@@ -137,7 +139,7 @@ def test_backward_mode_refuses_skip_and_stops_before_a_nonfinite_unit():
     units were already updated."""
     pol = exact_policy(batch=2, seq=16, optimizer="backward", grad_clip=0.0)
     with pytest.raises(HorizonError, match="on_nonfinite='skip' cannot be exact with optimizer='backward'"):
-        Trainer(SPEC, pol, on_nonfinite="skip")
+        Trainer(SPEC, pol, TrainerConfig(runtime=RuntimeConfig(on_nonfinite="skip")))
     good = _batches(pol, 2)
     with Trainer(SPEC, pol) as tr:
         assert tr.on_nonfinite == "stop"

@@ -180,10 +180,12 @@ def test_the_executor_refuses_a_schedule_for_another_layout():
     """A Schedule built for 2 devices is one rank's step of a 2-rank run: a process that is not
     part of such a run refuses it (tests/test_dist_exec.py runs it on 2 ranks)."""
     pytest.importorskip("torch")
+    from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
     pol = Policy(batch=1, seq=16)
     with pytest.raises(HorizonError, match=r"one rank's step of 1 node\(s\) x 2 device\(s\); this run has 1 node\(s\) x 1 device\(s\)"):
-        Trainer(SPEC, pol, schedule=build_schedule(SPEC, pol, Layout(2, 1)), admission=False)
+        Trainer(SPEC, pol, TrainerConfig(admission=AdmissionConfig(enabled=False)),
+                schedule=build_schedule(SPEC, pol, Layout(2)))
 
 
 def test_search_verbs_take_the_layout(capsys):

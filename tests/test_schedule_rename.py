@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Schedule, build_schedule
 from horizon_sim.sim.simulate import simulate
@@ -56,7 +57,7 @@ def test_the_executor_reads_no_name(name):
     docs[:, 5:] = 1
     results = []
     for sched in (build_schedule(SPEC, pol), renamed(build_schedule(SPEC, pol))):
-        with Trainer(SPEC, pol, schedule=sched, admission=False) as tr:
+        with Trainer(SPEC, pol, TrainerConfig(admission=AdmissionConfig(enabled=False)), schedule=sched) as tr:
             out = [tr.step(t, docs=docs if pol.doc_masks else None) for t in toks]
             tr.flush()
             results.append(([(r.loss, r.grad_norm) for r in out], {k: v.clone() for k, v in tr.state_dict().items()}))

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints in and out of the host store, one tensor at a time.
 
     spec = spec_from_hf_dir("Qwen2.5-0.5B/")          # config.json -> ModelSpec (llama/qwen2/mistral)
-    tr = Trainer(spec, policy, random_init=False)
+    tr = Trainer(spec, policy, TrainerConfig(random_init=False))
     load_hf(tr, "Qwen2.5-0.5B/")                       # safetensors -> fp32 master (+ working copy)
     save_hf(tr, "out/", dtype="bf16")                  # master -> safetensors + config.json
 

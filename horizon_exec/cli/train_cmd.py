@@ -14,7 +14,8 @@ it (node_admission.py: ranks vs cores unless --oversubscribe, ranks x per-rank f
 shared store vs host RAM) or its rendezvous cannot happen (dist/rendezvous.py); the run is
 refused up front (exit 2, needed vs available) when the planner says it does not fit the host
 RAM (--host-budget, else MemAvailable) or the device (--device-budget, else CUDA free memory),
-for a harmful flag (train/checks.py), or an output that cannot be written or has no room
+for a harmful flag (every flag is read once into a RunConfig whose types check it: cli/train_flags.py,
+train/config.py, runtime/config.py), or an output that cannot be written or has no room
 (outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf loss or gradient skips
 the update (--on-nonfinite skip; all steps skipped: exit 1) or stops the run (stop, exit 1);
 SIGINT/SIGTERM/SIGHUP finish the step, write a checkpoint and exit 130/143/129 (a second signal
@@ -27,12 +28,22 @@ build its parser, and `horizon plan` must start fast.
 """
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
+from horizon_sim.cli.policy_args import add_policy_args
 from horizon_sim.errors import HorizonError
+
+if TYPE_CHECKING:  # (torch loads with them)
+    from horizon_exec.data.data import Dataset
+    from horizon_exec.data.tokenize import ByteTokenizer, HFTokenizer
+    from horizon_exec.train.config import RunConfig
+    from horizon_exec.train.save import SaveInputs
+    from horizon_sim.specs.hardware import HardwareSpec
 
 
 def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -157,16 +168,15 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     return p
 
 
-def _peak_flops(args, compute_dtype: str) -> tuple[float | None, str]:
-    """(peak FLOP/s of the compute dtype, where it came from) from --hardware or --gpu."""
-    if args.hardware and args.gpu:
-        raise HorizonError("give --gpu or --hardware, not both")
-    if args.hardware:
-        from horizon_sim.specs.hardware_io import load_hardware
-        dev = load_hardware(args.hardware).device
-    elif args.gpu:
+def _peak_flops(cfg: "RunConfig", hardware: "HardwareSpec | None") -> tuple[float | None, str]:
+    """(peak FLOP/s of the compute dtype, where it came from) from --hardware (`hardware`, as
+    loaded) or --gpu."""
+    compute_dtype = cfg.policy.compute_dtype
+    if hardware is not None:
+        dev = hardware.device
+    elif cfg.gpu:
         from horizon_sim.specs.hardware_presets import device_preset
-        dev = device_preset(args.gpu)
+        dev = device_preset(cfg.gpu)
     else:
         return None, ""
     tf = dev.bf16_TFLOPs if compute_dtype == "bf16" else dev.fp32_TFLOPs
@@ -192,23 +202,25 @@ def run_train(args: argparse.Namespace) -> int:
     if launch.wants_launch(args):  # before torch loads: its C++ log level is read then (rendezvous.py)
         from horizon_exec.dist.rendezvous import quiet_cpp_logs
         quiet_cpp_logs()
-    from horizon_exec.train.checks import check_train_args
     if args.compute_dtype is None:  # before anything reads the policy (node admission, the ranks)
         from horizon_exec.device.compute_dtype import default_compute_dtype
         args.compute_dtype, args.compute_dtype_why = default_compute_dtype(args.device,
                                                                            master_dtype=args.master_dtype)
-    check_train_args(args)
+    from horizon_exec.cli.train_flags import run_config
+    cfg = run_config(args)  # every flag checked, before anything is loaded
     launch.check_launch_args(args)
     from horizon_exec.train.outputs import follow_save_hf, prepare_outputs
     with _os_errors_as_usage():
-        if args.save_hf:  # the save goes into a link's target, never replaces the link
-            args.save_hf = follow_save_hf(args.save_hf)
+        if cfg.outputs.save_hf:  # the save goes into a link's target, never replaces the link
+            args.save_hf = follow_save_hf(cfg.outputs.save_hf)  # (the ranks of a launch read it too)
+            cfg = dataclasses.replace(cfg, outputs=dataclasses.replace(cfg.outputs, save_hf=args.save_hf))
         init = None
-        if args.init_from:  # a folder, or a model id in the HF cache: --save-hf must not replace it
+        if cfg.init_from:  # a folder, or a model id in the HF cache: --save-hf must not replace it
             from horizon_exec.checkpoints.hf_checkpoint import resolve_checkpoint
-            init = resolve_checkpoint(args.init_from)
-    outputs = dict(ckpt_dir=args.ckpt_dir, save_hf=args.save_hf, log_file=args.log_file, resume=args.resume,
-                   overwrite_ckpt=args.overwrite_ckpt, init_from=init)
+            init = resolve_checkpoint(cfg.init_from)
+    ck, out = cfg.checkpoints, cfg.outputs
+    outputs = dict(ckpt_dir=ck.ckpt_dir, save_hf=out.save_hf, log_file=out.log_file, resume=ck.resume,
+                   overwrite_ckpt=ck.overwrite_ckpt, init_from=init)
     if launch.wants_launch(args):  # outputs are checked here first: a bad one costs no process start
         from horizon_exec.cli.node_admission import check_node
         check_node(args)  # the whole node's cores and RAM, before any rank starts
@@ -217,22 +229,22 @@ def run_train(args: argparse.Namespace) -> int:
                 prepare_outputs(**outputs)
         return launch.launch(args)
     from horizon_exec.dist.context import agree, from_env
-    dist = from_env(args.device, args.dist_timeout)
+    dist = from_env(cfg.trainer.runtime.device, args.dist_timeout)
     if dist.rank:  # rank 0 speaks for the run; the others' errors still reach stderr
-        args.no_progress = True
+        cfg = dataclasses.replace(cfg, outputs=dataclasses.replace(cfg.outputs, progress=False))
         sys.stdout = open(os.devnull, "w")
     from horizon_exec.checkpoints import ckpt_lock
     save_lock = []
 
     def claim():  # rank 0: the outputs checked, and --save-hf this run's until it ends
         prepare_outputs(**outputs)
-        if args.save_hf:
-            save_lock.append(ckpt_lock.acquire_save(args.save_hf))
+        if cfg.outputs.save_hf:
+            save_lock.append(ckpt_lock.acquire_save(cfg.outputs.save_hf))
     with _os_errors_as_usage():
         agree(dist, lambda: claim() if dist.rank == 0 else None)
     rc = 1
     try:
-        rc = _run_dist_rank(args, dist)
+        rc = _run_dist_rank(cfg, dist)
     finally:  # a clean end waits for every rank; a failed one does not wait for the others
         for key in save_lock:
             ckpt_lock.release(key)
@@ -240,103 +252,102 @@ def run_train(args: argparse.Namespace) -> int:
     return rc
 
 
-def _run_dist_rank(args: argparse.Namespace, dist) -> int:
-    if not args.ckpt_dir or not dist.is_leader:
-        return _run_train(args, dist)
-    from pathlib import Path
-
+def _run_dist_rank(cfg: "RunConfig", dist) -> int:
+    ck = cfg.checkpoints
+    if not ck.ckpt_dir or not dist.is_leader:
+        return _run_train(cfg, dist)
     from horizon_exec.checkpoints import ckpt_lock
     from horizon_exec.checkpoints.ckpt import node_folder
     from horizon_exec.checkpoints.fileio import make_dirs
-    lock_dir = node_folder(args.ckpt_dir, dist)
+    lock_dir = node_folder(ck.ckpt_dir, dist)
     make_dirs(Path(lock_dir))
     with ckpt_lock.holding(lock_dir):  # before anything is built: one run per folder
-        if args.overwrite_ckpt and args.resume is None:  # checked up front (outputs.py): start over
+        if ck.overwrite_ckpt and ck.resume is None:  # checked up front (outputs.py): start over
             from horizon_exec.checkpoints.ckpt import remove_checkpoints
             gone = remove_checkpoints(lock_dir)
             if gone:
                 print(f"--overwrite-ckpt: removed {len(gone)} checkpoint(s) of an earlier run from {lock_dir}")
-        return _run_train(args, dist)
+        return _run_train(cfg, dist)
 
 
-def _run_train(args: argparse.Namespace, dist) -> int:
-    import dataclasses
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    """What the run read before its first step."""
+    tok: "ByteTokenizer | HFTokenizer"
+    init_dir: Path | None
+    """The --init-from folder."""
+    ds: "Dataset"
+    peak: float | None
+    """Peak FLOP/s MFU is reported against (None: achieved model TFLOP/s instead)."""
+    peak_what: str
+    save_inputs: "SaveInputs | None"
+    """What --save-hf copies besides the weights (save.read_save_inputs), on the writing rank."""
 
+
+def _run_train(cfg: "RunConfig", dist) -> int:
     from horizon_exec.checkpoints import hf_checkpoint
     from horizon_exec.data.data import data_bytes_bound, load_dataset
     from horizon_exec.errors import ExecError
     from horizon_exec.checkpoints.fileio import OutputError
     from horizon_exec.train.loop import EvalError, Interrupted
-    from horizon_exec.optim.lr import CosineSchedule
     from horizon_exec.data.tokenize import BYTES, load_tokenizer, resolve_tokenizer, tokenizer_of_folder
     from horizon_exec.runtime.trainer import NonFiniteError, Trainer
     from horizon_sim.specs.hf_config import load_model
-    from horizon_sim.units import parse_size
 
+    policy, data = cfg.policy, cfg.data
     # ---- model, tokenizer, data ------------------------------------------------------------
     with _os_errors_as_usage():  # a path the flags name that cannot be read: refused, named
-        init_dir = hf_checkpoint.resolve_checkpoint(args.init_from) if args.init_from else None
+        init_dir = hf_checkpoint.resolve_checkpoint(cfg.init_from) if cfg.init_from else None
         if init_dir is not None:
-            run = hf_checkpoint.run_model(init_dir, args.model)
+            run = hf_checkpoint.run_model(init_dir, cfg.model)
             model = run.spec
             if run.overridden:  # a context extension, say: the point of giving both
-                print(f"--model {args.model}: its {', '.join(run.overridden)} replace(s) --init-from "
-                      f"{args.init_from}'s (same shapes); --save-hf writes the config trained with")
+                print(f"--model {cfg.model}: its {', '.join(run.overridden)} replace(s) --init-from "
+                      f"{cfg.init_from}'s (same shapes); --save-hf writes the config trained with")
             if run.untied_head:
-                print(f"--init-from {args.init_from}: tie_word_embeddings is true but lm_head.weight differs from "
+                print(f"--init-from {cfg.init_from}: tie_word_embeddings is true but lm_head.weight differs from "
                       "the embedding: trained untied, as transformers loads it (--save-hf writes tie false)")
         else:
-            model = load_model(args.model)
-        policy = dataclasses.replace(policy_from_args(args), loss_chunk_tokens=args.loss_chunk_tokens)
-        if args.tokenizer == BYTES:
+            model = load_model(cfg.model)
+        if data.tokenizer == BYTES:
             tok_path = None
-        elif args.tokenizer:
-            tok_path = resolve_tokenizer(args.tokenizer)
+        elif data.tokenizer:
+            tok_path = resolve_tokenizer(data.tokenizer)
         else:
             tok_path = tokenizer_of_folder(init_dir) if init_dir is not None else None
             if init_dir is not None and tok_path is None:  # pretrained weights on byte ids: silently useless
-                raise HorizonError(f"--init-from {args.init_from}: the folder has no tokenizer.json; give the "
+                raise HorizonError(f"--init-from {cfg.init_from}: the folder has no tokenizer.json; give the "
                                    f"tokenizer the model was trained with (--tokenizer FILE|DIR), or --tokenizer "
                                    f"{BYTES} to train it on UTF-8 byte ids")
-        if tok_path is None and args.eos_token is not None:  # the byte tokenizer's end of document is fixed
-            raise HorizonError(f"--eos-token {args.eos_token!r} needs a tokenizer (--tokenizer, or one in the "
+        if tok_path is None and data.eos_token is not None:  # the byte tokenizer's end of document is fixed
+            raise HorizonError(f"--eos-token {data.eos_token!r} needs a tokenizer (--tokenizer, or one in the "
                                f"--init-from folder); the byte tokenizer has no end-of-document token to choose")
-        tok = load_tokenizer(tok_path, args.eos_token)
+        tok = load_tokenizer(tok_path, data.eos_token)
         if tok.vocab_size > model.vocab:
             raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")
         # The data is loaded after the admission, which counts what it will hold (a bound from its size).
-        data_bytes = data_bytes_bound(args.data, tok, policy.seq)
-        min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
-        sched = CosineSchedule(peak=args.lr, total_steps=args.steps, warmup_steps=args.warmup_steps, min_lr=min_lr)
-        peak, peak_what = _peak_flops(args, policy.compute_dtype)
-        budget = parse_size(args.device_budget, "--device-budget") if args.device_budget else None
-        host_budget = parse_size(args.host_budget, "--host-budget") if args.host_budget else None
+        data_bytes = data_bytes_bound(data.data, tok, policy.seq)
         hardware = None
-        if args.hardware and not args.no_admission:
+        if cfg.hardware:
             from horizon_sim.specs.hardware_io import load_hardware
-            hardware = load_hardware(args.hardware)  # its speeds and runtime overhead, for admission
+            hardware = load_hardware(cfg.hardware)  # its peak for MFU; its speeds and runtime overhead, for admission
+        peak, peak_what = _peak_flops(cfg, hardware)
         save_inputs = None
-        if args.save_hf:
-            parse_size(args.save_shard_size, "--save-shard-size")  # a bad size is refused before training
-            if dist.rank == 0:  # what the save copies, read now: the source folders may change meanwhile
-                from horizon_exec.train.save import read_save_inputs
-                save_inputs = read_save_inputs(args, tok, init_dir)
+        if cfg.outputs.save_hf and dist.rank == 0:  # what the save copies, read now: the source folders may change
+            from horizon_exec.train.save import read_save_inputs
+            save_inputs = read_save_inputs(cfg, tok, init_dir)
 
     # ---- trainer and loop ------------------------------------------------------------------
-    tr = Trainer(model, policy, lr=args.lr, weight_decay=args.weight_decay,
-                 betas=(args.beta1, args.beta2), eps=args.eps, device=args.device, seed=args.seed,
-                 device_budget_bytes=budget, compute_threads=args.compute_threads,
-                 random_init=args.init_from is None, admission=not args.no_admission,
-                 host_budget_bytes=host_budget, hardware=hardware, on_nonfinite=args.on_nonfinite,
-                 data_bytes=data_bytes, dist=dist, disk_dir=args.disk_dir, disk_method=args.disk_io,
-                 **({"timeout_s": args.op_timeout} if args.op_timeout is not None else {}))
+    adm = cfg.trainer.admission
+    adm = dataclasses.replace(adm, data_bytes=data_bytes, hardware=hardware if adm.enabled else None)
+    tr = Trainer(model, policy, dataclasses.replace(cfg.trainer, admission=adm), dist=dist)
     with tr:
-        if not args.no_admission:
+        if adm.enabled:
             from horizon_exec.train.save import check_space_for
-            check_space_for(args, tr)
-        ds = load_dataset(args.data, tok, policy.seq, args.eval_fraction, doc_masks=policy.doc_masks)
+            check_space_for(cfg, tr)
+        ds = load_dataset(data.data, tok, policy.seq, data.eval_fraction, doc_masks=policy.doc_masks)
         try:
-            return _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what, save_inputs)
+            return _train(cfg, tr, _Inputs(tok, init_dir, ds, peak, peak_what, save_inputs))
         except Interrupted as e:  # every rank stopped at the same boundary: rank 0 says so for the run
             if tr.dist.rank == 0:
                 print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
@@ -354,50 +365,48 @@ def _run_train(args: argparse.Namespace, dist) -> int:
             return 1
 
 
-def _train(args, tr, model, policy, tok, init_dir, ds, sched, peak, peak_what, save_inputs) -> int:
-    from horizon_exec.train.loop import LoopConfig, TrainLoop
+def _train(cfg: "RunConfig", tr, inputs: _Inputs) -> int:
+    from horizon_exec.train.loop import TrainLoop
 
-    cfg = LoopConfig(steps=args.steps, schedule=sched, eval_every=args.eval_every,
-                     eval_batches=args.eval_batches, ckpt_dir=args.ckpt_dir,
-                     save_every=args.ckpt_interval, keep_ckpts=args.keep_ckpts, peak_flops=peak,
-                     progress=not args.no_progress, log_file=args.log_file)
-    with TrainLoop(tr, ds, cfg, seed=args.seed) as loop:
-        return _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what, save_inputs)
+    with TrainLoop(tr, inputs.ds, cfg.loop_config(inputs.peak), seed=cfg.trainer.seed) as loop:
+        return _run_loop(cfg, tr, loop, inputs)
 
 
-def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what, save_inputs) -> int:
+def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs) -> int:
     from horizon_exec.checkpoints import hf_checkpoint
     from horizon_exec.dtypes import TORCH_DTYPE
     from horizon_sim.units import fmt_bytes
 
+    model, policy, ds, peak = tr.model, tr.policy, inputs.ds, inputs.peak
     print(f"horizon train: {model.name}, {model.total_params / 1e6:.1f}M params, {len(tr.sched)} ops/step, "
-          f"host store {fmt_bytes(tr.host_store_bytes)}, device {args.device}"
+          f"host store {fmt_bytes(tr.host_store_bytes)}, device {cfg.trainer.runtime.device}"
           + (f", {tr.dist.world} ranks ({tr.dist.layout}), a step trains "
              f"{policy.batch * tr.dist.world} sequences" if tr.dist.world > 1 else ""))
-    print(f"data: {ds.source}, tokenizer {tok.name}, {ds.n_tokens:,} tokens -> {len(ds.train)} train + "
+    print(f"data: {ds.source}, tokenizer {inputs.tok.name}, {ds.n_tokens:,} tokens -> {len(ds.train)} train + "
           f"{len(ds.eval)} eval sequences of {policy.seq}")
     if tr.admission is not None:
         print(f"admission: fits: {tr.admission.line()}")
-    why = getattr(args, "compute_dtype_why", "")
+    why = cfg.compute_dtype_why
     print(f"compute: {policy.compute_dtype}" + (f" by default: {why}" if why else ""))
     master = "split fp32 master (bf16 copy + low half)" if policy.split_master else f"{policy.master_dtype} master"
     disk = f" on disk ({tr.disk.method} I/O in {tr.disk.folder})" if tr.disk is not None else ""
     print(f"optimizer: AdamW ({policy.optimizer}), {master}, {policy.states_dtype} moments{disk}: "
           f"{tr.runner.adamw.describe(TORCH_DTYPE[policy.master_dtype], TORCH_DTYPE[policy.states_dtype])}")
-    if args.resume is not None:
-        p = loop.resume(args.resume or args.ckpt_dir)
+    ck = cfg.checkpoints
+    if ck.resume is not None:
+        p = loop.resume(ck.resume or ck.ckpt_dir)
         print(f"resumed from {p} at step {loop.step}")
-        if init_dir is not None:  # the same command line plus --resume is how a run is continued: not an error
-            print(f"--init-from {args.init_from}: its config, tokenizer and side files are used; the weights "
+        if inputs.init_dir is not None:  # the same command line plus --resume is how a run is continued: not an error
+            print(f"--init-from {cfg.init_from}: its config, tokenizer and side files are used; the weights "
                   f"and optimizer state come from the checkpoint")
-    elif init_dir is not None:
-        hf_checkpoint.load_hf(tr, init_dir)
-        print(f"weights from {init_dir}")
-    if peak_what:
-        print(f"MFU against {peak_what}")
+    elif inputs.init_dir is not None:
+        hf_checkpoint.load_hf(tr, inputs.init_dir)
+        print(f"weights from {inputs.init_dir}")
+    if inputs.peak_what:
+        print(f"MFU against {inputs.peak_what}")
     res = loop.run()
     if res is None:
-        print(f"nothing to do: the run is at step {loop.step} of {args.steps}")
+        print(f"nothing to do: the run is at step {loop.step} of {cfg.steps}")
     else:
         ev = loop.evals.get(loop.step)
         rate = f"{loop.tokens_per_s:,.0f} tokens/s"
@@ -406,13 +415,14 @@ def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what,
         print(f"final loss {res.loss:.4f}" + (f"  eval loss {ev:.4f}" if ev is not None else "")
               + f"  grad norm {res.grad_norm:.3f}  {rate}  device peak {fmt_bytes(res.device_peak_bytes)}"
               f"  peak RSS {fmt_bytes(res.rss_peak_bytes)}")
+    save_hf = cfg.outputs.save_hf
     if loop.untargeted:
         print(f"{len(loop.untargeted)} of {loop.steps_run} step(s) had a batch with no target token (loss 0, "
               f"nothing trained): {', '.join(map(str, loop.untargeted[:20]))}"
               f"{' ...' if len(loop.untargeted) > 20 else ''}")
         if len(loop.untargeted) == loop.steps_run:  # every loss 0 and nothing learnt: not a success
             print(f"horizon train: error: no batch of this run ({loop.steps_run} step(s)) had a target token, so "
-                  f"nothing was trained" + (" (--save-hf not written)" if args.save_hf else "")
+                  f"nothing was trained" + (" (--save-hf not written)" if save_hf else "")
                   + f"; with instruction data, prompts longer than --seq {policy.seq} leave no response token "
                   f"to train on: raise --seq or shorten the prompts", file=sys.stderr)
             return 1
@@ -422,15 +432,15 @@ def _run_loop(args, tr, loop, model, policy, tok, init_dir, ds, peak, peak_what,
         if len(loop.skipped) == loop.steps_run:  # nothing was learnt: not a success, nothing to publish
             print(f"horizon train: error: every step of this run ({loop.steps_run}) was skipped for a "
                   f"non-finite loss or gradient, so the weights never changed"
-                  + (" (--save-hf not written)" if args.save_hf else "")
+                  + (" (--save-hf not written)" if save_hf else "")
                   + "; lower --lr or check the data and the initial weights", file=sys.stderr)
             return 1
-    if args.save_hf:
+    if save_hf:
         from horizon_exec.dist.context import agree
-        from horizon_exec.train.save import save_hf
+        from horizon_exec.train.save import save_hf as write_hf
         tr.flush()  # every rank (a collective when pending): the master is final
         # one node: rank 0 writes from the shared store; several: every rank gathers, rank 0 writes
-        agree(tr.dist, lambda: save_hf(args, tr, loop, save_inputs)
+        agree(tr.dist, lambda: write_hf(cfg, tr, loop, inputs.save_inputs)
               if tr.dist.rank == 0 or tr.dist.layout.nodes > 1 else None)
     return 0
 

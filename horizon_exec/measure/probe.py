@@ -192,6 +192,7 @@ def _child(req: dict, commands=None) -> dict:
     """Run the request; with `commands` (a session's stdin), print 'ready' after warm-up, then
     one JSON line per 'step' command, and return at 'done'."""
     from horizon_exec.dist.context import from_env
+    from horizon_exec.runtime.config import RuntimeConfig, TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
     import torch
 
@@ -200,7 +201,8 @@ def _child(req: dict, commands=None) -> dict:
     ctx = from_env(req["device"])  # a Session of several ranks set the launcher's variables
     gen = torch.Generator().manual_seed(req["seed"] + ctx.rank)
     out = {"steps": []}
-    with Trainer(model, policy, device=req["device"], seed=req["seed"], dist=ctx) as tr:
+    cfg = TrainerConfig(runtime=RuntimeConfig(device=req["device"]), seed=req["seed"])
+    with Trainer(model, policy, cfg, dist=ctx) as tr:
         ser = None
         if req["serialize"]:
             ser = Serialized(tr.engine.runner, sync_for(req["device"]))

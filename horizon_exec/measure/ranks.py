@@ -47,6 +47,7 @@ def _rank_main() -> None:
     import torch.distributed as dist
 
     from horizon_exec.dist.context import from_env
+    from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
     from horizon_sim.specs.model import ModelSpec
     from horizon_sim.specs.policy import Policy
@@ -55,7 +56,7 @@ def _rank_main() -> None:
     model, pol = ModelSpec.from_dict(job["model"]), Policy.from_dict(job["policy"])
     g = torch.Generator().manual_seed(ctx.rank)
     times, res = [], None
-    with Trainer(model, pol, admission=False, dist=ctx) as tr:
+    with Trainer(model, pol, TrainerConfig(admission=AdmissionConfig(enabled=False)), dist=ctx) as tr:
         for i in range(job["warmup"] + job["steps"]):
             res = tr.step(torch.randint(0, model.vocab, (pol.batch, pol.seq), generator=g))
             t = torch.tensor([res.step_s], dtype=torch.float64)

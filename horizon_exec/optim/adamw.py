@@ -36,7 +36,7 @@ import torch
 
 from horizon_exec.optim import native
 from horizon_exec.dtypes import TORCH_DTYPE
-from horizon_exec.errors import ExecError
+from horizon_exec.errors import ConfigError, ExecError
 from horizon_sim.errors import HorizonError
 
 KERNELS = ("auto", "native", "torch")
@@ -61,7 +61,7 @@ def check_hyper(*, lr: float, betas, eps: float, weight_decay: float, name=lambd
     weight_decay finite >= 0 with lr * weight_decay <= 1 (the decay factor 1 - lr * wd stays in
     [0, 1]; above, weights flip sign every step). name(field) is how a message names a field."""
     def bad(field, value, want):
-        raise HorizonError(f"{name(field)}{value!r} {want}")
+        raise ConfigError(field, value, want, name=name)
 
     if not _number(lr) or not 0 <= lr <= MAX_LR:
         bad("lr", lr, f"must lie in [0, {MAX_LR:g}] (Adam moves each weight by about lr per step; "
@@ -69,7 +69,7 @@ def check_hyper(*, lr: float, betas, eps: float, weight_decay: float, name=lambd
     try:
         b1, b2 = betas
     except (TypeError, ValueError):
-        raise HorizonError(f"{name('betas')}{betas!r} must be two numbers") from None
+        raise ConfigError("betas", betas, "must be two numbers", name=name) from None
     for field, b in (("beta1", b1), ("beta2", b2)):
         if not _number(b) or not 0 <= b < 1:
             bad(field, b, "must lie in [0, 1)")

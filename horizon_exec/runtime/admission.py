@@ -276,6 +276,6 @@ def _advice(model, policy, hw, adm: Admission, cpu: bool) -> list[str]:
         short = fmt_bytes(adm.device_need_bytes - dev_avail)
         out.append(f"a --device-budget {short} larger" if adm.device_source == "device budget" else
                    f"{short} more free device memory (other processes on the device)")
-    out.append("--no-admission (Trainer(admission=False)) runs anyway; the device arena still stops "
+    out.append("--no-admission (AdmissionConfig(enabled=False)) runs anyway; the device arena still stops "
                "a step that exceeds --device-budget")
     return out

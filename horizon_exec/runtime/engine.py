@@ -35,7 +35,7 @@ ABORT_GRACE_S = 0.5
 DEFAULT_OP_TIMEOUT_S = 120.0
 """Default op timeout: a GPU op (or a host optimizer update of a 120B model's layer) takes
 seconds; two minutes without any op starting or finishing is a hang. The CPU backend running
-a large model may need more (Trainer(timeout_s=...), horizon train --op-timeout)."""
+a large model may need more (RuntimeConfig(timeout_s=...), horizon train --op-timeout)."""
 STOP_GRACE_S = 10.0
 """After a stop request, how long a step may go without progress before it is abandoned."""
 _STOP = object()

@@ -1,7 +1,7 @@
 """Trainer: the executor's Python API. Builds the schedule for (model, policy), allocates the
 host store and the device arena, and runs one schedule per optimizer step.
 
-    tr = Trainer(model, policy, lr=3e-4, device="cpu", seed=0)
+    tr = Trainer(model, policy, TrainerConfig(optimizer=OptimizerConfig(lr=3e-4), seed=0))
     res = tr.step(tokens)          # tokens: LongTensor (batch, seq)
     res = tr.step(tokens, labels, lr=1e-4)   # explicit targets (-100 = ignored), this step's lr
     res.loss, res.grad_norm, res.timeline, res.device_peak_bytes, res.rss_peak_bytes
@@ -17,7 +17,8 @@ needs no memory beyond the step's and its timeline is measured like a step's.
 
 Admission: before anything is allocated, the planner simulates the schedule on this machine
 and the constructor raises AdmissionError (admission.py: needed vs available, by role, what to
-change) when the host RAM or device memory it needs is not available. `admission=False` skips it.
+change) when the host RAM or device memory it needs is not available. AdmissionConfig(enabled=False)
+skips it.
 
 Non-finite steps: a NaN/inf loss or global gradient norm is detected before any update is
 applied. on_nonfinite='skip' leaves master weights, Adam moments and step counters exactly
@@ -52,10 +53,11 @@ import torch
 
 from horizon_exec.runtime.admission import admit
 from horizon_exec.device.arena import DeviceArena
-from horizon_exec.device.backend import check_device, make_backend
+from horizon_exec.device.backend import make_backend
 from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.runtime.buffers import BufferTable
-from horizon_exec.runtime.engine import DEFAULT_OP_TIMEOUT_S, RUN_LANES, Engine
+from horizon_exec.runtime.config import TrainerConfig
+from horizon_exec.runtime.engine import RUN_LANES, Engine
 from horizon_exec.dist.context import agree, cores_of, single
 from horizon_exec.device.cpu import cpu_cores
 from horizon_exec.errors import ExecError
@@ -75,9 +77,6 @@ from horizon_sim.schedule.op import EMBED, Family, Space
 from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
-
-ON_NONFINITE = ("skip", "stop")
-
 
 class NonFiniteError(HorizonError):
     """A step's loss or gradients were not finite and the policy is to stop (on_nonfinite='stop')."""
@@ -178,43 +177,23 @@ def rss_peak_bytes() -> int:
 
 
 class Trainer:
-    """Streams `model` through the device under `policy` (see module docstring).
-
-    lr, weight_decay, betas, eps: AdamW (decoupled decay on every parameter, like
-    torch.optim.AdamW over model.parameters()); `lr` can be changed between steps.
-    device: 'cpu' or 'cuda[:N]'. seed: weight init. device_budget_bytes: arena budget (None:
-    unlimited). CPU backend only: compute_threads (intra-op threads of the compute lane;
-    default cores - 1), pin_cores (compute lane on its own cores, the other lanes on the
-    rest), track_memory (measure op temporaries). timeout_s: the op timeout: a step with no op
-    starting or finishing for that long fails instead of hanging (engine.py; default 120 s).
-    lr, betas, eps, weight_decay and each step's lr are checked (optim.check_hyper), seed must
-    fit 64 bits, device must exist (backend.check_device). random_init: False leaves the
-    weights zero (for a caller that loads them next, e.g. checkpoints/hf_checkpoint.load_hf).
-    admission: check up front that the run fits (admission.py); host_budget_bytes: host RAM
-    the run may use (default: MemAvailable + this process); device_budget_bytes is the
-    device side's (default: CUDA free memory, CPU unlimited); hardware: a HardwareSpec whose
-    speeds (and runtime overhead) the admission simulation uses; data_bytes: host memory the
-    training data will hold, counted by the admission (data.data_bytes_bound). on_nonfinite:
-    'skip' or 'stop' (module docstring; default 'skip', 'stop' with optimizer='backward').
-    disk_dir: where the disk tier's file goes (policy disk_tier; default the system temp dir:
-    point it at local NVMe), disk_method: how it is read and written (disk_store.py).
+    """Streams `model` through the device under `policy` (see module docstring), configured by
+    `config` (runtime/config.py: the optimizer, the device and how it is used, the admission,
+    the init seed; each checked when it is made). The optimizer's lr can be changed between
+    steps; each step's lr is checked as the optimizer's is (optim.check_hyper).
     schedule: a Schedule to run instead of building one (e.g. the one the planner simulated,
-    or one read from JSON); it must have been built for this model and policy.
+    or one read from JSON); it must have been built for this model and policy. dist: the
+    data-parallel run this process is a rank of (dist/context.py; None: one process).
     """
 
-    def __init__(self, model: ModelSpec, policy: Policy, *, lr: float = 1e-3, weight_decay: float = 0.0,
-                 betas=(0.9, 0.999), eps: float = 1e-8, device: str = "cpu", seed: int = 0,
-                 device_budget_bytes: int | None = None, compute_threads: int | None = None,
-                 pin_cores: bool = True, track_memory: bool = True, timeout_s: float = DEFAULT_OP_TIMEOUT_S,
-                 random_init: bool = True, admission: bool = True, host_budget_bytes: int | None = None,
-                 hardware=None, on_nonfinite: str | None = None, data_bytes: int = 0, schedule=None, dist=None,
-                 disk_dir=None, disk_method: str = "direct"):
+    def __init__(self, model: ModelSpec, policy: Policy, config: TrainerConfig = TrainerConfig(), *,
+                 schedule=None, dist=None):
+        if not isinstance(config, TrainerConfig):
+            raise HorizonError(f"config must be a TrainerConfig (runtime/config.py), not {type(config).__name__}")
         if policy.seq < 2:
             raise HorizonError(f"policy seq={policy.seq}: training needs sequences of at least 2 tokens")
-        check_device(device)  # before admission, which asks the device for its free memory
-        if not isinstance(seed, int) or not 0 <= seed < 2**64:
-            raise HorizonError(f"seed={seed!r} must be an integer in [0, 2**64)")
-        adamw = AdamW(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        opt, rt, adm = config.optimizer, config.runtime, config.admission
+        adamw = AdamW(lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
         try:  # bf16 moments with an fp32 master need the native kernel: say so before allocating
             adamw.uses_native(TORCH_DTYPE[policy.master_dtype], TORCH_DTYPE[policy.states_dtype])
         except ExecError as e:
@@ -223,39 +202,33 @@ class Trainer:
         if policy.split_master and native.kernels() is None:
             raise HorizonError(f"policy split_master=True (--master-dtype split) needs the native kernels; "
                                f"{native.status()}. Use --master-dtype fp32")
-        if on_nonfinite is None:
-            on_nonfinite = "stop" if policy.optimizer == "backward" else "skip"
-        if on_nonfinite not in ON_NONFINITE:
-            raise HorizonError(f"on_nonfinite={on_nonfinite!r}: use one of {', '.join(ON_NONFINITE)}")
-        if on_nonfinite == "skip" and policy.optimizer == "backward":
-            raise HorizonError("on_nonfinite='skip' cannot be exact with optimizer='backward': each layer "
-                               "is updated as its gradient lands, before the loss and the global norm are "
-                               "known; use on_nonfinite='stop', or optimizer='pipelined' or 'after'")
+        on_nonfinite = rt.nonfinite_for(policy)
+        self.config = config
         self.model, self.policy, self.on_nonfinite = model, policy, on_nonfinite
         self.dist = dist = dist or single()
         self.sched = (build_schedule(model, policy, dist.layout) if schedule is None
                       else _checked_schedule(schedule, model, policy, dist))
         # Before any allocation: does the run fit this machine (data parallel: this node)?
         # AdmissionError if not; every rank hears of any rank's failure before anyone allocates.
-        self.admission = agree(dist, lambda: admit(model, policy, self.sched, device=device,
-                                                   host_budget_bytes=host_budget_bytes,
-                                                   device_budget_bytes=device_budget_bytes, hardware=hardware,
-                                                   data_bytes=data_bytes) if admission else None)
-        kw = dict(cores=cores_of(dist, cpu_cores())) if device == "cpu" and dist.world > 1 else {}
-        self.backend = make_backend(device, timeout_s=timeout_s, compute_threads=compute_threads,
-                                    pin_cores=pin_cores, track_memory=track_memory, **kw)
+        self.admission = agree(dist, lambda: admit(model, policy, self.sched, device=rt.device,
+                                                   host_budget_bytes=adm.host_budget_bytes,
+                                                   device_budget_bytes=adm.device_budget_bytes, hardware=adm.hardware,
+                                                   data_bytes=adm.data_bytes) if adm.enabled else None)
+        kw = dict(cores=cores_of(dist, cpu_cores())) if rt.device == "cpu" and dist.world > 1 else {}
+        self.backend = make_backend(rt.device, timeout_s=rt.timeout_s, compute_threads=rt.compute_threads,
+                                    pin_cores=rt.pin_cores, track_memory=rt.track_memory, **kw)
         self.store = HostStore(self.sched, model, self.backend, dist)
         self.disk = None  # the disk tier (policy disk_tier): a file in disk_dir, gone with the process
         if self.sched.static_bytes(Space.DISK):
             import tempfile
             from horizon_exec.runtime.disk_store import DiskStore, disk_buffers
-            self.disk = DiskStore(disk_buffers(self.sched), disk_dir or tempfile.gettempdir(), disk_method)
-        self.arena = DeviceArena(self.backend, device_budget_bytes)
+            self.disk = DiskStore(disk_buffers(self.sched), rt.disk_dir or tempfile.gettempdir(), rt.disk_method)
+        self.arena = DeviceArena(self.backend, adm.device_budget_bytes)
         self.buffers = BufferTable(self.sched, self.store, self.arena, self.backend)
-        self._lr = float(lr)
+        self._lr = float(opt.lr)
         self.runner = OpRunner(model=model, policy=policy, sched=self.sched, buffers=self.buffers,
                                store=self.store, arena=self.arena, backend=self.backend, adamw=adamw, dist=dist,
-                               disk=self.disk, seed=seed)
+                               disk=self.disk, seed=config.seed)
         self.units = [b.unit for b in self.sched.of(Holds.MOMENTS)]  # embedding, blocks, head
         self.master = Master(self.store, self.sched, self.runner, dist, self.split_master, self.disk)  # fp32 access
         self._params = {}  # transformers name -> view of the master store (whole on every node)
@@ -263,10 +236,10 @@ class Trainer:
             for u in self.units:
                 lay = host_layout(model, u)
                 self._params.update(lay.views(self.store.of(Holds.MASTER, u)[:lay.numel]))
-        if random_init:
-            self.init_weights(seed)
+        if config.random_init:
+            self.init_weights(config.seed)
         lanes = tuple(dict.fromkeys((*RUN_LANES, *self.sched.lanes)))  # + a data-parallel step's fabric, net
-        self.engine = Engine(self.backend, self.runner, timeout_s=timeout_s, lanes=lanes)
+        self.engine = Engine(self.backend, self.runner, timeout_s=rt.timeout_s, lanes=lanes)
         # Lane threads stop (and CUDA host memory is unregistered) with the trainer, even
         # without close(); the finalizer holds no reference to the trainer itself.
         self._finalizer = weakref.finalize(self, _shutdown, self.engine, self.backend, self.disk)

@@ -16,27 +16,28 @@ from horizon_exec.checkpoints.hf_checkpoint import SAVE_DTYPES
 from horizon_exec.checkpoints.ckpt import checkpoint_bytes
 from horizon_exec.checkpoints.fileio import OutputError, write_failure
 from horizon_exec.train.loop import Interrupted
+from horizon_exec.train.config import OutputsConfig, RunConfig
 from horizon_exec.train.outputs import check_file_sizes, check_space, largest_shard_bytes
 from horizon_exec.train.stop_signals import StopSignals, say
 from horizon_exec.train.stop_signals import name as signal_name
 from horizon_sim.errors import HorizonError
-from horizon_sim.units import parse_size
 
 
-def check_space_for(args, tr) -> None:
+def check_space_for(cfg: RunConfig, tr) -> None:
     """Room for one checkpoint and the --save-hf folder, and files within the file size
     limit, before the first step."""
     needs, files = [], []
-    if args.ckpt_dir:
-        needs.append(("--ckpt-dir", Path(args.ckpt_dir), checkpoint_bytes(tr)))
+    ckpt_dir, out = cfg.checkpoints.ckpt_dir, cfg.outputs
+    if ckpt_dir:
+        needs.append(("--ckpt-dir", Path(ckpt_dir), checkpoint_bytes(tr)))
         # the state file is the checkpoint less the slack checkpoint_bytes allows for the rest
-        files.append(("--ckpt-dir", Path(args.ckpt_dir) / "step-N" / "state.safetensors",
+        files.append(("--ckpt-dir", Path(ckpt_dir) / "step-N" / "state.safetensors",
                       checkpoint_bytes(tr) - (1 << 20)))
-    if args.save_hf:
-        needs.append(("--save-hf", Path(args.save_hf).parent, _hf_bytes(args, tr)))
-        itemsize = SAVE_DTYPES[args.save_dtype][0].itemsize
-        files.append(("--save-hf", Path(args.save_hf) / "model*.safetensors", largest_shard_bytes(
-            (e.numel * itemsize for e in _hf_entries(tr)), parse_size(args.save_shard_size, "--save-shard-size"))))
+    if out.save_hf:
+        needs.append(("--save-hf", Path(out.save_hf).parent, _hf_bytes(out, tr)))
+        itemsize = SAVE_DTYPES[out.save_dtype][0].itemsize
+        files.append(("--save-hf", Path(out.save_hf) / "model*.safetensors", largest_shard_bytes(
+            (e.numel * itemsize for e in _hf_entries(tr)), out.save_shard_bytes)))
     check_space(needs)
     check_file_sizes(files)
 
@@ -46,9 +47,9 @@ def _hf_entries(tr):
     return [e for u in tr.units for e in host_layout(tr.model, u).entries]
 
 
-def _hf_bytes(args, tr) -> int:
+def _hf_bytes(out: OutputsConfig, tr) -> int:
     from horizon_exec.model.layout import host_layout
-    return sum(host_layout(tr.model, u).numel for u in tr.units) * SAVE_DTYPES[args.save_dtype][0].itemsize
+    return sum(host_layout(tr.model, u).numel for u in tr.units) * SAVE_DTYPES[out.save_dtype][0].itemsize
 
 
 @dataclass(frozen=True)
@@ -60,15 +61,15 @@ class SaveInputs:
     """(file name, contents) of the tokenizer's files and the model's side files."""
 
 
-def read_save_inputs(args, tok, init_dir) -> SaveInputs:
+def read_save_inputs(cfg: RunConfig, tok, init_dir) -> SaveInputs:
     """Read now what the save copies at the end (module docstring); a file that cannot be read
     is a HorizonError naming it (exit 2, before the first step)."""
     # The source config.json is kept (only what training changed is rewritten) and the
     # tokenizer the model was trained with goes along, chat template included.
     try:
-        base = hf_checkpoint.base_config(init_dir, args.model)
+        base = hf_checkpoint.base_config(init_dir, cfg.model)
     except (OSError, ValueError) as e:
-        where = getattr(e, "filename", None) or args.init_from or args.model
+        where = getattr(e, "filename", None) or cfg.init_from or cfg.model
         raise HorizonError(f"--save-hf: cannot read the model's config {where} to copy: "
                            f"{getattr(e, 'strerror', None) or e}") from None
     side = []
@@ -83,16 +84,16 @@ def read_save_inputs(args, tok, init_dir) -> SaveInputs:
     return SaveInputs(base, tuple(side))
 
 
-def save_hf(args, tr, loop, inputs: SaveInputs | None) -> None:
+def save_hf(cfg: RunConfig, tr, loop, inputs: SaveInputs | None) -> None:
     """--save-hf; a write failure is one line naming the folder, the need, and where the
     trained weights still are. inputs: read_save_inputs's, from the start of the run."""
     base, side = (inputs.base_config, inputs.side) if inputs is not None else (None, ())  # None: not the writer
-    save_shard = parse_size(args.save_shard_size, "--save-shard-size")
+    out, ckpt_dir = cfg.outputs, cfg.checkpoints.ckpt_dir
     ck = loop.last_ckpt[1] if loop.last_ckpt and loop.last_ckpt[0] == loop.step else None
 
     def interrupted(signum, immediate, why=""):
-        return Interrupted(signum, loop.step, ck, immediate, during=f"--save-hf {args.save_hf}", why=why,
-                           no_checkpoint="none of the last step" if args.ckpt_dir else "no --ckpt-dir")
+        return Interrupted(signum, loop.step, ck, immediate, during=f"--save-hf {out.save_hf}", why=why,
+                           no_checkpoint="none of the last step" if ckpt_dir else "no --ckpt-dir")
 
     def first(signum):  # the save is the run's last work: finish it rather than lose it
         say(f"\n{signal_name(signum)} received: finishing --save-hf first (send it again to abort it; "
@@ -103,12 +104,12 @@ def save_hf(args, tr, loop, inputs: SaveInputs | None) -> None:
 
     try:
         with StopSignals(first, second) as sig:
-            out = hf_checkpoint.save_hf(tr, args.save_hf, args.save_dtype, save_shard, base, side)
+            saved = hf_checkpoint.save_hf(tr, out.save_hf, out.save_dtype, out.save_shard_bytes, base, side)
     except OSError as e:
         kept = (f"the trained weights are in the checkpoint {ck}" if ck else
-                "no checkpoint holds the trained weights" + ("" if args.ckpt_dir else " (no --ckpt-dir)"))
-        why = write_failure(f"the HF checkpoint {args.save_hf}", e, Path(args.save_hf).parent, _hf_bytes(args, tr))
+                "no checkpoint holds the trained weights" + ("" if ckpt_dir else " (no --ckpt-dir)"))
+        why = write_failure(f"the HF checkpoint {out.save_hf}", e, Path(out.save_hf).parent, _hf_bytes(out, tr))
         raise OutputError(f"--save-hf: {why}; {kept}") from None
-    print(f"saved {args.save_dtype} HF checkpoint to {out}")
+    print(f"saved {out.save_dtype} HF checkpoint to {saved}")
     if sig.signum is not None:
         raise interrupted(sig.signum, immediate=False, why="after completing --save-hf")

@@ -1,8 +1,8 @@
 """Policy flags shared by every command that runs or plans a step."""
 import argparse
 
-from horizon_sim.errors import HorizonError
-from horizon_sim.specs.policy import CKPT_PLACES, DISK_TIERS, DTYPES, MASTER_ROUNDINGS, OPTIMIZER_MODES, Policy
+from horizon_sim.specs.policy import (CKPT_PLACES, DISK_TIERS, DTYPES, MASTER_CHOICES, MASTER_ROUNDINGS,
+                                      OPTIMIZER_MODES, Policy)
 
 _D = Policy()
 
@@ -44,7 +44,7 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
                    help=f"global-norm clip, 0 = off (default {defaults.grad_clip}, or 0 with --optimizer backward)")
     g.add_argument("--compute-dtype", choices=DTYPES, default=None if compute_help else defaults.compute_dtype,
                    help=compute_help or f"dtype of the device's matmuls and activations (default {defaults.compute_dtype})")
-    g.add_argument("--master-dtype", choices=MASTER_CHOICES, default=_master_choice(defaults),
+    g.add_argument("--master-dtype", choices=MASTER_CHOICES, default=defaults.master_choice,
                    help="host master weights: 'fp32' (default); 'split': the exact fp32 master kept as its "
                         "bf16 working copy plus a 16-bit low half (4 bytes per parameter with the copy, "
                         "not 6; the copy rounds ties away from zero); 'bf16': no fp32 master (the seed "
@@ -75,27 +75,12 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
                         "--seq; horizon train measures it from the data)")
 
 
-MASTER_CHOICES = ("fp32", "split", "bf16")
-
-
-def _master_choice(p: Policy) -> str:
-    return "split" if p.split_master else p.master_dtype
-
-
 def policy_from_args(a: argparse.Namespace) -> Policy:
-    clip = a.grad_clip if a.grad_clip is not None else (0.0 if a.optimizer == "backward" else _D.grad_clip)
-    master = getattr(a, "master_dtype", "fp32")
-    # the working copy is the compute dtype's copy of the master: none when the master already is
-    working_copy = not a.no_working_copy and a.compute_dtype != "fp32" and master != a.compute_dtype
-    if master == "split" and a.no_working_copy:
-        raise HorizonError("--master-dtype split keeps the master's high half as the working copy: "
-                           "drop --no-working-copy")
-    return Policy(batch=a.batch, seq=a.seq, micro_batches=a.micro_batches, act_ckpt_every=a.act_ckpt_every,
-                  slots=a.slots, act_ckpt_on=a.act_ckpt_on, optimizer=a.optimizer, grad_clip=clip,
-                  compute_dtype=a.compute_dtype, states_dtype=a.states_dtype,
-                  master_dtype="fp32" if master == "split" else master, split_master=master == "split",
-                  master_rounding=getattr(a, "master_rounding", "nearest"),
-                  grad_dtype="fp32" if a.compute_dtype == "fp32" else a.grad_dtype,
-                  working_copy=working_copy, doc_masks=a.doc_masks, doc_tokens=a.doc_tokens,
-                  disk_tier=getattr(a, "disk_tier", "none"),
-                  max_host_grads=getattr(a, "max_host_grads", 0))
+    """The Policy the flags describe (Policy.from_choices: what a Python caller gets from the same choices)."""
+    return Policy.from_choices(batch=a.batch, seq=a.seq, micro_batches=a.micro_batches,
+                               act_ckpt_every=a.act_ckpt_every, slots=a.slots, act_ckpt_on=a.act_ckpt_on,
+                               optimizer=a.optimizer, grad_clip=a.grad_clip, compute_dtype=a.compute_dtype,
+                               states_dtype=a.states_dtype, master=getattr(a, "master_dtype", "fp32"),
+                               master_rounding=getattr(a, "master_rounding", "nearest"), grad_dtype=a.grad_dtype,
+                               working_copy=not a.no_working_copy, doc_masks=a.doc_masks, doc_tokens=a.doc_tokens,
+                               disk_tier=getattr(a, "disk_tier", "none"), max_host_grads=getattr(a, "max_host_grads", 0))

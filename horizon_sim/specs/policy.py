@@ -10,6 +10,9 @@ DISK_TIERS = ("none", "moments", "moments+low")
 MASTER_ROUNDINGS = ("nearest", "stochastic")
 CKPT_PLACES = ("device", "host")
 DTYPES = ("fp32", "bf16")
+MASTER_CHOICES = ("fp32", "split", "bf16")
+"""How the master weights are kept (Policy.from_choices' `master`): an fp32 or a bf16 master, or
+'split': the exact fp32 master as its bf16 working copy + a 16-bit low half (split_master)."""
 ATTENTION = ("flash", "eager")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 MAX_BATCH = 2**20
@@ -196,6 +199,43 @@ class Policy:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_choices(cls, *, master: str = "fp32", grad_clip: float | None = None, working_copy: bool = True,
+                     **fields) -> "Policy":
+        """The policy that the choices a user makes describe, with what they imply (the CLI's
+        policy flags build their Policy here, so a Python caller gets the same one):
+        master: one of MASTER_CHOICES ('split' is an fp32 master with split_master);
+        grad_clip None: the optimizer mode's default (default_grad_clip); working_copy: wanted,
+        kept only where it is not the master itself (not with fp32 compute, nor with a master
+        already in compute_dtype); gradients cross the link in fp32 under fp32 compute.
+        `fields`: Policy's other fields."""
+        if master not in MASTER_CHOICES:
+            raise HorizonError(f"policy master={master!r}; allowed: {', '.join(MASTER_CHOICES)}")
+        if master == "split" and not working_copy:
+            raise HorizonError("policy master='split' (--master-dtype split) keeps the master's high half as the "
+                               "working copy: drop --no-working-copy (working_copy=False)")
+        compute = fields.get("compute_dtype", _DEFAULT.compute_dtype)
+        optimizer = fields.get("optimizer", _DEFAULT.optimizer)
+        if compute == "fp32":
+            fields["grad_dtype"] = "fp32"
+        return cls(**fields, master_dtype="fp32" if master == "split" else master, split_master=master == "split",
+                   working_copy=working_copy and compute != "fp32" and master != compute,
+                   grad_clip=cls.default_grad_clip(optimizer) if grad_clip is None else grad_clip)
+
+    @staticmethod
+    def default_grad_clip(optimizer: str) -> float:
+        """grad_clip when none is given: 0 (off) with optimizer='backward', which cannot clip
+        exactly; else Policy's default."""
+        return 0.0 if optimizer == "backward" else _DEFAULT.grad_clip
+
+    @property
+    def master_choice(self) -> str:
+        """How the master is kept, as from_choices takes it: 'split' or master_dtype."""
+        return "split" if self.split_master else self.master_dtype
+
+
+_DEFAULT = Policy()
 
 
 def exact_policy(**overrides) -> Policy:

@@ -46,13 +46,14 @@ def busy_latencies(hw: HardwareSpec, device: str, steps: int) -> tuple[float, fl
     extra is the thread waiting for the interpreter lock and the arena's lock, which the compute
     lane's kernel dispatch and memory tracking keep taking, and sharing the cache; the norm
     pass's fp32 temporary is served as the executor's allocator state serves it."""
+    from horizon_exec.runtime.config import RuntimeConfig, TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
     sched = build_schedule(CONTENTION_MODEL, CONTENTION_POLICY)
     costs = CostModel(hw, CONTENTION_POLICY.compute_dtype, sched.meta)
     gen = torch.Generator().manual_seed(0)
     extra: dict = {"copy": [], "cpu": []}
     offloads = []  # (link bytes, measured s, copy part alone s)
-    with Trainer(CONTENTION_MODEL, CONTENTION_POLICY, device=device) as tr:
+    with Trainer(CONTENTION_MODEL, CONTENTION_POLICY, TrainerConfig(runtime=RuntimeConfig(device=device))) as tr:
         for i in range(steps + 1):
             tl = tr.step(torch.randint(0, CONTENTION_MODEL.vocab, (CONTENTION_POLICY.batch, CONTENTION_POLICY.seq),
                                        generator=gen)).timeline

@@ -29,10 +29,11 @@ class TinyProbe:
 
     def __init__(self, device: str, policy: Policy = TINY_POLICY):
         from horizon_exec.measure.probe import Serialized, sync_for
+        from horizon_exec.runtime.config import RuntimeConfig, TrainerConfig
         from horizon_exec.runtime.trainer import Trainer
         self.policy = policy
         self.gen = torch.Generator().manual_seed(0)
-        self.tr = Trainer(TINY, policy, device=device)
+        self.tr = Trainer(TINY, policy, TrainerConfig(runtime=RuntimeConfig(device=device)))
         self.ser = Serialized(self.tr.engine.runner, sync_for(device))
         self.tr.engine.runner = self.ser
         self.own: dict[int, list[float]] = {}
