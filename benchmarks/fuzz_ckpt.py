@@ -1,5 +1,5 @@
 """Long fuzz of the training-checkpoint readers (trainer.json, SHA256SUMS, the state file's
-header): tests/test_harden_ckpt_fuzz.py with many more examples per reader than `make test`
+header): tests/test_ckpt_readers_fuzzed.py with many more examples per reader than `make test`
 runs, random (not derandomized) each time.
 
     .venv/bin/python benchmarks/fuzz_ckpt.py [--examples 3000]
@@ -23,9 +23,9 @@ def main() -> int:
     a = ap.parse_args()
     env = dict(os.environ, HORIZON_FUZZ_EXAMPLES=str(a.examples), PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "--hypothesis-show-statistics",
-                        "tests/test_harden_ckpt_fuzz.py"], cwd=ROOT, env=env, capture_output=True, text=True)
+                        "tests/test_ckpt_readers_fuzzed.py"], cwd=ROOT, env=env, capture_output=True, text=True)
     stats = r.stdout.split("Hypothesis Statistics")[-1]
-    for test, body in re.findall(r"test_harden_ckpt_fuzz.py::(\w+):\n(.*?)(?=\ntests/|\n=+|\Z)", stats, re.S):
+    for test, body in re.findall(r"test_ckpt_readers_fuzzed.py::(\w+):\n(.*?)(?=\ntests/|\n=+|\Z)", stats, re.S):
         gen = re.search(r"during generate phase.*?(\d+) passing, (\d+) failing, and (\d+) invalid", body, re.S)
         print(f"{test}: " + (f"{gen.group(1)} passing, {gen.group(2)} failing, {gen.group(3)} invalid examples"
                              if gen else "no statistics"))

@@ -12,7 +12,7 @@ from horizon_exec.runtime import admission
 from horizon_sim.cli.main import main
 from horizon_sim.schedule import work
 from horizon_sim.specs.model import ModelSpec
-from tests.harden_run import TINY
+from tests.train_run import TINY
 
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from horizon_sim.cli import main as cli_main
-from tests.harden_run import ROOT, env
+from tests.train_run import ROOT, env
 
 # The `horizon` script imports the entry point; a SIGINT arrives before main() has run.
 AS_THE_SCRIPT = ("import os, signal, sys, time; sys.argv[0] = '/usr/local/bin/horizon'; "

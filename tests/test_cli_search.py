@@ -173,7 +173,7 @@ def test_non_numbers_are_argparse_errors(capsys):
 
 def test_a_sweep_whose_every_row_is_invalid_fails(tmp_path, capsys):
     """Issue 30: a grid with no valid row is an error (the table is still written); with one valid
-    row the invalid ones are error rows of a successful sweep (test_harden_plan_sizes)."""
+    row the invalid ones are error rows of a successful sweep (test_plan_absurd_sizes)."""
     text = GRID.replace("act_ckpt_every = [1, 2]", "act_ckpt_every = [99]").replace(
         'models = ["tiny", "qwen2.5-0.5b"]', 'models = ["tiny"]')
     _one_line_error(sweep_cmd, [_grid(tmp_path, text), "-o", str(tmp_path / "r.csv"), "--quiet", "--workers", "1"],

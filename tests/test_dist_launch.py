@@ -15,7 +15,7 @@ import pytest
 
 from horizon_exec.dist import launch
 from horizon_sim.cli.main import main
-from tests.harden_run import MICRO, ROOT, env
+from tests.train_run import MICRO, ROOT, env
 
 BASE = ["train", "--model", str(MICRO), "--batch", "2", "--seq", "32", "--no-progress", "--eval-batches", "0",
         "--steps", "1", "--compute-dtype", "fp32", "--no-working-copy"]

@@ -175,7 +175,7 @@ def test_model_config_with_other_shapes_is_refused_by_field(tmp_path, capsys):
 
 def test_init_folder_without_a_tokenizer_needs_one(tmp_path, capsys):
     """Pretrained weights on UTF-8 byte ids would train, silently useless: --tokenizer is
-    required (--tokenizer bytes says it on purpose; tests/test_harden_small.py runs that)."""
+    required (--tokenizer bytes says it on purpose; tests/test_outputs_permissions.py runs that)."""
     mt, over, _ = CASES["qkv-bias"]
     _hf(mt, over).save_pretrained(tmp_path / "src")
     assert _train("--init-from", tmp_path / "src") == 2

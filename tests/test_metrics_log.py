@@ -9,7 +9,7 @@ import pytest
 
 from horizon_exec.train.loop import TrainLoop
 from horizon_sim.cli.main import main
-from tests.harden_run import TINY
+from tests.train_run import TINY
 
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 

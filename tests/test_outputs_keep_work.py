@@ -22,7 +22,7 @@ from horizon_exec.train.loop import TrainLoop
 from horizon_sim.cli.main import main
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
-from tests.harden_run import MICRO
+from tests.train_run import MICRO
 
 BASE = ["train", "--model", str(MICRO), "--steps", "1", "--batch", "2", "--seq", "32", "--no-progress",
         "--eval-batches", "0", "--compute-dtype", "fp32", "--no-working-copy"]

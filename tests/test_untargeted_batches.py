@@ -10,7 +10,7 @@ import torch
 
 from horizon_exec.data import data as data_mod
 from horizon_sim.cli.main import main
-from tests.harden_run import TINY
+from tests.train_run import TINY
 
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 FAST = ["--compute-dtype", "fp32", "--no-working-copy"]

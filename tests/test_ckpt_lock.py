@@ -19,7 +19,7 @@ from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
-from tests.harden_run import ROOT, env, popen, train
+from tests.train_run import ROOT, env, popen, train
 
 SPEC = ModelSpec(n_layers=2, hidden=32, n_heads=2, n_kv_heads=2, ffn_hidden=64, vocab=256)
 POL = Policy(batch=1, seq=16)

@@ -1,5 +1,5 @@
 """`horizon train` as a subprocess, for the hardening tests (issue 19): a micro model (one layer,
-hidden 64, byte vocabulary: harden_micro.json; its checkpoint is ~1 MB) on the built-in corpus,
+hidden 64, byte vocabulary: micro_model.json; its checkpoint is ~1 MB) on the built-in corpus,
 no progress bar."""
 import os
 import shlex
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MICRO = ROOT / "tests" / "harden_micro.json"
+MICRO = ROOT / "tests" / "micro_model.json"
 TINY = ["--model", str(MICRO), "--batch", "2", "--seq", "32", "--no-progress", "--eval-batches", "0"]
 
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from horizon_sim.cli.main import main
-from tests.harden_run import MICRO, in_tmpfs, tmpfs_works
+from tests.train_run import MICRO, in_tmpfs, tmpfs_works
 
 BASE = ["train", "--model", str(MICRO), "--steps", "1", "--batch", "2", "--seq", "32", "--no-progress",
         "--eval-batches", "0"]

@@ -3,7 +3,7 @@ head -1` goes on to the last step, writes its checkpoint and log, says once on s
 output is dropped, and exits with the run's own status."""
 import json
 
-from tests.harden_run import env, popen
+from tests.train_run import env, popen
 
 
 def test_training_outlives_a_reader_that_left(tmp_path):
@@ -41,7 +41,7 @@ def test_a_closed_stdout_does_not_stop_training(tmp_path, monkeypatch):
     import sys
 
     from horizon_sim.cli.main import main
-    from tests.harden_run import TINY
+    from tests.train_run import TINY
     monkeypatch.setattr(sys, "stdout", None)
     ckpt = tmp_path / "ckpt"
     assert main(["train", *TINY, "--steps", "1", "--compute-dtype", "fp32", "--no-working-copy",
@@ -65,7 +65,7 @@ def test_closed_standard_descriptors_are_reopened_on_dev_null():
     import subprocess
     import sys
 
-    from tests.harden_run import ROOT
+    from tests.train_run import ROOT
     r = subprocess.run([sys.executable, "-c", CLOSED_FDS], cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, text=True, timeout=60, preexec_fn=lambda: (os.close(0), os.close(1)))
     assert (r.returncode, r.stderr) == (0, "ok True")
@@ -92,7 +92,7 @@ def test_the_progress_bar_on_a_stderr_whose_reader_left_does_not_stop_training(t
     import sys
 
     from horizon_sim.cli.main import main
-    from tests.harden_run import TINY
+    from tests.train_run import TINY
     monkeypatch.setattr(sys, "stderr", _GoneReader())
     argv = ["train", *[a for a in TINY if a != "--no-progress"], "--steps", "2", "--compute-dtype", "fp32",
             "--no-working-copy", "--ckpt-dir", str(tmp_path / "ck")]

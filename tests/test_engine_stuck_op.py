@@ -19,7 +19,7 @@ from horizon_exec.data.tokenize import ByteTokenizer
 from horizon_exec.runtime.config import RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
-from tests.harden_run import MICRO
+from tests.train_run import MICRO
 from horizon_sim.schedule import OpKind
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import exact_policy

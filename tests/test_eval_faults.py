@@ -6,7 +6,7 @@ import pytest
 from horizon_exec.checkpoints import ckpt as ckpt_mod
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
-from tests.harden_run import MICRO
+from tests.train_run import MICRO
 
 BASE = ["train", "--model", str(MICRO), "--batch", "2", "--seq", "32", "--no-progress", "--eval-batches", "1"]
 

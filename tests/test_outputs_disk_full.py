@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from horizon_exec.checkpoints import ckpt as ckpt_mod
-from tests.harden_run import ROOT, env, in_tmpfs, tmpfs_works, train_cmd
+from tests.train_run import ROOT, env, in_tmpfs, tmpfs_works, train_cmd
 
 needs_tmpfs = pytest.mark.skipif(not tmpfs_works(), reason="needs a private tmpfs mount (root or user namespaces)")
 # After the run, still inside the mount namespace: what the checkpoint folder holds, and whether
