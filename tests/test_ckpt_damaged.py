@@ -146,7 +146,7 @@ def test_loop_resume_falls_back_and_continues(tmp_path):
 
     def loop(seed):
         tr = Trainer(SPEC, POL, TrainerConfig(seed=seed))
-        cfg = LoopConfig(steps=6, schedule=CosineSchedule(peak=1e-3, total_steps=6), eval_batches=0,
+        cfg = LoopConfig(steps=6, lr_schedule=CosineSchedule(peak=1e-3, total_steps=6), eval_batches=0,
                          ckpt_dir=str(tmp_path), save_every=2, keep_ckpts=0, progress=False)
         msgs = []
         return tr, TrainLoop(tr, ds, cfg, out=msgs.append), msgs
@@ -250,7 +250,7 @@ def test_a_loop_step_no_run_reached_is_damaged(tmp_path):
     """trainer.json's step 10**15 with the data position of step 4 (checksums matching) gave
     'nothing to do', exit 0: the step must match the loader's position."""
     ds = load_dataset(None, ByteTokenizer(), seq=16, eval_fraction=0.01)
-    cfg = LoopConfig(steps=4, schedule=CosineSchedule(peak=1e-3, total_steps=4), eval_batches=0,
+    cfg = LoopConfig(steps=4, lr_schedule=CosineSchedule(peak=1e-3, total_steps=4), eval_batches=0,
                      ckpt_dir=str(tmp_path), save_every=2, keep_ckpts=0, progress=False)
     with Trainer(SPEC, POL, TrainerConfig(seed=0)) as tr:
         TrainLoop(tr, ds, cfg).run()

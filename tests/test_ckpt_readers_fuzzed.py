@@ -43,7 +43,7 @@ def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz") / "ck"
     ds = load_dataset(None, ByteTokenizer(), seq=16, eval_fraction=0.01)
     tr = Trainer(SPEC, POL, TrainerConfig(admission=AdmissionConfig(enabled=False)))
-    cfg = LoopConfig(steps=4, schedule=CosineSchedule(peak=1e-3, total_steps=4), eval_batches=0,
+    cfg = LoopConfig(steps=4, lr_schedule=CosineSchedule(peak=1e-3, total_steps=4), eval_batches=0,
                      ckpt_dir=str(root), save_every=1, keep_ckpts=0, progress=False)
     loop = TrainLoop(tr, ds, cfg, out=lambda *_: None)
     loop.run(until=2)

@@ -133,7 +133,7 @@ def dataset():
 def _loop(ds, ckpt_dir, steps=50, save_every=2):
     pol = exact_policy(batch=2, seq=16, optimizer="pipelined")
     tr = Trainer(SPEC, pol, TrainerConfig(optimizer=OptimizerConfig(lr=1e-3)))
-    cfg = LoopConfig(steps=steps, schedule=CosineSchedule(peak=1e-3, total_steps=steps), eval_batches=0,
+    cfg = LoopConfig(steps=steps, lr_schedule=CosineSchedule(peak=1e-3, total_steps=steps), eval_batches=0,
                      ckpt_dir=str(ckpt_dir), save_every=save_every, keep_ckpts=0, progress=False)
     return tr, TrainLoop(tr, ds, cfg, out=lambda *_: None)
 

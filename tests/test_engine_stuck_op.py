@@ -49,7 +49,7 @@ def test_one_sigterm_ends_a_stuck_step(tmp_path, monkeypatch):
     release = threading.Event()
     tr = Trainer(SPEC, pol, TrainerConfig(runtime=RuntimeConfig(timeout_s=600)))
     try:
-        cfg = LoopConfig(steps=10, schedule=CosineSchedule(peak=1e-3, total_steps=10), eval_batches=0,
+        cfg = LoopConfig(steps=10, lr_schedule=CosineSchedule(peak=1e-3, total_steps=10), eval_batches=0,
                          ckpt_dir=str(tmp_path), save_every=2, progress=False)
         loop = TrainLoop(tr, ds, cfg, out=lambda *_: None)
         tr.engine.hook = _stuck_in(lambda: loop.step, 2, release)

@@ -62,7 +62,7 @@ def dataset():
 def _loop(ds, pol, ckpt_dir=None, seed=0):
     tr = Trainer(SPEC, pol, TrainerConfig(optimizer=OptimizerConfig(lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95)),
                                           seed=seed))
-    cfg = LoopConfig(steps=STEPS, schedule=CosineSchedule(peak=3e-3, total_steps=STEPS, warmup_steps=2,
+    cfg = LoopConfig(steps=STEPS, lr_schedule=CosineSchedule(peak=3e-3, total_steps=STEPS, warmup_steps=2,
                                                           min_lr=3e-4),
                      eval_every=3, eval_batches=2, ckpt_dir=ckpt_dir, save_every=2, keep_ckpts=0,
                      progress=False)
@@ -137,7 +137,7 @@ def test_resume_refuses_other_policy_or_data(tmp_path, dataset):
     other = load_dataset(None, ByteTokenizer(), seq=32, eval_fraction=0.02)
     tr = Trainer(SPEC, pol)
     with tr, pytest.raises(HorizonError, match="different data"):
-        TrainLoop(tr, other, LoopConfig(steps=3, schedule=CosineSchedule(peak=1e-3, total_steps=3)),
+        TrainLoop(tr, other, LoopConfig(steps=3, lr_schedule=CosineSchedule(peak=1e-3, total_steps=3)),
                   seed=5).resume(tmp_path)
     with pytest.raises(HorizonError, match="no checkpoint"):
         ckpt_mod.resolve(tmp_path / "empty")

@@ -165,7 +165,7 @@ def test_the_loop_logs_skipped_steps(tmp_path):
     pol = POLICIES["pipelined-bf16"]
     msgs = []
     with Trainer(SPEC, pol) as tr:
-        cfg = LoopConfig(steps=4, schedule=CosineSchedule(peak=1e-3, total_steps=4), eval_batches=0,
+        cfg = LoopConfig(steps=4, lr_schedule=CosineSchedule(peak=1e-3, total_steps=4), eval_batches=0,
                          progress=False, log_file=str(tmp_path / "log.jsonl"))
         loop = TrainLoop(tr, ds, cfg, out=msgs.append)
         loop.run(until=1)

@@ -35,7 +35,7 @@ def test_the_flags_give_the_run_their_defaults_once():
     assert t.optimizer == OptimizerConfig(lr=3e-4, betas=(0.9, 0.95))
     assert t.runtime == RuntimeConfig(timeout_s=DEFAULT_OP_TIMEOUT_S) and t.admission == AdmissionConfig()
     assert (t.seed, t.random_init, cfg.steps) == (0, True, 10)
-    assert cfg.schedule.schedule(cfg.steps).to_dict() == {"peak": 3e-4, "total_steps": 10, "warmup_steps": 0,
+    assert cfg.lr_schedule.schedule(cfg.steps).to_dict() == {"peak": 3e-4, "total_steps": 10, "warmup_steps": 0,
                                                           "min_lr": 3e-4 / 10}
     assert cfg.checkpoints == CheckpointConfig() and cfg.outputs == OutputsConfig()
     assert cfg.policy.loss_chunk_tokens == 1024 and cfg.policy.compute_dtype == "fp32"
@@ -50,7 +50,7 @@ def test_the_flags_reach_their_fields():
                             "--init-from", "x", "--disk-tier", "moments", "--disk-dir", "/tmp", "--disk-io",
                             "buffered"))
     t = cfg.trainer
-    assert t.optimizer.betas == (0.9, 0.99) and cfg.schedule.peak == t.optimizer.lr == 1e-3 and t.seed == 7
+    assert t.optimizer.betas == (0.9, 0.99) and cfg.lr_schedule.peak == t.optimizer.lr == 1e-3 and t.seed == 7
     assert t.runtime.timeout_s == 30 and t.runtime.disk_dir == "/tmp" and t.runtime.disk_method == "buffered"
     assert t.admission == AdmissionConfig(enabled=False, host_budget_bytes=1 << 30) and not t.random_init
     assert cfg.checkpoints == CheckpointConfig(ckpt_dir="ck", save_every=2, resume="")
@@ -89,7 +89,7 @@ def test_the_run_ties_its_parts_together():
     base = run_config(_flags())
     for change, words in ((dict(model=None), "give model (a preset or config.json) or init_from"),
                           (dict(gpu="h100-sxm", hardware="hw.toml"), "give gpu or hardware, not both"),
-                          (dict(schedule=LRScheduleConfig(peak=1e-2)), "peak=0.01 must be the optimizer's lr=0.0003"),
+                          (dict(lr_schedule=LRScheduleConfig(peak=1e-2)), "peak=0.01 must be the optimizer's lr=0.0003"),
                           (dict(steps=0), "steps=0 must be positive")):
         with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
             dataclasses.replace(base, **change)

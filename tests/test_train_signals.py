@@ -94,7 +94,7 @@ SPEC = ModelSpec(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128,
 def test_an_abort_names_what_it_abandoned(tmp_path, ckpt_dir):
     ds = load_dataset(None, ByteTokenizer(), seq=16, eval_fraction=0.05)
     with Trainer(SPEC, exact_policy(batch=2, seq=16)) as tr:
-        cfg = LoopConfig(steps=6, schedule=CosineSchedule(peak=1e-3, total_steps=6), eval_every=2, eval_batches=1,
+        cfg = LoopConfig(steps=6, lr_schedule=CosineSchedule(peak=1e-3, total_steps=6), eval_every=2, eval_batches=1,
                          ckpt_dir=str(tmp_path) if ckpt_dir else None, progress=False)
         loop = TrainLoop(tr, ds, cfg, out=lambda *_: None)
         real = tr.eval_loss

@@ -57,5 +57,5 @@ def _run_config(a: argparse.Namespace) -> RunConfig:
                                   device_budget_bytes=size(a.device_budget, "--device-budget")))
     policy = dataclasses.replace(policy_from_args(a), loss_chunk_tokens=a.loss_chunk_tokens)
     return RunConfig(model=a.model, init_from=a.init_from, steps=a.steps, policy=policy, trainer=trainer,
-                     schedule=schedule, data=data, checkpoints=checkpoints, outputs=outputs, gpu=a.gpu,
+                     lr_schedule=schedule, data=data, checkpoints=checkpoints, outputs=outputs, gpu=a.gpu,
                      hardware=a.hardware, compute_dtype_why=getattr(a, "compute_dtype_why", ""))

@@ -5,7 +5,7 @@ errors with its flags).
 
     cfg = RunConfig(model="tiny", steps=100, policy=Policy(batch=4, seq=512),
                     trainer=TrainerConfig(optimizer=OptimizerConfig(lr=3e-4)),
-                    schedule=LRScheduleConfig(peak=3e-4, warmup_steps=10),
+                    lr_schedule=LRScheduleConfig(peak=3e-4, warmup_steps=10),
                     checkpoints=CheckpointConfig(ckpt_dir="ckpt", save_every=50))
 
 The trainer's own settings (optimizer, device, admission, init seed) are runtime/config.py's
@@ -134,7 +134,7 @@ class RunConfig:
     """Total optimizer steps of the run (a resumed run continues up to this)."""
     policy: Policy
     trainer: TrainerConfig
-    schedule: LRScheduleConfig
+    lr_schedule: LRScheduleConfig
     data: DataConfig = DataConfig()
     checkpoints: CheckpointConfig = CheckpointConfig()
     outputs: OutputsConfig = OutputsConfig()
@@ -157,13 +157,13 @@ class RunConfig:
                                                     "nothing is kept on disk", show=str)
         if self.gpu and self.hardware:
             raise ConfigError(None, want="give {gpu} or {hardware}, not both")
-        if self.schedule.peak != self.trainer.optimizer.lr:
-            raise ConfigError("peak", self.schedule.peak, f"must be the optimizer's {{lr=}}{self.trainer.optimizer.lr!r}")
+        if self.lr_schedule.peak != self.trainer.optimizer.lr:
+            raise ConfigError("peak", self.lr_schedule.peak, f"must be the optimizer's {{lr=}}{self.trainer.optimizer.lr!r}")
 
     def loop_config(self, peak_flops: float | None) -> LoopConfig:
         """The training loop's settings for this run; peak_flops: what MFU is reported against."""
         c = self.checkpoints
-        return LoopConfig(steps=self.steps, schedule=self.schedule.schedule(self.steps),
+        return LoopConfig(steps=self.steps, lr_schedule=self.lr_schedule.schedule(self.steps),
                           eval_every=self.data.eval_every, eval_batches=self.data.eval_batches, ckpt_dir=c.ckpt_dir,
                           save_every=c.save_every, keep_ckpts=c.keep_ckpts, peak_flops=peak_flops,
                           progress=self.outputs.progress, log_file=self.outputs.log_file)

@@ -1,6 +1,6 @@
 """The training loop around a Trainer: lr schedule, periodic eval, logging, checkpoints, resume.
 
-    loop = TrainLoop(trainer, dataset, LoopConfig(steps=1000, schedule=CosineSchedule(...),
+    loop = TrainLoop(trainer, dataset, LoopConfig(steps=1000, lr_schedule=CosineSchedule(...),
                      ckpt_dir="ckpt", save_every=100), seed=0)
     loop.resume("ckpt")          # optional: continue exactly where a checkpoint left off
     loop.run()                   # steps loop.step .. steps-1; returns the last StepResult
@@ -67,7 +67,7 @@ from horizon_sim.errors import HorizonError
 class LoopConfig:
     steps: int
     """Total optimizer steps of the run (a resumed run continues up to this)."""
-    schedule: CosineSchedule
+    lr_schedule: CosineSchedule
     eval_every: int = 0
     """Eval every N steps; 0: only after the last step. No eval without held-out data or
     with eval_batches = 0."""
@@ -185,7 +185,7 @@ class TrainLoop:
     # ---- state ----------------------------------------------------------------------------
     def state(self) -> dict:
         return {"step": self.step, "data": self.batches.state_dict(), "data_fingerprint": self.fingerprint,
-                "data_source": self.ds.source, "seed": self.seed, "schedule": self.cfg.schedule.to_dict()}
+                "data_source": self.ds.source, "seed": self.seed, "schedule": self.cfg.lr_schedule.to_dict()}
 
     def save(self) -> Path:
         d = self.dist
@@ -236,10 +236,10 @@ class TrainLoop:
         p = Path(meta["path"])
         self.step = int(meta["step"])
         self.last_ckpt = (self.step, p)
-        sched = meta.get("loop", {}).get("schedule")
-        if sched != self.cfg.schedule.to_dict():
-            self.out(f"note: lr schedule differs from the checkpoint's ({ckpt_mod.show(sched)} -> "
-                     f"{self.cfg.schedule.to_dict()}); the run continues on the new one")
+        lr_sched = meta.get("loop", {}).get("schedule")
+        if lr_sched != self.cfg.lr_schedule.to_dict():
+            self.out(f"note: lr schedule differs from the checkpoint's ({ckpt_mod.show(lr_sched)} -> "
+                     f"{self.cfg.lr_schedule.to_dict()}); the run continues on the new one")
         a = self.tr.runner.adamw
         opt = {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay}
         if meta.get("optimizer") != opt:
@@ -411,7 +411,7 @@ class TrainLoop:
             s = self.step
             t0 = time.perf_counter()
             b = self._share(next(self.batches))
-            lr = cfg.schedule(s)
+            lr = cfg.lr_schedule(s)
             res = self._train_step(s, b, lr)
             self._times.append(time.perf_counter() - t0)
             self.step = s + 1
