@@ -3,8 +3,9 @@ torch.distributed.run, or directly with the env:// variables set).
 
     python tests/dist_worker.py OUT MODE [key=value ...]
 
-MODE parity: 3 steps of a tiny model on this rank's share of fixed global batches; rank 0
-  writes OUT/master.pt (every unit's whole master, gathered) and OUT/losses.json.
+MODE parity: 3 steps of a tiny model on this rank's share of fixed global batches (micro=N
+  micro-batches in order=micro|layer); rank 0 writes OUT/master.pt (every unit's whole master,
+  gathered) and OUT/losses.json.
 MODE store: one step; each rank writes OUT/store-RANK.json: the Rss and Pss of its mapping of
   the node's shared store (/proc/self/smaps) and the store's declared bytes.
 MODE fault: steps until `kill_rank` reaches op `kill_op` of step 2, where it dies (os._exit)
@@ -36,14 +37,15 @@ def batches(n: int = 3, seq: int = 16, vocab: int = 250):
     return [torch.randint(0, vocab, (GLOBAL_BATCH, seq), generator=g) for _ in range(n)]
 
 
-def policy(world: int, opt: str, micro_batches: int = 1, bf16: str = "") -> Policy:
+def policy(world: int, opt: str, micro_batches: int = 1, bf16: str = "", mb_order: str = "micro") -> Policy:
     """fp32 compute (parity); bf16 = 'copy' or 'split': bf16 compute with the working copy, the
     master whole or split."""
     if bf16:
         return Policy(batch=GLOBAL_BATCH // world, micro_batches=micro_batches, seq=16, optimizer=opt,
-                      grad_clip=0.0 if opt == "backward" else 0.5, split_master=bf16 == "split")
+                      grad_clip=0.0 if opt == "backward" else 0.5, split_master=bf16 == "split", mb_order=mb_order)
     return Policy(batch=GLOBAL_BATCH // world, micro_batches=micro_batches, seq=16, compute_dtype="fp32",
-                  grad_dtype="fp32", working_copy=False, optimizer=opt, grad_clip=0.0 if opt == "backward" else 0.5)
+                  grad_dtype="fp32", working_copy=False, optimizer=opt, grad_clip=0.0 if opt == "backward" else 0.5,
+                  mb_order=mb_order)
 
 
 def shared_mapping() -> dict:
@@ -62,7 +64,7 @@ def shared_mapping() -> dict:
 def main(out: Path, mode: str, kw: dict) -> None:
     ctx = from_env(timeout_s=float(kw.get("timeout", 60)))
     opt = kw.get("opt", "pipelined")
-    pol = policy(ctx.world, opt, bf16=kw.get("bf16", ""))
+    pol = policy(ctx.world, opt, int(kw.get("micro", 1)), bf16=kw.get("bf16", ""), mb_order=kw.get("order", "micro"))
     b = pol.batch
     cfg = TrainerConfig(optimizer=OptimizerConfig(lr=float(kw.get("lr", 1e-3))), admission=AdmissionConfig(enabled=False),
                         runtime=RuntimeConfig(timeout_s=float(kw.get("op_timeout", 60))))

@@ -6,8 +6,10 @@ fields), never by their names. Units: layer -1 is the embedding [V, H], 0..L-1 t
 the head (final norm + LM head; when tied, the head's matrix is the embedding's master, and
 its gradient goes to the embedding's host grad). Weight sources and gradient targets are the
 op's reads/writes in order: a tied head's slot is [head host vector | embedding host vector],
-and its gradient splits the same way, by the targets' declared sizes. Nothing here decides
-order: the engine calls ops as the schedule says. What one step's ops share with the trainer
+and its gradient splits the same way, by the targets' declared sizes. A gradient goes into its
+target fresh, or is added into it when the op also reads the target: host gradients
+(OFFLOAD_GRADS, EMBED_BWD) and a unit's device sum over the micro-batches (BACKWARD and HEAD
+of the layer order). Nothing here decides order: the engine calls ops as the schedule says. What one step's ops share with the trainer
 travels in a StepContext.
 """
 import contextlib
@@ -250,13 +252,20 @@ class OpRunner:
             y = self.block(w, x, *self.attn.rows(self._rows(op.micro), op.unit))   # (mb, T, H)
         self.buf.put(op.writes[0], y)
 
+    def _device_grad(self, op) -> tuple[torch.Tensor, bool]:
+        """The op's device gradient buffer, and whether its gradients are added into it (the
+        op reads it: a unit's sum over the micro-batches, layer order) or written fresh."""
+        name = self.buf.one(op.writes, Holds.DEVICE_GRAD)
+        add = name in op.reads
+        return (self.buf.get(name) if add else self.buf.out(name)), add
+
     def backward(self, op):
         """The input's grad and the block's weight grads = autograd of block_l at its input
         against its output's grad: forward with grad and autograd.grad on this one layer only."""
         x = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION))
         dy = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION_GRAD))
         w = self._weights(op)
-        dgrad = self.buf.out(self.buf.one(op.writes, Holds.DEVICE_GRAD))
+        dgrad, add = self._device_grad(op)
         gviews = self.block_layout.views(dgrad)
         with self._scope(op):
             with torch.enable_grad():
@@ -266,7 +275,7 @@ class OpRunner:
                 grads = torch.autograd.grad(y, [xg, *wp.values()], dy)
             del y
             for k, gk in zip(wp, grads[1:]):
-                gviews[k].copy_(gk)
+                (gviews[k].add_ if add else gviews[k].copy_)(gk)
             dx = grads[0]
             del grads, wp
         self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
@@ -276,14 +285,21 @@ class OpRunner:
         + loss (fwd and bwd)."""
         x = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION))
         w = self._weights(op)
-        dgrad = self.buf.out(self.buf.one(op.writes, Holds.DEVICE_GRAD))
-        gv = self.head_layout.views(dgrad)
+        dgrad, add = self._device_grad(op)
         labels = self.labels[self._rows(op.micro)].reshape(-1)
         with self._scope(op):
+            # the kernels write the compute dtype: into a sum (fp32, or to add to) through a
+            # temporary of the head's size (the Schedule counts it in the op's workspace)
+            staged = add or dgrad.dtype != self.act
+            mine = torch.empty(self.dev_numel(op.unit), dtype=self.act, device=x.device) if staged else dgrad
+            gv = self.head_layout.views(mine)
             dx, loss = head_fwd_bwd(x, w["model.norm.weight"], w["lm_head.weight"], labels,
                                     self.ctx.n_step_tokens, self.m.norm_eps,
                                     min(self.p.loss_chunk_tokens, labels.numel()),
                                     gv["model.norm.weight"], gv["lm_head.weight"])
+            if staged:
+                (dgrad[:mine.numel()].add_ if add else dgrad[:mine.numel()].copy_)(mine)
+                del mine, gv
         self.ctx.loss_parts[op.micro] = loss
         self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
 

@@ -123,7 +123,8 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
     lines += [
         "",
         f"policy    batch {pol.batch} x seq {pol.seq} ({meta.tokens:,} tokens/step, "
-        f"{pol.micro_batches} micro-batch(es)), K={pol.act_ckpt_every}, slots {pol.slots}, "
+        f"{pol.micro_batches} micro-batch(es){', layer order' if pol.mb_order == 'layer' else ''}), "
+        f"K={pol.act_ckpt_every}, slots {pol.slots}, "
         f"checkpoints on {pol.act_ckpt_on}, optimizer {pol.optimizer}, clip {pol.grad_clip:g}",
         f"          compute {pol.compute_dtype}, master "
         f"{'fp32 split (bf16 working copy + 16-bit low half)' if pol.split_master else pol.master_dtype}, "

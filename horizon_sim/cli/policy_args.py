@@ -2,7 +2,7 @@
 import argparse
 
 from horizon_sim.specs.policy import (CKPT_PLACES, DISK_TIERS, DTYPES, MASTER_CHOICES, MASTER_ROUNDINGS,
-                                      OPTIMIZER_MODES, Policy)
+                                      MB_ORDERS, OPTIMIZER_MODES, Policy)
 
 _D = Policy()
 
@@ -30,7 +30,13 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
     g.add_argument("--batch", type=int, default=defaults.batch, help=f"sequences per step (default {defaults.batch})")
     g.add_argument("--seq", type=int, default=defaults.seq, help=f"tokens per sequence (default {defaults.seq})")
     g.add_argument("--micro-batches", type=int, default=defaults.micro_batches,
-                   help="micro-batches per step; gradients accumulate on the host (default 1)")
+                   help="micro-batches per step; gradients accumulate on the host (--mb-order layer: on the "
+                        "device) (default 1)")
+    g.add_argument("--mb-order", choices=MB_ORDERS, default=defaults.mb_order,
+                   help="'micro': each micro-batch runs the whole step in turn (weights cross the link per "
+                        "micro-batch); 'layer': every micro-batch passes a unit while its weights are resident "
+                        "(weights cross twice per step, gradients summed on the device and offloaded once; "
+                        f"every micro-batch's activations live on the device at once) (default {defaults.mb_order})")
     g.add_argument("--act-ckpt-every", type=int, default=defaults.act_ckpt_every, metavar="K",
                    help="keep a boundary activation every K layers; backward recomputes the rest (default 1)")
     g.add_argument("--slots", type=int, default=defaults.slots,
@@ -83,4 +89,5 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
                                states_dtype=a.states_dtype, master=getattr(a, "master_dtype", "fp32"),
                                master_rounding=getattr(a, "master_rounding", "nearest"), grad_dtype=a.grad_dtype,
                                working_copy=not a.no_working_copy, doc_masks=a.doc_masks, doc_tokens=a.doc_tokens,
-                               disk_tier=getattr(a, "disk_tier", "none"), max_host_grads=getattr(a, "max_host_grads", 0))
+                               disk_tier=getattr(a, "disk_tier", "none"), max_host_grads=getattr(a, "max_host_grads", 0),
+                               mb_order=getattr(a, "mb_order", "micro"))

@@ -105,7 +105,7 @@ def _tps(v) -> str:
     return f"{v:,.0f}" if v == v else "-"
 
 
-COLS = [("batch", "batch", str), ("micro", "micro_batches", lambda n: f"{n}x"),
+COLS = [("batch", "batch", str), ("micro", "micro_batches", lambda n: f"{n}x"), ("order", "mb_order", str),
         ("K", "act_ckpt_every", str), ("slots", "slots", str), ("ckpt", "act_ckpt_on", str),
         ("optimizer", "optimizer", str), ("wcopy", "working_copy", lambda w: "on" if w else "off"),
         ("master", "split_master", lambda s: "split" if s else "fp32"),
@@ -117,9 +117,9 @@ COLS = [("batch", "batch", str), ("micro", "micro_batches", lambda n: f"{n}x"),
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.description = ("Search batch, micro-batches, checkpoint interval K, device slots, checkpoint "
-                     "placement, optimizer overlap, the host working copy and the split master for the highest tokens/s "
-                     "that fits; print the top configurations and the Pareto front of tokens/s against "
-                     "host RAM.")
+                     "placement, optimizer overlap, the host working copy, the split master and the micro-batch "
+                     "order for the highest tokens/s that fits; print the top configurations and the Pareto "
+                     "front of tokens/s against host RAM.")
     p.epilog = EXAMPLE
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--model", default="llama-3.1-8b",

@@ -106,7 +106,7 @@ _FLAGS = (  # Policy field -> CLI flag of `horizon plan`
     ("act_ckpt_every", "--act-ckpt-every"), ("slots", "--slots"), ("act_ckpt_on", "--act-ckpt-on"),
     ("optimizer", "--optimizer"), ("grad_clip", "--grad-clip"), ("compute_dtype", "--compute-dtype"),
     ("states_dtype", "--states-dtype"), ("grad_dtype", "--grad-dtype"), ("max_host_grads", "--max-host-grads"),
-    ("disk_tier", "--disk-tier"), ("master_rounding", "--master-rounding"),
+    ("disk_tier", "--disk-tier"), ("master_rounding", "--master-rounding"), ("mb_order", "--mb-order"),
 )
 
 

@@ -1,8 +1,8 @@
 """tune(): the fastest policy that fits a machine, by hill climbing over the policy knobs.
 
 Knobs searched (SearchSpace): sequences per micro-batch, micro-batches per step, checkpoint
-interval K, device weight slots, where checkpoints live, when the optimizer runs, and the
-host working copy. Precision and clipping are the user's (they change the numerics), except
+interval K, device weight slots, where checkpoints live, when the optimizer runs, the host
+working copy, and the order micro-batches pass the units (with more than one). Precision and clipping are the user's (they change the numerics), except
 that optimizer='backward' is tried only when clipping is already off (grad_clip=0).
 
 Search: best-improvement hill climbing from two seeds (the default policy and a memory-lean
@@ -22,10 +22,10 @@ from horizon_sim.plan.outcome import Outcome, round_up_ram
 from horizon_sim.plan.runner import Runner
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
-from horizon_sim.specs.policy import CKPT_PLACES, OPTIMIZER_MODES, Policy
+from horizon_sim.specs.policy import CKPT_PLACES, MB_ORDERS, OPTIMIZER_MODES, Policy
 
 KNOBS = ("micro_batch", "micro_batches", "act_ckpt_every", "slots", "act_ckpt_on", "optimizer", "working_copy",
-         "max_host_grads", "split_master")
+         "max_host_grads", "split_master", "mb_order")
 _ORDERED = ("micro_batch", "micro_batches", "act_ckpt_every", "slots", "max_host_grads")
 TIE = 0.005
 """Configurations within this fraction of the fastest count as equally fast: the best is then
@@ -57,6 +57,8 @@ class SearchSpace:
     split_master: tuple[bool, ...] = (False, True)
     """The exact fp32 master whole, or split into the working copy + a low half (with the copy,
     an fp32 master and bf16 compute only)."""
+    mb_order: tuple[str, ...] = MB_ORDERS
+    """The micro-batch orders (Policy.mb_order; one micro-batch: only 'micro', the same step)."""
     max_batch: int = 64
     """Cap on sequences per step (micro_batch x micro_batches): the batch is a training
     hyperparameter, not only a speed knob."""
@@ -71,7 +73,7 @@ class SearchSpace:
         object.__setattr__(self, "max_host_grads", tuple(sorted(set(hg) | {0})))  # 0: where no bound applies
         if min(self.slots) < 2:
             raise HorizonError(f"search space slots={self.slots!r} must all be >= 2")
-        for f, allowed in (("act_ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES)):
+        for f, allowed in (("act_ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES), ("mb_order", MB_ORDERS)):
             vals = tuple(getattr(self, f))
             if not vals or any(v not in allowed for v in vals):
                 raise HorizonError(f"search space {f}={vals!r}; allowed: {', '.join(allowed)}")
@@ -125,7 +127,8 @@ class HillClimb:
                        "act_ckpt_every": tuple(k for k in space.act_ckpt_every if k <= self.L) or (1,),
                        "slots": space.slots, "act_ckpt_on": space.act_ckpt_on, "optimizer": tuple(opts),
                        "working_copy": tuple(wcs), "max_host_grads": space.max_host_grads,
-                       "split_master": tuple(v for v in space.split_master if not v or self._can_split(base)) or (False,)}
+                       "split_master": tuple(v for v in space.split_master if not v or self._can_split(base)) or (False,),
+                       "mb_order": space.mb_order}
         self.seen: dict[tuple, Outcome] = {}
 
     @staticmethod
@@ -133,17 +136,24 @@ class HillClimb:
         return (p.master_dtype, p.compute_dtype) == ("fp32", "bf16")
 
     def policy(self, s: tuple) -> Policy:
-        mb, n, k, slots, on, opt, wc, hg, split = s
+        mb, n, k, slots, on, opt, wc, hg, split, order = s
         return replace(self.base, batch=mb * n, micro_batches=n, act_ckpt_every=k, slots=slots,
-                       act_ckpt_on=on, optimizer=opt, working_copy=wc, max_host_grads=hg, split_master=split)
+                       act_ckpt_on=on, optimizer=opt, working_copy=wc, max_host_grads=hg, split_master=split,
+                       mb_order=order)
 
     @staticmethod
     def _bounds_apply(s: tuple) -> bool:
         return s[5] == "backward" and s[1] == 1
 
+    def _one_order(self, s: tuple) -> tuple:
+        """One micro-batch: both orders are the same step; keep the first one searched."""
+        first = self.values["mb_order"][0]
+        return s if s[1] > 1 or s[9] == first else s[:9] + (first,)
+
     def valid(self, s: tuple) -> bool:
         return (s[0] * s[1] <= self.space.max_batch and s[2] <= self.L
-                and (s[7] == 0 or self._bounds_apply(s)) and (not s[8] or s[6]))  # a split master is the copy
+                and (s[7] == 0 or self._bounds_apply(s)) and (not s[8] or s[6])  # a split master is the copy
+                and s == self._one_order(s))
 
     def project(self, p: Policy) -> tuple:
         """The nearest state of the space to a policy."""
@@ -154,7 +164,8 @@ class HillClimb:
              p.optimizer if p.optimizer in v["optimizer"] else v["optimizer"][0],
              p.working_copy if p.working_copy in v["working_copy"] else v["working_copy"][0],
              _near(v["max_host_grads"], p.max_host_grads),
-             p.split_master if p.split_master in v["split_master"] else v["split_master"][0]]
+             p.split_master if p.split_master in v["split_master"] else v["split_master"][0],
+             p.mb_order if p.mb_order in v["mb_order"] else v["mb_order"][0]]
         if not self._bounds_apply(s):
             s[7] = 0
         if not s[6]:
@@ -165,7 +176,7 @@ class HillClimb:
             if idx == 0:
                 break
             s[i] = v[KNOBS[i]][idx - 1]
-        return tuple(s)
+        return self._one_order(tuple(s))
 
     def neighbours(self, s: tuple) -> list[tuple]:
         out = []
@@ -184,10 +195,11 @@ class HillClimb:
             if 0 <= i + di < len(mbs) and 0 <= j + dj < len(ns):
                 out.append((mbs[i + di], ns[j + dj]) + s[2:])
         if not s[6] and True in self.values["split_master"] and True in self.values["working_copy"]:
-            out.append(s[:6] + (True,) + s[7:8] + (True,))  # no copy -> the split master (same bytes)
+            out.append(s[:6] + (True,) + s[7:8] + (True,) + s[9:])  # no copy -> the split master (same bytes)
         # a move into a mode the bound does not apply to drops the bound
         out = [t if t[7] == 0 or self._bounds_apply(t) else t[:7] + (0,) + t[8:] for t in out]
-        out = [t if t[6] or not t[8] else t[:8] + (False,) for t in out]  # no copy: no split master
+        out = [t if t[6] or not t[8] else t[:8] + (False,) + t[9:] for t in out]  # no copy: no split master
+        out = [self._one_order(t) for t in out]
         return [t for t in dict.fromkeys(out) if self.valid(t)]
 
     def score(self, s: tuple) -> tuple:
@@ -226,7 +238,7 @@ def _row(model, hw, p: Policy, o: Outcome) -> dict:
     return {"batch": p.batch, "micro_batches": p.micro_batches, "micro_batch": p.micro_batch,
             "act_ckpt_every": p.act_ckpt_every, "slots": p.slots, "act_ckpt_on": p.act_ckpt_on,
             "optimizer": p.optimizer, "working_copy": p.working_copy, "max_host_grads": p.max_host_grads,
-            "split_master": p.split_master, "fits": o.fits(hw),
+            "split_master": p.split_master, "mb_order": p.mb_order, "fits": o.fits(hw),
             "tokens_per_s": o.tokens_per_s, "step_time_s": o.step_time_s, "mfu": o.mfu,
             "device_peak_bytes": o.device_peak_bytes, "host_bytes": o.host_bytes,
             "ram_needed_bytes": round_up_ram(o.ram_needed_bytes(hw)) if o.ok else 0,

@@ -13,6 +13,10 @@ ops of one training step. It reads as the step's phases:
   embedding its gradient scattered on the host
   end       the global gradient norm
 and the optimizer wherever its mode puts it (place_optimizer, the one place that decides).
+The policy's mb_order says how the micro-batches interleave (sequence.py): 'micro' runs the
+phases per micro-batch; 'layer' runs each unit for every micro-batch while its weights are
+resident, and sums a unit's device gradients over the micro-batches (the first writes the sum,
+the others read it and add: device_grad) before one offload.
 
 Data parallel (devices_per_node N, nodes M; the Schedule is one rank's step, every rank runs
 the same on its own share of the batch): a unit's device gradients are reduce-scattered over
@@ -195,14 +199,30 @@ class TrainStepBuilder(StepBuilder):
         self.waiting_grads.append(u)
         return tuple(waits)
 
+    def device_grad(self, u: int, m: int) -> tuple[str, bool]:
+        """The device buffer micro-batch m's gradients of unit u go to, and whether they are
+        added into it (it is then among the op's reads: what the executor goes by). The micro
+        order: micro-batch m's own, offloaded after it. The layer order
+        (Declarations.grads_summed_on_device): the unit's sum over the step, which micro-batch 0
+        writes and the others add into, offloaded once after the last."""
+        b = self.bufs
+        return (b.dgrad(u, None), m > 0) if b.grads_summed_on_device else (b.dgrad(u, m), False)
+
+    def grads_made(self, u: int, m: int) -> None:
+        """Micro-batch m's gradients of unit u are on the device: offload them (the layer
+        order: the sum, after the last micro-batch) and let the optimizer mode act."""
+        if not self.bufs.grads_summed_on_device or m == self.last_micro:
+            self.offload_grads(u, m)
+        self.place_optimizer("grads", u, m)
+
     def offload_grads(self, u: int, m: int) -> None:
         """A unit's device gradients -> its host gradient (a tied head's matrix part -> the
         embedding's), added into what earlier micro-batches left; the unit's squared norm on
         its last micro-batch."""
         b, p = self.bufs, self.policy
-        dgrad, n = b.dgrad(u, m), self.layout.devices_per_node
+        dgrad, n = self.device_grad(u, m)[0], self.layout.devices_per_node
         if n > 1 and not b.host_reduced(u):  # sum over the node's devices, keep 1/N
-            full, dgrad = dgrad, b.dgrad_shard(u, m)
+            full, dgrad = dgrad, b.dgrad_shard(u, b.buffers[dgrad].micro)
             nbytes = b.buffers[full].bytes
             self.emit(OpKind.REDUCE_SCATTER, u, m, reads=[full], writes=[dgrad], frees=[full], peers=n,
                       net_bytes=nbytes * (n - 1) // n)
@@ -217,10 +237,12 @@ class TrainStepBuilder(StepBuilder):
         if acc and last:  # the squared norm is then taken of the accumulated host grad
             host_b += b.buffers[b.hgrad(u)].numel * DTYPE_BYTES[b.host_grad_dtype]
         link_b = elems * DTYPE_BYTES[p.grad_dtype]
+        # a device sum (fp32) is narrowed to grad_dtype on the device before the link
+        summed = b.buffers[dgrad].micro is None and b.buffers[dgrad].dtype != p.grad_dtype
         self.pending_offloads.append(
             self.emit(OpKind.OFFLOAD_GRADS, u, m, reads=[dgrad, *acc], writes=writes, frees=[dgrad, *stages],
                       link_bytes=link_b, host_bytes=host_b, reduce_bytes=link_b if last and not acc else 0,
-                      after=self._bound_host_grads(u)))
+                      workspace_bytes=link_b if summed else 0, after=self._bound_host_grads(u)))
         if last:
             self.reduce_across_ranks(u)
 
@@ -268,12 +290,17 @@ class TrainStepBuilder(StepBuilder):
 
     def head_op(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
-        self.emit(OpKind.HEAD, u, m, slot=b.buffers[slot].layer, reads=[b.x(m, u), slot],
-                  writes=[b.dx(m, u), b.dgrad(u, m)], frees=[b.x(m, u)],
+        x, dx = b.x(m, u), b.dx(m, u)
+        dgrad, add = self.device_grad(u, m)
+        # The head's kernels write its gradients in the compute dtype; into a device sum
+        # (fp32, or one to add to) they go through a temporary of the head's size.
+        a = DTYPE_BYTES[self.policy.compute_dtype]
+        staged = add or b.buffers[dgrad].dtype != self.policy.compute_dtype
+        self.emit(OpKind.HEAD, u, m, slot=b.buffers[slot].layer, reads=[x, slot] + ([dgrad] if add else []),
+                  writes=[dx, dgrad], frees=[x],
                   flops=3 * self.model.head_fwd_flops(self.tokens), hbm_bytes=self.head_hbm,
-                  workspace_bytes=self.head_ws)
-        self.offload_grads(u, m)
-        self.place_optimizer("grads", u, m)  # a tied matrix is updated with the embedding, later
+                  workspace_bytes=self.head_ws + (b.dev_params(u) * a if staged else 0))
+        self.grads_made(u, m)  # a tied matrix is updated with the embedding, later
 
     def reload_block(self, use: Use) -> None:
         """A backward block begins: its checkpoint comes back from the host."""
@@ -289,12 +316,13 @@ class TrainStepBuilder(StepBuilder):
 
     def backward(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
-        self.emit(OpKind.BACKWARD, u, m, slot=b.buffers[slot].layer, reads=[b.x(m, u), b.dx(m, u + 1), slot],
-                  writes=[b.dx(m, u), b.dgrad(u, m)], frees=[b.x(m, u), b.dx(m, u + 1)],
+        x, dy, dx = b.x(m, u), b.dx(m, u + 1), b.dx(m, u)
+        dgrad, add = self.device_grad(u, m)
+        self.emit(OpKind.BACKWARD, u, m, slot=b.buffers[slot].layer, reads=[x, dy, slot] + ([dgrad] if add else []),
+                  writes=[dx, dgrad], frees=[x, dy],
                   flops=3 * self.fwd_flops[u], hbm_bytes=self.bwd_hbm, workspace_bytes=self.bwd_ws[u],
                   after=self._backpressure(self.pending_offloads))
-        self.offload_grads(u, m)
-        self.place_optimizer("grads", u, m)
+        self.grads_made(u, m)
         if u == 0:
             self.embedding_grad(m)
 
@@ -334,7 +362,7 @@ class TrainStepBuilder(StepBuilder):
         m, p, b = self.model, self.policy, self.bufs
         b.device_constants()
         slots = [b.weight_slot(s) for s in range(p.slots)]
-        seq = compute_sequence(m.n_layers, p.act_ckpt_every, p.micro_batches)
+        seq = compute_sequence(m.n_layers, p.act_ckpt_every, p.micro_batches, p.mb_order)
         compute = {OpKind.FORWARD: self.forward, OpKind.HEAD: self.head_op, OpKind.RECOMPUTE: self.recompute,
                    OpKind.BACKWARD: self.backward}
         for use, (s, needs_load) in zip(seq, assign_slots(seq, p.slots)):

@@ -24,6 +24,9 @@ class Declarations:
         # Host grads accumulate over micro-batches in fp32; otherwise they stay as they arrive.
         self.host_grad_dtype = "fp32" if policy.micro_batches > 1 else policy.grad_dtype
         self.grads_static = policy.optimizer == "pipelined"  # they cross the step boundary
+        # The layer order sums a unit's gradients over the micro-batches on the device and
+        # offloads the sum once (dgrad(u, None)); one micro-batch has nothing to sum.
+        self.grads_summed_on_device = policy.mb_order == "layer" and policy.micro_batches > 1
         a = DTYPE_BYTES_OF[policy.compute_dtype]
         # Several nodes hold the master in shards: every node keeps a whole copy to stream
         # from (in fp32 compute too, where a single node would load the master itself).
@@ -110,18 +113,26 @@ class Declarations:
         return self.declare(f"w{s}", Space.DEVICE, Holds.WEIGHT_SLOT, (self.slot_bytes // a,), self.p.compute_dtype,
                             True, "weights", layer=s)
 
-    def dgrad(self, u: int, m: int) -> str:
-        """A unit's device grads of one micro-batch (padded to whole chunks when the node's
-        devices reduce-scatter them)."""
+    def dgrad(self, u: int, m: int | None) -> str:
+        """A unit's device grads of micro-batch m, in the compute dtype; m None: summed over
+        the step's micro-batches (the layer order), in fp32 like the host's sum in the micro
+        order. Padded to whole chunks when the node's devices reduce-scatter them."""
         n = self.partition(u).padded if self.layout.devices_per_node > 1 and not self.host_reduced(u) else self.dev_params(u)
-        return self.declare(f"dgrad.{self.unit_label(u)}.m{m}", Space.DEVICE, Holds.DEVICE_GRAD,
-                            (n,), self.p.compute_dtype, role="grads", unit=u, micro=m)
+        return self.declare(f"dgrad.{self.unit_label(u)}.{self._micro_label(m)}", Space.DEVICE, Holds.DEVICE_GRAD,
+                            (n,), self._dgrad_dtype(m), role="grads", unit=u, micro=m)
 
-    def dgrad_shard(self, u: int, m: int) -> str:
-        """This device's slice of a unit's weight grads after the node's reduce-scatter."""
-        return self.declare(f"dgrad.{self.unit_label(u)}.m{m}.shard", Space.DEVICE, Holds.DEVICE_GRAD_SHARD,
-                            (self.partition(u).numel(Part.LOCAL),), self.p.compute_dtype, role="grads", unit=u,
-                            micro=m, part=Part.LOCAL)
+    def dgrad_shard(self, u: int, m: int | None) -> str:
+        """This device's slice of a unit's weight grads (dgrad(u, m)) after the node's reduce-scatter."""
+        return self.declare(f"dgrad.{self.unit_label(u)}.{self._micro_label(m)}.shard", Space.DEVICE,
+                            Holds.DEVICE_GRAD_SHARD, (self.partition(u).numel(Part.LOCAL),), self._dgrad_dtype(m),
+                            role="grads", unit=u, micro=m, part=Part.LOCAL)
+
+    @staticmethod
+    def _micro_label(m: int | None) -> str:
+        return "sum" if m is None else f"m{m}"
+
+    def _dgrad_dtype(self, m: int | None) -> str:
+        return self.p.compute_dtype if m is not None else "fp32"
 
     def hgrad(self, u: int) -> str:
         # A tied embedding's grad sums the LM head's and the scatter-add's: keep it in fp32.

@@ -106,7 +106,9 @@ class Holds(str, Enum):
     WEIGHT_SLOT = "weight_slot"          # (elements,) a slot the units' weights stream into
     ACTIVATION = "activation"            # (micro_batch, seq, hidden) entering block `layer`
     ACTIVATION_GRAD = "activation_grad"  # (micro_batch, seq, hidden) its gradient
-    DEVICE_GRAD = "device_grad"          # (device params,) a unit's weight grads, one micro-batch
+    DEVICE_GRAD = "device_grad"          # (device params,) a unit's weight grads, one micro-batch;
+    #                                      micro None: fp32, summed over the step's micro-batches
+    #                                      (mb_order 'layer'; an op that reads it adds into it)
     DEVICE_GRAD_SHARD = "device_grad_shard"  # (device params / N,) this device's share after the
     #                                          node's reduce-scatter
     ROPE_COS = "rope_cos"                # (seq, head_dim) RoPE tables, positions 0..seq-1

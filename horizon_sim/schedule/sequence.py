@@ -1,12 +1,19 @@
 """The order of a step's compute ops and the weight slot each computes from.
 
-Per micro-batch: the blocks' forwards, the head (forward and backward in one op), then the
-blocks in reverse by blocks of K: the block's inner boundaries recomputed from its checkpoint,
-then its layers' backwards in reverse. Slots follow Belady's rule (evict the unit whose next use
-is furthest), never the slot the previous compute op uses, so a load always overlaps compute;
-a unit still resident is not loaded again, which saves link traffic when K > 1 or slots > 2.
+Two orders (Policy.mb_order):
+  micro  per micro-batch: the blocks' forwards, the head (forward and backward in one op), then
+         the blocks in reverse by blocks of K: the block's inner boundaries recomputed from its
+         checkpoint, then its layers' backwards in reverse
+  layer  per block, every micro-batch's forward; every micro-batch's head; then per backward
+         block (K layers, in reverse) every micro-batch's recompute and backwards: a unit's
+         weights stay resident while all micro-batches pass it, so each crosses the link twice
+         per step (forward, backward) when the slots hold a block, whatever the micro-batches
+Slots follow Belady's rule (evict the unit whose next use is furthest), never the slot the
+previous compute op uses, so a load always overlaps compute; a unit still resident is not
+loaded again, which saves link traffic when K > 1 or slots > 2, and is what makes the layer
+order's consecutive uses of a unit free.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from horizon_sim.schedule.op import OpKind
 
@@ -23,18 +30,35 @@ class Use:
     """Set on the first compute op of a backward block: the block starts at this layer."""
 
 
-def compute_sequence(n_layers: int, act_ckpt_every: int, micro_batches: int) -> list[Use]:
+def _backward_blocks(n_layers: int, act_ckpt_every: int) -> list[tuple[int, int]]:
+    """The backward's blocks [start, end), last first."""
+    return [(s, min(s + act_ckpt_every, n_layers)) for s in reversed(range(0, n_layers, act_ckpt_every))]
+
+
+def _backward_block(start: int, end: int, m: int) -> list[Use]:
+    """Micro-batch m through block [start, end): its inner boundaries recomputed, then its
+    layers' backwards in reverse; the first op says where the block starts."""
+    block = [Use(OpKind.RECOMPUTE, j, m) for j in range(start, end - 1)]
+    block += [Use(OpKind.BACKWARD, j, m) for j in reversed(range(start, end))]
+    return [replace(block[0], block_start=start)] + block[1:]
+
+
+def compute_sequence(n_layers: int, act_ckpt_every: int, micro_batches: int, order: str = "micro") -> list[Use]:
+    """The step's compute ops in `order` (module docstring)."""
+    head, micros, blocks = n_layers, range(micro_batches), _backward_blocks(n_layers, act_ckpt_every)
+    if order == "layer":
+        out = [Use(OpKind.FORWARD, layer, m) for layer in range(n_layers) for m in micros]
+        out += [Use(OpKind.HEAD, head, m) for m in micros]
+        for start, end in blocks:
+            for m in micros:
+                out += _backward_block(start, end, m)
+        return out
     out = []
-    head = n_layers
-    for m in range(micro_batches):
+    for m in micros:
         out += [Use(OpKind.FORWARD, layer, m) for layer in range(n_layers)]
         out.append(Use(OpKind.HEAD, head, m))
-        for start in reversed(range(0, n_layers, act_ckpt_every)):
-            end = min(start + act_ckpt_every, n_layers)
-            block = [Use(OpKind.RECOMPUTE, j, m) for j in range(start, end - 1)]
-            block += [Use(OpKind.BACKWARD, j, m) for j in reversed(range(start, end))]
-            out.append(Use(block[0].kind, block[0].unit, m, block_start=start))
-            out += block[1:]
+        for start, end in blocks:
+            out += _backward_block(start, end, m)
     return out
 
 

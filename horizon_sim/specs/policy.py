@@ -14,6 +14,7 @@ MASTER_CHOICES = ("fp32", "split", "bf16")
 """How the master weights are kept (Policy.from_choices' `master`): an fp32 or a bf16 master, or
 'split': the exact fp32 master as its bf16 working copy + a 16-bit low half (split_master)."""
 ATTENTION = ("flash", "eager")
+MB_ORDERS = ("micro", "layer")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 MAX_BATCH = 2**20
 """Sequences per step. The largest global batches published are ~2,000-4,000 sequences
@@ -34,7 +35,8 @@ class Policy:
     seq: int = 2048
     """Tokens per sequence."""
     micro_batches: int = 1
-    """Micro-batches per step, run one after another; gradients accumulate on the host."""
+    """Micro-batches per step, in the order mb_order says; gradients accumulate on the host
+    (mb_order 'layer': on the device)."""
     act_ckpt_every: int = 1
     """K: keep a layer-boundary activation every K blocks; backward recomputes the K-1 between."""
     slots: int = 2
@@ -94,6 +96,14 @@ class Policy:
     """optimizer='backward': at most this many units' gradients wait on the host for the CPU
     optimizer at once; a unit's offload waits until the oldest has been applied (0 = no bound:
     a slow optimizer lets them pile up). The embedding's own gradient is not counted."""
+    mb_order: str = "micro"
+    """How the micro-batches pass the streamed units. 'micro': each micro-batch runs the whole
+    forward and backward in turn, so every unit's weights cross the link once per micro-batch
+    each way. 'layer': while a unit's weights are resident every micro-batch passes it (the
+    forward unit by unit, each for every micro-batch; the backward block of K by block, each
+    block for every micro-batch), so weights cross the link twice per step whatever the
+    micro-batches, and a unit's gradients are summed on the device (fp32) and offloaded once.
+    The price is device memory: every micro-batch's boundaries are live at once."""
 
     def __post_init__(self):
         for f in ("batch", "seq", "micro_batches", "act_ckpt_every", "loss_chunk_tokens"):
@@ -114,7 +124,7 @@ class Policy:
                 f"policy batch={self.batch} is not divisible by micro_batches={self.micro_batches}")
         for f, allowed in (("act_ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES),
                            ("attention", ATTENTION), ("compute_dtype", DTYPES), ("disk_tier", DISK_TIERS),
-                           ("master_rounding", MASTER_ROUNDINGS),
+                           ("master_rounding", MASTER_ROUNDINGS), ("mb_order", MB_ORDERS),
                            ("master_dtype", DTYPES), ("states_dtype", DTYPES), ("grad_dtype", DTYPES)):
             if getattr(self, f) not in allowed:
                 raise HorizonError(f"policy {f}={getattr(self, f)!r}; allowed: {', '.join(allowed)}")
