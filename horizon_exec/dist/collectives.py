@@ -115,9 +115,9 @@ class Collectives:
     def norm_all_reduce(self, op):
         r, ctx = self.r, self.ctx
         out = r.buf.get(op.writes[0])
-        t = torch.tensor([float(out.item()), r.ctx.loss()], dtype=torch.float64)
+        t = torch.tensor([float(out.item()), r.outputs.loss()], dtype=torch.float64)
         _call(ctx, op, "the norm all-reduce", lambda: dist.all_reduce(t, group=ctx.groups["world_net"]))
         total, loss = float(t[0]), float(t[1])
         out.fill_(math.sqrt(total) if total >= 0 else math.nan)
-        r.ctx.global_loss = loss
-        r.ctx.guard.after_grad_norm(loss, total)
+        r.outputs.global_loss = loss
+        r.inputs.guard.after_grad_norm(loss, total)

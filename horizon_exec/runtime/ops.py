@@ -9,8 +9,8 @@ op's reads/writes in order: a tied head's slot is [head host vector | embedding 
 and its gradient splits the same way, by the targets' declared sizes. A gradient goes into its
 target fresh, or is added into it when the op also reads the target: host gradients
 (OFFLOAD_GRADS, EMBED_BWD) and a unit's device sum over the micro-batches (BACKWARD and HEAD
-of the layer order). Nothing here decides order: the engine calls ops as the schedule says. What one step's ops share with the trainer
-travels in a StepContext.
+of the layer order). Nothing here decides order: the engine calls ops as the schedule says. One
+step's state flows one way: the trainer's StepInputs in (begin_step), the ops' StepOutputs out.
 """
 import contextlib
 import hashlib
@@ -33,18 +33,24 @@ from horizon_sim.schedule.op import Holds, Op, OpKind
 from horizon_sim.schedule.partition import Part, Partition
 
 
-@dataclass
-class StepContext:
-    """One step's state, shared by the trainer (which makes it) and the op runner (whose ops
-    fill it in)."""
-    tokens: torch.Tensor
-    """(batch, seq) int64 on the host."""
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    """What the trainer gives one step's ops: set before the engine runs, never written by an op."""
+    tokens: torch.Tensor | None
+    """(batch, seq) int64 on the host (None for a flush, whose ops read no tokens)."""
     lr: float
     """The learning rate this step's optimizer ops apply."""
     n_step_tokens: int
     """Labelled tokens of the whole step: the loss's denominator."""
     guard: NonFiniteGuard
-    loss_parts: list = field(default_factory=list)
+    """The step's non-finite detector: GRAD_NORM records what it found, the optimizer ops ask it."""
+
+
+@dataclass(slots=True)
+class StepOutputs:
+    """What one step's ops hand back to the trainer, which reads it once the engine is done:
+    written only by ops (and the collectives they run)."""
+    loss_parts: list
     """Each micro-batch's loss contribution (0-d tensors), set by its HEAD op."""
     temp_peak: dict = field(default_factory=dict)
     """op id -> measured peak of its device temporaries (CPU backend)."""
@@ -77,7 +83,8 @@ class OpRunner:
         self.attn = AttentionInputs(model, policy, buffers, backend)
         self.labels = buffers.find(Holds.LABELS)
         self._g32 = None  # host scratch: a host grad in the master dtype (optimizer lane only)
-        self.ctx: StepContext | None = None
+        self.inputs: StepInputs | None = None
+        self.outputs: StepOutputs | None = None
         self.table = {
             OpKind.EMBED_FWD: self.embed_fwd, OpKind.LOAD_INPUT: self.copy_h2d,
             OpKind.LOAD_WEIGHTS: self.load_weights, OpKind.FORWARD: self.forward, OpKind.RECOMPUTE: self.forward,
@@ -91,13 +98,16 @@ class OpRunner:
             from horizon_exec.dist.collectives import Collectives
             self.table.update(Collectives(self, self.dist).table())
 
-    def begin_step(self, ctx: StepContext, labels, docs=None):
-        """The step's context; labels (batch, seq) int64 go to the device once per step, and
-        docs (batch, seq) int64 (document masks only; None = one document per sequence)."""
-        self.ctx = ctx
-        ctx.loss_parts = [None] * self.p.micro_batches
-        self.be.h2d(self.labels, labels)
-        self.attn.begin_step(docs)
+    def begin_step(self, inputs: StepInputs, labels=None, docs=None) -> StepOutputs:
+        """A step's inputs in, and the outputs its ops will fill (returned: the trainer reads
+        them when the engine is done); labels (batch, seq) int64 go to the device once per
+        step (None: a flush, which computes nothing), and docs (batch, seq) int64 (document
+        masks only; None = one document per sequence)."""
+        self.inputs, self.outputs = inputs, StepOutputs(loss_parts=[None] * self.p.micro_batches)
+        if labels is not None:
+            self.be.h2d(self.labels, labels)
+            self.attn.begin_step(docs)
+        return self.outputs
 
     def __call__(self, op: Op) -> None:
         self.table[op.kind](op)
@@ -144,7 +154,7 @@ class OpRunner:
             with cm:
                 yield
         finally:
-            self.ctx.temp_peak[op.id] = getattr(cm, "peak", 0)
+            self.outputs.temp_peak[op.id] = getattr(cm, "peak", 0)
 
     def set_sq_norm(self, name: str, g, rows=None) -> None:
         """The unit's GRAD_SQ buffer `name` <- ||g||^2 (rows: of g's rows only, the others
@@ -163,7 +173,7 @@ class OpRunner:
         V, H = self.m.vocab, self.m.hidden
         src = self.buf.get(op.reads[0])[:V * H].view(V, H)
         out = self.buf.out(op.writes[0]).view(-1, self.m.hidden)
-        ids = self.ctx.tokens[self._rows(op.micro)].reshape(-1)
+        ids = self.inputs.tokens[self._rows(op.micro)].reshape(-1)
         if src.dtype == out.dtype:
             torch.index_select(src, 0, ids, out=out)
         else:
@@ -179,13 +189,13 @@ class OpRunner:
         else:
             g = self.buf.out(gname)
             g.zero_()
-        ids = self.ctx.tokens[self._rows(op.micro)].reshape(-1)
+        ids = self.inputs.tokens[self._rows(op.micro)].reshape(-1)
         V, H = self.m.vocab, self.m.hidden
         g2 = g[:V * H].view(V, H)
         g2.index_add_(0, ids, hdx.to(g.dtype))
         for sq in self.buf.all(op.writes, Holds.GRAD_SQ):
-            if embed_norm_over_rows(self.m, self.ctx.tokens.numel()):  # zeroed at the step's first
-                self.set_sq_norm(sq, g2, rows=torch.unique(self.ctx.tokens))  # micro: its token rows
+            if embed_norm_over_rows(self.m, self.inputs.tokens.numel()):  # zeroed at the step's first
+                self.set_sq_norm(sq, g2, rows=torch.unique(self.inputs.tokens))  # micro: its token rows
             else:  # many tokens, or a tied head's gradient landed here too: a sweep
                 self.set_sq_norm(sq, g)
 
@@ -294,13 +304,13 @@ class OpRunner:
             mine = torch.empty(self.dev_numel(op.unit), dtype=self.act, device=x.device) if staged else dgrad
             gv = self.head_layout.views(mine)
             dx, loss = head_fwd_bwd(x, w["model.norm.weight"], w["lm_head.weight"], labels,
-                                    self.ctx.n_step_tokens, self.m.norm_eps,
+                                    self.inputs.n_step_tokens, self.m.norm_eps,
                                     min(self.p.loss_chunk_tokens, labels.numel()),
                                     gv["model.norm.weight"], gv["lm_head.weight"])
             if staged:
                 (dgrad[:mine.numel()].add_ if add else dgrad[:mine.numel()].copy_)(mine)
                 del mine, gv
-        self.ctx.loss_parts[op.micro] = loss
+        self.outputs.loss_parts[op.micro] = loss
         self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
 
     def head_loss(self, op):
@@ -312,7 +322,7 @@ class OpRunner:
         with self._scope(op), torch.no_grad():
             loss = head_loss(x, w["model.norm.weight"], w["lm_head.weight"], labels, self.m.norm_eps,
                              min(self.p.loss_chunk_tokens, labels.numel()))
-        self.ctx.loss_parts[op.micro] = loss
+        self.outputs.loss_parts[op.micro] = loss
 
     def _sr_seed(self, u: int) -> int:
         """A bf16 master under stochastic rounding: the seed of this update's draws, from the
@@ -344,14 +354,15 @@ class OpRunner:
             return
         self.buf.get(op.writes[0]).fill_(math.sqrt(total) if total >= 0 else math.nan)
         # Every HEAD op is done (its gradient's norm is among the reads): the loss is known.
-        self.ctx.guard.after_grad_norm(self.ctx.loss(), total)
+        self.inputs.guard.after_grad_norm(self.outputs.loss(), total)
 
     def optimizer(self, op):
         """AdamW on the unit's master with its host grad (clipped by the global norm when
         clipping is on), then refresh its working copy."""
-        u, ctx = op.unit, self.ctx
+        u, inputs = op.unit, self.inputs
         if not op.prev_step:  # prev_step ops apply a step the trainer found finite
-            if not ctx.guard.may_update(unit_name(self.m, u), lambda: self.store.scalar(Holds.GRAD_SQ, u), ctx.loss):
+            if not inputs.guard.may_update(unit_name(self.m, u), lambda: self.store.scalar(Holds.GRAD_SQ, u),
+                                           self.outputs.loss):
                 return  # no update: master, moments, step counter and working copy stay as they are
         # this rank's chunk of each (one rank: the whole unit)
         g = self.owned(self.buf.one(op.reads, Holds.HOST_GRAD))
@@ -361,7 +372,7 @@ class OpRunner:
             self.adamw.step_split(self.owned(self.buf.one(op.writes, Holds.WORKING_COPY)),
                                   self.owned(self.buf.one(op.writes, Holds.MASTER_LOW_STAGE, Holds.MASTER_LOW)),
                                   g, exp_avg, exp_avg_sq,
-                                  self.store.steps[u], coef, lr=ctx.lr)
+                                  self.store.steps[u], coef, lr=inputs.lr)
             return
         p = self.owned(self.buf.one(op.writes, Holds.MASTER))
         wc = next(iter(self.buf.all(op.writes, Holds.WORKING_COPY)), None)
@@ -369,7 +380,7 @@ class OpRunner:
             self._g32 = torch.empty(self.adamw.chunk_params, dtype=p.dtype)
         wc = self.owned(wc) if wc else None
         same = wc is not None and wc.dtype == p.dtype  # an fp32 copy (several nodes, fp32 compute)
-        self.adamw.step(p, g, exp_avg, exp_avg_sq, self.store.steps[u], coef, lr=ctx.lr,
+        self.adamw.step(p, g, exp_avg, exp_avg_sq, self.store.steps[u], coef, lr=inputs.lr,
                         working_copy=None if same else wc, scratch=self._g32, sr_seed=self._sr_seed(u))
         if same:
             wc.copy_(p)

@@ -65,7 +65,7 @@ from horizon_exec.model.head import IGNORE, next_token_labels
 from horizon_exec.model.layers import rms_norm
 from horizon_exec.model.layout import block_layout, host_layout
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
-from horizon_exec.runtime.ops import OpRunner, StepContext
+from horizon_exec.runtime.ops import OpRunner, StepInputs
 from horizon_exec.optim import native
 from horizon_exec.optim.adamw import AdamW, check_hyper
 from horizon_exec.runtime.positions import check_docs
@@ -468,31 +468,31 @@ class Trainer:
         n_labelled = self._sum_over_ranks(int((labels != IGNORE).sum()))  # the loss's denominator: every rank's
         # The optimizer ops of this run apply the previous step's gradients (pipelined) or
         # this step's (after / backward): each with the lr of the step that made them.
-        ctx = StepContext(tokens=tokens, lr=self.pending_lr if p.optimizer == "pipelined" else lr_now,
-                          n_step_tokens=max(1, n_labelled),  # all ignored: loss and grads are 0
-                          guard=NonFiniteGuard(p.optimizer))
+        inputs = StepInputs(tokens=tokens, lr=self.pending_lr if p.optimizer == "pipelined" else lr_now,
+                            n_step_tokens=max(1, n_labelled),  # all ignored: loss and grads are 0
+                            guard=NonFiniteGuard(p.optimizer))
         # labels go to the device here; the engine's step_begin synchronizes before any lane reads
-        self.runner.begin_step(ctx, labels, docs)
+        out = self.runner.begin_step(inputs, labels, docs)
         self.backend.reset_peak(self.arena)
         skip = {o.id for o in self.sched.ops if (o.prev_step and not self.pending) or o.kind in skip_kinds}
         t0 = time.perf_counter()
         rows = self._run(self.sched.ops, skip)
         step_s = time.perf_counter() - t0
         self.steps_done += 1
-        loss = ctx.loss() if ctx.global_loss is None else ctx.global_loss
+        loss = out.loss() if out.global_loss is None else out.global_loss
         gnorm = self.store.scalar(Holds.GRAD_NORM)
         # The GRAD_NORM op flags a non-finite loss or norm, and the optimizer ops of this step
         # then leave everything untouched; the pipelined update of this step is dropped here.
-        bad = ctx.guard.found
+        bad = inputs.guard.found
         self.pending = p.optimizer == "pipelined" and not bad
         self.pending_lr = lr_now
         if bad:
             self.skipped_steps += 1
             if self.on_nonfinite == "stop":
-                raise NonFiniteError(ctx.guard.message(self.steps_done, len(self.units)), step=self.steps_done)
+                raise NonFiniteError(inputs.guard.message(self.steps_done, len(self.units)), step=self.steps_done)
         ops, starts, ends = zip(*rows)
         timeline = timeline_frame(ops, starts, ends)
-        timeline["temp_peak_bytes"] = [ctx.temp_peak.get(o.id, 0) for o in ops]
+        timeline["temp_peak_bytes"] = [out.temp_peak.get(o.id, 0) for o in ops]
         return StepResult(loss=loss, grad_norm=gnorm, timeline=timeline,
                           device_peak_bytes=self.backend.device_peak(self.arena),
                           rss_peak_bytes=rss_peak_bytes(), step_s=step_s, tokens=p.tokens,
@@ -515,8 +515,8 @@ class Trainer:
         self._check_usable()
         if not self.pending:
             return []
-        self.runner.ctx = StepContext(tokens=None, lr=self.pending_lr, n_step_tokens=1,
-                                      guard=NonFiniteGuard(self.policy.optimizer))
+        self.runner.begin_step(StepInputs(tokens=None, lr=self.pending_lr, n_step_tokens=1,
+                                          guard=NonFiniteGuard(self.policy.optimizer)))
         rows = self._run([o for o in self.sched.ops if o.prev_step])
         self.pending = False
         return rows
@@ -586,16 +586,16 @@ class Trainer:
                 t = torch.cat([t, t.new_zeros(pad, t.shape[1])])
                 lab = torch.cat([lab, lab.new_full((pad, lab.shape[1]), IGNORE)])
                 d = torch.cat([d, d.new_zeros(pad, d.shape[1])]) if d is not None else None
-            ctx = StepContext(tokens=t, lr=self._lr, n_step_tokens=1, guard=NonFiniteGuard(self.policy.optimizer))
-            self.runner.begin_step(ctx, lab, d)
+            inputs = StepInputs(tokens=t, lr=self._lr, n_step_tokens=1, guard=NonFiniteGuard(self.policy.optimizer))
+            out = self.runner.begin_step(inputs, lab, d)
             self.backend.reset_peak(self.arena)
             rows = self._run(sched.ops, n_ids=len(sched.ops))
-            total += ctx.loss()
+            total += out.loss()
             peak = max(peak, self.backend.device_peak(self.arena))
             if timeline is None:
                 ops, starts, ends = zip(*rows)
                 timeline = timeline_frame(ops, starts, ends)
-                timeline["temp_peak_bytes"] = [ctx.temp_peak.get(o.id, 0) for o in ops]
+                timeline["temp_peak_bytes"] = [out.temp_peak.get(o.id, 0) for o in ops]
             runs += 1
         total, n_labelled = self._sum_over_ranks(float(total), int((labels != IGNORE).sum()))  # every rank's share
         return EvalResult(loss_sum=total, labelled_tokens=n_labelled, batches=runs,
