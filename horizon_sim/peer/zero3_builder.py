@@ -108,12 +108,12 @@ class Zero3StepBuilder(StepBuilder):
         return b.declare(f"params.{b.unit_label(u)}", Space.HOST, Holds.WORKING_COPY, (b.host_params(u),), "fp32",
                          True, "working_copy", unit=u)
 
-    def dgrad(self, u: int, m: int) -> str:
+    def device_grad(self, u: int, m: int) -> str:
         b = self.bufs
         return b.declare(f"dgrad.{b.unit_label(u)}.m{m}", Space.DEVICE, Holds.DEVICE_GRAD, (self.params(u),),
                          self.z3.compute_dtype, role="grads", unit=u, micro=m)
 
-    def hgrad(self, u: int) -> str:
+    def host_grad(self, u: int) -> str:
         """DeepSpeed's fp32 gradient partition on the host: static, every step."""
         b = self.bufs
         n = self.params(u) if u != self.head or not self.model.tied_embeddings else self.model.head_params
@@ -156,7 +156,7 @@ class Zero3StepBuilder(StepBuilder):
 
     # ---- gradients ------------------------------------------------------------------------------------
     def gather_grad(self, u: int, m: int, last: bool) -> None:
-        self.bucket.append((u, self.dgrad(u, m)))
+        self.bucket.append((u, self.device_grad(u, m)))
         if last or sum(self.params(v) for v, _ in self.bucket) >= self.z3.reduce_bucket_params:
             self.offload(m)
 
@@ -170,8 +170,8 @@ class Zero3StepBuilder(StepBuilder):
         n = sum(self.params(u) for u in units)
         acc = m > 0
         last = m == self.z3.micro_batches - 1
-        hg = [self.hgrad(u) for u in units]
-        writes = hg + ([self.bufs.gsq(u) for u in units] if last else [])
+        hg = [self.host_grad(u) for u in units]
+        writes = hg + ([self.bufs.grad_sq(u) for u in units] if last else [])
         if self.z3.overlap_comm and len(self.offloads) > MAX_REDUCE_EVENTS:
             self.stall = (self.offloads[-MAX_REDUCE_EVENTS - 1],)  # MAX_REDUCE_EVENTS' docstring
         reads = dgrads + (hg if acc else []) + [self.ipg_bucket()]
@@ -199,18 +199,18 @@ class Zero3StepBuilder(StepBuilder):
         self.fetch(EMBED, m)
         for u in range(L):
             self.fetch(u, m)
-            reads = [self.w(u)] + ([b.x(m, u)] if u > 0 else [self.w(EMBED)])
-            frees = ([b.x(m, u)] if u > 0 else [])
+            reads = [self.w(u)] + ([b.activation(m, u)] if u > 0 else [self.w(EMBED)])
+            frees = ([b.activation(m, u)] if u > 0 else [])
             if u == 0:
                 frees.append(self.release(EMBED))
             if not self.keep_after_forward(u):
                 frees.append(self.release(u))
-            self.emit(OpKind.FORWARD, u, m, reads=reads, writes=[b.x(m, u + 1), self.saved(m, u)], frees=frees,
+            self.emit(OpKind.FORWARD, u, m, reads=reads, writes=[b.activation(m, u + 1), self.saved(m, u)], frees=frees,
                       flops=self.model.layer_fwd_flops(self.tokens, seq), hbm_bytes=fwd_hbm, workspace_bytes=ws)
         self.fetch(self.head, m)
         tok = self.tokens
-        self.emit(OpKind.HEAD, self.head, m, reads=[b.x(m, L), self.w(self.head)],
-                  writes=[b.dx(m, L), self.dgrad(self.head, m)], frees=[b.x(m, L), self.release(self.head)],
+        self.emit(OpKind.HEAD, self.head, m, reads=[b.activation(m, L), self.w(self.head)],
+                  writes=[b.activation_grad(m, L), self.device_grad(self.head, m)], frees=[b.activation(m, L), self.release(self.head)],
                   flops=3 * self.model.head_fwd_flops(tok), hbm_bytes=work.head_elementwise_bytes(self.model, tok, a),
                   workspace_bytes=work.head_workspace_bytes(self.model, tok, tok, a))
         self.gather_grad(self.head, m, last=False)
@@ -227,13 +227,13 @@ class Zero3StepBuilder(StepBuilder):
         flops = (3 if z3.act_ckpt else 2) * self.model.layer_fwd_flops(self.tokens, seq)
         for u in reversed(range(L)):
             self.fetch(u, m)
-            writes = [self.dgrad(u, m)] + ([b.dx(m, u)] if u > 0 else [self.dgrad(EMBED, m)])
+            writes = [self.device_grad(u, m)] + ([b.activation_grad(m, u)] if u > 0 else [self.device_grad(EMBED, m)])
             if not z3.overlap_comm:
                 after = self.offloads[-1:]
             else:
                 after, self.stall = self.stall, ()
-            self.emit(kind, u, m, reads=[self.saved(m, u), b.dx(m, u + 1), self.w(u)], writes=writes,
-                      frees=[self.saved(m, u), b.dx(m, u + 1), self.release(u)], flops=flops,
+            self.emit(kind, u, m, reads=[self.saved(m, u), b.activation_grad(m, u + 1), self.w(u)], writes=writes,
+                      frees=[self.saved(m, u), b.activation_grad(m, u + 1), self.release(u)], flops=flops,
                       hbm_bytes=bwd_hbm, workspace_bytes=ws, after=tuple(after))
             self.gather_grad(u, m, last=False)
         self.gather_grad(EMBED, m, last=True)
@@ -243,9 +243,9 @@ class Zero3StepBuilder(StepBuilder):
         self.grad_norm()
         per = ADAM_BYTES_PER_PARAM if self.bf16 else ADAM_BYTES_PER_PARAM - 2
         for u in self.units:
-            params = self.bufs.buffers[self.hgrad(u)].numel
+            params = self.bufs.buffers[self.host_grad(u)].numel
             store = b.host_store(u)[:2] + [self.partition(u)]
-            self.emit(OpKind.OPTIMIZER, u, reads=[self.hgrad(u), *store[:2], b.gnorm()], writes=store,
+            self.emit(OpKind.OPTIMIZER, u, reads=[self.host_grad(u), *store[:2], b.grad_norm_scalar()], writes=store,
                       params=params, host_bytes=params * per)
 
     def build(self) -> Schedule:
@@ -255,7 +255,7 @@ class Zero3StepBuilder(StepBuilder):
         for u in self.units:  # the host store first, in the units' order
             self.bufs.host_store(u)
             self.partition(u)
-            self.hgrad(u)
+            self.host_grad(u)
         for mb in range(z3.micro_batches):
             self.forward(mb)
             self.backward(mb)

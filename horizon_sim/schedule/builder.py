@@ -145,8 +145,8 @@ class TrainStepBuilder(StepBuilder):
             self.emit(OpKind.DISK_READ, u, reads=disk, writes=stages, disk_bytes=nbytes, prev_step=prev_step)
             self.flush_disk_write()
         master, moments = here[store[0]], here[store[1]]
-        reads = [b.hgrad(u), master, moments, *(store[2:] if p.split_master else [])] + ([b.gnorm()] if p.clip else [])
-        frees = () if b.grads_static else (b.hgrad(u),)
+        reads = [b.host_grad(u), master, moments, *(store[2:] if p.split_master else [])] + ([b.grad_norm_scalar()] if p.clip else [])
+        frees = () if b.grads_static else (b.host_grad(u),)
         op_id = self.emit(OpKind.OPTIMIZER, u, reads=reads, writes=[master, moments, *store[2:]], frees=frees,
                           params=params, host_bytes=params * per_param, prev_step=prev_step)
         if b.on_disk:
@@ -199,14 +199,14 @@ class TrainStepBuilder(StepBuilder):
         self.waiting_grads.append(u)
         return tuple(waits)
 
-    def device_grad(self, u: int, m: int) -> tuple[str, bool]:
+    def grad_target(self, u: int, m: int) -> tuple[str, bool]:
         """The device buffer micro-batch m's gradients of unit u go to, and whether they are
         added into it (it is then among the op's reads: what the executor goes by). The micro
         order: micro-batch m's own, offloaded after it. The layer order
         (Declarations.grads_summed_on_device): the unit's sum over the step, which micro-batch 0
         writes and the others add into, offloaded once after the last."""
         b = self.bufs
-        return (b.dgrad(u, None), m > 0) if b.grads_summed_on_device else (b.dgrad(u, m), False)
+        return (b.device_grad(u, None), m > 0) if b.grads_summed_on_device else (b.device_grad(u, m), False)
 
     def grads_made(self, u: int, m: int) -> None:
         """Micro-batch m's gradients of unit u are on the device: offload them (the layer
@@ -220,22 +220,22 @@ class TrainStepBuilder(StepBuilder):
         embedding's), added into what earlier micro-batches left; the unit's squared norm on
         its last micro-batch."""
         b, p = self.bufs, self.policy
-        dgrad, n = self.device_grad(u, m)[0], self.layout.devices_per_node
+        dgrad, n = self.grad_target(u, m)[0], self.layout.devices_per_node
         if n > 1 and not b.host_reduced(u):  # sum over the node's devices, keep 1/N
-            full, dgrad = dgrad, b.dgrad_shard(u, b.buffers[dgrad].micro)
+            full, dgrad = dgrad, b.device_grad_shard(u, b.buffers[dgrad].micro)
             nbytes = b.buffers[full].bytes
             self.emit(OpKind.REDUCE_SCATTER, u, m, reads=[full], writes=[dgrad], frees=[full], peers=n,
                       net_bytes=nbytes * (n - 1) // n)
-        targets = [b.hgrad(u)] + ([b.hgrad(EMBED)] if u == self.head and self.model.tied_embeddings else [])
+        targets = [b.host_grad(u)] + ([b.host_grad(EMBED)] if u == self.head and self.model.tied_embeddings else [])
         acc = [t for t in targets if self.deps.written(t)]  # accumulate into what exists
         # a piece the host adds or widens lands in a page-locked stage first (DMA links)
         stages = [b.link_stage(t) for t in targets if t in acc or b.buffers[t].dtype != p.grad_dtype]
         last = m == self.last_micro
-        writes = targets + ([b.gsq(u)] if last else []) + stages
+        writes = targets + ([b.grad_sq(u)] if last else []) + stages
         elems = b.buffers[dgrad].numel  # the unit's, or this device's 1/N of it
         host_b = elems * 8 if acc else 0  # read-add-write the fp32 host grad
         if acc and last:  # the squared norm is then taken of the accumulated host grad
-            host_b += b.buffers[b.hgrad(u)].numel * DTYPE_BYTES[b.host_grad_dtype]
+            host_b += b.buffers[b.host_grad(u)].numel * DTYPE_BYTES[b.host_grad_dtype]
         link_b = elems * DTYPE_BYTES[p.grad_dtype]
         # a device sum (fp32) is narrowed to grad_dtype on the device before the link
         summed = b.buffers[dgrad].micro is None and b.buffers[dgrad].dtype != p.grad_dtype
@@ -251,13 +251,13 @@ class TrainStepBuilder(StepBuilder):
         accumulated on the host, then over the nodes, so this rank holds the sum of its share;
         its squared norm is taken of that share."""
         b = self.bufs
-        g, gb = b.hgrad(u), DTYPE_BYTES[b.buffers[b.hgrad(u)].dtype]
+        g, gb = b.host_grad(u), DTYPE_BYTES[b.buffers[b.host_grad(u)].dtype]
         part, n, m = b.partition(u).numel(Part.LOCAL), self.layout.devices_per_node, self.layout.nodes
         if n > 1 and b.host_reduced(u):  # read the node's N slices of this rank's 1/N, write it
-            self.emit(OpKind.HOST_REDUCE, u, reads=[g], writes=[g, b.gsq(u)],
+            self.emit(OpKind.HOST_REDUCE, u, reads=[g], writes=[g, b.grad_sq(u)],
                       host_bytes=(b.host_params(u) + 2 * part) * gb)
         if m > 1:
-            self.emit(OpKind.NET_REDUCE_SCATTER, u, reads=[g], writes=[g, b.gsq(u)], peers=m,
+            self.emit(OpKind.NET_REDUCE_SCATTER, u, reads=[g], writes=[g, b.grad_sq(u)], peers=m,
                       net_bytes=part * gb * (m - 1) // m,
                       host_bytes=2 * part * gb * (m - 1) // m + b.owned_params(u) * gb)
 
@@ -271,7 +271,7 @@ class TrainStepBuilder(StepBuilder):
         src_b = a if b.has_copy else DTYPE_BYTES[p.master_dtype]
         self.emit(OpKind.EMBED_FWD, EMBED, m, reads=[src], writes=[emb],
                   host_bytes=self.tokens * self.model.hidden * (src_b + a))
-        self.emit(OpKind.LOAD_INPUT, EMBED, m, reads=[emb], writes=[b.x(m, 0)], frees=[emb],
+        self.emit(OpKind.LOAD_INPUT, EMBED, m, reads=[emb], writes=[b.activation(m, 0)], frees=[emb],
                   link_bytes=self.boundary_bytes)
 
     def act_ckpt(self, m: int, layer: int) -> str:
@@ -280,18 +280,18 @@ class TrainStepBuilder(StepBuilder):
     def forward(self, use: Use, slot: str) -> None:
         b, p, u, m = self.bufs, self.policy, use.unit, use.micro
         kept = u % p.act_ckpt_every == 0
-        self.emit(OpKind.FORWARD, u, m, slot=b.buffers[slot].layer, reads=[b.x(m, u), slot], writes=[b.x(m, u + 1)],
-                  frees=[] if kept else [b.x(m, u)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm,
+        self.emit(OpKind.FORWARD, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot], writes=[b.activation(m, u + 1)],
+                  frees=[] if kept else [b.activation(m, u)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm,
                   workspace_bytes=self.fwd_ws[u], after=self._backpressure(self.pending_saves))
         if kept and p.act_ckpt_on == "host":
             self.pending_saves.append(
-                self.emit(OpKind.SAVE_CKPT, u, m, reads=[b.x(m, u)], writes=[self.act_ckpt(m, u)],
-                          frees=[b.x(m, u)], link_bytes=self.boundary_bytes))
+                self.emit(OpKind.SAVE_CKPT, u, m, reads=[b.activation(m, u)], writes=[self.act_ckpt(m, u)],
+                          frees=[b.activation(m, u)], link_bytes=self.boundary_bytes))
 
     def head_op(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
-        x, dx = b.x(m, u), b.dx(m, u)
-        dgrad, add = self.device_grad(u, m)
+        x, dx = b.activation(m, u), b.activation_grad(m, u)
+        dgrad, add = self.grad_target(u, m)
         # The head's kernels write its gradients in the compute dtype; into a device sum
         # (fp32, or one to add to) they go through a temporary of the head's size.
         a = DTYPE_BYTES[self.policy.compute_dtype]
@@ -306,18 +306,18 @@ class TrainStepBuilder(StepBuilder):
         """A backward block begins: its checkpoint comes back from the host."""
         b, m, s = self.bufs, use.micro, use.block_start
         ck = self.act_ckpt(m, s)
-        self.emit(OpKind.LOAD_CKPT, s, m, reads=[ck], writes=[b.x(m, s)], frees=[ck], link_bytes=self.boundary_bytes)
+        self.emit(OpKind.LOAD_CKPT, s, m, reads=[ck], writes=[b.activation(m, s)], frees=[ck], link_bytes=self.boundary_bytes)
 
     def recompute(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
-        self.emit(OpKind.RECOMPUTE, u, m, slot=b.buffers[slot].layer, reads=[b.x(m, u), slot],
-                  writes=[b.x(m, u + 1)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm,
+        self.emit(OpKind.RECOMPUTE, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot],
+                  writes=[b.activation(m, u + 1)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm,
                   workspace_bytes=self.fwd_ws[u])
 
     def backward(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
-        x, dy, dx = b.x(m, u), b.dx(m, u + 1), b.dx(m, u)
-        dgrad, add = self.device_grad(u, m)
+        x, dy, dx = b.activation(m, u), b.activation_grad(m, u + 1), b.activation_grad(m, u)
+        dgrad, add = self.grad_target(u, m)
         self.emit(OpKind.BACKWARD, u, m, slot=b.buffers[slot].layer, reads=[x, dy, slot] + ([dgrad] if add else []),
                   writes=[dx, dgrad], frees=[x, dy],
                   flops=3 * self.fwd_flops[u], hbm_bytes=self.bwd_hbm, workspace_bytes=self.bwd_ws[u],
@@ -330,9 +330,9 @@ class TrainStepBuilder(StepBuilder):
         """The layer-0 input's gradient to the host, scattered into the embedding's gradient."""
         b, a = self.bufs, DTYPE_BYTES[self.policy.compute_dtype]
         hdx = b.host_rows(f"hdx.m{m}", Holds.INPUT_GRAD, m, "staging")
-        self.emit(OpKind.OFFLOAD_INPUT_GRAD, EMBED, m, reads=[b.dx(m, 0)], writes=[hdx], frees=[b.dx(m, 0)],
+        self.emit(OpKind.OFFLOAD_INPUT_GRAD, EMBED, m, reads=[b.activation_grad(m, 0)], writes=[hdx], frees=[b.activation_grad(m, 0)],
                   link_bytes=self.boundary_bytes)
-        g = b.hgrad(EMBED)
+        g = b.host_grad(EMBED)
         exists = self.deps.written(g)
         last = m == self.last_micro
         # A fresh dense embedding grad is zeroed first (a sweep of the whole matrix); the last
@@ -344,7 +344,7 @@ class TrainStepBuilder(StepBuilder):
         sweeps = (0 if exists else 1) + (1 if last and not rows else 0)
         grad_b = DTYPE_BYTES[b.host_grad_dtype]
         self.emit(OpKind.EMBED_BWD, EMBED, m, reads=[hdx] + ([g] if exists else []),
-                  writes=[g] + ([b.gsq(EMBED)] if last else []), frees=[hdx],
+                  writes=[g] + ([b.grad_sq(EMBED)] if last else []), frees=[hdx],
                   host_bytes=self.tokens * self.model.hidden * (a + 2 * grad_b)
                   + sweeps * self.model.embedding_params * grad_b
                   + (step_tokens * self.model.hidden * 2 * grad_b if rows else 0))

@@ -25,7 +25,7 @@ class Declarations:
         self.host_grad_dtype = "fp32" if policy.micro_batches > 1 else policy.grad_dtype
         self.grads_static = policy.optimizer == "pipelined"  # they cross the step boundary
         # The layer order sums a unit's gradients over the micro-batches on the device and
-        # offloads the sum once (dgrad(u, None)); one micro-batch has nothing to sum.
+        # offloads the sum once (device_grad(u, None)); one micro-batch has nothing to sum.
         self.grads_summed_on_device = policy.mb_order == "layer" and policy.micro_batches > 1
         a = DTYPE_BYTES_OF[policy.compute_dtype]
         # Several nodes hold the master in shards: every node keeps a whole copy to stream
@@ -94,12 +94,12 @@ class Declarations:
     def _rows(self):  # (micro_batch, seq, hidden): an activation-sized buffer
         return (self.p.micro_batch, self.p.seq, self.m.hidden)
 
-    def x(self, m: int, layer: int) -> str:
+    def activation(self, m: int, layer: int) -> str:
         """The boundary activation entering block `layer` (layer L: entering the head)."""
         return self.declare(f"x.m{m}.{layer}", Space.DEVICE, Holds.ACTIVATION, self._rows(), self.p.compute_dtype,
                             role="activations", micro=m, layer=layer)
 
-    def dx(self, m: int, layer: int) -> str:
+    def activation_grad(self, m: int, layer: int) -> str:
         return self.declare(f"dx.m{m}.{layer}", Space.DEVICE, Holds.ACTIVATION_GRAD, self._rows(),
                             self.p.compute_dtype, role="activations", micro=m, layer=layer)
 
@@ -113,7 +113,7 @@ class Declarations:
         return self.declare(f"w{s}", Space.DEVICE, Holds.WEIGHT_SLOT, (self.slot_bytes // a,), self.p.compute_dtype,
                             True, "weights", layer=s)
 
-    def dgrad(self, u: int, m: int | None) -> str:
+    def device_grad(self, u: int, m: int | None) -> str:
         """A unit's device grads of micro-batch m, in the compute dtype; m None: summed over
         the step's micro-batches (the layer order), in fp32 like the host's sum in the micro
         order. Padded to whole chunks when the node's devices reduce-scatter them."""
@@ -121,8 +121,8 @@ class Declarations:
         return self.declare(f"dgrad.{self.unit_label(u)}.{self._micro_label(m)}", Space.DEVICE, Holds.DEVICE_GRAD,
                             (n,), self._dgrad_dtype(m), role="grads", unit=u, micro=m)
 
-    def dgrad_shard(self, u: int, m: int | None) -> str:
-        """This device's slice of a unit's weight grads (dgrad(u, m)) after the node's reduce-scatter."""
+    def device_grad_shard(self, u: int, m: int | None) -> str:
+        """This device's slice of a unit's weight grads (device_grad(u, m)) after the node's reduce-scatter."""
         return self.declare(f"dgrad.{self.unit_label(u)}.{self._micro_label(m)}.shard", Space.DEVICE,
                             Holds.DEVICE_GRAD_SHARD, (self.partition(u).numel(Part.LOCAL),), self._dgrad_dtype(m),
                             role="grads", unit=u, micro=m, part=Part.LOCAL)
@@ -134,7 +134,7 @@ class Declarations:
     def _dgrad_dtype(self, m: int | None) -> str:
         return self.p.compute_dtype if m is not None else "fp32"
 
-    def hgrad(self, u: int) -> str:
+    def host_grad(self, u: int) -> str:
         # A tied embedding's grad sums the LM head's and the scatter-add's: keep it in fp32.
         dtype = "fp32" if u == EMBED and self.m.tied_embeddings else self.host_grad_dtype
         return self.declare(f"hgrad.{self.unit_label(u)}", Space.HOST, Holds.HOST_GRAD, (self.rank_grad_params(u),),
@@ -177,11 +177,11 @@ class Declarations:
         """What a unit's weights load from: its working copy, else its master."""
         return self.host_store(u)[2 if self.has_copy else 0]
 
-    def gsq(self, u: int) -> str:
+    def grad_sq(self, u: int) -> str:
         return self.declare(f"gsq.{self.unit_label(u)}", Space.HOST, Holds.GRAD_SQ, (1,), "fp64", True, "scalars",
                             unit=u)
 
-    def gnorm(self) -> str:
+    def grad_norm_scalar(self) -> str:
         return self.declare("gnorm", Space.HOST, Holds.GRAD_NORM, (1,), "fp64", True, "scalars")
 
     def link_stage(self, target: str) -> str:

@@ -37,13 +37,13 @@ class EvalStepBuilder(TrainStepBuilder):
 
     def forward(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
-        self.emit(OpKind.FORWARD, u, m, slot=b.buffers[slot].layer, reads=[b.x(m, u), slot], writes=[b.x(m, u + 1)],
-                  frees=[b.x(m, u)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm, workspace_bytes=self.fwd_ws[u])
+        self.emit(OpKind.FORWARD, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot], writes=[b.activation(m, u + 1)],
+                  frees=[b.activation(m, u)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm, workspace_bytes=self.fwd_ws[u])
 
     def head_loss(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
         a, p = DTYPE_BYTES[self.policy.compute_dtype], self.policy
-        self.emit(OpKind.HEAD_LOSS, u, m, slot=b.buffers[slot].layer, reads=[b.x(m, u), slot], frees=[b.x(m, u)],
+        self.emit(OpKind.HEAD_LOSS, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot], frees=[b.activation(m, u)],
                   flops=self.model.head_fwd_flops(self.tokens),
                   hbm_bytes=work.head_loss_elementwise_bytes(self.model, self.tokens, a),
                   workspace_bytes=work.head_loss_workspace_bytes(self.model, self.tokens, p.loss_chunk_tokens, a))

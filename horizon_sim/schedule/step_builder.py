@@ -44,10 +44,10 @@ class StepBuilder:
         """The global gradient norm (clipping, logging) from every unit's squared norm; with
         several ranks each holds its share's, and the global one sums all ranks'."""
         b = self.bufs
-        self.emit(OpKind.GRAD_NORM, -1, reads=[b.gsq(u) for u in self.units], writes=[b.gnorm()],
+        self.emit(OpKind.GRAD_NORM, -1, reads=[b.grad_sq(u) for u in self.units], writes=[b.grad_norm_scalar()],
                   host_bytes=8 * len(self.units))
         if self.layout.ranks > 1:
-            self.emit(OpKind.NORM_ALL_REDUCE, -1, reads=[b.gnorm()], writes=[b.gnorm()], peers=self.layout.ranks,
+            self.emit(OpKind.NORM_ALL_REDUCE, -1, reads=[b.grad_norm_scalar()], writes=[b.grad_norm_scalar()], peers=self.layout.ranks,
                       net_bytes=8)
 
     def schedule(self, *, slot_bytes: int, model_flops: float, purpose: str = "train") -> Schedule:
