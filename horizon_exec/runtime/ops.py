@@ -69,7 +69,7 @@ class OpRunner:
         self.disk = disk  # the disk tier's file (disk_store.DiskStore), when the Schedule has one
         self.sr_base = seed  # the run's seed: a bf16 master's stochastic rounding draws from it
         self.dist = dist or single()
-        self.buf, self.store, self.arena, self.be = buffers, store, arena, backend
+        self.buf, self.store, self.arena, self.backend = buffers, store, arena, backend
         self.adamw = adamw
         self.act = TORCH_DTYPE[policy.compute_dtype]
         self.link_dtype = TORCH_DTYPE[policy.grad_dtype]
@@ -105,7 +105,7 @@ class OpRunner:
         masks only; None = one document per sequence)."""
         self.inputs, self.outputs = inputs, StepOutputs(loss_parts=[None] * self.p.micro_batches)
         if labels is not None:
-            self.be.h2d(self.labels, labels)
+            self.backend.h2d(self.labels, labels)
             self.attn.begin_step(docs)
         return self.outputs
 
@@ -149,7 +149,7 @@ class OpRunner:
     @contextlib.contextmanager
     def _scope(self, op):
         """Context of a compute op (CPU: a temporaries tracker; its peak is kept per op)."""
-        cm = self.be.compute_scope(self.arena, op.label)
+        cm = self.backend.compute_scope(self.arena, op.label)
         try:
             with cm:
                 yield
@@ -164,7 +164,7 @@ class OpRunner:
         if sq.device == out.device:
             out.copy_(sq.reshape(1))
         else:
-            self.be.d2h(out, sq.reshape(1))
+            self.backend.d2h(out, sq.reshape(1))
 
     # ---- embedding (CPU lane) -----------------------------------------------------------------
     def embed_fwd(self, op):
@@ -202,11 +202,11 @@ class OpRunner:
     # ---- copies across the link ------------------------------------------------------------
     def copy_h2d(self, op):
         """LOAD_INPUT (embedded rows -> the layer-0 input), LOAD_CKPT (a boundary kept on the host)."""
-        self.be.h2d(self.buf.out(op.writes[0]), self.buf.get(op.reads[0]))
+        self.backend.h2d(self.buf.out(op.writes[0]), self.buf.get(op.reads[0]))
 
     def copy_d2h(self, op):
         """SAVE_CKPT (a boundary -> the host), OFFLOAD_INPUT_GRAD (the layer-0 input's grad)."""
-        self.be.d2h(self.buf.out(op.writes[0]), self.buf.get(op.reads[0]))
+        self.backend.d2h(self.buf.out(op.writes[0]), self.buf.get(op.reads[0]))
 
     def load_weights(self, op):
         """The slot[:n] <- concatenation of the op's sources (working copies or masters, cast
@@ -215,7 +215,7 @@ class OpRunner:
         off = 0
         for name in op.reads:
             src = self.buf.get(name)[:self.host_numel(self.buf.declared[name].unit)]  # not the padding
-            self.be.h2d(slot[off:off + src.numel()], src)
+            self.backend.h2d(slot[off:off + src.numel()], src)
             off += src.numel()
         want = self.m.head_device_params if op.unit == self.L else self.m.layer_params
         if off != want:
@@ -241,12 +241,12 @@ class OpRunner:
             off += n
             if t in op.reads:
                 host = self.buf.get(t)
-                self.be.d2h_add(host[:n], piece)
+                self.backend.d2h_add(host[:n], piece)
                 if sq and own:
                     self.set_sq_norm(sq, host)          # the final accumulated host grad
             else:
                 host = self.buf.out(t)
-                self.be.d2h(host[:n], piece)
+                self.backend.d2h(host[:n], piece)
                 host[n:].zero_()
                 if sq and own:
                     self.set_sq_norm(sq, piece)         # on the device (one micro-batch)

@@ -42,7 +42,7 @@ class AttentionInputs:
 
     def __init__(self, model, policy, buffers, backend):
         from horizon_sim.schedule.op import Holds
-        self.m, self.p, self.be = model, policy, backend
+        self.m, self.p, self.backend = model, policy, backend
         T = policy.seq
         rs = model.rope_scaling
         if policy.doc_masks and rs is not None and rs.kind == "dynamic" and T > model.max_position:
@@ -69,8 +69,8 @@ class AttentionInputs:
             return
         if docs is None:
             docs = torch.zeros(self.p.batch, self.p.seq, dtype=torch.int64)
-        self.be.h2d(self.docs, docs)
-        self.be.h2d(self.pos, doc_positions(docs))
+        self.backend.h2d(self.docs, docs)
+        self.backend.h2d(self.pos, doc_positions(docs))
         self.gather(self.pos, self.row_cos, self.row_sin)
 
     def gather(self, pos, cos_out, sin_out) -> None:

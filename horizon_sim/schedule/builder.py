@@ -84,21 +84,21 @@ class TrainStepBuilder(StepBuilder):
 
     # ---- the work of the compute ops (schedule/work.py) -------------------------------------------
     def _work(self) -> None:
-        m, p, a = self.model, self.policy, DTYPE_BYTES[self.policy.compute_dtype]
+        model, p, a = self.model, self.policy, DTYPE_BYTES[self.policy.compute_dtype]
         mb, tok = p.micro_batch, self.tokens
-        masked = [work.masked_attention(m, layer, p.seq, p.doc_masks) for layer in range(m.n_layers)]
+        masked = [work.masked_attention(model, layer, p.seq, p.doc_masks) for layer in range(model.n_layers)]
         mask_b = work.mask_bytes(mb, p.seq, p.doc_masks)
-        self.fwd_flops = [m.layer_fwd_flops(tok, p.seq, causal=not mk) for mk in masked]
+        self.fwd_flops = [model.layer_fwd_flops(tok, p.seq, causal=not mk) for mk in masked]
         # Device traffic of the elementwise kernels (norms, RoPE, SiLU, residuals; GEMMs and
         # attention are costed by their FLOPs) and the temporaries each op holds at its peak.
-        self.fwd_hbm = work.block_elementwise_bytes(m, tok, p.seq, a, backward=False)
-        self.bwd_hbm = work.block_elementwise_bytes(m, tok, p.seq, a, backward=True)
-        self.fwd_ws = [work.block_workspace_bytes(m, mb, p.seq, a, backward=False, mask=mask_b * mk) for mk in masked]
-        self.bwd_ws = [work.block_workspace_bytes(m, mb, p.seq, a, backward=True, attention=p.attention,
+        self.fwd_hbm = work.block_elementwise_bytes(model, tok, p.seq, a, backward=False)
+        self.bwd_hbm = work.block_elementwise_bytes(model, tok, p.seq, a, backward=True)
+        self.fwd_ws = [work.block_workspace_bytes(model, mb, p.seq, a, backward=False, mask=mask_b * mk) for mk in masked]
+        self.bwd_ws = [work.block_workspace_bytes(model, mb, p.seq, a, backward=True, attention=p.attention,
                                                   mask=mask_b * mk) for mk in masked]
-        self.head_hbm = work.head_elementwise_bytes(m, tok, a)
-        self.head_ws = work.head_workspace_bytes(m, tok, p.loss_chunk_tokens, a)
-        self.boundary_bytes = tok * m.hidden * a
+        self.head_hbm = work.head_elementwise_bytes(model, tok, a)
+        self.head_ws = work.head_workspace_bytes(model, tok, p.loss_chunk_tokens, a)
+        self.boundary_bytes = tok * model.hidden * a
 
     # ---- emission ------------------------------------------------------------------------------
     @staticmethod
@@ -155,15 +155,15 @@ class TrainStepBuilder(StepBuilder):
         self.optimized.add(u)
         if not prev_step:
             self.optimizer_op[u] = op_id
-        n, m = self.layout.devices_per_node, self.layout.nodes
-        if m > 1:  # every node needs every node's updated slice of the working copy
+        per_node, nodes = self.layout.devices_per_node, self.layout.nodes
+        if nodes > 1:  # every node needs every node's updated slice of the working copy
             wc = b.weights_of(u)
             rank_part = b.partition(u).numel(Part.LOCAL) * DTYPE_BYTES[p.compute_dtype]
-            self.emit(OpKind.NET_ALL_GATHER, u, reads=[wc], writes=[wc], peers=m,
-                      net_bytes=rank_part * (m - 1) // m, prev_step=prev_step)
-        if n > 1:  # the node's ranks each updated a slice of the shared copy: all must be done
+            self.emit(OpKind.NET_ALL_GATHER, u, reads=[wc], writes=[wc], peers=nodes,
+                      net_bytes=rank_part * (nodes - 1) // nodes, prev_step=prev_step)
+        if per_node > 1:  # the node's ranks each updated a slice of the shared copy: all must be done
             w = b.weights_of(u)
-            self.emit(OpKind.UPDATE_BARRIER, u, reads=[w], writes=[w], peers=n, prev_step=prev_step)
+            self.emit(OpKind.UPDATE_BARRIER, u, reads=[w], writes=[w], peers=per_node, prev_step=prev_step)
 
     def flush_disk_write(self) -> None:
         """Emit the pending DISK_WRITE. It goes after the next unit's DISK_READ on the disk lane
@@ -220,12 +220,12 @@ class TrainStepBuilder(StepBuilder):
         embedding's), added into what earlier micro-batches left; the unit's squared norm on
         its last micro-batch."""
         b, p = self.bufs, self.policy
-        dgrad, n = self.grad_target(u, m)[0], self.layout.devices_per_node
-        if n > 1 and not b.host_reduced(u):  # sum over the node's devices, keep 1/N
+        dgrad, per_node = self.grad_target(u, m)[0], self.layout.devices_per_node
+        if per_node > 1 and not b.host_reduced(u):  # sum over the node's devices, keep 1/N
             full, dgrad = dgrad, b.device_grad_shard(u, b.buffers[dgrad].micro)
             nbytes = b.buffers[full].bytes
-            self.emit(OpKind.REDUCE_SCATTER, u, m, reads=[full], writes=[dgrad], frees=[full], peers=n,
-                      net_bytes=nbytes * (n - 1) // n)
+            self.emit(OpKind.REDUCE_SCATTER, u, m, reads=[full], writes=[dgrad], frees=[full], peers=per_node,
+                      net_bytes=nbytes * (per_node - 1) // per_node)
         targets = [b.host_grad(u)] + ([b.host_grad(EMBED)] if u == self.head and self.model.tied_embeddings else [])
         acc = [t for t in targets if self.deps.written(t)]  # accumulate into what exists
         # a piece the host adds or widens lands in a page-locked stage first (DMA links)
@@ -252,14 +252,14 @@ class TrainStepBuilder(StepBuilder):
         its squared norm is taken of that share."""
         b = self.bufs
         g, gb = b.host_grad(u), DTYPE_BYTES[b.buffers[b.host_grad(u)].dtype]
-        part, n, m = b.partition(u).numel(Part.LOCAL), self.layout.devices_per_node, self.layout.nodes
-        if n > 1 and b.host_reduced(u):  # read the node's N slices of this rank's 1/N, write it
+        part, per_node, nodes = b.partition(u).numel(Part.LOCAL), self.layout.devices_per_node, self.layout.nodes
+        if per_node > 1 and b.host_reduced(u):  # read the node's N slices of this rank's 1/N, write it
             self.emit(OpKind.HOST_REDUCE, u, reads=[g], writes=[g, b.grad_sq(u)],
                       host_bytes=(b.host_params(u) + 2 * part) * gb)
-        if m > 1:
-            self.emit(OpKind.NET_REDUCE_SCATTER, u, reads=[g], writes=[g, b.grad_sq(u)], peers=m,
-                      net_bytes=part * gb * (m - 1) // m,
-                      host_bytes=2 * part * gb * (m - 1) // m + b.owned_params(u) * gb)
+        if nodes > 1:
+            self.emit(OpKind.NET_REDUCE_SCATTER, u, reads=[g], writes=[g, b.grad_sq(u)], peers=nodes,
+                      net_bytes=part * gb * (nodes - 1) // nodes,
+                      host_bytes=2 * part * gb * (nodes - 1) // nodes + b.owned_params(u) * gb)
 
     # ---- the phases ------------------------------------------------------------------------------
     def embed(self, m: int) -> None:
@@ -359,10 +359,10 @@ class TrainStepBuilder(StepBuilder):
 
     # ---- the step ------------------------------------------------------------------------------
     def build(self) -> Schedule:
-        m, p, b = self.model, self.policy, self.bufs
+        model, p, b = self.model, self.policy, self.bufs
         b.device_constants()
         slots = [b.weight_slot(s) for s in range(p.slots)]
-        seq = compute_sequence(m.n_layers, p.act_ckpt_every, p.micro_batches, p.mb_order)
+        seq = compute_sequence(model.n_layers, p.act_ckpt_every, p.micro_batches, p.mb_order)
         compute = {OpKind.FORWARD: self.forward, OpKind.HEAD: self.head_op, OpKind.RECOMPUTE: self.recompute,
                    OpKind.BACKWARD: self.backward}
         for use, (s, needs_load) in zip(seq, assign_slots(seq, p.slots)):
@@ -376,7 +376,7 @@ class TrainStepBuilder(StepBuilder):
         self.end()
         self.flush_disk_write()
         return self.schedule(slot_bytes=b.slot_bytes,
-                             model_flops=m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens)
+                             model_flops=model.model_flops_per_token(p.seq, p.context_tokens) * p.tokens)
 
 
 def build_schedule(model: ModelSpec, policy: Policy, layout: Layout = ONE) -> Schedule:

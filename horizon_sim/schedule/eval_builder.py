@@ -49,10 +49,10 @@ class EvalStepBuilder(TrainStepBuilder):
                   workspace_bytes=work.head_loss_workspace_bytes(self.model, self.tokens, p.loss_chunk_tokens, a))
 
     def build(self) -> Schedule:
-        m, p, b = self.model, self.policy, self.bufs
+        model, p, b = self.model, self.policy, self.bufs
         b.device_constants()
         slots = [b.weight_slot(s) for s in range(p.slots)]
-        seq = eval_sequence(m.n_layers, p.micro_batches)
+        seq = eval_sequence(model.n_layers, p.micro_batches)
         compute = {OpKind.FORWARD: self.forward, OpKind.HEAD_LOSS: self.head_loss}
         for use, (s, needs_load) in zip(seq, assign_slots(seq, p.slots)):
             if use.kind == OpKind.FORWARD and use.unit == 0:
@@ -61,7 +61,7 @@ class EvalStepBuilder(TrainStepBuilder):
                 self.load_weights(use.unit, slots[s], use.micro)
             compute[use.kind](use, slots[s])
         # forward only: a third of the training step's model FLOPs (6N + 12LHT per token)
-        flops = m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens / 3
+        flops = model.model_flops_per_token(p.seq, p.context_tokens) * p.tokens / 3
         return self.schedule(slot_bytes=b.slot_bytes, model_flops=flops, purpose="eval")
 
 

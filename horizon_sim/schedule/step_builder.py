@@ -52,7 +52,7 @@ class StepBuilder:
 
     def schedule(self, *, slot_bytes: int, model_flops: float, purpose: str = "train") -> Schedule:
         """The ops emitted so far as a Schedule, with the meta that says what built it."""
-        m, p = self.model, self.policy
-        meta = ScheduleMeta(model=m, policy=p, n_layers=m.n_layers, slot_bytes=slot_bytes, tokens=p.tokens,
+        model, p = self.model, self.policy
+        meta = ScheduleMeta(model=model, policy=p, n_layers=model.n_layers, slot_bytes=slot_bytes, tokens=p.tokens,
                             model_flops=model_flops, layout=self.layout, purpose=purpose, family=self.family)
         return Schedule(ops=tuple(self.ops), buffers=dict(self.bufs.buffers), meta=meta)

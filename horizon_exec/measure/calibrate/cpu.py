@@ -54,10 +54,10 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     from horizon_exec.device.cpu import CpuBackend
     from horizon_exec.measure.probe import probe
     t_start = time.perf_counter()
-    be = CpuBackend()
+    backend = CpuBackend()
     prog = Progress(total=6 + rounds, say=say)
-    compute = lambda fn: in_lane(be, Lane.COMPUTE, fn)  # noqa: E731
-    host = lambda fn: in_lane(be, Lane.CPU, fn)         # noqa: E731
+    compute = lambda fn: in_lane(backend, Lane.COMPUTE, fn)  # noqa: E731
+    host = lambda fn: in_lane(backend, Lane.CPU, fn)         # noqa: E731
 
     # A CPU without native bf16 arithmetic (no AVX-512: torch's bf16 GEMM falls back to a
     # generic kernel, ~60x slower than fp32 on an AVX2 EPYC) would spend tens of minutes on
@@ -66,7 +66,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     shapes = gemm_shapes(quick or slow_bf16, "cpu", model, policy)
     fp32_shapes = [(l, *s) for l in work.LAYOUTS for s in gemm_grid(True, "cpu")]
     prog.step(f"GEMM library warm-up: {len(shapes)} bf16 shapes, {len(fp32_shapes)} fp32 on "
-              f"{be.compute_threads} thread(s) of core(s) {be.compute_cores}"
+              f"{backend.compute_threads} thread(s) of core(s) {backend.compute_cores}"
               + (" (bf16 GEMMs run in a generic kernel here, over 8x slower than fp32: the small bf16 grid, "
                  "one visit)" if slow_bf16 and not quick else ""))
     gemm_visits = [compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu"))]  # warm, and a first visit
@@ -104,7 +104,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         R["reduce"].append(host(lambda: measure_reduce_GBps(layer_bytes // 2)))
         R["adam"].append(host(lambda: measure_adam_Gparams(2**21 if not quick else 2**19, quick)))
         sample_tiny()
-        R["slowdown"].append(compute_slowdown(be, quick))
+        R["slowdown"].append(compute_slowdown(backend, quick))
         g = gemm_rates(gemm_visits[-1:])
         prog.done(f"GEMM median {statistics.median(g.values()) * 1e3:.0f} GFLOP/s, elementwise "
                   f"{slope_GBps(_elem_points(R['elem'])):.1f} GB/s, h2d {R['h2d'][-1]:.1f} GB/s, AdamW {R['adam'][-1]:.2f} G params/s")
@@ -112,9 +112,9 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     gemm = [("bf16", s[0], *map(float, s[1:]), r) for s, r in bf16.items()]
     gemm += [("fp32", s[0], *map(float, s[1:]), r) for s, r in fp32.items()]
     bf16_best, fp32_best = max(bf16.values()), max(fp32.values())
-    shared = measure_shared_cores(be, layer_bytes, 2 * len(be.host_cores))
+    shared = measure_shared_cores(backend, layer_bytes, 2 * len(backend.host_cores))
     bus = measure_bus_GBps(64 * 2**20 if not quick else 8 * 2**20,
-                           sorted(set(be.compute_cores) | set(be.host_cores)))
+                           sorted(set(backend.compute_cores) | set(backend.host_cores)))
     attn, mattn = [], []
     for out, key in ((attn, "attn"), (mattn, "mattn")):
         for (seq, hd), vals in R[key].items():
@@ -123,7 +123,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     elem = _elem_points(R["elem"])
     h2d, d2h = mean_rate(R["h2d"]), mean_rate(R["d2h"])
     dev = DeviceSpec(
-        name=f"cpu-core ({be.compute_threads} thread{'s' if be.compute_threads > 1 else ''})",
+        name=f"cpu-core ({backend.compute_threads} thread{'s' if backend.compute_threads > 1 else ''})",
         hbm_GiB=ram, bf16_TFLOPs=bf16_best, fp32_TFLOPs=fp32_best, hbm_GBps=slope_GBps(elem),
         default_link="cpu-threads", matmul_efficiency=statistics.median(bf16.values()) / bf16_best,
         reserved_GiB=0.0, launch_overhead_us=0.0, reduce_GBps=mean_rate(R["reduce"]),
@@ -136,7 +136,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     hst = HostSpec(name=cpu_name(), ram_GiB=ram, dram_GBps=dram, cores=os.cpu_count() or 1,
                    adam_Gparams_per_s=mean_rate(R["adam"]),
                    os_reserved_GiB=os_reserved_GiB(ram),
-                   runtime_overhead_GiB=0.0, lane_cores=min(float(len(be.host_cores)), shared),
+                   runtime_overhead_GiB=0.0, lane_cores=min(float(len(backend.host_cores)), shared),
                    thread_GBps=mean_rate(R["thread"]))
     hw = HardwareSpec(device=dev, link=link, host=hst)
     for t in tiny:
@@ -181,7 +181,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         host=replace(hst, op_latency_us=host_us, runtime_overhead_GiB=runtime, busy_latency_us=host_busy,
                      compute_contention=max(0.0, slowdown - 1.0), **disk),
         cluster=cluster,
-        name=f"{hst.name}, CPU backend: compute on {be.compute_threads} core(s), lanes on "
-             f"{len(be.host_cores)} ({'quick ' if quick else ''}calibrated {time.strftime('%Y-%m-%d %H:%M')})")
+        name=f"{hst.name}, CPU backend: compute on {backend.compute_threads} core(s), lanes on "
+             f"{len(backend.host_cores)} ({'quick ' if quick else ''}calibrated {time.strftime('%Y-%m-%d %H:%M')})")
     prog.done(f"total {time.perf_counter() - t_start:.0f} s")
     return hw
