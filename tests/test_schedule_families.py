@@ -63,9 +63,10 @@ def test_a_one_device_family_refuses_a_layout():
 
 def test_the_executor_refuses_a_family_it_does_not_run_by_name():
     pytest.importorskip("torch")
+    from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
     z3 = peer("zero3-offload")
     sched = z3.build(SPEC, z3.like(POLICY))
     with pytest.raises(HorizonError, match=r"the schedule is a zero3-offload step; the executor runs Horizon's "
                                            r"\(.*horizon validate --peer zero3-offload\)"):
-        Trainer(SPEC, sched.meta.policy, schedule=sched, admission=False)
+        Trainer(SPEC, sched.meta.policy, TrainerConfig(admission=AdmissionConfig(enabled=False)), schedule=sched)
