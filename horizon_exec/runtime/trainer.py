@@ -151,9 +151,9 @@ class TrainerState:
 def _checked_schedule(sched, model: ModelSpec, policy: Policy, dist):
     """`sched`, checked, if it is Horizon's step built for `model`, `policy` and the run's ranks."""
     if sched.meta.family != Family.HORIZON:
+        from horizon_sim.plan.families import family
         raise HorizonError(f"the schedule is a {sched.meta.family.value} step; the executor runs Horizon's "
-                           f"(the {sched.meta.family.value} peer's is run by DeepSpeed: horizon validate --peer "
-                           f"{sched.meta.family.value})")
+                           f"(a {sched.meta.family.value} step is run by {family(sched.meta.family).runs_for_real})")
     if sched.meta.layout != dist.layout:
         raise HorizonError(f"the schedule is one rank's step of {sched.meta.layout}; this run has {dist.layout}")
     if sched.meta.purpose != "train":

@@ -38,7 +38,7 @@ class ScheduleFamily:
     like: Callable[..., object]
     """(Horizon Policy, **knobs) -> this family's policy on the same batch, knobs overriding."""
     runs_for_real: str
-    """What runs the family's step on a real machine, for users and the executor's refusal."""
+    """What runs the family's step on a real machine (the executor's refusal names it)."""
 
     @property
     def knobs(self) -> tuple[str, ...]:
@@ -62,9 +62,9 @@ def _zero3_build(model: ModelSpec, z3: Zero3Policy, layout: Layout = ONE) -> Sch
 
 FAMILIES: dict[Family, ScheduleFamily] = {f.name: f for f in (
     ScheduleFamily(Family.HORIZON, "Horizon", Policy, _horizon_build, _horizon_plan,
-                   lambda policy, **knobs: replace(policy, **knobs), "horizon train (the executor)"),
+                   lambda policy, **knobs: replace(policy, **knobs), "horizon train"),
     ScheduleFamily(Family.ZERO3_OFFLOAD, "DeepSpeed ZeRO-3 offload", Zero3Policy, _zero3_build, plan_zero3,
-                   zero3_like, "DeepSpeed itself: horizon validate --peer zero3-offload runs it and compares"),
+                   zero3_like, "DeepSpeed itself, as horizon validate --peer zero3-offload does"),
 )}
 
 def family(name) -> ScheduleFamily:
