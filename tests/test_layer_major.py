@@ -156,6 +156,39 @@ def test_admission_refuses_a_layer_major_run_that_does_not_fit():
 
 # ---- the executor ----------------------------------------------------------------------------------
 
+def test_host_grads_stay_as_they_cross_the_link_in_the_layer_order():
+    """The layer order writes each unit's host gradient once (its device sum), so it keeps
+    grad_dtype; the micro order adds micro-batches into fp32. The embedding's scatter-add runs
+    per micro-batch on the host in both orders: fp32."""
+    from horizon_sim.schedule import Holds
+    m, pol = spec(L=4), Policy(batch=6, seq=SEQ, micro_batches=3)
+    micro, lay = (build_schedule(m, p) for p in (pol, layer(pol)))
+    dtypes = {o: {b.unit: b.dtype for b in s.of(Holds.HOST_GRAD)} for o, s in (("micro", micro), ("layer", lay))}
+    assert set(dtypes["micro"].values()) == {"fp32"}
+    assert dtypes["layer"] == {u: "fp32" if u == -1 else pol.grad_dtype for u in dtypes["micro"]}
+    grads = {o: simulate(s, HW).host.by_role["grads"] for o, s in (("micro", micro), ("layer", lay))}
+    assert grads["micro"] - grads["layer"] == 2 * (m.total_params - m.embedding_params)
+
+
+def test_bf16_host_grads_lose_nothing_in_the_layer_order(monkeypatch):
+    """What crosses the link is grad_dtype already: storing it so trains exactly what an fp32
+    host gradient does (bf16 compute, masters compared bit for bit)."""
+    from horizon_sim.schedule import declare
+    m, pol = spec(L=3), layer(Policy(batch=4, seq=SEQ, micro_batches=2, optimizer="after"))
+    kept = train(m, pol, steps=2)
+    init = declare.Declarations.__init__
+
+    def fp32_host_grads(self, *a, **kw):
+        init(self, *a, **kw)
+        self.host_grad_dtype = "fp32"
+    monkeypatch.setattr(declare.Declarations, "__init__", fp32_host_grads)
+    wide = train(m, pol, steps=2)
+    assert all(wide[2][u].dtype == torch.float32 for u in wide[2]) and kept[2][0].dtype == torch.bfloat16
+    assert kept[0] == wide[0] and kept[1] == wide[1]
+    differ = [n for n in kept[3] if not torch.equal(kept[3][n], wide[3][n])]
+    assert not differ, differ
+
+
 def train(m, pol, steps=3):
     """Losses, grad norms, every unit's first host gradient (as the optimizer got it) and the
     master weights after `steps` steps (pipelined: flushed)."""

@@ -130,7 +130,7 @@ class TrainStepBuilder(StepBuilder):
         # the gradient read, the working copy written (a split master: both halves read and
         # written, the high half being the copy: 26 with fp32 moments and bf16 grads, not 28)
         state_b = DTYPE_BYTES[p.states_dtype]
-        per_param = 4 * state_b + DTYPE_BYTES[b.host_grad_dtype]
+        per_param = 4 * state_b + DTYPE_BYTES[b.buffers[b.host_grad(u)].dtype]
         if p.split_master:
             per_param += 2 * (p.master_bytes + DTYPE_BYTES[p.compute_dtype])
         else:
@@ -235,7 +235,7 @@ class TrainStepBuilder(StepBuilder):
         elems = b.buffers[dgrad].numel  # the unit's, or this device's 1/N of it
         host_b = elems * 8 if acc else 0  # read-add-write the fp32 host grad
         if acc and last:  # the squared norm is then taken of the accumulated host grad
-            host_b += b.buffers[b.host_grad(u)].numel * DTYPE_BYTES[b.host_grad_dtype]
+            host_b += b.buffers[b.host_grad(u)].numel * DTYPE_BYTES[b.buffers[b.host_grad(u)].dtype]
         link_b = elems * DTYPE_BYTES[p.grad_dtype]
         # a device sum (fp32) is narrowed to grad_dtype on the device before the link
         summed = b.buffers[dgrad].micro is None and b.buffers[dgrad].dtype != p.grad_dtype
@@ -342,7 +342,7 @@ class TrainStepBuilder(StepBuilder):
         step_tokens = self.tokens * self.policy.micro_batches
         rows = last and embed_norm_over_rows(self.model, step_tokens)
         sweeps = (0 if exists else 1) + (1 if last and not rows else 0)
-        grad_b = DTYPE_BYTES[b.host_grad_dtype]
+        grad_b = DTYPE_BYTES[b.buffers[g].dtype]
         self.emit(OpKind.EMBED_BWD, EMBED, m, reads=[hdx] + ([g] if exists else []),
                   writes=[g] + ([b.grad_sq(EMBED)] if last else []), frees=[hdx],
                   host_bytes=self.tokens * self.model.hidden * (a + 2 * grad_b)

@@ -21,12 +21,15 @@ class Declarations:
         self.shared = layout.ranks > 1  # the host store is the node's, mapped by each rank
         self.head = model.n_layers
         self.buffers: dict[str, Buffer] = {}
-        # Host grads accumulate over micro-batches in fp32; otherwise they stay as they arrive.
-        self.host_grad_dtype = "fp32" if policy.micro_batches > 1 else policy.grad_dtype
         self.grads_static = policy.optimizer == "pipelined"  # they cross the step boundary
         # The layer order sums a unit's gradients over the micro-batches on the device and
         # offloads the sum once (device_grad(u, None)); one micro-batch has nothing to sum.
         self.grads_summed_on_device = policy.mb_order == "layer" and policy.micro_batches > 1
+        # Host grads that the host adds micro-batches into are fp32; the others stay as they
+        # cross the link: one micro-batch, or the layer order, which writes a unit's sum once
+        # (its values are grad_dtype's already: nothing is lost, 2 bytes a parameter saved).
+        self.host_grad_dtype = "fp32" if policy.micro_batches > 1 and not self.grads_summed_on_device \
+            else policy.grad_dtype
         a = DTYPE_BYTES_OF[policy.compute_dtype]
         # Several nodes hold the master in shards: every node keeps a whole copy to stream
         # from (in fp32 compute too, where a single node would load the master itself).
@@ -135,8 +138,10 @@ class Declarations:
         return self.p.compute_dtype if m is not None else "fp32"
 
     def host_grad(self, u: int) -> str:
-        # A tied embedding's grad sums the LM head's and the scatter-add's: keep it in fp32.
-        dtype = "fp32" if u == EMBED and self.m.tied_embeddings else self.host_grad_dtype
+        # A tied embedding's grad sums the LM head's and the scatter-add's, and the embedding's
+        # scatter-add runs per micro-batch on the host in either order: keep those in fp32.
+        summed_on_host = u == EMBED and (self.m.tied_embeddings or self.p.micro_batches > 1)
+        dtype = "fp32" if summed_on_host else self.host_grad_dtype
         return self.declare(f"hgrad.{self.unit_label(u)}", Space.HOST, Holds.HOST_GRAD, (self.rank_grad_params(u),),
                             dtype, static=self.grads_static, role="grads", unit=u, part=self.grad_part(u))
 
