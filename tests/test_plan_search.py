@@ -9,7 +9,7 @@ import pytest
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.plan import plan
-from horizon_sim.plan.advice import advise, nearest_fit, policy_flags
+from horizon_sim.plan.advice import MIN_GAIN, advise, nearest_fit, policy_flags
 from horizon_sim.plan.max_model import POLICY_SETS, candidates, host_lower_bound, max_model, policy_set
 from horizon_sim.plan.min_ram import min_ram
 from horizon_sim.report.feasibility_map import feasibility_map
@@ -333,3 +333,16 @@ def test_advice_when_it_fits_names_what_moves_the_step():
     r4 = plan(model_preset("qwen2.5-0.5b"), make_hardware("a100-80gb", "64GiB"), Policy(seq=512))
     assert any("pcie-gen5" in s and "cut the step by" in s for s in advise(r4, workers=1))
     assert advise(r, search=False) == []
+
+
+def test_advice_names_the_layer_order_where_micro_batches_reload_the_weights():
+    """Micro-batches in the micro order load every unit once per micro-batch; where the link
+    limits the step, the advice prices the layer order and says what it costs on the device."""
+    pol = Policy(batch=8, seq=512, micro_batches=4)
+    r = plan(model_preset("llama-3.1-8b"), make_hardware("rtx-4090", "1TB"), pol)
+    lines = [s for s in advise(r, workers=1) if "--mb-order layer" in s]
+    import dataclasses
+    layer = plan(model_preset("llama-3.1-8b"), make_hardware("rtx-4090", "1TB"), dataclasses.replace(pol, mb_order="layer"))
+    assert layer.summary.step_time_s < r.summary.step_time_s * (1 - MIN_GAIN)
+    assert len(lines) == 1 and "cut the step by" in lines[0] and "more device memory" in lines[0]
+    assert not any("--mb-order" in s for s in advise(layer, workers=1))  # already the layer order

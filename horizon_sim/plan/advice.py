@@ -259,6 +259,8 @@ def _what_ifs(model, hw, policy, out: Outcome, runner: Runner) -> list[str]:
                                              max_host_grads=0))
     if policy.optimizer == "after":
         tasks["pipelined"] = (model, hw, replace(policy, optimizer="pipelined"))
+    if policy.micro_batches > 1 and policy.mb_order == "micro":
+        tasks["layer"] = (model, hw, replace(policy, mb_order="layer"))
     tasks["adam"] = (model, replace(hw, host=replace(hw.host, adam_Gparams_per_s=2 * hw.host.adam_Gparams_per_s)),
                      policy)
     res = dict(zip(tasks, runner.run(tasks.values())))
@@ -290,6 +292,11 @@ def _what_ifs(model, hw, policy, out: Outcome, runner: Runner) -> list[str]:
         lines.append(f"a bigger batch raises throughput: batch {bp.batch}{how} would give "
                      f"{b.tokens_per_s:,.0f} tokens/s (+{b.tokens_per_s / out.tokens_per_s - 1:.0%}), "
                      f"MFU {out.mfu:.1%} -> {b.mfu:.1%} ({policy_flags(bp, policy)})")
+    lo = res.get("layer")
+    if lo is not None and lo.fits(hw) and gain(lo) >= MIN_GAIN:
+        lines.append(f"--mb-order layer (every micro-batch passes a unit while its weights are on the device: "
+                     f"they load once, not once per micro-batch) would {_pct(lo.step_time_s, t0)}, using "
+                     f"{fmt_bytes(max(0, lo.device_peak_bytes - out.device_peak_bytes))} more device memory")
     if "pipelined" in res and gain(res["pipelined"]) >= MIN_GAIN:
         lines.append(f"--optimizer pipelined (same exact clipping) would {_pct(res['pipelined'].step_time_s, t0)}")
     a = res["adam"]
