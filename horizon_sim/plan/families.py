@@ -13,11 +13,11 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.peer.compare import plan_zero3, zero3_like
 from horizon_sim.peer.zero3_builder import build_zero3_schedule
 from horizon_sim.peer.zero3_policy import Zero3Policy
-from horizon_sim.plan.plan import build_for
+from horizon_sim.plan.plan import plan
 from horizon_sim.schedule import build_schedule
 from horizon_sim.schedule.op import PEERS, Family
 from horizon_sim.schedule.schedule import Schedule
-from horizon_sim.sim.simulate import SimResult, simulate
+from horizon_sim.sim.simulate import SimResult
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.layout import ONE, Layout
 from horizon_sim.specs.model import ModelSpec
@@ -50,10 +50,6 @@ def _horizon_build(model: ModelSpec, policy: Policy, layout: Layout = ONE) -> Sc
     return build_schedule(model, policy, layout)
 
 
-def _horizon_plan(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> SimResult:
-    return simulate(build_for(model, policy, hw), hw)
-
-
 def _zero3_build(model: ModelSpec, z3: Zero3Policy, layout: Layout = ONE) -> Schedule:
     if layout != ONE:
         raise HorizonError(f"the ZeRO-3-offload peer is modelled on one device, not {layout}")
@@ -61,7 +57,7 @@ def _zero3_build(model: ModelSpec, z3: Zero3Policy, layout: Layout = ONE) -> Sch
 
 
 FAMILIES: dict[Family, ScheduleFamily] = {f.name: f for f in (
-    ScheduleFamily(Family.HORIZON, "Horizon", Policy, _horizon_build, _horizon_plan,
+    ScheduleFamily(Family.HORIZON, "Horizon", Policy, _horizon_build, plan,
                    lambda policy, **knobs: replace(policy, **knobs), "horizon train"),
     ScheduleFamily(Family.ZERO3_OFFLOAD, "DeepSpeed ZeRO-3 offload", Zero3Policy, _zero3_build, plan_zero3,
                    zero3_like, "DeepSpeed itself, as horizon validate --peer zero3-offload does"),

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.plan.outcome import RAM_STEP_BYTES, round_up_ram, simulate_outcome
-from horizon_sim.schedule import build_schedule
+from horizon_sim.plan.plan import build_for
 from horizon_sim.sim.simulate import SimResult, simulate
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
@@ -59,7 +59,7 @@ def min_ram(model: ModelSpec, hw: HardwareSpec, policy: Policy | None = None, *,
             f"(short by {fmt_bytes(out.device_peak_bytes - hw.device_bytes_usable)}); try --act-ckpt-on host, "
             "a larger --act-ckpt-every, more --micro-batches or a smaller --batch")
     ram = round_up_ram(out.ram_needed_bytes(hw), step_bytes)
-    sched = build_schedule(model, policy, hw.cluster.layout)
+    sched = build_for(model, policy, hw)
     for _ in range(3):  # float rounding of GiB sizes could leave a byte short: step up
         at = simulate(sched, _with_ram(hw, ram))
         if at.summary.fits:

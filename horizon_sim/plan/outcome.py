@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.schedule import build_schedule
+from horizon_sim.plan.plan import build_for
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.sim.verdict import MemoryVerdict
 from horizon_sim.specs.hardware import HardwareSpec
@@ -107,7 +107,7 @@ def _time_limit(seconds: float):
 def simulate_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outcome:
     """Build and simulate one step; a bad combination becomes an Outcome with `error` set."""
     try:
-        sched = build_schedule(model, policy, hw.cluster.layout)
+        sched = build_for(model, policy, hw)
     except HorizonError as e:
         return Outcome(error=str(e))
     limit = SIM_TIME_LIMIT_S + SIM_TIME_PER_OP_S * len(sched.ops)
