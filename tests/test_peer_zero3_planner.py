@@ -25,8 +25,8 @@ def small(L=4, H=256, V=512):
                                 dict(compute_dtype="fp32", grad_clip=0.0), dict(overlap_comm=False),
                                 dict(max_reuse_distance_params=1, prefetch_bucket_params=1000)])
 def test_the_peer_step_is_a_checked_schedule_the_simulator_runs(kw):
-    z3 = Zero3Policy(**{"batch": 2, "seq": 64, **kw})
-    s = build_zero3_schedule(small(), z3)  # .check(): hazards, balance, typed buffers
+    zero3 = Zero3Policy(**{"batch": 2, "seq": 64, **kw})
+    s = build_zero3_schedule(small(), zero3)  # .check(): hazards, balance, typed buffers
     r = simulate(s, make_hardware("a100-80gb", "256GiB"))
     assert r.summary.step_time_s > 0 and r.summary.device_peak_bytes > 0
     kinds = [op.kind for op in s.ops]
@@ -39,7 +39,7 @@ def test_the_peer_step_is_a_checked_schedule_the_simulator_runs(kw):
     assert tl[tl.kind == "optimizer"].start_s.min() >= compute_end - 1e-12
     assert all(op.id > last_bwd for op in opt)
     bwd = OpKind.BACKWARD_SAVED if kw.get("act_ckpt") is False else OpKind.BACKWARD
-    assert kinds.count(bwd) == 4 * z3.micro_batches
+    assert kinds.count(bwd) == 4 * zero3.micro_batches
 
 
 def test_host_model_states_follow_deepspeeds_own_arithmetic():
@@ -140,10 +140,10 @@ class _nothing:
 def test_tune_compare_finds_the_peers_fastest_batch(capsys):
     from horizon_sim.peer.compare import tune_zero3
     m, hw = small(L=4), make_hardware("h100-pcie", "64GiB")
-    best, z3 = tune_zero3(m, hw, 256, max_batch=8)
+    best, zero3 = tune_zero3(m, hw, 256, max_batch=8)
     rates = {(b, ck): plan_zero3(m, hw, Zero3Policy(batch=b, seq=256, act_ckpt=ck)).summary.tokens_per_s
              for b in (1, 2, 4, 8) for ck in (True, False)}
-    assert best.summary.tokens_per_s == max(rates.values()) and rates[z3.batch, z3.act_ckpt] == max(rates.values())
+    assert best.summary.tokens_per_s == max(rates.values()) and rates[zero3.batch, zero3.act_ckpt] == max(rates.values())
     argv = ["tune", "--model", "qwen2.5-0.5b", "--gpu", "h100-pcie", "--ram", "64GiB", "--seq", "512",
             "--max-batch", "4", "--quiet", "--compare", "zero3-offload"]
     assert main(argv + ["--json"]) == 0
@@ -178,9 +178,9 @@ def _peer_peak(model, link_GBps, **kw):
     from dataclasses import replace
     hw = make_hardware("a100-80gb", "256GiB")
     hw = replace(hw, link=replace(hw.link, h2d_GBps=link_GBps, d2h_GBps=link_GBps))
-    z3 = Zero3Policy(**{"batch": 1, "seq": 64, "reduce_bucket_params": model.layer_params, "act_ckpt": True,
+    zero3 = Zero3Policy(**{"batch": 1, "seq": 64, "reduce_bucket_params": model.layer_params, "act_ckpt": True,
                         "max_reuse_distance_params": 1, **kw})  # no fetched layer kept for its backward
-    return simulate(build_zero3_schedule(model, z3), hw).summary.device_peak_bytes
+    return simulate(build_zero3_schedule(model, zero3), hw).summary.device_peak_bytes
 
 
 def test_overlap_comm_keeps_in_flight_gradients_bounded(monkeypatch):

@@ -37,9 +37,9 @@ def test_a_family_builds_and_plans_its_own_schedule(name):
 
 
 def test_knobs_are_the_policy_fields_and_like_applies_them():
-    z3 = peer("zero3-offload")
-    assert "act_ckpt" in z3.knobs and "reduce_bucket_params" in z3.knobs
-    assert z3.like(POLICY, act_ckpt=False).act_ckpt is False
+    zero3 = peer("zero3-offload")
+    assert "act_ckpt" in zero3.knobs and "reduce_bucket_params" in zero3.knobs
+    assert zero3.like(POLICY, act_ckpt=False).act_ckpt is False
     assert family("horizon").like(POLICY, micro_batches=2).micro_batches == 2
 
 
@@ -56,17 +56,17 @@ def test_unknown_names_are_one_line_errors():
 
 
 def test_a_one_device_family_refuses_a_layout():
-    z3 = peer("zero3-offload")
+    zero3 = peer("zero3-offload")
     with pytest.raises(HorizonError, match=r"modelled on one device, not 1 node\(s\) x 2 device\(s\)"):
-        z3.build(SPEC, z3.like(POLICY), Layout(2))
+        zero3.build(SPEC, zero3.like(POLICY), Layout(2))
 
 
 def test_the_executor_refuses_a_family_it_does_not_run_by_name():
     pytest.importorskip("torch")
     from horizon_exec.runtime.config import AdmissionConfig, TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
-    z3 = peer("zero3-offload")
-    sched = z3.build(SPEC, z3.like(POLICY))
+    zero3 = peer("zero3-offload")
+    sched = zero3.build(SPEC, zero3.like(POLICY))
     with pytest.raises(HorizonError, match=r"the schedule is a zero3-offload step; the executor runs Horizon's "
                                            r"\(a zero3-offload step is run by DeepSpeed itself, as horizon validate --peer "
                                            r"zero3-offload does\)"):

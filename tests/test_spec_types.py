@@ -53,7 +53,7 @@ def _rebuilds_from_a_spec_dict(call: ast.Call) -> bool:
             if isinstance(n, ast.Attribute) and n.attr in ("model", "policy", "meta", "to_dict"):
                 return True
             if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) \
-                    and n.slice.value in ("model", "policy", "z3", "layout"):
+                    and n.slice.value in ("model", "policy", "zero3", "layout"):
                 return True
     return False
 

@@ -35,20 +35,20 @@ def deepspeed_available() -> str | None:
         return None
 
 
-def run_deepspeed(model: ModelSpec, z3: Zero3Policy, *, threads: int | None = None, timeout_s: float = 900.0,
+def run_deepspeed(model: ModelSpec, zero3: Zero3Policy, *, threads: int | None = None, timeout_s: float = 900.0,
                   **run) -> dict:
     """Train warmup + steps steps of `model` under DeepSpeed ZeRO-3 offload in a child process
     and return what it measured (module docstring); `run`: run_request's keywords."""
-    req = run_request(model, z3, **run)
+    req = run_request(model, zero3, **run)
     return run_deepspeed_job({"runs": [req]}, threads, f"DeepSpeed run of {model.name}", timeout_s)["runs"][0]
 
 
-def run_request(model: ModelSpec, z3: Zero3Policy, *, steps: int = 4, warmup: int = 1, seed: int = 0,
+def run_request(model: ModelSpec, zero3: Zero3Policy, *, steps: int = 4, warmup: int = 1, seed: int = 0,
                 lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, tokens=None,
                 init_dir: str | None = None, timeline: bool = False) -> dict:
     """One run of a job (run_deepspeed_job): the model, the peer's policy, steps and data;
     timeline: record the last step's (_Recorder) as "timeline" (records)."""
-    return {"model": model.to_dict(), "z3": z3.to_dict(), "steps": steps, "warmup": warmup, "seed": seed,
+    return {"model": model.to_dict(), "zero3": zero3.to_dict(), "steps": steps, "warmup": warmup, "seed": seed,
             "lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay, "tokens": tokens,
             "init_dir": init_dir, "timeline": timeline}
 
@@ -118,7 +118,7 @@ def _child(req: dict) -> dict:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     from transformers import AutoConfig, AutoModelForCausalLM
     transformers.logging.set_verbosity_error()
-    spec, z3 = ModelSpec.from_dict(req["model"]), Zero3Policy.from_dict(req["z3"])
+    spec, zero3 = ModelSpec.from_dict(req["model"]), Zero3Policy.from_dict(req["zero3"])
     rss_runtime = vm_hwm_bytes()  # torch, transformers and DeepSpeed imported, no model yet
     torch.manual_seed(req["seed"])
     if req["init_dir"]:
@@ -127,35 +127,35 @@ def _child(req: dict) -> dict:
         d = to_hf_config_dict(spec)
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d), dtype=torch.float32)
     model.config.use_cache = False
-    if z3.act_ckpt:  # transformers' per-layer checkpointing, as users turn it on under ZeRO-3
+    if zero3.act_ckpt:  # transformers' per-layer checkpointing, as users turn it on under ZeRO-3
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    cfg = z3.ds_config()
+    cfg = zero3.ds_config()
     cfg["optimizer"]["params"].update(lr=req["lr"], betas=req["betas"], eps=req["eps"],
                                       weight_decay=req["weight_decay"])
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
-    rec = _Recorder(engine.module, z3) if req.get("timeline") else None
+    rec = _Recorder(engine.module, zero3) if req.get("timeline") else None
     gen = torch.Generator().manual_seed(req["seed"])
     given = req["tokens"]
     out = {"steps": [], "threads": threads, "deepspeed": deepspeed.__version__,
            "optimizer": type(getattr(engine.optimizer, "optimizer", engine.optimizer)).__name__}
-    mb = z3.micro_batch
+    mb = zero3.micro_batch
     for i in range(req["warmup"] + req["steps"]):
         batch = (torch.tensor(given[i], dtype=torch.long) if given else
-                 torch.randint(0, spec.vocab, (z3.batch, z3.seq), generator=gen))
+                 torch.randint(0, spec.vocab, (zero3.batch, zero3.seq), generator=gen))
         t0 = time.perf_counter()
         if rec:
             rec.begin(t0)
         losses = []
-        for k in range(z3.micro_batches):
+        for k in range(zero3.micro_batches):
             x = batch[k * mb:(k + 1) * mb]
             if rec:
                 rec.micro = k
             loss = engine(input_ids=x, labels=x).loss
             engine.backward(loss)
-            if rec and k == z3.micro_batches - 1:
+            if rec and k == zero3.micro_batches - 1:
                 rec.mark("optimizer", -1)
             engine.step()
-            if rec and k == z3.micro_batches - 1:
+            if rec and k == zero3.micro_batches - 1:
                 rec.close_mark()
             losses.append(float(loss.detach()))
         step_s = time.perf_counter() - t0
@@ -177,11 +177,11 @@ class _Recorder:
     thread on DeepSpeed's CPU accelerator; its fetches and offloads happen inside the gaps and
     inside these windows (its hooks run in the modules' hooks)."""
 
-    def __init__(self, model, z3):
+    def __init__(self, model, zero3):
         import time
         self.clock, self.t0, self.micro, self.events = time.perf_counter, 0.0, 0, []
         self.in_backward, self.starts, self.open = False, {}, None
-        bwd_kind = "backward" if z3.act_ckpt else "backward_saved"
+        bwd_kind = "backward" if zero3.act_ckpt else "backward_saved"
         layers = model.model.layers
         for i, layer in enumerate(layers):
             self._hook(layer, i, bwd_kind)

@@ -172,17 +172,17 @@ def run(a: argparse.Namespace) -> int:
         from horizon_sim.errors import HorizonError
         raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload")
     model, policy = load_model(a.model), policy_from_args(a)
-    other = z3 = None
+    other = zero3 = None
     if getattr(a, "compare", None):
-        z3 = peer_policy_from_args(a, policy)
-        other = peer(a.compare).plan(model, hw, z3)  # before our own plan: a bad peer setting fails fast
+        zero3 = peer_policy_from_args(a, policy)
+        other = peer(a.compare).plan(model, hw, zero3)  # before our own plan: a bad peer setting fails fast
     r = plan(model, hw, policy)
     tips = advise(r, search=not getattr(a, "no_advice", False))
     eff = scaling_efficiency(r)
     if a.json:
         out = {**result_json(r), "scaling_efficiency": eff, "advice": tips}
         if other is not None:
-            out["compare"] = compare_json(r, other, z3)
+            out["compare"] = compare_json(r, other, zero3)
         print(json.dumps(out))
         return 0
     print(report(r, eff))
@@ -192,5 +192,5 @@ def run(a: argparse.Namespace) -> int:
             print(("advice    " if i == 0 else "          ") + t)
     if other is not None:
         print()
-        print(compare_text(r, other, z3))
+        print(compare_text(r, other, zero3))
     return 0

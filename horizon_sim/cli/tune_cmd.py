@@ -151,16 +151,16 @@ def run(a: argparse.Namespace) -> int:
     base = Policy(seq=a.seq, grad_clip=a.grad_clip, states_dtype=a.states_dtype)
     if a.peer_knobs and not a.compare:
         raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload")
-    peer = z3 = None
+    peer = zero3 = None
     if a.compare:
         from horizon_sim.peer.compare import parse_knobs, tune_zero3
-        peer, z3 = tune_zero3(model, hw, a.seq, max_batch=a.max_batch, grad_clip=a.grad_clip,
+        peer, zero3 = tune_zero3(model, hw, a.seq, max_batch=a.max_batch, grad_clip=a.grad_clip,
                               knobs=parse_knobs(a.peer_knobs))
     res = tune(model, hw, a.seq, base=base, space=SearchSpace(max_batch=a.max_batch), workers=a.workers,
                progress=not a.quiet)
     top = res.top(a.top)
     best_row = top.iloc[0].to_dict() if len(top) else None
-    compared = _compare(model, hw, res.best, peer, z3) if a.compare else None
+    compared = _compare(model, hw, res.best, peer, zero3) if a.compare else None
     from horizon_sim.plan.advice import policy_flags
     plan_it = (f"horizon plan --model {a.model} {machine_flags(a, hw)} {policy_flags(res.best)}".rstrip()
                if res.best else None)
@@ -207,7 +207,7 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
-def _compare(model, hw, best, peer, z3) -> tuple[str, dict]:
+def _compare(model, hw, best, peer, zero3) -> tuple[str, dict]:
     """(text, JSON) of the peer at its best batch against Horizon's best policy."""
     if peer is None:
         return ("compare   DeepSpeed ZeRO-3 offload: no batch up to --max-batch fits this machine, with or without "
@@ -215,9 +215,9 @@ def _compare(model, hw, best, peer, z3) -> tuple[str, dict]:
     from horizon_sim.peer.compare import compare_json, compare_text
     from horizon_sim.plan import plan
     if best is None:
-        return (f"compare   DeepSpeed ZeRO-3 offload fits at batch {z3.batch} ({peer.summary.tokens_per_s:,.0f} "
+        return (f"compare   DeepSpeed ZeRO-3 offload fits at batch {zero3.batch} ({peer.summary.tokens_per_s:,.0f} "
                 "tokens/s); nothing in Horizon's search space does", {"peer": "zero3-offload", "fits": True,
-                                                                       "peer_policy": z3.to_dict()})
+                                                                       "peer_policy": zero3.to_dict()})
     ours = plan(model, hw, best)
-    head = f"each at its fastest batch that fits: Horizon {best.batch}, ZeRO-3 offload {z3.batch}\n"
-    return head + compare_text(ours, peer, z3), compare_json(ours, peer, z3)
+    head = f"each at its fastest batch that fits: Horizon {best.batch}, ZeRO-3 offload {zero3.batch}\n"
+    return head + compare_text(ours, peer, zero3), compare_json(ours, peer, zero3)

@@ -60,19 +60,19 @@ def parse_knobs(text: str | None, policy_type: type = Zero3Policy) -> dict:
     return out
 
 
-def peer_hardware(hw: HardwareSpec, z3: Zero3Policy) -> HardwareSpec:
+def peer_hardware(hw: HardwareSpec, zero3: Zero3Policy) -> HardwareSpec:
     """The machine as the peer uses it: pageable copies when its buffers are not pinned."""
-    if z3.pin_memory:
+    if zero3.pin_memory:
         return hw
     link = replace(hw.link, h2d_GBps=hw.link.pageable_GBps, d2h_GBps=hw.link.pageable_GBps)
     return replace(hw, link=link)
 
 
-def plan_zero3(model: ModelSpec, hw: HardwareSpec, z3: Zero3Policy) -> SimResult:
+def plan_zero3(model: ModelSpec, hw: HardwareSpec, zero3: Zero3Policy) -> SimResult:
     """Simulate one step of DeepSpeed ZeRO-3 offload of `model` on `hw` (one device)."""
     if hw.cluster.ranks > 1:
         raise HorizonError("the ZeRO-3-offload peer is modelled on one device: drop --gpus/--nodes to compare")
-    return simulate(build_zero3_schedule(model, z3), peer_hardware(hw, z3))
+    return simulate(build_zero3_schedule(model, zero3), peer_hardware(hw, zero3))
 
 
 def tune_zero3(model: ModelSpec, hw: HardwareSpec, seq: int, *, max_batch: int = 64, grad_clip: float = 1.0,
@@ -86,10 +86,10 @@ def tune_zero3(model: ModelSpec, hw: HardwareSpec, seq: int, *, max_batch: int =
     batch = 1
     while batch <= max_batch:
         for ck in ckpts:
-            z3 = Zero3Policy(**{"batch": batch, "seq": seq, "grad_clip": grad_clip, "act_ckpt": ck, **knobs})
-            r = plan_zero3(model, hw, z3)
+            zero3 = Zero3Policy(**{"batch": batch, "seq": seq, "grad_clip": grad_clip, "act_ckpt": ck, **knobs})
+            r = plan_zero3(model, hw, zero3)
             if r.summary.fits and (best[0] is None or r.summary.tokens_per_s > best[0].summary.tokens_per_s):
-                best = (r, z3)
+                best = (r, zero3)
         batch *= 2
     return best
 
@@ -159,13 +159,13 @@ def why_text(ours: SimResult, peer: SimResult) -> list[str]:
     return lines
 
 
-def compare_text(ours: SimResult, peer: SimResult, z3: Zero3Policy) -> str:
+def compare_text(ours: SimResult, peer: SimResult, zero3: Zero3Policy) -> str:
     rows = compare_rows(ours, peer)
     w = max(len(r[0]) for r in rows) + 2
     c = max(len(r[1]) for r in rows) + 2
-    knobs = (f"activation checkpointing {'on' if z3.act_ckpt else 'off'}, prefetch {z3.prefetch_bucket_params:,.0f}, "
-             f"reduce bucket {z3.reduce_bucket_params:,.0f} params, overlap_comm {'on' if z3.overlap_comm else 'off'}, "
-             f"{'pinned' if z3.pin_memory else 'pageable'} buffers")
+    knobs = (f"activation checkpointing {'on' if zero3.act_ckpt else 'off'}, prefetch {zero3.prefetch_bucket_params:,.0f}, "
+             f"reduce bucket {zero3.reduce_bucket_params:,.0f} params, overlap_comm {'on' if zero3.overlap_comm else 'off'}, "
+             f"{'pinned' if zero3.pin_memory else 'pageable'} buffers")
     out = [f"compare   Horizon against DeepSpeed ZeRO-3 offload ({knobs})", "",
            f"          {'':<{w}}{'Horizon':<{c}}ZeRO-3 offload"]
     out += [f"          {r[0]:<{w}}{r[1]:<{c}}{r[2]}" for r in rows]
@@ -173,9 +173,9 @@ def compare_text(ours: SimResult, peer: SimResult, z3: Zero3Policy) -> str:
     return "\n".join(out)
 
 
-def compare_json(ours: SimResult, peer: SimResult, z3: Zero3Policy) -> dict:
+def compare_json(ours: SimResult, peer: SimResult, zero3: Zero3Policy) -> dict:
     a, b = ours.summary, peer.summary
-    return {"peer": "zero3-offload", "peer_policy": z3.to_dict(), "fits": b.fits, "why": b.why,
+    return {"peer": "zero3-offload", "peer_policy": zero3.to_dict(), "fits": b.fits, "why": b.why,
             "tokens_per_s": b.tokens_per_s, "step_time_s": b.step_time_s, "bottleneck": b.bottleneck,
             "device_peak_bytes": b.device_peak_bytes, "host_bytes": b.host_bytes,
             "host_breakdown_bytes": peer.host.by_role, "link_bytes": _link_bytes(peer),

@@ -1,4 +1,4 @@
-"""build_zero3_schedule(model, z3): one training step of DeepSpeed ZeRO-3 with parameters and
+"""build_zero3_schedule(model, zero3): one training step of DeepSpeed ZeRO-3 with parameters and
 optimizer offloaded to CPU (one GPU), as a Schedule for the same simulator, in the same ops
 vocabulary (plus BACKWARD_SAVED, FETCHED_WEIGHTS, SAVED_ACTIVATIONS). It reads as the step:
 
@@ -57,12 +57,12 @@ device holds on top of it: a bounded number, whatever the link's speed."""
 class Zero3StepBuilder(StepBuilder):
     family = Family.ZERO3_OFFLOAD
 
-    def __init__(self, model: ModelSpec, z3: Zero3Policy, synchronous: bool = False):
-        super().__init__(model, z3.horizon_policy())
-        self.z3, self.synchronous = z3, synchronous
-        self.a = DTYPE_BYTES_OF[z3.compute_dtype]
-        self.bf16 = z3.compute_dtype == "bf16"
-        self.tokens = z3.micro_batch * z3.seq
+    def __init__(self, model: ModelSpec, zero3: Zero3Policy, synchronous: bool = False):
+        super().__init__(model, zero3.horizon_policy())
+        self.zero3, self.synchronous = zero3, synchronous
+        self.a = DTYPE_BYTES_OF[zero3.compute_dtype]
+        self.bf16 = zero3.compute_dtype == "bf16"
+        self.tokens = zero3.micro_batch * zero3.seq
         self.fetched: set[int] = set()  # units whose parameters are on the device now
         self.compute_ends: list[int] = []  # compute ops in order (prefetch is relative to them)
         self.bucket: list[tuple[int, str]] = []  # (unit, device grad) gathered for the next offload
@@ -89,13 +89,13 @@ class Zero3StepBuilder(StepBuilder):
     def w(self, u: int) -> str:
         b = self.bufs
         return b.declare(f"fetched.{b.unit_label(u)}", Space.DEVICE, Holds.FETCHED_WEIGHTS, (self.params(u),),
-                         self.z3.compute_dtype, role="weights", unit=u)
+                         self.zero3.compute_dtype, role="weights", unit=u)
 
     def saved(self, m: int, u: int) -> str:
         """What layer u keeps on the device for its backward: its input (act_ckpt), else every
         tensor autograd saved in its forward."""
-        n = (self.tokens * self.model.hidden * self.a if self.z3.act_ckpt else
-             work.block_saved_bytes(self.model, self.z3.micro_batch, self.z3.seq, self.a))
+        n = (self.tokens * self.model.hidden * self.a if self.zero3.act_ckpt else
+             work.block_saved_bytes(self.model, self.zero3.micro_batch, self.zero3.seq, self.a))
         return self.bufs.declare(f"saved.m{m}.{u}", Space.DEVICE, Holds.SAVED_ACTIVATIONS, (n,), "uint8",
                                  role="activations", micro=m, layer=u)
 
@@ -111,7 +111,7 @@ class Zero3StepBuilder(StepBuilder):
     def device_grad(self, u: int, m: int) -> str:
         b = self.bufs
         return b.declare(f"dgrad.{b.unit_label(u)}.m{m}", Space.DEVICE, Holds.DEVICE_GRAD, (self.params(u),),
-                         self.z3.compute_dtype, role="grads", unit=u, micro=m)
+                         self.zero3.compute_dtype, role="grads", unit=u, micro=m)
 
     def host_grad(self, u: int) -> str:
         """DeepSpeed's fp32 gradient partition on the host: static, every step."""
@@ -126,7 +126,7 @@ class Zero3StepBuilder(StepBuilder):
         if u in self.fetched:
             return
         n, elem = self.params(u), self.a
-        early = min(n, self.z3.prefetch_bucket_params)
+        early = min(n, self.zero3.prefetch_bucket_params)
         k = len(self.compute_ends)
         before_prev = (self.compute_ends[k - 2],) if k >= 2 else ()
         prev = (self.compute_ends[k - 1],) if k >= 1 else ()
@@ -147,7 +147,7 @@ class Zero3StepBuilder(StepBuilder):
         between = sum(self.params(v) for v in range(u + 1, self.head + 1))
         between += sum(self.params(v) for v in range(u + 1, self.head))  # the backward's, before u's
         live = sum(self.params(v) for v in self.fetched)
-        return between <= self.z3.max_reuse_distance_params and live <= self.z3.max_live_params
+        return between <= self.zero3.max_reuse_distance_params and live <= self.zero3.max_live_params
 
     def release(self, u: int) -> str:
         """Unit u's fetched parameters go after the op that frees them (it lists the name)."""
@@ -157,7 +157,7 @@ class Zero3StepBuilder(StepBuilder):
     # ---- gradients ------------------------------------------------------------------------------------
     def gather_grad(self, u: int, m: int, last: bool) -> None:
         self.bucket.append((u, self.device_grad(u, m)))
-        if last or sum(self.params(v) for v, _ in self.bucket) >= self.z3.reduce_bucket_params:
+        if last or sum(self.params(v) for v, _ in self.bucket) >= self.zero3.reduce_bucket_params:
             self.offload(m)
 
     def offload(self, m: int) -> None:
@@ -169,10 +169,10 @@ class Zero3StepBuilder(StepBuilder):
         dgrads = [g for _, g in self.bucket]
         n = sum(self.params(u) for u in units)
         acc = m > 0
-        last = m == self.z3.micro_batches - 1
+        last = m == self.zero3.micro_batches - 1
         hg = [self.host_grad(u) for u in units]
         writes = hg + ([self.bufs.grad_sq(u) for u in units] if last else [])
-        if self.z3.overlap_comm and len(self.offloads) > MAX_REDUCE_EVENTS:
+        if self.zero3.overlap_comm and len(self.offloads) > MAX_REDUCE_EVENTS:
             self.stall = (self.offloads[-MAX_REDUCE_EVENTS - 1],)  # MAX_REDUCE_EVENTS' docstring
         reads = dgrads + (hg if acc else []) + [self.ipg_bucket()]
         self.offloads.append(self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=reads, writes=writes, frees=dgrads,
@@ -186,14 +186,14 @@ class Zero3StepBuilder(StepBuilder):
         reserves all of it, but only a model smaller than the bucket can tell, and that is where
         the CPU accelerator (the peer's real runs here) never touches, so never makes resident,
         the rest."""
-        n = min(self.z3.reduce_bucket_params, sum(self.params(u) for u in self.units))
-        return self.bufs.declare("ipg_bucket", Space.DEVICE, Holds.GRAD_BUCKET, (n,), self.z3.compute_dtype, True,
+        n = min(self.zero3.reduce_bucket_params, sum(self.params(u) for u in self.units))
+        return self.bufs.declare("ipg_bucket", Space.DEVICE, Holds.GRAD_BUCKET, (n,), self.zero3.compute_dtype, True,
                                  "grads")
 
     # ---- the phases ---------------------------------------------------------------------------------
     def forward(self, m: int) -> None:
         b, L = self.bufs, self.model.n_layers
-        a, mb, seq = self.a, self.z3.micro_batch, self.z3.seq
+        a, mb, seq = self.a, self.zero3.micro_batch, self.zero3.seq
         fwd_hbm = work.block_elementwise_bytes(self.model, self.tokens, seq, a, backward=False)
         ws = work.block_workspace_bytes(self.model, mb, seq, a, backward=False)
         self.fetch(EMBED, m)
@@ -216,19 +216,19 @@ class Zero3StepBuilder(StepBuilder):
         self.gather_grad(self.head, m, last=False)
 
     def backward(self, m: int) -> None:
-        b, L, z3 = self.bufs, self.model.n_layers, self.z3
-        a, mb, seq = self.a, z3.micro_batch, z3.seq
+        b, L, zero3 = self.bufs, self.model.n_layers, self.zero3
+        a, mb, seq = self.a, zero3.micro_batch, zero3.seq
         bwd_hbm = work.block_elementwise_bytes(self.model, self.tokens, seq, a, backward=True)
         full_ws = work.block_workspace_bytes(self.model, mb, seq, a, backward=True)
         saved_b = work.block_saved_bytes(self.model, mb, seq, a)
-        kind = OpKind.BACKWARD if z3.act_ckpt else OpKind.BACKWARD_SAVED
+        kind = OpKind.BACKWARD if zero3.act_ckpt else OpKind.BACKWARD_SAVED
         # the graph's backward holds its transients only: what the forward saved is a buffer
-        ws = full_ws if z3.act_ckpt else max(0, full_ws - saved_b)
-        flops = (3 if z3.act_ckpt else 2) * self.model.layer_fwd_flops(self.tokens, seq)
+        ws = full_ws if zero3.act_ckpt else max(0, full_ws - saved_b)
+        flops = (3 if zero3.act_ckpt else 2) * self.model.layer_fwd_flops(self.tokens, seq)
         for u in reversed(range(L)):
             self.fetch(u, m)
             writes = [self.device_grad(u, m)] + ([b.activation_grad(m, u)] if u > 0 else [self.device_grad(EMBED, m)])
-            if not z3.overlap_comm:
+            if not zero3.overlap_comm:
                 after = self.offloads[-1:]
             else:
                 after, self.stall = self.stall, ()
@@ -249,14 +249,14 @@ class Zero3StepBuilder(StepBuilder):
                       params=params, host_bytes=params * per)
 
     def build(self) -> Schedule:
-        m, z3 = self.model, self.z3
+        m, zero3 = self.model, self.zero3
         self.bufs.device_constants()
         self.ipg_bucket()
         for u in self.units:  # the host store first, in the units' order
             self.bufs.host_store(u)
             self.partition(u)
             self.host_grad(u)
-        for mb in range(z3.micro_batches):
+        for mb in range(zero3.micro_batches):
             self.forward(mb)
             self.backward(mb)
         self.end()
@@ -264,10 +264,10 @@ class Zero3StepBuilder(StepBuilder):
         return self.schedule(slot_bytes=0, model_flops=m.model_flops_per_token(p.seq, p.context_tokens) * p.tokens)
 
 
-def build_zero3_schedule(model: ModelSpec, z3: Zero3Policy, synchronous: bool = False) -> Schedule:
+def build_zero3_schedule(model: ModelSpec, zero3: Zero3Policy, synchronous: bool = False) -> Schedule:
     """One step of DeepSpeed ZeRO-3 offload on one device (module docstring), checked.
     synchronous: every op waits for the one before it, as on DeepSpeed's CPU accelerator, whose
     streams are no-ops (its copies, compute and CPU Adam run one after another in one thread)."""
-    if not isinstance(z3, Zero3Policy):
-        raise HorizonError(f"zero3 policy {z3!r} is not a Zero3Policy")
-    return Zero3StepBuilder(model, z3, synchronous).build().check()
+    if not isinstance(zero3, Zero3Policy):
+        raise HorizonError(f"zero3 policy {zero3!r} is not a Zero3Policy")
+    return Zero3StepBuilder(model, zero3, synchronous).build().check()

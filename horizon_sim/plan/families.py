@@ -50,10 +50,10 @@ def _horizon_build(model: ModelSpec, policy: Policy, layout: Layout = ONE) -> Sc
     return build_schedule(model, policy, layout)
 
 
-def _zero3_build(model: ModelSpec, z3: Zero3Policy, layout: Layout = ONE) -> Schedule:
+def _zero3_build(model: ModelSpec, zero3: Zero3Policy, layout: Layout = ONE) -> Schedule:
     if layout != ONE:
         raise HorizonError(f"the ZeRO-3-offload peer is modelled on one device, not {layout}")
-    return build_zero3_schedule(model, z3)
+    return build_zero3_schedule(model, zero3)
 
 
 FAMILIES: dict[Family, ScheduleFamily] = {f.name: f for f in (

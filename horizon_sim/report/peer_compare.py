@@ -28,8 +28,8 @@ def scaled(width: int, depth: int) -> ModelSpec:
 def _row(sweep: str, model: ModelSpec, gpu: str, ram: str, policy) -> dict:
     hw = make_hardware(gpu, ram)
     ours = plan(model, hw, policy)
-    z3 = zero3_like(policy)
-    peer = plan_zero3(model, hw, z3)
+    zero3 = zero3_like(policy)
+    peer = plan_zero3(model, hw, zero3)
     a, b = ours.summary, peer.summary
     why = [t for t in why_text(ours, peer)[1:] if not t.startswith(("Horizon does not", "The peer does not"))]
     return {"sweep": sweep, "model": model.name, "params_B": model.total_params / 1e9, "gpu": gpu, "ram": ram,

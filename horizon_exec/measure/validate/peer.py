@@ -48,7 +48,7 @@ from horizon_sim.units import GiB, MiB
 class PeerConfig:
     name: str
     model: ModelSpec
-    z3: Zero3Policy
+    zero3: Zero3Policy
     what: str = ""
 
 
@@ -97,9 +97,9 @@ def calibrate_peer(hw: HardwareSpec, threads: int, steps: int = 8, dtype: str = 
     to TINY and RSS_PROBE, each the first run of its process; per_param=False: TINY alone, extra
     0), adam_Gparams_per_s and overheads_us (fixed cost per compute op kind), in `dtype`."""
     probes = [_fixed_probe(layers, ck, dtype) for layers in DEPTHS for ck in (False, True)]
-    tiny = replace(TINY, z3=replace(TINY.z3, compute_dtype=dtype))
-    runs = [run_request(tiny.model, tiny.z3, steps=1, warmup=1)]
-    runs += [run_request(c.model, c.z3, steps=steps, warmup=min(steps, 2)) for c in probes]
+    tiny = replace(TINY, zero3=replace(TINY.zero3, compute_dtype=dtype))
+    runs = [run_request(tiny.model, tiny.zero3, steps=1, warmup=1)]
+    runs += [run_request(c.model, c.zero3, steps=steps, warmup=min(steps, 2)) for c in probes]
     job = run_deepspeed_job({"runs": runs, "adam": {"params": 8 * 2**20, "steps": 10}}, threads,
                             "DeepSpeed calibration runs")
     adam = job["adam"]["Gparams_per_s"]
@@ -108,8 +108,8 @@ def calibrate_peer(hw: HardwareSpec, threads: int, steps: int = 8, dtype: str = 
     over_t = job["runs"][0]["rss_peak_bytes"] - held(tiny)
     extra = 0.0
     if per_param:
-        big = replace(RSS_PROBE, z3=replace(RSS_PROBE.z3, compute_dtype=dtype))
-        m_big = run_deepspeed(big.model, big.z3, steps=1, warmup=1, threads=threads)["rss_peak_bytes"]
+        big = replace(RSS_PROBE, zero3=replace(RSS_PROBE.zero3, compute_dtype=dtype))
+        m_big = run_deepspeed(big.model, big.zero3, steps=1, warmup=1, threads=threads)["rss_peak_bytes"]
         extra = max(0.0, (m_big - held(big) - over_t) / (big.model.total_params - tiny.model.total_params))
     runtime = max(0, over_t - extra * tiny.model.total_params)
     bare = _without_fixed(hw_adam)
@@ -117,7 +117,7 @@ def calibrate_peer(hw: HardwareSpec, threads: int, steps: int = 8, dtype: str = 
     for cfg, res in zip(probes, job["runs"][1:]):
         meas = statistics.median(s["step_s"] for s in res["steps"])
         sim, _ = _schedule_rss(cfg, bare)
-        resid[cfg.model.n_layers, cfg.z3.act_ckpt] = meas - sim.summary.step_time_s
+        resid[cfg.model.n_layers, cfg.zero3.act_ckpt] = meas - sim.summary.step_time_s
     lo, hi = DEPTHS
     f_plus_b = (resid[hi, False] - resid[lo, False]) / (hi - lo)
     f = ((resid[hi, True] - resid[hi, False]) - (resid[lo, True] - resid[lo, False])) / (hi - lo)
@@ -158,7 +158,7 @@ class PeerValidation:
 
 
 def _schedule_rss(cfg: PeerConfig, hw: HardwareSpec):
-    sim = simulate(build_zero3_schedule(cfg.model, cfg.z3, synchronous=True), peer_hardware(hw, cfg.z3))
+    sim = simulate(build_zero3_schedule(cfg.model, cfg.zero3, synchronous=True), peer_hardware(hw, cfg.zero3))
     return sim, predict_rss(sim, "cpu")
 
 
@@ -172,7 +172,7 @@ def validate_peer(hw: HardwareSpec, configs=PEER_CONFIGS, *, steps: int = 4, war
     if say:
         say("validate --peer zero3-offload: timing DeepSpeedCPUAdam and the runtime of a DeepSpeed process "
             "(the first run on a machine builds DeepSpeed's CPU ops: a minute or two)")
-    cal = calibrate_peer(hw, threads, calibration_steps, configs[0].z3.compute_dtype, per_param)
+    cal = calibrate_peer(hw, threads, calibration_steps, configs[0].zero3.compute_dtype, per_param)
     adam, runtime, fixed = cal["adam_Gparams_per_s"], cal["runtime_bytes"], cal["overheads_us"]
     extra = cal["extra_bytes_per_param"]
     peer_hw = with_overheads(replace(hw, host=replace(hw.host, adam_Gparams_per_s=adam,
@@ -183,7 +183,7 @@ def validate_peer(hw: HardwareSpec, configs=PEER_CONFIGS, *, steps: int = 4, war
             + ", ".join(f"{k} {v:.0f} us" for k, v in fixed.items()))
     rows, timelines = [], {}
     for cfg in configs:
-        res = run_deepspeed(cfg.model, cfg.z3, steps=steps, warmup=warmup, threads=threads, timeline=True)
+        res = run_deepspeed(cfg.model, cfg.zero3, steps=steps, warmup=warmup, threads=threads, timeline=True)
         sim, rss = _schedule_rss(cfg, peer_hw)
         rss_pred = rss.total_bytes + extra * cfg.model.total_params
         measured = pd.DataFrame(res["timeline"])
@@ -191,8 +191,8 @@ def validate_peer(hw: HardwareSpec, configs=PEER_CONFIGS, *, steps: int = 4, war
         meas = statistics.median(s["step_s"] for s in res["steps"])
         pred = sim.summary.step_time_s
         tl = sim.timeline
-        row = {"config": cfg.name, "what": cfg.what, "act_ckpt": cfg.z3.act_ckpt,
-               "batch": f"{cfg.z3.batch}x{cfg.z3.seq}", "micro_batches": cfg.z3.micro_batches,
+        row = {"config": cfg.name, "what": cfg.what, "act_ckpt": cfg.zero3.act_ckpt,
+               "batch": f"{cfg.zero3.batch}x{cfg.zero3.seq}", "micro_batches": cfg.zero3.micro_batches,
                "params_M": cfg.model.total_params / 1e6, "steps": len(res["steps"]),
                "step_s_meas": meas, "step_s_pred": pred, "step_s_err": (pred - meas) / meas,
                "compute_s_pred": float(tl[tl.lane == "compute"].dur_s.sum()),
