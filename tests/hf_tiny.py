@@ -11,7 +11,8 @@ V, T = 128, 16
 
 def tiny_spec(kind) -> ModelSpec:
     return ModelSpec(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=96, vocab=V,
-                     tied_embeddings=kind == "llama-tied", qkv_bias=kind == "qwen2", norm_eps=1e-6,
+                     tied_embeddings=kind == "llama-tied", qkv_bias=kind == "qwen2", qk_norm=kind == "qwen3",
+                     norm_eps=1e-6,
                      rope_theta=10000.0)
 
 

@@ -62,18 +62,20 @@ def test_quick_calibration_writes_a_loadable_sane_spec(quick_hw):
     assert all(terms[k] > 0 for k in ("overhead", "gemm", "attention", "elementwise"))
 
 
-@pytest.mark.parametrize("H, heads, kv, F, V, B, T, chunk, dtype, win, docs", [
-    (256, 4, 2, 640, 256, 2, 64, 1024, "bf16", 0, False),     # forward peak at the MLP, backward in the MLP's backward
-    (512, 8, 8, 1376, 2048, 1, 64, 32, "bf16", 0, False),     # few tokens: the backward peak is in the first norm's backward
-    (384, 6, 2, 1024, 512, 2, 48, 64, "bf16", 0, False),      # ... or in the second norm's; two loss chunks
-    (128, 4, 2, 352, 300, 2, 32, 1024, "fp32", 0, False),
-    (256, 4, 2, 640, 256, 2, 64, 1024, "bf16", 16, False),    # a sliding window: the mask kept for backward
-    (128, 4, 2, 352, 300, 2, 256, 1024, "fp32", 32, True),    # window and documents, fp32
-    (64, 2, 1, 128, 256, 4, 512, 1024, "bf16", 0, True),      # documents: the forward peak at the attention call
-    (32, 2, 1, 64, 256, 4, 1024, 4096, "bf16", 0, True),      # ... and the backward's too (its forward-with-grad)
+@pytest.mark.parametrize("H, heads, kv, F, V, B, T, chunk, dtype, win, docs, qk", [
+    (256, 4, 2, 640, 256, 2, 64, 1024, "bf16", 0, False, False),     # forward peak at the MLP, backward in the MLP's backward
+    (512, 8, 8, 1376, 2048, 1, 64, 32, "bf16", 0, False, False),     # few tokens: the backward peak is in the first norm's backward
+    (384, 6, 2, 1024, 512, 2, 48, 64, "bf16", 0, False, False),      # ... or in the second norm's; two loss chunks
+    (128, 4, 2, 352, 300, 2, 32, 1024, "fp32", 0, False, False),
+    (256, 4, 2, 640, 256, 2, 64, 1024, "bf16", 16, False, False),    # a sliding window: the mask kept for backward
+    (128, 4, 2, 352, 300, 2, 256, 1024, "fp32", 32, True, False),    # window and documents, fp32
+    (64, 2, 1, 128, 256, 4, 512, 1024, "bf16", 0, True, False),      # documents: the forward peak at the attention call
+    (32, 2, 1, 64, 256, 4, 1024, 4096, "bf16", 0, True, False),      # ... and the backward's too (its forward-with-grad)
+    (384, 6, 2, 1024, 512, 2, 48, 64, "bf16", 0, False, True),     # Qwen3 q/k norms: priced from the block
+    (128, 4, 2, 352, 300, 2, 32, 1024, "fp32", 16, False, True),   # description alone (schedule/work.py unchanged)
 ])
-def test_workspace_formulas_equal_the_measured_temporaries(H, heads, kv, F, V, B, T, chunk, dtype, win, docs):
-    spec = ModelSpec(n_layers=2, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=V,
+def test_workspace_formulas_equal_the_measured_temporaries(H, heads, kv, F, V, B, T, chunk, dtype, win, docs, qk):
+    spec = ModelSpec(n_layers=2, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=V, qk_norm=qk,
                      layer_windows=(win, win) if win else ())
     kw = dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False) if dtype == "fp32" else {}
     pol = Policy(batch=B, seq=T, act_ckpt_every=2, loss_chunk_tokens=chunk, doc_masks=docs, **kw)
@@ -101,8 +103,9 @@ def test_workspace_formulas_equal_the_measured_temporaries(H, heads, kv, F, V, B
 def test_elementwise_bytes_match_a_kernel_by_kernel_count():
     """hbm_bytes of forward + backward equals what the template's elementwise kernels read and
     write (a dispatch-level count), to within the row statistics the formula rounds."""
-    for H, heads, kv, F, B, T in ((256, 4, 2, 688, 2, 128), (384, 6, 2, 1024, 2, 96)):
-        m = ModelSpec(n_layers=1, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=256)
+    for H, heads, kv, F, B, T, qk in ((256, 4, 2, 688, 2, 128, False), (384, 6, 2, 1024, 2, 96, False),
+                                      (384, 6, 2, 1024, 2, 96, True)):  # Qwen3's per-head q/k norms
+        m = ModelSpec(n_layers=1, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=256, qk_norm=qk)
         fn = block_pass(m, B, T, torch.bfloat16, "cpu")
         fn()  # the first call also lays out weights for the GEMM library: not the steady state
         timer = KernelTimer()

@@ -26,7 +26,7 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.specs.policy import exact_policy
 from tests.hf_tiny import T, V, rel_err, tiny_hf, tiny_spec
 
-KINDS = ["llama", "llama-tied", "qwen2", "mistral"]
+KINDS = ["llama", "llama-tied", "qwen2", "mistral", "qwen3"]
 _spec, _hf, _rel = tiny_spec, tiny_hf, rel_err
 
 
@@ -39,7 +39,8 @@ def _tokens(n=2, seed=0):
 
 # ---- save -> transformers ------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind,shard", [("llama", None), ("llama-tied", 40_000), ("qwen2", 40_000)])
+@pytest.mark.parametrize("kind,shard", [("llama", None), ("llama-tied", 40_000), ("qwen2", 40_000),
+                                        ("qwen3", 40_000)])
 def test_save_loads_in_transformers_with_equal_logits(tmp_path, kind, shard):
     from transformers import AutoModelForCausalLM
     pol = exact_policy(batch=2, seq=T, optimizer="pipelined", grad_clip=1.0)

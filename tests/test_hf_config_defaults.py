@@ -16,8 +16,8 @@ SIZES = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, interme
 
 
 def _class(mt):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
-    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[mt]
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig, "qwen3": Qwen3Config}[mt]
 
 
 @pytest.mark.parametrize("mt", sorted(HF_DEFAULTS))
@@ -35,8 +35,8 @@ def test_a_minimal_config_reads_as_transformers_builds_it(mt, tmp_path):
     head counts divide it): every other field as transformers' class fills it in."""
     from transformers import AutoConfig
     d = {"model_type": mt, **SIZES, "num_attention_heads": 8, "hidden_size": 64}
-    if mt == "qwen2":
-        d["num_attention_heads"] = 32   # Qwen2's default num_key_value_heads is 32
+    if mt in ("qwen2", "qwen3"):
+        d["num_attention_heads"] = 32   # Qwen2's and Qwen3's default num_key_value_heads is 32
         d["hidden_size"] = 256
     (tmp_path / "config.json").write_text(json.dumps(d))
     spec = from_hf_config(tmp_path)
@@ -47,6 +47,7 @@ def test_a_minimal_config_reads_as_transformers_builds_it(mt, tmp_path):
     assert spec.tied_embeddings == hf.tie_word_embeddings
     assert spec.max_position == hf.max_position_embeddings
     assert spec.init_std == hf.initializer_range
+    assert spec.hd == getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads  # qwen3: 128
     window = getattr(hf, "sliding_window", None) if mt == "mistral" else None
     assert spec.layer_windows == ((window,) * 2 if window else ())
     if mt == "mistral":

@@ -7,6 +7,8 @@ models saved with save_pretrained and read back through config.json + safetensor
 - sliding windows shorter than the sequence (Mistral on every layer, Qwen2 on the layers at
   and past max_window_layers);
 - tied embeddings with one kv head (MQA), and Qwen2's q/k/v biases, at T = 64;
+- Qwen3's per-head q/k norms, with its default head_dim (128, not hidden // heads) and with a
+  sliding window on some layers;
 - document masks: packed documents with positions restarting at each one equal transformers
   given position_ids with resets (its packed-sequence mask).
 Each case runs the executor's schedule (forward, recompute, backward with K = 2, 2 micro-
@@ -44,6 +46,9 @@ CASES = {
     "qwen2-window": ("qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1), 32),
     "tied-mqa": ("llama", dict(num_key_value_heads=1, tie_word_embeddings=True), 64),
     "qkv-bias": ("qwen2", dict(), 64),
+    # Qwen3: per-head q/k norms; head_dim absent = Qwen3Config's 128 (q is 512 wide on a 64-wide model)
+    "qwen3-qk-norm": ("qwen3", dict(), 64),
+    "qwen3-window": ("qwen3", dict(head_dim=16, use_sliding_window=True, sliding_window=8, max_window_layers=1), 32),
 }
 
 
@@ -127,6 +132,20 @@ def test_window_matters_at_this_length(tmp_path, name):
         with torch.no_grad():
             want = ref(input_ids=tokens).logits
         object.__setattr__(tr.model, "layer_windows", ())   # the same weights, full attention
+        assert rel_err(tr.logits(tokens), want) > 1e-3
+
+
+def test_qk_norms_matter(tmp_path):
+    """Without its q/k norms the same Qwen3 weights give other logits, and the spec read from
+    the folder has them (and transformers' default head_dim)."""
+    tr, ref, T = _pair(tmp_path, "qwen3-qk-norm")
+    assert tr.model.qk_norm and tr.model.hd == 128
+    tokens = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(4))
+    with tr:
+        with torch.no_grad():
+            want = ref(input_ids=tokens).logits
+        assert rel_err(tr.logits(tokens), want) <= 1e-5
+        object.__setattr__(tr.model, "qk_norm", False)   # the same weights, no q/k norms
         assert rel_err(tr.logits(tokens), want) > 1e-3
 
 

@@ -38,7 +38,7 @@ def _trainer(tmp_path, kind, micro=1, K=2):
     return tr, ref
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama-tied", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "llama-tied", "qwen2", "qwen3"])
 def test_loss_and_every_gradient_match_transformers(tmp_path, kind):
     tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(5))
     tr, ref = _trainer(tmp_path, kind)

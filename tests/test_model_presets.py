@@ -30,6 +30,7 @@ PUBLISHED = {
     "qwen2.5-32b": 32_763_876_352,     # Qwen/Qwen2.5-32B
     "qwen2.5-72b": 72_706_203_648,     # Qwen/Qwen2.5-72B
     "mistral-7b": 7_248_023_552,       # mistralai/Mistral-7B-v0.3
+    "qwen3-8b": 8_190_735_360,         # Qwen/Qwen3-8B ("8.2B" on its card; transformers' count of its config)
 }
 
 
@@ -76,6 +77,8 @@ def test_published_totals():
               ffn_hidden=200, vocab=512),
     ModelSpec(name="hd-qwen", n_layers=2, hidden=96, n_heads=4, n_kv_heads=2, head_dim=40,
               ffn_hidden=200, vocab=512, qkv_bias=True, tied_embeddings=True),
+    ModelSpec(name="qk-norm", n_layers=2, hidden=96, n_heads=4, n_kv_heads=2, head_dim=40,
+              ffn_hidden=200, vocab=512, qk_norm=True),   # Qwen3: per-head q/k norms
     ModelSpec(name="mlpbias", n_layers=3, hidden=64, n_heads=4, n_kv_heads=4, ffn_hidden=160,
               vocab=300, mlp_bias=True),
 ], ids=lambda s: s.name)
@@ -88,7 +91,7 @@ def test_custom_shapes_match_transformers(spec):
 def test_export_rejects_unrepresentable():
     base = dict(n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, ffn_hidden=128, vocab=100)
     for bad in (ModelSpec(**base, ffn_type="plain"), ModelSpec(**base, norm="layernorm"),
-                ModelSpec(**base, qkv_bias=True, mlp_bias=True)):
+                ModelSpec(**base, qkv_bias=True, mlp_bias=True), ModelSpec(**base, qk_norm=True, qkv_bias=True)):
         with pytest.raises(HorizonError):
             to_hf_config_dict(bad)
 
@@ -198,7 +201,7 @@ def _err(tmp_path, cfg) -> str:
 
 def test_errors(tmp_path):
     msg = _err(tmp_path, {"model_type": "gpt2", "n_layer": 12, "n_embd": 768})
-    assert "'gpt2'" in msg and "llama, qwen2, mistral" in msg
+    assert "'gpt2'" in msg and "llama, qwen2, mistral, qwen3" in msg
 
     msg = _err(tmp_path, '{"model_type": "llama", "hidden_size": 4096,')
     assert "not valid JSON" in msg

@@ -80,7 +80,7 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     m = p.add_argument_group("weights in and out")
     m.add_argument("--init-from", default=None, metavar="HF_DIR",
                    help="start from a local HF checkpoint folder (config.json + safetensors, sharded or "
-                        "not; llama, qwen2, mistral), or a model id (org/name[@revision]) found in the "
+                        "not; llama, qwen2, mistral, qwen3), or a model id (org/name[@revision]) found in the "
                         "local HF cache (never downloaded), read tensor by tensor into the host store")
     m.add_argument("--save-hf", default=None, metavar="DIR",
                    help="after training, write a transformers checkpoint folder (safetensors + config.json); "

@@ -5,7 +5,8 @@ The block knows nothing about slots, streams or the host store: the engine binds
 then cast back before the weight multiply, RoPE with the rotate_half convention and cos/sin in
 the activation dtype (tables: rope.py, with transformers' RoPE scaling), SDPA with grouped kv
 heads (causal, or under a mask for sliding windows and document boundaries: attention_mask),
-SwiGLU MLP, optional q/k/v (Qwen2) and MLP biases.
+SwiGLU MLP, optional q/k/v (Qwen2) and MLP biases, optional per-head q/k RMSNorms before RoPE
+(Qwen3).
 """
 from collections.abc import Mapping
 
@@ -71,8 +72,12 @@ class DecoderBlock:
         q = F.linear(h, w["self_attn.q_proj.weight"], w.get("self_attn.q_proj.bias"))
         k = F.linear(h, w["self_attn.k_proj.weight"], w.get("self_attn.k_proj.bias"))
         v = F.linear(h, w["self_attn.v_proj.weight"], w.get("self_attn.v_proj.bias"))
-        q = q.view(B, T, nh, hd).transpose(1, 2)                            # (B, nh, T, hd)
-        k = k.view(B, T, nkv, hd).transpose(1, 2)                           # (B, nkv, T, hd)
+        q, k = q.view(B, T, nh, hd), k.view(B, T, nkv, hd)
+        if m.qk_norm:  # Qwen3: each head's q and k normalised over head_dim, before RoPE
+            q = rms_norm(q, w["self_attn.q_norm.weight"], m.norm_eps)
+            k = rms_norm(k, w["self_attn.k_norm.weight"], m.norm_eps)
+        q = q.transpose(1, 2)                                               # (B, nh, T, hd)
+        k = k.transpose(1, 2)                                               # (B, nkv, T, hd)
         v = v.view(B, T, nkv, hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin

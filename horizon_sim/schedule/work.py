@@ -9,18 +9,16 @@ projection, residual, RMSNorm, SwiGLU MLP, residual. Backward is forward-with-gr
 block followed by autograd.grad. The head is a final RMSNorm, then per chunk of c tokens
 fp32 logits, logsumexp and the softmax gradient in place, and three GEMMs.
 
-Per token, N = tokens of the op, a = bytes of the compute dtype, H hidden, q = q_dim,
-kv = kv_dim, F ffn_hidden; elementwise bytes count what each kernel reads plus writes:
-  RMSNorm forward   (20 + 2a) H, plus 2 (a + 4) H for the casts to and from fp32 (a != 4)
-  RMSNorm backward  (72 + 6a) H, plus 2 (a + 4) H for the casts
-  RoPE              10 a per rotated element (q*cos, neg, cat, *sin, add), backward 14 a
-  residual add      3 a H;   SiLU 2 a F, gate*up 3 a F;   backward of the MLP 9 a F
-Every figure was checked against a dispatch-level count of the template's kernels
-(tests/test_calibrate.py), and each temporary-peak formula against the executor's measured
-temp_peak_bytes; nothing here is fitted.
+The block's kernels are its description's (specs/block.py: projections, norms, RoPE, attention,
+activation, residual adds); what each kind of kernel reads, writes and keeps per element is in
+kernel_bytes.py. This module adds them up per op and finds the temporaries' peak at the
+template's points. Every figure was checked against a dispatch-level count of the template's
+kernels (tests/test_calibrate.py), and each temporary-peak formula against the executor's
+measured temp_peak_bytes; nothing here is fitted.
 """
 from dataclasses import dataclass
 
+from horizon_sim.schedule import kernel_bytes
 from horizon_sim.specs import block
 from horizon_sim.specs.model import ModelSpec
 
@@ -119,111 +117,103 @@ def mask_bytes(micro_batch: int, seq: int, doc_masks: bool) -> int:
 
 
 # ---- elementwise traffic ------------------------------------------------------------------
-def _casts(a: int) -> int:
-    """Bytes per element of the two casts around fp32 statistics (none when a is fp32)."""
-    return 2 * (a + 4) if a != 4 else 0
-
-
-def _norm_fwd(H: int, a: int) -> int:
-    # x.float() | pow | mean | *rsqrt | .to(a) | w*h ; per token, plus 24 B of row statistics
-    return (20 + 2 * a + _casts(a)) * H + 24
-
-
-def _norm_bwd(H: int, a: int) -> int:
-    # grad*w | grad*h | sum (dw) | cast | 5 fp32 products, 2 reductions, add | cast back
-    return (72 + 6 * a + _casts(a)) * H + 32
-
-
 def block_elementwise_bytes(m: ModelSpec, tokens: int, seq: int, a: int, backward: bool) -> int:
-    """Bytes the block's non-GEMM, non-attention kernels read plus write (N = tokens)."""
-    H, F, q, kv = m.hidden, m.ffn_hidden, m.q_dim, m.kv_dim
-    gated = m.ffn_type == "gated"
-    rope_tables = 4 * seq * m.hd * a                          # cos and sin, read for q and for k
-    per_tok = 2 * _norm_fwd(H, a) + 10 * a * (q + kv) + 6 * a * H + (5 if gated else 2) * a * F
-    total = tokens * per_tok + rope_tables + 2 * H * a       # + the two norm weights
-    if backward:
-        per_tok = ((9 if gated else 3) * a * F + 15 * a * H + 2 * _norm_bwd(H, a)
-                   + 16 * a * (q + kv))                      # rope 14a + the 2a transposing clones
-        total += tokens * per_tok + rope_tables + 2 * H * a
+    """Bytes the block's non-GEMM, non-attention kernels read plus write (N = tokens): each
+    kernel of the block's description (specs/block.py) at its kind's rate (kernel_bytes.py); a
+    backward runs the forward again (with grad) before its own kernels."""
+    total = 0
+    for k in block.kernels(m):
+        per_pass = kernel_bytes.per_pass_bytes(k, seq, m.hd, a)
+        total += tokens * kernel_bytes.forward_bytes(k, a) + per_pass
+        if backward:
+            total += tokens * kernel_bytes.backward_bytes(k, a) + per_pass
     return int(total)
 
 
 def head_logits_bytes(m: ModelSpec, tokens: int, a: int) -> int:
     """The fp32 logits pipeline of the loss (cast, logsumexp, subtract, exp, scale, cast back:
     28 + casts bytes per logit)."""
-    return int(tokens * m.vocab * (28 + _casts(a)))
+    return int(tokens * m.vocab * (28 + kernel_bytes.casts(a)))
 
 
 def head_loss_elementwise_bytes(m: ModelSpec, tokens: int, a: int) -> int:
     """Forward only (HEAD_LOSS): the final norm and the logits pipeline."""
-    return int(tokens * _norm_fwd(m.hidden, a) + head_logits_bytes(m, tokens, a))
+    return int(tokens * kernel_bytes.norm_forward(m.hidden, 1, a) + head_logits_bytes(m, tokens, a))
 
 
 def head_elementwise_bytes(m: ModelSpec, tokens: int, a: int) -> int:
     """Final norm forward and backward, the logits pipeline (head_logits_bytes), and zeroing the
     LM head's gradient."""
     H, V = m.hidden, m.vocab
-    return int(tokens * (_norm_fwd(H, a) + _norm_bwd(H, a)) + head_logits_bytes(m, tokens, a) + 2 * V * H * a)
+    return int(tokens * (kernel_bytes.norm_forward(H, 1, a) + kernel_bytes.norm_backward(H, 1, a)) + head_logits_bytes(m, tokens, a) + 2 * V * H * a)
 
 
 # ---- temporaries --------------------------------------------------------------------------
+def _parts(m: ModelSpec) -> dict:
+    """The block's description split at its halves: per half its kernels, its first norm (the
+    one reading the half's input), and the projections' weights; attention's kernel; the
+    MLP's activation."""
+    ks = block.kernels(m)
+    half = {p: [k for k in ks if k.part == p] for p in block.PARTS}
+    mlp_weights = sum(p.weight_params for p in block.projections(m) if p.module.startswith("mlp."))
+    return dict(half=half, norm={p: next(k for k in half[p] if k.kind == "rmsnorm") for p in block.PARTS},
+                attention=next(k for k in ks if k.kind == "attention"),
+                act=next(k for k in half["mlp"] if k.kind in ("swiglu", "silu")),
+                mlp_weights=mlp_weights, last_weight=block.projections(m)[-1].weight_params)
+
+
 def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool,
                           mask: int = 0) -> int:
     """Peak bytes of the op's device temporaries, as the executor measures them (every fresh
     aten allocation of the op, its output included, until freed), the largest of a few
-    points of the template:
+    points of the template. What each kernel keeps is its kind's (kernel_bytes.py); the
+    points are the template's:
 
-    Forward (no autograd), at the gate*up product: the Python locals q (rotated), k (rotated),
-    v and the attention output o are still alive, with the residual x1, the second norm's
-    output, gate, up, silu(gate) and the product: a (2q + 2kv + 2H + 4F) per token.
+    Forward (no autograd), at the MLP's activation: the Python locals q (rotated), k (rotated),
+    v and the attention output o are still alive, with the residual x1, the MLP norm's
+    output, and the activation's inputs and outputs (gate, up, silu(gate), the product).
 
-    Backward (forward with grad, then autograd.grad). Autograd saves, per norm, its fp32 input
-    (4H; in fp32 the first norm's input is x itself, not a temporary), the cast back (aH) and
-    the output (aH); per token 4 bytes of rsqrt; q, k (rotated), v and o (a (2q + 2kv)) with
-    the attention's fp32 logsumexp (4 per head); gate, up, silu and the product (4aF); and the
-    output y (aH) is alive. The peak is then one of
-      - in the MLP's backward: two more F-wide gradients and the down projection's weight
+    Backward (forward with grad, then autograd.grad). Autograd keeps what each kernel saves
+    (per norm its fp32 input, in fp32 the first norm's is x itself, the cast back, the output
+    a projection reads and 4 bytes of rsqrt per row; q, k, v, o and the attention's fp32
+    logsumexp; the activation's tensors), and the output y (aH) is alive. The peak is then one of
+      - in the MLP's backward: the activation's gradients and the last projection's weight
         gradient (H x F);
-      - in the second norm's backward: the MLP's weight gradients, its fp32 input and five
-        fp32 temporaries (20H), with what the attention saved;
+      - in the MLP norm's backward: the MLP's weight gradients, its fp32 input and five
+        fp32 temporaries (20 per element), with what the attention half saved;
       - in the first norm's backward: every weight gradient of the block (autograd.grad
         returns them together), its fp32 input and five temporaries, y and dh.
 
     An explicit mask (`mask` = its elements M, mask_bytes; 0 when causal) adds: in the forward,
     at the attention call, the bool mask (M) and the additive mask SDPA makes of it in the
-    compute dtype (aM) next to the first norm's output, q, k, v, the output o and the fp32
-    logsumexp (4 per head); in the backward, aM while autograd keeps the additive mask (until
-    the attention's backward), and the same attention point during the forward-with-grad.
+    compute dtype (aM) next to the first norm's output and what attention keeps (q, k, v, o,
+    the fp32 logsumexp); in the backward, aM while autograd keeps the additive mask (until the
+    attention's backward), and the same attention point during the forward-with-grad.
     """
-    H, F, q, kv, nh = m.hidden, m.ffn_hidden, m.q_dim, m.kv_dim, m.n_heads
-    N = micro_batch * seq
+    H, N = m.hidden, micro_batch * seq
+    parts = _parts(m)
+    att, act = parts["attention"], parts["act"]
     if not backward:
-        p_attn = N * (a * (H + 2 * q + 2 * kv) + 4 * nh) + mask * (1 + a) if mask else 0
-        return max(N * a * (2 * q + 2 * kv + 2 * H + 4 * F), p_attn)
-    in1 = 4 * H if a != 4 else 0          # first norm's fp32 input (x itself in fp32)
-    in2 = 4 * H                           # second norm's fp32 input (x1 itself in fp32)
-    norm1 = in1 + 2 * a * H
-    attn = a * (2 * q + 2 * kv) + 4 * nh + 4
-    mlp_w = (3 if m.ffn_type == "gated" else 2) * H * F * a
-    p_mlp = N * (norm1 + attn + in2 + 2 * a * H + 4 + 6 * a * F + a * H) + H * F * a + a * mask
-    p_norm2 = N * (norm1 + attn + in2 + 20 * H + a * H) + mlp_w + H * a + a * mask  # + its weight's grad
-    p_norm1 = N * (in1 + 20 * H + 2 * a * H) + m.layer_params * a
-    p_attn = N * (norm1 + attn) + mask * (1 + a) if mask else 0
+        live = kernel_bytes.live_in_forward_bytes
+        p_attn = N * (a * H + kernel_bytes.saved_bytes(att, a)) + mask * (1 + a) if mask else 0
+        return max(N * (live(att, a) + a * H + a * parts["norm"]["mlp"].width + live(act, a)), p_attn)
+    saved = {p: sum(kernel_bytes.saved_bytes(k, a) for k in parts["half"][p]) for p in block.PARTS}
+    norm1, norm2 = parts["norm"]["attention"], parts["norm"]["mlp"]
+    p_mlp = (N * (saved["attention"] + saved["mlp"] + kernel_bytes.backward_gradients_bytes(act, a) + a * H)
+             + parts["last_weight"] * a + a * mask)
+    p_norm2 = (N * (saved["attention"] + kernel_bytes.fp32_input_bytes(norm2, a) + 20 * norm2.width + a * H)
+               + (parts["mlp_weights"] + norm2.weight) * a + a * mask)  # + its weight's grad
+    p_norm1 = N * (kernel_bytes.fp32_input_bytes(norm1, a) + 20 * norm1.width + 2 * a * H) + m.layer_params * a
+    p_attn = N * saved["attention"] + mask * (1 + a) if mask else 0
     return int(max(p_mlp, p_norm2, p_norm1, p_attn))
 
 
 def block_saved_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int) -> int:
     """What autograd keeps from a block's forward for its backward when the graph persists (no
-    recompute): the saved tensors of block_temp_peak_bytes's backward (per norm its fp32 input,
-    cast and output, the rsqrt; q, k, v, o and the attention's logsumexp; the MLP's gate, up,
-    silu and product) and the block's output, which the next block saves as its input."""
-    H, F, q, kv, nh = m.hidden, m.ffn_hidden, m.q_dim, m.kv_dim, m.n_heads
-    N = micro_batch * seq
-    in1 = 4 * H if a != 4 else 0
-    norms = in1 + 2 * a * H + 4 * H + 2 * a * H + 8
-    attn = a * (2 * q + 2 * kv) + 4 * nh
-    mlp = (4 if m.ffn_type == "gated" else 2) * a * F
-    return int(N * (norms + attn + mlp + a * H))
+    recompute): what each kernel saves (kernel_bytes.saved_bytes) and the block's output,
+    which the next block saves as its input."""
+    per_token = sum(kernel_bytes.saved_bytes(k, a) for k in block.kernels(m)) + a * m.hidden
+    return int(micro_batch * seq * per_token)
 
 
 def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -> int:

@@ -1,9 +1,12 @@
-"""The decoder block's parameters, described once: its projections in the order the block runs
-them, and every tensor it holds under transformers' names and in transformers' order. ModelSpec's
-parameter counts, the planner's GEMM shapes (schedule/work.py) and the executor's weight layout
-(horizon_exec/model/layout.py) are all derived from here, so they cannot disagree.
+"""The decoder block, described once: its projections in the order the block runs them, every
+tensor it holds under transformers' names and in transformers' order, and its other kernels
+(norms, RoPE, attention, activation, residual adds) with their widths and what autograd keeps of
+them. ModelSpec's parameter counts, the planner's GEMM shapes, elementwise bytes, saved bytes and
+temporaries (schedule/work.py, which knows what each *kind* of kernel costs) and the executor's
+weight layout (horizon_exec/model/layout.py) are all derived from here, so they cannot disagree.
 
-A block (names relative to `model.layers.N.`): RMSNorm, q/k/v projections (biases: Qwen2), RoPE,
+A block (names relative to `model.layers.N.`): RMSNorm, q/k/v projections (biases: Qwen2), an
+RMSNorm over each head of q and of k (Qwen3: `self_attn.q_norm`, `k_norm`), RoPE,
 attention, o projection, residual, RMSNorm, then a gated MLP (gate, up, down; SwiGLU) or a plain
 one (up, down), residual. `plain` and `layernorm` (a weight and a bias per norm) describe
 GPT-2-style models the planner prices for published comparisons; the executor runs the gated,
@@ -55,10 +58,65 @@ def parameter_count(m) -> int:
 @lru_cache(maxsize=256)
 def parameters(m) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """(name, shape) of every tensor of the block, in transformers' order: each projection's
-    weight then bias, then the norms."""
+    weight then bias (the q/k norms after the attention's), then the norms."""
     out = []
     for p in projections(m):
         out.append((f"{p.module}.weight", (p.out_features, p.in_features)))
         if p.bias:
             out.append((f"{p.module}.bias", (p.out_features,)))
+        if p.module == "self_attn.o_proj" and m.qk_norm:
+            out += [("self_attn.q_norm.weight", (m.hd,)), ("self_attn.k_norm.weight", (m.hd,))]
     return (*out, *((f"{norm}.{t}", (m.hidden,)) for norm in NORMS for t in norm_tensors(m)))
+
+
+KINDS = ("rmsnorm", "rope", "attention", "swiglu", "silu", "residual")
+"""The kernel kinds schedule/work.py prices (bytes moved, saved, temporaries per element): a
+block built from these needs no change there."""
+PARTS = ("attention", "mlp")
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One non-GEMM step of the block's forward; its backward follows from its kind."""
+    kind: str
+    """One of KINDS."""
+    part: str
+    """'attention' or 'mlp': the half of the block it runs in (the temporaries' peaks are
+    found per half, schedule/work.py)."""
+    width: int
+    """Elements per token of its input (attention: the query width)."""
+    rows: int = 1
+    """Rows per token a norm reduces over (1; a per-head norm: the heads). Attention: query heads."""
+    kv_width: int = 0
+    """Attention only: the key (and value) width."""
+    fan_out: int = 1
+    """Projections reading its output: the backward adds their fan_out input gradients."""
+    output_saved: bool = False
+    """A consumer (a projection) keeps its output for backward."""
+    reads_block_input: bool = False
+    """It reads the block's input x: in fp32 a norm's fp32 view of x is x itself, no temporary."""
+
+    @property
+    def weight(self) -> int:
+        """Elements of its weight (a norm's, shared by its rows)."""
+        return self.width // self.rows if self.kind == "rmsnorm" else 0
+
+
+@lru_cache(maxsize=256)
+def kernels(m) -> tuple[Kernel, ...]:
+    """The block's non-GEMM kernels in forward order (horizon_exec/model/layers.py runs them):
+    RMSNorm (its output read by q, k and v), per-head RMSNorms of q and k (Qwen3), RoPE on q and
+    on k, attention, the residual add;
+    RMSNorm (read by gate and up, or up alone), the activation, the residual add. A LayerNorm
+    block is priced as RMSNorm (the published GPT-2 rows; the executor refuses it)."""
+    H, F = m.hidden, m.ffn_hidden
+    gated = m.ffn_type == "gated"
+    qk_norms = (Kernel("rmsnorm", "attention", m.q_dim, rows=m.n_heads),
+                Kernel("rmsnorm", "attention", m.kv_dim, rows=m.n_kv_heads)) if m.qk_norm else ()
+    return (Kernel("rmsnorm", "attention", H, fan_out=3, output_saved=True, reads_block_input=True),
+            *qk_norms, Kernel("rope", "attention", m.q_dim), Kernel("rope", "attention", m.kv_dim),
+            Kernel("attention", "attention", m.q_dim, rows=m.n_heads, kv_width=m.kv_dim),
+            Kernel("residual", "attention", H),
+            Kernel("rmsnorm", "mlp", H, fan_out=2 if gated else 1, output_saved=True),
+            Kernel("swiglu" if gated else "silu", "mlp", F),
+            Kernel("residual", "mlp", H))

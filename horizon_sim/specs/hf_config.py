@@ -1,6 +1,6 @@
 """Read a local Hugging Face `config.json` into a ModelSpec (no transformers import, no network).
 
-Supported model_type: llama, qwen2, mistral. Every field of the file is accounted for: it is
+Supported model_type: llama, qwen2, mistral, qwen3. Every field of the file is accounted for: it is
 read into the spec, or listed in IGNORED (it does not change what a training step computes),
 or refused with its name. A field we do not know is refused too, so nothing that changes the
 model is ever dropped without a word. Field mapping (HF name -> ModelSpec field):
@@ -14,6 +14,7 @@ model is ever dropped without a word. Field mapping (HF name -> ModelSpec field)
     vocab_size          -> vocab             (required)
     tie_word_embeddings -> tied_embeddings
     qwen2               -> qkv_bias = True   (Qwen2 always has q/k/v biases, never o/MLP biases)
+    qwen3               -> qk_norm = True    (per-head q/k RMSNorms; head_dim defaults to 128)
     mlp_bias            -> mlp_bias          (llama only)
     rms_norm_eps        -> norm_eps
     initializer_range   -> init_std          (the std of a random init)
@@ -26,7 +27,7 @@ model is ever dropped without a word. Field mapping (HF name -> ModelSpec field)
 An absent key takes the value transformers' config class gives it (hf_defaults.HF_DEFAULTS:
 e.g. a Mistral config without sliding_window has the 4096-token window).
 
-Refused: llama `attention_bias: true` (a bias on o too), attention dropout, partial rotary,
+Refused: llama and qwen3 `attention_bias: true` (a bias on o too), attention dropout, partial rotary,
 rope types other than the four above, per-layer rope parameters, quantized checkpoints, code
 from the hub (auto_map), and any field of another architecture (logit soft-capping, qk norms,
 experts, ...).
@@ -44,7 +45,7 @@ from horizon_sim.specs.model import MAX_NORM_EPS, ModelSpec
 from horizon_sim.specs.model_presets import model_preset
 from horizon_sim.specs.rope import ROPE_KINDS, RopeScaling
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
 _SILU = ("silu", "swish")  # transformers maps both names to SiLU
 _DEFAULT_ROPE_THETA = 10000.0  # default_theta of all three HF config classes
 _QWEN2_MAX_WINDOW_LAYERS = 28  # Qwen2Config's default
@@ -59,6 +60,7 @@ _READ_BY_TYPE = {
     "llama": {"attention_bias", "mlp_bias"},
     "qwen2": {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "use_mrope"},
     "mistral": {"sliding_window"},
+    "qwen3": {"attention_bias", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types"},
 }
 # Fields that do not change what a causal-LM training step computes: names and versions,
 # inference and generation settings, the scale of transformers' own random init, token ids
@@ -254,11 +256,12 @@ def _resolve(s: RopeScaling | None, max_position: int) -> RopeScaling | None:
 
 # ---- sliding windows --------------------------------------------------------------------------
 def _windows(cfg: dict, mt: str, n_layers: int, where: str) -> tuple[int, ...]:
-    """Per-block window as transformers' MistralAttention / Qwen2Attention apply it."""
+    """Per-block window as transformers' MistralAttention / Qwen2Attention (Qwen3's the same)
+    apply it."""
     if mt == "mistral":
         w = cfg.get("sliding_window")
         return (_int(cfg, "sliding_window", where),) * n_layers if w is not None else ()
-    if mt != "qwen2" or not _bool(cfg, "use_sliding_window", where, False):
+    if mt not in ("qwen2", "qwen3") or not _bool(cfg, "use_sliding_window", where, False):
         return ()  # Qwen2Config drops sliding_window unless use_sliding_window
     if "sliding_window" in cfg and cfg["sliding_window"] is None:
         return ()
@@ -308,8 +311,8 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
     if head_dim and hidden % heads == 0 and head_dim == hidden // heads:
         head_dim = 0
 
-    if mt == "llama" and _bool(cfg, "attention_bias", where, False):
-        raise HorizonError(f"{where}: llama attention_bias=true (bias on q, k, v and o) is not "
+    if mt in ("llama", "qwen3") and _bool(cfg, "attention_bias", where, False):
+        raise HorizonError(f"{where}: {mt} attention_bias=true (bias on q, k, v and o) is not "
                            "supported; only qwen2-style q/k/v biases are")
     qkv_bias = mt == "qwen2"
     mlp_bias = _bool(cfg, "mlp_bias", where, False) if mt == "llama" else False
@@ -332,6 +335,7 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         tied_embeddings=_bool(cfg, "tie_word_embeddings", where, False),
         qkv_bias=qkv_bias,
         mlp_bias=mlp_bias,
+        qk_norm=mt == "qwen3",
         norm="rmsnorm",
         norm_eps=_norm_eps(eps, where),
         rope_theta=theta,

@@ -1,5 +1,5 @@
 """What transformers assumes for a config.json key that is absent, per supported model_type:
-the keyword defaults of LlamaConfig, MistralConfig and Qwen2Config (transformers 5;
+the keyword defaults of LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config (transformers 5;
 tests/test_hf_config_defaults.py checks this table against the installed classes).
 
 hf_config fills every absent key from here before reading the file, so a config that leaves
@@ -25,6 +25,9 @@ HF_DEFAULTS: dict[str, dict] = {
     "qwen2": {**_COMMON, "vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
               "max_position_embeddings": 32768, "use_sliding_window": False, "sliding_window": 4096,
               "max_window_layers": 28},
+    "qwen3": {**_COMMON, "vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
+              "head_dim": 128, "max_position_embeddings": 32768, "attention_bias": False,
+              "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
 }
 """{model_type: {config key: the value transformers uses when the key is absent}}. rope_theta
 is the classes' default_theta (transformers 5 keeps it inside rope_parameters)."""

@@ -7,7 +7,8 @@ transformers import here.
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.model import ModelSpec
 
-_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
+         "qwen3": "Qwen3ForCausalLM"}
 # RopeScaling field -> transformers' rope_parameters key, per kind (what its validators accept).
 _ROPE_OUT = {
     "linear": {"factor": "factor"},
@@ -23,6 +24,11 @@ def _hf_model_type(spec: ModelSpec) -> str:
     if spec.ffn_type != "gated" or spec.norm != "rmsnorm":
         raise HorizonError(f"model {spec.name!r} ({spec.ffn_type} MLP, {spec.norm}) has no "
                            "transformers equivalent; llama/qwen2 need a gated MLP and rmsnorm")
+    if spec.qk_norm:
+        if spec.qkv_bias or spec.mlp_bias:
+            raise HorizonError(f"model {spec.name!r}: q/k norms with biases have no transformers class "
+                               "(qwen3's attention_bias also adds an o bias)")
+        return "qwen3"  # windows any subset of layers, as qwen2
     if spec.qkv_bias and spec.mlp_bias:
         raise HorizonError(f"model {spec.name!r} has q/k/v and MLP biases; no transformers class "
                            "has exactly that (llama attention_bias also adds an o bias)")
@@ -77,10 +83,11 @@ def to_hf_config_dict(spec: ModelSpec) -> dict:
         d["rope_scaling"] = {k: v for k, v in d["rope_parameters"].items() if k != "rope_theta"}
     # always written (0 = not given): absent, transformers would assume its class default
     d["max_position_embeddings"] = spec.max_position
-    if spec.head_dim and spec.head_dim * spec.n_heads != spec.hidden:
-        d["head_dim"] = spec.head_dim
-    if mt == "llama":
+    if (spec.head_dim and spec.head_dim * spec.n_heads != spec.hidden) or mt == "qwen3":
+        d["head_dim"] = spec.hd  # Qwen3Config's default is 128, not hidden // heads: always written
+    if mt in ("llama", "qwen3"):
         d["attention_bias"] = False
+    if mt == "llama":
         d["mlp_bias"] = spec.mlp_bias
     elif mt == "mistral":
         d["sliding_window"] = spec.layer_windows[0]

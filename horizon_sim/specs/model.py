@@ -43,6 +43,8 @@ class ModelSpec:
     qkv_bias: bool = False
     """Biases on q, k, v projections (Qwen2)."""
     mlp_bias: bool = False
+    qk_norm: bool = False
+    """An RMSNorm over each head's q and k before RoPE, one weight of head_dim each (Qwen3)."""
     norm: str = "rmsnorm"
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
@@ -80,6 +82,8 @@ class ModelSpec:
             raise HorizonError(f"model ffn_type={self.ffn_type!r}; allowed: {', '.join(FFN_TYPES)}")
         if self.norm not in NORM_TYPES:
             raise HorizonError(f"model norm={self.norm!r}; allowed: {', '.join(NORM_TYPES)}")
+        if self.qk_norm and self.norm != "rmsnorm":
+            raise HorizonError(f"model qk_norm=True needs norm='rmsnorm' (Qwen3's q/k norms), not {self.norm!r}")
         for f in ("norm_eps", "rope_theta"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:

@@ -46,6 +46,10 @@ PRESETS: dict[str, ModelSpec] = {
         _qwen25("qwen2.5-14b", 48, 5120, 40, 8, 13824),
         _qwen25("qwen2.5-32b", 64, 5120, 40, 8, 27648),
         _qwen25("qwen2.5-72b", 80, 8192, 64, 8, 29568),
+        # Qwen/Qwen3-8B config.json: q/k norms, head_dim 128 (= 4096 / 32), rope_theta 1e6, 40960 positions.
+        ModelSpec(name="qwen3-8b", n_layers=36, hidden=4096, n_heads=32, n_kv_heads=8,
+                  ffn_hidden=12288, vocab=151936, qk_norm=True, norm_eps=1e-6, rope_theta=1e6,
+                  max_position=40960),
         # mistralai/Mistral-7B-v0.3: vocab 32768, rope_theta 1e6, no sliding window, 32k context.
         ModelSpec(name="mistral-7b", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8,
                   ffn_hidden=14336, vocab=32768, norm_eps=1e-5, rope_theta=1e6, max_position=32768),

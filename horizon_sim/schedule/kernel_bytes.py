@@ -1,0 +1,115 @@
+"""What each kind of the block's non-GEMM kernels (specs/block.py KINDS) moves and keeps, per
+token, for a kernel of width w elements in a compute dtype of a bytes:
+
+  kind       forward r+w bytes         backward r+w bytes            autograd keeps
+  rmsnorm    (20 + 2a + c) w + 24 R    (72 + 6a + c) w + 32 R        its fp32 input (4w), the cast
+                                       + 3a w per extra reader        back (aw), its output when a
+                                                                      projection reads it (aw), rsqrt
+                                                                      (4 R)
+  rope       10a w                     16a w (14a + the transposing   nothing (cos/sin are tables)
+                                       clone of its gradient)
+  attention  0 (its own kernel)        0                              q, k, v, o: a (2w + 2kv), and
+                                                                      the fp32 logsumexp (4 a head)
+  swiglu     5a w (SiLU 2a, gate*up 3a) 9a w                          gate, up, silu, product: 4a w
+  silu       2a w                      3a w                           its input and output: 2a w
+  residual   3a w                      3a w (the gradients' sum)      nothing
+
+R: the rows a norm reduces over per token; c = 2 (a + 4), the casts around fp32 statistics
+(0 in fp32). A norm's forward and backward also read its weight (a per element a pass), RoPE
+its cos and sin tables (2 seq hd a a pass). Every figure was checked against a dispatch-level
+count of the executor's kernels (tests/test_calibrate.py): read the aten calls of one block
+under a TorchDispatchMode and sum what each reads plus writes; nothing here is fitted. A new
+kind of kernel (an MoE router, a dispatch) adds its row here.
+"""
+from horizon_sim.errors import HorizonError
+from horizon_sim.specs.block import Kernel
+
+
+def casts(a: int) -> int:
+    """Bytes per element of the two casts around fp32 statistics (none when a is fp32)."""
+    return 2 * (a + 4) if a != 4 else 0
+
+
+def norm_forward(width: int, rows: int, a: int) -> int:
+    # x.float() | pow | mean | *rsqrt | .to(a) | w*h ; plus 24 B of statistics per row
+    return (20 + 2 * a + casts(a)) * width + 24 * rows
+
+
+def norm_backward(width: int, rows: int, a: int) -> int:
+    # grad*w | grad*h | sum (dw) | cast | 5 fp32 products, 2 reductions, add | cast back
+    return (72 + 6 * a + casts(a)) * width + 32 * rows
+
+
+def _unknown(k: Kernel):
+    return HorizonError(f"kernel kind {k.kind!r} has no byte counts (schedule/kernel_bytes.py)")
+
+
+def forward_bytes(k: Kernel, a: int) -> int:
+    """Bytes per token its forward reads plus writes."""
+    w = k.width
+    per_element = {"rope": 10 * a, "attention": 0, "swiglu": 5 * a, "silu": 2 * a, "residual": 3 * a}
+    if k.kind == "rmsnorm":
+        return norm_forward(w, k.rows, a)
+    if k.kind not in per_element:
+        raise _unknown(k)
+    return per_element[k.kind] * w
+
+
+def backward_bytes(k: Kernel, a: int) -> int:
+    """Bytes per token its backward reads plus writes (the forward-with-grad is forward_bytes)."""
+    w = k.width
+    per_element = {"rope": 16 * a, "attention": 0, "swiglu": 9 * a, "silu": 3 * a, "residual": 3 * a}
+    if k.kind == "rmsnorm":
+        return norm_backward(w, k.rows, a) + 3 * a * w * (k.fan_out - 1)
+    if k.kind not in per_element:
+        raise _unknown(k)
+    return per_element[k.kind] * w
+
+
+def per_pass_bytes(k: Kernel, seq: int, head_dim: int, a: int) -> int:
+    """Bytes a pass (forward or backward) reads once, whatever its tokens: a norm's weight,
+    RoPE's cos and sin tables."""
+    if k.kind == "rmsnorm":
+        return a * k.weight
+    if k.kind == "rope":
+        return 2 * seq * head_dim * a
+    return 0
+
+
+def fp32_input_bytes(k: Kernel, a: int) -> int:
+    """A norm's fp32 copy of its input, per token (in fp32 the block's input x is its own
+    copy: not a temporary)."""
+    return 0 if k.reads_block_input and a == 4 else 4 * k.width
+
+
+def saved_bytes(k: Kernel, a: int) -> int:
+    """Bytes per token autograd keeps of it from the forward for the backward."""
+    w = k.width
+    if k.kind == "rmsnorm":
+        return fp32_input_bytes(k, a) + a * w * (2 if k.output_saved else 1) + 4 * k.rows
+    if k.kind == "attention":
+        return a * (2 * w + 2 * k.kv_width) + 4 * k.rows
+    if k.kind in ("swiglu", "silu"):
+        return (4 if k.kind == "swiglu" else 2) * a * w
+    if k.kind in ("rope", "residual"):
+        return 0
+    raise _unknown(k)
+
+
+def live_in_forward_bytes(k: Kernel, a: int) -> int:
+    """Bytes per token of its tensors the template's no-grad forward still holds at the MLP's
+    peak: attention's q, k, v and o (Python locals until the block returns), the activation's
+    inputs and outputs."""
+    if k.kind == "attention":
+        return a * (2 * k.width + 2 * k.kv_width)
+    if k.kind in ("swiglu", "silu"):
+        return (4 if k.kind == "swiglu" else 2) * a * k.width
+    return 0
+
+
+def backward_gradients_bytes(k: Kernel, a: int) -> int:
+    """Bytes per token of the gradients its backward holds at once beside what was saved: the
+    activation's output and input gradients (2a w)."""
+    if k.kind in ("swiglu", "silu"):
+        return 2 * a * k.width
+    return 0
