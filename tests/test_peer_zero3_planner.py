@@ -75,10 +75,13 @@ def test_knobs_change_the_step_as_deepspeeds_do():
     # buckets: one offload per unit with a tiny bucket, a single one with DeepSpeed's default
     offloads = lambda z: sum(op.kind == OpKind.OFFLOAD_GRADS for op in build_zero3_schedule(m, z).ops)  # noqa: E731
     assert offloads(Zero3Policy(**base)) == 1 and offloads(Zero3Policy(**base, reduce_bucket_params=1)) == 10
-    # gradients leave as fp32: 4 bytes a parameter over the link
-    s = build_zero3_schedule(m, Zero3Policy(**base))
-    assert sum(op.link_bytes for op in s.ops if op.kind == OpKind.OFFLOAD_GRADS) == 4 * sum(
-        b.numel for b in s.buffers.values() if b.holds == Holds.DEVICE_GRAD)
+    # gradients leave as fp32: 4 bytes a parameter over the link; DeepSpeed's partition_grads takes
+    # them down, back up and (one micro-batch: at the boundary) down again
+    for fp32_copy, down, up in ((False, 4, 0), (True, 8, 4)):
+        s = build_zero3_schedule(m, Zero3Policy(**base, fp32_grad_copy=fp32_copy))
+        grads = sum(b.numel for b in s.buffers.values() if b.holds == Holds.DEVICE_GRAD)
+        assert sum(op.link_bytes for op in s.ops if op.kind == OpKind.OFFLOAD_GRADS) == down * grads
+        assert sum(op.link_bytes for op in s.ops if op.kind == OpKind.RELOAD_GRADS) == up * grads
     # pageable buffers: the link's pageable rate
     slow = plan_zero3(m, hw, Zero3Policy(**base, pin_memory=False))
     assert slow.summary.step_time_s > ck.summary.step_time_s
@@ -178,8 +181,10 @@ def _peer_peak(model, link_GBps, **kw):
     from dataclasses import replace
     hw = make_hardware("a100-80gb", "256GiB")
     hw = replace(hw, link=replace(hw.link, h2d_GBps=link_GBps, d2h_GBps=link_GBps))
+    # no fetched layer kept for its backward; gradients one way only (with fp32_grad_copy their
+    # trip back up shares the h2d lane with the fetches, which then throttles the backward too)
     zero3 = Zero3Policy(**{"batch": 1, "seq": 64, "reduce_bucket_params": model.layer_params, "act_ckpt": True,
-                        "max_reuse_distance_params": 1, **kw})  # no fetched layer kept for its backward
+                        "max_reuse_distance_params": 1, "fp32_grad_copy": False, **kw})
     return simulate(build_zero3_schedule(model, zero3), hw).summary.device_peak_bytes
 
 

@@ -61,11 +61,13 @@ def parse_knobs(text: str | None, policy_type: type = Zero3Policy) -> dict:
 
 
 def peer_hardware(hw: HardwareSpec, zero3: Zero3Policy) -> HardwareSpec:
-    """The machine as the peer uses it: pageable copies when its buffers are not pinned."""
+    """The machine as the peer uses it: its optimizer at DeepSpeedCPUAdam's rate on this host
+    (HostSpec.deepspeed_adam_Gparams_per_s), pageable copies when its buffers are not pinned."""
+    host = replace(hw.host, adam_Gparams_per_s=hw.deepspeed_adam_Gparams_per_s)
     if zero3.pin_memory:
-        return hw
+        return replace(hw, host=host)
     link = replace(hw.link, h2d_GBps=hw.link.pageable_GBps, d2h_GBps=hw.link.pageable_GBps)
-    return replace(hw, link=link)
+    return replace(hw, host=host, link=link)
 
 
 def plan_zero3(model: ModelSpec, hw: HardwareSpec, zero3: Zero3Policy) -> SimResult:

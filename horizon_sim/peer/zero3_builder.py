@@ -22,17 +22,29 @@ vocabulary (plus BACKWARD_SAVED, FETCHED_WEIGHTS, SAVED_ACTIVATIONS). It reads a
             for each bucket's offload; on: at most MAX_REDUCE_EVENTS offloads are in flight
             when the next is issued (the backward waits for the oldest), and the bucket itself
             is one persistent device buffer of reduce_bucket_params in the compute dtype
+  hooks     before a unit's kernels, the host runs DeepSpeed's module hooks (HOOKS on the CPU
+            lane: modules x hook calls x hook_us, plus tensor_op_us per tensor it copies or
+            reduces); with sync_per_wait they start only once the unit's copies have landed
+            (the wait synchronises the copy stream), and the unit's compute waits for them
+  copies    per_tensor_fetch: a unit's fetch is one copy per parameter tensor (each pays the
+            link's latency); fp32_grad_copy: each bucket's fp32 gradients also come back up
+            (RELOAD_GRADS, 4 bytes a parameter) and the last micro-batch's go down once more
+            into the optimizer's gradient, accumulation on the device; per_param_norm: a norm
+            pass over each fp32 gradient on the device and a host loop over the tensors
   end       the global norm over the host gradients, then DeepSpeedCPUAdam over every unit
             (OPTIMIZER, after backward: nothing overlaps it), which also writes the updated bf16
             partition the next step fetches
 
-What is approximated, and why: DeepSpeed fetches and prefetches tensor by tensor along its
-recorded trace; here a unit (layer) is fetched whole, its first prefetch_bucket_params early.
+What is approximated, and why: DeepSpeed fetches, prefetches and waits module by module along
+its recorded trace; here a unit (layer) is the grain: its copies are per tensor, but issued as
+two groups (its first prefetch_bucket_params early, the rest once the compute before it is done)
+and its hooks are one op before its compute.
 Parameters below stage3_param_persistence_threshold (norm weights) stay on the device in
 DeepSpeed; here they travel with their layer (a few KB per layer). One device; ZeRO-3 over
 several GPUs (the all-gathers and reduce-scatters across them) is not modelled yet.
 """
 from horizon_sim.errors import HorizonError
+from horizon_sim.peer.zero3_counts import modules, tensors
 from horizon_sim.peer.zero3_policy import Zero3Policy
 from horizon_sim.schedule import work
 from horizon_sim.schedule.op import DTYPE_BYTES_OF, EMBED, Family, Holds, OpKind, Space
@@ -68,6 +80,7 @@ class Zero3StepBuilder(StepBuilder):
         self.bucket: list[tuple[int, str]] = []  # (unit, device grad) gathered for the next offload
         self.offloads: list[int] = []  # OFFLOAD_GRADS ops so far, in order
         self.stall: tuple[int, ...] = ()  # what the next backward waits for (overlap_comm's bound)
+        self.copies_of: dict[int, list[int]] = {}  # a unit's LOAD_WEIGHTS ops of its latest fetch
 
     # ---- sizes -----------------------------------------------------------------------------------
     def params(self, u: int) -> int:
@@ -131,12 +144,35 @@ class Zero3StepBuilder(StepBuilder):
         before_prev = (self.compute_ends[k - 2],) if k >= 2 else ()
         prev = (self.compute_ends[k - 1],) if k >= 1 else ()
         src = self.partition(u)
-        self.emit(OpKind.LOAD_WEIGHTS, u, m, reads=[src], writes=[self.w(u)], link_bytes=early * elem,
-                  after=before_prev)
+        # per tensor: the early group carries its share of the unit's tensors (at least one)
+        t = tensors(self.model, u) if self.zero3.per_tensor_fetch else 1
+        t_early = t if n == early else min(t - 1, max(1, round(t * early / n)))
+        ids = [self.emit(OpKind.LOAD_WEIGHTS, u, m, reads=[src], writes=[self.w(u)], link_bytes=early * elem,
+                         copies=t_early, after=before_prev)]
         if n > early:
-            self.emit(OpKind.LOAD_WEIGHTS, u, m, reads=[src, self.w(u)], writes=[self.w(u)],
-                      link_bytes=(n - early) * elem, after=prev)
+            ids.append(self.emit(OpKind.LOAD_WEIGHTS, u, m, reads=[src, self.w(u)], writes=[self.w(u)],
+                                 link_bytes=(n - early) * elem, copies=max(1, t - t_early), after=prev))
+        self.copies_of[u] = ids
         self.fetched.add(u)
+
+    def hooks(self, us: tuple[int, ...], m: int, calls: int, grad_tensor_ops: int = 0) -> tuple[int, ...]:
+        """The host's fixed cost before the compute op on units `us` is issued: `calls` hook calls
+        on each of their modules, tensor_op_us for each tensor fetched for it and
+        `grad_tensor_ops` calls per tensor on its gradients. Returns what the compute op waits
+        for (nothing when the hooks cost nothing). With sync_per_wait the hooks start once the
+        units' copies have landed: the host sits in the wait until then."""
+        z, mdl = self.zero3, self.model
+        fetched = [u for u in us if u in self.copies_of]
+        fetch_calls = sum(tensors(mdl, u) if z.per_tensor_fetch else 1 for u in fetched)
+        grad_calls = grad_tensor_ops * sum(tensors(mdl, u) for u in us)
+        fixed = sum(modules(mdl, u) for u in us) * calls * z.hook_us + (fetch_calls + grad_calls) * z.tensor_op_us
+        if fixed <= 0:
+            return ()
+        wait = [i for u in fetched for i in self.copies_of[u]] if z.sync_per_wait else []
+        op = self.emit(OpKind.HOOKS, us[-1], m, after=tuple(wait), fixed_us=fixed)
+        for u in fetched:
+            del self.copies_of[u]
+        return (op,)
 
     def keep_after_forward(self, u: int) -> bool:
         """DeepSpeed keeps a fetched parameter whose next use comes within max_reuse_distance
@@ -170,13 +206,25 @@ class Zero3StepBuilder(StepBuilder):
         n = sum(self.params(u) for u in units)
         acc = m > 0
         last = m == self.zero3.micro_batches - 1
+        z = self.zero3
         hg = [self.host_grad(u) for u in units]
         writes = hg + ([self.bufs.grad_sq(u) for u in units] if last else [])
-        if self.zero3.overlap_comm and len(self.offloads) > MAX_REDUCE_EVENTS:
+        if z.overlap_comm and len(self.offloads) > MAX_REDUCE_EVENTS:
             self.stall = (self.offloads[-MAX_REDUCE_EVENTS - 1],)  # MAX_REDUCE_EVENTS' docstring
         reads = dgrads + (hg if acc else []) + [self.ipg_bucket()]
-        self.offloads.append(self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=reads, writes=writes, frees=dgrads,
-                                       link_bytes=n * 4, host_bytes=n * 12 if acc else 0))
+        t = sum(tensors(self.model, u) for u in units)
+        norm = n * 4 if last and z.per_param_norm else 0  # _constant_buffered_norm2 of each fp32 gradient
+        if z.fp32_grad_copy:
+            # fp32_grad_copy's docstring: down into the pinned partition, back up (before the add
+            # when accumulating), and at the boundary down again into the optimizer's gradient
+            down = n * 4 * (2 if last else 1)
+            off = self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=reads, writes=writes, frees=dgrads,
+                            link_bytes=down, copies=t * (2 if last else 1), reduce_bytes=norm)
+            done = self.emit(OpKind.RELOAD_GRADS, units[0], m, reads=hg, writes=hg, link_bytes=n * 4, copies=t)
+        else:
+            done = self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=reads, writes=writes, frees=dgrads,
+                             link_bytes=n * 4, host_bytes=n * 12 if acc else 0, reduce_bytes=norm)
+        self.offloads.append(done)
         self.bucket = []
 
     def ipg_bucket(self) -> str:
@@ -199,6 +247,7 @@ class Zero3StepBuilder(StepBuilder):
         self.fetch(EMBED, m)
         for u in range(L):
             self.fetch(u, m)
+            hooked = self.hooks((EMBED, u) if u == 0 else (u,), m, calls=2)  # pre- and post-forward
             reads = [self.w(u)] + ([b.activation(m, u)] if u > 0 else [self.w(EMBED)])
             frees = ([b.activation(m, u)] if u > 0 else [])
             if u == 0:
@@ -206,13 +255,15 @@ class Zero3StepBuilder(StepBuilder):
             if not self.keep_after_forward(u):
                 frees.append(self.release(u))
             self.emit(OpKind.FORWARD, u, m, reads=reads, writes=[b.activation(m, u + 1), self.saved(m, u)], frees=frees,
-                      flops=self.model.layer_fwd_flops(self.tokens, seq), hbm_bytes=fwd_hbm, workspace_bytes=ws)
+                      flops=self.model.layer_fwd_flops(self.tokens, seq), hbm_bytes=fwd_hbm, workspace_bytes=ws,
+                      after=hooked)
         self.fetch(self.head, m)
         tok = self.tokens
+        hooked = self.hooks((self.head,), m, calls=4, grad_tensor_ops=self.grad_tensor_ops(m))  # forward and backward
         self.emit(OpKind.HEAD, self.head, m, reads=[b.activation(m, L), self.w(self.head)],
                   writes=[b.activation_grad(m, L), self.device_grad(self.head, m)], frees=[b.activation(m, L), self.release(self.head)],
                   flops=3 * self.model.head_fwd_flops(tok), hbm_bytes=work.head_elementwise_bytes(self.model, tok, a),
-                  workspace_bytes=work.head_workspace_bytes(self.model, tok, tok, a))
+                  workspace_bytes=work.head_workspace_bytes(self.model, tok, tok, a), after=hooked)
         self.gather_grad(self.head, m, last=False)
 
     def backward(self, m: int) -> None:
@@ -227,16 +278,36 @@ class Zero3StepBuilder(StepBuilder):
         flops = (3 if zero3.act_ckpt else 2) * self.model.layer_fwd_flops(self.tokens, seq)
         for u in reversed(range(L)):
             self.fetch(u, m)
+            # pre- and post-backward, and the recompute's forward pair; layer 0 also makes the embedding's grad
+            hooked = self.hooks((u, EMBED) if u == 0 else (u,), m, calls=4 if zero3.act_ckpt else 2,
+                                grad_tensor_ops=self.grad_tensor_ops(m))
             writes = [self.device_grad(u, m)] + ([b.activation_grad(m, u)] if u > 0 else [self.device_grad(EMBED, m)])
             if not zero3.overlap_comm:
                 after = self.offloads[-1:]
             else:
                 after, self.stall = self.stall, ()
+            after = (*after, *hooked)
             self.emit(kind, u, m, reads=[self.saved(m, u), b.activation_grad(m, u + 1), self.w(u)], writes=writes,
                       frees=[self.saved(m, u), b.activation_grad(m, u + 1), self.release(u)], flops=flops,
                       hbm_bytes=bwd_hbm, workspace_bytes=ws, after=tuple(after))
             self.gather_grad(u, m, last=False)
         self.gather_grad(EMBED, m, last=True)
+
+    def grad_tensor_ops(self, m: int) -> int:
+        """Eager calls partition_grads makes per gradient tensor in micro-batch m: the copy into
+        the host partition, its `.to(device)` back (fp32_grad_copy), the boundary copy and the
+        per-parameter norm (per_param_norm, last micro-batch)."""
+        z, last = self.zero3, m == self.zero3.micro_batches - 1
+        return 1 + (1 + last if z.fp32_grad_copy else 0) + (1 if z.per_param_norm and last else 0)
+
+    def grad_norm(self) -> None:
+        """The global norm; with per_param_norm DeepSpeed sums the per-tensor norms in a Python
+        loop (complete_grad_norm_calculation_for_cpu_offload: a square and an add per tensor)."""
+        b = self.bufs
+        loop = 2 * sum(tensors(self.model, u) for u in self.units) * self.zero3.tensor_op_us \
+            if self.zero3.per_param_norm else 0.0
+        self.emit(OpKind.GRAD_NORM, -1, reads=[b.grad_sq(u) for u in self.units], writes=[b.grad_norm_scalar()],
+                  host_bytes=8 * len(self.units), fixed_us=loop)
 
     def end(self) -> None:
         b = self.bufs
@@ -270,4 +341,6 @@ def build_zero3_schedule(model: ModelSpec, zero3: Zero3Policy, synchronous: bool
     streams are no-ops (its copies, compute and CPU Adam run one after another in one thread)."""
     if not isinstance(zero3, Zero3Policy):
         raise HorizonError(f"zero3 policy {zero3!r} is not a Zero3Policy")
+    if synchronous:
+        zero3 = zero3.on_cpu_accelerator()
     return Zero3StepBuilder(model, zero3, synchronous).build().check()

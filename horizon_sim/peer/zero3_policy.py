@@ -5,9 +5,12 @@ never describe different configurations.
 
 Defaults are DeepSpeed's own (deepspeed/runtime/zero/config.py, 0.19): prefetch bucket 5e7
 parameters, max live parameters 1e9, max reuse distance 1e9, reduce bucket 5e8, overlap_comm on
-for stage 3, pinned offload buffers.
+for stage 3, pinned offload buffers. The mechanisms below them (per-tensor copies, a synchronise
+per wait, module hooks, the fp32 gradient round trip, per-parameter norms) are what DeepSpeed
+0.19 does on one GPU, on by default; each can be turned off to see what it costs, or to describe
+another setup (docs/zero3_peer.md).
 """
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.from_dict import spec_from_dict
@@ -43,6 +46,40 @@ class Zero3Policy:
     pin_memory: bool = True
     """Page-locked host buffers for the offloaded parameters and optimizer state (off: the link's
     pageable rate)."""
+    per_tensor_fetch: bool = True
+    """One copy per parameter tensor, each paying the link's latency (partition_parameters.py:
+    with one rank, all_gather_coalesced -> _no_gather_coalesced, one `ds_tensor.data.to(device,
+    non_blocking=True)` per parameter). Off: a unit in one copy."""
+    sync_per_wait: bool = True
+    """The host blocks on the copy stream at every wait (NoGatherHandle.wait /
+    NoGatherCoalescedHandle.wait: `current_stream().synchronize()` unless the accelerator
+    resolves data dependencies, which CUDA does not; called from
+    partitioned_param_coordinator.fetch_sub_module), so a unit's hooks, and the kernels they
+    issue, start only once its parameters have arrived. Off: the hooks run while they fly."""
+    hook_us: float = 50.0
+    """Host time of one module hook call (pre- or post-forward, pre- or post-backward:
+    parameter_offload.py registers them on every module), microseconds. Estimate: validate --peer
+    on this project's EPYC measured DeepSpeed's fixed cost per Llama layer forward at 4317 us
+    (reports/validation_peer.md) against 3062 us for Horizon's executor on the same layer
+    (reports/machine.toml, op_overhead_us forward): 1255 us over 13 modules x 2 hooks, ~48 us a
+    call. A faster host's Python costs less; 0 turns the hooks off."""
+    tensor_op_us: float = 15.0
+    """Host time of one eager PyTorch call per parameter tensor (a copy's `.to()`, a gradient's
+    copy_, a norm), microseconds. Estimate: the order of one eager op's dispatch; the H200 run
+    measured 1.15 ms of fixed cost per layer forward for a few dozen such calls (docs/gpu_runs.md)."""
+    fp32_grad_copy: bool = True
+    """DeepSpeed's fp32 gradient partition lives in pinned host memory (stage3.py:
+    grad_partitions_flat_buffer on the CPU under offload_optimizer) and partition_grads takes
+    it through the device: the first micro-batch's copy_ into it is followed by `.to(device)`
+    back (4 bytes a parameter each way), later micro-batches copy it up, add on the device and
+    copy it back, and the boundary (_offload_grad_partition_at_boundary) copies it once more into
+    the optimizer's fp32 gradient (4 bytes down). Off: one 4-byte copy down per micro-batch, summed
+    on the host."""
+    per_param_norm: bool = True
+    """At the boundary, a norm per parameter tensor on the device (_constant_buffered_norm2 of
+    each gradient: a pass over its fp32 bytes), summed in a Python loop over every tensor
+    (complete_grad_norm_calculation_for_cpu_offload). Off: the norm is free, as Horizon's
+    offload folds it into the copy."""
 
     def __post_init__(self):
         for f in ("batch", "seq", "micro_batches", "prefetch_bucket_params", "max_live_params",
@@ -58,11 +95,24 @@ class Zero3Policy:
                                f"micro_batches={self.micro_batches}")
         if self.compute_dtype not in DTYPES:
             raise HorizonError(f"zero3 policy compute_dtype={self.compute_dtype!r}; allowed: {', '.join(DTYPES)}")
-        for f in ("act_ckpt", "overlap_comm", "pin_memory"):
+        for f in ("act_ckpt", "overlap_comm", "pin_memory", "per_tensor_fetch", "sync_per_wait", "fp32_grad_copy",
+                  "per_param_norm"):
             if not isinstance(getattr(self, f), bool):
                 raise HorizonError(f"zero3 policy {f}={getattr(self, f)!r} must be true or false")
         if not isinstance(self.grad_clip, (int, float)) or isinstance(self.grad_clip, bool) or self.grad_clip < 0:
             raise HorizonError(f"zero3 policy grad_clip={self.grad_clip!r} must be a number >= 0 (0 = off)")
+        for f in ("hook_us", "tensor_op_us"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1e6:
+                raise HorizonError(f"zero3 policy {f}={v!r} must be a number of microseconds from 0 to 1e6")
+
+    def on_cpu_accelerator(self) -> "Zero3Policy":
+        """The same policy as DeepSpeed's CPU accelerator runs it (validate --peer): its `.to(cpu)`
+        copies and stream synchronises are no-ops, the gradient partition is already on the
+        'device', and validate measures the per-op fixed costs whole (hooks included), so the
+        GPU mechanisms are off."""
+        return replace(self, per_tensor_fetch=False, sync_per_wait=False, hook_us=0.0, tensor_op_us=0.0,
+                       fp32_grad_copy=False, per_param_norm=False)
 
     @property
     def micro_batch(self) -> int:

@@ -59,6 +59,10 @@ class OpKind(str, Enum):
     # the peer's step (horizon_sim/peer: ZeRO-3 offload), simulated, never run by the executor
     BACKWARD_SAVED = "backward_saved"          # compute: a block's backward from what autograd saved in
     #                                            its forward (a persistent graph: no forward again)
+    HOOKS = "hooks"                            # cpu: the host thread's fixed cost before a unit's kernels
+    #                                            are issued (DeepSpeed's module hooks, per-tensor dispatch)
+    RELOAD_GRADS = "reload_grads"              # h2d: a gradient partition kept in host memory back to the
+    #                                            device (DeepSpeed's partition_grads round trip)
 
 
 LANE_OF: dict[OpKind, Lane] = {
@@ -72,6 +76,7 @@ LANE_OF: dict[OpKind, Lane] = {
     OpKind.REDUCE_SCATTER: Lane.FABRIC, OpKind.HOST_REDUCE: Lane.CPU, OpKind.NET_REDUCE_SCATTER: Lane.NET,
     OpKind.NET_ALL_GATHER: Lane.NET, OpKind.NORM_ALL_REDUCE: Lane.NET, OpKind.UPDATE_BARRIER: Lane.NET,
     OpKind.DISK_READ: Lane.DISK, OpKind.DISK_WRITE: Lane.DISK,
+    OpKind.HOOKS: Lane.CPU, OpKind.RELOAD_GRADS: Lane.H2D,
 }
 COLLECTIVES = (OpKind.REDUCE_SCATTER, OpKind.NET_REDUCE_SCATTER, OpKind.NET_ALL_GATHER, OpKind.NORM_ALL_REDUCE,
                OpKind.UPDATE_BARRIER)
@@ -226,6 +231,12 @@ class Op:
     """Collectives: the ranks taking part."""
     disk_bytes: int = 0
     """DISK_READ / DISK_WRITE: bytes read from or written to the local disk."""
+    copies: int = 1
+    """Link ops: the separate copies the op's bytes travel in, each paying the link's latency (a
+    peer that copies tensor by tensor; Horizon copies a unit in one)."""
+    fixed_us: float = 0.0
+    """Host time the op costs beyond its bytes, microseconds (HOOKS: the Python that runs before
+    a unit's kernels are issued; GRAD_NORM: a loop over parameter tensors)."""
 
     @property
     def lane(self) -> Lane:

@@ -21,7 +21,8 @@ Compute ops (one lane, kernels run back to back, so the terms add):
   (schedule/work.py); without them (a bare CostModel) the op's FLOPs run at the flat rate.
 Everything else is a sequence of flows through host DRAM (dram.py). A flow's bytes are DRAM
 traffic (read plus written), the bus's unit (HostSpec.dram_GBps):
-  copy         link latency, then link_bytes at the achieved bandwidth of that direction; when
+  copy         link latency (once per copy: an op may stand for several, Op.copies), then
+               link_bytes at the achieved bandwidth of that direction; when
                the link is cpu_driven (the CPU backend's emulated link) the copy is host-thread
                work that shares the host lane cores with the other lanes, and it reads and
                writes host memory: 2 x link_bytes of traffic at 2 x its link rate
@@ -29,7 +30,8 @@ traffic (read plus written), the bus's unit (HostSpec.dram_GBps):
                a pass over link_bytes at the reduction bandwidth (reduce_GBps, else elementwise_GBps, else hbm_GBps;
                a host pass when cpu_driven)
   host work    host_bytes at one host thread's streaming rate (accumulating micro-batch grads,
-               embedding gather/scatter), after the host's per-op latency
+               embedding gather/scatter), after the host's per-op latency and the op's own
+               fixed host time (Op.fixed_us: a peer's hooks, a loop over parameter tensors)
   optimizer    host_bytes at the fused-AdamW rate (adam_Gparams_per_s x bytes per parameter)
   disk         the disk tier's reads and writes: disk latency, then disk_bytes at the disk's
                read or write bandwidth (HostSpec.disk_*_GBps), DRAM traffic once (the disk DMAs)
@@ -249,7 +251,7 @@ class CostModel:
         if op.lane in (Lane.H2D, Lane.D2H):
             cap = self.h2d_Bps if op.lane == Lane.H2D else self.d2h_Bps
             k = COPY_TRAFFIC if cpu else 1.0  # same time alone, k x the bus bytes
-            out = [Flow(self.link_latency_s, k * op.link_bytes, k * cap, core=cpu)]
+            out = [Flow(op.copies * self.link_latency_s, k * op.link_bytes, k * cap, core=cpu)]
             if op.reduce_bytes:  # ||g||^2 of the gradient while it is still on the device
                 out.append(Flow(0.0, op.reduce_bytes, self.reduce_Bps, core=cpu, dram=cpu))
             if op.host_bytes:  # accumulating a micro-batch's grads into the fp32 host buffer
@@ -265,7 +267,7 @@ class CostModel:
             bytes_per_param = op.host_bytes / op.params
             return [Flow(self.host_latency_s, op.host_bytes, self.adam_params_per_s * bytes_per_param,
                          core=True)]
-        return [Flow(self.host_latency_s, op.host_bytes, self.thread_Bps, core=True)]
+        return [Flow(self.host_latency_s + op.fixed_us * 1e-6, op.host_bytes, self.thread_Bps, core=True)]
 
     def busy_latency_s(self, op: Op) -> float:
         """Extra fixed cost of a non-compute op that starts while the compute lane is busy."""

@@ -231,6 +231,11 @@ class HostSpec:
     """Physical CPU cores available to the trainer."""
     adam_Gparams_per_s: float
     """Fused CPU AdamW rate with all cores when not DRAM-bound, 1e9 parameters/s."""
+    deepspeed_adam_Gparams_per_s: float = 0.0
+    """DeepSpeedCPUAdam's rate on this host with all cores, 1e9 parameters/s: what the ZeRO-3
+    peer's optimizer runs at (horizon_sim/peer). It is DeepSpeed's own kernel, published or
+    measured apart from Horizon's. 0: adam_Gparams_per_s (measured equal on this project's EPYC,
+    benchmarks/adam_rates.py)."""
     os_reserved_GiB: float = 8.0
     """RAM the OS, a minimum page cache and other processes keep."""
     runtime_overhead_GiB: float = 4.0
@@ -271,7 +276,7 @@ class HostSpec:
             _check_number(self, "host", f)
         for f in ("os_reserved_GiB", "runtime_overhead_GiB", "lane_cores", "thread_GBps", "op_latency_us",
                   "busy_latency_us", "compute_contention", "disk_GiB", "disk_read_GBps", "disk_write_GBps",
-                  "disk_latency_us"):
+                  "disk_latency_us", "deepspeed_adam_Gparams_per_s"):
             _check_number(self, "host", f, low_ok=True)
         if self.disk_GiB and not (self.disk_read_GBps and self.disk_write_GBps):
             raise HorizonError(f"host disk_GiB={self.disk_GiB:g} needs disk_read_GBps and disk_write_GBps "
@@ -313,6 +318,12 @@ class HardwareSpec:
     def disk_bytes_usable(self) -> int:
         """Local disk bytes the disk tier may fill (0: none)."""
         return int(self.host.disk_GiB * GiB)
+
+    @property
+    def deepspeed_adam_Gparams_per_s(self) -> float:
+        """The rate the ZeRO-3 peer's DeepSpeedCPUAdam runs at: the host's own figure for it,
+        else its AdamW rate."""
+        return self.host.deepspeed_adam_Gparams_per_s or self.host.adam_Gparams_per_s
 
     @property
     def host_bytes_usable(self) -> int:

@@ -107,10 +107,10 @@ HOSTS: dict[str, HostSpec] = {
                  adam_Gparams_per_s=4.0),
         # NVIDIA Grace, the CPU half of a GH200 "480GB" (480e9 bytes of LPDDR5X = 447 GiB).
         HostSpec(name="grace", ram_GiB=447.0, dram_GBps=410.0, cores=72,
-                 adam_Gparams_per_s=10.4),
+                 adam_Gparams_per_s=10.4, deepspeed_adam_Gparams_per_s=10.4),
         # NVIDIA DGX-2 (1.5 TB), the V100 box of DeepSpeed's published ZeRO-Offload runs.
         HostSpec(name="dgx-2", ram_GiB=1397.0, dram_GBps=190.0, cores=48,
-                 adam_Gparams_per_s=1.6),
+                 adam_Gparams_per_s=1.6, deepspeed_adam_Gparams_per_s=1.6),
         # A desktop or workstation for the RTX cards: 16 cores, 2 channels of DDR5.
         HostSpec(name="desktop", ram_GiB=128.0, dram_GBps=60.0, cores=16,
                  adam_Gparams_per_s=1.0, os_reserved_GiB=6.0),

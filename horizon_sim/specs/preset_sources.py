@@ -18,7 +18,8 @@ PRICED = {
                "library_workspace_MiB", "launch_overhead_us", "gemm_TFLOPs", "attention_TFLOPs",
                "masked_attention_TFLOPs", "elementwise_GBps", "loss_ns_per_logit", "op_overhead_us"),
     "link": ("h2d_GBps", "d2h_GBps", "latency_us", "pageable_GBps"),
-    "host": ("dram_GBps", "cores", "adam_Gparams_per_s", "os_reserved_GiB", "runtime_overhead_GiB"),
+    "host": ("dram_GBps", "cores", "adam_Gparams_per_s", "deepspeed_adam_Gparams_per_s", "os_reserved_GiB",
+             "runtime_overhead_GiB"),
 }
 """The numbers the planner prices a preset with. Others are 0 or empty on every preset and
 then stand for one of these (an empty GEMM table: every GEMM at peak x matmul_efficiency; host
@@ -41,6 +42,9 @@ DEFAULTS: dict[str, str] = {
                                "(an H200 measured 54% of its peak for the executor's kernels: optimistic)",
     "device.loss_ns_per_logit": "estimate: none measured: the head's loss priced as elementwise bytes",
     "device.op_overhead_us": "estimate: no table: every op costs launch_overhead_us",
+    "host.deepspeed_adam_Gparams_per_s": "measured: 0, the host's adam_Gparams_per_s: DeepSpeedCPUAdam ran at "
+                                         "Horizon's AdamW rate on this project's EPYC (1.70 / 1.91 G params/s on 1 / "
+                                         "2 threads, benchmarks/adam_rates.py); no published figure for this host",
     "host.os_reserved_GiB": "estimate: the OS, a minimum page cache and other processes",
     "host.runtime_overhead_GiB": "estimate: Python, torch and the CUDA libraries before any model tensor",
 }
@@ -190,7 +194,9 @@ SOURCES: dict[str, dict[str, str]] = {
         "cores": "datasheet: 72 Neoverse V2 cores (NVIDIA Grace Hopper whitepaper)",
         "adam_Gparams_per_s": "published: DeepSpeed's CPU Adam on a GH200's Grace, 8B parameters in 0.769 "
                               "(deepspeedai/DeepSpeed blogs/deepspeed-superoffload, figure 5; unit not printed, "
-                              "read as seconds): 10.4 G params/s"},
+                              "read as seconds): 10.4 G params/s",
+        "deepspeed_adam_Gparams_per_s": "published: as adam_Gparams_per_s, the figure is DeepSpeed's own CPU Adam "
+                                        "on Grace (SuperOffload's GraceAdam): 10.4 G params/s"},
     "host:desktop": {
         "dram_GBps": "estimate: ~70% of 89.6 GB/s, 2 channels of DDR5-5600",
         "cores": "estimate: a 16-core desktop",
@@ -200,7 +206,9 @@ SOURCES: dict[str, dict[str, str]] = {
         "dram_GBps": "estimate: ~75% of 12 channels of DDR4-2666 (256 GB/s theoretical)",
         "cores": "datasheet: NVIDIA DGX-2: 2 x Intel Xeon Platinum 8168, 24 cores each",
         "adam_Gparams_per_s": "published: DeepSpeedCPUAdam's optimizer_step of a 10B model in 6.2-6.5 s on a DGX-2 "
-                              "(microsoft/DeepSpeed docs/assets/images/zero_offload_dp1_10B_log.png): ~1.6"},
+                              "(microsoft/DeepSpeed docs/assets/images/zero_offload_dp1_10B_log.png): ~1.6",
+        "deepspeed_adam_Gparams_per_s": "published: the same DeepSpeedCPUAdam optimizer_step, 10B in 6.2-6.5 s on a "
+                                        "DGX-2 (zero_offload_dp1_10B_log.png): ~1.6 G params/s"},
 }
 
 

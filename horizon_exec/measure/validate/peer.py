@@ -103,7 +103,7 @@ def calibrate_peer(hw: HardwareSpec, threads: int, steps: int = 8, dtype: str = 
     job = run_deepspeed_job({"runs": runs, "adam": {"params": 8 * 2**20, "steps": 10}}, threads,
                             "DeepSpeed calibration runs")
     adam = job["adam"]["Gparams_per_s"]
-    hw_adam = replace(hw, host=replace(hw.host, adam_Gparams_per_s=adam))
+    hw_adam = replace(hw, host=replace(hw.host, adam_Gparams_per_s=adam, deepspeed_adam_Gparams_per_s=adam))
     held = lambda cfg: (lambda r: r.total_bytes - r.terms["runtime"])(_schedule_rss(cfg, hw_adam)[1])  # noqa: E731
     over_t = job["runs"][0]["rss_peak_bytes"] - held(tiny)
     extra = 0.0
@@ -175,8 +175,9 @@ def validate_peer(hw: HardwareSpec, configs=PEER_CONFIGS, *, steps: int = 4, war
     cal = calibrate_peer(hw, threads, calibration_steps, configs[0].zero3.compute_dtype, per_param)
     adam, runtime, fixed = cal["adam_Gparams_per_s"], cal["runtime_bytes"], cal["overheads_us"]
     extra = cal["extra_bytes_per_param"]
-    peer_hw = with_overheads(replace(hw, host=replace(hw.host, adam_Gparams_per_s=adam,
-                                                      runtime_overhead_GiB=runtime / GiB)), fixed)
+    host = replace(hw.host, adam_Gparams_per_s=adam, deepspeed_adam_Gparams_per_s=adam,
+                   runtime_overhead_GiB=runtime / GiB)
+    peer_hw = with_overheads(replace(hw, host=host), fixed)
     if say:
         say(f"  DeepSpeedCPUAdam {adam:.2f} G params/s ({threads} thread(s)); DeepSpeed runtime RSS "
             f"{runtime / MiB:.0f} MiB + {extra:.1f} B/param beyond the model states; fixed costs "
