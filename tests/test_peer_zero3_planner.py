@@ -76,8 +76,9 @@ def test_knobs_change_the_step_as_deepspeeds_do():
     offloads = lambda z: sum(op.kind == OpKind.OFFLOAD_GRADS for op in build_zero3_schedule(m, z).ops)  # noqa: E731
     assert offloads(Zero3Policy(**base)) == 1 and offloads(Zero3Policy(**base, reduce_bucket_params=1)) == 10
     # gradients leave as fp32: 4 bytes a parameter over the link; DeepSpeed's partition_grads takes
-    # them down, back up and (one micro-batch: at the boundary) down again
-    for fp32_copy, down, up in ((False, 4, 0), (True, 8, 4)):
+    # them down and back up in the model's dtype (bf16: 2 bytes; engine.py get_data_types) and (one
+    # micro-batch: at the boundary) down again as fp32
+    for fp32_copy, down, up in ((False, 4, 0), (True, 2 + 4, 2)):
         s = build_zero3_schedule(m, Zero3Policy(**base, fp32_grad_copy=fp32_copy))
         grads = sum(b.numel for b in s.buffers.values() if b.holds == Holds.DEVICE_GRAD)
         assert sum(op.link_bytes for op in s.ops if op.kind == OpKind.OFFLOAD_GRADS) == down * grads

@@ -27,9 +27,10 @@ vocabulary (plus BACKWARD_SAVED, FETCHED_WEIGHTS, SAVED_ACTIVATIONS). It reads a
             reduces); with sync_per_wait they start only once the unit's copies have landed
             (the wait synchronises the copy stream), and the unit's compute waits for them
   copies    per_tensor_fetch: a unit's fetch is one copy per parameter tensor (each pays the
-            link's latency); fp32_grad_copy: each bucket's fp32 gradients also come back up
-            (RELOAD_GRADS, 4 bytes a parameter) and the last micro-batch's go down once more
-            into the optimizer's gradient, accumulation on the device; per_param_norm: a norm
+            link's latency); fp32_grad_copy: each bucket's gradients go down into the host
+            partition and come back up (RELOAD_GRADS), in the compute dtype, and the last
+            micro-batch's go down once more, cast to fp32, into the optimizer's gradient
+            (accumulation on the device); per_param_norm: a norm
             pass over each fp32 gradient on the device and a host loop over the tensors
   end       the global norm over the host gradients, then DeepSpeedCPUAdam over every unit
             (OPTIMIZER, after backward: nothing overlaps it), which also writes the updated bf16
@@ -217,10 +218,11 @@ class Zero3StepBuilder(StepBuilder):
         if z.fp32_grad_copy:
             # fp32_grad_copy's docstring: down into the pinned partition, back up (before the add
             # when accumulating), and at the boundary down again into the optimizer's gradient
-            down = n * 4 * (2 if last else 1)
-            off = self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=reads, writes=writes, frees=dgrads,
-                            link_bytes=down, copies=t * (2 if last else 1), reduce_bytes=norm)
-            done = self.emit(OpKind.RELOAD_GRADS, units[0], m, reads=hg, writes=hg, link_bytes=n * 4, copies=t)
+            # (in the compute dtype, a bytes), then the boundary's fp32 copy (4 bytes)
+            down = n * self.a + (n * 4 if last else 0)
+            self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=reads, writes=writes, frees=dgrads,
+                      link_bytes=down, copies=t * (2 if last else 1), reduce_bytes=norm)
+            done = self.emit(OpKind.RELOAD_GRADS, units[0], m, reads=hg, writes=hg, link_bytes=n * self.a, copies=t)
         else:
             done = self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=reads, writes=writes, frees=dgrads,
                              link_bytes=n * 4, host_bytes=n * 12 if acc else 0, reduce_bytes=norm)

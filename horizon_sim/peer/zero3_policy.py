@@ -68,13 +68,15 @@ class Zero3Policy:
     copy_, a norm), microseconds. Estimate: the order of one eager op's dispatch; the H200 run
     measured 1.15 ms of fixed cost per layer forward for a few dozen such calls (docs/gpu_runs.md)."""
     fp32_grad_copy: bool = True
-    """DeepSpeed's fp32 gradient partition lives in pinned host memory (stage3.py:
-    grad_partitions_flat_buffer on the CPU under offload_optimizer) and partition_grads takes
-    it through the device: the first micro-batch's copy_ into it is followed by `.to(device)`
-    back (4 bytes a parameter each way), later micro-batches copy it up, add on the device and
-    copy it back, and the boundary (_offload_grad_partition_at_boundary) copies it once more into
-    the optimizer's fp32 gradient (4 bytes down). Off: one 4-byte copy down per micro-batch, summed
-    on the host."""
+    """DeepSpeed's gradient partition lives in pinned host memory (stage3.py:
+    grad_partitions_flat_buffer on the CPU under offload_optimizer, in gradient_accumulation_dtype,
+    which is the model's dtype unless ds_config's data_types.grad_accum_dtype says otherwise:
+    engine.py get_data_types) and partition_grads takes it through the device: the first
+    micro-batch's copy_ into it is followed by `.to(device)` back (a bytes a parameter each way,
+    a = the compute dtype's), later micro-batches copy it up, add on the device and copy it back,
+    and the boundary (_offload_grad_partition_at_boundary) casts it to fp32 on the device and
+    copies it into the optimizer's fp32 gradient (4 bytes down). Off: one 4-byte copy down per
+    micro-batch, summed on the host."""
     per_param_norm: bool = True
     """At the boundary, a norm per parameter tensor on the device (_constant_buffered_norm2 of
     each gradient: a pass over its fp32 bytes), summed in a Python loop over every tensor
