@@ -69,17 +69,29 @@ class DeviceArena:
             self._register(name, t, nbytes)
             return t
 
+    def hold(self, name: str, obj, nbytes: int):
+        """Make `obj` (not a tensor: a kept layer's autograd graph, whose saved tensors the op
+        that made them allocated) the buffer `name`, charged `nbytes` (its declared size)."""
+        with self._lock:
+            if name in self.tensors:
+                raise RuntimeError(f"device buffer {name!r} is already allocated")
+            self._charge(nbytes, f"buffer {name!r}")
+            self._register(name, obj, nbytes)
+            return obj
+
     def _register(self, name, t, nbytes):
         self.tensors[name] = t
         self._bytes[name] = nbytes
-        self.ptrs.add(t.untyped_storage().data_ptr())
+        if hasattr(t, "untyped_storage"):
+            self.ptrs.add(t.untyped_storage().data_ptr())
         self.live += nbytes
         self._update_peak()
 
     def free(self, name: str):
         with self._lock:
             t = self.tensors.pop(name)
-            self.ptrs.discard(t.untyped_storage().data_ptr())
+            if hasattr(t, "untyped_storage"):
+                self.ptrs.discard(t.untyped_storage().data_ptr())
             self.live -= self._bytes.pop(name)
         return t
 

@@ -96,11 +96,21 @@ class BufferTable:
         else:
             self.arena.adopt(name, t, b.bytes)
 
+    def hold(self, name: str, obj) -> None:
+        """An op made `obj` (a kept layer's graph: KeptGraph) the device buffer `name`: charged
+        its declared bytes until an op frees it."""
+        b = self.declared[name]
+        if b.space != Space.DEVICE or self.is_live(name):
+            raise ExecError(f"buffer {name!r} cannot hold an op's graph (not a device buffer, or live)")
+        self.arena.hold(name, obj, b.bytes)
+
     def free(self, name: str) -> None:
         if self.declared[name].dma_only:
             return  # the backend's own stage (module docstring)
         if name in self.arena:
-            self.backend.release(self.arena.free(name))
+            t = self.arena.free(name)
+            if isinstance(t, torch.Tensor):  # a held graph's tensors go with it (ops.forward_kept)
+                self.backend.release(t)
             return
         with self._lock:
             t = self._host.pop(name)

@@ -23,6 +23,7 @@ from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
 from horizon_exec.model.head import head_fwd_bwd, head_loss
 from horizon_exec.model.layers import DecoderBlock
+from horizon_exec.runtime.kept_graph import KeptGraph
 from horizon_exec.model.layout import block_layout, head_device_layout, host_layout, unit_name
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
 from horizon_exec.optim.adamw import AdamW, clip_coef
@@ -89,7 +90,8 @@ class OpRunner:
             OpKind.EMBED_FWD: self.embed_fwd, OpKind.LOAD_INPUT: self.copy_h2d,
             OpKind.LOAD_WEIGHTS: self.load_weights, OpKind.FORWARD: self.forward, OpKind.RECOMPUTE: self.forward,
             OpKind.SAVE_CKPT: self.copy_d2h, OpKind.LOAD_CKPT: self.copy_h2d, OpKind.HEAD: self.head,
-            OpKind.HEAD_LOSS: self.head_loss, OpKind.BACKWARD: self.backward, OpKind.OFFLOAD_GRADS: self.offload_grads,
+            OpKind.HEAD_LOSS: self.head_loss, OpKind.BACKWARD: self.backward,
+            OpKind.BACKWARD_SAVED: self.backward_saved, OpKind.OFFLOAD_GRADS: self.offload_grads,
             OpKind.OFFLOAD_INPUT_GRAD: self.copy_d2h, OpKind.EMBED_BWD: self.embed_bwd,
             OpKind.GRAD_NORM: self.grad_norm, OpKind.OPTIMIZER: self.optimizer,
             OpKind.DISK_READ: self.disk_read, OpKind.DISK_WRITE: self.disk_write,
@@ -255,12 +257,28 @@ class OpRunner:
 
     # ---- compute lane -------------------------------------------------------------------------
     def forward(self, op):
-        """FORWARD / RECOMPUTE: the boundary after block l = block_l(the boundary before), no autograd."""
+        """FORWARD / RECOMPUTE: the boundary after block l = block_l(the boundary before), no
+        autograd; a kept layer's FORWARD (it writes a SAVED_ACTIVATIONS buffer) keeps its graph."""
+        if self.buf.all(op.writes, Holds.SAVED_ACTIVATIONS):
+            return self.forward_kept(op)
         x = self.buf.get(op.reads[0])
         w = self._weights(op)
         with self._scope(op), torch.no_grad():
             y = self.block(w, x, *self.attn.rows(self._rows(op.micro), op.unit))   # (mb, T, H)
         self.buf.put(op.writes[0], y)
+
+    def forward_kept(self, op):
+        """A kept layer's forward, with grad: its output, and its autograd graph held as the
+        SAVED_ACTIVATIONS buffer (charged its declared bytes) until its BACKWARD_SAVED. The
+        graph saves the weights as their place in the slot (kept_graph.py), not the slot's
+        tensors: the slot is reloaded with other units before the backward."""
+        x = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION))
+        slot = self.buf.find(Holds.WEIGHT_SLOT, layer=op.slot)
+        w = self._weights(op)
+        with self._scope(op):
+            graph = KeptGraph.record(self.block, w, slot, x, self.attn.rows(self._rows(op.micro), op.unit))
+        self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION), graph.output)
+        self.buf.hold(self.buf.one(op.writes, Holds.SAVED_ACTIVATIONS), graph)
 
     def _device_grad(self, op) -> tuple[torch.Tensor, bool]:
         """The op's device gradient buffer, and whether its gradients are added into it (the
@@ -288,6 +306,21 @@ class OpRunner:
                 (gviews[k].add_ if add else gviews[k].copy_)(gk)
             dx = grads[0]
             del grads, wp
+        self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
+
+    def backward_saved(self, op):
+        """A kept layer's backward from the graph its FORWARD kept (no forward again): the input's
+        grad and the block's weight grads, the weights read from the slot the unit is in now."""
+        graph = self.buf.get(self.buf.one(op.reads, Holds.SAVED_ACTIVATIONS))
+        dy = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION_GRAD))
+        slot = self.buf.find(Holds.WEIGHT_SLOT, layer=op.slot)
+        dgrad, add = self._device_grad(op)
+        gviews = self.block_layout.views(dgrad)
+        with self._scope(op):
+            dx, wgrads = graph.backward(dy, slot)
+            for k, gk in wgrads.items():
+                (gviews[k].add_ if add else gviews[k].copy_)(gk)
+            del wgrads
         self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
 
     def head(self, op):

@@ -124,7 +124,7 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
         "",
         f"policy    batch {pol.batch} x seq {pol.seq} ({meta.tokens:,} tokens/step, "
         f"{pol.micro_batches} micro-batch(es){', layer order' if pol.mb_order == 'layer' else ''}), "
-        f"K={pol.act_ckpt_every}, slots {pol.slots}, "
+        f"K={pol.act_ckpt_every}, {_kept_text(pol, meta.n_layers)}, slots {pol.slots}, "
         f"checkpoints on {pol.act_ckpt_on}, optimizer {pol.optimizer}, clip {pol.grad_clip:g}",
         f"          compute {pol.compute_dtype}, master "
         f"{'fp32 split (bf16 working copy + 16-bit low half)' if pol.split_master else pol.master_dtype}, "
@@ -132,6 +132,13 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
         f"{'on' if pol.working_copy else 'off'}",
     ]
     return "\n".join(lines)
+
+
+def _kept_text(pol, n_layers: int) -> str:
+    """How many layers keep their activations (Policy.keep_last) and the rest recompute."""
+    kept = pol.kept_layers(n_layers)
+    return ("no layer keeps activations" if not kept else
+            f"{kept} of {n_layers} layers keep activations (no recompute)")
 
 
 def sources_text(hw) -> str:

@@ -1,7 +1,7 @@
 """Policy flags shared by every command that runs or plans a step."""
 import argparse
 
-from horizon_sim.specs.policy import (CKPT_PLACES, DISK_TIERS, DTYPES, MASTER_CHOICES, MASTER_ROUNDINGS,
+from horizon_sim.specs.policy import (CKPT_PLACES, DISK_TIERS, DTYPES, KEEP_ALL, MASTER_CHOICES, MASTER_ROUNDINGS,
                                       MB_ORDERS, OPTIMIZER_MODES, Policy)
 
 _D = Policy()
@@ -14,6 +14,19 @@ def _renamed(use: str):
         def __call__(self, parser, namespace, values, option_string=None):
             parser.error(f"{option_string} was renamed: {use}")
     return Renamed
+
+
+def keep_layers(text: str) -> int:
+    """--keep-activations: a number of layers >= 0, or 'all' (KEEP_ALL)."""
+    if text.strip().lower() == "all":
+        return KEEP_ALL
+    try:
+        n = int(text)
+    except ValueError:
+        n = -2
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of layers >= 0 or 'all'")
+    return n
 
 
 def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_help: str | None = None) -> None:
@@ -39,6 +52,10 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
                         f"every micro-batch's activations live on the device at once) (default {defaults.mb_order})")
     g.add_argument("--act-ckpt-every", type=int, default=defaults.act_ckpt_every, metavar="K",
                    help="keep a boundary activation every K layers; backward recomputes the rest (default 1)")
+    g.add_argument("--keep-activations", type=keep_layers, default=defaults.keep_last, metavar="L|all",
+                   help="the last L layers of the forward keep what autograd saves on the device and run their "
+                        "backward from it, no recompute ('all': every layer; device memory grows with L) "
+                        "(default 0)")
     g.add_argument("--slots", type=int, default=defaults.slots,
                    help="device weight buffers, >= 2 (default 2)")
     g.add_argument("--act-ckpt-on", choices=CKPT_PLACES, default=defaults.act_ckpt_on,
@@ -90,4 +107,5 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
                                master_rounding=getattr(a, "master_rounding", "nearest"), grad_dtype=a.grad_dtype,
                                working_copy=not a.no_working_copy, doc_masks=a.doc_masks, doc_tokens=a.doc_tokens,
                                disk_tier=getattr(a, "disk_tier", "none"), max_host_grads=getattr(a, "max_host_grads", 0),
-                               mb_order=getattr(a, "mb_order", "micro"))
+                               mb_order=getattr(a, "mb_order", "micro"),
+                               keep_last=getattr(a, "keep_activations", 0))

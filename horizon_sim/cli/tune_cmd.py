@@ -106,7 +106,7 @@ def _tps(v) -> str:
 
 
 COLS = [("batch", "batch", str), ("micro", "micro_batches", lambda n: f"{n}x"), ("order", "mb_order", str),
-        ("K", "act_ckpt_every", str), ("slots", "slots", str), ("ckpt", "act_ckpt_on", str),
+        ("K", "act_ckpt_every", str), ("keep", "keep_last", lambda v: "all" if v == -1 else str(v)), ("slots", "slots", str), ("ckpt", "act_ckpt_on", str),
         ("optimizer", "optimizer", str), ("wcopy", "working_copy", lambda w: "on" if w else "off"),
         ("master", "split_master", lambda s: "split" if s else "fp32"),
         ("grads<=", "max_host_grads", lambda v: str(v) if v else "-"),
@@ -117,7 +117,7 @@ COLS = [("batch", "batch", str), ("micro", "micro_batches", lambda n: f"{n}x"), 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.description = ("Search batch, micro-batches, checkpoint interval K, device slots, checkpoint "
-                     "placement, optimizer overlap, the host working copy, the split master and the micro-batch "
+                     "placement, optimizer overlap, the host working copy, the split master, the kept layers and the micro-batch "
                      "order for the highest tokens/s that fits; print the top configurations and the Pareto "
                      "front of tokens/s against host RAM.")
     p.epilog = EXAMPLE

@@ -20,7 +20,7 @@ from horizon_sim.sim.simulate import SimResult
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.hardware_presets import LINKS
 from horizon_sim.specs.model import ModelSpec
-from horizon_sim.specs.policy import Policy
+from horizon_sim.specs.policy import KEEP_ALL, Policy
 from horizon_sim.units import GiB, fmt_bytes
 
 MIN_GAIN = 0.03
@@ -74,6 +74,12 @@ def _half_batch(p, m):
     return replace(p, batch=p.batch // 2) if p.micro_batch % 2 == 0 else None
 
 
+def _keep_fewer(p, m):
+    """Half as many kept layers (none from one): their saved tensors are device memory."""
+    kept = p.kept_layers(m.n_layers)
+    return replace(p, keep_last=kept // 2) if kept else None
+
+
 def _two_slots(p, m):
     return replace(p, slots=2) if p.slots > 2 else None
 
@@ -99,6 +105,7 @@ MOVES = (  # (name, helps host, helps device, fn)
     ("micro-batches doubled", False, True, _split_micro),
     ("batch halved", False, True, _half_batch),
     ("2 slots", False, True, _two_slots),
+    ("kept layers halved", False, True, _keep_fewer),
 )
 
 _FLAGS = (  # Policy field -> CLI flag of `horizon plan`
@@ -107,6 +114,7 @@ _FLAGS = (  # Policy field -> CLI flag of `horizon plan`
     ("optimizer", "--optimizer"), ("grad_clip", "--grad-clip"), ("compute_dtype", "--compute-dtype"),
     ("states_dtype", "--states-dtype"), ("grad_dtype", "--grad-dtype"), ("max_host_grads", "--max-host-grads"),
     ("disk_tier", "--disk-tier"), ("master_rounding", "--master-rounding"), ("mb_order", "--mb-order"),
+    ("keep_last", "--keep-activations"),
 )
 
 
@@ -117,6 +125,8 @@ def policy_flags(p: Policy, base: Policy | None = None) -> str:
     for f, flag in _FLAGS:
         v = getattr(p, f)
         if v != getattr(base, f):
+            if f == "keep_last" and v == KEEP_ALL:
+                v = "all"
             out.append(f"{flag} {v:g}" if isinstance(v, float) else f"{flag} {v}")
     if (p.master_dtype, p.split_master) != (base.master_dtype, base.split_master):
         out.append(f"--master-dtype {'split' if p.split_master else p.master_dtype}")

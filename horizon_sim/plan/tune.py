@@ -2,7 +2,8 @@
 
 Knobs searched (SearchSpace): sequences per micro-batch, micro-batches per step, checkpoint
 interval K, device weight slots, where checkpoints live, when the optimizer runs, the host
-working copy, and the order micro-batches pass the units (with more than one). Precision and clipping are the user's (they change the numerics), except
+working copy, the order micro-batches pass the units (with more than one), and how many of
+the last layers keep their activations (no recompute). Precision and clipping are the user's (they change the numerics), except
 that optimizer='backward' is tried only when clipping is already off (grad_clip=0).
 
 Search: best-improvement hill climbing from two seeds (the default policy and a memory-lean
@@ -22,11 +23,11 @@ from horizon_sim.plan.outcome import Outcome, round_up_ram
 from horizon_sim.plan.runner import Runner
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
-from horizon_sim.specs.policy import CKPT_PLACES, MB_ORDERS, OPTIMIZER_MODES, Policy
+from horizon_sim.specs.policy import CKPT_PLACES, KEEP_ALL, MB_ORDERS, OPTIMIZER_MODES, Policy
 
 KNOBS = ("micro_batch", "micro_batches", "act_ckpt_every", "slots", "act_ckpt_on", "optimizer", "working_copy",
-         "max_host_grads", "split_master", "mb_order")
-_ORDERED = ("micro_batch", "micro_batches", "act_ckpt_every", "slots", "max_host_grads")
+         "max_host_grads", "split_master", "mb_order", "keep_last")
+_ORDERED = ("micro_batch", "micro_batches", "act_ckpt_every", "slots", "max_host_grads", "keep_last")
 TIE = 0.005
 """Configurations within this fraction of the fastest count as equally fast: the best is then
 the one with the smallest batch, then the smallest host and device footprint."""
@@ -59,6 +60,9 @@ class SearchSpace:
     an fp32 master and bf16 compute only)."""
     mb_order: tuple[str, ...] = MB_ORDERS
     """The micro-batch orders (Policy.mb_order; one micro-batch: only 'micro', the same step)."""
+    keep_last: tuple[int, ...] = (0, 1, 2, 4, 8, 16, KEEP_ALL)
+    """How many of the last layers keep their activations (Policy.keep_last; KEEP_ALL: every
+    layer; values above the model's depth are dropped)."""
     max_batch: int = 64
     """Cap on sequences per step (micro_batch x micro_batches): the batch is a training
     hyperparameter, not only a speed knob."""
@@ -78,6 +82,10 @@ class SearchSpace:
             if not vals or any(v not in allowed for v in vals):
                 raise HorizonError(f"search space {f}={vals!r}; allowed: {', '.join(allowed)}")
             object.__setattr__(self, f, vals)
+        kl = tuple(self.keep_last)
+        if not kl or any(isinstance(v, bool) or not isinstance(v, int) or v < KEEP_ALL for v in kl):
+            raise HorizonError(f"search space keep_last={kl!r} must be numbers of layers >= 0 or {KEEP_ALL} (all)")
+        object.__setattr__(self, "keep_last", tuple(sorted(set(kl))))
         if not self.working_copy:
             raise HorizonError("search space working_copy must hold True, False or both")
         if not self.split_master or any(not isinstance(v, bool) for v in self.split_master):
@@ -128,7 +136,10 @@ class HillClimb:
                        "slots": space.slots, "act_ckpt_on": space.act_ckpt_on, "optimizer": tuple(opts),
                        "working_copy": tuple(wcs), "max_host_grads": space.max_host_grads,
                        "split_master": tuple(v for v in space.split_master if not v or self._can_split(base)) or (False,),
-                       "mb_order": space.mb_order}
+                       "mb_order": space.mb_order,
+                       # layer counts, 'all' as the model's depth, so the knob is ordered
+                       "keep_last": tuple(sorted({self.L if k == KEEP_ALL else k for k in space.keep_last
+                                                  if k <= self.L}))}
         self.seen: dict[tuple, Outcome] = {}
 
     @staticmethod
@@ -136,10 +147,10 @@ class HillClimb:
         return (p.master_dtype, p.compute_dtype) == ("fp32", "bf16")
 
     def policy(self, s: tuple) -> Policy:
-        mb, n, k, slots, on, opt, wc, hg, split, order = s
+        mb, n, k, slots, on, opt, wc, hg, split, order, keep = s
         return replace(self.base, batch=mb * n, micro_batches=n, act_ckpt_every=k, slots=slots,
                        act_ckpt_on=on, optimizer=opt, working_copy=wc, max_host_grads=hg, split_master=split,
-                       mb_order=order)
+                       mb_order=order, keep_last=keep)
 
     @staticmethod
     def _bounds_apply(s: tuple) -> bool:
@@ -148,7 +159,7 @@ class HillClimb:
     def _one_order(self, s: tuple) -> tuple:
         """One micro-batch: both orders are the same step; keep the first one searched."""
         first = self.values["mb_order"][0]
-        return s if s[1] > 1 or s[9] == first else s[:9] + (first,)
+        return s if s[1] > 1 or s[9] == first else s[:9] + (first,) + s[10:]
 
     def valid(self, s: tuple) -> bool:
         return (s[0] * s[1] <= self.space.max_batch and s[2] <= self.L
@@ -165,7 +176,8 @@ class HillClimb:
              p.working_copy if p.working_copy in v["working_copy"] else v["working_copy"][0],
              _near(v["max_host_grads"], p.max_host_grads),
              p.split_master if p.split_master in v["split_master"] else v["split_master"][0],
-             p.mb_order if p.mb_order in v["mb_order"] else v["mb_order"][0]]
+             p.mb_order if p.mb_order in v["mb_order"] else v["mb_order"][0],
+             _near(v["keep_last"], p.kept_layers(self.L))]
         if not self._bounds_apply(s):
             s[7] = 0
         if not s[6]:
@@ -238,7 +250,7 @@ def _row(model, hw, p: Policy, o: Outcome) -> dict:
     return {"batch": p.batch, "micro_batches": p.micro_batches, "micro_batch": p.micro_batch,
             "act_ckpt_every": p.act_ckpt_every, "slots": p.slots, "act_ckpt_on": p.act_ckpt_on,
             "optimizer": p.optimizer, "working_copy": p.working_copy, "max_host_grads": p.max_host_grads,
-            "split_master": p.split_master, "mb_order": p.mb_order, "fits": o.fits(hw),
+            "split_master": p.split_master, "mb_order": p.mb_order, "keep_last": p.keep_last, "fits": o.fits(hw),
             "tokens_per_s": o.tokens_per_s, "step_time_s": o.step_time_s, "mfu": o.mfu,
             "device_peak_bytes": o.device_peak_bytes, "host_bytes": o.host_bytes,
             "ram_needed_bytes": round_up_ram(o.ram_needed_bytes(hw)) if o.ok else 0,

@@ -12,6 +12,10 @@ ops of one training step. It reads as the step's phases:
             the host
   embedding its gradient scattered on the host
   end       the global gradient norm
+Kept layers (Policy.keep_last: the last ones of the forward) run their forward with grad and
+keep its graph on the device (SAVED_ACTIVATIONS, from the FORWARD to the backward); their
+backward is BACKWARD_SAVED (no recompute, no checkpoint), first in the backward; the K-blocks
+cover the layers before them (sequence.py).
 and the optimizer wherever its mode puts it (place_optimizer, the one place that decides).
 The policy's mb_order says how the micro-batches interleave (sequence.py): 'micro' runs the
 phases per micro-batch; 'layer' runs each unit for every micro-batch while its weights are
@@ -34,7 +38,7 @@ still in flight, so a slow link cannot let device memory grow with depth. The or
 compute ops and their weight slots: sequence.py; the buffers: declare.py.
 """
 from horizon_sim.errors import HorizonError
-from horizon_sim.schedule import work
+from horizon_sim.schedule import kept_work, work
 from horizon_sim.schedule.limits import check_sizes
 from horizon_sim.schedule.op import EMBED, Holds, OpKind
 from horizon_sim.schedule.partition import Part
@@ -70,7 +74,11 @@ class TrainStepBuilder(StepBuilder):
         if policy.act_ckpt_every > model.n_layers:
             raise HorizonError(f"policy act_ckpt_every={policy.act_ckpt_every} is larger than the model's "
                                f"{model.n_layers} layers; use 1..{model.n_layers}")
+        if policy.keep_last > model.n_layers:
+            raise HorizonError(f"policy keep_last={policy.keep_last} is larger than the model's {model.n_layers} "
+                               f"layers; use 0..{model.n_layers} or all")
         super().__init__(model, policy, layout)
+        self.first_kept = model.n_layers - policy.kept_layers(model.n_layers)  # layers from here keep their graph
         self.last_micro = policy.micro_batches - 1
         self.tokens = policy.micro_batch * policy.seq  # per micro-batch
         self.optimized: set[int] = set()
@@ -99,6 +107,11 @@ class TrainStepBuilder(StepBuilder):
         self.head_hbm = work.head_elementwise_bytes(model, tok, a)
         self.head_ws = work.head_workspace_bytes(model, tok, p.loss_chunk_tokens, a)
         self.boundary_bytes = tok * model.hidden * a
+        # kept layers (kept_work.py): the graph's bytes, and what their two ops hold beyond it
+        self.saved_b = [kept_work.kept_saved_bytes(model, mb, p.seq, a, p.attention, mask_b * mk) for mk in masked]
+        self.kept_fwd_ws = [kept_work.kept_forward_workspace_bytes(model, mb, p.seq, mask_b * mk) for mk in masked]
+        self.saved_bwd_ws = [kept_work.saved_backward_workspace_bytes(model, mb, p.seq, a, mask_b * mk) for mk in masked]
+        self.saved_bwd_hbm = kept_work.saved_backward_elementwise_bytes(model, tok, p.seq, a)
 
     # ---- emission ------------------------------------------------------------------------------
     @staticmethod
@@ -277,12 +290,19 @@ class TrainStepBuilder(StepBuilder):
     def act_ckpt(self, m: int, layer: int) -> str:
         return self.bufs.host_rows(f"ckpt.m{m}.{layer}", Holds.ACT_CHECKPOINT, m, "act_checkpoints", layer=layer)
 
+    def saved(self, m: int, u: int) -> str:
+        """Kept layer u's graph of micro-batch m (its SAVED_ACTIVATIONS buffer)."""
+        return self.bufs.saved_activations(m, u, self.saved_b[u])
+
     def forward(self, use: Use, slot: str) -> None:
         b, p, u, m = self.bufs, self.policy, use.unit, use.micro
-        kept = u % p.act_ckpt_every == 0
-        self.emit(OpKind.FORWARD, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot], writes=[b.activation(m, u + 1)],
+        graph = u >= self.first_kept  # keeps its graph: needs no checkpoint
+        kept = u % p.act_ckpt_every == 0 and not graph
+        writes = [b.activation(m, u + 1)] + ([self.saved(m, u)] if graph else [])
+        self.emit(OpKind.FORWARD, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot], writes=writes,
                   frees=[] if kept else [b.activation(m, u)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm,
-                  workspace_bytes=self.fwd_ws[u], after=self._backpressure(self.pending_saves))
+                  workspace_bytes=self.kept_fwd_ws[u] if graph else self.fwd_ws[u],
+                  after=self._backpressure(self.pending_saves))
         if kept and p.act_ckpt_on == "host":
             self.pending_saves.append(
                 self.emit(OpKind.SAVE_CKPT, u, m, reads=[b.activation(m, u)], writes=[self.act_ckpt(m, u)],
@@ -326,6 +346,19 @@ class TrainStepBuilder(StepBuilder):
         if u == 0:
             self.embedding_grad(m)
 
+    def backward_saved(self, use: Use, slot: str) -> None:
+        """A kept layer's backward from its forward's graph (no recompute)."""
+        b, u, m = self.bufs, use.unit, use.micro
+        dy, dx = b.activation_grad(m, u + 1), b.activation_grad(m, u)
+        dgrad, add = self.grad_target(u, m)
+        self.emit(OpKind.BACKWARD_SAVED, u, m, slot=b.buffers[slot].layer,
+                  reads=[self.saved(m, u), dy, slot] + ([dgrad] if add else []), writes=[dx, dgrad],
+                  frees=[self.saved(m, u), dy], flops=2 * self.fwd_flops[u], hbm_bytes=self.saved_bwd_hbm,
+                  workspace_bytes=self.saved_bwd_ws[u], after=self._backpressure(self.pending_offloads))
+        self.grads_made(u, m)
+        if u == 0:
+            self.embedding_grad(m)
+
     def embedding_grad(self, m: int) -> None:
         """The layer-0 input's gradient to the host, scattered into the embedding's gradient."""
         b, a = self.bufs, DTYPE_BYTES[self.policy.compute_dtype]
@@ -362,9 +395,10 @@ class TrainStepBuilder(StepBuilder):
         model, p, b = self.model, self.policy, self.bufs
         b.device_constants()
         slots = [b.weight_slot(s) for s in range(p.slots)]
-        seq = compute_sequence(model.n_layers, p.act_ckpt_every, p.micro_batches, p.mb_order)
+        seq = compute_sequence(model.n_layers, p.act_ckpt_every, p.micro_batches, p.mb_order,
+                               kept=model.n_layers - self.first_kept)
         compute = {OpKind.FORWARD: self.forward, OpKind.HEAD: self.head_op, OpKind.RECOMPUTE: self.recompute,
-                   OpKind.BACKWARD: self.backward}
+                   OpKind.BACKWARD: self.backward, OpKind.BACKWARD_SAVED: self.backward_saved}
         for use, (s, needs_load) in zip(seq, assign_slots(seq, p.slots)):
             if use.kind == OpKind.FORWARD and use.unit == 0:
                 self.embed(use.micro)

@@ -102,6 +102,12 @@ class Declarations:
         return self.declare(f"x.m{m}.{layer}", Space.DEVICE, Holds.ACTIVATION, self._rows(), self.p.compute_dtype,
                             role="activations", micro=m, layer=layer)
 
+    def saved_activations(self, m: int, layer: int, nbytes: int) -> str:
+        """What a kept layer's forward saved for its backward (its autograd graph), `nbytes`
+        (kept_work.kept_saved_bytes), from its FORWARD to its BACKWARD_SAVED."""
+        return self.declare(f"saved.m{m}.{layer}", Space.DEVICE, Holds.SAVED_ACTIVATIONS, (nbytes,), "uint8",
+                            role="activations", micro=m, layer=layer)
+
     def activation_grad(self, m: int, layer: int) -> str:
         return self.declare(f"dx.m{m}.{layer}", Space.DEVICE, Holds.ACTIVATION_GRAD, self._rows(),
                             self.p.compute_dtype, role="activations", micro=m, layer=layer)

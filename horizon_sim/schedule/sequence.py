@@ -8,6 +8,10 @@ Two orders (Policy.mb_order):
          block (K layers, in reverse) every micro-batch's recompute and backwards: a unit's
          weights stay resident while all micro-batches pass it, so each crosses the link twice
          per step (forward, backward) when the slots hold a block, whatever the micro-batches
+Kept layers (Policy.keep_last: the last `kept` of the forward) keep their forward's autograd
+graph: their backward is one BACKWARD_SAVED each (no recompute, no checkpoint), run first in
+the backward (they are the last layers), each for every micro-batch in the layer order; the
+K-blocks then cover the layers before them.
 Slots follow Belady's rule (evict the unit whose next use is furthest), never the slot the
 previous compute op uses, so a load always overlaps compute; a unit still resident is not
 loaded again, which saves link traffic when K > 1 or slots > 2, and is what makes the layer
@@ -43,12 +47,18 @@ def _backward_block(start: int, end: int, m: int) -> list[Use]:
     return [replace(block[0], block_start=start)] + block[1:]
 
 
-def compute_sequence(n_layers: int, act_ckpt_every: int, micro_batches: int, order: str = "micro") -> list[Use]:
-    """The step's compute ops in `order` (module docstring)."""
-    head, micros, blocks = n_layers, range(micro_batches), _backward_blocks(n_layers, act_ckpt_every)
+def compute_sequence(n_layers: int, act_ckpt_every: int, micro_batches: int, order: str = "micro",
+                     kept: int = 0) -> list[Use]:
+    """The step's compute ops in `order`, the last `kept` layers keeping their graph (module
+    docstring)."""
+    head, micros = n_layers, range(micro_batches)
+    first_kept = n_layers - kept
+    blocks = _backward_blocks(first_kept, act_ckpt_every)
+    saved = range(n_layers - 1, first_kept - 1, -1)  # the kept layers' backwards, last first
     if order == "layer":
         out = [Use(OpKind.FORWARD, layer, m) for layer in range(n_layers) for m in micros]
         out += [Use(OpKind.HEAD, head, m) for m in micros]
+        out += [Use(OpKind.BACKWARD_SAVED, layer, m) for layer in saved for m in micros]
         for start, end in blocks:
             for m in micros:
                 out += _backward_block(start, end, m)
@@ -57,6 +67,7 @@ def compute_sequence(n_layers: int, act_ckpt_every: int, micro_batches: int, ord
     for m in micros:
         out += [Use(OpKind.FORWARD, layer, m) for layer in range(n_layers)]
         out.append(Use(OpKind.HEAD, head, m))
+        out += [Use(OpKind.BACKWARD_SAVED, layer, m) for layer in saved]
         for start, end in blocks:
             out += _backward_block(start, end, m)
     return out

@@ -23,6 +23,9 @@ MAX_SEQ = 2**24
 """Tokens per sequence. The longest contexts trained today are ~1M tokens (Qwen2.5-1M), 10M
 advertised (Llama 4 Scout); 2^24 is 16.7M. With MAX_BATCH it keeps every FLOP count a finite
 float (attention grows with seq^2)."""
+KEEP_ALL = -1
+"""Policy.keep_last's value for 'every layer keeps its activations' (the CLI's `all`): a policy
+is independent of the model's depth, so 'all' cannot be a number of layers."""
 MAX_SLOTS = 513
 """Device weight slots: one per streamed unit (blocks and the head) of the deepest model the
 planner takes (schedule/limits.py MAX_LAYERS = 512); more are never used."""
@@ -104,6 +107,13 @@ class Policy:
     block for every micro-batch), so weights cross the link twice per step whatever the
     micro-batches, and a unit's gradients are summed on the device (fp32) and offloaded once.
     The price is device memory: every micro-batch's boundaries are live at once."""
+    keep_last: int = 0
+    """The last `keep_last` layers of the forward (the ones backward needs first) keep what
+    autograd saves in their forward on the device, and their backward runs from it: no
+    recompute, at the price of those saved tensors' bytes per layer and micro-batch from the
+    layer's forward to its backward. 0: every layer recomputes (from its K-block's
+    checkpoint); KEEP_ALL (-1): every layer keeps. Layers that recompute form the K-blocks
+    of the layers before the kept ones."""
 
     def __post_init__(self):
         for f in ("batch", "seq", "micro_batches", "act_ckpt_every", "loss_chunk_tokens"):
@@ -128,6 +138,9 @@ class Policy:
                            ("master_dtype", DTYPES), ("states_dtype", DTYPES), ("grad_dtype", DTYPES)):
             if getattr(self, f) not in allowed:
                 raise HorizonError(f"policy {f}={getattr(self, f)!r}; allowed: {', '.join(allowed)}")
+        if not isinstance(self.keep_last, int) or isinstance(self.keep_last, bool) or self.keep_last < KEEP_ALL:
+            raise HorizonError(f"policy keep_last={self.keep_last!r} must be a number of layers >= 0, or "
+                               f"{KEEP_ALL} (all)")
         if not isinstance(self.doc_tokens, int) or isinstance(self.doc_tokens, bool) or self.doc_tokens < 0:
             raise HorizonError(f"policy doc_tokens={self.doc_tokens!r} must be an integer >= 0 (0 = seq)")
         if not isinstance(self.max_host_grads, int) or isinstance(self.max_host_grads, bool) or self.max_host_grads < 0:
@@ -172,6 +185,10 @@ class Policy:
     def micro_batch(self) -> int:
         """Sequences per micro-batch."""
         return self.batch // self.micro_batches
+
+    def kept_layers(self, n_layers: int) -> int:
+        """How many of a model's n_layers keep their activations (keep_last, KEEP_ALL: all)."""
+        return n_layers if self.keep_last == KEEP_ALL else min(self.keep_last, n_layers)
 
     @property
     def tokens(self) -> int:

@@ -1,5 +1,5 @@
 """The configurations `horizon validate` runs: Config (a named model and policy with a one-line
-label for the reports), the eleven small CONFIGS that vary depth, width, batch, K, slots,
+label for the reports), the twelve small CONFIGS that vary depth, width, batch, K, slots,
 checkpoint placement, optimizer overlap, vocabulary, micro-batches, the working copy, the
 split master, the disk tier, attention under explicit masks and two data-parallel ones (2 ranks),
 and the three tiny
@@ -73,10 +73,13 @@ CONFIGS = (
                                                                    disk_tier="moments+low"),
            "base with the split master, its low halves and the Adam moments on disk (O_DIRECT, read a unit "
            "ahead into two RAM stages, written back after the update)"),
+    Config("kept", llama("v-kept", 6, 256, 4, 2, 688), Policy(batch=4, seq=128, micro_batches=2, keep_last=3),
+           "the last 3 layers keep their activations (backward from the saved graph, no recompute), "
+           "2 micro-batches"),
 )
-"""Eleven small configurations that vary depth, width, batch, K, slots, checkpoint placement,
+"""Twelve small configurations that vary depth, width, batch, K, slots, checkpoint placement,
 optimizer overlap, vocabulary, micro-batches, the working copy, the split master, the disk
-tier, masked attention and data parallelism (two of them run 2 ranks sharing the machine's
+tier, kept activations, masked attention and data parallelism (two of them run 2 ranks sharing the machine's
 cores); about two minutes in all on a 2-core CPU."""
 
 QUICK_CONFIGS = (

@@ -1,0 +1,58 @@
+"""KeptGraph: a kept layer's forward with grad, held from its FORWARD to its BACKWARD_SAVED
+(Policy.keep_last), so its backward runs from what autograd saved: no forward again.
+
+The weights are views of a weight slot that is reloaded with other units between the forward
+and the backward, and loads write the slot in place. So the graph does not keep the slot's
+tensors: a saved-tensor hook packs a weight as its place in the slot (offset, shape, stride)
+and unpacks it from the slot the unit is in when the backward runs, which the Schedule loads
+with the same unit's weights. Everything else autograd saves (activations, the RoPE tables)
+is kept as is. The output is handed over as the boundary buffer the next op reads.
+"""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class _InSlot:
+    """A saved weight, as its place in the slot (element offset from the slot's start)."""
+    offset: int
+    shape: tuple
+    stride: tuple
+
+
+class KeptGraph:
+    def __init__(self, output, x, weights: dict, slot_ref: list):
+        self.output, self._x, self._weights, self._slot_ref = output, x, weights, slot_ref
+
+    @classmethod
+    def record(cls, block, w: dict, slot, x, attn_rows) -> "KeptGraph":
+        """Run `block` on x with grad, weights `w` (views of `slot`), keeping the graph."""
+        base, start = slot.untyped_storage().data_ptr(), slot.storage_offset()
+        slot_ref = [None]  # the slot the backward reads the weights from (set by backward)
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() == base:
+                return _InSlot(t.storage_offset() - start, tuple(t.shape), tuple(t.stride()))
+            return t
+
+        def unpack(p):
+            if isinstance(p, _InSlot):
+                s = slot_ref[0]
+                return s.as_strided(p.shape, p.stride, s.storage_offset() + p.offset)
+            return p
+
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            xg = x.detach().requires_grad_()
+            wp = {k: v.detach().requires_grad_() for k, v in w.items()}
+            y = block(wp, xg, *attn_rows)
+        return cls(y, xg, wp, slot_ref)
+
+    def backward(self, dy, slot) -> tuple[torch.Tensor, dict]:
+        """(the input's grad, {weight name: its grad}) against the output's grad dy, the
+        weights read from `slot`; the graph is released as it runs (it runs once)."""
+        self._slot_ref[0] = slot
+        names = list(self._weights)
+        grads = torch.autograd.grad(self.output, [self._x, *self._weights.values()], dy)
+        self.output = self._x = self._weights = None
+        return grads[0], dict(zip(names, grads[1:]))
