@@ -6,7 +6,7 @@ import argparse
 import pytest
 import torch
 
-import horizon_exec.runtime.trainer as trainer_mod
+import horizon_exec.runtime.assemble as assemble_mod
 from horizon_exec.procfs import mem_available_bytes
 from horizon_exec.runtime.admission import AdmissionError, admit, store_padding_bytes
 from horizon_exec.errors import DeviceBudgetError
@@ -31,8 +31,8 @@ def _no_allocation(monkeypatch):
     """Make any allocation of the trainer fail loudly: admission must refuse before it."""
     def boom(*a, **k):
         raise AssertionError("allocated before admission refused")
-    monkeypatch.setattr(trainer_mod, "make_backend", boom)
-    monkeypatch.setattr(trainer_mod, "HostStore", boom)
+    monkeypatch.setattr(assemble_mod, "make_backend", boom)
+    monkeypatch.setattr(assemble_mod, "HostStore", boom)
 
 
 def test_host_budget_below_the_need_is_refused_before_allocating(monkeypatch):

@@ -69,8 +69,8 @@ def spy(*a, **k):
     r = real(*a, **k)
     seen.append(r.host_need_bytes)
     return r
-import horizon_exec.runtime.trainer as trainer_mod
-trainer_mod.admit = spy
+import horizon_exec.runtime.assemble as assemble_mod
+assemble_mod.admit = spy
 rc = main(sys.argv[1:])
 print(json.dumps([rc, seen[0], vm_hwm_bytes()]))
 """

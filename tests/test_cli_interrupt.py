@@ -34,4 +34,4 @@ def test_ctrl_c_while_the_parser_is_built_is_one_line_exit_130(monkeypatch, caps
 
 def test_importing_the_entry_point_leaves_sigint_alone():
     """A test or library that imports it keeps Python's KeyboardInterrupt."""
-    assert signal.getsignal(signal.SIGINT) is not cli_main._interrupted_at_start
+    assert signal.getsignal(signal.SIGINT) is not cli_main.interrupted_at_start

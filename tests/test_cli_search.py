@@ -182,24 +182,26 @@ def test_a_sweep_whose_every_row_is_invalid_fails(tmp_path, capsys):
     assert (tmp_path / "r.csv").exists() and not (tmp_path / "r.png").exists()
 
 
-def test_tunes_printed_command_plans_its_best_row_on_the_whole_cluster(capsys):
+@pytest.mark.parametrize("gpus,nodes", [(2, 2), (8, 8)])
+def test_tunes_printed_command_plans_its_best_row_on_the_whole_cluster(capsys, gpus, nodes):
     """The 'plan it' command of a multi-node search keeps the layout (--gpus/--nodes) and the
-    header names it: planned as printed, it gives the best row's figures exactly."""
+    header names it: planned as printed, it gives the best row's figures exactly (issue 29's
+    done-when: 8 GPUs x 8 nodes as well as the small case)."""
     import shlex
 
     from horizon_sim.cli import plan_cmd
-    argv = ["--model", "qwen2.5-0.5b", "--gpu", "h200", "--ram", "128GiB", "--gpus", "2", "--nodes", "2",
+    argv = ["--model", "qwen2.5-0.5b", "--gpu", "h200", "--ram", "128GiB", "--gpus", str(gpus), "--nodes", str(nodes),
             "--seq", "256", "--max-batch", "4", "--workers", "1", "--quiet"]
     rc, text = _run(tune_cmd, argv, capsys)
-    assert rc == 0 and " on 2 x 2 x h200 / " in text.splitlines()[0]
+    assert rc == 0 and f" on {nodes} x {gpus} x h200 / " in text.splitlines()[0]
     rc, out = _run(tune_cmd, argv + ["--json"], capsys)
     d = json.loads(out)
     cmd = d["plan_command"]
-    assert f"plan it:  {cmd}" in text and "--gpus 2 --nodes 2" in cmd
+    assert f"plan it:  {cmd}" in text and f"--gpus {gpus} --nodes {nodes}" in cmd
     words = shlex.split(cmd)
     assert words[:2] == ["horizon", "plan"]
     rc, out = _run(plan_cmd, words[2:] + ["--json", "--no-advice"], capsys)
     got = json.loads(out)
-    assert got["ranks"] == 4 and got["fits"]
+    assert got["ranks"] == gpus * nodes and got["fits"] == d["best"]["fits"] and got["fits"]
     assert got["tokens_per_s"] == pytest.approx(d["best"]["tokens_per_s"], rel=1e-9)
     assert got["host_bytes"] == d["best"]["host_bytes"]

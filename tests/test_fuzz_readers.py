@@ -198,15 +198,15 @@ def hw_toml(tmp_path_factory):
 
 
 def _toml(d: dict) -> str:
-    from horizon_sim.specs.hardware_io import _toml_value
+    from horizon_sim.specs.hardware_io import toml_value
     out = []
     for k, v in d.items():
         if not isinstance(v, dict):
-            out.append(f"{json.dumps(str(k))} = {_toml_value(v)}")
+            out.append(f"{json.dumps(str(k))} = {toml_value(v)}")
     for k, v in d.items():
         if isinstance(v, dict):
             out.append(f"[{json.dumps(str(k))}]")
-            out += [f"{json.dumps(str(kk))} = {_toml_value(vv)}" for kk, vv in v.items() if not isinstance(vv, dict)]
+            out += [f"{json.dumps(str(kk))} = {toml_value(vv)}" for kk, vv in v.items() if not isinstance(vv, dict)]
     return "\n".join(out) + "\n"
 
 

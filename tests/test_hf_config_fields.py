@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs.hf_config import _READ, _READ_BY_TYPE, IGNORED, from_hf_config
+from horizon_sim.specs.hf_config import READ, READ_BY_TYPE, IGNORED, from_hf_config
 
 FAMILIES = ("llama", "qwen2", "mistral")
 TINY = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
@@ -42,7 +42,7 @@ def _read(tmp_path, cfg: dict):
 @pytest.mark.parametrize("mt", FAMILIES)
 def test_every_field_of_the_transformers_class_is_classified(tmp_path, mt):
     fields = {f.name for f in dataclasses.fields(_class(mt))} | set(_saved(tmp_path, mt))
-    known = _READ | _READ_BY_TYPE[mt] | IGNORED
+    known = READ | READ_BY_TYPE[mt] | IGNORED
     assert sorted(fields - known) == []
     _read(tmp_path, _saved(tmp_path, mt))  # a config transformers writes is accepted as is
 

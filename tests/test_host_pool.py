@@ -96,7 +96,7 @@ def test_training_through_the_pool_equals_training_without(monkeypatch):
     BufferTable gives every buffer back exactly once, a reused block never holds live data
     (the losses and weights equal a run on plain allocations, bit for bit), and the pool stops
     growing after the first step."""
-    import horizon_exec.runtime.trainer as trainer_mod
+    import horizon_exec.runtime.assemble as assemble_mod
     from horizon_exec.device.cpu import CpuBackend
     from horizon_exec.runtime.config import TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
@@ -119,7 +119,7 @@ def test_training_through_the_pool_equals_training_without(monkeypatch):
     def train(pooled):
         with monkeypatch.context() as mp:
             if not pooled:
-                mp.setattr(trainer_mod, "make_backend", lambda device, timeout_s, **kw: PlainCpu(**kw))
+                mp.setattr(assemble_mod, "make_backend", lambda device, timeout_s, **kw: PlainCpu(**kw))
             with Trainer(spec, pol, TrainerConfig(seed=0)) as tr:
                 assert isinstance(tr.backend, PlainCpu) != pooled
                 losses, held = [], []

@@ -7,7 +7,7 @@ import simpy
 
 from horizon_sim.schedule import Lane, build_schedule
 from horizon_sim.sim.dram import DramBus
-from horizon_sim.sim.simulate import _compute, simulate
+from horizon_sim.sim.simulate import contended_compute, simulate
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 from tests.cpu_machine import CPU_HW
@@ -20,7 +20,7 @@ def _finish(contention, flow_core=True, work_s=1.0):
     out = {}
 
     def compute():
-        yield from _compute(env, work_s, bus, contention)
+        yield from contended_compute(env, work_s, bus, contention)
         out["t"] = env.now
 
     def flow():

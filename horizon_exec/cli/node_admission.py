@@ -16,12 +16,16 @@ clean up. So the launcher checks first, in this process, with nothing started:
   --no-admission skips this part (not the cores check, which --oversubscribe lifts).
 A refusal is a HorizonError: one line, exit 2, no process started.
 """
-import argparse
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from horizon_exec.dist.launch import LaunchConfig
+    from horizon_exec.train.config import RunConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,49 +49,49 @@ def check_cores(ranks: int, oversubscribe: bool, cores: int | None = None) -> No
                            f"rank(s) (one per core); fewer ranks, or --oversubscribe to run them anyway")
 
 
-def node_need(args: argparse.Namespace) -> NodeNeed:
-    """The node's host RAM need for args.nproc_per_node ranks (module docstring)."""
+def node_need(cfg: "RunConfig", ranks: int) -> NodeNeed:
+    """The node's host RAM need for `ranks` ranks of the run `cfg` (module docstring)."""
     import torch  # noqa: F401 - a rank holds torch: the runtime measured below must too
 
     from horizon_exec.runtime.admission import admit
-    from horizon_sim.cli.policy_args import policy_from_args
     from horizon_sim.schedule import build_schedule
     from horizon_sim.specs.hf_config import load_model
-    model = _model(args, load_model)
-    policy = policy_from_args(args)
+    model = _model(cfg, load_model)
+    policy = cfg.policy
     sched = build_schedule(model, policy)
     # a budget nothing exceeds: the figures are wanted, the verdict is decided here
     adm = admit(model, policy, sched, device="cpu", host_budget_bytes=2**62, advise=False)
     roles = adm.host_by_role
-    per_rank = roles.get("runtime", 0) + (roles.get("device_on_cpu_backend", 0) if args.device == "cpu" else 0)
+    on_cpu = cfg.trainer.runtime.device == "cpu"
+    per_rank = roles.get("runtime", 0) + (roles.get("device_on_cpu_backend", 0) if on_cpu else 0)
     shared = adm.host_need_bytes - roles.get("runtime", 0) - roles.get("device_on_cpu_backend", 0)
-    return NodeNeed(args.nproc_per_node, int(per_rank), int(shared))
+    return NodeNeed(ranks, int(per_rank), int(shared))
 
 
-def _model(args, load_model):
-    if args.init_from:
+def _model(cfg: "RunConfig", load_model):
+    if cfg.init_from:
         from horizon_exec.checkpoints import hf_checkpoint
-        return hf_checkpoint.spec_from_hf_dir(hf_checkpoint.resolve_checkpoint(args.init_from))
-    return load_model(args.model)
+        return hf_checkpoint.spec_from_hf_dir(hf_checkpoint.resolve_checkpoint(cfg.init_from))
+    return load_model(cfg.model)
 
 
-def available_bytes(args: argparse.Namespace) -> tuple[int | None, str]:
-    """(host RAM the node's ranks may use, where the figure comes from); None: unknown."""
+def available_bytes(host_budget_bytes: int | None) -> tuple[int | None, str]:
+    """(host RAM the node's ranks may use, where the figure comes from); None: unknown.
+    host_budget_bytes: --host-budget's, as read (None: not given)."""
     from horizon_exec.procfs import mem_available_bytes, rss_bytes
-    from horizon_sim.units import parse_size
-    if args.host_budget:
-        return parse_size(args.host_budget, "--host-budget"), "--host-budget"
+    if host_budget_bytes is not None:
+        return host_budget_bytes, "--host-budget"
     avail = mem_available_bytes()
     return (None, "") if avail is None else (avail + rss_bytes(), "MemAvailable + the launcher")
 
 
-def check_node(args: argparse.Namespace) -> NodeNeed | None:
-    """Refuse (HorizonError) a launch this node cannot hold, before any rank starts."""
-    check_cores(args.nproc_per_node, getattr(args, "oversubscribe", False))
-    if args.no_admission:
+def check_node(cfg: "RunConfig", launch: "LaunchConfig") -> NodeNeed | None:
+    """Refuse (HorizonError) a launch of `cfg` this node cannot hold, before any rank starts."""
+    check_cores(launch.nproc_per_node, launch.oversubscribe)
+    if not cfg.trainer.admission.enabled:
         return None
-    need = node_need(args)
-    have, src = available_bytes(args)
+    need = node_need(cfg, launch.nproc_per_node)
+    have, src = available_bytes(cfg.trainer.admission.host_budget_bytes)
     if have is not None and need.total_bytes > have:
         raise HorizonError(
             f"--nproc-per-node {need.ranks} does not fit this node's host RAM: {need.ranks} ranks x "

@@ -15,7 +15,7 @@ shared store vs host RAM) or its rendezvous cannot happen (dist/rendezvous.py); 
 refused up front (exit 2, needed vs available) when the planner says it does not fit the host
 RAM (--host-budget, else MemAvailable) or the device (--device-budget, else CUDA free memory),
 for a harmful flag (every flag is read once into a RunConfig whose types check it: cli/train_flags.py,
-train/config.py, runtime/config.py), or an output that cannot be written or has no room
+train/config.py, runtime/config.py; the data-parallel ones into a LaunchConfig: cli/launch_flags.py), or an output that cannot be written or has no room
 (outputs.py; --ckpt-dir is locked by one run, ckpt_lock.py); a NaN/inf loss or gradient skips
 the update (--on-nonfinite skip; all steps skipped: exit 1) or stops the run (stop, exit 1);
 SIGINT/SIGTERM/SIGHUP finish the step, write a checkpoint and exit 130/143/129 (a second signal
@@ -163,7 +163,7 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="a NaN/inf loss or gradient: skip the update (weights and optimizer state "
                         "unchanged) or stop the run (default skip; stop with --optimizer backward, "
                         "which cannot skip exactly)")
-    from horizon_exec.dist.launch import add_launch_args
+    from horizon_exec.cli.launch_flags import add_launch_args
     add_launch_args(p)
     return p
 
@@ -198,8 +198,9 @@ def _os_errors_as_usage():
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from horizon_exec.cli import launch_flags
     from horizon_exec.dist import launch
-    if launch.wants_launch(args):  # before torch loads: its C++ log level is read then (rendezvous.py)
+    if launch.wants_launch(launch_flags.asked_ranks(args)):  # before torch loads: its C++ log level is read then (rendezvous.py)
         from horizon_exec.dist.rendezvous import quiet_cpp_logs
         quiet_cpp_logs()
     if args.compute_dtype is None:  # before anything reads the policy (node admission, the ranks)
@@ -208,7 +209,7 @@ def run_train(args: argparse.Namespace) -> int:
                                                                            master_dtype=args.master_dtype)
     from horizon_exec.cli.train_flags import run_config
     cfg = run_config(args)  # every flag checked, before anything is loaded
-    launch.check_launch_args(args)
+    launch_cfg = launch_flags.launch_config(args)
     from horizon_exec.train.outputs import follow_save_hf, prepare_outputs
     with _os_errors_as_usage():
         if cfg.outputs.save_hf:  # the save goes into a link's target, never replaces the link
@@ -221,15 +222,15 @@ def run_train(args: argparse.Namespace) -> int:
     ck, out = cfg.checkpoints, cfg.outputs
     outputs = dict(ckpt_dir=ck.ckpt_dir, save_hf=out.save_hf, log_file=out.log_file, resume=ck.resume,
                    overwrite_ckpt=ck.overwrite_ckpt, init_from=init)
-    if launch.wants_launch(args):  # outputs are checked here first: a bad one costs no process start
+    if launch.wants_launch(launch_cfg.ranks):  # outputs are checked here first: a bad one costs no process start
         from horizon_exec.cli.node_admission import check_node
-        check_node(args)  # the whole node's cores and RAM, before any rank starts
-        if args.node_rank == 0:
+        check_node(cfg, launch_cfg)  # the whole node's cores and RAM, before any rank starts
+        if launch_cfg.node_rank == 0:
             with _os_errors_as_usage():
                 prepare_outputs(**outputs)
-        return launch.launch(args)
+        return launch.launch(launch_cfg, launch_flags.worker_args(args))
     from horizon_exec.dist.context import agree, from_env
-    dist = from_env(cfg.trainer.runtime.device, args.dist_timeout)
+    dist = from_env(cfg.trainer.runtime.device, launch_cfg.dist_timeout)
     if dist.rank:  # rank 0 speaks for the run; the others' errors still reach stderr
         cfg = dataclasses.replace(cfg, outputs=dataclasses.replace(cfg.outputs, progress=False))
         sys.stdout = open(os.devnull, "w")

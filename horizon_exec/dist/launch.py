@@ -3,8 +3,10 @@ start the run's processes through torch.distributed's own launcher (torch.distri
 code behind torchrun: env:// rendezvous, a worker that fails takes the others down).
 
 The workers run `horizon_exec.cli.train_cmd` as a module with the parent's parsed arguments
-(HORIZON_TRAIN_ARGS, JSON), so they train exactly what the parent checked; plain
-`torchrun --nproc-per-node N -m horizon_exec.cli.train_cmd --model tiny ...` works as well.
+(HORIZON_TRAIN_ARGS: the JSON the CLI hands launch() as `worker_args`), so they train exactly what
+the parent checked; plain `torchrun --nproc-per-node N -m horizon_exec.cli.train_cmd --model tiny
+...` works as well. This module reads no flags: the CLI (cli/launch_flags.py) reads them into a
+LaunchConfig.
 
 Before any rank starts: the node admission (cli/node_admission.py, called by train_cmd) and the
 rendezvous checks (rendezvous.py: the master address resolves, the master port is free on node
@@ -14,55 +16,58 @@ mid-run is named as the cause when a peer fails waiting for it. Stopped by a sig
 SIGTERM, SIGHUP: torch.distributed.run forwards it to the ranks, which checkpoint and stop), the
 launcher exits 128 + the signal, without torch's SignalException traceback.
 """
-import argparse
-import json
 import os
 import sys
+from dataclasses import dataclass
+
+from horizon_sim.errors import HorizonError
 
 ARGS_ENV = "HORIZON_TRAIN_ARGS"
 
 
-def add_launch_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("data parallel (torch.distributed; gloo on CPU, NCCL between GPUs)")
-    g.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
-                   help="processes (devices) per node; N > 1 or --nnodes > 1 launches the run through "
-                        "torch.distributed.run (default 1). --batch is per process: a step trains "
-                        "N x nnodes x batch sequences")
-    g.add_argument("--oversubscribe", action="store_true",
-                   help="run more ranks than this node has CPU cores (refused by default: a rank without a "
-                        "core of its own slows every step)")
-    g.add_argument("--nnodes", type=int, default=1, metavar="M", help="nodes (default 1)")
-    g.add_argument("--node-rank", type=int, default=0, metavar="J", help="this node's rank, 0..M-1 (default 0)")
-    g.add_argument("--master-addr", default="127.0.0.1", metavar="HOST",
-                   help="node 0's address for the rendezvous (default 127.0.0.1)")
-    g.add_argument("--master-port", type=int, default=29500, metavar="PORT", help="its port (default 29500)")
-    g.add_argument("--dist-timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="a collective whose peers do not all join within this fails, naming the rank "
-                        "and the op (a dead or stuck rank); every rank then exits non-zero (default 300)")
+@dataclass(kw_only=True, frozen=True, slots=True)
+class LaunchConfig:
+    """This node's part of a data-parallel run and how its ranks meet (the flags named in the
+    errors, which are the CLI's words: only `horizon train` makes one). Checked when made."""
+    nproc_per_node: int = 1
+    """Processes (devices) on this node."""
+    nnodes: int = 1
+    node_rank: int = 0
+    """This node's rank, 0 .. nnodes-1."""
+    master_addr: str = "127.0.0.1"
+    """Node 0's address for the rendezvous."""
+    master_port: int = 29500
+    dist_timeout: float = 300.0
+    """Seconds a collective waits for its peers (and the rendezvous for the nodes)."""
+    oversubscribe: bool = False
+    """Run more ranks than this node has CPU cores (the node admission refuses it otherwise)."""
+
+    def __post_init__(self):
+        for flag, v, lo in (("--nproc-per-node", self.nproc_per_node, 1), ("--nnodes", self.nnodes, 1),
+                            ("--node-rank", self.node_rank, 0), ("--master-port", self.master_port, 1)):
+            if v < lo:
+                raise HorizonError(f"{flag} {v} must be >= {lo}")
+        if self.node_rank >= self.nnodes:
+            raise HorizonError(f"--node-rank {self.node_rank} must be below --nnodes {self.nnodes}")
+        if self.master_port > 65535:
+            raise HorizonError(f"--master-port {self.master_port} must be at most 65535")
+        if not (0 < self.dist_timeout < float("inf")):
+            raise HorizonError(f"--dist-timeout {self.dist_timeout} must be a positive number of seconds")
+
+    @property
+    def ranks(self) -> int:
+        return self.nproc_per_node * self.nnodes
 
 
-def check_launch_args(a: argparse.Namespace) -> None:
-    from horizon_sim.errors import HorizonError
-    for flag, v, lo in (("--nproc-per-node", a.nproc_per_node, 1), ("--nnodes", a.nnodes, 1),
-                        ("--node-rank", a.node_rank, 0), ("--master-port", a.master_port, 1)):
-        if v < lo:
-            raise HorizonError(f"{flag} {v} must be >= {lo}")
-    if a.node_rank >= a.nnodes:
-        raise HorizonError(f"--node-rank {a.node_rank} must be below --nnodes {a.nnodes}")
-    if a.master_port > 65535:
-        raise HorizonError(f"--master-port {a.master_port} must be at most 65535")
-    if not (0 < a.dist_timeout < float("inf")):
-        raise HorizonError(f"--dist-timeout {a.dist_timeout} must be a positive number of seconds")
-
-
-def wants_launch(a: argparse.Namespace) -> bool:
-    """Several processes were asked for and this is not one of them yet."""
+def wants_launch(ranks: int) -> bool:
+    """Several processes (`ranks` in all) were asked for and this is not one of them yet."""
     from horizon_exec.dist.context import launched
-    return a.nproc_per_node * a.nnodes > 1 and not launched()
+    return ranks > 1 and not launched()
 
 
-def launch(a: argparse.Namespace) -> int:
-    """Run the workers; their exit status (the first failure's, named on stderr)."""
+def launch(a: LaunchConfig, worker_args: str) -> int:
+    """Run this node's workers, each handed `worker_args` (ARGS_ENV, module docstring); their exit
+    status (the first failure's, named on stderr)."""
     from horizon_exec.dist.rendezvous import check_rendezvous, quiet_cpp_logs
     check_rendezvous(a.master_addr, a.master_port, a.node_rank, a.dist_timeout)  # exit 2 before any rank
     quiet_cpp_logs()
@@ -71,21 +76,20 @@ def launch(a: argparse.Namespace) -> int:
     beats = tempfile.mkdtemp(prefix="horizon-heartbeat-")  # the ranks' heartbeats (watchdog.py)
     os.environ[watchdog.HEARTBEAT_ENV] = beats
     try:
-        return _run(a, beats)
+        return _run(a, beats, worker_args)
     finally:
         import shutil
         shutil.rmtree(beats, ignore_errors=True)
 
 
-def _run(a: argparse.Namespace, beats: str) -> int:
+def _run(a: LaunchConfig, beats: str, worker_args: str) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     from horizon_exec.dist.rendezvous import rendezvous_conf
     from horizon_exec.dist.watchdog import last_beats, stalled_ranks
-    os.environ[ARGS_ENV] = json.dumps({k: v for k, v in vars(a).items()
-                                       if isinstance(v, (str, int, float, bool, type(None)))})
+    os.environ[ARGS_ENV] = worker_args
     argv = ["--nproc-per-node", str(a.nproc_per_node), "--nnodes", str(a.nnodes), "--node-rank", str(a.node_rank),
             "--master-addr", a.master_addr, "--master-port", str(a.master_port), "--max-restarts", "0",
             "--rdzv-conf", rendezvous_conf(a.dist_timeout), "--module", "horizon_exec.cli.train_cmd"]

@@ -1,5 +1,6 @@
-"""Trainer: the executor's Python API. Builds the schedule for (model, policy), allocates the
-host store and the device arena, and runs one schedule per optimizer step.
+"""Trainer: the executor's Python API. Runs one schedule per optimizer step over the runtime
+assemble.py builds for (model, policy) (the schedule, the host store, the device arena, the
+engine); the results it returns are results.py's, its weights by name weights.py's.
 
     tr = Trainer(model, policy, TrainerConfig(optimizer=OptimizerConfig(lr=3e-4), seed=0))
     res = tr.step(tokens)          # tokens: LongTensor (batch, seq)
@@ -42,141 +43,42 @@ over every labelled token of the step divided by their count, so with micro-batc
 (gradient accumulation) it is the token mean over the whole batch, exactly what one
 unsplit batch gives; not the mean of per-micro-batch means.
 """
-import resource
-import sys
 import time
 import weakref
-from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
-from horizon_exec.runtime.admission import admit
-from horizon_exec.device.arena import DeviceArena
-from horizon_exec.device.backend import make_backend
+from horizon_exec.dist.context import single
 from horizon_exec.dtypes import TORCH_DTYPE
-from horizon_exec.runtime.buffers import BufferTable
-from horizon_exec.runtime.config import TrainerConfig
-from horizon_exec.runtime.engine import RUN_LANES, Engine
-from horizon_exec.dist.context import agree, cores_of, single
-from horizon_exec.device.cpu import cpu_cores
 from horizon_exec.errors import ExecError
 from horizon_exec.model.head import IGNORE, next_token_labels
 from horizon_exec.model.layers import rms_norm
 from horizon_exec.model.layout import block_layout, host_layout
+from horizon_exec.optim.adamw import check_hyper
+from horizon_exec.runtime.assemble import assemble, optimizer_for, schedule_for
+from horizon_exec.runtime.config import TrainerConfig
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
-from horizon_exec.runtime.ops import OpRunner, StepInputs
-from horizon_exec.optim import native
-from horizon_exec.optim.adamw import AdamW, check_hyper
+from horizon_exec.runtime.ops import StepInputs
 from horizon_exec.runtime.positions import check_docs
-from horizon_exec.runtime.master import Master
-from horizon_exec.runtime.store import HostStore
+from horizon_exec.runtime.weights import Weights
+# the result types are part of this module's API (horizon_exec/__init__.py, checkpoints, the CLI)
+from horizon_exec.runtime.results import (EvalResult, NonFiniteError, StepResult, TrainerState,  # noqa: F401
+                                          rss_peak_bytes)
 from horizon_sim.errors import HorizonError
-from horizon_sim.schedule import Holds, build_eval_schedule, build_schedule
-from horizon_sim.schedule.op import EMBED, Family, Space
+from horizon_sim.schedule import Holds, build_eval_schedule
+from horizon_sim.schedule.op import EMBED
 from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
-class NonFiniteError(HorizonError):
-    """A step's loss or gradients were not finite and the policy is to stop (on_nonfinite='stop')."""
 
-    def __init__(self, message: str, step: int):
-        super().__init__(message)
-        self.step = step
+def _part(name: str) -> property:
+    """A collaborator of the trainer's Runtime (assemble.py), read as the trainer's attribute."""
+    return property(lambda self: getattr(self.runtime, name), doc=f"Runtime.{name} (assemble.py).")
 
 
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    loss: float
-    """Mean next-token cross-entropy over every labelled token of the step."""
-    grad_norm: float
-    """Global gradient norm before clipping."""
-    timeline: pd.DataFrame
-    """One row per op that ran (horizon_sim.sim.timeline columns), seconds from step start,
-    plus temp_peak_bytes: the measured peak of a compute op's device temporaries (CPU backend;
-    the measured counterpart of Op.workspace_bytes), 0 for other ops."""
-    device_peak_bytes: int
-    """Device memory peak over the step: arena buffers + measured op temporaries (CPU), or the
-    caching allocator's peak (CUDA)."""
-    rss_peak_bytes: int
-    """Process peak resident set size so far."""
-    step_s: float
-    tokens: int
-    """Tokens the step ran (batch * seq)."""
-    labelled_tokens: int = 0
-    """Tokens with a target (label != -100): the loss's denominator."""
-    skipped: bool = False
-    """The loss or a gradient was not finite and the update was not applied (on_nonfinite='skip')."""
-    nonfinite: str = ""
-    """What was not finite (e.g. 'grad norm nan'), '' when the step was finite."""
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.step_s if self.step_s > 0 else float("nan")
-
-
-@dataclass(frozen=True, slots=True)
-class EvalResult:
-    loss_sum: float
-    """Sum of the token losses over every labelled token (no update was made)."""
-    labelled_tokens: int
-    batches: int
-    """Runs of the eval Schedule (policy.batch rows each; the last padded with ignored rows)."""
-    timeline: pd.DataFrame
-    """The first run's ops, in StepResult.timeline's format."""
-    device_peak_bytes: int
-    """Device memory peak over the eval (StepResult.device_peak_bytes' definition)."""
-
-    @property
-    def loss(self) -> float:
-        return self.loss_sum / max(1, self.labelled_tokens)
-
-
-@dataclass(frozen=True, slots=True)
-class TrainerState:
-    """What a checkpoint records of a Trainer beyond its host store (Trainer.checkpoint_state,
-    Trainer.restore; checkpoints/ckpt.py writes it as trainer.json's "trainer")."""
-    steps_done: int
-    pending: bool
-    """Pipelined: the last step's gradients are in the store, not applied yet."""
-    pending_lr: float
-    """The lr those pending gradients are applied with."""
-    lr: float
-    """The lr the next step's gradients are applied with."""
-    skipped_steps: int = 0
-    """Steps whose update was not applied (non-finite loss or gradients)."""
-
-
-def _checked_schedule(sched, model: ModelSpec, policy: Policy, dist):
-    """`sched`, checked, if it is Horizon's step built for `model`, `policy` and the run's ranks."""
-    if sched.meta.family != Family.HORIZON:
-        from horizon_sim.plan.families import family
-        raise HorizonError(f"the schedule is a {sched.meta.family.value} step; the executor runs Horizon's "
-                           f"(a {sched.meta.family.value} step is run by {family(sched.meta.family).runs_for_real})")
-    if sched.meta.layout != dist.layout:
-        raise HorizonError(f"the schedule is one rank's step of {sched.meta.layout}; this run has {dist.layout}")
-    if sched.meta.purpose != "train":
-        raise HorizonError(f"the schedule is an {sched.meta.purpose} schedule; the trainer runs a training step's")
-    for what, have, want in (("model", sched.meta.model, model), ("policy", sched.meta.policy, policy)):
-        if have != want:
-            raise HorizonError(f"the schedule was built for another {what} than the trainer's")
-    return sched.check()
-
-
-def _shutdown(engine, backend, disk=None) -> None:
-    engine.close()
-    backend.close()
-    if disk is not None:
-        disk.close()
-
-
-def rss_peak_bytes() -> int:
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(r if sys.platform == "darwin" else r * 1024)
-
-
-class Trainer:
+class Trainer(Weights):
     """Streams `model` through the device under `policy` (see module docstring), configured by
     `config` (runtime/config.py: the optimizer, the device and how it is used, the admission,
     the init seed; each checked when it is made). The optimizer's lr can be changed between
@@ -192,57 +94,16 @@ class Trainer:
             raise HorizonError(f"config must be a TrainerConfig (runtime/config.py), not {type(config).__name__}")
         if policy.seq < 2:
             raise HorizonError(f"policy seq={policy.seq}: training needs sequences of at least 2 tokens")
-        opt, rt, adm = config.optimizer, config.runtime, config.admission
-        adamw = AdamW(lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
-        try:  # bf16 moments with an fp32 master need the native kernel: say so before allocating
-            adamw.uses_native(TORCH_DTYPE[policy.master_dtype], TORCH_DTYPE[policy.states_dtype])
-        except ExecError as e:
-            raise HorizonError(f"policy states_dtype={policy.states_dtype}: {e}. Use states_dtype="
-                               f"{policy.master_dtype} (--states-dtype {policy.master_dtype})") from None
-        if policy.split_master and native.kernels() is None:
-            raise HorizonError(f"policy split_master=True (--master-dtype split) needs the native kernels; "
-                               f"{native.status()}. Use --master-dtype fp32")
-        on_nonfinite = rt.nonfinite_for(policy)
+        adamw = optimizer_for(policy, config.optimizer)
         self.config = config
-        self.model, self.policy, self.on_nonfinite = model, policy, on_nonfinite
+        self.model, self.policy, self.on_nonfinite = model, policy, config.runtime.nonfinite_for(policy)
         self.dist = dist = dist or single()
-        self.sched = (build_schedule(model, policy, dist.layout) if schedule is None
-                      else _checked_schedule(schedule, model, policy, dist))
-        # Before any allocation: does the run fit this machine (data parallel: this node)?
-        # AdmissionError if not; every rank hears of any rank's failure before anyone allocates.
-        self.admission = agree(dist, lambda: admit(model, policy, self.sched, device=rt.device,
-                                                   host_budget_bytes=adm.host_budget_bytes,
-                                                   device_budget_bytes=adm.device_budget_bytes, hardware=adm.hardware,
-                                                   data_bytes=adm.data_bytes) if adm.enabled else None)
-        kw = dict(cores=cores_of(dist, cpu_cores())) if rt.device == "cpu" and dist.world > 1 else {}
-        self.backend = make_backend(rt.device, timeout_s=rt.timeout_s, compute_threads=rt.compute_threads,
-                                    pin_cores=rt.pin_cores, track_memory=rt.track_memory, **kw)
-        self.store = HostStore(self.sched, model, self.backend, dist)
-        self.disk = None  # the disk tier (policy disk_tier): a file in disk_dir, gone with the process
-        if self.sched.static_bytes(Space.DISK):
-            import tempfile
-            from horizon_exec.runtime.disk_store import DiskStore, disk_buffers
-            self.disk = DiskStore(disk_buffers(self.sched), rt.disk_dir or tempfile.gettempdir(), rt.disk_method)
-        self.arena = DeviceArena(self.backend, adm.device_budget_bytes)
-        self.buffers = BufferTable(self.sched, self.store, self.arena, self.backend)
-        self._lr = float(opt.lr)
-        self.runner = OpRunner(model=model, policy=policy, sched=self.sched, buffers=self.buffers,
-                               store=self.store, arena=self.arena, backend=self.backend, adamw=adamw, dist=dist,
-                               disk=self.disk, seed=config.seed)
-        self.units = [b.unit for b in self.sched.of(Holds.MOMENTS)]  # embedding, blocks, head
-        self.master = Master(self.store, self.sched, self.runner, dist, self.split_master, self.disk)  # fp32 access
-        self._params = {}  # transformers name -> view of the master store (whole on every node)
-        if dist.layout.nodes == 1 and not self.split_master:
-            for u in self.units:
-                lay = host_layout(model, u)
-                self._params.update(lay.views(self.store.of(Holds.MASTER, u)[:lay.numel]))
-        if config.random_init:
-            self.init_weights(config.seed)
-        lanes = tuple(dict.fromkeys((*RUN_LANES, *self.sched.lanes)))  # + a data-parallel step's fabric, net
-        self.engine = Engine(self.backend, self.runner, timeout_s=rt.timeout_s, lanes=lanes)
+        self.sched = schedule_for(model, policy, dist, schedule)
+        self.runtime = assemble(model, policy, config, self.sched, dist, adamw)
         # Lane threads stop (and CUDA host memory is unregistered) with the trainer, even
-        # without close(); the finalizer holds no reference to the trainer itself.
-        self._finalizer = weakref.finalize(self, _shutdown, self.engine, self.backend, self.disk)
+        # without close(); the finalizer holds the runtime, not the trainer.
+        self._finalizer = weakref.finalize(self, self.runtime.close)
+        self._lr = float(config.optimizer.lr)
         self._eval_sched = None  # built on the first eval
         self.pending = False  # pipelined: the last step's gradients are not applied yet
         self.pending_lr = self._lr  # the lr those pending gradients are applied with
@@ -250,118 +111,20 @@ class Trainer:
         self.skipped_steps = 0  # steps whose update was not applied (non-finite loss or grads)
         self.failed: str | None = None
         self.state_invalid: str | None = None  # a checkpoint load failed after writing the store
+        if config.random_init:
+            self.init_weights(config.seed)
 
-    # ---- weights ----------------------------------------------------------------------------
-    @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
-        """transformers-style init from `seed`: matrices N(0, 0.02), norms 1, biases 0 (the
-        same weights whatever the number of ranks: each node's leader draws every unit and
-        keeps its node's chunks)."""
-        gen = torch.Generator().manual_seed(seed)
-        if self.dist.is_leader:
-            for u in self.units:
-                lay = host_layout(self.model, u)
-                in_place = self.dist.layout.nodes == 1 and not self.split_master
-                whole = self.store.of(Holds.MASTER, u)[:lay.numel] if in_place else torch.empty(lay.numel)
-                for name, t in lay.views(whole).items():
-                    if name.endswith("norm.weight"):
-                        t.fill_(1.0)
-                    elif name.endswith(".bias"):
-                        t.zero_()
-                    else:
-                        t.copy_(torch.randn(t.shape, generator=gen) * self.model.init_std)
-                if not in_place:
-                    self.master.write_whole(u, whole)
-        self.refresh_working_copy()
-
-    def refresh_working_copy(self) -> None:
-        """Working copies <- the masters, after anything wrote the masters directly (a loaded
-        checkpoint, new weights; data parallel: the node's leader writes the shared
-        copy, or with several nodes each rank its chunk and the nodes gather; every rank waits
-        until it is done)."""
-        d = self.dist
-        if d.layout.nodes > 1:
-            d.barrier()  # the node's leader has written the master (each rank copies its chunk)
-        for u in self.units:
-            if not self.store.has(Holds.WORKING_COPY, u):
-                continue
-            wc = self.store.of(Holds.WORKING_COPY, u)
-            if d.layout.nodes == 1:  # (a split master's high halves are its working copy: written with it)
-                if d.is_leader and not self.split_master:
-                    master = self.store.of(Holds.MASTER, u)
-                    wc[:master.numel()].copy_(master)
-                continue
-            part = self.runner.partition(u)
-            a, e = part.owned_range(d.local_rank, d.node)
-            if not self.split_master:
-                wc[a:e].copy_(self.master.owned(u))
-            la, le = part.local_range(d.local_rank)
-            from horizon_exec.dist.collectives import all_gather_into
-            all_gather_into(wc[la:le], wc[a:e].clone(), group=d.groups["cross"])
-        d.barrier()
-
-    def gather_master(self, u: int) -> torch.Tensor:
-        """Unit u's whole fp32 master (a copy) on every rank: a collective of the calling
-        thread (every rank calls it); for checks and exports of a several-node run."""
-        lay = host_layout(self.model, u)
-        d = self.dist
-        if d.layout.nodes == 1:
-            return self.master.local_whole(u, lay.numel)
-        from horizon_exec.dist.collectives import all_gather_into
-        part = self.runner.partition(u)
-        mine = self.master.owned(u).contiguous()
-        got = torch.empty(d.world * part.chunk, dtype=torch.float32)
-        all_gather_into(got, mine, group=d.groups["main"])
-        by_rank = got.view(d.world, part.chunk)  # world rank r = node * N + local rank
-        order = [part.chunk_index(r % d.layout.devices_per_node, r // d.layout.devices_per_node) for r in range(d.world)]
-        whole = torch.empty(d.world, part.chunk, dtype=torch.float32)
-        whole[order] = by_rank
-        return whole.reshape(-1)[:lay.numel]
-
-    @property
-    def split_master(self) -> bool:
-        """The master is its working copy's high halves + low halves (policy split_master)."""
-        return self.policy.split_master
-
-    def _unit_master(self, u: int) -> torch.Tensor:
-        """Unit u's fp32 master on one node: a view of the store, or a split master joined."""
-        return self.gather_master(u) if self.split_master else self.store.of(Holds.MASTER, u)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Master weights by transformers names: views into the host store (no lm_head.weight
-        when tied). Copy them before stepping again if you keep them. Several nodes hold the
-        master in shards: gather_master() per unit instead."""
-        if self.dist.layout.nodes > 1:
-            raise HorizonError(f"the master is sharded over {self.dist.layout.nodes} nodes: no process holds it whole "
-                               "(gather a unit with Trainer.gather_master)")
-        if self.split_master:  # no fp32 tensor to view: joined copies, a unit at a time
-            out = {}
-            for u in self.units:
-                out.update(host_layout(self.model, u).views(self.gather_master(u)))
-            return out
-        return dict(self._params)
-
-    @torch.no_grad()
-    def load_state_dict(self, sd: dict) -> None:
-        names = [e.name for u in self.units for e in host_layout(self.model, u).entries]
-        missing = [n for n in names if n not in sd]
-        if missing:
-            raise HorizonError(f"state dict lacks {len(missing)} parameter(s), e.g. {missing[0]!r}")
-        if self.dist.layout.nodes > 1:
-            raise HorizonError(f"load_state_dict of a run sharded over {self.dist.layout.nodes} nodes is not supported")
-        if self.dist.is_leader:  # the node's one copy
-            for u in self.units:
-                lay = host_layout(self.model, u)
-                if self.split_master:
-                    whole = torch.empty(lay.numel)
-                    for name, t in lay.views(whole).items():
-                        t.copy_(sd[name])
-                    self.master.write_whole(u, whole)
-                else:
-                    for name, t in lay.views(self.store.of(Holds.MASTER, u)[:lay.numel]).items():
-                        t.copy_(sd[name])
-        self.refresh_working_copy()
-        self.pending = False  # gradients of the old weights must not update the new ones
+    admission = _part("admission")
+    backend = _part("backend")
+    store = _part("store")
+    disk = _part("disk")
+    arena = _part("arena")
+    buffers = _part("buffers")
+    runner = _part("runner")
+    master = _part("master")
+    engine = _part("engine")
+    units = _part("units")
+    _params = _part("params")
 
     @property
     def lr(self) -> float:

@@ -63,8 +63,12 @@ from horizon_exec.train.stop_signals import StopSignals
 from horizon_sim.errors import HorizonError
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, frozen=True, slots=True)
 class LoopConfig:
+    """The loop's settings. Not checked here: RunConfig (train/config.py), what the CLI and
+    Python callers describe a run with, owns the rules (steps > 0, the eval and checkpoint
+    counts >= 0) and makes this from a checked run (RunConfig.loop_config), so each value is
+    checked once; a LoopConfig made by hand must keep to the same rules."""
     steps: int
     """Total optimizer steps of the run (a resumed run continues up to this)."""
     lr_schedule: CosineSchedule
@@ -86,14 +90,6 @@ class LoopConfig:
     """Steps averaged for the tokens/s and MFU shown."""
     handle_signals: bool = True
     """Stop at a step boundary on SIGINT/SIGTERM/SIGHUP (module docstring); only from the main thread."""
-
-    def __post_init__(self):
-        for f in ("steps",):
-            if getattr(self, f) <= 0:
-                raise HorizonError(f"{f}={getattr(self, f)} must be positive")
-        for f in ("eval_every", "eval_batches", "save_every", "keep_ckpts"):
-            if getattr(self, f) < 0:
-                raise HorizonError(f"{f.replace('_', '-')}={getattr(self, f)} must be >= 0")
 
 
 def _finite_or_none(v):

@@ -6,7 +6,7 @@ import signal
 import sys
 
 
-def _interrupted_at_start(signum, frame):
+def interrupted_at_start(signum, frame):
     """Ctrl-C while the command is still importing and building its parser: nothing has been
     done yet, so one line and exit 130, not a KeyboardInterrupt traceback from an import."""
     try:
@@ -19,7 +19,7 @@ def _interrupted_at_start(signum, frame):
 # a library imports this module; not where SIGINT is ignored (a background job).
 if ((__name__ == "__main__" or os.path.basename(sys.argv[0] or "") == "horizon")
         and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-    signal.signal(signal.SIGINT, _interrupted_at_start)
+    signal.signal(signal.SIGINT, interrupted_at_start)
 
 import argparse  # noqa: E402 - after the handler: these imports are what Ctrl-C interrupted
 import contextlib  # noqa: E402
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         except KeyboardInterrupt:
             print("horizon: interrupted", file=sys.stderr)
             return 130
-    if signal.getsignal(signal.SIGINT) is _interrupted_at_start:  # the command's own handling from here
+    if signal.getsignal(signal.SIGINT) is interrupted_at_start:  # the command's own handling from here
         signal.signal(signal.SIGINT, signal.default_int_handler)
     mod = importlib.import_module(COMMANDS[args.cmd][0])
     # A command whose product is files (training) does not stop when its stdout fails

@@ -32,7 +32,7 @@ class SimResult:
     summary: Summary
 
 
-def _compute(env, work_s: float, bus: DramBus, contention: float):
+def contended_compute(env, work_s: float, bus: DramBus, contention: float):
     """Run `work_s` seconds of compute, at 1 / (1 + contention) of full speed while CPU-thread
     work streams on the host (a fluid model: the rate is re-read whenever such work starts or
     ends)."""
@@ -57,7 +57,7 @@ def _lane_process(env, ops, done, costs: CostModel, bus: DramBus, start, end, bu
         start[op.id] = env.now
         if op.lane == Lane.COMPUTE:
             busy["compute"] = True
-            yield from _compute(env, costs.compute_s(op), bus, costs.compute_contention)
+            yield from contended_compute(env, costs.compute_s(op), bus, costs.compute_contention)
             busy["compute"] = False
         else:
             extra = costs.busy_latency_s(op) if busy["compute"] else 0.0

@@ -67,7 +67,9 @@ def _table_spec(cls, body: dict):
     return cls(**body)
 
 
-def _toml_value(v) -> str:
+def toml_value(v) -> str:
+    """`v` (bool, int, float, str, list) as a TOML value: what write_hardware writes, and what a
+    test writing its own TOML must write to be read back the same."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -87,21 +89,21 @@ def _toml_value(v) -> str:
                 out.append(ch)
         return '"' + "".join(out) + '"'
     if isinstance(v, (tuple, list)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     raise HorizonError(f"cannot write {type(v).__name__} value {v!r} to TOML")
 
 
 def _toml_line(key: str, v) -> str:
     """`key = value`; a table (a tuple of rows) is written one row per line."""
     if isinstance(v, tuple) and v and all(isinstance(r, tuple) for r in v):
-        return f"{key} = [\n" + "".join(f"    {_toml_value(r)},\n" for r in v) + "]"
-    return f"{key} = {_toml_value(v)}"
+        return f"{key} = [\n" + "".join(f"    {toml_value(r)},\n" for r in v) + "]"
+    return f"{key} = {toml_value(v)}"
 
 
 def hardware_to_toml(hw: HardwareSpec) -> str:
     lines = ["# Horizon hardware spec. Units are in the key names: GiB = 2**30 bytes,",
              "# GBps = 1e9 bytes/s, TFLOPs = 1e12 FLOP/s, us = microseconds.",
-             f"name = {_toml_value(hw.name)}"]
+             f"name = {toml_value(hw.name)}"]
     for table in (*TABLES, *(["cluster"] if hw.cluster != SINGLE else [])):
         part = getattr(hw, table)
         lines += ["", f"[{table}]"]

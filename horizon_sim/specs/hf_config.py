@@ -51,12 +51,13 @@ _DEFAULT_ROPE_THETA = 10000.0  # default_theta of all three HF config classes
 _QWEN2_MAX_WINDOW_LAYERS = 28  # Qwen2Config's default
 _QWEN2_SLIDING_WINDOW = 4096  # Qwen2Config's default
 
-# Read into the spec (per model type; the shared ones first).
-_READ = {"model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-         "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings", "rms_norm_eps",
-         "hidden_act", "max_position_embeddings", "rope_theta", "rope_parameters", "rope_scaling",
-         "attention_dropout", "initializer_range"}
-_READ_BY_TYPE = {
+# Read into the spec (per model type; the shared ones first). Public with IGNORED: together they
+# are every field this reader knows, which tests/test_hf_config_fields.py holds against transformers'.
+READ = {"model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings", "rms_norm_eps",
+        "hidden_act", "max_position_embeddings", "rope_theta", "rope_parameters", "rope_scaling",
+        "attention_dropout", "initializer_range"}
+READ_BY_TYPE = {
     "llama": {"attention_bias", "mlp_bias"},
     "qwen2": {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "use_mrope"},
     "mistral": {"sliding_window"},
@@ -146,7 +147,7 @@ def _norm_eps(v, where: str) -> float:
 
 def _check_fields(cfg: dict, mt: str, where: str) -> None:
     """Every key is read, ignored on purpose, or refused by name."""
-    known = _READ | _READ_BY_TYPE[mt] | IGNORED
+    known = READ | READ_BY_TYPE[mt] | IGNORED
     for key, v in cfg.items():
         if key in known:
             continue
@@ -155,7 +156,7 @@ def _check_fields(cfg: dict, mt: str, where: str) -> None:
                 continue  # present at its off value
             raise HorizonError(f"{where}: {key} = {json.dumps(v)[:60]} is {_FOREIGN[key]}, which Horizon "
                                f"does not implement")
-        if any(key in fields for t, fields in _READ_BY_TYPE.items() if t != mt):
+        if any(key in fields for t, fields in READ_BY_TYPE.items() if t != mt):
             raise HorizonError(f"{where}: {key!r} is not a {mt} config field ({mt} models have no such "
                                f"feature in transformers); remove it or fix model_type")
         raise HorizonError(f"{where}: unknown config field {key!r} for model_type {mt!r}; Horizon reads or "

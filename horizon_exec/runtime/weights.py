@@ -1,0 +1,123 @@
+"""The Trainer's weights by transformers name: init, the master read and written whole (views of
+the host store, or a split or node-sharded master joined), and the working copy refreshed from
+the master after anything writes it. A mixin of Trainer (trainer.py), which drives the steps;
+it reads the trainer's model, policy, dist and Runtime collaborators (store, master, runner,
+units, _params: assemble.py) and clears `pending` when new weights are loaded."""
+import torch
+
+from horizon_exec.model.layout import host_layout
+from horizon_sim.errors import HorizonError
+from horizon_sim.schedule import Holds
+
+
+class Weights:
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """transformers-style init from `seed`: matrices N(0, 0.02), norms 1, biases 0 (the
+        same weights whatever the number of ranks: each node's leader draws every unit and
+        keeps its node's chunks)."""
+        gen = torch.Generator().manual_seed(seed)
+        if self.dist.is_leader:
+            for u in self.units:
+                lay = host_layout(self.model, u)
+                in_place = self.dist.layout.nodes == 1 and not self.split_master
+                whole = self.store.of(Holds.MASTER, u)[:lay.numel] if in_place else torch.empty(lay.numel)
+                for name, t in lay.views(whole).items():
+                    if name.endswith("norm.weight"):
+                        t.fill_(1.0)
+                    elif name.endswith(".bias"):
+                        t.zero_()
+                    else:
+                        t.copy_(torch.randn(t.shape, generator=gen) * self.model.init_std)
+                if not in_place:
+                    self.master.write_whole(u, whole)
+        self.refresh_working_copy()
+
+    def refresh_working_copy(self) -> None:
+        """Working copies <- the masters, after anything wrote the masters directly (a loaded
+        checkpoint, new weights; data parallel: the node's leader writes the shared
+        copy, or with several nodes each rank its chunk and the nodes gather; every rank waits
+        until it is done)."""
+        d = self.dist
+        if d.layout.nodes > 1:
+            d.barrier()  # the node's leader has written the master (each rank copies its chunk)
+        for u in self.units:
+            if not self.store.has(Holds.WORKING_COPY, u):
+                continue
+            wc = self.store.of(Holds.WORKING_COPY, u)
+            if d.layout.nodes == 1:  # (a split master's high halves are its working copy: written with it)
+                if d.is_leader and not self.split_master:
+                    master = self.store.of(Holds.MASTER, u)
+                    wc[:master.numel()].copy_(master)
+                continue
+            part = self.runner.partition(u)
+            a, e = part.owned_range(d.local_rank, d.node)
+            if not self.split_master:
+                wc[a:e].copy_(self.master.owned(u))
+            la, le = part.local_range(d.local_rank)
+            from horizon_exec.dist.collectives import all_gather_into
+            all_gather_into(wc[la:le], wc[a:e].clone(), group=d.groups["cross"])
+        d.barrier()
+
+    def gather_master(self, u: int) -> torch.Tensor:
+        """Unit u's whole fp32 master (a copy) on every rank: a collective of the calling
+        thread (every rank calls it); for checks and exports of a several-node run."""
+        lay = host_layout(self.model, u)
+        d = self.dist
+        if d.layout.nodes == 1:
+            return self.master.local_whole(u, lay.numel)
+        from horizon_exec.dist.collectives import all_gather_into
+        part = self.runner.partition(u)
+        mine = self.master.owned(u).contiguous()
+        got = torch.empty(d.world * part.chunk, dtype=torch.float32)
+        all_gather_into(got, mine, group=d.groups["main"])
+        by_rank = got.view(d.world, part.chunk)  # world rank r = node * N + local rank
+        order = [part.chunk_index(r % d.layout.devices_per_node, r // d.layout.devices_per_node) for r in range(d.world)]
+        whole = torch.empty(d.world, part.chunk, dtype=torch.float32)
+        whole[order] = by_rank
+        return whole.reshape(-1)[:lay.numel]
+
+    @property
+    def split_master(self) -> bool:
+        """The master is its working copy's high halves + low halves (policy split_master)."""
+        return self.policy.split_master
+
+    def _unit_master(self, u: int) -> torch.Tensor:
+        """Unit u's fp32 master on one node: a view of the store, or a split master joined."""
+        return self.gather_master(u) if self.split_master else self.store.of(Holds.MASTER, u)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Master weights by transformers names: views into the host store (no lm_head.weight
+        when tied). Copy them before stepping again if you keep them. Several nodes hold the
+        master in shards: gather_master() per unit instead."""
+        if self.dist.layout.nodes > 1:
+            raise HorizonError(f"the master is sharded over {self.dist.layout.nodes} nodes: no process holds it whole "
+                               "(gather a unit with Trainer.gather_master)")
+        if self.split_master:  # no fp32 tensor to view: joined copies, a unit at a time
+            out = {}
+            for u in self.units:
+                out.update(host_layout(self.model, u).views(self.gather_master(u)))
+            return out
+        return dict(self._params)
+
+    @torch.no_grad()
+    def load_state_dict(self, sd: dict) -> None:
+        names = [e.name for u in self.units for e in host_layout(self.model, u).entries]
+        missing = [n for n in names if n not in sd]
+        if missing:
+            raise HorizonError(f"state dict lacks {len(missing)} parameter(s), e.g. {missing[0]!r}")
+        if self.dist.layout.nodes > 1:
+            raise HorizonError(f"load_state_dict of a run sharded over {self.dist.layout.nodes} nodes is not supported")
+        if self.dist.is_leader:  # the node's one copy
+            for u in self.units:
+                lay = host_layout(self.model, u)
+                if self.split_master:
+                    whole = torch.empty(lay.numel)
+                    for name, t in lay.views(whole).items():
+                        t.copy_(sd[name])
+                    self.master.write_whole(u, whole)
+                else:
+                    for name, t in lay.views(self.store.of(Holds.MASTER, u)[:lay.numel]).items():
+                        t.copy_(sd[name])
+        self.refresh_working_copy()
+        self.pending = False  # gradients of the old weights must not update the new ones
