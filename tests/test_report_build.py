@@ -138,3 +138,19 @@ def test_peer_section_plans_both_on_every_platform_and_sweep(built):
     depth = [r for r in rows if r["sweep"] == "depth"]
     assert [r["params_B"] for r in depth] == sorted(r["params_B"] for r in depth)
     assert "ZeRO-3" in res["peer"].body and (out / "peer_compare.csv").is_file()
+
+
+def test_throughput_section_changes_one_thing_at_a_time(built):
+    """Section 10: per case the micro order, the layer order, then kept layers; the layer order
+    never moves more bytes over the link, kept layers fit the device and lower the share of
+    recompute (HFU / MFU)."""
+    out, _ = built
+    t = pd.read_csv(out / "throughput.csv")
+    assert set(t.case.str.split(" on ").str[0]) == {c[0] for c in CFG.throughput_cases}
+    for _, g in t.groupby("case", sort=False):
+        g = g.reset_index(drop=True)
+        assert list(g.mb_order[:2]) == ["micro", "layer"] and (g.kept_layers[:2] == 0).all()
+        assert g.link_GB_per_step[1] <= g.link_GB_per_step[0] * (1 + 1e-9)
+        if len(g) == 3:
+            assert g.kept_layers[2] > 0 and g.device_fits[2]
+            assert g.hfu[2] / g.mfu[2] < g.hfu[1] / g.mfu[1]

@@ -65,6 +65,17 @@ class BuildConfig:
     host_policy: Policy = Policy()
     host_max_model: bool = True
     """Section 8 also asks max-model under each exact-fp32 policy set (seconds)."""
+    throughput_cases: tuple = (
+        ("dense-120b", "h200", "1.5TB", Policy(batch=8, seq=4096, act_ckpt_on="device", optimizer="backward",
+                                               grad_clip=0.0, split_master=True)),
+        ("llama-3.1-70b", "h100-pcie", "512GiB", Policy(batch=16, seq=2048, micro_batches=8, optimizer="backward",
+                                                        grad_clip=0.0, split_master=True)),
+        ("llama-3.1-8b", "rtx-4090", "128GB", Policy(batch=8, seq=2048, micro_batches=4, optimizer="backward",
+                                                     grad_clip=0.0, split_master=True)),
+    )
+    """Section 10: (model, GPU, RAM, policy). The headline's tuned policy at its batch, and the two
+    cases issue 27 names at batches whose micro-batches a 24 GB / 80 GB device needs, with the
+    headline's exact lean numerics (split master, optimizer in backward, no clipping)."""
 
 
 FULL = BuildConfig()
@@ -82,4 +93,5 @@ QUICK = BuildConfig(
     peer_widths=(256, 512),
     host_model="qwen2.5-0.5b", host_gpu="h100-pcie", host_ram="16GiB", host_disk="64GiB",
     host_policy=Policy(batch=2, seq=512), host_max_model=False,
+    throughput_cases=(("qwen2.5-0.5b", "h100-pcie", "16GiB", Policy(batch=4, seq=512, micro_batches=2)),),
 )
