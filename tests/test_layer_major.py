@@ -209,6 +209,22 @@ def train(m, pol, steps=3):
                 {n: t.clone() for n, t in tr.state_dict().items()})
 
 
+def test_backward_prices_writing_its_gradients_in_each_order():
+    """A backward's hbm_bytes include writing its weight gradients (bf16, as autograd returns
+    them): copy_ into a bf16 buffer (2 + 2 bytes a parameter) in the micro order; in the layer
+    order copy_ into the fp32 sum (2 + 4) for the first micro-batch and add_ into it (2 + 4 + 4)
+    for the others."""
+    m = spec()
+    pol = Policy(batch=4, seq=SEQ, micro_batches=2)
+    P = m.layer_params
+
+    def bwd(sched):
+        return {op.micro: op.hbm_bytes for op in sched.ops if op.kind == OpKind.BACKWARD and op.unit == 1}
+    micro, lay = bwd(build_schedule(m, pol)), bwd(build_schedule(m, layer(pol)))
+    assert micro[0] == micro[1]
+    assert lay[0] - micro[0] == 2 * P and lay[1] - lay[0] == 4 * P
+
+
 def _rel(a, b) -> float:
     return ((a - b).norm() / b.norm()).item()
 

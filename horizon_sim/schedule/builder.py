@@ -221,6 +221,14 @@ class TrainStepBuilder(StepBuilder):
         b = self.bufs
         return (b.device_grad(u, None), m > 0) if b.grads_summed_on_device else (b.device_grad(u, m), False)
 
+    def grad_write_bytes(self, dgrad: str, add: bool) -> int:
+        """Bytes a backward moves writing its weight gradients (compute dtype, as autograd returns
+        them) into their device buffer: copy_ reads them and writes the buffer; add_ into a sum
+        (the layer order's fp32 one) also reads the sum (runtime/ops.py)."""
+        buf = self.bufs.buffers[dgrad]
+        a, s = DTYPE_BYTES[self.policy.compute_dtype], DTYPE_BYTES[buf.dtype]
+        return buf.numel * (a + s + (s if add else 0))
+
     def grads_made(self, u: int, m: int) -> None:
         """Micro-batch m's gradients of unit u are on the device: offload them (the layer
         order: the sum, after the last micro-batch) and let the optimizer mode act."""
@@ -340,7 +348,8 @@ class TrainStepBuilder(StepBuilder):
         dgrad, add = self.grad_target(u, m)
         self.emit(OpKind.BACKWARD, u, m, slot=b.buffers[slot].layer, reads=[x, dy, slot] + ([dgrad] if add else []),
                   writes=[dx, dgrad], frees=[x, dy],
-                  flops=3 * self.fwd_flops[u], hbm_bytes=self.bwd_hbm, workspace_bytes=self.bwd_ws[u],
+                  flops=3 * self.fwd_flops[u], hbm_bytes=self.bwd_hbm + self.grad_write_bytes(dgrad, add),
+                  workspace_bytes=self.bwd_ws[u],
                   after=self._backpressure(self.pending_offloads))
         self.grads_made(u, m)
         if u == 0:
@@ -353,7 +362,8 @@ class TrainStepBuilder(StepBuilder):
         dgrad, add = self.grad_target(u, m)
         self.emit(OpKind.BACKWARD_SAVED, u, m, slot=b.buffers[slot].layer,
                   reads=[self.saved(m, u), dy, slot] + ([dgrad] if add else []), writes=[dx, dgrad],
-                  frees=[self.saved(m, u), dy], flops=2 * self.fwd_flops[u], hbm_bytes=self.saved_bwd_hbm,
+                  frees=[self.saved(m, u), dy], flops=2 * self.fwd_flops[u],
+                  hbm_bytes=self.saved_bwd_hbm + self.grad_write_bytes(dgrad, add),
                   workspace_bytes=self.saved_bwd_ws[u], after=self._backpressure(self.pending_offloads))
         self.grads_made(u, m)
         if u == 0:
