@@ -16,8 +16,17 @@ SIZES = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, interme
 
 
 def _class(mt):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
-    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig, "qwen3": Qwen3Config}[mt]
+    from transformers import (LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
+                              Qwen3MoeConfig)
+    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig, "qwen3": Qwen3Config,
+            "qwen3_moe": Qwen3MoeConfig, "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig}[mt]
+
+
+# The experts' sizes are required like the others (hf_defaults.REQUIRED): given per MoE type.
+MOE_SIZES = {"qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
+             "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+             "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                               shared_expert_intermediate_size=24)}
 
 
 @pytest.mark.parametrize("mt", sorted(HF_DEFAULTS))
@@ -34,8 +43,8 @@ def test_a_minimal_config_reads_as_transformers_builds_it(mt, tmp_path):
     """Only the sizes given (num_attention_heads 8 so that Mistral's and Qwen2's default kv
     head counts divide it): every other field as transformers' class fills it in."""
     from transformers import AutoConfig
-    d = {"model_type": mt, **SIZES, "num_attention_heads": 8, "hidden_size": 64}
-    if mt in ("qwen2", "qwen3"):
+    d = {"model_type": mt, **SIZES, "num_attention_heads": 8, "hidden_size": 64, **MOE_SIZES.get(mt, {})}
+    if mt in ("qwen2", "qwen3", "qwen2_moe"):
         d["num_attention_heads"] = 32   # Qwen2's and Qwen3's default num_key_value_heads is 32
         d["hidden_size"] = 256
     (tmp_path / "config.json").write_text(json.dumps(d))

@@ -310,6 +310,8 @@ def _run_train(cfg: "RunConfig", dist) -> int:
                       "the embedding: trained untied, as transformers loads it (--save-hf writes tie false)")
         else:
             model = load_model(cfg.model)
+        from horizon_exec.model.layers import check_runnable
+        check_runnable(model)  # an MoE model: refused by name before any allocation
         if data.tokenizer == BYTES:
             tok_path = None
         elif data.tokenizer:

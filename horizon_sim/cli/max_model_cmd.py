@@ -11,9 +11,10 @@ EXAMPLE = """example:
   horizon max-model --gpu rtx-4090 --ram 128GiB --policies default
   horizon max-model --gpu h200 --ram 1.5TB --policies exact
   horizon max-model --gpu gh200 --ram 480GB --seq 4096 --json
+  horizon max-model --gpu h200 --ram 1.5TB --moe
 
-Candidates: every model preset, plus dense-120b scaled in depth (-L<layers>) and in width
-(-w<hidden>). Policies (the fastest that fits counts):
+Candidates: every dense model preset, plus dense-120b scaled in depth (-L<layers>) and in width
+(-w<hidden>); with --moe the MoE presets and qwen3-235b-a22b scaled in depth. Policies (the fastest that fits counts):
   lean     (default) the default policy; bf16 moments without the working copy; optimizer in
            backward without clipping and no working copy ('lean'), also with bf16 moments
            ('leanest'); the split master ('split'), also in backward with the host gradients
@@ -33,6 +34,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", choices=("lean", "exact", "default"), default="lean",
                    help="'lean': best of the default and five memory-lean policies (default); 'exact': "
                         "those with fp32 master and moments; 'default': the default policy only")
+    p.add_argument("--moe", action="store_true",
+                   help="mixture-of-experts candidates instead: the MoE presets and qwen3-235b-a22b scaled in depth "
+                        "(largest by total parameters; MFU counts active ones)")
     p.add_argument("--batch", type=int, default=Policy().batch, help="sequences per step (default 4)")
     p.add_argument("--seq", type=int, default=Policy().seq, help="tokens per sequence (default 2048)")
     add_run_args(p)
@@ -52,7 +56,7 @@ def run(a: argparse.Namespace) -> int:
     positive("--workers", a.workers, allow_none=True)
     hw = hardware_from_args(a)
     res = max_model(hw, base=Policy(batch=a.batch, seq=a.seq), policies=a.policies, workers=a.workers,
-                    progress=not a.quiet)
+                    progress=not a.quiet, kind="moe" if a.moe else "dense")
     b, m = res.best, res.model
     if a.json:
         print(json.dumps({
@@ -67,7 +71,8 @@ def run(a: argparse.Namespace) -> int:
                            for r in res.table.to_dict("records")]}))
         return 0
     o = b.outcome
-    print(f"max-model on {hw.name or hw.device.name}: {m.name}, {res.params / 1e9:.1f}B params "
+    active = f", {m.active_params / 1e9:.1f}B active" if m.is_moe else ""
+    print(f"max-model on {hw.name or hw.device.name}: {m.name}, {res.params / 1e9:.1f}B params{active} "
           f"({m.n_layers} layers x width {m.hidden}, {b.candidate.family})")
     print(f"  {o.tokens_per_s:,.0f} tokens/s, MFU {o.mfu:.1%}, limited by {o.bottleneck}; device "
           f"{fmt_bytes(o.device_peak_bytes)} of {fmt_bytes(hw.device_bytes_usable)}, host {fmt_bytes(o.host_bytes)} "

@@ -5,6 +5,7 @@ import json
 from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
 from horizon_sim.cli.tune_cmd import add_hardware_args, hardware_from_args
 from horizon_sim.units import GiB, fmt_bytes
+from horizon_sim.specs.moe import params_label
 
 EXAMPLE = """example:
   horizon min-ram --model llama-3.1-70b --gpu h100-pcie
@@ -66,7 +67,7 @@ def run(a: argparse.Namespace) -> int:
     c = hw.cluster
     on = (f"{hw.device.name} + {hw.link.name}" if c.ranks == 1 else
           f"{c.layout.nodes} node(s) x {c.layout.devices_per_node} {hw.device.name} + {hw.link.name}")
-    print(f"min-ram: {model.name} ({n / 1e9:.2f}B params) on {on} needs "
+    print(f"min-ram: {model.name} ({params_label(model)}) on {on} needs "
           f"{r.ram_bytes // GiB} GiB of host RAM{' per node' if c.ranks > 1 else ''} ({fmt_bytes(r.ram_bytes)}, "
           f"a multiple of {r.step_bytes // GiB} GiB)")
     below = r.ram_bytes - r.step_bytes

@@ -15,6 +15,7 @@ from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
 from horizon_sim.specs.hardware_io import load_hardware
 from horizon_sim.specs.hf_config import load_model
 from horizon_sim.units import fmt_bytes
+from horizon_sim.specs.moe import params_label
 
 EXAMPLE = """example:
   horizon plan --model llama-3.1-8b --gpu h100-pcie --ram 512GiB
@@ -91,7 +92,7 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
                  f"+ {hw.link.name}, "
                  f"{fmt_bytes(hw.host.ram_GiB * 2**30)} host RAM per node")
     lines = [
-        f"{verdict}: {meta.model.name} ({n / 1e9:.2f}B params) on {where}",
+        f"{verdict}: {meta.model.name} ({params_label(meta.model)}) on {where}",
         f"  {s.why}",
         "",
         f"speed     {s.tokens_per_s:,.0f} tokens/s, step {s.step_time_s:.3f} s "

@@ -9,6 +9,7 @@ from horizon_sim.schedule.op import PEERS
 from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
 from horizon_sim.specs.policy import DTYPES, Policy
 from horizon_sim.units import GiB, fmt_bytes
+from horizon_sim.specs.moe import params_label
 
 EXAMPLE = """example:
   horizon tune --model llama-3.1-70b --gpu h100-pcie --ram 1.5TB
@@ -174,7 +175,7 @@ def run(a: argparse.Namespace) -> int:
             "pareto": [jsonable(r) for r in res.pareto.to_dict("records")], "plan_command": plan_it,
             **({"compare": compared[1]} if compared else {})}))
         return 0
-    print(f"tune: {model.name} ({model.total_params / 1e9:.2f}B params) on {hw.name or hw.device.name}, "
+    print(f"tune: {model.name} ({params_label(model)}) on {hw.name or hw.device.name}, "
           f"seq {a.seq}: {res.evaluated} configurations simulated")
     b = res.baseline
     base_txt = (f"{b['tokens_per_s']:,.0f} tokens/s" if b["fits"]

@@ -1,10 +1,15 @@
 """max_model(): the largest model that trains on a machine.
 
-Candidates: every model preset, plus the dense-120b family scaled in depth (its 12288-wide
+Candidates (kind 'dense', the default): every dense model preset, plus the dense-120b family scaled in depth (its 12288-wide
 block, 2 to as many layers as could possibly fit, in steps of 2, up to the planner's MAX_LAYERS) and in width (its 76 layers,
 width 1024 to 32768 in steps of 1024, 128-wide heads, 8 kv heads, SwiGLU 8/3 x width). Each is
 judged under a policy set: 'default' (Policy() alone) or 'lean' (the default plus three
 memory-lean policies; the fastest that fits counts).
+
+Kind 'moe': the MoE presets, plus the qwen3-235b-a22b family (128 experts, top-8) scaled in
+depth the same way ('moe-depth'). The kinds are kept apart because an MoE model of N total
+parameters trains about as fast as a dense one of its active parameters: "the largest model"
+means something else for each, and a dense answer should not turn into an MoE one unasked.
 
 Candidates are scanned from the largest down. A candidate whose host store alone (master
 weights, moments, working copy, process runtime: a lower bound of the footprint) or weight
@@ -50,6 +55,8 @@ moments' precision. 'exact': only those with an fp32 master and fp32 moments (Ad
 computes it in fp32)."""
 
 FAMILY_BASE = "dense-120b"
+MOE_FAMILY_BASE = "qwen3-235b-a22b"
+KINDS = ("dense", "moe")
 WIDTHS = range(1024, 32768 + 1, 1024)
 
 
@@ -79,7 +86,8 @@ def policy_set(name: str, base: Policy | None = None, disk: bool = False) -> dic
 class Candidate:
     model: ModelSpec
     family: str
-    """'preset', 'depth' (dense-120b scaled in n_layers) or 'width' (scaled in hidden)."""
+    """'preset', 'depth' (dense-120b scaled in n_layers), 'width' (scaled in hidden) or
+    'moe-depth' (qwen3-235b-a22b scaled in n_layers)."""
 
     @property
     def params(self) -> int:
@@ -118,18 +126,22 @@ def _bound_ok(model, policy, hw) -> bool:
             and disk_lower_bound(model, policy) <= hw.disk_bytes_usable)
 
 
-def candidates(hw: HardwareSpec, policies: dict[str, Policy]) -> list[Candidate]:
-    """Presets and the dense-120b family, smallest first (the depth family stops one step past
-    the last depth whose lower bound fits)."""
-    base = PRESETS[FAMILY_BASE]
-    out = {m.name: Candidate(m, "preset") for m in PRESETS.values()}
+def candidates(hw: HardwareSpec, policies: dict[str, Policy], kind: str = "dense") -> list[Candidate]:
+    """Presets and the dense-120b family (kind 'moe': the MoE presets and the qwen3-235b-a22b
+    family in depth), smallest first (a depth family stops one step past the last depth whose
+    lower bound fits)."""
+    if kind not in KINDS:
+        raise HorizonError(f"unknown model kind {kind!r}; allowed: {', '.join(KINDS)}")
+    moe = kind == "moe"
+    base = PRESETS[MOE_FAMILY_BASE if moe else FAMILY_BASE]
+    out = {m.name: Candidate(m, "preset") for m in PRESETS.values() if m.is_moe == moe}
     for L in range(2, MAX_LAYERS + 1, 2):
         m = replace(base, name=f"{base.name}-L{L}", n_layers=L)
         if L != base.n_layers:
-            out[m.name] = Candidate(m, "depth")
+            out[m.name] = Candidate(m, "moe-depth" if moe else "depth")
         if not any(_bound_ok(m, p, hw) for p in policies.values()):
             break
-    for h in WIDTHS:
+    for h in () if moe else WIDTHS:
         if h != base.hidden:
             m = _wide(base, h)
             out[m.name] = Candidate(m, "width")
@@ -212,13 +224,13 @@ def _judge(cands: list[Candidate], policies: dict[str, Policy], hw, runner: Runn
 
 
 def max_model(hw: HardwareSpec, *, base: Policy | None = None, policies: str | dict = "lean",
-              workers: int | None = None, progress: bool = False) -> MaxModelResult:
-    """The largest candidate model that fits `hw` under the policy set `policies` (a name of
-    POLICY_SETS, or {name: Policy})."""
+              workers: int | None = None, progress: bool = False, kind: str = "dense") -> MaxModelResult:
+    """The largest candidate model of `kind` ('dense' or 'moe', by total parameters) that fits
+    `hw` under the policy set `policies` (a name of POLICY_SETS, or {name: Policy})."""
     pols = dict(policies) if isinstance(policies, dict) else policy_set(policies, base, disk=hw.disk_bytes_usable > 0)
     if not pols:
         raise HorizonError("max-model needs at least one policy")
-    cands = candidates(hw, pols)
+    cands = candidates(hw, pols, kind)
     judged: list[Verdict] = []
     with Runner(workers, progress, desc="max-model") as runner:
         batch = max(2, runner.workers)

@@ -14,6 +14,24 @@ token, for a kernel of width w elements in a compute dtype of a bytes:
   silu       2a w                      3a w                           its input and output: 2a w
   residual   3a w                      3a w (the gradients' sum)      nothing
 
+An MoE block (specs/block.py _moe_kernels) adds four kinds. Their figures are ESTIMATES from
+the kernels a looped-expert executor would run (read + write of each tensor once), not yet
+checked by a dispatch count (the executor does not run MoE blocks yet; check them when it does):
+
+  router     (a + 12) E + (24 + a) k   (24 + a) E + 24 k             fp32 probabilities (4E),
+             (logits read; fp32 softmax (top-k values' grads           top-k values and indices
+             written, read, written; top-k scattered into E; softmax   (12 k)
+             picks k values + int64 ids;    backward reads p and dp)
+             renormalise; cast)
+  dispatch   2a w (gather the token rows)  3a w (index_add of the rows'  nothing (ids: router's)
+                                       gradients into a zeroed dx)
+  combine    4a w (scale by the weight,    5a w (gather dy per row, the  the expert rows (a w)
+             index_add into the output)    rows' and weights' grads)
+  gate_mul   5a w (sigmoid gate times the  6a w                          the shared output (a w)
+             shared output, added in)
+
+w = k H for dispatch and combine (each token's k routed rows), E for the router (k = its rows).
+
 R: the rows a norm reduces over per token; c = 2 (a + 4), the casts around fp32 statistics
 (0 in fp32). A norm's forward and backward also read its weight (a per element a pass), RoPE
 its cos and sin tables (2 seq hd a a pass). Every figure was checked against a dispatch-level
@@ -47,9 +65,12 @@ def _unknown(k: Kernel):
 def forward_bytes(k: Kernel, a: int) -> int:
     """Bytes per token its forward reads plus writes."""
     w = k.width
-    per_element = {"rope": 10 * a, "attention": 0, "swiglu": 5 * a, "silu": 2 * a, "residual": 3 * a}
+    per_element = {"rope": 10 * a, "attention": 0, "swiglu": 5 * a, "silu": 2 * a, "residual": 3 * a,
+                   "dispatch": 2 * a, "combine": 4 * a, "gate_mul": 5 * a}
     if k.kind == "rmsnorm":
         return norm_forward(w, k.rows, a)
+    if k.kind == "router":
+        return (a + 12) * w + (24 + a) * k.rows
     if k.kind not in per_element:
         raise _unknown(k)
     return per_element[k.kind] * w
@@ -58,9 +79,12 @@ def forward_bytes(k: Kernel, a: int) -> int:
 def backward_bytes(k: Kernel, a: int) -> int:
     """Bytes per token its backward reads plus writes (the forward-with-grad is forward_bytes)."""
     w = k.width
-    per_element = {"rope": 16 * a, "attention": 0, "swiglu": 9 * a, "silu": 3 * a, "residual": 3 * a}
+    per_element = {"rope": 16 * a, "attention": 0, "swiglu": 9 * a, "silu": 3 * a, "residual": 3 * a,
+                   "dispatch": 3 * a, "combine": 5 * a, "gate_mul": 6 * a}
     if k.kind == "rmsnorm":
         return norm_backward(w, k.rows, a) + 3 * a * w * (k.fan_out - 1)
+    if k.kind == "router":
+        return (24 + a) * w + 24 * k.rows
     if k.kind not in per_element:
         raise _unknown(k)
     return per_element[k.kind] * w
@@ -91,8 +115,12 @@ def saved_bytes(k: Kernel, a: int) -> int:
         return a * (2 * w + 2 * k.kv_width) + 4 * k.rows
     if k.kind in ("swiglu", "silu"):
         return (4 if k.kind == "swiglu" else 2) * a * w
-    if k.kind in ("rope", "residual"):
+    if k.kind in ("rope", "residual", "dispatch"):
         return 0
+    if k.kind == "router":
+        return 4 * w + 12 * k.rows
+    if k.kind in ("combine", "gate_mul"):
+        return a * w
     raise _unknown(k)
 
 

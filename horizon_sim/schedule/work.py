@@ -19,6 +19,7 @@ measured temp_peak_bytes; nothing here is fitted.
 from dataclasses import dataclass
 
 from horizon_sim.schedule import kernel_bytes
+from horizon_sim.schedule.expert_load import expert_rows
 from horizon_sim.specs import block
 from horizon_sim.specs.model import ModelSpec
 
@@ -64,20 +65,32 @@ def linears(m: ModelSpec) -> list[tuple[int, int]]:
     return [(p.in_features, p.out_features) for p in block.projections(m)]
 
 
+def _rows(m: ModelSpec, p: block.Projection, tokens: int) -> tuple[tuple[int, int], ...]:
+    """(rows, count) of a projection's GEMMs: every token once, or stacked experts looped one
+    GEMM per expert over the rows routed to it (schedule/expert_load.py)."""
+    return expert_rows(tokens, m.experts_per_token, p.experts) if p.experts else ((tokens, 1),)
+
+
 def block_gemms(m: ModelSpec, tokens: int, backward: bool) -> list[Gemm]:
     """Forward: x . W^T per projection. Backward: the forward again (with grad), then per
-    projection the input gradient dY . W and the weight gradient X^T . dY."""
-    out = [Gemm("nt", tokens, o, i) for i, o in linears(m)]
+    projection the input gradient dY . W and the weight gradient X^T . dY. An MoE block's
+    experts: per expert, over its routed rows (count: the experts of one row count)."""
+    ps = block.projections(m)
+    out = [Gemm("nt", r, p.out_features, p.in_features, c) for p in ps for r, c in _rows(m, p, tokens)]
     if backward:
-        for i, o in linears(m):
-            out += [Gemm("nn", tokens, i, o), Gemm("tn", i, o, tokens)]
+        out += block_gemms_saved_backward(m, tokens)
     return out
 
 
 def block_gemms_saved_backward(m: ModelSpec, tokens: int) -> list[Gemm]:
     """A backward from autograd's saved tensors (BACKWARD_SAVED): per projection the input and
     weight gradients only; the forward ran once, in FORWARD, with the graph kept."""
-    return block_gemms(m, tokens, backward=True)[len(linears(m)):]
+    out = []
+    for p in block.projections(m):
+        i, o = p.in_features, p.out_features
+        for r, c in _rows(m, p, tokens):
+            out += [Gemm("nn", r, i, o, c), Gemm("tn", i, o, r, c)]
+    return out
 
 
 def head_chunks(tokens: int, chunk_tokens: int) -> int:
@@ -159,7 +172,9 @@ def _parts(m: ModelSpec) -> dict:
     return dict(half=half, norm={p: next(k for k in half[p] if k.kind == "rmsnorm") for p in block.PARTS},
                 attention=next(k for k in ks if k.kind == "attention"),
                 act=next(k for k in half["mlp"] if k.kind in ("swiglu", "silu")),
-                mlp_weights=mlp_weights, last_weight=block.projections(m)[-1].weight_params)
+                mlp_weights=mlp_weights,
+                # the MLP's largest weight gradient (dense: down's, H x F; MoE: a stacked expert tensor's)
+                last_weight=max(p.weight_params for p in block.projections(m) if p.module.startswith("mlp.")))
 
 
 def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool,

@@ -8,26 +8,48 @@ weight layout (horizon_exec/model/layout.py) are all derived from here, so they 
 A block (names relative to `model.layers.N.`): RMSNorm, q/k/v projections (biases: Qwen2), an
 RMSNorm over each head of q and of k (Qwen3: `self_attn.q_norm`, `k_norm`), RoPE,
 attention, o projection, residual, RMSNorm, then a gated MLP (gate, up, down; SwiGLU) or a plain
-one (up, down), residual. `plain` and `layernorm` (a weight and a bias per norm) describe
+one (up, down), residual. An MoE block (specs/moe.py) replaces the MLP by a router (mlp.gate),
+E experts stored as two 3-D tensors (mlp.experts.gate_up_proj (E, 2I, H), down_proj (E, H, I))
+each run on the tokens routed to it, and (Qwen2-MoE) a sigmoid-gated shared expert. `plain` and `layernorm` (a weight and a bias per norm) describe
 GPT-2-style models the planner prices for published comparisons; the executor runs the gated,
 RMSNorm block only (horizon_exec/model/layers.py refuses the others by name)."""
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from horizon_sim.specs.moe import ROUTER_FIRST
+
 
 @dataclass(frozen=True, slots=True)
 class Projection:
-    """y = x . W^T (+ b): W is (out_features, in_features)."""
+    """y = x . W^T (+ b): W is (out_features, in_features); with `experts` E > 0, E such
+    weights stacked in one (E, out, in) tensor, expert e applied to the tokens routed to it."""
     module: str
-    """transformers' module path in the block, e.g. 'self_attn.q_proj'."""
+    """transformers' module path in the block, e.g. 'self_attn.q_proj'; for stacked experts
+    the parameter's own name ('mlp.experts.gate_up_proj')."""
     in_features: int
     out_features: int
     bias: bool
+    experts: int = 0
+    """0: a Linear run on every token. E: routed experts (each token meets k of them)."""
 
     @property
     def weight_params(self) -> int:
-        return self.in_features * self.out_features
+        return self.in_features * self.out_features * max(1, self.experts)
+
+    @property
+    def tensor(self) -> str:
+        """The weight's parameter name."""
+        return self.module if self.experts else f"{self.module}.weight"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.experts, self.out_features, self.in_features) if self.experts \
+            else (self.out_features, self.in_features)
+
+    def active_params(self, top_k: int) -> int:
+        """Weights one token meets: all of a Linear's, top_k experts' of a stacked tensor."""
+        return self.in_features * self.out_features * (top_k if self.experts else 1)
 
 
 NORMS = ("input_layernorm", "post_attention_layernorm")
@@ -37,11 +59,25 @@ NORMS = ("input_layernorm", "post_attention_layernorm")
 def projections(m) -> tuple[Projection, ...]:
     """The block's projections (a ModelSpec's), in the order its forward runs them."""
     H, F, q, kv = m.hidden, m.ffn_hidden, m.q_dim, m.kv_dim
+    attn = (Projection("self_attn.q_proj", H, q, m.qkv_bias), Projection("self_attn.k_proj", H, kv, m.qkv_bias),
+            Projection("self_attn.v_proj", H, kv, m.qkv_bias), Projection("self_attn.o_proj", q, H, False))
+    if m.n_experts:
+        return (*attn, *_moe_projections(m))
     mlp = (("gate_proj", H, F), ("up_proj", H, F), ("down_proj", F, H)) if m.ffn_type == "gated" \
         else (("up_proj", H, F), ("down_proj", F, H))
-    return (Projection("self_attn.q_proj", H, q, m.qkv_bias), Projection("self_attn.k_proj", H, kv, m.qkv_bias),
-            Projection("self_attn.v_proj", H, kv, m.qkv_bias), Projection("self_attn.o_proj", q, H, False),
-            *(Projection(f"mlp.{name}", i, o, m.mlp_bias) for name, i, o in mlp))
+    return (*attn, *(Projection(f"mlp.{name}", i, o, m.mlp_bias) for name, i, o in mlp))
+
+
+def _moe_projections(m) -> tuple[Projection, ...]:
+    """An MoE MLP's in transformers' parameter order (the router first or last: specs/moe.py)."""
+    H, E, I, S = m.hidden, m.n_experts, m.expert_ffn_hidden, m.shared_expert_ffn_hidden
+    router = (Projection("mlp.gate", H, E, False),)
+    experts = (Projection("mlp.experts.gate_up_proj", H, 2 * I, False, experts=E),
+               Projection("mlp.experts.down_proj", I, H, False, experts=E))
+    shared = (Projection("mlp.shared_expert.gate_proj", H, S, False), Projection("mlp.shared_expert.up_proj", H, S, False),
+              Projection("mlp.shared_expert.down_proj", S, H, False),
+              Projection("mlp.shared_expert_gate", H, 1, False)) if S else ()
+    return (*router, *experts, *shared) if m.moe_family in ROUTER_FIRST else (*experts, *router, *shared)
 
 
 def norm_tensors(m) -> tuple[str, ...]:
@@ -61,7 +97,7 @@ def parameters(m) -> tuple[tuple[str, tuple[int, ...]], ...]:
     weight then bias (the q/k norms after the attention's), then the norms."""
     out = []
     for p in projections(m):
-        out.append((f"{p.module}.weight", (p.out_features, p.in_features)))
+        out.append((p.tensor, p.shape))
         if p.bias:
             out.append((f"{p.module}.bias", (p.out_features,)))
         if p.module == "self_attn.o_proj" and m.qk_norm:
@@ -69,7 +105,7 @@ def parameters(m) -> tuple[tuple[str, tuple[int, ...]], ...]:
     return (*out, *((f"{norm}.{t}", (m.hidden,)) for norm in NORMS for t in norm_tensors(m)))
 
 
-KINDS = ("rmsnorm", "rope", "attention", "swiglu", "silu", "residual")
+KINDS = ("rmsnorm", "rope", "attention", "swiglu", "silu", "residual", "router", "dispatch", "combine", "gate_mul")
 """The kernel kinds schedule/work.py prices (bytes moved, saved, temporaries per element): a
 block built from these needs no change there."""
 PARTS = ("attention", "mlp")
@@ -86,7 +122,8 @@ class Kernel:
     width: int
     """Elements per token of its input (attention: the query width)."""
     rows: int = 1
-    """Rows per token a norm reduces over (1; a per-head norm: the heads). Attention: query heads."""
+    """Rows per token a norm reduces over (1; a per-head norm: the heads). Attention: query heads.
+    Router: the top-k it picks per token."""
     kv_width: int = 0
     """Attention only: the key (and value) width."""
     fan_out: int = 1
@@ -111,12 +148,36 @@ def kernels(m) -> tuple[Kernel, ...]:
     block is priced as RMSNorm (the published GPT-2 rows; the executor refuses it)."""
     H, F = m.hidden, m.ffn_hidden
     gated = m.ffn_type == "gated"
+    if m.n_experts:
+        return (*_attention_kernels(m), *_moe_kernels(m))
+    return (*_attention_kernels(m),
+            Kernel("rmsnorm", "mlp", H, fan_out=2 if gated else 1, output_saved=True),
+            Kernel("swiglu" if gated else "silu", "mlp", F),
+            Kernel("residual", "mlp", H))
+
+
+def _attention_kernels(m) -> tuple[Kernel, ...]:
+    H = m.hidden
     qk_norms = (Kernel("rmsnorm", "attention", m.q_dim, rows=m.n_heads),
                 Kernel("rmsnorm", "attention", m.kv_dim, rows=m.n_kv_heads)) if m.qk_norm else ()
     return (Kernel("rmsnorm", "attention", H, fan_out=3, output_saved=True, reads_block_input=True),
             *qk_norms, Kernel("rope", "attention", m.q_dim), Kernel("rope", "attention", m.kv_dim),
             Kernel("attention", "attention", m.q_dim, rows=m.n_heads, kv_width=m.kv_dim),
-            Kernel("residual", "attention", H),
-            Kernel("rmsnorm", "mlp", H, fan_out=2 if gated else 1, output_saved=True),
-            Kernel("swiglu" if gated else "silu", "mlp", F),
+            Kernel("residual", "attention", H))
+
+
+def _moe_kernels(m) -> tuple[Kernel, ...]:
+    """The MoE half, per token: the norm (read by the router, the dispatch, and the shared
+    expert's gate, up and sigmoid gate), the router (softmax over E, top-k, renormalise), the
+    dispatch (each token's row gathered for its k experts: k H wide), the experts' SwiGLU
+    (k I wide), the combine (each expert row scaled by its routing weight and added into the
+    output: k H wide), the shared expert's SwiGLU and its sigmoid gate (Qwen2-MoE), the residual."""
+    H, k, S = m.hidden, m.experts_per_token, m.shared_expert_ffn_hidden
+    shared = (Kernel("swiglu", "mlp", S), Kernel("gate_mul", "mlp", H)) if S else ()
+    return (Kernel("rmsnorm", "mlp", H, fan_out=2 + (3 if S else 0), output_saved=True),
+            Kernel("router", "mlp", m.n_experts, rows=k),
+            Kernel("dispatch", "mlp", k * H),
+            Kernel("swiglu", "mlp", k * m.expert_ffn_hidden),
+            Kernel("combine", "mlp", k * H),
+            *shared,
             Kernel("residual", "mlp", H))

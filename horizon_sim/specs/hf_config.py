@@ -1,6 +1,7 @@
 """Read a local Hugging Face `config.json` into a ModelSpec (no transformers import, no network).
 
-Supported model_type: llama, qwen2, mistral, qwen3. Every field of the file is accounted for: it is
+Supported model_type: llama, qwen2, mistral, qwen3, and the MoE ones qwen3_moe, mixtral, qwen2_moe
+(their MoE fields: specs/hf_moe.py; DeepSeek, gpt-oss and other MoE types are refused by name). Every field of the file is accounted for: it is
 read into the spec, or listed in IGNORED (it does not change what a training step computes),
 or refused with its name. A field we do not know is refused too, so nothing that changes the
 model is ever dropped without a word. Field mapping (HF name -> ModelSpec field):
@@ -40,12 +41,13 @@ from pathlib import Path
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
+from horizon_sim.specs import hf_moe
 from horizon_sim.specs.hf_defaults import with_hf_defaults
 from horizon_sim.specs.model import MAX_NORM_EPS, ModelSpec
 from horizon_sim.specs.model_presets import model_preset
 from horizon_sim.specs.rope import ROPE_KINDS, RopeScaling
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3", *hf_moe.MOE_TYPES)
 _SILU = ("silu", "swish")  # transformers maps both names to SiLU
 _DEFAULT_ROPE_THETA = 10000.0  # default_theta of all three HF config classes
 _QWEN2_MAX_WINDOW_LAYERS = 28  # Qwen2Config's default
@@ -62,6 +64,7 @@ READ_BY_TYPE = {
     "qwen2": {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "use_mrope"},
     "mistral": {"sliding_window"},
     "qwen3": {"attention_bias", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types"},
+    **hf_moe.READ_BY_TYPE,
 }
 # Fields that do not change what a causal-LM training step computes: names and versions,
 # inference and generation settings, the scale of transformers' own random init, token ids
@@ -297,6 +300,9 @@ def from_hf_config(path) -> ModelSpec:
 def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | None = None) -> ModelSpec:
     """ModelSpec from a config dict (`where` names it in errors)."""
     mt = cfg.get("model_type")
+    if mt in hf_moe.REFUSED_TYPES:
+        raise HorizonError(f"{where}: model_type {mt!r} is {hf_moe.REFUSED_TYPES[mt]}, which Horizon does not "
+                           f"implement; MoE types supported: {', '.join(hf_moe.MOE_TYPES)}")
     if mt not in SUPPORTED_MODEL_TYPES:
         raise HorizonError(f"{where}: model_type {mt!r} is not supported; allowed: "
                            f"{', '.join(SUPPORTED_MODEL_TYPES)}")
@@ -312,7 +318,7 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
     if head_dim and hidden % heads == 0 and head_dim == hidden // heads:
         head_dim = 0
 
-    if mt in ("llama", "qwen3") and _bool(cfg, "attention_bias", where, False):
+    if mt in ("llama", "qwen3", "qwen3_moe") and _bool(cfg, "attention_bias", where, False):
         raise HorizonError(f"{where}: {mt} attention_bias=true (bias on q, k, v and o) is not "
                            "supported; only qwen2-style q/k/v biases are")
     qkv_bias = mt == "qwen2"
@@ -336,7 +342,7 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         tied_embeddings=_bool(cfg, "tie_word_embeddings", where, False),
         qkv_bias=qkv_bias,
         mlp_bias=mlp_bias,
-        qk_norm=mt == "qwen3",
+        qk_norm=mt in ("qwen3", "qwen3_moe"),
         norm="rmsnorm",
         norm_eps=_norm_eps(eps, where),
         rope_theta=theta,
@@ -345,6 +351,8 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         layer_windows=_windows(cfg, mt, n_layers, where),
         init_std=_float(cfg["initializer_range"], "initializer_range", where, strict=False),
     )
+    if mt in hf_moe.MOE_TYPES:
+        fields.update(hf_moe.read(cfg, mt, where, _int, _bool, _float))
     try:
         fields["rope_scaling"] = _resolve(scaling, fields["max_position"])
         return ModelSpec(**fields)

@@ -5,10 +5,12 @@ config whose model has exactly spec.total_params parameters. Plain-JSON only: no
 transformers import here.
 """
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs import hf_moe
 from horizon_sim.specs.model import ModelSpec
 
 _ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
-         "qwen3": "Qwen3ForCausalLM"}
+         "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
+         "qwen2_moe": "Qwen2MoeForCausalLM"}
 # RopeScaling field -> transformers' rope_parameters key, per kind (what its validators accept).
 _ROPE_OUT = {
     "linear": {"factor": "factor"},
@@ -24,6 +26,8 @@ def _hf_model_type(spec: ModelSpec) -> str:
     if spec.ffn_type != "gated" or spec.norm != "rmsnorm":
         raise HorizonError(f"model {spec.name!r} ({spec.ffn_type} MLP, {spec.norm}) has no "
                            "transformers equivalent; llama/qwen2 need a gated MLP and rmsnorm")
+    if spec.moe_family:
+        return spec.moe_family  # ModelSpec checked the block is that family's (specs/moe.py)
     if spec.qk_norm:
         if spec.qkv_bias or spec.mlp_bias:
             raise HorizonError(f"model {spec.name!r}: q/k norms with biases have no transformers class "
@@ -83,6 +87,13 @@ def to_hf_config_dict(spec: ModelSpec) -> dict:
         d["rope_scaling"] = {k: v for k, v in d["rope_parameters"].items() if k != "rope_theta"}
     # always written (0 = not given): absent, transformers would assume its class default
     d["max_position_embeddings"] = spec.max_position
+    if spec.moe_family:
+        d.update(hf_moe.export(spec))
+        if mt == "qwen3_moe":
+            d["attention_bias"] = False
+        if spec.head_dim and spec.head_dim * spec.n_heads != spec.hidden:
+            d["head_dim"] = spec.hd  # the MoE classes default to hidden // heads
+        return d
     if (spec.head_dim and spec.head_dim * spec.n_heads != spec.hidden) or mt == "qwen3":
         d["head_dim"] = spec.hd  # Qwen3Config's default is 128, not hidden // heads: always written
     if mt in ("llama", "qwen3"):

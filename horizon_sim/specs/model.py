@@ -5,7 +5,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs import block
+from horizon_sim.specs import block, moe
 from horizon_sim.specs.from_dict import spec_from_dict
 from horizon_sim.specs.rope import RopeScaling
 
@@ -57,6 +57,25 @@ class ModelSpec:
     before it; 0 = the whole causal prefix. Empty = every block full (Llama)."""
     init_std: float = 0.02
     """Standard deviation of a random init's matrices (the HF config's initializer_range)."""
+    # ---- mixture of experts (specs/moe.py; all zero / '' = a dense MLP) ---------------------
+    moe_family: str = ""
+    """'' (dense), or the transformers family whose MoE block this is: 'qwen3_moe', 'mixtral',
+    'qwen2_moe' (parameter order and shared expert differ; specs/moe.py)."""
+    n_experts: int = 0
+    """Routed experts E per block (num_experts / num_local_experts)."""
+    experts_per_token: int = 0
+    """Top-k: experts each token is routed to (num_experts_per_tok)."""
+    expert_ffn_hidden: int = 0
+    """One expert's SwiGLU inner width (moe_intermediate_size; Mixtral: intermediate_size).
+    ffn_hidden keeps the config's intermediate_size, which an all-MoE block does not use
+    (Mixtral: equal to this) so that the config round-trips."""
+    shared_expert_ffn_hidden: int = 0
+    """Qwen2-MoE's shared expert inner width (0 = none), gated per token by a sigmoid."""
+    norm_topk_prob: bool = False
+    """Divide the k routing weights by their sum (Mixtral always)."""
+    router_aux_loss_coef: float = 0.0
+    """Weight of the load-balancing loss added to the training loss (0 = not added: transformers
+    adds it only with output_router_logits)."""
 
     def __post_init__(self):
         # JSON round trips (schedule meta, sweep rows) hand these back as dict / list.
@@ -105,6 +124,7 @@ class ModelSpec:
                                f"want one per block ({self.n_layers}) or none")
         if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in self.layer_windows):
             raise HorizonError(f"model layer_windows {self.layer_windows[:8]} must be integers >= 0 (0 = full)")
+        moe.check(self)
 
     # ---- shapes -------------------------------------------------------------------------
     @property
@@ -140,6 +160,16 @@ class ModelSpec:
         return sum(p.weight_params for p in block.projections(self))
 
     @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    @property
+    def layer_active_matmul_params(self) -> int:
+        """Matmul weights one token meets in a block: the attention's, the router's, its k
+        experts' (and a shared expert with its gate); equal to layer_matmul_params when dense."""
+        return sum(p.active_params(self.experts_per_token) for p in block.projections(self))
+
+    @property
     def layer_params(self) -> int:
         """All parameters of one decoder block: matmuls, biases and both norms."""
         return block.parameter_count(self)
@@ -163,10 +193,18 @@ class ModelSpec:
         return self.embedding_params + self.n_layers * self.layer_params + self.head_params
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token uses: total_params less the experts it is not routed to
+        (an MoE model's "A3B"); total_params when dense."""
+        idle = self.layer_matmul_params - self.layer_active_matmul_params
+        return self.total_params - self.n_layers * idle
+
+    @property
     def model_flops_params(self) -> int:
         """N of the PaLM 6·N term: every matmul weight applied to every token, block matmuls
-        plus the LM head (the embedding lookup is not a matmul)."""
-        return self.n_layers * self.layer_matmul_params + self.vocab * self.hidden
+        plus the LM head (the embedding lookup is not a matmul). MoE: the active matmuls only
+        (attention, router, k experts, shared expert), so MFU counts active parameters."""
+        return self.n_layers * self.layer_active_matmul_params + self.vocab * self.hidden
 
     # ---- FLOPs --------------------------------------------------------------------------
     def model_flops_per_token(self, seq: int, context: int = 0) -> float:
@@ -182,7 +220,7 @@ class ModelSpec:
         Causal attention executes half of QK^T and AV (flash kernels skip masked tiles);
         causal=False: the kernel computes every T x T score (an explicit mask)."""
         attn = 4.0 * seq * self.q_dim * tokens * (0.5 if causal else 1.0)
-        return 2.0 * self.layer_matmul_params * tokens + attn
+        return 2.0 * self.layer_active_matmul_params * tokens + attn
 
     def head_fwd_flops(self, tokens: int) -> float:
         return 2.0 * self.vocab * self.hidden * tokens

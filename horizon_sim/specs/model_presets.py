@@ -33,6 +33,17 @@ def _qwen25(name, L, H, heads, kv, F, vocab=152064, tied=False, ctx=131072):
                      norm_eps=1e-6, rope_theta=1e6, max_position=ctx)
 
 
+def _qwen3_moe(name, L, H, heads, F, I):
+    # Qwen/Qwen3-30B-A3B and -235B-A22B config.json: 128 experts, 8 per token, norm_topk_prob
+    # true, head_dim 128, 4 kv heads, rope_theta 1e6, 40960 positions, rms_norm_eps 1e-6,
+    # decoder_sparse_step 1, mlp_only_layers [], output_router_logits false (so the aux loss,
+    # router_aux_loss_coef 0.001, is not added to the loss), untied.
+    return ModelSpec(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=4, head_dim=128,
+                     ffn_hidden=F, vocab=151936, qk_norm=True, norm_eps=1e-6, rope_theta=1e6,
+                     max_position=40960, moe_family="qwen3_moe", n_experts=128, experts_per_token=8,
+                     expert_ffn_hidden=I, norm_topk_prob=True)
+
+
 PRESETS: dict[str, ModelSpec] = {
     m.name: m for m in (
         _llama2("llama-2-7b", 32, 4096, 32, 32, 11008),
@@ -50,6 +61,16 @@ PRESETS: dict[str, ModelSpec] = {
         ModelSpec(name="qwen3-8b", n_layers=36, hidden=4096, n_heads=32, n_kv_heads=8,
                   ffn_hidden=12288, vocab=151936, qk_norm=True, norm_eps=1e-6, rope_theta=1e6,
                   max_position=40960),
+        # Mixture of experts (specs/moe.py): total_params counts every expert, active_params
+        # the k a token meets (MFU counts those).
+        _qwen3_moe("qwen3-30b-a3b", 48, 2048, 32, 6144, 768),
+        _qwen3_moe("qwen3-235b-a22b", 94, 4096, 64, 12288, 1536),
+        # mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts of width 14336 (intermediate_size),
+        # top-2 renormalised, rope_theta 1e6, 32768 positions, no sliding window, untied.
+        ModelSpec(name="mixtral-8x7b", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8,
+                  ffn_hidden=14336, vocab=32000, norm_eps=1e-5, rope_theta=1e6, max_position=32768,
+                  moe_family="mixtral", n_experts=8, experts_per_token=2, expert_ffn_hidden=14336,
+                  norm_topk_prob=True),
         # mistralai/Mistral-7B-v0.3: vocab 32768, rope_theta 1e6, no sliding window, 32k context.
         ModelSpec(name="mistral-7b", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8,
                   ffn_hidden=14336, vocab=32768, norm_eps=1e-5, rope_theta=1e6, max_position=32768),
