@@ -96,3 +96,23 @@ def test_the_default_store_is_two_bytes_a_parameter_smaller(tmp_path):
         assert abs(saved - 2 * SPEC.total_params) <= 4096 * len(a.units)  # page-aligned buffers
         assert not any(a.store.has(Holds.MASTER, u) for u in a.units)
         assert all(a.store.has(Holds.MASTER_LOW, u) for u in a.units)
+
+
+def test_a_checkpoint_of_the_whole_fp32_master_resumes_under_the_default(tmp_path):
+    """Written before the split master was the default, or before it existed (no split_master
+    in the recorded policy): the checkpoint holds the fp32 master, which the default run splits
+    as it loads; a checkpoint of the default run resumes `--master-dtype fp32` the same way."""
+    from horizon_exec.checkpoints import ckpt as ckpt_mod
+    default, whole = Policy(batch=2, seq=16), Policy(batch=2, seq=16, master_dtype="fp32")
+    with Trainer(SPEC, whole, _cfg(whole, tmp_path, 0)) as tr:
+        tr.step(_tokens(0, 2))
+        path = ckpt_mod.save_checkpoint(tmp_path / "ck", tr, 1)
+        tr.flush()
+        master = {u: tr.gather_master(u) for u in tr.units}
+    with Trainer(SPEC, default, _cfg(default, tmp_path, 5)) as tr:
+        meta = {"model": SPEC.to_dict(), "layout": {"nodes": 1, "devices_per_node": 1, "node": 0},
+                "policy": {k: v for k, v in whole.to_dict().items() if k != "split_master"}}
+        ckpt_mod.check_compatible(path, meta, tr)  # the older record: no split_master
+        ckpt_mod.load_checkpoint(path, tr)
+        tr.flush()
+        assert all(torch.equal(tr.gather_master(u), master[u]) for u in tr.units)
