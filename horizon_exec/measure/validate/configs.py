@@ -49,7 +49,9 @@ CONFIGS = (
            Policy(batch=2, seq=128, act_ckpt_every=2, slots=3, act_ckpt_on="device", optimizer="backward",
                   grad_clip=0.0), "depth 12, K=2, 3 slots, checkpoints on the device, optimizer in backward"),
     Config("wide_after", llama("v-wide", 4, 512, 8, 4, 1376),
-           Policy(batch=2, seq=256, optimizer="after"), "width 512, optimizer after backward"),
+           Policy(batch=2, seq=256, optimizer="after", master_dtype="fp32"),
+           "width 512, optimizer after backward, the whole fp32 master (the one configuration with it beside "
+           "the working copy: the default splits it)"),
     Config("batch4_k3", llama("v-b4", 6, 384, 6, 2, 1024),
            Policy(batch=4, seq=128, act_ckpt_every=3), "batch 4, K=3 with checkpoints on the host"),
     Config("vocab8k", llama("v-vocab", 4, 384, 6, 2, 1024, V=8192),
