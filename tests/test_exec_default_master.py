@@ -116,3 +116,15 @@ def test_a_checkpoint_of_the_whole_fp32_master_resumes_under_the_default(tmp_pat
         ckpt_mod.load_checkpoint(path, tr)
         tr.flush()
         assert all(torch.equal(tr.gather_master(u), master[u]) for u in tr.units)
+
+
+def test_horizon_train_falls_back_to_the_whole_master_without_the_native_kernels(monkeypatch):
+    """The split needs the native kernels: where they do not build, `horizon train`'s default is
+    the whole fp32 master (torch's AdamW), not a run that stops on its default."""
+    from horizon_exec.device.default_master import default_master
+    assert default_master("bf16", True) is None          # Policy's default: the split
+    assert default_master("fp32", False) is None         # Policy's default: the whole master
+    monkeypatch.setattr(native, "kernels", lambda: None)
+    assert default_master("bf16", True) == "fp32"
+    assert default_master("bf16", False) is None
+    assert Policy.from_choices(master=default_master("bf16", True)).master_choice == "fp32"
