@@ -30,7 +30,7 @@ demo: $(STAMP)
 	@echo
 	@echo "== 2/6 the same with a lean host footprint, exact fp32 AdamW (split master, optimizer per layer in backward)"
 	$(VENV)/bin/horizon plan --model dense-120b --gpu h200 --ram 1.5TB --batch 8 --seq 4096 \
-	    --optimizer backward --grad-clip 0 --master-dtype split --act-ckpt-on device --no-advice
+	    --optimizer backward --grad-clip 0 --act-ckpt-on device --no-advice
 	@echo
 	@echo "== 3/6 calibrate this machine for the executor's CPU backend (about a minute with bf16 CPU instructions, 8-9 without)"
 	$(VENV)/bin/horizon calibrate -o reports/machine.toml
@@ -38,7 +38,7 @@ demo: $(STAMP)
 	@echo "== 4/6 train a small Llama-style model for real through the streaming executor (CPU backend)"
 	$(VENV)/bin/horizon train --model tiny --steps 20 --batch 4 --seq 128
 	@echo
-	@echo "== 5/6 predicted vs measured: twelve configurations through the executor and the planner (2-10 min)"
+	@echo "== 5/6 predicted vs measured: thirteen configurations through the executor and the planner (2-10 min)"
 	$(VENV)/bin/horizon validate --hardware reports/machine.toml --out reports
 	@echo
 	@echo "== 6/6 planner reports (headline, fit table, optimizer modes, checkpoints, feasibility map, scale out, against ZeRO-3 offload, host bytes)"

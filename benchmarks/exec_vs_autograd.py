@@ -265,7 +265,7 @@ def main():
 
 
 def lean_optimizer_rates(spec, pol, a):
-    lean = dataclasses.replace(pol, working_copy=False, micro_batches=2)  # op = the Adam update alone
+    lean = dataclasses.replace(pol, working_copy=False, split_master=False, micro_batches=2)  # op = the Adam update alone
     with Trainer(spec, lean, _config(a)) as tr2:
         exec_step(tr2)
         return optimizer_rates(tr2, 4 * a.steps + 1)

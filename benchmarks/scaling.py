@@ -42,7 +42,7 @@ def main() -> int:
     a = ap.parse_args()
     base = CONFIGS[0]
     model = base.model
-    pol = replace(base.policy, compute_dtype="fp32", grad_dtype="fp32", working_copy=False)
+    pol = replace(base.policy, compute_dtype="fp32", grad_dtype="fp32", working_copy=False, split_master=False)
     t0 = time.perf_counter()
     hw = (load_hardware(a.hardware) if a.hardware else
           calibrate("cpu", quick=True, say=lambda s: print(s, file=sys.stderr)))

@@ -58,7 +58,7 @@ def test_a_read_runs_ahead_of_the_previous_write_and_two_stages_at_most(optimize
 
 
 def test_moments_leave_ram_for_the_disk_and_the_split_master_saves_two_bytes():
-    hw, base = _hw(), Policy(batch=2, seq=512)
+    hw, base = _hw(), Policy(batch=2, seq=512, master_dtype="fp32")
     n = MODEL.total_params
     r0 = plan(MODEL, hw, base)
     r1 = plan(MODEL, hw, replace(base, split_master=True))
@@ -119,4 +119,4 @@ def test_the_low_halves_on_disk_leave_two_bytes_of_master_in_ram():
     assert sum(o.disk_bytes for o in disk) == 2 * 10 * n
     assert all(len(o.reads) == 2 for o in disk if o.kind == OpKind.DISK_READ)  # moments and low halves
     with pytest.raises(HorizonError, match="moments\\+low' puts a split master's low halves on disk"):
-        Policy(disk_tier="moments+low")
+        Policy(disk_tier="moments+low", master_dtype="fp32")

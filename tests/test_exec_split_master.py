@@ -149,7 +149,7 @@ def test_a_bf16_master_is_the_fp32_master_rounded_after_a_step(optimizer):
     """--master-dtype bf16 (no fp32 master): from weights bf16 holds exactly, the device sees
     the same weights as an fp32-master run, so the gradients are the same, and the updated bf16
     master is the fp32 master's update rounded to nearest even."""
-    base = Policy(batch=2, seq=16, optimizer=optimizer)
+    base = Policy(batch=2, seq=16, optimizer=optimizer, master_dtype="fp32")
     with Trainer(SPEC, base, _at_lr(0, WD)) as a:
         start = {n: t.to(torch.bfloat16).float() for n, t in a.state_dict().items()}
         a.load_state_dict(start)

@@ -275,7 +275,7 @@ def test_outcome_of_a_bad_policy_is_an_error():
 # ---- advice -------------------------------------------------------------------------------
 def test_advice_when_host_is_short():
     model, hw = model_preset("llama-3.1-8b"), make_hardware("h100-pcie", "128GiB")
-    r = plan(model, hw, Policy(seq=512))
+    r = plan(model, hw, Policy(seq=512, master_dtype="fp32"))  # the whole master: short (the split fits)
     assert not r.summary.fits
     lines = advise(r, workers=1)
     assert lines[0].startswith("host RAM is short by") and "192 GiB" in lines[0]
@@ -285,10 +285,10 @@ def test_advice_when_host_is_short():
 def test_nearest_fit_really_fits_and_is_one_change_away():
     model, hw = model_preset("llama-3.1-8b"), make_hardware("h100-pcie", "128GiB")
     with Runner(workers=1) as runner:
-        nf = nearest_fit(model, hw, Policy(seq=512), runner=runner)
+        nf = nearest_fit(model, hw, Policy(seq=512, master_dtype="fp32"), runner=runner)
     assert nf is not None and len(nf.changes) == 1
     assert _fits(model, hw, nf.policy)
-    assert policy_flags(nf.policy, Policy(seq=512))
+    assert policy_flags(nf.policy, Policy(seq=512, master_dtype="fp32"))
 
 
 def test_nearest_fit_keeps_the_training_as_it_is_when_it_can():
@@ -297,7 +297,7 @@ def test_nearest_fit_keeps_the_training_as_it_is_when_it_can():
     # master (the same bytes as no working copy, with the bf16 link kept) is the faster
     import dataclasses
     from horizon_sim.plan.advice import LOSSY
-    model, hw, base = model_preset("llama-3.1-8b"), make_hardware("h100-pcie", "128GiB"), Policy(seq=512)
+    model, hw, base = model_preset("llama-3.1-8b"), make_hardware("h100-pcie", "128GiB"), Policy(seq=512, master_dtype="fp32")
     lossy = plan(model, hw, dataclasses.replace(base, states_dtype="bf16")).summary
     no_copy = plan(model, hw, dataclasses.replace(base, working_copy=False)).summary
     split = plan(model, hw, dataclasses.replace(base, split_master=True)).summary

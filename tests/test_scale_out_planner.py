@@ -96,7 +96,7 @@ def test_collectives_obey_dependencies(layout, opt, mb, tied):
 
 @pytest.mark.parametrize("n,m", [(1, 1), (4, 1), (2, 4), (8, 8)])
 def test_host_footprint_is_the_nodes(n, m):
-    pol = Policy(batch=2, seq=64)
+    pol = Policy(batch=2, seq=64, master_dtype="fp32")  # the whole fp32 master, sharded
     r = simulate(build_schedule(SPEC, pol, Layout(n, m)), _hw(n, m))
     by = r.host.by_role
     units = [SPEC.embedding_params, *[SPEC.layer_params] * SPEC.n_layers, SPEC.head_params]

@@ -28,7 +28,7 @@ def _model(n_layers=L, tied=False):
 # precision variants: bf16 compute with a bf16 host working copy; bf16 compute without one
 # (loads move fp32 master bytes and cast on the device); all-fp32 compute without one.
 PRECISIONS = {
-    "bf16+wc": dict(compute_dtype="bf16", working_copy=True),
+    "bf16+wc": dict(compute_dtype="bf16", working_copy=True, master_dtype="fp32"),  # the whole fp32 master
     "bf16-castdev": dict(compute_dtype="bf16", working_copy=False),
     "fp32": dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False),
 }

@@ -91,7 +91,8 @@ def test_host_footprint_linear_in_parameters(policy):
         host.append(r.summary.host_bytes)
         pol = r.schedule.meta.policy
         by = r.host.by_role
-        assert by["master"] == 4 * model.total_params  # fp32 master
+        assert by["master"] == pol.master_bytes * model.total_params  # fp32 master (split: its low half)
+        assert pol.master_bytes == (2 if pol.working_copy else 4)  # the default splits where it can
         assert by["moments"] == 2 * 4 * model.total_params  # fp32 Adam m and v
         assert by["working_copy"] == (2 * model.total_params if pol.working_copy else 0)
         assert r.host.total_bytes == sum(by.values()) == r.summary.host_bytes
@@ -268,7 +269,7 @@ def test_a_cpu_driven_copy_is_read_and_written_on_the_bus():
     are traffic already (28 per parameter with a bf16 grad and working copy)."""
     from tests.cpu_machine import CPU_HW
     model = model_preset("qwen2.5-0.5b")
-    sched = build_schedule(model, Policy(batch=1, seq=128))
+    sched = build_schedule(model, Policy(batch=1, seq=128, master_dtype="fp32"))  # the whole master: 28 B
     load = next(o for o in sched.ops if o.kind == OpKind.LOAD_WEIGHTS and o.unit == 0)
     opt = next(o for o in sched.ops if o.kind == OpKind.OPTIMIZER and o.unit == 0)
     bus20 = replace(CPU_HW, host=replace(CPU_HW.host, dram_GBps=20.0))

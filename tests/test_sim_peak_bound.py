@@ -92,7 +92,7 @@ def test_the_executor_with_a_late_d2h_lane_stays_under_the_bound():
     cfg = next(c for c in CONFIGS if c.name == "batch4_k3")
     # fp32 compute: the late lane and the bound are the point, not the dtype (torch's bf16 GEMMs
     # are ~60x slower on CPUs without AVX-512); fp32 holds twice the activation bytes
-    model, pol = cfg.model, replace(cfg.policy, compute_dtype="fp32", working_copy=False)
+    model, pol = cfg.model, replace(cfg.policy, compute_dtype="fp32", working_copy=False, split_master=False)
     bound = simulate(build_schedule(model, pol), HW).summary.device_peak_bytes  # constants included
 
     def late(op):

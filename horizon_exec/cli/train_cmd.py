@@ -207,6 +207,9 @@ def run_train(args: argparse.Namespace) -> int:
         from horizon_exec.device.compute_dtype import default_compute_dtype
         args.compute_dtype, args.compute_dtype_why = default_compute_dtype(args.device,
                                                                            master_dtype=args.master_dtype)
+    if args.master_dtype is None:  # the default master: split where it can be, and the kernels it needs build
+        from horizon_exec.device.default_master import default_master
+        args.master_dtype = default_master(args.compute_dtype, not args.no_working_copy)
     from horizon_exec.cli.train_flags import run_config
     cfg = run_config(args)  # every flag checked, before anything is loaded
     launch_cfg = launch_flags.launch_config(args)

@@ -67,11 +67,14 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
                    help=f"global-norm clip, 0 = off (default {defaults.grad_clip}, or 0 with --optimizer backward)")
     g.add_argument("--compute-dtype", choices=DTYPES, default=None if compute_help else defaults.compute_dtype,
                    help=compute_help or f"dtype of the device's matmuls and activations (default {defaults.compute_dtype})")
-    g.add_argument("--master-dtype", choices=MASTER_CHOICES, default=defaults.master_choice,
-                   help="host master weights: 'fp32' (default); 'split': the exact fp32 master kept as its "
-                        "bf16 working copy plus a 16-bit low half (4 bytes per parameter with the copy, "
-                        "not 6; the copy rounds ties away from zero); 'bf16': no fp32 master (the seed "
-                        "code's policy: an update smaller than half a bf16 ulp of its weight is lost)")
+    # None: Policy's own default (split where it can be), resolved with the other flags
+    g.add_argument("--master-dtype", choices=MASTER_CHOICES, default=None,
+                   help="host master weights: 'split': the exact fp32 master kept as its bf16 working copy plus "
+                        "a 16-bit low half (4 bytes per parameter with the copy, not 6; updated bit for bit as "
+                        "the fp32 master; the copy rounds ties away from zero); 'fp32': the whole fp32 master "
+                        "beside its copy; 'bf16': no fp32 master (the seed code's policy: an update smaller "
+                        "than half a bf16 ulp of its weight is lost) (default: split with bf16 compute and the "
+                        "working copy, else fp32)")
     g.add_argument("--master-rounding", choices=MASTER_ROUNDINGS, default=defaults.master_rounding,
                    help="with --master-dtype bf16: 'nearest' (even; default) or 'stochastic': rounds up with "
                         "probability residual/ulp, so the stored weight equals the updated one in expectation and "
@@ -103,7 +106,7 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
     return Policy.from_choices(batch=a.batch, seq=a.seq, micro_batches=a.micro_batches,
                                act_ckpt_every=a.act_ckpt_every, slots=a.slots, act_ckpt_on=a.act_ckpt_on,
                                optimizer=a.optimizer, grad_clip=a.grad_clip, compute_dtype=a.compute_dtype,
-                               states_dtype=a.states_dtype, master=getattr(a, "master_dtype", "fp32"),
+                               states_dtype=a.states_dtype, master=getattr(a, "master_dtype", None),
                                master_rounding=getattr(a, "master_rounding", "nearest"), grad_dtype=a.grad_dtype,
                                working_copy=not a.no_working_copy, doc_masks=a.doc_masks, doc_tokens=a.doc_tokens,
                                disk_tier=getattr(a, "disk_tier", "none"), max_host_grads=getattr(a, "max_host_grads", 0),

@@ -134,6 +134,7 @@ class Zero3Policy:
         host, one loss chunk (transformers computes every logit at once), layer checkpoints on
         the device."""
         return Policy(batch=self.batch, seq=self.seq, micro_batches=self.micro_batches, act_ckpt_every=1,
+                      master_dtype="fp32",  # DeepSpeed's master is the whole fp32 one, never split
                       act_ckpt_on="device", compute_dtype=self.compute_dtype, grad_dtype=self.compute_dtype,
                       working_copy=self.compute_dtype != "fp32", optimizer="after", grad_clip=float(self.grad_clip),
                       loss_chunk_tokens=self.micro_batch * self.seq)

@@ -128,7 +128,8 @@ def policy_flags(p: Policy, base: Policy | None = None) -> str:
             if f == "keep_last" and v == KEEP_ALL:
                 v = "all"
             out.append(f"{flag} {v:g}" if isinstance(v, float) else f"{flag} {v}")
-    if (p.master_dtype, p.split_master) != (base.master_dtype, base.split_master):
+    # No --master-dtype: base's own one if it needed one, else the default for p's other flags
+    if p.master_choice != (base.master_choice if not base.master_is_default else p.default_master_choice):
         out.append(f"--master-dtype {'split' if p.split_master else p.master_dtype}")
     if p.working_copy != base.working_copy:
         out.append("--no-working-copy" if not p.working_copy else "(working copy on)")

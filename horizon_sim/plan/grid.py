@@ -54,9 +54,10 @@ class Grid:
     """Policy field -> tuple of values."""
 
     def policies(self) -> list[dict]:
-        """Every combination of the policy values (Policy defaults for the rest)."""
+        """Every combination of the policy values (Policy defaults for the rest; the master's
+        left to Policy to resolve per combination: split where it can be)."""
         keys = list(self.policy)
-        base = Policy().to_dict()
+        base = {**Policy().to_dict(), "master_dtype": None, "split_master": None}
         return [{**base, **dict(zip(keys, combo))}
                 for combo in itertools.product(*(self.policy[k] for k in keys))]
 

@@ -33,10 +33,13 @@ from horizon_sim.specs.model_presets import PRESETS
 from horizon_sim.specs.policy import DTYPE_BYTES, Policy
 from horizon_sim.units import GiB, closest, fmt_bytes
 
+_WHOLE = dict(working_copy=False, split_master=False)
+"""No working copy: the whole master (a split master's high half is the copy; the default
+policy, split, has to be told)."""
 _LEAN = {
-    "bf16-moments": dict(states_dtype="bf16", working_copy=False),
-    "lean": dict(optimizer="backward", grad_clip=0.0, working_copy=False),
-    "leanest": dict(optimizer="backward", grad_clip=0.0, working_copy=False, states_dtype="bf16"),
+    "bf16-moments": dict(_WHOLE, states_dtype="bf16"),
+    "lean": dict(_WHOLE, optimizer="backward", grad_clip=0.0),
+    "leanest": dict(_WHOLE, optimizer="backward", grad_clip=0.0, states_dtype="bf16"),
     "split": dict(split_master=True),
     "split-lean": dict(split_master=True, optimizer="backward", grad_clip=0.0, max_host_grads=BOUNDED_HOST_GRADS),
 }
@@ -62,11 +65,11 @@ WIDTHS = range(1024, 32768 + 1, 1024)
 
 def exact_sets(base: Policy | None = None) -> dict[str, dict[str, Policy]]:
     """The exact-fp32 policy sets compared side by side (benchmarks/host_bytes.py, reports
-    section 8): 'before' the split master (the default and the lean policy: no working copy,
-    loads move fp32), '+ split' (and the split master, also lean with bounded host grads),
-    '+ disk' (and the split master with the moments on disk)."""
+    section 8): 'before' the split master (the base policy with the whole fp32 master, and the
+    lean policy: no working copy, loads move fp32), '+ split' (and the split master, also lean
+    with bounded host grads), '+ disk' (and the split master with the moments on disk)."""
     base = base or Policy()
-    before = {"default": base, "lean": replace(base, **_LEAN["lean"])}
+    before = {"default": replace(base, split_master=False), "lean": replace(base, **_LEAN["lean"])}
     split = {**before, **{n: replace(base, **_LEAN[n]) for n in ("split", "split-lean")}}
     disk = {n: replace(base, **kw) for n, kw in _DISK.items()}
     return {"before": before, "+ split": split, "+ disk": {**split, **disk}}

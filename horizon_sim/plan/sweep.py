@@ -68,7 +68,7 @@ def sweep(grid: Grid, *, workers: int | None = None, progress: bool = False,
     rows = []
     for m, hw, fields_, pol, err in configs:
         out = next(outs) if pol is not None else Outcome(error=err)
-        row = outcome_row(m, hw, fields_, out)
+        row = outcome_row(m, hw, pol.to_dict() if pol is not None else fields_, out)  # the master resolved
         if compare:
             row.update(peer_row(hw, out, next(peer_outs) if pol is not None else Outcome(error=err)))
         rows.append(row)

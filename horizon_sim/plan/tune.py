@@ -242,7 +242,7 @@ def lean_policy(base: Policy, model: ModelSpec) -> Policy:
     """A small-footprint starting point: the base micro-batch, no accumulation, checkpoints on the host
     every 4 layers, no working copy, the optimizer in backward when clipping is off."""
     return replace(base, batch=base.micro_batch, micro_batches=1, act_ckpt_every=min(4, model.n_layers), slots=2,
-                   act_ckpt_on="host", working_copy=False,
+                   act_ckpt_on="host", working_copy=False, split_master=False,
                    optimizer="backward" if base.grad_clip == 0 else "after")
 
 

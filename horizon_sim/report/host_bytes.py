@@ -19,11 +19,11 @@ from horizon_sim.units import fmt_bytes
 
 _C = POLICY_CHANGES  # max-model's named policies; 'split-lean' = the split master in backward, host grads bounded
 POLICIES = (  # (name, exact fp32 AdamW?, changes to the base policy)
-    ("default", True, {}),
-    ("split master", True, _C["split"]),
+    ("fp32 master", True, dict(split_master=False)),  # the default before the split master
+    ("split master (default)", True, _C["split"]),
     ("no working copy, backward", True, dict(_C["lean"], max_host_grads=BOUNDED_HOST_GRADS)),
     ("split master, backward", True, _C["split-lean"]),
-    ("bf16 master", False, dict(master_dtype="bf16", working_copy=False)),
+    ("bf16 master", False, dict(master_dtype="bf16", working_copy=False, split_master=False)),
     ("bf16 moments, backward", False, dict(_C["split-lean"], states_dtype="bf16")),
     ("split master, backward, moments on disk", True, _C["split-disk"]),
     ("split master, backward, moments and low halves on disk", True, _C["split-disk-low"]),

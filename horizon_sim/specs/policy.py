@@ -12,7 +12,8 @@ CKPT_PLACES = ("device", "host")
 DTYPES = ("fp32", "bf16")
 MASTER_CHOICES = ("fp32", "split", "bf16")
 """How the master weights are kept (Policy.from_choices' `master`): an fp32 or a bf16 master, or
-'split': the exact fp32 master as its bf16 working copy + a 16-bit low half (split_master)."""
+'split': the exact fp32 master as its bf16 working copy + a 16-bit low half (split_master).
+None (no choice): 'split' where it can be (split_possible), else 'fp32'."""
 ATTENTION = ("flash", "eager")
 MB_ORDERS = ("micro", "layer")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
@@ -49,20 +50,25 @@ class Policy:
     'host' keeps device memory independent of depth; 'device' saves link traffic."""
     compute_dtype: str = "bf16"
     """Dtype of device weights and activations ('fp32' for exactness checks)."""
-    master_dtype: str = "fp32"
-    """Host master weights. 'bf16': no fp32 master (the seed code's policy): an update smaller
-    than half a bf16 ulp of its weight is lost."""
+    master_dtype: str | None = None
+    """Host master weights: 'fp32', or 'bf16': no fp32 master (the seed code's policy): an
+    update smaller than half a bf16 ulp of its weight is lost. None (not given): an fp32 master,
+    split (split_master) wherever split_possible says it can be; a Policy always holds the
+    resolved 'fp32' or 'bf16', so what it records (to_dict) is explicit."""
     master_rounding: str = "nearest"
     """A bf16 master: 'nearest' (even) loses every update below half a bf16 ulp of its weight;
     'stochastic' rounds up with probability (the residual / one ulp), so the stored weight is
     the updated one in expectation and small updates survive on average (reproducible: the
     draws are a hash of the seed, the unit, the step and the element)."""
-    split_master: bool = False
+    split_master: bool | None = None
     """Keep the exact fp32 master as two 16-bit halves: the high half (its bf16 rounding to
     nearest, ties away from zero) is the working copy the loads stream, the low half its other
     16 bits. The fp32 master and its bf16 copy then take 4 bytes per parameter, not 6, and the
     optimizer moves 26 bytes per parameter instead of 28; the master is updated bit for bit
-    as an fp32 one. Needs master_dtype='fp32', compute_dtype='bf16' and the working copy."""
+    as an fp32 one. Needs master_dtype='fp32', compute_dtype='bf16' and the working copy.
+    None (not given): True when master_dtype is not given either and split_possible, else
+    False (an explicit master_dtype='fp32' is the whole fp32 master, as older files meant it:
+    they all name master_dtype, and the ones from before the split do not name this field)."""
     states_dtype: str = "fp32"
     """Adam moments on the host."""
     grad_dtype: str = "bf16"
@@ -116,6 +122,7 @@ class Policy:
     of the layers before the kept ones."""
 
     def __post_init__(self):
+        self._resolve_master()
         for f in ("batch", "seq", "micro_batches", "act_ckpt_every", "loss_chunk_tokens"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -160,18 +167,21 @@ class Policy:
                 "policy optimizer='backward' updates each layer before the global gradient norm "
                 "is known, so it cannot clip exactly: use grad_clip=0 or optimizer='pipelined'")
         if self.disk_tier == "moments+low" and not self.split_master:
-            raise HorizonError("policy disk_tier='moments+low' puts a split master's low halves on disk: set "
-                               "split_master (--master-dtype split), or use disk_tier='moments'")
+            raise HorizonError(f"policy disk_tier='moments+low' puts a split master's low halves on disk; here the "
+                               f"master is {self.master_choice}: use the split master (--master-dtype split; the "
+                               "default with bf16 compute and the working copy), or disk_tier='moments'")
         if self.master_rounding == "stochastic" and self.master_dtype != "bf16":
             raise HorizonError(f"policy master_rounding='stochastic' rounds a bf16 master; here master_dtype="
                                f"{self.master_dtype} (an fp32 master keeps every update: use --master-dtype bf16)")
         if not isinstance(self.split_master, bool):
             raise HorizonError(f"policy split_master={self.split_master!r} must be True or False")
-        if self.split_master and (self.master_dtype, self.compute_dtype, self.working_copy) != ("fp32", "bf16", True):
-            raise HorizonError(
+        if self.split_master and not (self.master_dtype == "fp32" and split_possible(self.compute_dtype,
+                                                                                      self.working_copy)):
+            raise HorizonError(  # the hint: a copy of a default policy (dataclasses.replace) keeps its split
                 f"policy split_master=True splits an fp32 master into its bf16 working copy and a low half; here "
                 f"master_dtype={self.master_dtype}, compute_dtype={self.compute_dtype}, working_copy={self.working_copy} "
-                "(it needs fp32, bf16, True)")
+                "(it needs fp32, bf16, True; the default master is split where it can be: for the whole fp32 "
+                "master set split_master=False, --master-dtype fp32)")
         if self.working_copy and self.compute_dtype == self.master_dtype:
             raise HorizonError(
                 f"policy working_copy=True duplicates the {self.master_dtype} master weights "
@@ -180,6 +190,14 @@ class Policy:
             raise HorizonError(
                 f"policy grad_dtype={self.grad_dtype} is wider than compute_dtype="
                 f"{self.compute_dtype}: gradients cannot gain precision on the way out")
+
+    def _resolve_master(self) -> None:
+        """The master's defaults made explicit (master_dtype, split_master: None -> values)."""
+        if self.split_master is None:  # frozen: the one place a field is set after __init__
+            object.__setattr__(self, "split_master", self.master_dtype is None and split_possible(
+                self.compute_dtype, self.working_copy))
+        if self.master_dtype is None:
+            object.__setattr__(self, "master_dtype", "fp32")
 
     @property
     def micro_batch(self) -> int:
@@ -228,16 +246,17 @@ class Policy:
         return asdict(self)
 
     @classmethod
-    def from_choices(cls, *, master: str = "fp32", grad_clip: float | None = None, working_copy: bool = True,
+    def from_choices(cls, *, master: str | None = None, grad_clip: float | None = None, working_copy: bool = True,
                      **fields) -> "Policy":
         """The policy that the choices a user makes describe, with what they imply (the CLI's
         policy flags build their Policy here, so a Python caller gets the same one):
-        master: one of MASTER_CHOICES ('split' is an fp32 master with split_master);
+        master: one of MASTER_CHOICES ('split' is an fp32 master with split_master), or None:
+        'split' where split_possible, else 'fp32' (Policy's own default);
         grad_clip None: the optimizer mode's default (default_grad_clip); working_copy: wanted,
         kept only where it is not the master itself (not with fp32 compute, nor with a master
         already in compute_dtype); gradients cross the link in fp32 under fp32 compute.
         `fields`: Policy's other fields."""
-        if master not in MASTER_CHOICES:
+        if master is not None and master not in MASTER_CHOICES:
             raise HorizonError(f"policy master={master!r}; allowed: {', '.join(MASTER_CHOICES)}")
         if master == "split" and not working_copy:
             raise HorizonError("policy master='split' (--master-dtype split) keeps the master's high half as the "
@@ -246,7 +265,8 @@ class Policy:
         optimizer = fields.get("optimizer", _DEFAULT.optimizer)
         if compute == "fp32":
             fields["grad_dtype"] = "fp32"
-        return cls(**fields, master_dtype="fp32" if master == "split" else master, split_master=master == "split",
+        return cls(**fields, master_dtype="fp32" if master == "split" else master,
+                   split_master=None if master is None else master == "split",
                    working_copy=working_copy and compute != "fp32" and master != compute,
                    grad_clip=cls.default_grad_clip(optimizer) if grad_clip is None else grad_clip)
 
@@ -260,6 +280,28 @@ class Policy:
     def master_choice(self) -> str:
         """How the master is kept, as from_choices takes it: 'split' or master_dtype."""
         return "split" if self.split_master else self.master_dtype
+
+    @property
+    def default_master_choice(self) -> str:
+        """The master_choice a policy like this one gets when none is given."""
+        return "split" if split_possible(self.compute_dtype, self.working_copy) else "fp32"
+
+    @property
+    def master_is_default(self) -> bool:
+        """The master is the one this policy gets when none is given (no --master-dtype needed)."""
+        return self.master_choice == self.default_master_choice
+
+
+def split_possible(compute_dtype: str, working_copy: bool) -> bool:
+    """Whether an fp32 master can be split (split_master): its high half is the bf16 working
+    copy, so it needs bf16 compute and the working copy. Everything else is the same as with
+    the whole fp32 master (optimizer modes, micro-batch orders, moments and gradient dtypes, the
+    disk tier, data parallelism): the optimizer kernel updates the split master bit for bit as
+    the fp32 one (test_exec_split_master, test_exec_default_master). What differs is the
+    working copy on exact ties (low 16 bits 0x8000 under an even high half, 1 pattern in
+    131,584): the split copy rounds them away from zero, the whole master's copy (torch's cast)
+    to even, one bf16 ulp apart (adamw.c, "The split master")."""
+    return compute_dtype == "bf16" and working_copy
 
 
 _DEFAULT = Policy()

@@ -1,7 +1,8 @@
 """The configurations `horizon validate` runs: Config (a named model and policy with a one-line
-label for the reports), the twelve small CONFIGS that vary depth, width, batch, K, slots,
-checkpoint placement, optimizer overlap, vocabulary, micro-batches, the working copy, the
-split master, the disk tier, attention under explicit masks and two data-parallel ones (2 ranks),
+label for the reports), the thirteen small CONFIGS that vary depth, width, batch, K, slots,
+checkpoint placement, optimizer overlap, vocabulary, micro-batches and their order, the working
+copy, the split master, the disk tier, kept activations, attention under explicit masks and two
+data-parallel ones (2 ranks),
 and the three tiny
 QUICK_CONFIGS of `--quick` (one of them on 2 ranks).
 """
@@ -36,6 +37,7 @@ class Config:
                 + (f", {p.disk_tier} on disk" if p.disk_tier != "none" else "")
                 + (f", grads<={p.max_host_grads}" if p.max_host_grads else "")
                 + (f", {p.micro_batches} micro" if p.micro_batches > 1 else "")
+                + (", layer order" if p.mb_order == "layer" and p.micro_batches > 1 else "")
                 + (", windows" if m.layer_windows else "") + (", doc masks" if p.doc_masks else "")
                 + (f", {self.ranks} ranks" if self.ranks > 1 else ""))
 
@@ -47,7 +49,9 @@ CONFIGS = (
            Policy(batch=2, seq=128, act_ckpt_every=2, slots=3, act_ckpt_on="device", optimizer="backward",
                   grad_clip=0.0), "depth 12, K=2, 3 slots, checkpoints on the device, optimizer in backward"),
     Config("wide_after", llama("v-wide", 4, 512, 8, 4, 1376),
-           Policy(batch=2, seq=256, optimizer="after"), "width 512, optimizer after backward"),
+           Policy(batch=2, seq=256, optimizer="after", master_dtype="fp32"),
+           "width 512, optimizer after backward, the whole fp32 master (the one configuration with it beside "
+           "the working copy: the default splits it)"),
     Config("batch4_k3", llama("v-b4", 6, 384, 6, 2, 1024),
            Policy(batch=4, seq=128, act_ckpt_every=3), "batch 4, K=3 with checkpoints on the host"),
     Config("vocab8k", llama("v-vocab", 4, 384, 6, 2, 1024, V=8192),
@@ -76,11 +80,16 @@ CONFIGS = (
     Config("kept", llama("v-kept", 6, 256, 4, 2, 688), Policy(batch=4, seq=128, micro_batches=2, keep_last=3),
            "the last 3 layers keep their activations (backward from the saved graph, no recompute), "
            "2 micro-batches"),
+    Config("layer", llama("v-layer", 6, 256, 4, 2, 688),
+           Policy(batch=6, seq=128, micro_batches=3, mb_order="layer"),
+           "3 micro-batches in layer order: every micro-batch passes a unit while its weights are resident, "
+           "so they cross the link twice a step whatever the micro-batches, and its gradients are summed "
+           "on the device (fp32) and offloaded once; every micro-batch's boundaries live at once"),
 )
-"""Twelve small configurations that vary depth, width, batch, K, slots, checkpoint placement,
-optimizer overlap, vocabulary, micro-batches, the working copy, the split master, the disk
-tier, kept activations, masked attention and data parallelism (two of them run 2 ranks sharing the machine's
-cores); about two minutes in all on a 2-core CPU."""
+"""Thirteen small configurations that vary depth, width, batch, K, slots, checkpoint placement,
+optimizer overlap, vocabulary, micro-batches and their order, the working copy, the split
+master, the disk tier, kept activations, masked attention and data parallelism (two of them run
+2 ranks sharing the machine's cores); about two minutes in all on a 2-core CPU."""
 
 QUICK_CONFIGS = (
     Config("tiny_a", llama("v-tiny-a", 3, 128, 2, 1, 352), Policy(batch=1, seq=64), "tiny, default"),
