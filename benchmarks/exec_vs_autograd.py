@@ -2,10 +2,14 @@
 
 Model: Llama-style, 8 layers, hidden 512, 8 heads, SwiGLU 1376, vocab 32000 (Llama-2's), one
 step = 4 x 512 tokens, bf16 compute. Executor: the default policy (fp32 master + Adam on the
-host, bf16 working copy, pipelined optimizer, K=1, 2 slots, checkpoints on the host, clip 1.0).
+host, bf16 working copy, pipelined optimizer, K=1, 2 slots, checkpoints on the host, clip 1.0),
+plus --keep-activations L|all and --micro-batches/--mb-order as given (printed on the model
+line); its cores as --compute-threads says (default auto: the planner's split for this step,
+priced with --hardware FILE when given, printed as 'cores: ...').
 Baseline: the same model as a plain nn.Module (the same block code, whole-model autograd) with
 fp32 parameters under torch.autocast(bfloat16), torch.optim.AdamW(fused=True) and
-clip_grad_norm_, on as many intra-op threads as the executor's compute lane.
+clip_grad_norm_, on as many intra-op threads as the executor's compute lane (all the cores when
+the split gives compute all of them).
 
 Prints (medians of repeated steps, all measured in this one run):
   ratio exec/autograd: X.XX          autograd step time / executor step time (target >= 0.70)
@@ -50,17 +54,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from horizon_exec.device.core_split import threads_arg
 from horizon_exec.optim import native
 from horizon_exec.device.hugepages import host_bytes
 from horizon_exec.model.layers import DecoderBlock, rms_norm
 from horizon_exec.model.rope import rope_tables
 from horizon_exec.model.layout import block_layout
 from horizon_exec.optim.adamw import clip_coef
-from horizon_exec.runtime.config import OptimizerConfig, RuntimeConfig, TrainerConfig
+from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Holds, Lane, OpKind
+from horizon_sim.cli.policy_args import keep_layers
+from horizon_sim.specs.hardware_io import load_hardware
 from horizon_sim.specs.model import ModelSpec
-from horizon_sim.specs.policy import Policy
+from horizon_sim.specs.policy import MB_ORDERS, Policy
 
 
 class PlainLM(nn.Module):
@@ -122,8 +129,10 @@ class AutogradStep:
 
 
 def _config(a) -> TrainerConfig:
-    """The executor's settings of both runs: lr 1e-4, --compute-threads."""
-    return TrainerConfig(optimizer=OptimizerConfig(lr=1e-4), runtime=RuntimeConfig(compute_threads=a.compute_threads))
+    """The executor's settings of both runs: lr 1e-4, --compute-threads (auto: priced with --hardware)."""
+    hw = load_hardware(a.hardware) if a.hardware else None
+    return TrainerConfig(optimizer=OptimizerConfig(lr=1e-4), runtime=RuntimeConfig(compute_threads=a.compute_threads),
+                         admission=AdmissionConfig(hardware=hw))
 
 
 def exec_step(tr, skip=frozenset()) -> float:
@@ -214,19 +223,29 @@ def main():
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--compute-threads", type=int, default=None)
+    ap.add_argument("--compute-threads", type=threads_arg, default="auto", metavar="auto|N",
+                    help="the executor's compute-lane threads (default auto: the planner's split)")
+    ap.add_argument("--hardware", default=None, metavar="FILE",
+                    help="a calibrated hardware file that --compute-threads auto prices the split with")
+    ap.add_argument("--keep-activations", type=keep_layers, default=0, metavar="L|all",
+                    help="Policy.keep_last: the last L layers keep their activations (default 0)")
+    ap.add_argument("--micro-batches", type=int, default=1)
+    ap.add_argument("--mb-order", choices=MB_ORDERS, default="micro", help="Policy.mb_order (default micro)")
     ap.add_argument("--optimizer-only", action="store_true",
                     help="only the optimizer-rate lines (one step first, to have gradients)")
     a = ap.parse_args()
     spec = ModelSpec(name="bench-llama", n_layers=a.layers, hidden=a.hidden, n_heads=a.heads,
                      n_kv_heads=a.heads, ffn_hidden=a.ffn, vocab=a.vocab)
     pol = Policy(batch=a.batch, seq=a.seq, act_ckpt_every=1, slots=2, act_ckpt_on="host",
-                 optimizer="pipelined", grad_clip=1.0)
+                 optimizer="pipelined", grad_clip=1.0, keep_last=a.keep_activations,
+                 micro_batches=a.micro_batches, mb_order=a.mb_order)
     tr = Trainer(spec, pol, _config(a))
     threads = tr.backend.compute_threads
     print(f"model {spec.n_layers}x{spec.hidden} (ffn {spec.ffn_hidden}, vocab {spec.vocab}), "
           f"{spec.total_params / 1e6:.1f}M params, {pol.batch}x{pol.seq} tokens/step, bf16 compute, "
-          f"compute threads {threads}, host lane cores {tr.backend.host_cores}")
+          f"compute threads {threads}, host lane cores {tr.backend.host_cores}; policy keep_last "
+          f"{pol.keep_last}, micro_batches {pol.micro_batches}, mb_order {pol.mb_order}")
+    print(f"cores: {tr.backend.split_why}")
     if a.optimizer_only:
         with tr:
             exec_step(tr)

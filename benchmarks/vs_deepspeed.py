@@ -1,31 +1,36 @@
 """Benchmark: Horizon's executor against DeepSpeed ZeRO-3 offload on the same model, batch and cores
 (issue 17), runs alternated, tokens/s side by side.
 
-Horizon: its CPU backend as `horizon train` runs it (compute on one core, its copy and optimizer
-lanes on the other; default policy: bf16, a checkpoint per layer on the host, the optimizer
-pipelined). DeepSpeed 0.19.8: ZeRO-3 with parameters and optimizer offloaded to CPU on its CPU
-accelerator, a transformers model from the same ModelSpec, with transformers' per-layer
-activation checkpointing and without it, at 2 torch threads (both cores for its math, its best
+Horizon: its CPU backend as `horizon train` runs it (its cores as --compute-threads says, default
+auto: the planner's split for the step, priced with --hardware FILE when given; the row's label
+and a 'cores:' line say what was chosen; default policy: bf16, a checkpoint per layer on the
+host, the optimizer pipelined; --keep-activations L|all and --micro-batches/--mb-order change
+it, and the policy line says what each Horizon row ran). DeepSpeed 0.19.8: ZeRO-3 with
+parameters and optimizer offloaded to CPU on its CPU accelerator, a transformers model from the
+same ModelSpec, with transformers' per-layer activation checkpointing and without it, at 2 torch threads (both cores for its math, its best
 here) and at 1. Each round runs Horizon, then DeepSpeed at each thread count; the figure of each
 is the median over rounds of its median step. The models are validate's `base` and `wide_after`
 shapes at their batch (2 x 256), not chosen for a result.
 
 Run: .venv/bin/python benchmarks/vs_deepspeed.py [--rounds 3] [--steps 4] [--models base,wide]
 
-Measured here (2026-11-25, AVX-512 2-core VM, 3 rounds): Horizon 246 ms (base) and 410 ms (wide)
-per step; DeepSpeed's best with checkpointing 278 / 385 ms (1.13x / 0.94x), its best overall
-(checkpointing off) 239 / 255 ms (0.97x / 0.62x). On a CPU "device" there is no link to hide
+Measured here before the core split (2026-11-25, AVX-512 2-core VM, 3 rounds; Horizon's compute on
+1 core, its lanes on the other): Horizon 246 ms (base) and 410 ms (wide) per step; DeepSpeed's
+best with checkpointing 278 / 385 ms (1.13x / 0.94x), its best overall (checkpointing off) 239 / 255 ms (0.97x / 0.62x). On a CPU "device" there is no link to hide
 and DeepSpeed's math gets both cores where Horizon's compute lane has one (docs/zero3_peer.md).
 """
 import argparse
 import statistics as st
 import sys
 
+from horizon_exec.device.core_split import threads_arg
 from horizon_exec.measure.peer_deepspeed import deepspeed_available, run_deepspeed_job, run_request
 from horizon_exec.measure.probe import probe
 from horizon_exec.measure.validate.configs import CONFIGS
 from horizon_sim.peer.zero3_policy import Zero3Policy
-from horizon_sim.specs.policy import Policy
+from horizon_sim.cli.policy_args import keep_layers
+from horizon_sim.specs.hardware_io import load_hardware
+from horizon_sim.specs.policy import MB_ORDERS, Policy
 
 MODELS = {"base": CONFIGS[0].model, "wide": next(c.model for c in CONFIGS if c.name == "wide_after")}
 TARGET = 1.3
@@ -38,7 +43,16 @@ def main() -> int:
     ap.add_argument("--models", default="base,wide", help=f"comma-separated: {', '.join(MODELS)}")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--compute-threads", type=threads_arg, default="auto", metavar="auto|N",
+                    help="Horizon's compute-lane threads (default auto: the planner's split for the step)")
+    ap.add_argument("--hardware", default=None, metavar="FILE",
+                    help="a calibrated hardware file that --compute-threads auto prices the split with")
+    ap.add_argument("--keep-activations", type=keep_layers, default=0, metavar="L|all",
+                    help="Horizon's Policy.keep_last (default 0)")
+    ap.add_argument("--micro-batches", type=int, default=1, help="Horizon's micro-batches (default 1)")
+    ap.add_argument("--mb-order", choices=MB_ORDERS, default="micro", help="Horizon's Policy.mb_order")
     a = ap.parse_args()
+    hw = load_hardware(a.hardware) if a.hardware else None
     if deepspeed_available() is None:
         print("DeepSpeed is not installed: make setup installs deepspeed==0.19.8", file=sys.stderr)
         return 2
@@ -47,20 +61,29 @@ def main() -> int:
     if bad:
         print(f"--models: unknown {', '.join(bad)}; known: {', '.join(MODELS)}", file=sys.stderr)
         return 2
-    pol = Policy(batch=a.batch, seq=a.seq)
+    pol = Policy(batch=a.batch, seq=a.seq, keep_last=a.keep_activations, micro_batches=a.micro_batches,
+                 mb_order=a.mb_order)
+    print(f"Horizon's policy: default + keep_last {pol.keep_last}, micro_batches {pol.micro_batches}, "
+          f"mb_order {pol.mb_order}; --compute-threads {a.compute_threads}")
     tokens = a.batch * a.seq
     print(f"batch {a.batch} x {a.seq} ({tokens} tokens/step), {a.rounds} alternated rounds of {a.steps} steps; "
           "tokens/s from the median step")
     print(f"{'model':<7}{'params':>8}  {'run':<34}{'step ms':>9}{'tok/s':>8}{'Horizon x':>11}")
     for name in names:
         model = MODELS[name]
-        runs = {"Horizon (1 compute core + 1 lane core)": []}
+        horizon = "Horizon"
+        runs = {horizon: []}
         peer = [(th, ck) for th in (2, 1) for ck in (True, False)]
         for th, ck in peer:
             runs[_label(th, ck)] = []
         for r in range(a.rounds):
-            res = probe(model, pol, steps=a.steps, warmup=2)
-            runs["Horizon (1 compute core + 1 lane core)"].append(st.median(s["step_s"] for s in res["steps"]))
+            res = probe(model, pol, steps=a.steps, warmup=2, compute_threads=a.compute_threads, hardware=hw)
+            if r == 0:  # the split is the planner's for the step: the same every round
+                print(f"  {name} cores: {res['split_why'] or res['compute_threads']}", file=sys.stderr)
+                label = f"Horizon ({res['compute_threads']} compute thread(s))"
+                runs = {label: runs.pop(horizon), **runs}
+                horizon = label
+            runs[horizon].append(st.median(s["step_s"] for s in res["steps"]))
             for th in (2, 1):
                 reqs = [run_request(model, Zero3Policy(batch=a.batch, seq=a.seq, act_ckpt=ck), steps=a.steps,
                                     warmup=2) for ck in (True, False)]
@@ -69,7 +92,7 @@ def main() -> int:
                     runs[_label(th, ck)].append(st.median(s["step_s"] for s in out["steps"]))
             print(f"  round {r + 1}: " + ", ".join(f"{k} {v[-1] * 1e3:.0f} ms" for k, v in runs.items()),
                   file=sys.stderr)
-        ours = st.median(runs["Horizon (1 compute core + 1 lane core)"])
+        ours = st.median(runs[horizon])
         best_ck = min(st.median(runs[_label(th, True)]) for th in (2, 1))
         best_any = min(st.median(v) for k, v in runs.items() if not k.startswith("Horizon"))
         for k, v in runs.items():

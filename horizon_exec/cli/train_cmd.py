@@ -35,6 +35,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from horizon_exec.device.core_split import threads_arg
 from horizon_sim.cli.policy_args import add_policy_args
 from horizon_sim.errors import HorizonError
 
@@ -146,8 +147,10 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     r.add_argument("--disk-io", choices=("direct", "buffered"), default="direct",
                    help="how the disk tier reads and writes: O_DIRECT (default: the disk DMAs, nothing is "
                         "cached in RAM) or through the page cache, each unit dropped after use")
-    r.add_argument("--compute-threads", type=int, default=None,
-                   help="CPU backend: intra-op threads of the compute lane (default: cores - 1)")
+    r.add_argument("--compute-threads", type=threads_arg, default="auto", metavar="auto|N",
+                   help="CPU backend: intra-op threads of the compute lane (default auto: all cores when the "
+                        "step's lanes mostly idle, the lanes on them time-shared; else cores - the lanes' need; "
+                        "priced with --hardware's measured thread scaling when given)")
 
     s = p.add_argument_group("reliability")
     s.add_argument("--host-budget", default=None, metavar="SIZE",
@@ -345,7 +348,8 @@ def _run_train(cfg: "RunConfig", dist) -> int:
 
     # ---- trainer and loop ------------------------------------------------------------------
     adm = cfg.trainer.admission
-    adm = dataclasses.replace(adm, data_bytes=data_bytes, hardware=hardware if adm.enabled else None)
+    # the file's speeds: the admission's simulation, and what --compute-threads auto prices the split with
+    adm = dataclasses.replace(adm, data_bytes=data_bytes, hardware=hardware)
     tr = Trainer(model, policy, dataclasses.replace(cfg.trainer, admission=adm), dist=dist)
     with tr:
         if adm.enabled:
@@ -394,6 +398,8 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs) -> int:
         print(f"admission: fits: {tr.admission.line()}")
     why = cfg.compute_dtype_why
     print(f"compute: {policy.compute_dtype}" + (f" by default: {why}" if why else ""))
+    if tr.backend.split_why:  # the CPU backend's core split (--compute-threads)
+        print(f"cores: {tr.backend.split_why}")
     master = "split fp32 master (bf16 copy + low half)" if policy.split_master else f"{policy.master_dtype} master"
     disk = f" on disk ({tr.disk.method} I/O in {tr.disk.folder})" if tr.disk is not None else ""
     print(f"optimizer: AdamW ({policy.optimizer}), {master}, {policy.states_dtype} moments{disk}: "

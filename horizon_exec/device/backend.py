@@ -40,6 +40,8 @@ class Backend:
     timeout_s: float = 600.0
     """Longest host-side wait for device work (make_backend(timeout_s=...); the trainer gives
     it the engine's bound)."""
+    split_why: str = ""
+    """CPU backend: how its compute threads were chosen (device/core_split.py), for logs."""
 
     # ---- lanes and ordering -------------------------------------------------------------
     def start_lane(self, lane: Lane) -> None:

@@ -3,6 +3,9 @@
 One worker thread per lane; an op runs to completion in its lane thread, so the host-side done
 flag is the whole dependency. The compute lane gets `compute_threads` intra-op threads pinned
 to its own cores (default: all cores but one); the copy and optimizer lanes share the rest.
+Given every core (the planner's split for a step whose lanes mostly idle: device/core_split.py),
+compute shares them with the lanes, each lane one intra-op thread on all cores (the OS
+time-shares them; the planner prices what that costs compute: specs/core_split.py).
 Device slots and activations are ordinary tensors, but every one is charged to the arena, and
 each compute op's temporaries are measured by a dispatch-mode tracker (memtrack.py).
 Dynamic host buffers (host checkpoints, per-step host grads) come from a HostPool, as on CUDA:
@@ -47,9 +50,15 @@ class CpuBackend(Backend):
             raise HorizonError(f"compute_threads={compute_threads!r} must be a positive integer (None: cores - 1)")
         self.device = torch.device("cpu")
         cores = list(cores) if cores else _cores()  # data parallel: this rank's share (dist/context.cores_of)
+        if compute_threads is not None and compute_threads > len(cores):
+            raise HorizonError(f"compute_threads={compute_threads} but this process runs on {len(cores)} "
+                               f"core(s) {cores}: at most {len(cores)}")
         self.compute_threads = compute_threads or max(1, len(cores) - 1)
         self.compute_cores = cores[:self.compute_threads]
         self.host_cores = cores[self.compute_threads:] or cores
+        # Lanes on compute's cores take one thread each: more would each wait at the barriers
+        # of an intra-op team whose threads compute's keep preempting.
+        self.lane_threads = len(cores) - self.compute_threads or 1
         self.pin_cores = pin_cores and hasattr(os, "sched_setaffinity")
         self.track_memory = track_memory
         self.pool = HostPool(host_bytes)
@@ -57,7 +66,12 @@ class CpuBackend(Backend):
 
     def start_lane(self, lane: Lane) -> None:
         compute = lane == Lane.COMPUTE
-        torch.set_num_threads(self.compute_threads if compute else len(self.host_cores))
+        # ATen sets a thread's OpenMP thread count once more on its first parallel op, to the
+        # count the process last set from ANY thread (at::internal::lazy_init_num_threads): the
+        # compute lane then ran with the lanes' count whenever they started after it. Have that
+        # happen first, then set this lane's own.
+        torch.get_num_threads()
+        torch.set_num_threads(self.compute_threads if compute else self.lane_threads)
         if self.pin_cores:
             try:  # this thread only; best effort (a container may forbid it)
                 os.sched_setaffinity(0, self.compute_cores if compute else self.host_cores)

@@ -19,17 +19,23 @@ from horizon_exec.dist.context import free_port
 from horizon_exec.measure.child import ROOT, child_env, run_json_child
 from horizon_exec.procfs import node_rss_bytes, rss_shmem_bytes, vm_hwm_bytes
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.hardware_io import hardware_to_toml
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
 
 def probe(model: ModelSpec, policy: Policy, *, steps: int = 3, warmup: int = 1, device: str = "cpu",
-          seed: int = 0, timeout_s: float = 600.0, serialize: bool = False) -> dict:
+          seed: int = 0, timeout_s: float = 600.0, serialize: bool = False, compute_threads=None,
+          hardware=None) -> dict:
     """Train `model` under `policy` for warmup + steps steps in a child process; return its
     measurements (see the module docstring). serialize: run one op at a time (lanes never
-    overlap): calibrate's way to see each op's own cost."""
+    overlap): calibrate's way to see each op's own cost. compute_threads: the CPU backend's
+    (RuntimeConfig's: N, 'auto', or None, cores - 1: the split a hardware file's rates are
+    for, what calibrate and validate compare against); hardware: the HardwareSpec 'auto'
+    prices with."""
     req = {"model": model.to_dict(), "policy": policy.to_dict(), "steps": steps, "warmup": warmup,
-           "device": device, "seed": seed, "serialize": serialize}
+           "device": device, "seed": seed, "serialize": serialize, "compute_threads": compute_threads,
+           "hardware": hardware_to_toml(hardware) if hardware is not None else None}
     return run_json_child("horizon_exec.measure.probe", req, what=f"probe of {model.name}", timeout_s=timeout_s)
 
 
@@ -201,7 +207,12 @@ def _child(req: dict, commands=None) -> dict:
     ctx = from_env(req["device"])  # a Session of several ranks set the launcher's variables
     gen = torch.Generator().manual_seed(req["seed"] + ctx.rank)
     out = {"steps": []}
-    cfg = TrainerConfig(runtime=RuntimeConfig(device=req["device"]), seed=req["seed"])
+    from horizon_exec.runtime.config import AdmissionConfig
+    import tomllib
+    from horizon_sim.specs.hardware_io import hardware_from_dict
+    hw = hardware_from_dict(tomllib.loads(req["hardware"])) if req.get("hardware") else None
+    cfg = TrainerConfig(runtime=RuntimeConfig(device=req["device"], compute_threads=req.get("compute_threads")),
+                        admission=AdmissionConfig(hardware=hw), seed=req["seed"])
     with Trainer(model, policy, cfg, dist=ctx) as tr:
         ser = None
         if req["serialize"]:
@@ -236,6 +247,7 @@ def _child(req: dict, commands=None) -> dict:
         # ever live at once), which is at least the buffers' concurrent peak
         out["host_dynamic_peak_bytes"] = int(max(tr.backend.pool.held_bytes, tr.buffers.host_peak))
         out["compute_threads"] = getattr(tr.backend, "compute_threads", None)
+        out["split_why"] = tr.backend.split_why
         out["rss_shmem_bytes"] = rss_shmem_bytes()  # while the node store is still mapped
     ctx.close()
     out["rss_before_model_bytes"] = int(rss0)

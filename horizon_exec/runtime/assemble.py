@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from horizon_exec.device.arena import DeviceArena
 from horizon_exec.device.backend import make_backend
+from horizon_exec.device.core_split import resolve_compute_threads
 from horizon_exec.device.cpu import cpu_cores
 from horizon_exec.dist.context import agree, cores_of
 from horizon_exec.dtypes import TORCH_DTYPE
@@ -116,8 +117,13 @@ def assemble(model: ModelSpec, policy: Policy, config: TrainerConfig, sched, dis
                                           device_budget_bytes=adm.device_budget_bytes, hardware=adm.hardware,
                                           data_bytes=adm.data_bytes) if adm.enabled else None)
     kw = dict(cores=cores_of(dist, cpu_cores())) if rt.device == "cpu" and dist.world > 1 else {}
-    backend = make_backend(rt.device, timeout_s=rt.timeout_s, compute_threads=rt.compute_threads,
+    threads, why = None, ""
+    if rt.device == "cpu":  # where the cores go: the planner's split for this Schedule ('auto')
+        threads, why = resolve_compute_threads(rt.compute_threads, sched, adm.hardware,
+                                               len(kw.get("cores") or cpu_cores()), dist.world)
+    backend = make_backend(rt.device, timeout_s=rt.timeout_s, compute_threads=threads,
                            pin_cores=rt.pin_cores, track_memory=rt.track_memory, **kw)
+    backend.split_why = why
     store = HostStore(sched, model, backend, dist)
     disk = None  # the disk tier (policy disk_tier): a file in disk_dir, gone with the process
     if sched.static_bytes(Space.DISK):

@@ -51,10 +51,13 @@ class OptimizerConfig:
 class RuntimeConfig:
     device: str = "cpu"
     """'cpu' or 'cuda[:N]' (backend.check_device: it must exist here)."""
-    compute_threads: int | None = None
-    """CPU backend: intra-op threads of the compute lane (None: cores - 1)."""
+    compute_threads: int | str | None = "auto"
+    """CPU backend: intra-op threads of the compute lane. 'auto': the planner's choice for the
+    Schedule (device/core_split.py: all cores when its lanes mostly idle, else all but the
+    lanes' need); None: cores - 1 (the split calibrate measures at); N: N."""
     pin_cores: bool = True
-    """CPU backend: the compute lane on its own cores, the other lanes on the rest."""
+    """CPU backend: the compute lane on its own cores, the other lanes on the rest (on compute's,
+    time-shared, when compute has them all)."""
     track_memory: bool = True
     """CPU backend: measure op temporaries."""
     timeout_s: float = DEFAULT_OP_TIMEOUT_S
@@ -68,8 +71,9 @@ class RuntimeConfig:
     """How the disk tier reads and writes (disk_store.py)."""
 
     def __post_init__(self):
-        if self.compute_threads is not None and not (_whole(self.compute_threads) and self.compute_threads >= 1):
-            raise ConfigError("compute_threads", self.compute_threads, "must be >= 1 (default: cores - 1)")
+        ct = self.compute_threads
+        if ct is not None and ct != "auto" and not (_whole(ct) and ct >= 1):
+            raise ConfigError("compute_threads", ct, "must be >= 1 or 'auto' (the default: the planner's split)")
         t = self.timeout_s
         if not (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf):
             raise ConfigError("timeout_s", t, "must be a positive number of seconds")

@@ -41,7 +41,7 @@ def _check_range(part: str, field: str, v) -> None:
 
 TABLE_KEYS = {"dtype": ("bf16", "fp32"), "layout": ("nt", "nn", "tn")}
 """The values a key column may hold; op_overhead_us's `kind` takes an op kind or head_chunk."""
-SIZE_COLUMNS = ("M", "N", "K", "SEQ", "HEAD_DIM")
+SIZE_COLUMNS = ("M", "N", "K", "SEQ", "HEAD_DIM", "THREADS")
 """Numeric columns that are sizes: at least 1."""
 
 
@@ -151,6 +151,16 @@ class DeviceSpec:
     kernel of the op, its memory tracking, launches and gaps, e.g. ('backward', 4200.0);
     'head_chunk' is the extra cost of each LM-head chunk after the first. Kinds not listed cost
     launch_overhead_us."""
+    compute_threads: int = 0
+    """CPU backend: the intra-op threads of the compute lane these rates were measured with
+    (calibrate's split: all cores but one); 0: a GPU, or a CPU file from before this field."""
+    thread_speed: tuple = ()
+    """CPU backend: the compute lane's speed at each thread count it may be given, relative to
+    the rates in this file, rows (THREADS, ALONE, SHARED): ALONE with the host lanes idle,
+    SHARED while one host-lane thread copies beside it (on the lanes' own cores when THREADS <
+    host cores, else on compute's). The planner prices a core split with it
+    (horizon_sim/specs/core_split.py); `calibrate` measures it with the template block. Empty:
+    only the file's own split (compute_threads) can be priced."""
 
     def __post_init__(self):
         _check_name("device", self.name)
@@ -168,6 +178,10 @@ class DeviceSpec:
         _check_table(self, "device", "attention_TFLOPs", ("dtype", "SEQ", "HEAD_DIM", "FWD", "BWD"))
         _check_table(self, "device", "masked_attention_TFLOPs", ("dtype", "SEQ", "HEAD_DIM", "FWD", "BWD"))
         _check_table(self, "device", "op_overhead_us", ("kind", "US"))
+        if not isinstance(self.compute_threads, int) or isinstance(self.compute_threads, bool) \
+                or not 0 <= self.compute_threads <= 1 << 20:
+            raise HorizonError(f"device compute_threads={self.compute_threads!r} must be a whole number >= 0")
+        _check_table(self, "device", "thread_speed", ("THREADS", "ALONE", "SHARED"))
         if self.reserved_GiB >= self.hbm_GiB:
             raise HorizonError(f"device reserved_GiB={self.reserved_GiB:g} must be less than "
                                f"hbm_GiB={self.hbm_GiB:g}")

@@ -53,7 +53,8 @@ def busy_latencies(hw: HardwareSpec, device: str, steps: int) -> tuple[float, fl
     gen = torch.Generator().manual_seed(0)
     extra: dict = {"copy": [], "cpu": []}
     offloads = []  # (link bytes, measured s, copy part alone s)
-    with Trainer(CONTENTION_MODEL, CONTENTION_POLICY, TrainerConfig(runtime=RuntimeConfig(device=device))) as tr:
+    rt = RuntimeConfig(device=device, compute_threads=None)  # cores - 1: the split the file's rates are for
+    with Trainer(CONTENTION_MODEL, CONTENTION_POLICY, TrainerConfig(runtime=rt)) as tr:
         for i in range(steps + 1):
             tl = tr.step(torch.randint(0, CONTENTION_MODEL.vocab, (CONTENTION_POLICY.batch, CONTENTION_POLICY.seq),
                                        generator=gen)).timeline

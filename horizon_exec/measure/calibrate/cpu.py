@@ -18,6 +18,7 @@ from horizon_exec.measure.calibrate.kernels import (attention_grid, gemm_grid, g
                                             slope_GBps)
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, TINY, TINY_POLICY, TinyProbe, head_id, op_overheads,
                                               runtime_overhead_GiB)
+from horizon_exec.measure.calibrate.threads import measure_thread_speeds
 from horizon_exec.measure.calibrate.timing import Progress, in_lane, mean_rate
 from horizon_exec.procfs import cpu_name
 from horizon_sim.schedule import Lane, OpKind, work
@@ -51,11 +52,12 @@ def _bf16_fallback() -> bool:
 
 
 def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> HardwareSpec:
-    from horizon_exec.device.cpu import CpuBackend
+    from horizon_exec.device.cpu import CpuBackend, cpu_cores
     from horizon_exec.measure.probe import probe
     t_start = time.perf_counter()
-    backend = CpuBackend()
-    prog = Progress(total=6 + rounds, say=say)
+    cores = cpu_cores()
+    backend = CpuBackend()  # cores - 1: the base split every rate below is measured at
+    prog = Progress(total=7 + rounds, say=say)
     compute = lambda fn: in_lane(backend, Lane.COMPUTE, fn)  # noqa: E731
     host = lambda fn: in_lane(backend, Lane.CPU, fn)         # noqa: E731
 
@@ -157,6 +159,10 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     prog.done(f"a copy takes {copy_busy:.0f} us longer, a CPU-lane op {host_busy:.0f} us; an offload's norm "
               f"pass runs at {reduce:.1f} GB/s in place (alone: {dev.reduce_GBps:.1f}); a host lane copying "
               f"without pause slows compute by {slowdown - 1:+.1%} (modelled while host-lane work runs)")
+    prog.step(f"compute threads: the template block on 1..{len(cores)} thread(s), alone and beside a copying "
+              "host lane (what a core split costs and gains)")
+    speeds = measure_thread_speeds(cores, backend.compute_threads, quick)
+    prog.done(", ".join(f"{int(t)}: {a:.2f}x alone, {s:.2f}x beside a lane" for t, a, s in speeds))
     prog.step("runtime RSS: a tiny model trained in a fresh process")
     res = probe(TINY, TINY_POLICY, steps=2, warmup=1)
     runtime = runtime_overhead_GiB(res)
@@ -176,7 +182,8 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     prog.step("assemble the HardwareSpec")
     hw = HardwareSpec(
         device=replace(dev, op_overhead_us=tuple(sorted(comp_us.items())), reduce_GBps=reduce,
-                       launch_overhead_us=comp_us.get(OpKind.FORWARD.value, 0.0)),
+                       launch_overhead_us=comp_us.get(OpKind.FORWARD.value, 0.0),
+                       compute_threads=backend.compute_threads, thread_speed=speeds),
         link=replace(link, latency_us=copy_us, busy_latency_us=copy_busy),
         host=replace(hst, op_latency_us=host_us, runtime_overhead_GiB=runtime, busy_latency_us=host_busy,
                      compute_contention=max(0.0, slowdown - 1.0), **disk),

@@ -33,7 +33,8 @@ class TinyProbe:
         from horizon_exec.runtime.trainer import Trainer
         self.policy = policy
         self.gen = torch.Generator().manual_seed(0)
-        self.tr = Trainer(TINY, policy, TrainerConfig(runtime=RuntimeConfig(device=device)))
+        rt = RuntimeConfig(device=device, compute_threads=None)  # cores - 1: the split the file's rates are for
+        self.tr = Trainer(TINY, policy, TrainerConfig(runtime=rt))
         self.ser = Serialized(self.tr.engine.runner, sync_for(device))
         self.tr.engine.runner = self.ser
         self.own: dict[int, list[float]] = {}

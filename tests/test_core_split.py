@@ -1,0 +1,84 @@
+"""The CPU backend's core split as the planner prices and chooses it (horizon_sim/specs/core_split.py,
+horizon_sim/plan/core_split.py): deterministic, from simulated busy fractions, never timing."""
+import tomllib
+from dataclasses import replace
+
+import pytest
+
+from horizon_sim.errors import HorizonError
+from horizon_sim.plan.core_split import choose_split, price_split
+from horizon_sim.schedule import build_schedule
+from horizon_sim.sim.simulate import simulate
+from horizon_sim.specs.core_split import split_hardware, thread_speeds
+from horizon_sim.specs.hardware_io import hardware_from_dict, hardware_to_toml
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import Policy
+from tests.cpu_machine import CPU_HW
+
+MODEL = ModelSpec(name="split", n_layers=4, hidden=256, n_heads=4, n_kv_heads=4, ffn_hidden=688, vocab=512)
+# calibrated at 1 compute thread of 2 cores; 2 threads: 1.8x alone, but at the pace of the
+# thread sharing a core with a busy lane (0.6x) while one runs
+MEASURED = replace(CPU_HW, device=replace(CPU_HW.device, compute_threads=1,
+                                          thread_speed=((1, 1.0, 0.95), (2, 1.8, 0.6))))
+
+
+def _idle_lanes():
+    """Compute-heavy: many tokens per parameter, so the lanes (copies, optimizer) idle."""
+    return build_schedule(MODEL, Policy(batch=8, seq=512))
+
+
+def _busy_lanes():
+    """Lane-heavy: few tokens and a slow optimizer, so the lanes run most of the step."""
+    return build_schedule(MODEL, Policy(batch=1, seq=16)), replace(
+        MEASURED, host=replace(MEASURED.host, adam_Gparams_per_s=0.002))
+
+
+def test_idle_lanes_lend_their_core_to_compute():
+    split = choose_split(_idle_lanes(), MEASURED)
+    assert split.compute_threads == 2 and split.cores == 2 and split.measured
+    one, two = split.prices
+    assert one.lane_cores_busy < 0.3 and two.step_s < one.step_s
+
+
+def test_busy_lanes_keep_their_core():
+    sched, hw = _busy_lanes()
+    split = choose_split(sched, hw)
+    assert split.compute_threads == 1
+    assert split.prices[0].lane_cores_busy > 0.5
+    assert "lanes on the rest" in split.line()
+
+
+def test_the_predicted_step_uses_the_splits_rates():
+    """Compute-bound step: 2 threads' predicted step is the 1-thread one sped up by about 1.8
+    (the per-op fixed costs do not scale); the split's spec is what simulate prices."""
+    sched = _idle_lanes()
+    one, two = (price_split(sched, MEASURED, t) for t in (1, 2))
+    assert 1.3 < one.step_s / two.step_s <= 1.8
+    assert simulate(sched, split_hardware(MEASURED, 2)).summary.step_time_s == pytest.approx(two.step_s)
+    hw2 = split_hardware(MEASURED, 2)
+    assert hw2.device.bf16_TFLOPs == pytest.approx(1.8 * MEASURED.device.bf16_TFLOPs)
+    assert hw2.host.compute_contention == pytest.approx(1.8 / 0.6 - 1)
+    assert hw2.host.lane_cores == pytest.approx(2 / 3)  # one lane thread among 2 busy compute threads
+    hw1 = split_hardware(MEASURED, 1)
+    assert hw1.device.bf16_TFLOPs == MEASURED.device.bf16_TFLOPs and hw1.host.lane_cores == 1
+
+
+def test_old_files_get_estimated_scaling():
+    """A file without thread_speed (calibrated before it) still reads and prices 1..cores."""
+    speeds = thread_speeds(CPU_HW)
+    assert sorted(speeds) == [1, 2] and not speeds[2].measured
+    assert speeds[2].alone == 2.0 and speeds[2].shared == 1.0
+    assert not choose_split(_idle_lanes(), CPU_HW).measured
+
+
+def test_unpriced_thread_count_is_refused():
+    with pytest.raises(HorizonError, match="compute threads 3: the hardware file prices 1, 2"):
+        split_hardware(MEASURED, 3)
+
+
+def test_thread_speed_round_trips_and_is_checked():
+    assert hardware_from_dict(tomllib.loads(hardware_to_toml(MEASURED))) == MEASURED
+    with pytest.raises(HorizonError, match="thread_speed: THREADS=0"):
+        replace(MEASURED.device, thread_speed=((0, 1.0, 1.0),))
+    with pytest.raises(HorizonError, match="compute_threads=-1 must be a whole number"):
+        replace(MEASURED.device, compute_threads=-1)
