@@ -49,6 +49,19 @@ def pricing_hardware(hardware: HardwareSpec | None, cores: int) -> HardwareSpec:
                    host=replace(hw.host, cores=cores))
 
 
+def with_disk_for(sched, hw: HardwareSpec) -> HardwareSpec:
+    """`hw`, given a disk when the Schedule streams state from one and `hw` has none (a file
+    without the disk tier's rates): the run's disk is real, and the split only needs its ops
+    priced, not exactly (the planner's default rate, 7 GB/s: an estimate)."""
+    from horizon_sim.cli.hardware_args import DISK_GBPS_DEFAULT
+    from horizon_sim.schedule.op import Lane
+    if hw.host.disk_GiB or not any(op.lane == Lane.DISK for op in sched.ops):
+        return hw
+    need_GiB = sum(b.bytes for b in sched.buffers.values() if b.space.value == "disk") / 2**30 + 1
+    return replace(hw, host=replace(hw.host, disk_GiB=need_GiB, disk_read_GBps=DISK_GBPS_DEFAULT,
+                                    disk_write_GBps=DISK_GBPS_DEFAULT))
+
+
 def resolve_compute_threads(setting, sched, hardware: HardwareSpec | None, cores: int,
                             ranks: int = 1) -> tuple[int | None, str]:
     """(compute threads for the CpuBackend, None: its cores - 1; why, one line)."""
@@ -57,5 +70,5 @@ def resolve_compute_threads(setting, sched, hardware: HardwareSpec | None, cores
     if ranks > 1 or cores < 2:
         return None, "cores - 1 of this rank's share (data parallel)" if ranks > 1 else "one core"
     from horizon_sim.plan.core_split import choose_split
-    split = choose_split(sched, pricing_hardware(hardware, cores))
+    split = choose_split(sched, with_disk_for(sched, pricing_hardware(hardware, cores)))
     return split.compute_threads, "auto: " + split.line()
