@@ -3,7 +3,8 @@ Qwen3-MoE (norm_topk_prob true and false), Mixtral and Qwen2-MoE (shared expert)
 with save_pretrained and read back through config.json + safetensors; logits, one fp32 step's
 loss and every gradient agree with transformers' eager experts (rel err <= 1e-5). The router
 aux loss is off (output_router_logits false); a model that turns it on is refused in one line.
-Each case runs the streamed schedule (forward, recompute, backward with K = 2, 2 micro-batches).
+Each case runs the streamed schedule (forward, recompute, backward with K = 2, 2 micro-batches;
+one also with kept layers in the layer order).
 """
 import pytest
 import torch
@@ -12,6 +13,7 @@ from horizon_exec.checkpoints.hf_checkpoint import load_hf, spec_from_hf_dir
 from horizon_exec.runtime.config import TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.errors import HorizonError
+from horizon_sim.schedule import OpKind
 from horizon_sim.specs.policy import exact_policy
 from tests.hf_tiny import executor_grads, hf_grads, rel_err
 
@@ -52,20 +54,24 @@ def hf_moe(model_type, overrides, seed=0):
     return model.eval()
 
 
-def pair(tmp_path, name):
+def pair(tmp_path, name, **policy):
     ref = hf_moe(*CASES[name])
     ref.save_pretrained(tmp_path / "hf")
     spec = spec_from_hf_dir(tmp_path / "hf")
     pol = exact_policy(batch=B, seq=T, micro_batches=2, act_ckpt_every=2, optimizer="after", grad_clip=0.0,
-                       loss_chunk_tokens=40)
+                       loss_chunk_tokens=40, **policy)
     tr = Trainer(spec, pol, TrainerConfig(random_init=False))
     load_hf(tr, tmp_path / "hf")
     return tr, ref
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_logits_and_one_training_step_match_transformers(tmp_path, name):
-    tr, ref = pair(tmp_path, name)
+@pytest.mark.parametrize("name,policy", [*((n, {}) for n in CASES),
+                                         # kept layers run their backward from the saved graph
+                                         # (weights re-read from the slot), in the layer order
+                                         ("qwen2_moe", dict(keep_last=2, mb_order="layer"))])
+def test_logits_and_one_training_step_match_transformers(tmp_path, name, policy):
+    tr, ref = pair(tmp_path, name, **policy)
+    assert any(op.kind == OpKind.BACKWARD_SAVED for op in tr.sched.ops) == bool(policy)
     assert tr.model.moe_family == CASES[name][0] and tr.model.router_aux_loss_coef == 0
     tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(3))
     with tr:
