@@ -1,6 +1,6 @@
 """Hugging Face checkpoints in and out of the host store, one tensor at a time.
 
-    spec = spec_from_hf_dir("Qwen2.5-0.5B/")          # config.json -> ModelSpec (llama/qwen2/mistral/qwen3)
+    spec = spec_from_hf_dir("Qwen2.5-0.5B/")          # config.json -> ModelSpec (llama/qwen2/mistral/qwen3, MoE)
     tr = Trainer(spec, policy, TrainerConfig(random_init=False))
     load_hf(tr, "Qwen2.5-0.5B/")                       # safetensors -> fp32 master (+ working copy)
     save_hf(tr, "out/", dtype="bf16")                  # master -> safetensors + config.json
@@ -8,7 +8,9 @@
 Loading never holds the model twice: safetensors files are memory-mapped (`safe_open`), each
 tensor is read on its own, cast to fp32 and copied into its place in the store's flat
 buffers (names map through layout.py, which uses transformers' names), then dropped. Peak
-extra memory is the largest single tensor. Sharded checkpoints are read through
+extra memory is the largest single tensor (an MoE model's experts are stored per expert and
+copied into their part of the fused tensor the store holds: hf_experts.py; a save writes them
+back per expert, as save_pretrained does). Sharded checkpoints are read through
 model.safetensors.index.json; a folder with a single model.safetensors (or one *.safetensors
 file) works too.
 
