@@ -1,6 +1,6 @@
 """Hugging Face checkpoints in and out of the host store, one tensor at a time.
 
-    spec = spec_from_hf_dir("Qwen2.5-0.5B/")          # config.json -> ModelSpec (llama/qwen2/mistral/qwen3)
+    spec = spec_from_hf_dir("Qwen2.5-0.5B/")          # config.json -> ModelSpec (llama/qwen2/mistral/qwen3, MoE)
     tr = Trainer(spec, policy, TrainerConfig(random_init=False))
     load_hf(tr, "Qwen2.5-0.5B/")                       # safetensors -> fp32 master (+ working copy)
     save_hf(tr, "out/", dtype="bf16")                  # master -> safetensors + config.json
@@ -8,7 +8,9 @@
 Loading never holds the model twice: safetensors files are memory-mapped (`safe_open`), each
 tensor is read on its own, cast to fp32 and copied into its place in the store's flat
 buffers (names map through layout.py, which uses transformers' names), then dropped. Peak
-extra memory is the largest single tensor. Sharded checkpoints are read through
+extra memory is the largest single tensor (an MoE model's experts are stored per expert and
+copied into their part of the fused tensor the store holds: hf_experts.py; a save writes them
+back per expert, as save_pretrained does). Sharded checkpoints are read through
 model.safetensors.index.json; a folder with a single model.safetensors (or one *.safetensors
 file) works too.
 
@@ -19,12 +21,14 @@ result loads with `AutoModelForCausalLM.from_pretrained(dir)`.
 """
 import json
 import shutil
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from horizon_exec.checkpoints.fileio import publish_dir, staging_dir, write_safetensors, write_text
+from horizon_exec.checkpoints.hf_experts import stored_items, stored_parts
 from horizon_exec.data.tokenize import TOKENIZER_FILES
 from horizon_exec.model.layout import host_layout
 from horizon_sim.errors import HorizonError
@@ -204,17 +208,23 @@ def load_hf(trainer, path) -> None:
     # store once all its tensors have been read)
     params = _SplitSink(trainer) if trainer.split_master else trainer.state_dict()
     tied = trainer.model.tied_embeddings
+    # MoE experts are stored per expert and held fused (hf_experts.py): stored name -> (held
+    # name, index); a held tensor is filled once all its stored parts are in
+    parts = stored_parts(trainer.model)
+    n_parts = Counter(held for held, _ in parts.values())
+    expected = [n for n in params if n not in n_parts] + list(parts)
     seen: set[str] = set()
     for fname, names in weight_files(d).items():
         try:
             with safe_open(str(d / fname), framework="pt", device="cpu") as f:
                 for name in (names if names is not None else f.keys()):
-                    if name not in params:
+                    held, idx = parts.get(name, (name, ()))
+                    if held not in params or (name == held and held in n_parts):
                         if (tied and name == "lm_head.weight") or name.endswith(_IGNORED_SUFFIXES):
                             continue  # a tied head saved anyway (it equals the embedding)
                         raise HorizonError(f"{d / fname}: unexpected tensor {name!r} (not a parameter of "
                                            f"{'a tied' if tied else 'an untied'} {trainer.model.name} model)")
-                    dst = params[name]
+                    dst = params[held][idx]
                     sl = f.get_slice(name)
                     shape = tuple(sl.get_shape())
                     if shape != tuple(dst.shape):
@@ -226,13 +236,15 @@ def load_hf(trainer, path) -> None:
                     dst.copy_(f.get_tensor(name))     # one tensor read, cast to fp32 in place
                     _check_finite(dst, name, d / fname)
                     if name not in seen and trainer.split_master:
-                        params.filled(name)
+                        n_parts[held] -= 1
+                        if n_parts[held] <= 0:
+                            params.filled(held)
                     seen.add(name)
         except HorizonError:
             raise
         except Exception as e:  # a truncated or corrupt file
             raise HorizonError(f"{d / fname}: cannot read ({type(e).__name__}: {e})") from None
-    missing = [n for n in params if n not in seen]
+    missing = [n for n in expected if n not in seen]
     if missing:
         raise HorizonError(f"{d}: tensor {missing[0]!r} is missing from the checkpoint"
                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
@@ -338,7 +350,7 @@ def save_hf(trainer, path, dtype: str = "fp32", max_shard_bytes: int = DEFAULT_S
     check_output_dir(out)
     trainer.flush()
     tdt = SAVE_DTYPES[dtype][0]
-    items = list(trainer.state_dict().items())
+    items = stored_items(trainer.model, trainer.state_dict().items())  # MoE experts per expert (hf_experts.py)
     shards = _shards(items, max_shard_bytes, torch.empty((), dtype=tdt).element_size())
     with staging_dir(out) as tmp:
         _write_shards(tmp, shards, tdt, lambda shard: shard)
@@ -400,8 +412,12 @@ def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_co
                                                                        device="meta")).items():
             unit_of[name] = u
             items.append((name, t))
+    items = stored_items(trainer.model, items)  # MoE experts per expert: stored name -> (held name, index)
+    held = {**{n: (n, ()) for n in unit_of}, **stored_parts(trainer.model)}
     shards = _shards(items, max_shard_bytes, torch.empty((), dtype=tdt).element_size())
-    remaining = {u: sum(1 for n in unit_of if unit_of[n] == u) for u in trainer.units}
+    remaining = dict.fromkeys(trainer.units, 0)
+    for name, _ in items:
+        remaining[unit_of[held[name][0]]] += 1
     cache: dict = {}
     gathered = [0]  # shards whose units have been gathered
 
@@ -409,10 +425,11 @@ def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_co
         gathered[0] += 1
         got = []
         for name, _ in shard:
-            u = unit_of[name]
+            h, idx = held[name]
+            u = unit_of[h]
             if u not in cache:
                 cache[u] = host_layout(trainer.model, u).views(trainer.gather_master(u))
-            got.append((name, cache[u][name]))
+            got.append((name, cache[u][h][idx]))
             remaining[u] -= 1
             if not remaining[u]:
                 del cache[u]

@@ -6,13 +6,15 @@ then cast back before the weight multiply, RoPE with the rotate_half convention 
 the activation dtype (tables: rope.py, with transformers' RoPE scaling), SDPA with grouped kv
 heads (causal, or under a mask for sliding windows and document boundaries: attention_mask),
 SwiGLU MLP, optional q/k/v (Qwen2) and MLP biases, optional per-head q/k RMSNorms before RoPE
-(Qwen3).
+(Qwen3). A mixture-of-experts block (qwen3_moe, mixtral, qwen2_moe) shares the attention half
+and runs moe_block.moe_mlp for the MLP.
 """
 from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 
+from horizon_exec.model.moe_block import moe_mlp
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.model import ModelSpec
 
@@ -51,10 +53,10 @@ def rotate_half(x):
 
 def check_runnable(m: ModelSpec) -> None:
     """One-line errors for blocks the template does not run (train_cmd checks before allocating)."""
-    if m.n_experts:  # the planner prices MoE blocks (issue 28); running them is still to come
-        raise HorizonError(f"model {m.name!r} is a mixture of experts ({m.moe_family}, {m.n_experts} experts, "
-                           f"top-{m.experts_per_token}); the executor does not run MoE blocks yet "
-                           "(horizon plan/tune/min-ram price it)")
+    if m.n_experts and m.router_aux_loss_coef:  # the layer-spanning aux loss is not in the step yet
+        raise HorizonError(f"model {m.name!r} ({m.moe_family}) trains with the router load-balancing loss "
+                           f"(router_aux_loss_coef={m.router_aux_loss_coef}, output_router_logits); the executor "
+                           "does not add it yet: set output_router_logits false (coefficient 0) to train without it")
     if m.ffn_type != "gated" or m.norm != "rmsnorm":
         raise HorizonError(f"model {m.name!r}: the executor's block template is a gated (SwiGLU) "
                            f"MLP with RMSNorm; {m.ffn_type} MLP with {m.norm} is not supported")
@@ -98,6 +100,8 @@ class DecoderBlock:
         x = x + F.linear(o, w["self_attn.o_proj.weight"])
         # ---- MLP ------------------------------------------------------------------------
         h = rms_norm(x, w["post_attention_layernorm.weight"], m.norm_eps)
+        if m.n_experts:
+            return x + moe_mlp(m, w, h)
         g = F.linear(h, w["mlp.gate_proj.weight"], w.get("mlp.gate_proj.bias"))  # (B, T, F)
         u = F.linear(h, w["mlp.up_proj.weight"], w.get("mlp.up_proj.bias"))
         return x + F.linear(F.silu(g) * u, w["mlp.down_proj.weight"], w.get("mlp.down_proj.bias"))

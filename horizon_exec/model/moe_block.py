@@ -1,0 +1,78 @@
+"""The MLP half of a mixture-of-experts block (specs/moe.py: qwen3_moe, mixtral, qwen2_moe), as a
+plain function of named weights: transformers 5's eager path, kernel for kernel, so fp32
+results match it to rounding.
+
+- router: logits = h . W_gate^T, a softmax over all E in fp32, top-k of the probabilities,
+  (norm_topk_prob, always for Mixtral) the k weights divided by their sum; Qwen's routers cast
+  the weights back to the activation dtype, Mixtral's keep them in fp32 (the product with an
+  expert's output then promotes, and is cast back before the sum, as transformers does);
+- experts: for each expert that got tokens, in ascending expert order, its rows gathered,
+  gate_up_proj[e] (gate the first I rows, up the last I), SiLU(gate) * up, down_proj[e],
+  times the routing weight, index_add_ into a zero output: each token's k contributions are
+  summed in expert order, as transformers' loop sums them;
+- Qwen2-MoE: a dense SwiGLU shared expert, scaled per token by sigmoid(h . w_shared_gate),
+  added to the experts' sum.
+
+Differences from transformers that change no result: the per-expert row lists come from one
+stable sort of the (slot, token) choices (one device sync for the counts) rather than a one-hot
+mask of N x k x (E + 1) integers, in the same order torch.where gives them; and the 3-D expert
+tensors are unbound once, so their gradient is assembled once (a select per expert would make a
+full E-expert zero tensor per expert in the backward).
+"""
+import torch
+import torch.nn.functional as F
+
+from horizon_sim.specs.model import ModelSpec
+
+
+def route(m: ModelSpec, h, w_gate):
+    """h (N, H) -> (weights (N, k), expert ids (N, k)); transformers' TopKRouter."""
+    logits = F.linear(h, w_gate)                                        # (N, E)
+    probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+    top, idx = torch.topk(probs, m.experts_per_token, dim=-1)           # (N, k)
+    if m.norm_topk_prob:
+        top = top / top.sum(dim=-1, keepdim=True)
+    if m.moe_family != "mixtral":  # Mixtral's router returns its weights in fp32
+        top = top.to(logits.dtype)
+    return top, idx
+
+
+def expert_rows(idx, n_experts: int):
+    """idx (N, k) expert ids -> [(expert, slot positions, token rows)] for the experts that got
+    rows, ascending; each expert's rows ordered by (slot, token), torch.where's order on
+    transformers' one-hot mask."""
+    N, k = idx.shape
+    flat = idx.t().reshape(-1)                                          # j = slot * N + token
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=n_experts).tolist()         # the one sync
+    out, start = [], 0
+    for e, c in enumerate(counts):
+        if c:
+            j = order[start:start + c]
+            out.append((e, j // N, j % N))
+            start += c
+    return out
+
+
+def moe_mlp(m: ModelSpec, w, h):
+    """h (B, T, H) normed -> the MoE MLP's output (B, T, H), before the residual."""
+    shape = h.shape
+    h = h.reshape(-1, shape[-1])                                        # (N, H)
+    shared = None
+    if m.shared_expert_ffn_hidden:  # transformers runs the shared expert first
+        g = F.linear(h, w["mlp.shared_expert.gate_proj.weight"])
+        u = F.linear(h, w["mlp.shared_expert.up_proj.weight"])
+        shared = F.linear(F.silu(g) * u, w["mlp.shared_expert.down_proj.weight"])
+    top, idx = route(m, h, w["mlp.gate.weight"])
+    out = torch.zeros_like(h)
+    rows = expert_rows(idx, m.n_experts)
+    if rows:
+        gate_up = w["mlp.experts.gate_up_proj"].unbind(0)               # (2I, H) each
+        down = w["mlp.experts.down_proj"].unbind(0)                     # (H, I) each
+    for e, slot, tok in rows:
+        g, u = F.linear(h[tok], gate_up[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(g) * u, down[e]) * top[tok, slot, None]
+        out.index_add_(0, tok, y.to(out.dtype))
+    if shared is not None:
+        out = out + torch.sigmoid(F.linear(h, w["mlp.shared_expert_gate.weight"])) * shared
+    return out.reshape(shape)
