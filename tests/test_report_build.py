@@ -154,3 +154,13 @@ def test_throughput_section_changes_one_thing_at_a_time(built):
         if len(g) == 3:
             assert g.kept_layers[2] > 0 and g.device_fits[2]
             assert g.hfu[2] / g.mfu[2] < g.hfu[1] / g.mfu[1]
+
+
+def test_moe_section_prices_active_and_total(built):
+    """Section 11: an MoE case's active parameters are far fewer than its total, and the RAM to
+    buy (min-ram) covers the planned host footprint."""
+    out, _ = built
+    t = pd.read_csv(out / "moe.csv")
+    assert list(t.model) == [c[0] for c in CFG.moe_cases]
+    assert (t.active_B < t.total_B / 4).all()
+    assert (t.ram_needed_GiB >= t.host_GiB).all() and t.tokens_per_s.gt(0).all()

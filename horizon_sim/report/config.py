@@ -77,6 +77,17 @@ class BuildConfig:
     cases issue 27 names at batches whose micro-batches a 24 GB / 80 GB device needs, with the
     headline's exact lean numerics (split master, optimizer in backward, no clipping)."""
 
+    moe_base_policy: Policy = Policy(batch=16, seq=2048)
+    moe_cases: tuple = (
+        ("qwen3-30b-a3b", "rtx-4090", "512GB", None, {}),
+        ("qwen3-30b-a3b", "h100-pcie", "512GiB", None, {}),
+        ("mixtral-8x7b", "a100-80gb", "1TB", None, {}),
+        ("qwen3-235b-a22b", "h200", "1.5TB", None, {}),
+        ("qwen3-235b-a22b", "h200", "1.5TB", ("4TB", "7"),
+         dict(disk_tier="moments+low", optimizer="backward", grad_clip=0.0, max_host_grads=2)),
+    )
+    """Section 11: (model, GPU, RAM, disk (size, GB/s) or None, policy changes): the questions
+    issue 28 asks. The disk is an estimate: one PCIe Gen4 NVMe drive."""
 
 FULL = BuildConfig()
 QUICK = BuildConfig(
@@ -94,4 +105,5 @@ QUICK = BuildConfig(
     host_model="qwen2.5-0.5b", host_gpu="h100-pcie", host_ram="16GiB", host_disk="64GiB",
     host_policy=Policy(batch=2, seq=512), host_max_model=False,
     throughput_cases=(("qwen2.5-0.5b", "h100-pcie", "16GiB", Policy(batch=4, seq=512, micro_batches=2)),),
+    moe_base_policy=Policy(batch=2, seq=512), moe_cases=(("qwen3-30b-a3b", "rtx-4090", "512GB", None, {}),),
 )

@@ -300,7 +300,7 @@ def from_hf_config(path) -> ModelSpec:
 def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | None = None) -> ModelSpec:
     """ModelSpec from a config dict (`where` names it in errors)."""
     mt = cfg.get("model_type")
-    if mt in hf_moe.REFUSED_TYPES:
+    if isinstance(mt, str) and mt in hf_moe.REFUSED_TYPES:  # a list or dict is not a key: refused below
         raise HorizonError(f"{where}: model_type {mt!r} is {hf_moe.REFUSED_TYPES[mt]}, which Horizon does not "
                            f"implement; MoE types supported: {', '.join(hf_moe.MOE_TYPES)}")
     if mt not in SUPPORTED_MODEL_TYPES:
