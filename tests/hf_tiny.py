@@ -65,3 +65,21 @@ def hf_grads(ref, tokens, shift_labels=None):
     if ref.config.tie_word_embeddings:  # one tensor, one gradient (both uses summed)
         g.pop("lm_head.weight", None)
     return out.loss.item(), g
+
+
+def assert_step_matches(tr, ref, tokens, ref_grads=hf_grads, tol: float = 1e-5) -> dict:
+    """The executor's logits, one step's loss and every gradient equal transformers' on `tokens`
+    (relative error <= tol); returns transformers' gradients."""
+    import pytest
+    with tr:
+        with torch.no_grad():
+            want = ref(input_ids=tokens).logits
+        assert rel_err(tr.logits(tokens), want) <= tol
+        loss, grads = executor_grads(tr, tokens)
+    ref_loss, ref_g = ref_grads(ref, tokens)
+    assert loss == pytest.approx(ref_loss, rel=tol)
+    assert set(grads) == set(ref_g)
+    errs = {n: rel_err(g, ref_g[n]) for n, g in grads.items()}
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= tol, f"{worst}: {errs[worst]:.2e}"
+    return ref_g

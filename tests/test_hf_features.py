@@ -22,7 +22,7 @@ from horizon_exec.model.rope import rope_tables
 from horizon_exec.runtime.config import TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.specs.policy import exact_policy
-from tests.hf_tiny import executor_grads, rel_err
+from tests.hf_tiny import assert_step_matches, executor_grads, rel_err
 
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 V, B = 96, 4
@@ -91,17 +91,7 @@ def _ref_grads(ref, tokens, **kw):
 def test_logits_and_one_training_step_match_transformers(tmp_path, name):
     tr, ref, T = _pair(tmp_path, name)
     tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(3))
-    with tr:
-        with torch.no_grad():
-            want = ref(input_ids=tokens).logits
-        assert rel_err(tr.logits(tokens), want) <= 1e-5
-        loss, grads = executor_grads(tr, tokens)
-    ref_loss, ref_grads = _ref_grads(ref, tokens)
-    assert loss == pytest.approx(ref_loss, rel=1e-5)
-    assert set(grads) == set(ref_grads)
-    errs = {n: rel_err(g, ref_grads[n]) for n, g in grads.items()}
-    worst = max(errs, key=errs.get)
-    assert errs[worst] <= 1e-5, f"{worst}: {errs[worst]:.2e}"
+    assert_step_matches(tr, ref, tokens, _ref_grads)
 
 
 @pytest.mark.parametrize("name", ["llama3-rope", "linear-rope", "dynamic-rope", "yarn-rope"])
