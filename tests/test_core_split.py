@@ -82,3 +82,40 @@ def test_thread_speed_round_trips_and_is_checked():
         replace(MEASURED.device, thread_speed=((0, 1.0, 1.0),))
     with pytest.raises(HorizonError, match="compute_threads=-1 must be a whole number"):
         replace(MEASURED.device, compute_threads=-1)
+
+
+def _plan_json(capsys, tmp_path, hw, *extra):
+    import json
+
+    from horizon_sim.cli.main import main
+    path = tmp_path / "machine.toml"
+    path.write_text(hardware_to_toml(hw))
+    assert main(["plan", "--hardware", str(path), "--model", "tiny", "--batch", "8", "--seq", "512",
+                 "--no-advice", "--json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_prices_the_split_train_would_run(capsys, tmp_path):
+    """`horizon plan` on a calibrated CPU file predicts the step at the split `horizon train`'s
+    default (auto) runs, and at a given count when asked: the same figures choose_split priced."""
+    auto = _plan_json(capsys, tmp_path, MEASURED)
+    by_threads = auto["core_split"]["step_s_by_threads"]
+    assert auto["core_split"]["compute_threads"] == 2 and auto["core_split"]["measured"]
+    assert auto["step_time_s"] == pytest.approx(by_threads["2"]) and by_threads["1"] > by_threads["2"]
+    one = _plan_json(capsys, tmp_path, MEASURED, "--compute-threads", "1")
+    assert one["core_split"]["compute_threads"] == 1 and one["step_time_s"] == pytest.approx(by_threads["1"])
+
+
+def test_plan_refuses_a_split_it_cannot_price(capsys, tmp_path):
+    from horizon_sim.cli.main import main
+    path = tmp_path / "machine.toml"
+    path.write_text(hardware_to_toml(MEASURED))
+    assert main(["plan", "--hardware", str(path), "--model", "tiny", "--compute-threads", "3"]) == 2
+    assert "compute threads 3: the hardware file prices 1, 2" in capsys.readouterr().err
+    assert main(["plan", "--model", "tiny", "--compute-threads", "2"]) == 2  # a GPU preset: no cores to split
+    assert "only a CPU-backend hardware file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # argparse's own exit for a malformed value
+        main(["plan", "--hardware", str(path), "--model", "tiny", "--compute-threads", "0"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "'0': use 'auto'" in err and "Traceback" not in err

@@ -2,15 +2,17 @@
 import argparse
 import json
 
+from horizon_sim.errors import HorizonError
+
 from horizon_sim.cli.hardware_args import add_cluster_args, with_cluster
 from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
-from horizon_sim.plan import plan
-from horizon_sim.plan.plan import scaling_efficiency
+from horizon_sim.plan.core_split import priced_for_split, threads_setting
+from horizon_sim.plan.plan import build_for, scaling_efficiency
 from horizon_sim.plan.advice import advise
 from horizon_sim.peer.compare import compare_json, compare_text, parse_knobs
 from horizon_sim.plan.families import peer
 from horizon_sim.schedule.op import PEERS
-from horizon_sim.sim.simulate import SimResult
+from horizon_sim.sim.simulate import SimResult, simulate
 from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
 from horizon_sim.specs.hardware_io import load_hardware
 from horizon_sim.specs.hf_config import load_model
@@ -46,15 +48,38 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "optimizer offloaded to CPU (one device), and show both side by side with where the "
                         "difference comes from")
     p.add_argument("--peer-knobs", default=None, metavar="K=V,...",
-                   help="the peer's DeepSpeed knobs: act_ckpt (on), prefetch_bucket_params (5e7), max_live_params "
-                        "(1e9), max_reuse_distance_params (1e9), reduce_bucket_params (5e8), overlap_comm (on), "
-                        "pin_memory (on); defaults DeepSpeed's, batch and dtype Horizon's")
+                   help=f"the peer's DeepSpeed knobs, defaults DeepSpeed's (batch and dtype Horizon's): {knobs_help()}")
+    p.add_argument("--compute-threads", default=None, type=_threads, metavar="auto|N",
+                   help="on a CPU-backend hardware file (`horizon calibrate`'s): the compute lane's threads, the "
+                        "rest of the cores for the lanes; auto (default) prices each count the file measured and "
+                        "takes the fastest, as `horizon train` does")
     p.add_argument("--sources", action="store_true",
                    help="print each number of the --gpu/--link/host presets with where it comes from (datasheet, "
                         "measured, published or estimate) instead of planning")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--no-advice", action="store_true",
                    help="skip the what-to-change search (a few extra simulations)")
+
+
+def _threads(text: str):
+    try:
+        return threads_setting(text)
+    except HorizonError as e:  # argparse then prints the message itself, exit 2
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--compute-threads ")) from None
+
+
+def knobs_help() -> str:
+    """Each of the peer's knobs with its default, from its policy type (so the list stays true)."""
+    from dataclasses import MISSING, fields
+
+    from horizon_sim.peer.zero3_policy import Zero3Policy
+    skip = {"batch", "seq", "micro_batches", "compute_dtype", "grad_clip"}  # Horizon's flags set these
+    def show(v):
+        if isinstance(v, bool):
+            return "on" if v else "off"
+        return f"{v:.0e}".replace("e+0", "e") if isinstance(v, int) and v >= 10**5 else f"{v:g}"
+    return ", ".join(f"{f.name} ({show(f.default)})" for f in fields(Zero3Policy)
+                     if f.name not in skip and f.default is not MISSING)
 
 
 def result_json(r: SimResult) -> dict:
@@ -184,16 +209,24 @@ def run(a: argparse.Namespace) -> int:
     if getattr(a, "compare", None):
         zero3 = peer_policy_from_args(a, policy)
         other = peer(a.compare).plan(model, hw, zero3)  # before our own plan: a bad peer setting fails fast
-    r = plan(model, hw, policy)
+    sched = build_for(model, policy, hw)
+    hw, split = priced_for_split(sched, hw, a.compute_threads)
+    r = simulate(sched, hw)
     tips = advise(r, search=not getattr(a, "no_advice", False))
     eff = scaling_efficiency(r)
     if a.json:
         out = {**result_json(r), "scaling_efficiency": eff, "advice": tips}
         if other is not None:
             out["compare"] = compare_json(r, other, zero3)
+        if split is not None:
+            out["core_split"] = {"compute_threads": split.compute_threads, "cores": split.cores,
+                                 "measured": split.measured,
+                                 "step_s_by_threads": {str(p.compute_threads): p.step_s for p in split.prices}}
         print(json.dumps(out))
         return 0
     print(report(r, eff))
+    if split is not None:
+        print(f"cores     {split.line()}")
     if tips:
         print()
         for i, t in enumerate(tips):

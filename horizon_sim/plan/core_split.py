@@ -73,3 +73,37 @@ def choose_split(sched: Schedule, hw: HardwareSpec) -> CoreSplit:
     prices = tuple(price_split(sched, hw, t) for t in sorted(speeds))
     best = min(prices, key=lambda p: (p.step_s, -p.compute_threads))
     return CoreSplit(best.compute_threads, hw.host.cores, prices, all(s.measured for s in speeds.values()))
+
+
+AUTO = "auto"
+
+
+def threads_setting(text: str) -> int | str:
+    """A --compute-threads value as `plan` takes it: 'auto' or a positive thread count."""
+    from horizon_sim.errors import HorizonError
+    t = str(text).strip().lower()
+    if t == AUTO:
+        return AUTO
+    if t.isdigit() and int(t) > 0:
+        return int(t)
+    raise HorizonError(f"--compute-threads {text!r}: use 'auto' (the planner picks, as `horizon train` does) "
+                       "or a positive number of threads")
+
+
+def priced_for_split(sched: Schedule, hw: HardwareSpec, setting) -> tuple[HardwareSpec, CoreSplit | None]:
+    """The hardware `plan` prices `sched` on, and the split chosen: on a calibrated CPU-backend
+    file of one rank, `setting` 'auto' takes choose_split's pick (what `horizon train` runs by
+    default) and N prices N threads; a GPU file, a data-parallel layout (each rank keeps cores - 1
+    of its share, as the executor does) or a one-core machine is priced as it is (None)."""
+    from horizon_sim.errors import HorizonError
+    from horizon_sim.specs.cpu_ranks import is_cpu_backend
+    cpu = is_cpu_backend(hw) and hw.cluster.ranks == 1 and hw.host.cores >= 2
+    if not cpu:
+        if setting not in (None, AUTO):
+            raise HorizonError(f"--compute-threads {setting}: only a CPU-backend hardware file of one rank "
+                               "(`horizon calibrate`'s, 2 or more cores) splits its cores; this machine has none to split")
+        return hw, None
+    split = choose_split(sched, hw)
+    threads = split.compute_threads if setting in (None, AUTO) else setting
+    return split_hardware(hw, threads), split if threads == split.compute_threads else \
+        CoreSplit(threads, split.cores, split.prices, split.measured)
