@@ -62,7 +62,8 @@ def test_predictions_are_the_planners_in_the_sources_counting(tmp_path):
     """tokens/s, step time and both TFLOPS countings come from the same plan as `horizon plan`."""
     f = _file(tmp_path, {"quantity": "tokens_per_s"}, {"quantity": "step_s", "value": 5.0},
               {"quantity": "tflops_6NT", "value": 100}, {"quantity": "tflops_8NT", "value": 100},
-              {"quantity": "host_GB", "value": 50})
+              {"quantity": "host_GB", "value": 50}, {"quantity": "host_GiB_between_steps", "value": 50},
+              {"quantity": "device_GiB", "value": 20})
     res = run_suite(load_rows(f))
     model = load_model("qwen2.5-0.5b")
     r = plan(model, make_hardware("a100-80gb", "256GiB"), Policy(batch=4, seq=1024))
@@ -73,10 +74,29 @@ def test_predictions_are_the_planners_in_the_sources_counting(tmp_path):
     assert got["tflops_6NT"] == pytest.approx(6 * n * s.tokens_per_s / 1e12)
     assert got["tflops_8NT"] == pytest.approx(8 * n * s.tokens_per_s / 1e12)
     assert got["host_GB"] == pytest.approx(s.host_bytes / 1e9)
+    assert got["host_GiB_between_steps"] == pytest.approx(r.host.between_steps_bytes / 2**30)
+    assert got["device_GiB"] == pytest.approx(s.device_peak_bytes / 2**30)
     errs = dict(zip(res.table.quantity, res.table.error))
     assert errs["tokens_per_s"] == pytest.approx(s.tokens_per_s / 1000 - 1)
     # a longer predicted step is a slower prediction: negative, like a lower tokens/s
     assert errs["step_s"] == pytest.approx(5.0 / s.step_time_s - 1)
+
+
+def test_host_between_steps_holds_the_store_not_the_steps_gradients_or_checkpoints():
+    """What a trainer's RSS holds after zero_grad(set_to_none=True) (MegaTrain's sample): with a bf16
+    master and fp32 moments the store is 10 bytes a parameter; the `after` mode's gradients and the
+    host checkpoints live only within the step. A pipelined optimizer's gradients cross the step
+    boundary, so they stay."""
+    model, hw = load_model("qwen2.5-0.5b"), make_hardware("a100-80gb", "256GiB")
+    n = model.total_params
+    after = plan(model, hw, Policy.from_choices(batch=4, seq=1024, master="bf16", optimizer="after",
+                                                act_ckpt_every=2)).host
+    assert after.by_role["grads"] >= 2 * n and after.by_role["act_checkpoints"] > 0
+    kept = after.by_role["staging"] + after.by_role["scalars"] + after.by_role["runtime"]
+    assert after.between_steps_bytes == 10 * n + kept
+    piped = plan(model, hw, Policy.from_choices(batch=4, seq=1024, master="bf16", optimizer="pipelined")).host
+    assert piped.between_steps_bytes == piped.total_bytes - piped.by_role["act_checkpoints"]
+    assert piped.between_steps_bytes - after.between_steps_bytes >= 2 * n  # the kept gradients
 
 
 def test_peer_rows_use_the_zero3_offload_peer(tmp_path):

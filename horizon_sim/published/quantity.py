@@ -5,12 +5,17 @@ with the source's own counting, so the comparison is of speed, not of convention
   tflops_6NT   6 x params x tokens/s per GPU: forward + backward, no recompute (the usual MFU count)
   tflops_8NT   8 x params x tokens/s: with the forward recomputed in backward (full activation
                checkpointing), the count DeepSpeed's ZeRO-Offload/ZeRO-3 posts report
+Memory is read the way the source measured it: GB (1e9 bytes) or GiB (2^30: a script that
+divides by 1024**3 and prints "GB"), the device peak, the host footprint, or the host RSS a
+training loop samples between steps, after it has freed its gradients
+(HostFootprint.between_steps_bytes).
 """
 from dataclasses import dataclass
 from typing import Callable
 
 from horizon_sim.sim.simulate import SimResult
 from horizon_sim.specs.model import ModelSpec
+from horizon_sim.units import GiB
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,9 @@ QUANTITIES: dict[str, Quantity] = {q.name: q for q in (
     Quantity("tflops_6NT", "throughput", "TFLOP/s", _tflops(6)),
     Quantity("tflops_8NT", "throughput", "TFLOP/s", _tflops(8)),
     Quantity("host_GB", "host RAM", "GB", lambda r, m: r.summary.host_bytes / 1e9),
+    Quantity("host_GiB_between_steps", "host RAM", "GiB", lambda r, m: r.host.between_steps_bytes / GiB),
     Quantity("device_GB", "device memory", "GB", lambda r, m: r.summary.device_peak_bytes / 1e9),
+    Quantity("device_GiB", "device memory", "GiB", lambda r, m: r.summary.device_peak_bytes / GiB),
     Quantity("fits", "fit", "1 = fits", lambda r, m: float(r.summary.fits)),
 )}
 GROUPS = ("throughput", "host RAM", "device memory", "fit")

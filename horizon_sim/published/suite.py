@@ -100,13 +100,14 @@ class SuiteResult:
         lines.append("")
         t = self.compared
         w = max([len(i) for i in self.table.id] + [2]) + 1
-        lines.append(f"{'id':<{w}}  {'system':<13} {'quantity':<12} {'published':>10} {'predicted':>10} {'error':>9}")
+        qw = max([len(q) for q in t.quantity] + [11]) + 1
+        lines.append(f"{'id':<{w}}  {'system':<13} {'quantity':<{qw}} {'published':>10} {'predicted':>10} {'error':>9}")
         for r in t.itertuples():
             err = ("right" if r.error == 0 else "WRONG") if r.quantity == "fits" else f"{r.error:+.1%}"
             if r.quantity != "fits" and not r.planned_fits:
                 err += " !"
             name = r.id + ("*" if r.assumed else "")
-            lines.append(f"{name:<{w}}  {r.system:<13} {r.quantity:<12} {_num(r.published):>10} "
+            lines.append(f"{name:<{w}}  {r.system:<13} {r.quantity:<{qw}} {_num(r.published):>10} "
                          f"{_num(r.predicted):>10} {err:>9}")
         lines.append("* the source leaves part of the setup unstated; the row's assumption is in published.csv "
                      "(assumed)")

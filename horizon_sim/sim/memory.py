@@ -18,6 +18,11 @@ from horizon_sim.schedule.op import Lane, Space
 from horizon_sim.schedule.work import WORKSPACE_ONSET
 
 HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "act_checkpoints", "scalars", "disk_stages")
+PER_STEP_ROLES = ("grads", "act_checkpoints")
+"""Dynamic host buffers that exist only within a step: a step's gradients (modes other than
+`pipelined`, whose gradients are static: they cross the step boundary) and its host checkpoints.
+Staging buffers are page-locked, which is too slow to redo every step: every CUDA trainer keeps
+them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +31,12 @@ class HostFootprint:
     """Bytes per role: static buffers, what the pool of dynamic host buffers holds (see
     host_footprint), plus 'runtime' (process overhead)."""
     total_bytes: int
+    between_steps_bytes: int
+    """The footprint less the per-step dynamic buffers (PER_STEP_ROLES): what stays resident
+    between steps in a trainer that gives those back to the OS at the step's end, as a PyTorch
+    loop does whose optimizer.zero_grad() sets gradients to None (glibc unmaps large blocks on
+    free). Horizon's executor keeps them in its pool, so its resident size is total_bytes; a
+    published RSS sampled after such a step is this."""
 
     def bytes_per_param(self, params: int) -> dict:
         return {k: v / params for k, v in self.by_role.items()}
@@ -121,8 +132,11 @@ def host_footprint(sched, timeline: pd.DataFrame, runtime_bytes: int, dma: bool 
         roles[role] = roles.get(role, 0) + delta
         if sum(roles.values()) > sum(held.get(nbytes, {}).values()):
             held[nbytes] = dict(roles)
+    per_step = 0
     for nbytes, roles in held.items():
         for role, k in roles.items():
             by_role[role] = by_role.get(role, 0) + k * nbytes * n
+            per_step += k * nbytes * n if role in PER_STEP_ROLES else 0
     by_role["runtime"] = int(runtime_bytes) * n
-    return HostFootprint(by_role=by_role, total_bytes=int(sum(by_role.values())))
+    total = int(sum(by_role.values()))
+    return HostFootprint(by_role=by_role, total_bytes=total, between_steps_bytes=total - per_step)
