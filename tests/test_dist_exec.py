@@ -4,7 +4,9 @@ does) or, where a test needs a rank's own last words, with the env:// variables 
 
 - Two ranks x batch b train what one rank does with batch 2b: every parameter within 1e-6
   after 3 steps with clipping on, for two ranks of one node (one shared store) and for two
-  one-rank nodes (the store sharded over the nodes), and for 2 nodes x 2 ranks.
+  one-rank nodes (the store sharded over the nodes), and for 2 nodes x 2 ranks; an MoE model
+  with the router aux loss trains over two ranks what one rank does with two micro-batches
+  (the step's aux: the mean over the micro-batches of every rank).
 - Two local ranks hold one store: each maps the node's store, and the proportional share of
   it (Pss) the two report adds up to one copy.
 - A rank killed mid-step, or stalled, makes the other exit non-zero naming itself and the op.
@@ -55,16 +57,18 @@ def torchrun(out: Path, mode: str, nproc: int, nnodes: int = 1, **kw) -> None:
         assert p.returncode == 0, o[-3000:]
 
 
-def reference(opt: str, micro_batches: int, tied: bool, lr: float = 1e-3):
-    """One rank, the whole global batch (as micro_batches micro-batches), in this process."""
+def reference(opt: str, micro_batches: int, tied: bool, lr: float = 1e-3, moe: bool = False, results=None):
+    """One rank, the whole global batch (as micro_batches micro-batches), in this process
+    (results: a list that receives the StepResults)."""
     from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
     pol = dist_worker.policy(1, opt, micro_batches)
     cfg = TrainerConfig(optimizer=OptimizerConfig(lr=lr), admission=AdmissionConfig(enabled=False))
-    with Trainer(dist_worker.spec(tied), pol, cfg) as tr:
-        losses = [tr.step(t).loss for t in dist_worker.batches()]
+    results = [] if results is None else results
+    with Trainer(dist_worker.spec(tied, moe), pol, cfg) as tr:
+        results += [tr.step(t) for t in dist_worker.batches()]
         tr.flush()
-        return torch.cat([tr.gather_master(u) for u in tr.units]), losses
+        return torch.cat([tr.gather_master(u) for u in tr.units]), [r.loss for r in results]
 
 
 @pytest.mark.parametrize("nproc,nnodes,opt,tied", [(2, 1, "pipelined", False), (1, 2, "pipelined", False),
@@ -83,6 +87,22 @@ def test_ranks_train_what_one_rank_does_with_the_whole_batch(tmp_path, nproc, nn
     split, split_losses = reference(opt, ranks, tied)
     assert (got - split).abs().max().item() <= 1e-6
     assert losses == pytest.approx(split_losses, rel=1e-6)
+
+
+def test_ranks_train_with_the_router_aux_loss_as_one_rank_with_their_micro_batches(tmp_path):
+    """transformers computes the aux per forward call; Horizon per micro-batch, averaged over the
+    micro-batches of every rank: two ranks of one micro-batch each train (and report) what one
+    rank does with the same rows as two micro-batches."""
+    torchrun(tmp_path, "parity", 2, opt="after", moe=1)
+    got = torch.load(tmp_path / "master.pt")
+    results = []
+    split, split_losses = reference("after", 2, False, moe=True, results=results)
+    # fp32 sums in another order, through Adam (seen: 1.8e-6 on 16 of 144k elements); the whole
+    # batch's aux instead of the per-micro-batch mean moves weights by ~6e-3
+    assert (got - split).abs().max().item() <= 1e-5
+    assert (got - reference("after", 1, False, moe=True)[0]).abs().max().item() > 1e-3
+    assert json.loads((tmp_path / "losses.json").read_text()) == pytest.approx(split_losses, rel=1e-6)
+    assert json.loads((tmp_path / "aux.json").read_text()) == pytest.approx([r.aux_loss for r in results], rel=1e-6)
 
 
 @pytest.mark.parametrize("nproc,nnodes", [(1, 2)])

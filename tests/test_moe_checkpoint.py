@@ -4,8 +4,8 @@ transformers' save_pretrained store them, and held fused (checkpoints/hf_experts
 - save_hf (one file, sharded, and a split master's gathered save) writes the tensor names
   save_pretrained writes, and the folder loads in transformers with the master's logits;
 - `horizon train --init-from <tiny qwen3_moe> --steps 2 --save-hf OUT` trains and OUT loads in
-  transformers with the trained weights; a config with the router aux loss on is refused (exit
-  2, one line) before anything runs.
+  transformers with the trained weights; a config with the router aux loss on
+  (output_router_logits true) trains too, and each step's metrics line reports the aux loss.
 """
 import pytest
 import torch
@@ -94,9 +94,16 @@ def test_train_cli_on_a_qwen3_moe_folder_saves_what_transformers_loads(tmp_path)
         after.generate(toks[:, :4], max_new_tokens=3, do_sample=False)
 
 
-def test_train_cli_refuses_the_router_aux_loss_in_one_line(tmp_path, capsys):
-    src = _source(tmp_path, output_router_logits=True)
-    capsys.readouterr()  # save_pretrained's progress bar
-    assert _train("--init-from", src, "--tokenizer", "bytes") == 2
-    err = capsys.readouterr().err.strip()
-    assert "router load-balancing loss" in err and "output_router_logits" in err and "\n" not in err
+def test_train_cli_trains_with_the_router_aux_loss(tmp_path, capsys):
+    import json
+    import math
+    src = _source(tmp_path, output_router_logits=True, router_aux_loss_coef=0.02)
+    log = tmp_path / "metrics.jsonl"
+    assert _train("--init-from", src, "--tokenizer", "bytes", "--log-file", log) == 0
+    assert "(router aux " in capsys.readouterr().out.split("final loss")[1]
+    steps = [r for r in map(json.loads, log.read_text().splitlines()) if "loss" in r]
+    assert len(steps) == 2
+    # E * sum_e f_e p_e (f: each expert's share of the picks, p: of the probability): k = 2 for a
+    # balanced router, at most E
+    assert all(0 < r["aux_loss"] <= CASES["qwen3_moe-norm"][1]["num_experts"] and math.isfinite(r["loss"])
+               for r in steps)

@@ -100,6 +100,22 @@ def test_moe_kernels_have_byte_counts_and_temporaries():
     assert work.block_temp_peak_bytes(m, 2, 2048, 2, True) > m.layer_params * 2
 
 
+def test_the_router_aux_loss_is_priced_at_the_router():
+    """With the load-balancing loss on, a router reads its fp32 probabilities once more forward
+    (4 E bytes a token, summed per expert) and adds that sum's gradient into theirs backward
+    (8 E); a backward also runs the forward again. Host and device memory do not change, and
+    the step is a little slower, not faster."""
+    m, E, N = _moe(8), 8, 4096
+    on = replace(m, router_aux_loss_coef=0.01)
+    fwd = work.block_elementwise_bytes(on, N, 256, 2, False) - work.block_elementwise_bytes(m, N, 256, 2, False)
+    bwd = work.block_elementwise_bytes(on, N, 256, 2, True) - work.block_elementwise_bytes(m, N, 256, 2, True)
+    assert (fwd, bwd) == (N * 4 * E, N * (4 + 8) * E)
+    hw = make_hardware("h100-pcie", "64GiB")
+    off_plan, on_plan = plan(m, hw, POLICY).summary, plan(on, hw, POLICY).summary
+    assert on_plan.host_bytes == off_plan.host_bytes
+    assert off_plan.tokens_per_s >= on_plan.tokens_per_s > 0.99 * off_plan.tokens_per_s
+
+
 def test_qwen2_moe_shared_expert_is_priced():
     d = dict(n_layers=2, hidden=256, n_heads=4, n_kv_heads=4, ffn_hidden=512, vocab=512, qkv_bias=True,
              moe_family="qwen2_moe", n_experts=8, experts_per_token=2, expert_ffn_hidden=128)

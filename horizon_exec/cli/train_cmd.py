@@ -317,7 +317,7 @@ def _run_train(cfg: "RunConfig", dist) -> int:
         else:
             model = load_model(cfg.model)
         from horizon_exec.model.layers import check_runnable
-        check_runnable(model)  # an MoE model: refused by name before any allocation
+        check_runnable(model)  # a block the template does not run: refused before any allocation
         if data.tokenizer == BYTES:
             tok_path = None
         elif data.tokenizer:
@@ -424,7 +424,8 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs) -> int:
         rate = f"{loop.tokens_per_s:,.0f} tokens/s"
         rate += (f"  MFU {100 * loop.model_flops_per_s / peak:.3g}%" if peak else
                  f"  {loop.model_flops_per_s / 1e12:.3g} model TFLOP/s")
-        print(f"final loss {res.loss:.4f}" + (f"  eval loss {ev:.4f}" if ev is not None else "")
+        print(f"final loss {res.loss:.4f}" + (f" (router aux {res.aux_loss:.4f})" if res.aux_loss is not None else "")
+              + (f"  eval loss {ev:.4f}" if ev is not None else "")
               + f"  grad norm {res.grad_norm:.3f}  {rate}  device peak {fmt_bytes(res.device_peak_bytes)}"
               f"  peak RSS {fmt_bytes(res.rss_peak_bytes)}")
     save_hf = cfg.outputs.save_hf

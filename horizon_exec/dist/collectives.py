@@ -13,8 +13,9 @@ Schedule's order on every rank.
   NET_ALL_GATHER      net: every node's updated chunk of this local slice of the working copy
   UPDATE_BARRIER      net: every rank of the node has updated its chunk of the shared store
   NORM_ALL_REDUCE     net: the squared norms of every rank's share (GRAD_NORM left this rank's
-                      sum of squares in the buffer) and the loss parts, summed: the global
-                      gradient norm and the step's loss (then the non-finite rule)
+                      sum of squares in the buffer) and the loss parts (and router aux
+                      shares), summed: the global gradient norm and the step's loss (then
+                      the non-finite rule)
 
 A collective that fails (a peer died, or did not join within the timeout) is an error naming
 this rank and the op's peers.
@@ -115,9 +116,11 @@ class Collectives:
     def norm_all_reduce(self, op):
         r, ctx = self.r, self.ctx
         out = r.buf.get(op.writes[0])
-        t = torch.tensor([float(out.item()), r.outputs.loss()], dtype=torch.float64)
+        aux = r.outputs.aux()  # the router aux loss's share (None without it): summed like the loss
+        t = torch.tensor([float(out.item()), r.outputs.loss(), aux or 0.0], dtype=torch.float64)
         _call(ctx, op, "the norm all-reduce", lambda: dist.all_reduce(t, group=ctx.groups["world_net"]))
         total, loss = float(t[0]), float(t[1])
         out.fill_(math.sqrt(total) if total >= 0 else math.nan)
         r.outputs.global_loss = loss
+        r.outputs.global_aux = None if aux is None else float(t[2])
         r.inputs.guard.after_grad_norm(loss, total)

@@ -7,7 +7,8 @@ the activation dtype (tables: rope.py, with transformers' RoPE scaling), SDPA wi
 heads (causal, or under a mask for sliding windows and document boundaries: attention_mask),
 SwiGLU MLP, optional q/k/v (Qwen2) and MLP biases, optional per-head q/k RMSNorms before RoPE
 (Qwen3). A mixture-of-experts block (qwen3_moe, mixtral, qwen2_moe) shares the attention half
-and runs moe_block.moe_mlp for the MLP.
+and runs moe_block.moe_mlp for the MLP (handing its router's statistics to a RouterStats when
+the step trains with the load-balancing loss: router_aux.py).
 """
 from collections.abc import Mapping
 
@@ -53,10 +54,6 @@ def rotate_half(x):
 
 def check_runnable(m: ModelSpec) -> None:
     """One-line errors for blocks the template does not run (train_cmd checks before allocating)."""
-    if m.n_experts and m.router_aux_loss_coef:  # the layer-spanning aux loss is not in the step yet
-        raise HorizonError(f"model {m.name!r} ({m.moe_family}) trains with the router load-balancing loss "
-                           f"(router_aux_loss_coef={m.router_aux_loss_coef}, output_router_logits); the executor "
-                           "does not add it yet: set output_router_logits false (coefficient 0) to train without it")
     if m.ffn_type != "gated" or m.norm != "rmsnorm":
         raise HorizonError(f"model {m.name!r}: the executor's block template is a gated (SwiGLU) "
                            f"MLP with RMSNorm; {m.ffn_type} MLP with {m.norm} is not supported")
@@ -67,14 +64,15 @@ class DecoderBlock:
     relative to `model.layers.N.` to tensors (see layout.block_layout); cos, sin (T, hd) or
     (B, 1, T, hd) (positions per sequence); window: this block's sliding window (0 = none);
     docs (B, T) int: each token's document, or None (see attention_mask). The mask is made
-    here, so autograd holds its only reference and frees it with the attention's backward."""
+    here, so autograd holds its only reference and frees it with the attention's backward.
+    router: a RouterStats (router_aux.py) an MoE block's router fills, or None."""
 
     def __init__(self, m: ModelSpec):
         check_runnable(m)
         self.m = m
         self.scale = m.hd ** -0.5
 
-    def __call__(self, w: Mapping, x, cos, sin, window: int = 0, docs=None):
+    def __call__(self, w: Mapping, x, cos, sin, window: int = 0, docs=None, router=None):
         m = self.m
         B, T, H = x.shape
         nh, nkv, hd = m.n_heads, m.n_kv_heads, m.hd
@@ -101,7 +99,7 @@ class DecoderBlock:
         # ---- MLP ------------------------------------------------------------------------
         h = rms_norm(x, w["post_attention_layernorm.weight"], m.norm_eps)
         if m.n_experts:
-            return x + moe_mlp(m, w, h)
+            return x + moe_mlp(m, w, h, router)
         g = F.linear(h, w["mlp.gate_proj.weight"], w.get("mlp.gate_proj.bias"))  # (B, T, F)
         u = F.linear(h, w["mlp.up_proj.weight"], w.get("mlp.up_proj.bias"))
         return x + F.linear(F.silu(g) * u, w["mlp.down_proj.weight"], w.get("mlp.down_proj.bias"))

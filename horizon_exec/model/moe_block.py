@@ -13,6 +13,10 @@ results match it to rounding.
 - Qwen2-MoE: a dense SwiGLU shared expert, scaled per token by sigmoid(h . w_shared_gate),
   added to the experts' sum.
 
+With the router load-balancing loss on (router_aux_loss_coef > 0), moe_mlp hands what the
+router saw (its probabilities' per-expert sums and its top-k counts) to a RouterStats
+(router_aux.py), the engine's way to a loss that spans every layer.
+
 Differences from transformers that change no result: the per-expert row lists come from one
 stable sort of the (slot, token) choices (one device sync for the counts) rather than a one-hot
 mask of N x k x (E + 1) integers, in the same order torch.where gives them; and the 3-D expert
@@ -26,7 +30,8 @@ from horizon_sim.specs.model import ModelSpec
 
 
 def route(m: ModelSpec, h, w_gate):
-    """h (N, H) -> (weights (N, k), expert ids (N, k)); transformers' TopKRouter."""
+    """h (N, H) -> (weights (N, k), expert ids (N, k), probabilities (N, E) fp32);
+    transformers' TopKRouter."""
     logits = F.linear(h, w_gate)                                        # (N, E)
     probs = F.softmax(logits, dim=-1, dtype=torch.float32)
     top, idx = torch.topk(probs, m.experts_per_token, dim=-1)           # (N, k)
@@ -34,28 +39,30 @@ def route(m: ModelSpec, h, w_gate):
         top = top / top.sum(dim=-1, keepdim=True)
     if m.moe_family != "mixtral":  # Mixtral's router returns its weights in fp32
         top = top.to(logits.dtype)
-    return top, idx
+    return top, idx, probs
 
 
 def expert_rows(idx, n_experts: int):
-    """idx (N, k) expert ids -> [(expert, slot positions, token rows)] for the experts that got
-    rows, ascending; each expert's rows ordered by (slot, token), torch.where's order on
-    transformers' one-hot mask."""
+    """idx (N, k) expert ids -> ([(expert, slot positions, token rows)] for the experts that got
+    rows, ascending, each expert's rows ordered by (slot, token), torch.where's order on
+    transformers' one-hot mask; the rows per expert (E,) int64 on idx's device)."""
     N, k = idx.shape
     flat = idx.t().reshape(-1)                                          # j = slot * N + token
     order = torch.sort(flat, stable=True).indices
-    counts = torch.bincount(flat, minlength=n_experts).tolist()         # the one sync
+    per_expert = torch.bincount(flat, minlength=n_experts)
+    counts = per_expert.tolist()                                        # the one sync
     out, start = [], 0
     for e, c in enumerate(counts):
         if c:
             j = order[start:start + c]
             out.append((e, j // N, j % N))
             start += c
-    return out
+    return out, per_expert
 
 
-def moe_mlp(m: ModelSpec, w, h):
-    """h (B, T, H) normed -> the MoE MLP's output (B, T, H), before the residual."""
+def moe_mlp(m: ModelSpec, w, h, router=None):
+    """h (B, T, H) normed -> the MoE MLP's output (B, T, H), before the residual. router: a
+    RouterStats (router_aux.py) that receives the router's probabilities and counts, or None."""
     shape = h.shape
     h = h.reshape(-1, shape[-1])                                        # (N, H)
     shared = None
@@ -63,9 +70,12 @@ def moe_mlp(m: ModelSpec, w, h):
         g = F.linear(h, w["mlp.shared_expert.gate_proj.weight"])
         u = F.linear(h, w["mlp.shared_expert.up_proj.weight"])
         shared = F.linear(F.silu(g) * u, w["mlp.shared_expert.down_proj.weight"])
-    top, idx = route(m, h, w["mlp.gate.weight"])
+    top, idx, probs = route(m, h, w["mlp.gate.weight"])
     out = torch.zeros_like(h)
-    rows = expert_rows(idx, m.n_experts)
+    rows, per_expert = expert_rows(idx, m.n_experts)
+    if router is not None:
+        router.seen(probs, per_expert)
+    del probs
     if rows:
         gate_up = w["mlp.experts.gate_up_proj"].unbind(0)               # (2I, H) each
         down = w["mlp.experts.down_proj"].unbind(0)                     # (H, I) each

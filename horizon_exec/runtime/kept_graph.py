@@ -6,7 +6,9 @@ and the backward, and loads write the slot in place. So the graph does not keep 
 tensors: a saved-tensor hook packs a weight as its place in the slot (offset, shape, stride)
 and unpacks it from the slot the unit is in when the backward runs, which the Schedule loads
 with the same unit's weights. Everything else autograd saves (activations, the RoPE tables)
-is kept as is. The output is handed over as the boundary buffer the next op reads.
+is kept as is. The output is handed over as the boundary buffer the next op reads. With the
+router load-balancing loss on, the graph also keeps the MoE router's per-expert probability
+sum, which the backward differentiates beside the output (model/router_aux.py).
 """
 from dataclasses import dataclass
 
@@ -22,12 +24,14 @@ class _InSlot:
 
 
 class KeptGraph:
-    def __init__(self, output, x, weights: dict, slot_ref: list):
+    def __init__(self, output, x, weights: dict, slot_ref: list, prob_sum=None):
         self.output, self._x, self._weights, self._slot_ref = output, x, weights, slot_ref
+        self._prob_sum = prob_sum
 
     @classmethod
-    def record(cls, block, w: dict, slot, x, attn_rows) -> "KeptGraph":
-        """Run `block` on x with grad, weights `w` (views of `slot`), keeping the graph."""
+    def record(cls, block, w: dict, slot, x, attn_rows, router=None) -> "KeptGraph":
+        """Run `block` on x with grad, weights `w` (views of `slot`), keeping the graph;
+        router: a RouterStats the block's router fills (its prob_sum stays in the graph)."""
         base, start = slot.untyped_storage().data_ptr(), slot.storage_offset()
         slot_ref = [None]  # the slot the backward reads the weights from (set by backward)
 
@@ -45,14 +49,19 @@ class KeptGraph:
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             xg = x.detach().requires_grad_()
             wp = {k: v.detach().requires_grad_() for k, v in w.items()}
-            y = block(wp, xg, *attn_rows)
-        return cls(y, xg, wp, slot_ref)
+            y = block(wp, xg, *attn_rows, router=router)
+        return cls(y, xg, wp, slot_ref, router.prob_sum if router is not None else None)
 
-    def backward(self, dy, slot) -> tuple[torch.Tensor, dict]:
-        """(the input's grad, {weight name: its grad}) against the output's grad dy, the
-        weights read from `slot`; the graph is released as it runs (it runs once)."""
+    def backward(self, dy, slot, prob_sum_grad=None) -> tuple[torch.Tensor, dict]:
+        """(the input's grad, {weight name: its grad}) against the output's grad dy (and, with
+        the router aux loss, the router's prob_sum against prob_sum_grad (E,)), the weights
+        read from `slot`; the graph is released as it runs (it runs once)."""
         self._slot_ref[0] = slot
         names = list(self._weights)
-        grads = torch.autograd.grad(self.output, [self._x, *self._weights.values()], dy)
-        self.output = self._x = self._weights = None
+        outs, gouts = [self.output], [dy]
+        if prob_sum_grad is not None:
+            outs.append(self._prob_sum)
+            gouts.append(prob_sum_grad)
+        grads = torch.autograd.grad(outs, [self._x, *self._weights.values()], gouts)
+        self.output = self._x = self._weights = self._prob_sum = None
         return grads[0], dict(zip(names, grads[1:]))

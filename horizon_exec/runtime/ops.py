@@ -11,6 +11,8 @@ target fresh, or is added into it when the op also reads the target: host gradie
 (OFFLOAD_GRADS, EMBED_BWD) and a unit's device sum over the micro-batches (BACKWARD and HEAD
 of the layer order). Nothing here decides order: the engine calls ops as the schedule says. One
 step's state flows one way: the trainer's StepInputs in (begin_step), the ops' StepOutputs out.
+With the router load-balancing loss (an MoE model with router_aux_loss_coef > 0), the forward,
+HEAD and backward ops of each micro-batch share its RouterAux sums (model/router_aux.py).
 """
 import contextlib
 import hashlib
@@ -23,6 +25,7 @@ from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
 from horizon_exec.model.head import head_fwd_bwd, head_loss
 from horizon_exec.model.layers import DecoderBlock
+from horizon_exec.model.router_aux import RouterAux, RouterStats
 from horizon_exec.runtime.kept_graph import KeptGraph
 from horizon_exec.model.layout import block_layout, head_device_layout, host_layout, unit_name
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
@@ -45,6 +48,9 @@ class StepInputs:
     """Labelled tokens of the whole step: the loss's denominator."""
     guard: NonFiniteGuard
     """The step's non-finite detector: GRAD_NORM records what it found, the optimizer ops ask it."""
+    router_aux: bool = False
+    """The step trains with the router load-balancing loss (a training step of an MoE model
+    whose router_aux_loss_coef > 0; eval and flush: False)."""
 
 
 @dataclass(slots=True)
@@ -57,9 +63,21 @@ class StepOutputs:
     """op id -> measured peak of its device temporaries (CPU backend)."""
     global_loss: float | None = None
     """Data parallel: the step's loss summed over every rank (NORM_ALL_REDUCE)."""
+    router: RouterAux | None = None
+    """The step's load-balancing sums and aux (StepInputs.router_aux), written by the forward,
+    HEAD and backward ops; None without the aux loss."""
+    global_aux: float | None = None
+    """Data parallel: the step's aux summed over every rank's share (NORM_ALL_REDUCE)."""
 
     def loss(self) -> float:
-        return float(sum(part.item() for part in self.loss_parts if part is not None))
+        """This rank's share of the step's loss: the token-mean cross-entropy's, plus coef times
+        its share of the aux."""
+        ce = float(sum(part.item() for part in self.loss_parts if part is not None))
+        return ce if self.router is None else ce + self.router.coef * self.router.value()
+
+    def aux(self) -> float | None:
+        """This rank's share of the step's router aux loss (unweighted), or None without it."""
+        return None if self.router is None else self.router.value()
 
 
 class OpRunner:
@@ -105,7 +123,10 @@ class OpRunner:
         them when the engine is done); labels (batch, seq) int64 go to the device once per
         step (None: a flush, which computes nothing), and docs (batch, seq) int64 (document
         masks only; None = one document per sequence)."""
-        self.inputs, self.outputs = inputs, StepOutputs(loss_parts=[None] * self.p.micro_batches)
+        M = self.p.micro_batches
+        router = RouterAux(self.m, M, self.p.micro_batch * self.p.seq, 1.0 / (M * self.dist.world)) \
+            if inputs.router_aux else None
+        self.inputs, self.outputs = inputs, StepOutputs(loss_parts=[None] * M, router=router)
         if labels is not None:
             self.backend.h2d(self.labels, labels)
             self.attn.begin_step(docs)
@@ -263,9 +284,19 @@ class OpRunner:
             return self.forward_kept(op)
         x = self.buf.get(op.reads[0])
         w = self._weights(op)
+        stats = self._router_stats(op)
         with self._scope(op), torch.no_grad():
-            y = self.block(w, x, *self.attn.rows(self._rows(op.micro), op.unit))   # (mb, T, H)
+            y = self.block(w, x, *self.attn.rows(self._rows(op.micro), op.unit), router=stats)   # (mb, T, H)
+            if stats is not None:
+                self.outputs.router.add(op.micro, stats)
         self.buf.put(op.writes[0], y)
+
+    def _router_stats(self, op) -> RouterStats | None:
+        """A RouterStats for the block's router when the step has the aux loss and the op is a
+        FORWARD (a RECOMPUTE's layer was counted by its forward), else None."""
+        if self.outputs.router is None or op.kind != OpKind.FORWARD:
+            return None
+        return RouterStats()
 
     def forward_kept(self, op):
         """A kept layer's forward, with grad: its output, and its autograd graph held as the
@@ -275,8 +306,11 @@ class OpRunner:
         x = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION))
         slot = self.buf.find(Holds.WEIGHT_SLOT, layer=op.slot)
         w = self._weights(op)
+        stats = self._router_stats(op)
         with self._scope(op):
-            graph = KeptGraph.record(self.block, w, slot, x, self.attn.rows(self._rows(op.micro), op.unit))
+            graph = KeptGraph.record(self.block, w, slot, x, self.attn.rows(self._rows(op.micro), op.unit), stats)
+            if stats is not None:
+                self.outputs.router.add(op.micro, stats)
         self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION), graph.output)
         self.buf.hold(self.buf.one(op.writes, Holds.SAVED_ACTIVATIONS), graph)
 
@@ -289,19 +323,24 @@ class OpRunner:
 
     def backward(self, op):
         """The input's grad and the block's weight grads = autograd of block_l at its input
-        against its output's grad: forward with grad and autograd.grad on this one layer only."""
+        against its output's grad: forward with grad and autograd.grad on this one layer only
+        (with the router aux loss, also of the router's probability sum against its constant
+        gradient: model/router_aux.py)."""
         x = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION))
         dy = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION_GRAD))
         w = self._weights(op)
         dgrad, add = self._device_grad(op)
         gviews = self.block_layout.views(dgrad)
+        router = self.outputs.router
+        stats = RouterStats() if router is not None else None
         with self._scope(op):
             with torch.enable_grad():
                 xg = x.detach().requires_grad_()
                 wp = {k: v.detach().requires_grad_() for k, v in w.items()}
-                y = self.block(wp, xg, *self.attn.rows(self._rows(op.micro), op.unit))
-                grads = torch.autograd.grad(y, [xg, *wp.values()], dy)
-            del y
+                y = self.block(wp, xg, *self.attn.rows(self._rows(op.micro), op.unit), router=stats)
+                outs, gouts = ([y], [dy]) if stats is None else ([y, stats.prob_sum], [dy, router.grad(op.micro)])
+                grads = torch.autograd.grad(outs, [xg, *wp.values()], gouts)
+            del y, outs, stats
             for k, gk in zip(wp, grads[1:]):
                 (gviews[k].add_ if add else gviews[k].copy_)(gk)
             dx = grads[0]
@@ -316,8 +355,9 @@ class OpRunner:
         slot = self.buf.find(Holds.WEIGHT_SLOT, layer=op.slot)
         dgrad, add = self._device_grad(op)
         gviews = self.block_layout.views(dgrad)
+        router = self.outputs.router
         with self._scope(op):
-            dx, wgrads = graph.backward(dy, slot)
+            dx, wgrads = graph.backward(dy, slot, router.grad(op.micro) if router is not None else None)
             for k, gk in wgrads.items():
                 (gviews[k].add_ if add else gviews[k].copy_)(gk)
             del wgrads
@@ -343,6 +383,8 @@ class OpRunner:
             if staged:
                 (dgrad[:mine.numel()].add_ if add else dgrad[:mine.numel()].copy_)(mine)
                 del mine, gv
+            if self.outputs.router is not None:  # every layer has run this micro-batch's forward
+                self.outputs.router.close(op.micro)
         self.outputs.loss_parts[op.micro] = loss
         self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
 

@@ -20,7 +20,8 @@ class NonFiniteError(HorizonError):
 @dataclass(frozen=True, slots=True)
 class StepResult:
     loss: float
-    """Mean next-token cross-entropy over every labelled token of the step."""
+    """Mean next-token cross-entropy over every labelled token of the step (plus
+    router_aux_loss_coef * aux_loss when the model trains with the router aux loss)."""
     grad_norm: float
     """Global gradient norm before clipping."""
     timeline: pd.DataFrame
@@ -41,6 +42,9 @@ class StepResult:
     """The loss or a gradient was not finite and the update was not applied (on_nonfinite='skip')."""
     nonfinite: str = ""
     """What was not finite (e.g. 'grad norm nan'), '' when the step was finite."""
+    aux_loss: float | None = None
+    """The router load-balancing loss (unweighted: the mean over the step's micro-batches and
+    ranks of transformers' aux), when the model trains with it; None otherwise."""
 
     @property
     def tokens_per_s(self) -> float:

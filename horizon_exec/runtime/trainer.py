@@ -41,7 +41,12 @@ Loss: labels[b, t] is the target of position t (default: tokens[b, t+1], -100 at
 position, transformers' causal-LM convention). The step's loss is the sum of token losses
 over every labelled token of the step divided by their count, so with micro-batches
 (gradient accumulation) it is the token mean over the whole batch, exactly what one
-unsplit batch gives; not the mean of per-micro-batch means.
+unsplit batch gives; not the mean of per-micro-batch means. An MoE model whose config asks for
+the router load-balancing loss (router_aux_loss_coef > 0: output_router_logits) adds coef times
+the step's aux to it, as transformers does; the aux is computed per micro-batch (one forward
+call's rows, as transformers computes it per call) and averaged over the step's micro-batches
+and ranks (model/router_aux.py). StepResult.aux_loss reports it; eval losses are
+cross-entropy alone (a sum over tokens, which the aux is not).
 """
 import time
 import weakref
@@ -233,7 +238,7 @@ class Trainer(Weights):
         # this step's (after / backward): each with the lr of the step that made them.
         inputs = StepInputs(tokens=tokens, lr=self.pending_lr if p.optimizer == "pipelined" else lr_now,
                             n_step_tokens=max(1, n_labelled),  # all ignored: loss and grads are 0
-                            guard=NonFiniteGuard(p.optimizer))
+                            guard=NonFiniteGuard(p.optimizer), router_aux=self.model.router_aux_loss_coef > 0)
         # labels go to the device here; the engine's step_begin synchronizes before any lane reads
         out = self.runner.begin_step(inputs, labels, docs)
         self.backend.reset_peak(self.arena)
@@ -243,6 +248,7 @@ class Trainer(Weights):
         step_s = time.perf_counter() - t0
         self.steps_done += 1
         loss = out.loss() if out.global_loss is None else out.global_loss
+        aux = out.aux() if out.global_aux is None else out.global_aux
         gnorm = self.store.scalar(Holds.GRAD_NORM)
         # The GRAD_NORM op flags a non-finite loss or norm, and the optimizer ops of this step
         # then leave everything untouched; the pipelined update of this step is dropped here.
@@ -259,7 +265,7 @@ class Trainer(Weights):
         return StepResult(loss=loss, grad_norm=gnorm, timeline=timeline,
                           device_peak_bytes=self.backend.device_peak(self.arena),
                           rss_peak_bytes=rss_peak_bytes(), step_s=step_s, tokens=p.tokens,
-                          labelled_tokens=n_labelled, skipped=bool(bad), nonfinite=bad or "")
+                          labelled_tokens=n_labelled, skipped=bool(bad), nonfinite=bad or "", aux_loss=aux)
 
     def _sum_over_ranks(self, *xs):
         """Numbers summed over every rank (the calling thread's collective); one rank: as given."""

@@ -8,7 +8,8 @@
 Per step s (0-based): the next batch from the seeded loader, Trainer.step with lr = schedule(s)
 (global-norm clipping and micro-batch gradient accumulation are the policy's: grad_clip,
 micro_batches), then a progress-bar update (loss, lr, tokens/s, MFU), a JSON line in the
-metrics log (non-finite numbers as null; a log that cannot be written stops the run, exit 1) and, as configured, a
+metrics log (non-finite numbers as null; aux_loss too when the model trains with the router
+load-balancing loss; a log that cannot be written stops the run, exit 1) and, as configured, a
 checkpoint and then the eval loss on the held-out batches (checkpoint first: an eval that
 fails, an EvalError, stops the run without costing the step; it writes one if none was due).
 With a ckpt_dir the loop holds the folder's lock (ckpt_lock.py) until close().
@@ -417,6 +418,8 @@ class TrainLoop:
             tok_s, flop_s = self._rate()
             rec = {"step": self.step, "loss": res.loss, "lr": lr, "grad_norm": res.grad_norm,
                    "tokens_per_s": tok_s, "model_tflops": flop_s / 1e12, "labelled_tokens": res.labelled_tokens}
+            if res.aux_loss is not None:  # the router load-balancing loss (in `loss`, times its coefficient)
+                rec["aux_loss"] = res.aux_loss
             if res.labelled_tokens == 0:
                 self.untargeted.append(self.step)
                 if len(self.untargeted) == 1:

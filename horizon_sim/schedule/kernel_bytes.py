@@ -31,6 +31,12 @@ checked by a dispatch count (the executor does not run MoE blocks yet; check the
              shared output, added in)
 
 w = k H for dispatch and combine (each token's k routed rows), E for the router (k = its rows).
+A router that feeds the load-balancing loss (Kernel.aux_loss: router_aux_loss_coef > 0) adds
+4E forward (its fp32 probabilities read once more, summed per expert; the counts are the
+dispatch's own bincount) and 8E backward (that sum's gradient, broadcast, added into the
+probabilities' gradient: read and written once); it keeps nothing more. What the loss itself
+costs per micro-batch (two E-vectors per layer, a handful of E-wide ops) is not priced: it is
+under a microsecond beside a layer's milliseconds (horizon_exec/model/router_aux.py).
 
 R: the rows a norm reduces over per token; c = 2 (a + 4), the casts around fp32 statistics
 (0 in fp32). A norm's forward and backward also read its weight (a per element a pass), RoPE
@@ -70,7 +76,7 @@ def forward_bytes(k: Kernel, a: int) -> int:
     if k.kind == "rmsnorm":
         return norm_forward(w, k.rows, a)
     if k.kind == "router":
-        return (a + 12) * w + (24 + a) * k.rows
+        return (a + 12 + (4 if k.aux_loss else 0)) * w + (24 + a) * k.rows
     if k.kind not in per_element:
         raise _unknown(k)
     return per_element[k.kind] * w
@@ -84,7 +90,7 @@ def backward_bytes(k: Kernel, a: int) -> int:
     if k.kind == "rmsnorm":
         return norm_backward(w, k.rows, a) + 3 * a * w * (k.fan_out - 1)
     if k.kind == "router":
-        return (24 + a) * w + 24 * k.rows
+        return (24 + a + (8 if k.aux_loss else 0)) * w + 24 * k.rows
     if k.kind not in per_element:
         raise _unknown(k)
     return per_element[k.kind] * w

@@ -132,6 +132,9 @@ class Kernel:
     """A consumer (a projection) keeps its output for backward."""
     reads_block_input: bool = False
     """It reads the block's input x: in fp32 a norm's fp32 view of x is x itself, no temporary."""
+    aux_loss: bool = False
+    """Router only: it also feeds the load-balancing loss (router_aux_loss_coef > 0): its
+    probabilities summed per expert, and that sum's gradient added into theirs."""
 
     @property
     def weight(self) -> int:
@@ -175,7 +178,7 @@ def _moe_kernels(m) -> tuple[Kernel, ...]:
     H, k, S = m.hidden, m.experts_per_token, m.shared_expert_ffn_hidden
     shared = (Kernel("swiglu", "mlp", S), Kernel("gate_mul", "mlp", H)) if S else ()
     return (Kernel("rmsnorm", "mlp", H, fan_out=2 + (3 if S else 0), output_saved=True),
-            Kernel("router", "mlp", m.n_experts, rows=k),
+            Kernel("router", "mlp", m.n_experts, rows=k, aux_loss=m.router_aux_loss_coef > 0),
             Kernel("dispatch", "mlp", k * H),
             Kernel("swiglu", "mlp", k * m.expert_ffn_hidden),
             Kernel("combine", "mlp", k * H),
