@@ -170,3 +170,10 @@ def test_the_executor_refuses_only_the_router_aux_loss_by_name(name):
     DecoderBlock(PRESETS[name])
     with_aux = dataclasses.replace(PRESETS[name], router_aux_loss_coef=0.02)
     _one_line(DecoderBlock, with_aux, match=f"'{name}' .*router load-balancing loss .*output_router_logits false")
+
+
+@pytest.mark.parametrize("value", [1, True, 0.5, "full_attention"])
+def test_a_layer_types_that_is_not_a_list_is_a_one_line_error(value):
+    """qwen2_moe reads layer_types; a scalar there was iterated and crashed with a TypeError."""
+    d = {**to_hf_config_dict(TINY_MOE["qwen2_moe"]), "layer_types": value}
+    _one_line(spec_from_config_dict, d, match="layer_types = .* must be a list")

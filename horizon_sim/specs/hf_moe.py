@@ -47,7 +47,10 @@ def read(cfg: dict, mt: str, where: str, experts_key: str, aliased: bool) -> dic
                            "are not supported (want [])")
     if as_bool(cfg, "use_sliding_window", where, False):
         refuse_window(mt, where)
-    if any(t != "full_attention" for t in cfg.get("layer_types") or ()):
+    types = cfg.get("layer_types")
+    if types is not None and not isinstance(types, list):
+        raise HorizonError(f"{where}: layer_types = {types!r} must be a list with 'full_attention' for each layer")
+    if any(t != "full_attention" for t in types or ()):
         raise HorizonError(f"{where}: layer_types with sliding attention in an MoE model ({mt}) are not supported")
     if aliased:
         given = [k for k in ("num_experts", "num_local_experts") if cfg.get(k) is not None]
