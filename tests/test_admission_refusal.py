@@ -99,7 +99,7 @@ def test_the_advice_names_a_policy_that_then_fits():
     assert admit(spec, lean, build_schedule(spec, lean), host_budget_bytes=budget).fits
 
 
-def test_bf16_moments_are_advised_only_where_they_can_run(monkeypatch):
+def test_bf16_moments_are_advised_only_where_they_can_run():
     """Short by a third of the moments (8/3 bytes per parameter): more than the moves that
     leave training as it is can save (the working copy is 2), less than bf16 moments do (4).
     The nearest fit takes bf16 moments (runnable with the native AdamW kernel) and that policy
@@ -121,8 +121,8 @@ def test_bf16_moments_are_advised_only_where_they_can_run(monkeypatch):
     lean = policy_from_args(parser.parse_args(first.split(": ", 1)[1].split(" (host")[0].split()))
     assert lean.states_dtype == "bf16" and lean.optimizer == POL.optimizer  # one lossy change only
     assert admit(spec, lean, build_schedule(spec, lean), host_budget_bytes=budget).fits
-    monkeypatch.setitem(native._state, "fns", None)
-    with pytest.raises(AdmissionError) as e:
+    with native.use(None, "unavailable: building adamw.c with 'cc' failed: no cc"), \
+            pytest.raises(AdmissionError) as e:
         admit(spec, POL, sched, host_budget_bytes=budget)
     assert not any("bf16 moments" in line for line in e.value.admission.advice)
 

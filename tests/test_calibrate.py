@@ -179,7 +179,7 @@ def test_cuda_calibration_timing_runs_with_events_faked(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     shapes = [("nt", 64, 96, 32), ("nn", 64, 32, 96), ("tn", 96, 32, 64)]
     rates = cc.gemm_table(shapes, torch.float32, "cpu")
-    fwd, bwd = cc._attention(64, 16, torch.float32, "cpu")
+    fwd, bwd = cc.attention_rates(64, 16, torch.float32, "cpu")
     assert set(rates) == set(shapes)
     assert all(0 < r < math.inf for r in [*rates.values(), fwd, bwd])
 

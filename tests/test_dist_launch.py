@@ -120,8 +120,7 @@ time.sleep(60)
 
 @pytest.mark.parametrize("pdeathsig", [True, False])
 def test_a_rank_exits_soon_after_its_launcher_is_killed(pdeathsig):
-    script = LAUNCHER if pdeathsig else LAUNCHER.replace("watchdog.start()",
-                                                         "watchdog._set_pdeathsig = lambda s: True; watchdog.start()")
+    script = LAUNCHER if pdeathsig else LAUNCHER.replace("watchdog.start()", "watchdog.start(pdeathsig=False)")
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
@@ -172,8 +171,7 @@ def test_the_watchdog_beats(tmp_path, monkeypatch):
     from horizon_exec.dist import watchdog
     monkeypatch.setenv(watchdog.HEARTBEAT_ENV, str(tmp_path))
     monkeypatch.setenv("RANK", "3")
-    monkeypatch.setattr(watchdog, "_set_pdeathsig", lambda sig: True)   # not on the pytest process
-    t = watchdog.start(poll_s=0.02)
+    t = watchdog.start(poll_s=0.02, pdeathsig=False)   # not on the pytest process
     try:
         first = (tmp_path / "rank-3").stat().st_mtime_ns
         time.sleep(0.2)

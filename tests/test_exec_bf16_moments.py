@@ -62,9 +62,8 @@ def test_store_holds_two_bytes_per_moment():
         assert b.store.t["moments.0"].element_size() == 2
 
 
-def test_without_the_kernel_training_refuses_up_front(monkeypatch):
-    monkeypatch.setitem(native._state, "fns", None)
-    monkeypatch.setitem(native._state, "status", "unavailable: building adamw.c with 'cc' failed: x")
+@native.use(None, "unavailable: building adamw.c with 'cc' failed: x")
+def test_without_the_kernel_training_refuses_up_front():
     with pytest.raises(HorizonError, match="states_dtype=bf16: .*need the native AdamW kernel.*--states-dtype fp32"):
         Trainer(SPEC, Policy(batch=2, seq=16, states_dtype="bf16"))
 

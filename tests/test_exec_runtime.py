@@ -233,7 +233,7 @@ def test_exception_in_a_lane_reaches_the_caller(kind, layer, lane):
         msg = str(e.value)
         assert f"op {target.id} {target.label} on lane {lane.value}" in msg and "injected fault" in msg
         assert e.value.op == target
-        assert tr.arena.live == sum(tr.arena._bytes[n] for n in tr.arena.tensors)
+        assert tr.arena.live == sum(tr.arena.charged_bytes(n) for n in tr.arena.tensors)
 
 
 def test_a_stuck_op_times_out_instead_of_hanging():

@@ -3,11 +3,10 @@ log that cannot be written (full disk, /dev/full) stops the run with one line na
 exit 1, at the first line that does not fit."""
 import json
 import math
-import types
 
 import pytest
 
-from horizon_exec.train.loop import TrainLoop
+from horizon_exec.train.loop import metrics_line
 from horizon_sim.cli.main import main
 from tests.train_run import TINY
 
@@ -20,13 +19,11 @@ def _strict(line: str):
     return json.loads(line, parse_constant=refuse)
 
 
-def test_non_finite_values_are_written_as_null(tmp_path):
-    log = tmp_path / "log.jsonl"
-    fake = types.SimpleNamespace(cfg=types.SimpleNamespace(log_file=str(log)), dist=types.SimpleNamespace(rank=0))
-    TrainLoop._log(fake, {"step": 1, "loss": math.nan, "grad_norm": math.inf, "lr": 1e-3, "skipped": True},
-                   print)
-    TrainLoop._log(fake, {"step": 1, "eval_loss": -math.inf}, print)
-    assert [_strict(ln) for ln in log.read_text().splitlines()] == [
+def test_non_finite_values_are_written_as_null():
+    lines = [metrics_line({"step": 1, "loss": math.nan, "grad_norm": math.inf, "lr": 1e-3, "skipped": True}),
+             metrics_line({"step": 1, "eval_loss": -math.inf})]
+    assert all(ln.endswith("\n") and ln.count("\n") == 1 for ln in lines)
+    assert [_strict(ln) for ln in lines] == [
         {"step": 1, "loss": None, "grad_norm": None, "lr": 1e-3, "skipped": True}, {"step": 1, "eval_loss": None}]
 
 

@@ -159,3 +159,10 @@ def test_bad_moe_fields_are_one_line_errors(over, words):
 def test_a_moe_spec_survives_its_dict_round_trip():
     s = PRESETS["qwen3-30b-a3b"]
     assert ModelSpec.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+
+
+@pytest.mark.parametrize("value", [1, True, 0.5, "full_attention"])
+def test_a_layer_types_that_is_not_a_list_is_a_one_line_error(value):
+    """qwen2_moe reads layer_types; a scalar there was iterated and crashed with a TypeError."""
+    d = {**to_hf_config_dict(TINY_MOE["qwen2_moe"]), "layer_types": value}
+    _one_line(spec_from_config_dict, d, match="layer_types = .* must be a list")

@@ -8,6 +8,7 @@ equal up to a few elements of torch's scalar tail (the last n % 16, within 1 ulp
 tests allow 1 ulp per element and count. The bf16 working copy must equal torch's own
 rounding of the updated master bit for bit.
 """
+import contextlib
 import dataclasses
 import threading
 
@@ -35,9 +36,9 @@ def _generic_build(tmp_path_factory):
     the native build rounds the working copy with that instruction, this one does not)."""
     mp = pytest.MonkeyPatch()
     mp.setenv("HORIZON_CACHE_DIR", str(tmp_path_factory.mktemp("generic")))
-    mp.setattr(native, "FLAG_SETS", [native._BASE])
+    mp.setattr(native, "FLAG_SETS", [native.BASE_FLAGS])
     try:
-        fn, status = native._load()
+        fn, status = native.load()
     finally:
         mp.undo()
     if fn is None and "self-test" in status:
@@ -48,21 +49,20 @@ def _generic_build(tmp_path_factory):
 
 
 @pytest.fixture(params=["native ISA", "generic ISA"])
-def build(request, monkeypatch):
+def build(request):
     """Runs a test once with each build of the kernel that AdamW(kernel='native') calls."""
-    if request.param == "generic ISA":
-        fn, status = request.getfixturevalue("_generic_build")
-        monkeypatch.setitem(native._state, "fns", fn)
-        monkeypatch.setitem(native._state, "status", status)
-    status = native.status()
-    if request.param not in status:
-        # A -march=native build dying of SIGILL met a CPU that does not run what it reports:
-        # this machine's problem. Any other rejection (wrong numbers, a segfault) is the kernel's.
-        rejections = [r for r in status.split("; ") if "-march=native" in r and "build rejected" in r]
-        if any("SIGILL" not in r for r in rejections):
-            pytest.fail(status)
-        pytest.skip(status)
-    return request.param
+    chosen = native.use(*request.getfixturevalue("_generic_build")) if request.param == "generic ISA" \
+        else contextlib.nullcontext()
+    with chosen:
+        status = native.status()
+        if request.param not in status:
+            # A -march=native build dying of SIGILL met a CPU that does not run what it reports:
+            # this machine's problem. Any other rejection (wrong numbers, a segfault) is the kernel's.
+            rejections = [r for r in status.split("; ") if "-march=native" in r and "build rejected" in r]
+            if any("SIGILL" not in r for r in rejections):
+                pytest.fail(status)
+            pytest.skip(status)
+        yield request.param
 
 
 def _torch_step(p, g32, m, v, step, coef):
@@ -228,11 +228,10 @@ def test_bad_buffers_are_refused_by_name():
         AdamW(kernel="fast")
 
 
-def test_without_the_kernel(monkeypatch):
+@native.use(None, "unavailable: building adamw.c with 'cc' failed: no cc")
+def test_without_the_kernel():
     """No compiler here: 'auto' falls back to torch for fp32 moments, bf16 moments and a
     forced 'native' are refused with the reason."""
-    monkeypatch.setitem(native._state, "fns", None)
-    monkeypatch.setitem(native._state, "status", "unavailable: building adamw.c with 'cc' failed: no cc")
     opt = AdamW()
     assert not opt.uses_native(torch.float32, torch.float32)
     p, m, v = torch.ones(4), torch.zeros(4), torch.zeros(4)
@@ -247,21 +246,21 @@ def test_without_the_kernel(monkeypatch):
 def test_build_failure_is_reported_not_raised(monkeypatch, tmp_path):
     monkeypatch.setenv("HORIZON_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    fn, status = native._load()
+    fn, status = native.load()
     assert fn is None and "no-such-compiler" in status and "unavailable" in status
     monkeypatch.setenv("HORIZON_NATIVE", "0")
-    assert native._load() == (None, "off (HORIZON_NATIVE=0)")
+    assert native.load() == (None, "off (HORIZON_NATIVE=0)")
 
 
 def test_build_is_cached(monkeypatch, tmp_path):
     """Built once per source/flags/compiler/CPU: the second load compiles nothing."""
     monkeypatch.setenv("HORIZON_CACHE_DIR", str(tmp_path))
-    fn, status = native._load()
+    fn, status = native.load()
     if fn is None:
         pytest.skip(status)
     (so,) = tmp_path.glob("native/adamw-*.so")
     before = so.stat().st_mtime_ns
-    fn2, _ = native._load()
+    fn2, _ = native.load()
     assert fn2 is not None and so.stat().st_mtime_ns == before
     # no temporary left behind; the checksum recorded at build time beside it, and the verdict
     # of its self-test in a child (issue 30: a forged object is never mapped by the trainer)
@@ -276,7 +275,7 @@ def test_unwritable_cache_falls_back_to_a_temp_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(native.tempfile, "tempdir", None)  # re-read TMPDIR
-    fn, status = native._load()
+    fn, status = native.load()
     assert fn is not None and str(tmp_path / "tmp" / "horizon-native-") in status
 
 
@@ -298,13 +297,13 @@ def test_a_build_failing_its_self_test_is_rejected_and_remembered(monkeypatch, t
     monkeypatch.setenv("HORIZON_CACHE_DIR", str(tmp_path))
     (tmp_path / "trap.h").write_text(TRAP_H)
     broken = [str(tmp_path / "trap.h") if f == "TRAP_H" else f for f in broken]
-    monkeypatch.setattr(native, "FLAG_SETS", [native._BASE + broken, native._BASE])
-    fn, status = native._load()
+    monkeypatch.setattr(native, "FLAG_SETS", [native.BASE_FLAGS + broken, native.BASE_FLAGS])
+    fn, status = native.load()
     if fn is None and "rejected" not in status:
         pytest.skip(status)  # no compiler here
     assert fn is not None and "generic ISA" in status and why in status, status
     (mark,) = tmp_path.glob("native/*.rejected")
     assert len(list(tmp_path.glob("native/*.so"))) == 1  # only the good build is cached
     before = mark.stat().st_mtime_ns
-    fn2, status2 = native._load()
+    fn2, status2 = native.load()
     assert fn2 is not None and why in status2 and mark.stat().st_mtime_ns == before

@@ -36,8 +36,8 @@ def _sentencepiece(tmp_path, split: bool):
 
 @pytest.fixture
 def small_pieces(monkeypatch):
-    monkeypatch.setattr(data, "_TEXT_PIECE_CHARS", 3000)
-    monkeypatch.setattr(data, "_CUT_WINDOW", 200, raising=False)
+    monkeypatch.setattr(data, "TEXT_PIECE_CHARS", 3000)
+    monkeypatch.setattr(data, "CUT_WINDOW", 200)
 
 
 @pytest.mark.parametrize("kind", ["metaspace", "no-pretokenizer", "byte-level"])
@@ -53,7 +53,7 @@ def test_long_document_ids_equal_the_whole_texts(tmp_path, small_pieces, kind):
     assert tokenize_documents([Document(text)], tok).ids.tolist() == want
     (tmp_path / "doc.txt").write_text(text)
     assert tokenize_documents([TextFile(tmp_path / "doc.txt")], tok).ids.tolist() == want
-    pieces = data._pieces(text, tok.keeps_ids_at)
+    pieces = data.text_pieces(text, tok.keeps_ids_at)
     assert "".join(pieces) == text
     if kind == "no-pretokenizer":
         assert len(pieces) == 1                 # no cut keeps the ids: tokenized whole

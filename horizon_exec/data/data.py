@@ -47,7 +47,7 @@ the package, so the demo and tests train on real text without downloading anythi
 PROMPT_FORMAT = "{instruction}\n\n"
 PROMPT_WITH_INPUT_FORMAT = "{instruction}\n\n{input}\n\n"
 SPLIT_SEED = 0x5EED  # the eval split does not move with --seed
-_TEXT_PIECE_CHARS = 1 << 16  # long texts are tokenized in pieces, cut only where the ids stay the same
+TEXT_PIECE_CHARS = 1 << 16  # long texts are tokenized in pieces, cut only where the ids stay the same
 _CUT_TRIES = 8  # candidate cuts of each kind tried per piece before the piece grows
 TEMPLATE_TOKENS_PER_RECORD = 128
 """A chat template's own tokens per conversation beyond the record's bytes (role headers,
@@ -167,15 +167,15 @@ class TextFile:
     path: Path
 
     def pieces(self, keeps_ids=None):
-        """Pieces of about _TEXT_PIECE_CHARS characters, cut only where keeps_ids(text, cut)
+        """Pieces of about TEXT_PIECE_CHARS characters, cut only where keeps_ids(text, cut)
         (the tokenizer's: the ids of the two sides are the ids of the whole there); a text
         with no such cut is one piece. keeps_ids None: every cut (bytes)."""
         with open(self.path, encoding="utf-8") as f:
             carry = ""
-            while chunk := f.read(_TEXT_PIECE_CHARS):
+            while chunk := f.read(TEXT_PIECE_CHARS):
                 text = carry + chunk
                 # a cut needs text on its right to be verified: keep the last bit for the next round
-                cut = _find_cut(text, len(text) // 2, len(text) - _CUT_WINDOW, keeps_ids)
+                cut = _find_cut(text, len(text) // 2, len(text) - CUT_WINDOW, keeps_ids)
                 carry = text if cut is None else text[cut:]
                 if cut:
                     yield text[:cut]
@@ -231,7 +231,7 @@ def read_documents(path=None) -> list:
         return [Document("".join(d.pieces())) if isinstance(d, TextFile) else d for d in docs]
 
 
-_CUT_WINDOW = 1024
+CUT_WINDOW = 1024
 """Characters either side of a candidate cut that the tokenizer checks (tokenize.keeps_ids_at)."""
 
 
@@ -254,16 +254,16 @@ def _find_cut(text: str, lo: int, hi: int, keeps_ids) -> int | None:
     return None
 
 
-def _pieces(text: str, keeps_ids=None) -> list[str]:
-    """A long text cut into pieces of about _TEXT_PIECE_CHARS where the ids do not change
+def text_pieces(text: str, keeps_ids=None) -> list[str]:
+    """A long text cut into pieces of about TEXT_PIECE_CHARS where the ids do not change
     (keeps_ids: see _find_cut), so the pieces' ids are the whole text's; where no cut keeps
     them the piece grows (a tokenizer that never allows one tokenizes the text whole)."""
     out, start = [], 0
-    while len(text) - start > _TEXT_PIECE_CHARS:
-        hi, cut = start + _TEXT_PIECE_CHARS, None
+    while len(text) - start > TEXT_PIECE_CHARS:
+        hi, cut = start + TEXT_PIECE_CHARS, None
         while cut is None and hi < len(text):
-            cut = _find_cut(text, hi - _TEXT_PIECE_CHARS // 2, hi, keeps_ids)
-            hi += _TEXT_PIECE_CHARS
+            cut = _find_cut(text, hi - TEXT_PIECE_CHARS // 2, hi, keeps_ids)
+            hi += TEXT_PIECE_CHARS
         if cut is None:
             break
         out.append(text[start:cut])
@@ -302,9 +302,9 @@ def _doc_pieces(d, tokenizer):
         yield from ((True, p) for p in d.pieces(keeps))
     else:
         if d.prompt:
-            yield from ((False, p) for p in _pieces(d.prompt, keeps))
+            yield from ((False, p) for p in text_pieces(d.prompt, keeps))
         if d.text:
-            yield from ((True, p) for p in _pieces(d.text, keeps))
+            yield from ((True, p) for p in text_pieces(d.text, keeps))
     yield True, _closing_ids(tokenizer)
 
 

@@ -95,5 +95,9 @@ class DeviceArena:
             self.live -= self._bytes.pop(name)
         return t
 
+    def charged_bytes(self, name: str) -> int:
+        """The bytes `name` (a live buffer) is charged: its declared size, which `live` sums."""
+        return self._bytes[name]
+
     def __contains__(self, name: str) -> bool:
         return name in self.tensors

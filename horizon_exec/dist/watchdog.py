@@ -36,13 +36,16 @@ def _set_pdeathsig(sig: int) -> bool:
         return False
 
 
-def start(launcher_pid: int | None = None, poll_s: float = POLL_S) -> threading.Thread | None:
+def start(launcher_pid: int | None = None, poll_s: float = POLL_S,
+          pdeathsig: bool = True) -> threading.Thread | None:
     """Watch the launcher (default: this process's parent now); the rank exits 1 soon after it dies.
-    None when there is no launcher to watch (parent already init: nothing would tell us)."""
+    None when there is no launcher to watch (parent already init: nothing would tell us).
+    pdeathsig False: the polling thread alone, without PR_SET_PDEATHSIG (what a platform without
+    prctl gets; a test process that must not be killed with its parent)."""
     parent = os.getppid() if launcher_pid is None else launcher_pid
     if parent <= 1:
         return None
-    if sys.platform.startswith("linux"):
+    if pdeathsig and sys.platform.startswith("linux"):
         _set_pdeathsig(signal.SIGKILL)
     stop = threading.Event()
     beat = _heartbeat_file()

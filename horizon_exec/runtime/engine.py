@@ -7,13 +7,13 @@ stream waits on events), marks start, runs the op, marks end and flags it done. 
 not run this time (a pipelined optimizer's prev_step ops on a run's first step) count as done.
 
 Failures: the first exception in any lane aborts the step (the others skip what is left) and
-`run` raises ExecError naming the op, its lane and the cause. Waits poll every _POLL_S. A step
+`run` raises ExecError naming the op, its lane and the cause. Waits poll every POLL_S. A step
 is stuck when no op has started or finished for `timeout_s` (the op timeout: the longest a
 single op may take, as lanes waiting on it make no progress either); it is then reported as
 an ExecError naming what each lane is in, not a hang. A stop request (request_stop(): the
 training loop's first SIGINT/SIGTERM, which otherwise lets the step finish) shortens that to
 STOP_GRACE_S, so a signal ends a stuck step (StepAbandoned).
-The caller hears of a failure within _POLL_S + ABORT_GRACE_S (under a second) even when another
+The caller hears of a failure within POLL_S + ABORT_GRACE_S (under a second) even when another
 lane is inside a long op: lanes that have not drained by then are left to finish on their own
 and the engine is marked broken (unusable), since they may still touch the step's buffers.
 An exception raised in the calling thread while it waits (KeyboardInterrupt, a signal
@@ -28,7 +28,7 @@ from horizon_exec.errors import ExecError
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Lane, Op
 
-_POLL_S = 0.05
+POLL_S = 0.05
 """Period of every wait (dependencies, lane joins): how soon an abort or a timeout is noticed."""
 ABORT_GRACE_S = 0.5
 """After a failure, how long `run` waits for the other lanes to drain before raising anyway."""
@@ -136,7 +136,7 @@ class Engine:
         """Until op d is done; no deadline of its own: a dependency behind a long queue is not a
         hang as long as some lane progresses (the caller watches that, _join_lane)."""
         ev = recs[d].done
-        while not ev.wait(_POLL_S):
+        while not ev.wait(POLL_S):
             if self._abort.is_set():
                 raise _Aborted
         if self._abort.is_set():
@@ -224,7 +224,7 @@ class Engine:
         return True
 
     def _join_lane(self, lane: Lane, end: _End) -> None:
-        while not end.event.wait(_POLL_S):
+        while not end.event.wait(POLL_S):
             # a lane failed: report it soon, whatever this lane is doing
             if self._error is not None and time.monotonic() - self._error_t > ABORT_GRACE_S:
                 op, cur = self._error[0], self._current[lane]

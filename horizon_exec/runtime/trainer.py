@@ -83,7 +83,7 @@ def _part(name: str) -> property:
     return property(lambda self: getattr(self.runtime, name), doc=f"Runtime.{name} (assemble.py).")
 
 
-class Trainer(Weights):
+class Trainer:
     """Streams `model` through the device under `policy` (see module docstring), configured by
     `config` (runtime/config.py: the optimizer, the device and how it is used, the admission,
     the init seed; each checked when it is made). The optimizer's lr can be changed between
@@ -105,6 +105,7 @@ class Trainer(Weights):
         self.dist = dist = dist or single()
         self.sched = schedule_for(model, policy, dist, schedule)
         self.runtime = assemble(model, policy, config, self.sched, dist, adamw)
+        self.weights = Weights(model, policy, dist, self.runtime)
         # Lane threads stop (and CUDA host memory is unregistered) with the trainer, even
         # without close(); the finalizer holds the runtime, not the trainer.
         self._finalizer = weakref.finalize(self, self.runtime.close)
@@ -130,6 +131,33 @@ class Trainer(Weights):
     engine = _part("engine")
     units = _part("units")
     _params = _part("params")
+
+    # ---- weights by name (weights.py) -------------------------------------------------------
+    @property
+    def split_master(self) -> bool:
+        """The master is its working copy's high halves + low halves (policy split_master)."""
+        return self.policy.split_master
+
+    def init_weights(self, seed: int) -> None:
+        """transformers-style init from `seed` (Weights.init), then the working copy."""
+        self.weights.init(seed)
+
+    def refresh_working_copy(self) -> None:
+        """Working copies <- the masters, after anything wrote the masters directly."""
+        self.weights.refresh_working_copy()
+
+    def gather_master(self, u: int) -> torch.Tensor:
+        """Unit u's whole fp32 master (a copy) on every rank; a collective (Weights.gather_master)."""
+        return self.weights.gather_master(u)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Master weights by transformers names: views into the host store (Weights.state_dict)."""
+        return self.weights.state_dict()
+
+    def load_state_dict(self, sd: dict) -> None:
+        """The master and the working copy <- sd (by transformers names)."""
+        self.weights.load_state_dict(sd)
+        self.pending = False  # gradients of the old weights must not update the new ones
 
     @property
     def lr(self) -> float:
@@ -315,7 +343,7 @@ class Trainer(Weights):
         tabs = [self.runner.attn.tables(d) for d in chunks]                       # per chunk
         blk = block_layout(m)
         for layer in range(m.n_layers):
-            w = {k: v.to(dev, act) for k, v in blk.views(self._unit_master(layer)).items()}
+            w = {k: v.to(dev, act) for k, v in blk.views(self.weights.unit_master(layer)).items()}
             for i, (c, s_, d) in enumerate(tabs):  # in place: one chunk's output is new at a time
                 xs[i] = self.runner.block(w, xs[i], c, s_, m.window(layer), d)
             del w

@@ -1,8 +1,8 @@
 """The Trainer's weights by transformers name: init, the master read and written whole (views of
 the host store, or a split or node-sharded master joined), and the working copy refreshed from
-the master after anything writes it. A mixin of Trainer (trainer.py), which drives the steps;
-it reads the trainer's model, policy, dist and Runtime collaborators (store, master, runner,
-units, _params: assemble.py) and clears `pending` when new weights are loaded."""
+the master after anything writes it. Held by the Trainer (trainer.py, which drives the steps
+and forwards its weight methods here); it reads the model, the policy, the data-parallel
+context and the Runtime's store, master, runner, units and params (assemble.py)."""
 import torch
 
 from horizon_exec.model.layout import host_layout
@@ -11,8 +11,16 @@ from horizon_sim.schedule import Holds
 
 
 class Weights:
+    """A Trainer's weights by transformers name (module docstring); Trainer forwards to it."""
+
+    def __init__(self, model, policy, dist, runtime):
+        self.model, self.dist = model, dist
+        self.split_master = policy.split_master  # the master is the working copy's high halves + low halves
+        self.store, self.master, self.runner = runtime.store, runtime.master, runtime.runner
+        self.units, self._params = runtime.units, runtime.params
+
     @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
+    def init(self, seed: int) -> None:
         """transformers-style init from `seed`: matrices N(0, 0.02), norms 1, biases 0 (the
         same weights whatever the number of ranks: each node's leader draws every unit and
         keeps its node's chunks)."""
@@ -77,12 +85,7 @@ class Weights:
         whole[order] = by_rank
         return whole.reshape(-1)[:lay.numel]
 
-    @property
-    def split_master(self) -> bool:
-        """The master is its working copy's high halves + low halves (policy split_master)."""
-        return self.policy.split_master
-
-    def _unit_master(self, u: int) -> torch.Tensor:
+    def unit_master(self, u: int) -> torch.Tensor:
         """Unit u's fp32 master on one node: a view of the store, or a split master joined."""
         return self.gather_master(u) if self.split_master else self.store.of(Holds.MASTER, u)
 
@@ -102,6 +105,7 @@ class Weights:
 
     @torch.no_grad()
     def load_state_dict(self, sd: dict) -> None:
+        """The master <- sd (every parameter by transformers name), then the working copy."""
         names = [e.name for u in self.units for e in host_layout(self.model, u).entries]
         missing = [n for n in names if n not in sd]
         if missing:
@@ -120,4 +124,3 @@ class Weights:
                     for name, t in lay.views(self.store.of(Holds.MASTER, u)[:lay.numel]).items():
                         t.copy_(sd[name])
         self.refresh_working_copy()
-        self.pending = False  # gradients of the old weights must not update the new ones

@@ -98,6 +98,12 @@ def _finite_or_none(v):
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
+def metrics_line(rec: dict) -> str:
+    """One line of the --log-file metrics log: strict JSON (NaN is not JSON: non-finite numbers
+    are null), newline-terminated."""
+    return json.dumps({k: _finite_or_none(v) for k, v in rec.items()}, allow_nan=False) + "\n"
+
+
 class EvalError(HorizonError):
     """The eval after a step failed; the run stopped (with a checkpoint of that step when it could)."""
 
@@ -319,7 +325,7 @@ class TrainLoop:
         first when a ckpt_dir is set, so stopping costs nothing."""
         if not self.cfg.log_file or self.dist.rank != 0:
             return
-        line = json.dumps({k: _finite_or_none(v) for k, v in rec.items()}, allow_nan=False) + "\n"
+        line = metrics_line(rec)
         try:
             with open(self.cfg.log_file, "a") as f:
                 f.write(line)

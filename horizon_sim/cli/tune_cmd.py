@@ -5,7 +5,7 @@ import math
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.cli.hardware_args import add_cluster_args, with_cluster
-from horizon_sim.schedule.op import PEERS
+from horizon_sim.schedule.op import Family
 from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
 from horizon_sim.specs.policy import DTYPES, Policy
 from horizon_sim.units import GiB, fmt_bytes
@@ -132,7 +132,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="global-norm clip kept by every candidate; 0 also allows --optimizer backward (default 1.0)")
     p.add_argument("--states-dtype", choices=DTYPES, default="fp32", help="Adam moments on the host (default fp32)")
     p.add_argument("--top", type=int, default=10, help="configurations to show (default 10)")
-    p.add_argument("--compare", default=None, choices=PEERS,
+    # Only ZeRO-3's batch search exists (peer/compare.tune_zero3); other peers: plan --compare.
+    p.add_argument("--compare", default=None, choices=(Family.ZERO3_OFFLOAD.value,),
                    help="also find DeepSpeed ZeRO-3 offload's fastest batch (with and without activation "
                         "checkpointing) that fits, and show it beside Horizon's best")
     p.add_argument("--peer-knobs", default=None, metavar="K=V,...",

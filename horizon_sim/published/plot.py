@@ -32,7 +32,7 @@ def plot_published(res: SuiteResult, path: Path) -> Path:
             continue
         labels.append(f"{r.id} ({r.quantity})")
         ratio = min(max(1.0 + r.error, lo), hi)
-        m, color, label = _STYLE[r.system]
+        m, color, label = _STYLE.get(r.system, ("^", "#55a868", r.system))  # a new family: its name
         ax.plot([ratio], [y], m, color=color, markersize=6, markerfacecolor=color if r.planned_fits else "white",
                 label=None if r.system in seen else label)
         if ratio != 1.0 + r.error:  # off the axis: drawn at its edge, with its value

@@ -1,10 +1,12 @@
 """Read a local Hugging Face `config.json` into a ModelSpec (no transformers import, no network).
 
-Supported model_type: llama, qwen2, mistral, qwen3, and the MoE ones qwen3_moe, mixtral, qwen2_moe
-(their MoE fields: specs/hf_moe.py; DeepSeek, gpt-oss and other MoE types are refused by name). Every field of the file is accounted for: it is
-read into the spec, or listed in IGNORED (it does not change what a training step computes),
-or refused with its name. A field we do not know is refused too, so nothing that changes the
-model is ever dropped without a word. Field mapping (HF name -> ModelSpec field):
+The generic reader: what differs by model_type (llama, qwen2, mistral, qwen3 and the MoE ones
+qwen3_moe, mixtral, qwen2_moe) is that family's row in hf_families.py, which this file reads
+(DeepSeek, gpt-oss and other MoE types are refused by name). Every field of the file is
+accounted for: it is read into the spec (READ here, the row's `reads` there), or listed in
+IGNORED (it does not change what a training step computes), or refused with its name. A field
+we do not know is refused too, so nothing that changes the model is ever dropped without a word.
+Shared field mapping (HF name -> ModelSpec field):
 
     num_hidden_layers   -> n_layers          (required)
     hidden_size         -> hidden            (required)
@@ -14,27 +16,21 @@ model is ever dropped without a word. Field mapping (HF name -> ModelSpec field)
     intermediate_size   -> ffn_hidden        (required; always a gated SiLU MLP)
     vocab_size          -> vocab             (required)
     tie_word_embeddings -> tied_embeddings
-    qwen2               -> qkv_bias = True   (Qwen2 always has q/k/v biases, never o/MLP biases)
-    qwen3               -> qk_norm = True    (per-head q/k RMSNorms; head_dim defaults to 128)
-    mlp_bias            -> mlp_bias          (llama only)
     rms_norm_eps        -> norm_eps
     initializer_range   -> init_std          (the std of a random init)
     max_position_embeddings -> max_position  (dynamic RoPE and yarn read it)
     rope_parameters (transformers 5) or rope_scaling + rope_theta (4.x) -> rope_theta and
                            rope_scaling (linear, dynamic, yarn, llama3; see specs/rope.py)
-    mistral sliding_window; qwen2 use_sliding_window, sliding_window, max_window_layers,
-    layer_types            -> layer_windows   (the window of each block, 0 = full)
 
-An absent key takes the value transformers' config class gives it (hf_defaults.HF_DEFAULTS:
-e.g. a Mistral config without sliding_window has the 4096-token window).
+Biases, q/k norms, sliding windows and experts are per family (hf_families.py). An absent key
+takes the value transformers' config class gives it (the row's defaults, filled in by
+hf_defaults.py: e.g. a Mistral config without sliding_window has the 4096-token window).
 
-Refused: llama and qwen3 `attention_bias: true` (a bias on o too), attention dropout, partial rotary,
-rope types other than the four above, per-layer rope parameters, quantized checkpoints, code
-from the hub (auto_map), and any field of another architecture (logit soft-capping, qk norms,
-experts, ...).
+Refused: attention dropout, partial rotary, rope types other than the four above, per-layer
+rope parameters, quantized checkpoints, code from the hub (auto_map), and any field of another
+architecture (logit soft-capping, qk norms, experts, ...).
 """
 import json
-import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -43,29 +39,25 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
 from horizon_sim.specs import hf_moe
 from horizon_sim.specs.hf_defaults import with_hf_defaults
+from horizon_sim.specs.hf_families import FAMILIES
+from horizon_sim.specs.hf_values import as_bool, as_float, as_int
 from horizon_sim.specs.model import MAX_NORM_EPS, ModelSpec
 from horizon_sim.specs.model_presets import model_preset
 from horizon_sim.specs.rope import ROPE_KINDS, RopeScaling
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3", *hf_moe.MOE_TYPES)
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+_MOE_TYPES = tuple(mt for mt, f in FAMILIES.items() if f.moe)
 _SILU = ("silu", "swish")  # transformers maps both names to SiLU
 _DEFAULT_ROPE_THETA = 10000.0  # default_theta of all three HF config classes
-_QWEN2_MAX_WINDOW_LAYERS = 28  # Qwen2Config's default
-_QWEN2_SLIDING_WINDOW = 4096  # Qwen2Config's default
 
-# Read into the spec (per model type; the shared ones first). Public with IGNORED: together they
-# are every field this reader knows, which tests/test_hf_config_fields.py holds against transformers'.
+# Read into the spec (the shared ones; per model type: each family's `reads`). Public with IGNORED:
+# together they are every field this reader knows, which tests/test_hf_config_fields.py holds
+# against transformers'.
 READ = {"model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
         "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings", "rms_norm_eps",
         "hidden_act", "max_position_embeddings", "rope_theta", "rope_parameters", "rope_scaling",
         "attention_dropout", "initializer_range"}
-READ_BY_TYPE = {
-    "llama": {"attention_bias", "mlp_bias"},
-    "qwen2": {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "use_mrope"},
-    "mistral": {"sliding_window"},
-    "qwen3": {"attention_bias", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types"},
-    **hf_moe.READ_BY_TYPE,
-}
+READ_BY_TYPE = {mt: f.reads for mt, f in FAMILIES.items()}
 # Fields that do not change what a causal-LM training step computes: names and versions,
 # inference and generation settings, the scale of transformers' own random init, token ids
 # (the tokenizer's business), classification-head labels, and pretraining_tp (4.x: each
@@ -109,39 +101,9 @@ def _config_file(path) -> Path:
     return p
 
 
-def _int(cfg: dict, key: str, where: str, default=None, minimum: int = 1) -> int:
-    if key not in cfg or (cfg[key] is None and default is not None):
-        if default is None:
-            raise HorizonError(f"{where}: required key {key!r} is missing")
-        return default
-    v = cfg[key]
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise HorizonError(f"{where}: key {key!r} = {v!r} must be an integer")
-    if v < minimum:
-        raise HorizonError(f"{where}: key {key!r} = {v!r} must be an integer >= {minimum}")
-    return v
-
-
-def _bool(cfg: dict, key: str, where: str, default: bool) -> bool:
-    v = cfg.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise HorizonError(f"{where}: key {key!r} = {v!r} must be true or false")
-    return v
-
-
-def _float(v, key: str, where: str, minimum: float = 0.0, strict: bool = True) -> float:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    if not ok or v < minimum or (strict and v == minimum):
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise HorizonError(f"{where}: key {key!r} = {v!r} must be a finite number {bound}")
-    return float(v)
-
-
 def _norm_eps(v, where: str) -> float:
     """rms_norm_eps in (0, MAX_NORM_EPS] (model.py says why), named as the config names it."""
-    eps = _float(v, "rms_norm_eps", where)
+    eps = as_float(v, "rms_norm_eps", where)
     if eps > MAX_NORM_EPS:
         raise HorizonError(f"{where}: key 'rms_norm_eps' = {v!r} must lie in (0, {MAX_NORM_EPS:g}] (it is added to "
                            f"the activations' mean square; usual values 1e-6 .. 1e-5)")
@@ -167,8 +129,6 @@ def _check_fields(cfg: dict, mt: str, where: str) -> None:
                            f"(remove it if it is metadata)")
     if (d := cfg.get("attention_dropout")) not in (None, 0, 0.0):
         raise HorizonError(f"{where}: attention_dropout = {d!r}; Horizon trains without dropout (want 0)")
-    if mt == "qwen2" and cfg.get("use_mrope"):
-        raise HorizonError(f"{where}: use_mrope = true (multimodal RoPE) is not supported")
 
 
 # ---- RoPE -----------------------------------------------------------------------------------
@@ -196,7 +156,7 @@ def _rope(cfg: dict, where: str) -> tuple[float, RopeScaling | None]:
     theta = params.pop("rope_theta", None)
     if theta is None:
         theta = cfg.get("rope_theta")
-    theta = _DEFAULT_ROPE_THETA if theta is None else _float(theta, "rope_theta", where)
+    theta = _DEFAULT_ROPE_THETA if theta is None else as_float(theta, "rope_theta", where)
     kind = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
     if kind not in _ROPE_KEYS:
@@ -220,7 +180,7 @@ def _rope(cfg: dict, where: str) -> tuple[float, RopeScaling | None]:
                      ("beta_slow", "beta_slow"), ("attention_factor", "attention_factor"),
                      ("mscale", "mscale"), ("mscale_all_dim", "mscale_all_dim")):
         if params.get(k) is not None:
-            num[field] = _float(params[k], f"{key}.{k}", where, strict=False)
+            num[field] = as_float(params[k], f"{key}.{k}", where, strict=False)
     if num.get("factor", 1.0) < 1.0:  # yarn's null factor is derived; an explicit one below 1 is invalid
         raise HorizonError(f"{where}: {key}.factor = {params['factor']!r} must be >= 1 (a context stretch)")
     if num.get("attention_factor", 1.0) <= 0.0:
@@ -230,9 +190,9 @@ def _rope(cfg: dict, where: str) -> tuple[float, RopeScaling | None]:
         if num.get(k) == 0.0:  # transformers' `beta_fast or 32`, `beta_slow or 1`
             num[k] = dflt
     if params.get("original_max_position_embeddings") is not None:
-        num["original_max_position"] = _int(params, "original_max_position_embeddings", f"{where}: {key}")
+        num["original_max_position"] = as_int(params, "original_max_position_embeddings", f"{where}: {key}")
     if "truncate" in params:
-        num["truncate"] = _bool(params, "truncate", f"{where}: {key}", True)
+        num["truncate"] = as_bool(params, "truncate", f"{where}: {key}", True)
     try:
         return theta, RopeScaling(kind=kind, **num)
     except HorizonError as e:
@@ -258,30 +218,6 @@ def _resolve(s: RopeScaling | None, max_position: int) -> RopeScaling | None:
     return s
 
 
-# ---- sliding windows --------------------------------------------------------------------------
-def _windows(cfg: dict, mt: str, n_layers: int, where: str) -> tuple[int, ...]:
-    """Per-block window as transformers' MistralAttention / Qwen2Attention (Qwen3's the same)
-    apply it."""
-    if mt == "mistral":
-        w = cfg.get("sliding_window")
-        return (_int(cfg, "sliding_window", where),) * n_layers if w is not None else ()
-    if mt not in ("qwen2", "qwen3") or not _bool(cfg, "use_sliding_window", where, False):
-        return ()  # Qwen2Config drops sliding_window unless use_sliding_window
-    if "sliding_window" in cfg and cfg["sliding_window"] is None:
-        return ()
-    w = _int(cfg, "sliding_window", where, default=_QWEN2_SLIDING_WINDOW)
-    types = cfg.get("layer_types")
-    if types is None:
-        first = _int(cfg, "max_window_layers", where, default=_QWEN2_MAX_WINDOW_LAYERS, minimum=0)
-        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
-    if (not isinstance(types, list) or len(types) != n_layers
-            or any(t not in ("full_attention", "sliding_attention") for t in types)):
-        raise HorizonError(f"{where}: layer_types must list 'full_attention' or 'sliding_attention' "
-                           f"for each of the {n_layers} layers")
-    wins = tuple(w if t == "sliding_attention" else 0 for t in types)
-    return wins if any(wins) else ()
-
-
 def from_hf_config(path) -> ModelSpec:
     """ModelSpec from a local HF config.json (`path` is the file or a directory holding it)."""
     file = _config_file(path)
@@ -302,7 +238,7 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
     mt = cfg.get("model_type")
     if isinstance(mt, str) and mt in hf_moe.REFUSED_TYPES:  # a list or dict is not a key: refused below
         raise HorizonError(f"{where}: model_type {mt!r} is {hf_moe.REFUSED_TYPES[mt]}, which Horizon does not "
-                           f"implement; MoE types supported: {', '.join(hf_moe.MOE_TYPES)}")
+                           f"implement; MoE types supported: {', '.join(_MOE_TYPES)}")
     if mt not in SUPPORTED_MODEL_TYPES:
         raise HorizonError(f"{where}: model_type {mt!r} is not supported; allowed: "
                            f"{', '.join(SUPPORTED_MODEL_TYPES)}")
@@ -312,18 +248,13 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
     if act not in _SILU:
         raise HorizonError(f"{where}: hidden_act {act!r} is not supported; the gated MLP must use silu")
 
-    heads = _int(cfg, "num_attention_heads", where)
-    hidden = _int(cfg, "hidden_size", where)
-    head_dim = _int(cfg, "head_dim", where) if cfg.get("head_dim") is not None else 0
+    heads = as_int(cfg, "num_attention_heads", where)
+    hidden = as_int(cfg, "hidden_size", where)
+    head_dim = as_int(cfg, "head_dim", where) if cfg.get("head_dim") is not None else 0
     if head_dim and hidden % heads == 0 and head_dim == hidden // heads:
         head_dim = 0
 
-    if mt in ("llama", "qwen3", "qwen3_moe") and _bool(cfg, "attention_bias", where, False):
-        raise HorizonError(f"{where}: {mt} attention_bias=true (bias on q, k, v and o) is not "
-                           "supported; only qwen2-style q/k/v biases are")
-    qkv_bias = mt == "qwen2"
-    mlp_bias = _bool(cfg, "mlp_bias", where, False) if mt == "llama" else False
-    n_layers = _int(cfg, "num_hidden_layers", where)
+    n_layers = as_int(cfg, "num_hidden_layers", where)
     theta, scaling = _rope(cfg, where)
 
     eps = cfg.get("rms_norm_eps")
@@ -334,25 +265,24 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         n_layers=n_layers,
         hidden=hidden,
         n_heads=heads,
-        n_kv_heads=_int(cfg, "num_key_value_heads", where, default=heads),
+        n_kv_heads=as_int(cfg, "num_key_value_heads", where, default=heads),
         head_dim=head_dim,
-        ffn_hidden=_int(cfg, "intermediate_size", where),
+        ffn_hidden=as_int(cfg, "intermediate_size", where),
         ffn_type="gated",
-        vocab=_int(cfg, "vocab_size", where),
-        tied_embeddings=_bool(cfg, "tie_word_embeddings", where, False),
-        qkv_bias=qkv_bias,
-        mlp_bias=mlp_bias,
-        qk_norm=mt in ("qwen3", "qwen3_moe"),
+        vocab=as_int(cfg, "vocab_size", where),
+        tied_embeddings=as_bool(cfg, "tie_word_embeddings", where, False),
+        qkv_bias=False,  # these four: as the family's row reads them
+        mlp_bias=False,
+        qk_norm=False,
         norm="rmsnorm",
         norm_eps=_norm_eps(eps, where),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position=_int(cfg, "max_position_embeddings", where, default=0, minimum=0),
-        layer_windows=_windows(cfg, mt, n_layers, where),
-        init_std=_float(cfg["initializer_range"], "initializer_range", where, strict=False),
+        max_position=as_int(cfg, "max_position_embeddings", where, default=0, minimum=0),
+        layer_windows=(),
+        init_std=as_float(cfg["initializer_range"], "initializer_range", where, strict=False),
     )
-    if mt in hf_moe.MOE_TYPES:
-        fields.update(hf_moe.read(cfg, mt, where, _int, _bool, _float))
+    fields.update(FAMILIES[mt].read(cfg, where, n_layers))
     try:
         fields["rope_scaling"] = _resolve(scaling, fields["max_position"])
         return ModelSpec(**fields)

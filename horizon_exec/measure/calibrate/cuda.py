@@ -61,8 +61,8 @@ def gemm_table(shapes, dtype, device) -> dict:
     return out
 
 
-def _attention(seq: int, hd: int, dtype, device, heads: int = 8, kv_heads: int = 4,
-               masked: bool = False) -> tuple[float, float]:
+def attention_rates(seq: int, hd: int, dtype, device, heads: int = 8, kv_heads: int = 4,
+                    masked: bool = False) -> tuple[float, float]:
     """(forward, backward) TFLOP/s of the causal SDPA as the template calls it (strided heads,
     grouped kv), against the nominal FLOPs of kernels.measure_attention; event-timed, the
     backward as (forward with grad + autograd.grad) less the forward. Unlike a per-kernel
@@ -142,9 +142,9 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     prog.step("attention kernels and elementwise bandwidth")
     attn, mattn = [], []
     for seq, hd in attention_grid(quick, "cuda"):
-        f, b = _attention(seq, hd, torch.bfloat16, dev_t)
+        f, b = attention_rates(seq, hd, torch.bfloat16, dev_t)
         attn.append(("bf16", float(seq), float(hd), f, b))
-        f, b = _attention(seq, hd, torch.bfloat16, dev_t, masked=True)
+        f, b = attention_rates(seq, hd, torch.bfloat16, dev_t, masked=True)
         mattn.append(("bf16", float(seq), float(hd), f, b))
     # At the CPU's sizes (<= 1024 tokens, ~1 MB a kernel) a GPU is launch-bound: the slope
     # between them would be noise. These move tens of MB per kernel.

@@ -40,8 +40,10 @@ _PKG_ROOT = Path(__file__).resolve().parents[3]  # the folder holding horizon_ex
 # Tried in order: the first that builds is used. -ffp-contract=off: only the source's explicit
 # fmaf calls fuse (the result must not depend on the compiler's choice); -fno-math-errno lets
 # sqrtf vectorize (it changes no result). Without OpenMP the pragma is ignored: one thread.
-_BASE = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno"]
-FLAG_SETS = [_BASE + ["-march=native", "-fopenmp"], _BASE + ["-march=native"], _BASE + ["-fopenmp"], _BASE]
+BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno"]
+"""Every build's flags; alone (the last of FLAG_SETS) they build the portable kernel."""
+FLAG_SETS = [BASE_FLAGS + ["-march=native", "-fopenmp"], BASE_FLAGS + ["-march=native"], BASE_FLAGS + ["-fopenmp"],
+             BASE_FLAGS]
 
 
 class AdamwHyper(ctypes.Structure):
@@ -52,7 +54,7 @@ class AdamwHyper(ctypes.Structure):
 
 
 _lock = threading.Lock()
-_state: dict = {}  # "fn": the bound C function or None, "status": how it was built or why not
+_state: dict = {}  # "fns": load()'s C functions or None, "status": how they were built or why not
 
 
 def cache_dir() -> Path:
@@ -213,7 +215,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _flags_name(flags: list[str]) -> str:
-    return " ".join(f for f in flags if f not in _BASE)
+    return " ".join(f for f in flags if f not in BASE_FLAGS)
 
 
 _PTR, _I32, _I64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
@@ -245,7 +247,11 @@ def bind(lib):
     return bind_all(lib)["adamw"]
 
 
-def _load():
+def load() -> tuple[dict | None, str]:
+    """Find adamw.c's build for this machine in the cache, or build it now (FLAG_SETS, CC,
+    HORIZON_CACHE_DIR and HORIZON_NATIVE as they are now), and bind it: (its C functions by
+    name, or None; how it was built, or why not). The process's kernels (kernels(), status())
+    are this, done once; calling it again does not change them (use() does)."""
     if os.environ.get("HORIZON_NATIVE", "1") == "0":
         return None, "off (HORIZON_NATIVE=0)"
     cc = os.environ.get("CC", "cc")
@@ -267,8 +273,24 @@ def kernels() -> dict | None:
         return _state["fns"]
     with _lock:
         if "fns" not in _state:
-            _state["fns"], _state["status"] = _load()
+            _state["fns"], _state["status"] = load()
         return _state["fns"]
+
+
+@contextlib.contextmanager
+def use(fns: dict | None, status_detail: str):
+    """Within the block the process's kernels are `fns` (None: as if none could be built here)
+    with `status_detail` as status()'s reason, as load() returns them: to run a chosen build,
+    or a machine without a compiler. The previous ones are back on exit."""
+    with _lock:
+        before = dict(_state)
+        _state.update(fns=fns, status=status_detail)
+    try:
+        yield
+    finally:
+        with _lock:
+            _state.clear()
+            _state.update(before)
 
 
 def adamw():
