@@ -54,6 +54,7 @@ def build_moe(cfg: BuildConfig, out: Out) -> Section:
             "so MFU counts the active parameters (attention, router, the top-k experts; the busiest expert's load "
             "from a balanced router's expected skew). Every expert crosses the link each pass. \"RAM to buy\" is "
             "`horizon min-ram` for the row's policy. The executor runs these families on this machine (logits and "
-            "gradients equal transformers'), without the router's auxiliary loss.\n\n" + table
+            "gradients equal transformers', the router's load-balancing loss included when a config asks for it; the "
+            "presets' configs leave it off).\n\n" + table
             + "\n\nFile: [`moe.csv`](moe.csv).")
     return Section("Mixture-of-experts on one GPU (planned)", text, {"rows": rows})
