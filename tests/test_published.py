@@ -115,7 +115,7 @@ def test_rows_the_planner_refuses_or_cannot_model_are_listed(tmp_path):
 
 @pytest.mark.parametrize("bad,msg", [
     ({"quantity": "tflops"}, "quantity 'tflops'; allowed: tokens_per_s"),
-    ({"system": "megatron"}, "system 'megatron'; allowed: horizon, zero3-offload"),
+    ({"system": "megatron"}, "system 'megatron'; allowed: horizon, zero3-offload, zero2-offload"),
     ({"value": -3}, "value -3 must be a positive number"),
     ({"value": '"fast"'}, "value 'fast' must be a positive number"),
 ])

@@ -10,6 +10,9 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import PEERS
 
 PEER_ALIASES = {"deepspeed": "zero3-offload"}
+VALIDATED_PEERS = tuple(p for p in PEERS if p == "zero3-offload")
+"""The peers validate --peer runs for real (DeepSpeed's CPU accelerator): ZeRO-3 offload only;
+zero2-offload is planned, never run here."""
 """validate --peer's earlier name for the ZeRO-3 offload peer, still taken."""
 
 EXAMPLE = """example:
@@ -40,7 +43,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="two tiny configurations (for tests)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--no-plots", action="store_true", help="skip the overlay PNGs")
-    p.add_argument("--peer", default=None, choices=(*PEERS, *PEER_ALIASES),
+    p.add_argument("--peer", default=None, choices=(*VALIDATED_PEERS, *PEER_ALIASES),
                    help="validate the planner's model of a peer instead of our executor: zero3-offload (old name: "
                         "deepspeed) runs small configurations through real DeepSpeed ZeRO-3 offload (CPU "
                         "accelerator) and compares step time and RSS with the peer's simulated Schedule; writes "

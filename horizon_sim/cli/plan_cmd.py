@@ -43,12 +43,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_policy_args(p)
     p.add_argument("--compare", default=None, choices=PEERS,
                    help="also plan the same model, batch and machine under DeepSpeed ZeRO-3 with parameters and "
-                        "optimizer offloaded to CPU (one device), and show both side by side with where the "
-                        "difference comes from")
+                        "optimizer offloaded to CPU (zero3-offload) or ZeRO-2 with the optimizer offloaded and the "
+                        "parameters on the GPU (zero2-offload), one device, and show both side by side with where "
+                        "the difference comes from")
     p.add_argument("--peer-knobs", default=None, metavar="K=V,...",
                    help="the peer's DeepSpeed knobs: act_ckpt (on), prefetch_bucket_params (5e7), max_live_params "
                         "(1e9), max_reuse_distance_params (1e9), reduce_bucket_params (5e8), overlap_comm (on), "
-                        "pin_memory (on); defaults DeepSpeed's, batch and dtype Horizon's")
+                        "pin_memory (on), adam_copies_params (off; zero2-offload only: DeepSpeed 2020-21's copy of "
+                        "each updated tile from inside the CPU Adam); defaults DeepSpeed's, batch and dtype Horizon's")
     p.add_argument("--sources", action="store_true",
                    help="print each number of the --gpu/--link/host presets with where it comes from (datasheet, "
                         "measured, published or estimate) instead of planning")
@@ -178,7 +180,7 @@ def run(a: argparse.Namespace) -> int:
     hw = machine_from_args(a)
     if getattr(a, "peer_knobs", None) and not getattr(a, "compare", None):
         from horizon_sim.errors import HorizonError
-        raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload")
+        raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload (or zero2-offload)")
     model, policy = load_model(a.model), policy_from_args(a)
     other = zero3 = None
     if getattr(a, "compare", None):
