@@ -4,7 +4,8 @@ Throughput is published in several countings; each is recomputed from the planne
 with the source's own counting, so the comparison is of speed, not of conventions:
   tflops_6NT   6 x params x tokens/s per GPU: forward + backward, no recompute (the usual MFU count)
   tflops_8NT   8 x params x tokens/s: with the forward recomputed in backward (full activation
-               checkpointing), the count DeepSpeed's ZeRO-Offload/ZeRO-3 posts report
+               checkpointing), the count DeepSpeed's ZeRO-Offload/ZeRO-3 posts report (their
+               Megatron-LM-v1.1.5-ZeRO3 prints it: megatron/utils.py flops_calculator)
 """
 from dataclasses import dataclass
 from typing import Callable
