@@ -33,10 +33,21 @@ def test_other_gh100_parts_scale_it_by_their_peaks(name, compute, hbm):
 
 
 def test_other_presets_keep_the_flat_efficiency():
-    for name in ("a100-80gb", "l40s", "rtx-4090", "v100-32gb"):
+    for name in ("a100-80gb", "l40s", "rtx-4090"):
         d = DEVICES[name]
         assert not d.gemm_TFLOPs and d.elementwise_GBps == 0
         assert bool(d.attention_TFLOPs) == name.startswith("a100")  # FlashAttention-2's published A100 rates
+
+
+def test_the_v100_takes_the_rate_deepspeeds_tutorial_logged():
+    """One published rate for every GEMM (tests/test_peer_zero2.py checks it against the log), and
+    attention at half of it: Megatron v1.1.5 computes the whole masked score matrix."""
+    from horizon_sim.specs.measured_kernels import V100_MEGATRON_TFLOPs
+    d = DEVICES["v100-32gb"]
+    assert {r[1] for r in d.gemm_TFLOPs} == {"nt", "nn", "tn"}
+    assert all(r[5] == V100_MEGATRON_TFLOPs for r in d.gemm_TFLOPs)
+    assert d.attention_TFLOPs == (("bf16", 1024.0, 128.0, V100_MEGATRON_TFLOPs / 2, V100_MEGATRON_TFLOPs / 2),)
+    assert d.elementwise_GBps == 0  # elementwise work at the datasheet HBM rate
 
 
 def test_a100_attention_takes_flashattention2s_published_time():

@@ -259,7 +259,7 @@ def test_runner_runs_a_peer_by_its_name_and_refuses_an_unknown_one():
     m, hw, p = model_preset("tiny"), make_hardware("h100-pcie"), Policy(seq=128)
     with Runner(workers=1) as r:
         for bad in ("zero3", "", True):
-            with pytest.raises(HorizonError, match=r"^unknown peer .*; allowed: zero3-offload$"):
+            with pytest.raises(HorizonError, match=r"^unknown peer .*; allowed: zero3-offload, zero2-offload$"):
                 r.run([(m, hw, p), (m, hw, p, bad)])
         assert not r.cache  # refused before anything was simulated
         ours, peer, again = r.run([(m, hw, p), (m, hw, p, "zero3-offload"), (m, hw, p, None)])

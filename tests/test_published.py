@@ -55,7 +55,10 @@ def test_builtin_suite_plans_every_reachable_row():
         t[~t.status.str.startswith(("ok", "not modelled"))][["id", "status"]].to_string()
     ok = res.compared
     assert ok.predicted.notna().all() and (ok.predicted >= 0).all()
-    assert res.figures()["groups"]["throughput"]["rows"] >= 10
+    # 9 since the V100 ZeRO-3 figures and MegaTrain's 4-GPU one were found unreachable (listed
+    # with the reason) and the four ZeRO-2 Offload rows became comparable
+    assert res.figures()["groups"]["throughput"]["rows"] >= 9
+    assert len(ok) >= 15 and ok.source.nunique() >= 5  # the floor, among the rows compared
 
 
 def test_predictions_are_the_planners_in_the_sources_counting(tmp_path):
@@ -135,7 +138,7 @@ def test_rows_the_planner_refuses_or_cannot_model_are_listed(tmp_path):
 
 @pytest.mark.parametrize("bad,msg", [
     ({"quantity": "tflops"}, "quantity 'tflops'; allowed: tokens_per_s"),
-    ({"system": "megatron"}, "system 'megatron'; allowed: horizon, zero3-offload"),
+    ({"system": "megatron"}, "system 'megatron'; allowed: horizon, zero3-offload, zero2-offload"),
     ({"value": -3}, "value -3 must be a positive number"),
     ({"value": '"fast"'}, "value 'fast' must be a positive number"),
 ])

@@ -45,13 +45,13 @@ def test_knobs_are_the_policy_fields_and_like_applies_them():
 
 def test_unknown_names_are_one_line_errors():
     with pytest.raises(HorizonError, match=r"^unknown schedule family 'zero3' \(did you mean 'zero3-offload'\?\); "
-                                           r"known: horizon, zero3-offload$"):
+                                           r"known: horizon, zero3-offload, zero2-offload$"):
         family("zero3")
-    with pytest.raises(HorizonError, match=r"^unknown peer 'horizon'; allowed: zero3-offload$"):
+    with pytest.raises(HorizonError, match=r"^unknown peer 'horizon'; allowed: zero3-offload, zero2-offload$"):
         peer("horizon")
     doc = json.loads(to_json(family("horizon").build(SPEC, POLICY)))
     doc["meta"]["family"] = "megatron"
-    with pytest.raises(ScheduleError, match="family 'megatron' is unknown; known: horizon, zero3-offload"):
+    with pytest.raises(ScheduleError, match="family 'megatron' is unknown; known: horizon, zero3-offload, zero2-offload"):
         from_json(json.dumps(doc))
 
 

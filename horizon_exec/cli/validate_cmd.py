@@ -11,6 +11,10 @@ from horizon_sim.schedule.op import Family
 
 PEER_ALIASES = {"deepspeed": "zero3-offload"}
 """validate --peer's earlier name for the ZeRO-3 offload peer, still taken."""
+VALIDATED_PEERS = (Family.ZERO3_OFFLOAD.value,)
+"""The peers validate --peer runs for real (DeepSpeed's CPU accelerator: measure/peer_deepspeed.py):
+ZeRO-3 offload only; zero2-offload is planned, never run here. A new family's runner adds its
+name here."""
 
 EXAMPLE = """example:
   horizon calibrate -o /tmp/machine.toml && horizon validate --hardware /tmp/machine.toml
@@ -40,9 +44,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="two tiny configurations (for tests)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--no-plots", action="store_true", help="skip the overlay PNGs")
-    # Only ZeRO-3 offload has a real run to compare with (DeepSpeed: measure/peer_deepspeed.py);
-    # a new schedule family's runner would add its name here.
-    p.add_argument("--peer", default=None, choices=(Family.ZERO3_OFFLOAD.value, *PEER_ALIASES),
+    p.add_argument("--peer", default=None, choices=(*VALIDATED_PEERS, *PEER_ALIASES),
                    help="validate the planner's model of a peer instead of our executor: zero3-offload (old name: "
                         "deepspeed) runs small configurations through real DeepSpeed ZeRO-3 offload (CPU "
                         "accelerator) and compares step time and RSS with the peer's simulated Schedule; writes "

@@ -45,8 +45,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_policy_args(p)
     p.add_argument("--compare", default=None, choices=PEERS,
                    help="also plan the same model, batch and machine under DeepSpeed ZeRO-3 with parameters and "
-                        "optimizer offloaded to CPU (one device), and show both side by side with where the "
-                        "difference comes from")
+                        "optimizer offloaded to CPU (zero3-offload) or ZeRO-2 with the optimizer offloaded and the "
+                        "parameters on the GPU (zero2-offload), one device, and show both side by side with where "
+                        "the difference comes from")
     p.add_argument("--peer-knobs", default=None, metavar="K=V,...",
                    help=f"the peer's DeepSpeed knobs, defaults DeepSpeed's (batch and dtype Horizon's): {knobs_help()}")
     p.add_argument("--compute-threads", default=None, type=_threads, metavar="auto|N",
@@ -203,7 +204,7 @@ def run(a: argparse.Namespace) -> int:
     hw = machine_from_args(a)
     if getattr(a, "peer_knobs", None) and not getattr(a, "compare", None):
         from horizon_sim.errors import HorizonError
-        raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload")
+        raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload (or zero2-offload)")
     model, policy = load_model(a.model), policy_from_args(a)
     other = zero3 = None
     if getattr(a, "compare", None):

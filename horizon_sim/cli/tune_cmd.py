@@ -5,7 +5,7 @@ import math
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.cli.hardware_args import add_cluster_args, with_cluster
-from horizon_sim.schedule.op import Family
+from horizon_sim.schedule.op import PEERS
 from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
 from horizon_sim.specs.policy import DTYPES, Policy
 from horizon_sim.units import GiB, fmt_bytes
@@ -132,10 +132,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="global-norm clip kept by every candidate; 0 also allows --optimizer backward (default 1.0)")
     p.add_argument("--states-dtype", choices=DTYPES, default="fp32", help="Adam moments on the host (default fp32)")
     p.add_argument("--top", type=int, default=10, help="configurations to show (default 10)")
-    # Only ZeRO-3's batch search exists (peer/compare.tune_zero3); other peers: plan --compare.
-    p.add_argument("--compare", default=None, choices=(Family.ZERO3_OFFLOAD.value,),
-                   help="also find DeepSpeed ZeRO-3 offload's fastest batch (with and without activation "
-                        "checkpointing) that fits, and show it beside Horizon's best")
+    p.add_argument("--compare", default=None, choices=PEERS,
+                   help="also find the peer's fastest batch (DeepSpeed ZeRO-3 offload, or ZeRO-2 offload: "
+                        "zero2-offload; with and without activation checkpointing) that fits, and show it beside "
+                        "Horizon's best")
     p.add_argument("--peer-knobs", default=None, metavar="K=V,...",
                    help="the peer's fixed DeepSpeed knobs (see horizon plan --help)")
     add_run_args(p)
@@ -152,17 +152,22 @@ def run(a: argparse.Namespace) -> int:
     model, hw = load_model(a.model), hardware_from_args(a)
     base = Policy(seq=a.seq, grad_clip=a.grad_clip, states_dtype=a.states_dtype)
     if a.peer_knobs and not a.compare:
-        raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload")
+        raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload (or zero2-offload)")
     peer = zero3 = None
     if a.compare:
         from horizon_sim.peer.compare import parse_knobs, tune_zero3
-        peer, zero3 = tune_zero3(model, hw, a.seq, max_batch=a.max_batch, grad_clip=a.grad_clip,
-                              knobs=parse_knobs(a.peer_knobs))
+        from horizon_sim.plan.families import peer as peer_family
+        fam = peer_family(a.compare)
+        knobs = parse_knobs(a.peer_knobs)
+        fam.like(base, **knobs)  # a knob the family does not take: its one-line error, before the search
+        if fam.name.value == "zero2-offload":
+            knobs["offload_param"] = False
+        peer, zero3 = tune_zero3(model, hw, a.seq, max_batch=a.max_batch, grad_clip=a.grad_clip, knobs=knobs)
     res = tune(model, hw, a.seq, base=base, space=SearchSpace(max_batch=a.max_batch), workers=a.workers,
                progress=not a.quiet)
     top = res.top(a.top)
     best_row = top.iloc[0].to_dict() if len(top) else None
-    compared = _compare(model, hw, res.best, peer, zero3) if a.compare else None
+    compared = _compare(model, hw, res.best, peer, zero3, a.compare) if a.compare else None
     from horizon_sim.plan.advice import policy_flags
     plan_it = (f"horizon plan --model {a.model} {machine_flags(a, hw)} {policy_flags(res.best)}".rstrip()
                if res.best else None)
@@ -209,17 +214,18 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
-def _compare(model, hw, best, peer, zero3) -> tuple[str, dict]:
+def _compare(model, hw, best, peer, zero3, name: str = "zero3-offload") -> tuple[str, dict]:
     """(text, JSON) of the peer at its best batch against Horizon's best policy."""
     if peer is None:
-        return ("compare   DeepSpeed ZeRO-3 offload: no batch up to --max-batch fits this machine, with or without "
-                "activation checkpointing", {"peer": "zero3-offload", "fits": False})
+        from horizon_sim.plan.families import peer as peer_family
+        return (f"compare   {peer_family(name).title}: no batch up to --max-batch fits this machine, with or without "
+                "activation checkpointing", {"peer": name, "fits": False})
     from horizon_sim.peer.compare import compare_json, compare_text
     from horizon_sim.plan import plan
     if best is None:
-        return (f"compare   DeepSpeed ZeRO-3 offload fits at batch {zero3.batch} ({peer.summary.tokens_per_s:,.0f} "
-                "tokens/s); nothing in Horizon's search space does", {"peer": "zero3-offload", "fits": True,
+        return (f"compare   {zero3.title} fits at batch {zero3.batch} ({peer.summary.tokens_per_s:,.0f} "
+                "tokens/s); nothing in Horizon's search space does", {"peer": name, "fits": True,
                                                                        "peer_policy": zero3.to_dict()})
     ours = plan(model, hw, best)
-    head = f"each at its fastest batch that fits: Horizon {best.batch}, ZeRO-3 offload {zero3.batch}\n"
+    head = f"each at its fastest batch that fits: Horizon {best.batch}, {zero3.title.removeprefix('DeepSpeed ')} {zero3.batch}\n"
     return head + compare_text(ours, peer, zero3), compare_json(ours, peer, zero3)

@@ -1,4 +1,4 @@
-"""Horizon's plan and the ZeRO-3-offload peer's, side by side on the same model, batch and
+"""Horizon's plan and a DeepSpeed peer's (ZeRO-3 offload, or ZeRO-2 offload), side by side on the same model, batch and
 machine: fits, device peak, host RAM, tokens/s, bottleneck, speedup, and where the difference
 comes from (link bytes, exposed optimizer time, device memory), for `horizon plan --compare`.
 
@@ -10,7 +10,7 @@ from dataclasses import fields, replace
 from horizon_sim.errors import HorizonError
 from horizon_sim.peer.zero3_builder import build_zero3_schedule
 from horizon_sim.peer.zero3_policy import Zero3Policy
-from horizon_sim.schedule.op import Lane, OpKind
+from horizon_sim.schedule.op import Family, Lane, OpKind
 from horizon_sim.sim.simulate import SimResult, simulate
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
@@ -22,6 +22,21 @@ def zero3_like(policy: Policy, **knobs) -> Zero3Policy:
     """The peer run on the same batch: the same sequences, micro-batches, compute dtype and
     clipping; DeepSpeed's defaults for the rest (activation checkpointing on, as users run a
     large model under ZeRO-3 offload), overridden by `knobs` (Zero3Policy fields)."""
+    if knobs.get("offload_param", True) is not True:
+        raise HorizonError("offload_param=off (parameters on the GPU) is DeepSpeed ZeRO-2 offload: compare with "
+                           "zero2-offload instead of zero3-offload")
+    return _like(policy, knobs)
+
+
+def zero2_like(policy: Policy, **knobs) -> Zero3Policy:
+    """ZeRO-2 offload on the same batch (zero3_like, with the parameters on the GPU)."""
+    if knobs.get("offload_param", False) is not False:
+        raise HorizonError("offload_param=on (parameters offloaded) is DeepSpeed ZeRO-3 offload: compare with "
+                           "zero3-offload instead of zero2-offload")
+    return _like(policy, {**knobs, "offload_param": False})
+
+
+def _like(policy: Policy, knobs: dict) -> Zero3Policy:
     base = dict(batch=policy.batch, seq=policy.seq, micro_batches=policy.micro_batches,
                 compute_dtype=policy.compute_dtype, grad_clip=policy.grad_clip)
     return Zero3Policy(**{**base, **knobs})
@@ -71,9 +86,10 @@ def peer_hardware(hw: HardwareSpec, zero3: Zero3Policy) -> HardwareSpec:
 
 
 def plan_zero3(model: ModelSpec, hw: HardwareSpec, zero3: Zero3Policy) -> SimResult:
-    """Simulate one step of DeepSpeed ZeRO-3 offload of `model` on `hw` (one device)."""
+    """Simulate one step of DeepSpeed ZeRO-3 offload of `model` on `hw` (one device); with
+    offload_param off, of ZeRO-2 offload."""
     if hw.cluster.ranks > 1:
-        raise HorizonError("the ZeRO-3-offload peer is modelled on one device: drop --gpus/--nodes to compare")
+        raise HorizonError(f"the {zero3.title} peer is modelled on one device: drop --gpus/--nodes to compare")
     return simulate(build_zero3_schedule(model, zero3), peer_hardware(hw, zero3))
 
 
@@ -81,7 +97,8 @@ def tune_zero3(model: ModelSpec, hw: HardwareSpec, seq: int, *, max_batch: int =
                knobs: dict | None = None) -> tuple[SimResult | None, Zero3Policy | None]:
     """The peer at its fastest batch (powers of two up to max_batch) with activation
     checkpointing on or off (unless `knobs` fixes it): the result that fits with the most
-    tokens/s, else (None, None). DeepSpeed's other knobs stay at `knobs` or its defaults."""
+    tokens/s, else (None, None). DeepSpeed's other knobs stay at `knobs` or its defaults
+    (offload_param=False among them: ZeRO-2 offload)."""
     knobs = dict(knobs or {})
     ckpts = [knobs.pop("act_ckpt")] if "act_ckpt" in knobs else [True, False]
     best = (None, None)
@@ -110,7 +127,7 @@ def _optimizer_s(r: SimResult) -> float:
 
 
 def compare_rows(ours: SimResult, peer: SimResult) -> list[tuple[str, str, str]]:
-    """(figure, Horizon, ZeRO-3 offload) rows."""
+    """(figure, Horizon, the peer) rows."""
     a, b = ours.summary, peer.summary
     n = ours.schedule.meta.model.total_params
     la, lb = _link_bytes(ours), _link_bytes(peer)
@@ -145,14 +162,17 @@ def why_text(ours: SimResult, peer: SimResult) -> list[str]:
                      f"of its step; Horizon overlaps its optimizer with the next step's streaming "
                      f"({a.exposed_optimizer_s:.2f} s exposed).")
     la, lb = _link_bytes(ours), _link_bytes(peer)
+    zero2 = peer.schedule.meta.family == Family.ZERO2_OFFLOAD
     if sum(lb.values()) > 1.05 * sum(la.values()):
         lines.append(f"The peer moves {fmt_bytes(sum(lb.values()))} over the link per step against "
                      f"{fmt_bytes(sum(la.values()))}: its gradients go out in fp32 (4 bytes a parameter) and "
-                     "released parameters are fetched again for the backward.")
+                     + ("the updated parameters come back after its CPU Adam." if zero2 else
+                        "released parameters are fetched again for the backward."))
     if b.device_peak_bytes > 1.2 * a.device_peak_bytes:
-        lines.append(f"Device memory: the peer peaks at {fmt_bytes(b.device_peak_bytes)} (its layer checkpoints or "
-                     f"saved activations stay on the device, and the LM head's logits for every token at once) "
-                     f"against Horizon's {fmt_bytes(a.device_peak_bytes)}.")
+        held = ("every parameter stays on the device, with its layer checkpoints" if zero2 else
+                "its layer checkpoints or saved activations stay on the device")
+        lines.append(f"Device memory: the peer peaks at {fmt_bytes(b.device_peak_bytes)} ({held}, and the LM "
+                     f"head's logits for every token at once) against Horizon's {fmt_bytes(a.device_peak_bytes)}.")
     for who, s in (("Horizon", a), ("The peer", b)):
         if not s.fits:
             lines.append(f"{who} does not fit: {s.why}")
@@ -165,11 +185,14 @@ def compare_text(ours: SimResult, peer: SimResult, zero3: Zero3Policy) -> str:
     rows = compare_rows(ours, peer)
     w = max(len(r[0]) for r in rows) + 2
     c = max(len(r[1]) for r in rows) + 2
-    knobs = (f"activation checkpointing {'on' if zero3.act_ckpt else 'off'}, prefetch {zero3.prefetch_bucket_params:,.0f}, "
+    fetch = (f"prefetch {zero3.prefetch_bucket_params:,.0f}" if zero3.offload_param else
+             "parameters on the device" + (", tiled parameter copy" if zero3.adam_copies_params else ""))
+    knobs = (f"activation checkpointing {'on' if zero3.act_ckpt else 'off'}, {fetch}, "
              f"reduce bucket {zero3.reduce_bucket_params:,.0f} params, overlap_comm {'on' if zero3.overlap_comm else 'off'}, "
              f"{'pinned' if zero3.pin_memory else 'pageable'} buffers")
-    out = [f"compare   Horizon against DeepSpeed ZeRO-3 offload ({knobs})", "",
-           f"          {'':<{w}}{'Horizon':<{c}}ZeRO-3 offload"]
+    short = zero3.title.removeprefix("DeepSpeed ")
+    out = [f"compare   Horizon against {zero3.title} ({knobs})", "",
+           f"          {'':<{w}}{'Horizon':<{c}}{short}"]
     out += [f"          {r[0]:<{w}}{r[1]:<{c}}{r[2]}" for r in rows]
     out += [""] + [f"why       {t}" if i == 0 else f"          {t}" for i, t in enumerate(why_text(ours, peer))]
     return "\n".join(out)
@@ -177,7 +200,7 @@ def compare_text(ours: SimResult, peer: SimResult, zero3: Zero3Policy) -> str:
 
 def compare_json(ours: SimResult, peer: SimResult, zero3: Zero3Policy) -> dict:
     a, b = ours.summary, peer.summary
-    return {"peer": "zero3-offload", "peer_policy": zero3.to_dict(), "fits": b.fits, "why": b.why,
+    return {"peer": zero3.family.value, "peer_policy": zero3.to_dict(), "fits": b.fits, "why": b.why,
             "tokens_per_s": b.tokens_per_s, "step_time_s": b.step_time_s, "bottleneck": b.bottleneck,
             "device_peak_bytes": b.device_peak_bytes, "host_bytes": b.host_bytes,
             "host_breakdown_bytes": peer.host.by_role, "link_bytes": _link_bytes(peer),

@@ -70,6 +70,12 @@ device holds on top of it: a bounded number, whatever the link's speed."""
 class Zero3StepBuilder(StepBuilder):
     family = Family.ZERO3_OFFLOAD
 
+    @property
+    def reduce_window(self) -> int:
+        """With overlap_comm, the backward after an offload waits for the offload this many back
+        (MAX_REDUCE_EVENTS' docstring)."""
+        return MAX_REDUCE_EVENTS + 1
+
     def __init__(self, model: ModelSpec, zero3: Zero3Policy, synchronous: bool = False):
         super().__init__(model, zero3.horizon_policy())
         self.zero3, self.synchronous = zero3, synchronous
@@ -186,10 +192,10 @@ class Zero3StepBuilder(StepBuilder):
         live = sum(self.params(v) for v in self.fetched)
         return between <= self.zero3.max_reuse_distance_params and live <= self.zero3.max_live_params
 
-    def release(self, u: int) -> str:
-        """Unit u's fetched parameters go after the op that frees them (it lists the name)."""
+    def release(self, u: int) -> list[str]:
+        """Unit u's fetched parameters go after the op that frees them (it lists the names)."""
         self.fetched.discard(u)
-        return self.w(u)
+        return [self.w(u)]
 
     # ---- gradients ------------------------------------------------------------------------------------
     def gather_grad(self, u: int, m: int, last: bool) -> None:
@@ -210,8 +216,8 @@ class Zero3StepBuilder(StepBuilder):
         z = self.zero3
         hg = [self.host_grad(u) for u in units]
         writes = hg + ([self.bufs.grad_sq(u) for u in units] if last else [])
-        if z.overlap_comm and len(self.offloads) > MAX_REDUCE_EVENTS:
-            self.stall = (self.offloads[-MAX_REDUCE_EVENTS - 1],)  # MAX_REDUCE_EVENTS' docstring
+        if z.overlap_comm and len(self.offloads) >= self.reduce_window:
+            self.stall = (self.offloads[-self.reduce_window],)  # reduce_window's docstring
         reads = dgrads + (hg if acc else []) + [self.ipg_bucket()]
         t = sum(tensors(self.model, u) for u in units)
         norm = n * 4 if last and z.per_param_norm else 0  # _constant_buffered_norm2 of each fp32 gradient
@@ -253,9 +259,9 @@ class Zero3StepBuilder(StepBuilder):
             reads = [self.w(u)] + ([b.activation(m, u)] if u > 0 else [self.w(EMBED)])
             frees = ([b.activation(m, u)] if u > 0 else [])
             if u == 0:
-                frees.append(self.release(EMBED))
+                frees += self.release(EMBED)
             if not self.keep_after_forward(u):
-                frees.append(self.release(u))
+                frees += self.release(u)
             self.emit(OpKind.FORWARD, u, m, reads=reads, writes=[b.activation(m, u + 1), self.saved(m, u)], frees=frees,
                       flops=self.model.layer_fwd_flops(self.tokens, seq), hbm_bytes=fwd_hbm, workspace_bytes=ws,
                       after=hooked)
@@ -263,7 +269,7 @@ class Zero3StepBuilder(StepBuilder):
         tok = self.tokens
         hooked = self.hooks((self.head,), m, calls=4, grad_tensor_ops=self.grad_tensor_ops(m))  # forward and backward
         self.emit(OpKind.HEAD, self.head, m, reads=[b.activation(m, L), self.w(self.head)],
-                  writes=[b.activation_grad(m, L), self.device_grad(self.head, m)], frees=[b.activation(m, L), self.release(self.head)],
+                  writes=[b.activation_grad(m, L), self.device_grad(self.head, m)], frees=[b.activation(m, L), *self.release(self.head)],
                   flops=3 * self.model.head_fwd_flops(tok), hbm_bytes=work.head_elementwise_bytes(self.model, tok, a),
                   workspace_bytes=work.head_workspace_bytes(self.model, tok, tok, a), after=hooked)
         self.gather_grad(self.head, m, last=False)
@@ -290,7 +296,7 @@ class Zero3StepBuilder(StepBuilder):
                 after, self.stall = self.stall, ()
             after = (*after, *hooked)
             self.emit(kind, u, m, reads=[self.saved(m, u), b.activation_grad(m, u + 1), self.w(u)], writes=writes,
-                      frees=[self.saved(m, u), b.activation_grad(m, u + 1), self.release(u)], flops=flops,
+                      frees=[self.saved(m, u), b.activation_grad(m, u + 1), *self.release(u)], flops=flops,
                       hbm_bytes=bwd_hbm, workspace_bytes=ws, after=tuple(after))
             self.gather_grad(u, m, last=False)
         self.gather_grad(EMBED, m, last=True)
@@ -338,11 +344,18 @@ class Zero3StepBuilder(StepBuilder):
 
 
 def build_zero3_schedule(model: ModelSpec, zero3: Zero3Policy, synchronous: bool = False) -> Schedule:
-    """One step of DeepSpeed ZeRO-3 offload on one device (module docstring), checked.
+    """One step of DeepSpeed ZeRO-3 offload on one device (module docstring), checked; with
+    offload_param off, ZeRO-2 offload's (zero2_builder.py).
     synchronous: every op waits for the one before it, as on DeepSpeed's CPU accelerator, whose
     streams are no-ops (its copies, compute and CPU Adam run one after another in one thread)."""
     if not isinstance(zero3, Zero3Policy):
         raise HorizonError(f"zero3 policy {zero3!r} is not a Zero3Policy")
+    if not zero3.offload_param:
+        if synchronous:
+            raise HorizonError("the ZeRO-2 offload peer is planned on a GPU only; DeepSpeed's CPU accelerator "
+                               "runs are ZeRO-3's (validate --peer zero3-offload)")
+        from horizon_sim.peer.zero2_builder import build_zero2_schedule
+        return build_zero2_schedule(model, zero3)
     if synchronous:
         zero3 = zero3.on_cpu_accelerator()
     return Zero3StepBuilder(model, zero3, synchronous).build().check()

@@ -1,5 +1,7 @@
 """Zero3Policy: DeepSpeed ZeRO-3 with its parameters and optimizer offloaded to CPU memory, as
-users run it today, described by the knobs that change its step. One object drives both the
+users run it today, described by the knobs that change its step; with offload_param off, DeepSpeed
+ZeRO-2 offload (the optimizer alone offloaded, the parameters resident on the GPU: the family
+zero2-offload). One object drives both the
 planner's model of it (zero3_builder.py) and the real DeepSpeed run (ds_config()), so the two
 never describe different configurations.
 
@@ -10,9 +12,10 @@ per wait, module hooks, the fp32 gradient round trip, per-parameter norms) are w
 0.19 does on one GPU, on by default; each can be turned off to see what it costs, or to describe
 another setup (docs/zero3_peer.md).
 """
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.schedule.op import Family
 from horizon_sim.specs.from_dict import spec_from_dict
 from horizon_sim.specs.policy import DTYPES, MAX_BATCH, MAX_SEQ, Policy
 
@@ -83,6 +86,27 @@ class Zero3Policy:
     (complete_grad_norm_calculation_for_cpu_offload). Off: the norm is free, as Horizon's
     offload folds it into the copy."""
 
+    offload_param: bool = True
+    """DeepSpeed's offload_param: the parameters live in host memory and each unit's are fetched
+    to the device for its uses (ZeRO-3 offload, the family zero3-offload). Off: ZeRO-2 offload
+    (stage 2 with offload_optimizer only, the family zero2-offload): every parameter stays on the
+    device in the compute dtype, nothing is fetched; gradients go to the host per reduce bucket
+    as under ZeRO-3; after the CPU Adam the updated parameters cross the link back to the device
+    (adam_copies_params). The fetch knobs (prefetch_bucket_params, max_live_params,
+    max_reuse_distance_params, per_tensor_fetch, sync_per_wait, hook_us) are ZeRO-3's and keep
+    their defaults; ZeRO-2 registers no module hooks, only a gradient hook per parameter
+    (tensor_op_us per call)."""
+    adam_copies_params: bool = False
+    """ZeRO-2 offload only: how the updated parameters reach the device. Off, DeepSpeed 0.19
+    (stage_1_and_2.py step: DeepSpeedCPUAdam.step() over the whole parameter group, then
+    `bit16_partition_buffer.copy_(fp32_partition)` on the host and one non_blocking copy to the
+    device; the tiled path is commented out there, 'the C++ side copy & synchronize is not
+    working correctly'): the Adam over every unit, then a cast pass on the host into a pinned
+    buffer in the compute dtype and the copy, nothing overlapping them. On, DeepSpeed of 2020-21
+    (stage2.py step: `self.optimizer.step(fp16_param_groups=...)`, whose C++ Adam writes each
+    tile's fp16 values to a pinned buffer and copies it to the device while it updates the next
+    tile): each unit's copy as soon as its Adam is done, no host cast pass and no host buffer."""
+
     def __post_init__(self):
         for f in ("batch", "seq", "micro_batches", "prefetch_bucket_params", "max_live_params",
                   "max_reuse_distance_params", "reduce_bucket_params"):
@@ -97,8 +121,8 @@ class Zero3Policy:
                                f"micro_batches={self.micro_batches}")
         if self.compute_dtype not in DTYPES:
             raise HorizonError(f"zero3 policy compute_dtype={self.compute_dtype!r}; allowed: {', '.join(DTYPES)}")
-        for f in ("act_ckpt", "overlap_comm", "pin_memory", "per_tensor_fetch", "sync_per_wait", "fp32_grad_copy",
-                  "per_param_norm"):
+        for f in ("offload_param", "adam_copies_params", "act_ckpt", "overlap_comm", "pin_memory", "per_tensor_fetch",
+                  "sync_per_wait", "fp32_grad_copy", "per_param_norm"):
             if not isinstance(getattr(self, f), bool):
                 raise HorizonError(f"zero3 policy {f}={getattr(self, f)!r} must be true or false")
         if not isinstance(self.grad_clip, (int, float)) or isinstance(self.grad_clip, bool) or self.grad_clip < 0:
@@ -107,6 +131,25 @@ class Zero3Policy:
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1e6:
                 raise HorizonError(f"zero3 policy {f}={v!r} must be a number of microseconds from 0 to 1e6")
+        if self.offload_param and self.adam_copies_params:
+            raise HorizonError("zero3 policy adam_copies_params=true is ZeRO-2 offload's (offload_param=false, "
+                               "the family zero2-offload): under ZeRO-3 the Adam writes the host partition the "
+                               "next step fetches")
+        if not self.offload_param:
+            moved = [f for f in ZERO3_FETCH_KNOBS if getattr(self, f) != _DEFAULTS[f]]
+            if moved:
+                raise HorizonError(f"zero2-offload keeps every parameter on the device: {', '.join(moved)} "
+                                   f"(ZeRO-3's parameter fetch and module hooks) must keep the default")
+
+    @property
+    def family(self) -> Family:
+        """The schedule family this policy describes."""
+        return Family.ZERO3_OFFLOAD if self.offload_param else Family.ZERO2_OFFLOAD
+
+    @property
+    def title(self) -> str:
+        """What users call it ("DeepSpeed ZeRO-3 offload")."""
+        return "DeepSpeed ZeRO-3 offload" if self.offload_param else "DeepSpeed ZeRO-2 offload"
 
     def on_cpu_accelerator(self) -> "Zero3Policy":
         """The same policy as DeepSpeed's CPU accelerator runs it (validate --peer): its `.to(cpu)`
@@ -136,13 +179,29 @@ class Zero3Policy:
         return Policy(batch=self.batch, seq=self.seq, micro_batches=self.micro_batches, act_ckpt_every=1,
                       master_dtype="fp32",  # DeepSpeed's master is the whole fp32 one, never split
                       act_ckpt_on="device", compute_dtype=self.compute_dtype, grad_dtype=self.compute_dtype,
-                      working_copy=self.compute_dtype != "fp32", optimizer="after", grad_clip=float(self.grad_clip),
+                      # the host copy in the compute dtype: ZeRO-3's partition, ZeRO-2's cast buffer;
+                      # none where the Adam copies its tiles to the device itself
+                      working_copy=self.compute_dtype != "fp32" and not self.adam_copies_params, optimizer="after", grad_clip=float(self.grad_clip),
                       loss_chunk_tokens=self.micro_batch * self.seq)
 
     def ds_config(self) -> dict:
         """The DeepSpeed config of this policy (deepspeed.initialize(config=...)): ZeRO stage 3,
-        parameters and optimizer on the CPU, DeepSpeed's AdamW (DeepSpeedCPUAdam). lr and betas
-        are the caller's (`optimizer.params`)."""
+        parameters and optimizer on the CPU (offload_param off: stage 2, the optimizer on the
+        CPU), DeepSpeed's AdamW (DeepSpeedCPUAdam). lr and betas are the caller's
+        (`optimizer.params`)."""
+        if not self.offload_param:
+            cfg = self._zero3_config()
+            cfg["zero_optimization"] = {
+                "stage": 2,
+                "offload_optimizer": {"device": "cpu", "pin_memory": self.pin_memory},
+                "reduce_bucket_size": self.reduce_bucket_params,
+                "overlap_comm": self.overlap_comm,
+                "contiguous_gradients": True,
+            }
+            return cfg
+        return self._zero3_config()
+
+    def _zero3_config(self) -> dict:
         return {
             "train_micro_batch_size_per_gpu": self.micro_batch,
             "gradient_accumulation_steps": self.micro_batches,
@@ -164,3 +223,9 @@ class Zero3Policy:
             "steps_per_print": 2**31 - 1,
             "wall_clock_breakdown": False,
         }
+
+
+ZERO3_FETCH_KNOBS = ("prefetch_bucket_params", "max_live_params", "max_reuse_distance_params", "per_tensor_fetch",
+                     "sync_per_wait", "hook_us")
+"""Knobs of ZeRO-3's parameter fetch and module hooks: ZeRO-2 offload has neither."""
+_DEFAULTS = {f.name: f.default for f in fields(Zero3Policy) if f.name in ZERO3_FETCH_KNOBS}

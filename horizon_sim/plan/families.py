@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Callable
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.peer.compare import plan_zero3, zero3_like
+from horizon_sim.peer.compare import plan_zero3, zero2_like, zero3_like
 from horizon_sim.peer.zero3_builder import build_zero3_schedule
 from horizon_sim.peer.zero3_policy import Zero3Policy
 from horizon_sim.plan.plan import plan
@@ -52,7 +52,7 @@ def _horizon_build(model: ModelSpec, policy: Policy, layout: Layout = ONE) -> Sc
 
 def _zero3_build(model: ModelSpec, zero3: Zero3Policy, layout: Layout = ONE) -> Schedule:
     if layout != ONE:
-        raise HorizonError(f"the ZeRO-3-offload peer is modelled on one device, not {layout}")
+        raise HorizonError(f"the {zero3.title} peer is modelled on one device, not {layout}")
     return build_zero3_schedule(model, zero3)
 
 
@@ -61,6 +61,9 @@ FAMILIES: dict[Family, ScheduleFamily] = {f.name: f for f in (
                    lambda policy, **knobs: replace(policy, **knobs), "horizon train"),
     ScheduleFamily(Family.ZERO3_OFFLOAD, "DeepSpeed ZeRO-3 offload", Zero3Policy, _zero3_build, plan_zero3,
                    zero3_like, "DeepSpeed itself, as horizon validate --peer zero3-offload does"),
+    # the same policy and builder with the parameters on the GPU (Zero3Policy.offload_param off)
+    ScheduleFamily(Family.ZERO2_OFFLOAD, "DeepSpeed ZeRO-2 offload", Zero3Policy, _zero3_build, plan_zero3,
+                   zero2_like, "DeepSpeed itself (this project has not run ZeRO-2 offload)"),
 )}
 
 def family(name) -> ScheduleFamily:

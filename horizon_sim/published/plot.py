@@ -7,7 +7,8 @@ from pathlib import Path
 from horizon_sim.published.quantity import GROUPS, QUANTITIES
 from horizon_sim.published.suite import SuiteResult
 
-_STYLE = {"horizon": ("o", "#4c72b0", "Horizon's design"), "zero3-offload": ("s", "#dd8452", "ZeRO-3 offload (peer)")}
+_STYLE = {"horizon": ("o", "#4c72b0", "Horizon's design"), "zero3-offload": ("s", "#dd8452", "ZeRO-3 offload (peer)"),
+          "zero2-offload": ("D", "#55a868", "ZeRO-2 offload (peer)")}
 
 
 def plot_published(res: SuiteResult, path: Path) -> Path:

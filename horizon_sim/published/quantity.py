@@ -4,7 +4,8 @@ Throughput is published in several countings; each is recomputed from the planne
 with the source's own counting, so the comparison is of speed, not of conventions:
   tflops_6NT   6 x params x tokens/s per GPU: forward + backward, no recompute (the usual MFU count)
   tflops_8NT   8 x params x tokens/s: with the forward recomputed in backward (full activation
-               checkpointing), the count DeepSpeed's ZeRO-Offload/ZeRO-3 posts report
+               checkpointing), the count DeepSpeed's ZeRO-Offload/ZeRO-3 posts report (their
+               Megatron-LM-v1.1.5-ZeRO3 prints it: megatron/utils.py flops_calculator)
 Memory is read the way the source measured it: GB (1e9 bytes) or GiB (2^30: a script that
 divides by 1024**3 and prints "GB"), the device peak, the host footprint, or the host RSS a
 training loop samples between steps, after it has freed its gradients

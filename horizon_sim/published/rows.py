@@ -12,9 +12,10 @@ from horizon_sim.schedule.op import Family
 
 MEASUREMENTS = Path(__file__).with_name("measurements.toml")
 SYSTEMS = tuple(f.value for f in Family)
-"""What the source ran: a RAM-centric trainer of Horizon's design (planned with `horizon plan`)
-or DeepSpeed ZeRO-3 with parameters and optimizer offloaded to the CPU (the planner's peer,
-`plan --compare zero3-offload`)."""
+"""What the source ran: a RAM-centric trainer of Horizon's design (planned with `horizon plan`),
+DeepSpeed ZeRO-3 with parameters and optimizer offloaded to the CPU (the planner's peer,
+`plan --compare zero3-offload`) or DeepSpeed ZeRO-2 with the optimizer offloaded and the
+parameters on the GPU (`plan --compare zero2-offload`)."""
 
 
 @dataclass(frozen=True)

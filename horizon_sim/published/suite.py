@@ -48,7 +48,7 @@ def plan_row(row: PublishedRow) -> tuple[SimResult, ModelSpec]:
                            "(the row names its machine; system picks the peer)")
     fam = family(row.system)
     if fam.name == Family.HORIZON and a.peer_knobs:
-        raise HorizonError("--peer-knobs is for a peer's rows (system = 'zero3-offload')")
+        raise HorizonError("--peer-knobs is for a peer's rows (system = 'zero3-offload' or 'zero2-offload')")
     model = ModelSpec.from_dict({"name": row.id, **row.model}, f"row {row.id} model") if row.model else load_model(a.model)
     hw, policy = plan_cmd.machine_from_args(a), policy_from_args(a)
     if fam.name != Family.HORIZON:

@@ -63,6 +63,8 @@ class OpKind(str, Enum):
     #                                            are issued (DeepSpeed's module hooks, per-tensor dispatch)
     RELOAD_GRADS = "reload_grads"              # h2d: a gradient partition kept in host memory back to the
     #                                            device (DeepSpeed's partition_grads round trip)
+    UPLOAD_PARAMS = "upload_params"            # h2d: a unit's updated parameters, in the compute dtype, to
+    #                                            their resident device copy after the CPU Adam (ZeRO-2 offload)
 
 
 LANE_OF: dict[OpKind, Lane] = {
@@ -76,7 +78,7 @@ LANE_OF: dict[OpKind, Lane] = {
     OpKind.REDUCE_SCATTER: Lane.FABRIC, OpKind.HOST_REDUCE: Lane.CPU, OpKind.NET_REDUCE_SCATTER: Lane.NET,
     OpKind.NET_ALL_GATHER: Lane.NET, OpKind.NORM_ALL_REDUCE: Lane.NET, OpKind.UPDATE_BARRIER: Lane.NET,
     OpKind.DISK_READ: Lane.DISK, OpKind.DISK_WRITE: Lane.DISK,
-    OpKind.HOOKS: Lane.CPU, OpKind.RELOAD_GRADS: Lane.H2D,
+    OpKind.HOOKS: Lane.CPU, OpKind.RELOAD_GRADS: Lane.H2D, OpKind.UPLOAD_PARAMS: Lane.H2D,
 }
 COLLECTIVES = (OpKind.REDUCE_SCATTER, OpKind.NET_REDUCE_SCATTER, OpKind.NET_ALL_GATHER, OpKind.NORM_ALL_REDUCE,
                OpKind.UPDATE_BARRIER)
@@ -135,6 +137,10 @@ class Holds(str, Enum):
     #                                          for its backward (the persistent graph), dynamic
     GRAD_BUCKET = "grad_bucket"          # (reduce bucket elements,) the contiguous buffer gradients are
     #                                      gathered in before each offload, static
+    DEVICE_PARAMS = "device_params"      # (params,) a unit's parameters resident on the device for the
+    #                                      whole step (ZeRO-2 offload: only the optimizer is offloaded), static
+    HOST_GRAD_ACC = "host_grad_acc"      # (params,) a unit's gradient summed over micro-batches in host memory
+    #                                      in the compute dtype, through the device (ZeRO-2 offload), static
 
 
 DTYPE_BYTES_OF = {"fp32": 4, "bf16": 2, "fp64": 8, "int64": 8, "int16": 2, "uint8": 1}
@@ -255,6 +261,7 @@ class Family(str, Enum):
     """The schedule families (plan/families.py registers what builds, prices and runs each)."""
     HORIZON = "horizon"              # Horizon's streaming step (schedule/builder.py)
     ZERO3_OFFLOAD = "zero3-offload"  # DeepSpeed ZeRO-3 with parameters and optimizer on the CPU (peer/)
+    ZERO2_OFFLOAD = "zero2-offload"  # DeepSpeed ZeRO-2 with the optimizer on the CPU, parameters on the GPU (peer/)
 
 
 PEERS: tuple[str, ...] = tuple(f.value for f in Family if f is not Family.HORIZON)

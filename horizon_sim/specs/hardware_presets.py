@@ -16,7 +16,7 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.specs.cluster import make_cluster
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
 from horizon_sim.specs.layout import ONE, Layout
-from horizon_sim.specs.measured_kernels import fa2_a100_attention, gh100_kernels
+from horizon_sim.specs.measured_kernels import fa2_a100_attention, gh100_kernels, v100_megatron_kernels
 from horizon_sim.units import GiB, closest, fmt_bytes, parse_size
 
 # ---- links ---------------------------------------------------------------------------------
@@ -91,10 +91,11 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec(name="rtx-3090", hbm_GiB=_mib(24576), bf16_TFLOPs=71.0, fp32_TFLOPs=35.6,
                    hbm_GBps=936.0, default_link="pcie-gen4",
                    library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
-        # Volta has no bf16: its 16-bit rate is fp16, what the published V100 runs trained in.
+        # Volta has no bf16: its 16-bit rate is fp16, what the published V100 runs trained in;
+        # its compute at the rate DeepSpeed's tutorial measured for Megatron-LM v1.1.5 on it.
         DeviceSpec(name="v100-32gb", hbm_GiB=_mib(32480), bf16_TFLOPs=125.0, fp32_TFLOPs=15.7,
                    hbm_GBps=900.0, default_link="pcie-gen3",
-                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
+                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB, **v100_megatron_kernels()),
     )
 }
 

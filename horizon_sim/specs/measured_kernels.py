@@ -1,6 +1,10 @@
 """Kernel rates measured on a real GPU, shipped with the planner so a preset's compute is priced
 from a measurement rather than a flat efficiency (issue 26).
 
+The V100 takes its rate from a published log instead (v100_megatron_kernels): DeepSpeed's
+ZeRO-Offload tutorial timed the forward and backward of a 10B GPT-2 in Megatron-LM v1.1.5 on one
+V100 with every parameter resident on the GPU, which is pure compute.
+
 One measurement so far: an H200, by this project's `horizon calibrate --device cuda`
 (measured/h200_2026-11-27.toml). The GH100 presets take it: the H200 as measured; the H100 SXM
 and the GH200 (the same GH100 compute, 132 SMs, 989-990 TF dense bf16) with its compute tables
@@ -51,3 +55,31 @@ def fa2_a100_attention() -> tuple:
     published time for the pair (how it splits between them is not in the figure)."""
     return tuple(("bf16", float(s), float(hd), r * 6 / 7, r * 6 / 7)
                  for hd, rates in FA2_A100_CAUSAL.items() for s, r in zip(FA2_SEQS, rates))
+
+
+# DeepSpeed's ZeRO-Offload tutorial (microsoft/DeepSpeed docs/_tutorials/zero-offload.md, log screenshot
+# docs/assets/images/zero_offload_dp1_10B_log.png): GPT-2 10B (50 layers x 4096, 32 heads, vocab 50257,
+# seq 1024) in Megatron-LM v1.1.5, fp16, batch 10, --checkpoint-activations, one V100-SXM3 32GB of a DGX-2,
+# ZeRO-2 Offload (parameters resident on the GPU, so the forward and backward are compute only):
+# forward 6.1-6.4 s, backward 11.8-12.6 s per iteration. Their middles:
+V100_TUTORIAL_FORWARD_S = 6.25
+V100_TUTORIAL_BACKWARD_S = 12.2
+V100_MEGATRON_TFLOPs = 51.1
+"""The one rate at which the planner's step of that run (the ZeRO-2 peer, its GEMMs at this rate,
+its attention at half of it, elementwise work at the datasheet HBM rate) computes for
+V100_TUTORIAL_FORWARD_S + V100_TUTORIAL_BACKWARD_S: 51.1 TFLOP/s, 41% of the 125 TF tensor peak
+(49.5-52.8 over the log's ranges; tests/test_peer_zero2.py recomputes it). An effective rate: it
+carries whatever Megatron-v1.1.5's fp16 kernels, their launches and the framework cost beyond the
+planner's elementwise model. The forward and backward are fitted together: alone, the forward's
+6.25 s implies a lower rate than the backward's 12.2 s (which holds a forward again), so
+something besides compute sits in the forward timer and neither alone is a kernel rate."""
+
+
+def v100_megatron_kernels() -> dict:
+    """DeviceSpec fields of the V100 at V100_MEGATRON_TFLOPs: every GEMM layout at that rate
+    (one measured point per layout: the same rate at every shape), and attention at half of it
+    in the planner's causal count, because Megatron v1.1.5 computes every score of the T x T
+    matrix and masks it (a baddbmm, the masked softmax, a bmm), twice the nominal causal work."""
+    r = V100_MEGATRON_TFLOPs
+    gemm = tuple(("bf16", layout, 10240.0, 4096.0, 4096.0, r) for layout in ("nt", "nn", "tn"))
+    return dict(gemm_TFLOPs=gemm, attention_TFLOPs=(("bf16", 1024.0, 128.0, r / 2, r / 2),))

@@ -77,6 +77,13 @@ _FA2_A100 = ("published: FlashAttention-2 on an A100 80GB SXM4, causal, fp16, fo
              "planner's count (FA2 counts the backward as 2.5 forwards, the planner 2); forward and backward at "
              "one rate: estimate (the figure gives their sum)")
 
+_V100_MEGATRON = ("published: 51.1 TF/s for every GEMM (41% of the tensor peak), the rate at which the planner's step "
+                  "of DeepSpeed's ZeRO-Offload tutorial run (GPT-2 10B in Megatron-LM v1.1.5, fp16, batch 10 x 1024, "
+                  "checkpointed, parameters resident: ZeRO-2 Offload) computes for its logged forward + backward, "
+                  "6.1-6.4 + 11.8-12.6 s (microsoft/DeepSpeed docs/assets/images/zero_offload_dp1_10B_log.png); "
+                  "49.5-52.8 over those ranges (measured_kernels.py V100_MEGATRON_TFLOPs)")
+
+
 def _smi(mib: int, name: str) -> str:
     return f"measured: nvidia-smi memory.total {mib} MiB for \"{name}\""
 
@@ -149,6 +156,9 @@ SOURCES: dict[str, dict[str, str]] = {
         "hbm_GBps": "datasheet: NVIDIA GA102 whitepaper: GDDR6X 936 GB/s",
         "library_workspace_MiB": _PRE_HOPPER_WS},
     "device:v100-32gb": {
+        "gemm_TFLOPs": _V100_MEGATRON,
+        "attention_TFLOPs": _V100_MEGATRON + "; attention at half that rate in the planner's causal count: "
+                            "Megatron v1.1.5 computes and masks the whole T x T score matrix",
         "hbm_GiB": "published: nvidia-smi 32480 MiB in DeepSpeed's ZeRO-Offload tutorial screenshot of its DGX-2 "
                    "run (microsoft/DeepSpeed docs/assets/images/zero_offload_dp1_10B_smi.png)",
         "bf16_TFLOPs": "datasheet: NVIDIA V100: 125 TF tensor (fp16: Volta has no bf16; the runs it stands for "
