@@ -1,13 +1,15 @@
 """Benchmark: the streaming executor against plain autograd on the same model (CPU backend).
 
 Model: Llama-style, 8 layers, hidden 512, 8 heads, SwiGLU 1376, vocab 32000 (Llama-2's), one
-step = 4 x 512 tokens, bf16 compute. Executor: the default policy (fp32 master + Adam on the
+step = 4 x 512 tokens, compute in `horizon train`'s default dtype for this CPU (--compute-dtype
+auto: bf16 where the CPU has bf16 matrix instructions, fp32 elsewhere, where bf16 GEMMs run tens
+of times slower; printed on the model line). Executor: the default policy (fp32 master + Adam on the
 host, bf16 working copy, pipelined optimizer, K=1, 2 slots, checkpoints on the host, clip 1.0),
 plus --keep-activations L|all and --micro-batches/--mb-order as given (printed on the model
 line); its cores as --compute-threads says (default auto: the planner's split for this step,
 priced with --hardware FILE when given, printed as 'cores: ...').
 Baseline: the same model as a plain nn.Module (the same block code, whole-model autograd) with
-fp32 parameters under torch.autocast(bfloat16), torch.optim.AdamW(fused=True) and
+fp32 parameters (under torch.autocast(bfloat16) when the compute dtype is bf16), torch.optim.AdamW(fused=True) and
 clip_grad_norm_, on as many intra-op threads as the executor's compute lane (all the cores when
 the split gives compute all of them).
 
@@ -54,6 +56,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from horizon_exec.device.compute_dtype import default_compute_dtype
 from horizon_exec.device.core_split import threads_arg
 from horizon_exec.optim import native
 from horizon_exec.device.hugepages import host_bytes
@@ -107,6 +110,7 @@ class AutogradStep:
 
     def __init__(self, spec, pol, cores, threads):
         self.spec, self.pol, self.cores, self.threads = spec, pol, cores, threads
+        self.bf16 = pol.compute_dtype == "bf16"
         self.model = PlainLM(spec, pol.seq)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
 
@@ -117,7 +121,7 @@ class AutogradStep:
         try:
             tokens = torch.randint(0, self.spec.vocab, (self.pol.batch, self.pol.seq))
             t0 = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
                 loss = self.model(tokens)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.pol.grad_clip)
@@ -231,18 +235,23 @@ def main():
                     help="Policy.keep_last: the last L layers keep their activations (default 0)")
     ap.add_argument("--micro-batches", type=int, default=1)
     ap.add_argument("--mb-order", choices=MB_ORDERS, default="micro", help="Policy.mb_order (default micro)")
+    ap.add_argument("--compute-dtype", choices=("auto", "bf16", "fp32"), default="auto",
+                    help="both sides' compute dtype (default auto: horizon train's default for this CPU)")
     ap.add_argument("--optimizer-only", action="store_true",
                     help="only the optimizer-rate lines (one step first, to have gradients)")
     a = ap.parse_args()
     spec = ModelSpec(name="bench-llama", n_layers=a.layers, hidden=a.hidden, n_heads=a.heads,
                      n_kv_heads=a.heads, ffn_hidden=a.ffn, vocab=a.vocab)
+    dtype, why = (a.compute_dtype, "given") if a.compute_dtype != "auto" else default_compute_dtype("cpu")
     pol = Policy(batch=a.batch, seq=a.seq, act_ckpt_every=1, slots=2, act_ckpt_on="host",
                  optimizer="pipelined", grad_clip=1.0, keep_last=a.keep_activations,
-                 micro_batches=a.micro_batches, mb_order=a.mb_order)
+                 micro_batches=a.micro_batches, mb_order=a.mb_order, compute_dtype=dtype,
+                 working_copy=dtype == "bf16")  # an fp32 step computes from the master itself
     tr = Trainer(spec, pol, _config(a))
     threads = tr.backend.compute_threads
     print(f"model {spec.n_layers}x{spec.hidden} (ffn {spec.ffn_hidden}, vocab {spec.vocab}), "
-          f"{spec.total_params / 1e6:.1f}M params, {pol.batch}x{pol.seq} tokens/step, bf16 compute, "
+          f"{spec.total_params / 1e6:.1f}M params, {pol.batch}x{pol.seq} tokens/step, {dtype} compute "
+          f"({why or 'bf16 matrix instructions'}), "
           f"compute threads {threads}, host lane cores {tr.backend.host_cores}; policy keep_last "
           f"{pol.keep_last}, micro_batches {pol.micro_batches}, mb_order {pol.mb_order}")
     print(f"cores: {tr.backend.split_why}")
