@@ -56,8 +56,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from horizon_exec.device.compute_dtype import default_compute_dtype
-from horizon_exec.device.core_split import threads_arg
 from horizon_exec.optim import native
 from horizon_exec.device.hugepages import host_bytes
 from horizon_exec.model.layers import DecoderBlock, rms_norm
@@ -67,10 +65,8 @@ from horizon_exec.optim.adamw import clip_coef
 from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Holds, Lane, OpKind
-from horizon_sim.cli.policy_args import keep_layers
-from horizon_sim.specs.hardware_io import load_hardware
 from horizon_sim.specs.model import ModelSpec
-from horizon_sim.specs.policy import MB_ORDERS, Policy
+from horizon_flags import add_horizon_flags, hardware_of, horizon_side
 
 
 class PlainLM(nn.Module):
@@ -134,7 +130,7 @@ class AutogradStep:
 
 def _config(a) -> TrainerConfig:
     """The executor's settings of both runs: lr 1e-4, --compute-threads (auto: priced with --hardware)."""
-    hw = load_hardware(a.hardware) if a.hardware else None
+    hw = hardware_of(a)
     return TrainerConfig(optimizer=OptimizerConfig(lr=1e-4), runtime=RuntimeConfig(compute_threads=a.compute_threads),
                          admission=AdmissionConfig(hardware=hw))
 
@@ -227,31 +223,20 @@ def main():
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--compute-threads", type=threads_arg, default="auto", metavar="auto|N",
-                    help="the executor's compute-lane threads (default auto: the planner's split)")
-    ap.add_argument("--hardware", default=None, metavar="FILE",
-                    help="a calibrated hardware file that --compute-threads auto prices the split with")
-    ap.add_argument("--keep-activations", type=keep_layers, default=0, metavar="L|all",
-                    help="Policy.keep_last: the last L layers keep their activations (default 0)")
-    ap.add_argument("--micro-batches", type=int, default=1)
-    ap.add_argument("--mb-order", choices=MB_ORDERS, default="micro", help="Policy.mb_order (default micro)")
-    ap.add_argument("--compute-dtype", choices=("auto", "bf16", "fp32"), default="auto",
-                    help="both sides' compute dtype (default auto: horizon train's default for this CPU)")
+    add_horizon_flags(ap)
     ap.add_argument("--optimizer-only", action="store_true",
                     help="only the optimizer-rate lines (one step first, to have gradients)")
     a = ap.parse_args()
     spec = ModelSpec(name="bench-llama", n_layers=a.layers, hidden=a.hidden, n_heads=a.heads,
                      n_kv_heads=a.heads, ffn_hidden=a.ffn, vocab=a.vocab)
-    dtype, why = (a.compute_dtype, "given") if a.compute_dtype != "auto" else default_compute_dtype("cpu")
-    pol = Policy(batch=a.batch, seq=a.seq, act_ckpt_every=1, slots=2, act_ckpt_on="host",
-                 optimizer="pipelined", grad_clip=1.0, keep_last=a.keep_activations,
-                 micro_batches=a.micro_batches, mb_order=a.mb_order, compute_dtype=dtype,
-                 working_copy=dtype == "bf16")  # an fp32 step computes from the master itself
+    side = horizon_side(a, batch=a.batch, seq=a.seq, act_ckpt_every=1, slots=2, act_ckpt_on="host",
+                        optimizer="pipelined", grad_clip=1.0)
+    pol = side.policy
     tr = Trainer(spec, pol, _config(a))
     threads = tr.backend.compute_threads
     print(f"model {spec.n_layers}x{spec.hidden} (ffn {spec.ffn_hidden}, vocab {spec.vocab}), "
-          f"{spec.total_params / 1e6:.1f}M params, {pol.batch}x{pol.seq} tokens/step, {dtype} compute "
-          f"({why or 'bf16 matrix instructions'}), "
+          f"{spec.total_params / 1e6:.1f}M params, {pol.batch}x{pol.seq} tokens/step, {pol.compute_dtype} compute "
+          f"({side.dtype_why}), "
           f"compute threads {threads}, host lane cores {tr.backend.host_cores}; policy keep_last "
           f"{pol.keep_last}, micro_batches {pol.micro_batches}, mb_order {pol.mb_order}")
     print(f"cores: {tr.backend.split_why}")

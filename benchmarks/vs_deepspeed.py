@@ -3,7 +3,8 @@
 
 Horizon: its CPU backend as `horizon train` runs it (its cores as --compute-threads says, default
 auto: the planner's split for the step, priced with --hardware FILE when given; the row's label
-and a 'cores:' line say what was chosen; default policy: bf16, a checkpoint per layer on the
+and a 'cores:' line say what was chosen; default policy: `horizon train`'s compute dtype for this
+CPU on both sides (--compute-dtype; bf16 only with bf16 matrix instructions), a checkpoint per layer on the
 host, the optimizer pipelined; --keep-activations L|all and --micro-batches/--mb-order change
 it, and the policy line says what each Horizon row ran). DeepSpeed 0.19.8: ZeRO-3 with
 parameters and optimizer offloaded to CPU on its CPU accelerator, a transformers model from the
@@ -23,14 +24,12 @@ import argparse
 import statistics as st
 import sys
 
-from horizon_exec.device.core_split import threads_arg
 from horizon_exec.measure.peer_deepspeed import deepspeed_available, run_deepspeed_job, run_request
 from horizon_exec.measure.probe import probe
 from horizon_exec.measure.validate.configs import CONFIGS
 from horizon_sim.peer.zero3_policy import Zero3Policy
-from horizon_sim.cli.policy_args import keep_layers
-from horizon_sim.specs.hardware_io import load_hardware
-from horizon_sim.specs.policy import MB_ORDERS, Policy
+
+from horizon_flags import add_horizon_flags, hardware_of, horizon_side
 
 MODELS = {"base": CONFIGS[0].model, "wide": next(c.model for c in CONFIGS if c.name == "wide_after")}
 TARGET = 1.3
@@ -43,16 +42,9 @@ def main() -> int:
     ap.add_argument("--models", default="base,wide", help=f"comma-separated: {', '.join(MODELS)}")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--compute-threads", type=threads_arg, default="auto", metavar="auto|N",
-                    help="Horizon's compute-lane threads (default auto: the planner's split for the step)")
-    ap.add_argument("--hardware", default=None, metavar="FILE",
-                    help="a calibrated hardware file that --compute-threads auto prices the split with")
-    ap.add_argument("--keep-activations", type=keep_layers, default=0, metavar="L|all",
-                    help="Horizon's Policy.keep_last (default 0)")
-    ap.add_argument("--micro-batches", type=int, default=1, help="Horizon's micro-batches (default 1)")
-    ap.add_argument("--mb-order", choices=MB_ORDERS, default="micro", help="Horizon's Policy.mb_order")
+    add_horizon_flags(ap)
     a = ap.parse_args()
-    hw = load_hardware(a.hardware) if a.hardware else None
+    hw = hardware_of(a)
     if deepspeed_available() is None:
         print("DeepSpeed is not installed: make setup installs deepspeed==0.19.8", file=sys.stderr)
         return 2
@@ -61,10 +53,11 @@ def main() -> int:
     if bad:
         print(f"--models: unknown {', '.join(bad)}; known: {', '.join(MODELS)}", file=sys.stderr)
         return 2
-    pol = Policy(batch=a.batch, seq=a.seq, keep_last=a.keep_activations, micro_batches=a.micro_batches,
-                 mb_order=a.mb_order)
+    side = horizon_side(a, batch=a.batch, seq=a.seq)
+    pol = side.policy
     print(f"Horizon's policy: default + keep_last {pol.keep_last}, micro_batches {pol.micro_batches}, "
-          f"mb_order {pol.mb_order}; --compute-threads {a.compute_threads}")
+          f"mb_order {pol.mb_order}; --compute-threads {a.compute_threads}; both sides compute in "
+          f"{pol.compute_dtype} ({side.dtype_why})")
     tokens = a.batch * a.seq
     print(f"batch {a.batch} x {a.seq} ({tokens} tokens/step), {a.rounds} alternated rounds of {a.steps} steps; "
           "tokens/s from the median step")
@@ -85,7 +78,8 @@ def main() -> int:
                 horizon = label
             runs[horizon].append(st.median(s["step_s"] for s in res["steps"]))
             for th in (2, 1):
-                reqs = [run_request(model, Zero3Policy(batch=a.batch, seq=a.seq, act_ckpt=ck), steps=a.steps,
+                reqs = [run_request(model, Zero3Policy(batch=a.batch, seq=a.seq, act_ckpt=ck,
+                                                           compute_dtype=pol.compute_dtype), steps=a.steps,
                                     warmup=2) for ck in (True, False)]
                 job = run_deepspeed_job({"runs": reqs}, th, f"DeepSpeed {name}")
                 for ck, out in zip((True, False), job["runs"]):
