@@ -3,7 +3,7 @@ torch.distributed.run, or directly with the env:// variables set).
 
     python tests/dist_worker.py OUT MODE [key=value ...]
 
-MODE parity: 3 steps of a tiny model on this rank's share of fixed global batches (micro=N
+MODE parity: 3 steps of a tiny model (moe=1: a mixture-of-experts one) on this rank's share of fixed global batches (micro=N
   micro-batches in order=micro|layer); rank 0 writes OUT/master.pt (every unit's whole master,
   gathered) and OUT/losses.json.
 MODE store: one step; each rank writes OUT/store-RANK.json: the Rss and Pss of its mapping of
@@ -28,8 +28,12 @@ from horizon_sim.specs.policy import Policy
 GLOBAL_BATCH = 4
 
 
-def spec(tied: bool) -> ModelSpec:
-    return ModelSpec(n_layers=3, hidden=64, n_heads=2, n_kv_heads=1, ffn_hidden=176, vocab=250, tied_embeddings=tied)
+def spec(tied: bool, moe: bool = False) -> ModelSpec:
+    """The dense model, or (moe) a qwen3_moe one of the same size: 8 experts, top-2."""
+    kw = dict(moe_family="qwen3_moe", n_experts=8, experts_per_token=2, expert_ffn_hidden=48, qk_norm=True,
+              norm_topk_prob=True) if moe else {}
+    return ModelSpec(n_layers=3, hidden=64, n_heads=2, n_kv_heads=1, ffn_hidden=176, vocab=250, tied_embeddings=tied,
+                     **kw)
 
 
 def batches(n: int = 3, seq: int = 16, vocab: int = 250):
@@ -68,7 +72,7 @@ def main(out: Path, mode: str, kw: dict) -> None:
     b = pol.batch
     cfg = TrainerConfig(optimizer=OptimizerConfig(lr=float(kw.get("lr", 1e-3))), admission=AdmissionConfig(enabled=False),
                         runtime=RuntimeConfig(timeout_s=float(kw.get("op_timeout", 60))))
-    tr = Trainer(spec(kw.get("tied") == "1"), pol, cfg, dist=ctx)
+    tr = Trainer(spec(kw.get("tied") == "1", kw.get("moe") == "1"), pol, cfg, dist=ctx)
     mine = [t[ctx.rank * b:(ctx.rank + 1) * b] for t in batches()]
     if mode == "parity":
         losses = [tr.step(t).loss for t in mine]
