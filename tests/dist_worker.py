@@ -3,10 +3,10 @@ torch.distributed.run, or directly with the env:// variables set).
 
     python tests/dist_worker.py OUT MODE [key=value ...]
 
-MODE parity: 3 steps of a tiny model (moe=1: a Qwen3-MoE one with the router aux loss) on this
-  rank's share of fixed global batches (micro=N micro-batches in order=micro|layer); rank 0
-  writes OUT/master.pt (every unit's whole master, gathered), OUT/losses.json and (moe=1)
-  OUT/aux.json, the steps' aux losses.
+MODE parity: 3 steps of a tiny model (moe=1: a Qwen3-MoE one; moe=aux: the same trained with the
+  router load-balancing loss) on this rank's share of fixed global batches (micro=N micro-batches
+  in order=micro|layer); rank 0 writes OUT/master.pt (every unit's whole master, gathered),
+  OUT/losses.json and (moe=aux) OUT/aux.json, the steps' aux losses.
 MODE store: one step; each rank writes OUT/store-RANK.json: the Rss and Pss of its mapping of
   the node's shared store (/proc/self/smaps) and the store's declared bytes.
 MODE fault: steps until `kill_rank` reaches op `kill_op` of step 2, where it dies (os._exit)
@@ -29,12 +29,13 @@ from horizon_sim.specs.policy import Policy
 GLOBAL_BATCH = 4
 
 
-def spec(tied: bool, moe: bool = False) -> ModelSpec:
-    if moe:  # every block an MoE block, trained with the router load-balancing loss
-        return ModelSpec(n_layers=3, hidden=64, n_heads=2, n_kv_heads=1, ffn_hidden=176, vocab=250, qk_norm=True,
-                         moe_family="qwen3_moe", n_experts=4, experts_per_token=2, expert_ffn_hidden=32,
-                         norm_topk_prob=True, router_aux_loss_coef=0.5, tied_embeddings=tied)
-    return ModelSpec(n_layers=3, hidden=64, n_heads=2, n_kv_heads=1, ffn_hidden=176, vocab=250, tied_embeddings=tied)
+def spec(tied: bool, moe: bool | str = False) -> ModelSpec:
+    """The dense model, or (moe) a qwen3_moe one of the same size: 8 experts, top-2; moe='aux':
+    trained with the router load-balancing loss (coefficient 0.5, large enough to move weights)."""
+    kw = dict(moe_family="qwen3_moe", n_experts=8, experts_per_token=2, expert_ffn_hidden=48, qk_norm=True,
+              norm_topk_prob=True, router_aux_loss_coef=0.5 if moe == "aux" else 0.0) if moe else {}
+    return ModelSpec(n_layers=3, hidden=64, n_heads=2, n_kv_heads=1, ffn_hidden=176, vocab=250, tied_embeddings=tied,
+                     **kw)
 
 
 def batches(n: int = 3, seq: int = 16, vocab: int = 250):
@@ -73,7 +74,8 @@ def main(out: Path, mode: str, kw: dict) -> None:
     b = pol.batch
     cfg = TrainerConfig(optimizer=OptimizerConfig(lr=float(kw.get("lr", 1e-3))), admission=AdmissionConfig(enabled=False),
                         runtime=RuntimeConfig(timeout_s=float(kw.get("op_timeout", 60))))
-    tr = Trainer(spec(kw.get("tied") == "1", kw.get("moe") == "1"), pol, cfg, dist=ctx)
+    moe = {"1": True, "aux": "aux"}.get(kw.get("moe", ""), False)
+    tr = Trainer(spec(kw.get("tied") == "1", moe), pol, cfg, dist=ctx)
     mine = [t[ctx.rank * b:(ctx.rank + 1) * b] for t in batches()]
     if mode == "parity":
         results = [tr.step(t) for t in mine]
@@ -93,7 +95,7 @@ def main(out: Path, mode: str, kw: dict) -> None:
         if ctx.rank == 0:
             torch.save(full, out / "master.pt")
             (out / "losses.json").write_text(json.dumps(losses))
-            if kw.get("moe") == "1":
+            if moe == "aux":
                 (out / "aux.json").write_text(json.dumps([r.aux_loss for r in results]))
     elif mode == "store":
         tr.step(mine[0])

@@ -57,7 +57,7 @@ def torchrun(out: Path, mode: str, nproc: int, nnodes: int = 1, **kw) -> None:
         assert p.returncode == 0, o[-3000:]
 
 
-def reference(opt: str, micro_batches: int, tied: bool, lr: float = 1e-3, moe: bool = False, results=None):
+def reference(opt: str, micro_batches: int, tied: bool, lr: float = 1e-3, moe: bool | str = False, results=None):
     """One rank, the whole global batch (as micro_batches micro-batches), in this process
     (results: a list that receives the StepResults)."""
     from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, TrainerConfig
@@ -93,14 +93,14 @@ def test_ranks_train_with_the_router_aux_loss_as_one_rank_with_their_micro_batch
     """transformers computes the aux per forward call; Horizon per micro-batch, averaged over the
     micro-batches of every rank: two ranks of one micro-batch each train (and report) what one
     rank does with the same rows as two micro-batches."""
-    torchrun(tmp_path, "parity", 2, opt="after", moe=1)
+    torchrun(tmp_path, "parity", 2, opt="after", moe="aux")
     got = torch.load(tmp_path / "master.pt")
     results = []
-    split, split_losses = reference("after", 2, False, moe=True, results=results)
+    split, split_losses = reference("after", 2, False, moe="aux", results=results)
     # fp32 sums in another order, through Adam (seen: 1.8e-6 on 16 of 144k elements); the whole
     # batch's aux instead of the per-micro-batch mean moves weights by ~6e-3
     assert (got - split).abs().max().item() <= 1e-5
-    assert (got - reference("after", 1, False, moe=True)[0]).abs().max().item() > 1e-3
+    assert (got - reference("after", 1, False, moe="aux")[0]).abs().max().item() > 1e-3
     assert json.loads((tmp_path / "losses.json").read_text()) == pytest.approx(split_losses, rel=1e-6)
     assert json.loads((tmp_path / "aux.json").read_text()) == pytest.approx([r.aux_loss for r in results], rel=1e-6)
 

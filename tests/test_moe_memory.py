@@ -3,12 +3,16 @@ kernel kinds' estimated bytes of kernel_bytes.py) against what the executor meas
 CPU backend: every fresh aten allocation of the op until freed), issue 28.
 
 Seen when this was written (H 128, B 2 x T 128, E 8; planned / measured):
-             forward  backward (bf16; fp32 alike)
-  qwen3_moe   1.22     1.006
-  mixtral     2.26     1.014   (the forward prices k = 2 experts' 352-wide SwiGLU on every
-                                token at once; the executor holds one expert's rows at a time)
-  qwen2_moe   1.00     0.93    (the backward is under-priced by ~7%: admission's margin must
-                                cover it until the shared expert's backward is priced)
+             forward       backward
+             bf16  fp32    bf16   fp32
+  qwen3_moe  1.22  1.33    1.000  1.000
+  mixtral    2.26  2.34    1.000  1.000  (the forward prices k = 2 experts' 352-wide SwiGLU on
+                                          every token at once; the executor holds one expert's
+                                          rows at a time)
+  qwen2_moe  1.00  1.00    1.002  1.014  (the backward's peak: the forward-with-grad's end, with
+                                          the shared expert's output, its gated copy and their
+                                          sum; in fp32 the first experts' loop, priced with the
+                                          least loaded experts' rows freed)
 The bounds below pin those figures, so a change that moves either side far is seen here.
 """
 import pytest
@@ -30,21 +34,46 @@ FAMILIES = {
                       shared_expert_ffn_hidden=256, ffn_hidden=352, qkv_bias=True),
 }
 # (family, kind): (lowest, highest) planned / measured allowed
-BOUNDS = {("qwen3_moe", "forward"): (1.0, 1.5), ("qwen3_moe", "backward"): (1.0, 1.1),
-          ("mixtral", "forward"): (1.0, 2.6), ("mixtral", "backward"): (1.0, 1.1),
-          ("qwen2_moe", "forward"): (1.0, 1.1), ("qwen2_moe", "backward"): (0.9, 1.0)}
+BOUNDS = {("qwen3_moe", "forward"): (1.0, 1.4), ("qwen3_moe", "backward"): (1.0, 1.01),
+          ("mixtral", "forward"): (1.0, 2.4), ("mixtral", "backward"): (1.0, 1.01),
+          ("qwen2_moe", "forward"): (1.0, 1.01), ("qwen2_moe", "backward"): (1.0, 1.025)}
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_planned_moe_block_temporaries_against_measured(family):
+def test_planned_moe_block_temporaries_against_measured(family, dtype):
     spec = ModelSpec(n_layers=2, hidden=H, n_heads=4, n_kv_heads=2, vocab=256, **FAMILIES[family])
-    pol = Policy(batch=B, seq=T, act_ckpt_every=2, loss_chunk_tokens=1024)  # bf16 compute
+    kw = dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False) if dtype == "fp32" else {}
+    pol = Policy(batch=B, seq=T, act_ckpt_every=2, loss_chunk_tokens=1024, **kw)
+    a = 4 if dtype == "fp32" else 2
     with Trainer(spec, pol) as tr:
         tl = tr.step(torch.randint(0, 256, (B, T), generator=torch.Generator().manual_seed(0))).timeline
     ratios = {}
     for kind in ("forward", "backward"):
         measured = max(tl[tl.kind == kind].temp_peak_bytes)
-        ratios[kind] = work.block_temp_peak_bytes(spec, B, T, 2, kind == "backward") / measured
+        ratios[kind] = work.block_temp_peak_bytes(spec, B, T, a, kind == "backward") / measured
     for kind, r in ratios.items():
         lo, hi = BOUNDS[family, kind]
-        assert lo <= r <= hi, f"{family} {kind}: planned / measured = {r:.3f}, pinned in [{lo}, {hi}]"
+        assert lo <= r <= hi, f"{family} {dtype} {kind}: planned / measured = {r:.3f}, pinned in [{lo}, {hi}]"
+
+
+# Blocks whose backward peaks inside the expert loop rather than at the forward's end (seen:
+# planned / measured 1.07 and 1.05, bf16): wide experts on few, well-filled ones (the first
+# expert's SwiGLU backward at the most loaded expert's rows) and many experts on few tokens (the
+# stack that assembles every expert's weight gradient after the loop).
+LOOP_CASES = {
+    "wide experts": (dict(hidden=64, n_heads=2, n_kv_heads=1, moe_family="mixtral", n_experts=4, experts_per_token=2,
+                          expert_ffn_hidden=1024, ffn_hidden=1024, norm_topk_prob=True), 2, 256),
+    "few tokens": (dict(hidden=128, n_heads=4, n_kv_heads=2, moe_family="qwen3_moe", n_experts=16, experts_per_token=2,
+                        expert_ffn_hidden=128, ffn_hidden=128, qk_norm=True), 1, 32),
+}
+
+
+@pytest.mark.parametrize("case", list(LOOP_CASES))
+def test_expert_loop_points_bound_the_measured_backward(case):
+    kw, b, t = LOOP_CASES[case]
+    spec = ModelSpec(n_layers=2, vocab=256, **kw)
+    with Trainer(spec, Policy(batch=b, seq=t, act_ckpt_every=2)) as tr:
+        tl = tr.step(torch.randint(0, 256, (b, t), generator=torch.Generator().manual_seed(0))).timeline
+    r = work.block_temp_peak_bytes(spec, b, t, 2, True) / max(tl[tl.kind == "backward"].temp_peak_bytes)
+    assert 1.0 <= r <= 1.1, f"{case}: planned / measured = {r:.3f}"

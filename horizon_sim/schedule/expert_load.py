@@ -32,3 +32,12 @@ def expert_rows(tokens: int, top_k: int, experts: int, spread: float = LOAD_SPRE
 def max_rows(tokens: int, top_k: int, experts: int, spread: float = LOAD_SPREAD) -> int:
     """Rows of the most loaded expert."""
     return expert_rows(tokens, top_k, experts, spread)[0][0]
+
+
+def min_rows(tokens: int, top_k: int, experts: int, spread: float = LOAD_SPREAD) -> int:
+    """Rows of the least loaded expert: the hottest's mirror, mean - LOAD_SPREAD x sqrt(2 mean
+    ln E) (the expected minimum of the same E loads, by the same Gaussian bound), at least 0.
+    expert_rows spreads the rest evenly, which prices the GEMMs; this is for a figure that is
+    largest where an expert has few rows (the backward's temporaries, work.py)."""
+    mean = tokens * top_k / experts
+    return max(0, math.floor(mean - spread * math.sqrt(2.0 * mean * math.log(experts))))

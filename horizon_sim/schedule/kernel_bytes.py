@@ -14,21 +14,28 @@ token, for a kernel of width w elements in a compute dtype of a bytes:
   silu       2a w                      3a w                           its input and output: 2a w
   residual   3a w                      3a w (the gradients' sum)      nothing
 
-An MoE block (specs/block.py _moe_kernels) adds four kinds. Their figures are ESTIMATES from
-the kernels a looped-expert executor would run (read + write of each tensor once), not yet
-checked by a dispatch count (the executor does not run MoE blocks yet; check them when it does):
+An MoE block (specs/block.py _moe_kernels) adds four kinds. Their traffic figures are ESTIMATES
+from the kernels a looped-expert executor runs (read + write of each tensor once), not checked
+by a dispatch count; what autograd keeps of them was read off the executor's
+(horizon_exec/model/moe_block.py) live tensors (tests/test_moe_memory.py):
 
   router     (a + 12) E + (24 + a) k   (24 + a) E + 24 k             fp32 probabilities (4E),
-             (logits read; fp32 softmax (top-k values' grads           top-k values and indices
-             written, read, written; top-k scattered into E; softmax   (12 k)
-             picks k values + int64 ids;    backward reads p and dp)
-             renormalise; cast)
-  dispatch   2a w (gather the token rows)  3a w (index_add of the rows'  nothing (ids: router's)
-                                       gradients into a zeroed dx)
-  combine    4a w (scale by the weight,    5a w (gather dy per row, the  the expert rows (a w)
-             index_add into the output)    rows' and weights' grads)
-  gate_mul   5a w (sigmoid gate times the  6a w                          the shared output (a w)
-             shared output, added in)
+             (logits read; fp32 softmax (top-k values' grads           int64 ids (8k), the fp32
+             written, read, written; top-k scattered into E; softmax   top-k values and their
+             picks k values + int64 ids;    backward reads p and dp)   sum (4k + 4) the
+             renormalise; cast)                                        renormalising division keeps
+  dispatch   2a w (gather the token rows)  3a w (index_add of the rows'  the gathered rows (a w,
+                                       gradients into a zeroed dx)    gate_up's weight gradient
+                                                                      reads them), each row's slot
+                                                                      and token ids (16 a row)
+  combine    4a w (scale by the weight,    5a w (gather dy per row, the  the down output (a w, for
+             index_add into the output)    rows' and weights' grads)    the weight's gradient), the
+                                                                      scaled rows (a w, index_add_
+                                                                      keeps its source), each row's
+                                                                      weight (4 a row: fp32 in
+                                                                      Mixtral)
+  gate_mul   5a w (sigmoid gate times the  6a w                          the shared output (a w) and
+             shared output, added in)                                 the sigmoid (a)
 
 w = k H for dispatch and combine (each token's k routed rows), E for the router (k = its rows).
 A router that feeds the load-balancing loss (Kernel.aux_loss: router_aux_loss_coef > 0) adds
@@ -121,12 +128,16 @@ def saved_bytes(k: Kernel, a: int) -> int:
         return a * (2 * w + 2 * k.kv_width) + 4 * k.rows
     if k.kind in ("swiglu", "silu"):
         return (4 if k.kind == "swiglu" else 2) * a * w
-    if k.kind in ("rope", "residual", "dispatch"):
+    if k.kind in ("rope", "residual"):
         return 0
-    if k.kind == "router":
-        return 4 * w + 12 * k.rows
-    if k.kind in ("combine", "gate_mul"):
-        return a * w
+    if k.kind == "router":  # without renormalising the top-k values are cast and dropped: 4k + 4 less
+        return 4 * w + 12 * k.rows + 4
+    if k.kind == "dispatch":
+        return a * w + 16 * k.rows
+    if k.kind == "combine":
+        return 2 * a * w + 4 * k.rows
+    if k.kind == "gate_mul":
+        return a * w + a
     raise _unknown(k)
 
 

@@ -19,9 +19,10 @@ measured temp_peak_bytes; nothing here is fitted.
 from dataclasses import dataclass
 
 from horizon_sim.schedule import kernel_bytes
-from horizon_sim.schedule.expert_load import expert_rows
+from horizon_sim.schedule.expert_load import expert_rows, max_rows, min_rows
 from horizon_sim.specs import block
 from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.moe import FP32_ROUTING_WEIGHTS
 
 LAYOUTS = ("nt", "nn", "tn")
 WORKSPACE_ONSET = 0.25
@@ -191,9 +192,14 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
     Backward (forward with grad, then autograd.grad). Autograd keeps what each kernel saves
     (per norm its fp32 input, in fp32 the first norm's is x itself, the cast back, the output
     a projection reads and 4 bytes of rsqrt per row; q, k, v, o and the attention's fp32
-    logsumexp; the activation's tensors), and the output y (aH) is alive. The peak is then one of
+    logsumexp; the activation's tensors; an MoE block's router, routed rows and shared
+    expert's, kernel_bytes.py), and the output y (aH) is alive. The peak is then one of
+      - at the forward-with-grad's last add: everything saved, the residual x1 (in fp32 the
+        MLP norm's saved input already), the MLP's output (an MoE block's: the zero tensor its experts' rows were added into and, with a
+        shared expert, its gated output) and their sum (3 or 4 aH);
       - in the MLP's backward: the activation's gradients and the last projection's weight
-        gradient (H x F);
+        gradient (H x F); an MoE block's experts instead, at either end of their loop
+        (_expert_loop_bytes);
       - in the MLP norm's backward: the MLP's weight gradients, its fp32 input and five
         fp32 temporaries (20 per element), with what the attention half saved;
       - in the first norm's backward: every weight gradient of the block (autograd.grad
@@ -214,13 +220,58 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
         return max(N * (live(att, a) + a * H + a * parts["norm"]["mlp"].width + live(act, a)), p_attn)
     saved = {p: sum(kernel_bytes.saved_bytes(k, a) for k in parts["half"][p]) for p in block.PARTS}
     norm1, norm2 = parts["norm"]["attention"], parts["norm"]["mlp"]
-    p_mlp = (N * (saved["attention"] + saved["mlp"] + kernel_bytes.backward_gradients_bytes(act, a) + a * H)
-             + parts["last_weight"] * a + a * mask)
+    gates = sum(k.kind == "gate_mul" for k in parts["half"]["mlp"])
+    x1 = a * H if a != 4 else 0  # in fp32 the MLP norm's saved fp32 input is x1 itself
+    p_end = N * (saved["attention"] + saved["mlp"] + x1 + (2 + gates) * a * H) + a * mask
+    if m.n_experts:
+        p_mlp = _expert_loop_bytes(m, N, a, saved, parts) + a * mask
+    else:
+        p_mlp = (N * (saved["attention"] + saved["mlp"] + kernel_bytes.backward_gradients_bytes(act, a) + a * H)
+                 + parts["last_weight"] * a + a * mask)
     p_norm2 = (N * (saved["attention"] + kernel_bytes.fp32_input_bytes(norm2, a) + 20 * norm2.width + a * H)
                + (parts["mlp_weights"] + norm2.weight) * a + a * mask)  # + its weight's grad
     p_norm1 = N * (kernel_bytes.fp32_input_bytes(norm1, a) + 20 * norm1.width + 2 * a * H) + m.layer_params * a
     p_attn = N * saved["attention"] + mask * (1 + a) if mask else 0
-    return int(max(p_mlp, p_norm2, p_norm1, p_attn))
+    return int(max(p_end, p_mlp, p_norm2, p_norm1, p_attn))
+
+
+def _expert_loop_bytes(m: ModelSpec, N: int, a: int, saved: dict, parts: dict) -> int:
+    """The peak of an MoE block's expert loop in the backward (horizon_exec/model/moe_block.py).
+    It runs expert by expert, the last first. Each expert's combine backward gathers dy for its
+    rows and forms the down output's and the routing weight's gradients (2 aH a row; with fp32
+    routing weights, specs/moe.py, dy's rows cast to fp32 and their fp32 product besides, 8H);
+    its SwiGLU's backward holds, beside the down output's gradient, the product's, up's and
+    gate's gradients (aH + 3 aI a row) and down's weight gradient (H I); its weight gradients
+    (3 I H) are made and what it saved (the routed kernels', kernel_bytes.py) is freed; then its gathered rows' gradient is scattered into a zero (N, H) tensor, with
+    index_put's result another, and added to the running dh. Live throughout: what the
+    forward saved, y, the running sum of the routing weights' gradient (N, k; fp32 at most:
+    4k) and, with a shared expert, its pending gradient (aH a gate). The peak is one of
+      - the first expert's combine or SwiGLU backward, at the most loaded expert's rows
+        (expert_load.max_rows);
+      - the first or the second expert's add (the first has no running dh to add to unless
+        a shared expert gave one), where the least loaded experts' rows (expert_load.min_rows)
+        have been freed: what is live moves linearly from expert to expert, so these and
+      - the last expert's add (every routed row freed, every expert's weight gradient), and
+      - the stack after the loop, where the unbound experts' gradients are assembled into the
+        (E, ...) gradients (the unbind's backward): one stacked tensor live while the other's
+        per-expert pieces are (the largest counted twice), beside y and dh,
+    bound it."""
+    H, I, k, E = m.hidden, m.expert_ffn_hidden, m.experts_per_token, m.n_experts
+    aH = a * H
+    gates = sum(kk.kind == "gate_mul" for kk in parts["half"]["mlp"])
+    experts = [p.weight_params for p in block.projections(m) if p.experts]
+    routed = sum(kernel_bytes.saved_bytes(kk, a) for kk in parts["half"]["mlp"] if kk.routed)  # per token
+    per_row, cold = routed / k, min_rows(N, k, E)
+    base = N * (saved["attention"] + saved["mlp"] + 4 * k + (1 + gates) * aH)
+    hot = max_rows(N, k, E)
+    fp32_weights = 8 * H if m.moe_family in FP32_ROUTING_WEIGHTS and a != 4 else 0
+    combine = base + (2 * aH + fp32_weights) * hot
+    swiglu = base + (aH + 3 * a * I) * hot + a * H * I
+    adds = [base + N * aH * (2 + (1 if j > 1 or gates else 0)) + j * (3 * I * H * a - cold * per_row)
+            for j in (1, 2)]
+    last = base - N * routed + 3 * N * aH + sum(experts) * a
+    stack = base - N * routed + N * aH + (sum(experts) + max(experts)) * a
+    return int(max(combine, swiglu, *adds, last, stack))
 
 
 def block_saved_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int) -> int:

@@ -123,7 +123,7 @@ class Kernel:
     """Elements per token of its input (attention: the query width)."""
     rows: int = 1
     """Rows per token a norm reduces over (1; a per-head norm: the heads). Attention: query heads.
-    Router: the top-k it picks per token."""
+    Router: the top-k it picks per token; dispatch and combine: the k routed rows per token."""
     kv_width: int = 0
     """Attention only: the key (and value) width."""
     fan_out: int = 1
@@ -135,6 +135,10 @@ class Kernel:
     aux_loss: bool = False
     """Router only: it also feeds the load-balancing loss (router_aux_loss_coef > 0): its
     probabilities summed per expert, and that sum's gradient added into theirs."""
+    routed: bool = False
+    """It runs on an MoE block's routed rows, expert by expert (the dispatch, the experts'
+    activation, the combine): the backward frees what it saved expert by expert, while the
+    experts' weight gradients build up (schedule/work.py prices that loop's two ends)."""
 
     @property
     def weight(self) -> int:
@@ -179,8 +183,8 @@ def _moe_kernels(m) -> tuple[Kernel, ...]:
     shared = (Kernel("swiglu", "mlp", S), Kernel("gate_mul", "mlp", H)) if S else ()
     return (Kernel("rmsnorm", "mlp", H, fan_out=2 + (3 if S else 0), output_saved=True),
             Kernel("router", "mlp", m.n_experts, rows=k, aux_loss=m.router_aux_loss_coef > 0),
-            Kernel("dispatch", "mlp", k * H),
-            Kernel("swiglu", "mlp", k * m.expert_ffn_hidden),
-            Kernel("combine", "mlp", k * H),
+            Kernel("dispatch", "mlp", k * H, rows=k, routed=True),
+            Kernel("swiglu", "mlp", k * m.expert_ffn_hidden, routed=True),
+            Kernel("combine", "mlp", k * H, rows=k, routed=True),
             *shared,
             Kernel("residual", "mlp", H))

@@ -22,6 +22,9 @@ from horizon_sim.errors import HorizonError
 MOE_FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe")
 ROUTER_FIRST = ("mixtral", "qwen2_moe")
 """Families whose router weight precedes the experts' in transformers' parameter order."""
+FP32_ROUTING_WEIGHTS = ("mixtral",)
+"""Families whose router returns its top-k weights in fp32 (Qwen's cast them to the activation
+dtype): an expert's output times its weight is then an fp32 product, cast back before the sum."""
 
 
 def check(m) -> None:
