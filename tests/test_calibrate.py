@@ -15,7 +15,7 @@ from horizon_sim.cli.main import main
 from horizon_sim.schedule import OpKind, build_schedule, work
 from horizon_sim.sim.costs import CostModel, RateTable
 from horizon_sim.sim.simulate import simulate
-from horizon_sim.specs.hardware import DeviceSpec
+from horizon_sim.specs.hardware import MOE_OVERHEAD_KINDS, DeviceSpec
 from horizon_sim.specs.layout import Layout
 from horizon_sim.specs.hardware_io import hardware_to_toml, load_hardware
 from horizon_sim.specs.model import ModelSpec
@@ -51,8 +51,8 @@ def test_quick_calibration_writes_a_loadable_sane_spec(quick_hw):
     two = with_cluster(hw, Namespace(gpus=2, nodes=None, cluster=None)).cluster
     assert two.layout.devices_per_node == 2 and two.fabric_GBps == c.fabric_GBps
     kinds = dict(d.op_overhead_us)
-    assert {"forward", "backward", "head", "recompute", "head_chunk"} <= set(kinds)
-    assert kinds["backward"] > 0 and kinds["forward"] > 0
+    assert {"forward", "backward", "head", "recompute", "head_chunk", *MOE_OVERHEAD_KINDS} <= set(kinds)
+    assert kinds["backward"] > 0 and kinds["forward"] > 0 and all(kinds[k] >= 0 for k in MOE_OVERHEAD_KINDS)
     # a model simulates on it, with every compute term present
     sched = build_schedule(ModelSpec(n_layers=2, hidden=128, n_heads=2, n_kv_heads=1, ffn_hidden=352, vocab=256),
                            Policy(batch=1, seq=64))

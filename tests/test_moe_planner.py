@@ -210,3 +210,28 @@ def test_max_model_moe_answers_with_an_moe_model(capsys):
     m = ModelSpec(**d["shape"])
     assert m.is_moe and m.moe_family == "qwen3_moe"
     assert plan(m, make_hardware("h100-pcie", "512GiB"), Policy(**d["policy_fields"])).summary.fits
+
+
+def test_an_moe_block_pays_its_routers_and_each_experts_fixed_cost():
+    """op_overhead_us's '<kind>_router' once per op and '<kind>_expert' per expert the loop runs
+    (calibrate measures them, calibrate/overheads.py moe_overheads): every expert when the op
+    routes as many rows, fewer when it routes fewer; a dense block pays neither."""
+    from horizon_sim.schedule import OpKind, build_schedule
+    from horizon_sim.sim.costs import CostModel
+    from tests.cpu_machine import CPU_HW
+    table = (("forward", 3000.0), ("backward", 9000.0), ("forward_router", 500.0), ("forward_expert", 100.0),
+             ("backward_router", 700.0), ("backward_expert", 300.0))
+    hw = replace(CPU_HW, device=replace(CPU_HW.device, op_overhead_us=table))
+
+    def overhead_us(m, pol, kind):
+        sched = build_schedule(m, pol)
+        op = next(o for o in sched.ops if o.kind == kind)
+        return CostModel(hw, "bf16", sched.meta).compute_terms(op)["overhead"] * 1e6
+
+    m = _moe(16)
+    assert overhead_us(m, POLICY, OpKind.FORWARD) == pytest.approx(3000 + 500 + 16 * 100)
+    assert overhead_us(m, POLICY, OpKind.BACKWARD) == pytest.approx(9000 + 700 + 16 * 300)
+    few = Policy(batch=1, seq=4)  # 4 tokens x top-2: at most 8 experts get rows
+    assert overhead_us(m, few, OpKind.BACKWARD) == pytest.approx(9000 + 700 + 8 * 300)
+    dense = ModelSpec(n_layers=4, hidden=512, n_heads=8, n_kv_heads=2, ffn_hidden=1024, vocab=2048)
+    assert overhead_us(dense, POLICY, OpKind.BACKWARD) == pytest.approx(9000)

@@ -26,8 +26,9 @@ EXAMPLE = """example:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.description = ("Predicted vs measured: run thirteen small configurations (depth, width, batch, K, slots, "
-                     "checkpoint placement, optimizer overlap, vocabulary, micro-batches and their order, the split master, the disk tier, kept activations, and two with 2 "
+    p.description = ("Predicted vs measured: run fourteen small configurations (depth, width, batch, K, slots, "
+                     "checkpoint placement, optimizer overlap, vocabulary, micro-batches and their order, the split master, "
+                     "the disk tier, kept activations, a mixture-of-experts model, and two with 2 "
                      "data-parallel ranks sharing this machine, CPU backend only) through the executor, "
                      "simulate the same Schedule on the hardware file, and compare step time, busy time per "
                      "lane, overlap, device peak and host RSS. Writes validation.md, validation.csv and "

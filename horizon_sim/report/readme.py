@@ -46,7 +46,7 @@ def validate_section(out: Out) -> Section:
                     if p.name not in out.written and p.name not in (MANIFEST, "README.md")
                     and not p.name.startswith("."))
     body = ("Produced by `horizon calibrate` then `horizon validate` (both run by `make demo`): the executor "
-            "(`horizon_exec`) runs thirteen small configurations (two of them on 2 data-parallel ranks) on this "
+            "(`horizon_exec`) runs fourteen small configurations (one of them a mixture-of-experts model, two on 2 data-parallel ranks) on this "
             "machine's backend, the planner simulates "
             "the same schedules on the calibrated hardware file, and the errors are tabulated with a Gantt "
             "overlay per configuration. Those files are measured, unlike the rest of this folder; this build "

@@ -5,7 +5,9 @@ Compute ops (one lane, kernels run back to back, so the terms add):
   compute_s = overhead        fixed cost of the op: Python dispatch and memory tracking of
                               each of its kernels, launches, gaps (DeviceSpec.op_overhead_us
                               by kind, else launch_overhead_us); the head pays 'head_chunk'
-                              again for each loss chunk after the first
+                              again for each loss chunk after the first; an MoE block
+                              '<kind>_router' once and '<kind>_expert' per expert its loop
+                              runs (every expert, when the op routes as many rows)
             + GEMMs           sum over the op's GEMMs of 2mnk / throughput(dtype, layout, m, n, k)
                               from the measured table (DeviceSpec.gemm_TFLOPs), else
                               FLOPs / (peak x matmul_efficiency)
@@ -166,6 +168,18 @@ class CostModel:
             kind = OpKind.BACKWARD.value  # the executor's backward: an upper bound (it has the forward's too)
         return self.overhead_us.get(kind, self.launch_s * 1e6) * 1e-6
 
+    def _moe_overhead_s(self, kind: OpKind, tokens: int) -> float:
+        """An MoE block's extra fixed cost in a compute op: its router's, and each expert's that
+        its loop runs (the executor skips an expert without rows: all E are counted, or the op's
+        tokens x k rows where fewer). A backward runs the forward's kernels again: its figures
+        include them; one from saved tensors pays the backward's (an upper bound, as for the
+        op itself)."""
+        m = self.model
+        base = {OpKind.BACKWARD_SAVED: OpKind.BACKWARD}.get(kind, kind).value
+        experts = min(m.n_experts, tokens * m.experts_per_token)
+        us = self.overhead_us.get(f"{base}_router", 0.0) + experts * self.overhead_us.get(f"{base}_expert", 0.0)
+        return us * 1e-6
+
     def _gemm_s(self, gemms) -> float:
         return sum(g.flops / (self.gemm.rate(g.layout, (g.m, g.n, g.k)) * 1e12) for g in gemms)
 
@@ -199,6 +213,8 @@ class CostModel:
                 attn = work.attention(m, p.micro_batch, p.seq, bwd, masked)
                 if saved:
                     attn = replace(attn, fwd_flops=0.0)
+                if m.n_experts:
+                    t["overhead"] += self._moe_overhead_s(op.kind, tokens)
             if self.gemm:
                 t["gemm"] = self._gemm_s(gemms)
             else:

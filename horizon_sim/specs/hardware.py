@@ -40,7 +40,11 @@ def _check_range(part: str, field: str, v) -> None:
 
 
 TABLE_KEYS = {"dtype": ("bf16", "fp32"), "layout": ("nt", "nn", "tn")}
-"""The values a key column may hold; op_overhead_us's `kind` takes an op kind or head_chunk."""
+"""The values a key column may hold; op_overhead_us's `kind` takes an op kind, head_chunk or one
+of MOE_OVERHEAD_KINDS."""
+MOE_OVERHEAD_KINDS = tuple(f"{k}_{what}" for k in ("forward", "recompute", "backward") for what in ("router", "expert"))
+"""op_overhead_us kinds an MoE block adds to its compute op's fixed cost: '<kind>_router' once
+per op, '<kind>_expert' per expert its loop runs."""
 SIZE_COLUMNS = ("M", "N", "K", "SEQ", "HEAD_DIM", "THREADS")
 """Numeric columns that are sizes: at least 1."""
 
@@ -48,7 +52,7 @@ SIZE_COLUMNS = ("M", "N", "K", "SEQ", "HEAD_DIM", "THREADS")
 def _allowed_keys(col: str) -> tuple[str, ...]:
     if col == "kind":
         from horizon_sim.schedule.op import OpKind  # lazily: the schedule package imports specs
-        return (*(k.value for k in OpKind), "head_chunk")
+        return (*(k.value for k in OpKind), "head_chunk", *MOE_OVERHEAD_KINDS)
     return TABLE_KEYS[col]
 
 
@@ -149,8 +153,9 @@ class DeviceSpec:
     op_overhead_us: tuple = ()
     """Measured fixed cost per compute op kind, rows (KIND, US): the Python dispatch of every
     kernel of the op, its memory tracking, launches and gaps, e.g. ('backward', 4200.0);
-    'head_chunk' is the extra cost of each LM-head chunk after the first. Kinds not listed cost
-    launch_overhead_us."""
+    'head_chunk' is the extra cost of each LM-head chunk after the first; an MoE block adds
+    '<kind>_router' once and '<kind>_expert' per expert its loop runs (kind forward, recompute or
+    backward; not listed: nothing extra). Other kinds not listed cost launch_overhead_us."""
     compute_threads: int = 0
     """CPU backend: the intra-op threads of the compute lane these rates were measured with
     (calibrate's split: all cores but one); 0: a GPU, or a CPU file from before this field."""

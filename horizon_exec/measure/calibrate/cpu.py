@@ -16,8 +16,9 @@ from horizon_exec.measure.calibrate.host import (os_reserved_GiB, measure_accumu
 from horizon_exec.measure.calibrate.kernels import (attention_grid, gemm_grid, gemm_rates, gemm_shapes, gemm_times,
                                             measure_attention, measure_elementwise, measure_loss_ns_per_logit,
                                             slope_GBps)
-from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, TINY, TINY_POLICY, TinyProbe, head_id, op_overheads,
-                                              runtime_overhead_GiB)
+from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, MOE_EXPERTS, MOE_POLICY, TINY, TINY_POLICY,
+                                              TinyProbe, head_id, moe_overheads, op_overheads,
+                                              runtime_overhead_GiB, tiny_moe)
 from horizon_exec.measure.calibrate.threads import measure_thread_speeds
 from horizon_exec.measure.calibrate.timing import Progress, in_lane, mean_rate
 from horizon_exec.procfs import cpu_name
@@ -75,7 +76,8 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     fp32_visits = [compute(lambda: gemm_times(fp32_shapes, torch.float32, "cpu"))]
 
     ram = ram_GiB()
-    tiny = [TinyProbe("cpu"), TinyProbe("cpu", HEAD8_POLICY)]
+    tiny = [TinyProbe("cpu"), TinyProbe("cpu", HEAD8_POLICY),
+            *(TinyProbe("cpu", MOE_POLICY, tiny_moe(e)) for e in MOE_EXPERTS)]
 
     def sample_tiny():
         for t in tiny:
@@ -147,6 +149,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     h1 = statistics.mean(tiny[0].own[head_id(TINY_POLICY)])
     h8 = statistics.mean(tiny[1].own[head_id(HEAD8_POLICY)])
     comp_us["head_chunk"] = max(0.0, (h8 - h1) / 7 * 1e6)
+    comp_us |= moe_overheads(hw, comp_us, {e: t.own for e, t in zip(MOE_EXPERTS, tiny[2:])})
 
     hw = HardwareSpec(device=replace(dev, op_overhead_us=tuple(sorted(comp_us.items()))),
                       link=replace(link, latency_us=copy_us), host=replace(hst, op_latency_us=host_us))

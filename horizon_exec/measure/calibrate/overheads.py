@@ -1,5 +1,8 @@
 """Fixed per-op costs: a tiny model trained with its ops serialized, each op's own time less its
-modelled work; the head's cost per loss chunk; the runtime's RSS before model tensors."""
+modelled work; the head's cost per loss chunk; an MoE block's extra fixed costs (its router's, and
+per expert its loop runs: the Python dispatch and memory tracking of each expert's dozen kernels
+forward and some thirty backward, which a dense block does not have); the runtime's RSS before
+model tensors."""
 import statistics
 from dataclasses import replace
 
@@ -21,20 +24,35 @@ TINY = ModelSpec(name="calibrate-tiny", n_layers=3, hidden=64, n_heads=4, n_kv_h
 TINY_POLICY = Policy(batch=1, seq=16, act_ckpt_every=2, slots=2, optimizer="pipelined")
 
 
+def tiny_moe(experts: int) -> ModelSpec:
+    """TINY with its MLP made `experts` experts of its width, top-2 (Mixtral's block: the
+    attention half is TINY's, no q/k norms or biases, so the difference is the MLP's), on
+    MOE_POLICY's 64 tokens: 128 routed rows, so every expert gets rows even from a skewed
+    router (the loop skips an empty one)."""
+    return replace(TINY, name=f"calibrate-tiny-moe{experts}", moe_family="mixtral", n_experts=experts,
+                   experts_per_token=2, expert_ffn_hidden=TINY.ffn_hidden, norm_topk_prob=True)
+
+
+MOE_POLICY = replace(TINY_POLICY, seq=64)
+MOE_EXPERTS = (2, 8)
+"""The two tiny MoE models whose serialized ops, against each other and against TINY's, give
+each compute kind's per-expert fixed cost and the router's ('<kind>_expert', '<kind>_router')."""
+
+
 class TinyProbe:
     """The tiny model trained in this process with its ops serialized (one op at a time across
     lanes, so each time is the op's own cost). The trainer stays up for the whole calibration
     and `sample()` runs a few steps at many points of it, so the Python-bound fixed costs, the
     noisiest figures on a shared machine, are averaged over the whole run."""
 
-    def __init__(self, device: str, policy: Policy = TINY_POLICY):
+    def __init__(self, device: str, policy: Policy = TINY_POLICY, model: ModelSpec = TINY):
         from horizon_exec.measure.probe import Serialized, sync_for
         from horizon_exec.runtime.config import RuntimeConfig, TrainerConfig
         from horizon_exec.runtime.trainer import Trainer
-        self.policy = policy
+        self.policy, self.model = policy, model
         self.gen = torch.Generator().manual_seed(0)
         rt = RuntimeConfig(device=device, compute_threads=None)  # cores - 1: the split the file's rates are for
-        self.tr = Trainer(TINY, policy, TrainerConfig(runtime=rt))
+        self.tr = Trainer(model, policy, TrainerConfig(runtime=rt))
         self.ser = Serialized(self.tr.engine.runner, sync_for(device))
         self.tr.engine.runner = self.ser
         self.own: dict[int, list[float]] = {}
@@ -42,7 +60,7 @@ class TinyProbe:
 
     def _step(self) -> dict:
         self.ser.durations.clear()
-        self.tr.step(torch.randint(0, TINY.vocab, (self.policy.batch, self.policy.seq), generator=self.gen))
+        self.tr.step(torch.randint(0, self.model.vocab, (self.policy.batch, self.policy.seq), generator=self.gen))
         return dict(self.ser.durations)
 
     def sample(self, steps: int = 1) -> None:
@@ -69,11 +87,12 @@ COPY_KINDS = (OpKind.LOAD_WEIGHTS, OpKind.LOAD_CKPT, OpKind.SAVE_CKPT, OpKind.LO
 COMPUTE_KINDS = (OpKind.FORWARD, OpKind.RECOMPUTE, OpKind.BACKWARD, OpKind.HEAD)
 
 
-def op_overheads(hw: HardwareSpec, own: dict[int, list[float]], policy: Policy = TINY_POLICY):
+def op_overheads(hw: HardwareSpec, own: dict[int, list[float]], policy: Policy = TINY_POLICY,
+                 model: ModelSpec = TINY):
     """Each op's own time (mean over steps) less the work `hw` predicts for it, by kind:
     (compute kind -> µs, copy latency µs, CPU-lane latency µs from the global-norm op, which
     does no work to speak of)."""
-    sched = build_schedule(TINY, policy)
+    sched = build_schedule(model, policy)
     costs = CostModel(hw, policy.compute_dtype, sched.meta)
     by_kind: dict[OpKind, list[float]] = {}
     for op in sched.ops:
@@ -89,6 +108,25 @@ def op_overheads(hw: HardwareSpec, own: dict[int, list[float]], policy: Policy =
     compute = {k.value: statistics.mean(v) * 1e6 for k, v in by_kind.items() if k in COMPUTE_KINDS}
     copies = [x for k in COPY_KINDS for x in by_kind.get(k, [])]
     return compute, statistics.median(copies) * 1e6, statistics.median(by_kind[OpKind.GRAD_NORM]) * 1e6
+
+
+def moe_overheads(hw: HardwareSpec, dense_us: dict, own: dict[int, dict[int, list[float]]]) -> dict:
+    """An MoE block's extra fixed costs per compute kind, µs, from the tiny MoE models' serialized
+    ops (`own`: experts -> {op id: seconds}) less their modelled work, against the dense TINY's
+    (`dense_us`, op_overheads): the cost grows with the experts the loop runs, so the two
+    models' difference over their experts gives '<kind>_expert' and what is left of the
+    smaller one beyond the dense block and its experts '<kind>_router' (the router, top-k and
+    the rows' sort: once per op). Both at least 0 (a noisy machine can make a difference
+    negative)."""
+    (e1, e2) = MOE_EXPERTS
+    per = {e: op_overheads(hw, own[e], MOE_POLICY, tiny_moe(e))[0] for e in MOE_EXPERTS}
+    out = {}
+    for kind in (k.value for k in COMPUTE_KINDS if k != OpKind.HEAD):
+        if kind in dense_us and all(kind in per[e] for e in MOE_EXPERTS):
+            expert = max(0.0, (per[e2][kind] - per[e1][kind]) / (e2 - e1))
+            out[f"{kind}_expert"] = expert
+            out[f"{kind}_router"] = max(0.0, per[e1][kind] - dense_us[kind] - e1 * expert)
+    return out
 
 
 def head_id(policy: Policy) -> int:

@@ -1,8 +1,8 @@
 """The configurations `horizon validate` runs: Config (a named model and policy with a one-line
-label for the reports), the thirteen small CONFIGS that vary depth, width, batch, K, slots,
+label for the reports), the fourteen small CONFIGS that vary depth, width, batch, K, slots,
 checkpoint placement, optimizer overlap, vocabulary, micro-batches and their order, the working
-copy, the split master, the disk tier, kept activations, attention under explicit masks and two
-data-parallel ones (2 ranks),
+copy, the split master, the disk tier, kept activations, attention under explicit masks, a
+mixture-of-experts model and two data-parallel ones (2 ranks),
 and the three tiny
 QUICK_CONFIGS of `--quick` (one of them on 2 ranks).
 """
@@ -18,6 +18,14 @@ def llama(name, L, H, heads, kv, F, V=256):
                      vocab=V, norm_eps=1e-5, rope_theta=1e4)
 
 
+def qwen3_moe(name, L, H, heads, kv, E, k, I, V=256):
+    """A Qwen3-MoE-shaped ModelSpec: every block's MLP E experts of width I, each token routed to k
+    (renormalised top-k), per-head q/k norms."""
+    return ModelSpec(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=2 * I, vocab=V,
+                     norm_eps=1e-6, rope_theta=1e4, moe_family="qwen3_moe", n_experts=E, experts_per_token=k,
+                     expert_ffn_hidden=I, qk_norm=True, norm_topk_prob=True)
+
+
 @dataclass(frozen=True)
 class Config:
     name: str
@@ -31,8 +39,10 @@ class Config:
     @property
     def label(self) -> str:
         m, p = self.model, self.policy
-        return (f"L{m.n_layers} H{m.hidden} V{m.vocab}, batch {p.batch}x{p.seq}, K={p.act_ckpt_every}, "
-                f"{p.slots} slots, ckpt {p.act_ckpt_on}, opt {p.optimizer}"
+        return (f"L{m.n_layers} H{m.hidden} V{m.vocab}"
+                + (f", {m.n_experts} experts top-{m.experts_per_token} I{m.expert_ffn_hidden}" if m.n_experts else "")
+                + f", batch {p.batch}x{p.seq}, K={p.act_ckpt_every}, "
+                + f"{p.slots} slots, ckpt {p.act_ckpt_on}, opt {p.optimizer}"
                 + ("" if p.working_copy else ", no wc") + (", split master" if p.split_master else "")
                 + (f", {p.disk_tier} on disk" if p.disk_tier != "none" else "")
                 + (f", grads<={p.max_host_grads}" if p.max_host_grads else "")
@@ -85,11 +95,15 @@ CONFIGS = (
            "3 micro-batches in layer order: every micro-batch passes a unit while its weights are resident, "
            "so they cross the link twice a step whatever the micro-batches, and its gradients are summed "
            "on the device (fp32) and offloaded once; every micro-batch's boundaries live at once"),
+    Config("moe", qwen3_moe("v-moe", 6, 256, 4, 2, 8, 2, 128), Policy(batch=2, seq=256),
+           "a Qwen3-MoE-like model (8 experts, top-2, width 128): the router, one gate_up and one down GEMM "
+           "per expert over the rows routed to it, all 8 experts' weights streamed"),
 )
-"""Thirteen small configurations that vary depth, width, batch, K, slots, checkpoint placement,
+"""Fourteen small configurations that vary depth, width, batch, K, slots, checkpoint placement,
 optimizer overlap, vocabulary, micro-batches and their order, the working copy, the split
-master, the disk tier, kept activations, masked attention and data parallelism (two of them run
-2 ranks sharing the machine's cores); about two minutes in all on a 2-core CPU."""
+master, the disk tier, kept activations, masked attention, mixture of experts and data
+parallelism (two of them run 2 ranks sharing the machine's cores); a few minutes in all on a
+2-core CPU."""
 
 QUICK_CONFIGS = (
     Config("tiny_a", llama("v-tiny-a", 3, 128, 2, 1, 352), Policy(batch=1, seq=64), "tiny, default"),
