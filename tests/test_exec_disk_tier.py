@@ -30,6 +30,7 @@ from horizon_sim.schedule import Holds, build_schedule
 from horizon_sim.schedule.op import Space
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
+from tests.unit_state import moments
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ModelSpec(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=96, vocab=128)
@@ -47,15 +48,6 @@ def _on_disk(folder, seed: int) -> TrainerConfig:
     return TrainerConfig(optimizer=OptimizerConfig(lr=1e-3), runtime=RuntimeConfig(disk_dir=folder), seed=seed)
 
 
-def _moments(tr, u):
-    b = tr.sched.find(Holds.MOMENTS, u)
-    if b.space == Space.DISK:
-        t = torch.empty(b.shape, dtype=torch.float32)
-        tr.disk.read(b.name, t)
-        return t.view(-1)
-    return tr.store.of(Holds.MOMENTS, u).clone().view(-1)
-
-
 @pytest.mark.parametrize("optimizer", ["pipelined", "backward", "after"])
 def test_moments_on_disk_train_exactly_as_in_ram(optimizer, tmp_path):
     pol = dataclasses.replace(POL, optimizer=optimizer, grad_clip=0.0 if optimizer == "backward" else 1.0)
@@ -64,7 +56,7 @@ def test_moments_on_disk_train_exactly_as_in_ram(optimizer, tmp_path):
         with Trainer(SPEC, dataclasses.replace(pol, disk_tier=tier), _on_disk(tmp_path, 0)) as tr:
             losses = [tr.step(_tokens(s)).loss for s in range(3)]
             tr.flush()
-            runs[tier] = (losses, {u: (tr.gather_master(u), _moments(tr, u)) for u in tr.units}, tr.store.nbytes)
+            runs[tier] = (losses, {u: (tr.gather_master(u), moments(tr, u)) for u in tr.units}, tr.store.nbytes)
             if tier == "moments":
                 assert os.listdir(tmp_path) == []  # unlinked at once
                 assert tr.disk.nbytes >= 2 * 4 * SPEC.total_params
@@ -174,7 +166,7 @@ def test_a_split_masters_low_halves_on_disk_train_exactly_as_in_ram(optimizer, t
                 path = ckpt_mod.save_checkpoint(tmp_path / "ckpt", tr, 2)
             losses += [tr.step(_tokens(s)).loss for s in range(2, 4)]
             tr.flush()
-            runs[tier] = (losses, {u: (tr.gather_master(u), _moments(tr, u)) for u in tr.units}, tr.store.nbytes)
+            runs[tier] = (losses, {u: (tr.gather_master(u), moments(tr, u)) for u in tr.units}, tr.store.nbytes)
     assert runs["none"][0] == runs["moments+low"][0]
     for u, (master, mom) in runs["none"][1].items():
         assert torch.equal(master, runs["moments+low"][1][u][0]) and torch.equal(mom, runs["moments+low"][1][u][1])

@@ -10,10 +10,9 @@ import torch
 
 from horizon_exec.runtime.config import OptimizerConfig, RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
-from horizon_sim.schedule import Holds
-from horizon_sim.schedule.op import Space
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
+from tests.unit_state import moments
 
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
@@ -24,22 +23,13 @@ VARIANTS = {"backward": dict(optimizer="backward"), "after": dict(optimizer="aft
             "moments+low on disk": dict(disk_tier="moments+low")}
 
 
-def _moments(tr, u):
-    b = tr.sched.find(Holds.MOMENTS, u)
-    if b.space == Space.DISK:
-        t = torch.empty(b.shape, dtype=torch.float32)
-        tr.disk.read(b.name, t)
-        return t.view(-1)
-    return tr.store.of(Holds.MOMENTS, u).clone().view(-1)
-
-
 def _run(pol, folder):
     cfg = TrainerConfig(optimizer=OptimizerConfig(lr=3e-3), runtime=RuntimeConfig(disk_dir=folder), seed=0)
     with Trainer(SPEC, pol, cfg) as tr:
         g = torch.Generator().manual_seed(0)
         losses = [tr.step(torch.randint(0, SPEC.vocab, (2, 16), generator=g)).loss for _ in range(3)]
         tr.flush()
-        return losses, {u: (tr.gather_master(u), _moments(tr, u)) for u in tr.units}
+        return losses, {u: (tr.gather_master(u), moments(tr, u)) for u in tr.units}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -49,5 +39,5 @@ def test_moe_trains_alike_in_every_optimizer_mode_and_with_the_disk_tier(variant
     want_losses, want = _run(BASE, tmp_path)
     losses, got = _run(pol, tmp_path)
     assert losses == want_losses
-    for u, (master, moments) in want.items():
-        assert torch.equal(got[u][0], master) and torch.equal(got[u][1], moments), u
+    for u, (master, moms) in want.items():
+        assert torch.equal(got[u][0], master) and torch.equal(got[u][1], moms), u
