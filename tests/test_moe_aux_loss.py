@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from horizon_exec.checkpoints.hf_checkpoint import load_hf, spec_from_hf_dir
-from horizon_exec.runtime.config import TrainerConfig
+from horizon_exec.runtime.config import RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import OpKind
 from horizon_sim.specs.policy import exact_policy
@@ -28,7 +28,7 @@ V, B, T = 96, 4, 16
 COEF = 0.5  # transformers' default 0.001 moves gradients by less than the tolerance
 
 
-def pair(tmp_path, name, **policy):
+def pair(tmp_path, name, device="cpu", **policy):
     mt, over = CASES[name]
     ref = hf_moe(mt, {**over, "output_router_logits": True, "router_aux_loss_coef": COEF})
     ref.save_pretrained(tmp_path / "hf")
@@ -36,7 +36,7 @@ def pair(tmp_path, name, **policy):
     assert spec.router_aux_loss_coef == COEF
     pol = exact_policy(batch=B, seq=T, act_ckpt_every=2, optimizer="after", grad_clip=0.0, loss_chunk_tokens=40,
                        **{"micro_batches": 1, **policy})
-    tr = Trainer(spec, pol, TrainerConfig(random_init=False))
+    tr = Trainer(spec, pol, TrainerConfig(random_init=False, runtime=RuntimeConfig(device=device)))
     load_hf(tr, tmp_path / "hf")
     return tr, ref
 

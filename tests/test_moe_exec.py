@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from horizon_exec.checkpoints.hf_checkpoint import load_hf, spec_from_hf_dir
-from horizon_exec.runtime.config import TrainerConfig
+from horizon_exec.runtime.config import RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import OpKind
 from horizon_sim.specs.policy import exact_policy
@@ -53,13 +53,13 @@ def hf_moe(model_type, overrides, seed=0):
     return model.eval()
 
 
-def pair(tmp_path, name, **policy):
+def pair(tmp_path, name, device="cpu", **policy):
     ref = hf_moe(*CASES[name])
     ref.save_pretrained(tmp_path / "hf")
     spec = spec_from_hf_dir(tmp_path / "hf")
     pol = exact_policy(batch=B, seq=T, micro_batches=2, act_ckpt_every=2, optimizer="after", grad_clip=0.0,
                        loss_chunk_tokens=40, **policy)
-    tr = Trainer(spec, pol, TrainerConfig(random_init=False))
+    tr = Trainer(spec, pol, TrainerConfig(random_init=False, runtime=RuntimeConfig(device=device)))
     load_hf(tr, tmp_path / "hf")
     return tr, ref
 

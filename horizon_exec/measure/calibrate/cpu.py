@@ -10,14 +10,14 @@ import torch
 from horizon_exec.measure.calibrate.collectives import measure_loopback
 from horizon_exec.measure.calibrate.contention import busy_latencies, compute_slowdown
 from horizon_exec.measure.calibrate.disk import disk_host_fields
-from horizon_exec.measure.calibrate.host import (os_reserved_GiB, measure_accumulate_GBps, measure_adam_Gparams,
+from horizon_exec.measure.calibrate.host import (bus_capacity_GBps, os_reserved_GiB, measure_accumulate_GBps, measure_adam_Gparams,
                                          measure_bus_GBps, measure_copy_GBps, measure_reduce_GBps,
                                          measure_shared_cores, ram_GiB)
 from horizon_exec.measure.calibrate.kernels import (attention_grid, gemm_grid, gemm_rates, gemm_shapes, gemm_times,
                                             measure_attention, measure_elementwise, measure_loss_ns_per_logit,
                                             slope_GBps)
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, MOE_EXPERTS, MOE_POLICY, TINY, TINY_POLICY,
-                                              TinyProbe, head_id, moe_overheads, op_overheads,
+                                              TinyProbe, head_chunk_us, moe_overheads, op_overheads,
                                               runtime_overhead_GiB, tiny_moe)
 from horizon_exec.measure.calibrate.threads import measure_thread_speeds
 from horizon_exec.measure.calibrate.timing import Progress, in_lane, mean_rate
@@ -136,7 +136,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     slowdown = statistics.mean(R["slowdown"])
     link = LinkSpec(name="cpu-threads", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=0.0, pageable_GBps=h2d,
                     cpu_driven=True)
-    dram = max(bus, COPY_TRAFFIC * h2d, COPY_TRAFFIC * d2h)  # traffic: a copied byte is read and written
+    dram = bus_capacity_GBps(bus, mean_rate(R["adam"]), COPY_TRAFFIC * h2d, COPY_TRAFFIC * d2h)  # a copied byte: read, written
     hst = HostSpec(name=cpu_name(), ram_GiB=ram, dram_GBps=dram, cores=os.cpu_count() or 1,
                    adam_Gparams_per_s=mean_rate(R["adam"]),
                    os_reserved_GiB=os_reserved_GiB(ram),
@@ -146,9 +146,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     for t in tiny:
         t.close()
     comp_us, copy_us, host_us = op_overheads(hw, tiny[0].own)
-    h1 = statistics.mean(tiny[0].own[head_id(TINY_POLICY)])
-    h8 = statistics.mean(tiny[1].own[head_id(HEAD8_POLICY)])
-    comp_us["head_chunk"] = max(0.0, (h8 - h1) / 7 * 1e6)
+    comp_us["head_chunk"] = head_chunk_us(tiny[0].own, tiny[1].own)
     comp_us |= moe_overheads(hw, comp_us, {e: t.own for e, t in zip(MOE_EXPERTS, tiny[2:])})
 
     hw = HardwareSpec(device=replace(dev, op_overhead_us=tuple(sorted(comp_us.items()))),

@@ -17,12 +17,14 @@ from dataclasses import replace
 import torch
 
 from horizon_exec.measure.calibrate.disk import disk_host_fields
-from horizon_exec.measure.calibrate.host import (measure_accumulate_GBps, measure_adam_Gparams, measure_bus_GBps,
-                                                 os_reserved_GiB, ram_GiB)
+from horizon_exec.measure.calibrate.host import (bus_capacity_GBps, measure_accumulate_GBps, measure_adam_Gparams,
+                                                 measure_bus_GBps, os_reserved_GiB, ram_GiB)
 from horizon_exec.measure.calibrate.kernels import (ColdOperands, attention_calls, attention_grid, gemm_grid,
                                             gemm_shapes, measure_elementwise, measure_loss_ns_per_logit,
                                             slope_GBps)
-from horizon_exec.measure.calibrate.overheads import TINY, TINY_POLICY, op_overheads, tiny_op_times
+from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, MOE_EXPERTS, MOE_POLICY, TINY, TINY_POLICY,
+                                                      head_chunk_us, moe_overheads, op_overheads, tiny_moe,
+                                                      tiny_op_times)
 from horizon_exec.measure.calibrate.timing import Progress, median_time
 from horizon_exec.procfs import cpu_name
 from horizon_sim.errors import HorizonError
@@ -167,7 +169,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     torch.set_num_threads(os.cpu_count() or 1)
     adam = measure_adam_Gparams(2**24 if not quick else 2**21, quick)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    bus = measure_bus_GBps(64 * 2**20, cores)
+    bus = bus_capacity_GBps(measure_bus_GBps(64 * 2**20, cores), adam)
     # The CPU lane's gathers, scatters and reductions (embedding rows, host-gradient sums), at
     # the intra-op threads its torch calls get: without it they were priced at the whole bus.
     thread = measure_accumulate_GBps(2**24 if not quick else 2**21)
@@ -198,7 +200,11 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     hw = HardwareSpec(device=devspec, link=link, host=hst)
 
     prog.step("fixed cost per op: a tiny model, ops serialized")
-    comp_us, copy_us, host_us = op_overheads(hw, tiny_op_times(device, 4))
+    own = tiny_op_times(device, 4)
+    comp_us, copy_us, host_us = op_overheads(hw, own)
+    comp_us["head_chunk"] = head_chunk_us(own, tiny_op_times(device, 4, HEAD8_POLICY))
+    comp_us = {k: v for k, v in comp_us.items() if v > 0}
+    comp_us |= moe_overheads(hw, comp_us, {e: tiny_op_times(device, 4, MOE_POLICY, tiny_moe(e)) for e in MOE_EXPERTS})
     res = probe(TINY, TINY_POLICY, steps=2, warmup=1, device=device)
     runtime = max(res["rss_peak_bytes"] - res["store_bytes"] - res["host_dynamic_peak_bytes"], 0) / GiB
     disk = disk_host_fields(disk, quick, prog)

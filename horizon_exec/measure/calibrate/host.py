@@ -97,6 +97,20 @@ def measure_adam_Gparams(n_params: int, quick: bool) -> float:
     return n_params / statistics.median(ts[1:]) / 1e9
 
 
+ADAM_TRAFFIC_BYTES = 28
+"""DRAM bytes the planner counts per parameter of measure_adam_Gparams' update (the Schedule's
+optimizer op, schedule/builder.py: fp32 master and both fp32 moments read and written, the bf16
+gradient read, the bf16 working copy written)."""
+
+
+def bus_capacity_GBps(bus_GBps: float, adam_Gparams: float, *flow_GBps: float) -> float:
+    """The DRAM bus as the planner shares it (HostSpec.dram_GBps): at least the traffic any one
+    flow was measured moving alone. The all-core copy loop reads below what AdamW moves on an
+    H200 box's host (98.9 GB/s vs 5.42 G params/s x 28 B = 152 GB/s): a bus capped at the copy
+    figure slowed the planned update to 0.557 s where it ran in 0.390 s (docs/gpu_runs.md)."""
+    return max(bus_GBps, ADAM_TRAFFIC_BYTES * adam_Gparams, *flow_GBps)
+
+
 def measure_shared_cores(backend, nbytes: int, threads: int) -> float:
     """Cores' worth of copy work `threads` threads on the host-lane cores get together: their
     aggregate rate over one thread's rate."""

@@ -72,9 +72,10 @@ class TinyProbe:
         self.tr.close()
 
 
-def tiny_op_times(device: str, steps: int, policy: Policy = TINY_POLICY) -> dict[int, list[float]]:
-    """{op id: own seconds per step} of `steps` serialized steps of the tiny model."""
-    probe = TinyProbe(device, policy)
+def tiny_op_times(device: str, steps: int, policy: Policy = TINY_POLICY, model: ModelSpec = TINY
+                  ) -> dict[int, list[float]]:
+    """{op id: own seconds per step} of `steps` serialized steps of the tiny model (or `model`)."""
+    probe = TinyProbe(device, policy, model)
     try:
         probe.sample(steps)
     finally:
@@ -126,7 +127,7 @@ def moe_overheads(hw: HardwareSpec, dense_us: dict, own: dict[int, dict[int, lis
             expert = max(0.0, (per[e2][kind] - per[e1][kind]) / (e2 - e1))
             out[f"{kind}_expert"] = expert
             out[f"{kind}_router"] = max(0.0, per[e1][kind] - dense_us[kind] - e1 * expert)
-    return out
+    return {k: v for k, v in out.items() if v > 0}  # a hardware file's rows are > 0; absent = 0
 
 
 def head_id(policy: Policy) -> int:
@@ -135,6 +136,14 @@ def head_id(policy: Policy) -> int:
 
 HEAD8_POLICY = replace(TINY_POLICY, loss_chunk_tokens=TINY_POLICY.seq // 8)
 """The tiny model with eight loss chunks: its head against TINY_POLICY's gives 'head_chunk'."""
+
+
+def head_chunk_us(own_1: dict[int, list[float]], own_8: dict[int, list[float]]) -> float:
+    """The head's fixed cost per loss chunk, µs: TINY's head with eight chunks (`own_8`, from
+    HEAD8_POLICY) against one (`own_1`, TINY_POLICY), over the seven chunks it adds."""
+    h1 = statistics.mean(own_1[head_id(TINY_POLICY)])
+    h8 = statistics.mean(own_8[head_id(HEAD8_POLICY)])
+    return max(0.0, (h8 - h1) / 7 * 1e6)
 
 
 def runtime_overhead_GiB(probe_result: dict) -> float:
