@@ -288,16 +288,30 @@ def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -
     their gradient in the compute dtype (the same tensor in fp32), with the norm's saved fp32 input and cast, the
     normed rows and dh (N x H), 4 bytes of rsqrt per token and per-row scalars (target id,
     logsumexp, target logit, mask: 17 bytes); or, with a small vocabulary, in the norm's
-    backward (its fp32 input, five fp32 temporaries, the normed rows and dh)."""
+    backward (its fp32 input, five fp32 temporaries, the normed rows and dh).
+
+    In every chunk after the first, logsumexp runs while the previous chunk's logsumexp and
+    target logit (fp32, 8 B a row of a full chunk) are still alive: head.py rebinds them only
+    after it (uncounted, validate's vocab8k, 2 chunks of 256 rows, measured a step 2 KiB over
+    the device bound)."""
     H, V = m.hidden, m.vocab
     c = min(chunk_tokens, tokens)
-    last = tokens - (head_chunks(tokens, chunk_tokens) - 1) * c  # the last chunk's rows outlive the loop
+    n = head_chunks(tokens, chunk_tokens)
+    last = tokens - (n - 1) * c  # the last chunk's rows outlive the loop
     rows = c * (8 + 4 + 4 + 1)
     in32 = 4 * H if a != 4 else 0
     loss = 4  # the fp32 loss accumulator
-    # within a chunk: the fp32 logits with either logsumexp's x - max (fp32, inside the kernel;
-    # the per-row target id and mask beside them) or, later, their gradient in the compute dtype
-    chunk = max(c * V * 8 + c * 9, c * V * (4 + (a if a != 4 else 0)) + rows)
+
+    def at_logsumexp(r: int, after_first: bool) -> int:
+        """A chunk of r rows at logsumexp: its fp32 logits and x - max (inside the kernel), its
+        target ids and mask (9 B a row) and, after the first chunk, the previous (full) chunk's
+        logsumexp and target logit."""
+        return r * V * 8 + r * 9 + (8 * c if after_first else 0)
+
+    # the first, a middle (full) and the last (maybe shorter) chunk at logsumexp; or, later in a
+    # chunk, the fp32 logits beside their gradient in the compute dtype (the previous chunk's
+    # scalars freed by then: the rows term is this chunk's)
+    chunk = max(at_logsumexp(c, n > 2), at_logsumexp(last, n > 1), c * V * (4 + (a if a != 4 else 0)) + rows)
     logits = chunk + tokens * (in32 + 3 * a * H + 4) + loss
     norm_bwd = tokens * (in32 + 20 * H + 2 * a * H) + last * 17 + H * a + loss  # + the norm weight's grad
     return int(max(logits, norm_bwd))

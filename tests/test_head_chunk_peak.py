@@ -1,0 +1,42 @@
+"""The head's loss chunks and the device bound: in every chunk after the first, logsumexp runs
+while the previous chunk's logsumexp and target logit (fp32, 8 B a row) are still alive
+(horizon_exec/model/head.py rebinds them after it). Uncounted, validate's vocab8k (2 chunks of
+256 rows) measured a step 2 KiB over the device bound. A small model whose step peaks in the
+head, over chunk counts, both compute dtypes and a tied head: the measured head temporaries
+equal schedule/work.py's count, and the measured device peak equals the simulated one and
+never exceeds the bound admission and `fits` use."""
+import pytest
+import torch
+
+from horizon_exec.runtime.trainer import Trainer
+from horizon_sim.schedule import build_schedule, work
+from horizon_sim.sim.device_bound import device_peak_bound
+from horizon_sim.sim.simulate import simulate
+from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import Policy
+from tests.cpu_machine import CPU_HW
+
+B, T, V = 2, 64, 4096  # a vocabulary large against the width: the head's logits hold the peak
+
+
+@pytest.mark.parametrize("dtype, chunk_tokens, tied", [
+    ("fp32", 128, False),  # one chunk: nothing of a previous chunk
+    ("fp32", 64, False),   # two: the second's logsumexp beside the first's scalars
+    ("fp32", 16, False),   # eight (the step's peak is then elsewhere: the simulated one is met)
+    ("fp32", 48, False),   # three, the last shorter: a middle chunk holds the peak
+    ("fp32", 64, True),    # a tied head: the same temporaries
+    ("bf16", 64, False),   # bf16 logits, fp32 softmax: the same per-row scalars
+])
+def test_the_head_peak_counts_the_previous_chunks_scalars(dtype, chunk_tokens, tied):
+    spec = ModelSpec(n_layers=2, hidden=64, n_heads=2, n_kv_heads=1, ffn_hidden=128, vocab=V,
+                     tied_embeddings=tied)
+    kw = dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False) if dtype == "fp32" else {}
+    pol = Policy(batch=B, seq=T, act_ckpt_every=2, act_ckpt_on="device", loss_chunk_tokens=chunk_tokens, **kw)
+    a = 4 if dtype == "fp32" else 2
+    with Trainer(spec, pol) as tr:
+        res = tr.step(torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(0)))
+    head = res.timeline[res.timeline.kind == "head"]
+    assert set(head.temp_peak_bytes) == {work.head_temp_peak_bytes(spec, B * T, chunk_tokens, a)}
+    sched = build_schedule(spec, pol)
+    assert res.device_peak_bytes == simulate(sched, CPU_HW).summary.device_typical_peak_bytes
+    assert res.device_peak_bytes <= device_peak_bound(sched)
