@@ -25,8 +25,10 @@ in the ZeRO-3 peer's vocabulary. What differs from ZeRO-3 offload (zero3_builder
 
 Host memory: fp32 master, moments and gradient (16 bytes a parameter), plus the compute-dtype
 buffer of 0.19's cast (2 with bf16; none with adam_copies_params) and, with several
-micro-batches and fp32_grad_copy, the accumulation buffer in the compute dtype.
+micro-batches and fp32_grad_copy, the accumulation buffer in the compute dtype; and what the
+knobs adam_tile_params and fork_copies add (peer/host_extras.py).
 """
+from horizon_sim.peer.host_extras import declare_host_extras
 from horizon_sim.peer.zero3_builder import Zero3StepBuilder
 from horizon_sim.peer.zero3_counts import tensors
 from horizon_sim.peer.zero3_policy import Zero3Policy
@@ -205,6 +207,7 @@ class Zero2StepBuilder(Zero3StepBuilder):
             if self.accumulates_on_device:
                 self.host_acc(u)
             self.w(u)
+        declare_host_extras(self.bufs, z, self.units)
         for mb in range(z.micro_batches):
             self.forward(mb)
             self.backward(mb)

@@ -4,7 +4,9 @@ vocabulary (plus BACKWARD_SAVED, FETCHED_WEIGHTS, SAVED_ACTIVATIONS). It reads a
 
   host      fp32 master, fp32 Adam moments, fp32 gradient partition and the bf16 parameter
             partition the device fetches from: 18 bytes per parameter, static (DeepSpeed's
-            estimate_zero3_model_states_mem_needs arithmetic, without its 1.5x buffer factor)
+            estimate_zero3_model_states_mem_needs arithmetic, without its 1.5x buffer factor);
+            DeepSpeedCPUAdam's tile buffers and copy-on-write copies when knobs say so
+            (host_extras.py)
   forward   per micro-batch, units in order (the embedding, the layers, the head): each unit's
             parameters fetched to the device ahead of use (LOAD_WEIGHTS into a FETCHED_WEIGHTS
             buffer: up to prefetch_bucket_params of it while the previous unit computes, the rest
@@ -45,6 +47,7 @@ DeepSpeed; here they travel with their layer (a few KB per layer). One device; Z
 several GPUs (the all-gathers and reduce-scatters across them) is not modelled yet.
 """
 from horizon_sim.errors import HorizonError
+from horizon_sim.peer.host_extras import declare_host_extras
 from horizon_sim.peer.zero3_counts import modules, tensors
 from horizon_sim.peer.zero3_policy import Zero3Policy
 from horizon_sim.schedule import work
@@ -335,6 +338,7 @@ class Zero3StepBuilder(StepBuilder):
             self.bufs.host_store(u)
             self.partition(u)
             self.host_grad(u)
+        declare_host_extras(self.bufs, zero3, self.units)
         for mb in range(zero3.micro_batches):
             self.forward(mb)
             self.backward(mb)

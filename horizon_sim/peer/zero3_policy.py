@@ -105,7 +105,28 @@ class Zero3Policy:
     buffer in the compute dtype and the copy, nothing overlapping them. On, DeepSpeed of 2020-21
     (stage2.py step: `self.optimizer.step(fp16_param_groups=...)`, whose C++ Adam writes each
     tile's fp16 values to a pinned buffer and copies it to the device while it updates the next
-    tile): each unit's copy as soon as its Adam is done, no host cast pass and no host buffer."""
+    tile): each unit's copy as soon as its Adam is done, no host cast pass and no cast buffer
+    (the Adam's own tile buffers are adam_tile_params)."""
+    adam_tile_params: int = 0
+    """Elements (fp32) of each of DeepSpeedCPUAdam's two page-locked tile buffers, which its C++
+    Adam_Optimizer allocates when it is built and holds for the run (csrc/includes/cpu_adam.h:
+    `cudaMallocHost(_doubled_buffer[i], TILE * sizeof(float))`, l.63-64 at v0.3.0): TILE =
+    1024^3 from the ZeRO-Offload release (v0.3.0) to v0.3.14, 8 GiB in all; 128 x 1024^2 from
+    v0.3.15 to v0.14.2, 1 GiB (CUDA builds); none since v0.14.3 (#5409 removed the tiled copy
+    to the device), so 0, DeepSpeed 0.19's. Host memory only (peer/host_extras.py)."""
+    fork_copies: bool = False
+    """The training script forks worker processes after the optimizer state exists and they
+    live through the run (a torch DataLoader with num_workers > 0 under Linux's default fork
+    start, its iterator made after deepspeed.initialize): the first write to each page of the
+    pageable host state after the fork copies it for the trainer (copy-on-write) while the
+    workers keep the original, so that state is held twice. Pageable: the Adam moments in every
+    version (DeepSpeedCPUAdam's `torch.zeros_like`, cpu_adam.py l.60-62 at v0.3.0), the fp32
+    master under ZeRO-3 (stage3.py _create_fp32_partitions, 0.19) and under ZeRO-2 before
+    0.14.1 (stage2.py l.270-272 at v0.3.0; #5301 pins it under pin_memory since, and there the
+    moments alone are copied, which this knob does not separate), and with pin_memory off every
+    host buffer the step writes. Page-locked memory is mapped shared by the NVIDIA driver and not
+    copied. Off (default): no workers, or forked before the state was allocated. Host memory
+    only (peer/host_extras.py)."""
 
     def __post_init__(self):
         for f in ("batch", "seq", "micro_batches", "prefetch_bucket_params", "max_live_params",
@@ -121,8 +142,11 @@ class Zero3Policy:
                                f"micro_batches={self.micro_batches}")
         if self.compute_dtype not in DTYPES:
             raise HorizonError(f"zero3 policy compute_dtype={self.compute_dtype!r}; allowed: {', '.join(DTYPES)}")
-        for f in ("offload_param", "adam_copies_params", "act_ckpt", "overlap_comm", "pin_memory", "per_tensor_fetch",
-                  "sync_per_wait", "fp32_grad_copy", "per_param_norm"):
+        if not isinstance(self.adam_tile_params, int) or isinstance(self.adam_tile_params, bool) \
+                or self.adam_tile_params < 0:
+            raise HorizonError(f"zero3 policy adam_tile_params={self.adam_tile_params!r} must be an integer >= 0")
+        for f in ("offload_param", "adam_copies_params", "fork_copies", "act_ckpt", "overlap_comm", "pin_memory",
+                  "per_tensor_fetch", "sync_per_wait", "fp32_grad_copy", "per_param_norm"):
             if not isinstance(getattr(self, f), bool):
                 raise HorizonError(f"zero3 policy {f}={getattr(self, f)!r} must be true or false")
         if not isinstance(self.grad_clip, (int, float)) or isinstance(self.grad_clip, bool) or self.grad_clip < 0:

@@ -141,6 +141,11 @@ class Holds(str, Enum):
     #                                      whole step (ZeRO-2 offload: only the optimizer is offloaded), static
     HOST_GRAD_ACC = "host_grad_acc"      # (params,) a unit's gradient summed over micro-batches in host memory
     #                                      in the compute dtype, through the device (ZeRO-2 offload), static
+    ADAM_TILES = "adam_tiles"            # (2, tile) fp32 DeepSpeedCPUAdam's page-locked tile buffers, static
+    #                                      (peer/host_extras.py)
+    FORK_COPY = "fork_copy"              # (bytes,) uint8 the copy-on-write second copy of a unit's pageable host
+    #                                      state in a process that forked workers after allocating it, static
+    #                                      (peer/host_extras.py)
 
 
 DTYPE_BYTES_OF = {"fp32": 4, "bf16": 2, "fp64": 8, "int64": 8, "int16": 2, "uint8": 1}
