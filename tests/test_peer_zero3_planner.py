@@ -68,8 +68,9 @@ def test_knobs_change_the_step_as_deepspeeds_do():
     def backward_loads(z):
         s = build_zero3_schedule(m, z)
         first_bwd = next(op.id for op in s.ops if op.kind in (OpKind.BACKWARD, OpKind.BACKWARD_SAVED))
-        return sum(1 for op in s.ops if op.kind == OpKind.LOAD_WEIGHTS and op.id > first_bwd)
+        return sum(1 for op in s.ops if op.kind == OpKind.LOAD_WEIGHTS and op.id > first_bwd and op.unit != EMBED)
     # a small model within the reuse distance keeps its layers; a short distance fetches them again
+    # (the embedding's weight comes back for its backward at any distance: its pre-backward hook)
     assert backward_loads(Zero3Policy(**base)) == 0
     assert backward_loads(Zero3Policy(**base, max_reuse_distance_params=1)) >= 7
     # buckets: one offload per unit with a tiny bucket, a single one with DeepSpeed's default
@@ -83,7 +84,7 @@ def test_knobs_change_the_step_as_deepspeeds_do():
         grads = sum(b.numel for b in s.buffers.values() if b.holds == Holds.DEVICE_GRAD)
         assert sum(op.link_bytes for op in s.ops if op.kind == OpKind.OFFLOAD_GRADS) == down * grads
         assert sum(op.link_bytes for op in s.ops if op.kind == OpKind.RELOAD_GRADS) == up * grads
-    # pageable buffers: the link's pageable rate
+    # pageable gradient buffers: their copies at the link's pageable rate
     slow = plan_zero3(m, hw, Zero3Policy(**base, pin_memory=False))
     assert slow.summary.step_time_s > ck.summary.step_time_s
 

@@ -77,12 +77,10 @@ def parse_knobs(text: str | None, policy_type: type = Zero3Policy) -> dict:
 
 def peer_hardware(hw: HardwareSpec, zero3: Zero3Policy) -> HardwareSpec:
     """The machine as the peer uses it: its optimizer at DeepSpeedCPUAdam's rate on this host
-    (HostSpec.deepspeed_adam_Gparams_per_s), pageable copies when its buffers are not pinned."""
-    host = replace(hw.host, adam_Gparams_per_s=hw.deepspeed_adam_Gparams_per_s)
-    if zero3.pin_memory:
-        return replace(hw, host=host)
-    link = replace(hw.link, h2d_GBps=hw.link.pageable_GBps, d2h_GBps=hw.link.pageable_GBps)
-    return replace(hw, host=host, link=link)
+    (HostSpec.deepspeed_adam_Gparams_per_s). Which copies are pageable (pin_memory off) the
+    Schedule says, op by op (Op.pageable): the gradient buffers', never the parameter fetches'
+    (Zero3Policy.pin_memory)."""
+    return replace(hw, host=replace(hw.host, adam_Gparams_per_s=hw.deepspeed_adam_Gparams_per_s))
 
 
 def plan_zero3(model: ModelSpec, hw: HardwareSpec, zero3: Zero3Policy) -> SimResult:
@@ -189,7 +187,7 @@ def compare_text(ours: SimResult, peer: SimResult, zero3: Zero3Policy) -> str:
              "parameters on the device" + (", tiled parameter copy" if zero3.adam_copies_params else ""))
     knobs = (f"activation checkpointing {'on' if zero3.act_ckpt else 'off'}, {fetch}, "
              f"reduce bucket {zero3.reduce_bucket_params:,.0f} params, overlap_comm {'on' if zero3.overlap_comm else 'off'}, "
-             f"{'pinned' if zero3.pin_memory else 'pageable'} buffers")
+             f"{'pinned' if zero3.pin_memory else 'pageable gradient'} buffers")
     short = zero3.title.removeprefix("DeepSpeed ")
     out = [f"compare   Horizon against {zero3.title} ({knobs})", "",
            f"          {'':<{w}}{'Horizon':<{c}}{short}"]

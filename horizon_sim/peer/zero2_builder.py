@@ -157,19 +157,21 @@ class Zero2StepBuilder(Zero3StepBuilder):
         hg = [self.host_grad(u) for u in units]
         sq = [self.bufs.grad_sq(u) for u in units] if last else []
         t = sum(tensors(self.model, u) for u in units)
+        pageable = not z.pin_memory  # every host buffer of stage_1_and_2.py is pinned only with pin_memory
         # at the boundary, on the device: the norm of each compute-dtype gradient, the fp32 cast
         reduce = (n * self.a * z.per_param_norm + n * (self.a + 4)) if last else 0
         if self.accumulates_on_device:
             acc = [self.host_acc(u) for u in units]
             if m > 0:  # the sum so far comes up and is added on the device
                 self.emit(OpKind.RELOAD_GRADS, units[0], m, reads=acc + srcs, writes=srcs, link_bytes=n * self.a,
-                          copies=t)
+                          copies=t, pageable=pageable)
             done = self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=srcs, writes=acc + (hg if last else []) + sq,
                              frees=own, link_bytes=n * self.a + (n * 4 if last else 0),
-                             copies=t * (2 if last else 1), reduce_bytes=reduce)
+                             copies=t * (2 if last else 1), reduce_bytes=reduce, pageable=pageable)
         else:  # one fp32 copy down per micro-batch, added on the host after the first
             done = self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=srcs + (hg if m > 0 else []), writes=hg + sq,
-                             frees=own, link_bytes=n * 4, host_bytes=n * 12 if m > 0 else 0, reduce_bytes=reduce)
+                             frees=own, link_bytes=n * 4, host_bytes=n * 12 if m > 0 else 0, reduce_bytes=reduce,
+                             pageable=pageable)
         self.offloads.append(done)
         self.bucket, self.bucket_elems = [], 0
         if z.overlap_comm:
@@ -189,10 +191,12 @@ class Zero2StepBuilder(Zero3StepBuilder):
         for u in self.units:
             params, master = self.params(u), b.host_store(u)[0]
             if z.adam_copies_params:  # the tile goes while the Adam updates the next (its data dependency)
-                self.emit(OpKind.UPLOAD_PARAMS, u, reads=[master], writes=[self.w(u)], link_bytes=params * self.a)
+                self.emit(OpKind.UPLOAD_PARAMS, u, reads=[master], writes=[self.w(u)], link_bytes=params * self.a,
+                          pageable=not z.pin_memory)
             else:  # once the group's Adam is done: the cast pass on the host, then the copy
                 self.emit(OpKind.UPLOAD_PARAMS, u, reads=[master], writes=[self.cast_buffer(u), self.w(u)],
-                          link_bytes=params * self.a, host_bytes=params * (4 + self.a), after=tuple(adam))
+                          link_bytes=params * self.a, host_bytes=params * (4 + self.a), after=tuple(adam),
+                          pageable=not z.pin_memory)
 
     def build(self) -> Schedule:
         m, z = self.model, self.zero3

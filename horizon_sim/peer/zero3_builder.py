@@ -17,13 +17,20 @@ vocabulary (plus BACKWARD_SAVED, FETCHED_WEIGHTS, SAVED_ACTIVATIONS). It reads a
   head      logits of every token at once (one loss chunk), forward and backward in one op
   backward  layers in reverse: parameters fetched again where they were released; BACKWARD
             (act_ckpt: forward again with grad, then grad) or BACKWARD_SAVED (the graph's
-            backward only); the layer-0 backward also makes the embedding's dense gradient;
+            backward only); the layer-0 backward also makes the embedding's dense gradient, with
+            the embedding's weight fetched again (its pre-backward hook) and kept until its
+            gradient has gone; a tied LM head's gradient waits on the device for it and the two
+            go down as one (holds_tied_head_grad);
             gradients gathered into buckets of reduce_bucket_params and offloaded as fp32 into
             the host partition (OFFLOAD_GRADS: 4 bytes per parameter over the link; added to
             the earlier micro-batches' on the host); overlap_comm off: the next backward waits
             for each bucket's offload; on: at most MAX_REDUCE_EVENTS offloads are in flight
             when the next is issued (the backward waits for the oldest), and the bucket itself
-            is one persistent device buffer of reduce_bucket_params in the compute dtype
+            is one persistent device buffer of reduce_bucket_params in the compute dtype; each
+            offload holds partition_grads' device temporaries for its largest tensor
+            (zero3_grad_path.py); pin_memory off: the gradient copies run at the link's
+            pageable rate and the host sits in each, so the next backward, and the part of the
+            next fetch that is not prefetched, start after it
   hooks     before a unit's kernels, the host runs DeepSpeed's module hooks (HOOKS on the CPU
             lane: modules x hook calls x hook_us, plus tensor_op_us per tensor it copies or
             reduces); with sync_per_wait they start only once the unit's copies have landed
@@ -32,11 +39,13 @@ vocabulary (plus BACKWARD_SAVED, FETCHED_WEIGHTS, SAVED_ACTIVATIONS). It reads a
             link's latency); fp32_grad_copy: each bucket's gradients go down into the host
             partition and come back up (RELOAD_GRADS), in the compute dtype, and the last
             micro-batch's go down once more, cast to fp32, into the optimizer's gradient
-            (accumulation on the device); per_param_norm: a norm
+            (accumulation on the device), or with host_cast_at_boundary (v0.6-v0.7) in the
+            compute dtype, cast by the host; per_param_norm: a norm
             pass over each fp32 gradient on the device and a host loop over the tensors
-  end       the global norm over the host gradients, then DeepSpeedCPUAdam over every unit
-            (OPTIMIZER, after backward: nothing overlaps it), which also writes the updated bf16
-            partition the next step fetches
+  end       the global norm over the host gradients, then per unit the unscale of its fp32
+            gradients (HOST_PASS), DeepSpeedCPUAdam (OPTIMIZER) and the cast of the updated
+            master into the partition the next step fetches (HOST_PASS), after the backward:
+            nothing overlaps them
 
 What is approximated, and why: DeepSpeed fetches, prefetches and waits module by module along
 its recorded trace; here a unit (layer) is the grain: its copies are per tensor, but issued as
@@ -49,17 +58,14 @@ several GPUs (the all-gathers and reduce-scatters across them) is not modelled y
 from horizon_sim.errors import HorizonError
 from horizon_sim.peer.host_extras import declare_host_extras
 from horizon_sim.peer.zero3_counts import modules, tensors
+from horizon_sim.peer.zero3_grad_path import (ADAM_BYTES_PER_PARAM, UNSCALE_BYTES_PER_PARAM, cast_bytes_per_param,
+                                              partition_grads_temporaries)
 from horizon_sim.peer.zero3_policy import Zero3Policy
 from horizon_sim.schedule import work
 from horizon_sim.schedule.op import DTYPE_BYTES_OF, EMBED, Family, Holds, OpKind, Space
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.schedule.step_builder import StepBuilder
 from horizon_sim.specs.model import ModelSpec
-
-
-ADAM_BYTES_PER_PARAM = 4 + 2 * 4 + 4 * 4 + 2
-"""DeepSpeedCPUAdam per parameter: read the fp32 gradient, read and write the fp32 master and
-both fp32 moments, write the bf16 partition (fp32 compute: no bf16 copy, 28)."""
 
 
 MAX_REDUCE_EVENTS = 2
@@ -91,12 +97,27 @@ class Zero3StepBuilder(StepBuilder):
         self.offloads: list[int] = []  # OFFLOAD_GRADS ops so far, in order
         self.stall: tuple[int, ...] = ()  # what the next backward waits for (overlap_comm's bound)
         self.copies_of: dict[int, list[int]] = {}  # a unit's LOAD_WEIGHTS ops of its latest fetch
+        self.held: list[tuple[int, str]] = []  # gradients autograd holds until the embedding's backward
 
     # ---- sizes -----------------------------------------------------------------------------------
     def params(self, u: int) -> int:
         """Parameters unit u brings to the device (the embedding's matrix too: the peer looks
         rows up there)."""
         return self.bufs.host_params(u) if u == EMBED else self.bufs.dev_params(u)
+
+    def grad_params(self, u: int) -> int:
+        """Gradient elements unit u adds to an offload: a tied head's norm alone (its matrix's
+        gradient is the embedding's: autograd sums the two before it calls the weight's one
+        AccumulateGrad, so DeepSpeed's hook sees one gradient, once)."""
+        return self.bufs.host_params(u) if u == self.head and self.model.tied_embeddings else self.params(u)
+
+    @property
+    def holds_tied_head_grad(self) -> bool:
+        """A tied LM head's gradient waits on the device for the embedding's backward: the tied
+        weight's AccumulateGrad runs once, after both its uses have sent their gradients
+        (PyTorch autograd sums a node's inputs before it runs the node), and DeepSpeed's
+        gradient hook hangs off that node (stage3.py create_reduce_and_remove_grad_hooks)."""
+        return self.model.tied_embeddings
 
     # ---- emission ----------------------------------------------------------------------------------
     def extra_waits(self, op_id: int) -> tuple[int, ...]:
@@ -159,9 +180,10 @@ class Zero3StepBuilder(StepBuilder):
         t_early = t if n == early else min(t - 1, max(1, round(t * early / n)))
         ids = [self.emit(OpKind.LOAD_WEIGHTS, u, m, reads=[src], writes=[self.w(u)], link_bytes=early * elem,
                          copies=t_early, after=before_prev)]
-        if n > early:
+        if n > early:  # on demand, at the unit's own hook: after the host is back from the last offload
             ids.append(self.emit(OpKind.LOAD_WEIGHTS, u, m, reads=[src, self.w(u)], writes=[self.w(u)],
-                                 link_bytes=(n - early) * elem, copies=max(1, t - t_early), after=prev))
+                                 link_bytes=(n - early) * elem, copies=max(1, t - t_early),
+                                 after=(*prev, *self.host_blocked_by())))
         self.copies_of[u] = ids
         self.fetched.add(u)
 
@@ -187,13 +209,22 @@ class Zero3StepBuilder(StepBuilder):
     def keep_after_forward(self, u: int) -> bool:
         """DeepSpeed keeps a fetched parameter whose next use comes within max_reuse_distance
         parameters' worth of fetches (and within max_live_params): the layers near the head
-        (their backward comes right after), or every layer of a small model."""
+        (their backward comes right after), or every layer of a small model. The distance is
+        counted along its recorded trace of module visits (partitioned_param_coordinator.py
+        __params_to_release: the parameters of every module visit from the next one on, until
+        the count reaches the limit; v0.7.0 l.445-451, 0.19.8 l.656-662), and the trace records
+        a visit at every forward and every backward hook (parameter_offload.py record_module in
+        pre_sub_module_forward_function and pre_sub_module_backward_function, v0.7.0
+        l.445-482): the head once more in the backward, and each later layer twice with
+        activation checkpointing (the recompute runs its forward hooks again before its
+        backward ones)."""
         if u == EMBED:  # its next use is the layer-0 backward's scatter, which needs no parameters
             return False
-        between = sum(self.params(v) for v in range(u + 1, self.head + 1))
-        between += sum(self.params(v) for v in range(u + 1, self.head))  # the backward's, before u's
+        visits = 2 if self.zero3.act_ckpt else 1
+        between = sum(self.params(v) for v in range(u + 1, self.head + 1)) + self.params(self.head)
+        between += visits * sum(self.params(v) for v in range(u + 1, self.head))  # the backward's, before u's
         live = sum(self.params(v) for v in self.fetched)
-        return between <= self.zero3.max_reuse_distance_params and live <= self.zero3.max_live_params
+        return between < self.zero3.max_reuse_distance_params and live <= self.zero3.max_live_params
 
     def release(self, u: int) -> list[str]:
         """Unit u's fetched parameters go after the op that frees them (it lists the names)."""
@@ -201,19 +232,32 @@ class Zero3StepBuilder(StepBuilder):
         return [self.w(u)]
 
     # ---- gradients ------------------------------------------------------------------------------------
+    def host_blocked_by(self) -> tuple[int, ...]:
+        """What the host thread sits in before it can issue more: with pageable gradient buffers
+        (pin_memory off) the last offload, whose copies to and from pageable memory return only
+        once done (Zero3Policy.pin_memory); pinned, nothing."""
+        return tuple(self.offloads[-1:]) if not self.zero3.pin_memory else ()
+
     def gather_grad(self, u: int, m: int, last: bool) -> None:
+        if u == self.head and self.holds_tied_head_grad:
+            self.held.append((u, self.device_grad(u, m)))
+            return
+        if u == EMBED:
+            self.bucket += self.held
+            self.held = []
         self.bucket.append((u, self.device_grad(u, m)))
-        if last or sum(self.params(v) for v, _ in self.bucket) >= self.zero3.reduce_bucket_params:
+        if last or sum(self.grad_params(v) for v, _ in self.bucket) >= self.zero3.reduce_bucket_params:
             self.offload(m)
 
     def offload(self, m: int) -> None:
-        """The bucket's gradients -> their fp32 host partitions (cast on the device, 4 bytes a
-        parameter over the link), added into what earlier micro-batches left there."""
+        """The bucket's gradients -> their fp32 host partitions (the module docstring's 'copies'
+        say how many bytes cross, and where they are cast), added into what earlier micro-batches
+        left there; with pin_memory off at the link's pageable rate (Op.pageable)."""
         if not self.bucket:
             return
         units = [u for u, _ in self.bucket]
         dgrads = [g for _, g in self.bucket]
-        n = sum(self.params(u) for u in units)
+        n = sum(self.grad_params(u) for u in units)
         acc = m > 0
         last = m == self.zero3.micro_batches - 1
         z = self.zero3
@@ -224,17 +268,24 @@ class Zero3StepBuilder(StepBuilder):
         reads = dgrads + (hg if acc else []) + [self.ipg_bucket()]
         t = sum(tensors(self.model, u) for u in units)
         norm = n * 4 if last and z.per_param_norm else 0  # _constant_buffered_norm2 of each fp32 gradient
+        pageable = not z.pin_memory
+        ws = partition_grads_temporaries(self.model, self.zero3, units, last)
+        weights = self.embedding_backward_fetch() if EMBED in units else []
         if z.fp32_grad_copy:
             # fp32_grad_copy's docstring: down into the pinned partition, back up (before the add
-            # when accumulating), and at the boundary down again into the optimizer's gradient
-            # (in the compute dtype, a bytes), then the boundary's fp32 copy (4 bytes)
-            down = n * self.a + (n * 4 if last else 0)
-            self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=reads, writes=writes, frees=dgrads,
-                      link_bytes=down, copies=t * (2 if last else 1), reduce_bytes=norm)
-            done = self.emit(OpKind.RELOAD_GRADS, units[0], m, reads=hg, writes=hg, link_bytes=n * self.a, copies=t)
+            # when accumulating), and at the boundary down again into the optimizer's gradient:
+            # cast on the device, 4 bytes, or (host_cast_at_boundary) a bytes cast by the host
+            host_cast = last and z.host_cast_at_boundary
+            boundary = (n * (self.a if host_cast else 4)) if last else 0
+            self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=reads, writes=writes, frees=dgrads + weights,
+                      link_bytes=n * self.a + boundary, copies=t * (2 if last else 1), reduce_bytes=norm,
+                      host_bytes=n * (self.a + 4) if host_cast else 0, workspace_bytes=ws, pageable=pageable)
+            done = self.emit(OpKind.RELOAD_GRADS, units[0], m, reads=hg, writes=hg, link_bytes=n * self.a, copies=t,
+                             pageable=pageable)
         else:
-            done = self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=reads, writes=writes, frees=dgrads,
-                             link_bytes=n * 4, host_bytes=n * 12 if acc else 0, reduce_bytes=norm)
+            done = self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=reads, writes=writes, frees=dgrads + weights,
+                             link_bytes=n * 4, host_bytes=n * 12 if acc else 0, reduce_bytes=norm,
+                             workspace_bytes=ws, pageable=pageable)
         self.offloads.append(done)
         self.bucket = []
 
@@ -289,12 +340,16 @@ class Zero3StepBuilder(StepBuilder):
         flops = (3 if zero3.act_ckpt else 2) * self.model.layer_fwd_flops(self.tokens, seq)
         for u in reversed(range(L)):
             self.fetch(u, m)
+            if u == 0:  # the embedding's pre-backward hook fetches its weight (embedding_backward_fetch)
+                self.fetch(EMBED, m)
             # pre- and post-backward, and the recompute's forward pair; layer 0 also makes the embedding's grad
             hooked = self.hooks((u, EMBED) if u == 0 else (u,), m, calls=4 if zero3.act_ckpt else 2,
                                 grad_tensor_ops=self.grad_tensor_ops(m))
             writes = [self.device_grad(u, m)] + ([b.activation_grad(m, u)] if u > 0 else [self.device_grad(EMBED, m)])
             if not zero3.overlap_comm:
                 after = self.offloads[-1:]
+            elif not zero3.pin_memory:  # the host is in the last offload's pageable copies until they end
+                after, self.stall = self.host_blocked_by(), ()
             else:
                 after, self.stall = self.stall, ()
             after = (*after, *hooked)
@@ -303,6 +358,15 @@ class Zero3StepBuilder(StepBuilder):
                       hbm_bytes=bwd_hbm, workspace_bytes=ws, after=tuple(after))
             self.gather_grad(u, m, last=False)
         self.gather_grad(EMBED, m, last=True)
+
+    def embedding_backward_fetch(self) -> list[str]:
+        """The embedding's weight, fetched again for its backward, which reads only the token
+        ids: DeepSpeed hooks the pre-backward of every module (parameter_offload.py
+        _pre_backward_module_hook on the module's outputs, v0.7.0 l.375-392; 0.19.8 the same),
+        and the post-backward hook that would release it hangs off the module's inputs, which for
+        an embedding need no gradient, so it stays until the gradients have gone (the step's
+        partition_all_parameters). Returns what the last offload frees with it."""
+        return self.release(EMBED) if EMBED in self.fetched else []
 
     def grad_tensor_ops(self, m: int) -> int:
         """Eager calls partition_grads makes per gradient tensor in micro-batch m: the copy into
@@ -321,14 +385,19 @@ class Zero3StepBuilder(StepBuilder):
                   host_bytes=8 * len(self.units), fixed_us=loop)
 
     def end(self) -> None:
+        """The global norm, then per unit DeepSpeed's three host passes: the unscale of the fp32
+        gradients, DeepSpeedCPUAdam, the cast into the partition the next step fetches."""
         b = self.bufs
         self.grad_norm()
-        per = ADAM_BYTES_PER_PARAM if self.bf16 else ADAM_BYTES_PER_PARAM - 2
         for u in self.units:
-            params = self.bufs.buffers[self.host_grad(u)].numel
-            store = b.host_store(u)[:2] + [self.partition(u)]
-            self.emit(OpKind.OPTIMIZER, u, reads=[self.host_grad(u), *store[:2], b.grad_norm_scalar()], writes=store,
-                      params=params, host_bytes=params * per)
+            params, hg = self.bufs.buffers[self.host_grad(u)].numel, self.host_grad(u)
+            store = b.host_store(u)[:2]
+            self.emit(OpKind.HOST_PASS, u, reads=[hg, b.grad_norm_scalar()], writes=[hg],
+                      host_bytes=params * UNSCALE_BYTES_PER_PARAM)
+            self.emit(OpKind.OPTIMIZER, u, reads=[hg, *store], writes=store, params=params,
+                      host_bytes=params * ADAM_BYTES_PER_PARAM)
+            self.emit(OpKind.HOST_PASS, u, reads=store[:1], writes=[self.partition(u)],
+                      host_bytes=params * cast_bytes_per_param(self.a))
 
     def build(self) -> Schedule:
         m, zero3 = self.model, self.zero3

@@ -2,8 +2,10 @@
 the parameter tensors it copies one by one and the modules it hooks. Derived from the block's
 own description (specs/block.py), so a model's counts follow its shape (biases, LayerNorm).
 
-    tensors(model, unit), modules(model, unit)
+    tensors(model, unit), modules(model, unit), largest_tensor(model, unit)
 """
+import math
+
 from horizon_sim.schedule.op import EMBED
 from horizon_sim.specs.block import NORMS, norm_tensors, parameters, projections
 from horizon_sim.specs.model import ModelSpec
@@ -34,3 +36,13 @@ def modules(m: ModelSpec, unit: int) -> int:
     if unit == m.n_layers:
         return 2
     return len(projections(m)) + len(NORMS) + BLOCK_CONTAINERS
+
+
+def largest_tensor(m: ModelSpec, unit: int) -> int:
+    """Elements of the largest parameter tensor of `unit` (its gradient is the largest one
+    DeepSpeed works on alone: the device temporaries of partition_grads scale with it)."""
+    if unit == EMBED:
+        return m.vocab * m.hidden
+    if unit == m.n_layers:  # a tied head's matrix is the embedding's (its gradient goes with it)
+        return m.hidden if m.tied_embeddings else m.vocab * m.hidden
+    return max(math.prod(shape) for _, shape in parameters(m))

@@ -47,8 +47,16 @@ class Zero3Policy:
     overlap_comm: bool = True
     """Offload gradients while the backward goes on (off: the backward waits for each bucket)."""
     pin_memory: bool = True
-    """Page-locked host buffers for the offloaded parameters and optimizer state (off: the link's
-    pageable rate)."""
+    """offload_optimizer's pin_memory: page-locked host gradient buffers (off: their copies run at
+    the link's pageable rate, and the host thread sits in each until it is done: a copy to or
+    from pageable memory is synchronous for the host, CUDA Runtime API 'API synchronization
+    behavior'). It never unpins the parameters the device fetches: ZeRO-3 keeps their host
+    partition in one page-locked flat buffer whatever the config says
+    (stage3.py _create_param_groups_fp16_flat_cpu_memory: `pin_memory=True` at v0.5.7 l.1111
+    and v0.7.0 l.544, `get_accelerator().pin_memory(...)` at 0.19.8 l.906). The gradient
+    buffers it does page: grad_partitions_flat_buffer (v0.7.0 l.382-386) and the fp32 gradient
+    (initialize_optimizer_states, v0.7.0 l.913-914); ZeRO-2 offload's host buffers
+    (stage_1_and_2.py, 0.19.8 l.564-572, 656, 940)."""
     per_tensor_fetch: bool = True
     """One copy per parameter tensor, each paying the link's latency (partition_parameters.py:
     with one rank, all_gather_coalesced -> _no_gather_coalesced, one `ds_tensor.data.to(device,
@@ -80,6 +88,17 @@ class Zero3Policy:
     and the boundary (_offload_grad_partition_at_boundary) casts it to fp32 on the device and
     copies it into the optimizer's fp32 gradient (4 bytes down). Off: one 4-byte copy down per
     micro-batch, summed on the host."""
+    host_cast_at_boundary: bool = False
+    """With fp32_grad_copy: how the boundary's gradient reaches the optimizer's fp32 gradient.
+    Off, DeepSpeed 0.19 (_offload_grad_partition_at_boundary, 0.19.8 l.1456-1457:
+    `copy_(grad_buffer.to(dtype=fp32), non_blocking=True)`): cast on the device, 4 bytes a
+    parameter down. On, DeepSpeed v0.6.0 to v0.7.2 (stage3.py __partition_grads, v0.7.0
+    l.1298-1302: `fp32_grad_tensor.copy_(grad_buffer)`, a blocking copy from the device's
+    compute-dtype buffer into the host's fp32 one): PyTorch converts a blocking device-to-host
+    copy on the CPU (aten/src/ATen/native/cuda/Copy.cu copy_kernel_cuda: 'Type conversions are
+    performed on the CPU for CPU-GPU copies'), so the gradient crosses in the compute dtype (a
+    bytes) into a host temporary and the host casts it into the fp32 gradient (a + 4 bytes a
+    parameter of host traffic)."""
     per_param_norm: bool = True
     """At the boundary, a norm per parameter tensor on the device (_constant_buffered_norm2 of
     each gradient: a pass over its fp32 bytes), summed in a Python loop over every tensor
@@ -146,7 +165,7 @@ class Zero3Policy:
                 or self.adam_tile_params < 0:
             raise HorizonError(f"zero3 policy adam_tile_params={self.adam_tile_params!r} must be an integer >= 0")
         for f in ("offload_param", "adam_copies_params", "fork_copies", "act_ckpt", "overlap_comm", "pin_memory",
-                  "per_tensor_fetch", "sync_per_wait", "fp32_grad_copy", "per_param_norm"):
+                  "per_tensor_fetch", "sync_per_wait", "fp32_grad_copy", "host_cast_at_boundary", "per_param_norm"):
             if not isinstance(getattr(self, f), bool):
                 raise HorizonError(f"zero3 policy {f}={getattr(self, f)!r} must be true or false")
         if not isinstance(self.grad_clip, (int, float)) or isinstance(self.grad_clip, bool) or self.grad_clip < 0:
@@ -155,6 +174,10 @@ class Zero3Policy:
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1e6:
                 raise HorizonError(f"zero3 policy {f}={v!r} must be a number of microseconds from 0 to 1e6")
+        if self.host_cast_at_boundary and not self.fp32_grad_copy:
+            raise HorizonError("zero3 policy host_cast_at_boundary=true is the boundary copy of fp32_grad_copy's "
+                               "round trip (DeepSpeed v0.6.0-v0.7.2); with fp32_grad_copy=false the gradient is cast "
+                               "on the device")
         if self.offload_param and self.adam_copies_params:
             raise HorizonError("zero3 policy adam_copies_params=true is ZeRO-2 offload's (offload_param=false, "
                                "the family zero2-offload): under ZeRO-3 the Adam writes the host partition the "
@@ -163,7 +186,8 @@ class Zero3Policy:
             moved = [f for f in ZERO3_FETCH_KNOBS if getattr(self, f) != _DEFAULTS[f]]
             if moved:
                 raise HorizonError(f"zero2-offload keeps every parameter on the device: {', '.join(moved)} "
-                                   f"(ZeRO-3's parameter fetch and module hooks) must keep the default")
+                                   f"(ZeRO-3's parameter fetch, module hooks and stage-3 gradient path) "
+                                   f"must keep the default")
 
     @property
     def family(self) -> Family:
@@ -181,7 +205,7 @@ class Zero3Policy:
         'device', and validate measures the per-op fixed costs whole (hooks included), so the
         GPU mechanisms are off."""
         return replace(self, per_tensor_fetch=False, sync_per_wait=False, hook_us=0.0, tensor_op_us=0.0,
-                       fp32_grad_copy=False, per_param_norm=False)
+                       fp32_grad_copy=False, host_cast_at_boundary=False, per_param_norm=False)
 
     @property
     def micro_batch(self) -> int:
@@ -250,6 +274,7 @@ class Zero3Policy:
 
 
 ZERO3_FETCH_KNOBS = ("prefetch_bucket_params", "max_live_params", "max_reuse_distance_params", "per_tensor_fetch",
-                     "sync_per_wait", "hook_us")
-"""Knobs of ZeRO-3's parameter fetch and module hooks: ZeRO-2 offload has neither."""
+                     "sync_per_wait", "hook_us", "host_cast_at_boundary")
+"""Knobs of ZeRO-3's parameter fetch, module hooks and stage-3 gradient path (stage3.py):
+ZeRO-2 offload has none of them."""
 _DEFAULTS = {f.name: f.default for f in fields(Zero3Policy) if f.name in ZERO3_FETCH_KNOBS}

@@ -61,6 +61,8 @@ class OpKind(str, Enum):
     #                                            its forward (a persistent graph: no forward again)
     HOOKS = "hooks"                            # cpu: the host thread's fixed cost before a unit's kernels
     #                                            are issued (DeepSpeed's module hooks, per-tensor dispatch)
+    HOST_PASS = "host_pass"                    # cpu: one streaming pass over a unit's host arrays (DeepSpeed's
+    #                                            unscale of the fp32 gradients, its cast of the updated master)
     RELOAD_GRADS = "reload_grads"              # h2d: a gradient partition kept in host memory back to the
     #                                            device (DeepSpeed's partition_grads round trip)
     UPLOAD_PARAMS = "upload_params"            # h2d: a unit's updated parameters, in the compute dtype, to
@@ -78,7 +80,7 @@ LANE_OF: dict[OpKind, Lane] = {
     OpKind.REDUCE_SCATTER: Lane.FABRIC, OpKind.HOST_REDUCE: Lane.CPU, OpKind.NET_REDUCE_SCATTER: Lane.NET,
     OpKind.NET_ALL_GATHER: Lane.NET, OpKind.NORM_ALL_REDUCE: Lane.NET, OpKind.UPDATE_BARRIER: Lane.NET,
     OpKind.DISK_READ: Lane.DISK, OpKind.DISK_WRITE: Lane.DISK,
-    OpKind.HOOKS: Lane.CPU, OpKind.RELOAD_GRADS: Lane.H2D, OpKind.UPLOAD_PARAMS: Lane.H2D,
+    OpKind.HOOKS: Lane.CPU, OpKind.HOST_PASS: Lane.CPU, OpKind.RELOAD_GRADS: Lane.H2D, OpKind.UPLOAD_PARAMS: Lane.H2D,
 }
 COLLECTIVES = (OpKind.REDUCE_SCATTER, OpKind.NET_REDUCE_SCATTER, OpKind.NET_ALL_GATHER, OpKind.NORM_ALL_REDUCE,
                OpKind.UPDATE_BARRIER)
@@ -248,6 +250,10 @@ class Op:
     fixed_us: float = 0.0
     """Host time the op costs beyond its bytes, microseconds (HOOKS: the Python that runs before
     a unit's kernels are issued; GRAD_NORM: a loop over parameter tensors)."""
+    pageable: bool = False
+    """Link ops: the host side is pageable memory, so the copy runs at the link's pageable rate
+    (the driver stages it through a pinned buffer of its own); off, the pinned rate of its
+    direction."""
 
     @property
     def lane(self) -> Lane:

@@ -24,7 +24,8 @@ Compute ops (one lane, kernels run back to back, so the terms add):
 Everything else is a sequence of flows through host DRAM (dram.py). A flow's bytes are DRAM
 traffic (read plus written), the bus's unit (HostSpec.dram_GBps):
   copy         link latency (once per copy: an op may stand for several, Op.copies), then
-               link_bytes at the achieved bandwidth of that direction; when
+               link_bytes at the achieved bandwidth of that direction (Op.pageable: the
+               link's pageable rate, a copy staged by the driver); when
                the link is cpu_driven (the CPU backend's emulated link) the copy is host-thread
                work that shares the host lane cores with the other lanes, and it reads and
                writes host memory: 2 x link_bytes of traffic at 2 x its link rate
@@ -128,6 +129,7 @@ class CostModel:
         self.link_latency_s = link.latency_us * 1e-6
         self.h2d_Bps = link.h2d_GBps * 1e9
         self.d2h_Bps = link.d2h_GBps * 1e9
+        self.pageable_Bps = link.pageable_GBps * 1e9
         self.cpu_copies = link.cpu_driven
         self.dram_Bps = host.dram_GBps * 1e9
         self.thread_Bps = (host.thread_GBps or host.dram_GBps) * 1e9
@@ -152,6 +154,7 @@ class CostModel:
         if n > 1:
             self.h2d_Bps /= cl.devices_per_host_link
             self.d2h_Bps /= cl.devices_per_host_link
+            self.pageable_Bps /= cl.devices_per_host_link
             self.dram_Bps /= n
             self.lane_cores = host.lane_cores / n
             self.adam_params_per_s /= n
@@ -265,7 +268,7 @@ class CostModel:
             return self._collective(op)
         cpu = self.cpu_copies
         if op.lane in (Lane.H2D, Lane.D2H):
-            cap = self.h2d_Bps if op.lane == Lane.H2D else self.d2h_Bps
+            cap = self.pageable_Bps if op.pageable else self.h2d_Bps if op.lane == Lane.H2D else self.d2h_Bps
             k = COPY_TRAFFIC if cpu else 1.0  # same time alone, k x the bus bytes
             out = [Flow(op.copies * self.link_latency_s, k * op.link_bytes, k * cap, core=cpu)]
             if op.reduce_bytes:  # ||g||^2 of the gradient while it is still on the device
