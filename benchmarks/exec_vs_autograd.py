@@ -205,7 +205,8 @@ def optimizer_rates(tr, reps):
         span, wall = engine(native_opt)
         t["engine"].append(span)
         t["engine_wall"].append(wall)
-        t["engine_torch"].append(engine(torch_opt)[0])
+        if not tr.policy.split_master:  # a split master has no torch path
+            t["engine_torch"].append(engine(torch_opt)[0])
         t["kernel"].append(_on_cpu_lane(tr, lambda: timed(kernel)))
         t["same"].append(_on_cpu_lane(tr, lambda: timed(same_work)))
     tr.runner.adamw = native_opt
@@ -250,11 +251,13 @@ def main():
     times = {"exec": [], "noopt": [], "auto": [], "exec_torch_adamw": []}
     native_opt = tr.runner.adamw
     torch_opt = dataclasses.replace(native_opt, kernel="torch")
+    # A split master has no torch path (its low halves need the native kernel): no pair to time.
+    kinds = ("exec",) if pol.split_master else ("exec", "exec_torch_adamw")
     with tr:
         # Interleaved rounds, so load from anything else on the machine hits all alike.
         for r in range(a.warmup + a.steps):
             t = {}
-            for k in ("exec", "exec_torch_adamw")[::1 if r % 2 else -1]:  # each goes first in turn
+            for k in kinds[::1 if r % 2 else -1]:  # each goes first in turn
                 tr.runner.adamw = torch_opt if k == "exec_torch_adamw" else native_opt
                 t[k] = exec_step(tr)
             tr.runner.adamw = native_opt
@@ -263,7 +266,7 @@ def main():
             if r >= a.warmup:
                 for k, v in t.items():
                     times[k].append(v)
-        rates = optimizer_rates(tr, 4 * a.steps + 1)
+        rates = None if pol.split_master else optimizer_rates(tr, 4 * a.steps + 1)
     del auto
     t_exec, t_noopt, t_auto = (statistics.median(times[k]) for k in ("exec", "noopt", "auto"))
     lean_rates = lean_optimizer_rates(spec, pol, a)
@@ -272,8 +275,20 @@ def main():
           f"{t_noopt:.3f}s; autograd step {t_auto:.3f}s ({pol.tokens / t_auto:,.0f} tok/s)")
     print(f"ratio exec/autograd: {t_auto / t_exec:.2f}")
     print(f"optimizer hiding: {t_exec / t_noopt:.2f}")
-    print(f"executor step with torch's AdamW path / with the native kernel: "
-          f"{statistics.median(x / y for x, y in zip(times['exec_torch_adamw'], times['exec'])):.2f}")
+    if times["exec_torch_adamw"]:
+        print(f"executor step with torch's AdamW path / with the native kernel: "
+              f"{statistics.median(x / y for x, y in zip(times['exec_torch_adamw'], times['exec'])):.2f}")
+    else:
+        print("executor step with torch's AdamW path: n/a (the split master runs on the native kernel only; "
+              "--master-dtype fp32 to time it)")
+    if rates is None:
+        # The rate lines compare the op with torch's fused AdamW on the same fp32 master; a split
+        # master has no such twin, so they are measured on the same policy with the fp32 master.
+        print("optimizer rates below: the same policy with --master-dtype fp32 (a split master has no "
+              "torch twin to compare with)")
+        with Trainer(spec, dataclasses.replace(pol, split_master=False), _config(a)) as tr2:
+            exec_step(tr2)
+            rates = optimizer_rates(tr2, 4 * a.steps + 1)
     print_optimizer_rates(rates, lean_rates)
 
 
@@ -300,7 +315,8 @@ def print_optimizer_rates(r, q):
     print(f"  flush() wall time, the run's fixed cost included: {ratio(r, 'engine_wall'):.2f}")
     print(f"  vs the same work done directly with torch (widen + fused AdamW + refresh): "
           f"{ratio(r, 'engine', 'same'):.2f}")
-    print(f"  the op on torch's path (kernel='torch', the fallback): {ratio(r, 'engine_torch'):.2f}")
+    if r["engine_torch"]:
+        print(f"  the op on torch's path (kernel='torch', the fallback): {ratio(r, 'engine_torch'):.2f}")
     print(f"  Adam update alone (fp32 host grads, no working copy): {ratio(q, 'engine'):.2f} "
           f"(engine {mps(q, 'engine')} vs kernel {mps(q, 'kernel')} Mparam/s)")
 

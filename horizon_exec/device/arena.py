@@ -7,6 +7,7 @@ tensors) are charged through `transient()` by a tracker on the compute lane. The
 max(buffers + temporaries) over the step. Thread-safe: every lane allocates and frees.
 """
 import threading
+import time
 
 from horizon_exec.errors import DeviceBudgetError
 from horizon_sim.units import fmt_bytes
@@ -23,6 +24,7 @@ class DeviceArena:
         self.live = 0
         self.temp = 0
         self.peak = 0
+        self._watch: list | None = None  # (time, live) per change while a replayed op runs
 
     # ---- accounting -----------------------------------------------------------------------
     def _charge(self, n: int, what: str) -> None:  # caller holds the lock
@@ -42,6 +44,30 @@ class DeviceArena:
                 self._charge(delta, what)
             self.temp += delta
             self._update_peak()
+
+    def watch(self) -> tuple[float, int]:
+        """Start logging the named buffers' bytes as they change (while an op whose temporaries
+        are replayed runs); returns (now, bytes live now)."""
+        with self._lock:
+            self._watch = []
+            return time.perf_counter(), self.live
+
+    def replayed(self, what: str, peak_of) -> None:
+        """Stop logging; `peak_of(t1, changes)` gives the most the replayed op's run held
+        (TempProfile.replay_peak): it counts toward the peak and must fit the budget."""
+        with self._lock:
+            changes, self._watch = self._watch or [], None
+            total = peak_of(time.perf_counter(), changes)
+            if self.budget is not None and total > self.budget:
+                raise DeviceBudgetError(
+                    f"device memory budget {fmt_bytes(self.budget)} exceeded: {what} brought the device "
+                    f"to {fmt_bytes(total)} (its temporaries as first measured, with the buffers live "
+                    "meanwhile); raise the budget or lower batch, seq, slots or act_ckpt_every")
+            self.peak = max(self.peak, total)
+
+    def _logged(self) -> None:  # caller holds the lock
+        if self._watch is not None:
+            self._watch.append((time.perf_counter(), self.live))
 
     def reset_peak(self) -> None:
         with self._lock:
@@ -85,6 +111,7 @@ class DeviceArena:
         if hasattr(t, "untyped_storage"):
             self.ptrs.add(t.untyped_storage().data_ptr())
         self.live += nbytes
+        self._logged()
         self._update_peak()
 
     def free(self, name: str):
@@ -93,6 +120,7 @@ class DeviceArena:
             if hasattr(t, "untyped_storage"):
                 self.ptrs.discard(t.untyped_storage().data_ptr())
             self.live -= self._bytes.pop(name)
+            self._logged()
         return t
 
     def charged_bytes(self, name: str) -> int:

@@ -122,7 +122,7 @@ def assemble(model: ModelSpec, policy: Policy, config: TrainerConfig, sched, dis
         threads, why = resolve_compute_threads(rt.compute_threads, sched, adm.hardware,
                                                len(kw.get("cores") or cpu_cores()), dist.world)
     backend = make_backend(rt.device, timeout_s=rt.timeout_s, compute_threads=threads,
-                           pin_cores=rt.pin_cores, track_memory=rt.track_memory, **kw)
+                           pin_cores=rt.pin_cores, **kw)
     backend.split_why = why
     store = HostStore(sched, model, backend, dist)
     disk = None  # the disk tier (policy disk_tier): a file in disk_dir, gone with the process
@@ -132,7 +132,8 @@ def assemble(model: ModelSpec, policy: Policy, config: TrainerConfig, sched, dis
     arena = DeviceArena(backend, adm.device_budget_bytes)
     buffers = BufferTable(sched, store, arena, backend)
     runner = OpRunner(model=model, policy=policy, sched=sched, buffers=buffers, store=store, arena=arena,
-                      backend=backend, adamw=adamw, dist=dist, disk=disk, seed=config.seed)
+                      backend=backend, adamw=adamw, dist=dist, disk=disk, seed=config.seed,
+                      temporaries=rt.temporaries_for(model, policy))
     units = tuple(b.unit for b in sched.of(Holds.MOMENTS))
     master = Master(store, sched, runner, dist, policy.split_master, disk)
     params = {}

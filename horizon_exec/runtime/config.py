@@ -25,6 +25,7 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.specs.hardware import HardwareSpec
 
 ON_NONFINITE = ("skip", "stop")
+TRACK_MEMORY = ("auto", "once", "every")
 SEED_LIMIT = 2**64
 """Seeds are torch generator seeds: 64 bits."""
 
@@ -58,8 +59,15 @@ class RuntimeConfig:
     pin_cores: bool = True
     """CPU backend: the compute lane on its own cores, the other lanes on the rest (on compute's,
     time-shared, when compute has them all)."""
-    track_memory: bool = True
-    """CPU backend: measure op temporaries."""
+    track_memory: str = "auto"
+    """CPU backend: how compute ops' device temporaries are measured (a dispatch mode that sees
+    every aten op: on small models it costs ~30% of the step). 'every': on every run of every
+    op; 'once': an op's first run is measured, later runs of the same op charge that measured
+    peak for as long as they run (the device bound is still enforced; the peak it gives is the
+    measured one or above); 'auto' (the default): 'once' where an op's temporaries cannot change
+    from step to step (a dense model without document masks: every tensor's shape is fixed by
+    the Schedule), 'every' where the data moves them (MoE routing, document masks).
+    See temporaries_for()."""
     timeout_s: float = DEFAULT_OP_TIMEOUT_S
     """A step with no op starting or finishing for this long fails instead of hanging (engine.py)."""
     on_nonfinite: str | None = None
@@ -79,6 +87,8 @@ class RuntimeConfig:
             raise ConfigError("timeout_s", t, "must be a positive number of seconds")
         if self.on_nonfinite is not None and self.on_nonfinite not in ON_NONFINITE:
             raise ConfigError("on_nonfinite", self.on_nonfinite, f": use one of {', '.join(ON_NONFINITE)}")
+        if self.track_memory not in TRACK_MEMORY:
+            raise ConfigError("track_memory", self.track_memory, f": use one of {', '.join(TRACK_MEMORY)}")
         if self.disk_method not in DISK_METHODS:
             raise ConfigError("disk_method", self.disk_method, f": allowed: {', '.join(DISK_METHODS)}")
         try:
@@ -86,6 +96,12 @@ class RuntimeConfig:
         except HorizonError as e:  # its message names the device
             said = str(e).replace("{", "{{").replace("}", "}}")
             raise ConfigError(None, want=said, flag_want="{device}: " + said) from None
+
+    def temporaries_for(self, model, policy) -> str:
+        """track_memory under `model` and `policy`, 'auto' resolved: 'once' or 'every'."""
+        if self.track_memory != "auto":
+            return self.track_memory
+        return "every" if model.n_experts or policy.doc_masks else "once"
 
     def nonfinite_for(self, policy) -> str:
         """on_nonfinite under `policy`, the default resolved. optimizer='backward' updates each

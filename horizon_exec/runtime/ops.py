@@ -82,7 +82,7 @@ class StepOutputs:
 
 class OpRunner:
     def __init__(self, *, model, policy, sched, buffers, store, arena, backend, adamw: AdamW, dist=None, disk=None,
-                 seed: int = 0):
+                 seed: int = 0, temporaries: str = "every"):
         from horizon_exec.dist.context import single
         self.m, self.p, self.sched = model, policy, sched
         self.disk = disk  # the disk tier's file (disk_store.DiskStore), when the Schedule has one
@@ -97,6 +97,10 @@ class OpRunner:
         self.block_layout = block_layout(model)
         self.head_layout = head_device_layout(model)
         self._views: dict = {}  # (slot, is_head) -> named views of the slot (bound once)
+        # temporaries='once' (RuntimeConfig.track_memory): Op -> its temporaries as measured on
+        # its first run (memtrack.TempProfile). An Op is its whole description (kind, unit,
+        # micro-batch, slot, buffers), so an equal Op runs the same kernels on the same shapes.
+        self._temp_profiles: dict | None = {} if temporaries == "once" else None
         # Device constants (the Schedule's static device buffers): RoPE tables (and per-token
         # positions and documents under document masks) and the step's labels.
         self.attn = AttentionInputs(model, policy, buffers, backend)
@@ -171,13 +175,34 @@ class OpRunner:
 
     @contextlib.contextmanager
     def _scope(self, op):
-        """Context of a compute op (CPU: a temporaries tracker; its peak is kept per op)."""
+        """Context of a compute op (CPU: a temporaries tracker; its peak is kept per op). With
+        temporaries='once', an op tracked before replays its measured profile instead: its
+        temporaries over its run, slice by slice, added to the buffers the other lanes held
+        meanwhile, count toward the device peak and must fit the budget (memtrack.TempProfile)."""
+        prof = self._temp_profiles.get(op) if self._temp_profiles is not None else None
+        if prof is not None:
+            t0, live0 = self.arena.watch()
+            ok = False
+            try:
+                yield
+                ok = True
+            finally:
+                self.outputs.temp_peak[op.id] = prof.peak
+                if ok:
+                    self.arena.replayed(f"{op.label}", lambda t1, ch: prof.replay_peak(t0, t1, live0, ch))
+                else:
+                    self.arena.replayed(f"{op.label}", lambda t1, ch: 0)
+            return
         cm = self.backend.compute_scope(self.arena, op.label)
+        ok = False
         try:
             with cm:
                 yield
+            ok = True
         finally:
             self.outputs.temp_peak[op.id] = getattr(cm, "peak", 0)
+            if ok and self._temp_profiles is not None and hasattr(cm, "profile"):
+                self._temp_profiles[op] = cm.profile
 
     def set_sq_norm(self, name: str, g, rows=None) -> None:
         """The unit's GRAD_SQ buffer `name` <- ||g||^2 (rows: of g's rows only, the others
