@@ -19,6 +19,10 @@ Measured here before the core split (2026-11-25, AVX-512 2-core VM, 3 rounds; Ho
 1 core, its lanes on the other): Horizon 246 ms (base) and 410 ms (wide) per step; DeepSpeed's
 best with checkpointing 278 / 385 ms (1.13x / 0.94x), its best overall (checkpointing off) 239 / 255 ms (0.97x / 0.62x). On a CPU "device" there is no link to hide
 and DeepSpeed's math gets both cores where Horizon's compute lane has one (docs/zero3_peer.md).
+Measured 2026-11-28 with --keep-activations all, compute on both cores (the core split), bf16
+on both sides (a 2-core VM with AMX bf16), 5 rounds: Horizon 139 / 213 ms; DeepSpeed's best with
+checkpointing 288 / 382 ms (2.07x / 1.79x), its best overall 222 / 306 ms (1.59x / 1.43x). The
+same VM before op temporaries were tracked once (3 rounds): 183 / 265 ms, 1.22x / 1.19x.
 """
 import argparse
 import statistics as st

@@ -2,6 +2,7 @@
 a dense model): the replayed device peak is the tracked one, the device budget still refuses a
 step, the tracker runs only on an op's first run, and the data-dependent cases keep tracking."""
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -105,8 +106,13 @@ def test_the_tracker_runs_on_an_ops_first_run_only():
 def test_a_replayed_step_past_the_budget_fails_naming_the_op():
     with _trainer("once") as tr:
         peak = tr.step(_tokens(0)).device_peak_bytes
-        tr.arena.budget = peak - 1
-        with pytest.raises(ExecError, match=r"failed: DeviceBudgetError.*as first measured"):
+        tr.arena.budget = 2 * peak
+        # one op's first run measured temporaries as large as the whole budget: its replay,
+        # with any buffer live beside them, cannot fit
+        profiles = tr.runner._temp_profiles
+        op = next(o for o in profiles if o.kind.value == "backward")
+        profiles[op] = TempProfile(2 * peak, (2 * peak,) * SLICES)
+        with pytest.raises(ExecError, match=rf"failed: DeviceBudgetError.*{re.escape(op.label)}.*as first measured"):
             tr.step(_tokens(1))
 
 

@@ -131,8 +131,11 @@ class Session:
         """Wait until the child has built its trainer and run its warm-up steps."""
         assert all(r["ready"] for r in self._recv())
 
-    def step(self) -> dict:
-        self._send({"cmd": "step"})
+    def step(self, track: bool = False) -> dict:
+        """One step; track=True measures every op's temporaries in it (RuntimeConfig.track_memory:
+        a dense model's ops are otherwise measured once and replayed), so its device peak is
+        measured, not replayed, and its time carries the tracker's cost."""
+        self._send({"cmd": "step", "track": track})
         return _node_step(self._recv())
 
     def __exit__(self, *exc):
@@ -240,8 +243,11 @@ def _child(req: dict, commands=None) -> dict:
         else:
             print(json.dumps({"ready": True}), flush=True)
             for line in commands:
-                if json.loads(line)["cmd"] != "step":
+                cmd = json.loads(line)
+                if cmd["cmd"] != "step":
                     break
+                if cmd.get("track"):
+                    tr.runner.retrack()
                 print(json.dumps(one_step()), flush=True)
         # what the dynamic host buffers hold in RAM: the backend's pool (per size, the most
         # ever live at once), which is at least the buffers' concurrent peak

@@ -122,6 +122,12 @@ class OpRunner:
             from horizon_exec.dist.collectives import Collectives
             self.table.update(Collectives(self, self.dist).table())
 
+    def retrack(self) -> None:
+        """temporaries='once': measure every op again on its next run (a measured device peak;
+        validate's probe does this on the unmeasured step of each turn)."""
+        if self._temp_profiles is not None:
+            self._temp_profiles.clear()
+
     def begin_step(self, inputs: StepInputs, labels=None, docs=None) -> StepOutputs:
         """A step's inputs in, and the outputs its ops will fill (returned: the trainer reads
         them when the engine is done); labels (batch, seq) int64 go to the device once per

@@ -45,7 +45,9 @@ def compare(cfg: Config, hw: HardwareSpec, res: dict, device: str = "cpu") -> Ou
     rep = sorted(per_step, key=lambda mt: mt[0]["step_s"])[len(per_step) // 2][1]
     dev_pred = sim.summary.device_typical_peak_bytes  # the constants are static device buffers of the Schedule
     dev_bound = sim.summary.device_peak_bytes
-    peaks = [s["device_peak_bytes"] for s in res["steps"]]
+    # measured with every op tracked (the turns' first steps, measure.py), where there are such
+    # steps: the timed ones replay what their ops' first runs measured (RuntimeConfig.track_memory)
+    peaks = [s["device_peak_bytes"] for s in res.get("tracked_steps") or res["steps"]]
     dev_meas = statistics.median(peaks)  # the typical step; the largest is reported beside it
     rss = predict_rss(sim, "cpu" if device == "cpu" else "cuda")
     rss_meas = res["rss_peak_bytes"]

@@ -36,7 +36,10 @@ def measure(configs, *, steps: int = 6, warmup: int = 1, device: str = "cpu", sa
         for t in range(turns):
             n = min(PER_TURN, steps - t * PER_TURN)
             for res, s in zip(results, sessions):
-                s.step()  # back up to speed after waiting for the others
+                # back up to speed after waiting for the others; every op's temporaries measured
+                # (the device peak; the measured steps after it replay them: their times are
+                # what training runs at)
+                res.setdefault("tracked_steps", []).append(s.step(track=True))
                 res["steps"] += [s.step() for _ in range(n)]
             if between:
                 between()

@@ -153,11 +153,12 @@ def markdown(v: Validation) -> str:
             f"{_pct(r['rss_MiB_err'])} | "
             f"{r['step_spread']:.0%} | {r['minor_faults_per_step']:,.0f} |")
     lines += ["", "Step spread: (slowest - fastest) / median measured step, the run-to-run noise of this "
-              "machine during the measurement. Device peak: the median over the measured steps (the typical "
-              "step); 'dev peak max' is the largest, which is higher when an offload happened to be late "
+              "machine during the measurement. Device peak: the median over the steps with every op's "
+              "temporaries measured (each turn's first, untimed step: the timed steps replay what an op's "
+              "first run measured, RuntimeConfig.track_memory; the typical step); 'dev peak max' is the largest, which is higher when an offload happened to be late "
               "(the copy thread descheduled) and the next backward started with two gradients on the device; "
-              "'dev bound' is the most the Schedule allows whatever the timing (horizon_sim/sim/device_bound.py, "
-              "), which no step may exceed and which admission and `fits` use. "
+              "'dev bound' is the most the Schedule allows whatever the timing (horizon_sim/sim/device_bound.py), "
+              "which no step may exceed and which admission and `fits` use. "
               "Page faults / step: the median over the measured steps of the process's minor faults (memory first touched in that step: "
               "4 KiB each; not modelled, each costs a few microseconds of the lane that takes it).", "", "## Host RSS terms (predicted)", "",
               "| config | " + " | ".join(v.outcomes[0].rss_terms) + " |",
