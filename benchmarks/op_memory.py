@@ -19,6 +19,7 @@ import argparse
 import statistics
 import sys
 import threading
+import time
 
 import pandas as pd
 import torch
@@ -48,17 +49,23 @@ def measured_ops(tr, tokens, device: str) -> tuple[pd.DataFrame, pd.DataFrame]:
                 sync()
             before = _allocated(backend, arena, device)
             backend.reset_peak(arena)
+            t0 = time.perf_counter()
             runner(op)
             if sync:
                 sync()
-            rows.append((op.id, before, backend.device_peak(arena)))
+            rows.append((op.id, before, backend.device_peak(arena), t0, time.perf_counter()))
 
     tr.engine.runner = one_at_a_time
     try:
         res = tr.step(tokens)
     finally:
         tr.engine.runner = runner
-    return pd.DataFrame(rows, columns=["op_id", "before_bytes", "peak_bytes"]), res.timeline
+    meas = pd.DataFrame(rows, columns=["op_id", "before_bytes", "peak_bytes", "own_start", "own_end"])
+    # the engine's times include each op's wait for the lock: the ops' own, one after another
+    tl = res.timeline.drop(columns=["start_s", "end_s"]).merge(meas[["op_id", "own_start", "own_end"]], on="op_id")
+    t0 = tl.own_start.min()
+    tl["start_s"], tl["end_s"] = tl.own_start - t0, tl.own_end - t0
+    return meas.drop(columns=["own_start", "own_end"]), tl.drop(columns=["own_start", "own_end"])
 
 
 def _allocated(backend, arena, device: str) -> int:
@@ -67,15 +74,15 @@ def _allocated(backend, arena, device: str) -> int:
     return arena.live + arena.temp
 
 
-def predicted_ops(sched, timeline: pd.DataFrame) -> pd.DataFrame:
+def predicted_ops(sched, timeline: pd.DataFrame, device: str) -> pd.DataFrame:
     """Per op of `timeline`: the planner's device bytes just before it starts and its most
-    while it runs, on that timeline."""
-    tr = device_trace(sched, timeline)
+    while it runs, on that timeline (a CPU-driven link casts while it copies: no staging)."""
+    tr = device_trace(sched, timeline, staging=not device.startswith("cpu"))
     t, b = tr.time_s.to_numpy(), tr.bytes.to_numpy()
     rows = []
     for r in timeline.itertuples():
         before = b[t < r.start_s]
-        during = b[(t >= r.start_s) & (t <= r.end_s)]
+        during = b[(t >= r.start_s) & (t < r.end_s)]  # its releases at end_s come after its peak
         at_start = before[-1] if len(before) else b[0]
         rows.append((r.op_id, int(at_start), int(max([at_start, *during]))))
     return pd.DataFrame(rows, columns=["op_id", "pred_before_bytes", "pred_peak_bytes"])
@@ -101,7 +108,7 @@ def main() -> int:
         for _ in range(a.warmup):
             tr.step(tokens())
         meas, timeline = measured_ops(tr, tokens(), a.device)
-        pred = predicted_ops(tr.sched, timeline)
+        pred = predicted_ops(tr.sched, timeline, a.device)
     df = timeline[["op_id", "kind", "lane", "unit", "micro"]].merge(meas, on="op_id").merge(pred, on="op_id")
     df["peak_err"] = df.pred_peak_bytes / df.peak_bytes - 1
     print(f"{cfg.name}: {cfg.label} (device {a.device}; one step, ops serialized)")
