@@ -68,20 +68,22 @@ def test_replayed_peak_past_the_budget_is_refused():
 
 # ---- in the trainer ---------------------------------------------------------------------------
 
-def test_replayed_steps_give_the_tracked_peak_and_per_op_temporaries():
+def test_replayed_steps_keep_the_measured_temporaries_and_a_peak_between_floor_and_bound():
     with _trainer("every") as tr:
         tracked = [tr.step(_tokens(i)) for i in range(3)]
     with _trainer("once") as tr:
         replayed = [tr.step(_tokens(i)) for i in range(3)]
         bound = device_peak_bound(tr.sched)
+        static = tr.arena.live  # slots, RoPE tables, labels: live through every op
     # the ops' temporaries are the measured ones, step after step (step 0 has no optimizer ops)
     for r in replayed[1:]:
         assert _by_op(r) == _by_op(tracked[1])
-    # the peak: the tracked run's, give or take where the other lanes' copies fell in time,
-    # and never past what the Schedule allows whatever the timing
-    want = max(r.device_peak_bytes for r in tracked)
-    for r in replayed:
-        assert 0.9 * want <= r.device_peak_bytes <= bound
+    # the peak: at least the largest op's temporaries over what is always live (timing moves it
+    # above that, in tracked steps as in replayed ones: on this tiny model by ~15%), and never
+    # past what the Schedule allows whatever the timing
+    floor = static + max(tracked[1].timeline.temp_peak_bytes)
+    for r in (*tracked, *replayed):
+        assert floor <= r.device_peak_bytes <= bound
     assert replayed[1].loss == pytest.approx(tracked[1].loss, rel=0, abs=0)  # the same training
 
 

@@ -56,7 +56,7 @@ class DeviceArena:
         """Stop logging; `peak_of(t1, changes)` gives the most the replayed op's run held
         (TempProfile.replay_peak): it counts toward the peak and must fit the budget."""
         with self._lock:
-            changes, self._watch = self._watch or [], None
+            changes = self.unwatch()
             total = peak_of(time.perf_counter(), changes)
             if self.budget is not None and total > self.budget:
                 raise DeviceBudgetError(
@@ -64,6 +64,12 @@ class DeviceArena:
                     f"to {fmt_bytes(total)} (its temporaries as first measured, with the buffers live "
                     "meanwhile); raise the budget or lower batch, seq, slots or act_ckpt_every")
             self.peak = max(self.peak, total)
+
+    def unwatch(self) -> list:
+        """Stop logging; the (time, live) changes logged since watch()."""
+        with self._lock:
+            changes, self._watch = self._watch or [], None
+            return changes
 
     def _logged(self) -> None:  # caller holds the lock
         if self._watch is not None:

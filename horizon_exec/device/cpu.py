@@ -45,7 +45,7 @@ class CpuBackend(Backend):
     name = "cpu"
 
     def __init__(self, compute_threads: int | None = None, pin_cores: bool = True,
-                 track_memory: bool = True, cores: list[int] | None = None):
+                 cores: list[int] | None = None):
         if compute_threads is not None and (not isinstance(compute_threads, int) or compute_threads < 1):
             raise HorizonError(f"compute_threads={compute_threads!r} must be a positive integer (None: cores - 1)")
         self.device = torch.device("cpu")
@@ -60,7 +60,6 @@ class CpuBackend(Backend):
         # of an intra-op team whose threads compute's keep preempting.
         self.lane_threads = len(cores) - self.compute_threads or 1
         self.pin_cores = pin_cores and hasattr(os, "sched_setaffinity")
-        self.track_memory = track_memory
         self.pool = HostPool(host_bytes)
         self._t0 = 0.0
 
@@ -94,8 +93,6 @@ class CpuBackend(Backend):
         return host_bytes(nbytes)
 
     def compute_scope(self, arena, what):
-        if not self.track_memory:
-            return super().compute_scope(arena, what)
         return TransientTracker(arena, what)
 
     def h2d(self, dst, src):

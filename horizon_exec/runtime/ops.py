@@ -195,9 +195,9 @@ class OpRunner:
             finally:
                 self.outputs.temp_peak[op.id] = prof.peak
                 if ok:
-                    self.arena.replayed(f"{op.label}", lambda t1, ch: prof.replay_peak(t0, t1, live0, ch))
+                    self.arena.replayed(op.label, lambda t1, ch: prof.replay_peak(t0, t1, live0, ch))
                 else:
-                    self.arena.replayed(f"{op.label}", lambda t1, ch: 0)
+                    self.arena.unwatch()
             return
         cm = self.backend.compute_scope(self.arena, op.label)
         ok = False
