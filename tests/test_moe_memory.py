@@ -14,6 +14,12 @@ Seen when this was written (H 128, B 2 x T 128, E 8; planned / measured):
                                           sum; in fp32 the first experts' loop, priced with the
                                           least loaded experts' rows freed)
 The bounds below pin those figures, so a change that moves either side far is seen here.
+
+Since 2026-11-28 the executor pads each expert's rows to a multiple of 16 on a CPU in bf16
+(moe_block.py) and the planner prices the most that padding can add (15 rows per expert,
+expert_load.py), which on these few tokens per expert lifts the bf16 backward's planned /
+measured: qwen3_moe 1.062, mixtral 1.097, qwen2_moe 1.032 (BF16_BACKWARD), and the few-tokens
+loop case below to 1.215. fp32 is not padded: its figures stand.
 """
 import pytest
 import torch
@@ -37,6 +43,8 @@ FAMILIES = {
 BOUNDS = {("qwen3_moe", "forward"): (1.0, 1.4), ("qwen3_moe", "backward"): (1.0, 1.01),
           ("mixtral", "forward"): (1.0, 2.4), ("mixtral", "backward"): (1.0, 1.01),
           ("qwen2_moe", "forward"): (1.0, 1.01), ("qwen2_moe", "backward"): (1.0, 1.025)}
+# bf16 backward: the planner counts the experts' padding at its most (15 rows each)
+BF16_BACKWARD = {"qwen3_moe": (1.0, 1.08), "mixtral": (1.0, 1.11), "qwen2_moe": (1.0, 1.045)}
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
@@ -53,14 +61,16 @@ def test_planned_moe_block_temporaries_against_measured(family, dtype):
         measured = max(tl[tl.kind == kind].temp_peak_bytes)
         ratios[kind] = work.block_temp_peak_bytes(spec, B, T, a, kind == "backward") / measured
     for kind, r in ratios.items():
-        lo, hi = BOUNDS[family, kind]
+        lo, hi = BF16_BACKWARD[family] if (dtype, kind) == ("bf16", "backward") else BOUNDS[family, kind]
         assert lo <= r <= hi, f"{family} {dtype} {kind}: planned / measured = {r:.3f}, pinned in [{lo}, {hi}]"
 
 
 # Blocks whose backward peaks inside the expert loop rather than at the forward's end (seen:
 # planned / measured 1.07 and 1.05, bf16): wide experts on few, well-filled ones (the first
 # expert's SwiGLU backward at the most loaded expert's rows) and many experts on few tokens (the
-# stack that assembles every expert's weight gradient after the loop).
+# stack that assembles every expert's weight gradient after the loop). In bf16 the planner adds
+# the experts' padding at its most (15 rows each): on few tokens (64 routed rows over 16
+# experts) that is most of the rows, so that case's bound is its own.
 LOOP_CASES = {
     "wide experts": (dict(hidden=64, n_heads=2, n_kv_heads=1, moe_family="mixtral", n_experts=4, experts_per_token=2,
                           expert_ffn_hidden=1024, ffn_hidden=1024, norm_topk_prob=True), 2, 256),
@@ -76,4 +86,5 @@ def test_expert_loop_points_bound_the_measured_backward(case):
     with Trainer(spec, Policy(batch=b, seq=t, act_ckpt_every=2)) as tr:
         tl = tr.step(torch.randint(0, 256, (b, t), generator=torch.Generator().manual_seed(0))).timeline
     r = work.block_temp_peak_bytes(spec, b, t, 2, True) / max(tl[tl.kind == "backward"].temp_peak_bytes)
-    assert 1.0 <= r <= 1.1, f"{case}: planned / measured = {r:.3f}"
+    hi = 1.23 if case == "few tokens" else 1.1
+    assert 1.0 <= r <= hi, f"{case}: planned / measured = {r:.3f}"

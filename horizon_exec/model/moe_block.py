@@ -17,6 +17,15 @@ With the router load-balancing loss on (router_aux_loss_coef > 0), moe_mlp hands
 router saw (its probabilities' per-expert sums and its top-k counts) to a RouterStats
 (router_aux.py), the engine's way to a loss that spans every layer.
 
+On a CPU computing in bf16, each expert's rows are padded with zero rows to a multiple of
+BF16_ROW_MULTIPLE (16, an AMX tile's rows) before its GEMMs and cut after: oneDNN builds and
+caches a kernel per GEMM shape there, and the rows an expert gets change every step, so unpadded
+every step compiled new kernels, ran 1.4-1.8x slower than its rows cost and grew the process by
+~100 MB a step (validate's moe configuration on a 2-core AMX VM: 450-640 ms steps and 1.3 GB RSS
+after 12 steps; padded 290-420 ms and 0.64 GB, flat). A zero row adds nothing to another row's
+result or to a weight gradient. The padding costs at most 15 rows per expert: its GEMM time is
+not priced, its temporaries are (as the most padding, horizon_sim/schedule/expert_load.py).
+
 Differences from transformers that change no result: the per-expert row lists come from one
 stable sort of the (slot, token) choices (one device sync for the counts) rather than a one-hot
 mask of N x k x (E + 1) integers, in the same order torch.where gives them; and the 3-D expert
@@ -26,6 +35,7 @@ full E-expert zero tensor per expert in the backward).
 import torch
 import torch.nn.functional as F
 
+from horizon_sim.schedule.expert_load import BF16_ROW_MULTIPLE
 from horizon_sim.specs.model import ModelSpec
 
 
@@ -79,9 +89,12 @@ def moe_mlp(m: ModelSpec, w, h, router=None):
     if rows:
         gate_up = w["mlp.experts.gate_up_proj"].unbind(0)               # (2I, H) each
         down = w["mlp.experts.down_proj"].unbind(0)                     # (H, I) each
+    multiple = BF16_ROW_MULTIPLE if h.device.type == "cpu" and h.dtype == torch.bfloat16 else 1
     for e, slot, tok in rows:
-        g, u = F.linear(h[tok], gate_up[e]).chunk(2, dim=-1)
-        y = F.linear(F.silu(g) * u, down[e]) * top[tok, slot, None]
+        c = tok.numel()
+        x = h[tok] if c % multiple == 0 else F.pad(h[tok], (0, 0, 0, -c % multiple))
+        g, u = F.linear(x, gate_up[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(g) * u, down[e])[:c] * top[tok, slot, None]
         out.index_add_(0, tok, y.to(out.dtype))
     if shared is not None:
         out = out + torch.sigmoid(F.linear(h, w["mlp.shared_expert_gate.weight"])) * shared

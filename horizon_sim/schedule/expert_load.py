@@ -16,6 +16,23 @@ import math
 LOAD_SPREAD = 1.0
 """Multiplier on the max-load excess over the mean (0 = perfectly even experts)."""
 
+BF16_ROW_MULTIPLE = 16
+"""On a CPU computing in bf16 the executor pads each expert's rows with zero rows to a multiple
+of this (horizon_exec/model/moe_block.py: oneDNN compiles a GEMM kernel per shape there). The
+temporaries are priced with the most padding (padded_rows) wherever bf16 runs: on a GPU, which
+does not pad, that overstates an MoE block's by at most E x 15 rows, a few MiB."""
+
+
+def row_multiple(a: int) -> int:
+    """The multiple an expert's rows may be padded to at activation width a (bytes)."""
+    return BF16_ROW_MULTIPLE if a == 2 else 1
+
+
+def padded_rows(rows: int, a: int) -> int:
+    """rows rounded up to row_multiple(a)."""
+    m = row_multiple(a)
+    return -(-rows // m) * m
+
 
 def expert_rows(tokens: int, top_k: int, experts: int, spread: float = LOAD_SPREAD) -> tuple[tuple[int, int], ...]:
     """(rows, count) groups: the hottest expert, then the rest sharing what is left as evenly

@@ -19,7 +19,7 @@ measured temp_peak_bytes; nothing here is fitted.
 from dataclasses import dataclass
 
 from horizon_sim.schedule import kernel_bytes
-from horizon_sim.schedule.expert_load import expert_rows, max_rows, min_rows
+from horizon_sim.schedule.expert_load import expert_rows, max_rows, min_rows, padded_rows, row_multiple
 from horizon_sim.specs import block
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.moe import FP32_ROUTING_WEIGHTS
@@ -224,6 +224,7 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
     x1 = a * H if a != 4 else 0  # in fp32 the MLP norm's saved fp32 input is x1 itself
     p_end = N * (saved["attention"] + saved["mlp"] + x1 + (2 + gates) * a * H) + a * mask
     if m.n_experts:
+        p_end += _expert_padding_bytes(m, a, parts)
         p_mlp = _expert_loop_bytes(m, N, a, saved, parts) + a * mask
     else:
         p_mlp = (N * (saved["attention"] + saved["mlp"] + kernel_bytes.backward_gradients_bytes(act, a) + a * H)
@@ -233,6 +234,17 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
     p_norm1 = N * (kernel_bytes.fp32_input_bytes(norm1, a) + 20 * norm1.width + 2 * a * H) + m.layer_params * a
     p_attn = N * saved["attention"] + mask * (1 + a) if mask else 0
     return int(max(p_end, p_mlp, p_norm2, p_norm1, p_attn))
+
+
+def _routed_row_bytes(m: ModelSpec, a: int, parts: dict) -> float:
+    """What the routed kernels save per routed row (a token's k rows share its per-token figure)."""
+    return sum(kernel_bytes.saved_bytes(kk, a) for kk in parts["half"]["mlp"] if kk.routed) / m.experts_per_token
+
+
+def _expert_padding_bytes(m: ModelSpec, a: int, parts: dict) -> int:
+    """The most the experts' padded rows add to what the forward saves (expert_load.row_multiple):
+    every expert one row short of a multiple."""
+    return int(m.n_experts * (row_multiple(a) - 1) * _routed_row_bytes(m, a, parts))
 
 
 def _expert_loop_bytes(m: ModelSpec, N: int, a: int, saved: dict, parts: dict) -> int:
@@ -261,9 +273,9 @@ def _expert_loop_bytes(m: ModelSpec, N: int, a: int, saved: dict, parts: dict) -
     gates = sum(kk.kind == "gate_mul" for kk in parts["half"]["mlp"])
     experts = [p.weight_params for p in block.projections(m) if p.experts]
     routed = sum(kernel_bytes.saved_bytes(kk, a) for kk in parts["half"]["mlp"] if kk.routed)  # per token
-    per_row, cold = routed / k, min_rows(N, k, E)
-    base = N * (saved["attention"] + saved["mlp"] + 4 * k + (1 + gates) * aH)
-    hot = max_rows(N, k, E)
+    per_row, cold = _routed_row_bytes(m, a, parts), min_rows(N, k, E)
+    base = N * (saved["attention"] + saved["mlp"] + 4 * k + (1 + gates) * aH) + _expert_padding_bytes(m, a, parts)
+    hot = padded_rows(max_rows(N, k, E), a)
     fp32_weights = 8 * H if m.moe_family in FP32_ROUTING_WEIGHTS and a != 4 else 0
     combine = base + (2 * aH + fp32_weights) * hot
     swiglu = base + (aH + 3 * a * I) * hot + a * H * I
