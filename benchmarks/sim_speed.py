@@ -6,7 +6,11 @@
 3. a 1,000-configuration sweep through the Python API (model preset x gpu preset x batch x K x
    slots x optimizer) on all cores with a multiprocessing Pool.
 
-Run: .venv/bin/python benchmarks/sim_speed.py"""
+Run: .venv/bin/python benchmarks/sim_speed.py
+Against an older commit side by side: check it out in a worktree and run its copy of this file
+with `--module` there (this tree's venv: its `horizon` script would plan with this tree's code;
+`python -m` from the worktree's root plans with the worktree's). Interleave the runs: a busy
+machine moves every figure."""
 import itertools
 import os
 import shutil
@@ -55,8 +59,10 @@ def bench_sim_one_step(repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def _cli_command() -> tuple[list[str] | None, str]:
+def _cli_command(module: bool = False) -> tuple[list[str] | None, str]:
     exe = Path(sys.executable).with_name("horizon")
+    if module:
+        return [sys.executable, "-m", "horizon_sim.cli.main", *PLAN_ARGS], "python -m horizon_sim.cli.main"
     if exe.exists():
         return [str(exe), *PLAN_ARGS], "horizon"
     if shutil.which("horizon"):
@@ -68,8 +74,8 @@ def _cli_command() -> tuple[list[str] | None, str]:
     return None, ""
 
 
-def bench_cli(repeats: int = 3) -> tuple[float | None, str]:
-    cmd, name = _cli_command()
+def bench_cli(repeats: int = 3, module: bool = False) -> tuple[float | None, str]:
+    cmd, name = _cli_command(module)
     if cmd is None:
         return None, " (no `horizon` console script and no horizon_sim.cli.main module yet)"
     times = []
@@ -119,10 +125,16 @@ def bench_sweep() -> tuple[float, int, int]:
 
 
 def main() -> int:
+    module = "--module" in sys.argv[1:]
+    unknown = [a for a in sys.argv[1:] if a != "--module"]
+    if unknown:
+        print(f"sim_speed: unknown argument {unknown[0]!r}; allowed: --module "
+              "(time `python -m horizon_sim.cli.main` from this file's tree)", file=sys.stderr)
+        return 2
     print(f"planner speed on {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     sim_s = bench_sim_one_step()
     _line("sim dense-120b one step", sim_s, TARGET_SIM_S, " [median of 5, build + simulate]")
-    cli_s, note = bench_cli()
+    cli_s, note = bench_cli(module=module)
     _line("horizon plan dense-120b as a process", cli_s, TARGET_CLI_S,
           note + (" [median of 3]" if cli_s is not None else ""))
     sweep_s, n, n_fit = bench_sweep()

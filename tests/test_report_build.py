@@ -42,6 +42,18 @@ def test_readme_links_point_at_files_that_exist(built):
     assert "## Predicted vs measured" in readme and "horizon validate" in readme
 
 
+def test_planner_sections_are_numbered_in_order(built):
+    """Every section the planner builds is numbered 1..N in the order shown, the table of contents
+    links each by its numbered anchor; the two framing sections are not numbered."""
+    out, _ = built
+    readme = (out / "README.md").read_text()
+    heads = re.findall(r"^## (.+)$", readme, flags=re.M)
+    assert heads[0] == "What is estimated" and heads[-1] == "Predicted vs measured"
+    numbers = [int(re.match(r"(\d+)\. ", h).group(1)) for h in heads[1:-1]]
+    assert numbers == list(range(1, 12)), heads
+    assert "(#7-against-deepspeed-zero-3-offload-planned)" in readme
+
+
 def test_pngs_are_real_images(built):
     out, res = built
     pngs = [f for f in res["files"] if f.endswith(".png")]

@@ -49,7 +49,7 @@ from horizon_sim.report.published import build_published
 from horizon_sim.report.moe import build_moe
 from horizon_sim.report.throughput import build_throughput
 from horizon_sim.report.out import MANIFEST, Out, log
-from horizon_sim.report.readme import estimates_section, validate_section, write_readme
+from horizon_sim.report.readme import estimates_section, numbered, validate_section, write_readme
 
 __all__ = ["FULL", "MANIFEST", "MODES", "QUICK", "BuildConfig", "build", "main"]
 
@@ -103,7 +103,7 @@ def build(out_dir="reports", *, quick: bool = False, workers: int | None = None,
                                      "peer", "host_bytes", "published", "throughput", "moe")]
     out.path("README.md")  # registered first, so the stale sweep and the file list know it is ours
     stale = out.remove_stale()
-    write_readme(out, [estimates_section(cfg), *ordered, validate_section(out)], cfg)
+    write_readme(out, [estimates_section(cfg), *numbered(ordered), validate_section(out)], cfg)
     out.write_manifest()
     if stale:
         log(f"removed {len(stale)} file(s) an earlier build wrote: {', '.join(stale)}")

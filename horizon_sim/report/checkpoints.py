@@ -101,4 +101,4 @@ def build_checkpoints(cfg: BuildConfig, out: Out) -> Section:
             f"depth; on the device, boundary activations accumulate through forward and are freed in backward.\n\n"
             + "; ".join(parts) + ".\n\n![checkpoint memory](ckpt_memory.png)\n\n" + table
             + "\n\nFiles: [`ckpt_placement.csv`](ckpt_placement.csv), [`ckpt_placement.md`](ckpt_placement.md).")
-    return Section("4. Checkpoints on the device vs on the host", body, {"rows": rows})
+    return Section("Checkpoints on the device vs on the host", body, {"rows": rows})

@@ -76,7 +76,7 @@ def build_feasibility(cfg: BuildConfig, out: Out, workers: int | None) -> Sectio
             f"Files: [`feasibility_{cfg.map_gpu}_default.csv`](feasibility_{cfg.map_gpu}_default.csv), "
             f"[`feasibility_{cfg.map_gpu}_lean.csv`](feasibility_{cfg.map_gpu}_lean.csv), "
             f"[`feasibility.md`](feasibility.md).")
-    return Section(f"5. Feasibility map: {cfg.map_gpu}", body,
+    return Section(f"Feasibility map: {cfg.map_gpu}", body,
                    {"cells": n_cells, "fit_default": fd, "fit_lean": fl, "rows": len(rows)})
 
 

@@ -93,7 +93,7 @@ def build_fit_table(cfg: BuildConfig, out: Out, runner: Runner) -> Section:
             f"clipping), batch capped at 64 sequences. Empty tokens/s: does not fit (the column says what is "
             f"short; host and device GiB are what the policy needs).\n\n{sent}\n\n{table}\n\n"
             "Files: [`fit_table.csv`](fit_table.csv), [`fit_table.md`](fit_table.md).")
-    title = (f"2. {' / '.join(cfg.table_models)} on {' and '.join(cfg.table_gpus)}: default vs tuned policy")
+    title = (f"{' / '.join(cfg.table_models)} on {' and '.join(cfg.table_gpus)}: default vs tuned policy")
     return Section(title, body, {"configs": n, "fit_default": n_d, "fit_tuned": n_t,
                                  "median_speedup": statistics.median(ratios.values()) if ratios else None,
                                  "rows": len(rows)})

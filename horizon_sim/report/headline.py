@@ -97,6 +97,6 @@ def build_headline(cfg: BuildConfig, out: Out, runner: Runner) -> Section:
                          "exposed_copy_s": sp.exposed_copy_s, "exposed_optimizer_s": sp.exposed_optimizer_s}
     out.text("headline.json", json.dumps(data, indent=1, default=str) + "\n")
     lines += ["", "Numbers: [`headline.json`](headline.json)."]
-    title = (f"1. Headline: {model.name} ({model.total_params / 1e9:.1f}B) on one {hw.device.name} "
+    title = (f"Headline: {model.name} ({model.total_params / 1e9:.1f}B) on one {hw.device.name} "
              f"with {ram_label(cfg.headline_ram)} of RAM")
     return Section(title, "\n".join(lines), data)

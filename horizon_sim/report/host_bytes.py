@@ -78,4 +78,4 @@ def build_host_bytes(cfg: BuildConfig, out: Out) -> Section:
                "(presets, dense-120b scaled in depth and width):\n\n" + mm_table if mm_rows else "")
             + "\n\nFiles: [`host_bytes.csv`](host_bytes.csv)"
             + (", [`host_bytes_max_model.csv`](host_bytes_max_model.csv)." if mm_rows else "."))
-    return Section("8. Host bytes per parameter (planned)", body, {"rows": rows, "max_model": mm_rows})
+    return Section("Host bytes per parameter (planned)", body, {"rows": rows, "max_model": mm_rows})

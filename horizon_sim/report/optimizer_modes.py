@@ -78,5 +78,5 @@ def build_optimizer_modes(cfg: BuildConfig, out: Out) -> Section:
             f"backward. Panels share the time axis; a gap in the compute row is time the GPU waits.\n\n"
             f"{sent}\n\n![optimizer modes](optimizer_modes.png)\n\n{table}\n\n"
             "Files: [`optimizer_modes.csv`](optimizer_modes.csv), [`optimizer_modes.md`](optimizer_modes.md).")
-    return Section("3. Optimizer overlap: after, backward, pipelined", body,
+    return Section("Optimizer overlap: after, backward, pipelined", body,
                    {m: r for m, r in zip(MODES, rows)})

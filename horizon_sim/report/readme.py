@@ -1,6 +1,7 @@
 """The reports/README.md index: the 'What is estimated' section (which hardware inputs are
 estimates), the 'Predicted vs measured' section (pointing at the files `horizon validate` left in
 the folder), and write_readme, which puts a table of contents and every section into README.md."""
+from dataclasses import replace
 from pathlib import Path
 
 from horizon_sim.report.config import QUICK, BuildConfig
@@ -62,6 +63,12 @@ def validate_section(out: Out) -> Section:
     if others:
         body += "\n\nFiles here from other commands:\n\n" + "\n".join(f"- [`{n}`]({n})" for n in others)
     return Section("Predicted vs measured", body)
+
+
+def numbered(sections: list[Section]) -> list[Section]:
+    """The planner's sections numbered in the order the README shows them: numbers in the titles
+    themselves went stale whenever a section was added or moved (the ZeRO-3 one had none)."""
+    return [replace(s, title=f"{i}. {s.title}") for i, s in enumerate(sections, start=1)]
 
 
 def write_readme(out: Out, sections: list[Section], cfg: BuildConfig) -> Path:

@@ -96,5 +96,5 @@ def build_scale_out(cfg: BuildConfig, out: Out) -> Section:
             f"devices x one device's (above 100% where one device is optimizer-bound, since each rank "
             f"updates only its share).\n\n![scale out](scale_out.png)\n\n" + table
             + "\n\nFiles: [`scale_out.csv`](scale_out.csv), [`scale_out.md`](scale_out.md).")
-    return Section("6. Scale out: nodes and devices per node (planned)", body, {"rows": rows})
+    return Section("Scale out: nodes and devices per node (planned)", body, {"rows": rows})
 
