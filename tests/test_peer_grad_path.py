@@ -1,6 +1,6 @@
 """The ZeRO-3 peer's gradient path and optimizer step as DeepSpeed's code runs them (issue 26):
 pin_memory pages the gradient buffers and never the fetched parameters, the host passes around
-the Adam, v0.6-v0.7's boundary copy cast on the host, a tied head's gradient held for the
+the Adam, v0.6-v0.7's boundary copy cast on the host (into fresh pages), a tied head's gradient held for the
 embedding's, partition_grads' device temporaries, the embedding fetched for its backward, and
 the reuse distance counted along the trace of module visits. Planner only, no clocks."""
 import pytest
@@ -68,10 +68,34 @@ def test_v06_v07_cast_the_boundary_gradient_on_the_host():
     n = m.total_params
     assert grads(dev) == (2 + 4) * n and grads(host) == (2 + 2) * n  # bf16 down, then fp32 (device) or bf16 (host)
     assert sum(op.host_bytes for op in link_ops(host, OpKind.OFFLOAD_GRADS)) == (2 + 4) * n
+    # ... into a bf16 temporary PyTorch allocates for that copy (copy_kernel_cuda's empty_like),
+    # fresh pages each time; 0.19's path lands in buffers made once
+    assert sum(op.fault_bytes for op in link_ops(host, OpKind.OFFLOAD_GRADS)) == 2 * n
+    assert sum(op.fault_bytes for op in dev.ops) == 0
     with pytest.raises(HorizonError, match="host_cast_at_boundary"):
         Zero3Policy(fp32_grad_copy=False, host_cast_at_boundary=True)
     with pytest.raises(HorizonError, match="zero2-offload"):
         Zero3Policy(offload_param=False, host_cast_at_boundary=True)
+
+
+def test_fresh_pages_are_written_at_the_first_touch_rate():
+    """The boundary's fresh temporary costs its bytes at first_touch_GBps on a host core: the
+    step grows by about their sum over the step's offloads when that rate halves, and a plan
+    without fresh pages does not move."""
+    from dataclasses import replace
+
+    m, base = small(L=8, H=512, V=512), dict(batch=1, seq=64, pin_memory=False)
+    hw = make_hardware("a100-40gb", "500GB")
+    slow_hw = replace(hw, host=replace(hw.host, first_touch_GBps=hw.host.first_touch_GBps / 2))
+    host = Zero3Policy(**base, host_cast_at_boundary=True)
+    fault = sum(op.fault_bytes for op in build_zero3_schedule(m, host).ops)
+    extra = fault / (hw.host.first_touch_GBps * 1e9)  # the halved rate costs the same again
+    grown = plan_zero3(m, slow_hw, host).summary.step_time_s - plan_zero3(m, hw, host).summary.step_time_s
+    assert fault > 0 and grown == pytest.approx(extra, rel=0.05)
+    dev = Zero3Policy(**base)
+    assert plan_zero3(m, slow_hw, dev).summary.step_time_s == plan_zero3(m, hw, dev).summary.step_time_s
+    with pytest.raises(HorizonError, match="first_touch_GBps"):
+        replace(hw.host, first_touch_GBps=0.0)
 
 
 def test_a_tied_heads_gradient_waits_for_the_embeddings_and_goes_down_once():

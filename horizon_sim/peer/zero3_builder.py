@@ -279,7 +279,8 @@ class Zero3StepBuilder(StepBuilder):
             boundary = (n * (self.a if host_cast else 4)) if last else 0
             self.emit(OpKind.OFFLOAD_GRADS, units[0], m, reads=reads, writes=writes, frees=dgrads + weights,
                       link_bytes=n * self.a + boundary, copies=t * (2 if last else 1), reduce_bytes=norm,
-                      host_bytes=n * (self.a + 4) if host_cast else 0, workspace_bytes=ws, pageable=pageable)
+                      host_bytes=n * (self.a + 4) if host_cast else 0, fault_bytes=n * self.a if host_cast else 0,
+                      workspace_bytes=ws, pageable=pageable)
             done = self.emit(OpKind.RELOAD_GRADS, units[0], m, reads=hg, writes=hg, link_bytes=n * self.a, copies=t,
                              pageable=pageable)
         else:

@@ -228,6 +228,10 @@ class Op:
     """Device memory traffic, for the memory-bound floor of compute ops."""
     host_bytes: int = 0
     """Host DRAM bytes touched by CPU work."""
+    fault_bytes: int = 0
+    """Host bytes the op writes into pages it touches first: a temporary the C library maps
+    anew for this copy (the peer's v0.6-v0.7 gradient boundary), faulted in and zeroed by the
+    kernel at the host's first_touch_GBps on the copying thread."""
     reduce_bytes: int = 0
     """Bytes whose squared norm the op takes where they lie, on its way out (an offload of a
     unit's last micro-batch that is not accumulated on the host)."""

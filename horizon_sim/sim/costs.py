@@ -28,7 +28,9 @@ traffic (read plus written), the bus's unit (HostSpec.dram_GBps):
                link's pageable rate, a copy staged by the driver); when
                the link is cpu_driven (the CPU backend's emulated link) the copy is host-thread
                work that shares the host lane cores with the other lanes, and it reads and
-               writes host memory: 2 x link_bytes of traffic at 2 x its link rate
+               writes host memory: 2 x link_bytes of traffic at 2 x its link rate; a copy
+               into a temporary mapped for it (Op.fault_bytes) first writes those fresh pages
+               at the host's first_touch_GBps on a host core
   grad norm    an offload that also writes a squared norm reduces the gradient where it lies:
                a pass over link_bytes at the reduction bandwidth (reduce_GBps, else elementwise_GBps, else hbm_GBps;
                a host pass when cpu_driven)
@@ -142,6 +144,7 @@ class CostModel:
         self.cpu_copies = link.cpu_driven
         self.dram_Bps = host.dram_GBps * 1e9
         self.thread_Bps = (host.thread_GBps or host.dram_GBps) * 1e9
+        self.first_touch_Bps = host.first_touch_GBps * 1e9
         self.lane_cores = host.lane_cores
         self.compute_contention = host.compute_contention
         self.host_latency_s = host.op_latency_us * 1e-6
@@ -280,6 +283,8 @@ class CostModel:
             cap = self.pageable_Bps if op.pageable else self.h2d_Bps if op.lane == Lane.H2D else self.d2h_Bps
             k = COPY_TRAFFIC if cpu else 1.0  # same time alone, k x the bus bytes
             out = [Flow(op.copies * self.link_latency_s, k * op.link_bytes, k * cap, core=cpu)]
+            if op.fault_bytes:  # the fresh temporary the copy lands in, before the copy can run
+                out.append(Flow(0.0, op.fault_bytes, self.first_touch_Bps, core=True))
             if op.reduce_bytes:  # ||g||^2 of the gradient while it is still on the device
                 out.append(Flow(0.0, op.reduce_bytes, self.reduce_Bps, core=cpu, dram=cpu))
             if op.host_bytes:  # accumulating a micro-batch's grads into the fp32 host buffer

@@ -282,6 +282,13 @@ class HostSpec:
     """Sequential write bandwidth, 1e9 bytes/s."""
     disk_latency_us: float = 0.0
     """Fixed cost of one disk op (a unit's read or write), microseconds."""
+    first_touch_GBps: float = 3.0
+    """How fast one host thread writes into fresh pages, 1e9 bytes/s: the kernel faults in and
+    zeroes each 4 KiB page on its first write. A large temporary the C library maps anew for
+    each copy and unmaps after it (glibc maps every block over 32 MiB: PyTorch's CPU allocator
+    caches nothing) is written at this rate, not at thread_GBps. Only the ZeRO-3 peer's
+    v0.6-v0.7 gradient boundary (host_cast_at_boundary) pays it; Horizon's host buffers are
+    allocated once."""
     compute_contention: float = 0.0
     """How much slower the compute lane runs while CPU-thread work streams on the host lane
     cores (copies on a cpu_driven link, the optimizer, host gathers), as a fraction: 0.1 = 10%
@@ -297,6 +304,7 @@ class HostSpec:
                   "busy_latency_us", "compute_contention", "disk_GiB", "disk_read_GBps", "disk_write_GBps",
                   "disk_latency_us", "deepspeed_adam_Gparams_per_s"):
             _check_number(self, "host", f, low_ok=True)
+        _check_number(self, "host", "first_touch_GBps")
         if self.disk_GiB and not (self.disk_read_GBps and self.disk_write_GBps):
             raise HorizonError(f"host disk_GiB={self.disk_GiB:g} needs disk_read_GBps and disk_write_GBps "
                                "(how fast the disk tier streams)")

@@ -18,7 +18,7 @@ PRICED = {
                "library_workspace_MiB", "launch_overhead_us", "gemm_TFLOPs", "attention_TFLOPs",
                "masked_attention_TFLOPs", "elementwise_GBps", "loss_ns_per_logit", "op_overhead_us"),
     "link": ("h2d_GBps", "d2h_GBps", "latency_us", "pageable_GBps"),
-    "host": ("dram_GBps", "cores", "adam_Gparams_per_s", "deepspeed_adam_Gparams_per_s", "os_reserved_GiB",
+    "host": ("dram_GBps", "cores", "adam_Gparams_per_s", "deepspeed_adam_Gparams_per_s", "first_touch_GBps", "os_reserved_GiB",
              "runtime_overhead_GiB"),
 }
 """The numbers the planner prices a preset with. Others are 0 or empty on every preset and
@@ -45,6 +45,11 @@ DEFAULTS: dict[str, str] = {
     "host.deepspeed_adam_Gparams_per_s": "measured: 0, the host's adam_Gparams_per_s: DeepSpeedCPUAdam ran at "
                                          "Horizon's AdamW rate on this project's EPYC (1.70 / 1.91 G params/s on 1 / "
                                          "2 threads, benchmarks/adam_rates.py); no published figure for this host",
+    "host.first_touch_GBps": "estimate: 3 GB/s, one thread writing into fresh 4 KiB pages: this project's "
+                             "AMX VM measured 2.2-3.4 GiB/s (2.4-3.7 GB/s) in five runs for 64-256 MiB fp16 "
+                             "tensors allocated per copy (benchmarks/first_touch.py; 4.6-5.9 GiB/s into a "
+                             "reused buffer); with 2 MiB pages on PyTorch's large blocks "
+                             "(THP_MEM_ALLOC_ENABLE=1) 6.9-23 GiB/s. No figure from a bare-metal server",
     "host.os_reserved_GiB": "estimate: the OS, a minimum page cache and other processes",
     "host.runtime_overhead_GiB": "estimate: Python, torch and the CUDA libraries before any model tensor",
 }
