@@ -134,6 +134,29 @@ def test_rate_table_is_exact_at_measured_shapes_and_between_them_elsewhere():
     assert not RateTable(rows, "fp16", key_len=2)
 
 
+def test_a_gemm_is_timed_after_an_untimed_call_over_several_calls(monkeypatch):
+    """gemm_times calls each shape once untimed, then at least GEMM_MIN_CALLS times (up to
+    GEMM_MAX_CALLS while under GEMM_TIMED_S), and gemm_rates takes each shape's median visit."""
+    from horizon_exec.measure.calibrate import kernels as K
+    calls = {}
+
+    class Instant:  # a GEMM that costs nothing: the loop runs to its call limit
+        def __init__(self, layout, m, n, k, dtype, device, pool_bytes):
+            self.shape = (layout, m, n, k)
+
+        def __call__(self):
+            calls[self.shape] = calls.get(self.shape, 0) + 1
+
+    monkeypatch.setattr(K, "ColdOperands", Instant)
+    shapes = [("nt", 128, 128, 128), ("nn", 256, 128, 64)]
+    times = K.gemm_times(shapes, torch.bfloat16, "cpu")
+    assert set(times) == set(shapes) and calls == {s: 1 + K.GEMM_MAX_CALLS for s in shapes}
+    s = shapes[0]
+    flops = 2.0 * 128 ** 3
+    rates = K.gemm_rates([{s: 1.0}, {s: 1.0}, {s: 10.0}])  # one visit on a busy machine
+    assert rates[s] == pytest.approx(flops / 1e12)
+
+
 @pytest.mark.parametrize("rows, match", [
     ([("bf16", "nt", 128, 128)], "must have 6 cells"),
     ([("bf16", "nt", 128, 128, 128, -1.0)], "TFLOPS=-1.0"),

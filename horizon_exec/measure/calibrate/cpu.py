@@ -72,7 +72,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
               f"{backend.compute_threads} thread(s) of core(s) {backend.compute_cores}"
               + (" (bf16 GEMMs run in a generic kernel here, over 8x slower than fp32: the small bf16 grid, "
                  "one visit)" if slow_bf16 and not quick else ""))
-    gemm_visits = [compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu"))]  # warm, and a first visit
+    gemm_visits = [compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu"))]  # the library warmed; kept only alone
     fp32_visits = [compute(lambda: gemm_times(fp32_shapes, torch.float32, "cpu"))]
 
     ram = ram_GiB()
@@ -92,8 +92,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
                   "bandwidth, copies, AdamW, per-op fixed costs (a tiny model, ops serialized)")
         sample_tiny()
         if not quick and not slow_bf16:  # one more visit of the grid per round, alternating direction
-            gemm_visits.append(compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu", reverse=r % 2 == 0,
-                                                          warm=False)))
+            gemm_visits.append(compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu", reverse=r % 2 == 0)))
             sample_tiny()
         for seq, hd in attn_pts:
             R["attn"][(seq, hd)].append(compute(lambda: measure_attention(seq, hd, torch.bfloat16, "cpu")))

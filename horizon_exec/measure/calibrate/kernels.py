@@ -60,32 +60,44 @@ class ColdOperands:
         torch.mm(a, b, out=self.out)
 
 
-def gemm_times(shapes, dtype, device, sync=None, reverse: bool = False, warm: bool = True) -> dict:
-    """{(layout, m, n, k): seconds of one call} over `shapes`, operands cold in cache; one
-    warm-up call per shape first when `warm` (the GEMM library picks and lays out its kernel),
-    two timed calls for small shapes, one for large."""
+GEMM_TIMED_S = 2e-3
+"""Each shape is called until this much time is timed (at least GEMM_MIN_CALLS calls, at most
+GEMM_MAX_CALLS) and the median call is its time. One or two calls, as before, measured the CPU
+waking up rather than the kernel: on an AMX Xeon VM a 512 x 512 x 1024 bf16 GEMM timed alone
+that way ran at 200-400 GFLOP/s against 900-1,000 called back to back, as a layer calls it, and
+a grid visit's median moved 142 -> 577 between two visits (the table then said the machine had
+'changed' by 1.66x during validation)."""
+GEMM_MIN_CALLS, GEMM_MAX_CALLS = 3, 16
+
+
+def gemm_times(shapes, dtype, device, sync=None, reverse: bool = False) -> dict:
+    """{(layout, m, n, k): seconds of one call} over `shapes`, operands cold in cache: per shape
+    one untimed call (the GEMM library picks and lays out its kernel; the core's matrix unit
+    wakes), then the median of GEMM_MIN_CALLS.. calls (GEMM_TIMED_S)."""
     pool = 8 * 2**20
     out = {}
     for shape in (reversed(shapes) if reverse else shapes):
         layout, m, n, k = shape
         fn = ColdOperands(layout, m, n, k, dtype, device, pool)
-        if warm:
+        fn()
+        calls, timed = [], 0.0
+        while len(calls) < GEMM_MIN_CALLS or (timed < GEMM_TIMED_S and len(calls) < GEMM_MAX_CALLS):
+            if sync:
+                sync()
+            t0 = time.perf_counter()
             fn()
-        reps = 2 if m * n * k < 2**27 else 1
-        if sync:
-            sync()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        if sync:
-            sync()
-        out[shape] = (time.perf_counter() - t0) / reps
+            if sync:
+                sync()
+            calls.append(time.perf_counter() - t0)
+            timed += calls[-1]
+        out[shape] = statistics.median(calls)
     return out
 
 
 def gemm_rates(times: list[dict]) -> dict:
-    """{shape: TFLOP/s} from the mean time over visits (each a gemm_times result)."""
-    return {s: 2.0 * s[1] * s[2] * s[3] / statistics.mean(t[s] for t in times) / 1e12 for s in times[0]}
+    """{shape: TFLOP/s} from the median time over visits (each a gemm_times result): a visit
+    that ran while the machine was busy is outvoted, not averaged in."""
+    return {s: 2.0 * s[1] * s[2] * s[3] / statistics.median(t[s] for t in times) / 1e12 for s in times[0]}
 
 
 def attention_grid(quick: bool, device: str) -> list[tuple[int, int]]:
