@@ -134,6 +134,19 @@ def test_rate_table_is_exact_at_measured_shapes_and_between_them_elsewhere():
     assert not RateTable(rows, "fp16", key_len=2)
 
 
+def test_an_unmeasured_shape_takes_its_nearest_measured_shapes_not_the_whole_table():
+    """The rate between measured shapes comes from the nearest ones: a cell of 8 slow small
+    shapes is not pulled up by a couple of hundred fast large ones far away (weighting every
+    point gave the H200 table's 64-row GEMM 3x the rate of its 512-row neighbours)."""
+    corners = [("bf16", "nt", float(m), float(n), float(k), 0.01)
+               for m in (128, 256) for n in (128, 256) for k in (128, 256)]
+    far = [("bf16", "nt", float(m), float(n), float(k), 1.0)
+           for m in (4096, 8192, 16384) for n in (4096, 8192, 16384, 32768) for k in (4096, 8192, 16384, 32768)] * 4
+    t = RateTable(corners + far, "bf16", key_len=2)
+    assert t.rate("nt", (181, 181, 181)) == pytest.approx(0.01, rel=1e-9)
+    assert 0.01 < t.rate("nt", (1024, 1024, 1024)) < 1.0
+
+
 def test_a_gemm_is_timed_after_an_untimed_call_over_several_calls(monkeypatch):
     """gemm_times calls each shape once untimed, then at least GEMM_MIN_CALLS times (up to
     GEMM_MAX_CALLS while under GEMM_TIMED_S), and gemm_rates takes each shape's median visit."""

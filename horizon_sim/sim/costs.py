@@ -56,6 +56,7 @@ from horizon_sim.schedule.op import COLLECTIVES, Lane, Op, OpKind
 from horizon_sim.specs.hardware import HardwareSpec
 
 _IDW_POWER = 4.0  # inverse-distance weights in log2 space: the nearest measured shapes dominate
+_IDW_NEIGHBOURS = 8  # the corners of a grid cell around a shape inside the grid
 
 
 COPY_TRAFFIC = 2.0
@@ -76,14 +77,22 @@ class Flow:
 
 def _interpolate(points: list[tuple[tuple[float, ...], float]], at: tuple[float, ...]) -> float:
     """Value at `at` from measured (coordinates, value) points: the exact point when measured,
-    else inverse-distance weighting in log2 coordinates (deterministic, no extrapolation
-    beyond the measured values)."""
+    else inverse-distance weighting in log2 coordinates over the _IDW_NEIGHBOURS nearest points
+    (deterministic, no extrapolation beyond the measured values). Weighting every point of a
+    675-row table let the far ones outvote the near: a 64 x 2048 x 768 GEMM on the H200's table
+    came out at 417 TFLOP/s, 3x the rate of the same shape with 512 rows; leaving each measured
+    shape out and predicting it from the rest, the nearest 8 give median |error| 3.5% on that
+    table (p90 30%, +5.7% on average) against 5.2% (p90 71%, +18%) with every point."""
     x = [math.log2(max(v, 1.0)) for v in at]
-    num = den = 0.0
+    near = []
     for coords, value in points:
         d2 = sum((math.log2(c) - xi) ** 2 for c, xi in zip(coords, x))
         if d2 < 1e-18:
             return value
+        near.append((d2, value))
+    near.sort(key=lambda dv: dv[0])
+    num = den = 0.0
+    for d2, value in near[:_IDW_NEIGHBOURS]:
         w = d2 ** (-_IDW_POWER / 2)
         num += w * value
         den += w
