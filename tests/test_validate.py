@@ -82,8 +82,10 @@ def test_drift_references_are_the_heaviest_gemms_priced_by_the_table():
 
 def test_drift_references_on_a_gpu_table_are_not_launch_bound():
     """On a GPU the quick configurations' GEMMs take a few microseconds whatever their size
-    (an H200 measured them at '0.00x' the table's rate): the probe times the table's own
-    largest shapes instead."""
+    (an H200 measured them at '0.00x' the table's rate): the probe times measured shapes that
+    are not launch-bound, each the measured twin of a configuration's shape (the only 'tn' row
+    here stands for every 'tn' shape; the 512-cube 'nn' row is launch-bound, and no 'nt' row
+    was measured), and the table's own largest shapes when none is left."""
     from dataclasses import replace
 
     from horizon_exec.measure.drift import MIN_CALL_S, drift_gemms
@@ -92,10 +94,14 @@ def test_drift_references_on_a_gpu_table_are_not_launch_bound():
             ("bf16", "tn", 8192.0, 8192.0, 8192.0, 850.0), ("fp32", "nn", 16384.0, 16384.0, 16384.0, 50.0))
     hw = replace(CPU_HW, device=replace(CPU_HW.device, gemm_TFLOPs=rows))
     costs = CostModel(hw, "bf16")
-    assert drift_gemms(hw, costs, QUICK_CONFIGS)[:2] == [("tn", 8192, 8192, 8192), ("nn", 4096, 4096, 4096)]
+    assert drift_gemms(hw, costs, QUICK_CONFIGS) == [("tn", 8192, 8192, 8192)]
+    no_tn = replace(hw, device=replace(hw.device, gemm_TFLOPs=rows[:2] + rows[3:]))
+    assert drift_gemms(no_tn, CostModel(no_tn, "bf16"), QUICK_CONFIGS) == [("nn", 4096, 4096, 4096),
+                                                                           ("nn", 512, 512, 512)]
     slow = replace(hw, device=replace(hw.device, gemm_TFLOPs=tuple(r[:5] + (1e-3,) for r in rows)))
-    kept = drift_gemms(slow, CostModel(slow, "bf16"), QUICK_CONFIGS)  # a slow device: the configs' own
-    assert kept and all(m <= 512 for _, m, _, _ in kept)
+    kept = drift_gemms(slow, CostModel(slow, "bf16"), QUICK_CONFIGS)  # a slow device: nothing launch-bound
+    assert {("nn", 512, 512, 512), ("tn", 8192, 8192, 8192)} <= set(kept)  # twins of the configs' nn and tn
+    assert all(m <= 512 for lay, m, _, _ in kept if lay == "nt")  # no nt row measured: the configs' own
     assert all(2 * m * n * k / 1e9 >= MIN_CALL_S for _, m, n, k in kept)
 
 

@@ -4,8 +4,9 @@ A shared machine's speed moves by tens of percent over minutes, so a validation 
 minute) after `horizon calibrate` may run on a faster or slower machine than the one in the
 hardware file. Between its measurement turns, `horizon validate` times two references that
 the hardware file predicts, in a thread set up like the compute lane:
-  gemm    the validation models' own largest GEMM shapes (operands cold in cache, as
-          calibrate times them) against the file's GEMM table at those shapes;
+  gemm    the measured shapes of the file's GEMM table nearest to the validation models' own
+          largest GEMM shapes (operands cold in cache, as calibrate times them) against the
+          table's rates there;
   fixed   the calibration's tiny model with its ops serialized (calibrate.overheads.TinyProbe)
           against the file's prediction of its compute ops, which is what calibration measured.
 Each figure is predicted time / measured time: 1.00 is the calibrated machine, 0.90 a machine
@@ -13,6 +14,7 @@ running 10% slower. Validation reports them beside the errors, so a user can tel
 error from a machine that changed under the measurement, and when one is off by more than 5%
 also the errors with the factors applied (validate/corrected.py).
 """
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -61,14 +63,29 @@ def _predicted_s(costs, shape) -> float:
     return 2.0 * m * n * k / (costs.gemm.rate(lay, (m, n, k)) * 1e12)
 
 
+def measured_twin(table: list[tuple[str, int, int, int]], shape: tuple[str, int, int, int]):
+    """The measured shape of `table` nearest to `shape` (same layout, log2 distance), or
+    `shape` itself when no shape of its layout was measured. The probe times shapes the file
+    measured, so its figure is the machine's drift alone: at a shape between measured ones the
+    file's rate is an interpolation, whose own error the probe would report as the machine
+    having changed."""
+    same = [t for t in table if t[0] == shape[0]]
+    if not same:
+        return shape
+    d2 = lambda t: sum((math.log2(a) - math.log2(b)) ** 2 for a, b in zip(t[1:], shape[1:]))  # noqa: E731
+    return min(same, key=lambda t: (d2(t), t))
+
+
 def drift_gemms(hw: HardwareSpec, costs, configs) -> list[tuple[str, int, int, int]]:
-    """The GEMM references: the configurations' largest shapes that are not launch-bound
-    (MIN_CALL_S), else the file's own largest bf16 shapes; none without a GEMM table."""
+    """The GEMM references: the measured twins (measured_twin) of the configurations' largest
+    shapes that are not launch-bound (MIN_CALL_S), else the file's own largest bf16 shapes;
+    none without a GEMM table."""
     if not costs.gemm:
         return []
-    shapes = [s for s in reference_gemms(configs) if _predicted_s(costs, s) >= MIN_CALL_S]
+    table = [(r[1], int(r[2]), int(r[3]), int(r[4])) for r in hw.device.gemm_TFLOPs if r[0] == "bf16"]
+    twins = list(dict.fromkeys(measured_twin(table, s) for s in reference_gemms(configs)))
+    shapes = [s for s in twins if _predicted_s(costs, s) >= MIN_CALL_S]
     if not shapes:
-        table = [(r[1], int(r[2]), int(r[3]), int(r[4])) for r in hw.device.gemm_TFLOPs if r[0] == "bf16"]
         shapes = sorted(table, key=lambda s: (-s[1] * s[2] * s[3], s))[:MAX_SHAPES // 2]
     return shapes
 
