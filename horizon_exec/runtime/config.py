@@ -22,7 +22,7 @@ from horizon_exec.optim.adamw import check_hyper
 from horizon_exec.runtime.disk_store import METHODS as DISK_METHODS
 from horizon_exec.runtime.engine import DEFAULT_OP_TIMEOUT_S
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs.hardware import HardwareSpec
+from horizon_sim.specs.hardware import HardwareSpec, tracks_every_op
 
 ON_NONFINITE = ("skip", "stop")
 TRACK_MEMORY = ("auto", "once", "every")
@@ -101,7 +101,7 @@ class RuntimeConfig:
         """track_memory under `model` and `policy`, 'auto' resolved: 'once' or 'every'."""
         if self.track_memory != "auto":
             return self.track_memory
-        return "every" if model.n_experts or policy.doc_masks else "once"
+        return "every" if tracks_every_op(model, policy) else "once"
 
     def nonfinite_for(self, policy) -> str:
         """on_nonfinite under `policy`, the default resolved. optimizer='backward' updates each

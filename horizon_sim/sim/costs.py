@@ -4,7 +4,8 @@ rate, an overhead) applied to work counted from the model; nothing here is a fud
 Compute ops (one lane, kernels run back to back, so the terms add):
   compute_s = overhead        fixed cost of the op: Python dispatch and memory tracking of
                               each of its kernels, launches, gaps (DeviceSpec.op_overhead_us
-                              by kind, else launch_overhead_us); the head pays 'head_chunk'
+                              by kind, '<kind>_tracked' where a CPU backend measures every op's
+                              temporaries on every run, else launch_overhead_us); the head pays 'head_chunk'
                               again for each loss chunk after the first; an MoE block
                               '<kind>_router' once and '<kind>_expert' per expert its loop
                               runs (every expert, when the op routes as many rows)
@@ -53,7 +54,7 @@ from dataclasses import dataclass, replace
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import work
 from horizon_sim.schedule.op import COLLECTIVES, Lane, Op, OpKind
-from horizon_sim.specs.hardware import HardwareSpec
+from horizon_sim.specs.hardware import HardwareSpec, tracks_every_op
 
 _IDW_POWER = 4.0  # inverse-distance weights in log2 space: the nearest measured shapes dominate
 _IDW_NEIGHBOURS = 8  # the corners of a grid cell around a shape inside the grid
@@ -164,6 +165,7 @@ class CostModel:
         self.disk_latency_s = host.disk_latency_us * 1e-6
         self.model = meta.model if meta is not None else None
         self.policy = meta.policy if meta is not None else None
+        self.tracked = meta is not None and tracks_every_op(meta.model, meta.policy)
         self._terms: dict = {}
         # Data parallel: the Schedule is one rank's step, and every rank runs the same at the
         # same time, so this rank gets 1/N of what the node's N devices share: the DRAM bus,
@@ -190,6 +192,8 @@ class CostModel:
             kind = OpKind.HEAD.value  # the same kernels' launches, less the backward's
         if kind == OpKind.BACKWARD_SAVED.value and kind not in self.overhead_us:
             kind = OpKind.BACKWARD.value  # the executor's backward: an upper bound (it has the forward's too)
+        if self.tracked and f"{kind}_tracked" in self.overhead_us:
+            kind = f"{kind}_tracked"  # a CPU backend measuring every op's temporaries (tracks_every_op)
         return self.overhead_us.get(kind, self.launch_s * 1e6) * 1e-6
 
     def _moe_overhead_s(self, kind: OpKind, tokens: int) -> float:

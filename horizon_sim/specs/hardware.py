@@ -41,10 +41,23 @@ def _check_range(part: str, field: str, v) -> None:
 
 TABLE_KEYS = {"dtype": ("bf16", "fp32"), "layout": ("nt", "nn", "tn")}
 """The values a key column may hold; op_overhead_us's `kind` takes an op kind, head_chunk or one
-of MOE_OVERHEAD_KINDS."""
+of MOE_OVERHEAD_KINDS or TRACKED_OVERHEAD_KINDS."""
 MOE_OVERHEAD_KINDS = tuple(f"{k}_{what}" for k in ("forward", "recompute", "backward") for what in ("router", "expert"))
 """op_overhead_us kinds an MoE block adds to its compute op's fixed cost: '<kind>_router' once
 per op, '<kind>_expert' per expert its loop runs."""
+TRACKED_OVERHEAD_KINDS = tuple(f"{k}_tracked" for k in ("forward", "recompute", "backward", "head"))
+"""op_overhead_us kinds of a CPU backend that measures every compute op's temporaries on every
+run (tracks_every_op): '<kind>_tracked' replaces '<kind>' there. Measuring them is Python work
+per kernel: the calibration's tiny model ran 20-60% slower per step that way."""
+
+
+def tracks_every_op(model, policy) -> bool:
+    """Whether the CPU backend measures every compute op's temporaries on every run, as its
+    default (RuntimeConfig.track_memory 'auto') does where shapes move from step to step (MoE
+    routing, document masks); elsewhere it measures an op once and replays it."""
+    return bool(getattr(model, "n_experts", 0) or getattr(policy, "doc_masks", False))
+
+
 SIZE_COLUMNS = ("M", "N", "K", "SEQ", "HEAD_DIM", "THREADS")
 """Numeric columns that are sizes: at least 1."""
 
@@ -52,7 +65,7 @@ SIZE_COLUMNS = ("M", "N", "K", "SEQ", "HEAD_DIM", "THREADS")
 def _allowed_keys(col: str) -> tuple[str, ...]:
     if col == "kind":
         from horizon_sim.schedule.op import OpKind  # lazily: the schedule package imports specs
-        return (*(k.value for k in OpKind), "head_chunk", *MOE_OVERHEAD_KINDS)
+        return (*(k.value for k in OpKind), "head_chunk", *MOE_OVERHEAD_KINDS, *TRACKED_OVERHEAD_KINDS)
     return TABLE_KEYS[col]
 
 

@@ -18,7 +18,7 @@ from horizon_exec.measure.calibrate.kernels import (attention_grid, gemm_grid, g
                                             slope_GBps)
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, MOE_EXPERTS, MOE_POLICY, TINY, TINY_POLICY,
                                               TinyProbe, head_chunk_us, moe_overheads, op_overheads,
-                                              runtime_overhead_GiB, tiny_moe)
+                                              runtime_overhead_GiB, tiny_moe, tracked_overheads)
 from horizon_exec.measure.calibrate.threads import measure_thread_speeds
 from horizon_exec.measure.calibrate.timing import Progress, in_lane, mean_rate
 from horizon_exec.procfs import cpu_name
@@ -77,7 +77,8 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
 
     ram = ram_GiB()
     tiny = [TinyProbe("cpu"), TinyProbe("cpu", HEAD8_POLICY),
-            *(TinyProbe("cpu", MOE_POLICY, tiny_moe(e)) for e in MOE_EXPERTS)]
+            *(TinyProbe("cpu", MOE_POLICY, tiny_moe(e)) for e in MOE_EXPERTS),
+            TinyProbe("cpu", track_memory="every")]  # what tracking every op every run costs
 
     def sample_tiny():
         for t in tiny:
@@ -146,7 +147,9 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         t.close()
     comp_us, copy_us, host_us = op_overheads(hw, tiny[0].own)
     comp_us["head_chunk"] = head_chunk_us(tiny[0].own, tiny[1].own)
-    comp_us |= moe_overheads(hw, comp_us, {e: t.own for e, t in zip(MOE_EXPERTS, tiny[2:])})
+    tracked_us = op_overheads(hw, tiny[-1].own)[0]
+    comp_us |= moe_overheads(hw, tracked_us, {e: t.own for e, t in zip(MOE_EXPERTS, tiny[2:4])})
+    comp_us |= tracked_overheads(comp_us, tracked_us)
 
     hw = HardwareSpec(device=replace(dev, op_overhead_us=tuple(sorted(comp_us.items()))),
                       link=replace(link, latency_us=copy_us), host=replace(hst, op_latency_us=host_us))

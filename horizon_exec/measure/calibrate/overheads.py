@@ -45,13 +45,15 @@ class TinyProbe:
     and `sample()` runs a few steps at many points of it, so the Python-bound fixed costs, the
     noisiest figures on a shared machine, are averaged over the whole run."""
 
-    def __init__(self, device: str, policy: Policy = TINY_POLICY, model: ModelSpec = TINY):
+    def __init__(self, device: str, policy: Policy = TINY_POLICY, model: ModelSpec = TINY,
+                 track_memory: str = "auto"):
         from horizon_exec.measure.probe import Serialized, sync_for
         from horizon_exec.runtime.config import RuntimeConfig, TrainerConfig
         from horizon_exec.runtime.trainer import Trainer
         self.policy, self.model = policy, model
         self.gen = torch.Generator().manual_seed(0)
-        rt = RuntimeConfig(device=device, compute_threads=None)  # cores - 1: the split the file's rates are for
+        rt = RuntimeConfig(device=device, compute_threads=None,  # cores - 1: the split the file's rates are for
+                           track_memory=track_memory)
         self.tr = Trainer(model, policy, TrainerConfig(runtime=rt))
         self.ser = Serialized(self.tr.engine.runner, sync_for(device))
         self.tr.engine.runner = self.ser
@@ -111,10 +113,19 @@ def op_overheads(hw: HardwareSpec, own: dict[int, list[float]], policy: Policy =
     return compute, statistics.median(copies) * 1e6, statistics.median(by_kind[OpKind.GRAD_NORM]) * 1e6
 
 
+def tracked_overheads(dense_us: dict, tracked_us: dict) -> dict:
+    """'<kind>_tracked' rows: TINY's compute kinds with every op's temporaries measured on every
+    run (`tracked_us`, op_overheads of a TinyProbe with track_memory='every'), where that is
+    dearer than the replayed run's (`dense_us`); a kind that came out cheaper on a noisy machine
+    keeps the replayed figure (absent)."""
+    kinds = [k.value for k in COMPUTE_KINDS]
+    return {f"{k}_tracked": tracked_us[k] for k in kinds if k in tracked_us and tracked_us[k] > dense_us.get(k, 0.0)}
+
+
 def moe_overheads(hw: HardwareSpec, dense_us: dict, own: dict[int, dict[int, list[float]]]) -> dict:
     """An MoE block's extra fixed costs per compute kind, µs, from the tiny MoE models' serialized
     ops (`own`: experts -> {op id: seconds}) less their modelled work, against the dense TINY's
-    (`dense_us`, op_overheads): the cost grows with the experts the loop runs, so the two
+    (`dense_us`, op_overheads, tracked as the MoE models are: every op, every run): the cost grows with the experts the loop runs, so the two
     models' difference over their experts gives '<kind>_expert' and what is left of the
     smaller one beyond the dense block and its experts '<kind>_router' (the router, top-k and
     the rows' sort: once per op). Both at least 0 (a noisy machine can make a difference
