@@ -72,7 +72,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
               f"{backend.compute_threads} thread(s) of core(s) {backend.compute_cores}"
               + (" (bf16 GEMMs run in a generic kernel here, over 8x slower than fp32: the small bf16 grid, "
                  "one visit)" if slow_bf16 and not quick else ""))
-    gemm_visits = [compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu"))]  # the library warmed; kept only alone
+    gemm_visits = [compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu"))]  # the rates only when no round visits
     fp32_visits = [compute(lambda: gemm_times(fp32_shapes, torch.float32, "cpu"))]
 
     ram = ram_GiB()
@@ -148,7 +148,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     comp_us, copy_us, host_us = op_overheads(hw, tiny[0].own)
     comp_us["head_chunk"] = head_chunk_us(tiny[0].own, tiny[1].own)
     tracked_us = op_overheads(hw, tiny[-1].own)[0]
-    comp_us |= moe_overheads(hw, tracked_us, {e: t.own for e, t in zip(MOE_EXPERTS, tiny[2:4])})
+    comp_us |= moe_overheads(hw, tracked_us, {e: t.own for e, t in zip(MOE_EXPERTS, tiny[2:2 + len(MOE_EXPERTS)])})
     comp_us |= tracked_overheads(comp_us, tracked_us)
 
     hw = HardwareSpec(device=replace(dev, op_overhead_us=tuple(sorted(comp_us.items()))),
