@@ -14,14 +14,13 @@ running 10% slower. Validation reports them beside the errors, so a user can tel
 error from a machine that changed under the measurement, and when one is off by more than 5%
 also the errors with the factors applied (validate/corrected.py).
 """
-import math
 import statistics
 from dataclasses import dataclass, field
 
 import torch
 
 from horizon_sim.schedule import Lane, build_schedule
-from horizon_sim.sim.costs import CostModel
+from horizon_sim.sim.costs import CostModel, log2_distance2
 from horizon_sim.specs.hardware import HardwareSpec
 
 MAX_SHAPES = 8
@@ -72,8 +71,7 @@ def measured_twin(table: list[tuple[str, int, int, int]], shape: tuple[str, int,
     same = [t for t in table if t[0] == shape[0]]
     if not same:
         return shape
-    d2 = lambda t: sum((math.log2(a) - math.log2(b)) ** 2 for a, b in zip(t[1:], shape[1:]))  # noqa: E731
-    return min(same, key=lambda t: (d2(t), t))
+    return min(same, key=lambda t: (log2_distance2(t[1:], shape[1:]), t))
 
 
 def drift_gemms(hw: HardwareSpec, costs, configs) -> list[tuple[str, int, int, int]]:

@@ -62,9 +62,9 @@ class RuntimeConfig:
     track_memory: str = "auto"
     """CPU backend: how compute ops' device temporaries are measured (a dispatch mode that sees
     every aten op: on small models it costs ~30% of the step). 'every': on every run of every
-    op; 'once': an op's first run is measured, later runs of the same op charge that measured
-    peak for as long as they run (the device bound is still enforced; the peak it gives is the
-    measured one or above); 'auto' (the default): 'once' where an op's temporaries cannot change
+    op; 'once': an op's first run is measured, later runs of the same op replay it, slice by
+    slice of their run, on top of the buffers the other lanes held meanwhile (memtrack.TempProfile;
+    the budget is still enforced); 'auto' (the default): 'once' where an op's temporaries cannot change
     from step to step (a dense model without document masks: every tensor's shape is fixed by
     the Schedule), 'every' where the data moves them (MoE routing, document masks).
     See temporaries_for()."""

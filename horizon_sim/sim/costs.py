@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import work
 from horizon_sim.schedule.op import COLLECTIVES, Lane, Op, OpKind
-from horizon_sim.specs.hardware import HardwareSpec, tracks_every_op
+from horizon_sim.specs.hardware import HardwareSpec, tracked_kind, tracks_every_op
 
 _IDW_POWER = 4.0  # inverse-distance weights in log2 space: the nearest measured shapes dominate
 _IDW_NEIGHBOURS = 8  # the corners of a grid cell around a shape inside the grid
@@ -76,6 +76,11 @@ class Flow:
     dram: bool = True
 
 
+def log2_distance2(coords, at) -> float:
+    """Squared distance between two shapes in log2 coordinates (sizes below 1 read as 1)."""
+    return sum((math.log2(max(c, 1.0)) - math.log2(max(x, 1.0))) ** 2 for c, x in zip(coords, at))
+
+
 def _interpolate(points: list[tuple[tuple[float, ...], float]], at: tuple[float, ...]) -> float:
     """Value at `at` from measured (coordinates, value) points: the exact point when measured,
     else inverse-distance weighting in log2 coordinates over the _IDW_NEIGHBOURS nearest points
@@ -84,10 +89,9 @@ def _interpolate(points: list[tuple[tuple[float, ...], float]], at: tuple[float,
     came out at 417 TFLOP/s, 3x the rate of the same shape with 512 rows; leaving each measured
     shape out and predicting it from the rest, the nearest 8 give median |error| 3.5% on that
     table (p90 30%, +5.7% on average) against 5.2% (p90 71%, +18%) with every point."""
-    x = [math.log2(max(v, 1.0)) for v in at]
     near = []
     for coords, value in points:
-        d2 = sum((math.log2(c) - xi) ** 2 for c, xi in zip(coords, x))
+        d2 = log2_distance2(coords, at)
         if d2 < 1e-18:
             return value
         near.append((d2, value))
@@ -192,8 +196,8 @@ class CostModel:
             kind = OpKind.HEAD.value  # the same kernels' launches, less the backward's
         if kind == OpKind.BACKWARD_SAVED.value and kind not in self.overhead_us:
             kind = OpKind.BACKWARD.value  # the executor's backward: an upper bound (it has the forward's too)
-        if self.tracked and f"{kind}_tracked" in self.overhead_us:
-            kind = f"{kind}_tracked"  # a CPU backend measuring every op's temporaries (tracks_every_op)
+        if self.tracked and tracked_kind(kind) in self.overhead_us:
+            kind = tracked_kind(kind)  # a CPU backend measuring every op's temporaries (tracks_every_op)
         return self.overhead_us.get(kind, self.launch_s * 1e6) * 1e-6
 
     def _moe_overhead_s(self, kind: OpKind, tokens: int) -> float:

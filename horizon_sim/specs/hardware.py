@@ -45,7 +45,12 @@ of MOE_OVERHEAD_KINDS or TRACKED_OVERHEAD_KINDS."""
 MOE_OVERHEAD_KINDS = tuple(f"{k}_{what}" for k in ("forward", "recompute", "backward") for what in ("router", "expert"))
 """op_overhead_us kinds an MoE block adds to its compute op's fixed cost: '<kind>_router' once
 per op, '<kind>_expert' per expert its loop runs."""
-TRACKED_OVERHEAD_KINDS = tuple(f"{k}_tracked" for k in ("forward", "recompute", "backward", "head"))
+def tracked_kind(kind: str) -> str:
+    """The op_overhead_us kind of `kind` run with every op's temporaries measured (tracks_every_op)."""
+    return f"{kind}_tracked"
+
+
+TRACKED_OVERHEAD_KINDS = tuple(tracked_kind(k) for k in ("forward", "recompute", "backward", "head"))
 """op_overhead_us kinds of a CPU backend that measures every compute op's temporaries on every
 run (tracks_every_op): '<kind>_tracked' replaces '<kind>' there. Measuring them is Python work
 per kernel: the calibration's tiny model ran 20-60% slower per step that way."""

@@ -11,7 +11,7 @@ import torch
 from horizon_sim.schedule import Lane, OpKind, build_schedule
 from horizon_sim.sim.costs import CostModel
 from horizon_sim.sim.process_rss import allocator_retention_bytes, largest_transient_block
-from horizon_sim.specs.hardware import HardwareSpec
+from horizon_sim.specs.hardware import HardwareSpec, tracked_kind
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 from horizon_sim.units import GiB
@@ -119,7 +119,7 @@ def tracked_overheads(dense_us: dict, tracked_us: dict) -> dict:
     dearer than the replayed run's (`dense_us`); a kind that came out cheaper on a noisy machine
     keeps the replayed figure (absent)."""
     kinds = [k.value for k in COMPUTE_KINDS]
-    return {f"{k}_tracked": tracked_us[k] for k in kinds if k in tracked_us and tracked_us[k] > dense_us.get(k, 0.0)}
+    return {tracked_kind(k): tracked_us[k] for k in kinds if k in tracked_us and tracked_us[k] > dense_us.get(k, 0.0)}
 
 
 def moe_overheads(hw: HardwareSpec, dense_us: dict, own: dict[int, dict[int, list[float]]]) -> dict:
