@@ -547,6 +547,10 @@ def _field_defaults(spec) -> dict:
 
 RENAMED_FIELDS = {"policy": {"ckpt_every": "act_ckpt_every", "ckpt_on": "act_ckpt_on"}}
 """Spec fields renamed since a checkpoint may have been written: old name -> new name."""
+IMPLIED_FIELDS = {"policy": {"grad_clip", "grad_dtype", "working_copy"}}
+"""Fields whose default follows another choice (Policy.from_choices: --optimizer backward turns
+grad_clip off, --compute-dtype fp32 sets grad_dtype and drops the working copy): a refused resume
+names the choice that differs before these, since the user changed that, not them."""
 SAME_ON_DISK = {"policy": {"split_master"}, "model": {"init_std"}}
 """Fields that change how the host store holds the state, not what a checkpoint holds (a split
 master is saved as the fp32 master; the std of the random init, which a resume does not
@@ -569,13 +573,17 @@ def check_compatible(p: Path, meta: dict, trainer) -> None:
         # A field the checkpoint does not name was added after it was written: it ran with
         # the field's default.
         saved = {**{k: v for k, v in _field_defaults(spec).items() if k in have}, **written}
-        diff = [k for k in sorted(set(have) | set(saved)) if have.get(k) != saved.get(k)
-                and not (what == "model" and k == "name") and k not in SAME_ON_DISK.get(what, ())]
+        implied = IMPLIED_FIELDS.get(what, {})
+        diff = sorted((k for k in set(have) | set(saved) if have.get(k) != saved.get(k)
+                       and not (what == "model" and k == "name") and k not in SAME_ON_DISK.get(what, ())),
+                      key=lambda k: (k in implied, k))   # the choice first, what it implies after
         if diff:
             k = diff[0]
             k_ = k if re.fullmatch(r"\w{1,40}", k) else show(k)
+            too = [j for j in diff[1:] if j in implied]
             raise HorizonError(f"{p}: checkpoint was written for {what} {k_}={show(saved.get(k))}, this run has "
-                               f"{k_}={show(have.get(k))}; resume with the same {what}")
+                               f"{k_}={show(have.get(k))}" + (f" ({', '.join(too)} differs too)" if too else "")
+                               + f"; resume with the same {what}")
 
 
 def _load_one(p: Path, trainer, verify: bool, check) -> dict:
