@@ -168,17 +168,30 @@ def _kept_text(pol, n_layers: int) -> str:
             f"{kept} of {n_layers} layers keep activations (no recompute)")
 
 
-def sources_text(hw) -> str:
-    """Each priced number of the machine's presets and its source (specs/preset_sources.py)."""
+def sources(hw) -> dict:
+    """Each priced number of the machine's presets and its source (specs/preset_sources.py):
+    {kind: {"name": preset, "numbers": {field: {"value": v, "source": text or None}}}}, kinds
+    device, link, host; a table's value is its rows (lists). What --sources prints, as text or JSON."""
     from horizon_sim.specs.preset_sources import PRICED, source_of
-    lines = []
+    out = {}
     for kind in ("device", "link", "host"):
         part = getattr(hw, kind)
-        lines.append(f"{kind} {part.name}")
-        for f in PRICED[kind]:
-            v = getattr(part, f)
-            shown = f"{len(v)} rows" if isinstance(v, tuple) else f"{v:g}"
-            lines.append(f"  {f} = {shown}: {source_of(kind, part, f) or 'no source'}")
+        out[kind] = {"name": part.name, "numbers": {
+            f: {"value": [list(row) for row in v] if isinstance(v, tuple) else v,
+                "source": source_of(kind, part, f)}
+            for f in PRICED[kind] for v in (getattr(part, f),)}}
+    return out
+
+
+def sources_text(hw) -> str:
+    """sources(hw) as lines: each preset, then each number, its value (a table: its row count) and source."""
+    lines = []
+    for kind, part in sources(hw).items():
+        lines.append(f"{kind} {part['name']}")
+        for f, n in part["numbers"].items():
+            v = n["value"]
+            shown = f"{len(v)} rows" if isinstance(v, list) else f"{v:g}"
+            lines.append(f"  {f} = {shown}: {n['source'] or 'no source'}")
     return "\n".join(lines)
 
 
@@ -199,7 +212,8 @@ def run(a: argparse.Namespace) -> int:
             from horizon_sim.errors import HorizonError
             raise HorizonError("--sources lists the presets' sources; a --hardware file's numbers are its own "
                                "(calibrate measured them, or whoever wrote it)")
-        print(sources_text(make_hardware(a.gpu, a.ram, a.link)))
+        hw = make_hardware(a.gpu, a.ram, a.link)
+        print(json.dumps(sources(hw)) if a.json else sources_text(hw))
         return 0
     hw = machine_from_args(a)
     if getattr(a, "peer_knobs", None) and not getattr(a, "compare", None):
