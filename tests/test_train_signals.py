@@ -45,9 +45,12 @@ def test_sigterm_during_the_last_eval_stops_without_save_hf(tmp_path, capsys, mo
     assert (f"horizon train: SIGTERM: stopped after step 3; last checkpoint {tmp_path / 'ck' / 'step-00000003'}; "
             "resume with --resume") in err
     assert not (tmp_path / "out").exists()
-    assert main(argv + ["--resume"]) == 0   # the run is complete: the resume only writes --save-hf
+    # the run is at its last step: the resume writes --save-hf, and redoes the eval (the checkpoint of
+    # step 3 was written before it: test_resume_final_eval)
+    assert main(argv + ["--resume"]) == 0
     out = capsys.readouterr().out
-    assert "nothing to do: the run is at step 3 of 3" in out and (tmp_path / "out" / "model.safetensors").is_file()
+    assert "the run was at its last step (3 of 3): ran the final eval its checkpoint did not hold" in out
+    assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
 @pytest.fixture

@@ -417,8 +417,10 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs) -> int:
     if inputs.peak_what:
         print(f"MFU against {inputs.peak_what}")
     res = loop.run()
+    save_hf = cfg.outputs.save_hf
     if res is None:
-        print(f"nothing to do: the run is at step {loop.step} of {cfg.steps}")
+        for line in _no_step_summary(cfg, loop):
+            print(line)
     else:
         ev = loop.evals.get(loop.step)
         rate = f"{loop.tokens_per_s:,.0f} tokens/s"
@@ -428,7 +430,6 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs) -> int:
               + (f"  eval loss {ev:.4f}" if ev is not None else "")
               + f"  grad norm {res.grad_norm:.3f}  {rate}  device peak {fmt_bytes(res.device_peak_bytes)}"
               f"  peak RSS {fmt_bytes(res.rss_peak_bytes)}")
-    save_hf = cfg.outputs.save_hf
     if loop.untargeted:
         print(f"{len(loop.untargeted)} of {loop.steps_run} step(s) had a batch with no target token (loss 0, "
               f"nothing trained): {', '.join(map(str, loop.untargeted[:20]))}"
@@ -456,6 +457,31 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs) -> int:
         agree(tr.dist, lambda: write_hf(cfg, tr, loop, inputs.save_inputs)
               if tr.dist.rank == 0 or tr.dist.layout.nodes > 1 else None)
     return 0
+
+
+def _no_step_summary(cfg: "RunConfig", loop) -> list[str]:
+    """What a run resumed with no step left did, for the lines a finished run ends with: at its
+    last step, the final eval its checkpoint did not hold (run now: loop.eval_redone) and
+    --save-hf (written next) are what the killed run had left; the final loss and grad norm
+    are the checkpoint's record of its step (loop.resumed_last; absent in older checkpoints)."""
+    step = loop.step
+    if step != cfg.steps:  # a checkpoint beyond --steps: nothing of this run is left
+        return [f"nothing to do: the run is at step {step} of {cfg.steps}"]
+    done = []
+    if loop.eval_redone == step:
+        done.append("ran the final eval its checkpoint did not hold")
+    elif step in loop.evals:
+        done.append("its final eval is in the checkpoint")
+    if cfg.outputs.save_hf:
+        done.append(f"writes --save-hf {cfg.outputs.save_hf}")
+    lines = [f"the run was at its last step ({step} of {cfg.steps}): " + ("; ".join(done) or "nothing left to do")]
+    last, ev = loop.resumed_last or {}, loop.evals.get(step)
+    nums = ([f"final loss {last['loss']:.4f}"] if last.get("loss") is not None else []) \
+        + ([f"eval loss {ev:.4f}"] if ev is not None else []) \
+        + ([f"grad norm {last['grad_norm']:.3f}"] if last.get("grad_norm") is not None else [])
+    if nums:
+        lines.append("  ".join(nums) + f" (step {step}; no step ran in this process)")
+    return lines
 
 
 # The `horizon` entry point calls every subcommand module's configure(parser) and run(args).

@@ -19,7 +19,12 @@ epoch/position, data fingerprint, schedule), so a resumed run's step s computes 
 the uninterrupted run's step s did (fp32: bit for bit). Eval flushes a pending pipelined
 update first, which changes nothing numerically: the same per-unit updates run, earlier.
 Resume verifies checksums while it reads, and falls back to the previous checkpoint (with a
-warning) when the latest is damaged (ckpt.py).
+warning) when the latest is damaged (ckpt.py). A step's checkpoint is written before its eval,
+so a run killed during that eval (or stopped by a signal before it) resumes owing it: run()
+runs it first (logged like any eval, the same loss bit for bit in fp32), unless the checkpoint
+records its result (loop state "eval": a checkpoint written after the eval). The loop state
+also records the step's loss and grad norm ("last"), for the summary of a run resumed at its
+last step.
 
 Signals: while run() runs in the main thread, the first SIGINT, SIGTERM or SIGHUP lets the current
 step finish (and its checkpoint or eval, if in one), writes a checkpoint (when ckpt_dir is set
@@ -157,6 +162,9 @@ class TrainLoop:
         self.last = None
         self._times: list[float] = []
         self.last_ckpt: tuple[int, object] | None = None  # (step, folder) of the last checkpoint written
+        self.eval_owed = False    # resumed at a step whose eval had not run (resume(); run() does it first)
+        self.eval_redone: int | None = None  # the step whose missed eval run() did after a resume
+        self.resumed_last: dict | None = None  # the checkpoint's record of its step ({"loss", "grad_norm"...})
         self.skipped: list[int] = []   # steps (1-based) whose update was skipped as non-finite
         self.untargeted: list[int] = []  # steps (1-based) whose batch had no target token (module docstring)
         self._signal: int | None = None
@@ -187,8 +195,36 @@ class TrainLoop:
 
     # ---- state ----------------------------------------------------------------------------
     def state(self) -> dict:
-        return {"step": self.step, "data": self.batches.state_dict(), "data_fingerprint": self.fingerprint,
-                "data_source": self.ds.source, "seed": self.seed, "schedule": self.cfg.lr_schedule.to_dict()}
+        st = {"step": self.step, "data": self.batches.state_dict(), "data_fingerprint": self.fingerprint,
+              "data_source": self.ds.source, "seed": self.seed, "schedule": self.cfg.lr_schedule.to_dict()}
+        if self.last is not None:  # the step's own numbers, for the summary of a run resumed with no step left
+            st["last"] = {"loss": _finite_or_none(self.last.loss), "grad_norm": _finite_or_none(self.last.grad_norm)}
+        if self.step in self.evals:  # the eval after this step ran before the checkpoint: a resume does not redo it
+            st["eval"] = {"step": self.step, "eval_loss": _finite_or_none(self.evals[self.step])}
+        return st
+
+    def _eval_due(self, step: int) -> bool:
+        """An eval follows step `step` (eval_every, or the last step), as _steps runs it."""
+        cfg = self.cfg
+        return bool(self.eval_set) and step > 0 and ((cfg.eval_every and step % cfg.eval_every == 0)
+                                                     or step == cfg.steps)
+
+    def _resumed_evals(self, loop_state: dict) -> None:
+        """After a resume at self.step: the eval after that step is owed unless the checkpoint
+        holds its result. The checkpoint of a step is written before its eval (_steps), so a
+        process killed during that eval (or stopped by a signal before it) resumes here and
+        runs it: the same weights and batches, so the same loss, bit for bit in fp32. An eval
+        that did finish after the checkpoint is run again, as are the steps after it."""
+        self.eval_owed, self.eval_redone = False, None
+        ev = loop_state.get("eval")
+        if (isinstance(ev, dict) and ev.get("step") == self.step
+                and (ev.get("eval_loss") is None or type(ev.get("eval_loss")) is float)):
+            self.evals[self.step] = ev["eval_loss"]
+        else:
+            self.eval_owed = self._eval_due(self.step)
+        last = loop_state.get("last")
+        ok = isinstance(last, dict) and all(type(last.get(k)) in (float, type(None)) for k in ("loss", "grad_norm"))
+        self.resumed_last = last if ok else None
 
     def save(self) -> Path:
         d = self.dist
@@ -239,6 +275,8 @@ class TrainLoop:
         p = Path(meta["path"])
         self.step = int(meta["step"])
         self.last_ckpt = (self.step, p)
+        self.last = None
+        self._resumed_evals(meta.get("loop", {}))
         lr_sched = meta.get("loop", {}).get("schedule")
         if lr_sched != self.cfg.lr_schedule.to_dict():
             self.out(f"note: lr schedule differs from the checkpoint's ({ckpt_mod.show(lr_sched)} -> "
@@ -400,6 +438,11 @@ class TrainLoop:
         tr.engine.clear_stop()
         try:
             with StopSignals(self._first_signal, self._second_signal, enabled=cfg.handle_signals):
+                if self.eval_owed:  # resumed between a step's checkpoint and its eval (_resumed_evals)
+                    self._eval_after_step(write)
+                    self.eval_owed, self.eval_redone = False, self.step
+                    if self._stop_asked():
+                        self._stop_at_boundary(write)
                 self._steps(end, write, bar)
         finally:
             if bar is not None:
@@ -454,16 +497,20 @@ class TrainLoop:
                 self._phase = f"the checkpoint of step {self.step}"
                 p = self.save()
                 write(f"step {self.step}: checkpoint {p}")
-            if self.eval_set and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
-                self._phase = f"the eval after step {self.step}"
-                ev = self._eval_step(write)
-                self.evals[self.step] = ev
-                self._log({"step": self.step, "eval_loss": ev}, write)
-                write(f"step {self.step}: eval loss {ev:.4f} ({len(self.eval_set)} batches)" if ev is not None else
-                      f"step {self.step}: eval: no target token in the {len(self.eval_set)} held-out batches, "
-                      f"no eval loss")
+            if self._eval_due(self.step):
+                self._eval_after_step(write)
             if self._stop_asked():  # a signal during the checkpoint or the eval, the last step's too
                 self._stop_at_boundary(write)
+
+    def _eval_after_step(self, write) -> None:
+        """The eval after step self.step: its loss in self.evals, the metrics log and a line."""
+        self._phase = f"the eval after step {self.step}"
+        ev = self._eval_step(write)
+        self.evals[self.step] = ev
+        self._log({"step": self.step, "eval_loss": ev}, write)
+        write(f"step {self.step}: eval loss {ev:.4f} ({len(self.eval_set)} batches)" if ev is not None else
+              f"step {self.step}: eval: no target token in the {len(self.eval_set)} held-out batches, "
+              f"no eval loss")
 
     @property
     def steps_run(self) -> int:
