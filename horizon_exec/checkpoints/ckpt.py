@@ -60,8 +60,10 @@ from horizon_exec.checkpoints.fileio import (
     write_safetensors,
     write_text,
 )
+from horizon_exec.model.layout import unit_name
 from horizon_sim.errors import HorizonError
 from horizon_sim.safe_files import kind_of
+from horizon_sim.schedule.op import Holds, Space
 
 FORMAT = 1
 STATE, META, SUMS, LATEST = "state.safetensors", "trainer.json", "SHA256SUMS", "latest"
@@ -78,47 +80,96 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def _state_items(trainer):
+    """(name, tensor) of everything a resumed step reads from the host store."""
+    items = []
+    for b in trainer.sched.buffers.values():
+        if b.holds == Holds.MASTER_LOW:  # a split master is saved as the fp32 master it holds
+            items.append((fp32_master_name(b.name), _split_master_item(trainer, b)))
+            continue
+        if b.space == Space.DISK:  # the disk tier's moments: copied out of its file a unit at a time
+            items.append((b.name, _disk_item(trainer, b)))
+            continue
+        if b.name not in trainer.store or b.holds == Holds.WORKING_COPY:  # the copy is rebuilt from the master
+            continue
+        if b.holds == Holds.HOST_GRAD and not trainer.pending:  # only pending pipelined grads matter
+            continue
+        items.append((b.name, trainer.store.t[b.name]))
+    items += [(f"steps.{unit_name(trainer.model, u)}", s) for u, s in trainer.store.steps.items()]
+    return items
+
+
+def fp32_master_name(low_name: str) -> str:
+    """The name an fp32 master's buffer has (declare.host_store), from its split low half's."""
+    return "master." + low_name.removeprefix("master_lo.")
+
+
+def _split_master_item(trainer, b):
+    """A split master's unit as an fp32 tensor that exists one unit at a time: joined when
+    written, split into the store when read (the on-disk format is the fp32 master's, so a
+    run may resume with or without the split)."""
+    import torch
+
+    return Deferred(shape=tuple(b.shape), dtype=torch.float32, make=lambda: trainer.master.node(b.unit),
+                    done=lambda t: trainer.master.set_node(b.unit, t))
+
+
+def _disk_item(trainer, b):
+    """A disk-tier buffer as a tensor that exists one unit at a time: read from the file when
+    written, written to the file when read (the checkpoint, not the file, is what a resumed run
+    starts from: disk_store.py)."""
+    import torch
+
+    from horizon_exec.dtypes import TORCH_DTYPE
+
+    def make():
+        t = torch.empty(b.shape, dtype=TORCH_DTYPE[b.dtype])
+        trainer.disk.read(b.name, t)
+        return t
+
+    return Deferred(shape=tuple(b.shape), dtype=TORCH_DTYPE[b.dtype], make=make,
+                    done=lambda t: trainer.disk.write(b.name, t))
+
+
 def checkpoint_bytes(trainer) -> int:
     """About the bytes one checkpoint takes on disk (with pending gradients: an upper bound)."""
-    return _tensor_bytes(trainer.state_items(pending=True)) + (1 << 20)
-
-
-def _tensor_bytes(items) -> int:
-    return sum(t.target.numel() * t.target.element_size() for t in items.tensors.values())
-
-
-_OWN_KEYS = ("format", "step", "loop", "generation")
-"""trainer.json's keys that are the checkpoint's own, not the trainer's declaration."""
+    return sum(t.numel() * t.element_size() for _, t in _state_items_for(trainer, True)) + (1 << 20)
 
 
 def save_checkpoint(ckpt_dir, trainer, step: int, loop_state: dict | None = None, keep: int = 2) -> Path:
-    """Write checkpoint `step` (optimizer steps done) under ckpt_dir; returns its folder: what
-    trainer.state_items() declares (runtime/state_items.py), and the loop's state. Does not
-    flush a pending pipelined update: the pending gradients are saved instead, so the run's
-    own overlap is not disturbed."""
-    items = trainer.state_items()
-    clash = [k for k in items.meta if k in _OWN_KEYS]
-    if clash:
-        raise ValueError(f"state_items() declares {clash[0]!r}, a key of the checkpoint's own")
+    """Write checkpoint `step` (optimizer steps done) under ckpt_dir; returns its folder.
+    Does not flush a pending pipelined update: the pending gradients are saved instead, so
+    the run's own overlap is not disturbed."""
+    state = trainer.checkpoint_state()
     root = Path(ckpt_dir)
     final = root / step_dir_name(step)
-    meta = {"format": FORMAT, "step": step, **items.meta, "loop": loop_state or {}}
+    a = trainer.runner.adamw
+    meta = {
+        "format": FORMAT,
+        "step": step,
+        "trainer": dataclasses.asdict(state),
+        "model": trainer.model.to_dict(),
+        "policy": trainer.policy.to_dict(),
+        "optimizer": {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay},
+        "loop": loop_state or {},
+        # data parallel: the node's shard of the store (ckpt_dir/node-J when several nodes)
+        "layout": {**dataclasses.asdict(trainer.dist.layout), "node": trainer.dist.node},
+    }
     try:
-        return _save(root, final, items, step, meta, keep)
+        return _save(root, final, trainer, step, meta, keep)
     except OSError as e:  # disk full, quota, file size limit, read-only: nothing half-written stays
         raise OutputError(write_failure(f"checkpoint {final}", e, root if root.is_dir() else root.parent,
-                                        _tensor_bytes(items) + (1 << 20))
-                          + "; the checkpoints before it are intact") from None
+                                        checkpoint_bytes(trainer)) + "; the checkpoints before it are intact") from None
 
 
-def _save(root: Path, final: Path, items, step: int, meta: dict, keep: int) -> Path:
+def _save(root: Path, final: Path, trainer, step: int, meta: dict, keep: int) -> Path:
     make_dirs(root)
     with ckpt_lock.holding(root):
         # leftovers of runs killed mid-write (hidden, named by their owner: only dead ones go)
         remove_dead_leftovers(root, r"step-\d+|" + LATEST)
         meta = {**meta, "generation": next_generation(root)}   # publication order, for resume (candidates)
         with staging_dir(final) as tmp:
-            sums = {STATE: write_safetensors(tmp / STATE, [(n, t.target, None) for n, t in items.tensors.items()],
+            sums = {STATE: write_safetensors(tmp / STATE, [(n, t, None) for n, t in _state_items(trainer)],
                                              {"format": "horizon-ckpt", "step": step})}
             sums[META] = write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
             write_text(tmp / SUMS, "".join(f"{h}  {n}\n" for n, h in sums.items()))
@@ -510,26 +561,16 @@ redo): a run may resume with another value."""
 
 
 def check_compatible(p: Path, meta: dict, trainer) -> None:
-    """HorizonError (one line, naming the first difference) when the checkpoint `meta` (its
-    trainer.json) was written for another layout, model or policy than `trainer` declares
-    (state_items().meta)."""
-    _check_compatible(p, meta, trainer.state_items(pending=False).meta)
-
-
-def _check_compatible(p: Path, meta: dict, declared: dict) -> None:
-    from horizon_sim.specs.model import ModelSpec
-    from horizon_sim.specs.policy import Policy
-
-    lay, mine = meta.get("layout", {}), declared["layout"]
+    lay, d = meta.get("layout", {}), trainer.dist
     if not isinstance(lay, dict):
         raise CheckpointError(f"{p / META}: layout {show(lay)} is not an object (corrupt checkpoint)")
     have = (lay.get("nodes", 1), lay.get("devices_per_node", 1), lay.get("node", 0))
-    if have != (mine["nodes"], mine["devices_per_node"], mine["node"]):
+    if have != (d.layout.nodes, d.layout.devices_per_node, d.node):
         raise HorizonError(f"{p}: checkpoint holds node {have[2]}'s store of a run of {have[0]} node(s) x {have[1]} "
-                           f"device(s); this is node {mine['node']} of {mine['nodes']} node(s) x "
-                           f"{mine['devices_per_node']} device(s): resume with the same --nnodes and --nproc-per-node")
-    for what, spec in (("model", ModelSpec), ("policy", Policy)):
-        have = declared[what]
+                           f"device(s); this is node {d.node} of {d.layout}: resume with "
+                           "the same --nnodes and --nproc-per-node")
+    for what, spec in (("model", trainer.model), ("policy", trainer.policy)):
+        have = spec.to_dict()
         renamed = RENAMED_FIELDS.get(what, {})
         written = {renamed.get(k, k): v for k, v in meta.get(what, {}).items()}
         # A field the checkpoint does not name was added after it was written: it ran with
@@ -549,24 +590,31 @@ def _check_compatible(p: Path, meta: dict, declared: dict) -> None:
 
 
 def _load_one(p: Path, trainer, verify: bool, check) -> dict:
+    from horizon_exec.runtime.trainer import TrainerState
+
     sums = _sums(p) if verify else {}
     meta = _read_meta_bytes(p, sums.get(META))
-    _check_compatible(p, meta, trainer.state_items(pending=bool(meta["trainer"]["pending"])).meta)
+    check_compatible(p, meta, trainer)
     if check is not None:
         check(p, meta)
-    steps_done = int(meta["trainer"]["steps_done"])
+    pending = bool(meta["trainer"]["pending"])
+    want = dict(_state_items_for(trainer, pending))
+    d = trainer.dist
+    if d.world > 1 and not d.is_leader:  # the node's leader reads the shared store; this rank its own state
+        shared = {n for n, b in trainer.sched.buffers.items() if b.node_shared}
+        want = {n: (None if n in shared else t) for n, t in want.items()}
+        sums = {k: v for k, v in sums.items() if k != STATE}
+    reason = f"loading {p / STATE} failed part way"
 
-    def read(items, invalidate):
-        """The declared tensors <- state.safetensors: the same names, shapes and dtypes, or a
-        CheckpointError naming the first that differs."""
-        declared = items.tensors
-        want = {n: (t.target if t.owned else None) for n, t in declared.items()}
-        # a rank that skips the node's shared store (its leader reads it) cannot hash the file
-        sha = sums.get(STATE) if all(t.owned for t in declared.values()) else None
-        _read_state(p / STATE, want, sha, lambda: invalidate(f"loading {p / STATE} failed part way"),
-                    lambda name, t: ckpt_invariants.value_problem(name, t, declared[name].holds, steps_done))
+    def touched():
+        trainer.state_invalid = reason
 
-    trainer.load_state_items(meta["trainer"], read)
+    holds, steps_done = ckpt_invariants.holds_by_name(trainer), int(meta["trainer"]["steps_done"])
+    _read_state(p / STATE, want, sums.get(STATE), touched,
+                lambda name, t: ckpt_invariants.value_problem(name, t, holds.get(name), steps_done))
+    tm = meta["trainer"]
+    trainer.restore(TrainerState(steps_done=int(tm["steps_done"]), pending=pending, pending_lr=float(tm["pending_lr"]),
+                                 lr=float(tm["lr"]), skipped_steps=int(tm.get("skipped_steps", 0))))
     meta["path"] = str(p)
     return meta
 
@@ -579,10 +627,8 @@ def load_checkpoint(path, trainer, verify: bool = True, check=None, warn=print) 
     each damaged one skipped. verify: check the checksums while reading (default).
     check(folder, meta): called before the state is read (e.g. the loop's data check); its
     error is not a damaged checkpoint and stops the load. A failure after the store was
-    partly overwritten leaves the trainer refusing to step until a load succeeds. `trainer`:
-    anything with the Stateful protocol of runtime/state_items.py (state_items,
-    load_state_items), which is all this module reads of it."""
-    trainer.state_items(pending=False)  # a trainer that failed mid-step takes no checkpoint: said before any file is read
+    partly overwritten leaves trainer.state_invalid set until a load succeeds."""
+    trainer.check_loadable()
     cands = candidates(path)
     _, bad_pointer = read_pointer(Path(path)) if Path(path).is_dir() else (None, "")
     if bad_pointer and len(cands) > 1:
@@ -606,3 +652,11 @@ def load_checkpoint(path, trainer, verify: bool = True, check=None, warn=print) 
                  f"({len(errors)} damaged one(s) skipped)")
         return meta
     raise CheckpointError(f"no intact checkpoint in {str(path)!r}: " + "; ".join(errors))
+
+
+def _state_items_for(trainer, pending: bool):
+    was, trainer.pending = trainer.pending, pending
+    try:
+        return _state_items(trainer)
+    finally:
+        trainer.pending = was
