@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from horizon_exec.errors import ExecError
+from horizon_sim.cli import stuck_threads
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule.op import Lane, Op
 
@@ -263,8 +264,17 @@ class Engine:
         raise kind(self.broken, op=stuck)
 
     def close(self) -> None:
-        if not self.broken:
-            for q in self._queues.values():
-                q.put(_STOP)
-            for t in self._threads:
-                t.join(timeout=5)
+        """Stop the lane threads. After a step was given up too: its lanes were aborted, so each
+        skips what is left of its queue once its current op returns, then stops; a lane still in
+        an op ABORT_GRACE_S later cannot be interrupted (a torch kernel checks for no
+        cancellation) and is noted as left running, so that the program ends without the
+        interpreter's teardown, which would abort it (cli/stuck_threads.py)."""
+        for q in self._queues.values():
+            q.put(_STOP)
+        deadline = time.monotonic() + (ABORT_GRACE_S if self.broken else 5.0)
+        for lane, t in zip(self.lanes, self._threads):
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                cur = self._current[lane]
+                where = f"in op {cur.id} {cur.label}" if cur is not None else "at its queue"
+                stuck_threads.note(t, f"lane {lane.value} {where}")

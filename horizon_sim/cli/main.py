@@ -17,8 +17,8 @@ def interrupted_at_start(signum, frame):
 
 # Only as the program (`python -m horizon_sim.cli.main`, the `horizon` script), not when a test or
 # a library imports this module; not where SIGINT is ignored (a background job).
-if ((__name__ == "__main__" or os.path.basename(sys.argv[0] or "") == "horizon")
-        and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+AS_PROGRAM = __name__ == "__main__" or os.path.basename(sys.argv[0] or "") == "horizon"
+if AS_PROGRAM and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, interrupted_at_start)
 
 import argparse  # noqa: E402 - after the handler: these imports are what Ctrl-C interrupted
@@ -26,6 +26,7 @@ import contextlib  # noqa: E402
 import importlib  # noqa: E402
 
 from horizon_sim.cli.stdout_guard import keep_running_without_stdout, reopen_closed_std_fds  # noqa: E402
+from horizon_sim.cli.stuck_threads import exit_past_stuck_threads  # noqa: E402
 from horizon_sim.errors import HorizonError
 
 # name -> (module, one-line help). Order is the order of `horizon --help`.
@@ -60,6 +61,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
     """Run `horizon` on argv (default sys.argv[1:]), or on arguments already parsed (`args`,
     with .cmd: a worker of a data-parallel run gets its parent's)."""
+    rc = _run(argv, args)
+    if AS_PROGRAM:  # the process ends next: past a thread stuck in native code without its teardown
+        exit_past_stuck_threads(rc)
+    return rc
+
+
+def _run(argv: list[str] | None, args: argparse.Namespace | None) -> int:
     reopen_closed_std_fds()  # `horizon train >&-`: output dropped, the run goes on (stdout_guard.py)
     if args is None:
         try:
