@@ -197,16 +197,16 @@ def free_bytes(folder: Path) -> int | None:
 
 
 def check_space(needs) -> None:
-    """needs: [(flag, existing folder written into, bytes)]. HorizonError when a file system
-    has less free space than the outputs on it need together."""
+    """needs: [(flag, existing folder written into, bytes[, what the bytes are])]. HorizonError
+    when a file system has less free space than the outputs on it need together."""
     by_fs: dict[int, list] = {}
-    for flag, folder, nbytes in needs:
-        by_fs.setdefault(os.stat(folder).st_dev, []).append((flag, folder, nbytes))
+    for flag, folder, nbytes, *detail in needs:
+        by_fs.setdefault(os.stat(folder).st_dev, []).append((flag, folder, nbytes, detail[0] if detail else ""))
     for group in by_fs.values():
-        need = sum(n for *_, n in group)
+        need = sum(n for _, _, n, _ in group)
         free = free_bytes(group[0][1])
         if free is not None and free < need:
-            what = " + ".join(f"{flag} {fmt_bytes(n)}" for flag, _, n in group)
+            what = " + ".join(f"{flag} {fmt_bytes(n)}" + (f": {d}" if d else "") for flag, _, n, d in group)
             raise HorizonError(f"{str(group[0][1])!r}: {fmt_bytes(free)} free on its file system; the run's "
                                f"outputs there need about {fmt_bytes(need)} ({what}); free space or write "
                                "elsewhere (--no-admission skips this check)")

@@ -8,14 +8,16 @@ What the save copies besides the weights (the source config.json, the tokenizer'
 generation config) is read when the run starts (read_save_inputs), so a folder deleted or
 swapped during training changes nothing: the save writes what the model was trained with, and
 a file that cannot be read is refused before the first step, named."""
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from horizon_exec.checkpoints import hf_checkpoint
 from horizon_exec.checkpoints.hf_checkpoint import SAVE_DTYPES
-from horizon_exec.checkpoints.ckpt import checkpoint_bytes
+from horizon_exec.checkpoints.ckpt import candidates, checkpoint_bytes, node_folder
 from horizon_exec.checkpoints.fileio import OutputError, write_failure
 from horizon_exec.train.loop import Interrupted
+from horizon_exec.train.ckpt_space import ckpt_dir_need, existing_checkpoints
 from horizon_exec.train.config import OutputsConfig, RunConfig
 from horizon_exec.train.outputs import check_file_sizes, check_space, largest_shard_bytes
 from horizon_exec.train.stop_signals import StopSignals, say
@@ -24,22 +26,41 @@ from horizon_sim.errors import HorizonError
 
 
 def check_space_for(cfg: RunConfig, tr) -> None:
-    """Room for one checkpoint and the --save-hf folder, and files within the file size
-    limit, before the first step."""
+    """Room for the most checkpoints the --ckpt-dir holds at once (ckpt_space.py: --keep-ckpts
+    K holds K + 1 while one is written; a resumed run's checkpoints there are used space
+    already) and the --save-hf folder, and files within the file size limit, before the first
+    step."""
     needs, files = [], []
-    ckpt_dir, out = cfg.checkpoints.ckpt_dir, cfg.outputs
-    if ckpt_dir:
-        needs.append(("--ckpt-dir", Path(ckpt_dir), checkpoint_bytes(tr)))
+    ck, out = cfg.checkpoints, cfg.outputs
+    if ck.ckpt_dir:
+        each = checkpoint_bytes(tr)
+        root = Path(node_folder(ck.ckpt_dir, tr.dist))   # where this node's saves write and prune
+        start = _resume_start(ck.resume or ck.ckpt_dir, tr.dist) if ck.resume is not None else 0
+        need = ckpt_dir_need(each, existing_checkpoints(root), start, cfg.steps, ck.save_every, ck.keep_ckpts)
+        needs.append(("--ckpt-dir", Path(ck.ckpt_dir), need.extra_bytes, need.detail()))
         # the state file is the checkpoint less the slack checkpoint_bytes allows for the rest
-        files.append(("--ckpt-dir", Path(ckpt_dir) / "step-N" / "state.safetensors",
-                      checkpoint_bytes(tr) - (1 << 20)))
+        files.append(("--ckpt-dir", Path(ck.ckpt_dir) / "step-N" / "state.safetensors", each - (1 << 20)))
     if out.save_hf:
+        # added to the checkpoints' peak: the save comes after the last checkpoint, when at most one
+        # fewer is there, so this overstates the need by at most a checkpoint, never understates it
         needs.append(("--save-hf", Path(out.save_hf).parent, _hf_bytes(out, tr)))
         itemsize = SAVE_DTYPES[out.save_dtype][0].itemsize
         files.append(("--save-hf", Path(out.save_hf) / "model*.safetensors", largest_shard_bytes(
             (e.numel * itemsize for e in _hf_entries(tr)), out.save_shard_bytes)))
     check_space(needs)
     check_file_sizes(files)
+
+
+def _resume_start(path, dist) -> int:
+    """The step a resumed run starts from, as the folder names tell it (the checkpoint resume
+    tries first, TrainLoop.resume); 0 when they do not (more saves: never less room counted)."""
+    if dist.world > 1 and not Path(path).name.startswith("node-"):
+        path = node_folder(path, dist)
+    for p in candidates(path)[:1]:
+        m = re.fullmatch(r"step-([0-9]+)", p.name)
+        if m:
+            return int(m.group(1))
+    return 0
 
 
 def _hf_entries(tr):
