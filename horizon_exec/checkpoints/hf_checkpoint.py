@@ -33,6 +33,7 @@ from horizon_exec.data.tokenize import TOKENIZER_FILES
 from horizon_exec.model.layout import host_layout
 from horizon_sim.errors import HorizonError
 from horizon_sim.safe_files import refuse_non_regular
+from horizon_sim.safe_read import read_json
 from horizon_sim.schedule.op import Holds, Space
 from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
 from horizon_sim.specs.hf_config import IGNORED, from_hf_config, load_model, model_source
@@ -148,7 +149,10 @@ def base_config(init_dir, model_arg=None) -> dict | None:
 
 
 def _read_config(path: Path) -> dict:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    cfg = read_json(path)  # read before as a ModelSpec; one line anyway (safe_read.py)
+    if not isinstance(cfg, dict):
+        raise HorizonError(f"{path}: top level must be a JSON object, got {type(cfg).__name__}")
+    return cfg
 
 
 def check_same_shapes(a: ModelSpec, b: ModelSpec, where: str, what: str = "the model being trained") -> None:
@@ -164,11 +168,8 @@ def weight_files(path) -> dict[str, list[str]]:
     d = Path(path)
     idx = d / INDEX
     if idx.is_file():
-        try:
-            wmap = json.loads(idx.read_text(encoding="utf-8"))["weight_map"]
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as e:
-            raise HorizonError(f"{idx}: not a valid safetensors index ({type(e).__name__}: "
-                               f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        doc = read_json(idx)  # every parse failure one line (safe_read.py)
+        wmap = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(wmap, dict):
             raise HorizonError(f"{idx}: weight_map must be an object of tensor name -> file name")
         files: dict[str, list[str]] = {}

@@ -30,7 +30,6 @@ drawn from (seed, epoch): the order is a pure function of the seed, and a loader
 state is (epoch, position), which is what a checkpoint stores.
 """
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -40,6 +39,7 @@ import torch
 from horizon_exec.model.head import IGNORE
 from horizon_sim.errors import HorizonError
 from horizon_sim.safe_files import refuse_non_regular
+from horizon_sim.safe_read import loads_json
 
 BUILTIN_CORPUS = Path(__file__).parent / "corpus" / "python_docs.txt"
 """~360 KB of English prose (Python standard library docstrings, PSF License) shipped with
@@ -116,36 +116,10 @@ def iter_jsonl(path):
             if not line.strip():
                 continue
             where = f"{path}:{n}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise HorizonError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            except ValueError as e:  # an integer past Python's 4300-digit conversion limit
-                raise HorizonError(f"{where}: cannot read this JSON ({str(e).split(';')[0]})") from None
-            except RecursionError:
-                raise HorizonError(f"{where}: JSON nested too deeply to read") from None
-            _check_strings(rec, where)
+            # huge integers, deep nesting and lone surrogates (not text: the tokenizer would
+            # fail on one deep inside a batch) are one line naming file:line (safe_read.py)
+            rec = loads_json(line, where)
             yield _record(rec, where)
-
-
-def _check_strings(rec, where: str) -> None:
-    """HorizonError when a string of the record holds a lone surrogate ("\\ud800"): valid JSON,
-    but not text; the tokenizer would fail on it deep inside a batch. Walked without recursion
-    (the nesting json.loads accepts is close to Python's recursion limit)."""
-    todo = [rec]
-    while todo:
-        v = todo.pop()
-        if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise HorizonError(f"{where}: a string holds a lone surrogate {v[e.start]!r} "
-                                   f"(not text; write the character itself or a surrogate pair)") from None
-        elif isinstance(v, dict):
-            todo.extend(v.keys())
-            todo.extend(v.values())
-        elif isinstance(v, list):
-            todo.extend(v)
 
 
 def _chat(rec: dict, where: str) -> Chat:

@@ -9,10 +9,10 @@ saved checkpoint). An HFTokenizer also renders chat `messages` through the folde
 template (transformers' apply_chat_template, the reference implementation).
 No network: a tokenizer is a file on disk.
 """
-import json
 from pathlib import Path
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_read import read_json
 
 BYTES = "bytes"
 """--tokenizer's name for ByteTokenizer (an --init-from folder without a tokenizer needs it said)."""
@@ -175,10 +175,12 @@ def _check_unknown_words(tok, path: Path) -> None:
 def _configured_eos(cfg_path: Path) -> str | None:
     if not cfg_path.is_file():
         return None
-    try:
-        eos = json.loads(cfg_path.read_text()).get("eos_token")
-    except (OSError, ValueError, AttributeError):
-        return None
+    # A file that cannot be read is refused, naming it, not skipped: the run would pick another
+    # end-of-document token than the one configured, and --save-hf copy the broken file.
+    cfg = read_json(cfg_path)
+    if not isinstance(cfg, dict):
+        raise HorizonError(f"{cfg_path}: want a JSON object, got {type(cfg).__name__}")
+    eos = cfg.get("eos_token")
     if isinstance(eos, dict):
         eos = eos.get("content")
     return eos if isinstance(eos, str) else None

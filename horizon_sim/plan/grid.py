@@ -15,11 +15,11 @@ may be one value or a list of values:
 """
 import itertools
 import math
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_read import read_toml
 from horizon_sim.specs.cluster import cluster_preset, make_cluster
 from horizon_sim.specs.layout import MAX_DEVICES_PER_NODE, MAX_NODES, Layout
 from horizon_sim.specs.hardware_presets import device_preset, host_preset, link_preset
@@ -153,10 +153,5 @@ def load_grid(path) -> Grid:
     p = Path(path)
     if not p.is_file():
         raise HorizonError(f"grid file {str(p)!r} not found")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise HorizonError(f"{p}: not valid TOML: {e}") from None
-    except UnicodeDecodeError:
-        raise HorizonError(f"{p}: not a text file") from None
+    data = read_toml(p)  # every parse failure one line (safe_read.py)
     return parse_grid(data, str(p), p.parent)

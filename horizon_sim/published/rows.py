@@ -2,12 +2,12 @@
 
 A row is checked when it is read, so a typo in the data file is a one-line error naming the row
 and the field, not a wrong comparison later."""
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.published.quantity import QUANTITIES
+from horizon_sim.safe_read import read_toml
 from horizon_sim.schedule.op import Family
 
 MEASUREMENTS = Path(__file__).with_name("measurements.toml")
@@ -80,13 +80,7 @@ def _row(d: dict, i: int, where: str) -> PublishedRow:
 def load_rows(path: str | Path = MEASUREMENTS) -> list[PublishedRow]:
     """Every row of a measurements file ([[row]] tables), checked; ids are unique."""
     where = str(path)
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise HorizonError(f"{where}: cannot read ({e.strerror})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise HorizonError(f"{where}: not valid TOML ({e})") from None
+    data = read_toml(path, where)  # every parse failure one line (safe_read.py)
     raw = data.get("row")
     if not isinstance(raw, list) or not raw:
         raise HorizonError(f"{where}: no [[row]] tables")

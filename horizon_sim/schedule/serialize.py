@@ -4,6 +4,7 @@ import json
 from dataclasses import asdict, fields
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_read import ReadError, loads_json
 from horizon_sim.schedule.check import ScheduleError
 from horizon_sim.schedule.op import Buffer, Family, Holds, Op, OpKind, ScheduleMeta, Space
 from horizon_sim.schedule.schedule import Schedule
@@ -73,9 +74,9 @@ def to_json(sched: Schedule) -> str:
 
 def from_json(text: str) -> Schedule:
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ScheduleError(f"schedule JSON is malformed: {e}") from None
+        doc = loads_json(text, "schedule JSON")
+    except ReadError as e:  # every parse failure (safe_read.py), as this module's error type
+        raise ScheduleError(f"schedule JSON is malformed: {e.why}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ScheduleError(f"not a Horizon schedule (format {doc.get('format') if isinstance(doc, dict) else None!r})")
     if doc.get("version") not in READS:

@@ -12,7 +12,7 @@
 
 An optional [cluster] table (ClusterSpec: devices per node, nodes, fabric and network) is
 written only for a multi-device machine; without it the machine is one device on one node.
-Read with the standard library's tomllib; written here (flat tables of strings, numbers,
+Read with the standard library's tomllib (safe_read.read_toml); written here (flat tables of strings, numbers,
 booleans and arrays need no TOML library). Measured tables (a device's GEMM throughput by
 shape, its per-op overheads) are arrays of rows, one row per line:
 
@@ -23,11 +23,11 @@ shape, its per-op overheads) are arrays of rows, one row per line:
 names the file and the key.
 """
 import math
-import tomllib
 from dataclasses import MISSING, fields
 from pathlib import Path
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_read import read_toml
 from horizon_sim.specs.cluster import SINGLE, ClusterSpec
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
 from horizon_sim.specs.layout import Layout
@@ -165,10 +165,5 @@ def load_hardware(path) -> HardwareSpec:
     p = Path(path)
     if not p.is_file():
         raise HorizonError(f"{where}: not found" if not p.exists() else f"{where}: not a file")
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise HorizonError(f"{where}: not valid TOML: {e}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise HorizonError(f"{where}: cannot read: {e}") from None
+    data = read_toml(p, where)  # every parse failure one line (safe_read.py)
     return hardware_from_dict(data, where)

@@ -36,6 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_read import read_json
 from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
 from horizon_sim.specs import hf_moe
 from horizon_sim.specs.hf_defaults import with_hf_defaults
@@ -222,12 +223,7 @@ def from_hf_config(path) -> ModelSpec:
     """ModelSpec from a local HF config.json (`path` is the file or a directory holding it)."""
     file = _config_file(path)
     where = str(file)
-    try:
-        cfg = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise HorizonError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise HorizonError(f"{where}: cannot read ({e.__class__.__name__}: {e})") from None
+    cfg = read_json(file, where)  # every parse failure one line (safe_read.py)
     if not isinstance(cfg, dict):
         raise HorizonError(f"{where}: top level must be a JSON object, got {type(cfg).__name__}")
     return spec_from_config_dict(cfg, where, file)
