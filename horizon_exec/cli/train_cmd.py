@@ -40,6 +40,7 @@ from horizon_sim.cli.policy_args import add_policy_args
 from horizon_sim.errors import HorizonError
 
 if TYPE_CHECKING:  # (torch loads with them)
+    from horizon_exec.cli.run_inputs import ModelAndTokenizer
     from horizon_exec.data.data import Dataset
     from horizon_exec.data.tokenize import ByteTokenizer, HFTokenizer
     from horizon_exec.train.config import RunConfig
@@ -228,6 +229,12 @@ def run_train(args: argparse.Namespace) -> int:
     ck, out = cfg.checkpoints, cfg.outputs
     outputs = dict(ckpt_dir=ck.ckpt_dir, save_hf=out.save_hf, log_file=out.log_file, resume=ck.resume,
                    overwrite_ckpt=ck.overwrite_ckpt, init_from=init)
+    read = None
+    from horizon_exec.dist.context import launched
+    if not launched():  # a single process, or the launcher before any rank starts (a rank: its launcher did)
+        from horizon_exec.cli.run_inputs import check_run_inputs
+        with _os_errors_as_usage():
+            read = check_run_inputs(cfg, launch_cfg)
     if launch.wants_launch(launch_cfg.ranks):  # outputs are checked here first: a bad one costs no process start
         from horizon_exec.cli.node_admission import check_node
         check_node(cfg, launch_cfg)  # the whole node's cores and RAM, before any rank starts
@@ -251,7 +258,7 @@ def run_train(args: argparse.Namespace) -> int:
         agree(dist, lambda: claim() if dist.rank == 0 else None)
     rc = 1
     try:
-        rc = _run_dist_rank(cfg, dist)
+        rc = _run_dist_rank(cfg, dist, read)
     finally:  # a clean end waits for every rank; a failed one does not wait for the others
         for key in save_lock:
             ckpt_lock.release(key)
@@ -259,10 +266,10 @@ def run_train(args: argparse.Namespace) -> int:
     return rc
 
 
-def _run_dist_rank(cfg: "RunConfig", dist) -> int:
+def _run_dist_rank(cfg: "RunConfig", dist, read=None) -> int:
     ck = cfg.checkpoints
     if not ck.ckpt_dir or not dist.is_leader:
-        return _run_train(cfg, dist)
+        return _run_train(cfg, dist, read)
     from horizon_exec.checkpoints import ckpt_lock
     from horizon_exec.checkpoints.ckpt import node_folder
     from horizon_exec.checkpoints.fileio import make_dirs
@@ -274,7 +281,7 @@ def _run_dist_rank(cfg: "RunConfig", dist) -> int:
             gone = remove_checkpoints(lock_dir)
             if gone:
                 print(f"--overwrite-ckpt: removed {len(gone)} checkpoint(s) of an earlier run from {lock_dir}")
-        return _run_train(cfg, dist)
+        return _run_train(cfg, dist, read)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,49 +298,22 @@ class _Inputs:
     """What --save-hf copies besides the weights (save.read_save_inputs), on the writing rank."""
 
 
-def _run_train(cfg: "RunConfig", dist) -> int:
-    from horizon_exec.checkpoints import hf_checkpoint
+def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) -> int:
+    """read: the model and tokenizer as check_run_inputs read them (None: a rank reads them here)."""
+    from horizon_exec.cli.run_inputs import read_model_and_tokenizer
     from horizon_exec.data.data import data_bytes_bound, load_dataset
     from horizon_exec.errors import ExecError
     from horizon_exec.checkpoints.fileio import OutputError
     from horizon_exec.train.loop import EvalError, Interrupted
-    from horizon_exec.data.tokenize import BYTES, load_tokenizer, resolve_tokenizer, tokenizer_of_folder
     from horizon_exec.runtime.trainer import NonFiniteError, Trainer
-    from horizon_sim.specs.hf_config import load_model
 
     policy, data = cfg.policy, cfg.data
     # ---- model, tokenizer, data ------------------------------------------------------------
     with _os_errors_as_usage():  # a path the flags name that cannot be read: refused, named
-        init_dir = hf_checkpoint.resolve_checkpoint(cfg.init_from) if cfg.init_from else None
-        if init_dir is not None:
-            run = hf_checkpoint.run_model(init_dir, cfg.model)
-            model = run.spec
-            if run.overridden:  # a context extension, say: the point of giving both
-                print(f"--model {cfg.model}: its {', '.join(run.overridden)} replace(s) --init-from "
-                      f"{cfg.init_from}'s (same shapes); --save-hf writes the config trained with")
-            if run.untied_head:
-                print(f"--init-from {cfg.init_from}: tie_word_embeddings is true but lm_head.weight differs from "
-                      "the embedding: trained untied, as transformers loads it (--save-hf writes tie false)")
-        else:
-            model = load_model(cfg.model)
-        from horizon_exec.model.layers import check_runnable
-        check_runnable(model)  # a block the template does not run: refused before any allocation
-        if data.tokenizer == BYTES:
-            tok_path = None
-        elif data.tokenizer:
-            tok_path = resolve_tokenizer(data.tokenizer)
-        else:
-            tok_path = tokenizer_of_folder(init_dir) if init_dir is not None else None
-            if init_dir is not None and tok_path is None:  # pretrained weights on byte ids: silently useless
-                raise HorizonError(f"--init-from {cfg.init_from}: the folder has no tokenizer.json; give the "
-                                   f"tokenizer the model was trained with (--tokenizer FILE|DIR), or --tokenizer "
-                                   f"{BYTES} to train it on UTF-8 byte ids")
-        if tok_path is None and data.eos_token is not None:  # the byte tokenizer's end of document is fixed
-            raise HorizonError(f"--eos-token {data.eos_token!r} needs a tokenizer (--tokenizer, or one in the "
-                               f"--init-from folder); the byte tokenizer has no end-of-document token to choose")
-        tok = load_tokenizer(tok_path, data.eos_token)
-        if tok.vocab_size > model.vocab:
-            raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")
+        read = read or read_model_and_tokenizer(cfg)
+        init_dir, model, tok = read.init_dir, read.model, read.tok
+        for note in read.notes:
+            print(note)
         # The data is loaded after the admission, which counts what it will hold (a bound from its size).
         data_bytes = data_bytes_bound(data.data, tok, policy.seq)
         hardware = None
