@@ -8,15 +8,20 @@ the parent checked; plain `torchrun --nproc-per-node N -m horizon_exec.cli.train
 ...` works as well. This module reads no flags: the CLI (cli/launch_flags.py) reads them into a
 LaunchConfig.
 
-Before any rank starts: the node admission (cli/node_admission.py, called by train_cmd) and the
+Before any rank starts: the run's usage errors (cli/run_inputs.py: data, tokenizer, --disk-tier,
+--resume), the node admission (cli/node_admission.py, both called by train_cmd) and the
 rendezvous checks (rendezvous.py: the master address resolves, the master port is free on node
 0; the rendezvous waits at most --dist-timeout). While the ranks run, each watches this process
 and beats (watchdog.py): killed outright, the launcher takes its ranks with it; a rank stopped
-mid-run is named as the cause when a peer fails waiting for it. Stopped by a signal (SIGINT,
-SIGTERM, SIGHUP: torch.distributed.run forwards it to the ranks, which checkpoint and stop), the
-launcher exits 128 + the signal, without torch's SignalException traceback.
+mid-run is named as the cause when a peer fails waiting for it, a rank killed by a signal
+likewise when a peer exits on noticing it (first_failure). The heartbeat folder is private and
+named after the launcher, so a launcher killed before it could remove it has it removed by the
+next launch (heartbeat_dir.py). Stopped by a signal (SIGINT, SIGTERM, SIGHUP: torch.distributed.run
+forwards it to the ranks, which checkpoint and stop), the launcher exits 128 + the signal, without
+torch's SignalException traceback.
 """
 import os
+import signal
 import sys
 from dataclasses import dataclass
 
@@ -71,9 +76,9 @@ def launch(a: LaunchConfig, worker_args: str) -> int:
     from horizon_exec.dist.rendezvous import check_rendezvous, quiet_cpp_logs
     check_rendezvous(a.master_addr, a.master_port, a.node_rank, a.dist_timeout)  # exit 2 before any rank
     quiet_cpp_logs()
-    import tempfile
-    from horizon_exec.dist import watchdog
-    beats = tempfile.mkdtemp(prefix="horizon-heartbeat-")  # the ranks' heartbeats (watchdog.py)
+    from horizon_exec.dist import heartbeat_dir, watchdog
+    heartbeat_dir.sweep_stale()  # the folders of launchers killed before they could remove theirs
+    beats = heartbeat_dir.make()  # the ranks' heartbeats (watchdog.py)
     os.environ[watchdog.HEARTBEAT_ENV] = beats
     try:
         return _run(a, beats, worker_args)
@@ -98,9 +103,14 @@ def _run(a: LaunchConfig, beats: str, worker_args: str) -> int:
     except ChildFailedError as e:
         rank, f = first_failure(e.failures)
         code = f.exitcode if f.exitcode and f.exitcode > 0 else 1
-        how = f"signal {-f.exitcode}" if f.exitcode and f.exitcode < 0 else f"exit code {f.exitcode}"
-        print(f"horizon train: {failure_line(rank, how, last_beats(beats), stalled_ranks)}; every other rank "
-              "was stopped", file=sys.stderr)
+        sig = killed_by(f.exitcode)
+        if sig is not None and sig != LAUNCHER_STOP:  # the cause itself, whatever its peers did next
+            verb = "stopped" if sig in HANDLED and f.exitcode > 0 else "killed"  # (a handler exited 128 + it)
+            line = f"rank {rank} was {verb} by {sig.name}" + (f" (exit code {f.exitcode})" if f.exitcode > 0 else "")
+        else:
+            how = f"signal {-f.exitcode}" if f.exitcode and f.exitcode < 0 else f"exit code {f.exitcode}"
+            line = failure_line(rank, how, last_beats(beats), stalled_ranks)
+        print(f"horizon train: {line}; every other rank was stopped", file=sys.stderr)
         return code
     except SignalException as e:  # the launcher was asked to stop: its ranks were told and have stopped
         return 128 + int(e.sigval)
@@ -115,9 +125,43 @@ def _run(a: LaunchConfig, beats: str, worker_args: str) -> int:
     return 0
 
 
-def first_failure(failures: dict):
-    """(rank, failure) of the earliest failure torch.distributed.run recorded."""
-    return min(failures.items(), key=lambda kv: kv[1].timestamp)
+LAUNCHER_STOP = signal.SIGTERM
+"""What torch.distributed.run sends the ranks still running once one has failed (SIGKILL only
+after 30 s more): a rank ended by it did not cause the failure."""
+
+
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals a rank stops on by itself (a checkpoint, then exit 128 + the signal)."""
+
+
+def killed_by(exitcode: int | None) -> signal.Signals | None:
+    """The signal that ended a rank: a negative return code (-9), or 128 + N (a shell between, or
+    the rank's own handler, which exits 128 + the signal: train/stop_signals.py)."""
+    if exitcode is None:
+        return None
+    n = -exitcode if exitcode < 0 else exitcode - 128 if exitcode > 128 else 0
+    try:
+        return signal.Signals(n) if n > 0 else None
+    except ValueError:
+        return None
+
+
+def first_failure(failures: dict, window_s: float | None = None):
+    """(rank, failure) of the failure that caused the others. torch.distributed.run stamps each
+    failure with the whole second its poll saw it (an error file's stamp where one was written),
+    so a rank killed by a signal and the peer that exited 1 on noticing it, moments later, often
+    share a second, and the tie went to the lower rank: the survivor (2 of 4 SIGKILLs, issue 43).
+    So a rank killed by a signal (not the launcher's own stop) within window_s (the watchdog's
+    STALL_S) of the earliest failure is the cause; else the earliest failure not ended by the
+    launcher's stop; else the earliest (a stable order: torch records in the order it saw)."""
+    from horizon_exec.dist.watchdog import STALL_S
+    window_s = STALL_S if window_s is None else window_s
+    by_time = sorted(failures.items(), key=lambda kv: kv[1].timestamp)
+    t0 = by_time[0][1].timestamp
+    early = [kv for kv in by_time if kv[1].timestamp <= t0 + window_s]
+    not_stopped = [kv for kv in early if killed_by(kv[1].exitcode) != LAUNCHER_STOP]
+    killed = [kv for kv in not_stopped if killed_by(kv[1].exitcode) is not None]
+    return (killed or not_stopped or by_time)[0]
 
 
 def failure_line(rank: int, how: str, beats: dict, stalled_ranks) -> str:

@@ -73,13 +73,15 @@ def start(launcher_pid: int | None = None, poll_s: float = POLL_S,
 
 
 def _heartbeat_file() -> str | None:
+    """rank-R in the launcher's heartbeat folder, made; None (no heartbeat) when there is none or
+    the folder is not private to this user (heartbeat_dir.trusted: not written through a link)."""
+    from horizon_exec.dist.heartbeat_dir import trusted
     folder, rank = os.environ.get(HEARTBEAT_ENV), os.environ.get("RANK")
-    if not folder or rank is None:
+    if not folder or rank is None or not rank.isdigit() or not trusted(folder):
         return None
     path = os.path.join(folder, f"rank-{rank}")
     try:
-        with open(path, "w"):
-            pass
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
     except OSError:
         return None
     return path
