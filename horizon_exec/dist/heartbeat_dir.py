@@ -31,8 +31,8 @@ def _start_ticks(pid: int) -> int | None:
 
 def _alive(pid: int, start: int) -> bool:
     """The launcher that made a folder still runs: its pid is there with the same start time
-    (without /proc: the pid is there)."""
-    if os.path.isdir("/proc/self"):
+    (without /proc, or a start its launcher could not read, recorded as 0: the pid is there)."""
+    if start and os.path.isdir("/proc/self"):
         return _start_ticks(pid) == start
     try:
         os.kill(pid, 0)
