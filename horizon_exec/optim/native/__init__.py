@@ -5,8 +5,15 @@ Only what torch has no kernel for lives here: `adamw.c`, the optimizer lane's on
 headers: it builds in about a second and is called through ctypes, which releases the GIL for
 the call, so it runs beside the other lanes like any torch kernel.
 
-The shared object is cached under $HORIZON_CACHE_DIR (default ~/.cache/horizon/native; a
-private folder in the temp dir if that cannot be written), named by a hash of the source, the
+The shared object is cached under $HORIZON_CACHE_DIR (default $XDG_CACHE_HOME/horizon/native,
+else ~/.cache/horizon/native; an empty or relative XDG_CACHE_HOME is ignored, as the XDG spec
+says), which must be private to the user (horizon_exec/private_dir.py: owned by you, not
+writable by others, nor any folder above it but sticky ones): the trainer loads code from it
+and trusts the self-test verdicts kept there. When it is not, or cannot be written, the build
+goes to $TMPDIR/horizon-native-<euid> if that is private, else to a fresh folder from mkdtemp
+for this process only (removed at exit); a folder refused as not private is said once on
+stderr. Files in it are used only when they are regular files of yours that no one else can
+write; others are removed and the object rebuilt. The object is named by a hash of the source, the
 flags, the compiler's version and this CPU's feature flags, so `-march=native` code never
 meets a CPU it was not built for. A new build is cached only once it passes a self-test in a
 child process (selftest.py): a CPU that reports an instruction set it does not run kills the
@@ -21,11 +28,13 @@ returns None and `status()` says why; the optimizer then uses torch's kernels (s
 passes) and refuses only what they cannot do (bf16 moments). HORIZON_NATIVE=0 turns the
 kernels off; CC picks the compiler (default cc).
 """
+import atexit
 import contextlib
 import ctypes
 import hashlib
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +42,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from horizon_exec.private_dir import NotPrivate, file_problem, make_private_dir
 from horizon_exec.procfs import cpu_flags
 
 SOURCE = Path(__file__).with_name("adamw.c")
@@ -58,9 +68,15 @@ _state: dict = {}  # "fns": load()'s C functions or None, "status": how they wer
 
 
 def cache_dir() -> Path:
+    """The configured cache folder (not yet checked: _private_cache_dir does that)."""
     d = os.environ.get("HORIZON_CACHE_DIR")
-    base = Path(d) if d else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "horizon"
-    return base / "native"
+    if d:
+        return Path(d) / "native"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    # The XDG spec: an empty or relative value is ignored. Taken as is, "" made the cache
+    # ./horizon/native, a library built into and loaded from wherever the user stands.
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "horizon" / "native"
 
 
 def _compiler_version(cc: str) -> str:
@@ -68,16 +84,46 @@ def _compiler_version(cc: str) -> str:
     return out.stdout.splitlines()[0] if out.stdout else ""
 
 
-def _writable_cache_dir() -> Path:
-    """cache_dir(), or a private folder under the temp dir when that cannot be written."""
-    for d in (cache_dir(), Path(tempfile.gettempdir()) / f"horizon-native-{os.getuid()}"):
+_warned: set = set()  # the not-private lines already said on stderr: each once per process
+
+
+def _private_cache_dir() -> Path:
+    """The folder the kernel is built into and loaded from: the first of cache_dir(), then
+    $TMPDIR/horizon-native-<euid>, that is private (private_dir.py) and writable, else a fresh
+    private folder from mkdtemp for this process. The predictable temp name is used only when
+    it passes the check: another user who made it first gets a refusal, not your trust."""
+    refused = []
+    tmp = Path(tempfile.gettempdir())
+    for d, link_ok in ((cache_dir(), True), (tmp / f"horizon-native-{os.geteuid()}", False)):
         try:
-            d.mkdir(parents=True, exist_ok=True)
-            if os.access(d, os.W_OK):
-                return d
+            real = make_private_dir(d, link_ok)
+        except NotPrivate as e:
+            refused.append(f"{d} ({e})")
+            continue
         except OSError:
-            pass
-    raise RuntimeError(f"no writable folder for the built kernel ({cache_dir()}, or the temp dir)")
+            continue  # cannot be created (read-only home, a file in the way): the next one, quietly
+        if os.access(real, os.W_OK | os.X_OK):
+            return _say_refused(refused, real)
+    try:
+        real = make_private_dir(tempfile.mkdtemp(prefix="horizon-native-"))  # 0700, an unpredictable name
+    except NotPrivate as e:  # the temp dir itself is not safe (say, TMPDIR in a shared folder)
+        raise RuntimeError(f"no private folder for the built kernel: {'; '.join(refused + [str(e)])}") from None
+    except OSError as e:
+        raise RuntimeError(f"no writable folder for the built kernel ({cache_dir()}, or the temp dir {tmp}: "
+                           f"{e.strerror})") from None
+    atexit.register(shutil.rmtree, real, ignore_errors=True)
+    return _say_refused(refused, real)
+
+
+def _say_refused(refused: list[str], chosen: Path) -> Path:
+    """chosen; the folders refused as not private said on stderr, once per process, one line."""
+    line = (f"horizon: warning: the native AdamW kernel is not cached in {' nor in '.join(refused)}: code is "
+            f"loaded only from an absolute folder of yours that no one else can write; built in {chosen} instead")
+    if refused and tuple(refused) not in _warned:
+        _warned.add(tuple(refused))
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # stderr closed or None
+            print(line, file=sys.stderr, flush=True)
+    return chosen
 
 
 def _self_test(path: str) -> str:
@@ -85,8 +131,10 @@ def _self_test(path: str) -> str:
     a build for an instruction set this CPU does not really run dies there, not here."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(_PKG_ROOT), os.environ.get("PYTHONPATH")])))
     try:
-        r = subprocess.run([sys.executable, "-m", "horizon_exec.optim.native.selftest", path], capture_output=True,
-                           text=True, timeout=120, env=env)
+        # -P: `-m` would put the current folder first on sys.path, and a horizon_exec/ planted
+        # wherever the user stands would run as the user instead of the self-test.
+        r = subprocess.run([sys.executable, "-P", "-m", "horizon_exec.optim.native.selftest", path],
+                           capture_output=True, text=True, timeout=120, env=env)
     except subprocess.TimeoutExpired:
         return "its self-test did not finish in 120 s"
     if r.returncode == 0:
@@ -108,20 +156,23 @@ def _build(cc: str) -> tuple[Path, list[str], list[str]]:
     not rebuilt on every start."""
     src = SOURCE.read_bytes()
     version, cpu, errors, rejected = _compiler_version(cc), cpu_flags(), [], []
-    folder = _writable_cache_dir()
+    folder = _private_cache_dir()
     for flags in FLAG_SETS:
         key = hashlib.sha256(b"\0".join([src, " ".join(flags).encode(), version.encode(),
                                          cpu.encode(), platform.machine().encode()])).hexdigest()[:16]
         out = folder / f"adamw-{key}.so"
         mark = out.with_suffix(".rejected")
-        if out.exists():
-            why = _damaged(out) or _unverified(out)
+        if os.path.lexists(out):
+            why = _untrusted(out) or _damaged(out) or _unverified(out)
             if not why:
                 return out, flags, rejected
             rejected.append(f"the cached {out.name} was {why}: rebuilt")   # dlopen of it could die (SIGBUS)
             for f in (out, _sum_file(out), _verified_file(out)):
                 with contextlib.suppress(OSError):
                     f.unlink()
+        if file_problem(mark):  # a verdict no one else may give: dropped, the build is tried
+            with contextlib.suppress(OSError):
+                mark.unlink()
         if mark.exists():
             rejected.append(f"{_flags_name(flags)} build rejected: {mark.read_text().strip()}")
             continue
@@ -133,9 +184,10 @@ def _build(cc: str) -> tuple[Path, list[str], list[str]]:
             if r.returncode != 0:
                 errors.append(f"{' '.join(flags)}: {(r.stderr.strip().splitlines() or ['failed'])[-1]}")
                 continue
+            os.chmod(tmp, 0o700)  # the linker recreates the file with 0777 & ~umask: group-writable under umask 002
             why = _self_test(tmp)
             if why:
-                mark.write_text(why + "\n")
+                _write_atomic(mark, why + "\n")  # 0600, as every file here: file_problem() trusts no other
                 rejected.append(f"{_flags_name(flags)} build rejected: {why}")
                 errors.append(f"{' '.join(flags)}: {why}")
                 continue
@@ -161,6 +213,16 @@ def _fingerprint(so: Path) -> str:
     """What a `.verified` marker vouches for: the object's SHA-256, size, inode and mtime."""
     st = so.stat()
     return f"{_sha256(so)} {st.st_size} {st.st_ino} {st.st_mtime_ns}"
+
+
+def _untrusted(so: Path) -> str:
+    """'' when the object and the files vouching for it (`.sha256`, `.verified`) are regular
+    files of this user that no one else can write (private_dir.file_problem), else why not."""
+    for f in (so, _sum_file(so), _verified_file(so)):
+        why = file_problem(f)
+        if why:
+            return f"untrusted ({why})"
+    return ""
 
 
 def _unverified(so: Path) -> str:
