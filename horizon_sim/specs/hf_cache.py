@@ -3,7 +3,10 @@ snapshot folder of the local hub cache, the way transformers finds them offline.
 downloads: a model that is not in the cache is a one-line error saying so.
 
 Cache location, as huggingface_hub reads it: $HF_HUB_CACHE, else $HUGGINGFACE_HUB_CACHE, else
-$HF_HOME/hub, else ~/.cache/huggingface/hub. A model lives in models--{org}--{name}/, with
+$HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub ($VARS and ~
+expanded). An empty or relative XDG_CACHE_HOME is ignored, as the XDG spec says (huggingface_hub
+would look under the current folder). Only data is read from it (config, tokenizer files,
+safetensors, never code), and never written. A model lives in models--{org}--{name}/, with
 refs/{branch} holding a commit hash and snapshots/{commit}/ the files.
 """
 import os
@@ -19,9 +22,16 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za
 def hub_cache_dir() -> Path:
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if os.environ.get(var):
-            return Path(os.environ[var]).expanduser()
+            return _expanded(os.environ[var])
     home = os.environ.get("HF_HOME")
-    return (Path(home).expanduser() if home else Path.home() / ".cache" / "huggingface") / "hub"
+    if home:
+        return _expanded(home) / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "huggingface" / "hub"
+
+
+def _expanded(value: str) -> Path:
+    return Path(os.path.expandvars(os.path.expanduser(value)))
 
 
 def looks_like_model_id(s: str) -> bool:
