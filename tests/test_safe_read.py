@@ -109,6 +109,22 @@ def test_loader_refuses_in_one_line_naming_the_file(tmp_path, reader, bad):
 
 
 @pytest.mark.parametrize("bad", sorted(JSON_BAD))
+def test_tokenizer_json_is_read_by_tokenizers_which_refuses_them(tmp_path, bad):
+    """tokenizer.json is parsed by the `tokenizers` library (serde_json: a recursion limit of
+    128, no integer past 64 bits, strict UTF-8 and escapes): an exception, never a crash, which
+    HFTokenizer turns into one line naming the file. Kept here so a library upgrade that
+    changed this would show."""
+    from horizon_exec.data.tokenize import HFTokenizer
+    d = tmp_path / "tok"
+    d.mkdir()
+    (d / "tokenizer.json").write_bytes(JSON_BAD[bad])
+    with pytest.raises(HorizonError) as e:
+        HFTokenizer(d)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(str(d / "tokenizer.json")), msg
+
+
+@pytest.mark.parametrize("bad", sorted(JSON_BAD))
 def test_schedule_json_refuses_with_a_schedule_error(bad):
     from horizon_sim.schedule.check import ScheduleError
     from horizon_sim.schedule.serialize import from_json
