@@ -207,8 +207,8 @@ ALLOWED = {
     ("horizon_exec/measure/ranks.py", "_rank_main"): "the job in an environment variable Horizon wrote",
     ("horizon_exec/measure/peer_deepspeed.py", "<module>"): "the job on stdin, written by Horizon",
     ("horizon_exec/measure/probe.py", "_recv"): "the probe child's result lines, written by Horizon",
-    ("horizon_exec/measure/probe.py", "_child"): "the probe request's hardware (a file already read through "
-        "read_toml and checked) and its step commands on a pipe, written by Horizon",
+    ("horizon_exec/measure/probe.py", "_child"): "the probe request's hardware (a checked HardwareSpec that "
+        "hardware_to_toml wrote) and its step commands on a pipe, written by Horizon",
     ("horizon_exec/measure/probe.py", "<module>"): "the probe request on stdin, written by Horizon",
 }
 
