@@ -16,8 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def child_env(extra: dict | None = None) -> dict:
-    """This environment, plus `extra`, with the checkout importable (PYTHONPATH first)."""
+    """This environment, plus `extra`, with the checkout importable (PYTHONPATH first). An empty
+    or relative XDG_CACHE_HOME is dropped, as the XDG spec says: torch would otherwise build
+    DeepSpeed's JIT ops into, and load them from, torch_extensions/ under the child's folder."""
     env = dict(os.environ, **(extra or {}))
+    if not os.path.isabs(env.get("XDG_CACHE_HOME", "/")):
+        del env["XDG_CACHE_HOME"]
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
