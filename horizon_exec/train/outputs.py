@@ -16,7 +16,11 @@ flag, the path and what is needed. No torch here: the checks run before anything
 Work already on disk is not lost to a new run (issue 30): a fresh run (no --resume) in a
 --ckpt-dir that holds checkpoints is refused unless --overwrite-ckpt says to start over (its
 checkpoints are then removed once the run holds the folder's lock); a `latest` that is a
-folder is refused (a resume would work, then the run would fail to replace it after training). follow_save_hf writes
+folder is refused (a resume would work, then the run would fail to replace it after training).
+A --ckpt-dir holds checkpoints and the run's own outputs only (ckpt_dir_rules.py, issue 43):
+other files are refused unless --overwrite-ckpt (never removed), a name the checkpointer
+replaces that holds something else is refused, and so is a --log-file or --save-hf among the
+checkpointer's own files. follow_save_hf writes
 through a --save-hf symbolic link into its target (created when missing) instead of replacing
 the link. check_file_sizes compares the largest file the run writes (a checkpoint's state,
 an HF shard) with the file size limit (`ulimit -f`) up front, as check_space does with the
@@ -29,6 +33,7 @@ import tempfile
 from pathlib import Path
 
 from horizon_exec.checkpoints.fileio import make_dirs, os_error_text
+from horizon_exec.train import ckpt_dir_rules
 from horizon_sim.errors import HorizonError
 from horizon_sim.safe_files import refuse_non_regular
 from horizon_sim.units import fmt_bytes
@@ -108,15 +113,21 @@ def step_folders(folder: Path) -> list[Path]:
     return found
 
 
-def _ckpt_dir(folder: Path, resume, overwrite: bool) -> None:
+def _ckpt_dir(folder: Path, resume, overwrite: bool, own: set[str]) -> None:
+    """own: the names in `folder` of the run's other outputs (ckpt_dir_rules.own_names)."""
     from horizon_exec.checkpoints import ckpt_lock
 
     _folder(folder, "--ckpt-dir")
-    for d in [folder, *sorted(folder.glob("node-*"))]:
+    nodes = sorted(p for p in folder.glob("node-*") if p.is_dir())
+    for d in [folder, *nodes]:
         latest = d / "latest"
         if latest.is_dir() and not latest.is_symlink():  # a rename cannot replace a folder by a file
             raise HorizonError(f"--ckpt-dir: {str(latest)!r} is a folder; every checkpoint replaces this file "
                                "(it names the newest step folder): move the folder away")
+        ckpt_dir_rules.refuse_risky_entries(d, own if d == folder else set())
+    found = step_folders(folder)
+    if not found:  # not a checkpoint folder yet: checked before the lock file is made in it
+        ckpt_dir_rules.refuse_foreign_entries(folder, own, fresh=resume is None, overwrite=overwrite)
     if resume is not None:
         return
     # another run writing here is reported as such (its lock), not as checkpoints in the way
@@ -146,10 +157,15 @@ def prepare_outputs(*, ckpt_dir=None, save_hf=None, log_file=None, init_from=Non
     """Check (and create) every output before the run starts (module docstring). resume: the
     --resume value (None: a fresh run); overwrite_ckpt: a fresh run may replace the
     checkpoints in ckpt_dir."""
+    if ckpt_dir:  # an output among the checkpointer's own files would be replaced or removed with them
+        for flag, p in (("--save-hf", save_hf), ("--log-file", log_file)):
+            if p:
+                ckpt_dir_rules.refuse_inside_checkpoints(flag, Path(p), Path(ckpt_dir))
     if save_hf:
         _save_hf(Path(save_hf), init_from, {"--ckpt-dir": ckpt_dir, "--log-file": log_file})
     if ckpt_dir:
-        _ckpt_dir(Path(ckpt_dir), resume, overwrite_ckpt)
+        own = ckpt_dir_rules.own_names(Path(ckpt_dir), (save_hf, log_file))
+        _ckpt_dir(Path(ckpt_dir), resume, overwrite_ckpt, own)
     if log_file:
         _log_file(Path(log_file))
 
