@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from horizon_exec.dist.context import free_port
+from horizon_exec.measure.child import child_env
 
 _ENV = "HORIZON_RANKS_JOB"
 
@@ -27,7 +28,9 @@ def measure_ranks(model, policy, nproc: int, steps: int = 6, warmup: int = 2, po
     with tempfile.TemporaryDirectory(prefix="horizon-ranks-") as d:
         out = Path(d) / "result.json"
         job = {"model": asdict(model), "policy": policy.to_dict(), "steps": steps, "warmup": warmup, "out": str(out)}
-        env = dict(os.environ, **{_ENV: json.dumps(job)}, OMP_NUM_THREADS="1")
+        # PYTHONSAFEPATH (python -P, inherited by torch.distributed.run's workers): `-m` would put
+        # the current folder first on sys.path, and a horizon_exec/ or torch/ there would run.
+        env = child_env({_ENV: json.dumps(job), "OMP_NUM_THREADS": "1", "PYTHONSAFEPATH": "1"})
         env.pop("WORLD_SIZE", None)
         cmd = [sys.executable, "-m", "horizon_exec.measure.ranks"]
         if nproc > 1:
