@@ -133,7 +133,8 @@ def test_an_output_among_the_checkpointers_own_files_is_refused(tmp_path, capsys
     ck = tmp_path / "ck"
     path = ck / inside
     _refused(capsys, ["--ckpt-dir", ck, "--steps", "2", "--ckpt-interval", "1", flag, path],
-             f"{flag} {str(path)!r} is inside --ckpt-dir {str(ck)!r}'s own files ({name!r}: ")
+             f"{flag} {str(path)!r} lies among the files the checkpointer owns in --ckpt-dir {str(ck)!r} "
+             f"({name!r}: ")
     assert not list(ck.glob("step-*"))
 
 

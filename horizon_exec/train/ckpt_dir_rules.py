@@ -148,5 +148,5 @@ def refuse_inside_checkpoints(flag: str, path: Path, ckpt_dir: Path) -> None:
            "a node's checkpoint folder" if _NODE.fullmatch(n) else
            "a temporary of the checkpointer, removed by the next save" if _LEFTOVER.fullmatch(n) else "")
     if why:
-        raise HorizonError(f"{flag} {str(path)!r} is inside --ckpt-dir {str(ckpt_dir)!r}'s own files "
-                           f"({n!r}: {why}); put it beside the checkpoints or elsewhere")
+        raise HorizonError(f"{flag} {str(path)!r} lies among the files the checkpointer owns in --ckpt-dir "
+                           f"{str(ckpt_dir)!r} ({n!r}: {why}); put it beside the checkpoints or elsewhere")
