@@ -66,7 +66,7 @@ def sweep_stale(tmp: str | None = None) -> list[str]:
             st = os.lstat(path)
         except OSError:
             continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():  # a link, a file, someone else's
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():  # a link, a file, someone else's
             continue
         if _alive(int(m[1]), int(m[2])):
             continue
@@ -83,4 +83,4 @@ def trusted(folder: str) -> bool:
         st = os.lstat(folder)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022

@@ -80,9 +80,17 @@ def launch(a: LaunchConfig, worker_args: str) -> int:
     heartbeat_dir.sweep_stale()  # the folders of launchers killed before they could remove theirs
     beats = heartbeat_dir.make()  # the ranks' heartbeats (watchdog.py)
     os.environ[watchdog.HEARTBEAT_ENV] = beats
+    # torch.distributed.run starts each worker as `python -m horizon_exec.cli.train_cmd` in the
+    # user's folder, whose own horizon_exec/ (or torch/) would run first: never from there
+    # (PYTHONSAFEPATH), and this checkout first on the path so an uninstalled one still imports.
+    from horizon_exec.measure.child import child_env
+    was = {k: os.environ.get(k) for k in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    os.environ.update(PYTHONSAFEPATH="1", PYTHONPATH=child_env()["PYTHONPATH"])
     try:
         return _run(a, beats, worker_args)
     finally:
+        for k, v in was.items():  # a launch made in-process (tests, the Python API) leaves no trace
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         import shutil
         shutil.rmtree(beats, ignore_errors=True)
 
