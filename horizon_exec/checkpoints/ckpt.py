@@ -31,6 +31,13 @@ folders newest first (candidates()) and warns for each one it skips, so a damage
 checkpoint costs the steps since the previous one, not the run. A damaged `latest`, or one
 naming anything but a step folder of this ckpt_dir (`../../x`), is reported and not followed.
 
+What a checkpoint holds is the trainer's to declare (runtime/state_items.py, as
+torch.distributed.checkpoint's Stateful): Trainer.state_items() names its tensors, with what
+they hold, and the metadata; this module writes them, and a load reads a checkpoint into the
+tensors state_items() names, refusing (one line, naming it) a file that lacks a declared tensor,
+holds another, or holds one of another shape or dtype, before any byte lands; then it hands the
+metadata back (Trainer.load_state_items). It reads nothing else of the trainer.
+
 Resuming from a checkpoint into a trainer built with the same model and policy gives a run
 whose next steps equal the uninterrupted run bit for bit (fp32): every number a step reads
 is restored exactly.
@@ -60,10 +67,8 @@ from horizon_exec.checkpoints.fileio import (
     write_safetensors,
     write_text,
 )
-from horizon_exec.model.layout import unit_name
 from horizon_sim.errors import HorizonError
 from horizon_sim.safe_files import kind_of
-from horizon_sim.schedule.op import Holds, Space
 
 FORMAT = 1
 STATE, META, SUMS, LATEST = "state.safetensors", "trainer.json", "SHA256SUMS", "latest"
@@ -80,96 +85,47 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def _state_items(trainer):
-    """(name, tensor) of everything a resumed step reads from the host store."""
-    items = []
-    for b in trainer.sched.buffers.values():
-        if b.holds == Holds.MASTER_LOW:  # a split master is saved as the fp32 master it holds
-            items.append((fp32_master_name(b.name), _split_master_item(trainer, b)))
-            continue
-        if b.space == Space.DISK:  # the disk tier's moments: copied out of its file a unit at a time
-            items.append((b.name, _disk_item(trainer, b)))
-            continue
-        if b.name not in trainer.store or b.holds == Holds.WORKING_COPY:  # the copy is rebuilt from the master
-            continue
-        if b.holds == Holds.HOST_GRAD and not trainer.pending:  # only pending pipelined grads matter
-            continue
-        items.append((b.name, trainer.store.t[b.name]))
-    items += [(f"steps.{unit_name(trainer.model, u)}", s) for u, s in trainer.store.steps.items()]
-    return items
-
-
-def fp32_master_name(low_name: str) -> str:
-    """The name an fp32 master's buffer has (declare.host_store), from its split low half's."""
-    return "master." + low_name.removeprefix("master_lo.")
-
-
-def _split_master_item(trainer, b):
-    """A split master's unit as an fp32 tensor that exists one unit at a time: joined when
-    written, split into the store when read (the on-disk format is the fp32 master's, so a
-    run may resume with or without the split)."""
-    import torch
-
-    return Deferred(shape=tuple(b.shape), dtype=torch.float32, make=lambda: trainer.master.node(b.unit),
-                    done=lambda t: trainer.master.set_node(b.unit, t))
-
-
-def _disk_item(trainer, b):
-    """A disk-tier buffer as a tensor that exists one unit at a time: read from the file when
-    written, written to the file when read (the checkpoint, not the file, is what a resumed run
-    starts from: disk_store.py)."""
-    import torch
-
-    from horizon_exec.dtypes import TORCH_DTYPE
-
-    def make():
-        t = torch.empty(b.shape, dtype=TORCH_DTYPE[b.dtype])
-        trainer.disk.read(b.name, t)
-        return t
-
-    return Deferred(shape=tuple(b.shape), dtype=TORCH_DTYPE[b.dtype], make=make,
-                    done=lambda t: trainer.disk.write(b.name, t))
-
-
 def checkpoint_bytes(trainer) -> int:
     """About the bytes one checkpoint takes on disk (with pending gradients: an upper bound)."""
-    return sum(t.numel() * t.element_size() for _, t in _state_items_for(trainer, True)) + (1 << 20)
+    return _tensor_bytes(trainer.state_items(pending=True)) + (1 << 20)
+
+
+def _tensor_bytes(items) -> int:
+    return sum(t.target.numel() * t.target.element_size() for t in items.tensors.values())
+
+
+_OWN_KEYS = ("format", "step", "loop", "generation")
+"""trainer.json's keys that are the checkpoint's own, not the trainer's declaration."""
 
 
 def save_checkpoint(ckpt_dir, trainer, step: int, loop_state: dict | None = None, keep: int = 2) -> Path:
-    """Write checkpoint `step` (optimizer steps done) under ckpt_dir; returns its folder.
-    Does not flush a pending pipelined update: the pending gradients are saved instead, so
-    the run's own overlap is not disturbed."""
-    state = trainer.checkpoint_state()
+    """Write checkpoint `step` (optimizer steps done) under ckpt_dir; returns its folder: what
+    trainer.state_items() declares (runtime/state_items.py), and the loop's state. Does not
+    flush a pending pipelined update: the pending gradients are saved instead, so the run's
+    own overlap is not disturbed."""
+    items = trainer.state_items()
+    clash = [k for k in items.meta if k in _OWN_KEYS]
+    if clash:
+        raise ValueError(f"state_items() declares {clash[0]!r}, a key of the checkpoint's own")
     root = Path(ckpt_dir)
     final = root / step_dir_name(step)
-    a = trainer.runner.adamw
-    meta = {
-        "format": FORMAT,
-        "step": step,
-        "trainer": dataclasses.asdict(state),
-        "model": trainer.model.to_dict(),
-        "policy": trainer.policy.to_dict(),
-        "optimizer": {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay},
-        "loop": loop_state or {},
-        # data parallel: the node's shard of the store (ckpt_dir/node-J when several nodes)
-        "layout": {**dataclasses.asdict(trainer.dist.layout), "node": trainer.dist.node},
-    }
+    meta = {"format": FORMAT, "step": step, **items.meta, "loop": loop_state or {}}
     try:
-        return _save(root, final, trainer, step, meta, keep)
+        return _save(root, final, items, step, meta, keep)
     except OSError as e:  # disk full, quota, file size limit, read-only: nothing half-written stays
         raise OutputError(write_failure(f"checkpoint {final}", e, root if root.is_dir() else root.parent,
-                                        checkpoint_bytes(trainer)) + "; the checkpoints before it are intact") from None
+                                        _tensor_bytes(items) + (1 << 20))
+                          + "; the checkpoints before it are intact") from None
 
 
-def _save(root: Path, final: Path, trainer, step: int, meta: dict, keep: int) -> Path:
+def _save(root: Path, final: Path, items, step: int, meta: dict, keep: int) -> Path:
     make_dirs(root)
     with ckpt_lock.holding(root):
         # leftovers of runs killed mid-write (hidden, named by their owner: only dead ones go)
         remove_dead_leftovers(root, r"step-\d+|" + LATEST)
         meta = {**meta, "generation": next_generation(root)}   # publication order, for resume (candidates)
         with staging_dir(final) as tmp:
-            sums = {STATE: write_safetensors(tmp / STATE, [(n, t, None) for n, t in _state_items(trainer)],
+            sums = {STATE: write_safetensors(tmp / STATE, [(n, t.target, None) for n, t in items.tensors.items()],
                                              {"format": "horizon-ckpt", "step": step})}
             sums[META] = write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
             write_text(tmp / SUMS, "".join(f"{h}  {n}\n" for n, h in sums.items()))
@@ -476,7 +432,8 @@ _CHUNK = 1 << 26  # bytes read (and hashed) per call: 64 MiB
 
 def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write, problem=None) -> None:
     """Read state.safetensors in one pass straight into the `want` tensors (name -> tensor,
-    matching dtype and shape), hashing every byte; CheckpointError on any mismatch. A name
+    matching dtype and shape), hashing every byte; CheckpointError on any mismatch (the names,
+    dtypes, shapes and offsets are checked against `want` before on_first_write). A name
     mapped to None is skipped unread (data parallel: the node's shared store, which its leader
     reads; then nothing is hashed and want_sha must be None). problem(name, tensor): what is
     wrong with a tensor's values once read ('' if nothing; ckpt_invariants.py), a CheckpointError."""
@@ -497,20 +454,24 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write, pr
             extra, missing = sorted(names - set(want)), sorted(set(want) - names)
             what = f"unexpected tensor {show(extra[0])}" if extra else f"tensor {show(missing[0])} is missing"
             raise CheckpointError(f"{path}: {what} (corrupt header, or a checkpoint of another build)")
-        pos, started, bad_values = 0, False, ""
-        for begin, end, name, v in entries:
+        pos = 0
+        for begin, end, name, v in entries:  # every tensor as declared before the first byte lands
             dst = want[name]
             if dst is None:
                 if want_sha is not None:
                     raise ValueError("a checksum cannot be verified while skipping tensors")
-                f.seek(end - begin, 1)
-                pos = end
-                continue
-            if v["dtype"] != ST_DTYPE.get(dst.dtype) or v["shape"] != list(dst.shape):
+            elif v["dtype"] != ST_DTYPE.get(dst.dtype) or v["shape"] != list(dst.shape):
                 raise CheckpointError(f"{path}: tensor {show(name)} is {show(v['shape'])} {show(v['dtype'])}, "
                                       f"the store has {list(dst.shape)} {ST_DTYPE.get(dst.dtype)} (corrupt header)")
-            if begin != pos or end - begin != dst.numel() * dst.element_size():
+            elif begin != pos or end - begin != dst.numel() * dst.element_size():
                 raise CheckpointError(f"{path}: tensor {show(name)} has offsets [{begin}, {end}) (corrupt header)")
+            pos = end
+        started, bad_values = False, ""
+        for begin, end, name, _v in entries:
+            dst = want[name]
+            if dst is None:
+                f.seek(end - begin, 1)
+                continue
             if not started:
                 on_first_write()
                 started = True
@@ -530,7 +491,6 @@ def _read_state(path: Path, want: dict, want_sha: str | None, on_first_write, pr
                 bad_values = f"{path}: tensor {show(name)} holds {why} (corrupt checkpoint)"
             if deferred and deferred.done:
                 deferred.done(dst)
-            pos = end
         if f.read(1):
             raise CheckpointError(f"{path}: trailing bytes after the last tensor (corrupt checkpoint)")
     if want_sha is not None and h.hexdigest() != want_sha:
@@ -561,16 +521,26 @@ redo): a run may resume with another value."""
 
 
 def check_compatible(p: Path, meta: dict, trainer) -> None:
-    lay, d = meta.get("layout", {}), trainer.dist
+    """HorizonError (one line, naming the first difference) when the checkpoint `meta` (its
+    trainer.json) was written for another layout, model or policy than `trainer` declares
+    (state_items().meta)."""
+    _check_compatible(p, meta, trainer.state_items(pending=False).meta)
+
+
+def _check_compatible(p: Path, meta: dict, declared: dict) -> None:
+    from horizon_sim.specs.model import ModelSpec
+    from horizon_sim.specs.policy import Policy
+
+    lay, mine = meta.get("layout", {}), declared["layout"]
     if not isinstance(lay, dict):
         raise CheckpointError(f"{p / META}: layout {show(lay)} is not an object (corrupt checkpoint)")
     have = (lay.get("nodes", 1), lay.get("devices_per_node", 1), lay.get("node", 0))
-    if have != (d.layout.nodes, d.layout.devices_per_node, d.node):
+    if have != (mine["nodes"], mine["devices_per_node"], mine["node"]):
         raise HorizonError(f"{p}: checkpoint holds node {have[2]}'s store of a run of {have[0]} node(s) x {have[1]} "
-                           f"device(s); this is node {d.node} of {d.layout}: resume with "
-                           "the same --nnodes and --nproc-per-node")
-    for what, spec in (("model", trainer.model), ("policy", trainer.policy)):
-        have = spec.to_dict()
+                           f"device(s); this is node {mine['node']} of {mine['nodes']} node(s) x "
+                           f"{mine['devices_per_node']} device(s): resume with the same --nnodes and --nproc-per-node")
+    for what, spec in (("model", ModelSpec), ("policy", Policy)):
+        have = declared[what]
         renamed = RENAMED_FIELDS.get(what, {})
         written = {renamed.get(k, k): v for k, v in meta.get(what, {}).items()}
         # A field the checkpoint does not name was added after it was written: it ran with
@@ -590,31 +560,24 @@ def check_compatible(p: Path, meta: dict, trainer) -> None:
 
 
 def _load_one(p: Path, trainer, verify: bool, check) -> dict:
-    from horizon_exec.runtime.trainer import TrainerState
-
     sums = _sums(p) if verify else {}
     meta = _read_meta_bytes(p, sums.get(META))
-    check_compatible(p, meta, trainer)
+    _check_compatible(p, meta, trainer.state_items(pending=bool(meta["trainer"]["pending"])).meta)
     if check is not None:
         check(p, meta)
-    pending = bool(meta["trainer"]["pending"])
-    want = dict(_state_items_for(trainer, pending))
-    d = trainer.dist
-    if d.world > 1 and not d.is_leader:  # the node's leader reads the shared store; this rank its own state
-        shared = {n for n, b in trainer.sched.buffers.items() if b.node_shared}
-        want = {n: (None if n in shared else t) for n, t in want.items()}
-        sums = {k: v for k, v in sums.items() if k != STATE}
-    reason = f"loading {p / STATE} failed part way"
+    steps_done = int(meta["trainer"]["steps_done"])
 
-    def touched():
-        trainer.state_invalid = reason
+    def read(items, invalidate):
+        """The declared tensors <- state.safetensors: the same names, shapes and dtypes, or a
+        CheckpointError naming the first that differs."""
+        declared = items.tensors
+        want = {n: (t.target if t.owned else None) for n, t in declared.items()}
+        # a rank that skips the node's shared store (its leader reads it) cannot hash the file
+        sha = sums.get(STATE) if all(t.owned for t in declared.values()) else None
+        _read_state(p / STATE, want, sha, lambda: invalidate(f"loading {p / STATE} failed part way"),
+                    lambda name, t: ckpt_invariants.value_problem(name, t, declared[name].holds, steps_done))
 
-    holds, steps_done = ckpt_invariants.holds_by_name(trainer), int(meta["trainer"]["steps_done"])
-    _read_state(p / STATE, want, sums.get(STATE), touched,
-                lambda name, t: ckpt_invariants.value_problem(name, t, holds.get(name), steps_done))
-    tm = meta["trainer"]
-    trainer.restore(TrainerState(steps_done=int(tm["steps_done"]), pending=pending, pending_lr=float(tm["pending_lr"]),
-                                 lr=float(tm["lr"]), skipped_steps=int(tm.get("skipped_steps", 0))))
+    trainer.load_state_items(meta["trainer"], read)
     meta["path"] = str(p)
     return meta
 
@@ -627,8 +590,10 @@ def load_checkpoint(path, trainer, verify: bool = True, check=None, warn=print) 
     each damaged one skipped. verify: check the checksums while reading (default).
     check(folder, meta): called before the state is read (e.g. the loop's data check); its
     error is not a damaged checkpoint and stops the load. A failure after the store was
-    partly overwritten leaves trainer.state_invalid set until a load succeeds."""
-    trainer.check_loadable()
+    partly overwritten leaves the trainer refusing to step until a load succeeds. `trainer`:
+    anything with the Stateful protocol of runtime/state_items.py (state_items,
+    load_state_items), which is all this module reads of it."""
+    trainer.state_items(pending=False)  # a trainer that failed mid-step takes no checkpoint: said before any file is read
     cands = candidates(path)
     _, bad_pointer = read_pointer(Path(path)) if Path(path).is_dir() else (None, "")
     if bad_pointer and len(cands) > 1:
@@ -652,11 +617,3 @@ def load_checkpoint(path, trainer, verify: bool = True, check=None, warn=print) 
                  f"({len(errors)} damaged one(s) skipped)")
         return meta
     raise CheckpointError(f"no intact checkpoint in {str(path)!r}: " + "; ".join(errors))
-
-
-def _state_items_for(trainer, pending: bool):
-    was, trainer.pending = trainer.pending, pending
-    try:
-        return _state_items(trainer)
-    finally:
-        trainer.pending = was

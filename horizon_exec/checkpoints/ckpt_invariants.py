@@ -10,6 +10,7 @@ and the loader falls back to the previous intact one.
 - per-unit Adam step counters: whole numbers in [0, trainer steps_done] (a unit is updated at
   most once per step).
 The gradient-norm scalars are not checked: a skipped step leaves a NaN there on purpose.
+What each tensor holds comes from the trainer's declaration (runtime/state_items.py).
 Values are scanned in slices of CHUNK elements, so the check allocates little whatever a
 unit's size."""
 import math
@@ -17,18 +18,6 @@ import math
 from horizon_sim.schedule.op import Holds
 
 CHUNK = 1 << 24
-
-
-def holds_by_name(trainer) -> dict[str, Holds]:
-    """{checkpoint tensor name: what it holds} for the names _state_items writes."""
-    from horizon_exec.checkpoints.ckpt import fp32_master_name
-    out = {}
-    for b in trainer.sched.buffers.values():
-        if b.holds == Holds.MASTER_LOW:
-            out[fp32_master_name(b.name)] = Holds.MASTER
-        else:
-            out[b.name] = b.holds
-    return out
 
 
 def _first_bad(flat, bad) -> tuple[int, float] | None:

@@ -11,6 +11,8 @@ engine); the results it returns are results.py's, its weights by name weights.py
                                    # master: joined copies)
     tr.eval_loss(tokens, labels)   # (sum of token losses, labelled tokens); no update
     tr.evaluate(tokens, labels)    # the same as an EvalResult, with its measured timeline
+    tr.state_items()               # what a checkpoint of it holds (state_items.py): tensors by
+                                   # name and metadata; tr.load_state_items(...) takes them back
 
 Eval runs through the engine too: build_eval_schedule's forward-only Schedule (embedding,
 blocks, HEAD_LOSS per micro-batch) over the buffers the training step already holds, so it
@@ -66,6 +68,8 @@ from horizon_exec.runtime.config import TrainerConfig
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
 from horizon_exec.runtime.ops import StepInputs
 from horizon_exec.runtime.positions import check_docs
+from horizon_exec.runtime.state_items import StateItems
+from horizon_exec.runtime.state_items import declare as declare_state
 from horizon_exec.runtime.weights import Weights
 # the result types are part of this module's API (horizon_exec/__init__.py, checkpoints, the CLI)
 from horizon_exec.runtime.results import (EvalResult, NonFiniteError, StepResult, TrainerState,  # noqa: F401
@@ -178,12 +182,45 @@ class Trainer:
         check_hyper(lr=value, betas=a.betas, eps=a.eps, weight_decay=a.weight_decay, name=lambda f: f"{f}=")
         return value
 
-    # ---- checkpoints ------------------------------------------------------------------------
+    # ---- checkpoints (the Stateful protocol: state_items.py) ---------------------------------
+    def state_items(self, *, pending: bool | None = None) -> StateItems:
+        """What a checkpoint of this trainer holds: the host store's tensors, by name, and the
+        metadata (state_items.py), declared here alone; checkpoints/ckpt.py writes and reads
+        them. pending None: this trainer as it is, for a save (ExecError when it failed
+        mid-step or a checkpoint load failed part way: not a state a run can resume from);
+        True/False: what a checkpoint written with or without pending pipelined gradients
+        holds, for a load into this trainer (ExecError when it failed mid-step; a load that
+        failed part way leaves it loadable: the next load rewrites the store)."""
+        if pending is None:
+            return declare_state(self, self.checkpoint_state(), self.pending)
+        self.check_loadable()
+        return declare_state(self, self._state(), pending)
+
+    def load_state_items(self, state: dict, read) -> None:
+        """Load a checkpoint written from state_items(): read(items, invalidate) reads its
+        tensors in place into items, state_items(pending=state["pending"]) (invalidate(why)
+        first, before the first byte lands in the store: a failure after it leaves this
+        trainer refusing to step until a load succeeds); then `state`, the metadata's
+        "trainer" (a TrainerState's fields; skipped_steps absent in older checkpoints), is
+        restored."""
+        items = self.state_items(pending=bool(state["pending"]))
+
+        def invalidate(why: str) -> None:
+            self.state_invalid = why
+
+        read(items, invalidate)
+        self.restore(TrainerState(steps_done=int(state["steps_done"]), pending=bool(state["pending"]),
+                                  pending_lr=float(state["pending_lr"]), lr=float(state["lr"]),
+                                  skipped_steps=int(state.get("skipped_steps", 0))))
+
     def checkpoint_state(self) -> TrainerState:
         """What a checkpoint must record of this trainer besides the host store. ExecError when
         the trainer failed mid-step or a checkpoint load failed part way: its state is not one
         a run can resume from."""
         self._check_usable()
+        return self._state()
+
+    def _state(self) -> TrainerState:
         return TrainerState(steps_done=self.steps_done, pending=self.pending, pending_lr=self.pending_lr,
                             lr=self.lr, skipped_steps=self.skipped_steps)
 

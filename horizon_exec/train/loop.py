@@ -281,8 +281,7 @@ class TrainLoop:
         if lr_sched != self.cfg.lr_schedule.to_dict():
             self.out(f"note: lr schedule differs from the checkpoint's ({ckpt_mod.show(lr_sched)} -> "
                      f"{self.cfg.lr_schedule.to_dict()}); the run continues on the new one")
-        a = self.tr.runner.adamw
-        opt = {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay}
+        opt = self.tr.state_items().meta["optimizer"]   # what this trainer's checkpoint would record
         if meta.get("optimizer") != opt:
             self.out(f"note: optimizer settings differ from the checkpoint's ({ckpt_mod.show(meta.get('optimizer'))} "
                      f"-> {opt})")
