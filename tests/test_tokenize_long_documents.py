@@ -1,10 +1,12 @@
 """Issue 30, section 6: a document longer than a tokenizing piece (64K characters; 3000 here)
 is cut only where the ids do not change, so its ids are `tokenizer(text)`'s: a SentencePiece
 tokenizer (Metaspace, prepend_scheme 'first') would otherwise put its word-start mark at every
-piece that begins a line, and one without a pre-tokenizer allows no cut (tokenized whole)."""
+piece that begins a line; one without a pre-tokenizer allows no exact cut, and is cut where
+encodings with different contexts agree, each side encoded with the other's context (issue 43
+item 3: never tokenized whole)."""
 import pytest
 
-from horizon_exec.data import data
+from horizon_exec.data import data, pieces
 from horizon_exec.data.data import Document, TextFile, tokenize_documents
 from horizon_exec.data.tokenize import HFTokenizer
 from tests.hf_tokenizers import bpe
@@ -36,8 +38,8 @@ def _sentencepiece(tmp_path, split: bool):
 
 @pytest.fixture
 def small_pieces(monkeypatch):
-    monkeypatch.setattr(data, "TEXT_PIECE_CHARS", 3000)
-    monkeypatch.setattr(data, "CUT_WINDOW", 200)
+    monkeypatch.setattr(pieces, "PIECE_CHARS", 3000)
+    monkeypatch.setattr(pieces, "CUT_WINDOW", 200)
 
 
 @pytest.mark.parametrize("kind", ["metaspace", "no-pretokenizer", "byte-level"])
@@ -53,9 +55,7 @@ def test_long_document_ids_equal_the_whole_texts(tmp_path, small_pieces, kind):
     assert tokenize_documents([Document(text)], tok).ids.tolist() == want
     (tmp_path / "doc.txt").write_text(text)
     assert tokenize_documents([TextFile(tmp_path / "doc.txt")], tok).ids.tolist() == want
-    pieces = data.text_pieces(text, tok.keeps_ids_at)
-    assert "".join(pieces) == text
-    if kind == "no-pretokenizer":
-        assert len(pieces) == 1                 # no cut keeps the ids: tokenized whole
-    else:
-        assert len(pieces) > 3                  # still tokenized in pieces
+    cut = data.text_pieces(text, tok)
+    assert "".join(map(pieces.own_text, cut)) == text
+    assert len(cut) > 3                         # tokenized in pieces, whatever the tokenizer
+    assert all(len(pieces.own_text(p)) <= 3000 for p in cut)

@@ -12,8 +12,9 @@ Inputs
 - any other file (.txt, .md, ...): UTF-8 text, the whole file one document.
 - none: the built-in corpus (BUILTIN_CORPUS).
 
-Documents are tokenized (tokenize.py: a tokenizer.json or bytes; a long one in pieces cut only
-where the ids do not change, so they are the whole text's) with the special tokens the
+Documents are tokenized (tokenize.py: a tokenizer.json or bytes; a long one in bounded pieces,
+pieces.py: cut where the ids do not change, so they are the whole text's, and where a text
+allows no such cut, at most PIECE_CHARS characters on anyway) with the special tokens the
 tokenizer adds around a text (Llama's BOS; not targets: they carry nothing to predict), each
 followed by the tokenizer's end-of-document id, and concatenated into one stream. Packing
 cuts the stream into sequences of `seq` tokens whose targets are the next `seq` tokens
@@ -36,6 +37,7 @@ from typing import NamedTuple
 
 import torch
 
+from horizon_exec.data.pieces import PIECE_CHARS, own_text, piece_utf8_bytes, pieces_of, text_pieces
 from horizon_exec.model.head import IGNORE
 from horizon_sim.errors import HorizonError
 from horizon_sim.safe_files import refuse_non_regular
@@ -47,14 +49,25 @@ the package, so the demo and tests train on real text without downloading anythi
 PROMPT_FORMAT = "{instruction}\n\n"
 PROMPT_WITH_INPUT_FORMAT = "{instruction}\n\n{input}\n\n"
 SPLIT_SEED = 0x5EED  # the eval split does not move with --seed
-TEXT_PIECE_CHARS = 1 << 16  # long texts are tokenized in pieces, cut only where the ids stay the same
-_CUT_TRIES = 8  # candidate cuts of each kind tried per piece before the piece grows
 TEMPLATE_TOKENS_PER_RECORD = 128
 """A chat template's own tokens per conversation beyond the record's bytes (role headers,
 default system prompts): an allowance for the admission's data bound."""
-TOKENIZE_BATCH_BYTES = 128 * 2**20
-"""What one tokenizing batch holds at most: 16 pieces of 64k characters as Python strings and
-the tokenizer's id lists for them (Python ints, ~36 bytes a token)."""
+TOKENIZE_BYTES_PER_TEXT_BYTE = 256
+"""Peak bytes the `tokenizers` library holds per UTF-8 byte of the texts it encodes at once,
+with a margin: measured 202-212 (VmHWM growth of one encode_batch, in a fresh process, with
+tests/hf_tokenizers.bpe, a byte-level BPE: one text of 64 Ki, 1 Mi and 4 Mi random 'ACGT'
+characters, one token each; 16 texts of 64 Ki under RAYON_NUM_THREADS=16, all in flight; 192-202
+on a run of 'a'; 186 per byte on CJK text, 3 tokens a character; 52 per byte on English prose,
+0.25 tokens a byte, so the figure is the token-per-byte worst case). It is linear in what is
+encoded at once, hence pieces (pieces.py) and TOKENIZE_BATCH_TEXT_BYTES."""
+TOKENIZE_BATCH_TEXT_BYTES = 1 << 19
+"""UTF-8 bytes of text (context included) handed to the tokenizer at once, at most: pieces are
+batched up to this (one piece, at most 4 x (PIECE_CHARS + 2 CUT_WINDOW) bytes, fits alone)."""
+TOKENIZE_BATCH_BYTES = TOKENIZE_BATCH_TEXT_BYTES * (TOKENIZE_BYTES_PER_TEXT_BYTE + 36 + 16) + 16 * PIECE_CHARS
+"""What tokenizing holds at most, counted by the admission (data_bytes_bound): the tokenizer's
+working set for one batch, the id lists it returns (Python ints, ~36 bytes a token, at most a
+token a byte), the batch's strings (up to 4 bytes a character, twice: the piece and its slice of
+the text being cut) and the text being cut (a few pieces of PIECE_CHARS)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,21 +153,11 @@ class TextFile:
     """A text file as one document, read piece by piece when it is tokenized."""
     path: Path
 
-    def pieces(self, keeps_ids=None):
-        """Pieces of about TEXT_PIECE_CHARS characters, cut only where keeps_ids(text, cut)
-        (the tokenizer's: the ids of the two sides are the ids of the whole there); a text
-        with no such cut is one piece. keeps_ids None: every cut (bytes)."""
+    def pieces(self, tokenizer=None):
+        """The file's pieces for `tokenizer` (pieces.pieces_of; None: bytes), read block by
+        block: the text held at once is a few pieces whatever the file's size."""
         with open(self.path, encoding="utf-8") as f:
-            carry = ""
-            while chunk := f.read(TEXT_PIECE_CHARS):
-                text = carry + chunk
-                # a cut needs text on its right to be verified: keep the last bit for the next round
-                cut = _find_cut(text, len(text) // 2, len(text) - CUT_WINDOW, keeps_ids)
-                carry = text if cut is None else text[cut:]
-                if cut:
-                    yield text[:cut]
-            if carry:
-                yield carry
+            yield from pieces_of(iter(lambda: f.read(PIECE_CHARS), ""), tokenizer)
 
 
 def _source(path) -> Path:
@@ -202,48 +205,7 @@ def read_documents(path=None) -> list:
         docs = list(iter_documents(p))
         if not any(isinstance(d, (Chat, TextFile)) or d.text or d.prompt for d in docs):
             raise HorizonError(f"{p}: no text in it")
-        return [Document("".join(d.pieces())) if isinstance(d, TextFile) else d for d in docs]
-
-
-CUT_WINDOW = 1024
-"""Characters either side of a candidate cut that the tokenizer checks (tokenize.keeps_ids_at)."""
-
-
-def _find_cut(text: str, lo: int, hi: int, keeps_ids) -> int | None:
-    """A cut in (lo, hi] where the ids do not change: after a newline, else before a space
-    (a SentencePiece tokenizer marks a word start with the space, not the newline), the
-    latest first; None when no candidate keeps them."""
-    if hi <= lo:
-        return None
-    for mark, after in (("\n", 1), (" ", 0)):
-        end = hi
-        for _ in range(_CUT_TRIES):
-            i = text.rfind(mark, lo, end)
-            if i < 0:
-                break
-            cut = i + after
-            if lo < cut < len(text) and (keeps_ids is None or keeps_ids(text, cut)):
-                return cut
-            end = i
-    return None
-
-
-def text_pieces(text: str, keeps_ids=None) -> list[str]:
-    """A long text cut into pieces of about TEXT_PIECE_CHARS where the ids do not change
-    (keeps_ids: see _find_cut), so the pieces' ids are the whole text's; where no cut keeps
-    them the piece grows (a tokenizer that never allows one tokenizes the text whole)."""
-    out, start = [], 0
-    while len(text) - start > TEXT_PIECE_CHARS:
-        hi, cut = start + TEXT_PIECE_CHARS, None
-        while cut is None and hi < len(text):
-            cut = _find_cut(text, hi - TEXT_PIECE_CHARS // 2, hi, keeps_ids)
-            hi += TEXT_PIECE_CHARS
-        if cut is None:
-            break
-        out.append(text[start:cut])
-        start = cut
-    out.append(text[start:])
-    return out
+        return [Document("".join(map(own_text, d.pieces()))) if isinstance(d, TextFile) else d for d in docs]
 
 
 def id_dtype(vocab_size: int) -> torch.dtype:
@@ -271,14 +233,13 @@ def _doc_pieces(d, tokenizer):
     specials, the prompt, the text, its suffix specials and the end-of-document id."""
     if tokenizer.prefix_ids:
         yield False, list(tokenizer.prefix_ids)
-    keeps = getattr(tokenizer, "keeps_ids_at", None)
     if isinstance(d, TextFile):
-        yield from ((True, p) for p in d.pieces(keeps))
+        yield from ((True, p) for p in d.pieces(tokenizer))
     else:
         if d.prompt:
-            yield from ((False, p) for p in text_pieces(d.prompt, keeps))
+            yield from ((False, p) for p in text_pieces(d.prompt, tokenizer))
         if d.text:
-            yield from ((True, p) for p in text_pieces(d.text, keeps))
+            yield from ((True, p) for p in text_pieces(d.text, tokenizer))
     yield True, _closing_ids(tokenizer)
 
 
@@ -345,17 +306,23 @@ class _Sink:
 
 
 def tokenize_documents(docs, tokenizer, pieces_per_batch: int = 16, capacity: int = 0) -> TokenStream:
-    """Encode an iterable of documents in batches of pieces (about 1 MB of text at a time),
-    straight into growing token buffers: memory is the tokens (id_dtype) plus one batch.
+    """Encode an iterable of documents in batches of pieces (at most TOKENIZE_BATCH_TEXT_BYTES
+    of text at a time), straight into growing token buffers: memory is the tokens (id_dtype)
+    plus one batch (TOKENIZE_BATCH_BYTES), whatever the length of a document.
     capacity: an upper bound of the token count, to allocate the buffers once."""
     sink = _Sink(id_dtype(tokenizer.vocab_size), capacity or 1 << 16)
-    batch: list = []        # (is_target, text or ids, opens a document)
+    batch: list = []        # (is_target, text (str or Piece) or ids, opens a document)
     pending = [False]       # a document has begun and its first token is still to come
+    text_bytes = [0]        # UTF-8 bytes of the batch's texts
+
+    def is_text(part) -> bool:
+        return not isinstance(part, list)
 
     def flush():
-        enc = iter(tokenizer.encode([t for _, t, _ in batch if isinstance(t, str)]))
+        enc = iter(tokenizer.encode([t for _, t, _ in batch if is_text(t)]))
+        text_bytes[0] = 0
         for is_target, part, first in batch:
-            ids = next(enc) if isinstance(part, str) else part
+            ids = next(enc) if is_text(part) else part
             pending[0] |= first
             if ids:
                 sink.add(ids, is_target, pending[0])
@@ -370,6 +337,10 @@ def tokenize_documents(docs, tokenizer, pieces_per_batch: int = 16, capacity: in
             continue
         first = True
         for is_target, part in _doc_pieces(d, tokenizer):
+            n_bytes = piece_utf8_bytes(part) if is_text(part) else 0
+            if text_bytes[0] + n_bytes > TOKENIZE_BATCH_TEXT_BYTES:
+                flush()
+            text_bytes[0] += n_bytes
             batch.append((is_target, part, first))
             first = False
             if len(batch) >= pieces_per_batch:
@@ -388,22 +359,44 @@ def token_bound(path=None, tokenizer=None) -> int:
     extra = len(getattr(tokenizer, "prefix_ids", ())) + len(getattr(tokenizer, "suffix_ids", ())) + 1
     if not _is_jsonl(p):
         return size + extra
-    records = 0
+    records, _ = _jsonl_lines(p)
+    return size + (records + 1) * (extra + TEMPLATE_TOKENS_PER_RECORD)
+
+
+def _jsonl_lines(p: Path) -> tuple[int, int]:
+    """(newlines, bytes of the longest line) of a JSONL file, read in 4 MB blocks."""
+    records = longest = run = 0
     with open(p, "rb") as f:
         while chunk := f.read(1 << 22):
-            records += chunk.count(b"\n")
-    return size + (records + 1) * (extra + TEMPLATE_TOKENS_PER_RECORD)
+            lines = chunk.split(b"\n")
+            records += len(lines) - 1
+            if len(lines) == 1:
+                run += len(chunk)
+                continue
+            longest = max(longest, run + len(lines[0]), max(map(len, lines[1:-1]), default=0))
+            run = len(lines[-1])
+    return records, max(longest, run)
+
+
+RECORD_BYTES_PER_LINE_BYTE = 8
+"""What reading one JSONL record holds while it is tokenized, per byte of its line: the line
+and the record's text as Python strings (two; up to 4 bytes a character each, once one
+character needs 4; a character is at least one byte of the line)."""
 
 
 def data_bytes_bound(path, tokenizer, seq: int) -> int:
     """Host bytes a loaded dataset holds at most (the admission counts them before loading):
     ids (id_dtype), target flags, document starts (8 bytes per record at most one per
-    token), the train/eval index permutations, and one tokenizing batch (TOKENIZE_BATCH_BYTES)."""
+    token), the train/eval index permutations, and tokenizing: one batch of bounded pieces
+    whatever the length of a document (TOKENIZE_BATCH_BYTES) and the JSONL record being read
+    (RECORD_BYTES_PER_LINE_BYTE of its longest line)."""
     n = token_bound(path, tokenizer)
     per_token = id_dtype(tokenizer.vocab_size).itemsize + 1
     starts = 8 * min(n, n // 2 + 1)
     indices = 4 * 8 * (n // max(1, seq) + 1)          # train and eval indices, and a permutation of each
-    return n * per_token + starts + indices + TOKENIZE_BATCH_BYTES
+    p = _source(path)
+    record = RECORD_BYTES_PER_LINE_BYTE * _jsonl_lines(p)[1] if _is_jsonl(p) else 0
+    return n * per_token + starts + indices + TOKENIZE_BATCH_BYTES + record
 
 
 class PackedData:

@@ -91,12 +91,49 @@ class HFTokenizer:
                 return tuple(full[:i]), tuple(full[i + len(plain):])
         return (), ()
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
+    def encode(self, texts: list) -> list[list[int]]:
+        """ids of each text: a str, or a pieces.Piece (its text encoded, the ids of the tokens
+        that start in its own characters kept)."""
+        from horizon_exec.data.pieces import Piece
+        encs = self._encode_batch([t.text if isinstance(t, Piece) else t for t in texts])
+        out = []
+        for t, e in zip(texts, encs):
+            ids = _own_ids(e, t.start, t.end) if isinstance(t, Piece) else e.ids
+            # a token across an end of the piece's own characters: they are encoded without
+            # context instead (lossless: the pieces' ids still cover the text exactly once)
+            out.append(ids if ids is not None else self.encode([t.own])[0])
+        return out
+
+    def _encode_batch(self, texts: list[str]):
         try:
-            return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+            return self.tok.encode_batch(texts, add_special_tokens=False)
         except Exception as e:  # the library's bare Exception / TypeError: one line naming the file
             raise HorizonError(f"{self.name}: cannot encode the data ({type(e).__name__}: "
                                f"{str(e).splitlines()[0] if str(e) else ''})") from None
+
+    def stitch_at(self, text: str, cut: int, window: int) -> int | None:
+        """Where to cut `text` near `cut`, in [cut - window/2, cut], when no space allows an
+        exact cut (pieces.py), the two sides each encoded with `window` characters of the
+        other as context: the latest token start where two encodings with different contexts
+        (2 windows + 1 on the left and 1 on the right; 1 on the left and 2 on the right) give
+        the same tokens over the window around `cut`, so the ids there do not depend on where
+        the text was cut. When they differ (the choices there depend on more context, e.g.
+        the phase of the merges in a run of one letter that began earlier), the latest place
+        both start a token at (ids may differ around it); None when there is none."""
+        half = window // 2
+        spans = ((max(0, cut - 2 * window - 1), min(len(text), cut + window)),
+                 (max(0, cut - window), min(len(text), cut + 2 * window)))
+        a, b = self._encode_batch([text[s:e] for s, e in spans])
+        near = []
+        for (s, _), enc in zip(spans, (a, b)):
+            near.append([(s + o0, s + o1, i) for i, (o0, o1) in zip(enc.ids, enc.offsets)
+                         if cut - half <= s + o0 and s + o1 <= cut + half])
+        if near[0] and near[0] == near[1]:
+            starts = [s for s, _, _ in near[0] if s <= cut]
+        else:   # no agreement: at least a place both encodings start a token at (ids may differ there)
+            starts = sorted({s for s, _, _ in near[0]} & {s for s, _, _ in near[1]})
+            starts = [s for s in starts if s <= cut]
+        return starts[-1] if starts and starts[-1] > cut - half else None
 
     def keeps_ids_at(self, text: str, cut: int, window: int = 1024) -> bool:
         """Whether tokenizing text[:cut] and text[cut:] apart gives the ids of the whole
@@ -156,6 +193,29 @@ class HFTokenizer:
                 raise HorizonError(f"{self.folder}: no chat template (chat_template.jinja, or chat_template "
                                    "in tokenizer_config.json); chat data ('messages') needs one")
         return self._hf
+
+
+def _own_ids(enc, start: int, end: int) -> list[int] | None:
+    """The ids of the tokens of `enc` that start in characters [start, end); None when a token
+    runs across start or end (the kept ids would not cover those characters exactly once).
+    Token starts ascend; found by bisection over the encoding's offsets."""
+    n = len(enc.ids)
+
+    def first_from(pos: int) -> int:   # index of the first token starting at or after pos
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if (enc.token_to_chars(mid) or (0, 0))[0] < pos:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    i, j = first_from(start), first_from(end)
+    for k, edge in ((i, start), (j, end)):
+        if k > 0 and (enc.token_to_chars(k - 1) or (0, 0))[1] > edge:
+            return None
+    return enc.ids[i:j]
 
 
 def _check_unknown_words(tok, path: Path) -> None:
