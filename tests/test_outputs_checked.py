@@ -27,7 +27,8 @@ CASES = {
     "save-hf folder holds other files": (lambda t: ["--save-hf", t / "notes"], ["--save-hf", "notes.txt"]),
     "save-hf under a file": (lambda t: ["--save-hf", t / "file" / "out"], ["is a file; give a folder"]),
     "save-hf is a file": (lambda t: ["--save-hf", t / "file"], ["exists and is not a folder"]),
-    "save-hf is the init-from folder": (lambda t: ["--init-from", t / "hf", "--save-hf", t / "hf" / "."],
+    "save-hf is the init-from folder": (lambda t: ["--init-from", t / "hf", "--tokenizer", "bytes",
+                                                   "--save-hf", t / "hf" / "."],
                                         ["would replace the --init-from folder"]),
     "save-hf would hold the ckpt-dir": (lambda t: ["--save-hf", t / "o", "--ckpt-dir", t / "o" / "ck"],
                                         ["would hold --ckpt-dir"]),
@@ -46,7 +47,8 @@ def test_a_bad_output_is_refused_before_the_first_step(tmp_path, capsys, case):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "notes.txt").write_text("mine\n")
     (tmp_path / "file").write_text("x\n")
-    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf").mkdir()   # an --init-from folder: its config is read before the outputs are checked
+    (tmp_path / "hf" / "config.json").write_text(MICRO.read_text())
     argv, words = CASES[case]
     _refused(capsys, [str(a) for a in argv(tmp_path)], *words)
     assert (tmp_path / "notes" / "notes.txt").read_text() == "mine\n"
