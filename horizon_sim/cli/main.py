@@ -9,10 +9,39 @@ import sys
 def interrupted_at_start(signum, frame):
     """Ctrl-C while the command is still importing and building its parser: nothing has been
     done yet, so one line and exit 130, not a KeyboardInterrupt traceback from an import."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not run this again
     try:
         os.write(2, b"horizon: interrupted\n")
     finally:
         os._exit(130)
+
+
+def interrupt_once(signum, frame):
+    """Ctrl-C once the command runs, until it installs its own handling (a training loop's
+    StopSignals): KeyboardInterrupt, as Python's own handler raises, and SIGINT ignored from
+    then on. That exception unwinds through the command's cleanup to main's one line and exit
+    130; a second Ctrl-C in that time (a double press) raised a second KeyboardInterrupt
+    wherever it landed: in a `__del__`, a finalizer or an atexit callback (a traceback), past
+    main's handler (a traceback), or it killed the process (SIGINT is back to its default
+    action during the interpreter's teardown)."""
+    global ctrl_c_seen
+    ctrl_c_seen = True
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+ctrl_c_seen = False
+"""Whether interrupt_once ran: from then on an error out of the command is the interruption's
+doing. A KeyboardInterrupt can be swallowed where it lands (torch's C++ NumPy check catches it
+while NumPy initializes) and surface as something else (NumPy's 'cannot load module more than
+once per process' ImportError at its next import)."""
+
+
+def ignore_sigint() -> None:
+    """The process only exits from here: a Ctrl-C changes nothing (the program only, not a test
+    or a library calling main(); Python delivers signals to the main thread only)."""
+    if AS_PROGRAM and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # Only as the program (`python -m horizon_sim.cli.main`, the `horizon` script), not when a test or
@@ -24,6 +53,7 @@ if AS_PROGRAM and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
 import argparse  # noqa: E402 - after the handler: these imports are what Ctrl-C interrupted
 import contextlib  # noqa: E402
 import importlib  # noqa: E402
+import threading  # noqa: E402
 
 from horizon_sim.cli.stdout_guard import keep_running_without_stdout, reopen_closed_std_fds  # noqa: E402
 from horizon_sim.cli.stuck_threads import exit_past_stuck_threads  # noqa: E402
@@ -62,8 +92,9 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
     """Run `horizon` on argv (default sys.argv[1:]), or on arguments already parsed (`args`,
     with .cmd: a worker of a data-parallel run gets its parent's)."""
     rc = _run(argv, args)
-    if AS_PROGRAM:  # the process ends next: past a thread stuck in native code without its teardown
-        exit_past_stuck_threads(rc)
+    if AS_PROGRAM:  # the process ends next
+        ignore_sigint()  # a Ctrl-C now would only turn exit `rc` into a traceback or death by SIGINT
+        exit_past_stuck_threads(rc)  # past a thread stuck in native code, without the teardown
     return rc
 
 
@@ -73,15 +104,17 @@ def _run(argv: list[str] | None, args: argparse.Namespace | None) -> int:
         try:
             args = _parser().parse_args(argv)
         except KeyboardInterrupt:
+            ignore_sigint()
             print("horizon: interrupted", file=sys.stderr)
             return 130
-    if signal.getsignal(signal.SIGINT) is interrupted_at_start:  # the command's own handling from here
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    mod = importlib.import_module(COMMANDS[args.cmd][0])
-    # A command whose product is files (training) does not stop when its stdout fails
-    # (stdout_guard.py); the others' product is their output, so a reader that left ends them.
-    guarded = getattr(mod, "KEEP_RUNNING_WITHOUT_STDOUT", False)
-    try:
+    guarded = False
+    try:  # from the first statement on: a KeyboardInterrupt anywhere below is one line
+        if signal.getsignal(signal.SIGINT) is interrupted_at_start:  # the command's own handling from here
+            signal.signal(signal.SIGINT, interrupt_once)
+        mod = importlib.import_module(COMMANDS[args.cmd][0])
+        # A command whose product is files (training) does not stop when its stdout fails
+        # (stdout_guard.py); the others' product is their output, so a reader that left ends them.
+        guarded = getattr(mod, "KEEP_RUNNING_WITHOUT_STDOUT", False)
         with keep_running_without_stdout(args.cmd) if guarded else contextlib.nullcontext():
             return mod.run(args)
     except HorizonError as e:
@@ -103,6 +136,7 @@ def _run(argv: list[str] | None, args: argparse.Namespace | None) -> int:
         print(f"horizon {args.cmd}: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        ignore_sigint()
         print(f"horizon {args.cmd}: interrupted", file=sys.stderr)
         return 130
     except MemoryError as e:  # past admission (an estimate) or under a limit it could not see: one line
@@ -111,6 +145,12 @@ def _run(argv: list[str] | None, args: argparse.Namespace | None) -> int:
               f"memory (ulimit -v, other processes) or make the run smaller (--batch, --seq, --loss-chunk-tokens)",
               file=sys.stderr)
         return 1
+    except Exception:
+        if not ctrl_c_seen:
+            raise
+        ignore_sigint()  # what Ctrl-C cut short failed (ctrl_c_seen): the interruption is the news
+        print(f"horizon {args.cmd}: interrupted", file=sys.stderr)
+        return 130
 
 
 def _os_error_on(e: OSError) -> str:
