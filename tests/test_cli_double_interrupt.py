@@ -1,9 +1,11 @@
 """Issue 43, item 8c: a second Ctrl-C while `horizon` handles the first (a double press during
 start-up) changes nothing: one line, exit 130. It printed a traceback (9 of 12 tries): the
-second KeyboardInterrupt landed in a finalizer or `__del__` run while the first unwound, in an
-atexit callback, or past main's handler; or, during the interpreter's teardown (SIGINT back to
-its default action), killed the process by SIGINT. The first Ctrl-C now ignores the later ones
-(horizon_sim/cli/main.py interrupt_once), and so does the program once its command returned."""
+second KeyboardInterrupt landed in threading's shutdown, an atexit callback, a `__del__` or
+finalizer run while the first unwound, or past main's handler; or, during the interpreter's
+teardown (SIGINT back to its default action), killed the process by SIGINT. The first Ctrl-C now
+ignores the later ones (horizon_sim/cli/ctrl_c.py), and so does the program once its command
+returned. A first Ctrl-C whose KeyboardInterrupt the start-up swallowed is not lost: an error it
+causes is reported as the interruption, and the training loop takes it as its first SIGINT."""
 import signal
 import subprocess
 import sys
@@ -74,6 +76,23 @@ def test_an_error_out_of_a_start_up_that_ctrl_c_cut_short_is_the_interruption():
     r = subprocess.run([sys.executable, "-c", SWALLOWED], cwd=ROOT, env=env(), capture_output=True, text=True,
                        timeout=120, preexec_fn=_as_from_a_terminal)
     assert (r.returncode, r.stderr) == (130, "horizon train: interrupted\n")
+
+
+def test_a_ctrl_c_the_start_up_swallowed_stops_the_run_at_its_first_boundary(tmp_path):
+    """The start-up goes on after swallowing the KeyboardInterrupt: the training loop takes the
+    press as its first SIGINT and stops before its first step (it ran the whole run)."""
+    script = SWALLOWED.replace('    raise ImportError("cannot load module more than once per process")',
+                               "    return real_run(args)")
+    script = script.replace("import horizon_exec.cli.train_cmd as train_cmd",
+                            "import horizon_exec.cli.train_cmd as train_cmd\nreal_run = train_cmd.run")
+    script = script.replace('"--model", "tests/micro_model.json"]', f'"--model", "tests/micro_model.json", "--batch", "2", '
+                            f'"--seq", "32", "--steps", "4", "--no-progress", "--eval-batches", "0", '
+                            f'"--ckpt-dir", {str(tmp_path / "ck")!r}]')
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env(), capture_output=True, text=True,
+                       timeout=120, preexec_fn=_as_from_a_terminal)
+    assert "Traceback" not in r.stderr and r.returncode == 130, r.stderr
+    assert "SIGINT received: stopping at the next step boundary" in r.stderr
+    assert r.stderr.splitlines()[-1] == "horizon train: SIGINT: stopped after step 0; no checkpoint (none written yet)"
 
 
 # The `horizon` program; `train` gets two SIGINTs 20 ms apart, `after_s` into its start.

@@ -5,10 +5,14 @@ its temporary name) runs as the exception unwinds. The process then exits 128 + 
 (130, 143, 129). Handlers are installed only in the main thread (Python delivers signals there).
 SIGHUP (the terminal or ssh session went away) is a stop request like SIGTERM: its default
 action killed the run at once, losing everything since the last checkpoint.
+A Ctrl-C pressed during the `horizon` program's start-up whose KeyboardInterrupt was swallowed
+(horizon_sim/cli/ctrl_c.py) is taken by the first StopSignals entered as its first signal.
 """
 import os
 import signal
 import threading
+
+from horizon_sim.cli import ctrl_c
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -35,6 +39,8 @@ class StopSignals:
         if self.enabled and threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._old[sig] = signal.signal(sig, self._handler)
+            if ctrl_c.take_swallowed():  # Ctrl-C during start-up whose KeyboardInterrupt was caught
+                self._handler(signal.SIGINT, None)
         return self
 
     def __exit__(self, *exc):

@@ -16,27 +16,6 @@ def interrupted_at_start(signum, frame):
         os._exit(130)
 
 
-def interrupt_once(signum, frame):
-    """Ctrl-C once the command runs, until it installs its own handling (a training loop's
-    StopSignals): KeyboardInterrupt, as Python's own handler raises, and SIGINT ignored from
-    then on. That exception unwinds through the command's cleanup to main's one line and exit
-    130; a second Ctrl-C in that time (a double press) raised a second KeyboardInterrupt
-    wherever it landed: in a `__del__`, a finalizer or an atexit callback (a traceback), past
-    main's handler (a traceback), or it killed the process (SIGINT is back to its default
-    action during the interpreter's teardown)."""
-    global ctrl_c_seen
-    ctrl_c_seen = True
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
-
-
-ctrl_c_seen = False
-"""Whether interrupt_once ran: from then on an error out of the command is the interruption's
-doing. A KeyboardInterrupt can be swallowed where it lands (torch's C++ NumPy check catches it
-while NumPy initializes) and surface as something else (NumPy's 'cannot load module more than
-once per process' ImportError at its next import)."""
-
-
 def ignore_sigint() -> None:
     """The process only exits from here: a Ctrl-C changes nothing (the program only, not a test
     or a library calling main(); Python delivers signals to the main thread only)."""
@@ -55,6 +34,7 @@ import contextlib  # noqa: E402
 import importlib  # noqa: E402
 import threading  # noqa: E402
 
+from horizon_sim.cli import ctrl_c  # noqa: E402
 from horizon_sim.cli.stdout_guard import keep_running_without_stdout, reopen_closed_std_fds  # noqa: E402
 from horizon_sim.cli.stuck_threads import exit_past_stuck_threads  # noqa: E402
 from horizon_sim.errors import HorizonError
@@ -110,7 +90,7 @@ def _run(argv: list[str] | None, args: argparse.Namespace | None) -> int:
     guarded = False
     try:  # from the first statement on: a KeyboardInterrupt anywhere below is one line
         if signal.getsignal(signal.SIGINT) is interrupted_at_start:  # the command's own handling from here
-            signal.signal(signal.SIGINT, interrupt_once)
+            signal.signal(signal.SIGINT, ctrl_c.interrupt_once)  # a double press is one line (ctrl_c.py)
         mod = importlib.import_module(COMMANDS[args.cmd][0])
         # A command whose product is files (training) does not stop when its stdout fails
         # (stdout_guard.py); the others' product is their output, so a reader that left ends them.
@@ -146,9 +126,9 @@ def _run(argv: list[str] | None, args: argparse.Namespace | None) -> int:
               file=sys.stderr)
         return 1
     except Exception:
-        if not ctrl_c_seen:
+        if not ctrl_c.seen():
             raise
-        ignore_sigint()  # what Ctrl-C cut short failed (ctrl_c_seen): the interruption is the news
+        ignore_sigint()  # what Ctrl-C cut short failed (its KeyboardInterrupt swallowed): the interruption is the news
         print(f"horizon {args.cmd}: interrupted", file=sys.stderr)
         return 130
 
