@@ -85,9 +85,9 @@ def test_a_ctrl_c_the_start_up_swallowed_stops_the_run_at_its_first_boundary(tmp
                                "    return real_run(args)")
     script = script.replace("import horizon_exec.cli.train_cmd as train_cmd",
                             "import horizon_exec.cli.train_cmd as train_cmd\nreal_run = train_cmd.run")
-    script = script.replace('"--model", "tests/micro_model.json"]', f'"--model", "tests/micro_model.json", "--batch", "2", '
-                            f'"--seq", "32", "--steps", "4", "--no-progress", "--eval-batches", "0", '
-                            f'"--ckpt-dir", {str(tmp_path / "ck")!r}]')
+    flags = ["--batch", "2", "--seq", "32", "--steps", "4", "--no-progress", "--eval-batches", "0",
+             "--ckpt-dir", str(tmp_path / "ck")]
+    script = script.replace('"tests/micro_model.json"]', f'"tests/micro_model.json", *{flags!r}]')
     r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env(), capture_output=True, text=True,
                        timeout=120, preexec_fn=_as_from_a_terminal)
     assert "Traceback" not in r.stderr and r.returncode == 130, r.stderr
