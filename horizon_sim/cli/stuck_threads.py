@@ -12,18 +12,17 @@ exception", SIGABRT, exit 134 instead of the run's own code and one line.
 
 So the program, once its command has returned (every `with` and `finally` of the run done:
 checkpoints, log lines and locks written and released), flushes its output and leaves with
-os._exit when such a thread is still alive, skipping a teardown that cannot work. Torch-free:
-the entry point imports it.
+os._exit when such a thread is still alive, skipping a teardown that cannot work. Torch-free
+and light (the entry point imports it before the command's modules).
 """
-import logging
 import os
 import sys
-import threading
 
-_noted: list[tuple[threading.Thread, str]] = []
+_noted: list = []
+"""(threading.Thread, what it is inside) for each thread noted."""
 
 
-def note(thread: threading.Thread, what: str) -> None:
+def note(thread, what: str) -> None:
     """`thread` was left running inside `what` (e.g. 'lane compute in op 5 forward[0]')."""
     _noted.append((thread, what))
 
@@ -43,8 +42,10 @@ def exit_past_stuck_threads(rc: int) -> None:
             f.flush()
         except (OSError, ValueError, AttributeError):  # closed, or None: nothing can be written
             pass
-    try:
-        logging.shutdown()
-    except Exception:
-        pass
+    logging = sys.modules.get("logging")  # its handlers' buffers, where the command used any
+    if logging is not None:
+        try:
+            logging.shutdown()
+        except Exception:
+            pass
     os._exit(rc)
