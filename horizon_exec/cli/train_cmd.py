@@ -135,6 +135,10 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     e.add_argument("--hardware", default=None, metavar="FILE",
                    help="hardware TOML (e.g. from calibrate) whose peak FLOP/s MFU is reported against")
     e.add_argument("--log-file", default=None, metavar="FILE", help="append per-step metrics as JSON lines")
+    e.add_argument("--report-dir", default=None, metavar="DIR",
+                   help="write the run's predicted-vs-measured report here at the end (report.md, report.csv, "
+                        "report.json, overlay.png; needs --hardware for the prediction; default: "
+                        "<ckpt-dir>/report with --ckpt-dir, else none)")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     r = p.add_argument_group("device")
@@ -251,7 +255,8 @@ def run_train(args: argparse.Namespace) -> int:
     save_lock = []
 
     def claim():  # rank 0: the outputs checked, and --save-hf this run's until it ends
-        prepare_outputs(**outputs)
+        from horizon_exec.cli.train_plan import report_dir
+        prepare_outputs(**outputs, report_dir=report_dir(cfg, dist.world))
         if cfg.outputs.save_hf:
             save_lock.append(ckpt_lock.acquire_save(cfg.outputs.save_hf))
     with _os_errors_as_usage():
@@ -296,6 +301,8 @@ class _Inputs:
     peak_what: str
     save_inputs: "SaveInputs | None"
     """What --save-hf copies besides the weights (save.read_save_inputs), on the writing rank."""
+    hardware: "HardwareSpec | None" = None
+    """--hardware as loaded: the speeds the run's prediction simulates with (cli/train_plan.py)."""
 
 
 def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) -> int:
@@ -337,7 +344,7 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
             check_space_for(cfg, tr)
         ds = load_dataset(data.data, tok, policy.seq, data.eval_fraction, doc_masks=policy.doc_masks)
         try:
-            return _train(cfg, tr, _Inputs(tok, init_dir, ds, peak, peak_what, save_inputs))
+            return _train(cfg, tr, _Inputs(tok, init_dir, ds, peak, peak_what, save_inputs, hardware))
         except Interrupted as e:  # every rank stopped at the same boundary: rank 0 says so for the run
             if tr.dist.rank == 0:
                 print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
@@ -356,13 +363,15 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
 
 
 def _train(cfg: "RunConfig", tr, inputs: _Inputs) -> int:
+    from horizon_exec.cli.train_plan import plan_for
     from horizon_exec.train.loop import TrainLoop
 
-    with TrainLoop(tr, inputs.ds, cfg.loop_config(inputs.peak), seed=cfg.trainer.seed) as loop:
-        return _run_loop(cfg, tr, loop, inputs)
+    check, plan_line = plan_for(cfg, tr, inputs.hardware, inputs.ds)  # the run set against its own plan
+    with TrainLoop(tr, inputs.ds, cfg.loop_config(inputs.peak), seed=cfg.trainer.seed, check=check) as loop:
+        return _run_loop(cfg, tr, loop, inputs, plan_line)
 
 
-def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs) -> int:
+def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") -> int:
     from horizon_exec.checkpoints import hf_checkpoint
     from horizon_exec.dtypes import TORCH_DTYPE
     from horizon_sim.units import fmt_bytes
@@ -396,6 +405,8 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs) -> int:
         print(f"weights from {inputs.init_dir}")
     if inputs.peak_what:
         print(f"MFU against {inputs.peak_what}")
+    if plan_line:
+        print(plan_line)
     res = loop.run()
     save_hf = cfg.outputs.save_hf
     if res is None:
@@ -436,6 +447,9 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs) -> int:
         # one node: rank 0 writes from the shared store; several: every rank gathers, rank 0 writes
         agree(tr.dist, lambda: write_hf(cfg, tr, loop, inputs.save_inputs)
               if tr.dist.rank == 0 or tr.dist.layout.nodes > 1 else None)
+    from horizon_exec.cli.train_plan import finish
+    for line in finish(cfg, tr, loop.check):  # measured vs predicted, and the report (after the weights are safe)
+        print(line)
     return 0
 
 

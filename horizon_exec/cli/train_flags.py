@@ -22,6 +22,7 @@ FLAGS = {
     "eval_fraction": "--eval-fraction", "ckpt_dir": "--ckpt-dir", "save_every": "--ckpt-interval",
     "keep_ckpts": "--keep-ckpts", "overwrite_ckpt": "--overwrite-ckpt", "resume": "--resume", "save_hf": "--save-hf",
     "save_dtype": "--save-dtype", "save_shard_bytes": "--save-shard-size", "log_file": "--log-file",
+    "report_dir": "--report-dir",
 }
 """The flag that sets each config field."""
 
@@ -44,6 +45,7 @@ def _run_config(a: argparse.Namespace) -> RunConfig:
     data = DataConfig(data=a.data, tokenizer=a.tokenizer, eos_token=a.eos_token, eval_fraction=a.eval_fraction,
                       eval_every=a.eval_every, eval_batches=a.eval_batches)
     outputs = OutputsConfig(save_hf=a.save_hf, save_dtype=a.save_dtype, log_file=a.log_file, progress=not a.no_progress,
+                            report_dir=getattr(a, "report_dir", None),
                             **({"save_shard_bytes": parse_size(a.save_shard_size, "--save-shard-size")}
                                if a.save_hf else {}))  # without --save-hf the size is not read
     schedule = LRScheduleConfig(peak=a.lr, warmup_steps=a.warmup_steps, min_lr=a.min_lr)

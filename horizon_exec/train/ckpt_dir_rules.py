@@ -6,7 +6,9 @@ is written again, removed by --keep-ckpts and --overwrite-ckpt), `latest` (repla
 checkpoint), `.lock`, the hidden temporaries of a killed save (`.step-N.<host>-<pid>.*`, removed
 by the next save), node-J folders of a run over several nodes (each one such a folder), and
 `lost+found` (a file system's own, where the folder is a mount point). Besides these, the run's
-own --log-file and --save-hf may sit in the folder (a log beside its checkpoints is common).
+own --log-file, --save-hf and --report-dir may sit in the folder (a log beside its checkpoints is
+common; the predicted-vs-measured report's folder is <ckpt-dir>/report unless --report-dir says
+otherwise).
 
     refuse_risky_entries(folder, own)       a name the checkpointer would replace or remove
                                             holds something else: refused, even with --overwrite-ckpt
@@ -42,8 +44,8 @@ def relative_to(path: Path, folder: Path) -> PurePath | None:
 
 
 def own_names(folder: Path, outputs) -> set[str]:
-    """The names directly in `folder` that the run's other outputs (--save-hf, --log-file:
-    paths or None) are, or lie under."""
+    """The names directly in `folder` that the run's other outputs (--save-hf, --log-file,
+    --report-dir: paths or None) are, or lie under."""
     names = set()
     for p in outputs:
         rel = relative_to(Path(p), folder) if p else None
@@ -133,7 +135,7 @@ def refuse_foreign_entries(folder: Path, own: set[str], fresh: bool, overwrite: 
 
 
 def refuse_inside_checkpoints(flag: str, path: Path, ckpt_dir: Path) -> None:
-    """HorizonError when `path` (--log-file, --save-hf) lies among the checkpointer's own
+    """HorizonError when `path` (--log-file, --save-hf, --report-dir) lies among the checkpointer's own
     files of ckpt_dir: it would be replaced or removed with them."""
     rel = relative_to(path, ckpt_dir)
     if rel is None or not rel.parts:

@@ -9,7 +9,9 @@ Per step s (0-based): the next batch from the seeded loader, Trainer.step with l
 (global-norm clipping and micro-batch gradient accumulation are the policy's: grad_clip,
 micro_batches), then a progress-bar update (loss, lr, tokens/s, MFU), a JSON line in the
 metrics log (non-finite numbers as null; aux_loss too when the model trains with the router
-load-balancing loss; a log that cannot be written stops the run, exit 1) and, as configured, a
+load-balancing loss; with a `check`, train/plan_check.py, after warm-up the measured and
+predicted step time, device peak and RSS, and 'vs plan' on the bar; a log that cannot be
+written stops the run, exit 1) and, as configured, a
 checkpoint and then the eval loss on the held-out batches (checkpoint first: an eval that
 fails, an EvalError, stops the run without costing the step; it writes one if none was due).
 With a ckpt_dir the loop holds the folder's lock (ckpt_lock.py) until close().
@@ -132,9 +134,10 @@ class Interrupted(KeyboardInterrupt):
 
 
 class TrainLoop:
-    def __init__(self, trainer, dataset, cfg: LoopConfig, seed: int = 0, out=print):
+    def __init__(self, trainer, dataset, cfg: LoopConfig, seed: int = 0, out=print, check=None):
         self.tr, self.ds, self.cfg, self.seed = trainer, dataset, cfg, seed
         self.out = out  # where one-line messages go (the progress bar's writer while it runs)
+        self.check = check  # the run's prediction (train/plan_check.PlanCheck): each step set against it
         pol = trainer.policy
         if dataset.data.seq != pol.seq:
             raise HorizonError(f"data packed to {dataset.data.seq} tokens, the policy runs {pol.seq}")
@@ -237,6 +240,8 @@ class TrainLoop:
             agree(d, lambda: ckpt_mod.save_checkpoint(self.ckpt_root, self.tr, self.step, self.state(),
                                                       keep=self.cfg.keep_ckpts) if d.is_leader else None)
         self.last_ckpt = (self.step, p)
+        if self.check is not None:  # the files written evict the caches: the next step is not compared
+            self.check.after_break()
         return p
 
     def resume(self, path) -> Path:
@@ -481,11 +486,15 @@ class TrainLoop:
                 rec.update(skipped=True, nonfinite=res.nonfinite)
                 write(f"step {self.step}: non-finite {res.nonfinite}: update skipped, weights and optimizer state "
                       f"unchanged ({tr.skipped_steps} skipped so far)")
+            if self.check is not None:  # after warm-up: measured vs predicted step time, device peak, RSS
+                rec.update(self.check.observe(self.step, res))
             self._log(rec, write)
             if bar is not None:
                 post = {"loss": f"{res.loss:.4f}", "lr": f"{lr:.2e}", "tok/s": f"{tok_s:,.0f}"}
                 post.update({"MFU": f"{100 * rec['mfu']:.3g}%"} if cfg.peak_flops else
                             {"TFLOP/s": f"{flop_s / 1e12:.3g}"})
+                if self.check is not None and self.check.versus(rec):
+                    post["vs plan"] = self.check.versus(rec)
                 bar.set_postfix(post, refresh=False)
                 bar.update(1)
             if self._stop_asked():
@@ -504,6 +513,8 @@ class TrainLoop:
     def _eval_after_step(self, write) -> None:
         """The eval after step self.step: its loss in self.evals, the metrics log and a line."""
         self._phase = f"the eval after step {self.step}"
+        if self.check is not None:  # another Schedule ran: the next step is not compared
+            self.check.after_break()
         ev = self._eval_step(write)
         self.evals[self.step] = ev
         self._log({"step": self.step, "eval_loss": ev}, write)

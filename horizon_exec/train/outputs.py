@@ -17,6 +17,8 @@ Work already on disk is not lost to a new run (issue 30): a fresh run (no --resu
 --ckpt-dir that holds checkpoints is refused unless --overwrite-ckpt says to start over (its
 checkpoints are then removed once the run holds the folder's lock); a `latest` that is a
 folder is refused (a resume would work, then the run would fail to replace it after training).
+--report-dir (the run's predicted-vs-measured report; default <ckpt-dir>/report) is a folder
+made and written into like the others.
 A --ckpt-dir holds checkpoints and the run's own outputs only (ckpt_dir_rules.py, issue 43):
 other files are refused unless --overwrite-ckpt (never removed), a name the checkpointer
 replaces that holds something else is refused, and so is a --log-file or --save-hf among the
@@ -153,21 +155,28 @@ def follow_save_hf(save_hf: str) -> str:
 
 
 def prepare_outputs(*, ckpt_dir=None, save_hf=None, log_file=None, init_from=None, resume=None,
-                    overwrite_ckpt=False) -> None:
+                    overwrite_ckpt=False, report_dir=None) -> None:
     """Check (and create) every output before the run starts (module docstring). resume: the
     --resume value (None: a fresh run); overwrite_ckpt: a fresh run may replace the
-    checkpoints in ckpt_dir."""
+    checkpoints in ckpt_dir; report_dir: the folder of the run's predicted-vs-measured report
+    (RunConfig.report_folder, when the run makes one)."""
     if ckpt_dir:  # an output among the checkpointer's own files would be replaced or removed with them
-        for flag, p in (("--save-hf", save_hf), ("--log-file", log_file)):
+        for flag, p in (("--save-hf", save_hf), ("--log-file", log_file), ("--report-dir", report_dir)):
             if p:
                 ckpt_dir_rules.refuse_inside_checkpoints(flag, Path(p), Path(ckpt_dir))
+        if report_dir and Path(report_dir).resolve() == Path(ckpt_dir).resolve():  # its files: foreign to the next run
+            raise HorizonError(f"--report-dir {report_dir!r} is the --ckpt-dir; give the report a folder of its own "
+                               f"(default: {str(Path(ckpt_dir) / 'report')!r})")
     if save_hf:
-        _save_hf(Path(save_hf), init_from, {"--ckpt-dir": ckpt_dir, "--log-file": log_file})
+        _save_hf(Path(save_hf), init_from, {"--ckpt-dir": ckpt_dir, "--log-file": log_file,
+                                            "--report-dir": report_dir})
     if ckpt_dir:
-        own = ckpt_dir_rules.own_names(Path(ckpt_dir), (save_hf, log_file))
+        own = ckpt_dir_rules.own_names(Path(ckpt_dir), (save_hf, log_file, report_dir))
         _ckpt_dir(Path(ckpt_dir), resume, overwrite_ckpt, own)
     if log_file:
         _log_file(Path(log_file))
+    if report_dir:
+        _folder(Path(report_dir), "--report-dir")
 
 
 def file_size_limit() -> int | None:
