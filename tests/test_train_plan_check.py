@@ -134,7 +134,8 @@ def test_warm_up_skipped_steps_and_the_step_after_a_checkpoint_are_not_compared(
     got = [check.observe(s, _res()) for s in range(1, WARMUP_STEPS + 1)]
     assert got == [{}] * WARMUP_STEPS
     rec = check.observe(3, _res(0.012))
-    assert rec["step_s"] == 0.012 and rec["predicted_step_s"] == 0.01 and PlanCheck.versus(rec) == "+20%"
+    assert rec["step_s"] == 0.012 and rec["predicted_step_s"] == 0.01
+    assert PlanCheck.versus(rec) == "step +20% dev +0% RSS +11%"
     check.after_break()
     assert check.observe(4, _res()) == {}
     assert check.observe(5, _res(skipped=True)) == {}
@@ -147,3 +148,10 @@ def test_a_data_parallel_run_says_it_is_not_checked():
     check, line = train_plan.plan_for(SimpleNamespace(hardware="hw.toml"), tr, CPU_HW, None)
     assert check is None and line.startswith("plan: not checked on a data-parallel run")
     assert train_plan.report_dir(SimpleNamespace(hardware="hw.toml", report_folder="r"), 2) is None
+
+
+def test_the_progress_bar_shows_the_step_against_the_plan(tmp_path, hw, capsys):
+    run = [a for a in RUN if a != "--no-progress"]
+    assert main(["train", *run, "--steps", "3", "--hardware", str(hw)]) == 0
+    err = capsys.readouterr().err
+    assert "vs plan=step " in err and " dev " in err and " RSS " in err, err

@@ -135,11 +135,16 @@ class PlanCheck:
 
     @staticmethod
     def versus(rec: dict) -> str:
-        """The progress bar's 'vs plan': how much slower (+) or faster (-) than predicted the
-        step ran, (measured - predicted) / predicted; '' for a step not compared."""
-        if "predicted_step_s" not in rec or not rec["predicted_step_s"] > 0:
+        """The progress bar's 'vs plan' of a metrics-log record: how far above (+) or below (-)
+        the prediction the step's time, device peak and RSS were, (measured - predicted) /
+        predicted; '' for a step not compared."""
+        if "predicted_step_s" not in rec:
             return ""
-        return f"{rec['step_s'] / rec['predicted_step_s'] - 1:+.0%}"
+
+        def rel(key):
+            p = rec[f"predicted_{key}"]
+            return f"{rec[key] / p - 1:+.0%}" if p > 0 else "n/a"
+        return f"step {rel('step_s')} dev {rel('device_peak_bytes')} RSS {rel('rss_bytes')}"
 
     def summary(self) -> dict | None:
         """Measured figures over the compared steps (None: no step was compared): the median
