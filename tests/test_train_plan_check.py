@@ -155,3 +155,17 @@ def test_the_progress_bar_shows_the_step_against_the_plan(tmp_path, hw, capsys):
     assert main(["train", *run, "--steps", "3", "--hardware", str(hw)]) == 0
     err = capsys.readouterr().err
     assert "vs plan=step " in err and " dev " in err and " RSS " in err, err
+
+
+def test_a_prediction_that_fails_does_not_stop_the_run(tmp_path, hw, capsys, monkeypatch):
+    from horizon_exec.train import plan_check
+    from horizon_sim.errors import HorizonError
+
+    def fails(*a, **k):
+        raise HorizonError("no lane for op 3")
+    monkeypatch.setattr(plan_check, "predict", fails)
+    rep = tmp_path / "plan"
+    assert main(["train", *RUN, "--steps", "3", "--hardware", str(hw), "--report-dir", str(rep)]) == 0
+    out = capsys.readouterr().out
+    assert f"plan: not checked: the planner cannot simulate this run on {hw}: no lane for op 3" in out
+    assert "final loss" in out and list(rep.iterdir()) == []

@@ -8,6 +8,7 @@ where.
 The hardware the prediction runs on: --hardware when given. Without it there is no
 prediction (one line says so) and no report folder is made.
 """
+from horizon_sim.errors import HorizonError
 from horizon_sim.units import fmt_bytes
 
 NO_HARDWARE = ("plan: not checked: no hardware file to predict this machine's speed with (give --hardware FILE, "
@@ -31,9 +32,12 @@ def plan_for(cfg, tr, hardware, ds):
                       "`horizon validate` compares data-parallel configurations)")
     if hardware is None:
         return None, NO_HARDWARE
-    pred = predict(tr.sched, hardware, source=f"hardware file {cfg.hardware}",
-                   backend="cpu" if cfg.trainer.runtime.device == "cpu" else "cuda",
-                   compute_threads=getattr(tr.backend, "compute_threads", None), data_bytes=dataset_bytes(ds))
+    try:
+        pred = predict(tr.sched, hardware, source=f"hardware file {cfg.hardware}",
+                       backend="cpu" if cfg.trainer.runtime.device == "cpu" else "cuda",
+                       compute_threads=getattr(tr.backend, "compute_threads", None), data_bytes=dataset_bytes(ds))
+    except HorizonError as e:  # the check is the run's companion: it never stops the training
+        return None, f"plan: not checked: the planner cannot simulate this run on {cfg.hardware}: {e}"
     return PlanCheck(pred), pred.line()
 
 
