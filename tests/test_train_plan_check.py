@@ -169,3 +169,23 @@ def test_a_prediction_that_fails_does_not_stop_the_run(tmp_path, hw, capsys, mon
     out = capsys.readouterr().out
     assert f"plan: not checked: the planner cannot simulate this run on {hw}: no lane for op 3" in out
     assert "final loss" in out and list(rep.iterdir()) == []
+
+
+def test_a_run_stopped_by_a_signal_still_writes_its_report(tmp_path, hw, capsys, monkeypatch):
+    import os
+    import signal
+
+    from horizon_exec.runtime.trainer import Trainer
+    real, ran = Trainer.step, []
+
+    def step(self, *a, **kw):
+        res = real(self, *a, **kw)
+        ran.append(1)
+        if len(ran) == 4:  # the run stops at this step's boundary, exit 143
+            os.kill(os.getpid(), signal.SIGTERM)
+        return res
+    monkeypatch.setattr(Trainer, "step", step)
+    rep = tmp_path / "plan"
+    assert main(["train", *RUN, "--steps", "50", "--hardware", str(hw), "--report-dir", str(rep)]) == 143
+    out = capsys.readouterr().out
+    assert "plan vs measured over 2 step(s)" in out and (rep / "report.md").is_file()

@@ -407,7 +407,15 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") 
         print(f"MFU against {inputs.peak_what}")
     if plan_line:
         print(plan_line)
-    res = loop.run()
+    from horizon_exec.cli.train_plan import finish
+    from horizon_exec.train.loop import Interrupted
+    try:
+        res = loop.run()
+    except Interrupted as e:  # stopped at a step boundary: the steps that ran are still compared
+        if not e.immediate:
+            for line in finish(cfg, tr, loop.check):
+                print(line)
+        raise
     save_hf = cfg.outputs.save_hf
     if res is None:
         for line in _no_step_summary(cfg, loop):
@@ -447,7 +455,6 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") 
         # one node: rank 0 writes from the shared store; several: every rank gathers, rank 0 writes
         agree(tr.dist, lambda: write_hf(cfg, tr, loop, inputs.save_inputs)
               if tr.dist.rank == 0 or tr.dist.layout.nodes > 1 else None)
-    from horizon_exec.cli.train_plan import finish
     for line in finish(cfg, tr, loop.check):  # measured vs predicted, and the report (after the weights are safe)
         print(line)
     return 0
