@@ -3,10 +3,13 @@
 tears down, when it returns (as a hung kernel that finally finishes would). In that teardown
 CPython ends the lane thread with pthread_exit, whose unwind through torch's C++ frames called
 std::terminate: SIGABRT after the op timeout's one line (issue 43, item 5).
-Usage: python tests/stall_native_op.py <horizon train flags>"""
+Usage: python tests/stall_native_op.py [--as-rank-module] <horizon train flags>
+(--as-rank-module: the end of `python -m horizon_exec.cli.train_cmd`, exit_rank, not the program's.)"""
 import sys
 
-sys.argv[0] = "/usr/local/bin/horizon"  # before the entry point is imported: it acts as the program
+AS_RANK_MODULE = sys.argv[1:2] == ["--as-rank-module"]
+if not AS_RANK_MODULE:
+    sys.argv[0] = "/usr/local/bin/horizon"  # before the entry point is imported: it acts as the program
 
 import torch  # noqa: E402
 
@@ -51,4 +54,7 @@ def _init(self, *a, **kw):
 
 
 Engine.__init__ = _init
+if AS_RANK_MODULE:  # not the program: exit_rank is this process's only way out
+    from horizon_exec.dist.context import exit_rank
+    exit_rank(main(["train", *sys.argv[2:]]))
 sys.exit(main(["train", *sys.argv[1:]]))

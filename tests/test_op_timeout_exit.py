@@ -18,8 +18,11 @@ from horizon_sim.schedule.op import Op
 from tests.train_run import ROOT, TINY, env
 
 
-def test_op_timeout_with_a_lane_stuck_in_native_code_is_one_line_exit_1():
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "stall_native_op.py"), *TINY, "--steps", "3",
+@pytest.mark.parametrize("entry", [[], ["--as-rank-module"]], ids=["program", "train_cmd module"])
+def test_op_timeout_with_a_lane_stuck_in_native_code_is_one_line_exit_1(entry):
+    """As the `horizon` program, and as `python -m horizon_exec.cli.train_cmd` in one process
+    (dist/context.exit_rank's way out)."""
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "stall_native_op.py"), *entry, *TINY, "--steps", "3",
                         "--op-timeout", "0.5"],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
     assert "terminate called" not in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -104,6 +104,8 @@ def exit_rank(rc: int) -> None:
     in a rank that had closed: a native thread of torch.distributed still joinable at exit),
     and the launcher then reports a finished run as failed. A process of one rank exits as usual."""
     if not launched():
+        from horizon_sim.cli.stuck_threads import exit_past_stuck_threads
+        exit_past_stuck_threads(rc if isinstance(rc, int) else 1)  # a lane left in a kernel: no teardown
         sys.exit(rc)
     for f in (sys.stdout, sys.stderr):
         try:
