@@ -189,3 +189,15 @@ def test_a_run_stopped_by_a_signal_still_writes_its_report(tmp_path, hw, capsys,
     assert main(["train", *RUN, "--steps", "50", "--hardware", str(hw), "--report-dir", str(rep)]) == 143
     out = capsys.readouterr().out
     assert "plan vs measured over 2 step(s)" in out and (rep / "report.md").is_file()
+
+
+def test_a_report_that_cannot_be_written_is_one_line_exit_1(tmp_path, hw, capsys):
+    import os
+    rep = tmp_path / "plan"
+    rep.mkdir()
+    os.mkfifo(rep / "report.md")  # never opened (it would block): refused by its kind
+    assert main(["train", *RUN, "--steps", "3", "--hardware", str(hw), "--report-dir", str(rep)]) == 1
+    out, err = capsys.readouterr()
+    assert "final loss" in out and "plan vs measured over 1 step(s)" in out and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("horizon train: error: ") and "report.md" in err and "FIFO" in err
+    assert "the training itself finished" in err

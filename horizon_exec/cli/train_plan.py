@@ -47,26 +47,31 @@ def run_name(tr) -> str:
             f"opt {p.optimizer}" + (f", {p.micro_batches} micro" if p.micro_batches > 1 else ""))
 
 
-def finish(cfg, tr, check) -> list[str]:
-    """At the end of a run: the measured-vs-predicted line and the report written (lines to
-    print); OutputError when the report cannot be written."""
+def finish(cfg, tr, check, say=print, strict: bool = True) -> None:
+    """At the end of a run: say the measured-vs-predicted line, then write the report and say
+    where; OutputError when the report cannot be written, or with strict=False (a run stopping
+    on a signal, whose exit status says so) a line saying why."""
     from horizon_exec.train.plan_check import WARMUP_STEPS
     from horizon_exec.train.plan_report import rows, write_report
     if check is None:
-        return []
+        return
     meas = check.summary()
     if meas is None:
-        return [f"plan: no step compared ({check.seen} ran; the first {WARMUP_STEPS} of a process, skipped steps and "
-                "each step after a checkpoint or an eval are warm-up), so no report"]
+        return say(f"plan: no step compared ({check.seen} ran; the first {WARMUP_STEPS} of a process, skipped steps and "
+                   "each step after a checkpoint or an eval are warm-up), so no report")
     r = {x["figure"]: x for x in rows(check.pred, meas)}
     step, dev, rss = r["step time (median)"], r["device peak (median)"], r["host peak RSS"]
     # worded as `horizon validate` words a configuration: errors are (predicted - measured) / measured
-    lines = [f"plan vs measured over {meas['steps']} step(s): step {step['measured']:.1f} ms measured, "
-             f"{step['predicted']:.1f} predicted ({step['error']:+.1%}); device peak "
-             f"{fmt_bytes(meas['device_peak_bytes'])} measured ({dev['error']:+.1%}), host RSS "
-             f"{fmt_bytes(meas['rss_bytes'])} ({rss['error']:+.1%})"]
+    say(f"plan vs measured over {meas['steps']} step(s): step {step['measured']:.1f} ms measured, "
+        f"{step['predicted']:.1f} predicted ({step['error']:+.1%}); device peak "
+        f"{fmt_bytes(meas['device_peak_bytes'])} measured ({dev['error']:+.1%}), host RSS "
+        f"{fmt_bytes(meas['rss_bytes'])} ({rss['error']:+.1%})")
     folder = report_dir(cfg, tr.dist.world)
     if folder:
-        files = write_report(folder, check, run=run_name(tr))
-        lines.append(f"plan report: {', '.join(str(f) for f in files)}")
-    return lines
+        try:
+            files = write_report(folder, check, run=run_name(tr))
+        except HorizonError as e:
+            if strict:
+                raise
+            return say(f"plan report not written: {e}")
+        say(f"plan report: {', '.join(str(f) for f in files)}")
