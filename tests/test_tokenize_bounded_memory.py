@@ -163,3 +163,43 @@ def test_a_forced_cut_stays_lossless(tmp_path, small_pieces):
     assert len(cut) >= 8 and all(len(pieces.own_text(p)) <= 3000 for p in cut)
     ids = tokenize_documents([Document(text)], tok).ids.tolist()
     assert ids[-1] == tok.eos_id and tok.tok.decode(ids[:-1]) == text
+
+
+def test_the_admission_counts_a_chat_record_tokenized_whole(tmp_path):
+    """A chat record is rendered and tokenized whole (its assistant mask needs the whole
+    conversation's offsets), so the longest line that may be one is counted at the tokenizer's
+    measured bytes per byte; a text record of the same length is not (it is cut in pieces)."""
+    tok = _saved(bpe(), tmp_path)
+    chat, text = tmp_path / "chat.jsonl", tmp_path / "text.jsonl"
+    body = _dna(1_000_000)
+    chat.write_text(json.dumps({"text": "hi"}) + "\n"
+                    + json.dumps({"messages": [{"role": "user", "content": body}]}) + "\n")
+    text.write_text(json.dumps({"text": "hi"}) + "\n" + json.dumps({"text": body + " " * 35}) + "\n")
+    assert chat.stat().st_size == text.stat().st_size
+    more = data_bytes_bound(chat, tok, 64) - data_bytes_bound(text, tok, 64)
+    assert more >= data.TOKENIZE_BYTES_PER_TEXT_BYTE * 1_000_000
+
+
+def test_the_chat_key_is_found_across_read_blocks(tmp_path, monkeypatch):
+    """The scan reads blocks: a key split between two blocks, or a line longer than a block,
+    still marks its line as a possible chat record, and only that line."""
+    line = json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]})
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"text": "short"}\n' + line + "\n" + '{"text": "' + "y" * 9000 + '"}\n')
+    real_open = open
+
+    class SmallBlocks:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def read(self, n):
+            return self.fh.read(7)   # every key and line crosses blocks
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.fh.close()
+    monkeypatch.setattr(data, "open", lambda p, mode="r": SmallBlocks(real_open(p, mode)), raising=False)
+    records, longest, chat = data._jsonl_lines(f)
+    assert (records, longest, chat) == (3, 9000 + len('{"text": ""}'), len(line))

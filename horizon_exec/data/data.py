@@ -359,23 +359,33 @@ def token_bound(path=None, tokenizer=None) -> int:
     extra = len(getattr(tokenizer, "prefix_ids", ())) + len(getattr(tokenizer, "suffix_ids", ())) + 1
     if not _is_jsonl(p):
         return size + extra
-    records, _ = _jsonl_lines(p)
+    records, _, _ = _jsonl_lines(p)
     return size + (records + 1) * (extra + TEMPLATE_TOKENS_PER_RECORD)
 
 
-def _jsonl_lines(p: Path) -> tuple[int, int]:
-    """(newlines, bytes of the longest line) of a JSONL file, read in 4 MB blocks."""
-    records = longest = run = 0
+CHAT_KEY = b'"messages"'
+
+
+def _jsonl_lines(p: Path) -> tuple[int, int, int]:
+    """(newlines, bytes of the longest line, bytes of the longest line that may be a chat
+    record) of a JSONL file, read in 4 MB blocks. A line 'may be a chat record' when it holds
+    CHAT_KEY anywhere (a text that quotes it is counted too: the safe side)."""
+    records = longest = longest_chat = run = 0
+    run_chat, tail = False, b""   # the line still open at a block's end: its key seen, its last bytes
     with open(p, "rb") as f:
         while chunk := f.read(1 << 22):
             lines = chunk.split(b"\n")
             records += len(lines) - 1
+            first_chat = run_chat or CHAT_KEY in tail + lines[0][:len(CHAT_KEY)] or CHAT_KEY in lines[0]
             if len(lines) == 1:
                 run += len(chunk)
+                run_chat, tail = first_chat, (tail + chunk)[-len(CHAT_KEY):]
                 continue
-            longest = max(longest, run + len(lines[0]), max(map(len, lines[1:-1]), default=0))
-            run = len(lines[-1])
-    return records, max(longest, run)
+            whole = [(run + len(lines[0]), first_chat)] + [(len(ln), CHAT_KEY in ln) for ln in lines[1:-1]]
+            longest = max(longest, *(n for n, _ in whole))
+            longest_chat = max(longest_chat, *(n if chat else 0 for n, chat in whole))
+            run, run_chat, tail = len(lines[-1]), CHAT_KEY in lines[-1], lines[-1][-len(CHAT_KEY):]
+    return records, max(longest, run), max(longest_chat, run if run_chat else 0)
 
 
 RECORD_BYTES_PER_LINE_BYTE = 8
@@ -389,13 +399,18 @@ def data_bytes_bound(path, tokenizer, seq: int) -> int:
     ids (id_dtype), target flags, document starts (8 bytes per record at most one per
     token), the train/eval index permutations, and tokenizing: one batch of bounded pieces
     whatever the length of a document (TOKENIZE_BATCH_BYTES) and the JSONL record being read
-    (RECORD_BYTES_PER_LINE_BYTE of its longest line)."""
+    (RECORD_BYTES_PER_LINE_BYTE of its longest line). A chat record is rendered by its template
+    and tokenized whole (chat_tokens.py: transformers' assistant masks need the conversation's
+    offsets), so the longest line that may be one is counted at TOKENIZE_BYTES_PER_TEXT_BYTE."""
     n = token_bound(path, tokenizer)
     per_token = id_dtype(tokenizer.vocab_size).itemsize + 1
     starts = 8 * min(n, n // 2 + 1)
     indices = 4 * 8 * (n // max(1, seq) + 1)          # train and eval indices, and a permutation of each
     p = _source(path)
-    record = RECORD_BYTES_PER_LINE_BYTE * _jsonl_lines(p)[1] if _is_jsonl(p) else 0
+    record = 0
+    if _is_jsonl(p):
+        _, line, chat = _jsonl_lines(p)
+        record = RECORD_BYTES_PER_LINE_BYTE * line + TOKENIZE_BYTES_PER_TEXT_BYTE * chat
     return n * per_token + starts + indices + TOKENIZE_BATCH_BYTES + record
 
 
