@@ -51,7 +51,7 @@ def test_the_run_is_set_against_the_simulation_of_its_own_schedule(tmp_path, hw,
     sim = simulate(seen["tr"].sched, CPU_HW)
     rss = predict_rss(sim, "cpu").total_bytes + dataset_bytes(seen["ds"])
     plan = [ln for ln in out.splitlines() if ln.startswith("plan: ")]
-    assert len(plan) == 1 and plan[0].endswith(f"(hardware file {hw})"), out
+    assert len(plan) == 1 and plan[0].endswith(f"(--hardware {hw})"), out
     assert f"plan: step {sim.summary.step_time_s * 1e3:.1f} ms" in plan[0]
     recs = _log(log)
     assert [r["step"] for r in recs] == [1, 2, 3, 4, 5]
@@ -74,7 +74,7 @@ def test_the_run_is_set_against_the_simulation_of_its_own_schedule(tmp_path, hw,
     assert all(math.isfinite(float(r[k])) for r in table for k in ("predicted", "measured", "error"))
     assert float(table[0]["predicted"]) == pytest.approx(sim.summary.step_time_s * 1e3, rel=1e-5)
     facts = json.loads((rep / "report.json").read_text())
-    assert facts["steps_compared"] == 3 and facts["hardware"] == f"hardware file {hw}"
+    assert facts["steps_compared"] == 3 and facts["hardware"] == f"--hardware {hw}"
     md = (rep / "report.md").read_text()
     assert "| step time (median) | ms |" in md and "![overlay](overlay.png)" in md and "training data" in md
 
@@ -147,7 +147,8 @@ def test_a_data_parallel_run_says_it_is_not_checked():
     tr = SimpleNamespace(dist=SimpleNamespace(world=2))
     check, line = train_plan.plan_for(SimpleNamespace(hardware="hw.toml"), tr, CPU_HW, None)
     assert check is None and line.startswith("plan: not checked on a data-parallel run")
-    assert train_plan.report_dir(SimpleNamespace(hardware="hw.toml", report_folder="r"), 2) is None
+    cfg = SimpleNamespace(outputs=SimpleNamespace(report_dir="r"), checkpoints=SimpleNamespace(ckpt_dir="ck"))
+    assert train_plan.report_folder(cfg, PlanCheck(None), 2) is None and train_plan.report_folder(cfg, None, 1) is None
 
 
 def test_the_progress_bar_shows_the_step_against_the_plan(tmp_path, hw, capsys):
@@ -167,7 +168,7 @@ def test_a_prediction_that_fails_does_not_stop_the_run(tmp_path, hw, capsys, mon
     rep = tmp_path / "plan"
     assert main(["train", *RUN, "--steps", "3", "--hardware", str(hw), "--report-dir", str(rep)]) == 0
     out = capsys.readouterr().out
-    assert f"plan: not checked: the planner cannot simulate this run on {hw}: no lane for op 3" in out
+    assert f"plan: not checked: the planner cannot simulate this run on --hardware {hw}: no lane for op 3" in out
     assert "final loss" in out and list(rep.iterdir()) == []
 
 
@@ -201,3 +202,21 @@ def test_a_report_that_cannot_be_written_is_one_line_exit_1(tmp_path, hw, capsys
     assert "final loss" in out and "plan vs measured over 1 step(s)" in out and len(err.strip().splitlines()) == 1, err
     assert err.startswith("horizon train: error: ") and "report.md" in err and "FIFO" in err
     assert "the training itself finished" in err
+
+
+def test_a_quick_estimate_is_compared_but_reported_beside_the_checkpoints_only_when_asked(tmp_path, hw, capsys,
+                                                                                          monkeypatch):
+    """Speeds that were not measured on this machine (measure/machine's quick estimate) give the
+    start line, the log's keys and the closing line, but no report folder among the checkpoints
+    unless --report-dir asks for one."""
+    monkeypatch.setattr(train_plan, "given", lambda hardware, path: train_plan.GivenFile(
+        CPU_HW, "estimate: measured here in 3.0 s", "estimate"))
+    ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
+    assert main(["train", *RUN, "--steps", "3", "--ckpt-dir", str(ck), "--log-file", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "(estimate: measured here in 3.0 s)" in out and "plan vs measured over 1 step(s)" in out
+    assert "plan report: not written beside the checkpoints, the prediction being a quick estimate" in out
+    assert set(PLAN_KEYS) <= set(_log(log)[-1]) and not (ck / "report").exists()
+    rep = tmp_path / "plan"
+    assert main(["train", *RUN, "--steps", "3", "--report-dir", str(rep)]) == 0
+    assert (rep / "report.md").is_file()

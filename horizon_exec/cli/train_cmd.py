@@ -255,8 +255,8 @@ def run_train(args: argparse.Namespace) -> int:
     save_lock = []
 
     def claim():  # rank 0: the outputs checked, and --save-hf this run's until it ends
-        from horizon_exec.cli.train_plan import report_dir
-        prepare_outputs(**outputs, report_dir=report_dir(cfg, dist.world))
+        # --report-dir made now; the default one beside the checkpoints when written (cli/train_plan.py)
+        prepare_outputs(**outputs, report_dir=cfg.outputs.report_dir if dist.world == 1 else None)
         if cfg.outputs.save_hf:
             save_lock.append(ckpt_lock.acquire_save(cfg.outputs.save_hf))
     with _os_errors_as_usage():
@@ -363,10 +363,10 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
 
 
 def _train(cfg: "RunConfig", tr, inputs: _Inputs) -> int:
-    from horizon_exec.cli.train_plan import plan_for
+    from horizon_exec.cli.train_plan import given, plan_for
     from horizon_exec.train.loop import TrainLoop
 
-    check, plan_line = plan_for(cfg, tr, inputs.hardware, inputs.ds)  # the run set against its own plan
+    check, plan_line = plan_for(cfg, tr, given(inputs.hardware, cfg.hardware), inputs.ds)  # the run against its plan
     with TrainLoop(tr, inputs.ds, cfg.loop_config(inputs.peak), seed=cfg.trainer.seed, check=check) as loop:
         return _run_loop(cfg, tr, loop, inputs, plan_line)
 

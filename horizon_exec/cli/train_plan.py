@@ -1,44 +1,66 @@
 """`horizon train` checks itself against its plan (issue 39, item 3): the glue between the CLI
 and train/plan_check.py (the prediction, the compared steps) and train/plan_report.py (the
 report). At start one line, the prediction or why there is none; after warm-up each metrics-log
-line and the progress bar carry measured vs predicted; at the end the report goes into
-RunConfig.report_folder (--report-dir, else <ckpt-dir>/report, else none) and one line says
-where.
+line and the progress bar carry measured vs predicted; at the end one line of measured vs
+predicted and the report, in report_folder().
 
-The hardware the prediction runs on: --hardware when given. Without it there is no
-prediction (one line says so) and no report folder is made.
+The machine the prediction runs on is a description with `hardware`, `source` and `kind` (the
+shape of measure/machine's MachineDescription: --hardware, this machine's cached calibration,
+or a quick estimate). Where the report goes: --report-dir whatever the source; else beside the
+checkpoints (<ckpt-dir>/report) when the speeds are measured ones (--hardware, a calibration),
+not a quick estimate, which would make every run's report a comparison with a guess; else none.
 """
+import os
+from dataclasses import dataclass
+
+from horizon_exec.train.ckpt_dir_rules import REPORT
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.units import fmt_bytes
 
+FILE, CALIBRATED = "file", "calibrated"   # measure/machine's kinds whose speeds were measured on this machine
 NO_HARDWARE = ("plan: not checked: no hardware file to predict this machine's speed with (give --hardware FILE, "
                "e.g. from `horizon calibrate`)")
 
 
-def report_dir(cfg, world: int) -> str | None:
-    """The folder the run's report goes into, None when it makes none: no prediction (no
-    hardware) or a data-parallel run (each rank would measure only its own process)."""
-    if world > 1 or not cfg.hardware:
-        return None
-    return cfg.report_folder
+@dataclass(frozen=True)
+class GivenFile:
+    """A --hardware file as a machine description (measure/machine.given_file's shape)."""
+    hardware: HardwareSpec
+    source: str
+    kind: str = FILE
 
 
-def plan_for(cfg, tr, hardware, ds):
-    """(PlanCheck or None, the start line): the prediction of `tr`'s own Schedule on
-    `hardware` (as loaded from cfg.hardware; None: no prediction)."""
+def given(hardware: HardwareSpec | None, path) -> GivenFile | None:
+    return None if hardware is None else GivenFile(hardware, f"--hardware {path}")
+
+
+def plan_for(cfg, tr, machine, ds):
+    """(PlanCheck or None, the start line): the prediction of `tr`'s own Schedule on `machine`
+    (a description, module docstring; None: no prediction)."""
     from horizon_exec.train.plan_check import PlanCheck, dataset_bytes, predict
     if tr.dist.world > 1:
         return None, ("plan: not checked on a data-parallel run (each rank measures its own process; "
                       "`horizon validate` compares data-parallel configurations)")
-    if hardware is None:
+    if machine is None:
         return None, NO_HARDWARE
     try:
-        pred = predict(tr.sched, hardware, source=f"hardware file {cfg.hardware}",
+        pred = predict(tr.sched, machine.hardware, source=machine.source,
                        backend="cpu" if cfg.trainer.runtime.device == "cpu" else "cuda",
                        compute_threads=getattr(tr.backend, "compute_threads", None), data_bytes=dataset_bytes(ds))
     except HorizonError as e:  # the check is the run's companion: it never stops the training
-        return None, f"plan: not checked: the planner cannot simulate this run on {cfg.hardware}: {e}"
-    return PlanCheck(pred), pred.line()
+        return None, f"plan: not checked: the planner cannot simulate this run on {machine.source}: {e}"
+    return PlanCheck(pred, measured_speeds=machine.kind in (FILE, CALIBRATED)), pred.line()
+
+
+def report_folder(cfg, check, world: int) -> str | None:
+    """Where the report of `check` goes (module docstring); None: nowhere."""
+    if check is None or world > 1:
+        return None
+    if cfg.outputs.report_dir:
+        return cfg.outputs.report_dir
+    ck = cfg.checkpoints.ckpt_dir
+    return os.path.join(ck, REPORT) if ck and check.measured_speeds else None
 
 
 def run_name(tr) -> str:
@@ -66,12 +88,16 @@ def finish(cfg, tr, check, say=print, strict: bool = True) -> None:
         f"{step['predicted']:.1f} predicted ({step['error']:+.1%}); device peak "
         f"{fmt_bytes(meas['device_peak_bytes'])} measured ({dev['error']:+.1%}), host RSS "
         f"{fmt_bytes(meas['rss_bytes'])} ({rss['error']:+.1%})")
-    folder = report_dir(cfg, tr.dist.world)
-    if folder:
-        try:
-            files = write_report(folder, check, run=run_name(tr))
-        except HorizonError as e:
-            if strict:
-                raise
-            return say(f"plan report not written: {e}")
-        say(f"plan report: {', '.join(str(f) for f in files)}")
+    folder = report_folder(cfg, check, tr.dist.world)
+    if folder is None:
+        if cfg.checkpoints.ckpt_dir and tr.dist.world == 1:
+            say("plan report: not written beside the checkpoints, the prediction being a quick estimate of this "
+                "machine (--report-dir DIR writes it anyway; `horizon calibrate` makes it worth one)")
+        return
+    try:
+        files = write_report(folder, check, run=run_name(tr))
+    except HorizonError as e:
+        if strict:
+            raise
+        return say(f"plan report not written: {e}")
+    say(f"plan report: {', '.join(str(f) for f in files)}")

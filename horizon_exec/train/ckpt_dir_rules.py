@@ -7,8 +7,8 @@ checkpoint), `.lock`, the hidden temporaries of a killed save (`.step-N.<host>-<
 by the next save), node-J folders of a run over several nodes (each one such a folder), and
 `lost+found` (a file system's own, where the folder is a mount point). Besides these, the run's
 own --log-file, --save-hf and --report-dir may sit in the folder (a log beside its checkpoints is
-common; the predicted-vs-measured report's folder is <ckpt-dir>/report unless --report-dir says
-otherwise).
+common), and the folder `report` (REPORT: where a run writes its predicted-vs-measured report by
+default, cli/train_plan.py; a run without one, or one given --report-dir, leaves it as it is).
 
     refuse_risky_entries(folder, own)       a name the checkpointer would replace or remove
                                             holds something else: refused, even with --overwrite-ckpt
@@ -32,6 +32,7 @@ from horizon_sim.errors import HorizonError
 _STEP = re.compile(r"step-[0-9]+")
 _NODE = re.compile(r"node-[0-9]+")
 LATEST, LOCK = "latest", ".lock"                                    # ckpt.LATEST, ckpt_lock.LOCK
+REPORT = "report"   # the run's predicted-vs-measured report, by default (cli/train_plan.py)
 CHECKPOINT_FILES = frozenset({"state.safetensors", "trainer.json", "SHA256SUMS"})  # ckpt.STATE, META, SUMS
 # fileio's temporaries (`.<name>.<host>-<pid>.<x>.tmp` or `.old`) and _folder's write probe
 _LEFTOVER = re.compile(r"\.(?:step-[0-9]+|latest)\.[A-Za-z0-9-]+-[0-9]+\.(?:[^.]+\.tmp|old)|\.horizon-probe-.*")
@@ -113,7 +114,7 @@ def foreign_entries(folder: Path, own: set[str]) -> list[str]:
         p = folder / n
         if _STEP.fullmatch(n) or n in (LATEST, LOCK) or _LEFTOVER.fullmatch(n) or _is_own(n, own):
             continue
-        if (_NODE.fullmatch(n) or n == "lost+found") and p.is_dir() and not p.is_symlink():
+        if (_NODE.fullmatch(n) or n in ("lost+found", REPORT)) and p.is_dir() and not p.is_symlink():
             continue
         out.append(n)
     return out

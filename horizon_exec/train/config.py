@@ -14,7 +14,6 @@ TrainerConfig; around it: LRScheduleConfig (warmup then cosine decay, optim/lr.p
 OutputsConfig (the HF save, the metrics log, the progress bar).
 """
 import math
-import os
 from dataclasses import dataclass
 
 from horizon_exec.errors import ConfigError
@@ -118,7 +117,8 @@ class OutputsConfig:
     progress: bool = True
     report_dir: str | None = None
     """The run's predicted-vs-measured report goes here (train/plan_report.py; None: beside the
-    checkpoints, <ckpt_dir>/report, when there are any; RunConfig.report_folder)."""
+    checkpoints, <ckpt_dir>/report, when there are any and the prediction's speeds were measured:
+    cli/train_plan.report_folder)."""
 
     def __post_init__(self):
         _check_paths(self, "save_hf", "log_file", "report_dir")
@@ -163,14 +163,6 @@ class RunConfig:
             raise ConfigError(None, want="give {gpu} or {hardware}, not both")
         if self.lr_schedule.peak != self.trainer.optimizer.lr:
             raise ConfigError("peak", self.lr_schedule.peak, f"must be the optimizer's {{lr=}}{self.trainer.optimizer.lr!r}")
-
-    @property
-    def report_folder(self) -> str | None:
-        """Where the predicted-vs-measured report goes: report_dir, else <ckpt_dir>/report, else
-        nowhere (a run without outputs on disk writes no report unless asked)."""
-        if self.outputs.report_dir:
-            return self.outputs.report_dir
-        return os.path.join(self.checkpoints.ckpt_dir, "report") if self.checkpoints.ckpt_dir else None
 
     def loop_config(self, peak_flops: float | None) -> LoopConfig:
         """The training loop's settings for this run; peak_flops: what MFU is reported against."""

@@ -158,8 +158,8 @@ def prepare_outputs(*, ckpt_dir=None, save_hf=None, log_file=None, init_from=Non
                     overwrite_ckpt=False, report_dir=None) -> None:
     """Check (and create) every output before the run starts (module docstring). resume: the
     --resume value (None: a fresh run); overwrite_ckpt: a fresh run may replace the
-    checkpoints in ckpt_dir; report_dir: the folder of the run's predicted-vs-measured report
-    (RunConfig.report_folder, when the run makes one)."""
+    checkpoints in ckpt_dir; report_dir: --report-dir, the folder of the run's predicted-vs-measured
+    report (the default one, <ckpt_dir>/report, is made when written: cli/train_plan.py)."""
     if ckpt_dir:  # an output among the checkpointer's own files would be replaced or removed with them
         for flag, p in (("--save-hf", save_hf), ("--log-file", log_file), ("--report-dir", report_dir)):
             if p:

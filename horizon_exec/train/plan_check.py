@@ -107,8 +107,11 @@ class Measured:
 class PlanCheck:
     """The run's prediction and the steps compared with it (module docstring)."""
 
-    def __init__(self, prediction: Prediction):
+    def __init__(self, prediction: Prediction, measured_speeds: bool = True):
         self.pred = prediction
+        self.measured_speeds = measured_speeds
+        """The prediction's speeds were measured on this machine (a hardware file, a calibration),
+        not a quick estimate: the report then goes beside the checkpoints by default."""
         self.steps: list[Measured] = []
         self.timelines: deque = deque(maxlen=KEPT_TIMELINES)   # (step_s, timeline) of the last compared steps
         self.seen = 0

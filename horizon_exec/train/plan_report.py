@@ -17,7 +17,7 @@ import json
 import math
 from pathlib import Path
 
-from horizon_exec.checkpoints.fileio import OutputError
+from horizon_exec.checkpoints.fileio import OutputError, make_dirs, os_error_text
 from horizon_sim.errors import HorizonError
 from horizon_sim.safe_files import write_atomic
 from horizon_sim.units import MiB, fmt_bytes
@@ -67,10 +67,15 @@ def markdown(pred, meas: dict, table: list[dict], run: str) -> str:
 
 
 def write_report(folder, check, *, run: str) -> list[Path]:
-    """Write the report of `check` (a PlanCheck with compared steps) into `folder` (made by the
-    output checks before the run); OutputError naming the file when it cannot be written."""
+    """Write the report of `check` (a PlanCheck with compared steps) into `folder` (made here when
+    missing); OutputError naming the file when it cannot be written."""
     from horizon_sim.report.overlay import plot_overlay
     folder = Path(folder)
+    try:  # beside the checkpoints it is made now (--report-dir was made before the first step)
+        make_dirs(folder)
+    except OSError as e:
+        raise OutputError(f"cannot make the report folder {str(folder)!r}: {os_error_text(e)}; the training itself "
+                          "finished") from None
     pred, meas = check.pred, check.summary()
     table = rows(pred, meas)
     facts = {"run": run, "hardware": pred.source, "steps_compared": meas["steps"],
