@@ -142,7 +142,8 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     r = p.add_argument_group("device")
-    r.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    r.add_argument("--device", default=None,
+                   help="cpu or cuda[:N] (default: cuda when torch sees a GPU, else cpu; the run says which)")
     r.add_argument("--device-budget", default=None, metavar="SIZE",
                    help="device arena budget, e.g. 2GiB (default: unlimited)")
     r.add_argument("--disk-dir", default=None, metavar="DIR",
@@ -211,6 +212,10 @@ def run_train(args: argparse.Namespace) -> int:
     if launch.wants_launch(launch_flags.asked_ranks(args)):  # before torch loads: its C++ log level is read then (rendezvous.py)
         from horizon_exec.dist.rendezvous import quiet_cpp_logs
         quiet_cpp_logs()
+    if args.device is None:  # the default: a GPU where torch sees one (a launch hands its ranks the choice)
+        from horizon_exec.cli.default_device import default_device
+        args.device, why = default_device()
+        print(why)
     if args.compute_dtype is None:  # before anything reads the policy (node admission, the ranks)
         from horizon_exec.device.compute_dtype import default_compute_dtype
         args.compute_dtype, args.compute_dtype_why = default_compute_dtype(args.device,
@@ -303,6 +308,20 @@ class _Inputs:
     """What --save-hf copies besides the weights (save.read_save_inputs), on the writing rank."""
     hardware: "HardwareSpec | None" = None
     """--hardware as loaded: the speeds the run's prediction simulates with (cli/train_plan.py)."""
+    machine: object = None
+    """This machine's description (measure/machine: --hardware, else the cached calibration or
+    an estimate) the admission simulates on; None on a data-parallel rank without --hardware."""
+
+
+def _machine(cfg: "RunConfig", hardware, dist):
+    """The machine the run is planned on (measure/machine): --hardware as read, else (one
+    process) the cached calibration or a quick estimate; None for a data-parallel rank."""
+    from horizon_exec.measure.machine import given_file, this_machine
+    if hardware is not None:
+        return given_file(hardware, cfg.hardware)
+    if dist.world > 1:
+        return None
+    return this_machine(cfg.trainer.runtime.device, say=print)
 
 
 def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) -> int:
@@ -328,6 +347,7 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
             from horizon_sim.specs.hardware_io import load_hardware
             hardware = load_hardware(cfg.hardware)  # its peak for MFU; its speeds and runtime overhead, for admission
         peak, peak_what = _peak_flops(cfg, hardware)
+        machine = _machine(cfg, hardware, dist)
         save_inputs = None
         if cfg.outputs.save_hf and dist.rank == 0:  # what the save copies, read now: the source folders may change
             from horizon_exec.train.save import read_save_inputs
@@ -336,7 +356,7 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
     # ---- trainer and loop ------------------------------------------------------------------
     adm = cfg.trainer.admission
     # the file's speeds: the admission's simulation, and what --compute-threads auto prices the split with
-    adm = dataclasses.replace(adm, data_bytes=data_bytes, hardware=hardware)
+    adm = dataclasses.replace(adm, data_bytes=data_bytes, hardware=machine.hardware if machine else None)
     tr = Trainer(model, policy, dataclasses.replace(cfg.trainer, admission=adm), dist=dist)
     with tr:
         if adm.enabled:
@@ -344,7 +364,7 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
             check_space_for(cfg, tr)
         ds = load_dataset(data.data, tok, policy.seq, data.eval_fraction, doc_masks=policy.doc_masks)
         try:
-            return _train(cfg, tr, _Inputs(tok, init_dir, ds, peak, peak_what, save_inputs, hardware))
+            return _train(cfg, tr, _Inputs(tok, init_dir, ds, peak, peak_what, save_inputs, hardware, machine))
         except Interrupted as e:  # every rank stopped at the same boundary: rank 0 says so for the run
             if tr.dist.rank == 0:
                 print(f"horizon train: {e}" + ("; resume with --resume" if e.checkpoint else ""), file=sys.stderr)
@@ -405,6 +425,10 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") 
         print(f"weights from {inputs.init_dir}")
     if inputs.peak_what:
         print(f"MFU against {inputs.peak_what}")
+    if inputs.machine is not None:  # where the machine's speeds come from (and the offer to calibrate)
+        from horizon_exec.measure.machine import lines
+        for line in lines(inputs.machine):
+            print(line)
     if plan_line:
         print(plan_line)
     from horizon_exec.cli.train_plan import finish

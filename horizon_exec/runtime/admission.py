@@ -10,11 +10,12 @@ What is compared (bytes):
   and what the pool of dynamic host buffers holds: grads, staging, checkpoints, scalars;
   simulate() on a HardwareSpec of this machine) + the host store's page padding + the
   process runtime (the larger of what this process holds now and the runtime estimate:
-  `hardware.host.runtime_overhead_GiB` when a hardware file is given, else RSS now +
-  RUNTIME_GROWTH_BYTES) + the training data (data.data_bytes_bound: counted from the file's
-  size before it is read) + on the CPU backend the device need (its "device" memory is host
-  RAM). An eval adds nothing: it runs its forward-only Schedule on the engine, over the
-  step's buffers and lanes, and needs no more than a step (tests/test_eval_engine.py).
+  `hardware.host.runtime_overhead_GiB` when a hardware file gives one, else RSS now +
+  RUNTIME_GROWTH_BYTES: 0 is "not measured", as in this machine's estimates, measure/machine)
+  + the training data (data.data_bytes_bound: counted from the file's size before it is read)
+  + on the CPU backend the device need (its "device" memory is host RAM). An eval adds
+  nothing: it runs its forward-only Schedule on the engine, over the step's buffers and
+  lanes, and needs no more than a step (tests/test_eval_engine.py).
 - host available: `host_budget_bytes`, else MemAvailable (/proc/meminfo) + this process's
   resident memory (the process may grow to that without the kernel running out of RAM);
   with an address-space limit (`ulimit -v`), at most what it still lets the process map.
@@ -175,9 +176,9 @@ def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
         host_src = ("MemAvailable unknown: not checked" if avail is None else
                     f"MemAvailable {fmt_bytes(avail)} + this process {fmt_bytes(rss)}")
     host_avail, host_src = _address_space_cap(host_avail, host_src, rss)
-    if hardware is not None:
+    if hardware is not None and hardware.host.runtime_overhead_GiB > 0:
         runtime = max(rss, int(hardware.host.runtime_overhead_GiB * GiB))
-    else:
+    else:  # no file, or one that did not measure it (measure/machine's estimates: 0)
         runtime = rss + RUNTIME_GROWTH_BYTES
     hw = laid_out(_machine(hardware, host_avail, dev_avail, runtime), sched.meta.layout)
     res = simulate(sched, hw)
