@@ -79,13 +79,26 @@ def test_the_run_is_set_against_the_simulation_of_its_own_schedule(tmp_path, hw,
     assert "| step time (median) | ms |" in md and "![overlay](overlay.png)" in md and "training data" in md
 
 
-def test_without_hardware_one_line_and_no_report(tmp_path, capsys):
+def _this_machine(monkeypatch, source, kind):
+    """measure/machine's description of this machine, as the run gets it without --hardware."""
+    from horizon_exec import measure
+    from horizon_exec.measure.machine import MachineDescription
+    monkeypatch.setattr(measure.machine, "this_machine", lambda device, hardware_path=None, say=None:
+                        MachineDescription(CPU_HW, source, kind))
+
+
+def test_without_hardware_the_machines_calibration_is_the_plan(tmp_path, capsys, monkeypatch):
+    """On the CPU backend the prediction uses the calibration the machine has (the per-user
+    cache's), and its report goes beside the checkpoints as with --hardware."""
+    from horizon_exec.measure.machine import CALIBRATED
+    _this_machine(monkeypatch, "calibration cached in ~/.cache/horizon/machines/cpu.toml on 2026-11-29", CALIBRATED)
     ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
     assert main(["train", *RUN, "--ckpt-dir", str(ck), "--log-file", str(log)]) == 0
     out = capsys.readouterr().out
-    assert [ln for ln in out.splitlines() if ln.startswith("plan")] == [train_plan.NO_HARDWARE]
-    assert sorted(p.name for p in ck.iterdir()) == [".lock", "latest", "step-00000005"]
-    assert not any(set(PLAN_KEYS) & set(r) for r in _log(log))
+    plan = [ln for ln in out.splitlines() if ln.startswith("plan: ")]
+    assert len(plan) == 1 and plan[0].endswith("(calibration cached in ~/.cache/horizon/machines/cpu.toml on "
+                                               "2026-11-29)"), out
+    assert set(PLAN_KEYS) <= set(_log(log)[-1]) and (ck / "report" / "report.md").is_file()
 
 
 def test_report_dir_without_checkpoints(tmp_path, hw, capsys):
@@ -204,13 +217,13 @@ def test_a_report_that_cannot_be_written_is_one_line_exit_1(tmp_path, hw, capsys
     assert "the training itself finished" in err
 
 
-def test_a_quick_estimate_is_compared_but_reported_beside_the_checkpoints_only_when_asked(tmp_path, hw, capsys,
+def test_a_quick_estimate_is_compared_but_reported_beside_the_checkpoints_only_when_asked(tmp_path, capsys,
                                                                                           monkeypatch):
     """Speeds that were not measured on this machine (measure/machine's quick estimate) give the
     start line, the log's keys and the closing line, but no report folder among the checkpoints
     unless --report-dir asks for one."""
-    monkeypatch.setattr(train_plan, "given", lambda hardware, path: train_plan.GivenFile(
-        CPU_HW, "estimate: measured here in 3.0 s", "estimate"))
+    from horizon_exec.measure.machine import ESTIMATE
+    _this_machine(monkeypatch, "estimate: measured here in 3.0 s", ESTIMATE)
     ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
     assert main(["train", *RUN, "--steps", "3", "--ckpt-dir", str(ck), "--log-file", str(log)]) == 0
     out = capsys.readouterr().out

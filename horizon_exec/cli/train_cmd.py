@@ -137,8 +137,8 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     e.add_argument("--log-file", default=None, metavar="FILE", help="append per-step metrics as JSON lines")
     e.add_argument("--report-dir", default=None, metavar="DIR",
                    help="write the run's predicted-vs-measured report here at the end (report.md, report.csv, "
-                        "report.json, overlay.png; needs --hardware for the prediction; default: "
-                        "<ckpt-dir>/report with --ckpt-dir, else none)")
+                        "report.json, overlay.png; default: <ckpt-dir>/report with --ckpt-dir when the "
+                        "prediction's speeds were measured on this machine, --hardware or a calibration; else none)")
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     r = p.add_argument_group("device")
@@ -383,10 +383,10 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
 
 
 def _train(cfg: "RunConfig", tr, inputs: _Inputs) -> int:
-    from horizon_exec.cli.train_plan import given, plan_for
+    from horizon_exec.cli.train_plan import plan_for
     from horizon_exec.train.loop import TrainLoop
 
-    check, plan_line = plan_for(cfg, tr, given(inputs.hardware, cfg.hardware), inputs.ds)  # the run against its plan
+    check, plan_line = plan_for(cfg, tr, inputs.machine, inputs.ds)  # the run set against its own plan
     with TrainLoop(tr, inputs.ds, cfg.loop_config(inputs.peak), seed=cfg.trainer.seed, check=check) as loop:
         return _run_loop(cfg, tr, loop, inputs, plan_line)
 

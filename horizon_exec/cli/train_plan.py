@@ -4,46 +4,30 @@ report). At start one line, the prediction or why there is none; after warm-up e
 line and the progress bar carry measured vs predicted; at the end one line of measured vs
 predicted and the report, in report_folder().
 
-The machine the prediction runs on is a description with `hardware`, `source` and `kind` (the
-shape of measure/machine's MachineDescription: --hardware, this machine's cached calibration,
-or a quick estimate). Where the report goes: --report-dir whatever the source; else beside the
-checkpoints (<ckpt-dir>/report) when the speeds are measured ones (--hardware, a calibration),
-not a quick estimate, which would make every run's report a comparison with a guess; else none.
+The machine the prediction runs on is the run's MachineDescription (measure/machine, the one the
+admission simulates on): --hardware, else this machine's cached calibration, else a quick
+estimate; on the CPU backend that is the calibration the machine has. Where the report goes:
+--report-dir whatever the source; else beside the checkpoints (<ckpt-dir>/report) when the
+speeds were measured on this machine (--hardware, a calibration), not a quick estimate, which
+would make every run's report a comparison with a guess; else none.
 """
 import os
-from dataclasses import dataclass
 
+from horizon_exec.measure.machine import CALIBRATED, FILE
 from horizon_exec.train.ckpt_dir_rules import REPORT
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.units import fmt_bytes
-
-FILE, CALIBRATED = "file", "calibrated"   # measure/machine's kinds whose speeds were measured on this machine
-NO_HARDWARE = ("plan: not checked: no hardware file to predict this machine's speed with (give --hardware FILE, "
-               "e.g. from `horizon calibrate`)")
-
-
-@dataclass(frozen=True)
-class GivenFile:
-    """A --hardware file as a machine description (measure/machine.given_file's shape)."""
-    hardware: HardwareSpec
-    source: str
-    kind: str = FILE
-
-
-def given(hardware: HardwareSpec | None, path) -> GivenFile | None:
-    return None if hardware is None else GivenFile(hardware, f"--hardware {path}")
 
 
 def plan_for(cfg, tr, machine, ds):
     """(PlanCheck or None, the start line): the prediction of `tr`'s own Schedule on `machine`
-    (a description, module docstring; None: no prediction)."""
+    (a MachineDescription; None: none was made)."""
     from horizon_exec.train.plan_check import PlanCheck, dataset_bytes, predict
     if tr.dist.world > 1:
         return None, ("plan: not checked on a data-parallel run (each rank measures its own process; "
                       "`horizon validate` compares data-parallel configurations)")
     if machine is None:
-        return None, NO_HARDWARE
+        return None, "plan: not checked: no description of this machine to predict the run with"
     try:
         pred = predict(tr.sched, machine.hardware, source=machine.source,
                        backend="cpu" if cfg.trainer.runtime.device == "cpu" else "cuda",
