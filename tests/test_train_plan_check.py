@@ -233,3 +233,21 @@ def test_a_quick_estimate_is_compared_but_reported_beside_the_checkpoints_only_w
     rep = tmp_path / "plan"
     assert main(["train", *RUN, "--steps", "3", "--report-dir", str(rep)]) == 0
     assert (rep / "report.md").is_file()
+
+
+def test_a_description_without_a_measured_runtime_takes_the_admissions():
+    """measure/machine's quick estimate carries runtime_overhead_GiB = 0 ('not measured'): the
+    RSS prediction then counts the admission's runtime figure, not nothing."""
+    from dataclasses import replace
+
+    from horizon_exec.train.plan_check import predict
+    from horizon_sim.schedule import build_schedule
+    from horizon_sim.specs.layout import Layout
+    from horizon_sim.specs.policy import Policy
+    from horizon_exec.measure.validate import QUICK_CONFIGS
+    sched = build_schedule(QUICK_CONFIGS[0].model, Policy(batch=1, seq=64), Layout(1))
+    unmeasured = replace(CPU_HW, host=replace(CPU_HW.host, runtime_overhead_GiB=0.0))
+    p = predict(sched, unmeasured, source="estimate", runtime_bytes=300 * 2**20)
+    assert p.rss_terms["runtime"] == 300 * 2**20
+    q = predict(sched, CPU_HW, source="file", runtime_bytes=300 * 2**20)  # a measured one is kept
+    assert q.rss_terms["runtime"] == int(CPU_HW.host.runtime_overhead_GiB * 2**30)

@@ -31,7 +31,9 @@ def plan_for(cfg, tr, machine, ds):
     try:
         pred = predict(tr.sched, machine.hardware, source=machine.source,
                        backend="cpu" if cfg.trainer.runtime.device == "cpu" else "cuda",
-                       compute_threads=getattr(tr.backend, "compute_threads", None), data_bytes=dataset_bytes(ds))
+                       compute_threads=getattr(tr.backend, "compute_threads", None), data_bytes=dataset_bytes(ds),
+                       # a description that did not measure the runtime (an estimate): the admission's figure
+                       runtime_bytes=tr.admission.host_by_role.get("runtime") if tr.admission is not None else None)
     except HorizonError as e:  # the check is the run's companion: it never stops the training
         return None, f"plan: not checked: the planner cannot simulate this run on {machine.source}: {e}"
     return PlanCheck(pred, measured_speeds=machine.kind in (FILE, CALIBRATED)), pred.line()

@@ -24,13 +24,13 @@ loading around it excluded), the device peak of that step, and the process's pea
 import math
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from horizon_sim.sim.process_rss import predict_rss
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.specs.cpu_ranks import is_cpu_backend, laid_out
 from horizon_sim.specs.hardware import HardwareSpec
-from horizon_sim.units import fmt_bytes
+from horizon_sim.units import GiB, fmt_bytes
 
 WARMUP_STEPS = 2
 """Steps of this process not compared (module docstring)."""
@@ -72,9 +72,13 @@ def priced_hardware(hw: HardwareSpec, sched, compute_threads: int | None) -> Har
 
 
 def predict(sched, hw: HardwareSpec, *, source: str, backend: str = "cpu", compute_threads: int | None = None,
-            data_bytes: int = 0) -> Prediction:
+            data_bytes: int = 0, runtime_bytes: int | None = None) -> Prediction:
     """Simulate `sched` on `hw` (module docstring). backend: 'cpu' or 'cuda' (the RSS model's
-    terms differ); data_bytes: the training data this process holds."""
+    terms differ); data_bytes: the training data this process holds; runtime_bytes: the
+    process's runtime (RSS before any model tensor) where `hw` did not measure one (0, as in
+    measure/machine's quick estimates): the admission's figure for it."""
+    if not hw.host.runtime_overhead_GiB and runtime_bytes:
+        hw = replace(hw, host=replace(hw.host, runtime_overhead_GiB=runtime_bytes / GiB))
     sim = simulate(sched, priced_hardware(hw, sched, compute_threads))
     rss = predict_rss(sim, "cpu" if backend == "cpu" else "cuda")
     terms = dict(rss.terms)
