@@ -52,7 +52,7 @@ def _run_config(a: argparse.Namespace) -> RunConfig:
     trainer = TrainerConfig(
         optimizer=OptimizerConfig(lr=a.lr, weight_decay=a.weight_decay, betas=(a.beta1, a.beta2), eps=a.eps),
         seed=a.seed, random_init=a.init_from is None,
-        runtime=RuntimeConfig(device=a.device, compute_threads=a.compute_threads, on_nonfinite=a.on_nonfinite,
+        runtime=RuntimeConfig(device=_device(a), compute_threads=a.compute_threads, on_nonfinite=a.on_nonfinite,
                               timeout_s=DEFAULT_OP_TIMEOUT_S if a.op_timeout is None else a.op_timeout,
                               disk_dir=a.disk_dir, disk_method=a.disk_io),
         admission=AdmissionConfig(enabled=not a.no_admission, host_budget_bytes=size(a.host_budget, "--host-budget"),
@@ -61,3 +61,11 @@ def _run_config(a: argparse.Namespace) -> RunConfig:
     return RunConfig(model=a.model, init_from=a.init_from, steps=a.steps, policy=policy, trainer=trainer,
                      lr_schedule=schedule, data=data, checkpoints=checkpoints, outputs=outputs, gpu=a.gpu,
                      hardware=a.hardware, compute_dtype_why=getattr(a, "compute_dtype_why", ""))
+
+
+def _device(a: argparse.Namespace) -> str:
+    """--device, or its default where train_cmd has not resolved it yet (a caller of run_config)."""
+    if a.device is not None:
+        return a.device
+    from horizon_exec.cli.default_device import default_device
+    return default_device()[0]
