@@ -83,7 +83,7 @@ def launch(a: LaunchConfig, worker_args: str) -> int:
     # torch.distributed.run starts each worker as `python -m horizon_exec.cli.train_cmd` in the
     # user's folder, whose own horizon_exec/ (or torch/) would run first: never from there
     # (PYTHONSAFEPATH), and this checkout first on the path so an uninstalled one still imports.
-    from horizon_exec.measure.child import child_env
+    from horizon_exec.child_env import child_env
     was = {k: os.environ.get(k) for k in ("PYTHONSAFEPATH", "PYTHONPATH")}
     os.environ.update(PYTHONSAFEPATH="1", PYTHONPATH=child_env()["PYTHONPATH"])
     try:

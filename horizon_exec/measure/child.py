@@ -5,25 +5,11 @@ inherits no warmed caches or allocator state (probe.py, peer_deepspeed.py).
     res = run_json_child("horizon_exec.measure.probe", req, what="probe of tiny", timeout_s=600)
 """
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
+from horizon_exec.child_env import ROOT, child_env  # noqa: F401 - re-exported: measure's children use them
 from horizon_sim.errors import HorizonError
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def child_env(extra: dict | None = None) -> dict:
-    """This environment, plus `extra`, with the checkout importable (PYTHONPATH first). An empty
-    or relative XDG_CACHE_HOME is dropped, as the XDG spec says: torch would otherwise build
-    DeepSpeed's JIT ops into, and load them from, torch_extensions/ under the child's folder."""
-    env = dict(os.environ, **(extra or {}))
-    if not os.path.isabs(env.get("XDG_CACHE_HOME", "/")):
-        del env["XDG_CACHE_HOME"]
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    return env
 
 
 def run_json_child(module: str, request: dict, *, what: str, env: dict | None = None,
