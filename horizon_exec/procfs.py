@@ -5,6 +5,8 @@ Torch-free."""
 import os
 import sys
 
+from horizon_sim.safe_files import umask  # noqa: F401 - procfs is where the executor looks for it
+
 
 def _lines(path: str):
     try:
@@ -93,18 +95,6 @@ def node_rss_bytes(peaks: list[int], shmem: list[int]) -> int:
     shared memory: every rank's private peak, plus the shared store once (the largest mapping
     any rank has touched: the leader, which initialised it, touched all of it)."""
     return int(sum(p - s for p, s in zip(peaks, shmem)) + max(shmem, default=0))
-
-
-def umask() -> int:
-    """The process umask, read without changing it where /proc says it (os.umask sets it, and
-    other threads may be creating files meanwhile)."""
-    v = _field("/proc/self/status", "Umask")
-    try:
-        return int(v, 8)
-    except (TypeError, ValueError):
-        mask = os.umask(0o022)
-        os.umask(mask)
-        return mask
 
 
 def cpu_flags() -> str:

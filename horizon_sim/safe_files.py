@@ -56,6 +56,21 @@ def refuse_non_regular(path, what: str, allow_chardev: bool = False, allow_dir: 
     raise HorizonError(f"{what} {str(path)!r} is {k}, not a regular file; give a file")
 
 
+def umask() -> int:
+    """The process umask, read without changing it where /proc says it (os.umask sets it, and
+    other threads may be creating files meanwhile)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path, data: bytes, what: str) -> Path:
     """Write `data` to `path` through a temporary file in the same folder and a rename (module
     docstring); a character device is written in place. Errors: one-line HorizonError
@@ -73,6 +88,7 @@ def write_atomic(path, data: bytes, what: str) -> Path:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes it 0600; a report is an ordinary file
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

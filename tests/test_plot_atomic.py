@@ -56,3 +56,17 @@ def test_write_atomic_replaces_and_writes_devices_in_place(tmp_path):
     assert (tmp_path / "a.png").read_bytes() == b"two" and os.listdir(tmp_path) == ["a.png"]
     write_atomic("/dev/null", b"x", "plot")  # a character device: written in place, never renamed over
     assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
+
+
+def test_a_written_file_has_the_ordinary_mode_not_mkstemps(tmp_path):
+    """The temporary file mkstemp makes is 0600; a report, plot or trace is published as any
+    file the user writes: 0666 & ~umask (the train report's files were 0600)."""
+    import os
+
+    from horizon_sim.safe_files import write_atomic
+    old = os.umask(0o027)
+    try:
+        p = write_atomic(tmp_path / "r.md", b"x\n", "report")
+    finally:
+        os.umask(old)
+    assert p.stat().st_mode & 0o777 == 0o640
