@@ -209,6 +209,22 @@ def test_calibrate_keeps_a_full_calibration_in_the_cache(home, monkeypatch, caps
     assert "give -o FILE.toml: a --quick calibration is not kept in the per-user cache" in err and "\n" not in err
 
 
+def test_calibrate_without_a_usable_cache_is_refused_before_measuring(home, monkeypatch, capsys, tmp_path):
+    import horizon_exec.measure.calibrate as C
+    calls = []
+    monkeypatch.setattr(C, "calibrate", lambda device, **k: calls.append(device) or CACHED)
+    _cuda(monkeypatch, False)
+    home.dir.mkdir(parents=True)
+    os.chmod(home.dir, 0o777)
+    assert main(["calibrate"]) == 2 and not calls
+    err = capsys.readouterr().err.strip()
+    assert f"the per-user cache {home.dir} cannot be used (" in err and "give -o FILE.toml" in err
+    out = tmp_path / "m.toml"  # with -o: measured (on the default device, said), written there, the cache said
+    assert main(["calibrate", "-o", str(out)]) == 0 and calls == ["cpu"] and out.is_file()
+    err = capsys.readouterr().err
+    assert "device cpu: no GPU (torch sees no CUDA device)" in err and "not kept in the per-user cache" in err
+
+
 def test_a_hardware_file_without_a_runtime_figure_leaves_the_admission_its_own(monkeypatch):
     """Runtime 0 in a hardware file (this machine's estimates) is 'not measured': the admission
     counts RSS + RUNTIME_GROWTH_BYTES as with no file, not the RSS alone."""

@@ -68,8 +68,8 @@ def run(a: argparse.Namespace) -> int:
         try:
             private_cache_dir()
         except (NotPrivate, OSError) as e:
-            raise HorizonError(f"the per-user cache {cache_dir()} cannot be used ({getattr(e, 'strerror', None) or e}); "
-                               "give -o FILE.toml") from None
+            why = getattr(e, "strerror", None) or e
+            raise HorizonError(f"the per-user cache {cache_dir()} cannot be used ({why}); give -o FILE.toml") from None
     model = policy = None
     if a.model:
         from horizon_sim.specs.hf_config import load_model

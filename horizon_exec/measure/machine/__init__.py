@@ -17,6 +17,7 @@ The source is one line saying which, for the run's log ("calibration cached in
 """
 import contextlib
 import fcntl
+import os
 import time
 from dataclasses import dataclass
 
@@ -83,7 +84,8 @@ def _cpu_estimate(key: dict, note: str, say) -> MachineDescription:
     process measures at a time: a second waits on the lock and reads the first's)."""
     from horizon_exec.measure.machine import cache
     path = cache.estimate_path(key)
-    usable = not cache.why_unusable(path) or cache.why_unusable(path) == "absent"
+    why = cache.why_unusable(path)
+    usable = why in ("", "absent")
     with _locked(path) if usable else contextlib.nullcontext():
         if usable and path.exists() and cache.age_s(path) < cache.ESTIMATE_LIFE_S:
             hw = _read(path)
@@ -97,7 +99,7 @@ def _cpu_estimate(key: dict, note: str, say) -> MachineDescription:
             text, seconds = _measure_estimate()
         except HorizonError as e:  # the run goes on, planned on the built-in figures
             return _built_in(f"the quick measurement failed: {e}")
-        where = "not cached: " + cache.why_unusable(path) if not usable else ""
+        where = "not cached: " + why if not usable else ""
         if usable:
             try:
                 where = f"cached in {cache.shown(cache.write(path, _keyed(text, key)))} for " \
@@ -117,7 +119,6 @@ def _built_in(why: str) -> MachineDescription:
 
     from horizon_exec.device.core_split import CPU_ESTIMATE
     from horizon_exec.measure.machine.detect import host_ram_GiB
-    import os
     ram = host_ram_GiB()
     hw = replace(CPU_ESTIMATE, device=replace(CPU_ESTIMATE.device, hbm_GiB=ram),
                  host=replace(CPU_ESTIMATE.host, ram_GiB=ram, cores=os.cpu_count() or 1, runtime_overhead_GiB=0.0,
@@ -131,7 +132,6 @@ def _locked(path):
     """An exclusive lock on `path`'s lock file in the private cache folder (released on exit,
     and by the kernel if the process dies)."""
     from horizon_exec.measure.machine import cache
-    import os
     folder = cache.private_cache_dir()
     fd = os.open(folder / f".{path.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:

@@ -176,7 +176,8 @@ def gpu_estimate(device: str) -> tuple[HardwareSpec, str]:
     hw = replace(hw, device=replace(hw.device, hbm_GiB=mem),
                  host=replace(hw.host, cores=os.cpu_count() or 1, runtime_overhead_GiB=0.0),
                  name=f"{name} ({preset.name if preset else ESTIMATE_PRESET} preset) / {hw.host.name} host")
-    what = (f"the {preset.name} preset" if preset else f"no preset names {name!r}: the {ESTIMATE_PRESET} preset's speeds")
+    what = (f"the {preset.name} preset" if preset else
+            f"no preset names {name!r}: the {ESTIMATE_PRESET} preset's speeds")
     return hw, f"{what} with this GPU's {mem:.1f} GiB and this host's RAM and {hw.host.cores} cores"
 
 
