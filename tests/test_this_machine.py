@@ -239,3 +239,18 @@ def test_a_hardware_file_without_a_runtime_figure_leaves_the_admission_its_own(m
     zero = admission.admit(model, policy, sched, hardware=replace(
         CPU_HW, host=replace(CPU_HW.host, runtime_overhead_GiB=0.0)), advise=False)
     assert zero.host_by_role["runtime"] == none.host_by_role["runtime"] == 100 * 2**20 + admission.RUNTIME_GROWTH_BYTES
+
+
+def test_the_cpu_attention_tables_cover_the_tiny_presets_head_dim():
+    """SDPA per FLOP is 1.1-1.4x slower at head_dim 32 than at 64 on the AMX VM and the tables do
+    not extrapolate: calibrate's CPU grid and the quick estimate measure 32 (tiny: 256 / 8 heads),
+    so `horizon train --model tiny` is not priced at 64's rate (its calibrated step went from
+    -25% to +3% of the measured one)."""
+    from horizon_exec.measure.calibrate.kernels import attention_grid
+    from horizon_exec.measure.machine.estimate import ATTENTION_POINTS
+    from horizon_sim.specs.model_presets import model_preset
+    tiny = model_preset("tiny")
+    hd = tiny.hidden // tiny.n_heads
+    assert {d for _, d in attention_grid(False, "cpu")} >= {hd, 64, 128}
+    assert (1024, hd) in ATTENTION_POINTS and max(s for s, _ in ATTENTION_POINTS) == 1024
+    assert {d for _, d in attention_grid(False, "cuda")} == {64, 128}  # the GPU grid is unchanged

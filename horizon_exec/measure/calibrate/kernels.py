@@ -100,9 +100,15 @@ def gemm_rates(times: list[dict]) -> dict:
     return {s: 2.0 * s[1] * s[2] * s[3] / statistics.median(t[s] for t in times) / 1e12 for s in times[0]}
 
 
+ATTENTION_HEAD_DIMS_CPU = (32, 64, 128)
+"""The CPU grid's head dims: SDPA at head_dim 32 (the tiny preset's, 256 / 8 heads) runs 1.1-1.4x
+slower per FLOP than at 64 on the AMX VM, and the table does not extrapolate below its
+smallest: without 32 such a model's attention was priced at 64's rate."""
+
+
 def attention_grid(quick: bool, device: str) -> list[tuple[int, int]]:
     seqs = (64, 256) if quick else ((64, 128, 256, 512, 1024) if device == "cpu" else (512, 1024, 2048, 4096, 8192))
-    hds = (64,) if quick else (64, 128)
+    hds = (64,) if quick else (ATTENTION_HEAD_DIMS_CPU if device == "cpu" else (64, 128))
     return [(s, d) for s in seqs for d in hds]
 
 

@@ -38,9 +38,10 @@ BF16_DIMS = (128, 512, 2048)
 TOKEN_ROWS = 8192
 """A micro-batch's tokens (batch x seq: 4 x 2048 by default): the M of a layer's GEMMs, beyond
 the grid's (the table does not extrapolate: without it such GEMMs took the 2048-row rate)."""
-ATTENTION_POINTS = ((256, 64), (1024, 64), (1024, 128))
+ATTENTION_POINTS = ((256, 64), (1024, 32), (1024, 64), (1024, 128))
 """(seq, head_dim) of the causal SDPA timed: its rate grows with the sequence (twice from 256 to
-1024 here) and the table does not extrapolate, so a long sequence needs a long point."""
+1024 here) and with the head dim (1.1-1.4x from 32 to 64), and the table does not extrapolate,
+so a long sequence needs a long point and a small head a small one."""
 MASKED_POINTS = ((1024, 64),)
 ESTIMATE_PRESET = "h100-pcie"
 """The preset a GPU without one of its own is estimated with (its memory replaced by the GPU's)."""
