@@ -426,6 +426,19 @@ def read_meta(path, verify: bool = False) -> dict:
     return _read_meta_bytes(p, _sums(p)[META] if verify else None)
 
 
+def recorded_compute_threads(path) -> int | None:
+    """The CPU backend's compute threads the checkpoint resume would load first was written with
+    (its "runtime" metadata: state_items.py); None when it records none (older checkpoints, a GPU
+    run) or cannot be read (the load itself then says what is wrong)."""
+    for p in candidates(path):
+        try:
+            n = read_meta(p, verify=True).get("runtime", {}).get("compute_threads")
+        except (HorizonError, OSError, ValueError, AttributeError, KeyError):
+            continue  # damaged: resume falls back past it, and so does this
+        return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
+    return None
+
+
 # ---- loading ----------------------------------------------------------------------------------
 _CHUNK = 1 << 26  # bytes read (and hashed) per call: 64 MiB
 

@@ -357,7 +357,11 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
     adm = cfg.trainer.admission
     # the file's speeds: the admission's simulation, and what --compute-threads auto prices the split with
     adm = dataclasses.replace(adm, data_bytes=data_bytes, hardware=machine.hardware if machine else None)
-    tr = Trainer(model, policy, dataclasses.replace(cfg.trainer, admission=adm), dist=dist)
+    trainer_cfg = dataclasses.replace(cfg.trainer, admission=adm, runtime=_resumed_threads(cfg))
+    tr = Trainer(model, policy, trainer_cfg, dist=dist)
+    if trainer_cfg.runtime is not cfg.trainer.runtime:
+        tr.backend.split_why = f"{tr.backend.compute_threads}, as the run being resumed (a GEMM sums in " \
+                               f"another order on another count; --compute-threads N to choose)"
     with tr:
         if adm.enabled:
             from horizon_exec.train.save import check_space_for
@@ -380,6 +384,22 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
                 traceback.print_exception(e.__cause__ or e, file=sys.stderr)
             print(f"horizon train: error: {e} (HORIZON_DEBUG=1 shows the traceback)", file=sys.stderr)
             return 1
+
+
+def _resumed_threads(cfg: "RunConfig"):
+    """The runtime config, with --compute-threads auto pinned to the compute threads the run
+    being resumed used (its checkpoint records them): the planner's choice may differ today (a
+    new calibration or estimate), and GEMMs sum in another order on another count, so the
+    resumed steps would not equal the uninterrupted run's bit for bit. Unchanged otherwise."""
+    rt, ck = cfg.trainer.runtime, cfg.checkpoints
+    if ck.resume is None or rt.device != "cpu" or rt.compute_threads != "auto":
+        return rt
+    from horizon_exec.checkpoints.ckpt import recorded_compute_threads
+    from horizon_exec.device.cpu import cpu_cores
+    threads = recorded_compute_threads(ck.resume or ck.ckpt_dir)
+    if threads is None or threads > len(cpu_cores()):  # an older checkpoint, or a bigger machine's
+        return rt
+    return dataclasses.replace(rt, compute_threads=threads)
 
 
 def _train(cfg: "RunConfig", tr, inputs: _Inputs) -> int:

@@ -14,7 +14,9 @@ The tensors: everything a resumed step reads from the host store.
 The working copy is not held: it is the master cast, rebuilt on load.
 The metadata (JSON): "trainer" (TrainerState: steps done, the pending flag and its lr, ...) and
 what the state was written for: "model", "policy", "optimizer" (AdamW's betas, eps, weight
-decay), "layout" (the data-parallel layout and this node)."""
+decay), "layout" (the data-parallel layout and this node), and on the CPU backend "runtime" (its
+compute threads: GEMMs sum in another order on another count, so a resume that is to equal the
+uninterrupted run bit for bit takes the same)."""
 import dataclasses
 from dataclasses import dataclass
 
@@ -83,6 +85,9 @@ def declare(tr, state, pending: bool) -> StateItems:
             "optimizer": {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay},
             # data parallel: the node's shard of the store (ckpt_dir/node-J when several nodes)
             "layout": {**dataclasses.asdict(d.layout), "node": d.node}}
+    threads = getattr(tr.backend, "compute_threads", None)
+    if threads is not None:  # the CPU backend's intra-op threads: a GEMM's sums depend on them, so a
+        meta["runtime"] = {"compute_threads": threads}  # resume takes the same ones (cli/train_cmd.py)
     return StateItems(tensors, meta)
 
 
