@@ -15,7 +15,7 @@ def test_training_outlives_a_reader_that_left(tmp_path):
     proc.stdout.close()                      # the reader leaves, as `head -1` does
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 0, err
-    assert first.startswith("horizon train: ")
+    assert first.startswith("device cpu: ")   # the first line: which device and why (cli/default_device.py)
     assert (ckpt / "latest").read_text().strip() == "step-00000006"      # the run went to its end
     steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
