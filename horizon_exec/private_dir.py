@@ -23,6 +23,20 @@ class NotPrivate(Exception):
     """A folder other users could change (or not an absolute path); the message says which part and why."""
 
 
+def horizon_cache_dir(kind: str) -> Path:
+    """The per-user cache folder of `kind` ('native': the AdamW kernel, 'machines': calibrations),
+    not yet checked (make_private_dir does that): $HORIZON_CACHE_DIR/<kind>, else
+    $XDG_CACHE_HOME/horizon/<kind>, else ~/.cache/horizon/<kind>. The XDG spec: an empty or
+    relative XDG_CACHE_HOME is ignored (taken as is, "" made the cache ./horizon/<kind>: code
+    built into and loaded from wherever the user stands)."""
+    d = os.environ.get("HORIZON_CACHE_DIR")
+    if d:
+        return Path(d) / kind
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "horizon" / kind
+
+
 def make_private_dir(path, link_ok: bool = True) -> Path:
     """The real path of folder `path`, created with mode 0700 where missing (parents too), once
     it is private; NotPrivate saying why it is not; OSError when it cannot be created.

@@ -25,12 +25,8 @@ measured under passes. `horizon calibrate` replaces it for good."""
 
 def cache_dir() -> Path:
     """The configured folder (not yet checked: private_cache_dir does that)."""
-    d = os.environ.get("HORIZON_CACHE_DIR")
-    if d:
-        return Path(d) / "machines"
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "horizon" / "machines"
+    from horizon_exec.private_dir import horizon_cache_dir
+    return horizon_cache_dir("machines")
 
 
 def private_cache_dir() -> Path:

@@ -69,14 +69,8 @@ _state: dict = {}  # "fns": load()'s C functions or None, "status": how they wer
 
 def cache_dir() -> Path:
     """The configured cache folder (not yet checked: _private_cache_dir does that)."""
-    d = os.environ.get("HORIZON_CACHE_DIR")
-    if d:
-        return Path(d) / "native"
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    # The XDG spec: an empty or relative value is ignored. Taken as is, "" made the cache
-    # ./horizon/native, a library built into and loaded from wherever the user stands.
-    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "horizon" / "native"
+    from horizon_exec.private_dir import horizon_cache_dir
+    return horizon_cache_dir("native")
 
 
 def _compiler_version(cc: str) -> str:
