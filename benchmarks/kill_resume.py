@@ -11,9 +11,11 @@ one did: every step's loss and grad norm and every eval loss (the last logged va
 since steps after the last checkpoint run twice), the final checkpoint's tensors and the
 `--save-hf` weights, all bit for bit.
 
-For each policy setup (SETUPS) one uninterrupted reference run is timed; each kill is drawn
-uniformly between the reference's first output line (the model is built) and its end, and is
-sent to the whole process group. Kills are spread over the setups in turn. Prints one line per
+For each policy setup (SETUPS) one uninterrupted reference run is timed, line by line; each
+kill is a moment drawn uniformly between the reference's first output line (the model is
+built) and its end, taken as 'so long after line i' (kill_point), so a trial on a machine
+faster or slower than the reference's still dies between the same two events; it is sent to
+the whole process group. Kills are spread over the setups in turn. Prints one line per
 kill that was not exact (setup, moment, the last line the killed run printed, what differed),
 a line per setup, and the total 'N of M kills resumed bit-exactly'. Exit 0 when all were.
 """
@@ -68,7 +70,9 @@ class Run:
     stderr: str = ""
 
 
-def run(cmd: list[str], cwd: Path, kill_at_s: float | None = None) -> Run:
+def run(cmd: list[str], cwd: Path, kill_at_s: float | None = None, after_line: int = -1) -> Run:
+    """Run `cmd` to its end; with kill_at_s, SIGKILL it that long after its `after_line`-th
+    stdout line arrived (-1: after its start)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -84,6 +88,8 @@ def run(cmd: list[str], cwd: Path, kill_at_s: float | None = None) -> Run:
     err_reader = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)
     err_reader.start()
     if kill_at_s is not None:
+        while len(out.lines) <= after_line and p.poll() is None:   # the anchor line first
+            time.sleep(0.005)
         try:
             p.wait(timeout=kill_at_s)
         except subprocess.TimeoutExpired:
@@ -159,13 +165,25 @@ def differences(ref: Path, got: Path) -> list[str]:
     return diffs
 
 
-def trial(setup: str, steps: int, ref: Path, window: tuple[float, float], u: float,
+def kill_point(times: list[float], end_s: float, u: float) -> tuple[int, float]:
+    """(anchor line, seconds after it): the moment u in [0, 1) of the reference's run from its
+    first line to its end, as 'this long after line i' (the gap to line i+1 in the same
+    proportion). A trial kills that long after its own line i, so a machine slower or faster
+    than during the reference still has the kill land between the same two events."""
+    at = times[0] + u * (end_s - times[0])
+    i = max(k for k, t in enumerate(times) if t <= at)
+    return i, at - times[i]
+
+
+def trial(setup: str, steps: int, ref: Path, times: list[float], end_s: float, u: float,
           folder: Path) -> tuple[bool, str]:
-    kill_at = window[0] + u * (window[1] - window[0])
-    killed = run(command(setup, folder, steps, resume=False), folder, kill_at_s=kill_at)
-    last = killed.lines[-1][1].replace(str(folder) + "/", "") if killed.lines else "(nothing printed)"
-    where = f"kill at {kill_at:.2f} s after '{last[:60]}'" if killed.rc == -signal.SIGKILL else \
-        f"finished before its kill at {kill_at:.2f} s (exit {killed.rc})"
+    line, delay = kill_point(times, end_s, u)
+    killed = run(command(setup, folder, steps, resume=False), folder, kill_at_s=delay, after_line=line)
+    anchor = killed.lines[line][1] if len(killed.lines) > line else "?"
+    last = killed.lines[-1][1] if killed.lines else "(nothing printed)"
+    short = (lambda t: t.replace(str(folder) + "/", "")[:60])
+    where = (f"kill {delay:.2f} s after line {line} '{short(anchor)}', last line '{short(last)}'"
+             if killed.rc == -signal.SIGKILL else f"finished before its kill (exit {killed.rc})")
     for attempt in range(3):   # the user re-runs until it exits 0; more than one re-run is itself a finding
         again = run(command(setup, folder, steps, resume=has_checkpoint(folder)), folder)
         if again.rc == 0:
@@ -205,17 +223,18 @@ def main() -> int:
         if r.rc != 0:
             print(f"{name}: the uninterrupted run failed (exit {r.rc}): {r.stderr.strip()[-300:]}")
             return 1
-        refs[name] = (folder, (r.lines[0][0] if r.lines else 0.0, r.wall_s))
-        print(f"{name}: reference {r.wall_s:.1f} s, kills drawn in [{refs[name][1][0]:.1f}, {r.wall_s:.1f}] s",
-              flush=True)
+        times = [t for t, _ in r.lines] or [0.0]
+        refs[name] = (folder, times, r.wall_s)
+        print(f"{name}: reference {r.wall_s:.1f} s, {len(r.lines)} lines; kills drawn between its first line "
+              f"({times[0]:.1f} s) and its end", flush=True)
     plan = [(i, names[i % len(names)], rng.random()) for i in range(a.kills)]   # the seed fixes every moment
 
     def one(item):
         i, name, u = item
         folder = base / f"kill-{i:03d}-{name}"
         folder.mkdir()
-        ref, window = refs[name]
-        ok, what = trial(name, a.steps, ref, window, u, folder)
+        ref, times, end_s = refs[name]
+        ok, what = trial(name, a.steps, ref, times, end_s, u, folder)
         if not a.keep and ok:
             shutil.rmtree(folder, ignore_errors=True)
         return name, ok, what
