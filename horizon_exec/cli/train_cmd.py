@@ -174,6 +174,8 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "which cannot skip exactly)")
     from horizon_exec.cli.launch_flags import add_launch_args
     add_launch_args(p)
+    from horizon_exec.cli.job_run import add_job_args
+    add_job_args(p)  # last: every flag above then records whether it was given (a job's overrides)
     return p
 
 
@@ -207,6 +209,8 @@ def _os_errors_as_usage():
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from horizon_exec.cli.job_run import apply_job
+    job = apply_job(args)  # --job: its values become the flags not given, before any is read
     from horizon_exec.cli import launch_flags
     from horizon_exec.dist import launch
     if launch.wants_launch(launch_flags.asked_ranks(args)):  # before torch loads: its C++ log level is read then (rendezvous.py)
@@ -244,6 +248,8 @@ def run_train(args: argparse.Namespace) -> int:
         from horizon_exec.cli.run_inputs import check_run_inputs
         with _os_errors_as_usage():
             read = check_run_inputs(cfg, launch_cfg)
+        if job is not None:  # the job's prediction, and whether this Schedule is the job's
+            job.check(cfg, read.model, launch_cfg)
     if launch.wants_launch(launch_cfg.ranks):  # outputs are checked here first: a bad one costs no process start
         from horizon_exec.cli.node_admission import check_node
         check_node(cfg, launch_cfg)  # the whole node's cores and RAM, before any rank starts
@@ -344,8 +350,8 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
         data_bytes = data_bytes_bound(data.data, tok, policy.seq)
         hardware = None
         if cfg.hardware:
-            from horizon_sim.specs.hardware_io import load_hardware
-            hardware = load_hardware(cfg.hardware)  # its peak for MFU; its speeds and runtime overhead, for admission
+            from horizon_sim.job.toml import load_hardware_or_job  # a hardware file, or a job's [hardware]
+            hardware = load_hardware_or_job(cfg.hardware)  # its peak for MFU; its speeds and runtime overhead, for admission
         peak, peak_what = _peak_flops(cfg, hardware)
         machine = _machine(cfg, hardware, dist)
         save_inputs = None

@@ -6,6 +6,7 @@ from horizon_sim.errors import HorizonError
 
 from horizon_sim.cli.hardware_args import add_cluster_args, with_cluster
 from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
+from horizon_sim.job.cli import add_save_job_arg, check_job_path, save_job, saved_line
 from horizon_sim.plan.core_split import priced_for_split, threads_setting
 from horizon_sim.plan.plan import build_for, scaling_efficiency
 from horizon_sim.plan.advice import advise
@@ -60,6 +61,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--no-advice", action="store_true",
                    help="skip the what-to-change search (a few extra simulations)")
+    add_save_job_arg(p)
 
 
 def _threads(text: str):
@@ -216,6 +218,8 @@ def run(a: argparse.Namespace) -> int:
         print(json.dumps(sources(hw)) if a.json else sources_text(hw))
         return 0
     hw = machine_from_args(a)
+    if a.save_job:
+        check_job_path(a.save_job)  # before any planning
     if getattr(a, "peer_knobs", None) and not getattr(a, "compare", None):
         from horizon_sim.errors import HorizonError
         raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload (or zero2-offload)")
@@ -225,8 +229,10 @@ def run(a: argparse.Namespace) -> int:
         zero3 = peer_policy_from_args(a, policy)
         other = peer(a.compare).plan(model, hw, zero3)  # before our own plan: a bad peer setting fails fast
     sched = build_for(model, policy, hw)
+    machine = hw  # as given: the job's [hardware] (the priced one below is at a core split)
     hw, split = priced_for_split(sched, hw, a.compute_threads)
     r = simulate(sched, hw)
+    job = save_job(a, model, machine, policy, result=r, split=split) if a.save_job else None
     tips = advise(r, search=not getattr(a, "no_advice", False))
     eff = scaling_efficiency(r)
     if a.json:
@@ -237,6 +243,8 @@ def run(a: argparse.Namespace) -> int:
             out["core_split"] = {"compute_threads": split.compute_threads, "cores": split.cores,
                                  "measured": split.measured,
                                  "step_s_by_threads": {str(p.compute_threads): p.step_s for p in split.prices}}
+        if job is not None:
+            out["job"] = a.save_job
         print(json.dumps(out))
         return 0
     print(report(r, eff))
@@ -249,4 +257,7 @@ def run(a: argparse.Namespace) -> int:
     if other is not None:
         print()
         print(compare_text(r, other, zero3))
+    if job is not None:
+        print()
+        print(saved_line(a.save_job, job))
     return 0

@@ -45,7 +45,11 @@ def run(a: argparse.Namespace) -> int:
     _check_out(a.plot, "plot")
     _check_out(a.trace, "trace")
     hw = plan_cmd.machine_from_args(a)
-    r = plan(load_model(a.model), hw, policy_from_args(a))
+    if a.save_job:
+        from horizon_sim.job.cli import check_job_path
+        check_job_path(a.save_job)
+    model, policy = load_model(a.model), policy_from_args(a)
+    r = plan(model, hw, policy)
     written = {}
     if a.plot:
         from horizon_sim.report.gantt import plot_overlap  # matplotlib only when asked
@@ -55,6 +59,10 @@ def run(a: argparse.Namespace) -> int:
         from horizon_sim.report.trace import write_trace
         write_trace(r, a.trace)
         written["trace"] = a.trace
+    if a.save_job:  # priced as `horizon plan` prices it (a CPU file at train's core split)
+        from horizon_sim.job.cli import save_job
+        written["job"] = a.save_job
+        job = save_job(a, model, hw, policy)
     if a.json:
         print(json.dumps({**plan_cmd.result_json(r), **written}))
     else:
@@ -62,5 +70,9 @@ def run(a: argparse.Namespace) -> int:
         if written:
             print()
         for what, path in written.items():
-            print(f"{what:<10}wrote {path}")
+            if what == "job":
+                from horizon_sim.job.cli import saved_line
+                print(saved_line(path, job))
+            else:
+                print(f"{what:<10}wrote {path}")
     return 0

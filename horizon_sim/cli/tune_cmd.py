@@ -138,6 +138,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "Horizon's best")
     p.add_argument("--peer-knobs", default=None, metavar="K=V,...",
                    help="the peer's fixed DeepSpeed knobs (see horizon plan --help)")
+    from horizon_sim.job.cli import add_save_job_arg
+    add_save_job_arg(p, "the best configuration (the top row)")
     add_run_args(p)
 
 
@@ -150,6 +152,9 @@ def run(a: argparse.Namespace) -> int:
     positive("--max-batch", a.max_batch)
     positive("--workers", a.workers, allow_none=True)
     model, hw = load_model(a.model), hardware_from_args(a)
+    if a.save_job:
+        from horizon_sim.job.cli import check_job_path
+        check_job_path(a.save_job)  # before the search
     base = Policy(seq=a.seq, grad_clip=a.grad_clip, states_dtype=a.states_dtype)
     if a.peer_knobs and not a.compare:
         raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload (or zero2-offload)")
@@ -171,6 +176,9 @@ def run(a: argparse.Namespace) -> int:
     from horizon_sim.plan.advice import policy_flags
     plan_it = (f"horizon plan --model {a.model} {machine_flags(a, hw)} {policy_flags(res.best)}".rstrip()
                if res.best else None)
+    from horizon_sim.job.cli import save_job, saved_line, train_command
+    job = save_job(a, model, hw, res.best) if a.save_job and res.best else None
+    train_it = train_command(a, hw, res.best) if res.best else None  # the flags that train the best row
     if a.json:
         print(json.dumps({
             "model": model.name, "params": model.total_params, "hardware": hw.name or hw.device.name,
@@ -179,6 +187,7 @@ def run(a: argparse.Namespace) -> int:
             "best": jsonable(best_row) if best_row else None, "baseline": jsonable(res.baseline),
             "top": [jsonable(r) for r in top.to_dict("records")],
             "pareto": [jsonable(r) for r in res.pareto.to_dict("records")], "plan_command": plan_it,
+            "train_command": train_it, **({"job": a.save_job} if job else {}),
             **({"compare": compared[1]} if compared else {})}))
         return 0
     print(f"tune: {model.name} ({params_label(model)}) on {hw.name or hw.device.name}, "
@@ -208,6 +217,7 @@ def run(a: argparse.Namespace) -> int:
     print(format_table(res.pareto.to_dict("records"), pcols))
     print()
     print(f"plan it:  {plan_it}")
+    print(saved_line(a.save_job, job) if job else f"train it: {train_it}")
     if compared:
         print()
         print(compared[0])
