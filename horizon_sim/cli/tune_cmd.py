@@ -128,6 +128,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_hardware_args(p)
     p.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default 2048)")
     p.add_argument("--max-batch", type=int, default=64, help="most sequences per step (default 64)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="sequences per step, fixed (your training batch): only its splits into micro-batches "
+                        "are searched (default: any batch up to --max-batch)")
     p.add_argument("--grad-clip", type=float, default=1.0,
                    help="global-norm clip kept by every candidate; 0 also allows --optimizer backward (default 1.0)")
     p.add_argument("--states-dtype", choices=DTYPES, default="fp32", help="Adam moments on the host (default fp32)")
@@ -150,6 +153,7 @@ def run(a: argparse.Namespace) -> int:
     positive("--seq", a.seq)
     positive("--top", a.top)
     positive("--max-batch", a.max_batch)
+    positive("--batch", a.batch, allow_none=True)
     positive("--workers", a.workers, allow_none=True)
     model, hw = load_model(a.model), hardware_from_args(a)
     if a.save_job:
@@ -167,8 +171,8 @@ def run(a: argparse.Namespace) -> int:
         fam.like(base, **knobs)  # a knob the family does not take: its one-line error, before the search
         if fam.name.value == "zero2-offload":
             knobs["offload_param"] = False
-        peer, zero3 = tune_zero3(model, hw, a.seq, max_batch=a.max_batch, grad_clip=a.grad_clip, knobs=knobs)
-    res = tune(model, hw, a.seq, base=base, space=SearchSpace(max_batch=a.max_batch), workers=a.workers,
+        peer, zero3 = tune_zero3(model, hw, a.seq, max_batch=a.batch or a.max_batch, grad_clip=a.grad_clip, knobs=knobs)
+    res = tune(model, hw, a.seq, base=base, space=SearchSpace(max_batch=a.max_batch, batch=a.batch), workers=a.workers,
                progress=not a.quiet)
     top = res.top(a.top)
     best_row = top.iloc[0].to_dict() if len(top) else None
@@ -208,7 +212,7 @@ def run(a: argparse.Namespace) -> int:
     print()
     print(f"top {len(top)} configurations that fit:")
     print(format_table(top.to_dict("records"), COLS))
-    if res.best.batch >= a.max_batch:
+    if a.batch is None and res.best.batch >= a.max_batch:
         print(f"(the best uses --max-batch {a.max_batch} sequences per step; a larger cap would be faster still)")
     print()
     print("Pareto front, tokens/s against host RAM (fits the device; 'RAM' is what to install):")

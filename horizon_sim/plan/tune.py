@@ -66,6 +66,10 @@ class SearchSpace:
     max_batch: int = 64
     """Cap on sequences per step (micro_batch x micro_batches): the batch is a training
     hyperparameter, not only a speed knob."""
+    batch: int | None = None
+    """Sequences per step, fixed (the user's batch: `tune --batch`): only its splits into
+    micro_batch x micro_batches are searched (micro_batches from the values above that divide
+    it). None: any batch up to max_batch."""
 
     def __post_init__(self):
         for f in ("micro_batch", "micro_batches", "act_ckpt_every"):
@@ -92,6 +96,14 @@ class SearchSpace:
             raise HorizonError(f"search space split_master={tuple(self.split_master)!r} must hold True, False or both")
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch <= 0:
             raise HorizonError(f"max_batch={self.max_batch!r} must be a positive integer")
+        if self.batch is not None:
+            b = self.batch
+            if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
+                raise HorizonError(f"batch={b!r} must be a positive integer (sequences per step)")
+            ns = tuple(n for n in self.micro_batches if b % n == 0) or (1,)
+            object.__setattr__(self, "micro_batches", ns)
+            object.__setattr__(self, "micro_batch", tuple(sorted({b // n for n in ns})))
+            object.__setattr__(self, "max_batch", b)
 
 
 @dataclass(frozen=True)
@@ -163,6 +175,7 @@ class HillClimb:
 
     def valid(self, s: tuple) -> bool:
         return (s[0] * s[1] <= self.space.max_batch and s[2] <= self.L
+                and (self.space.batch is None or s[0] * s[1] == self.space.batch)
                 and (s[7] == 0 or self._bounds_apply(s)) and (not s[8] or s[6])  # a split master is the copy
                 and s == self._one_order(s))
 
@@ -182,6 +195,9 @@ class HillClimb:
             s[7] = 0
         if not s[6]:
             s[8] = False
+        if self.space.batch is not None:  # the batch is fixed: its split nearest the policy's
+            s[1] = _near(v["micro_batches"], p.micro_batches)
+            s[0] = self.space.batch // s[1]
         while s[0] * s[1] > self.space.max_batch:  # shrink the larger factor first
             i = 0 if s[0] >= s[1] and s[0] > v["micro_batch"][0] else 1
             idx = v[KNOBS[i]].index(s[i])
@@ -289,6 +305,8 @@ def tune(model: ModelSpec, hw: HardwareSpec, seq: int = 2048, *, base: Policy | 
     if isinstance(seq, bool) or not isinstance(seq, int) or seq <= 0:
         raise HorizonError(f"seq={seq!r} must be a positive integer")
     base = replace(base or Policy(), seq=seq)
+    if space is not None and space.batch is not None:  # the baseline trains the same batch
+        base = replace(base, batch=space.batch, micro_batches=1)
     space = space or SearchSpace()
     own = runner is None
     runner = runner or Runner(workers, progress, desc=f"tune {model.name}")
