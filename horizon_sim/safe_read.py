@@ -55,6 +55,15 @@ def read_toml(path, where: str | None = None) -> dict:
     return loads_toml(_read_bytes(path, where), where)
 
 
+def read_toml_file(path, where: str) -> dict:
+    """read_toml of a file the user named, which must exist as a regular file: '<where>: not
+    found' or '<where>: not a file' otherwise (a hardware file, a job file)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ReadError(where, "not found" if not p.exists() else "not a file")
+    return read_toml(p, where)
+
+
 def loads_json(text: str | bytes, where: str):
     """The JSON value of `text` (bytes must be UTF-8); `where` names it in errors ('file:line'
     for a JSONL record)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from horizon_sim.errors import HorizonError
 from horizon_sim.job.sections import FORMAT, SECTIONS, VERSION, Job, check_types
 from horizon_sim.safe_files import write_atomic
-from horizon_sim.safe_read import read_toml
+from horizon_sim.safe_read import read_toml_file
 from horizon_sim.specs.cluster import SINGLE
 from horizon_sim.specs.hardware_io import TABLES, _table_items, _toml_line, hardware_from_dict, toml_value
 from horizon_sim.specs.policy import Policy
@@ -129,20 +129,14 @@ def job_from_dict(data: dict, where: str = "job") -> Job:
 def read_job(path) -> Job:
     """The Job in the file at `path` (module docstring)."""
     where = f"job file {str(path)!r}"
-    p = Path(path)
-    if not p.is_file():
-        raise HorizonError(f"{where}: not found" if not p.exists() else f"{where}: not a file")
-    return job_from_dict(read_toml(p, where), where)
+    return job_from_dict(read_toml_file(path, where), where)
 
 
 def load_hardware_or_job(path):
     """The HardwareSpec of a hardware file, or of a job file's [hardware] (what `horizon train
     --job` hands its admission and MFU as --hardware)."""
     where = f"hardware file {str(path)!r}"
-    p = Path(path)
-    if not p.is_file():
-        raise HorizonError(f"{where}: not found" if not p.exists() else f"{where}: not a file")
-    data = read_toml(p, where)
+    data = read_toml_file(path, where)
     if isinstance(data, dict) and data.get("format") == FORMAT:
         return job_from_dict(data, f"job file {str(path)!r}").hardware
     return hardware_from_dict(data, where)

@@ -27,7 +27,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.safe_read import read_toml
+from horizon_sim.safe_read import read_toml_file
 from horizon_sim.specs.cluster import SINGLE, ClusterSpec
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
 from horizon_sim.specs.layout import Layout
@@ -162,8 +162,4 @@ def hardware_from_dict(data: dict, where: str = "hardware") -> HardwareSpec:
 def load_hardware(path) -> HardwareSpec:
     """Read a HardwareSpec written by save_hardware (or by hand)."""
     where = f"hardware file {str(path)!r}"
-    p = Path(path)
-    if not p.is_file():
-        raise HorizonError(f"{where}: not found" if not p.exists() else f"{where}: not a file")
-    data = read_toml(p, where)  # every parse failure one line (safe_read.py)
-    return hardware_from_dict(data, where)
+    return hardware_from_dict(read_toml_file(path, where), where)  # every failure one line (safe_read.py)
