@@ -1,5 +1,31 @@
 """Fixtures shared by the test modules."""
+import os
+import shutil
+import tempfile
+
 import pytest
+
+_SESSION_CACHE = "HORIZON_TEST_SESSION_CACHE"
+
+
+def pytest_configure(config):
+    """Hermetic caches: the whole session (its xdist workers and the processes tests start
+    inherit the variable) keeps Horizon's per-user cache (the AdamW kernel, this machine's
+    estimate or calibration) in a private folder of its own, never the user's ~/.cache. A
+    developer's `horizon calibrate` must not change what the tests see: with a cached
+    calibration the admission and the plan report take other paths than on a clean machine."""
+    d = os.environ.get(_SESSION_CACHE)
+    if not d:  # the controller (or a run without xdist): make it; workers find it set
+        d = tempfile.mkdtemp(prefix="horizon-test-cache-")  # mode 0700: a private folder
+        os.environ[_SESSION_CACHE] = d
+        config._horizon_session_cache = d
+    os.environ["HORIZON_CACHE_DIR"] = d
+
+
+def pytest_unconfigure(config):
+    d = getattr(config, "_horizon_session_cache", None)
+    if d:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

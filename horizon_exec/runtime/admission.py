@@ -12,6 +12,8 @@ What is compared (bytes):
   process runtime (the larger of what this process holds now and the runtime estimate:
   `hardware.host.runtime_overhead_GiB` when a hardware file gives one, else RSS now +
   RUNTIME_GROWTH_BYTES: 0 is "not measured", as in this machine's estimates, measure/machine)
+  + with a measured runtime on the CPU backend, the freed memory glibc's arenas keep for this
+  run's largest blocks (calibrate measures the runtime net of it)
   + the training data (data.data_bytes_bound: counted from the file's size before it is read)
   + on the CPU backend the device need (its "device" memory is host RAM). An eval adds
   nothing: it runs its forward-only Schedule on the engine, over the step's buffers and
@@ -176,13 +178,18 @@ def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
         host_src = ("MemAvailable unknown: not checked" if avail is None else
                     f"MemAvailable {fmt_bytes(avail)} + this process {fmt_bytes(rss)}")
     host_avail, host_src = _address_space_cap(host_avail, host_src, rss)
+    retained = 0
     if hardware is not None and hardware.host.runtime_overhead_GiB > 0:
         runtime = max(rss, int(hardware.host.runtime_overhead_GiB * GiB))
+        # calibrate measures the overhead net of glibc's retention for its tiny probe's largest
+        # block (calibrate/overheads.py): this run's own retention, which grows with its
+        # blocks, comes on top, as process_rss.predict_rss counts it
+        retained = allocator_retained_bytes(model, policy, sched) if cpu else 0
     else:  # no file, or one that did not measure it (measure/machine's estimates: 0)
         runtime = rss + RUNTIME_GROWTH_BYTES
     hw = laid_out(_machine(hardware, host_avail, dev_avail, runtime), sched.meta.layout)
     res = simulate(sched, hw)
-    adm = _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src, data_bytes)
+    adm = _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src, data_bytes, retained)
     if adm.fits:
         return adm
     if advise:
@@ -204,7 +211,15 @@ def _address_space_cap(host_avail, host_src, rss: int) -> tuple[int | None, str]
                   f"{fmt_bytes(room - rss)} left to map")
 
 
-def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src, data_bytes=0) -> Admission:
+def allocator_retained_bytes(model: ModelSpec, policy: Policy, sched) -> int:
+    """CPU backend: freed memory glibc keeps in each of the node's processes (its threads'
+    arenas, up to twice the largest freed block each; process_rss.allocator_retention_bytes)."""
+    from horizon_sim.sim.process_rss import allocator_retention_bytes, largest_transient_block
+    return sched.meta.layout.devices_per_node * allocator_retention_bytes(largest_transient_block(model, policy))
+
+
+def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src, data_bytes=0,
+             retained_bytes=0) -> Admission:
     # the planner's verdict (weights, constants, activations_grads_workspaces; the host
     # footprint by role), plus what this executor adds to it
     dev = dict(res.summary.memory.device_need)
@@ -214,6 +229,8 @@ def _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, de
     host["store_padding"] = store_padding_bytes(sched)
     if data_bytes:
         host["training_data"] = int(data_bytes)
+    if retained_bytes:
+        host["allocator_retention"] = int(retained_bytes)
     if cpu:  # each of the node's ranks has its "device" in host RAM
         host["device_on_cpu_backend"] = sum(dev.values()) * sched.meta.layout.devices_per_node
     return Admission(MemoryVerdict(host_need=host, host_usable=host_avail, device_need=dev,
@@ -237,7 +254,8 @@ def _advice(model, policy, hw, adm: Admission, cpu: bool) -> list[str]:
 
     out = []
     # What the planner's figures leave out
-    extra_host = adm.host_by_role["store_padding"] + adm.host_by_role.get("training_data", 0)
+    extra_host = (adm.host_by_role["store_padding"] + adm.host_by_role.get("training_data", 0)
+                  + adm.host_by_role.get("allocator_retention", 0))
     # (the constants are in the planner's peak: they are the Schedule's static device buffers)
     extra_dev = adm.device_by_role.get("allocator_and_library_slack", 0)
     host_avail, dev_avail = adm.host_available_bytes, adm.device_available_bytes
