@@ -3,10 +3,12 @@
 Model: Llama-style, 8 layers, hidden 512, 8 heads, SwiGLU 1376, vocab 32000 (Llama-2's), one
 step = 4 x 512 tokens, compute in `horizon train`'s default dtype for this CPU (--compute-dtype
 auto: bf16 where the CPU has bf16 matrix instructions, fp32 elsewhere, where bf16 GEMMs run tens
-of times slower; printed on the model line). Executor: the default policy (fp32 master + Adam on the
-host, bf16 working copy, pipelined optimizer, K=1, 2 slots, checkpoints on the host, clip 1.0),
-plus --keep-activations L|all and --micro-batches/--mb-order as given (printed on the model
-line); its cores as --compute-threads says (default auto: the planner's split for this step,
+of times slower; printed on the model line). Executor: the planner's policy for this model on
+this machine, as `horizon train` without policy flags chooses it (priced with --hardware FILE,
+else this machine's calibration or a quick estimate; clip 1.0), each knob flag given
+(--keep-activations L|all, --micro-batches, --act-ckpt-every, ...) pinning its field and
+--no-search for Policy's defaults (fp32 master + Adam on the host, bf16 working copy, pipelined
+optimizer, K=1, 2 slots, checkpoints on the host); the policy line says what ran; its cores as --compute-threads says (default auto: the planner's split for this step,
 priced with --hardware FILE when given, printed as 'cores: ...').
 Baseline: the same model as a plain nn.Module (the same block code, whole-model autograd) with
 fp32 parameters (under torch.autocast(bfloat16) when the compute dtype is bf16), torch.optim.AdamW(fused=True) and
@@ -230,16 +232,15 @@ def main():
     a = ap.parse_args()
     spec = ModelSpec(name="bench-llama", n_layers=a.layers, hidden=a.hidden, n_heads=a.heads,
                      n_kv_heads=a.heads, ffn_hidden=a.ffn, vocab=a.vocab)
-    side = horizon_side(a, batch=a.batch, seq=a.seq, act_ckpt_every=1, slots=2, act_ckpt_on="host",
-                        optimizer="pipelined", grad_clip=1.0)
-    pol = side.policy
+    side = horizon_side(a, batch=a.batch, seq=a.seq)
+    pol, why = side.policy_for(spec)
+    print(why)
     tr = Trainer(spec, pol, _config(a))
     threads = tr.backend.compute_threads
     print(f"model {spec.n_layers}x{spec.hidden} (ffn {spec.ffn_hidden}, vocab {spec.vocab}), "
           f"{spec.total_params / 1e6:.1f}M params, {pol.batch}x{pol.seq} tokens/step, {pol.compute_dtype} compute "
           f"({side.dtype_why}), "
-          f"compute threads {threads}, host lane cores {tr.backend.host_cores}; policy keep_last "
-          f"{pol.keep_last}, micro_batches {pol.micro_batches}, mb_order {pol.mb_order}")
+          f"compute threads {threads}, host lane cores {tr.backend.host_cores}")
     print(f"cores: {tr.backend.split_why}")
     if a.optimizer_only:
         with tr:

@@ -1,25 +1,39 @@
 """The flags that say how Horizon's side of a benchmark runs, shared by exec_vs_autograd.py and
 vs_deepspeed.py so both read them alike: its cores (--compute-threads, priced with --hardware),
-which layers keep their activations, its micro-batches and their order, and the compute dtype
-both sides of the comparison use (auto: `horizon train`'s own default for this CPU)."""
-from dataclasses import dataclass
+its policy (the knobs given pin their field; the others are the planner's choice for this
+machine, as `horizon train` makes it, unless --no-search), and the compute dtype both sides of
+the comparison use (auto: `horizon train`'s own default for this CPU)."""
+from dataclasses import dataclass, field, replace
 
 from horizon_exec.device.compute_dtype import default_compute_dtype
 from horizon_exec.device.core_split import threads_arg
 from horizon_sim.cli.policy_args import keep_layers
+from horizon_sim.plan.advice import policy_flags
 from horizon_sim.specs.hardware_io import load_hardware
-from horizon_sim.specs.policy import MB_ORDERS, Policy
+from horizon_sim.specs.policy import CKPT_PLACES, MB_ORDERS, OPTIMIZER_MODES, Policy
+
+_KNOBS = {"keep_activations": "keep_last", "micro_batches": "micro_batches", "mb_order": "mb_order",
+          "act_ckpt_every": "act_ckpt_every", "slots": "slots", "act_ckpt_on": "act_ckpt_on", "optimizer": "optimizer"}
+"""Each knob flag's dest -> its Policy field."""
 
 
 def add_horizon_flags(ap) -> None:
     ap.add_argument("--compute-threads", type=threads_arg, default="auto", metavar="auto|N",
                     help="Horizon's compute-lane threads (default auto: the planner's split for the step)")
     ap.add_argument("--hardware", default=None, metavar="FILE",
-                    help="a calibrated hardware file that --compute-threads auto prices the split with")
-    ap.add_argument("--keep-activations", type=keep_layers, default=0, metavar="L|all",
-                    help="Horizon's Policy.keep_last: the last L layers keep their activations (default 0)")
-    ap.add_argument("--micro-batches", type=int, default=1, help="Horizon's micro-batches (default 1)")
-    ap.add_argument("--mb-order", choices=MB_ORDERS, default="micro", help="Horizon's Policy.mb_order")
+                    help="a hardware file the planner prices Horizon's policy and cores with (default: this "
+                         "machine's description, as horizon train uses: its calibration or a quick estimate)")
+    ap.add_argument("--keep-activations", type=keep_layers, default=None, metavar="L|all",
+                    help="Horizon's Policy.keep_last: the last L layers keep their activations")
+    ap.add_argument("--micro-batches", type=int, default=None, help="Horizon's micro-batches")
+    ap.add_argument("--mb-order", choices=MB_ORDERS, default=None, help="Horizon's Policy.mb_order")
+    ap.add_argument("--act-ckpt-every", type=int, default=None, metavar="K", help="Horizon's checkpoint interval")
+    ap.add_argument("--slots", type=int, default=None, help="Horizon's device weight slots")
+    ap.add_argument("--act-ckpt-on", choices=CKPT_PLACES, default=None, help="where Horizon's checkpoints live")
+    ap.add_argument("--optimizer", choices=OPTIMIZER_MODES, default=None, help="when Horizon's optimizer runs")
+    ap.add_argument("--no-search", action="store_true",
+                    help="Horizon's knobs not given keep Policy's defaults (default: the planner's choice, as "
+                         "horizon train makes it)")
     ap.add_argument("--compute-dtype", choices=("auto", "bf16", "fp32"), default="auto",
                     help="both sides' compute dtype (default auto: horizon train's default for this CPU, bf16 "
                          "only with bf16 matrix instructions: without them a bf16 GEMM runs tens of times slower)")
@@ -28,8 +42,28 @@ def add_horizon_flags(ap) -> None:
 @dataclass(frozen=True)
 class HorizonSide:
     policy: Policy
+    """The base policy: the shape, the dtype and the knobs given (others at Policy's defaults)."""
     dtype_why: str
     """Why the compute dtype is what it is, for the printed header."""
+    given: frozenset = field(default_factory=frozenset)
+    """The knob flags given (argparse dests): pinned in the search."""
+    search: bool = True
+    hardware_path: str | None = None
+
+    def policy_for(self, model) -> tuple[Policy, str]:
+        """(the policy Horizon runs `model` with, one line saying what it is and where from)."""
+        if not self.search or set(self.given) >= set(_KNOBS):
+            return self.policy, f"Horizon's policy: {policy_flags(self.policy) or 'the defaults'} (--no-search)"
+        from horizon_exec.measure.machine import this_machine
+        from horizon_exec.train.policy_search import plan_policy
+        hw = load_hardware(self.hardware_path) if self.hardware_path else this_machine("cpu").hardware
+        planned = plan_policy(model, self.policy, self.given, hw, device="cpu")
+        if planned.policy is None:
+            return self.policy, "Horizon's policy: the defaults (the planner found none that fits)"
+        row = planned.result.table.iloc[0]
+        return planned.policy, (f"Horizon's policy: the planner's choice, {policy_flags(planned.policy) or 'the defaults'}"
+                                f" (predicted {row.step_time_s * 1e3:.0f} ms a step on "
+                                f"{planned.hardware.name or planned.hardware.device.name})")
 
 
 def hardware_of(a):
@@ -38,13 +72,16 @@ def hardware_of(a):
 
 
 def horizon_side(a, **policy) -> HorizonSide:
-    """Horizon's policy from the flags (and the benchmark's own policy fields), with the dtype
-    resolved; an fp32 step computes from the master itself (no working copy)."""
+    """Horizon's base policy from the flags (and the benchmark's own policy fields), with the
+    dtype resolved; an fp32 step computes from the master itself (no working copy)."""
     if a.compute_dtype == "auto":
         dtype, why = default_compute_dtype("cpu")
         why = why or "bf16 matrix instructions"
     else:
         dtype, why = a.compute_dtype, "given"
-    pol = Policy(keep_last=a.keep_activations, micro_batches=a.micro_batches, mb_order=a.mb_order,
-                 compute_dtype=dtype, working_copy=dtype == "bf16", **policy)
-    return HorizonSide(pol, why)
+    given = frozenset(d for d in _KNOBS if getattr(a, d) is not None)
+    knobs = {_KNOBS[d]: getattr(a, d) for d in given}
+    if "optimizer" in knobs:
+        knobs["grad_clip"] = Policy.default_grad_clip(knobs["optimizer"])
+    pol = replace(Policy(compute_dtype=dtype, working_copy=dtype == "bf16", **policy), **knobs)
+    return HorizonSide(pol, why, given, not a.no_search, a.hardware)

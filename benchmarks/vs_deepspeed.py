@@ -1,12 +1,14 @@
 """Benchmark: Horizon's executor against DeepSpeed ZeRO-3 offload on the same model, batch and cores
 (issue 17), runs alternated, tokens/s side by side.
 
-Horizon: its CPU backend as `horizon train` runs it (its cores as --compute-threads says, default
-auto: the planner's split for the step, priced with --hardware FILE when given; the row's label
-and a 'cores:' line say what was chosen; default policy: `horizon train`'s compute dtype for this
-CPU on both sides (--compute-dtype; bf16 only with bf16 matrix instructions), a checkpoint per layer on the
-host, the optimizer pipelined; --keep-activations L|all and --micro-batches/--mb-order change
-it, and the policy line says what each Horizon row ran). DeepSpeed 0.19.8: ZeRO-3 with
+Horizon: its CPU backend as `horizon train` runs it: its cores as --compute-threads says (default
+auto: the planner's split for the step; the row's label and a 'cores:' line say what was chosen);
+its policy the planner's choice for each model on this machine, as `horizon train` without
+policy flags makes it (priced with --hardware FILE, else this machine's calibration or a quick
+estimate), each knob flag given (--keep-activations, --micro-batches, --act-ckpt-every, ...)
+pinning its field, --no-search for Policy's defaults; a line per model says what ran; `horizon
+train`'s compute dtype for this CPU on both sides (--compute-dtype; bf16 only with bf16 matrix
+instructions). DeepSpeed 0.19.8: ZeRO-3 with
 parameters and optimizer offloaded to CPU on its CPU accelerator, a transformers model from the
 same ModelSpec, with transformers' per-layer activation checkpointing and without it, at 2 torch threads (both cores for its math, its best
 here) and at 1. Each round runs Horizon, then DeepSpeed at each thread count; the figure of each
@@ -58,16 +60,15 @@ def main() -> int:
         print(f"--models: unknown {', '.join(bad)}; known: {', '.join(MODELS)}", file=sys.stderr)
         return 2
     side = horizon_side(a, batch=a.batch, seq=a.seq)
-    pol = side.policy
-    print(f"Horizon's policy: default + keep_last {pol.keep_last}, micro_batches {pol.micro_batches}, "
-          f"mb_order {pol.mb_order}; --compute-threads {a.compute_threads}; both sides compute in "
-          f"{pol.compute_dtype} ({side.dtype_why})")
+    print(f"--compute-threads {a.compute_threads}; both sides compute in {side.policy.compute_dtype} ({side.dtype_why})")
     tokens = a.batch * a.seq
     print(f"batch {a.batch} x {a.seq} ({tokens} tokens/step), {a.rounds} alternated rounds of {a.steps} steps; "
           "tokens/s from the median step")
     print(f"{'model':<7}{'params':>8}  {'run':<34}{'step ms':>9}{'tok/s':>8}{'Horizon x':>11}")
     for name in names:
         model = MODELS[name]
+        pol, why = side.policy_for(model)
+        print(f"{name}: {why}")
         horizon = "Horizon"
         runs = {horizon: []}
         peer = [(th, ck) for th in (2, 1) for ck in (True, False)]

@@ -426,17 +426,33 @@ def read_meta(path, verify: bool = False) -> dict:
     return _read_meta_bytes(p, _sums(p)[META] if verify else None)
 
 
+def _recorded(path, key: str):
+    """The `key` metadata of the checkpoint resume would load first; None when it cannot be
+    read (the load itself then says what is wrong)."""
+    for p in candidates(path):
+        try:
+            return read_meta(p, verify=True).get(key)
+        except (HorizonError, OSError, ValueError, AttributeError, KeyError):
+            continue  # damaged: resume falls back past it, and so does this
+    return None
+
+
 def recorded_compute_threads(path) -> int | None:
     """The CPU backend's compute threads the checkpoint resume would load first was written with
     (its "runtime" metadata: state_items.py); None when it records none (older checkpoints, a GPU
-    run) or cannot be read (the load itself then says what is wrong)."""
-    for p in candidates(path):
-        try:
-            n = read_meta(p, verify=True).get("runtime", {}).get("compute_threads")
-        except (HorizonError, OSError, ValueError, AttributeError, KeyError):
-            continue  # damaged: resume falls back past it, and so does this
-        return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
-    return None
+    run) or cannot be read."""
+    n = (_recorded(path, "runtime") or {}).get("compute_threads")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
+
+
+def recorded_policy(path) -> dict | None:
+    """The policy (Policy.to_dict) the checkpoint resume would load first was written with;
+    None when it cannot be read."""
+    pol = _recorded(path, "policy")
+    if not isinstance(pol, dict):
+        return None
+    renamed = RENAMED_FIELDS["policy"]
+    return {renamed.get(k, k): v for k, v in pol.items()}
 
 
 # ---- loading ----------------------------------------------------------------------------------

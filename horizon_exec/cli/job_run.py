@@ -1,9 +1,8 @@
 """`horizon train --job JOB.toml [flags]`: train the job a planner command saved (docs/job.md).
 
 The job's values become the run's flags, except the flags given on the command line: those
-override their field. Which flags were given is recorded while argparse reads them
-(record_explicit: every option's action notes its dest; defaults are never set through an
-action), so a flag given with its default value still overrides the job. Before anything is
+override their field (which were given: cli/explicit_flags.py, so a flag given with its
+default value still overrides the job). Before anything is
 loaded (apply_job): the job is read (one line naming the file and key for a bad value, exit 2),
 merged into the arguments, and this machine compared with the job's; --on-other-machine says
 what then happens: replan (the default: plan the job's policy for this machine and run it),
@@ -19,46 +18,18 @@ reading the job again; a job planned for several ranks launches that many unless
 import argparse
 from dataclasses import dataclass, fields
 
+from horizon_sim.cli.explicit_flags import EXPLICIT, record_explicit
 from horizon_sim.errors import HorizonError
 from horizon_sim.job.digest import model_digest, schedule_digest, short
 from horizon_sim.job.sections import Job
 from horizon_sim.specs.policy import Policy
 
-EXPLICIT = "explicit_flags"
-"""The Namespace attribute that holds {dest: option string} of the flags given (a dict, which
-the launcher's worker arguments leave out: the ranks get the merged values)."""
 ON_OTHER_MACHINE = ("replan", "refuse", "run")
 REPLANNED = ("--on-other-machine replan: the job's policy is planned on this machine's description (--hardware, "
              "else its calibration or an estimate: the run's 'plan:' line below), not on the job's [hardware]")
 RUN_AS_PLANNED = "--on-other-machine run: runs on the job's [hardware] as planned (its prediction is that machine's)"
 POLICY_DEST = {"keep_last": "keep_activations", "split_master": "master_dtype", "working_copy": "no_working_copy"}
 """Policy field -> the train flag's dest, where they are not spelled the same."""
-
-
-class _Recorded:
-    """Mixin of an argparse action that notes its dest as given (record_explicit)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        given = getattr(namespace, EXPLICIT, None)
-        if given is None:
-            given = {}
-            setattr(namespace, EXPLICIT, given)
-        given[self.dest] = option_string
-        super().__call__(parser, namespace, values, option_string)
-
-
-_RECORDED: dict[type, type] = {}
-
-
-def record_explicit(p: argparse.ArgumentParser) -> None:
-    """Make every option of `p` note, when it is given, its dest in the namespace (EXPLICIT)."""
-    for action in p._actions:
-        cls = type(action)
-        if not action.option_strings or isinstance(action, (_Recorded, argparse._HelpAction)):
-            continue
-        if cls not in _RECORDED:
-            _RECORDED[cls] = type(f"Recorded{cls.__name__}", (_Recorded, cls), {})
-        action.__class__ = _RECORDED[cls]
 
 
 def add_job_args(p: argparse.ArgumentParser) -> None:

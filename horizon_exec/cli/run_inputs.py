@@ -31,6 +31,9 @@ class ModelAndTokenizer:
     tok: "ByteTokenizer | HFTokenizer"
     notes: tuple[str, ...]
     """What the run says about them (stdout, once the run starts)."""
+    machine: object = None
+    """This machine's description (measure/machine) once the policy search read it: the run
+    plans on the same one, without reading (or measuring) it again."""
 
 
 def read_model_and_tokenizer(cfg: "RunConfig") -> ModelAndTokenizer:

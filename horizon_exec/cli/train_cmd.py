@@ -3,7 +3,9 @@
     horizon train --model NAME|config.json [--data FILE] --steps N [policy flags] [--lr ...]
     horizon train --init-from HF_DIR --data chat.jsonl --steps 1000 --save-hf out/ --ckpt-dir ckpt/
 
-Data: a .jsonl file ("text", or "instruction"/"response" with the loss masked on the prompt)
+Policy: the flags given pin their knobs, the planner chooses the rest for this machine
+(cli/train_policy.py; --no-search: the listed defaults; --job: the job's; --resume: the
+checkpoint's). Data: a .jsonl file ("text", or "instruction"/"response" with the loss masked on the prompt)
 or a text file, default the built-in corpus; tokens from --tokenizer tokenizer.json (or the
 --init-from folder's), else bytes (ids 0..255). Schedule: linear warmup then cosine decay
 to --min-lr. A progress bar shows loss, lr, tokens/s and MFU (peak from --gpu or
@@ -51,7 +53,9 @@ if TYPE_CHECKING:  # (torch loads with them)
 def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.description = ("Train with the streaming executor: host RAM holds the fp32 master weights and "
                      "Adam state, the device streams one layer at a time, following the same "
-                     "Schedule `horizon plan` simulates.")
+                     "Schedule `horizon plan` simulates. The policy flags you give pin their knobs; the "
+                     "planner chooses the others: the fastest policy that fits this machine's device and RAM "
+                     "(as `horizon tune --batch B --seq S` would; --no-search: their listed defaults).")
     p.epilog = ("examples:\n  horizon train --model tiny --steps 20 --batch 4 --seq 128\n"
                 "  horizon train --model ./config.json --data corpus.txt --steps 100 --device cuda\n"
                 "  horizon train --init-from ./Qwen2.5-0.5B --data sft.jsonl --steps 500 --batch 8 --seq 1024 \\\n"
@@ -93,14 +97,14 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     m.add_argument("--save-shard-size", default="5GB", metavar="SIZE",
                    help="largest safetensors shard of --save-hf (default 5GB)")
 
-    add_policy_args(p, compute_help="dtype of the device's matmuls and activations (default: bf16 on a GPU and on "
+    add_policy_args(p, searched="; --no-search: {v}", compute_help="dtype of the device's matmuls and activations (default: bf16 on a GPU and on "
                                     "CPUs with bf16 matrix instructions, avx512_bf16/amx_bf16; fp32 on other CPUs, "
                                     "where bf16 GEMMs run tens of times slower)")
+    from horizon_exec.cli.train_policy import add_search_args
+    add_search_args(p)
     p.add_argument("--grad-accum", dest="micro_batches", type=int, default=argparse.SUPPRESS, metavar="N",
                    help="gradient accumulation: the same as --micro-batches N (the batch runs as N "
                         "micro-batches, gradients add up on the host; loss = token mean of the whole batch)")
-    p.add_argument("--loss-chunk-tokens", type=int, default=1024,
-                   help="tokens per LM-head/loss chunk (default 1024)")
 
     o = p.add_argument_group("optimizer and schedule")
     o.add_argument("--lr", type=float, default=3e-4, help="peak learning rate, in (0, 1] (default 3e-4)")
@@ -248,6 +252,8 @@ def run_train(args: argparse.Namespace) -> int:
         from horizon_exec.cli.run_inputs import check_run_inputs
         with _os_errors_as_usage():
             read = check_run_inputs(cfg, launch_cfg)
+        if job is None:  # the policy flags not given: the planner's choice (train_policy.py)
+            cfg, read = _planned(args, cfg, read, launch_cfg)
         if job is not None:  # the job's prediction, and whether this Schedule is the job's
             job.check(cfg, read.model, launch_cfg)
     if launch.wants_launch(launch_cfg.ranks):  # outputs are checked here first: a bad one costs no process start
@@ -280,6 +286,21 @@ def run_train(args: argparse.Namespace) -> int:
             ckpt_lock.release(key)
         dist.close(wait=rc == 0)
     return rc
+
+
+def _planned(args: argparse.Namespace, cfg: "RunConfig", read: "ModelAndTokenizer", launch_cfg):
+    """(`cfg` with the planner's policy for the knobs no flag pins, `read` with the machine
+    description the search used) (cli/train_policy.py)."""
+    from horizon_exec.cli.train_policy import choose_policy
+    from horizon_exec.data.data import data_bytes_bound
+    from horizon_sim.specs.layout import Layout
+    try:
+        layout = Layout(launch_cfg.nproc_per_node, launch_cfg.nnodes)
+    except HorizonError:  # a launch this node cannot hold: check_node says so (before any rank starts)
+        return cfg, read
+    data_bytes = data_bytes_bound(cfg.data.data, read.tok, cfg.policy.seq)
+    cfg, machine = choose_policy(args, cfg, read.model, data_bytes, layout)
+    return cfg, (dataclasses.replace(read, machine=machine) if machine is not None else read)
 
 
 def _run_dist_rank(cfg: "RunConfig", dist, read=None) -> int:
@@ -319,15 +340,16 @@ class _Inputs:
     an estimate) the admission simulates on; None on a data-parallel rank without --hardware."""
 
 
-def _machine(cfg: "RunConfig", hardware, dist):
+def _machine(cfg: "RunConfig", hardware, dist, known=None):
     """The machine the run is planned on (measure/machine): --hardware as read, else (one
-    process) the cached calibration or a quick estimate; None for a data-parallel rank."""
+    process) the one the policy search used (`known`), else the cached calibration or a quick
+    estimate; None for a data-parallel rank."""
     from horizon_exec.measure.machine import given_file, this_machine
     if hardware is not None:
         return given_file(hardware, cfg.hardware)
     if dist.world > 1:
         return None
-    return this_machine(cfg.trainer.runtime.device, say=print)
+    return known or this_machine(cfg.trainer.runtime.device, say=print)
 
 
 def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) -> int:
@@ -353,7 +375,7 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
             from horizon_sim.job.toml import load_hardware_or_job  # a hardware file, or a job's [hardware]
             hardware = load_hardware_or_job(cfg.hardware)  # its peak for MFU; its speeds and runtime overhead, for admission
         peak, peak_what = _peak_flops(cfg, hardware)
-        machine = _machine(cfg, hardware, dist)
+        machine = _machine(cfg, hardware, dist, read.machine)
         save_inputs = None
         if cfg.outputs.save_hf and dist.rank == 0:  # what the save copies, read now: the source folders may change
             from horizon_exec.train.save import read_save_inputs

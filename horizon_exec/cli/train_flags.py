@@ -2,7 +2,6 @@
 The config types hold the rules (one each, the same for Python callers); a value they refuse is
 one HorizonError line here too, naming the flag that set it, its value and what is allowed."""
 import argparse
-import dataclasses
 
 from horizon_exec.errors import ConfigError
 from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, RuntimeConfig, TrainerConfig
@@ -57,7 +56,7 @@ def _run_config(a: argparse.Namespace) -> RunConfig:
                               disk_dir=a.disk_dir, disk_method=a.disk_io),
         admission=AdmissionConfig(enabled=not a.no_admission, host_budget_bytes=size(a.host_budget, "--host-budget"),
                                   device_budget_bytes=size(a.device_budget, "--device-budget")))
-    policy = dataclasses.replace(policy_from_args(a), loss_chunk_tokens=a.loss_chunk_tokens)
+    policy = policy_from_args(a)
     return RunConfig(model=a.model, init_from=a.init_from, steps=a.steps, policy=policy, trainer=trainer,
                      lr_schedule=schedule, data=data, checkpoints=checkpoints, outputs=outputs, gpu=a.gpu,
                      hardware=a.hardware, compute_dtype_why=getattr(a, "compute_dtype_why", ""))

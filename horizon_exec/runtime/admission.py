@@ -123,6 +123,52 @@ def cuda_free_bytes(device: str) -> int:
     return int(free)
 
 
+def budgets(device: str, host_budget_bytes: int | None = None, device_budget_bytes: int | None = None):
+    """((host bytes usable, where from), (device bytes usable or None, where from)) for a run on
+    `device` (module docstring: host available, device available)."""
+    if device == "cpu":
+        dev_avail, dev_src = device_budget_bytes, ("device budget" if device_budget_bytes is not None else
+                                                   "CPU backend: host RAM, no separate limit")
+    else:  # a budget above what is free would not stop an out-of-memory error: the smaller counts
+        # device budget first: mem_get_info creates the CUDA context, whose host memory the RSS then includes
+        free = cuda_free_bytes(device)
+        dev_avail, dev_src = free, "free per cudaMemGetInfo"
+        if device_budget_bytes is not None and device_budget_bytes < free:
+            dev_avail, dev_src = int(device_budget_bytes), "device budget"
+    rss = rss_bytes()
+    if host_budget_bytes is not None:
+        host_avail, host_src = int(host_budget_bytes), "host budget"
+    else:
+        avail = mem_available_bytes()
+        host_avail = None if avail is None else avail + rss
+        host_src = ("MemAvailable unknown: not checked" if avail is None else
+                    f"MemAvailable {fmt_bytes(avail)} + this process {fmt_bytes(rss)}")
+    return _address_space_cap(host_avail, host_src, rss), (dev_avail, dev_src)
+
+
+def measured_runtime(hardware: HardwareSpec | None) -> bool:
+    """Whether `hardware` holds a measured process runtime (calibrate; 0: not measured)."""
+    return hardware is not None and hardware.host.runtime_overhead_GiB > 0
+
+
+def runtime_bytes(hardware: HardwareSpec | None) -> int:
+    """The process runtime the need counts (module docstring): the larger of what this process
+    holds now and the measured overhead, else RSS now + RUNTIME_GROWTH_BYTES."""
+    rss = rss_bytes()
+    if measured_runtime(hardware):
+        return max(rss, int(hardware.host.runtime_overhead_GiB * GiB))
+    return rss + RUNTIME_GROWTH_BYTES  # no file, or one that did not measure it (measure/machine's estimates)
+
+
+def machine_with_budgets(hardware: HardwareSpec | None, host_bytes: int | None, device_bytes: int | None,
+                         layout=None) -> HardwareSpec:
+    """`hardware` (its speeds; the presets' without one) with the memories a run may use as its
+    usable ones and the process runtime admission counts, laid out as `layout`: the machine
+    the planner checks a run's policy against (the admission, train's policy search)."""
+    hw = _machine(hardware, host_bytes, device_bytes, runtime_bytes(hardware))
+    return hw if layout is None else laid_out(hw, layout)
+
+
 # ---- what the run needs --------------------------------------------------------------------
 def store_padding_bytes(sched) -> int:
     """Bytes the host store adds by starting each static host buffer at a page boundary."""
@@ -147,8 +193,6 @@ def _machine(hardware: HardwareSpec | None, host_bytes: int | None, device_bytes
                                 disk_read_GBps=h.disk_read_GBps or 1.0, disk_write_GBps=h.disk_write_GBps or 1.0))
 
 
-
-
 def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
           host_budget_bytes: int | None = None, device_budget_bytes: int | None = None,
           hardware: HardwareSpec | None = None, advise: bool = True, data_bytes: int = 0) -> Admission:
@@ -160,34 +204,12 @@ def admit(model: ModelSpec, policy: Policy, sched, *, device: str = "cpu",
     from horizon_sim.sim.simulate import simulate
 
     cpu = device == "cpu"
-    # device budget first: mem_get_info creates the CUDA context, whose host memory the RSS then includes
-    if cpu:
-        dev_avail, dev_src = device_budget_bytes, ("device budget" if device_budget_bytes is not None else
-                                                   "CPU backend: host RAM, no separate limit")
-    else:  # a budget above what is free would not stop an out-of-memory error: the smaller counts
-        free = cuda_free_bytes(device)
-        dev_avail, dev_src = free, "free per cudaMemGetInfo"
-        if device_budget_bytes is not None and device_budget_bytes < free:
-            dev_avail, dev_src = int(device_budget_bytes), "device budget"
-    rss = rss_bytes()
-    if host_budget_bytes is not None:
-        host_avail, host_src = int(host_budget_bytes), "host budget"
-    else:
-        avail = mem_available_bytes()
-        host_avail = None if avail is None else avail + rss
-        host_src = ("MemAvailable unknown: not checked" if avail is None else
-                    f"MemAvailable {fmt_bytes(avail)} + this process {fmt_bytes(rss)}")
-    host_avail, host_src = _address_space_cap(host_avail, host_src, rss)
-    retained = 0
-    if hardware is not None and hardware.host.runtime_overhead_GiB > 0:
-        runtime = max(rss, int(hardware.host.runtime_overhead_GiB * GiB))
-        # calibrate measures the overhead net of glibc's retention for its tiny probe's largest
-        # block (calibrate/overheads.py): this run's own retention, which grows with its
-        # blocks, comes on top, as process_rss.predict_rss counts it
-        retained = allocator_retained_bytes(model, policy, sched) if cpu else 0
-    else:  # no file, or one that did not measure it (measure/machine's estimates: 0)
-        runtime = rss + RUNTIME_GROWTH_BYTES
-    hw = laid_out(_machine(hardware, host_avail, dev_avail, runtime), sched.meta.layout)
+    (host_avail, host_src), (dev_avail, dev_src) = budgets(device, host_budget_bytes, device_budget_bytes)
+    # calibrate measures the overhead net of glibc's retention for its tiny probe's largest
+    # block (calibrate/overheads.py): this run's own retention, which grows with its blocks,
+    # comes on top, as process_rss.predict_rss counts it
+    retained = allocator_retained_bytes(model, policy, sched) if cpu and measured_runtime(hardware) else 0
+    hw = machine_with_budgets(hardware, host_avail, dev_avail, sched.meta.layout)
     res = simulate(sched, hw)
     adm = _account(model, policy, sched, res, cpu, host_avail, host_src, dev_avail, dev_src, data_bytes, retained)
     if adm.fits:

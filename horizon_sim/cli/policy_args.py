@@ -29,9 +29,18 @@ def keep_layers(text: str) -> int:
     return n
 
 
-def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_help: str | None = None) -> None:
+PLANNER = "the planner's choice"
+
+
+def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_help: str | None = None,
+                    searched: str | None = None) -> None:
     """compute_help: the command picks the compute dtype's default itself (--compute-dtype then
-    defaults to None, resolved before policy_from_args), and says how here."""
+    defaults to None, resolved before policy_from_args), and says how here. searched: the
+    command searches the knobs no flag pins (plan/pinned.py); their help says so, then this
+    text ('{v}' standing for the value: e.g. what it is when no search runs); None: no search."""
+    def d(value) -> str:  # a knob's default, as its help says it
+        return f"(default: {PLANNER}{searched})".replace("{v}", str(value)) if searched is not None else f"(default {value})"
+
     g = p.add_argument_group("policy")
     # "ckpt" meant both activation checkpoints (these) and training checkpoints (horizon train
     # --ckpt-dir/--save-every): the old names are refused rather than silently read as one.
@@ -44,25 +53,25 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
     g.add_argument("--seq", type=int, default=defaults.seq, help=f"tokens per sequence (default {defaults.seq})")
     g.add_argument("--micro-batches", type=int, default=defaults.micro_batches,
                    help="micro-batches per step; gradients accumulate on the host (--mb-order layer: on the "
-                        "device) (default 1)")
+                        f"device) {d(defaults.micro_batches)}")
     g.add_argument("--mb-order", choices=MB_ORDERS, default=defaults.mb_order,
                    help="'micro': each micro-batch runs the whole step in turn (weights cross the link per "
                         "micro-batch); 'layer': every micro-batch passes a unit while its weights are resident "
                         "(weights cross twice per step, gradients summed on the device and offloaded once; "
-                        f"every micro-batch's activations live on the device at once) (default {defaults.mb_order})")
+                        f"every micro-batch's activations live on the device at once) {d(defaults.mb_order)}")
     g.add_argument("--act-ckpt-every", type=int, default=defaults.act_ckpt_every, metavar="K",
-                   help="keep a boundary activation every K layers; backward recomputes the rest (default 1)")
+                   help=f"keep a boundary activation every K layers; backward recomputes the rest {d(defaults.act_ckpt_every)}")
     g.add_argument("--keep-activations", type=keep_layers, default=defaults.keep_last, metavar="L|all",
                    help="the last L layers of the forward keep what autograd saves on the device and run their "
                         "backward from it, no recompute ('all': every layer; device memory grows with L) "
-                        "(default 0)")
+                        f"{d(defaults.keep_last)}")
     g.add_argument("--slots", type=int, default=defaults.slots,
-                   help="device weight buffers, >= 2 (default 2)")
+                   help=f"device weight buffers, >= 2 {d(defaults.slots)}")
     g.add_argument("--act-ckpt-on", choices=CKPT_PLACES, default=defaults.act_ckpt_on,
-                   help=f"where checkpoints live between forward and backward (default {defaults.act_ckpt_on})")
+                   help=f"where checkpoints live between forward and backward {d(defaults.act_ckpt_on)}")
     g.add_argument("--optimizer", choices=OPTIMIZER_MODES, default=defaults.optimizer,
                    help="when the CPU optimizer runs: after backward, during backward (no exact "
-                        f"clipping), or pipelined into the next forward (default {defaults.optimizer})")
+                        f"clipping), or pipelined into the next forward {d(defaults.optimizer)}")
     g.add_argument("--grad-clip", type=float, default=None,
                    help=f"global-norm clip, 0 = off (default {defaults.grad_clip}, or 0 with --optimizer backward)")
     g.add_argument("--compute-dtype", choices=DTYPES, default=None if compute_help else defaults.compute_dtype,
@@ -73,8 +82,9 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
                         "a 16-bit low half (4 bytes per parameter with the copy, not 6; updated bit for bit as "
                         "the fp32 master; the copy rounds ties away from zero); 'fp32': the whole fp32 master "
                         "beside its copy; 'bf16': no fp32 master (the seed code's policy: an update smaller "
-                        "than half a bf16 ulp of its weight is lost) (default: split with bf16 compute and the "
-                        "working copy, else fp32)")
+                        "than half a bf16 ulp of its weight is lost) "
+                        + (f"(default: {PLANNER} of split or fp32 where split can be, else fp32)" if searched is not None else
+                           "(default: split with bf16 compute and the working copy, else fp32)"))
     g.add_argument("--master-rounding", choices=MASTER_ROUNDINGS, default=defaults.master_rounding,
                    help="with --master-dtype bf16: 'nearest' (even; default) or 'stochastic': rounds up with "
                         "probability residual/ulp, so the stored weight equals the updated one in expectation and "
@@ -84,7 +94,8 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
     g.add_argument("--grad-dtype", choices=DTYPES, default=defaults.grad_dtype,
                    help="gradients over the device-to-host link (default bf16)")
     g.add_argument("--no-working-copy", action="store_true",
-                   help="no persistent bf16 host copy: loads move fp32 and cast on the device")
+                   help="no persistent bf16 host copy: loads move fp32 and cast on the device"
+                        + (f" (default: {PLANNER} whether to keep one)" if searched is not None else ""))
     g.add_argument("--disk-tier", choices=DISK_TIERS, default=defaults.disk_tier,
                    help="'moments': keep the Adam moments in a file on local disk (--disk SIZE in the planner, "
                         "--disk-dir in train), read into RAM a unit ahead of its update and written back "
@@ -95,7 +106,11 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
                         "under an explicit mask: all T x T scores, no causal skipping)")
     g.add_argument("--max-host-grads", type=int, default=0, metavar="N",
                    help="with --optimizer backward: at most N units' gradients wait on the host for the "
-                        "CPU optimizer; the next offload waits (default 0: no bound)")
+                        "CPU optimizer; the next offload waits "
+                        + (f"(default: {PLANNER}; 0: no bound)" if searched is not None else "(default 0: no bound)"))
+    g.add_argument("--loss-chunk-tokens", type=int, default=defaults.loss_chunk_tokens, metavar="N",
+                   help=f"tokens per LM-head/loss chunk: the fp32 logits of one chunk live at a time "
+                        f"(default {defaults.loss_chunk_tokens})")
     g.add_argument("--doc-tokens", type=int, default=0, metavar="N",
                    help="with --doc-masks: mean document length, for model FLOPs and MFU (default: "
                         "--seq; horizon train measures it from the data)")
@@ -111,4 +126,5 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
                                working_copy=not a.no_working_copy, doc_masks=a.doc_masks, doc_tokens=a.doc_tokens,
                                disk_tier=getattr(a, "disk_tier", "none"), max_host_grads=getattr(a, "max_host_grads", 0),
                                mb_order=getattr(a, "mb_order", "micro"),
-                               keep_last=getattr(a, "keep_activations", 0))
+                               keep_last=getattr(a, "keep_activations", 0),
+                               loss_chunk_tokens=getattr(a, "loss_chunk_tokens", _D.loss_chunk_tokens))

@@ -4,10 +4,13 @@ import json
 import math
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.cli.explicit_flags import given as explicit
+from horizon_sim.cli.explicit_flags import record_explicit
 from horizon_sim.cli.hardware_args import add_cluster_args, with_cluster
+from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
 from horizon_sim.schedule.op import PEERS
 from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
-from horizon_sim.specs.policy import DTYPES, Policy
+from horizon_sim.specs.policy import Policy
 from horizon_sim.units import GiB, fmt_bytes
 from horizon_sim.specs.moe import params_label
 
@@ -126,14 +129,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="llama-3.1-8b",
                    help="a preset name or a path to an HF config.json (default llama-3.1-8b)")
     add_hardware_args(p)
-    p.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default 2048)")
-    p.add_argument("--max-batch", type=int, default=64, help="most sequences per step (default 64)")
-    p.add_argument("--batch", type=int, default=None,
-                   help="sequences per step, fixed (your training batch): only its splits into micro-batches "
-                        "are searched (default: any batch up to --max-batch)")
-    p.add_argument("--grad-clip", type=float, default=1.0,
-                   help="global-norm clip kept by every candidate; 0 also allows --optimizer backward (default 1.0)")
-    p.add_argument("--states-dtype", choices=DTYPES, default="fp32", help="Adam moments on the host (default fp32)")
+    p.add_argument("--max-batch", type=int, default=64,
+                   help="most sequences per step when --batch is not given (default 64)")
     p.add_argument("--top", type=int, default=10, help="configurations to show (default 10)")
     p.add_argument("--compare", default=None, choices=PEERS,
                    help="also find the peer's fastest batch (DeepSpeed ZeRO-3 offload, or ZeRO-2 offload: "
@@ -144,22 +141,33 @@ def configure(p: argparse.ArgumentParser) -> None:
     from horizon_sim.job.cli import add_save_job_arg
     add_save_job_arg(p, "the best configuration (the top row)")
     add_run_args(p)
+    add_policy_args(p, searched="")
+    # --batch fixes the batch (only its splits are searched); not given: any batch up to --max-batch
+    for act in p._actions:
+        if act.dest == "batch":
+            act.help = ("sequences per step, fixed (your training batch): only its splits into micro-batches "
+                        "are searched (default: any batch up to --max-batch)")
+    record_explicit(p)  # every policy flag given pins its knob (plan/pinned.py)
 
 
 def run(a: argparse.Namespace) -> int:
-    from horizon_sim.plan.tune import SearchSpace, tune
+    from horizon_sim.plan.tune import tune
     from horizon_sim.specs.hf_config import load_model
 
+    from horizon_sim.plan.pinned import pinned_space
+    given = explicit(a)
     positive("--seq", a.seq)
     positive("--top", a.top)
     positive("--max-batch", a.max_batch)
-    positive("--batch", a.batch, allow_none=True)
+    positive("--batch", a.batch)
     positive("--workers", a.workers, allow_none=True)
     model, hw = load_model(a.model), hardware_from_args(a)
     if a.save_job:
         from horizon_sim.job.cli import check_job_path
         check_job_path(a.save_job)  # before the search
-    base = Policy(seq=a.seq, grad_clip=a.grad_clip, states_dtype=a.states_dtype)
+    base = policy_from_args(a)  # the flags given pin their fields; the search covers the other knobs
+    fixed_batch = base.batch if "batch" in given else None
+    space = pinned_space(base, given, n_layers=model.n_layers, batch=fixed_batch, max_batch=a.max_batch)
     if a.peer_knobs and not a.compare:
         raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload (or zero2-offload)")
     peer = zero3 = None
@@ -171,9 +179,9 @@ def run(a: argparse.Namespace) -> int:
         fam.like(base, **knobs)  # a knob the family does not take: its one-line error, before the search
         if fam.name.value == "zero2-offload":
             knobs["offload_param"] = False
-        peer, zero3 = tune_zero3(model, hw, a.seq, max_batch=a.batch or a.max_batch, grad_clip=a.grad_clip, knobs=knobs)
-    res = tune(model, hw, a.seq, base=base, space=SearchSpace(max_batch=a.max_batch, batch=a.batch), workers=a.workers,
-               progress=not a.quiet)
+        peer, zero3 = tune_zero3(model, hw, a.seq, max_batch=fixed_batch or a.max_batch, grad_clip=base.grad_clip,
+                                 knobs=knobs)
+    res = tune(model, hw, a.seq, base=base, space=space, workers=a.workers, progress=not a.quiet)
     top = res.top(a.top)
     best_row = top.iloc[0].to_dict() if len(top) else None
     compared = _compare(model, hw, res.best, peer, zero3, a.compare) if a.compare else None
@@ -212,7 +220,7 @@ def run(a: argparse.Namespace) -> int:
     print()
     print(f"top {len(top)} configurations that fit:")
     print(format_table(top.to_dict("records"), COLS))
-    if a.batch is None and res.best.batch >= a.max_batch:
+    if fixed_batch is None and res.best.batch >= a.max_batch:
         print(f"(the best uses --max-batch {a.max_batch} sequences per step; a larger cap would be faster still)")
     print()
     print("Pareto front, tokens/s against host RAM (fits the device; 'RAM' is what to install):")

@@ -46,7 +46,8 @@ def saved_line(path: str, job: Job) -> str:
 def train_command(a: argparse.Namespace, hw: HardwareSpec, policy: Policy) -> str:
     """The `horizon train` command line that runs `policy` exactly on the machine the flags `a`
     describe: the policy's flags (horizon plan's, plus the compute dtype and the master, whose
-    defaults in train depend on the machine) and where it runs."""
+    defaults in train depend on the machine), --no-search (the knobs left at their defaults are
+    the row's, not for train's own search to choose) and where it runs."""
     from horizon_sim.plan.advice import policy_flags
     from horizon_sim.specs.cpu_ranks import is_cpu_backend
     flags = policy_flags(policy).split()
@@ -54,12 +55,7 @@ def train_command(a: argparse.Namespace, hw: HardwareSpec, policy: Policy) -> st
         flags += ["--compute-dtype", policy.compute_dtype]
     if "--master-dtype" not in flags:
         flags += ["--master-dtype", policy.master_choice]
-    if policy.doc_masks:
-        flags.append("--doc-masks")
-    if policy.doc_tokens:
-        flags += ["--doc-tokens", str(policy.doc_tokens)]
-    if policy.loss_chunk_tokens != Policy().loss_chunk_tokens:
-        flags += ["--loss-chunk-tokens", str(policy.loss_chunk_tokens)]
+    flags.append("--no-search")
     where = ["--hardware", a.hardware] if a.hardware else ["--gpu", a.gpu]
     if not is_cpu_backend(hw):
         where += ["--device", "cuda"]

@@ -114,7 +114,7 @@ _FLAGS = (  # Policy field -> CLI flag of `horizon plan`
     ("optimizer", "--optimizer"), ("grad_clip", "--grad-clip"), ("compute_dtype", "--compute-dtype"),
     ("states_dtype", "--states-dtype"), ("grad_dtype", "--grad-dtype"), ("max_host_grads", "--max-host-grads"),
     ("disk_tier", "--disk-tier"), ("master_rounding", "--master-rounding"), ("mb_order", "--mb-order"),
-    ("keep_last", "--keep-activations"),
+    ("keep_last", "--keep-activations"), ("loss_chunk_tokens", "--loss-chunk-tokens"), ("doc_tokens", "--doc-tokens"),
 )
 
 
@@ -133,6 +133,8 @@ def policy_flags(p: Policy, base: Policy | None = None) -> str:
         out.append(f"--master-dtype {'split' if p.split_master else p.master_dtype}")
     if p.working_copy != base.working_copy:
         out.append("--no-working-copy" if not p.working_copy else "(working copy on)")
+    if p.doc_masks != base.doc_masks:
+        out.append("--doc-masks" if p.doc_masks else "(no document masks)")
     return " ".join(out)
 
 

@@ -48,8 +48,14 @@ class Outcome:
 
     def verdict(self, hw: HardwareSpec) -> MemoryVerdict:
         """This prediction against `hw`'s memories (the host's RAM may differ from the one
-        simulated: the footprint does not depend on it)."""
-        return MemoryVerdict(host_need=dict(self.host_breakdown) or {"host": self.host_bytes},
+        simulated: the footprint does not depend on it). On the executor's CPU backend the
+        "device" is host RAM too: the host then also holds each rank's device peak (as the
+        executor's admission counts it)."""
+        host = dict(self.host_breakdown) or {"host": self.host_bytes}
+        from horizon_sim.specs.cpu_ranks import is_cpu_backend
+        if is_cpu_backend(hw):
+            host["device_on_cpu_backend"] = self.device_peak_bytes * hw.cluster.layout.devices_per_node
+        return MemoryVerdict(host_need=host,
                              host_usable=int(hw.host_bytes_usable), device_need={"device": self.device_peak_bytes},
                              device_usable=int(hw.device_bytes_usable), disk_need=self.disk_bytes,
                              disk_usable=hw.disk_bytes_usable)
@@ -69,7 +75,7 @@ class Outcome:
 
     def ram_needed_bytes(self, hw: HardwareSpec) -> int:
         """Installed RAM the host footprint needs on this host type (the OS reserve added)."""
-        return self.host_bytes + int(math.ceil(hw.host.os_reserved_GiB * GiB))
+        return self.verdict(hw).host_need_bytes + int(math.ceil(hw.host.os_reserved_GiB * GiB))
 
     def why_not(self, hw: HardwareSpec) -> str:
         """One phrase: what does not fit and by how much ('' when it fits)."""

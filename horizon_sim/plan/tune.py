@@ -70,6 +70,9 @@ class SearchSpace:
     """Sequences per step, fixed (the user's batch: `tune --batch`): only its splits into
     micro_batch x micro_batches are searched (micro_batches from the values above that divide
     it). None: any batch up to max_batch."""
+    bound_pinned: bool = False
+    """max_host_grads is the user's bound (pinned.py: with the optimizer in backward and one
+    micro-batch, where it always applies): no 0 is added for states it does not apply to."""
 
     def __post_init__(self):
         for f in ("micro_batch", "micro_batches", "act_ckpt_every"):
@@ -78,7 +81,8 @@ class SearchSpace:
         hg = tuple(self.max_host_grads)
         if not hg or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in hg):
             raise HorizonError(f"search space max_host_grads={hg!r} must be integers >= 0")
-        object.__setattr__(self, "max_host_grads", tuple(sorted(set(hg) | {0})))  # 0: where no bound applies
+        if not self.bound_pinned:  # 0: where no bound applies
+            object.__setattr__(self, "max_host_grads", tuple(sorted(set(hg) | {0})))
         if min(self.slots) < 2:
             raise HorizonError(f"search space slots={self.slots!r} must all be >= 2")
         for f, allowed in (("act_ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES), ("mb_order", MB_ORDERS)):
@@ -144,7 +148,7 @@ class HillClimb:
             raise HorizonError("search space allows only working_copy=True, which duplicates the "
                                "master weights when compute_dtype equals master_dtype")
         self.values = {"micro_batch": space.micro_batch, "micro_batches": space.micro_batches,
-                       "act_ckpt_every": tuple(k for k in space.act_ckpt_every if k <= self.L) or (1,),
+                       "act_ckpt_every": tuple(k for k in space.act_ckpt_every if k <= self.L) or (self.L,),
                        "slots": space.slots, "act_ckpt_on": space.act_ckpt_on, "optimizer": tuple(opts),
                        "working_copy": tuple(wcs), "max_host_grads": space.max_host_grads,
                        "split_master": tuple(v for v in space.split_master if not v or self._can_split(base)) or (False,),
@@ -305,7 +309,7 @@ def tune(model: ModelSpec, hw: HardwareSpec, seq: int = 2048, *, base: Policy | 
     if isinstance(seq, bool) or not isinstance(seq, int) or seq <= 0:
         raise HorizonError(f"seq={seq!r} must be a positive integer")
     base = replace(base or Policy(), seq=seq)
-    if space is not None and space.batch is not None:  # the baseline trains the same batch
+    if space is not None and space.batch is not None and base.batch != space.batch:  # the baseline trains it too
         base = replace(base, batch=space.batch, micro_batches=1)
     space = space or SearchSpace()
     own = runner is None
