@@ -48,15 +48,15 @@ class HorizonSide:
     given: frozenset = field(default_factory=frozenset)
     """The knob flags given (argparse dests): pinned in the search."""
     search: bool = True
-    hardware_path: str | None = None
+    hardware: str | None = None
+    """--hardware: the file the planner prices the policy with (None: this machine's description)."""
 
     def policy_for(self, model) -> tuple[Policy, str]:
         """(the policy Horizon runs `model` with, one line saying what it is and where from)."""
         if not self.search or set(self.given) >= set(_KNOBS):
             return self.policy, f"Horizon's policy: {policy_flags(self.policy) or 'the defaults'} (--no-search)"
-        from horizon_exec.measure.machine import this_machine
         from horizon_exec.train.policy_search import plan_policy
-        hw = load_hardware(self.hardware_path) if self.hardware_path else this_machine("cpu").hardware
+        hw = hardware_of(self)
         planned = plan_policy(model, self.policy, self.given, hw, device="cpu")
         if planned.policy is None:
             return self.policy, "Horizon's policy: the defaults (the planner found none that fits)"
@@ -67,8 +67,12 @@ class HorizonSide:
 
 
 def hardware_of(a):
-    """The --hardware file --compute-threads auto prices the split with (None: an estimate)."""
-    return load_hardware(a.hardware) if a.hardware else None
+    """The machine --compute-threads auto prices the split with: --hardware, else this machine's
+    description (its cached calibration or a quick estimate), as `horizon train` prices it."""
+    if a.hardware:
+        return load_hardware(a.hardware)
+    from horizon_exec.measure.machine import this_machine
+    return this_machine("cpu").hardware
 
 
 def horizon_side(a, **policy) -> HorizonSide:
