@@ -137,3 +137,23 @@ def test_on_the_cpu_backend_the_device_is_host_ram():
     assert not o.fits(CPU_HW)  # 16 GiB of RAM: 12 + 6 does not fit
     gpu = replace(CPU_HW, device=replace(CPU_HW.device, name="h100"))
     assert o.fits(gpu)
+
+
+def test_a_gpu_launch_of_several_ranks_plans_without_asking_cuda(monkeypatch):
+    """The launcher of a data-parallel GPU run must not create a CUDA context (it would hold
+    device memory while its ranks train): the device memory is the description's. One process
+    asks CUDA for what is free, as its admission does."""
+    import horizon_exec.runtime.admission as adm
+    from horizon_exec.train.policy_search import plan_policy
+    from horizon_sim.specs.hardware_presets import make_hardware
+    from horizon_sim.specs.layout import Layout
+
+    asked = []
+    monkeypatch.setattr(adm, "cuda_free_bytes", lambda device: asked.append(device) or 40 * 2**30)
+    hw = make_hardware("h100-pcie", "512GiB")
+    model, base = model_preset("tiny"), Policy(batch=4, seq=128)
+    two = plan_policy(model, base, set(), hw, device="cuda", layout=Layout(2))
+    assert not asked and two.policy is not None
+    assert two.hardware.device.hbm_GiB == pytest.approx(hw.device_bytes_usable / 2**30)
+    one = plan_policy(model, base, set(), hw, device="cuda", layout=Layout(1))
+    assert asked == ["cuda"] and one.hardware.device.hbm_GiB == pytest.approx(40)

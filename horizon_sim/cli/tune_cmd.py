@@ -19,6 +19,10 @@ EXAMPLE = """example:
   horizon tune --model qwen2.5-14b --gpu rtx-4090 --ram 256GiB --seq 4096 --top 5
   horizon tune --model dense-120b --gpu h200 --ram 1.5TB --grad-clip 0 --states-dtype bf16 --json
 
+  horizon tune --model qwen2.5-14b --gpu h100-pcie --batch 16 --seq 4096 --act-ckpt-every 2
+
+Each policy flag given pins its knob (--batch fixes the batch, --act-ckpt-every 2 keeps K=2) and
+the search covers the rest, as `horizon train` without those flags does on its own machine;
 --grad-clip 0 lets the search run the optimizer during backward (no exact clipping);
 --max-batch caps sequences per step (bigger batches are almost always faster)."""
 
