@@ -69,9 +69,10 @@ def finish(cfg, tr, check, say=print, strict: bool = True) -> None:
                    "each step after a checkpoint or an eval are warm-up), so no report")
     r = {x["figure"]: x for x in rows(check.pred, meas)}
     step, dev, rss = r["step time (median)"], r["device peak (median)"], r["host peak RSS"]
-    # worded as `horizon validate` words a configuration: errors are (predicted - measured) / measured
+    # worded as `horizon validate` words a configuration: errors are (predicted - measured) / measured,
+    # named so, since the progress bar's 'vs plan' says the other way round how the run compares
     say(f"plan vs measured over {meas['steps']} step(s): step {step['measured']:.1f} ms measured, "
-        f"{step['predicted']:.1f} predicted ({step['error']:+.1%}); device peak "
+        f"{step['predicted']:.1f} predicted (prediction error {step['error']:+.1%}); device peak "
         f"{fmt_bytes(meas['device_peak_bytes'])} measured ({dev['error']:+.1%}), host RSS "
         f"{fmt_bytes(meas['rss_bytes'])} ({rss['error']:+.1%})")
     folder = report_folder(cfg, check, tr.dist.world)
