@@ -9,12 +9,13 @@ from horizon_exec.device.compute_dtype import default_compute_dtype
 from horizon_exec.device.core_split import threads_arg
 from horizon_sim.cli.policy_args import keep_layers
 from horizon_sim.plan.advice import policy_flags
+from horizon_sim.plan.pinned import KNOB_DESTS
 from horizon_sim.specs.hardware_io import load_hardware
 from horizon_sim.specs.policy import CKPT_PLACES, MB_ORDERS, OPTIMIZER_MODES, Policy
 
-_KNOBS = {"keep_activations": "keep_last", "micro_batches": "micro_batches", "mb_order": "mb_order",
-          "act_ckpt_every": "act_ckpt_every", "slots": "slots", "act_ckpt_on": "act_ckpt_on", "optimizer": "optimizer"}
-"""Each knob flag's dest -> its Policy field."""
+_KNOBS = {d: f for f, d in KNOB_DESTS.items()
+          if d in ("keep_activations", "micro_batches", "mb_order", "act_ckpt_every", "slots", "act_ckpt_on", "optimizer")}
+"""The knob flags a benchmark takes: dest -> its Policy field."""
 
 
 def add_horizon_flags(ap) -> None:

@@ -47,3 +47,14 @@ def closest(name: str, choices) -> str:
     """' (did you mean X?)' for the nearest known name, or '' when none is close."""
     hit = difflib.get_close_matches(name.lower(), list(choices), n=1, cutoff=0.5)
     return f" (did you mean {hit[0]!r}?)" if hit else ""
+
+
+def refuse_unknown(keys, allowed, where: str, label: str = "allowed", table: str | None = None,
+                   what: str = "key") -> None:
+    """HorizonError for the first of `keys` not in `allowed`: "<where>: unknown key 'k' [in
+    [table]] (did you mean ...?); <label>: a, b, c" (the tables of a file read from TOML or JSON)."""
+    for key in keys:
+        if key not in allowed:
+            in_table = f" in [{table}]" if table else ""
+            raise HorizonError(f"{where}: unknown {what} {key!r}{in_table}{closest(key, allowed)}; "
+                               f"{label}: {', '.join(allowed)}")

@@ -19,6 +19,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from horizon_sim.cli.explicit_flags import EXPLICIT, record_explicit
+from horizon_sim.cli.policy_args import policy_to_args
 from horizon_sim.errors import HorizonError
 from horizon_sim.job.digest import model_digest, schedule_digest, short
 from horizon_sim.job.sections import Job
@@ -51,14 +52,7 @@ def job_args(job: Job) -> dict:
     from horizon_sim.specs.cpu_ranks import is_cpu_backend
     p, r, o, d, out = job.policy, job.run, job.optimizer, job.data, job.outputs
     args = {"model": job.model.source, "device": "cpu" if is_cpu_backend(job.hardware) else "cuda",
-            "steps": r.steps, "seed": r.seed,
-            "batch": p.batch, "seq": p.seq, "micro_batches": p.micro_batches, "mb_order": p.mb_order,
-            "act_ckpt_every": p.act_ckpt_every, "keep_activations": p.keep_last, "slots": p.slots,
-            "act_ckpt_on": p.act_ckpt_on, "optimizer": p.optimizer, "grad_clip": p.grad_clip,
-            "compute_dtype": p.compute_dtype, "master_dtype": p.master_choice, "master_rounding": p.master_rounding,
-            "states_dtype": p.states_dtype, "grad_dtype": p.grad_dtype, "no_working_copy": not p.working_copy,
-            "disk_tier": p.disk_tier, "doc_masks": p.doc_masks, "max_host_grads": p.max_host_grads,
-            "doc_tokens": p.doc_tokens, "loss_chunk_tokens": p.loss_chunk_tokens,
+            "steps": r.steps, "seed": r.seed, **policy_to_args(p),
             "lr": o.lr, "warmup_steps": o.warmup_steps, "min_lr": o.min_lr, "weight_decay": o.weight_decay,
             "beta1": o.beta1, "beta2": o.beta2, "eps": o.eps,
             "data": d.data, "tokenizer": d.tokenizer, "eos_token": d.eos_token, "eval_fraction": d.eval_fraction,

@@ -18,6 +18,7 @@ import argparse
 import os
 
 from horizon_sim.cli.explicit_flags import given as explicit
+from horizon_sim.cli.policy_args import policy_to_args
 from horizon_sim.plan.pinned import KNOB_DESTS, KNOB_FLAGS, pinned_knobs, pinned_space
 from horizon_sim.specs.policy import Policy
 
@@ -31,12 +32,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
 
 def _set_policy(args: argparse.Namespace, p: Policy, keep=frozenset()) -> None:
     """Write `p`'s knobs (and its clip) into the train flags' dests, but those in `keep`."""
-    values = {"micro_batches": p.micro_batches, "act_ckpt_every": p.act_ckpt_every, "keep_activations": p.keep_last,
-              "slots": p.slots, "act_ckpt_on": p.act_ckpt_on, "optimizer": p.optimizer, "mb_order": p.mb_order,
-              "no_working_copy": not p.working_copy, "master_dtype": p.master_choice,
-              "max_host_grads": p.max_host_grads, "grad_clip": p.grad_clip}
-    for dest, v in values.items():
-        if dest not in keep:
+    for dest, v in policy_to_args(p).items():
+        if (dest in KNOB_DESTS.values() or dest == "grad_clip") and dest not in keep:
             setattr(args, dest, v)
 
 

@@ -116,6 +116,18 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
                         "--seq; horizon train measures it from the data)")
 
 
+def policy_to_args(p: Policy) -> dict:
+    """{dest: value} of the policy flags that give `p` back through policy_from_args (a job's
+    policy as train's flags; the planner's choice written into train's arguments)."""
+    return {"batch": p.batch, "seq": p.seq, "micro_batches": p.micro_batches, "mb_order": p.mb_order,
+            "act_ckpt_every": p.act_ckpt_every, "keep_activations": p.keep_last, "slots": p.slots,
+            "act_ckpt_on": p.act_ckpt_on, "optimizer": p.optimizer, "grad_clip": p.grad_clip,
+            "compute_dtype": p.compute_dtype, "master_dtype": p.master_choice, "master_rounding": p.master_rounding,
+            "states_dtype": p.states_dtype, "grad_dtype": p.grad_dtype, "no_working_copy": not p.working_copy,
+            "disk_tier": p.disk_tier, "doc_masks": p.doc_masks, "max_host_grads": p.max_host_grads,
+            "doc_tokens": p.doc_tokens, "loss_chunk_tokens": p.loss_chunk_tokens}
+
+
 def policy_from_args(a: argparse.Namespace) -> Policy:
     """The Policy the flags describe (Policy.from_choices: what a Python caller gets from the same choices)."""
     return Policy.from_choices(batch=a.batch, seq=a.seq, micro_batches=a.micro_batches,

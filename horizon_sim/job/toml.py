@@ -25,7 +25,7 @@ from horizon_sim.safe_read import read_toml_file
 from horizon_sim.specs.cluster import SINGLE
 from horizon_sim.specs.hardware_io import TABLES, _table_items, _toml_line, hardware_from_dict, toml_value
 from horizon_sim.specs.policy import Policy
-from horizon_sim.units import closest
+from horizon_sim.units import refuse_unknown
 
 TOP_LEVEL = ("format", "version", *SECTIONS, "hardware")
 REQUIRED = ("model", "policy", "prediction", "hardware")
@@ -75,10 +75,7 @@ def _section(name: str, cls, body, where: str):
     if not isinstance(body, dict):
         raise HorizonError(f"{where}: {name} = {body!r} must be a table [{name}]")
     known = [f.name for f in fields(cls)]
-    for key in body:
-        if key not in known:
-            raise HorizonError(f"{where}: unknown key {key!r} in [{name}]{closest(key, known)}; "
-                               f"allowed: {', '.join(known)}")
+    refuse_unknown(body, known, where, table=name)
     for f in fields(cls):
         if f.name not in body and f.default is MISSING and f.default_factory is MISSING:
             raise HorizonError(f"{where}: [{name}] is missing key {f.name!r}")
@@ -104,10 +101,7 @@ def job_from_dict(data: dict, where: str = "job") -> Job:
     """A Job from the parsed TOML document; errors start with `where` (the file)."""
     if not isinstance(data, dict):
         raise HorizonError(f"{where}: expected a table")
-    for key in data:
-        if key not in TOP_LEVEL:
-            raise HorizonError(f"{where}: unknown key {key!r}{closest(key, TOP_LEVEL)}; "
-                               f"allowed at top level: {', '.join(TOP_LEVEL)}")
+    refuse_unknown(data, TOP_LEVEL, where, "allowed at top level")
     if data.get("format") != FORMAT:
         raise HorizonError(f"{where}: format = {data.get('format')!r}; a job file says format = {FORMAT!r}"
                            + (" (this looks like a hardware file: give it to --hardware)" if "device" in data else ""))

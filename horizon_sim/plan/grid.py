@@ -25,7 +25,7 @@ from horizon_sim.specs.layout import MAX_DEVICES_PER_NODE, MAX_NODES, Layout
 from horizon_sim.specs.hardware_presets import device_preset, host_preset, link_preset
 from horizon_sim.specs.hf_config import load_model
 from horizon_sim.specs.policy import Policy
-from horizon_sim.units import closest, parse_size
+from horizon_sim.units import parse_size, refuse_unknown
 
 POLICY_FIELDS = tuple(f.name for f in fields(Policy))
 MAX_SWEEP_SIMULATIONS = 10_000
@@ -86,10 +86,7 @@ def parse_grid(data: dict, where: str = "grid", base_dir: Path | None = None) ->
     """A Grid from the dict of a TOML grid file; every problem is a one-line HorizonError."""
     if not isinstance(data, dict):
         raise HorizonError(f"{where}: a grid is a table of keys {', '.join(GRID_KEYS)}")
-    for k in data:
-        if k not in GRID_KEYS:
-            raise HorizonError(f"{where}: unknown key {k!r}{closest(k, GRID_KEYS)}; "
-                               f"allowed: {', '.join(GRID_KEYS)}")
+    refuse_unknown(data, GRID_KEYS, where)
     for k in _REQUIRED:
         if k not in data:
             raise HorizonError(f"{where}: required key {k!r} is missing (needs {', '.join(_REQUIRED)})")
@@ -133,10 +130,8 @@ def parse_grid(data: dict, where: str = "grid", base_dir: Path | None = None) ->
     if not isinstance(pol, dict):
         raise HorizonError(f"{where}: policy must be a table ([policy] with lists of values)")
     policy = {}
+    refuse_unknown(pol, POLICY_FIELDS, where, what="policy key")
     for k, v in pol.items():
-        if k not in POLICY_FIELDS:
-            raise HorizonError(f"{where}: unknown policy key {k!r}{closest(k, POLICY_FIELDS)}; "
-                               f"allowed: {', '.join(POLICY_FIELDS)}")
         policy[k] = tuple(_as_list(where, f"policy.{k}", v))
     grid = Grid(models=tuple(models), gpus=tuple(gpus), ram_bytes=tuple(ram), links=tuple(links),
                 hosts=tuple(hosts), layouts=tuple(layouts), clusters=tuple(clusters), policy=policy)

@@ -10,6 +10,7 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.plan.plan import build_for
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.sim.verdict import MemoryVerdict
+from horizon_sim.specs.cpu_ranks import is_cpu_backend
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -52,7 +53,6 @@ class Outcome:
         "device" is host RAM too: the host then also holds each rank's device peak (as the
         executor's admission counts it)."""
         host = dict(self.host_breakdown) or {"host": self.host_bytes}
-        from horizon_sim.specs.cpu_ranks import is_cpu_backend
         if is_cpu_backend(hw):
             host["device_on_cpu_backend"] = self.device_peak_bytes * hw.cluster.layout.devices_per_node
         return MemoryVerdict(host_need=host,

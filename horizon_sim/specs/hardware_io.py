@@ -31,7 +31,7 @@ from horizon_sim.safe_read import read_toml_file
 from horizon_sim.specs.cluster import SINGLE, ClusterSpec
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
 from horizon_sim.specs.layout import Layout
-from horizon_sim.units import closest
+from horizon_sim.units import refuse_unknown
 
 TABLES = {"device": DeviceSpec, "link": LinkSpec, "host": HostSpec}
 OPTIONAL_TABLES = {"cluster": ClusterSpec}
@@ -126,10 +126,7 @@ def hardware_from_dict(data: dict, where: str = "hardware") -> HardwareSpec:
     `where` (a file name, usually)."""
     if not isinstance(data, dict):
         raise HorizonError(f"{where}: expected a table with [device], [link] and [host]")
-    for key in data:
-        if key not in TOP_LEVEL_KEYS:
-            raise HorizonError(f"{where}: unknown key {key!r}{closest(key, TOP_LEVEL_KEYS)}; "
-                               f"allowed at top level: {', '.join(TOP_LEVEL_KEYS)}")
+    refuse_unknown(data, TOP_LEVEL_KEYS, where, "allowed at top level")
     parts = {}
     for table, cls in {**TABLES, **OPTIONAL_TABLES}.items():
         if table not in data:
@@ -141,10 +138,7 @@ def hardware_from_dict(data: dict, where: str = "hardware") -> HardwareSpec:
             raise HorizonError(f"{where}: {table} = {body!r} must be a table [{table}]")
         keys = _table_keys(cls)
         known = [k for k, _ in keys]
-        for key in body:
-            if key not in known:
-                raise HorizonError(f"{where}: unknown key {key!r} in [{table}]{closest(key, known)}; "
-                                   f"allowed: {', '.join(known)}")
+        refuse_unknown(body, known, where, table=table)
         for key, required in keys:
             if key not in body and required:
                 raise HorizonError(f"{where}: [{table}] is missing key {key!r}")
