@@ -1,17 +1,19 @@
 """The flags that say how Horizon's side of a benchmark runs, shared by exec_vs_autograd.py and
 vs_deepspeed.py so both read them alike: its cores (--compute-threads, priced with --hardware),
 its policy (the knobs given pin their field; the others are the planner's choice for this
-machine, as `horizon train` makes it, unless --no-search), and the compute dtype both sides of
-the comparison use (auto: `horizon train`'s own default for this CPU)."""
+machine, as `horizon train` makes it, unless --no-search), its loss kernel (auto: train's, fused
+where the native kernel builds), and the compute dtype both sides of the comparison use (auto:
+`horizon train`'s own default for this CPU)."""
 from dataclasses import dataclass, field, replace
 
 from horizon_exec.device.compute_dtype import default_compute_dtype
 from horizon_exec.device.core_split import threads_arg
+from horizon_exec.model.xent import default_loss_kernel
 from horizon_sim.cli.policy_args import keep_layers
 from horizon_sim.plan.advice import policy_flags
 from horizon_sim.plan.pinned import KNOB_DESTS
 from horizon_sim.specs.hardware_io import load_hardware
-from horizon_sim.specs.policy import CKPT_PLACES, MB_ORDERS, OPTIMIZER_MODES, Policy
+from horizon_sim.specs.policy import CKPT_PLACES, LOSS_KERNELS, MB_ORDERS, OPTIMIZER_MODES, Policy
 
 _KNOBS = {d: f for f, d in KNOB_DESTS.items()
           if d in ("keep_activations", "micro_batches", "mb_order", "act_ckpt_every", "slots", "act_ckpt_on", "optimizer")}
@@ -38,6 +40,9 @@ def add_horizon_flags(ap) -> None:
     ap.add_argument("--compute-dtype", choices=("auto", "bf16", "fp32"), default="auto",
                     help="both sides' compute dtype (default auto: horizon train's default for this CPU, bf16 "
                          "only with bf16 matrix instructions: without them a bf16 GEMM runs tens of times slower)")
+    ap.add_argument("--loss-kernel", choices=("auto", *LOSS_KERNELS), default="auto",
+                    help="Horizon's loss kernel (default auto: horizon train's, fused where the native kernel "
+                         "builds; torch: the whole-tensor torch kernels the baselines use)")
 
 
 @dataclass(frozen=True)
@@ -88,5 +93,6 @@ def horizon_side(a, **policy) -> HorizonSide:
     knobs = {_KNOBS[d]: getattr(a, d) for d in given}
     if "optimizer" in knobs:
         knobs["grad_clip"] = Policy.default_grad_clip(knobs["optimizer"])
-    pol = replace(Policy(compute_dtype=dtype, working_copy=dtype == "bf16", **policy), **knobs)
+    loss = default_loss_kernel("cpu") if a.loss_kernel == "auto" else a.loss_kernel
+    pol = replace(Policy(compute_dtype=dtype, working_copy=dtype == "bf16", loss_kernel=loss, **policy), **knobs)
     return HorizonSide(pol, why, given, not a.no_search, a.hardware)

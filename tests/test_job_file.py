@@ -76,7 +76,7 @@ def test_plan_and_simulate_save_the_job_they_planned(tmp_path, hw_file, capsys):
     out = capsys.readouterr().out
     job = read_job(tmp_path / "plan.toml")
     assert f"horizon train --job {tmp_path / 'plan.toml'}" in out
-    assert job.policy == Policy(batch=4, seq=128, act_ckpt_every=2)
+    assert job.policy == Policy(batch=4, seq=128, act_ckpt_every=2, loss_kernel="fused")  # the CPU backend's
     assert job.model.source == "tiny" and job.model.digest == model_digest(load_model("tiny"))
     assert job.hardware == CPU_HW  # the file's machine, not the one priced at a core split
     assert job.prediction.compute_threads == 2 and job.prediction.fits

@@ -258,7 +258,7 @@ def test_build_is_cached(monkeypatch, tmp_path):
     fn, status = native.load()
     if fn is None:
         pytest.skip(status)
-    (so,) = tmp_path.glob("native/adamw-*.so")
+    (so,) = tmp_path.glob("native/kernels-*.so")
     before = so.stat().st_mtime_ns
     fn2, _ = native.load()
     assert fn2 is not None and so.stat().st_mtime_ns == before

@@ -60,7 +60,7 @@ def env(monkeypatch, tmp_path):
 def _seed(folder: Path, build: Path) -> None:
     """folder holds this machine's verified build, as a private cache would."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for f in build.parent.glob("adamw-*"):
+    for f in build.parent.glob("kernels-*"):
         shutil.copy(f, folder / f.name)
 
 
@@ -79,7 +79,7 @@ def planted(tmp_path_factory, machine_build) -> tuple[Path, Path]:
     """(an object that works as the kernel and whose constructor writes the marker, the marker)."""
     d = tmp_path_factory.mktemp("planted")
     marker, src, so = d / "constructor-ran", d / "planted.c", d / machine_build.name
-    src.write_text(f'#include "{native.SOURCE}"\n#include <stdio.h>\n'
+    src.write_text("".join(f'#include "{f}"\n' for f in native.SOURCES) + '#include <stdio.h>\n'
                    '__attribute__((constructor)) static void planted(void) {\n'
                    f'  FILE *f = fopen("{marker}", "w"); if (f) {{ fputs("ran\\n", f); fclose(f); }}\n}}\n')
     subprocess.run([os.environ.get("CC", "cc"), *native.BASE_FLAGS, str(src), "-o", str(so), "-lm"], check=True)

@@ -11,8 +11,7 @@ this is the token mean of the full batch, the same number one unsplit batch give
 import torch
 
 from horizon_exec.model.layers import rms_norm
-
-IGNORE = -100
+from horizon_exec.model.xent import IGNORE, loss_and_grad_, loss_sum
 
 
 def next_token_labels(tokens):
@@ -23,10 +22,11 @@ def next_token_labels(tokens):
 
 
 def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk: int,
-                 g_norm_out, g_lm_out):
+                 g_norm_out, g_lm_out, loss_kernel: str = "torch"):
     """x (B, T, H) activations entering the head; w_norm (H,); w_lm (V, H); labels (B*T,).
     Writes dL/dw_norm into g_norm_out (H,) and dL/dw_lm into g_lm_out (V, H) (both in the
-    compute dtype); returns (dx (B, T, H), loss contribution: fp32 scalar)."""
+    compute dtype); returns (dx (B, T, H), loss contribution: fp32 scalar). loss_kernel:
+    Policy.loss_kernel (xent.py)."""
     B, T, H = x.shape
     N = B * T
     with torch.enable_grad():
@@ -41,37 +41,23 @@ def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk:
     for i in range(0, N, chunk):
         hc, lc = hd[i:i + chunk], labels[i:i + chunk]               # (c, H), (c,)
         c = hc.shape[0]
-        logits = (hc @ w_lm.t()).float()                            # (c, V) fp32, like HF's upcast
-        valid = lc != IGNORE
-        safe = torch.where(valid, lc, 0)
-        lse = torch.logsumexp(logits, dim=-1)                       # (c,)
-        tgt = logits.gather(1, safe[:, None]).squeeze(1)
-        loss += torch.where(valid, lse - tgt, 0.0).sum()
-        # dL/dlogits = (softmax - onehot) / n_step_tokens on labelled rows, 0 elsewhere.
-        p = logits.sub_(lse[:, None]).exp_()
-        p[torch.arange(c, device=x.device), safe] -= valid.to(p.dtype)
-        p.mul_((valid.to(p.dtype) * inv_n)[:, None])
-        g = p.to(x.dtype)                                           # (c, V)
-        del logits, p
+        # the GEMM's output goes straight in (no name here): the torch kernel frees it once widened
+        g, part = loss_and_grad_(hc @ w_lm.t(), lc, inv_n, loss_kernel)  # (c, V) in x's dtype
+        loss += part
         torch.mm(g, w_lm, out=dh[i:i + c])                          # (c, H)
         g_lm_out.addmm_(g.t(), hc)                                  # (V, H) accumulates over chunks
-        del g
+        del g, part
     dx, dwn = torch.autograd.grad(h, [xg, wn], dh)
     g_norm_out.copy_(dwn)
     return dx.view(B, T, H), loss * inv_n
 
 
-def head_loss(x, w_norm, w_lm, labels, eps: float, chunk: int):
+def head_loss(x, w_norm, w_lm, labels, eps: float, chunk: int, loss_kernel: str = "torch"):
     """Forward only: x (B, T, H), w_norm (H,), w_lm (V, H), labels (B*T,) -> fp32 scalar sum
     of the token losses over labelled positions (-100 skipped), chunk tokens at a time."""
     B, T, H = x.shape
     h = rms_norm(x.reshape(B * T, H), w_norm, eps)                  # (N, H)
     total = torch.zeros((), dtype=torch.float32, device=x.device)
     for i in range(0, B * T, chunk):
-        lc = labels[i:i + chunk]
-        logits = (h[i:i + chunk] @ w_lm.t()).float()                # (c, V) fp32
-        valid = lc != IGNORE
-        tgt = logits.gather(1, torch.where(valid, lc, 0)[:, None]).squeeze(1)
-        total += torch.where(valid, torch.logsumexp(logits, dim=-1) - tgt, 0.0).sum()
-        del logits
+        total += loss_sum(h[i:i + chunk] @ w_lm.t(), labels[i:i + chunk], loss_kernel)
     return total

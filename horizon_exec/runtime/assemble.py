@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from horizon_exec.device.arena import DeviceArena
 from horizon_exec.device.backend import make_backend
 from horizon_exec.device.core_split import resolve_compute_threads
+from horizon_exec.model.xent import check_loss_kernel
 from horizon_exec.device.cpu import cpu_cores
 from horizon_exec.dist.context import agree, cores_of
 from horizon_exec.dtypes import TORCH_DTYPE
@@ -110,6 +111,7 @@ def assemble(model: ModelSpec, policy: Policy, config: TrainerConfig, sched, dis
     """The Runtime that runs `sched` (this rank's step) for `dist`'s rank; AdmissionError
     (runtime/admission.py) before any allocation when the run does not fit this machine."""
     rt, adm = config.runtime, config.admission
+    check_loss_kernel(policy.loss_kernel, rt.device)  # a fused loss needs the CPU backend's native kernel
     # Before any allocation: does the run fit this machine (data parallel: this node)?
     # AdmissionError if not; every rank hears of any rank's failure before anyone allocates.
     admission = agree(dist, lambda: admit(model, policy, sched, device=rt.device,

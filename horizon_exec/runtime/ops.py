@@ -410,7 +410,7 @@ class OpRunner:
             dx, loss = head_fwd_bwd(x, w["model.norm.weight"], w["lm_head.weight"], labels,
                                     self.inputs.n_step_tokens, self.m.norm_eps,
                                     min(self.p.loss_chunk_tokens, labels.numel()),
-                                    gv["model.norm.weight"], gv["lm_head.weight"])
+                                    gv["model.norm.weight"], gv["lm_head.weight"], self.p.loss_kernel)
             if staged:
                 (dgrad[:mine.numel()].add_ if add else dgrad[:mine.numel()].copy_)(mine)
                 del mine, gv
@@ -427,7 +427,7 @@ class OpRunner:
         labels = self.labels[self._rows(op.micro)].reshape(-1)
         with self._scope(op), torch.no_grad():
             loss = head_loss(x, w["model.norm.weight"], w["lm_head.weight"], labels, self.m.norm_eps,
-                             min(self.p.loss_chunk_tokens, labels.numel()))
+                             min(self.p.loss_chunk_tokens, labels.numel()), self.p.loss_kernel)
         self.outputs.loss_parts[op.micro] = loss
 
     def _sr_seed(self, u: int) -> int:

@@ -40,7 +40,8 @@ def run(a: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from horizon_sim.errors import HorizonError
-    model, hw, policy = load_model(a.model), hardware_from_args(a), policy_from_args(a)
+    model, hw = load_model(a.model), hardware_from_args(a)
+    policy = policy_from_args(a, hw)
     r = min_ram(model, hw, policy)
     s = r.result.summary
     n = model.total_params

@@ -223,7 +223,7 @@ def run(a: argparse.Namespace) -> int:
     if getattr(a, "peer_knobs", None) and not getattr(a, "compare", None):
         from horizon_sim.errors import HorizonError
         raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload (or zero2-offload)")
-    model, policy = load_model(a.model), policy_from_args(a)
+    model, policy = load_model(a.model), policy_from_args(a, hw)
     other = zero3 = None
     if getattr(a, "compare", None):
         zero3 = peer_policy_from_args(a, policy)

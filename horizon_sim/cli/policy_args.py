@@ -1,8 +1,8 @@
 """Policy flags shared by every command that runs or plans a step."""
 import argparse
 
-from horizon_sim.specs.policy import (CKPT_PLACES, DISK_TIERS, DTYPES, KEEP_ALL, MASTER_CHOICES, MASTER_ROUNDINGS,
-                                      MB_ORDERS, OPTIMIZER_MODES, Policy)
+from horizon_sim.specs.policy import (CKPT_PLACES, DISK_TIERS, DTYPES, KEEP_ALL, LOSS_KERNELS, MASTER_CHOICES,
+                                      MASTER_ROUNDINGS, MB_ORDERS, OPTIMIZER_MODES, Policy)
 
 _D = Policy()
 
@@ -111,6 +111,10 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
     g.add_argument("--loss-chunk-tokens", type=int, default=defaults.loss_chunk_tokens, metavar="N",
                    help=f"tokens per LM-head/loss chunk: the fp32 logits of one chunk live at a time "
                         f"(default {defaults.loss_chunk_tokens})")
+    g.add_argument("--loss-kernel", choices=LOSS_KERNELS, default=None,
+                   help="the head's loss and its gradient: 'fused': one native pass per row, written over the "
+                        "logits (CPU backend; no fp32 copy of the chunk); 'torch': torch kernels on an fp32 copy "
+                        "(any device) (default: fused for the CPU backend, torch for GPUs)")
     g.add_argument("--doc-tokens", type=int, default=0, metavar="N",
                    help="with --doc-masks: mean document length, for model FLOPs and MFU (default: "
                         "--seq; horizon train measures it from the data)")
@@ -125,11 +129,14 @@ def policy_to_args(p: Policy) -> dict:
             "compute_dtype": p.compute_dtype, "master_dtype": p.master_choice, "master_rounding": p.master_rounding,
             "states_dtype": p.states_dtype, "grad_dtype": p.grad_dtype, "no_working_copy": not p.working_copy,
             "disk_tier": p.disk_tier, "doc_masks": p.doc_masks, "max_host_grads": p.max_host_grads,
-            "doc_tokens": p.doc_tokens, "loss_chunk_tokens": p.loss_chunk_tokens}
+            "doc_tokens": p.doc_tokens, "loss_chunk_tokens": p.loss_chunk_tokens, "loss_kernel": p.loss_kernel}
 
 
-def policy_from_args(a: argparse.Namespace) -> Policy:
-    """The Policy the flags describe (Policy.from_choices: what a Python caller gets from the same choices)."""
+def policy_from_args(a: argparse.Namespace, hw=None) -> Policy:
+    """The Policy the flags describe (Policy.from_choices: what a Python caller gets from the
+    same choices); hw: the hardware it is planned for, whose backend picks the loss kernel's
+    default (None: Policy's)."""
+    from horizon_sim.specs.cpu_ranks import is_cpu_backend
     return Policy.from_choices(batch=a.batch, seq=a.seq, micro_batches=a.micro_batches,
                                act_ckpt_every=a.act_ckpt_every, slots=a.slots, act_ckpt_on=a.act_ckpt_on,
                                optimizer=a.optimizer, grad_clip=a.grad_clip, compute_dtype=a.compute_dtype,
@@ -139,4 +146,6 @@ def policy_from_args(a: argparse.Namespace) -> Policy:
                                disk_tier=getattr(a, "disk_tier", "none"), max_host_grads=getattr(a, "max_host_grads", 0),
                                mb_order=getattr(a, "mb_order", "micro"),
                                keep_last=getattr(a, "keep_activations", 0),
-                               loss_chunk_tokens=getattr(a, "loss_chunk_tokens", _D.loss_chunk_tokens))
+                               loss_chunk_tokens=getattr(a, "loss_chunk_tokens", _D.loss_chunk_tokens),
+                               loss_kernel=getattr(a, "loss_kernel", None),
+                               cpu_backend=hw is not None and is_cpu_backend(hw))

@@ -48,7 +48,7 @@ def run(a: argparse.Namespace) -> int:
     if a.save_job:
         from horizon_sim.job.cli import check_job_path
         check_job_path(a.save_job)
-    model, policy = load_model(a.model), policy_from_args(a)
+    model, policy = load_model(a.model), policy_from_args(a, hw)
     r = plan(model, hw, policy)
     written = {}
     if a.plot:

@@ -169,7 +169,7 @@ def run(a: argparse.Namespace) -> int:
     if a.save_job:
         from horizon_sim.job.cli import check_job_path
         check_job_path(a.save_job)  # before the search
-    base = policy_from_args(a)  # the flags given pin their fields; the search covers the other knobs
+    base = policy_from_args(a, hw)  # the flags given pin their fields; the search covers the other knobs
     fixed_batch = base.batch if "batch" in given else None
     space = pinned_space(base, given, n_layers=model.n_layers, batch=fixed_batch, max_batch=a.max_batch)
     if a.peer_knobs and not a.compare:

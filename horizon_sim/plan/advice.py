@@ -115,6 +115,7 @@ _FLAGS = (  # Policy field -> CLI flag of `horizon plan`
     ("states_dtype", "--states-dtype"), ("grad_dtype", "--grad-dtype"), ("max_host_grads", "--max-host-grads"),
     ("disk_tier", "--disk-tier"), ("master_rounding", "--master-rounding"), ("mb_order", "--mb-order"),
     ("keep_last", "--keep-activations"), ("loss_chunk_tokens", "--loss-chunk-tokens"), ("doc_tokens", "--doc-tokens"),
+    ("loss_kernel", "--loss-kernel"),
 )
 
 

@@ -50,7 +50,8 @@ def plan_row(row: PublishedRow) -> tuple[SimResult, ModelSpec]:
     if fam.name == Family.HORIZON and a.peer_knobs:
         raise HorizonError("--peer-knobs is for a peer's rows (system = 'zero3-offload' or 'zero2-offload')")
     model = ModelSpec.from_dict({"name": row.id, **row.model}, f"row {row.id} model") if row.model else load_model(a.model)
-    hw, policy = plan_cmd.machine_from_args(a), policy_from_args(a)
+    hw = plan_cmd.machine_from_args(a)
+    policy = policy_from_args(a, hw)
     if fam.name != Family.HORIZON:
         policy = plan_cmd.peer_policy_from_args(a, policy, fam.name.value)
     return fam.plan(model, hw, policy), model

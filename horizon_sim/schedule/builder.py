@@ -104,8 +104,8 @@ class TrainStepBuilder(StepBuilder):
         self.fwd_ws = [work.block_workspace_bytes(model, mb, p.seq, a, backward=False, mask=mask_b * mk) for mk in masked]
         self.bwd_ws = [work.block_workspace_bytes(model, mb, p.seq, a, backward=True, attention=p.attention,
                                                   mask=mask_b * mk) for mk in masked]
-        self.head_hbm = work.head_elementwise_bytes(model, tok, a)
-        self.head_ws = work.head_workspace_bytes(model, tok, p.loss_chunk_tokens, a)
+        self.head_hbm = work.head_elementwise_bytes(model, tok, a, p.loss_kernel)
+        self.head_ws = work.head_workspace_bytes(model, tok, p.loss_chunk_tokens, a, p.loss_kernel)
         self.boundary_bytes = tok * model.hidden * a
         # kept layers (kept_work.py): the graph's bytes, and what their two ops hold beyond it
         self.saved_b = [kept_work.kept_saved_bytes(model, mb, p.seq, a, p.attention, mask_b * mk) for mk in masked]

@@ -45,8 +45,9 @@ class EvalStepBuilder(TrainStepBuilder):
         a, p = DTYPE_BYTES[self.policy.compute_dtype], self.policy
         self.emit(OpKind.HEAD_LOSS, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot], frees=[b.activation(m, u)],
                   flops=self.model.head_fwd_flops(self.tokens),
-                  hbm_bytes=work.head_loss_elementwise_bytes(self.model, self.tokens, a),
-                  workspace_bytes=work.head_loss_workspace_bytes(self.model, self.tokens, p.loss_chunk_tokens, a))
+                  hbm_bytes=work.head_loss_elementwise_bytes(self.model, self.tokens, a, p.loss_kernel),
+                  workspace_bytes=work.head_loss_workspace_bytes(self.model, self.tokens, p.loss_chunk_tokens, a,
+                                                                  p.loss_kernel))
 
     def build(self) -> Schedule:
         model, p, b = self.model, self.policy, self.bufs

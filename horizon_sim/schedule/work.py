@@ -144,22 +144,27 @@ def block_elementwise_bytes(m: ModelSpec, tokens: int, seq: int, a: int, backwar
     return int(total)
 
 
-def head_logits_bytes(m: ModelSpec, tokens: int, a: int) -> int:
-    """The fp32 logits pipeline of the loss (cast, logsumexp, subtract, exp, scale, cast back:
-    28 + casts bytes per logit)."""
+def head_logits_bytes(m: ModelSpec, tokens: int, a: int, loss_kernel: str = "torch", backward: bool = True) -> int:
+    """The loss's traffic over the logits: 'torch': the fp32 pipeline (cast, logsumexp,
+    subtract, exp, scale, cast back: 28 + casts bytes per logit); 'fused': each row read
+    twice (max, sum of exponentials) and, with the backward, read and written once more."""
+    if loss_kernel == "fused":
+        return int(tokens * m.vocab * a * (4 if backward else 2))
     return int(tokens * m.vocab * (28 + kernel_bytes.casts(a)))
 
 
-def head_loss_elementwise_bytes(m: ModelSpec, tokens: int, a: int) -> int:
+def head_loss_elementwise_bytes(m: ModelSpec, tokens: int, a: int, loss_kernel: str = "torch") -> int:
     """Forward only (HEAD_LOSS): the final norm and the logits pipeline."""
-    return int(tokens * kernel_bytes.norm_forward(m.hidden, 1, a) + head_logits_bytes(m, tokens, a))
+    return int(tokens * kernel_bytes.norm_forward(m.hidden, 1, a)
+               + head_logits_bytes(m, tokens, a, loss_kernel, backward=False))
 
 
-def head_elementwise_bytes(m: ModelSpec, tokens: int, a: int) -> int:
+def head_elementwise_bytes(m: ModelSpec, tokens: int, a: int, loss_kernel: str = "torch") -> int:
     """Final norm forward and backward, the logits pipeline (head_logits_bytes), and zeroing the
     LM head's gradient."""
     H, V = m.hidden, m.vocab
-    return int(tokens * (kernel_bytes.norm_forward(H, 1, a) + kernel_bytes.norm_backward(H, 1, a)) + head_logits_bytes(m, tokens, a) + 2 * V * H * a)
+    return int(tokens * (kernel_bytes.norm_forward(H, 1, a) + kernel_bytes.norm_backward(H, 1, a))
+               + head_logits_bytes(m, tokens, a, loss_kernel) + 2 * V * H * a)
 
 
 # ---- temporaries --------------------------------------------------------------------------
@@ -294,38 +299,31 @@ def block_saved_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int) -> int:
     return int(micro_batch * seq * per_token)
 
 
-def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -> int:
-    """The head's peak: inside a chunk, fp32 logits (c x V) next to logsumexp's fp32 x - max
-    (8 B a logit; issue 30: uncounted, a 131k vocabulary in fp32 peaked 35% above admission) or
-    their gradient in the compute dtype (the same tensor in fp32), with the norm's saved fp32 input and cast, the
-    normed rows and dh (N x H), 4 bytes of rsqrt per token and per-row scalars (target id,
-    logsumexp, target logit, mask: 17 bytes); or, with a small vocabulary, in the norm's
-    backward (its fp32 input, five fp32 temporaries, the normed rows and dh).
-
-    In every chunk after the first, logsumexp runs while the previous chunk's logsumexp and
-    target logit (fp32, 8 B a row of a full chunk) are still alive: head.py rebinds them only
-    after it (uncounted, validate's vocab8k, 2 chunks of 256 rows, measured a step 2 KiB over
-    the device bound)."""
+def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int, loss_kernel: str = "torch") -> int:
+    """The head's peak (horizon_exec/model/head.py, xent.py), the larger of two moments:
+    inside a chunk, with the normed rows and dh (N x H), the norm's saved fp32 input and cast
+    and 4 bytes of rsqrt per token:
+    - loss_kernel 'torch': the chunk's fp32 logits (c x V) next to logsumexp's fp32 x - max (8 B
+      a logit; issue 30: uncounted, a 131k vocabulary in fp32 peaked 35% above admission) with
+      the target ids and mask (9 B a row); or, later, the fp32 logits beside their gradient in
+      the compute dtype (the same tensor in fp32) with the per-row scalars (target id,
+      logsumexp, target logit, mask: 17 B a row). The GEMM's own output (compute dtype) is
+      freed as soon as it is widened. A chunk's scalars are gone before the next chunk
+      starts (they live in xent.py's call);
+    - 'fused': the chunk's logits in the compute dtype (overwritten by their gradient), their
+      per-row fp32 losses and the losses' sum;
+    or, with a small vocabulary, in the norm's backward (its fp32 input, five fp32
+    temporaries, the normed rows and dh)."""
     H, V = m.hidden, m.vocab
     c = min(chunk_tokens, tokens)
-    n = head_chunks(tokens, chunk_tokens)
-    last = tokens - (n - 1) * c  # the last chunk's rows outlive the loop
-    rows = c * (8 + 4 + 4 + 1)
     in32 = 4 * H if a != 4 else 0
     loss = 4  # the fp32 loss accumulator
-
-    def at_logsumexp(r: int, after_first: bool) -> int:
-        """A chunk of r rows at logsumexp: its fp32 logits and x - max (inside the kernel), its
-        target ids and mask (9 B a row) and, after the first chunk, the previous (full) chunk's
-        logsumexp and target logit."""
-        return r * V * 8 + r * 9 + (8 * c if after_first else 0)
-
-    # the first, a middle (full) and the last (maybe shorter) chunk at logsumexp; or, later in a
-    # chunk, the fp32 logits beside their gradient in the compute dtype (the previous chunk's
-    # scalars freed by then: the rows term is this chunk's)
-    chunk = max(at_logsumexp(c, n > 2), at_logsumexp(last, n > 1), c * V * (4 + (a if a != 4 else 0)) + rows)
+    if loss_kernel == "fused":
+        chunk = c * V * a + 4 * c + 4
+    else:
+        chunk = max(c * V * 8 + c * 9, c * V * (4 + (a if a != 4 else 0)) + c * (8 + 4 + 4 + 1))
     logits = chunk + tokens * (in32 + 3 * a * H + 4) + loss
-    norm_bwd = tokens * (in32 + 20 * H + 2 * a * H) + last * 17 + H * a + loss  # + the norm weight's grad
+    norm_bwd = tokens * (in32 + 20 * H + 2 * a * H) + H * a + loss  # + the norm weight's grad
     return int(max(logits, norm_bwd))
 
 
@@ -340,15 +338,17 @@ def block_workspace_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
     return ws
 
 
-def head_workspace_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -> int:
-    return head_temp_peak_bytes(m, tokens, chunk_tokens, a) - tokens * m.hidden * a
+def head_workspace_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int, loss_kernel: str = "torch") -> int:
+    return head_temp_peak_bytes(m, tokens, chunk_tokens, a, loss_kernel) - tokens * m.hidden * a
 
 
-def head_loss_workspace_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int) -> int:
+def head_loss_workspace_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int,
+                              loss_kernel: str = "torch") -> int:
     """Peak bytes of HEAD_LOSS's temporaries (its input is a schedule buffer, its output a
     scalar): the normed rows (N x H) next to either the norm's fp32 internals (its input and
-    rsqrt) or one loss chunk's logits in the compute dtype and fp32 with logsumexp's fp32
-    temporary and per-row scalars."""
+    rsqrt) or one loss chunk: 'torch': its logits in the compute dtype and fp32 with
+    logsumexp's fp32 temporary and per-row scalars; 'fused': its logits and per-row losses."""
     H, V = m.hidden, m.vocab
     c = min(chunk_tokens, tokens)
-    return int(tokens * H * a + max(tokens * H * 8 + tokens * 8, c * V * (a + 8) + c * 24) + 8)
+    chunk = c * V * a + 4 * c + 4 if loss_kernel == "fused" else c * V * (a + 8) + c * 24
+    return int(tokens * H * a + max(tokens * H * 8 + tokens * 8, chunk) + 8)

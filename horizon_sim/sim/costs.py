@@ -232,7 +232,7 @@ class CostModel:
                 attn = None
                 if self.loss_s_per_logit:  # the loss kernels at their measured per-logit time
                     a = 2 if self.dtype == "bf16" else 4
-                    t["elementwise"] -= work.head_logits_bytes(m, tokens, a) / self.hbm_Bps
+                    t["elementwise"] -= work.head_logits_bytes(m, tokens, a, p.loss_kernel, op.kind == OpKind.HEAD) / self.hbm_Bps
                     t["elementwise"] += tokens * m.vocab * self.loss_s_per_logit
                 chunks = work.head_chunks(tokens, p.loss_chunk_tokens)
                 if "head_chunk" in self.overhead_us:

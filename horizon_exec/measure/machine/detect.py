@@ -52,15 +52,22 @@ def torch_version() -> str:
         return "none"
 
 
+KERNELS = 2
+"""The generation of Horizon's own kernels a calibration times; bump it when one changes what
+it measures, so older calibrations are not used (2: the fused loss kernel, xent.c)."""
+
+
 def machine_key(device: str) -> dict:
     """What identifies this machine's speeds for `device` ('cpu' or 'cuda[:N]'): the device
     kind (the GPU's name), the CPU model, its feature flags (two VM kinds may share a model
-    name, not their instruction sets), the core count, the RAM in whole GiB and torch's
-    version. A calibration is used only on a machine with the same key."""
+    name, not their instruction sets), the core count, the RAM in whole GiB, torch's version
+    and the generation of Horizon's kernels (KERNELS). A calibration is used only on a machine
+    with the same key."""
     from horizon_exec.procfs import cpu_flags, cpu_name
     flags = hashlib.sha256(cpu_flags().encode()).hexdigest()[:12]
     return {"device": "cpu" if device == "cpu" else gpu(device)[0], "cpu": cpu_name(), "cpu_flags": flags,
-            "cores": os.cpu_count() or 1, "ram_GiB": round(host_ram_GiB()), "torch": torch_version()}
+            "cores": os.cpu_count() or 1, "ram_GiB": round(host_ram_GiB()), "torch": torch_version(),
+            "kernels": KERNELS}
 
 
 def key_name(key: dict) -> str:

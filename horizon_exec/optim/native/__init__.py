@@ -1,9 +1,11 @@
 """Host kernels in C, built on first use with the system C compiler and cached.
 
-Only what torch has no kernel for lives here: `adamw.c`, the optimizer lane's one-pass AdamW
-(bf16 gradient in, bf16 working copy out, fp32 or bf16 moments). It is plain C with no torch
-headers: it builds in about a second and is called through ctypes, which releases the GIL for
-the call, so it runs beside the other lanes like any torch kernel.
+Only what torch has no kernel for lives here, in one shared object: `adamw.c`, the optimizer
+lane's one-pass AdamW (bf16 gradient in, bf16 working copy out, fp32 or bf16 moments), and
+`xent.c`, the LM head's loss and its gradient in one pass over each row of logits (the
+`fused` loss kernel, model/xent.py). It is plain C with no torch headers: it builds in about
+a second and is called through ctypes, which releases the GIL for the call, so it runs beside
+the other lanes like any torch kernel.
 
 The shared object is cached under $HORIZON_CACHE_DIR (default $XDG_CACHE_HOME/horizon/native,
 else ~/.cache/horizon/native; an empty or relative XDG_CACHE_HOME is ignored, as the XDG spec
@@ -46,11 +48,14 @@ from horizon_exec.private_dir import NotPrivate, file_problem, make_private_dir
 from horizon_exec.procfs import cpu_flags
 
 SOURCE = Path(__file__).with_name("adamw.c")
+XENT_SOURCE = Path(__file__).with_name("xent.c")
+SOURCES = (SOURCE, XENT_SOURCE)
+"""Compiled together into one object (their static helpers do not share names)."""
 _PKG_ROOT = Path(__file__).resolve().parents[3]  # the folder holding horizon_exec
 # Tried in order: the first that builds is used. -ffp-contract=off: only the source's explicit
 # fmaf calls fuse (the result must not depend on the compiler's choice); -fno-math-errno lets
 # sqrtf vectorize (it changes no result). Without OpenMP the pragma is ignored: one thread.
-BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno"]
+BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-Wno-psabi"]
 """Every build's flags; alone (the last of FLAG_SETS) they build the portable kernel."""
 FLAG_SETS = [BASE_FLAGS + ["-march=native", "-fopenmp"], BASE_FLAGS + ["-march=native"], BASE_FLAGS + ["-fopenmp"],
              BASE_FLAGS]
@@ -148,13 +153,13 @@ def _build(cc: str) -> tuple[Path, list[str], list[str]]:
     (built now if absent or damaged), its flags, and notes: flag sets rejected by a self-test,
     damaged objects rebuilt. A rejection is remembered beside the cache (`.rejected`), so it is
     not rebuilt on every start."""
-    src = SOURCE.read_bytes()
+    src = b"\0".join(f.read_bytes() for f in SOURCES)
     version, cpu, errors, rejected = _compiler_version(cc), cpu_flags(), [], []
     folder = _private_cache_dir()
     for flags in FLAG_SETS:
         key = hashlib.sha256(b"\0".join([src, " ".join(flags).encode(), version.encode(),
                                          cpu.encode(), platform.machine().encode()])).hexdigest()[:16]
-        out = folder / f"adamw-{key}.so"
+        out = folder / f"kernels-{key}.so"
         mark = out.with_suffix(".rejected")
         if os.path.lexists(out):
             why = _untrusted(out) or _damaged(out) or _unverified(out)
@@ -173,7 +178,7 @@ def _build(cc: str) -> tuple[Path, list[str], list[str]]:
         fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
         os.close(fd)
         try:
-            r = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True,
+            r = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True,
                                text=True, timeout=120)
             if r.returncode != 0:
                 errors.append(f"{' '.join(flags)}: {(r.stderr.strip().splitlines() or ['failed'])[-1]}")
@@ -284,15 +289,21 @@ SIGNATURES = {
     "horizon_join": [_PTR, _PTR, _PTR, _I64, _I32],
     "horizon_round_sr": [_PTR, _PTR, _PTR, _I64],
     "horizon_sr_bits": [ctypes.c_uint64, _PTR, _I64],
+    "horizon_xent": [_PTR, _I32, _PTR, _I64, _I64, _I64, ctypes.c_float, _I32, _PTR, _I32],
 }
-"""adamw.c's entry points and their C argument types (each returns int: 0, or -1 on a bad argument)."""
+"""The entry points of adamw.c and xent.c and their C argument types (each returns int: 0, or
+-1 on a bad argument)."""
 
 
 def bind_all(lib) -> dict:
-    """Every entry point of adamw.c, by name without the 'horizon_' prefix, with its C signature."""
+    """Every entry point (SIGNATURES), by name without the 'horizon_' prefix, with its C signature.
+    An object without one of them raises OSError (load() then says why), never half-bound."""
     out = {}
     for name, argtypes in SIGNATURES.items():
-        fn = getattr(lib, name)
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise OSError(f"{name} is not in the built object") from None
         fn.restype, fn.argtypes = ctypes.c_int, argtypes
         out[name.removeprefix("horizon_")] = fn
     return out
@@ -323,8 +334,8 @@ def load() -> tuple[dict | None, str]:
 
 
 def kernels() -> dict | None:
-    """adamw.c's C functions by name ('adamw', 'adamw_split', 'adamw_bf16', 'split', 'join'),
-    or None if it cannot be built here."""
+    """The C functions by name ('adamw', 'adamw_split', 'adamw_bf16', 'split', 'join', 'xent', ...),
+    or None if they cannot be built here."""
     if "fns" in _state:  # loaded (or refused) once: no lock on the optimizer's hot path
         return _state["fns"]
     with _lock:
@@ -353,6 +364,12 @@ def adamw():
     """The C function horizon_adamw (see adamw.c), or None if it cannot be built here."""
     k = kernels()
     return k["adamw"] if k else None
+
+
+def xent():
+    """The C function horizon_xent (see xent.c), or None if it cannot be built here."""
+    k = kernels()
+    return k["xent"] if k else None
 
 
 def status() -> str:

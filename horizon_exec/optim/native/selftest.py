@@ -1,4 +1,5 @@
-"""Self-test of a freshly built adamw.c, run in a child process before the build is cached.
+"""Self-test of a freshly built native object (adamw.c, xent.c), run in a child process
+before the build is cached.
 
 Why a child: a `-march=native` build can meet a CPU (or a hypervisor) that reports an
 instruction set it does not run, and then the first call dies with SIGILL, taking the
@@ -8,7 +9,9 @@ The check is one AdamW step of every kernel variant (fp32 or bf16 gradient, fp32
 moments, with and without the working copy, clipped) on 37 elements (the vectorized body and
 the scalar tail; the working copy starts one element before a cache-line boundary), against
 the same formula in double precision; then the split master (split/join round trips,
-specials included, and one step) and the bf16 master (one step). The tolerance (1e-5 relative, plus bf16 rounding where
+specials included, and one step) and the bf16 master (one step); then the loss kernel
+(xent.c) on rows of 37 and 48 logits, fp32 and bf16, one label ignored, against the loss and
+softmax gradient in double precision. The tolerance (1e-5 relative, plus bf16 rounding where
 bf16 is stored) catches a wrong build, not ulp-level differences. No torch: the child starts in about 50 ms.
 
     python -m horizon_exec.optim.native.selftest PATH.so    # exit 0, or 1 with the first mismatch
@@ -103,7 +106,8 @@ def check(path: str) -> str:
                             return f"{what}: {name}[{i}] = {a!r}, expected {b!r}"
                     if wc is not None and wc[i] != _bf16_bits(got[0]):
                         return f"{what}: working copy[{i}] = {wc[i]:#06x}, expected {_bf16_bits(got[0]):#06x}"
-    return _check_split(fns, p, g, m, v, want, h) or _check_bf16_master(fns, p, g, m, v, want, h)
+    return (_check_split(fns, p, g, m, v, want, h) or _check_bf16_master(fns, p, g, m, v, want, h)
+            or _check_xent(fns["xent"]))
 
 
 def _check_split(fns, p, g, m, v, want, h) -> str:
@@ -140,6 +144,35 @@ def _check_bf16_master(fns, p, g, m, v, want, h) -> str:
     for i, (pi, _, _) in enumerate(ref):
         if not abs(_from_bf16(pb[i]) - pi) <= 2.0 ** -8 * abs(pi) + 1e-30:
             return f"bf16 master: param[{i}] = {_from_bf16(pb[i])!r}, expected {pi!r}"
+    return ""
+
+
+def _check_xent(fn) -> str:
+    """Two rows of each width (37: a vector body and a tail; 48: whole vectors), the second
+    row's label ignored (-100): the row losses and, written in place, the gradient
+    (softmax - onehot) * scale, against double precision (bf16: within its rounding)."""
+    scale = 0.25
+    for vocab in (37, 48):
+        rows = [[_f32(3 * math.sin(0.37 * j + r) - r) for j in range(vocab)] for r in range(2)]
+        labels = (ctypes.c_int64 * 2)(vocab - 2, -100)
+        for bf16 in (0, 1):
+            vals = [[_from_bf16(_bf16_bits(x)) if bf16 else x for x in row] for row in rows]
+            flat = [x for row in vals for x in row]
+            buf = (ctypes.c_uint16 * len(flat))(*map(_bf16_bits, flat)) if bf16 else (ctypes.c_float * len(flat))(*flat)
+            loss = (ctypes.c_float * 2)()
+            what = f"loss kernel, {vocab} logits, {'bf16' if bf16 else 'fp32'}"
+            if fn(buf, bf16, labels, 2, vocab, vocab, ctypes.c_float(scale), 1, loss, 1):
+                return f"{what}: rejected its arguments"
+            for r, row in enumerate(vals):
+                lse = max(row) + math.log(sum(math.exp(x - max(row)) for x in row))
+                want_loss = lse - row[labels[r]] if labels[r] >= 0 else 0.0
+                if not abs(loss[r] - want_loss) <= 1e-5 * abs(lse) + 1e-30:
+                    return f"{what}: row {r} loss {loss[r]!r}, expected {want_loss!r}"
+                for j, x in enumerate(row):
+                    want = (math.exp(x - lse) - (j == labels[r])) * (scale if labels[r] >= 0 else 0.0)
+                    got = _from_bf16(buf[r * vocab + j]) if bf16 else buf[r * vocab + j]
+                    if not abs(got - want) <= (2.0 ** -8 if bf16 else 1e-5) * abs(want) + 1e-7:
+                        return f"{what}: row {r} gradient[{j}] = {got!r}, expected {want!r}"
     return ""
 
 
