@@ -34,3 +34,16 @@ def test_a_file_from_before_the_table_still_prices_every_count(tmp_path):
     hw = load_hardware(tmp_path / "old.toml")
     assert hw.device.compute_threads == 0 and hw.device.thread_speed == ()
     assert sorted(thread_speeds(hw)) == list(range(1, hw.host.cores + 1))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_kernel_rows_are_relative_to_the_base_split_and_restore_the_thread():
+    import torch
+
+    from horizon_exec.measure.calibrate.kernel_threads import measure_kernel_speeds
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    before = (torch.get_num_threads(), os.sched_getaffinity(0))
+    rows = measure_kernel_speeds(cores, 1, True, [1, 2])
+    assert [r[0] for r in rows] == [1.0, 2.0] and rows[0][1:] == (1.0, 1.0, 1.0)  # the base: each round's reference
+    assert all(len(r) == 4 and all(v > 0 for v in r[1:]) for r in rows)
+    assert (torch.get_num_threads(), os.sched_getaffinity(0)) == before

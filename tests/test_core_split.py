@@ -63,6 +63,29 @@ def test_the_predicted_step_uses_the_splits_rates():
     assert hw1.device.bf16_TFLOPs == MEASURED.device.bf16_TFLOPs and hw1.host.lane_cores == 1
 
 
+def test_each_kernel_kind_scales_by_its_own_row():
+    """With thread_kernel_speed, a split scales GEMM, attention and elementwise/loss rates each by
+    its own figure against the file's own split (not the block's ALONE, which holds dispatch
+    that threads do not shorten); the block's SHARED still sets the contention."""
+    hw = replace(MEASURED, device=replace(MEASURED.device, attention_TFLOPs=(("bf16", 512, 64, 0.5, 0.25),),
+                                          loss_ns_per_logit=2.0,
+                                          thread_kernel_speed=((1, 1.0, 1.0, 1.0), (2, 1.9, 1.95, 2.2))))
+    d1, d2 = hw.device, split_hardware(hw, 2).device
+    assert d2.bf16_TFLOPs == pytest.approx(1.9 * d1.bf16_TFLOPs)
+    assert [r[5] for r in d2.gemm_TFLOPs] == pytest.approx([1.9 * r[5] for r in d1.gemm_TFLOPs])
+    assert d2.attention_TFLOPs[0][3:] == pytest.approx((1.95 * 0.5, 1.95 * 0.25))
+    assert d2.elementwise_GBps == pytest.approx(2.2 * d1.elementwise_GBps)
+    assert d2.loss_ns_per_logit == pytest.approx(2.0 / 2.2)
+    assert split_hardware(hw, 2).host.compute_contention == pytest.approx(1.8 / 0.6 - 1)
+    assert split_hardware(hw, 1).device.gemm_TFLOPs == d1.gemm_TFLOPs
+    # and so a compute-bound step gains more than the block's 1.8x said
+    sched = _idle_lanes()
+    assert price_split(sched, hw, 2).step_s < price_split(sched, MEASURED, 2).step_s
+    assert hardware_from_dict(tomllib.loads(hardware_to_toml(hw))) == hw
+    with pytest.raises(HorizonError, match="thread_kernel_speed: row .* must have 4 cells"):
+        replace(hw.device, thread_kernel_speed=((2, 1.9, 1.95),))
+
+
 def test_old_files_get_estimated_scaling():
     """A file without thread_speed (calibrated before it) still reads and prices 1..cores."""
     speeds = thread_speeds(CPU_HW)

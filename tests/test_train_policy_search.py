@@ -63,7 +63,14 @@ def test_train_without_policy_flags_trains_tunes_best_row(tmp_path, machine):
     line = next(x for x in out.stdout.splitlines() if x.startswith("policy: the planner's choice"))
     assert "pinned by" not in line
     assert best != replace(Policy(batch=4, seq=128), split_master=True)  # the search changed something here
-    assert "tokens/s" in out.stdout.split("policy: predicted", 1)[1].splitlines()[0]
+    said = out.stdout.split("policy: predicted", 1)[1].splitlines()[0]
+    assert "tokens/s" in said
+    # the search ranks on the file's own split; what it says is the step at the split the run
+    # takes, the figure its plan line (and its closing comparison) predicts
+    import re
+    step_ms = re.search(r"([\d.]+) ms a step on (\d+) compute thread", said)
+    assert step_ms and f"plan: step {step_ms.group(1)} ms" in out.stdout
+    assert f"compute on {step_ms.group(2)} of" in out.stdout
 
 
 def test_flags_given_pin_their_knobs_and_the_search_covers_the_rest(tmp_path, machine):

@@ -3,8 +3,14 @@ optimizer, host gathers) on the cores left, or, when compute takes every core, t
 compute's cores. split_hardware(hw, t) is a calibrated CPU file re-priced for t compute threads,
 the way cpu_ranks.py lays a file out for N ranks:
 
-  - the compute rates x ALONE(t) (GEMM, attention, elementwise and loss figures; the per-op
-    fixed costs are one Python thread dispatching kernels, whatever the count, and stay);
+  - the compute rates x each kernel kind's speed at t threads (DeviceSpec.thread_kernel_speed:
+    GEMM rows, attention rows, elementwise and loss figures each by their own), else x ALONE(t)
+    (the template block's, for a file without that table); the per-op fixed costs are one
+    Python thread dispatching kernels, whatever the count, and stay. (The block's ALONE mixes
+    the two: its small kernels' dispatch does not shorten, so it understates what the rates
+    gain, the more so the larger the ops: a 512-token block ran 1.18x faster on 2 threads of a
+    2-core VM, a 2,048-token one 1.72x, while its GEMM, attention and elementwise kernels timed
+    alone ran 1.9x, 2.0x and 2.4x);
   - host.compute_contention = ALONE(t) / SHARED(t) - 1: how much slower compute runs while a
     host-lane thread works (the simulator applies it while CPU-thread work streams). When the
     lanes share compute's cores this is large: an OpenMP team waits at every barrier for its
@@ -53,16 +59,28 @@ def thread_speeds(hw: HardwareSpec) -> dict[int, ThreadSpeed]:
     return out
 
 
-def _scaled_device(d: DeviceSpec, k: float, threads: int) -> DeviceSpec:
-    """`d` with every compute rate x k (the tables' rate columns too)."""
-    def rows(table, rate_cols):
-        return tuple(tuple(v * k if i in rate_cols else v for i, v in enumerate(r)) for r in table)
+def kernel_factors(hw: HardwareSpec, threads: int, alone_k: float) -> tuple[float, float, float]:
+    """(GEMM, attention, elementwise) rate factors of `threads` against the file's own split:
+    thread_kernel_speed's rows, else alone_k for all three."""
+    rows = {int(r[0]): r[1:] for r in hw.device.thread_kernel_speed}
+    t0 = base_threads(hw)
+    if threads not in rows or t0 not in rows:
+        return alone_k, alone_k, alone_k
+    return tuple(a / b for a, b in zip(rows[threads], rows[t0]))
+
+
+def _scaled_device(d: DeviceSpec, k: tuple[float, float, float], threads: int) -> DeviceSpec:
+    """`d` with its GEMM rates x k[0], attention rates x k[1], elementwise and loss rates x k[2]."""
+    kg, ka, ke = k
+
+    def rows(table, rate_cols, f):
+        return tuple(tuple(v * f if i in rate_cols else v for i, v in enumerate(r)) for r in table)
     return replace(d, name=f"cpu-core ({threads} thread{'s' if threads > 1 else ''})",
-                   bf16_TFLOPs=d.bf16_TFLOPs * k, fp32_TFLOPs=d.fp32_TFLOPs * k, hbm_GBps=d.hbm_GBps * k,
-                   elementwise_GBps=d.elementwise_GBps * k, loss_ns_per_logit=d.loss_ns_per_logit / k,
-                   gemm_TFLOPs=rows(d.gemm_TFLOPs, {5}), attention_TFLOPs=rows(d.attention_TFLOPs, {3, 4}),
-                   masked_attention_TFLOPs=rows(d.masked_attention_TFLOPs, {3, 4}), compute_threads=threads,
-                   thread_speed=())
+                   bf16_TFLOPs=d.bf16_TFLOPs * kg, fp32_TFLOPs=d.fp32_TFLOPs * kg, hbm_GBps=d.hbm_GBps * ke,
+                   elementwise_GBps=d.elementwise_GBps * ke, loss_ns_per_logit=d.loss_ns_per_logit / ke,
+                   gemm_TFLOPs=rows(d.gemm_TFLOPs, {5}, kg), attention_TFLOPs=rows(d.attention_TFLOPs, {3, 4}, ka),
+                   masked_attention_TFLOPs=rows(d.masked_attention_TFLOPs, {3, 4}, ka), compute_threads=threads,
+                   thread_speed=(), thread_kernel_speed=())
 
 
 def split_hardware(hw: HardwareSpec, threads: int) -> HardwareSpec:
@@ -78,5 +96,5 @@ def split_hardware(hw: HardwareSpec, threads: int) -> HardwareSpec:
     own = cores - threads
     lane_cores = per_lane_core * (own if own > 0 else cores / (threads + 1))
     host = replace(hw.host, compute_contention=max(0.0, s.alone / s.shared - 1.0), lane_cores=lane_cores)
-    return replace(hw, device=_scaled_device(hw.device, k, threads), host=host,
+    return replace(hw, device=_scaled_device(hw.device, kernel_factors(hw, threads, k), threads), host=host,
                    name=f"{hw.name}, compute on {threads} of {cores} core(s)")

@@ -184,6 +184,12 @@ class DeviceSpec:
     host cores, else on compute's). The planner prices a core split with it
     (horizon_sim/specs/core_split.py); `calibrate` measures it with the template block. Empty:
     only the file's own split (compute_threads) can be priced."""
+    thread_kernel_speed: tuple = ()
+    """CPU backend: each kind of compute kernel's speed at each thread count, relative to the
+    rates in this file, rows (THREADS, GEMM, ATTENTION, ELEMENTWISE): a kernel timed alone, so
+    without the per-kernel dispatch the op overheads hold (op_overhead_us, which threads do not
+    shorten). A split scales each kind's rates by its own figure; `thread_speed` still gives
+    the slowdown beside a busy host lane. Empty: every rate scales by thread_speed's ALONE."""
 
     def __post_init__(self):
         _check_name("device", self.name)
@@ -205,6 +211,7 @@ class DeviceSpec:
                 or not 0 <= self.compute_threads <= 1 << 20:
             raise HorizonError(f"device compute_threads={self.compute_threads!r} must be a whole number >= 0")
         _check_table(self, "device", "thread_speed", ("THREADS", "ALONE", "SHARED"))
+        _check_table(self, "device", "thread_kernel_speed", ("THREADS", "GEMM", "ATTENTION", "ELEMENTWISE"))
         if self.reserved_GiB >= self.hbm_GiB:
             raise HorizonError(f"device reserved_GiB={self.reserved_GiB:g} must be less than "
                                f"hbm_GiB={self.hbm_GiB:g}")

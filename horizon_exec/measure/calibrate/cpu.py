@@ -19,7 +19,8 @@ from horizon_exec.measure.calibrate.kernels import (attention_grid, gemm_grid, g
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, MOE_EXPERTS, MOE_POLICY, TINY, TINY_POLICY,
                                               TinyProbe, head_chunk_us, moe_overheads, op_overheads,
                                               runtime_overhead_GiB, tiny_moe, tracked_overheads)
-from horizon_exec.measure.calibrate.threads import measure_thread_speeds
+from horizon_exec.measure.calibrate.kernel_threads import measure_kernel_speeds
+from horizon_exec.measure.calibrate.threads import measure_thread_speeds, thread_counts
 from horizon_exec.measure.calibrate.timing import Progress, in_lane, mean_rate
 from horizon_exec.procfs import cpu_name
 from horizon_sim.schedule import Lane, OpKind, work
@@ -165,7 +166,10 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     prog.step(f"compute threads: the template block on 1..{len(cores)} thread(s), alone and beside a copying "
               "host lane (what a core split costs and gains)")
     speeds = measure_thread_speeds(cores, backend.compute_threads, quick)
-    prog.done(", ".join(f"{int(t)}: {a:.2f}x alone, {s:.2f}x beside a lane" for t, a, s in speeds))
+    kernel_speeds = measure_kernel_speeds(cores, backend.compute_threads, quick, thread_counts(len(cores)))
+    prog.done(", ".join(f"{int(t)}: {a:.2f}x alone, {s:.2f}x beside a lane" for t, a, s in speeds)
+              + "; kernels alone (GEMM, attention, elementwise): "
+              + ", ".join(f"{int(t)}: {g:.2f}x {a:.2f}x {e:.2f}x" for t, g, a, e in kernel_speeds))
     prog.step("runtime RSS: a tiny model trained in a fresh process")
     res = probe(TINY, TINY_POLICY, steps=2, warmup=1)
     runtime = runtime_overhead_GiB(res)
@@ -186,7 +190,8 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     hw = HardwareSpec(
         device=replace(dev, op_overhead_us=tuple(sorted(comp_us.items())), reduce_GBps=reduce,
                        launch_overhead_us=comp_us.get(OpKind.FORWARD.value, 0.0),
-                       compute_threads=backend.compute_threads, thread_speed=speeds),
+                       compute_threads=backend.compute_threads, thread_speed=speeds,
+                       thread_kernel_speed=kernel_speeds),
         link=replace(link, latency_us=copy_us, busy_latency_us=copy_busy),
         host=replace(hst, op_latency_us=host_us, runtime_overhead_GiB=runtime, busy_latency_us=host_busy,
                      compute_contention=max(0.0, slowdown - 1.0), **disk),

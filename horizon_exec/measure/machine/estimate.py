@@ -88,6 +88,10 @@ def cpu_estimate() -> HardwareSpec:
     adam = host(lambda: H.measure_adam_Gparams(2**19, True))
     bus = H.measure_bus_GBps(8 * 2**20, sorted(set(backend.compute_cores) | set(backend.host_cores)))
     speeds = _thread_speeds(cpu_cores(), backend.compute_threads)
+    from horizon_exec.measure.calibrate.kernel_threads import measure_kernel_speeds
+    from horizon_exec.measure.calibrate.threads import thread_counts
+    kernel_speeds = compute(lambda: measure_kernel_speeds(cpu_cores(), backend.compute_threads, True,
+                                                          thread_counts(len(cpu_cores()))))
 
     ram = host_ram_GiB()
     bf16_best, fp32_best = max(bf16.values()), max(fp32.values())
@@ -98,7 +102,7 @@ def cpu_estimate() -> HardwareSpec:
                      default_link="cpu-threads", matmul_efficiency=statistics.median(bf16.values()) / bf16_best,
                      reserved_GiB=0.0, launch_overhead_us=0.0, reduce_GBps=reduce, loss_ns_per_logit=loss,
                      gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn), masked_attention_TFLOPs=tuple(mattn),
-                     compute_threads=backend.compute_threads, thread_speed=speeds)
+                     compute_threads=backend.compute_threads, thread_speed=speeds, thread_kernel_speed=kernel_speeds)
     link = LinkSpec(name="cpu-threads", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=0.0, pageable_GBps=h2d,
                     cpu_driven=True)
     hst = HostSpec(name=cpu_name(), ram_GiB=ram, cores=os.cpu_count() or 1, adam_Gparams_per_s=adam,
