@@ -83,3 +83,23 @@ def test_fused_is_refused_where_it_cannot_run():
         assert default_loss_kernel("cpu") == "torch"  # train's default falls back
         with pytest.raises(HorizonError, match="native kernels cannot be used here.*no cc"):
             check_loss_kernel("fused", "cpu")
+
+
+def test_each_loss_kernel_is_priced_at_its_own_measured_rate():
+    """The head's loss time is tokens x vocab x the policy's kernel's figure (loss_ns_per_logit
+    for torch, fused_loss_ns_per_logit for fused), the rest of its elementwise work the same."""
+    from dataclasses import replace
+
+    from horizon_sim.schedule import OpKind, build_schedule
+    from horizon_sim.sim.costs import CostModel
+    from horizon_sim.specs.model import ModelSpec
+    from horizon_sim.specs.policy import Policy
+    from tests.cpu_machine import CPU_HW
+    hw = replace(CPU_HW, device=replace(CPU_HW.device, loss_ns_per_logit=3.0, fused_loss_ns_per_logit=1.0))
+    spec = ModelSpec(n_layers=2, hidden=64, n_heads=2, n_kv_heads=1, ffn_hidden=128, vocab=4096)
+    elem = {}
+    for kernel in ("torch", "fused"):
+        sched = build_schedule(spec, Policy(batch=2, seq=64, loss_kernel=kernel))
+        head = next(o for o in sched.ops if o.kind == OpKind.HEAD)
+        elem[kernel] = CostModel(hw, "bf16", sched.meta).compute_terms(head)["elementwise"]
+    assert elem["torch"] - elem["fused"] == pytest.approx(2 * 64 * 4096 * (3.0 - 1.0) * 1e-9)

@@ -18,8 +18,9 @@ Compute ops (one lane, kernels run back to back, so the terms add):
                               full T x T count / masked_attention_TFLOPs
             + elementwise     hbm_bytes (what the norms, RoPE, SiLU, casts, residual adds and
                               the loss read and write) / elementwise_GBps (else hbm_GBps); the head's loss kernels
-                              (exp/log-bound) at the measured loss_ns_per_logit instead, when
-                              the device has one
+                              (exp/log-bound) at the measured loss_ns_per_logit (the policy's
+                              loss kernel 'fused': fused_loss_ns_per_logit) instead, when the
+                              device has one
   The GEMM shapes and the attention come from the schedule's model and policy
   (schedule/work.py); without them (a bare CostModel) the op's FLOPs run at the flat rate.
 Everything else is a sequence of flows through host DRAM (dram.py). A flow's bytes are DRAM
@@ -145,7 +146,8 @@ class CostModel:
         self.flops_per_s = peak * 1e12 * d.matmul_efficiency
         self.hbm_Bps = (d.elementwise_GBps or d.hbm_GBps) * 1e9  # what elementwise kernels reach
         self.reduce_Bps = (d.reduce_GBps or d.elementwise_GBps or d.hbm_GBps) * 1e9
-        self.loss_s_per_logit = d.loss_ns_per_logit * 1e-9
+        self.loss_s_per_logit = {"torch": d.loss_ns_per_logit * 1e-9,
+                                 "fused": d.fused_loss_ns_per_logit * 1e-9}  # by Policy.loss_kernel
         self.launch_s = d.launch_overhead_us * 1e-6
         self.overhead_us = dict(d.op_overhead_us)
         self.gemm = rate_table(d.gemm_TFLOPs, compute_dtype, 2)
@@ -230,10 +232,11 @@ class CostModel:
             if op.kind in (OpKind.HEAD, OpKind.HEAD_LOSS):
                 gemms = work.head_gemms(m, tokens, p.loss_chunk_tokens, backward=op.kind == OpKind.HEAD)
                 attn = None
-                if self.loss_s_per_logit:  # the loss kernels at their measured per-logit time
+                loss_s = self.loss_s_per_logit[p.loss_kernel]
+                if loss_s:  # the loss kernels at their measured per-logit time
                     a = 2 if self.dtype == "bf16" else 4
                     t["elementwise"] -= work.head_logits_bytes(m, tokens, a, p.loss_kernel, op.kind == OpKind.HEAD) / self.hbm_Bps
-                    t["elementwise"] += tokens * m.vocab * self.loss_s_per_logit
+                    t["elementwise"] += tokens * m.vocab * loss_s
                 chunks = work.head_chunks(tokens, p.loss_chunk_tokens)
                 if "head_chunk" in self.overhead_us:
                     t["overhead"] += (chunks - 1) * self._overhead_s("head_chunk")

@@ -78,6 +78,7 @@ def _scaled_device(d: DeviceSpec, k: tuple[float, float, float], threads: int) -
     return replace(d, name=f"cpu-core ({threads} thread{'s' if threads > 1 else ''})",
                    bf16_TFLOPs=d.bf16_TFLOPs * kg, fp32_TFLOPs=d.fp32_TFLOPs * kg, hbm_GBps=d.hbm_GBps * ke,
                    elementwise_GBps=d.elementwise_GBps * ke, loss_ns_per_logit=d.loss_ns_per_logit / ke,
+                   fused_loss_ns_per_logit=d.fused_loss_ns_per_logit / ke,
                    gemm_TFLOPs=rows(d.gemm_TFLOPs, {5}, kg), attention_TFLOPs=rows(d.attention_TFLOPs, {3, 4}, ka),
                    masked_attention_TFLOPs=rows(d.masked_attention_TFLOPs, {3, 4}, ka), compute_threads=threads,
                    thread_speed=(), thread_kernel_speed=())

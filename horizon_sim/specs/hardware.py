@@ -166,8 +166,12 @@ class DeviceSpec:
     does before the global norm), 1e9 bytes/s. 0: elementwise_GBps, else hbm_GBps."""
     loss_ns_per_logit: float = 0.0
     """Time per logit of the loss kernels of an LM-head chunk (fp32 upcast, logsumexp, target
-    gather, the softmax gradient in place, cast back), nanoseconds. These are exp/log-bound,
-    not bandwidth-bound. 0: the head's elementwise bytes / hbm_GBps."""
+    gather, the softmax gradient in place, cast back: Policy.loss_kernel 'torch'), nanoseconds.
+    These are exp/log-bound, not bandwidth-bound. 0: the head's elementwise bytes / hbm_GBps."""
+    fused_loss_ns_per_logit: float = 0.0
+    """The same for the CPU backend's fused loss kernel (Policy.loss_kernel 'fused',
+    native/xent.c), nanoseconds. 0 (not measured, or a GPU): the head's elementwise bytes for
+    that kernel / hbm_GBps."""
     op_overhead_us: tuple = ()
     """Measured fixed cost per compute op kind, rows (KIND, US): the Python dispatch of every
     kernel of the op, its memory tracking, launches and gaps, e.g. ('backward', 4200.0);
@@ -203,6 +207,7 @@ class DeviceSpec:
         _check_number(self, "device", "elementwise_GBps", low_ok=True)
         _check_number(self, "device", "reduce_GBps", low_ok=True)
         _check_number(self, "device", "loss_ns_per_logit", low_ok=True)
+        _check_number(self, "device", "fused_loss_ns_per_logit", low_ok=True)
         _check_table(self, "device", "gemm_TFLOPs", ("dtype", "layout", "M", "N", "K", "TFLOPS"))
         _check_table(self, "device", "attention_TFLOPs", ("dtype", "SEQ", "HEAD_DIM", "FWD", "BWD"))
         _check_table(self, "device", "masked_attention_TFLOPs", ("dtype", "SEQ", "HEAD_DIM", "FWD", "BWD"))

@@ -29,6 +29,7 @@ DEVICE = {
     "elementwise_GBps": (0.0, 1e12),
     "reduce_GBps": (0.0, 1e9),
     "loss_ns_per_logit": (0.0, 1e9),
+    "fused_loss_ns_per_logit": (0.0, 1e9),
 }
 LINK = {
     "h2d_GBps": (RATE_MIN, 1e12),

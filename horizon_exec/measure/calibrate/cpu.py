@@ -87,7 +87,9 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     sample_tiny()
     attn_pts = attention_grid(quick, "cpu")
     R: dict = {"attn": {p: [] for p in attn_pts}, "mattn": {p: [] for p in attn_pts}, "elem": [], "h2d": [], "d2h": [], "thread": [],
-               "reduce": [], "adam": [], "slowdown": [], "loss": []}
+               "reduce": [], "adam": [], "slowdown": [], "loss": [], "fused_loss": []}
+    from horizon_exec.model.xent import fused_unavailable
+    fused = not fused_unavailable("cpu")  # the fused loss kernel's own figure, where it builds
     layer_bytes = 4 * 2**20 if not quick else 2**20
     for r in range(rounds):
         prog.step(f"round {r + 1}/{rounds}: GEMM grid (cold operands), attention kernels, elementwise "
@@ -102,7 +104,9 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
                                                                            masked=True)))
         sample_tiny()
         R["elem"].append(compute(lambda: measure_elementwise(torch.bfloat16, "cpu", quick)))
-        R["loss"].append(compute(lambda: measure_loss_ns_per_logit(2048 if quick else 8192)))
+        R["loss"].append(compute(lambda: measure_loss_ns_per_logit(2048 if quick else 8192, kernel="torch")))
+        if fused:
+            R["fused_loss"].append(compute(lambda: measure_loss_ns_per_logit(2048 if quick else 8192, kernel="fused")))
         R["h2d"].append(host(lambda: measure_copy_GBps(layer_bytes, "h2d")))
         R["d2h"].append(host(lambda: measure_copy_GBps(layer_bytes, "d2h")))
         R["thread"].append(host(lambda: measure_accumulate_GBps(layer_bytes // 2)))
@@ -133,6 +137,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         default_link="cpu-threads", matmul_efficiency=statistics.median(bf16.values()) / bf16_best,
         reserved_GiB=0.0, launch_overhead_us=0.0, reduce_GBps=mean_rate(R["reduce"]),
         loss_ns_per_logit=statistics.mean(R["loss"]),
+        fused_loss_ns_per_logit=statistics.mean(R["fused_loss"]) if fused else 0.0,
         gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn), masked_attention_TFLOPs=tuple(mattn))
     slowdown = statistics.mean(R["slowdown"])
     link = LinkSpec(name="cpu-threads", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=0.0, pageable_GBps=h2d,

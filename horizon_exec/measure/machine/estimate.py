@@ -79,7 +79,9 @@ def cpu_estimate() -> HardwareSpec:
             f, b = compute(lambda: K.measure_attention(seq, hd, torch.bfloat16, "cpu", masked=masked))
             out.append(("bf16", float(seq), float(hd), f, b))
     elem = K.slope_GBps(_elem_points([compute(lambda: K.measure_elementwise(torch.bfloat16, "cpu", True))]))
-    loss = compute(lambda: K.measure_loss_ns_per_logit(2048))
+    loss = compute(lambda: K.measure_loss_ns_per_logit(2048, kernel="torch"))
+    from horizon_exec.model.xent import fused_unavailable
+    fused_loss = 0.0 if fused_unavailable("cpu") else compute(lambda: K.measure_loss_ns_per_logit(2048, kernel="fused"))
     layer = 2**20
     h2d = host(lambda: H.measure_copy_GBps(layer, "h2d"))
     d2h = host(lambda: H.measure_copy_GBps(layer, "d2h"))
@@ -101,6 +103,7 @@ def cpu_estimate() -> HardwareSpec:
                      hbm_GiB=ram, bf16_TFLOPs=bf16_best, fp32_TFLOPs=fp32_best, hbm_GBps=elem,
                      default_link="cpu-threads", matmul_efficiency=statistics.median(bf16.values()) / bf16_best,
                      reserved_GiB=0.0, launch_overhead_us=0.0, reduce_GBps=reduce, loss_ns_per_logit=loss,
+                     fused_loss_ns_per_logit=fused_loss,
                      gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn), masked_attention_TFLOPs=tuple(mattn),
                      compute_threads=backend.compute_threads, thread_speed=speeds, thread_kernel_speed=kernel_speeds)
     link = LinkSpec(name="cpu-threads", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=0.0, pageable_GBps=h2d,
