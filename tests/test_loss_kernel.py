@@ -74,6 +74,17 @@ def test_fused_trains_like_transformers_autograd(case, one_intraop_thread):
     check_matches_autograd(parity_spec(case["L"], case["tied"], case["bias"]), pol)
 
 
+def test_train_resolves_the_loss_kernel_for_its_device():
+    """No flag: this machine's default. A job's fused where it cannot run (planned on a CPU
+    file, trained on a GPU box): this machine's default, not a refusal. --loss-kernel given:
+    kept, and a fused one that cannot run is refused by the trainer (below)."""
+    from horizon_exec.model.xent import resolve_loss_kernel
+    assert resolve_loss_kernel(None, "cpu", False) == "fused" and resolve_loss_kernel(None, "cuda", False) == "torch"
+    assert resolve_loss_kernel("fused", "cuda:0", False) == "torch"  # the job's, on a GPU
+    assert resolve_loss_kernel("fused", "cuda:0", True) == "fused"   # asked for: check_loss_kernel refuses it
+    assert resolve_loss_kernel("torch", "cpu", False) == "torch"     # the job's torch runs anywhere
+
+
 def test_fused_is_refused_where_it_cannot_run():
     with pytest.raises(HorizonError, match=r"loss_kernel='fused'.*CPU backend only.*--loss-kernel torch"):
         check_loss_kernel("fused", "cuda:0")

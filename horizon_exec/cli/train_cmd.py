@@ -231,9 +231,9 @@ def run_train(args: argparse.Namespace) -> int:
     if args.master_dtype is None:  # the default master: split where it can be, and the kernels it needs build
         from horizon_exec.device.default_master import default_master
         args.master_dtype = default_master(args.compute_dtype, not args.no_working_copy)
-    if args.loss_kernel is None:  # fused on the CPU backend, where the native kernel builds
-        from horizon_exec.model.xent import default_loss_kernel
-        args.loss_kernel = default_loss_kernel(args.device)
+    from horizon_exec.model.xent import resolve_loss_kernel
+    from horizon_sim.cli.explicit_flags import given as given_flags
+    args.loss_kernel = resolve_loss_kernel(args.loss_kernel, args.device, "loss_kernel" in given_flags(args))
     from horizon_exec.cli.train_flags import run_config
     cfg = run_config(args)  # every flag checked, before anything is loaded
     launch_cfg = launch_flags.launch_config(args)

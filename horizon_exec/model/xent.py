@@ -35,6 +35,15 @@ def default_loss_kernel(device: str) -> str:
     return "torch" if fused_unavailable(device) else "fused"
 
 
+def resolve_loss_kernel(kernel: str | None, device: str, given: bool) -> str:
+    """`horizon train`'s loss kernel: the one --loss-kernel gives; else a job's, unless it is
+    'fused' where that cannot run (a job planned on a CPU file, trained on a GPU box): then,
+    as with no job, this machine's default (the job's lines name the change as that)."""
+    if kernel is None or (kernel == "fused" and not given and fused_unavailable(device)):
+        return default_loss_kernel(device)
+    return kernel
+
+
 def check_loss_kernel(kernel: str, device: str) -> None:
     """Refuse a policy whose loss kernel cannot run on `device`, naming the fix."""
     why = fused_unavailable(device) if kernel == "fused" else ""
