@@ -113,12 +113,10 @@ def _at_run_split(model, policy, hw, step_s: float, rt) -> tuple[float, str]:
         return step_s, ""
     from horizon_sim.plan.core_split import priced_for_split
     from horizon_sim.plan.plan import build_for
-    from horizon_sim.sim.simulate import simulate
-    sched = build_for(model, policy, hw)
-    split_hw, split = priced_for_split(sched, hw, "auto")
+    _, split = priced_for_split(build_for(model, policy, hw), hw, "auto")
     if split is None:
         return step_s, ""
-    return simulate(sched, split_hw).summary.step_time_s, f" on {split.compute_threads} compute thread(s)"
+    return split.step_s, f" on {split.compute_threads} compute thread(s)"  # the chosen count's simulated step
 
 
 def _hardware_file(path):

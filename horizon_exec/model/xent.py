@@ -16,6 +16,7 @@ import torch
 
 from horizon_exec.optim import native
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.policy import Policy
 
 IGNORE = -100
 
@@ -31,8 +32,9 @@ def fused_unavailable(device: str) -> str:
 
 def default_loss_kernel(device: str) -> str:
     """`horizon train`'s loss kernel when none is given: 'fused' where it runs (the CPU
-    backend with the native kernels built), else 'torch'."""
-    return "torch" if fused_unavailable(device) else "fused"
+    backend with the native kernels built), else 'torch' (Policy.default_loss_kernel's rule,
+    with 'where it runs' checked here)."""
+    return Policy.default_loss_kernel(cpu_backend=not fused_unavailable(device))
 
 
 def resolve_loss_kernel(kernel: str | None, device: str, given: bool) -> str:

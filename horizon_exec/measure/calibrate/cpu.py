@@ -14,7 +14,7 @@ from horizon_exec.measure.calibrate.host import (bus_capacity_GBps, os_reserved_
                                          measure_bus_GBps, measure_copy_GBps, measure_reduce_GBps,
                                          measure_shared_cores, ram_GiB)
 from horizon_exec.measure.calibrate.kernels import (attention_grid, gemm_grid, gemm_rates, gemm_shapes, gemm_times,
-                                            measure_attention, measure_elementwise, measure_loss_ns_per_logit,
+                                            measure_attention, measure_cpu_loss_figures, measure_elementwise,
                                             slope_GBps)
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, MOE_EXPERTS, MOE_POLICY, TINY, TINY_POLICY,
                                               TinyProbe, head_chunk_us, moe_overheads, op_overheads,
@@ -87,9 +87,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     sample_tiny()
     attn_pts = attention_grid(quick, "cpu")
     R: dict = {"attn": {p: [] for p in attn_pts}, "mattn": {p: [] for p in attn_pts}, "elem": [], "h2d": [], "d2h": [], "thread": [],
-               "reduce": [], "adam": [], "slowdown": [], "loss": [], "fused_loss": []}
-    from horizon_exec.model.xent import fused_unavailable
-    fused = not fused_unavailable("cpu")  # the fused loss kernel's own figure, where it builds
+               "reduce": [], "adam": [], "slowdown": [], "loss": []}
     layer_bytes = 4 * 2**20 if not quick else 2**20
     for r in range(rounds):
         prog.step(f"round {r + 1}/{rounds}: GEMM grid (cold operands), attention kernels, elementwise "
@@ -104,9 +102,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
                                                                            masked=True)))
         sample_tiny()
         R["elem"].append(compute(lambda: measure_elementwise(torch.bfloat16, "cpu", quick)))
-        R["loss"].append(compute(lambda: measure_loss_ns_per_logit(2048 if quick else 8192, kernel="torch")))
-        if fused:
-            R["fused_loss"].append(compute(lambda: measure_loss_ns_per_logit(2048 if quick else 8192, kernel="fused")))
+        R["loss"].append(measure_cpu_loss_figures(2048 if quick else 8192, compute))  # (torch, fused)
         R["h2d"].append(host(lambda: measure_copy_GBps(layer_bytes, "h2d")))
         R["d2h"].append(host(lambda: measure_copy_GBps(layer_bytes, "d2h")))
         R["thread"].append(host(lambda: measure_accumulate_GBps(layer_bytes // 2)))
@@ -136,8 +132,8 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         hbm_GiB=ram, bf16_TFLOPs=bf16_best, fp32_TFLOPs=fp32_best, hbm_GBps=slope_GBps(elem),
         default_link="cpu-threads", matmul_efficiency=statistics.median(bf16.values()) / bf16_best,
         reserved_GiB=0.0, launch_overhead_us=0.0, reduce_GBps=mean_rate(R["reduce"]),
-        loss_ns_per_logit=statistics.mean(R["loss"]),
-        fused_loss_ns_per_logit=statistics.mean(R["fused_loss"]) if fused else 0.0,
+        loss_ns_per_logit=statistics.mean(t for t, _ in R["loss"]),
+        fused_loss_ns_per_logit=statistics.mean(f for _, f in R["loss"]),
         gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn), masked_attention_TFLOPs=tuple(mattn))
     slowdown = statistics.mean(R["slowdown"])
     link = LinkSpec(name="cpu-threads", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=0.0, pageable_GBps=h2d,

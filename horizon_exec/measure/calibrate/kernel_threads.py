@@ -17,14 +17,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+from horizon_exec.measure.calibrate.threads import _pin
+
 KINDS = ("gemm", "attention", "elementwise")
-
-
-def _pin(cores) -> None:
-    try:  # best effort, as CpuBackend.start_lane
-        os.sched_setaffinity(0, cores)
-    except (OSError, AttributeError):
-        pass
 
 
 def kernels(quick: bool) -> dict:

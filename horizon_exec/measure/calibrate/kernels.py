@@ -190,14 +190,12 @@ def block_pass(model: ModelSpec, batch: int, seq: int, dtype, device):
 
 
 def measure_loss_ns_per_logit(vocab: int = 8192, chunk: int = 256, dtype=torch.bfloat16, device="cpu",
-                              sync=None, reps: int = 5, kernel: str | None = None) -> float:
+                              sync=None, reps: int = 5, kernel: str = "torch") -> float:
     """Nanoseconds per logit of the loss of one LM-head chunk and its gradient, less the head's
-    GEMMs: the function head.head_fwd_bwd calls per chunk (xent.loss_and_grad_), with the loss
-    kernel `horizon train` picks on this device (kernel None) or the one given. Each rep runs
-    on a fresh copy of the GEMM's output (the fused kernel overwrites it); the copy's own time
-    is measured alone and taken off."""
-    from horizon_exec.model.xent import default_loss_kernel, loss_and_grad_
-    kernel = kernel or default_loss_kernel(str(device))
+    GEMMs: the function head.head_fwd_bwd calls per chunk (xent.loss_and_grad_), with the
+    given loss kernel. Each rep runs on a fresh copy of the GEMM's output (the fused kernel
+    overwrites it); the copy's own time is measured alone and taken off."""
+    from horizon_exec.model.xent import loss_and_grad_
     mm_out = torch.randn(chunk, vocab, device=device).to(dtype)
     labels = torch.randint(0, vocab, (chunk,), device=device)
     labels[-1] = -100
@@ -205,6 +203,14 @@ def measure_loss_ns_per_logit(vocab: int = 8192, chunk: int = 256, dtype=torch.b
     loss_s = median_time(lambda: loss_and_grad_(mm_out.clone(), labels, 1e-3, kernel), min_s=0.02, min_reps=reps,
                          sync=sync)
     return max(loss_s - copy_s, 0.0) / (chunk * vocab) * 1e9
+
+
+def measure_cpu_loss_figures(vocab: int, run) -> tuple[float, float]:
+    """(loss_ns_per_logit, fused_loss_ns_per_logit) on the CPU, each measured through `run`
+    (a lane wrapper: run(fn) -> fn()); the fused figure 0.0 where that kernel cannot be built."""
+    from horizon_exec.model.xent import fused_unavailable
+    torch_ns = run(lambda: measure_loss_ns_per_logit(vocab, kernel="torch"))
+    return torch_ns, 0.0 if fused_unavailable("cpu") else run(lambda: measure_loss_ns_per_logit(vocab, kernel="fused"))
 
 
 ELEMENTWISE_MODEL = ModelSpec(name="calibrate-block", n_layers=1, hidden=512, n_heads=8, n_kv_heads=4,

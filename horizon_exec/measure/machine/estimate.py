@@ -79,9 +79,7 @@ def cpu_estimate() -> HardwareSpec:
             f, b = compute(lambda: K.measure_attention(seq, hd, torch.bfloat16, "cpu", masked=masked))
             out.append(("bf16", float(seq), float(hd), f, b))
     elem = K.slope_GBps(_elem_points([compute(lambda: K.measure_elementwise(torch.bfloat16, "cpu", True))]))
-    loss = compute(lambda: K.measure_loss_ns_per_logit(2048, kernel="torch"))
-    from horizon_exec.model.xent import fused_unavailable
-    fused_loss = 0.0 if fused_unavailable("cpu") else compute(lambda: K.measure_loss_ns_per_logit(2048, kernel="fused"))
+    loss, fused_loss = K.measure_cpu_loss_figures(2048, compute)
     layer = 2**20
     h2d = host(lambda: H.measure_copy_GBps(layer, "h2d"))
     d2h = host(lambda: H.measure_copy_GBps(layer, "d2h"))
