@@ -84,6 +84,10 @@ class KernelTimer:
         from torch.utils._pytree import tree_leaves
 
         class _Mode(TorchDispatchMode):
+            @classmethod
+            def _should_skip_dynamo(cls) -> bool:
+                return False  # as memtrack.TransientTracker: no torch._dynamo import (seconds)
+
             def __init__(self):
                 super().__init__()
                 self.time = {"gemm": 0.0, "attention_fwd": 0.0, "attention_bwd": 0.0, "elementwise": 0.0}
