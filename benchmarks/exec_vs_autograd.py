@@ -267,7 +267,8 @@ def main():
             if r >= a.warmup:
                 for k, v in t.items():
                     times[k].append(v)
-        rates = None if pol.split_master else optimizer_rates(tr, 4 * a.steps + 1)
+        # the rates re-apply the last step's gradients, which only the pipelined mode holds past its step
+        rates = None if pol.split_master or pol.optimizer != "pipelined" else optimizer_rates(tr, 4 * a.steps + 1)
     del auto
     t_exec, t_noopt, t_auto = (statistics.median(times[k]) for k in ("exec", "noopt", "auto"))
     lean_rates = lean_optimizer_rates(spec, pol, a)
@@ -284,17 +285,27 @@ def main():
               "--master-dtype fp32 to time it)")
     if rates is None:
         # The rate lines compare the op with torch's fused AdamW on the same fp32 master; a split
-        # master has no such twin, so they are measured on the same policy with the fp32 master.
-        print("optimizer rates below: the same policy with --master-dtype fp32 (a split master has no "
-              "torch twin to compare with)")
-        with Trainer(spec, dataclasses.replace(pol, split_master=False), _config(a)) as tr2:
+        # master has no such twin, so they are measured on the same policy with the fp32 master;
+        # and they re-apply a step's gradients, which another optimizer mode frees within its step.
+        why = [w for c, w in ((pol.split_master, "--master-dtype fp32: a split master has no torch twin to compare "
+                                                 "with"),
+                              (pol.optimizer != "pipelined", f"--optimizer pipelined: {pol.optimizer} frees the "
+                                                              "gradients within its step")) if c]
+        print(f"optimizer rates below: the same policy with {'; '.join(why)}")
+        with Trainer(spec, rates_policy(pol), _config(a)) as tr2:
             exec_step(tr2)
             rates = optimizer_rates(tr2, 4 * a.steps + 1)
     print_optimizer_rates(rates, lean_rates)
 
 
+def rates_policy(pol):
+    """`pol` as the optimizer-rate lines measure it: an fp32 master, the pipelined mode (it holds
+    a step's gradients until the next step, which the rates re-apply)."""
+    return dataclasses.replace(pol, split_master=False, optimizer="pipelined")
+
+
 def lean_optimizer_rates(spec, pol, a):
-    lean = dataclasses.replace(pol, working_copy=False, split_master=False, micro_batches=2)  # op = the Adam update alone
+    lean = dataclasses.replace(rates_policy(pol), working_copy=False, micro_batches=2)  # op = the Adam update alone
     with Trainer(spec, lean, _config(a)) as tr2:
         exec_step(tr2)
         return optimizer_rates(tr2, 4 * a.steps + 1)
