@@ -89,9 +89,9 @@ class TransientTracker(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # False: torch leaves __torch_dispatch__ as it is instead of wrapping it in
-        # torch._disable_dynamo, whose first call imports torch._dynamo (2-3 s, measured: the
-        # first op a process profiles took 1.9 s of a micro model's 2.1 s first step). Nothing
-        # here is compiled, so there is nothing for that wrapper to keep out.
+        # torch._disable_dynamo, whose first call imports torch._dynamo: seconds added to the
+        # first op a process profiles, i.e. to every run's first step. Nothing here is
+        # compiled, so there is nothing for that wrapper to keep out.
         return False
 
     def __init__(self, arena, what: str = "op"):
