@@ -11,9 +11,9 @@ this run are one configuration. Data: random tokens from `seed`, or `tokens` (st
 token ids) for a parity check; `init_dir`: start from an HF folder instead of a random init;
 `save_losses_only`: skip nothing, the losses are always reported.
 
-`threads`: torch's (and DeepSpeedCPUAdam's OpenMP) threads in the child. DeepSpeed's first run on
-a machine builds its CPU ops (cpu_adam, the shared-memory comm op) with ninja into
-~/.cache/torch_extensions: a minute or two, once.
+`threads`: torch's (and DeepSpeedCPUAdam's OpenMP) threads in the child. DeepSpeed's first run in
+an environment builds its CPU ops (cpu_adam, the shared-memory comm op) with ninja: a minute or
+two, once, into extensions_dir() (`make setup` does it: prebuild()).
 """
 import json
 import os
@@ -33,6 +33,22 @@ def deepspeed_available() -> str | None:
         return version("deepspeed")
     except PackageNotFoundError:
         return None
+
+
+def extensions_dir() -> str:
+    """Where DeepSpeed's JIT-built CPU ops go: TORCH_EXTENSIONS_DIR when the user sets it, else a
+    folder in this Python environment. torch's own default (~/.cache/torch_extensions) is one
+    folder for every environment of the user, while the build files it holds name the
+    environment's absolute paths: two checkouts each rebuilt the op (about two minutes) after the
+    other had used it."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(sys.prefix, "torch_extensions")
+
+
+def prebuild() -> None:
+    """Build DeepSpeed's CPU Adam op into extensions_dir() now (make setup), not in the first run."""
+    os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir()
+    from deepspeed.ops.op_builder import CPUAdamBuilder
+    CPUAdamBuilder().load()
 
 
 def run_deepspeed(model: ModelSpec, zero3: Zero3Policy, *, threads: int | None = None, timeout_s: float = 900.0,
@@ -69,7 +85,7 @@ def run_deepspeed_job(req: dict, threads: int | None, what: str, timeout_s: floa
         raise HorizonError("DeepSpeed is not installed: `make setup` installs the pinned version "
                            "(pip install 'deepspeed==0.19.8')")
     env = {"DS_ACCELERATOR": "cpu", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "TORCH_EXTENSIONS_DIR": extensions_dir(),
            **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     return run_json_child("horizon_exec.measure.peer_deepspeed", req, what=what, env=env, timeout_s=timeout_s)
 
