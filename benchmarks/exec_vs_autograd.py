@@ -287,10 +287,11 @@ def main():
         # The rate lines compare the op with torch's fused AdamW on the same fp32 master; a split
         # master has no such twin, so they are measured on the same policy with the fp32 master;
         # and they re-apply a step's gradients, which another optimizer mode frees within its step.
-        why = [w for c, w in ((pol.split_master, "--master-dtype fp32: a split master has no torch twin to compare "
-                                                 "with"),
-                              (pol.optimizer != "pipelined", f"--optimizer pipelined: {pol.optimizer} frees the "
-                                                              "gradients within its step")) if c]
+        why = []
+        if pol.split_master:
+            why.append("--master-dtype fp32: a split master has no torch twin to compare with")
+        if pol.optimizer != "pipelined":
+            why.append(f"--optimizer pipelined: {pol.optimizer} frees the gradients within its step")
         print(f"optimizer rates below: the same policy with {'; '.join(why)}")
         with Trainer(spec, rates_policy(pol), _config(a)) as tr2:
             exec_step(tr2)

@@ -2,7 +2,7 @@
 a TorchDispatchMode's __torch_dispatch__ in torch._disable_dynamo unless the mode says not to,
 and that wrapper imports torch._dynamo on its first call. The executor profiles each op's
 temporaries with such modes (device/memtrack.py), and calibrate times kernels with one
-(measure/calibrate/timing.py); both opt out. Checked in a fresh process, where nothing else
+(measure/calibrate/timing.py); both derive from device/dispatch_mode.py, which opts out. Checked in a fresh process, where nothing else
 has imported it yet."""
 import subprocess
 import sys

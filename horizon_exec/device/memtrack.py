@@ -17,8 +17,9 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from horizon_exec.device.dispatch_mode import UncompiledDispatchMode
 
 _FRESH: dict = {}  # op overload -> indices of outputs that are fresh allocations
 
@@ -85,15 +86,7 @@ class TempProfile:
         return max(a + b for a, b in zip(live, self.slices))
 
 
-class TransientTracker(TorchDispatchMode):
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # False: torch leaves __torch_dispatch__ as it is instead of wrapping it in
-        # torch._disable_dynamo, whose first call imports torch._dynamo: seconds added to the
-        # first op a process profiles, i.e. to every run's first step. Nothing here is
-        # compiled, so there is nothing for that wrapper to keep out.
-        return False
-
+class TransientTracker(UncompiledDispatchMode):
     def __init__(self, arena, what: str = "op"):
         super().__init__()
         self.arena = arena

@@ -80,14 +80,11 @@ class KernelTimer:
     GEMM = ("aten.mm", "aten.addmm", "aten.bmm")
 
     def __new__(cls, sync=None):
-        from torch.utils._python_dispatch import TorchDispatchMode
         from torch.utils._pytree import tree_leaves
 
-        class _Mode(TorchDispatchMode):
-            @classmethod
-            def _should_skip_dynamo(cls) -> bool:
-                return False  # as memtrack.TransientTracker: no torch._dynamo import (seconds)
+        from horizon_exec.device.dispatch_mode import UncompiledDispatchMode
 
+        class _Mode(UncompiledDispatchMode):
             def __init__(self):
                 super().__init__()
                 self.time = {"gemm": 0.0, "attention_fwd": 0.0, "attention_bwd": 0.0, "elementwise": 0.0}
