@@ -33,7 +33,7 @@ from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
 QWEN7B_4L = ModelSpec(name="qwen2.5-7b-4l", n_layers=4, hidden=3584, n_heads=28, n_kv_heads=4, ffn_hidden=18944,
-                      vocab=152064, qkv_bias=True, norm_eps=1e-6, rope_theta=1e6, max_position=131072)
+                      vocab=152064, family="qwen2", norm_eps=1e-6, rope_theta=1e6, max_position=131072)
 CONFIGS = (
     Config("b64_after", QWEN7B_4L, Policy(batch=64, seq=1024, act_ckpt_every=4, master_dtype="bf16",
                                           working_copy=False, optimizer="after")),

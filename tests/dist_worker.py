@@ -32,7 +32,7 @@ GLOBAL_BATCH = 4
 def spec(tied: bool, moe: bool | str = False) -> ModelSpec:
     """The dense model, or (moe) a qwen3_moe one of the same size: 8 experts, top-2; moe='aux':
     trained with the router load-balancing loss (coefficient 0.5, large enough to move weights)."""
-    kw = dict(moe_family="qwen3_moe", n_experts=8, experts_per_token=2, expert_ffn_hidden=48, qk_norm=True,
+    kw = dict(family="qwen3_moe", n_experts=8, experts_per_token=2, expert_ffn_hidden=48,
               norm_topk_prob=True, router_aux_loss_coef=0.5 if moe == "aux" else 0.0) if moe else {}
     return ModelSpec(n_layers=3, hidden=64, n_heads=2, n_kv_heads=1, ffn_hidden=176, vocab=250, tied_embeddings=tied,
                      **kw)

@@ -11,14 +11,13 @@ V, T = 128, 16
 
 def tiny_spec(kind) -> ModelSpec:
     return ModelSpec(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=96, vocab=V,
-                     tied_embeddings=kind == "llama-tied", qkv_bias=kind == "qwen2", qk_norm=kind == "qwen3",
+                     tied_embeddings=kind == "llama-tied", family=kind if kind in ("qwen2", "qwen3") else "llama",
                      norm_eps=1e-6,
                      rope_theta=10000.0)
 
 
 def tiny_hf(kind, seed=0):
-    """A random transformers model of `kind`; biases and norm weights random too (HF inits
-    them to 0 and 1), so every tensor carries information."""
+    """A random transformers model of `kind` (randomized_)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     torch.manual_seed(seed)
     d = to_hf_config_dict(tiny_spec(kind))
@@ -26,13 +25,21 @@ def tiny_hf(kind, seed=0):
         d.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None)
         d.pop("attention_bias"), d.pop("mlp_bias")
     cfg = AutoConfig.for_model(d.pop("model_type"), **d)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(seed + 1)
+    return randomized_(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32), seed + 1)
+
+
+def randomized_(model, seed: int):
+    """model with its biases, norm weights, MoE routers and experts random too (transformers
+    starts them at 0, 1, 0 and small: every bias alike, routers tied), so every tensor carries
+    information; returned in eval mode."""
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for n, p in model.named_parameters():
             if n.endswith((".bias", "norm.weight")):
-                p.copy_(1.0 * (n.endswith("norm.weight")) + 0.1 * torch.randn(p.shape, generator=gen))
-    return model
+                p.copy_(1.0 * n.endswith("norm.weight") + 0.1 * torch.randn(p.shape, generator=gen))
+            elif n.endswith("mlp.gate.weight") or "experts." in n:
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+    return model.eval()
 
 
 def rel_err(a, b) -> float:

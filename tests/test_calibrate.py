@@ -84,7 +84,7 @@ def test_quick_calibration_writes_a_loadable_sane_spec(quick_hw):
     (128, 4, 2, 352, 300, 2, 32, 1024, "fp32", 16, False, True),   # description alone (schedule/work.py unchanged)
 ])
 def test_workspace_formulas_equal_the_measured_temporaries(H, heads, kv, F, V, B, T, chunk, dtype, win, docs, qk):
-    spec = ModelSpec(n_layers=2, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=V, qk_norm=qk,
+    spec = ModelSpec(n_layers=2, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=V, family="qwen3" if qk else "llama",
                      layer_windows=(win, win) if win else ())
     kw = dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False) if dtype == "fp32" else {}
     pol = Policy(batch=B, seq=T, act_ckpt_every=2, loss_chunk_tokens=chunk, doc_masks=docs, **kw)
@@ -114,7 +114,8 @@ def test_elementwise_bytes_match_a_kernel_by_kernel_count():
     write (a dispatch-level count), to within the row statistics the formula rounds."""
     for H, heads, kv, F, B, T, qk in ((256, 4, 2, 688, 2, 128, False), (384, 6, 2, 1024, 2, 96, False),
                                       (384, 6, 2, 1024, 2, 96, True)):  # Qwen3's per-head q/k norms
-        m = ModelSpec(n_layers=1, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=256, qk_norm=qk)
+        m = ModelSpec(n_layers=1, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=256,
+                      family="qwen3" if qk else "llama")
         fn = block_pass(m, B, T, torch.bfloat16, "cpu")
         fn()  # the first call also lays out weights for the GEMM library: not the steady state
         timer = KernelTimer()

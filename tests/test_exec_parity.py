@@ -57,7 +57,7 @@ pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
 def parity_spec(L, tied, bias):
     return ModelSpec(n_layers=L, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=96, vocab=VOCAB,
-                     tied_embeddings=tied, qkv_bias=bias, norm_eps=1e-6, rope_theta=10000.0)
+                     tied_embeddings=tied, family="qwen2" if bias else "llama", norm_eps=1e-6, rope_theta=10000.0)
 
 
 def _reference(spec, tr):

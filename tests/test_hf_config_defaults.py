@@ -10,23 +10,22 @@ import torch
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.hf_config import from_hf_config, spec_from_config_dict
-from horizon_sim.specs.hf_defaults import HF_DEFAULTS
+from horizon_sim.specs.hf_defaults import HF_DEFAULTS, REQUIRED
+from horizon_sim.specs.hf_export import to_hf_config_dict
 
 SIZES = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=48, vocab_size=64)
 
 
 def _class(mt):
-    from transformers import (LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
-                              Qwen3MoeConfig)
-    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig, "qwen3": Qwen3Config,
-            "qwen3_moe": Qwen3MoeConfig, "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig}[mt]
+    from transformers import CONFIG_MAPPING
+    return CONFIG_MAPPING[mt]
 
 
-# The experts' sizes are required like the others (hf_defaults.REQUIRED): given per MoE type.
-MOE_SIZES = {"qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
-             "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
-             "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                               shared_expert_intermediate_size=24)}
+def _required_sizes(mt) -> dict:
+    """The sizes hf_defaults.REQUIRED keeps required beyond SIZES (an MoE family's experts'), as
+    the family's tiny config of tests/test_families.py writes them."""
+    from tests.test_families import tiny
+    return {k: v for k, v in to_hf_config_dict(tiny(mt)).items() if k in REQUIRED and k not in SIZES}
 
 
 @pytest.mark.parametrize("mt", sorted(HF_DEFAULTS))
@@ -43,7 +42,8 @@ def test_a_minimal_config_reads_as_transformers_builds_it(mt, tmp_path):
     """Only the sizes given (num_attention_heads 8 so that Mistral's and Qwen2's default kv
     head counts divide it): every other field as transformers' class fills it in."""
     from transformers import AutoConfig
-    d = {"model_type": mt, **SIZES, "num_attention_heads": 8, "hidden_size": 64, **MOE_SIZES.get(mt, {})}
+    d = {"model_type": mt, **SIZES, "num_attention_heads": 8, "hidden_size": 64, **_required_sizes(mt),
+         "vocab_size": 32064}  # holds every class's default pad_token_id
     if mt in ("qwen2", "qwen3", "qwen2_moe"):
         d["num_attention_heads"] = 32   # Qwen2's and Qwen3's default num_key_value_heads is 32
         d["hidden_size"] = 256

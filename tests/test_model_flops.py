@@ -62,7 +62,7 @@ def test_preset_layer_and_head_flops_meta(name):
     head_fwd_flops, forward+backward is 3x forward, and L layers + head give exactly
     model_flops_per_token per trained token. (An MoE layer's FLOPs follow its router, which
     meta tensors do not run; tests/test_moe_planner.py checks the active counts.)"""
-    spec = PRESETS[name]
+    spec = replace(PRESETS[name], layer_windows=())  # full attention: the layer below runs without a mask
     B, T = 1, 2048
     tokens = B * T
     with torch.device("meta"):
@@ -90,7 +90,7 @@ def test_preset_layer_and_head_flops_meta(name):
               ffn_hidden=200, vocab=300),
     # Qwen2-style: q/k/v biases, tied embeddings
     ModelSpec(name="qwen2-tied", n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=160,
-              vocab=300, qkv_bias=True, tied_embeddings=True),
+              vocab=300, family="qwen2", tied_embeddings=True),
 ], ids=lambda s: s.name)
 def test_real_training_step_flops_cpu(spec):
     """A whole tiny model, for real on the CPU: forward (with HF's own causal mask), loss and

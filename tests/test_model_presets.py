@@ -76,9 +76,9 @@ def test_published_totals():
     ModelSpec(name="hd", n_layers=2, hidden=96, n_heads=4, n_kv_heads=2, head_dim=40,
               ffn_hidden=200, vocab=512),
     ModelSpec(name="hd-qwen", n_layers=2, hidden=96, n_heads=4, n_kv_heads=2, head_dim=40,
-              ffn_hidden=200, vocab=512, qkv_bias=True, tied_embeddings=True),
+              ffn_hidden=200, vocab=512, family="qwen2", tied_embeddings=True),
     ModelSpec(name="qk-norm", n_layers=2, hidden=96, n_heads=4, n_kv_heads=2, head_dim=40,
-              ffn_hidden=200, vocab=512, qk_norm=True),   # Qwen3: per-head q/k norms
+              ffn_hidden=200, vocab=512, family="qwen3"),   # Qwen3: per-head q/k norms
     ModelSpec(name="mlpbias", n_layers=3, hidden=64, n_heads=4, n_kv_heads=4, ffn_hidden=160,
               vocab=300, mlp_bias=True),
 ], ids=lambda s: s.name)
@@ -90,8 +90,10 @@ def test_custom_shapes_match_transformers(spec):
 
 def test_export_rejects_unrepresentable():
     base = dict(n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, ffn_hidden=128, vocab=100)
-    for bad in (ModelSpec(**base, ffn_type="plain"), ModelSpec(**base, norm="layernorm"),
-                ModelSpec(**base, qkv_bias=True, mlp_bias=True), ModelSpec(**base, qk_norm=True, qkv_bias=True)):
+    for bad in (ModelSpec(**base, family="gpt2"), ModelSpec(**base, qkv_bias=True),
+                ModelSpec(**base, layer_windows=(4, 4)), ModelSpec(**base, family="mistral", layer_windows=(4, 8)),
+                ModelSpec(**base, family="qwen2", mlp_bias=True), ModelSpec(**base, family="qwen2", qkv_bias=False),
+                ModelSpec(**base, family="qwen3", qkv_bias=True)):
         with pytest.raises(HorizonError):
             to_hf_config_dict(bad)
 

@@ -14,7 +14,7 @@ from horizon_exec.runtime.config import RuntimeConfig, TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import OpKind
 from horizon_sim.specs.policy import exact_policy
-from tests.hf_tiny import assert_step_matches, rel_err
+from tests.hf_tiny import assert_step_matches, randomized_, rel_err
 
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 V, B, T = 96, 4, 16
@@ -42,15 +42,8 @@ def hf_moe(model_type, overrides, seed=0):
     from transformers import AutoConfig, AutoModelForCausalLM
     torch.manual_seed(seed)
     cfg = AutoConfig.for_model(model_type, **{**BASE, **overrides})
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, experts_implementation="eager")
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith((".bias", "norm.weight")):
-                p.copy_(1.0 * n.endswith("norm.weight") + 0.1 * torch.randn(p.shape, generator=gen))
-            elif n.endswith("mlp.gate.weight") or "experts." in n:
-                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
-    return model.eval()
+    return randomized_(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, experts_implementation="eager"),
+                       seed + 1)
 
 
 def pair(tmp_path, name, device="cpu", **policy):
@@ -71,7 +64,7 @@ def pair(tmp_path, name, device="cpu", **policy):
 def test_logits_and_one_training_step_match_transformers(tmp_path, name, policy):
     tr, ref = pair(tmp_path, name, **policy)
     assert any(op.kind == OpKind.BACKWARD_SAVED for op in tr.sched.ops) == bool(policy)
-    assert tr.model.moe_family == CASES[name][0] and tr.model.router_aux_loss_coef == 0
+    assert tr.model.family == CASES[name][0] and tr.model.router_aux_loss_coef == 0
     tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(3))
     ref_grads = assert_step_matches(tr, ref, tokens)
     # every expert and the router trained: the gradients are not trivially zero

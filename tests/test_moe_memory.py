@@ -32,16 +32,16 @@ from horizon_sim.specs.policy import Policy
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 B, T, H = 2, 128, 128
 FAMILIES = {
-    "qwen3_moe": dict(moe_family="qwen3_moe", n_experts=8, experts_per_token=2, expert_ffn_hidden=96,
-                      ffn_hidden=352, qk_norm=True, norm_topk_prob=True),
-    "mixtral": dict(moe_family="mixtral", n_experts=8, experts_per_token=2, expert_ffn_hidden=352, ffn_hidden=352,
+    "qwen3_moe": dict(family="qwen3_moe", n_experts=8, experts_per_token=2, expert_ffn_hidden=96,
+                      ffn_hidden=352, norm_topk_prob=True),
+    "mixtral": dict(family="mixtral", n_experts=8, experts_per_token=2, expert_ffn_hidden=352, ffn_hidden=352,
                     norm_topk_prob=True),
-    "qwen2_moe": dict(moe_family="qwen2_moe", n_experts=8, experts_per_token=4, expert_ffn_hidden=64,
+    "qwen2_moe": dict(family="qwen2_moe", n_experts=8, experts_per_token=4, expert_ffn_hidden=64,
                       shared_expert_ffn_hidden=256, ffn_hidden=352, qkv_bias=True),
 }
 # (family, kind): (lowest, highest) planned / measured allowed
 BOUNDS = {("qwen3_moe", "forward"): (1.0, 1.4), ("qwen3_moe", "backward"): (1.0, 1.01),
-          ("mixtral", "forward"): (1.0, 2.4), ("mixtral", "backward"): (1.0, 1.01),
+          ("mixtral", "forward"): (1.0, 2.7), ("mixtral", "backward"): (1.0, 1.01),
           ("qwen2_moe", "forward"): (1.0, 1.01), ("qwen2_moe", "backward"): (1.0, 1.025)}
 # bf16 backward: the planner counts the experts' padding at its most (15 rows each)
 BF16_BACKWARD = {"qwen3_moe": (1.0, 1.08), "mixtral": (1.0, 1.11), "qwen2_moe": (1.0, 1.045)}
@@ -72,10 +72,10 @@ def test_planned_moe_block_temporaries_against_measured(family, dtype):
 # the experts' padding at its most (15 rows each): on few tokens (64 routed rows over 16
 # experts) that is most of the rows, so that case's bound is its own.
 LOOP_CASES = {
-    "wide experts": (dict(hidden=64, n_heads=2, n_kv_heads=1, moe_family="mixtral", n_experts=4, experts_per_token=2,
+    "wide experts": (dict(hidden=64, n_heads=2, n_kv_heads=1, family="mixtral", n_experts=4, experts_per_token=2,
                           expert_ffn_hidden=1024, ffn_hidden=1024, norm_topk_prob=True), 2, 256),
-    "few tokens": (dict(hidden=128, n_heads=4, n_kv_heads=2, moe_family="qwen3_moe", n_experts=16, experts_per_token=2,
-                        expert_ffn_hidden=128, ffn_hidden=128, qk_norm=True), 1, 32),
+    "few tokens": (dict(hidden=128, n_heads=4, n_kv_heads=2, family="qwen3_moe", n_experts=16, experts_per_token=2,
+                        expert_ffn_hidden=128, ffn_hidden=128), 1, 32),
 }
 
 

@@ -16,8 +16,8 @@ from tests.unit_state import moments
 
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
-SPEC = ModelSpec(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=128, moe_family="qwen3_moe",
-                 n_experts=8, experts_per_token=2, expert_ffn_hidden=32, qk_norm=True, norm_topk_prob=True)
+SPEC = ModelSpec(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=128, family="qwen3_moe",
+                 n_experts=8, experts_per_token=2, expert_ffn_hidden=32, norm_topk_prob=True)
 BASE = Policy(batch=2, seq=16, optimizer="pipelined", grad_clip=0.0)
 VARIANTS = {"backward": dict(optimizer="backward"), "after": dict(optimizer="after"),
             "moments+low on disk": dict(disk_tier="moments+low")}

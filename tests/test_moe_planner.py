@@ -26,7 +26,7 @@ POLICY = Policy(batch=2, seq=256)
 
 def _moe(experts: int, top_k: int = 2) -> ModelSpec:
     return ModelSpec(name=f"moe-e{experts}", n_layers=4, hidden=512, n_heads=8, n_kv_heads=2, head_dim=64,
-                     ffn_hidden=1024, vocab=2048, qk_norm=True, moe_family="qwen3_moe", n_experts=experts,
+                     ffn_hidden=1024, vocab=2048, family="qwen3_moe", n_experts=experts,
                      experts_per_token=top_k, expert_ffn_hidden=256, norm_topk_prob=True)
 
 
@@ -118,7 +118,7 @@ def test_the_router_aux_loss_is_priced_at_the_router():
 
 def test_qwen2_moe_shared_expert_is_priced():
     d = dict(n_layers=2, hidden=256, n_heads=4, n_kv_heads=4, ffn_hidden=512, vocab=512, qkv_bias=True,
-             moe_family="qwen2_moe", n_experts=8, experts_per_token=2, expert_ffn_hidden=128)
+             family="qwen2_moe", n_experts=8, experts_per_token=2, expert_ffn_hidden=128)
     with_shared = ModelSpec(**d, shared_expert_ffn_hidden=512)
     tokens = 512
     shared_weights = 3 * 256 * 512 + 256
@@ -208,7 +208,7 @@ def test_max_model_moe_answers_with_an_moe_model(capsys):
     d = json.loads(out)
     assert rc == 0 and d["family"] in ("preset", "moe-depth")
     m = ModelSpec(**d["shape"])
-    assert m.is_moe and m.moe_family == "qwen3_moe"
+    assert m.is_moe and m.family == "qwen3_moe"
     assert plan(m, make_hardware("h100-pcie", "512GiB"), Policy(**d["policy_fields"])).summary.fits
 
 

@@ -17,8 +17,8 @@ from horizon_sim.specs.policy import Policy
 
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 
-SPEC = ModelSpec(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=256, moe_family="qwen3_moe",
-                 n_experts=8, experts_per_token=2, expert_ffn_hidden=32, qk_norm=True, norm_topk_prob=True)
+SPEC = ModelSpec(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128, vocab=256, family="qwen3_moe",
+                 n_experts=8, experts_per_token=2, expert_ffn_hidden=32, norm_topk_prob=True)
 STEPS, K = 6, 4
 
 

@@ -23,11 +23,11 @@ PUBLISHED_B = {"qwen3-30b-a3b": (30.5, 3.3), "qwen3-235b-a22b": (235, 22), "mixt
 
 TINY = dict(n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=48, vocab=64, norm_eps=1e-6)
 TINY_MOE = {
-    "qwen3_moe": ModelSpec(name="t-qwen3-moe", **TINY, head_dim=16, qk_norm=True, moe_family="qwen3_moe",
+    "qwen3_moe": ModelSpec(name="t-qwen3-moe", **TINY, head_dim=16, family="qwen3_moe",
                            n_experts=4, experts_per_token=2, expert_ffn_hidden=16, norm_topk_prob=True),
-    "mixtral": ModelSpec(name="t-mixtral", **{**TINY, "ffn_hidden": 24}, moe_family="mixtral", n_experts=4,
+    "mixtral": ModelSpec(name="t-mixtral", **{**TINY, "ffn_hidden": 24}, family="mixtral", n_experts=4,
                          experts_per_token=2, expert_ffn_hidden=24, norm_topk_prob=True, router_aux_loss_coef=0.02),
-    "qwen2_moe": ModelSpec(name="t-qwen2-moe", **TINY, qkv_bias=True, moe_family="qwen2_moe", n_experts=4,
+    "qwen2_moe": ModelSpec(name="t-qwen2-moe", **TINY, family="qwen2_moe", n_experts=4,
                            experts_per_token=2, expert_ffn_hidden=16, shared_expert_ffn_hidden=40),
 }
 
@@ -142,14 +142,15 @@ def test_a_required_expert_size_is_not_guessed():
 
 
 @pytest.mark.parametrize("over,words", [
-    (dict(n_experts=4), "no moe_family"),
-    (dict(moe_family="switch", n_experts=4, experts_per_token=1, expert_ffn_hidden=8), "moe_family='switch'"),
-    (dict(moe_family="mixtral", n_experts=4, experts_per_token=2, expert_ffn_hidden=48), "norm_topk_prob"),
-    (dict(moe_family="mixtral", n_experts=4, experts_per_token=2, expert_ffn_hidden=8, norm_topk_prob=True),
+    (dict(n_experts=4), "family 'llama' is dense; MoE families: qwen3_moe, mixtral, qwen2_moe"),
+    (dict(family="switch", n_experts=4, experts_per_token=1, expert_ffn_hidden=8), "family='switch'; allowed: llama"),
+    (dict(family="mixtral", n_experts=4, experts_per_token=2, expert_ffn_hidden=48), "norm_topk_prob"),
+    (dict(family="mixtral", n_experts=4, experts_per_token=2, expert_ffn_hidden=8, norm_topk_prob=True),
      "must equal expert_ffn_hidden"),
-    (dict(moe_family="qwen3_moe", n_experts=1, experts_per_token=1, expert_ffn_hidden=8, qk_norm=True), "n_experts=1"),
-    (dict(moe_family="qwen3_moe", n_experts=4, experts_per_token=2, expert_ffn_hidden=8), "qk_norm=False"),
-    (dict(moe_family="qwen3_moe", n_experts=4, experts_per_token=2, expert_ffn_hidden=-1, qk_norm=True), ">= 0"),
+    (dict(family="qwen3_moe", n_experts=1, experts_per_token=1, expert_ffn_hidden=8), "n_experts=1"),
+    (dict(family="qwen3_moe", n_experts=4, experts_per_token=2, expert_ffn_hidden=8, qkv_bias=True), "qkv_bias=True"),
+    (dict(family="qwen3_moe", n_experts=4, experts_per_token=2, expert_ffn_hidden=-1), ">= 0"),
+    (dict(family="qwen2_moe", n_experts=4, experts_per_token=2, expert_ffn_hidden=8), "shared_expert_ffn_hidden=0"),
     (dict(router_aux_loss_coef=float("nan")), "router_aux_loss_coef"),
 ])
 def test_bad_moe_fields_are_one_line_errors(over, words):

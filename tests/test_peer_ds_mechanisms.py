@@ -17,7 +17,7 @@ from horizon_sim.specs.block import parameters
 from horizon_sim.specs.hardware_presets import make_hardware
 from horizon_sim.specs.model import ModelSpec
 
-GPT2 = dict(n_heads=32, n_kv_heads=32, ffn_type="plain", norm="layernorm", vocab=50257, tied_embeddings=True)
+GPT2 = dict(n_heads=32, n_kv_heads=32, family="gpt2", vocab=50257, tied_embeddings=True)
 
 
 def small(L=8, H=512):

@@ -23,7 +23,7 @@ from horizon_sim.specs.measured_kernels import (V100_MEGATRON_TFLOPs, V100_TUTOR
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
-GPT2 = dict(n_heads=32, n_kv_heads=32, ffn_type="plain", norm="layernorm", vocab=50257, tied_embeddings=True)
+GPT2 = dict(n_heads=32, n_kv_heads=32, family="gpt2", vocab=50257, tied_embeddings=True)
 
 
 def small(L=4, H=256, V=512, tied=False):

@@ -21,7 +21,7 @@ PRECISIONS = [  # (compute, grads over the link, working copy)
     dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False),
 ]
 BAD = {  # a field and values it must refuse
-    "n_layers": [0, -3, 2.5], "hidden": [0, -64], "n_kv_heads": [3, 0], "ffn_type": ["moe"],
+    "n_layers": [0, -3, 2.5], "hidden": [0, -64], "n_kv_heads": [3, 0], "family": ["moe"],
     "vocab": [0], "batch": [0, -1], "seq": [0], "micro_batches": [0, 3], "act_ckpt_every": [0, 99],
     "slots": [1, 0], "act_ckpt_on": ["disk"], "optimizer": ["sgd"], "grad_clip": [-1.0],
     "compute_dtype": ["fp8"], "ram": ["0", "-4G", "12 potatoes"], "gpu": ["h1000"], "link": ["pcie-gen9"],
@@ -34,7 +34,7 @@ def scenario(draw):
     m = dict(n_layers=draw(st.integers(1, 9)), n_heads=heads,
              n_kv_heads=draw(st.sampled_from([1, 2, heads])), ffn_hidden=draw(st.integers(8, 300)),
              vocab=draw(st.integers(16, 600)), tied_embeddings=draw(st.booleans()),
-             qkv_bias=draw(st.booleans()), ffn_type=draw(st.sampled_from(["gated", "plain"])))
+             qkv_bias=draw(st.booleans()), family=draw(st.sampled_from(["llama", "gpt2"])))
     m["hidden"] = heads * draw(st.sampled_from([8, 16, 32]))
     optimizer = draw(st.sampled_from(["after", "backward", "pipelined"]))
     micro = draw(st.sampled_from([1, 2]))

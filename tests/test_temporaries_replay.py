@@ -123,7 +123,7 @@ def test_auto_tracks_every_run_where_the_data_moves_the_temporaries():
     assert rt.track_memory == "auto"
     assert rt.temporaries_for(SPEC, POL) == "once"
     assert rt.temporaries_for(SPEC, dataclasses.replace(POL, doc_masks=True)) == "every"
-    moe = dataclasses.replace(SPEC, moe_family="mixtral", n_experts=4, experts_per_token=2, expert_ffn_hidden=128,
+    moe = dataclasses.replace(SPEC, family="mixtral", n_experts=4, experts_per_token=2, expert_ffn_hidden=128,
                               norm_topk_prob=True)
     assert rt.temporaries_for(moe, POL) == "every"
     assert RuntimeConfig(track_memory="every").temporaries_for(SPEC, POL) == "every"

@@ -18,7 +18,7 @@ from horizon_sim.specs.policy import Policy
 from tests.cpu_machine import CPU_HW
 
 DENSE = ModelSpec(name="d", n_layers=2, hidden=64, n_heads=2, n_kv_heads=1, ffn_hidden=128, vocab=256)
-MOE = replace(DENSE, name="m", moe_family="mixtral", n_experts=4, experts_per_token=2, expert_ffn_hidden=128,
+MOE = replace(DENSE, name="m", family="mixtral", n_experts=4, experts_per_token=2, expert_ffn_hidden=128,
               norm_topk_prob=True)
 POL = Policy(batch=1, seq=32, act_ckpt_every=1)
 DOCS = replace(POL, doc_masks=True)

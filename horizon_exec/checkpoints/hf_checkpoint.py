@@ -47,10 +47,11 @@ DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' long-standing save_pretrained d
 # Files that make a saved folder a usable model besides the weights; copied from the source.
 MODEL_SIDE_FILES = ("generation_config.json",)
 SIDE_FILES = (*MODEL_SIDE_FILES, *TOKENIZER_FILES)
-_SHAPE_FIELDS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "hd", "ffn_hidden", "ffn_type", "vocab",
-                 "tied_embeddings", "qkv_bias", "mlp_bias", "norm")
+_SHAPE_FIELDS = ("family", "n_layers", "hidden", "n_heads", "n_kv_heads", "hd", "ffn_hidden", "vocab",
+                 "tied_embeddings", "qkv_bias", "mlp_bias")
 """What a checkpoint's tensors fix: a config that differs here describes another model."""
-OVERRIDABLE = ("rope_theta", "rope_scaling", "max_position", "layer_windows", "norm_eps", "init_std")
+OVERRIDABLE = ("rope_theta", "rope_scaling", "max_position", "layer_windows", "norm_eps", "init_std",
+               "padding_idx")
 """What the same weights may be trained with otherwise (a context extension changes rope
 scaling and max positions, perhaps the window): --model's value wins over --init-from's."""
 HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"

@@ -20,7 +20,7 @@ def stored_parts(m: ModelSpec) -> dict[str, tuple[str, tuple]]:
         return {}
     I = m.expert_ffn_hidden
     gate, up = slice(0, I), slice(I, 2 * I)
-    mixtral = m.moe_family == "mixtral"
+    mixtral = m.family == "mixtral"  # its checkpoints keep 4.x names: block_sparse_moe, w1/w3/w2
     names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
     out = {}
     for layer in range(m.n_layers):

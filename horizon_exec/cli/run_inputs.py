@@ -40,7 +40,7 @@ def read_model_and_tokenizer(cfg: "RunConfig") -> ModelAndTokenizer:
     """The model and tokenizer of the run; HorizonError for a tokenizer that cannot be used with it."""
     from horizon_exec.checkpoints import hf_checkpoint
     from horizon_exec.data.tokenize import BYTES, load_tokenizer, resolve_tokenizer, tokenizer_of_folder
-    from horizon_exec.model.layers import check_runnable
+    from horizon_exec.model.families import check_runnable
     from horizon_sim.specs.hf_config import load_model
 
     data, notes = cfg.data, []

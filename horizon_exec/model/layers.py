@@ -1,22 +1,18 @@
-"""Layer templates: a Llama/Qwen2-style decoder block as plain functions of named weights.
+"""The pieces decoder blocks are made of, as plain functions of named weights, and DecoderBlock,
+which runs the spec's family (each family's forward: horizon_exec/model/families/<name>.py).
 
-The block knows nothing about slots, streams or the host store: the engine binds the weights
-(views into a device slot) and calls it. Numerics follow transformers' Llama: RMSNorm in fp32
-then cast back before the weight multiply, RoPE with the rotate_half convention and cos/sin in
-the activation dtype (tables: rope.py, with transformers' RoPE scaling), SDPA with grouped kv
-heads (causal, or under a mask for sliding windows and document boundaries: attention_mask),
-SwiGLU MLP, optional q/k/v (Qwen2) and MLP biases, optional per-head q/k RMSNorms before RoPE
-(Qwen3). A mixture-of-experts block (qwen3_moe, mixtral, qwen2_moe) shares the attention half
-and runs moe_block.moe_mlp for the MLP (handing its router's statistics to a RouterStats when
-the step trains with the load-balancing loss: router_aux.py).
+A block knows nothing about slots, streams or the host store: the engine binds the weights
+(views into a device slot) and calls it. Numerics follow transformers: RMSNorm in fp32 then cast
+back before the weight multiply, RoPE with the rotate_half convention and cos/sin in the
+activation dtype (tables: rope.py, with transformers' RoPE scaling), SDPA with grouped kv heads
+(causal, or under a mask for sliding windows and document boundaries: attention_mask), SwiGLU
+MLP, optional q/k/v and MLP biases, optional per-head q/k RMSNorms before RoPE.
 """
 from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 
-from horizon_exec.model.moe_block import moe_mlp
-from horizon_sim.errors import HorizonError
 from horizon_sim.specs.model import ModelSpec
 
 
@@ -52,54 +48,61 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def check_runnable(m: ModelSpec) -> None:
-    """One-line errors for blocks the template does not run (train_cmd checks before allocating)."""
-    if m.ffn_type != "gated" or m.norm != "rmsnorm":
-        raise HorizonError(f"model {m.name!r}: the executor's block template is a gated (SwiGLU) "
-                           f"MLP with RMSNorm; {m.ffn_type} MLP with {m.norm} is not supported")
+def qkv_projections(m: ModelSpec, w: Mapping, h):
+    """q, k, v (B, T, width) of the normed h by three projections, with biases when w has them."""
+    return (F.linear(h, w["self_attn.q_proj.weight"], w.get("self_attn.q_proj.bias")),
+            F.linear(h, w["self_attn.k_proj.weight"], w.get("self_attn.k_proj.bias")),
+            F.linear(h, w["self_attn.v_proj.weight"], w.get("self_attn.v_proj.bias")))
+
+
+def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_norm: bool = False,
+                   project=qkv_projections):
+    """The attention half after its norm: h (B, T, H) normed -> o_proj's output (B, T, H),
+    before the residual. q, k, v by `project` (m, w, h) (three projections, or a family's fused
+    one), per-head q/k RMSNorms before RoPE when qk_norm (Qwen3), RoPE, SDPA with grouped kv
+    heads (causal, or under attention_mask for sliding windows and document boundaries), o.
+    Each step rebinds q and k, so the tensor it replaced is freed at once (the measured
+    temporaries the planner prices, schedule/work.py, depend on it). The mask is made here, so
+    autograd holds its only reference and frees it with the attention's backward."""
+    B, T, _ = h.shape
+    nh, nkv, hd = m.n_heads, m.n_kv_heads, m.hd
+    q, k, v = project(m, w, h)
+    q, k = q.view(B, T, nh, hd), k.view(B, T, nkv, hd)
+    if qk_norm:  # each head's q and k normalised over head_dim, before RoPE
+        q = rms_norm(q, w["self_attn.q_norm.weight"], m.norm_eps)
+        k = rms_norm(k, w["self_attn.k_norm.weight"], m.norm_eps)
+    q = q.transpose(1, 2)                                               # (B, nh, T, hd)
+    k = k.transpose(1, 2)                                               # (B, nkv, T, hd)
+    v = v.view(B, T, nkv, hd).transpose(1, 2)
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    mask = attention_mask(T, window, docs, h.device)                    # None: causal
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                       scale=hd ** -0.5, enable_gqa=nkv != nh)  # (B, nh, T, hd)
+    del mask
+    o = o.transpose(1, 2).reshape(B, T, nh * hd)
+    return F.linear(o, w["self_attn.o_proj.weight"])
+
+
+def swiglu_mlp(w: Mapping, h):
+    """h (B, T, H) normed -> down(SiLU(gate(h)) * up(h)) (B, T, H), biases when w has them."""
+    g = F.linear(h, w["mlp.gate_proj.weight"], w.get("mlp.gate_proj.bias"))  # (B, T, F)
+    u = F.linear(h, w["mlp.up_proj.weight"], w.get("mlp.up_proj.bias"))
+    return F.linear(F.silu(g) * u, w["mlp.down_proj.weight"], w.get("mlp.down_proj.bias"))
 
 
 class DecoderBlock:
-    """y = block(w, x, cos, sin, window, docs) for x (B, T, H); w maps transformers names
-    relative to `model.layers.N.` to tensors (see layout.block_layout); cos, sin (T, hd) or
-    (B, 1, T, hd) (positions per sequence); window: this block's sliding window (0 = none);
-    docs (B, T) int: each token's document, or None (see attention_mask). The mask is made
-    here, so autograd holds its only reference and frees it with the attention's backward.
-    router: a RouterStats (router_aux.py) an MoE block's router fills, or None."""
+    """y = block(w, x, cos, sin, window, docs) for x (B, T, H): the forward of the spec's family
+    (horizon_exec/model/families). w maps transformers names relative to `model.layers.N.` to
+    tensors (see layout.block_layout); cos, sin (T, hd) or (B, 1, T, hd) (positions per
+    sequence); window: this block's sliding window (0 = none); docs (B, T) int: each token's
+    document, or None (see attention_mask). router: a RouterStats (router_aux.py) an MoE
+    block's router fills, or None. A family the executor does not run is refused by name."""
 
     def __init__(self, m: ModelSpec):
-        check_runnable(m)
+        from horizon_exec.model.families import forward_of
         self.m = m
-        self.scale = m.hd ** -0.5
+        self.forward = forward_of(m)
 
     def __call__(self, w: Mapping, x, cos, sin, window: int = 0, docs=None, router=None):
-        m = self.m
-        B, T, H = x.shape
-        nh, nkv, hd = m.n_heads, m.n_kv_heads, m.hd
-        # ---- attention ----------------------------------------------------------------
-        h = rms_norm(x, w["input_layernorm.weight"], m.norm_eps)            # (B, T, H)
-        q = F.linear(h, w["self_attn.q_proj.weight"], w.get("self_attn.q_proj.bias"))
-        k = F.linear(h, w["self_attn.k_proj.weight"], w.get("self_attn.k_proj.bias"))
-        v = F.linear(h, w["self_attn.v_proj.weight"], w.get("self_attn.v_proj.bias"))
-        q, k = q.view(B, T, nh, hd), k.view(B, T, nkv, hd)
-        if m.qk_norm:  # Qwen3: each head's q and k normalised over head_dim, before RoPE
-            q = rms_norm(q, w["self_attn.q_norm.weight"], m.norm_eps)
-            k = rms_norm(k, w["self_attn.k_norm.weight"], m.norm_eps)
-        q = q.transpose(1, 2)                                               # (B, nh, T, hd)
-        k = k.transpose(1, 2)                                               # (B, nkv, T, hd)
-        v = v.view(B, T, nkv, hd).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        mask = attention_mask(T, window, docs, x.device)                    # None: causal
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                           scale=self.scale, enable_gqa=nkv != nh)  # (B, nh, T, hd)
-        del mask
-        o = o.transpose(1, 2).reshape(B, T, nh * hd)
-        x = x + F.linear(o, w["self_attn.o_proj.weight"])
-        # ---- MLP ------------------------------------------------------------------------
-        h = rms_norm(x, w["post_attention_layernorm.weight"], m.norm_eps)
-        if m.n_experts:
-            return x + moe_mlp(m, w, h, router)
-        g = F.linear(h, w["mlp.gate_proj.weight"], w.get("mlp.gate_proj.bias"))  # (B, T, F)
-        u = F.linear(h, w["mlp.up_proj.weight"], w.get("mlp.up_proj.bias"))
-        return x + F.linear(F.silu(g) * u, w["mlp.down_proj.weight"], w.get("mlp.down_proj.bias"))
+        return self.forward(self.m, w, x, cos, sin, window, docs, router)

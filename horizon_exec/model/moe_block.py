@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from horizon_sim.schedule.expert_load import BF16_ROW_MULTIPLE
+from horizon_sim.specs.families import family
 from horizon_sim.specs.model import ModelSpec
 
 
@@ -47,7 +48,7 @@ def route(m: ModelSpec, h, w_gate):
     top, idx = torch.topk(probs, m.experts_per_token, dim=-1)           # (N, k)
     if m.norm_topk_prob:
         top = top / top.sum(dim=-1, keepdim=True)
-    if m.moe_family != "mixtral":  # Mixtral's router returns its weights in fp32
+    if not family(m.family).moe.fp32_routing_weights:  # Mixtral's router returns its weights in fp32
         top = top.to(logits.dtype)
     return top, idx, probs
 

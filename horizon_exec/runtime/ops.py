@@ -235,7 +235,8 @@ class OpRunner:
 
     def embed_bwd(self, op):
         """The embedding's host grad (V*H,) += scatter of the input-gradient rows (zeroed
-        first when the op starts its life)."""
+        first when the op starts its life), but the rows of the padding token (ModelSpec.
+        padding_idx: transformers' nn.Embedding gives its row no gradient from the lookup)."""
         hdx = self.buf.get(self.buf.one(op.reads, Holds.INPUT_GRAD)).view(-1, self.m.hidden)
         gname = self.buf.one(op.writes, Holds.HOST_GRAD)
         if gname in op.reads:
@@ -246,6 +247,8 @@ class OpRunner:
         ids = self.inputs.tokens[self._rows(op.micro)].reshape(-1)
         V, H = self.m.vocab, self.m.hidden
         g2 = g[:V * H].view(V, H)
+        if self.m.padding_idx is not None and bool((pads := ids == self.m.padding_idx).any()):
+            ids, hdx = ids[~pads], hdx[~pads]
         g2.index_add_(0, ids, hdx.to(g.dtype))
         for sq in self.buf.all(op.writes, Holds.GRAD_SQ):
             if embed_norm_over_rows(self.m, self.inputs.tokens.numel()):  # zeroed at the step's first

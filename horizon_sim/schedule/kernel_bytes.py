@@ -130,8 +130,8 @@ def saved_bytes(k: Kernel, a: int) -> int:
         return (4 if k.kind == "swiglu" else 2) * a * w
     if k.kind in ("rope", "residual"):
         return 0
-    if k.kind == "router":  # without renormalising the top-k values are cast and dropped: 4k + 4 less
-        return 4 * w + 12 * k.rows + 4
+    if k.kind == "router":  # renormalising keeps the top-k values and their sum: 4k + 4
+        return 4 * w + 8 * k.rows + (4 * k.rows + 4 if k.renormalised else 0)
     if k.kind == "dispatch":
         return a * w + 16 * k.rows
     if k.kind == "combine":
@@ -142,11 +142,8 @@ def saved_bytes(k: Kernel, a: int) -> int:
 
 
 def live_in_forward_bytes(k: Kernel, a: int) -> int:
-    """Bytes per token of its tensors the template's no-grad forward still holds at the MLP's
-    peak: attention's q, k, v and o (Python locals until the block returns), the activation's
-    inputs and outputs."""
-    if k.kind == "attention":
-        return a * (2 * k.width + 2 * k.kv_width)
+    """Bytes per token of its tensors the template's no-grad forward holds at the MLP's peak:
+    the activation's inputs and outputs."""
     if k.kind in ("swiglu", "silu"):
         return (4 if k.kind == "swiglu" else 2) * a * k.width
     return 0

@@ -22,7 +22,7 @@ from horizon_sim.schedule import kernel_bytes
 from horizon_sim.schedule.expert_load import expert_rows, max_rows, min_rows, padded_rows, row_multiple
 from horizon_sim.specs import block
 from horizon_sim.specs.model import ModelSpec
-from horizon_sim.specs.moe import FP32_ROUTING_WEIGHTS
+from horizon_sim.specs.families import family
 
 LAYOUTS = ("nt", "nn", "tn")
 WORKSPACE_ONSET = 0.25
@@ -174,13 +174,15 @@ def _parts(m: ModelSpec) -> dict:
     MLP's activation."""
     ks = block.kernels(m)
     half = {p: [k for k in ks if k.part == p] for p in block.PARTS}
-    mlp_weights = sum(p.weight_params for p in block.projections(m) if p.module.startswith("mlp."))
+    mlp = [p for p in block.projections(m) if p.module.startswith("mlp.")]
+    mlp_weights = sum(p.params for p in mlp)
     return dict(half=half, norm={p: next(k for k in half[p] if k.kind == "rmsnorm") for p in block.PARTS},
                 attention=next(k for k in ks if k.kind == "attention"),
                 act=next(k for k in half["mlp"] if k.kind in ("swiglu", "silu")),
                 mlp_weights=mlp_weights,
-                # the MLP's largest weight gradient (dense: down's, H x F; MoE: a stacked expert tensor's)
-                last_weight=max(p.weight_params for p in block.projections(m) if p.module.startswith("mlp.")))
+                # the gradient of the MLP's last projection (dense: down's H x F, its bias too), the
+                # first its backward makes
+                last_weight=mlp[-1].params)
 
 
 def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool,
@@ -190,9 +192,11 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
     points of the template. What each kernel keeps is its kind's (kernel_bytes.py); the
     points are the template's:
 
-    Forward (no autograd), at the MLP's activation: the Python locals q (rotated), k (rotated),
-    v and the attention output o are still alive, with the residual x1, the MLP norm's
-    output, and the activation's inputs and outputs (gate, up, silu(gate), the product).
+    Forward (no autograd), the larger of: at the MLP's activation, the residual x1, the MLP
+    norm's output, and the activation's inputs and outputs (gate, up, silu(gate), the product;
+    the attention half's tensors were freed when it returned); at the attention call, the first
+    norm's output and what attention holds (q, k, v, o and the fp32 logsumexp), with an explicit
+    mask's bool and additive forms.
 
     Backward (forward with grad, then autograd.grad). Autograd keeps what each kernel saves
     (per norm its fp32 input, in fp32 the first norm's is x itself, the cast back, the output
@@ -220,16 +224,15 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
     parts = _parts(m)
     att, act = parts["attention"], parts["act"]
     if not backward:
-        live = kernel_bytes.live_in_forward_bytes
-        p_attn = N * (a * H + kernel_bytes.saved_bytes(att, a)) + mask * (1 + a) if mask else 0
-        return max(N * (live(att, a) + a * H + a * parts["norm"]["mlp"].width + live(act, a)), p_attn)
+        p_attn = N * (a * H + kernel_bytes.saved_bytes(att, a)) + mask * (1 + a)
+        return max(N * (a * H + a * parts["norm"]["mlp"].width + kernel_bytes.live_in_forward_bytes(act, a)), p_attn)
     saved = {p: sum(kernel_bytes.saved_bytes(k, a) for k in parts["half"][p]) for p in block.PARTS}
     norm1, norm2 = parts["norm"]["attention"], parts["norm"]["mlp"]
     gates = sum(k.kind == "gate_mul" for k in parts["half"]["mlp"])
     x1 = a * H if a != 4 else 0  # in fp32 the MLP norm's saved fp32 input is x1 itself
     p_end = N * (saved["attention"] + saved["mlp"] + x1 + (2 + gates) * a * H) + a * mask
     if m.n_experts:
-        p_end += _expert_padding_bytes(m, a, parts)
+        p_end += expert_padding_bytes(m, a, parts)
         p_mlp = _expert_loop_bytes(m, N, a, saved, parts) + a * mask
     else:
         p_mlp = (N * (saved["attention"] + saved["mlp"] + kernel_bytes.backward_gradients_bytes(act, a) + a * H)
@@ -246,9 +249,12 @@ def _routed_row_bytes(m: ModelSpec, a: int, parts: dict) -> float:
     return sum(kernel_bytes.saved_bytes(kk, a) for kk in parts["half"]["mlp"] if kk.routed) / m.experts_per_token
 
 
-def _expert_padding_bytes(m: ModelSpec, a: int, parts: dict) -> int:
+def expert_padding_bytes(m: ModelSpec, a: int, parts: dict | None = None) -> int:
     """The most the experts' padded rows add to what the forward saves (expert_load.row_multiple):
-    every expert one row short of a multiple."""
+    every expert one row short of a multiple (0 for a dense block)."""
+    if not m.n_experts:
+        return 0
+    parts = parts or _parts(m)
     return int(m.n_experts * (row_multiple(a) - 1) * _routed_row_bytes(m, a, parts))
 
 
@@ -279,9 +285,9 @@ def _expert_loop_bytes(m: ModelSpec, N: int, a: int, saved: dict, parts: dict) -
     experts = [p.weight_params for p in block.projections(m) if p.experts]
     routed = sum(kernel_bytes.saved_bytes(kk, a) for kk in parts["half"]["mlp"] if kk.routed)  # per token
     per_row, cold = _routed_row_bytes(m, a, parts), min_rows(N, k, E)
-    base = N * (saved["attention"] + saved["mlp"] + 4 * k + (1 + gates) * aH) + _expert_padding_bytes(m, a, parts)
+    base = N * (saved["attention"] + saved["mlp"] + 4 * k + (1 + gates) * aH) + expert_padding_bytes(m, a, parts)
     hot = padded_rows(max_rows(N, k, E), a)
-    fp32_weights = 8 * H if m.moe_family in FP32_ROUTING_WEIGHTS and a != 4 else 0
+    fp32_weights = 8 * H if family(m.family).moe.fp32_routing_weights and a != 4 else 0
     combine = base + (2 * aH + fp32_weights) * hot
     swiglu = base + (aH + 3 * a * I) * hot + a * H * I
     adds = [base + N * aH * (2 + (1 if j > 1 or gates else 0)) + j * (3 * I * H * a - cold * per_row)

@@ -1,7 +1,7 @@
 """Read a local Hugging Face `config.json` into a ModelSpec (no transformers import, no network).
 
 The generic reader: what differs by model_type (llama, qwen2, mistral, qwen3 and the MoE ones
-qwen3_moe, mixtral, qwen2_moe) is that family's row in hf_families.py, which this file reads
+qwen3_moe, mixtral, qwen2_moe) is that family's row (specs/families/<model_type>.py), which this file reads
 (DeepSeek, gpt-oss and other MoE types are refused by name). Every field of the file is
 accounted for: it is read into the spec (READ here, the row's `reads` there), or listed in
 IGNORED (it does not change what a training step computes), or refused with its name. A field
@@ -22,7 +22,7 @@ Shared field mapping (HF name -> ModelSpec field):
     rope_parameters (transformers 5) or rope_scaling + rope_theta (4.x) -> rope_theta and
                            rope_scaling (linear, dynamic, yarn, llama3; see specs/rope.py)
 
-Biases, q/k norms, sliding windows and experts are per family (hf_families.py). An absent key
+Biases, q/k norms, sliding windows and experts are per family (specs/families). An absent key
 takes the value transformers' config class gives it (the row's defaults, filled in by
 hf_defaults.py: e.g. a Mistral config without sliding_window has the 4096-token window).
 
@@ -40,14 +40,14 @@ from horizon_sim.safe_read import read_json
 from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
 from horizon_sim.specs import hf_moe
 from horizon_sim.specs.hf_defaults import with_hf_defaults
-from horizon_sim.specs.hf_families import FAMILIES
+from horizon_sim.specs.families import FAMILIES, HF_ROWS
 from horizon_sim.specs.hf_values import as_bool, as_float, as_int
 from horizon_sim.specs.model import MAX_NORM_EPS, ModelSpec
 from horizon_sim.specs.model_presets import model_preset
 from horizon_sim.specs.rope import ROPE_KINDS, RopeScaling
 
-SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
-_MOE_TYPES = tuple(mt for mt, f in FAMILIES.items() if f.moe)
+SUPPORTED_MODEL_TYPES = tuple(HF_ROWS)
+_MOE_TYPES = tuple(mt for mt in HF_ROWS if FAMILIES[mt].is_moe)
 _SILU = ("silu", "swish")  # transformers maps both names to SiLU
 _DEFAULT_ROPE_THETA = 10000.0  # default_theta of all three HF config classes
 
@@ -57,8 +57,8 @@ _DEFAULT_ROPE_THETA = 10000.0  # default_theta of all three HF config classes
 READ = {"model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
         "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings", "rms_norm_eps",
         "hidden_act", "max_position_embeddings", "rope_theta", "rope_parameters", "rope_scaling",
-        "attention_dropout", "initializer_range"}
-READ_BY_TYPE = {mt: f.reads for mt, f in FAMILIES.items()}
+        "attention_dropout", "initializer_range", "pad_token_id"}
+READ_BY_TYPE = {mt: f.reads for mt, f in HF_ROWS.items()}
 # Fields that do not change what a causal-LM training step computes: names and versions,
 # inference and generation settings, the scale of transformers' own random init, token ids
 # (the tokenizer's business), classification-head labels, and pretraining_tp (4.x: each
@@ -68,7 +68,7 @@ IGNORED = frozenset({
     "use_cache", "output_attentions", "output_hidden_states", "return_dict", "torchscript",
     "id2label", "label2id", "num_labels", "problem_type", "chunk_size_feed_forward",
     "is_encoder_decoder", "pretraining_tp",
-    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id",
     "tokenizer_class", "prefix", "task_specific_params", "finetuning_task",
     "_attn_implementation", "_attn_implementation_autoset", "attn_implementation",
     "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "temperature",
@@ -91,6 +91,20 @@ _FOREIGN = {
     "embedding_multiplier": "a scaled embedding", "logits_scaling": "scaled logits",
     "residual_multiplier": "scaled residuals", "attention_multiplier": "a custom attention scale",
 }
+
+
+def _padding_idx(cfg: dict, where: str) -> int | None:
+    """pad_token_id: the embedding row transformers never trains (nn.Embedding's padding_idx),
+    which must be a row of the vocabulary (transformers refuses to build the model otherwise)."""
+    pad = cfg.get("pad_token_id")
+    if pad is None:
+        return None
+    vocab = as_int(cfg, "vocab_size", where)
+    pad = as_int(cfg, "pad_token_id", where, minimum=0)
+    if pad >= vocab:
+        raise HorizonError(f"{where}: pad_token_id = {pad} is not a row of the {vocab}-token embedding "
+                           "(transformers cannot build this model); want 0..vocab_size-1 or null")
+    return pad
 
 
 def _config_file(path) -> Path:
@@ -264,21 +278,18 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         n_kv_heads=as_int(cfg, "num_key_value_heads", where, default=heads),
         head_dim=head_dim,
         ffn_hidden=as_int(cfg, "intermediate_size", where),
-        ffn_type="gated",
         vocab=as_int(cfg, "vocab_size", where),
         tied_embeddings=as_bool(cfg, "tie_word_embeddings", where, False),
-        qkv_bias=False,  # these four: as the family's row reads them
-        mlp_bias=False,
-        qk_norm=False,
-        norm="rmsnorm",
+        family=mt,  # every config class Horizon reads is the family of its name
         norm_eps=_norm_eps(eps, where),
         rope_theta=theta,
         rope_scaling=scaling,
         max_position=as_int(cfg, "max_position_embeddings", where, default=0, minimum=0),
         layer_windows=(),
         init_std=as_float(cfg["initializer_range"], "initializer_range", where, strict=False),
+        padding_idx=_padding_idx(cfg, where),
     )
-    fields.update(FAMILIES[mt].read(cfg, where, n_layers))
+    fields.update(HF_ROWS[mt].read(cfg, where, n_layers))
     try:
         fields["rope_scaling"] = _resolve(scaling, fields["max_position"])
         return ModelSpec(**fields)

@@ -1,6 +1,6 @@
 """What transformers assumes for a config.json key that is absent, per supported model_type:
 the keyword defaults of LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig,
-MixtralConfig and Qwen2MoeConfig (transformers 5), each held in its row of hf_families.py;
+MixtralConfig and Qwen2MoeConfig (transformers 5), each held in its family's row (specs/families);
 tests/test_hf_config_defaults.py checks them against the installed classes.
 
 hf_config fills every absent key from here before reading the file, so a config that leaves
@@ -11,9 +11,9 @@ own meaning (num_key_value_heads null: one per query head; sliding_window null: 
 The sizes (REQUIRED) stay required: a config without hidden_size is broken, not a 4096-wide
 model, and refusing it by name is not a silent difference.
 """
-from horizon_sim.specs.hf_families import FAMILIES
+from horizon_sim.specs.families import HF_ROWS
 
-HF_DEFAULTS: dict[str, dict] = {mt: dict(f.defaults) for mt, f in FAMILIES.items()}
+HF_DEFAULTS: dict[str, dict] = {mt: dict(f.defaults) for mt, f in HF_ROWS.items()}
 """{model_type: {config key: the value transformers uses when the key is absent}}. rope_theta
 is the classes' default_theta (transformers 5 keeps it inside rope_parameters)."""
 
@@ -26,4 +26,4 @@ REQUIRED = frozenset({"vocab_size", "hidden_size", "intermediate_size", "num_hid
 
 def with_hf_defaults(cfg: dict, model_type: str) -> dict:
     """cfg with every absent key of its family but the sizes filled in as transformers fills it."""
-    return {**{k: v for k, v in FAMILIES[model_type].defaults.items() if k not in REQUIRED}, **cfg}
+    return {**{k: v for k, v in HF_ROWS[model_type].defaults.items() if k not in REQUIRED}, **cfg}

@@ -1,12 +1,12 @@
 """ModelSpec -> a transformers config dict (the inverse of hf_config.from_hf_config).
 
 The generic writer: the keys every family shares are written here, the class and its own keys
-by the spec's row of hf_families.py. `transformers.AutoConfig.for_model(**d)` (or
+by the row of the spec's family (specs/families/<name>.py). `transformers.AutoConfig.for_model(**d)` (or
 `LlamaConfig(**d)` / `Qwen2Config(**d)`) builds a config whose model has exactly
 spec.total_params parameters. Plain-JSON only: no torch or transformers import here.
 """
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs.hf_families import family_of
+from horizon_sim.specs.families import family
 from horizon_sim.specs.model import ModelSpec
 
 # RopeScaling field -> transformers' rope_parameters key, per kind (what its validators accept).
@@ -20,10 +20,12 @@ _ROPE_OUT = {
 }
 
 
-def _check_expressible(spec: ModelSpec) -> None:
-    if spec.ffn_type != "gated" or spec.norm != "rmsnorm":
-        raise HorizonError(f"model {spec.name!r} ({spec.ffn_type} MLP, {spec.norm}) has no "
-                           "transformers equivalent; llama/qwen2 need a gated MLP and rmsnorm")
+def _row(spec: ModelSpec):
+    row = family(spec.family).hf
+    if row is None:
+        raise HorizonError(f"model {spec.name!r}: family {spec.family!r} has no transformers config Horizon "
+                           "writes (it is planned only)")
+    return row
 
 
 def _rope_parameters(spec: ModelSpec) -> dict:
@@ -41,16 +43,14 @@ def _rope_parameters(spec: ModelSpec) -> dict:
 
 
 def to_hf_config_dict(spec: ModelSpec) -> dict:
-    """A config.json-style dict of the one class that expresses spec (hf_families.family_of:
-    e.g. 'llama' without biases or with MLP biases only, 'qwen2' with q/k/v biases, 'mistral'
-    with one sliding window on every layer). rope_theta is written both top-level
+    """A config.json-style dict of the class of spec's family (whose row refuses what its class
+    cannot express: e.g. q/k/v biases in llama, windows that differ by layer in mistral). rope_theta is written both top-level
     (transformers 4.x) and inside rope_parameters (transformers 5.x), a rope scaling both as
     rope_parameters and as 4.x's rope_scaling."""
-    _check_expressible(spec)
-    family = family_of(spec)
+    row = _row(spec)
     d = {
-        "model_type": family.model_type,
-        "architectures": [family.architecture],
+        "model_type": row.model_type,
+        "architectures": [row.architecture],
         "_name_or_path": spec.name,
         "num_hidden_layers": spec.n_layers,
         "hidden_size": spec.hidden,
@@ -62,6 +62,7 @@ def to_hf_config_dict(spec: ModelSpec) -> dict:
         "tie_word_embeddings": spec.tied_embeddings,
         "rms_norm_eps": spec.norm_eps,
         "initializer_range": spec.init_std,
+        "pad_token_id": spec.padding_idx,  # written even when null: phi3's class default is 32000
         "rope_theta": spec.rope_theta,
         "rope_parameters": _rope_parameters(spec),
     }
@@ -71,5 +72,5 @@ def to_hf_config_dict(spec: ModelSpec) -> dict:
     d["max_position_embeddings"] = spec.max_position
     if spec.head_dim and spec.head_dim * spec.n_heads != spec.hidden:
         d["head_dim"] = spec.hd  # the classes default to hidden // heads (qwen3's row always writes it)
-    d.update(family.export(spec))
+    d.update(row.export(spec))
     return d

@@ -1,4 +1,4 @@
-"""The routing fields every MoE row of hf_families.py shares (HF config.json <-> ModelSpec; the
+"""The routing fields every MoE row (specs/families) shares (HF config.json <-> ModelSpec; the
 families and their routing: specs/moe.py). Field mapping (HF name -> ModelSpec field):
 
     num_experts (qwen) / num_local_experts (mixtral) -> n_experts (qwen3_moe and mixtral accept
@@ -12,7 +12,7 @@ families and their routing: specs/moe.py). Field mapping (HF name -> ModelSpec f
         values (dense blocks among MoE ones) are refused by name.
     use_sliding_window / layer_types: refused when they turn a window on.
 
-Each row adds its own (hf_families.py): the experts' width (moe_intermediate_size, mixtral's
+Each row adds its own (its module in specs/families): the experts' width (moe_intermediate_size, mixtral's
 intermediate_size), norm_topk_prob, qwen2_moe's shared expert and qkv_bias, mixtral's
 router_jitter_noise (must be 0: multiplicative noise on the router's input in training, which
 the executor would have to reproduce) and its switchless sliding_window.
@@ -28,7 +28,7 @@ REFUSED_TYPES = {
     "olmoe": "OLMoE", "jamba": "Jamba (Mamba layers)", "dbrx": "DBRX", "granitemoe": "Granite-MoE",
     "phimoe": "Phi-MoE", "llama4": "Llama 4", "deepseek_v32": "DeepSeek-V3.2",
 }
-"""MoE model types refused by name: their blocks differ from the families hf_families.py maps."""
+"""MoE model types refused by name: their blocks differ from the families of specs/families."""
 
 
 def refuse_window(mt: str, where: str) -> None:
@@ -59,8 +59,7 @@ def read(cfg: dict, mt: str, where: str, experts_key: str, aliased: bool) -> dic
                                f"{cfg['num_local_experts']!r} disagree (they name one field)")
         experts_key = given[0] if len(given) == 1 else experts_key
     coef = as_float(cfg.get("router_aux_loss_coef", 0.0), "router_aux_loss_coef", where, strict=False)
-    return dict(moe_family=mt,
-                n_experts=as_int(cfg, experts_key, where),
+    return dict(n_experts=as_int(cfg, experts_key, where),
                 experts_per_token=as_int(cfg, "num_experts_per_tok", where),
                 router_aux_loss_coef=coef if as_bool(cfg, "output_router_logits", where, False) else 0.0)
 

@@ -6,11 +6,11 @@ from dataclasses import asdict, dataclass
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs import block, moe
+from horizon_sim.specs.families import family as family_named
+from horizon_sim.specs.families.legacy import translate_legacy
 from horizon_sim.specs.from_dict import spec_from_dict
 from horizon_sim.specs.rope import RopeScaling
 
-FFN_TYPES = ("gated", "plain")
-NORM_TYPES = ("rmsnorm", "layernorm")
 MAX_NORM_EPS = 0.1
 """Largest norm epsilon accepted. It is added to the mean square of activations of order 1
 (RMSNorm: x / sqrt(mean(x^2) + eps)); real models use 1e-6 .. 1e-5. At 1e30 every normalised
@@ -19,10 +19,14 @@ activation is ~0 and the model trains on nothing while the loss looks fine."""
 
 @dataclass(kw_only=True, frozen=True, slots=True)
 class ModelSpec:
-    """A Llama/Qwen/Mistral-style decoder. Layer 'units' the schedule streams are the decoder
-    blocks 0..n_layers-1 plus the head (final norm + LM head); the embedding stays on the host."""
+    """A decoder of one family (specs/families: Llama, Qwen2, Mistral, Qwen3, the MoE ones, ...).
+    Layer 'units' the schedule streams are the decoder blocks 0..n_layers-1 plus the head
+    (final norm + LM head); the embedding stays on the host."""
 
     name: str = "custom"
+    family: str = "llama"
+    """The block's family by name (specs/families/__init__.py lists them): what its block holds
+    and runs, its HF config class, whether the executor runs it."""
     n_layers: int
     """Decoder blocks."""
     hidden: int
@@ -35,17 +39,12 @@ class ModelSpec:
     """Per-head width; 0 means hidden // n_heads."""
     ffn_hidden: int
     """MLP inner width F."""
-    ffn_type: str = "gated"
-    """'gated' (SwiGLU: gate, up, down) or 'plain' (up, down)."""
     vocab: int
     tied_embeddings: bool = False
     """LM head shares the embedding matrix."""
-    qkv_bias: bool = False
-    """Biases on q, k, v projections (Qwen2)."""
+    qkv_bias: bool | None = None
+    """Biases on q, k, v projections; None = the family's (Qwen2 and Qwen2-MoE: True)."""
     mlp_bias: bool = False
-    qk_norm: bool = False
-    """An RMSNorm over each head's q and k before RoPE, one weight of head_dim each (Qwen3)."""
-    norm: str = "rmsnorm"
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
@@ -55,12 +54,12 @@ class ModelSpec:
     layer_windows: tuple[int, ...] = ()
     """Sliding-window attention per block: a query attends to itself and the window-1 tokens
     before it; 0 = the whole causal prefix. Empty = every block full (Llama)."""
+    padding_idx: int | None = None
+    """The embedding row that never trains (the HF config's pad_token_id: transformers builds
+    nn.Embedding(padding_idx=...), whose backward gives that row no gradient); None = none."""
     init_std: float = 0.02
     """Standard deviation of a random init's matrices (the HF config's initializer_range)."""
-    # ---- mixture of experts (specs/moe.py; all zero / '' = a dense MLP) ---------------------
-    moe_family: str = ""
-    """'' (dense), or the transformers family whose MoE block this is: 'qwen3_moe', 'mixtral',
-    'qwen2_moe' (parameter order and shared expert differ; specs/moe.py)."""
+    # ---- mixture of experts (specs/moe.py; all zero = a dense MLP; an MoE family needs them) --
     n_experts: int = 0
     """Routed experts E per block (num_experts / num_local_experts)."""
     experts_per_token: int = 0
@@ -83,6 +82,12 @@ class ModelSpec:
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
         if not isinstance(self.layer_windows, tuple):
             object.__setattr__(self, "layer_windows", tuple(self.layer_windows))
+        fam = family_named(self.family)
+        if self.qkv_bias is None:
+            object.__setattr__(self, "qkv_bias", fam.qkv_bias)
+        for f in ("qkv_bias", "mlp_bias", "tied_embeddings"):
+            if not isinstance(getattr(self, f), bool):
+                raise HorizonError(f"model {f}={getattr(self, f)!r} must be true or false")
         for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -97,12 +102,6 @@ class ModelSpec:
         if self.n_heads % self.n_kv_heads:
             raise HorizonError(
                 f"model n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
-        if self.ffn_type not in FFN_TYPES:
-            raise HorizonError(f"model ffn_type={self.ffn_type!r}; allowed: {', '.join(FFN_TYPES)}")
-        if self.norm not in NORM_TYPES:
-            raise HorizonError(f"model norm={self.norm!r}; allowed: {', '.join(NORM_TYPES)}")
-        if self.qk_norm and self.norm != "rmsnorm":
-            raise HorizonError(f"model qk_norm=True needs norm='rmsnorm' (Qwen3's q/k norms), not {self.norm!r}")
         for f in ("norm_eps", "rope_theta"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -113,6 +112,10 @@ class ModelSpec:
         if (isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float))
                 or not math.isfinite(self.init_std) or self.init_std < 0):
             raise HorizonError(f"model init_std={self.init_std!r} must be a finite number >= 0")
+        p = self.padding_idx
+        if p is not None and (not isinstance(p, int) or isinstance(p, bool) or not 0 <= p < self.vocab):
+            raise HorizonError(f"model padding_idx={p!r} must be a token id in 0..{self.vocab - 1} (the vocabulary) "
+                               "or None")
         if not isinstance(self.max_position, int) or self.max_position < 0:
             raise HorizonError(f"model max_position={self.max_position!r} must be an integer >= 0")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
@@ -124,7 +127,8 @@ class ModelSpec:
                                f"want one per block ({self.n_layers}) or none")
         if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in self.layer_windows):
             raise HorizonError(f"model layer_windows {self.layer_windows[:8]} must be integers >= 0 (0 = full)")
-        moe.check(self)
+        moe.check(self, fam)
+        fam.check(self)
 
     # ---- shapes -------------------------------------------------------------------------
     @property
@@ -227,8 +231,10 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, d: dict, what: str = "") -> "ModelSpec":
-        """The spec to_dict() wrote (unknown fields: a one-line error naming them)."""
-        return spec_from_dict(cls, d, what)
+        """The spec to_dict() wrote (unknown fields: a one-line error naming them). A dict
+        written before specs had a family (qk_norm, moe_family, ffn_type, norm) is read as the
+        family those fields described (families/legacy.py)."""
+        return spec_from_dict(cls, translate_legacy(d, what) if isinstance(d, dict) else d, what)
 
     def to_dict(self) -> dict:
         """Plain JSON values (layer_windows as a list, rope_scaling as a dict or None), so a

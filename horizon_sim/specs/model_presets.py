@@ -29,7 +29,7 @@ def _qwen25(name, L, H, heads, kv, F, vocab=152064, tied=False, ctx=131072):
     # Qwen/Qwen2.5-*: qkv bias, rms_norm_eps 1e-6, rope_theta 1e6, max_position_embeddings
     # 32768 (0.5B) or 131072 (7B and up); sliding window off (use_sliding_window false).
     return ModelSpec(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=kv,
-                     ffn_hidden=F, vocab=vocab, tied_embeddings=tied, qkv_bias=True,
+                     ffn_hidden=F, vocab=vocab, tied_embeddings=tied, family="qwen2",
                      norm_eps=1e-6, rope_theta=1e6, max_position=ctx)
 
 
@@ -39,8 +39,8 @@ def _qwen3_moe(name, L, H, heads, F, I):
     # decoder_sparse_step 1, mlp_only_layers [], output_router_logits false (so the aux loss,
     # router_aux_loss_coef 0.001, is not added to the loss), untied.
     return ModelSpec(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=4, head_dim=128,
-                     ffn_hidden=F, vocab=151936, qk_norm=True, norm_eps=1e-6, rope_theta=1e6,
-                     max_position=40960, moe_family="qwen3_moe", n_experts=128, experts_per_token=8,
+                     ffn_hidden=F, vocab=151936, family="qwen3_moe", norm_eps=1e-6, rope_theta=1e6,
+                     max_position=40960, n_experts=128, experts_per_token=8,
                      expert_ffn_hidden=I, norm_topk_prob=True)
 
 
@@ -59,7 +59,7 @@ PRESETS: dict[str, ModelSpec] = {
         _qwen25("qwen2.5-72b", 80, 8192, 64, 8, 29568),
         # Qwen/Qwen3-8B config.json: q/k norms, head_dim 128 (= 4096 / 32), rope_theta 1e6, 40960 positions.
         ModelSpec(name="qwen3-8b", n_layers=36, hidden=4096, n_heads=32, n_kv_heads=8,
-                  ffn_hidden=12288, vocab=151936, qk_norm=True, norm_eps=1e-6, rope_theta=1e6,
+                  ffn_hidden=12288, vocab=151936, family="qwen3", norm_eps=1e-6, rope_theta=1e6,
                   max_position=40960),
         # Mixture of experts (specs/moe.py): total_params counts every expert, active_params
         # the k a token meets (MFU counts those).
@@ -69,10 +69,10 @@ PRESETS: dict[str, ModelSpec] = {
         # top-2 renormalised, rope_theta 1e6, 32768 positions, no sliding window, untied.
         ModelSpec(name="mixtral-8x7b", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8,
                   ffn_hidden=14336, vocab=32000, norm_eps=1e-5, rope_theta=1e6, max_position=32768,
-                  moe_family="mixtral", n_experts=8, experts_per_token=2, expert_ffn_hidden=14336,
+                  family="mixtral", n_experts=8, experts_per_token=2, expert_ffn_hidden=14336,
                   norm_topk_prob=True),
         # mistralai/Mistral-7B-v0.3: vocab 32768, rope_theta 1e6, no sliding window, 32k context.
-        ModelSpec(name="mistral-7b", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8,
+        ModelSpec(name="mistral-7b", family="mistral", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8,
                   ffn_hidden=14336, vocab=32768, norm_eps=1e-5, rope_theta=1e6, max_position=32768),
         # The paper's headline is "~120B dense on one H200 with 1.5 TB host RAM". Its exact
         # config is not published in a form we can copy, so this is a Llama-3-style dense

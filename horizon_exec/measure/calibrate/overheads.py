@@ -29,7 +29,7 @@ def tiny_moe(experts: int) -> ModelSpec:
     attention half is TINY's, no q/k norms or biases, so the difference is the MLP's), on
     MOE_POLICY's 64 tokens: 128 routed rows, so every expert gets rows even from a skewed
     router (the loop skips an empty one)."""
-    return replace(TINY, name=f"calibrate-tiny-moe{experts}", moe_family="mixtral", n_experts=experts,
+    return replace(TINY, name=f"calibrate-tiny-moe{experts}", family="mixtral", n_experts=experts,
                    experts_per_token=2, expert_ffn_hidden=TINY.ffn_hidden, norm_topk_prob=True)
 
 

@@ -22,8 +22,8 @@ def qwen3_moe(name, L, H, heads, kv, E, k, I, V=256):
     """A Qwen3-MoE-shaped ModelSpec: every block's MLP E experts of width I, each token routed to k
     (renormalised top-k), per-head q/k norms."""
     return ModelSpec(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=2 * I, vocab=V,
-                     norm_eps=1e-6, rope_theta=1e4, moe_family="qwen3_moe", n_experts=E, experts_per_token=k,
-                     expert_ffn_hidden=I, qk_norm=True, norm_topk_prob=True)
+                     norm_eps=1e-6, rope_theta=1e4, family="qwen3_moe", n_experts=E, experts_per_token=k,
+                     expert_ffn_hidden=I, norm_topk_prob=True)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,28 @@
+"""The families the executor runs: {ModelSpec.family: its block's forward}. A forward is
+`forward(m, w, x, cos, sin, window, docs, router) -> y`, x and y (B, T, H), w the block's
+tensors by the names its planner family lists (horizon_sim/specs/families), run in that
+description's order (tests/test_families.py holds every registered family to it op by op and
+to transformers' gradients). A family the planner describes but that is not registered here is
+refused by name before anything is allocated."""
+from types import MappingProxyType
+
+from horizon_exec.model.families import llama, moe, qwen3
+from horizon_sim.errors import HorizonError
+from horizon_sim.specs.families import FAMILIES
+
+FORWARDS = MappingProxyType({
+    "llama": llama.forward, "qwen2": llama.forward, "mistral": llama.forward, "qwen3": qwen3.forward,
+    "qwen3_moe": moe.qwen3_forward, "mixtral": moe.forward, "qwen2_moe": moe.forward,
+})
+
+
+def check_runnable(m) -> None:
+    """A one-line error when the executor does not run m's family (train checks before allocating)."""
+    if m.family not in FORWARDS:
+        raise HorizonError(f"model {m.name!r}: family {m.family!r} ({FAMILIES[m.family].summary}) is planned "
+                           f"only; the executor runs {', '.join(FORWARDS)}")
+
+
+def forward_of(m):
+    check_runnable(m)
+    return FORWARDS[m.family]

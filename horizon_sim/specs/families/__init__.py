@@ -1,0 +1,28 @@
+"""The model families Horizon describes, by name (ModelSpec.family). Each is one module here
+(family.py says what a family gives); adding one is a module and a line in _ALL. The executor's
+own registry (horizon_exec/model/families) says which of them it runs."""
+from types import MappingProxyType
+from typing import Mapping
+
+from horizon_sim.errors import HorizonError
+from horizon_sim.specs.families import gpt2, llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe
+from horizon_sim.specs.families.family import ModelFamily, MoeTraits
+
+_ALL = (llama.FAMILY, qwen2.FAMILY, mistral.FAMILY, qwen3.FAMILY,
+        qwen3_moe.FAMILY, mixtral.FAMILY, qwen2_moe.FAMILY, gpt2.FAMILY)
+
+FAMILIES: Mapping[str, ModelFamily] = MappingProxyType({f.name: f for f in _ALL})
+"""{name: family}, in the order errors list them."""
+MOE_FAMILIES = tuple(name for name, f in FAMILIES.items() if f.is_moe)
+HF_ROWS = MappingProxyType({f.hf.model_type: f.hf for f in _ALL if f.hf is not None})
+"""{config.json model_type: its transformers row} (hf_config.py, hf_defaults.py, hf_export.py)."""
+
+__all__ = ["FAMILIES", "HF_ROWS", "MOE_FAMILIES", "ModelFamily", "MoeTraits", "family"]
+
+
+def family(name: str) -> ModelFamily:
+    """The family registered as `name`; a one-line error naming the allowed ones otherwise."""
+    try:
+        return FAMILIES[name]
+    except (KeyError, TypeError):
+        raise HorizonError(f"model family={name!r}; allowed: {', '.join(FAMILIES)}") from None

@@ -1,0 +1,60 @@
+"""ModelFamily: what one decoder family is, in one place (families/<name>.py builds one; the
+registry, families/__init__.py, lists them). The planner's parameter counts, GEMM shapes and
+kernel costs, the executor's weight layout and the HF config reader and writer all ask the
+spec's family (ModelSpec.family) instead of branching on per-model booleans.
+
+A family gives:
+  projections(m)  the block's matmuls in the order its forward runs them (block_parts.Projection);
+  kernels(m)      its other kernels in forward order (block_parts.Kernel; schedule/work.py prices
+                  each by its kind);
+  tensors(m)      every tensor of the block, (name, shape) in transformers' order (the executor's
+                  layout and checkpoint names);
+  hf              its transformers config row (hf_families.HfFamily), or None when no config.json
+                  maps to it yet (the planner prices it; `--model config.json` cannot name it);
+  check(m)        its one-line refusals of a spec it cannot be.
+The executor runs a family when horizon_exec/model/families registers a forward under its name;
+every other family is refused there by name."""
+from dataclasses import dataclass
+from typing import Callable
+
+
+def _no_check(m) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class MoeTraits:
+    """How a mixture-of-experts family's MLP differs from the others' (specs/moe.py)."""
+    router_first: bool
+    """The router weight (mlp.gate) precedes the experts in transformers' parameter order."""
+    fp32_routing_weights: bool = False
+    """The router returns its top-k weights in fp32 (Mixtral; Qwen's cast them to the activation
+    dtype): an expert's output times its weight is an fp32 product, cast back before the sum."""
+    shared_expert: bool = False
+    """A dense SwiGLU shared expert beside the routed ones, gated per token by a sigmoid (Qwen2-MoE)."""
+    always_norm_topk: bool = False
+    """The k routing weights are always renormalised (Mixtral); otherwise norm_topk_prob says."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFamily:
+    name: str
+    """Registry key; the transformers model_type when `hf` maps one."""
+    summary: str
+    """What its block is, in a few words (errors, `horizon plan --help`, docs/families.md)."""
+    projections: Callable
+    kernels: Callable
+    tensors: Callable
+    hf: object = None
+    """Its hf_families.HfFamily row, or None."""
+    norm_tensors: tuple[str, ...] = ("weight",)
+    """One norm's tensors (RMSNorm a weight; LayerNorm a weight and a bias): the final norm too."""
+    qkv_bias: bool = False
+    """Whether q, k and v carry biases when the spec does not say (ModelSpec.qkv_bias None)."""
+    moe: MoeTraits | None = None
+    """None for a dense family."""
+    check: Callable = _no_check
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None

@@ -1,0 +1,263 @@
+"""Every registered model family (horizon_sim/specs/families), old and new, passes the same checks;
+adding a family adds its registration and one tiny config to TINY here, nothing else:
+
+- it is runnable by the executor (horizon_exec/model/families) or refused there by name;
+- its transformers class builds exactly the tensors the planner counts (names and shapes, on the
+  meta device), and its config.json reads back to the same spec;
+- op by op, the executor's block is the description the planner prices: it reads exactly the
+  described tensors, its GEMMs are the described projections (shapes; an MoE block's routed
+  rows, which depend on the router, by their FLOPs), and what autograd saves is what
+  schedule/work.py counts (fp32 and bf16);
+- logits, one fp32 step's loss and every gradient equal transformers' on a random model saved
+  with save_pretrained and read back (sliding and global layers at a sequence longer than the
+  window, tied and untied heads, biases, an MoE router)."""
+import math
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import torch
+
+from horizon_exec.model.families import FORWARDS
+from horizon_exec.model.layers import DecoderBlock
+from horizon_exec.model.layout import block_layout
+from horizon_exec.model.rope import rope_tables
+from horizon_sim.errors import HorizonError
+from horizon_sim.schedule import work
+from horizon_sim.specs import block
+from horizon_sim.specs.families import FAMILIES
+from horizon_sim.specs.hf_config import spec_from_config_dict
+from horizon_sim.specs.hf_export import to_hf_config_dict
+from horizon_sim.specs.model import ModelSpec
+from tests.hf_tiny import randomized_
+
+pytestmark = pytest.mark.usefixtures("one_intraop_thread")
+V, B, T = 96, 2, 16
+_BASE = dict(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, vocab=V, norm_eps=1e-6, max_position=256)
+TINY = {  # family: its tiny spec's fields (T = 16 tokens: longer than every window here)
+    "llama": dict(ffn_hidden=96, mlp_bias=True, padding_idx=5),  # token 5 is in the batch
+    "qwen2": dict(ffn_hidden=96, tied_embeddings=True, layer_windows=(6, 0)),      # sliding, then global
+    "mistral": dict(ffn_hidden=96, layer_windows=(5, 5)),
+    "qwen3": dict(ffn_hidden=96, head_dim=24),
+    "qwen3_moe": dict(ffn_hidden=96, head_dim=24, n_experts=6, experts_per_token=2, expert_ffn_hidden=32,
+                      norm_topk_prob=True),
+    "mixtral": dict(ffn_hidden=48, n_experts=4, experts_per_token=2, expert_ffn_hidden=48, norm_topk_prob=True),
+    "qwen2_moe": dict(ffn_hidden=96, n_experts=5, experts_per_token=3, expert_ffn_hidden=24,
+                      shared_expert_ffn_hidden=40),
+    "gpt2": dict(ffn_hidden=256, tied_embeddings=True),
+}
+RUNNABLE = [f for f in FAMILIES if f in FORWARDS]
+WITH_HF = [f for f in FAMILIES if FAMILIES[f].hf is not None]
+
+
+def tiny(family: str) -> ModelSpec:
+    return ModelSpec(name=f"tiny-{family}", family=family, **{**_BASE, **TINY[family]})
+
+
+def test_every_family_has_a_tiny_config_and_is_run_or_refused_by_name():
+    assert set(TINY) == set(FAMILIES)
+    assert set(FORWARDS) <= set(FAMILIES)
+    for f in set(FAMILIES) - set(FORWARDS):
+        with pytest.raises(HorizonError, match=f"family '{f}' .* is planned only; the executor runs llama"):
+            DecoderBlock(tiny(f))
+
+
+# ---- the planner's description against transformers' classes ---------------------------------
+@pytest.mark.parametrize("family", WITH_HF)
+def test_transformers_builds_exactly_the_described_tensors(family):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    spec = tiny(family)
+    d = to_hf_config_dict(spec)
+    assert spec_from_config_dict(dict(d)) == spec  # the config.json reads back to the spec
+    cfg = AutoConfig.for_model(d.pop("model_type"), **d)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    layer0 = [(n.removeprefix("model.layers.0."), tuple(p.shape)) for n, p in model.named_parameters()
+              if n.startswith("model.layers.0.")]
+    assert layer0 == list(block.parameters(spec))
+    assert sum(p.numel() for p in model.parameters()) == spec.total_params
+
+
+# ---- the executor's block against the description, op by op -----------------------------------
+class _Reads(dict):
+    """The block's weights, recording which it reads."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.read = set()
+
+    def __getitem__(self, k):
+        self.read.add(k)
+        return super().__getitem__(k)
+
+    def get(self, k, default=None):
+        return self[k] if k in self else default
+
+
+def _gemms(run):
+    """[(m, n, k)] of every aten GEMM `run()` dispatches."""
+    from horizon_exec.device.dispatch_mode import UncompiledDispatchMode
+    seen = []
+
+    class Mode(UncompiledDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = str(func)
+            if name.startswith(("aten.mm", "aten.addmm", "aten.bmm")):
+                a, b = (args[1], args[2]) if name.startswith("aten.addmm") else args[:2]
+                assert a.dim() == 2, f"{name}: the planner prices 2-D GEMMs"
+                seen.append((a.shape[0], b.shape[1], a.shape[1]))
+            return out
+
+    with Mode():
+        run()
+    return seen
+
+
+def _flops(gemms) -> float:
+    return sum(2.0 * math.prod(g) for g in gemms)
+
+
+def _planned(spec, backward: bool):
+    gs = work.block_gemms(spec, B * T, backward)
+    return [(g.m, g.n, g.k) for g in gs for _ in range(g.count)]
+
+
+@pytest.mark.parametrize("family", RUNNABLE)
+def test_the_executor_block_is_the_description_op_by_op(family):
+    spec = tiny(family)
+    lay = block_layout(spec)
+    gen = torch.Generator().manual_seed(0)
+    w = _Reads(lay.views(torch.randn(lay.numel, generator=gen) * 0.2))
+    x = torch.randn(B, T, spec.hidden, generator=gen)
+    cos, sin = rope_tables(spec, T, torch.float32, "cpu")
+    blk = DecoderBlock(spec)
+    window = spec.window(0)
+
+    def forward():
+        with torch.no_grad():
+            blk(w, x, cos, sin, window)
+
+    fwd = _gemms(forward)
+    assert w.read == {name for name, _ in block.parameters(spec)}  # exactly the described tensors
+
+    def backward():  # the executor's recomputing backward: the forward with grad, then autograd.grad
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_()
+            wp = {k: v.detach().requires_grad_() for k, v in w.items()}
+            y = blk(wp, xg, cos, sin, window)
+            torch.autograd.grad(y, [xg, *wp.values()], torch.ones_like(y))
+
+    bwd = _gemms(backward)
+    assert _flops(fwd) == _flops(_planned(spec, False))
+    assert _flops(bwd) == _flops(_planned(spec, True))
+    if not spec.is_moe:  # routed rows follow the router; a dense block's GEMMs are its shapes exactly
+        assert Counter(tuple(sorted(g)) for g in fwd) == Counter(tuple(sorted(g)) for g in _planned(spec, False))
+        assert Counter(tuple(sorted(g)) for g in bwd) == Counter(tuple(sorted(g)) for g in _planned(spec, True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("family", RUNNABLE)
+def test_what_autograd_saves_is_what_the_planner_counts(family, dtype):
+    """work.block_saved_bytes: every tensor the block's graph saves, but the weights (they stay in
+    the slot), its input and the RoPE tables (buffers of their own), plus its output, which the
+    next block saves as its input. In bf16 on the CPU an MoE block's experts pad their rows to a
+    multiple of 16 (moe_block.py): what that adds is bounded by work.expert_padding_bytes."""
+    spec = tiny(family)
+    lay = block_layout(spec)
+    gen = torch.Generator().manual_seed(1)
+    flat = (torch.randn(lay.numel, generator=gen) * 0.2).to(dtype)
+    w = {k: v.requires_grad_() for k, v in lay.views(flat.detach()).items()}
+    x = torch.randn(B, T, spec.hidden, generator=gen).to(dtype).requires_grad_()
+    cos, sin = rope_tables(spec, T, dtype, "cpu")
+    buffers = {t.untyped_storage().data_ptr() for t in (flat, x, cos, sin)}
+    storages = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in buffers:
+            storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = DecoderBlock(spec)(w, x, cos, sin, spec.window(0))
+    a = torch.empty((), dtype=dtype).element_size()
+    mask = a * work.mask_bytes(B, T, False) if 0 < spec.window(0) < T else 0  # SDPA keeps the additive mask
+    padding = sum(storages.values()) + y.numel() * a - work.block_saved_bytes(spec, B, T, a) - mask
+    assert 0 <= padding <= work.expert_padding_bytes(spec, a)
+    if a == 4 or not spec.is_moe:
+        assert padding == 0
+
+
+# ---- the executor against transformers ---------------------------------------------------------
+def _random_hf(spec, seed: int = 0):
+    """A transformers model of spec's family with every tensor random (hf_tiny.randomized_)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(seed)
+    d = to_hf_config_dict(spec)
+    cfg = AutoConfig.for_model(d.pop("model_type"), **d)
+    kw = dict(experts_implementation="eager") if spec.is_moe else {}
+    return randomized_(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, **kw), seed + 1)
+
+
+@pytest.mark.parametrize("family", RUNNABLE)
+def test_one_step_equals_transformers_and_saves_what_transformers_loads(tmp_path, family):
+    from transformers import AutoModelForCausalLM
+
+    from horizon_exec.checkpoints.hf_checkpoint import load_hf, save_hf, spec_from_hf_dir
+    from horizon_exec.runtime.config import TrainerConfig
+    from horizon_exec.runtime.trainer import Trainer
+    from horizon_sim.specs.policy import exact_policy
+    from tests.hf_tiny import assert_step_matches, rel_err
+    ref = _random_hf(tiny(family))
+    ref.save_pretrained(tmp_path / "hf")
+    spec = spec_from_hf_dir(tmp_path / "hf")
+    assert spec.family == family
+    pol = exact_policy(batch=B, seq=T, act_ckpt_every=2, optimizer="after", grad_clip=0.0, loss_chunk_tokens=24)
+    tr = Trainer(spec, pol, TrainerConfig(random_init=False))
+    load_hf(tr, tmp_path / "hf")
+    tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(3))
+    tokens[:, ::5] = 5   # a padding token among them, where a spec has one (its row gets no gradient)
+    assert_step_matches(tr, ref, tokens)
+    with tr:
+        save_hf(tr, tmp_path / "out")
+        want = tr.logits(tokens)
+    kw = dict(experts_implementation="eager") if spec.is_moe else {}
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32, **kw).eval()
+    with torch.no_grad():
+        assert rel_err(back(input_ids=tokens).logits, want) <= 1e-5
+
+
+def _as_wide_as_real_models(spec):
+    """spec 128 wide with an MLP about 3x wider (an MoE block: its k experts together), as real
+    models are: the points schedule/work.py finds a block's peak at are those of such shapes
+    (a tiny MLP narrower than the model peaks elsewhere, in attention's output projection)."""
+    if not spec.is_moe:
+        return replace(spec, hidden=128, ffn_hidden=352)
+    width = 3 * 128 // spec.experts_per_token
+    return replace(spec, hidden=128, expert_ffn_hidden=width,
+                   ffn_hidden=width if spec.ffn_hidden == spec.expert_ffn_hidden else spec.ffn_hidden)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("family", RUNNABLE)
+def test_the_planned_temporaries_are_the_measured_ones(family, dtype):
+    """schedule/work.py's temporary peaks of a block's forward and backward against the
+    executor's measured ones in a streamed step: equal for a dense block; an MoE block's
+    depend on where the router sends rows, and the planner's bound them."""
+    from horizon_exec.runtime.trainer import Trainer
+    from horizon_sim.specs.policy import Policy
+    spec, T = _as_wide_as_real_models(tiny(family)), 64
+    kw = dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False) if dtype == "fp32" else {}
+    pol = Policy(batch=B, seq=T, act_ckpt_every=2, loss_chunk_tokens=1024, **kw)
+    a = 4 if dtype == "fp32" else 2
+    with Trainer(spec, pol) as tr:
+        tl = tr.step(torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(0))).timeline
+    for kind in ("forward", "backward"):
+        layer = tl[(tl.kind == kind) & (tl.unit == 0)]  # block 0: its window is the spec's window(0)
+        mask = work.mask_bytes(B, T, False) if 0 < spec.window(0) < T else 0
+        want = work.block_temp_peak_bytes(spec, B, T, a, kind == "backward", mask)
+        if spec.is_moe:
+            assert set(layer.temp_peak_bytes) and max(layer.temp_peak_bytes) <= want, kind
+        else:
+            assert set(layer.temp_peak_bytes) == {want}, kind
