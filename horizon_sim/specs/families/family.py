@@ -11,7 +11,8 @@ A family gives:
                   layout and checkpoint names);
   hf              its transformers config row (hf_families.HfFamily), or None when no config.json
                   maps to it yet (the planner prices it; `--model config.json` cannot name it);
-  check(m)        its one-line refusals of a spec it cannot be.
+  check(m)        its one-line refusals of a spec it cannot be;
+  presets         its named models' ModelSpec fields, with their sources.
 The executor runs a family when horizon_exec/model/families registers a forward under its name;
 every other family is refused there by name."""
 from dataclasses import dataclass
@@ -54,6 +55,10 @@ class ModelFamily:
     moe: MoeTraits | None = None
     """None for a dense family."""
     check: Callable = _no_check
+    presets: tuple = ()
+    """Its named presets: each a dict of ModelSpec fields (the family implied), with its source
+    in a comment beside it (specs/model_presets.py collects them; tests/test_model_presets.py
+    counts each against transformers)."""
 
     @property
     def is_moe(self) -> bool:

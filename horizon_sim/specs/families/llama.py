@@ -9,6 +9,45 @@ from horizon_sim.specs.block_parts import (attention_kernels, attention_projecti
 from horizon_sim.specs.families.family import ModelFamily
 from horizon_sim.specs.hf_families import HfFamily, defaults_with, refuse_attention_bias
 from horizon_sim.specs.hf_values import as_bool
+from horizon_sim.specs.rope import RopeScaling
+
+# meta-llama/Llama-3.1-*'s rope_scaling (Llama 3.2 and 3.3 use the same up to factor).
+LLAMA31_ROPE = RopeScaling(kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                           original_max_position=8192)
+
+
+def _llama2(name, L, H, heads, kv, F):
+    # meta-llama/Llama-2-*-hf config.json: vocab 32000, rms_norm_eps 1e-5, rope_theta 1e4,
+    # max_position_embeddings 4096.
+    return dict(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=kv,
+                ffn_hidden=F, vocab=32000, norm_eps=1e-5, rope_theta=1e4, max_position=4096)
+
+
+def _llama31(name, L, H, heads, F):
+    # meta-llama/Llama-3.1-*: vocab 128256, 8 kv heads, rope_theta 5e5, 128k context by
+    # llama3 RoPE scaling.
+    return dict(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=8,
+                ffn_hidden=F, vocab=128256, norm_eps=1e-5, rope_theta=5e5,
+                rope_scaling=LLAMA31_ROPE, max_position=131072)
+
+
+PRESETS = (
+    _llama2("llama-2-7b", 32, 4096, 32, 32, 11008),
+    _llama2("llama-2-13b", 40, 5120, 40, 40, 13824),
+    _llama2("llama-2-70b", 80, 8192, 64, 8, 28672),
+    _llama31("llama-3.1-8b", 32, 4096, 32, 14336),
+    _llama31("llama-3.1-70b", 80, 8192, 64, 28672),
+    _llama31("llama-3.1-405b", 126, 16384, 128, 53248),
+    # The paper's headline is "~120B dense on one H200 with 1.5 TB host RAM". Its exact
+    # config is not published in a form we can copy, so this is a Llama-3-style dense
+    # model sized to 119.8B: 76 blocks of 1.535B parameters (width 12288, 96 heads,
+    # 8 kv heads, SwiGLU 32768) plus a 128256-token vocabulary, untied.
+    dict(name="dense-120b", n_layers=76, hidden=12288, n_heads=96, n_kv_heads=8,
+         ffn_hidden=32768, vocab=128256, norm_eps=1e-5, rope_theta=5e5),
+    # A small Llama-style model for demos and tests on a laptop CPU: byte-level vocabulary.
+    dict(name="tiny", n_layers=8, hidden=256, n_heads=8, n_kv_heads=4,
+         ffn_hidden=688, vocab=256, norm_eps=1e-5, rope_theta=1e4),
+)
 
 
 def projections(m):
@@ -44,4 +83,5 @@ HF = HfFamily(
                   attention_bias=False, mlp_bias=False),
     frozenset({"attention_bias", "mlp_bias"}), _read, _export)
 
-FAMILY = ModelFamily("llama", "RMSNorm, RoPE, SwiGLU MLP (Llama 2/3)", projections, kernels, tensors, hf=HF)
+FAMILY = ModelFamily("llama", "RMSNorm, RoPE, SwiGLU MLP (Llama 2/3)", projections, kernels, tensors, hf=HF,
+                     presets=PRESETS)

@@ -19,6 +19,12 @@ def _export(spec) -> dict:
     return {"sliding_window": spec.layer_windows[0] if spec.layer_windows else None}
 
 
+PRESETS = (
+    # mistralai/Mistral-7B-v0.3: vocab 32768, rope_theta 1e6, no sliding window, 32k context.
+    dict(name="mistral-7b", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336, vocab=32768,
+         norm_eps=1e-5, rope_theta=1e6, max_position=32768),
+)
+
 HF = HfFamily(
     "mistral", "MistralForCausalLM",
     defaults_with(intermediate_size=14336, num_key_value_heads=8, head_dim=None, max_position_embeddings=131072,
@@ -26,4 +32,4 @@ HF = HfFamily(
     frozenset({"sliding_window"}), _read, _export)
 
 FAMILY = ModelFamily("mistral", "Llama's block with one sliding window on every layer (Mistral)",
-                     llama.projections, llama.kernels, llama.tensors, hf=HF)
+                     llama.projections, llama.kernels, llama.tensors, hf=HF, presets=PRESETS)

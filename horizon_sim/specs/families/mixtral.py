@@ -42,6 +42,14 @@ def _read(cfg: dict, where: str, n_layers: int) -> dict:
     return dict(**routing, expert_ffn_hidden=as_int(cfg, "intermediate_size", where), norm_topk_prob=True)
 
 
+PRESETS = (
+    # mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts of width 14336 (intermediate_size),
+    # top-2 renormalised, rope_theta 1e6, 32768 positions, no sliding window, untied.
+    dict(name="mixtral-8x7b", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336, vocab=32000,
+         norm_eps=1e-5, rope_theta=1e6, max_position=32768, n_experts=8, experts_per_token=2,
+         expert_ffn_hidden=14336, norm_topk_prob=True),
+)
+
 HF = HfFamily(
     "mixtral", "MixtralForCausalLM",
     defaults_with(intermediate_size=14336, num_key_value_heads=8, head_dim=None, max_position_embeddings=131072,
@@ -53,4 +61,5 @@ HF = HfFamily(
 
 FAMILY = ModelFamily("mixtral", "Llama's attention, routed SwiGLU experts, fp32 top-k weights (Mixtral)",
                      projections, kernels, tensors, hf=HF,
-                     moe=MoeTraits(router_first=True, fp32_routing_weights=True, always_norm_topk=True), check=_check)
+                     moe=MoeTraits(router_first=True, fp32_routing_weights=True, always_norm_topk=True), check=_check,
+                     presets=PRESETS)

@@ -10,6 +10,22 @@ from horizon_sim.specs.hf_families import (QWEN_WINDOWS, WINDOW_FIELDS, HfFamily
                                            export_windows_by_layer, windows_by_layer)
 
 
+def _qwen25(name, L, H, heads, kv, F, vocab=152064, tied=False, ctx=131072):
+    # Qwen/Qwen2.5-*: qkv bias, rms_norm_eps 1e-6, rope_theta 1e6, max_position_embeddings
+    # 32768 (0.5B) or 131072 (7B and up); sliding window off (use_sliding_window false).
+    return dict(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=vocab,
+                tied_embeddings=tied, norm_eps=1e-6, rope_theta=1e6, max_position=ctx)
+
+
+PRESETS = (
+    _qwen25("qwen2.5-0.5b", 24, 896, 14, 2, 4864, vocab=151936, tied=True, ctx=32768),
+    _qwen25("qwen2.5-7b", 28, 3584, 28, 4, 18944),
+    _qwen25("qwen2.5-14b", 48, 5120, 40, 8, 13824),
+    _qwen25("qwen2.5-32b", 64, 5120, 40, 8, 27648),
+    _qwen25("qwen2.5-72b", 80, 8192, 64, 8, 29568),
+)
+
+
 def _read(cfg: dict, where: str, n_layers: int) -> dict:
     if cfg.get("use_mrope"):
         raise HorizonError(f"{where}: use_mrope = true (multimodal RoPE) is not supported")
@@ -30,4 +46,4 @@ HF = HfFamily(
     WINDOW_FIELDS | {"use_mrope"}, _read, _export)
 
 FAMILY = ModelFamily("qwen2", "Llama's block with q/k/v biases, per-layer sliding windows (Qwen2, Qwen2.5)",
-                     llama.projections, llama.kernels, llama.tensors, hf=HF, qkv_bias=True)
+                     llama.projections, llama.kernels, llama.tensors, hf=HF, qkv_bias=True, presets=PRESETS)

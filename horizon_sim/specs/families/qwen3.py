@@ -31,6 +31,12 @@ def _export(spec) -> dict:
     return {"head_dim": spec.hd, "attention_bias": False, **export_windows_by_layer(spec)}
 
 
+PRESETS = (
+    # Qwen/Qwen3-8B config.json: q/k norms, head_dim 128 (= 4096 / 32), rope_theta 1e6, 40960 positions.
+    dict(name="qwen3-8b", n_layers=36, hidden=4096, n_heads=32, n_kv_heads=8, ffn_hidden=12288, vocab=151936,
+         norm_eps=1e-6, rope_theta=1e6, max_position=40960),
+)
+
 HF = HfFamily(
     "qwen3", "Qwen3ForCausalLM",
     defaults_with(vocab_size=151936, intermediate_size=22016, num_key_value_heads=32, head_dim=128,
@@ -38,4 +44,4 @@ HF = HfFamily(
     WINDOW_FIELDS | {"attention_bias"}, _read, _export)
 
 FAMILY = ModelFamily("qwen3", "Llama's block with per-head q/k RMSNorms before RoPE (Qwen3)",
-                     llama.projections, kernels, tensors, hf=HF)
+                     llama.projections, kernels, tensors, hf=HF, presets=PRESETS)

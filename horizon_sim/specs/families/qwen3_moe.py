@@ -35,6 +35,19 @@ def _read(cfg: dict, where: str, n_layers: int) -> dict:
     return dict(**routing, **read_qwen_experts(cfg, where))
 
 
+def _preset(name, L, H, heads, F, I):
+    # Qwen/Qwen3-30B-A3B and -235B-A22B config.json: 128 experts, 8 per token, norm_topk_prob
+    # true, head_dim 128, 4 kv heads, rope_theta 1e6, 40960 positions, rms_norm_eps 1e-6,
+    # decoder_sparse_step 1, mlp_only_layers [], output_router_logits false (so the aux loss,
+    # router_aux_loss_coef 0.001, is not added to the loss), untied. total_params counts every
+    # expert, active_params the k a token meets (MFU counts those).
+    return dict(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=4, head_dim=128, ffn_hidden=F,
+                vocab=151936, norm_eps=1e-6, rope_theta=1e6, max_position=40960, n_experts=128,
+                experts_per_token=8, expert_ffn_hidden=I, norm_topk_prob=True)
+
+
+PRESETS = (_preset("qwen3-30b-a3b", 48, 2048, 32, 6144, 768), _preset("qwen3-235b-a22b", 94, 4096, 64, 12288, 1536))
+
 HF = HfFamily(
     "qwen3_moe", "Qwen3MoeForCausalLM",
     defaults_with(vocab_size=151936, hidden_size=2048, num_hidden_layers=24, intermediate_size=6144,
@@ -46,4 +59,4 @@ HF = HfFamily(
     _read, lambda s: {**export_qwen_experts(s), "attention_bias": False})
 
 FAMILY = ModelFamily("qwen3_moe", "Qwen3's attention, routed SwiGLU experts (Qwen3-MoE)", projections, kernels,
-                     tensors, hf=HF, moe=MoeTraits(router_first=False), check=_check)
+                     tensors, hf=HF, moe=MoeTraits(router_first=False), check=_check, presets=PRESETS)
