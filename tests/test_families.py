@@ -44,6 +44,7 @@ TINY = {  # family: its tiny spec's fields (T = 16 tokens: longer than every win
     "mixtral": dict(ffn_hidden=48, n_experts=4, experts_per_token=2, expert_ffn_hidden=48, norm_topk_prob=True),
     "qwen2_moe": dict(ffn_hidden=96, n_experts=5, experts_per_token=3, expert_ffn_hidden=24,
                       shared_expert_ffn_hidden=40),
+    "phi3": dict(ffn_hidden=96, n_kv_heads=1, layer_windows=(7, 7), padding_idx=5),  # fused q/k/v, gate/up
     "gpt2": dict(ffn_hidden=256, tied_embeddings=True),
 }
 RUNNABLE = [f for f in FAMILIES if f in FORWARDS]

@@ -31,6 +31,7 @@ PUBLISHED = {
     "qwen2.5-72b": 72_706_203_648,     # Qwen/Qwen2.5-72B
     "mistral-7b": 7_248_023_552,       # mistralai/Mistral-7B-v0.3
     "qwen3-8b": 8_190_735_360,         # Qwen/Qwen3-8B ("8.2B" on its card; transformers' count of its config)
+    "phi-3-mini": 3_821_079_552,       # microsoft/Phi-3-mini-4k-instruct (keras-hub phi3_presets.py "params")
 }
 
 

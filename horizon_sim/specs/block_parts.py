@@ -146,22 +146,24 @@ def tensor_elements(tensors) -> int:
 
 
 # ---- kernels ------------------------------------------------------------------------------
-def attention_kernels(m, qk_norm: bool) -> tuple[Kernel, ...]:
-    """The attention half: RMSNorm (its output read by q, k and v), per-head RMSNorms of q and
-    k (Qwen3), RoPE on q and on k, attention, the residual add."""
+def attention_kernels(m, qk_norm: bool, readers: int = 3) -> tuple[Kernel, ...]:
+    """The attention half: RMSNorm (its output read by q, k and v: `readers` projections, 1 when
+    they are one fused projection), per-head RMSNorms of q and k (Qwen3), RoPE on q and on k,
+    attention, the residual add."""
     H = m.hidden
     qk_norms = (Kernel("rmsnorm", "attention", m.q_dim, rows=m.n_heads),
                 Kernel("rmsnorm", "attention", m.kv_dim, rows=m.n_kv_heads)) if qk_norm else ()
-    return (Kernel("rmsnorm", "attention", H, fan_out=3, output_saved=True, reads_block_input=True),
+    return (Kernel("rmsnorm", "attention", H, fan_out=readers, output_saved=True, reads_block_input=True),
             *qk_norms, Kernel("rope", "attention", m.q_dim), Kernel("rope", "attention", m.kv_dim),
             Kernel("attention", "attention", m.q_dim, rows=m.n_heads, kv_width=m.kv_dim),
             Kernel("residual", "attention", H))
 
 
-def dense_mlp_kernels(m, gated: bool) -> tuple[Kernel, ...]:
-    """The MLP half: RMSNorm (read by gate and up, or up alone), the activation, the residual."""
+def dense_mlp_kernels(m, gated: bool, fused: bool = False) -> tuple[Kernel, ...]:
+    """The MLP half: RMSNorm (read by gate and up, or by up alone or by one fused gate_up), the
+    activation, the residual."""
     H, F = m.hidden, m.ffn_hidden
-    return (Kernel("rmsnorm", "mlp", H, fan_out=2 if gated else 1, output_saved=True),
+    return (Kernel("rmsnorm", "mlp", H, fan_out=2 if gated and not fused else 1, output_saved=True),
             Kernel("swiglu" if gated else "silu", "mlp", F),
             Kernel("residual", "mlp", H))
 

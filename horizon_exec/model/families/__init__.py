@@ -6,13 +6,14 @@ to transformers' gradients). A family the planner describes but that is not regi
 refused by name before anything is allocated."""
 from types import MappingProxyType
 
-from horizon_exec.model.families import llama, moe, qwen3
+from horizon_exec.model.families import llama, moe, phi3, qwen3
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.families import FAMILIES
 
 FORWARDS = MappingProxyType({
     "llama": llama.forward, "qwen2": llama.forward, "mistral": llama.forward, "qwen3": qwen3.forward,
     "qwen3_moe": moe.qwen3_forward, "mixtral": moe.forward, "qwen2_moe": moe.forward,
+    "phi3": phi3.forward,
 })
 
 

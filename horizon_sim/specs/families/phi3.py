@@ -1,0 +1,73 @@
+"""Phi-3 and Phi-4 (Phi3ForCausalLM, model_type phi3): Llama's block with q, k and v fused in
+one projection (self_attn.qkv_proj: q's rows, then k's, then v's) and gate and up in one
+(mlp.gate_up_proj: gate's rows first), no biases, RMSNorm, one optional sliding window on every
+layer (Phi-3-mini's 2047). The fused tensors are held, loaded and saved fused, as checkpoints
+store them.
+
+HF config: sliding_window -> layer_windows (null: none); resid_pdrop and embd_pdrop must be 0
+(no dropout in training here); original_max_position_embeddings is read by longrope only, and
+longrope (Phi-3-mini-128k, Phi-3.5, Phi-4-mini) and a partial_rotary_factor other than 1
+(Phi-4-mini) are refused by name by the generic reader."""
+from horizon_sim.errors import HorizonError
+from horizon_sim.specs.block_parts import Projection, attention_kernels, block_tensors, dense_mlp_kernels
+from horizon_sim.specs.families.family import ModelFamily
+from horizon_sim.specs.hf_families import HfFamily, defaults_with, one_window
+from horizon_sim.specs.hf_values import as_float
+
+
+def projections(m):
+    H, q, kv, F = m.hidden, m.q_dim, m.kv_dim, m.ffn_hidden
+    return (Projection("self_attn.qkv_proj", H, q + 2 * kv, False), Projection("self_attn.o_proj", q, H, False),
+            Projection("mlp.gate_up_proj", H, 2 * F, False), Projection("mlp.down_proj", F, H, False))
+
+
+def kernels(m):
+    return (*attention_kernels(m, qk_norm=False, readers=1), *dense_mlp_kernels(m, gated=True, fused=True))
+
+
+def tensors(m):
+    qkv, o, *mlp = projections(m)
+    return block_tensors(m, (o, qkv, *mlp))  # Phi3Attention defines o_proj before qkv_proj
+
+
+def _check(m) -> None:
+    if m.qkv_bias or m.mlp_bias:
+        raise HorizonError(f"model {m.name!r}: phi3 has no biases (qkv_bias={m.qkv_bias}, mlp_bias={m.mlp_bias})")
+
+
+def _read(cfg: dict, where: str, n_layers: int) -> dict:
+    for key in ("resid_pdrop", "embd_pdrop"):
+        if as_float(cfg.get(key, 0.0), key, where, strict=False) != 0.0:
+            raise HorizonError(f"{where}: {key} = {cfg[key]!r}; Horizon trains without dropout (want 0)")
+    return dict(layer_windows=one_window(cfg, where, n_layers))
+
+
+def _export(spec) -> dict:
+    if len(set(spec.layer_windows)) > 1:
+        raise HorizonError(f"model {spec.name!r}: phi3 has one sliding window on every layer, the layers want "
+                           f"{sorted(set(spec.layer_windows))}")
+    return {"sliding_window": spec.layer_windows[0] if spec.layer_windows else None,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0}
+
+
+PRESETS = (
+    # microsoft/Phi-3-mini-4k-instruct config.json: 32 kv heads, a 2047-token sliding window on every
+    # layer, pad_token_id 32000 (its embedding row never trains), 4k context.
+    dict(name="phi-3-mini", n_layers=32, hidden=3072, n_heads=32, n_kv_heads=32, ffn_hidden=8192, vocab=32064,
+         norm_eps=1e-5, rope_theta=1e4, max_position=4096, layer_windows=(2047,) * 32, padding_idx=32000),
+    # microsoft/phi-4 config.json (model_type phi3): 10 kv heads, rope_theta 250000, 16k context, no
+    # window, vocab 100352, pad_token_id 100257 (the config of the transformers 4.47 release).
+    dict(name="phi-4", n_layers=40, hidden=5120, n_heads=40, n_kv_heads=10, ffn_hidden=17920, vocab=100352,
+         norm_eps=1e-5, rope_theta=2.5e5, max_position=16384, padding_idx=100257),
+)
+
+HF = HfFamily(
+    "phi3", "Phi3ForCausalLM",
+    defaults_with(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=None, resid_pdrop=0.0, embd_pdrop=0.0,
+                  max_position_embeddings=4096, original_max_position_embeddings=4096, rms_norm_eps=1e-5,
+                  sliding_window=None, pad_token_id=32000),
+    frozenset({"resid_pdrop", "embd_pdrop", "original_max_position_embeddings", "sliding_window"}), _read, _export)
+
+FAMILY = ModelFamily("phi3", "Llama's block with fused qkv and gate_up projections (Phi-3, Phi-4)",
+                     projections, kernels, tensors, hf=HF, check=_check, presets=PRESETS)
