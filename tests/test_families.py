@@ -45,7 +45,7 @@ TINY = {  # family: its tiny spec's fields (T = 16 tokens: longer than every win
     "qwen2_moe": dict(ffn_hidden=96, n_experts=5, experts_per_token=3, expert_ffn_hidden=24,
                       shared_expert_ffn_hidden=40),
     "phi3": dict(ffn_hidden=96, n_kv_heads=1, layer_windows=(7, 7), padding_idx=5),  # fused q/k/v, gate/up
-    "gpt2": dict(ffn_hidden=256, tied_embeddings=True),
+    "gpt2": dict(ffn_hidden=256, n_kv_heads=4, tied_embeddings=True, max_position=64),
 }
 RUNNABLE = [f for f in FAMILIES if f in FORWARDS]
 WITH_HF = [f for f in FAMILIES if FAMILIES[f].hf is not None]
@@ -73,8 +73,8 @@ def test_transformers_builds_exactly_the_described_tensors(family):
     cfg = AutoConfig.for_model(d.pop("model_type"), **d)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
-    layer0 = [(n.removeprefix("model.layers.0."), tuple(p.shape)) for n, p in model.named_parameters()
-              if n.startswith("model.layers.0.")]
+    prefix = f"{FAMILIES[family].layer_prefix}0."
+    layer0 = [(n.removeprefix(prefix), tuple(p.shape)) for n, p in model.named_parameters() if n.startswith(prefix)]
     assert layer0 == list(block.parameters(spec))
     assert sum(p.numel() for p in model.parameters()) == spec.total_params
 

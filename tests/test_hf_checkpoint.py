@@ -180,7 +180,7 @@ def _broken(tmp_path, how):
     elif how in ("nan", "inf"):  # issue 30: caught at load, not as nan evals
         sd["model.layers.1.mlp.up_proj.weight"][3, 5] = float(how)
     elif how == "model_type":
-        cfg["model_type"] = "gpt2"
+        cfg["model_type"] = "bloom"
     elif how == "config_shape":
         cfg["intermediate_size"] = 128
     elif how == "index":
@@ -200,7 +200,7 @@ def _broken(tmp_path, how):
     ("unexpected", "unexpected tensor 'model.layers.1.mlp.extra.weight'"),
     ("shape", r"tensor 'model.layers.0.self_attn.k_proj.weight' has shape \(16, 64\), the model needs \(32, 64\)"),
     ("dtype", "tensor 'model.norm.weight' has dtype I32"),
-    ("model_type", "model_type 'gpt2' is not supported"),
+    ("model_type", "model_type 'bloom' is not supported"),
     ("config_shape", "ffn_hidden=128 but the model being trained has ffn_hidden=96"),
     ("index", "shard 'model-00002-of-00002.safetensors' is missing"),
     ("truncated", "cannot read"),

@@ -10,6 +10,7 @@ import torch
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.hf_config import from_hf_config, spec_from_config_dict
+from horizon_sim.specs.families import HF_ROWS
 from horizon_sim.specs.hf_defaults import HF_DEFAULTS, REQUIRED
 from horizon_sim.specs.hf_export import to_hf_config_dict
 
@@ -32,8 +33,9 @@ def _required_sizes(mt) -> dict:
 def test_table_equals_the_installed_config_classes(mt):
     cls = _class(mt)
     params = inspect.signature(cls.__init__).parameters
+    own = {shared: key for key, shared in HF_ROWS[mt].aliases.items()}  # GPT-2's n_embd for hidden_size
     for key, want in HF_DEFAULTS[mt].items():
-        have = cls.default_theta if key == "rope_theta" else params[key].default
+        have = cls.default_theta if key == "rope_theta" else params[own.get(key, key)].default
         assert have == want, (mt, key, have, want)
 
 
@@ -50,12 +52,19 @@ def test_a_minimal_config_reads_as_transformers_builds_it(mt, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(d))
     spec = from_hf_config(tmp_path)
     hf = AutoConfig.for_model(mt, **{k: v for k, v in d.items() if k != "model_type"})
-    assert spec.n_kv_heads == hf.num_key_value_heads
-    assert spec.norm_eps == hf.rms_norm_eps
-    assert spec.rope_theta == hf.rope_parameters["rope_theta"]
+    own = {shared: key for key, shared in HF_ROWS[mt].aliases.items()}
+
+    def field(shared):  # the class's own name for a shared field (GPT-2's layer_norm_epsilon)
+        return getattr(hf, own.get(shared, shared), None)
+
+    assert spec.n_kv_heads == (field("num_key_value_heads") or hf.num_attention_heads)
+    assert spec.norm_eps == field("rms_norm_eps")
+    if field("rope_parameters") is not None:
+        assert spec.rope_theta == hf.rope_parameters["rope_theta"]
     assert spec.tied_embeddings == hf.tie_word_embeddings
     assert spec.max_position == hf.max_position_embeddings
     assert spec.init_std == hf.initializer_range
+    assert spec.padding_idx == hf.pad_token_id
     assert spec.hd == getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads  # qwen3: 128
     window = getattr(hf, "sliding_window", None) if mt == "mistral" else None
     assert spec.layer_windows == ((window,) * 2 if window else ())

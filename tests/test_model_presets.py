@@ -91,7 +91,7 @@ def test_custom_shapes_match_transformers(spec):
 
 def test_export_rejects_unrepresentable():
     base = dict(n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, ffn_hidden=128, vocab=100)
-    for bad in (ModelSpec(**base, family="gpt2"), ModelSpec(**base, qkv_bias=True),
+    for bad in (ModelSpec(**base, qkv_bias=True),
                 ModelSpec(**base, layer_windows=(4, 4)), ModelSpec(**base, family="mistral", layer_windows=(4, 8)),
                 ModelSpec(**base, family="qwen2", mlp_bias=True), ModelSpec(**base, family="qwen2", qkv_bias=False),
                 ModelSpec(**base, family="qwen3", qkv_bias=True)):
@@ -203,8 +203,8 @@ def _err(tmp_path, cfg) -> str:
 
 
 def test_errors(tmp_path):
-    msg = _err(tmp_path, {"model_type": "gpt2", "n_layer": 12, "n_embd": 768})
-    assert "'gpt2'" in msg and "llama, qwen2, mistral, qwen3" in msg
+    msg = _err(tmp_path, {"model_type": "bloom", "n_layer": 12, "hidden_size": 768})
+    assert "'bloom'" in msg and "llama, qwen2, mistral, qwen3" in msg
 
     msg = _err(tmp_path, '{"model_type": "llama", "hidden_size": 4096,')
     assert "not valid JSON" in msg
@@ -236,3 +236,25 @@ def test_errors(tmp_path):
     assert str(missing) in str(e.value)
     with pytest.raises(HorizonError, match="not found"):
         from_hf_config(tmp_path / "absent")  # a directory without config.json
+
+
+def test_a_gpt2_config_from_the_hub_is_planned_with_transformers_count(tmp_path):
+    """GPT-2 is planned only, but from its own config.json (its own field names, dropout 0.1,
+    the summary head's fields, the old n_ctx): every parameter transformers builds is counted,
+    learned positions and biases included; the executor refuses it by name."""
+    d = {"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+         "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+         "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 1600, "n_head": 25,
+         "n_layer": 48, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": None,
+         "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
+         "summary_use_proj": True, "vocab_size": 50257}  # gpt2-xl's
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    spec = from_hf_config(tmp_path)
+    cfg = AutoConfig.for_model("gpt2", **{k: v for k, v in d.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    assert (spec.family, spec.hidden, spec.ffn_hidden) == ("gpt2", 1600, 6400)
+    assert spec.total_params == _numel(model) == 1_557_611_200
+    from horizon_exec.model.families import check_runnable
+    with pytest.raises(HorizonError, match="family 'gpt2' .* is planned only"):
+        check_runnable(spec)

@@ -36,6 +36,8 @@ def scenario(draw):
              vocab=draw(st.integers(16, 600)), tied_embeddings=draw(st.booleans()),
              qkv_bias=draw(st.booleans()), family=draw(st.sampled_from(["llama", "gpt2"])))
     m["hidden"] = heads * draw(st.sampled_from([8, 16, 32]))
+    if m["family"] == "gpt2":  # multi-head attention only
+        m["n_kv_heads"] = heads
     optimizer = draw(st.sampled_from(["after", "backward", "pipelined"]))
     micro = draw(st.sampled_from([1, 2]))
     p = dict(batch=micro * draw(st.integers(1, 4)), micro_batches=micro,

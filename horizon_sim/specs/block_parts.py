@@ -20,6 +20,8 @@ class Projection:
     bias: bool
     experts: int = 0
     """0: a Linear run on every token. E: routed experts (each token meets k of them)."""
+    transposed: bool = False
+    """The weight is stored (in_features, out_features): GPT-2's Conv1D."""
 
     @property
     def weight_params(self) -> int:
@@ -37,8 +39,9 @@ class Projection:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (self.experts, self.out_features, self.in_features) if self.experts \
-            else (self.out_features, self.in_features)
+        if self.experts:
+            return self.experts, self.out_features, self.in_features
+        return (self.in_features, self.out_features) if self.transposed else (self.out_features, self.in_features)
 
     def active_params(self, top_k: int) -> int:
         """Weights one token meets: all of a Linear's, top_k experts' of a stacked tensor."""
@@ -146,15 +149,16 @@ def tensor_elements(tensors) -> int:
 
 
 # ---- kernels ------------------------------------------------------------------------------
-def attention_kernels(m, qk_norm: bool, readers: int = 3) -> tuple[Kernel, ...]:
+def attention_kernels(m, qk_norm: bool, readers: int = 3, rope: bool = True) -> tuple[Kernel, ...]:
     """The attention half: RMSNorm (its output read by q, k and v: `readers` projections, 1 when
-    they are one fused projection), per-head RMSNorms of q and k (Qwen3), RoPE on q and on k,
-    attention, the residual add."""
+    they are one fused projection), per-head RMSNorms of q and k (Qwen3), RoPE on q and on k
+    (none with learned positions), attention, the residual add."""
     H = m.hidden
     qk_norms = (Kernel("rmsnorm", "attention", m.q_dim, rows=m.n_heads),
                 Kernel("rmsnorm", "attention", m.kv_dim, rows=m.n_kv_heads)) if qk_norm else ()
+    ropes = (Kernel("rope", "attention", m.q_dim), Kernel("rope", "attention", m.kv_dim)) if rope else ()
     return (Kernel("rmsnorm", "attention", H, fan_out=readers, output_saved=True, reads_block_input=True),
-            *qk_norms, Kernel("rope", "attention", m.q_dim), Kernel("rope", "attention", m.kv_dim),
+            *qk_norms, *ropes,
             Kernel("attention", "attention", m.q_dim, rows=m.n_heads, kv_width=m.kv_dim),
             Kernel("residual", "attention", H))
 

@@ -48,7 +48,6 @@ from horizon_sim.specs.rope import ROPE_KINDS, RopeScaling
 
 SUPPORTED_MODEL_TYPES = tuple(HF_ROWS)
 _MOE_TYPES = tuple(mt for mt in HF_ROWS if FAMILIES[mt].is_moe)
-_SILU = ("silu", "swish")  # transformers maps both names to SiLU
 _DEFAULT_ROPE_THETA = 10000.0  # default_theta of all three HF config classes
 
 # Read into the spec (the shared ones; per model type: each family's `reads`). Public with IGNORED:
@@ -253,10 +252,12 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         raise HorizonError(f"{where}: model_type {mt!r} is not supported; allowed: "
                            f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     _check_fields(cfg, mt, where)
-    cfg = with_hf_defaults(cfg, mt)
+    row = HF_ROWS[mt]
+    cfg = row.prepare(with_hf_defaults({row.aliases.get(k, k): v for k, v in cfg.items()}, mt))
     act = cfg.get("hidden_act", "silu")
-    if act not in _SILU:
-        raise HorizonError(f"{where}: hidden_act {act!r} is not supported; the gated MLP must use silu")
+    if act not in row.activations:
+        key = next((k for k, v in row.aliases.items() if v == "hidden_act"), "hidden_act")
+        raise HorizonError(f"{where}: {key} {act!r} is not supported; {mt} takes {', '.join(row.activations)}")
 
     heads = as_int(cfg, "num_attention_heads", where)
     hidden = as_int(cfg, "hidden_size", where)
@@ -289,7 +290,7 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         init_std=as_float(cfg["initializer_range"], "initializer_range", where, strict=False),
         padding_idx=_padding_idx(cfg, where),
     )
-    fields.update(HF_ROWS[mt].read(cfg, where, n_layers))
+    fields.update(row.read(cfg, where, n_layers))
     try:
         fields["rope_scaling"] = _resolve(scaling, fields["max_position"])
         return ModelSpec(**fields)

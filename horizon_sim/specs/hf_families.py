@@ -5,7 +5,7 @@ it reads and how, and the way back) lives in its module, horizon_sim/specs/famil
 hf_config.py (the generic reader), hf_defaults.py (the absent-key filler) and hf_export.py (the
 generic writer) hold nothing per family.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping
 
@@ -31,6 +31,16 @@ class HfFamily:
     one-line refusals)."""
     export: Callable[[object], dict]
     """spec -> its own config keys (raises when the class cannot express spec)."""
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """{its config key: the shared name hf_config reads} for a class that names the shared
+    fields its own way (GPT-2's n_embd for hidden_size); the writer renames them back."""
+    activations: tuple[str, ...] = ("silu", "swish")
+    """hidden_act values it accepts (transformers maps silu and swish both to SiLU)."""
+    prepare: Callable[[dict], dict] = lambda cfg: cfg
+    """The config after aliasing and defaults -> the config the shared reader reads (e.g. an
+    intermediate_size null meaning 4 x hidden)."""
+    drops: frozenset[str] = frozenset()
+    """Shared keys the writer leaves out: fields its class does not have."""
 
 
 _COMMON = {

@@ -180,7 +180,9 @@ class ModelSpec:
 
     @property
     def embedding_params(self) -> int:
-        return self.vocab * self.hidden
+        """The token embedding, and a learned position embedding where the family has one."""
+        rows = self.vocab + (self.max_position if family_named(self.family).learned_positions else 0)
+        return rows * self.hidden
 
     @property
     def head_params(self) -> int:

@@ -55,6 +55,11 @@ class ModelFamily:
     moe: MoeTraits | None = None
     """None for a dense family."""
     check: Callable = _no_check
+    learned_positions: bool = False
+    """A learned position embedding (max_position rows) beside the token embedding (GPT-2's wpe),
+    in the embedding unit; RoPE otherwise."""
+    layer_prefix: str = "model.layers."
+    """transformers' name prefix of block N's tensors (`<prefix>N.`)."""
     presets: tuple = ()
     """Its named presets: each a dict of ModelSpec fields (the family implied), with its source
     in a comment beside it (specs/model_presets.py collects them; tests/test_model_presets.py

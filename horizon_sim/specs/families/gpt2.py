@@ -1,25 +1,83 @@
-"""GPT-2-shaped blocks as the published offload measurements describe them (Megatron-LM GPT-2
-of DeepSpeed's and ZeRO-Offload's tables): LayerNorm (a weight and a bias per norm), q/k/v/o
-projections, a plain (non-gated) GELU MLP, tied head. Planned only, and priced as closely as
-those rows give: GPT-2's projection biases and learned positions (about 0.05% of the parameters)
-are not counted, its LayerNorm is priced as an RMSNorm and its GELU as a SiLU. No config.json
-maps to it and the executor does not run it (it is refused by name there)."""
-from horizon_sim.specs.block_parts import (attention_kernels, attention_projections, block_tensors,
-                                           dense_mlp_kernels, plain_mlp_projections)
+"""GPT-2 (GPT2LMHeadModel, model_type gpt2), the shape of most published offload measurements
+(Megatron-LM's GPT-2 in the DeepSpeed and ZeRO-Offload tables): LayerNorm with a bias before
+attention and before the MLP, q/k/v in one projection and every projection biased, weights stored
+(in, out) (transformers' Conv1D), learned absolute positions (transformer.wpe, n_positions rows)
+beside the token embedding, a plain GELU MLP (4 x hidden unless n_inner), the head tied to the
+token embedding.
+
+Planned only: the executor refuses it by name. Its parameters are counted exactly (the tensors
+transformers builds); its LayerNorm is priced as an RMSNorm, its GELU as a SiLU and the bias adds
+not at all (estimates: each a few elementwise bytes per token beside the GEMMs), and dropout
+(GPT-2's configs keep 0.1) is not priced.
+
+HF config (its own names, aliased to the shared ones): n_embd, n_layer, n_head, n_inner (null:
+4 x n_embd), n_positions, layer_norm_epsilon, activation_function (gelu_new, gelu,
+gelu_pytorch_tanh); add_cross_attention true is refused; the sequence-summary head's fields
+(summary_*) and n_ctx (older configs' copy of n_positions) are not used by the causal LM."""
+from types import MappingProxyType
+
+from horizon_sim.errors import HorizonError
+from horizon_sim.specs.block_parts import Projection, attention_kernels, block_tensors, dense_mlp_kernels
 from horizon_sim.specs.families.family import ModelFamily
+from horizon_sim.specs.hf_families import HfFamily
+from horizon_sim.specs.hf_values import as_bool
 
 
 def projections(m):
-    return (*attention_projections(m, m.qkv_bias), *plain_mlp_projections(m, m.mlp_bias))
+    H, F = m.hidden, m.ffn_hidden
+    return (Projection("attn.c_attn", H, 3 * H, True, transposed=True), Projection("attn.c_proj", H, H, True, transposed=True),
+            Projection("mlp.c_fc", H, F, True, transposed=True), Projection("mlp.c_proj", F, H, True, transposed=True))
 
 
 def kernels(m):
-    return (*attention_kernels(m, qk_norm=False), *dense_mlp_kernels(m, gated=False))
+    return (*attention_kernels(m, qk_norm=False, readers=1, rope=False), *dense_mlp_kernels(m, gated=False))
 
 
 def tensors(m):
-    return block_tensors(m, projections(m), norm_tensors=("weight", "bias"))
+    attn, o, fc, proj = (block_tensors(m, (p,), norm_tensors=()) for p in projections(m))
+    ln = (("weight", (m.hidden,)), ("bias", (m.hidden,)))
+    return (*((f"ln_1.{t}", s) for t, s in ln), *attn, *o, *((f"ln_2.{t}", s) for t, s in ln), *fc, *proj)
 
 
-FAMILY = ModelFamily("gpt2", "LayerNorm, plain GELU MLP (the published GPT-2 rows; planned only)",
-                     projections, kernels, tensors, norm_tensors=("weight", "bias"))
+def _check(m) -> None:
+    if m.n_kv_heads != m.n_heads or m.hd * m.n_heads != m.hidden:
+        raise HorizonError(f"model {m.name!r}: gpt2 has n_kv_heads = n_heads and head_dim = hidden / n_heads "
+                           f"(not {m.n_kv_heads} kv heads of {m.hd})")
+
+
+def _prepare(cfg: dict) -> dict:
+    if cfg.get("intermediate_size") is None and isinstance(cfg.get("hidden_size"), int):
+        cfg = {**cfg, "intermediate_size": 4 * cfg["hidden_size"]}  # GPT2MLP: n_inner or 4 * n_embd
+    return cfg
+
+
+def _read(cfg: dict, where: str, n_layers: int) -> dict:
+    if as_bool(cfg, "add_cross_attention", where, False):
+        raise HorizonError(f"{where}: add_cross_attention = true (an encoder-decoder's cross attention) is not "
+                           "supported")
+    return {}  # every projection biased: the spec's qkv_bias and mlp_bias do not apply
+
+
+HF = HfFamily(
+    "gpt2", "GPT2LMHeadModel",
+    MappingProxyType(dict(  # GPT2Config's own (no shared ones: it has no RoPE, attention_dropout, ...)
+        vocab_size=50257, max_position_embeddings=1024, hidden_size=768, num_hidden_layers=12,
+        num_attention_heads=12, intermediate_size=None, hidden_act="gelu_new", resid_pdrop=0.1, embd_pdrop=0.1,
+        attn_pdrop=0.1, rms_norm_eps=1e-5, initializer_range=0.02, tie_word_embeddings=True, pad_token_id=None,
+        scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False,
+        add_cross_attention=False)),
+    frozenset({"n_embd", "n_layer", "n_head", "n_inner", "n_positions", "layer_norm_epsilon",
+               "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop", "scale_attn_weights",
+               "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention",
+               "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+               "summary_first_dropout", "n_ctx"}),  # n_ctx: older configs' copy of n_positions, unused
+    _read, lambda spec: {"hidden_act": "gelu_new"},
+    aliases={"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+             "n_inner": "intermediate_size", "n_positions": "max_position_embeddings",
+             "layer_norm_epsilon": "rms_norm_eps", "activation_function": "hidden_act"},
+    activations=("gelu_new", "gelu", "gelu_pytorch_tanh"), prepare=_prepare,
+    drops=frozenset({"num_key_value_heads", "rope_theta", "rope_parameters", "rope_scaling", "head_dim"}))
+
+FAMILY = ModelFamily("gpt2", "LayerNorm, learned positions, biased fused q/k/v, plain GELU MLP (GPT-2; planned only)",
+                     projections, kernels, tensors, hf=HF, norm_tensors=("weight", "bias"), qkv_bias=True,
+                     check=_check, learned_positions=True, layer_prefix="transformer.h.")
