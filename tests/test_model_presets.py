@@ -54,17 +54,21 @@ def test_preset_matches_transformers(name):
     spec = PRESETS[name]
     model = _meta_model(spec)
     assert _numel(model) == spec.total_params
-    assert len(model.model.layers) == spec.n_layers
-    for layer in (model.model.layers[0], model.model.layers[-1]):
+    base = model.base_model  # model.model, or gpt_neox's / transformer's under their own names
+    layers = base.layers
+    norm = getattr(base, "norm", None) or base.final_layer_norm
+    embed = model.get_input_embeddings()
+    assert len(layers) == spec.n_layers
+    for layer in (layers[0], layers[-1]):
         assert _numel(layer) == spec.layer_params
-    assert model.model.embed_tokens.weight.numel() == spec.embedding_params
-    assert _numel(model.model.norm) + model.lm_head.weight.numel() == spec.head_device_params
+    assert embed.weight.numel() == spec.embedding_params
+    assert _numel(norm) + model.lm_head.weight.numel() == spec.head_device_params
     if spec.tied_embeddings:
-        assert model.lm_head.weight is model.model.embed_tokens.weight
+        assert model.lm_head.weight is embed.weight
     else:
-        assert model.lm_head.weight is not model.model.embed_tokens.weight
+        assert model.lm_head.weight is not embed.weight
         assert model.lm_head.weight.numel() == spec.vocab * spec.hidden
-        assert _numel(model.model.norm) + model.lm_head.weight.numel() == spec.head_params
+        assert _numel(norm) + model.lm_head.weight.numel() == spec.head_params
 
 
 def test_published_totals():

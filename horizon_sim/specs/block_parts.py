@@ -156,7 +156,8 @@ def attention_kernels(m, qk_norm: bool, readers: int = 3, rope: bool = True) -> 
     H = m.hidden
     qk_norms = (Kernel("rmsnorm", "attention", m.q_dim, rows=m.n_heads),
                 Kernel("rmsnorm", "attention", m.kv_dim, rows=m.n_kv_heads)) if qk_norm else ()
-    ropes = (Kernel("rope", "attention", m.q_dim), Kernel("rope", "attention", m.kv_dim)) if rope else ()
+    ropes = (Kernel("rope", "attention", m.n_heads * m.rotary_dim),
+             Kernel("rope", "attention", m.n_kv_heads * m.rotary_dim)) if rope else ()
     return (Kernel("rmsnorm", "attention", H, fan_out=readers, output_saved=True, reads_block_input=True),
             *qk_norms, *ropes,
             Kernel("attention", "attention", m.q_dim, rows=m.n_heads, kv_width=m.kv_dim),

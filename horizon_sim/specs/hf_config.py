@@ -66,7 +66,7 @@ IGNORED = frozenset({
     "_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype",
     "use_cache", "output_attentions", "output_hidden_states", "return_dict", "torchscript",
     "id2label", "label2id", "num_labels", "problem_type", "chunk_size_feed_forward",
-    "is_encoder_decoder", "pretraining_tp",
+    "is_encoder_decoder", "is_decoder", "pretraining_tp",
     "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id",
     "tokenizer_class", "prefix", "task_specific_params", "finetuning_task",
     "_attn_implementation", "_attn_implementation_autoset", "attn_implementation",
@@ -154,9 +154,11 @@ _ROPE_KEYS = {  # keys transformers' validators accept per rope type (+ rope_typ
 }
 
 
-def _rope(cfg: dict, where: str) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, scaling) as transformers 5 standardizes them: `rope_scaling` (4.x) wins
-    over `rope_parameters` when set; rope_theta inside the dict wins over the top-level one."""
+def _rope(cfg: dict, where: str, partial: bool = False) -> tuple[float, RopeScaling | None, float]:
+    """(rope_theta, scaling, rotary fraction) as transformers 5 standardizes them: `rope_scaling`
+    (4.x) wins over `rope_parameters` when set; rope_theta and partial_rotary_factor inside the
+    dict win over the top-level ones. partial: the class rotates part of each head (else a
+    factor other than 1 is refused)."""
     params, key = None, None
     for k in ("rope_scaling", "rope_parameters"):
         if cfg.get(k):
@@ -176,16 +178,19 @@ def _rope(cfg: dict, where: str) -> tuple[float, RopeScaling | None]:
     if kind not in _ROPE_KEYS:
         raise HorizonError(f"{where}: {key} rope type {kind!r} is not supported; allowed: default, "
                            f"{', '.join(ROPE_KINDS)}")
-    prf = params.pop("partial_rotary_factor", 1.0)
-    if prf != 1 and prf != 1.0:
+    prf = params.pop("partial_rotary_factor", None)
+    if prf is not None and prf != 1 and not partial:
         raise HorizonError(f"{where}: {key}.partial_rotary_factor = {prf!r}: partial rotary embeddings "
                            "are not supported")
     extra = sorted(set(params) - _ROPE_KEYS[kind])
     if extra:
         raise HorizonError(f"{where}: {key}: {extra[0]!r} is not a parameter of rope type {kind!r} "
                            f"(allowed: {', '.join(sorted(_ROPE_KEYS[kind])) or 'none'})")
+    if prf is None:
+        prf = cfg.get("partial_rotary_factor", 1.0) if partial else 1.0
+    prf = as_float(prf, "partial_rotary_factor", where)
     if kind == "default":
-        return theta, None
+        return theta, None, prf
     if kind != "yarn" and params.get("factor") is None:
         raise HorizonError(f"{where}: {key} rope type {kind!r} needs a 'factor'")
     num = {}
@@ -208,7 +213,7 @@ def _rope(cfg: dict, where: str) -> tuple[float, RopeScaling | None]:
     if "truncate" in params:
         num["truncate"] = as_bool(params, "truncate", f"{where}: {key}", True)
     try:
-        return theta, RopeScaling(kind=kind, **num)
+        return theta, RopeScaling(kind=kind, **num), prf
     except HorizonError as e:
         raise HorizonError(f"{where}: {e}") from None
 
@@ -266,7 +271,7 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         head_dim = 0
 
     n_layers = as_int(cfg, "num_hidden_layers", where)
-    theta, scaling = _rope(cfg, where)
+    theta, scaling, fraction = _rope(cfg, where, row.partial_rotary)
 
     eps = cfg.get("rms_norm_eps")
     name = cfg.get("_name_or_path") or (
@@ -285,6 +290,7 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         norm_eps=_norm_eps(eps, where),
         rope_theta=theta,
         rope_scaling=scaling,
+        rotary_fraction=fraction,
         max_position=as_int(cfg, "max_position_embeddings", where, default=0, minimum=0),
         layer_windows=(),
         init_std=as_float(cfg["initializer_range"], "initializer_range", where, strict=False),

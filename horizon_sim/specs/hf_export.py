@@ -28,8 +28,10 @@ def _row(spec: ModelSpec):
     return row
 
 
-def _rope_parameters(spec: ModelSpec) -> dict:
+def _rope_parameters(spec: ModelSpec, partial: bool = False) -> dict:
     d = {"rope_type": "default", "rope_theta": spec.rope_theta}
+    if partial:  # written even at 1: GPT-NeoX's class assumes 0.25 when it is absent
+        d["partial_rotary_factor"] = spec.rotary_fraction
     s = spec.rope_scaling
     if s is not None:
         d["rope_type"] = s.kind
@@ -48,6 +50,9 @@ def to_hf_config_dict(spec: ModelSpec) -> dict:
     (transformers 4.x) and inside rope_parameters (transformers 5.x), a rope scaling both as
     rope_parameters and as 4.x's rope_scaling."""
     row = _row(spec)
+    if spec.rotary_fraction != 1 and not row.partial_rotary:
+        raise HorizonError(f"model {spec.name!r}: {row.model_type} rotates every dimension of a head; "
+                           f"rotary_fraction={spec.rotary_fraction} has no {row.model_type} config")
     d = {
         "model_type": row.model_type,
         "architectures": [row.architecture],
@@ -58,13 +63,13 @@ def to_hf_config_dict(spec: ModelSpec) -> dict:
         "num_key_value_heads": spec.n_kv_heads,
         "intermediate_size": spec.ffn_hidden,
         "vocab_size": spec.vocab,
-        "hidden_act": "silu",
+        "hidden_act": row.activations[0],  # what the block runs: silu, or gelu_new (gpt2), gelu (gpt_neox)
         "tie_word_embeddings": spec.tied_embeddings,
         "rms_norm_eps": spec.norm_eps,
         "initializer_range": spec.init_std,
         "pad_token_id": spec.padding_idx,  # written even when null: phi3's class default is 32000
         "rope_theta": spec.rope_theta,
-        "rope_parameters": _rope_parameters(spec),
+        "rope_parameters": _rope_parameters(spec, row.partial_rotary),
     }
     if spec.rope_scaling is not None:
         d["rope_scaling"] = {k: v for k, v in d["rope_parameters"].items() if k != "rope_theta"}

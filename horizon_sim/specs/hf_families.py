@@ -41,6 +41,9 @@ class HfFamily:
     intermediate_size null meaning 4 x hidden)."""
     drops: frozenset[str] = frozenset()
     """Shared keys the writer leaves out: fields its class does not have."""
+    partial_rotary: bool = False
+    """Its class rotates part of each head (partial_rotary_factor, read into rotary_fraction
+    and written back); elsewhere a factor other than 1 is refused by name."""
 
 
 _COMMON = {

@@ -47,6 +47,9 @@ class ModelSpec:
     mlp_bias: bool = False
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rotary_fraction: float = 1.0
+    """The fraction of each head's dimensions RoPE rotates (GPT-NeoX's rotary_pct, 0.25 in
+    Pythia); the rest pass through unrotated."""
     rope_scaling: RopeScaling | None = None
     """RoPE frequency scaling (Llama 3.1's 'llama3', 'linear', 'dynamic', 'yarn'); None = plain RoPE."""
     max_position: int = 0
@@ -118,6 +121,11 @@ class ModelSpec:
                                "or None")
         if not isinstance(self.max_position, int) or self.max_position < 0:
             raise HorizonError(f"model max_position={self.max_position!r} must be an integer >= 0")
+        f = self.rotary_fraction
+        if (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1
+                or int(self.hd * f) % 2 or int(self.hd * f) == 0):
+            raise HorizonError(f"model rotary_fraction={f!r} must lie in (0, 1] and rotate an even number of each "
+                               f"head's {self.hd} dimensions")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise HorizonError(f"model rope_scaling={self.rope_scaling!r} must be a RopeScaling or None")
         if self.rope_scaling is not None and self.rope_scaling.kind == "dynamic" and not self.max_position:
@@ -142,6 +150,11 @@ class ModelSpec:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.hd
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head RoPE rotates (all of them unless rotary_fraction < 1)."""
+        return int(self.hd * self.rotary_fraction)
 
     def window(self, layer: int) -> int:
         """Block `layer`'s attention window in tokens (0 = the whole causal prefix)."""

@@ -22,6 +22,9 @@ def check_runnable(m) -> None:
     if m.family not in FORWARDS:
         raise HorizonError(f"model {m.name!r}: family {m.family!r} ({FAMILIES[m.family].summary}) is planned "
                            f"only; the executor runs {', '.join(FORWARDS)}")
+    if m.rotary_fraction != 1:
+        raise HorizonError(f"model {m.name!r}: partial rotary embeddings (rotary_fraction={m.rotary_fraction}) are "
+                           "planned only; the executor rotates every dimension of a head")
 
 
 def forward_of(m):

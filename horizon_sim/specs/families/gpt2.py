@@ -71,7 +71,7 @@ HF = HfFamily(
                "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention",
                "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
                "summary_first_dropout", "n_ctx"}),  # n_ctx: older configs' copy of n_positions, unused
-    _read, lambda spec: {"hidden_act": "gelu_new"},
+    _read, lambda spec: {},
     aliases={"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
              "n_inner": "intermediate_size", "n_positions": "max_position_embeddings",
              "layer_norm_epsilon": "rms_norm_eps", "activation_function": "hidden_act"},

@@ -1,0 +1,75 @@
+"""GPT-NeoX and Pythia (GPTNeoXForCausalLM, model_type gpt_neox): LayerNorm with a bias before
+attention and before the MLP, both fed the block's input and added to it together (the parallel
+residual: x + attention(ln1(x)) + mlp(ln2(x))), q/k/v in one projection (attention.query_key_value,
+biased with attention.dense when attention_bias), RoPE on part of each head (rotary_pct, 0.25 in
+Pythia and GPT-NeoX-20B: ModelSpec.rotary_fraction), a plain GELU MLP with biases, an untied head.
+
+Planned only: the executor refuses it by name. Its parameters are counted exactly; its LayerNorm
+is priced as an RMSNorm, its GELU as a SiLU, the bias adds not at all and the parallel residual
+as the sequential one (the same kernels; estimates, as for gpt2), and hidden dropout is not priced.
+
+HF config: layer_norm_eps, rotary_pct (0.25 when absent, as transformers reads it) and
+rotary_emb_base (4.x names) or rope_parameters' partial_rotary_factor and rope_theta,
+attention_bias, use_parallel_residual (false is refused: the sequential residual is not
+described), classifier_dropout (a classification head's, unused)."""
+from horizon_sim.errors import HorizonError
+from horizon_sim.specs.block_parts import Projection, attention_kernels, block_tensors, dense_mlp_kernels
+from horizon_sim.specs.families.family import ModelFamily
+from horizon_sim.specs.hf_families import HfFamily, defaults_with
+from horizon_sim.specs.hf_values import as_bool
+
+LN = ("weight", "bias")
+
+
+def projections(m):
+    H, F = m.hidden, m.ffn_hidden
+    return (Projection("attention.query_key_value", H, 3 * H, m.qkv_bias), Projection("attention.dense", H, H, m.qkv_bias),
+            Projection("mlp.dense_h_to_4h", H, F, True), Projection("mlp.dense_4h_to_h", F, H, True))
+
+
+def kernels(m):
+    return (*attention_kernels(m, qk_norm=False, readers=1), *dense_mlp_kernels(m, gated=False))
+
+
+def tensors(m):
+    norms = tuple((f"{n}.{t}", (m.hidden,)) for n in ("input_layernorm", "post_attention_layernorm") for t in LN)
+    return (*norms, *block_tensors(m, projections(m), norm_tensors=()))
+
+
+def _check(m) -> None:
+    if m.n_kv_heads != m.n_heads or m.hd * m.n_heads != m.hidden:
+        raise HorizonError(f"model {m.name!r}: gpt_neox has n_kv_heads = n_heads and head_dim = hidden / n_heads "
+                           f"(not {m.n_kv_heads} kv heads of {m.hd})")
+
+
+def _read(cfg: dict, where: str, n_layers: int) -> dict:
+    if not as_bool(cfg, "use_parallel_residual", where, True):
+        raise HorizonError(f"{where}: use_parallel_residual = false (a sequential residual) is not supported for "
+                           "gpt_neox")
+    return dict(qkv_bias=as_bool(cfg, "attention_bias", where, True))
+
+
+HF = HfFamily(
+    "gpt_neox", "GPTNeoXForCausalLM",
+    defaults_with(vocab_size=50432, hidden_size=6144, num_hidden_layers=44, num_attention_heads=64,
+                  intermediate_size=24576, hidden_act="gelu", hidden_dropout=0.0, classifier_dropout=0.1,
+                  max_position_embeddings=2048, rms_norm_eps=1e-5, use_parallel_residual=True,
+                  attention_bias=True),
+    frozenset({"layer_norm_eps", "rotary_pct", "rotary_emb_base", "partial_rotary_factor", "hidden_dropout",
+               "classifier_dropout", "use_parallel_residual", "attention_bias"}),
+    _read, lambda spec: {"use_parallel_residual": True, "attention_bias": spec.qkv_bias},
+    aliases={"layer_norm_eps": "rms_norm_eps", "rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"},
+    activations=("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh"),
+    prepare=lambda cfg: {"partial_rotary_factor": 0.25, **cfg},  # GPTNeoXConfig: rotary_pct defaults to 0.25
+    drops=frozenset({"num_key_value_heads", "head_dim"}), partial_rotary=True)
+
+PRESETS = (
+    # EleutherAI/gpt-neox-20b: GPTNeoXConfig's defaults are its config (transformers' docstring checkpoint):
+    # 44 layers of 6144, 64 heads, MLP 24576, vocab 50432, rotary_pct 0.25, 2048 positions, untied.
+    dict(name="gpt-neox-20b", n_layers=44, hidden=6144, n_heads=64, n_kv_heads=64, ffn_hidden=24576, vocab=50432,
+         norm_eps=1e-5, rope_theta=1e4, rotary_fraction=0.25, max_position=2048),
+)
+
+FAMILY = ModelFamily("gpt_neox", "parallel-residual LayerNorm blocks, partial RoPE, biased fused q/k/v, plain GELU MLP "
+                     "(GPT-NeoX, Pythia; planned only)", projections, kernels, tensors, hf=HF,
+                     norm_tensors=LN, qkv_bias=True, check=_check, layer_prefix="gpt_neox.layers.", presets=PRESETS)
