@@ -108,7 +108,7 @@ def test_unknown_buffer_is_rejected(doc):
         _load(d)
 
 
-@pytest.mark.parametrize("version", [0, 1, 4, "3", None])
+@pytest.mark.parametrize("version", [0, 1, 5, "3", None])
 def test_wrong_version_is_rejected(doc, version):
     d = _copy(doc)
     d["version"] = version

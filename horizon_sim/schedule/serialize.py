@@ -14,8 +14,10 @@ from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
 FORMAT = "horizon.schedule"
-VERSION = 3  # 3: meta layout {devices_per_node, nodes} and family (were flat fields and notes); op unit (was layer)
-READS = (2, 3)  # 2: policy act_ckpt_every/act_ckpt_on (were ckpt_every/ckpt_on), typed fields
+VERSION = 4  # 4: the meta model's family (was qk_norm, moe_family, ffn_type, norm: read as the family
+#              they described, specs/families/legacy.py), padding_idx, rotary_fraction
+#           3: meta layout {devices_per_node, nodes} and family (were flat fields and notes); op unit (was layer)
+READS = (2, 3, 4)  # 2: policy act_ckpt_every/act_ckpt_on (were ckpt_every/ckpt_on), typed fields
 _OP_FIELDS = {f.name for f in fields(Op)}
 _OP_DEFAULTS = {f.name: f.default for f in fields(Op) if f.name not in ("id", "kind", "unit")}
 

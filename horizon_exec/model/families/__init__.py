@@ -1,8 +1,7 @@
 """The families the executor runs: {ModelSpec.family: its block's forward}. A forward is
 `forward(m, w, x, cos, sin, window, docs, router) -> y`, x and y (B, T, H), w the block's
-tensors by the names its planner family lists (horizon_sim/specs/families), run in that
-description's order (tests/test_families.py holds every registered family to it op by op and
-to transformers' gradients). A family the planner describes but that is not registered here is
+tensors by the names its planner family lists (horizon_sim/specs/families); tests/test_families.py
+holds every registered family to that description op by op and to transformers' gradients. A family the planner describes but that is not registered here is
 refused by name before anything is allocated."""
 from types import MappingProxyType
 
