@@ -114,7 +114,17 @@ REFUSED = [
                                         long_factor=[1.0] * 4, original_max_position_embeddings=64)), "longrope"),
     ("llama", dict(rope_parameters=dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5)),
      "partial_rotary_factor"),
+    ("llama", dict(pad_token_id=64), "pad_token_id = 64 is not a row of the 64-token embedding"),
+    ("phi3", dict(resid_pdrop=0.1), "resid_pdrop"),
+    ("gpt_neox", dict(use_parallel_residual=False), "use_parallel_residual"),
 ]
+
+
+def test_a_class_default_pad_outside_the_vocabulary_is_named_as_the_default(tmp_path):
+    cfg = _saved(tmp_path, "phi3")
+    del cfg["pad_token_id"]  # Phi3Config's default, 32000, then applies
+    with pytest.raises(HorizonError, match="pad_token_id = 32000 \\(phi3's default: the file does not set it\\)"):
+        _read(tmp_path, cfg)
 
 
 @pytest.mark.parametrize("mt,over,want", HONOURED)

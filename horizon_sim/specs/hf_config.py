@@ -92,16 +92,18 @@ _FOREIGN = {
 }
 
 
-def _padding_idx(cfg: dict, where: str) -> int | None:
+def _padding_idx(cfg: dict, where: str, given: bool, mt: str) -> int | None:
     """pad_token_id: the embedding row transformers never trains (nn.Embedding's padding_idx),
-    which must be a row of the vocabulary (transformers refuses to build the model otherwise)."""
+    which must be a row of the vocabulary (transformers refuses to build the model otherwise).
+    given: the file set it (else it is the class's default, which the error says)."""
     pad = cfg.get("pad_token_id")
     if pad is None:
         return None
     vocab = as_int(cfg, "vocab_size", where)
     pad = as_int(cfg, "pad_token_id", where, minimum=0)
     if pad >= vocab:
-        raise HorizonError(f"{where}: pad_token_id = {pad} is not a row of the {vocab}-token embedding "
+        whose = "" if given else f" ({mt}'s default: the file does not set it)"
+        raise HorizonError(f"{where}: pad_token_id = {pad}{whose} is not a row of the {vocab}-token embedding "
                            "(transformers cannot build this model); want 0..vocab_size-1 or null")
     return pad
 
@@ -258,6 +260,7 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
                            f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     _check_fields(cfg, mt, where)
     row = HF_ROWS[mt]
+    pad_given = "pad_token_id" in cfg
     cfg = row.prepare(with_hf_defaults({row.aliases.get(k, k): v for k, v in cfg.items()}, mt))
     act = cfg.get("hidden_act", "silu")
     if act not in row.activations:
@@ -294,7 +297,7 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         max_position=as_int(cfg, "max_position_embeddings", where, default=0, minimum=0),
         layer_windows=(),
         init_std=as_float(cfg["initializer_range"], "initializer_range", where, strict=False),
-        padding_idx=_padding_idx(cfg, where),
+        padding_idx=_padding_idx(cfg, where, pad_given, mt),
     )
     fields.update(row.read(cfg, where, n_layers))
     try:
