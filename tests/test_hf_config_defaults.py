@@ -66,8 +66,14 @@ def test_a_minimal_config_reads_as_transformers_builds_it(mt, tmp_path):
     assert spec.init_std == hf.initializer_range
     assert spec.padding_idx == hf.pad_token_id
     assert spec.hd == getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads  # qwen3: 128
-    window = getattr(hf, "sliding_window", None) if mt == "mistral" else None
-    assert spec.layer_windows == ((window,) * 2 if window else ())
+    window, types = getattr(hf, "sliding_window", None), getattr(hf, "layer_types", None)
+    if not window or (mt in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe") and not hf.use_sliding_window):
+        want = ()  # (the Qwen classes keep a window they do not use)
+    elif types:
+        want = tuple(window if t == "sliding_attention" else 0 for t in types)
+    else:
+        want = (window,) * 2
+    assert spec.layer_windows == (want if any(want) else ())
     if mt == "mistral":
         assert spec.layer_windows == (4096, 4096)  # the default window, not full attention
 

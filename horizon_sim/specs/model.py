@@ -60,6 +60,14 @@ class ModelSpec:
     padding_idx: int | None = None
     """The embedding row that never trains (the HF config's pad_token_id: transformers builds
     nn.Embedding(padding_idx=...), whose backward gives that row no gradient); None = none."""
+    attn_softcap: float = 0.0
+    """Attention scores soft-capped to (-c, c) by c * tanh(s / c) (Gemma 2's attn_logit_softcapping);
+    0 = none."""
+    logit_softcap: float = 0.0
+    """The LM head's logits soft-capped the same way (Gemma 2's final_logit_softcapping); 0 = none."""
+    query_scale: float = 0.0
+    """Attention scores scaled by query_scale ** -0.5 instead of head_dim ** -0.5 (Gemma's
+    query_pre_attn_scalar); 0 = head_dim."""
     init_std: float = 0.02
     """Standard deviation of a random init's matrices (the HF config's initializer_range)."""
     # ---- mixture of experts (specs/moe.py; all zero = a dense MLP; an MoE family needs them) --
@@ -115,6 +123,13 @@ class ModelSpec:
         if (isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float))
                 or not math.isfinite(self.init_std) or self.init_std < 0):
             raise HorizonError(f"model init_std={self.init_std!r} must be a finite number >= 0")
+        for f in ("attn_softcap", "logit_softcap", "query_scale"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise HorizonError(f"model {f}={v!r} must be a finite number >= 0 (0 = none)")
+            if v and not fam.softcapping:
+                raise HorizonError(f"model {f}={v!r}: family {self.family!r} has no soft-capping or query scale "
+                                   "(gemma2 has)")
         p = self.padding_idx
         if p is not None and (not isinstance(p, int) or isinstance(p, bool) or not 0 <= p < self.vocab):
             raise HorizonError(f"model padding_idx={p!r} must be a token id in 0..{self.vocab - 1} (the vocabulary) "

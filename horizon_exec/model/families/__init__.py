@@ -21,6 +21,8 @@ def check_runnable(m) -> None:
     if m.family not in FORWARDS:
         raise HorizonError(f"model {m.name!r}: family {m.family!r} ({FAMILIES[m.family].summary}) is planned "
                            f"only; the executor runs {', '.join(FORWARDS)}")
+    if m.attn_softcap or m.logit_softcap or m.query_scale:
+        raise HorizonError(f"model {m.name!r}: soft-capping and a query scale are planned only")
     if m.rotary_fraction != 1:
         raise HorizonError(f"model {m.name!r}: partial rotary embeddings (rotary_fraction={m.rotary_fraction}) are "
                            "planned only; the executor rotates every dimension of a head")

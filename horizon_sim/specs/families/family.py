@@ -55,6 +55,9 @@ class ModelFamily:
     moe: MoeTraits | None = None
     """None for a dense family."""
     check: Callable = _no_check
+    softcapping: bool = False
+    """Its attention scores and logits may be soft-capped and its queries scaled otherwise than by
+    head_dim (ModelSpec.attn_softcap, logit_softcap, query_scale: Gemma 2)."""
     learned_positions: bool = False
     """A learned position embedding (max_position rows) beside the token embedding (GPT-2's wpe),
     in the embedding unit; RoPE otherwise."""

@@ -1,0 +1,107 @@
+"""Gemma 2 (Gemma2ForCausalLM, model_type gemma2): RMSNorm before and after attention and before
+and after the MLP (the sandwich: input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
+post_feedforward_layernorm), q/k/v/o without biases, RoPE, sliding and global layers alternating
+(layer_types, or every even layer sliding), attention scores soft-capped (attn_logit_softcapping)
+and scaled by query_pre_attn_scalar ** -0.5, a gated GELU-tanh MLP, logits soft-capped
+(final_logit_softcapping), the embedding scaled by sqrt(hidden), tied head, pad token 0.
+
+Planned only: the executor refuses it by name. Its parameters are counted exactly; its RMSNorm
+multiplies by (1 + weight) and its GELU-tanh gate is priced as SwiGLU's, the soft-caps' tanh are
+not priced (inside attention and the loss, a few elementwise bytes per score and logit), and
+neither is the embedding's scale (estimates).
+
+HF config: hidden_activation (gelu_pytorch_tanh), head_dim, query_pre_attn_scalar ->
+query_scale, attn_logit_softcapping -> attn_softcap, final_logit_softcapping -> logit_softcap,
+sliding_window and layer_types -> layer_windows; attention_bias and use_bidirectional_attention
+true are refused by name."""
+from types import MappingProxyType
+
+from horizon_sim.errors import HorizonError
+from horizon_sim.specs.block_parts import (Kernel, attention_kernels, attention_projections, block_tensors,
+                                           dense_mlp_kernels, gated_mlp_projections)
+from horizon_sim.specs.families.family import ModelFamily
+from horizon_sim.specs.hf_families import HfFamily, refuse_attention_bias
+from horizon_sim.specs.hf_values import as_bool, as_float, as_int
+
+NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+def projections(m):
+    return (*attention_projections(m, False), *gated_mlp_projections(m, False))
+
+
+def kernels(m):
+    """The Llama halves with a norm after each (on the half's output, before the residual add)."""
+    *attn, attn_add = attention_kernels(m, qk_norm=False)
+    *mlp, mlp_add = dense_mlp_kernels(m, gated=True)
+    return (*attn, Kernel("rmsnorm", "attention", m.hidden), attn_add, *mlp, Kernel("rmsnorm", "mlp", m.hidden), mlp_add)
+
+
+def tensors(m):
+    return (*block_tensors(m, projections(m), norm_tensors=()), *((f"{n}.weight", (m.hidden,)) for n in NORMS))
+
+
+def _windows(cfg: dict, where: str, n_layers: int) -> tuple[int, ...]:
+    """Gemma2Config: layer_types, or every even layer sliding; sliding layers take sliding_window."""
+    w = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
+    if (not isinstance(types, list) or len(types) != n_layers
+            or any(t not in ("full_attention", "sliding_attention") for t in types)):
+        raise HorizonError(f"{where}: layer_types must list 'full_attention' or 'sliding_attention' for each of "
+                           f"the {n_layers} layers")
+    if w is None:
+        return ()
+    w = as_int(cfg, "sliding_window", where)
+    wins = tuple(w if t == "sliding_attention" else 0 for t in types)
+    return wins if any(wins) else ()
+
+
+def _read(cfg: dict, where: str, n_layers: int) -> dict:
+    refuse_attention_bias(cfg, "gemma2", where)
+    if as_bool(cfg, "use_bidirectional_attention", where, False):
+        raise HorizonError(f"{where}: use_bidirectional_attention = true (an encoder's attention) is not supported")
+    cap = {k: as_float(cfg[k], k, where, strict=False) if cfg.get(k) is not None else 0.0
+           for k in ("attn_logit_softcapping", "final_logit_softcapping")}
+    return dict(layer_windows=_windows(cfg, where, n_layers), attn_softcap=cap["attn_logit_softcapping"],
+                logit_softcap=cap["final_logit_softcapping"],
+                query_scale=as_float(cfg["query_pre_attn_scalar"], "query_pre_attn_scalar", where, strict=False))
+
+
+def _export(spec) -> dict:
+    w = max(spec.layer_windows, default=0)
+    if any(x not in (0, w) for x in spec.layer_windows):
+        raise HorizonError(f"model {spec.name!r}: gemma2 has one sliding window size, the layers want "
+                           f"{sorted(set(spec.layer_windows))}")
+    q = spec.query_scale or spec.hd
+    return {"head_dim": spec.hd, "query_pre_attn_scalar": int(q) if q == int(q) else q,  # an int in Gemma2Config
+            "attn_logit_softcapping": spec.attn_softcap or None, "final_logit_softcapping": spec.logit_softcap or None,
+            "sliding_window": w or None, "attention_bias": False,
+            "layer_types": ["sliding_attention" if x else "full_attention" for x in spec.layer_windows]
+            if spec.layer_windows else ["full_attention"] * spec.n_layers}
+
+
+HF = HfFamily(
+    "gemma2", "Gemma2ForCausalLM",
+    MappingProxyType(dict(  # Gemma2Config's (its hidden_activation aliased to the shared hidden_act)
+        vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, hidden_act="gelu_pytorch_tanh", max_position_embeddings=8192,
+        initializer_range=0.02, rms_norm_eps=1e-6, pad_token_id=0, tie_word_embeddings=True, attention_bias=False,
+        attention_dropout=0.0, query_pre_attn_scalar=256, sliding_window=4096, layer_types=None,
+        final_logit_softcapping=30.0, attn_logit_softcapping=50.0, use_bidirectional_attention=None)),
+    frozenset({"hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+               "sliding_window", "layer_types", "attention_bias", "use_bidirectional_attention",
+               "cache_implementation"}),
+    _read, _export, aliases={"hidden_activation": "hidden_act"}, activations=("gelu_pytorch_tanh",))
+
+PRESETS = (
+    # Gemma2Config's defaults, which are google/gemma-2-2b's shape: 26 layers of 2304, 8 heads of 256, 4 kv
+    # heads, MLP 9216, vocab 256000, a 4096-token window on every even layer, soft-caps 50 / 30, 8192 positions.
+    dict(name="gemma-2-2b", n_layers=26, hidden=2304, n_heads=8, n_kv_heads=4, head_dim=256, ffn_hidden=9216,
+         vocab=256000, tied_embeddings=True, norm_eps=1e-6, max_position=8192, padding_idx=0,
+         layer_windows=(4096, 0) * 13, attn_softcap=50.0, logit_softcap=30.0, query_scale=256.0),
+)
+
+FAMILY = ModelFamily("gemma2", "sandwich RMSNorms, soft-capped attention and logits, GELU-tanh MLP (Gemma 2; "
+                     "planned only)", projections, kernels, tensors, hf=HF, softcapping=True, presets=PRESETS)
