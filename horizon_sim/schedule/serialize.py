@@ -15,7 +15,8 @@ from horizon_sim.specs.policy import Policy
 
 FORMAT = "horizon.schedule"
 VERSION = 4  # 4: the meta model's family (was qk_norm, moe_family, ffn_type, norm: read as the family
-#              they described, specs/families/legacy.py), padding_idx, rotary_fraction
+#              they described, specs/families/legacy.py), padding_idx, rotary_fraction, attn_softcap,
+#              logit_softcap, query_scale
 #           3: meta layout {devices_per_node, nodes} and family (were flat fields and notes); op unit (was layer)
 READS = (2, 3, 4)  # 2: policy act_ckpt_every/act_ckpt_on (were ckpt_every/ckpt_on), typed fields
 _OP_FIELDS = {f.name for f in fields(Op)}
