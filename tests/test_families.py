@@ -49,6 +49,7 @@ TINY = {  # family: its tiny spec's fields (T = 16 tokens: longer than every win
     "gpt_neox": dict(ffn_hidden=256, n_kv_heads=4, rotary_fraction=0.25),
     "gemma2": dict(ffn_hidden=96, head_dim=32, tied_embeddings=True, padding_idx=0, layer_windows=(6, 0),
                    attn_softcap=50.0, logit_softcap=30.0, query_scale=24.0),
+    "olmo2": dict(ffn_hidden=96, padding_idx=1),
 }
 RUNNABLE = [f for f in FAMILIES if f in FORWARDS]
 WITH_HF = [f for f in FAMILIES if FAMILIES[f].hf is not None]
