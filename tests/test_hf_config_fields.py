@@ -183,3 +183,11 @@ def test_rope_scaling_4x_style_and_parameter_checks(tmp_path):
     cfg["rope_scaling"] = {"rope_type": "linear", "factor": float("nan")}
     with pytest.raises(HorizonError, match="factor"):
         _read(tmp_path, cfg)
+
+
+@pytest.mark.parametrize("mt,words", [("gemma3", "vision tower"), ("gemma3_text", "Gemma 3's language model")])
+def test_gemma3_is_refused_with_what_it_is(tmp_path, mt, words):
+    cfg = {"model_type": mt, **{k: v for k, v in TINY.items() if v is not None}}
+    with pytest.raises(HorizonError, match=words) as e:
+        _read(tmp_path, cfg)
+    assert "\n" not in str(e.value)

@@ -48,6 +48,12 @@ from horizon_sim.specs.rope import ROPE_KINDS, RopeScaling
 
 SUPPORTED_MODEL_TYPES = tuple(HF_ROWS)
 _MOE_TYPES = tuple(mt for mt in HF_ROWS if FAMILIES[mt].is_moe)
+REFUSED_DENSE = {
+    "gemma3": "the multimodal Gemma 3 (a vision tower beside the language model: neither trained nor carried into "
+              "--save-hf, so the checkpoint is refused rather than saved without it)",
+    "gemma3_text": "Gemma 3's language model (RoPE bases per layer type, per-head q/k norms inside sandwich norms)",
+}
+"""Dense model types refused by name with what they are (the MoE ones: hf_moe.REFUSED_TYPES)."""
 _DEFAULT_ROPE_THETA = 10000.0  # default_theta of all three HF config classes
 
 # Read into the spec (the shared ones; per model type: each family's `reads`). Public with IGNORED:
@@ -255,6 +261,9 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
     if isinstance(mt, str) and mt in hf_moe.REFUSED_TYPES:  # a list or dict is not a key: refused below
         raise HorizonError(f"{where}: model_type {mt!r} is {hf_moe.REFUSED_TYPES[mt]}, which Horizon does not "
                            f"implement; MoE types supported: {', '.join(_MOE_TYPES)}")
+    if isinstance(mt, str) and mt in REFUSED_DENSE:
+        raise HorizonError(f"{where}: model_type {mt!r} is {REFUSED_DENSE[mt]}, which Horizon does not implement yet; "
+                           f"allowed: {', '.join(SUPPORTED_MODEL_TYPES)}")
     if mt not in SUPPORTED_MODEL_TYPES:
         raise HorizonError(f"{where}: model_type {mt!r} is not supported; allowed: "
                            f"{', '.join(SUPPORTED_MODEL_TYPES)}")
