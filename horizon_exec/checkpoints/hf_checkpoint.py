@@ -1,6 +1,6 @@
 """Hugging Face checkpoints in and out of the host store, one tensor at a time.
 
-    spec = spec_from_hf_dir("Qwen2.5-0.5B/")          # config.json -> ModelSpec (llama/qwen2/mistral/qwen3, MoE)
+    spec = spec_from_hf_dir("Qwen2.5-0.5B/")          # config.json -> ModelSpec (a family of specs/families)
     tr = Trainer(spec, policy, TrainerConfig(random_init=False))
     load_hf(tr, "Qwen2.5-0.5B/")                       # safetensors -> fp32 master (+ working copy)
     save_hf(tr, "out/", dtype="bf16")                  # master -> safetensors + config.json
@@ -68,7 +68,7 @@ def resolve_checkpoint(name) -> Path:
 
 
 def spec_from_hf_dir(path) -> ModelSpec:
-    """ModelSpec of a local checkpoint folder (validates model_type: llama, qwen2, mistral, qwen3).
+    """ModelSpec of a local checkpoint folder (its model_type one of specs/families' config rows).
     tie_word_embeddings true with an lm_head.weight in the weights that differs from the
     embedding is an untied model, as transformers loads it (it keeps both, with a warning)."""
     p = Path(path)

@@ -1,5 +1,5 @@
 """Typed reads of one config.json value, each refusing a wrong one in a line that names the key
-(shared by the generic reader hf_config.py and the per-family rows of hf_families.py)."""
+(shared by the generic reader hf_config.py and the per-family rows of specs/families)."""
 import math
 
 from horizon_sim.errors import HorizonError
