@@ -74,10 +74,10 @@ def test_an_admitted_launch_with_an_unresolvable_master_exits_2_at_once(capsys):
     fixture undoes what the launcher changes (environment; torch.distributed.run replaced)."""
     t0 = time.monotonic()
     assert main(BASE + ["--nproc-per-node", "2", "--host-budget", "64GiB", "--master-addr", "no.such.host.invalid",
-                        "--dist-timeout", "60"]) == 2
+                        "--dist-timeout", "600"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("horizon train: error: --master-addr no.such.host.invalid: cannot resolve it")
-    assert err.count("\n") == 1 and time.monotonic() - t0 < 30
+    assert err.count("\n") == 1 and time.monotonic() - t0 < 300  # a no-hang bound, far under the 600 s timeout
 
 
 def _launch_raising(monkeypatch, exc):

@@ -119,6 +119,11 @@ def _gemms(run):
     return seen
 
 
+def _mask_elements(spec, seq: int) -> int:
+    """The explicit mask block 0 attends under (its window shorter than seq), 0 when causal."""
+    return work.mask_bytes(B, seq, False) if 0 < spec.window(0) < seq else 0
+
+
 def _flops(gemms) -> float:
     return sum(2.0 * math.prod(g) for g in gemms)
 
@@ -187,7 +192,7 @@ def test_what_autograd_saves_is_what_the_planner_counts(family, dtype):
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = DecoderBlock(spec)(w, x, cos, sin, spec.window(0))
     a = torch.empty((), dtype=dtype).element_size()
-    mask = a * work.mask_bytes(B, T, False) if 0 < spec.window(0) < T else 0  # SDPA keeps the additive mask
+    mask = a * _mask_elements(spec, T)  # SDPA keeps the additive mask
     padding = sum(storages.values()) + y.numel() * a - work.block_saved_bytes(spec, B, T, a) - mask
     assert 0 <= padding <= work.expert_padding_bytes(spec, a)
     if a == 4 or not spec.is_moe:
@@ -260,8 +265,7 @@ def test_the_planned_temporaries_are_the_measured_ones(family, dtype):
         tl = tr.step(torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(0))).timeline
     for kind in ("forward", "backward"):
         layer = tl[(tl.kind == kind) & (tl.unit == 0)]  # block 0: its window is the spec's window(0)
-        mask = work.mask_bytes(B, T, False) if 0 < spec.window(0) < T else 0
-        want = work.block_temp_peak_bytes(spec, B, T, a, kind == "backward", mask)
+        want = work.block_temp_peak_bytes(spec, B, T, a, kind == "backward", _mask_elements(spec, T))
         if spec.is_moe:
             assert set(layer.temp_peak_bytes) and max(layer.temp_peak_bytes) <= want, kind
         else:

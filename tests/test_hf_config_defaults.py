@@ -33,9 +33,8 @@ def _required_sizes(mt) -> dict:
 def test_table_equals_the_installed_config_classes(mt):
     cls = _class(mt)
     params = inspect.signature(cls.__init__).parameters
-    own = {shared: key for key, shared in HF_ROWS[mt].aliases.items()}  # GPT-2's n_embd for hidden_size
-    for key, want in HF_DEFAULTS[mt].items():
-        have = cls.default_theta if key == "rope_theta" else params[own.get(key, key)].default
+    for key, want in HF_DEFAULTS[mt].items():  # keyed by the shared names: GPT-2's n_embd is hidden_size
+        have = cls.default_theta if key == "rope_theta" else params[HF_ROWS[mt].own_key(key)].default
         assert have == want, (mt, key, have, want)
 
 
@@ -52,10 +51,8 @@ def test_a_minimal_config_reads_as_transformers_builds_it(mt, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(d))
     spec = from_hf_config(tmp_path)
     hf = AutoConfig.for_model(mt, **{k: v for k, v in d.items() if k != "model_type"})
-    own = {shared: key for key, shared in HF_ROWS[mt].aliases.items()}
-
-    def field(shared):  # the class's own name for a shared field (GPT-2's layer_norm_epsilon)
-        return getattr(hf, own.get(shared, shared), None)
+    def field(shared):  # under the class's own name (GPT-2's layer_norm_epsilon)
+        return getattr(hf, HF_ROWS[mt].own_key(shared), None)
 
     assert spec.n_kv_heads == (field("num_key_value_heads") or hf.num_attention_heads)
     assert spec.norm_eps == field("rms_norm_eps")

@@ -273,8 +273,8 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
     cfg = row.prepare(with_hf_defaults({row.aliases.get(k, k): v for k, v in cfg.items()}, mt))
     act = cfg.get("hidden_act", "silu")
     if act not in row.activations:
-        key = next((k for k, v in row.aliases.items() if v == "hidden_act"), "hidden_act")
-        raise HorizonError(f"{where}: {key} {act!r} is not supported; {mt} takes {', '.join(row.activations)}")
+        raise HorizonError(f"{where}: {row.own_key('hidden_act')} {act!r} is not supported; {mt} takes "
+                           f"{', '.join(row.activations)}")
 
     heads = as_int(cfg, "num_attention_heads", where)
     hidden = as_int(cfg, "hidden_size", where)

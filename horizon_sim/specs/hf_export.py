@@ -78,5 +78,4 @@ def to_hf_config_dict(spec: ModelSpec) -> dict:
     if spec.head_dim and spec.head_dim * spec.n_heads != spec.hidden:
         d["head_dim"] = spec.hd  # the classes default to hidden // heads (qwen3's row always writes it)
     d.update(row.export(spec))
-    back = {shared: own for own, shared in row.aliases.items()}
-    return {back.get(k, k): v for k, v in d.items() if k not in row.drops}
+    return {row.own_key(k): v for k, v in d.items() if k not in row.drops}

@@ -45,6 +45,10 @@ class HfFamily:
     """Its class rotates part of each head (partial_rotary_factor, read into rotary_fraction
     and written back); elsewhere a factor other than 1 is refused by name."""
 
+    def own_key(self, shared: str) -> str:
+        """Its class's name for a shared field (GPT-2's n_embd for hidden_size)."""
+        return next((own for own, s in self.aliases.items() if s == shared), shared)
+
 
 _COMMON = {
     "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -84,23 +88,39 @@ def windows_by_layer(cfg: dict, where: str, n_layers: int) -> tuple[int, ...]:
     if types is None:
         first = as_int(cfg, "max_window_layers", where, default=QWEN_WINDOWS["max_window_layers"], minimum=0)
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+    return windows_of_types(types, w, where, n_layers)
+
+
+def windows_of_types(types, window: int, where: str, n_layers: int) -> tuple[int, ...]:
+    """layer_types (each layer 'full_attention' or 'sliding_attention') -> layer_windows: the
+    window on the sliding layers, () when none slides."""
     if (not isinstance(types, list) or len(types) != n_layers
             or any(t not in ("full_attention", "sliding_attention") for t in types)):
         raise HorizonError(f"{where}: layer_types must list 'full_attention' or 'sliding_attention' "
                            f"for each of the {n_layers} layers")
-    wins = tuple(w if t == "sliding_attention" else 0 for t in types)
+    wins = tuple(window if t == "sliding_attention" else 0 for t in types)
     return wins if any(wins) else ()
+
+
+def one_window_size(spec, mt: str) -> int:
+    """The one sliding window of spec's sliding layers (0: none); a class with one window size
+    (mt) refuses layers that want several."""
+    w = max(spec.layer_windows, default=0)
+    if any(x not in (0, w) for x in spec.layer_windows):
+        raise HorizonError(f"model {spec.name!r}: {mt} has one sliding window size, the layers "
+                           f"want {sorted(set(spec.layer_windows))}")
+    return w
+
+
+def layer_types(spec) -> list[str]:
+    """spec's layer_windows as transformers' layer_types."""
+    return ["sliding_attention" if spec.window(i) else "full_attention" for i in range(spec.n_layers)]
 
 
 def export_windows_by_layer(spec) -> dict:
     if not spec.layer_windows:
         return {"use_sliding_window": False}
-    w = max(spec.layer_windows)
-    if any(x not in (0, w) for x in spec.layer_windows):
-        raise HorizonError(f"model {spec.name!r}: qwen2 has one sliding window size, the layers "
-                           f"want {sorted(set(spec.layer_windows))}")
-    return dict(use_sliding_window=True, sliding_window=w,
-                layer_types=["sliding_attention" if x else "full_attention" for x in spec.layer_windows])
+    return dict(use_sliding_window=True, sliding_window=one_window_size(spec, "qwen2"), layer_types=layer_types(spec))
 
 
 # ---- MoE rows (the routing they share: hf_moe.py) -------------------------------------------

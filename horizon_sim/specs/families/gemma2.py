@@ -20,7 +20,8 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.specs.block_parts import (Kernel, attention_kernels, attention_projections, block_tensors,
                                            dense_mlp_kernels, gated_mlp_projections)
 from horizon_sim.specs.families.family import ModelFamily
-from horizon_sim.specs.hf_families import HfFamily, refuse_attention_bias
+from horizon_sim.specs.hf_families import (HfFamily, layer_types, one_window_size, refuse_attention_bias,
+                                           windows_of_types)
 from horizon_sim.specs.hf_values import as_bool, as_float, as_int
 
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -43,19 +44,11 @@ def tensors(m):
 
 def _windows(cfg: dict, where: str, n_layers: int) -> tuple[int, ...]:
     """Gemma2Config: layer_types, or every even layer sliding; sliding layers take sliding_window."""
-    w = cfg.get("sliding_window")
     types = cfg.get("layer_types")
     if types is None:
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
-    if (not isinstance(types, list) or len(types) != n_layers
-            or any(t not in ("full_attention", "sliding_attention") for t in types)):
-        raise HorizonError(f"{where}: layer_types must list 'full_attention' or 'sliding_attention' for each of "
-                           f"the {n_layers} layers")
-    if w is None:
-        return ()
-    w = as_int(cfg, "sliding_window", where)
-    wins = tuple(w if t == "sliding_attention" else 0 for t in types)
-    return wins if any(wins) else ()
+    w = as_int(cfg, "sliding_window", where) if cfg.get("sliding_window") is not None else 0
+    return windows_of_types(types, w, where, n_layers)
 
 
 def _read(cfg: dict, where: str, n_layers: int) -> dict:
@@ -70,16 +63,11 @@ def _read(cfg: dict, where: str, n_layers: int) -> dict:
 
 
 def _export(spec) -> dict:
-    w = max(spec.layer_windows, default=0)
-    if any(x not in (0, w) for x in spec.layer_windows):
-        raise HorizonError(f"model {spec.name!r}: gemma2 has one sliding window size, the layers want "
-                           f"{sorted(set(spec.layer_windows))}")
+    w = one_window_size(spec, "gemma2")
     q = spec.query_scale or spec.hd
     return {"head_dim": spec.hd, "query_pre_attn_scalar": int(q) if q == int(q) else q,  # an int in Gemma2Config
             "attn_logit_softcapping": spec.attn_softcap or None, "final_logit_softcapping": spec.logit_softcap or None,
-            "sliding_window": w or None, "attention_bias": False,
-            "layer_types": ["sliding_attention" if x else "full_attention" for x in spec.layer_windows]
-            if spec.layer_windows else ["full_attention"] * spec.n_layers}
+            "sliding_window": w or None, "attention_bias": False, "layer_types": layer_types(spec)}
 
 
 HF = HfFamily(

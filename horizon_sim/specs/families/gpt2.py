@@ -34,9 +34,11 @@ def kernels(m):
 
 
 def tensors(m):
-    attn, o, fc, proj = (block_tensors(m, (p,), norm_tensors=()) for p in projections(m))
-    ln = (("weight", (m.hidden,)), ("bias", (m.hidden,)))
-    return (*((f"ln_1.{t}", s) for t, s in ln), *attn, *o, *((f"ln_2.{t}", s) for t, s in ln), *fc, *proj)
+    """ln_1, the attention's projections, ln_2, the MLP's (GPT2Block's order)."""
+    ps = projections(m)
+    ln = lambda name: ((f"{name}.weight", (m.hidden,)), (f"{name}.bias", (m.hidden,)))  # noqa: E731
+    return (*ln("ln_1"), *block_tensors(m, ps[:2], norm_tensors=()),
+            *ln("ln_2"), *block_tensors(m, ps[2:], norm_tensors=()))
 
 
 def _check(m) -> None:

@@ -28,10 +28,12 @@ def kernels(m):
 
 
 def tensors(m):
-    qk = [("self_attn.q_norm.weight", (m.q_dim,)), ("self_attn.k_norm.weight", (m.kv_dim,))]
-    attn, mlp = block_tensors(m, projections(m)[:4], norm_tensors=()), block_tensors(m, projections(m)[4:], norm_tensors=())
-    return (*attn, *qk, *mlp, ("post_attention_layernorm.weight", (m.hidden,)),
-            ("post_feedforward_layernorm.weight", (m.hidden,)))
+    """The attention's projections, its whole-projection q/k norms, the MLP's, the two post-norms."""
+    ps = projections(m)
+    return (*block_tensors(m, ps[:4], norm_tensors=()),
+            ("self_attn.q_norm.weight", (m.q_dim,)), ("self_attn.k_norm.weight", (m.kv_dim,)),
+            *block_tensors(m, ps[4:], norm_tensors=()),
+            ("post_attention_layernorm.weight", (m.hidden,)), ("post_feedforward_layernorm.weight", (m.hidden,)))
 
 
 def _read(cfg: dict, where: str, n_layers: int) -> dict:
