@@ -249,15 +249,28 @@ def _as_wide_as_real_models(spec):
                    ffn_hidden=width if spec.ffn_hidden == spec.expert_ffn_hidden else spec.ffn_hidden)
 
 
+def _few_tokens_wide_queries(spec):
+    """16 tokens through a block whose queries are twice as wide as the model (Qwen3-32B's and
+    Gemma's heads are): the weight gradients outweigh the activations, so the backward peaks at
+    its end, in the q/k norms' or the first projection's backward."""
+    spec = _as_wide_as_real_models(spec)
+    return replace(spec, head_dim=2 * spec.hidden // spec.n_heads, layer_windows=())
+
+
+SHAPES = {"wide": (_as_wide_as_real_models, 64), "few-tokens": (_few_tokens_wide_queries, 8)}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("family", RUNNABLE)
-def test_the_planned_temporaries_are_the_measured_ones(family, dtype):
+def test_the_planned_temporaries_are_the_measured_ones(family, dtype, shape):
     """schedule/work.py's temporary peaks of a block's forward and backward against the
     executor's measured ones in a streamed step: equal for a dense block; an MoE block's
     depend on where the router sends rows, and the planner's bound them."""
     from horizon_exec.runtime.trainer import Trainer
     from horizon_sim.specs.policy import Policy
-    spec, T = _as_wide_as_real_models(tiny(family)), 64
+    reshape, T = SHAPES[shape]
+    spec = reshape(tiny(family))
     kw = dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False) if dtype == "fp32" else {}
     pol = Policy(batch=B, seq=T, act_ckpt_every=2, loss_chunk_tokens=1024, **kw)
     a = 4 if dtype == "fp32" else 2
@@ -270,3 +283,22 @@ def test_the_planned_temporaries_are_the_measured_ones(family, dtype):
             assert set(layer.temp_peak_bytes) and max(layer.temp_peak_bytes) <= want, kind
         else:
             assert set(layer.temp_peak_bytes) == {want}, kind
+    head = set(tl[tl.kind == "head"].temp_peak_bytes)
+    assert head == {work.head_temp_peak_bytes(spec, B * T, 1024, a)}
+
+
+@pytest.mark.parametrize("family", [f for f in RUNNABLE if not FAMILIES[f].is_moe])
+def test_the_planned_elementwise_bytes_are_a_kernel_by_kernel_count(family):
+    """work.block_elementwise_bytes of a forward and a backward against what the executor's
+    non-GEMM kernels read plus write, counted aten call by aten call (bf16), to within the row
+    statistics the formula rounds. (An MoE block's routing kernels are estimates,
+    schedule/kernel_bytes.py.)"""
+    from horizon_exec.measure.calibrate import KernelTimer, block_pass
+    m = replace(_as_wide_as_real_models(tiny(family)), hidden=256, ffn_hidden=688, n_layers=1, layer_windows=())
+    fn = block_pass(m, B, 128, torch.bfloat16, "cpu")
+    fn()  # the first call also lays out weights for the GEMM library
+    timer = KernelTimer()
+    with timer:
+        fn()
+    want = work.block_elementwise_bytes(m, B * 128, 128, 2, False) + work.block_elementwise_bytes(m, B * 128, 128, 2, True)
+    assert want == pytest.approx(timer.bytes, rel=2e-3)

@@ -175,10 +175,11 @@ def test_every_layer_kept_matches_transformers_autograd():
                                                                        keep_last=KEEP_ALL, loss_chunk_tokens=12))
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2"])  # a pre-norm, q/k norms, none: norms after
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mb,seq", [(1, 64), (2, 128)])
 @pytest.mark.parametrize("hidden,ffn", [(64, 96), (256, 688)])
-def test_measured_temporaries_stay_under_kept_works_counts(dtype, mb, seq, hidden, ffn):
+def test_measured_temporaries_stay_under_kept_works_counts(dtype, mb, seq, hidden, ffn, family):
     """A kept FORWARD's measured temporary peak (its saved tensors and output included) and a
     BACKWARD_SAVED's (its output included) against what the builder charges for them."""
     from horizon_exec.device.arena import DeviceArena
@@ -187,7 +188,7 @@ def test_measured_temporaries_stay_under_kept_works_counts(dtype, mb, seq, hidde
     from horizon_exec.model.layout import block_layout
     from horizon_exec.runtime.kept_graph import KeptGraph
     from horizon_sim.schedule import kept_work
-    m = ModelSpec(n_layers=2, hidden=hidden, n_heads=8, n_kv_heads=4, ffn_hidden=ffn, vocab=64)
+    m = ModelSpec(n_layers=2, hidden=hidden, n_heads=8, n_kv_heads=4, ffn_hidden=ffn, vocab=64, family=family)
     a = 2 if dtype == torch.bfloat16 else 4
     gen = torch.Generator().manual_seed(0)
     slot = (torch.randn(m.layer_params, generator=gen) * 0.02).to(dtype)

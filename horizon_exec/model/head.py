@@ -22,17 +22,17 @@ def next_token_labels(tokens):
 
 
 def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk: int,
-                 g_norm_out, g_lm_out, loss_kernel: str = "torch"):
+                 g_norm_out, g_lm_out, loss_kernel: str = "torch", norm=rms_norm):
     """x (B, T, H) activations entering the head; w_norm (H,); w_lm (V, H); labels (B*T,).
     Writes dL/dw_norm into g_norm_out (H,) and dL/dw_lm into g_lm_out (V, H) (both in the
     compute dtype); returns (dx (B, T, H), loss contribution: fp32 scalar). loss_kernel:
-    Policy.loss_kernel (xent.py)."""
+    Policy.loss_kernel (xent.py); norm: the family's final norm (model/families final_norm)."""
     B, T, H = x.shape
     N = B * T
     with torch.enable_grad():
         xg = x.reshape(N, H).detach().requires_grad_()
         wn = w_norm.detach().requires_grad_()
-        h = rms_norm(xg, wn, eps)                                   # (N, H)
+        h = norm(xg, wn, eps)                                       # (N, H)
     hd = h.detach()
     dh = torch.empty_like(hd)                                       # (N, H)
     g_lm_out.zero_()
@@ -52,11 +52,11 @@ def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk:
     return dx.view(B, T, H), loss * inv_n
 
 
-def head_loss(x, w_norm, w_lm, labels, eps: float, chunk: int, loss_kernel: str = "torch"):
+def head_loss(x, w_norm, w_lm, labels, eps: float, chunk: int, loss_kernel: str = "torch", norm=rms_norm):
     """Forward only: x (B, T, H), w_norm (H,), w_lm (V, H), labels (B*T,) -> fp32 scalar sum
     of the token losses over labelled positions (-100 skipped), chunk tokens at a time."""
     B, T, H = x.shape
-    h = rms_norm(x.reshape(B * T, H), w_norm, eps)                  # (N, H)
+    h = norm(x.reshape(B * T, H), w_norm, eps)                      # (N, H)
     total = torch.zeros((), dtype=torch.float32, device=x.device)
     for i in range(0, B * T, chunk):
         total += loss_sum(h[i:i + chunk] @ w_lm.t(), labels[i:i + chunk], loss_kernel)

@@ -16,12 +16,13 @@ import torch.nn.functional as F
 from horizon_sim.specs.model import ModelSpec
 
 
-def rms_norm(x, w, eps: float):
-    """x (..., H), w (H,): HF LlamaRMSNorm (statistics in fp32, output in x's dtype)."""
+def rms_norm(x, w, eps: float, fp32_weight: bool = False):
+    """x (..., H), w (H,): HF LlamaRMSNorm (statistics in fp32, cast back to x's dtype, then times
+    w); with fp32_weight, Olmo2RMSNorm's order (times w in fp32, then cast back)."""
     dt = x.dtype
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return w * h.to(dt)
+    return (w * h).to(dt) if fp32_weight else w * h.to(dt)
 
 
 def attention_mask(seq: int, window: int, docs, device):

@@ -23,6 +23,7 @@ import torch
 
 from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
+from horizon_exec.model.families import final_norm
 from horizon_exec.model.head import head_fwd_bwd, head_loss
 from horizon_exec.model.layers import DecoderBlock
 from horizon_exec.model.router_aux import RouterAux, RouterStats
@@ -413,7 +414,8 @@ class OpRunner:
             dx, loss = head_fwd_bwd(x, w["model.norm.weight"], w["lm_head.weight"], labels,
                                     self.inputs.n_step_tokens, self.m.norm_eps,
                                     min(self.p.loss_chunk_tokens, labels.numel()),
-                                    gv["model.norm.weight"], gv["lm_head.weight"], self.p.loss_kernel)
+                                    gv["model.norm.weight"], gv["lm_head.weight"], self.p.loss_kernel,
+                                    final_norm(self.m))
             if staged:
                 (dgrad[:mine.numel()].add_ if add else dgrad[:mine.numel()].copy_)(mine)
                 del mine, gv
@@ -430,7 +432,7 @@ class OpRunner:
         labels = self.labels[self._rows(op.micro)].reshape(-1)
         with self._scope(op), torch.no_grad():
             loss = head_loss(x, w["model.norm.weight"], w["lm_head.weight"], labels, self.m.norm_eps,
-                             min(self.p.loss_chunk_tokens, labels.numel()), self.p.loss_kernel)
+                             min(self.p.loss_chunk_tokens, labels.numel()), self.p.loss_kernel, final_norm(self.m))
         self.outputs.loss_parts[op.micro] = loss
 
     def _sr_seed(self, u: int) -> int:

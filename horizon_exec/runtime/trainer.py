@@ -60,7 +60,7 @@ from horizon_exec.dist.context import single
 from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
 from horizon_exec.model.head import IGNORE, next_token_labels
-from horizon_exec.model.layers import rms_norm
+from horizon_exec.model.families import final_norm
 from horizon_exec.model.layout import block_layout, host_layout
 from horizon_exec.optim.adamw import check_hyper
 from horizon_exec.runtime.assemble import assemble, optimizer_for, schedule_for
@@ -447,7 +447,8 @@ class Trainer:
         tokens, _ = self._check_batch(tokens, None, None)
         xs, w_norm, w_lm = self._final_hidden(tokens, self._check_docs(docs, tokens))
         with torch.no_grad():
-            return torch.cat([(rms_norm(x, w_norm, self.model.norm_eps) @ w_lm.t()).float().cpu() for x in xs])
+            norm = final_norm(self.model)
+            return torch.cat([(norm(x, w_norm, self.model.norm_eps) @ w_lm.t()).float().cpu() for x in xs])
 
     @property
     def host_store_bytes(self) -> int:

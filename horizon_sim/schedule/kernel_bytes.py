@@ -12,7 +12,10 @@ token, for a kernel of width w elements in a compute dtype of a bytes:
                                                                       the fp32 logsumexp (4 a head)
   swiglu     5a w (SiLU 2a, gate*up 3a) 9a w                          gate, up, silu, product: 4a w
   silu       2a w                      3a w                           its input and output: 2a w
-  residual   3a w                      3a w (the gradients' sum)      nothing
+  residual   3a w                      3a w (the gradients' sum)      nothing (its output when the
+                                                                      MLP's projections read it, aw)
+  split      2a c (c copied out)       2a w (the parts' gradients     nothing (views)
+                                       concatenated)
 
 An MoE block (specs/block.py _moe_kernels) adds four kinds. Their traffic figures are ESTIMATES
 from the kernels a looped-expert executor runs (read + write of each tensor once), not checked
@@ -36,6 +39,10 @@ by a dispatch count; what autograd keeps of them was read off the executor's
                                                                       Mixtral)
   gate_mul   5a w (sigmoid gate times the  6a w                          the shared output (a w) and
              shared output, added in)                                 the sigmoid (a)
+
+A split is a fused projection's output (w wide: Phi-3's q|k|v, gate|up) taken apart; c is
+the part the forward copies (Kernel.kv_width). A projection with a bias adds, in the backward,
+its bias's gradient: its output gradient read once more (a per output element).
 
 w = k H for dispatch and combine (each token's k routed rows), E for the router (k = its rows).
 A router that feeds the load-balancing loss (Kernel.aux_loss: router_aux_loss_coef > 0) adds
@@ -80,8 +87,10 @@ def forward_bytes(k: Kernel, a: int) -> int:
     w = k.width
     per_element = {"rope": 10 * a, "attention": 0, "swiglu": 5 * a, "silu": 2 * a, "residual": 3 * a,
                    "dispatch": 2 * a, "combine": 4 * a, "gate_mul": 5 * a}
+    if k.kind == "split":
+        return 2 * a * k.kv_width
     if k.kind == "rmsnorm":
-        return norm_forward(w, k.rows, a)
+        return norm_forward(w, k.rows, a) + (fp32_weight_extra(a)[0] * w if k.fp32_weight else 0)
     if k.kind == "router":
         return (a + 12 + (4 if k.aux_loss else 0)) * w + (24 + a) * k.rows
     if k.kind not in per_element:
@@ -93,9 +102,10 @@ def backward_bytes(k: Kernel, a: int) -> int:
     """Bytes per token its backward reads plus writes (the forward-with-grad is forward_bytes)."""
     w = k.width
     per_element = {"rope": 16 * a, "attention": 0, "swiglu": 9 * a, "silu": 3 * a, "residual": 3 * a,
-                   "dispatch": 3 * a, "combine": 5 * a, "gate_mul": 6 * a}
+                   "dispatch": 3 * a, "combine": 5 * a, "gate_mul": 6 * a, "split": 2 * a}
     if k.kind == "rmsnorm":
-        return norm_backward(w, k.rows, a) + 3 * a * w * (k.fan_out - 1)
+        return (norm_backward(w, k.rows, a) + (fp32_weight_extra(a)[1] * w if k.fp32_weight else 0)
+                + 3 * a * w * (k.fan_out - 1))
     if k.kind == "router":
         return (24 + a + (8 if k.aux_loss else 0)) * w + 24 * k.rows
     if k.kind not in per_element:
@@ -103,11 +113,20 @@ def backward_bytes(k: Kernel, a: int) -> int:
     return per_element[k.kind] * w
 
 
-def per_pass_bytes(k: Kernel, seq: int, head_dim: int, a: int) -> int:
+def fp32_weight_extra(a: int) -> tuple[int, int, int]:
+    """What a norm that multiplies its weight in fp32 (Kernel.fp32_weight) moves beyond one that
+    casts first, per element: forward (the product in fp32, 8 B, instead of a's 2a), backward
+    (the gradient widened and its products in fp32) and per pass of the backward (its weight's
+    gradient reduced in fp32, then cast). Nothing in fp32, where both orders are one. Measured
+    by a dispatch count of rms_norm with and without fp32_weight (bf16: 4 w, 12 w, 8 weight)."""
+    return (8 - 2 * a, 6 * (4 - a), 4 * (4 - a))
+
+
+def per_pass_bytes(k: Kernel, seq: int, head_dim: int, a: int, backward: bool = False) -> int:
     """Bytes a pass (forward or backward) reads once, whatever its tokens: a norm's weight,
     RoPE's cos and sin tables."""
     if k.kind == "rmsnorm":
-        return a * k.weight
+        return a * k.weight + (fp32_weight_extra(a)[2] * k.weight if backward and k.fp32_weight else 0)
     if k.kind == "rope":
         return 2 * seq * head_dim * a
     return 0
@@ -122,13 +141,15 @@ def fp32_input_bytes(k: Kernel, a: int) -> int:
 def saved_bytes(k: Kernel, a: int) -> int:
     """Bytes per token autograd keeps of it from the forward for the backward."""
     w = k.width
-    if k.kind == "rmsnorm":
-        return fp32_input_bytes(k, a) + a * w * (2 if k.output_saved else 1) + 4 * k.rows
+    if k.kind == "rmsnorm":  # fp32 input, normalised rows (cast back, or fp32), output, rsqrt
+        return fp32_input_bytes(k, a) + (4 if k.fp32_weight else a) * w + (a * w if k.output_saved else 0) + 4 * k.rows
     if k.kind == "attention":
         return a * (2 * w + 2 * k.kv_width) + 4 * k.rows
     if k.kind in ("swiglu", "silu"):
         return (4 if k.kind == "swiglu" else 2) * a * w
-    if k.kind in ("rope", "residual"):
+    if k.kind == "residual":
+        return a * w if k.output_saved else 0
+    if k.kind in ("rope", "split"):
         return 0
     if k.kind == "router":  # renormalising keeps the top-k values and their sum: 4k + 4
         return 4 * w + 8 * k.rows + (4 * k.rows + 4 if k.renormalised else 0)

@@ -1,20 +1,16 @@
-"""The work of one compute op of the executor's layer template, counted tensor by tensor: the
-GEMMs it runs (with their shapes), its attention, the bytes its elementwise kernels move, and
-the temporaries it holds at its peak. The builder puts the totals on each op (hbm_bytes,
+"""The work of one compute op of the executor's block, counted tensor by tensor: the GEMMs it
+runs (with their shapes), its attention, the bytes its elementwise kernels move, and the
+temporaries it holds at its peak. The builder puts the totals on each op (hbm_bytes,
 workspace_bytes); the cost model reads the GEMM shapes and attention from here.
 
-The template (horizon_exec/model/layers.py, head.py) is a Llama-style block: RMSNorm with fp32
-statistics, q/k/v projections, RoPE (rotate_half), causal SDPA with grouped kv heads, o
-projection, residual, RMSNorm, SwiGLU MLP, residual. Backward is forward-with-grad of one
-block followed by autograd.grad. The head is a final RMSNorm, then per chunk of c tokens
-fp32 logits, logsumexp and the softmax gradient in place, and three GEMMs.
-
-The block's kernels are its description's (specs/block.py: projections, norms, RoPE, attention,
-activation, residual adds); what each kind of kernel reads, writes and keeps per element is in
-kernel_bytes.py. This module adds them up per op and finds the temporaries' peak at the
-template's points. Every figure was checked against a dispatch-level count of the template's
-kernels (tests/test_calibrate.py), and each temporary-peak formula against the executor's
-measured temp_peak_bytes; nothing here is fitted.
+The block is its family's description (specs/block.py: projections, norms, RoPE, attention,
+activation, residual adds, in forward order); what each kind of kernel reads, writes and keeps
+per element is in kernel_bytes.py. Backward is forward-with-grad of one block followed by
+autograd.grad. The head is a final norm, then per chunk of c tokens fp32 logits, logsumexp and
+the softmax gradient in place, and three GEMMs. This module adds the kernels up per op and
+finds the temporaries' peak by walking the description's halves (block_temp_peak_bytes). Every
+figure is checked against a dispatch-level count of the executor's kernels and its measured
+temp_peak_bytes for every family it runs (tests/test_families.py); nothing here is fitted.
 """
 from dataclasses import dataclass
 
@@ -136,11 +132,16 @@ def block_elementwise_bytes(m: ModelSpec, tokens: int, seq: int, a: int, backwar
     kernel of the block's description (specs/block.py) at its kind's rate (kernel_bytes.py); a
     backward runs the forward again (with grad) before its own kernels."""
     total = 0
+    if backward:  # a half without a pre-norm: its projections read its input, their gradients summed
+        for half in _parts(m)["half"].values():
+            if half["pre"] is None:
+                total += tokens * 3 * a * m.hidden * (half["readers"] - 1)
+        # a bias's gradient reads its projection's output gradient once more
+        total += tokens * a * sum(p.out_features for p in block.projections(m) if p.bias and not p.experts)
     for k in block.kernels(m):
-        per_pass = kernel_bytes.per_pass_bytes(k, seq, m.hd, a)
-        total += tokens * kernel_bytes.forward_bytes(k, a) + per_pass
+        total += tokens * kernel_bytes.forward_bytes(k, a) + kernel_bytes.per_pass_bytes(k, seq, m.hd, a)
         if backward:
-            total += tokens * kernel_bytes.backward_bytes(k, a) + per_pass
+            total += tokens * kernel_bytes.backward_bytes(k, a) + kernel_bytes.per_pass_bytes(k, seq, m.hd, a, True)
     return int(total)
 
 
@@ -153,66 +154,96 @@ def head_logits_bytes(m: ModelSpec, tokens: int, a: int, loss_kernel: str = "tor
     return int(tokens * m.vocab * (28 + kernel_bytes.casts(a)))
 
 
+def final_norm(m: ModelSpec) -> block.Kernel:
+    """The head's norm, the family's kind of norm (the block's norms say which: one multiplying
+    its weight in fp32, OLMo-2's, or Llama's)."""
+    fp32_weight = any(k.fp32_weight for k in block.kernels(m) if k.kind == "rmsnorm")
+    return block.Kernel("rmsnorm", "head", m.hidden, fp32_weight=fp32_weight)
+
+
 def head_loss_elementwise_bytes(m: ModelSpec, tokens: int, a: int, loss_kernel: str = "torch") -> int:
     """Forward only (HEAD_LOSS): the final norm and the logits pipeline."""
-    return int(tokens * kernel_bytes.norm_forward(m.hidden, 1, a)
+    return int(tokens * kernel_bytes.forward_bytes(final_norm(m), a)
                + head_logits_bytes(m, tokens, a, loss_kernel, backward=False))
 
 
 def head_elementwise_bytes(m: ModelSpec, tokens: int, a: int, loss_kernel: str = "torch") -> int:
     """Final norm forward and backward, the logits pipeline (head_logits_bytes), and zeroing the
     LM head's gradient."""
-    H, V = m.hidden, m.vocab
-    return int(tokens * (kernel_bytes.norm_forward(H, 1, a) + kernel_bytes.norm_backward(H, 1, a))
+    H, V, k = m.hidden, m.vocab, final_norm(m)
+    return int(tokens * (kernel_bytes.forward_bytes(k, a) + kernel_bytes.backward_bytes(k, a))
+               + (kernel_bytes.fp32_weight_extra(a)[2] * H if k.fp32_weight else 0)  # its weight's fp32 gradient
                + head_logits_bytes(m, tokens, a, loss_kernel) + 2 * V * H * a)
 
 
 # ---- temporaries --------------------------------------------------------------------------
+def _half(m: ModelSpec, part: str, ks) -> dict:
+    """One half of the block as its description gives it: its kernels; its pre-norm (the norm
+    whose output its projections read, Kernel.output_saved) and its post-norm (a norm on the
+    half's output, right before the residual add: OLMo-2, Gemma 2), each None when absent; its
+    body (attention, or the MLP's activation); the weights of its projections and norms, and
+    of its last projection (the gradient its backward makes first); the projections that read
+    its input or its pre-norm's output (all but the last)."""
+    ps = [p for p in block.projections(m) if p.module.startswith("mlp.") == (part == "mlp")]
+    pre = next((k for k in ks if k.kind == "rmsnorm" and k.output_saved), None)
+    post = ks[-2] if len(ks) > 1 and ks[-1].kind == "residual" and ks[-2].kind == "rmsnorm" else None
+    body = next((k for k in ks if k.kind in (("attention",) if part == "attention" else ("swiglu", "silu"))), None)
+    return dict(kernels=ks, pre=pre, post=post, body=body, residual=ks[-1],
+                weights=sum(p.params for p in ps) + sum(k.weight for k in ks if k.kind == "rmsnorm"),
+                readers=len(ps) - 1, last_weight=ps[-1].params if ps else 0)
+
+
 def _parts(m: ModelSpec) -> dict:
-    """The block's description split at its halves: per half its kernels, its first norm (the
-    one reading the half's input), and the projections' weights; attention's kernel; the
-    MLP's activation."""
+    """The block's description split at its halves (_half), with attention's kernel."""
     ks = block.kernels(m)
-    half = {p: [k for k in ks if k.part == p] for p in block.PARTS}
-    mlp = [p for p in block.projections(m) if p.module.startswith("mlp.")]
-    mlp_weights = sum(p.params for p in mlp)
-    return dict(half=half, norm={p: next(k for k in half[p] if k.kind == "rmsnorm") for p in block.PARTS},
-                attention=next(k for k in ks if k.kind == "attention"),
-                act=next(k for k in half["mlp"] if k.kind in ("swiglu", "silu")),
-                mlp_weights=mlp_weights,
-                # the gradient of the MLP's last projection (dense: down's H x F, its bias too), the
-                # first its backward makes
-                last_weight=mlp[-1].params)
+    half = {p: _half(m, p, [k for k in ks if k.part == p]) for p in block.PARTS}
+    return dict(half=half, attention=next(k for k in ks if k.kind == "attention"))
+
+
+def _saved(half: dict, a: int) -> int:
+    return sum(kernel_bytes.saved_bytes(k, a) for k in half["kernels"])
+
+
+def block_input_saved(m: ModelSpec, a: int) -> bool:
+    """Whether the block's graph keeps its input x itself: the attention's projections read x
+    (no pre-norm: OLMo-2), or in fp32 the pre-norm's fp32 view of x is x. A buffer of its own
+    while the block runs (not in block_saved_bytes), but a kept layer's graph holds it."""
+    pre = _parts(m)["half"]["attention"]["pre"]
+    return pre is None or (a == 4 and pre.reads_block_input)
 
 
 def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool,
                           mask: int = 0) -> int:
     """Peak bytes of the op's device temporaries, as the executor measures them (every fresh
-    aten allocation of the op, its output included, until freed), the largest of a few
-    points of the template. What each kernel keeps is its kind's (kernel_bytes.py); the
-    points are the template's:
+    aten allocation of the op, its output included, until freed): the largest of the points
+    below, found by walking the block's description (_parts: per half a pre-norm, a body and a
+    post-norm, each optional) with what each kind of kernel keeps (kernel_bytes.py).
 
     Forward (no autograd), the larger of: at the MLP's activation, the residual x1, the MLP
-    norm's output, and the activation's inputs and outputs (gate, up, silu(gate), the product;
-    the attention half's tensors were freed when it returned); at the attention call, the first
-    norm's output and what attention holds (q, k, v, o and the fp32 logsumexp), with an explicit
-    mask's bool and additive forms.
+    pre-norm's output and the activation's inputs and outputs (gate, up, silu(gate), the
+    product; the attention half's tensors were freed when it returned); at the attention call,
+    the first pre-norm's output and what attention holds (q, k, v, o and the fp32 logsumexp),
+    with an explicit mask's bool and additive forms.
 
     Backward (forward with grad, then autograd.grad). Autograd keeps what each kernel saves
-    (per norm its fp32 input, in fp32 the first norm's is x itself, the cast back, the output
-    a projection reads and 4 bytes of rsqrt per row; q, k, v, o and the attention's fp32
-    logsumexp; the activation's tensors; an MoE block's router, routed rows and shared
-    expert's, kernel_bytes.py), and the output y (aH) is alive. The peak is then one of
-      - at the forward-with-grad's last add: everything saved, the residual x1 (in fp32 the
-        MLP norm's saved input already), the MLP's output (an MoE block's: the zero tensor its experts' rows were added into and, with a
-        shared expert, its gated output) and their sum (3 or 4 aH);
+    (per norm its fp32 input, in fp32 the pre-norm's is x itself, the cast back, or with the
+    weight multiplied in fp32 the fp32 normalised rows, the output a projection reads and 4
+    bytes of rsqrt per row; a residual whose output the MLP reads, x1; q, k, v, o and the
+    attention's fp32 logsumexp; the activation's tensors; an MoE block's router, routed rows
+    and shared expert's), and the output y (aH) is alive throughout. The peak is then one of
+      - at the forward-with-grad's last add: everything saved, the residual x1 (unless a
+        kernel saves it: in fp32 the MLP pre-norm's input, or the MLP's projections), the
+        MLP's output (an MoE block's: the zero tensor its experts' rows were added into and,
+        with a shared expert, its gated output) and their sum (3 or 4 aH);
+      then, walking the halves backward (the MLP's, then attention's), with what the kernels
+      not yet reached saved, the weight gradients made so far (autograd.grad returns them
+      together) and, in the attention half, the gradient of x1 (aH):
+      - in a norm's backward (post-norm, then pre-norm): its fp32 input and five fp32
+        temporaries (20 per element), its weight's gradient;
       - in the MLP's backward: the activation's gradients and the last projection's weight
-        gradient (H x F); an MoE block's experts instead, at either end of their loop
-        (_expert_loop_bytes);
-      - in the MLP norm's backward: the MLP's weight gradients, its fp32 input and five
-        fp32 temporaries (20 per element), with what the attention half saved;
-      - in the first norm's backward: every weight gradient of the block (autograd.grad
-        returns them together), its fp32 input and five temporaries, y and dh.
+        gradient (dense: down's H x F, its bias too); an MoE block's experts instead, at
+        either end of their loop (_expert_loop_bytes);
+      - in the first projection's backward, last (_first_projection_point).
 
     An explicit mask (`mask` = its elements M, mask_bytes; 0 when causal) adds: in the forward,
     at the attention call, the bool mask (M) and the additive mask SDPA makes of it in the
@@ -222,31 +253,115 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
     """
     H, N = m.hidden, micro_batch * seq
     parts = _parts(m)
-    att, act = parts["attention"], parts["act"]
+    att, mlp = parts["half"]["attention"], parts["half"]["mlp"]
+    pre1 = a * att["pre"].width if att["pre"] else 0
     if not backward:
-        p_attn = N * (a * H + kernel_bytes.saved_bytes(att, a)) + mask * (1 + a)
-        return max(N * (a * H + a * parts["norm"]["mlp"].width + kernel_bytes.live_in_forward_bytes(act, a)), p_attn)
-    saved = {p: sum(kernel_bytes.saved_bytes(k, a) for k in parts["half"][p]) for p in block.PARTS}
-    norm1, norm2 = parts["norm"]["attention"], parts["norm"]["mlp"]
-    gates = sum(k.kind == "gate_mul" for k in parts["half"]["mlp"])
-    x1 = a * H if a != 4 else 0  # in fp32 the MLP norm's saved fp32 input is x1 itself
-    p_end = N * (saved["attention"] + saved["mlp"] + x1 + (2 + gates) * a * H) + a * mask
+        act = mlp["body"]
+        p_attn = N * (pre1 + kernel_bytes.saved_bytes(parts["attention"], a)) + mask * (1 + a)
+        pre2 = a * mlp["pre"].width if mlp["pre"] else 0
+        # inside a norm: q, k and v (raw) beside the q/k norms' statistics; a post-norm's input
+        # (and x1, in the MLP half)
+        qkv = sum(p.out_features for p in block.projections(m)[:att["readers"]])
+        inner = [N * (pre1 + a * qkv + _norm_forward_bytes(k, a)) for k in _inner_norms(att)]
+        post = [N * (a * H * (2 if half is mlp else 1) + _norm_forward_bytes(half["post"], a))
+                for half in (att, mlp) if half["post"]]
+        return max(N * (a * H + pre2 + kernel_bytes.live_in_forward_bytes(act, a)), p_attn, *inner, *post)
+    x1_in_mlp = kernel_bytes.saved_bytes(att["residual"], a)  # x1 saved by the MLP's projections
+    saved = {"attention": _saved(att, a) - x1_in_mlp, "mlp": _saved(mlp, a) + x1_in_mlp}
+    gates = sum(k.kind == "gate_mul" for k in mlp["kernels"])
+    x1 = 0 if x1_in_mlp or (a == 4 and mlp["pre"]) else a * H  # else a kernel's saved input is x1
+    points = [N * (saved["attention"] + saved["mlp"] + x1 + (2 + gates) * a * H) + a * mask
+              + expert_padding_bytes(m, a, parts)]
     if m.n_experts:
-        p_end += expert_padding_bytes(m, a, parts)
-        p_mlp = _expert_loop_bytes(m, N, a, saved, parts) + a * mask
-    else:
-        p_mlp = (N * (saved["attention"] + saved["mlp"] + kernel_bytes.backward_gradients_bytes(act, a) + a * H)
-                 + parts["last_weight"] * a + a * mask)
-    p_norm2 = (N * (saved["attention"] + kernel_bytes.fp32_input_bytes(norm2, a) + 20 * norm2.width + a * H)
-               + (parts["mlp_weights"] + norm2.weight) * a + a * mask)  # + its weight's grad
-    p_norm1 = N * (kernel_bytes.fp32_input_bytes(norm1, a) + 20 * norm1.width + 2 * a * H) + m.layer_params * a
-    p_attn = N * saved["attention"] + mask * (1 + a) if mask else 0
-    return int(max(p_end, p_mlp, p_norm2, p_norm1, p_attn))
+        points += [_expert_loop_bytes(m, N, a, saved, parts) + a * mask]
+    weights, earlier, dx1 = 0, saved["attention"], 0
+    for name, half in (("mlp", mlp), ("attention", att)):
+        live = saved[name]
+        held = a * mask if name == "mlp" else 0  # the additive mask, until attention's backward
+
+        def norm_point(k, grads):
+            return (N * (earlier + live - kernel_bytes.saved_bytes(k, a) + kernel_bytes.fp32_input_bytes(k, a)
+                         + 20 * k.width + a * H + dx1) + grads * a + held)
+
+        if half["post"]:
+            points.append(norm_point(half["post"], weights + half["post"].weight) + (a * mask if name == "attention" else 0))
+            live -= kernel_bytes.saved_bytes(half["post"], a)
+            weights += half["post"].weight
+        if name == "mlp" and not m.n_experts:
+            points.append(N * (earlier + live + kernel_bytes.backward_gradients_bytes(half["body"], a) + a * H)
+                          + (weights + half["last_weight"]) * a + held)
+        if half["pre"]:
+            weights += half["weights"] - half["pre"].weight - (half["post"].weight if half["post"] else 0)
+            live = kernel_bytes.saved_bytes(half["pre"], a)
+            weights += half["pre"].weight  # the block's first norm: every weight's gradient (layer_params)
+            points.append(norm_point(half["pre"], weights if name == "mlp" else m.layer_params))
+        else:
+            weights += half["weights"] - (half["post"].weight if half["post"] else 0)
+        earlier, dx1 = 0, a * H
+    points.append(backward_end_bytes(m, micro_batch, seq, a))
+    if mask:
+        points.append(N * saved["attention"] + mask * (1 + a))
+    return int(max(points))
+
+
+def backward_end_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int) -> int:
+    """The backward's last points, where every weight gradient but a few is live and nothing
+    of the MLP half's saved tensors: the q/k norms' backward (_inner_norm_points), the
+    attention pre-norm's (as block_temp_peak_bytes walks it: y, x1's gradient, its fp32 input
+    and temporaries, every weight gradient) and the first projection's
+    (_first_projection_point). A kept layer's backward from its saved graph
+    (kept_work.saved_backward_workspace_bytes) peaks here at the latest."""
+    H, N = m.hidden, micro_batch * seq
+    att = _parts(m)["half"]["attention"]
+    points = [_first_projection_point(m, att, N, a), *_inner_norm_points(m, att, N, a, a * H)]
+    if att["pre"]:
+        k = att["pre"]
+        points.append(N * (kernel_bytes.fp32_input_bytes(k, a) + 20 * k.width + 2 * a * H) + m.layer_params * a)
+    return int(max(points))
+
+
+def _first_projection_point(m: ModelSpec, att: dict, N: int, a: int) -> int:
+    """The backward's last GEMMs, the first projection's (q, or a fused q|k|v): y, x1's gradient,
+    the input gradient it makes and, when several projections read the same input, the running
+    sum of theirs; the gradient of its output (a x its out_features); what the pre-norm saved;
+    every weight gradient but the pre-norm's."""
+    pre, ps = att["pre"], [p for p in block.projections(m) if not p.module.startswith("mlp.")]
+    held = a * m.hidden * (1 if pre and att["readers"] > 1 else 0) + (kernel_bytes.saved_bytes(pre, a) if pre else 0)
+    return N * (3 * a * m.hidden + held + a * ps[0].out_features) + (m.layer_params - (pre.weight if pre else 0)) * a
+
+
+def _inner_norms(half: dict) -> list:
+    """The half's norms that are neither its pre-norm nor its post-norm: q's and k's."""
+    return [k for k in half["kernels"] if k.kind == "rmsnorm" and k is not half["pre"] and k is not half["post"]]
+
+
+def _norm_forward_bytes(k, a: int) -> int:
+    """Per token, the most a norm holds in a no-grad forward beyond its input: its fp32 copy and
+    its square (none in fp32, where the copy is the input) before the mean; or the normalised
+    fp32 rows and the output (Llama's: the cast back and the weight's product; with the weight
+    multiplied in fp32: that product and its cast)."""
+    w = k.width
+    if a == 4:
+        return max(4 * w + 4 * k.rows, 8 * w)
+    return max(8 * w + 4 * k.rows, (8 + a if k.fp32_weight else 4 + 2 * a) * w)
+
+
+def _inner_norm_points(m: ModelSpec, half: dict, N: int, a: int, dx: int) -> list[int]:
+    """The attention's q and k norms' backward points (per head, Qwen3's; over the whole
+    projection, OLMo-2's), which run on q and k once the three projections have. Autograd runs
+    the later norm first, so at norm i the norms before it still hold what they saved; q, k
+    and v's projections have no weight gradient yet, every other weight has; beside y and x's
+    running gradient (dx), its fp32 input and five fp32 temporaries (20 per element)."""
+    inputs = sum(p.params for p in block.projections(m)[:half["readers"]])
+    grads = m.layer_params - inputs - (half["pre"].weight if half["pre"] else 0)
+    inner = _inner_norms(half)
+    return [N * (sum(kernel_bytes.saved_bytes(j, a) for j in inner[:i]) + kernel_bytes.fp32_input_bytes(k, a)
+                 + 20 * k.width + a * m.hidden + dx) + grads * a for i, k in enumerate(inner)]
 
 
 def _routed_row_bytes(m: ModelSpec, a: int, parts: dict) -> float:
     """What the routed kernels save per routed row (a token's k rows share its per-token figure)."""
-    return sum(kernel_bytes.saved_bytes(kk, a) for kk in parts["half"]["mlp"] if kk.routed) / m.experts_per_token
+    return sum(kernel_bytes.saved_bytes(kk, a) for kk in parts["half"]["mlp"]["kernels"] if kk.routed) / m.experts_per_token
 
 
 def expert_padding_bytes(m: ModelSpec, a: int, parts: dict | None = None) -> int:
@@ -281,9 +396,9 @@ def _expert_loop_bytes(m: ModelSpec, N: int, a: int, saved: dict, parts: dict) -
     bound it."""
     H, I, k, E = m.hidden, m.expert_ffn_hidden, m.experts_per_token, m.n_experts
     aH = a * H
-    gates = sum(kk.kind == "gate_mul" for kk in parts["half"]["mlp"])
+    gates = sum(kk.kind == "gate_mul" for kk in parts["half"]["mlp"]["kernels"])
     experts = [p.weight_params for p in block.projections(m) if p.experts]
-    routed = sum(kernel_bytes.saved_bytes(kk, a) for kk in parts["half"]["mlp"] if kk.routed)  # per token
+    routed = sum(kernel_bytes.saved_bytes(kk, a) for kk in parts["half"]["mlp"]["kernels"] if kk.routed)  # per token
     per_row, cold = _routed_row_bytes(m, a, parts), min_rows(N, k, E)
     base = N * (saved["attention"] + saved["mlp"] + 4 * k + (1 + gates) * aH) + expert_padding_bytes(m, a, parts)
     hot = padded_rows(max_rows(N, k, E), a)
@@ -328,7 +443,8 @@ def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int, l
         chunk = c * V * a + 4 * c + 4
     else:
         chunk = max(c * V * 8 + c * 9, c * V * (4 + (a if a != 4 else 0)) + c * (8 + 4 + 4 + 1))
-    logits = chunk + tokens * (in32 + 3 * a * H + 4) + loss
+    normed = 4 * H if final_norm(m).fp32_weight else a * H  # what the norm's weight multiply saved
+    logits = chunk + tokens * (in32 + normed + 2 * a * H + 4) + loss
     norm_bwd = tokens * (in32 + 20 * H + 2 * a * H) + H * a + loss  # + the norm weight's grad
     return int(max(logits, norm_bwd))
 

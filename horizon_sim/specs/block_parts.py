@@ -48,7 +48,8 @@ class Projection:
         return self.in_features * self.out_features * (top_k if self.experts else 1)
 
 
-KINDS = ("rmsnorm", "rope", "attention", "swiglu", "silu", "residual", "router", "dispatch", "combine", "gate_mul")
+KINDS = ("rmsnorm", "rope", "attention", "swiglu", "silu", "residual", "router", "dispatch", "combine", "gate_mul",
+         "split")
 """The kernel kinds schedule/work.py prices (bytes moved, saved, temporaries per element): a
 block built from these needs no change there."""
 PARTS = ("attention", "mlp")
@@ -68,11 +69,16 @@ class Kernel:
     """Rows per token a norm reduces over (1; a per-head norm: the heads). Attention: query heads.
     Router: the top-k it picks per token; dispatch and combine: the k routed rows per token."""
     kv_width: int = 0
-    """Attention only: the key (and value) width."""
+    """Attention: the key (and value) width. Split: the part of a fused projection's output the
+    forward copies out (Phi-3's v, made contiguous)."""
     fan_out: int = 1
     """Projections reading its output: the backward adds their fan_out input gradients."""
     output_saved: bool = False
-    """A consumer (a projection) keeps its output for backward."""
+    """A consumer (a projection) keeps its output for backward (a norm's; a residual add's when
+    the MLP reads x1 with no norm between: OLMo-2)."""
+    fp32_weight: bool = False
+    """A norm that multiplies its weight into the fp32 normalised rows and then casts back
+    (OLMo-2, Gemma): autograd keeps the fp32 rows instead of the cast."""
     reads_block_input: bool = False
     """It reads the block's input x: in fp32 a norm's fp32 view of x is x itself, no temporary."""
     aux_loss: bool = False

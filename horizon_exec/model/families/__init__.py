@@ -5,15 +5,24 @@ holds every registered family to that description op by op and to transformers' 
 refused by name before anything is allocated."""
 from types import MappingProxyType
 
-from horizon_exec.model.families import llama, moe, phi3, qwen3
+from horizon_exec.model.families import llama, moe, olmo2, phi3, qwen3
+from horizon_exec.model.layers import rms_norm
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.families import FAMILIES
 
 FORWARDS = MappingProxyType({
     "llama": llama.forward, "qwen2": llama.forward, "mistral": llama.forward, "qwen3": qwen3.forward,
     "qwen3_moe": moe.qwen3_forward, "mixtral": moe.forward, "qwen2_moe": moe.forward,
-    "phi3": phi3.forward,
+    "phi3": phi3.forward, "olmo2": olmo2.forward,
 })
+
+FINAL_NORMS = MappingProxyType({"olmo2": olmo2.norm})
+"""The final norm (x, w, eps) -> normed rows of a family whose norm is not Llama's rms_norm."""
+
+
+def final_norm(m):
+    """m's final norm, the head's (horizon_exec/model/head.py)."""
+    return FINAL_NORMS.get(m.family, rms_norm)
 
 
 def check_runnable(m) -> None:

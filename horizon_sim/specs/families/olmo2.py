@@ -2,11 +2,8 @@
 RMSNorm over the whole q projection and over the whole k projection (self_attn.q_norm, q_dim wide,
 and k_norm, kv_dim wide, before RoPE), and an RMSNorm on each half's output before its residual add
 (post_attention_layernorm, post_feedforward_layernorm); q/k/v/o without biases, a SwiGLU MLP,
-untied head.
-
-Planned only: the executor refuses it by name. Its parameters are counted exactly and its kernels
-listed (the norms where they run); the temporaries' peak points are Llama's template's, which
-reads its first norm as the block input's: an estimate until the executor runs this block.
+untied head. Every norm (the final one too) multiplies its weight in fp32 before casting back
+(Kernel.fp32_weight), and the MLP reads x1 itself, which its projections save.
 
 HF config: the shared fields; attention_bias true is refused by name."""
 from horizon_sim.specs.block_parts import (Kernel, attention_projections, block_tensors, gated_mlp_projections)
@@ -19,12 +16,15 @@ def projections(m):
 
 
 def kernels(m):
+    """q's and k's norms, RoPE, attention, the post-norm and the add (its output x1 is what gate and
+    up read: saved), the SwiGLU, its post-norm, the add. Every norm multiplies its weight in fp32."""
     H, F = m.hidden, m.ffn_hidden
-    return (Kernel("rmsnorm", "attention", m.q_dim), Kernel("rmsnorm", "attention", m.kv_dim),
+    return (Kernel("rmsnorm", "attention", m.q_dim, fp32_weight=True),
+            Kernel("rmsnorm", "attention", m.kv_dim, fp32_weight=True),
             Kernel("rope", "attention", m.q_dim), Kernel("rope", "attention", m.kv_dim),
             Kernel("attention", "attention", m.q_dim, rows=m.n_heads, kv_width=m.kv_dim),
-            Kernel("rmsnorm", "attention", H), Kernel("residual", "attention", H),
-            Kernel("swiglu", "mlp", F), Kernel("rmsnorm", "mlp", H), Kernel("residual", "mlp", H))
+            Kernel("rmsnorm", "attention", H, fp32_weight=True), Kernel("residual", "attention", H, output_saved=True),
+            Kernel("swiglu", "mlp", F), Kernel("rmsnorm", "mlp", H, fp32_weight=True), Kernel("residual", "mlp", H))
 
 
 def tensors(m):
@@ -48,5 +48,5 @@ HF = HfFamily(
                   attention_bias=False, rms_norm_eps=1e-5),
     frozenset({"attention_bias"}), _read, lambda spec: {"attention_bias": False})
 
-FAMILY = ModelFamily("olmo2", "q/k RMSNorms over the whole projections, norms after each half (OLMo-2; planned only)",
+FAMILY = ModelFamily("olmo2", "q/k RMSNorms over the whole projections, norms after each half (OLMo-2)",
                      projections, kernels, tensors, hf=HF)

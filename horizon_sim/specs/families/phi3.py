@@ -9,7 +9,7 @@ HF config: sliding_window -> layer_windows (null: none); resid_pdrop and embd_pd
 longrope (Phi-3-mini-128k, Phi-3.5, Phi-4-mini) and a partial_rotary_factor other than 1
 (Phi-4-mini) are refused by name by the generic reader."""
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs.block_parts import Projection, attention_kernels, block_tensors, dense_mlp_kernels
+from horizon_sim.specs.block_parts import Kernel, Projection, attention_kernels, block_tensors, dense_mlp_kernels
 from horizon_sim.specs.families.family import ModelFamily
 from horizon_sim.specs.hf_families import HfFamily, defaults_with, one_window
 from horizon_sim.specs.hf_values import as_float
@@ -22,7 +22,11 @@ def projections(m):
 
 
 def kernels(m):
-    return (*attention_kernels(m, qk_norm=False, readers=1), *dense_mlp_kernels(m, gated=True, fused=True))
+    """Llama's, each fused output split after its norm: q|k|v (v copied out), gate|up."""
+    norm1, *attn = attention_kernels(m, qk_norm=False, readers=1)
+    norm2, *mlp = dense_mlp_kernels(m, gated=True, fused=True)
+    return (norm1, Kernel("split", "attention", m.q_dim + 2 * m.kv_dim, kv_width=m.kv_dim), *attn,
+            norm2, Kernel("split", "mlp", 2 * m.ffn_hidden), *mlp)
 
 
 def tensors(m):
