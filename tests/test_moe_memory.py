@@ -5,15 +5,17 @@ CPU backend: every fresh aten allocation of the op until freed), issue 28.
 Seen when this was written (H 128, B 2 x T 128, E 8; planned / measured):
              forward       backward
              bf16  fp32    bf16   fp32
-  qwen3_moe  1.22  1.33    1.000  1.000
-  mixtral    2.26  2.34    1.000  1.000  (the forward prices k = 2 experts' 352-wide SwiGLU on
-                                          every token at once; the executor holds one expert's
-                                          rows at a time)
+  qwen3_moe  1.10  1.27    1.000  1.000
+  mixtral    1.65  1.73    1.000  1.000  (the forward prices one expert's SwiGLU on every token,
+                                          which a router may send there; the executor's most
+                                          loaded expert had about a third of them)
   qwen2_moe  1.00  1.00    1.002  1.014  (the backward's peak: the forward-with-grad's end, with
                                           the shared expert's output, its gated copy and their
                                           sum; in fp32 the first experts' loop, priced with the
                                           least loaded experts' rows freed)
-The bounds below pin those figures, so a change that moves either side far is seen here.
+The bounds below pin those figures, so a change that moves either side far is seen here. (Until
+2026-11-29 the forward priced k experts' SwiGLU on every token at once: 1.22-2.34; and missed a
+shared expert's tensors on long narrow blocks, tests/test_families.py's "long" shape.)
 
 Since 2026-11-28 the executor pads each expert's rows to a multiple of 16 on a CPU in bf16
 (moe_block.py) and the planner prices the most that padding can add (15 rows per expert,
@@ -40,8 +42,8 @@ FAMILIES = {
                       shared_expert_ffn_hidden=256, ffn_hidden=352, qkv_bias=True),
 }
 # (family, kind): (lowest, highest) planned / measured allowed
-BOUNDS = {("qwen3_moe", "forward"): (1.0, 1.4), ("qwen3_moe", "backward"): (1.0, 1.01),
-          ("mixtral", "forward"): (1.0, 2.7), ("mixtral", "backward"): (1.0, 1.01),
+BOUNDS = {("qwen3_moe", "forward"): (1.0, 1.3), ("qwen3_moe", "backward"): (1.0, 1.01),
+          ("mixtral", "forward"): (1.0, 1.8), ("mixtral", "backward"): (1.0, 1.01),
           ("qwen2_moe", "forward"): (1.0, 1.01), ("qwen2_moe", "backward"): (1.0, 1.025)}
 # bf16 backward: the planner counts the experts' padding at its most (15 rows each)
 BF16_BACKWARD = {"qwen3_moe": (1.0, 1.08), "mixtral": (1.0, 1.11), "qwen2_moe": (1.0, 1.045)}

@@ -21,12 +21,27 @@ def next_token_labels(tokens):
     return labels
 
 
+def capped_logits(logits, cap: float):
+    """Gemma 2's final_logit_softcapping: cap * tanh(logits / cap) (logits themselves when 0)."""
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def _capped_loss_and_grad(logits, labels, inv_n: float, loss_kernel: str, cap: float):
+    """xent.loss_and_grad_ of one chunk's logits (consumed) through the soft-cap: the gradient
+    times 1 - tanh^2, tanh kept beside the chunk until then."""
+    t = torch.tanh(logits.div_(cap))
+    del logits  # the caller passed it as a temporary: freed here
+    g, part = loss_and_grad_(t * cap, labels, inv_n, loss_kernel)
+    return g.mul_(t.mul_(t).neg_().add_(1.0)), part
+
+
 def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk: int,
-                 g_norm_out, g_lm_out, loss_kernel: str = "torch", norm=rms_norm):
+                 g_norm_out, g_lm_out, loss_kernel: str = "torch", norm=rms_norm, softcap: float = 0.0):
     """x (B, T, H) activations entering the head; w_norm (H,); w_lm (V, H); labels (B*T,).
     Writes dL/dw_norm into g_norm_out (H,) and dL/dw_lm into g_lm_out (V, H) (both in the
     compute dtype); returns (dx (B, T, H), loss contribution: fp32 scalar). loss_kernel:
-    Policy.loss_kernel (xent.py); norm: the family's final norm (model/families final_norm)."""
+    Policy.loss_kernel (xent.py); norm: the family's final norm (model/families final_norm);
+    softcap: the logits' soft-cap (ModelSpec.logit_softcap; 0 none)."""
     B, T, H = x.shape
     N = B * T
     with torch.enable_grad():
@@ -42,7 +57,10 @@ def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk:
         hc, lc = hd[i:i + chunk], labels[i:i + chunk]               # (c, H), (c,)
         c = hc.shape[0]
         # the GEMM's output goes straight in (no name here): the torch kernel frees it once widened
-        g, part = loss_and_grad_(hc @ w_lm.t(), lc, inv_n, loss_kernel)  # (c, V) in x's dtype
+        if softcap:
+            g, part = _capped_loss_and_grad(hc @ w_lm.t(), lc, inv_n, loss_kernel, softcap)
+        else:
+            g, part = loss_and_grad_(hc @ w_lm.t(), lc, inv_n, loss_kernel)  # (c, V) in x's dtype
         loss += part
         torch.mm(g, w_lm, out=dh[i:i + c])                          # (c, H)
         g_lm_out.addmm_(g.t(), hc)                                  # (V, H) accumulates over chunks
@@ -52,12 +70,13 @@ def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk:
     return dx.view(B, T, H), loss * inv_n
 
 
-def head_loss(x, w_norm, w_lm, labels, eps: float, chunk: int, loss_kernel: str = "torch", norm=rms_norm):
+def head_loss(x, w_norm, w_lm, labels, eps: float, chunk: int, loss_kernel: str = "torch", norm=rms_norm,
+              softcap: float = 0.0):
     """Forward only: x (B, T, H), w_norm (H,), w_lm (V, H), labels (B*T,) -> fp32 scalar sum
     of the token losses over labelled positions (-100 skipped), chunk tokens at a time."""
     B, T, H = x.shape
     h = norm(x.reshape(B * T, H), w_norm, eps)                      # (N, H)
     total = torch.zeros((), dtype=torch.float32, device=x.device)
     for i in range(0, B * T, chunk):
-        total += loss_sum(h[i:i + chunk] @ w_lm.t(), labels[i:i + chunk], loss_kernel)
+        total += loss_sum(capped_logits(h[i:i + chunk] @ w_lm.t(), softcap), labels[i:i + chunk], loss_kernel)
     return total

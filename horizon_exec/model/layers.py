@@ -5,14 +5,16 @@ A block knows nothing about slots, streams or the host store: the engine binds t
 (views into a device slot) and calls it. Numerics follow transformers: RMSNorm in fp32 then cast
 back before the weight multiply, RoPE with the rotate_half convention and cos/sin in the
 activation dtype (tables: rope.py, with transformers' RoPE scaling), SDPA with grouped kv heads
-(causal, or under a mask for sliding windows and document boundaries: attention_mask), SwiGLU
-MLP, optional q/k/v and MLP biases, optional per-head q/k RMSNorms before RoPE.
+(causal, or under a mask for sliding windows and document boundaries: attention_mask; with
+soft-capped scores, softcap_attention.py), SwiGLU or GELU-tanh gated MLP, optional q/k/v and MLP
+biases, optional per-head q/k RMSNorms before RoPE; Gemma's (1 + w) RMSNorm.
 """
 from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 
+from horizon_exec.model.softcap_attention import softcap_attention
 from horizon_sim.specs.model import ModelSpec
 
 
@@ -77,19 +79,35 @@ def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_
     v = v.view(B, T, nkv, hd).transpose(1, 2)
     q = q * cos + rotate_half(q) * sin
     k = k * cos + rotate_half(k) * sin
-    mask = attention_mask(T, window, docs, h.device)                    # None: causal
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                       scale=hd ** -0.5, enable_gqa=nkv != nh)  # (B, nh, T, hd)
-    del mask
+    scale = (m.query_scale or hd) ** -0.5                               # Gemma's query_pre_attn_scalar
+    if m.attn_softcap:  # scores soft-capped: SDPA cannot, this runs in chunks of query rows
+        o = softcap_attention(q, k, v, scale, m.attn_softcap, window, docs)
+    else:
+        mask = attention_mask(T, window, docs, h.device)                # None: causal
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           scale=scale, enable_gqa=nkv != nh)  # (B, nh, T, hd)
+        del mask
     o = o.transpose(1, 2).reshape(B, T, nh * hd)
     return F.linear(o, w["self_attn.o_proj.weight"])
 
 
-def swiglu_mlp(w: Mapping, h):
-    """h (B, T, H) normed -> down(SiLU(gate(h)) * up(h)) (B, T, H), biases when w has them."""
+def swiglu_mlp(w: Mapping, h, act=F.silu):
+    """h (B, T, H) normed -> down(act(gate(h)) * up(h)) (B, T, H), biases when w has them; act
+    SiLU, or Gemma's GELU-tanh (gelu_tanh)."""
     g = F.linear(h, w["mlp.gate_proj.weight"], w.get("mlp.gate_proj.bias"))  # (B, T, F)
     u = F.linear(h, w["mlp.up_proj.weight"], w.get("mlp.up_proj.bias"))
-    return F.linear(F.silu(g) * u, w["mlp.down_proj.weight"], w.get("mlp.down_proj.bias"))
+    return F.linear(act(g) * u, w["mlp.down_proj.weight"], w.get("mlp.down_proj.bias"))
+
+
+def gelu_tanh(x):
+    return F.gelu(x, approximate="tanh")
+
+
+def gemma_norm(x, w, eps: float):
+    """Gemma's RMSNorm: statistics and (1 + w) in fp32, then cast back to x's dtype."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (1.0 + w.float())).to(x.dtype)
 
 
 class DecoderBlock:

@@ -97,6 +97,7 @@ def moe_mlp(m: ModelSpec, w, h, router=None):
         g, u = F.linear(x, gate_up[e]).chunk(2, dim=-1)
         y = F.linear(F.silu(g) * u, down[e])[:c] * top[tok, slot, None]
         out.index_add_(0, tok, y.to(out.dtype))
+        del x, g, u, y  # before the next expert's rows are gathered (the planner's forward bound counts one)
     if shared is not None:
         out = out + torch.sigmoid(F.linear(h, w["mlp.shared_expert_gate.weight"])) * shared
     return out.reshape(shape)

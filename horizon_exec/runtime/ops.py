@@ -23,7 +23,7 @@ import torch
 
 from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
-from horizon_exec.model.families import final_norm
+from horizon_exec.model.families import SCALED_EMBEDDINGS, final_norm, scale_embedded_
 from horizon_exec.model.head import head_fwd_bwd, head_loss
 from horizon_exec.model.layers import DecoderBlock
 from horizon_exec.model.router_aux import RouterAux, RouterStats
@@ -233,6 +233,7 @@ class OpRunner:
             torch.index_select(src, 0, ids, out=out)
         else:
             out.copy_(src.index_select(0, ids))
+        scale_embedded_(self.m, out)
 
     def embed_bwd(self, op):
         """The embedding's host grad (V*H,) += scatter of the input-gradient rows (zeroed
@@ -250,6 +251,8 @@ class OpRunner:
         g2 = g[:V * H].view(V, H)
         if self.m.padding_idx is not None and bool((pads := ids == self.m.padding_idx).any()):
             ids, hdx = ids[~pads], hdx[~pads]
+        if self.m.family in SCALED_EMBEDDINGS:  # d(x * s)/dx = s, in the gradient's dtype as autograd has it
+            hdx = scale_embedded_(self.m, hdx.clone())
         g2.index_add_(0, ids, hdx.to(g.dtype))
         for sq in self.buf.all(op.writes, Holds.GRAD_SQ):
             if embed_norm_over_rows(self.m, self.inputs.tokens.numel()):  # zeroed at the step's first
@@ -415,7 +418,7 @@ class OpRunner:
                                     self.inputs.n_step_tokens, self.m.norm_eps,
                                     min(self.p.loss_chunk_tokens, labels.numel()),
                                     gv["model.norm.weight"], gv["lm_head.weight"], self.p.loss_kernel,
-                                    final_norm(self.m))
+                                    final_norm(self.m), self.m.logit_softcap)
             if staged:
                 (dgrad[:mine.numel()].add_ if add else dgrad[:mine.numel()].copy_)(mine)
                 del mine, gv
@@ -432,7 +435,8 @@ class OpRunner:
         labels = self.labels[self._rows(op.micro)].reshape(-1)
         with self._scope(op), torch.no_grad():
             loss = head_loss(x, w["model.norm.weight"], w["lm_head.weight"], labels, self.m.norm_eps,
-                             min(self.p.loss_chunk_tokens, labels.numel()), self.p.loss_kernel, final_norm(self.m))
+                             min(self.p.loss_chunk_tokens, labels.numel()), self.p.loss_kernel, final_norm(self.m),
+                             self.m.logit_softcap)
         self.outputs.loss_parts[op.micro] = loss
 
     def _sr_seed(self, u: int) -> int:

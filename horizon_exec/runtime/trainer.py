@@ -59,8 +59,8 @@ import torch
 from horizon_exec.dist.context import single
 from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
-from horizon_exec.model.head import IGNORE, next_token_labels
-from horizon_exec.model.families import final_norm
+from horizon_exec.model.head import IGNORE, capped_logits, next_token_labels
+from horizon_exec.model.families import final_norm, scale_embedded_
 from horizon_exec.model.layout import block_layout, host_layout
 from horizon_exec.optim.adamw import check_hyper
 from horizon_exec.runtime.assemble import assemble, optimizer_for, schedule_for
@@ -372,7 +372,7 @@ class Trainer:
             for u in (EMBED, m.n_layers):
                 params.update(host_layout(m, u).views(self.gather_master(u)))
         emb = params["model.embed_tokens.weight"]                                 # (V, H) fp32
-        xs = [emb.index_select(0, c.reshape(-1)).view(c.shape[0], p.seq, m.hidden).to(dev, act)
+        xs = [scale_embedded_(m, emb.index_select(0, c.reshape(-1)).view(c.shape[0], p.seq, m.hidden).to(dev, act))
               for c in tokens.split(p.micro_batch)]                               # [(mb, T, H)]
         if docs is None and p.doc_masks:
             docs = torch.zeros_like(tokens)
@@ -447,8 +447,9 @@ class Trainer:
         tokens, _ = self._check_batch(tokens, None, None)
         xs, w_norm, w_lm = self._final_hidden(tokens, self._check_docs(docs, tokens))
         with torch.no_grad():
-            norm = final_norm(self.model)
-            return torch.cat([(norm(x, w_norm, self.model.norm_eps) @ w_lm.t()).float().cpu() for x in xs])
+            norm, cap = final_norm(self.model), self.model.logit_softcap
+            return torch.cat([capped_logits(norm(x, w_norm, self.model.norm_eps) @ w_lm.t(), cap).float().cpu()
+                              for x in xs])
 
     @property
     def host_store_bytes(self) -> int:

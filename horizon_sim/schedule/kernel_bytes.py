@@ -162,6 +162,11 @@ def saved_bytes(k: Kernel, a: int) -> int:
     raise _unknown(k)
 
 
+def saved_per_call_bytes(k: Kernel) -> int:
+    """Bytes autograd keeps of it per call, whatever the tokens: Gemma's norm its fp32 (1 + w)."""
+    return 4 * k.weight if k.kind == "rmsnorm" and k.unit_offset else 0
+
+
 def live_in_forward_bytes(k: Kernel, a: int) -> int:
     """Bytes per token of its tensors the template's no-grad forward holds at the MLP's peak:
     the activation's inputs and outputs."""

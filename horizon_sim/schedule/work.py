@@ -13,6 +13,7 @@ figure is checked against a dispatch-level count of the executor's kernels and i
 temp_peak_bytes for every family it runs (tests/test_families.py); nothing here is fitted.
 """
 from dataclasses import dataclass
+from functools import lru_cache
 
 from horizon_sim.schedule import kernel_bytes
 from horizon_sim.schedule.expert_load import expert_rows, max_rows, min_rows, padded_rows, row_multiple
@@ -112,7 +113,10 @@ def head_gemms(m: ModelSpec, tokens: int, chunk_tokens: int, backward: bool = Tr
 def masked_attention(m: ModelSpec, layer: int, seq: int, doc_masks: bool) -> bool:
     """Block `layer` runs SDPA under an explicit mask (layers.attention_mask): a sliding window
     shorter than the sequence, or document masks. Flash-style kernels then compute every T x T
-    score (no causal tile skipping), and the mask itself is a temporary."""
+    score (no causal tile skipping), and the mask itself is a temporary. Never with soft-capped
+    scores: that attention masks each chunk of query rows itself, against the keys it sees."""
+    if m.attn_softcap:
+        return False
     return doc_masks or 0 < m.window(layer) < seq
 
 
@@ -156,9 +160,10 @@ def head_logits_bytes(m: ModelSpec, tokens: int, a: int, loss_kernel: str = "tor
 
 def final_norm(m: ModelSpec) -> block.Kernel:
     """The head's norm, the family's kind of norm (the block's norms say which: one multiplying
-    its weight in fp32, OLMo-2's, or Llama's)."""
-    fp32_weight = any(k.fp32_weight for k in block.kernels(m) if k.kind == "rmsnorm")
-    return block.Kernel("rmsnorm", "head", m.hidden, fp32_weight=fp32_weight)
+    its weight in fp32, OLMo-2's, Gemma's (1 + w), or Llama's)."""
+    norms = [k for k in block.kernels(m) if k.kind == "rmsnorm"]
+    return block.Kernel("rmsnorm", "head", m.hidden, fp32_weight=any(k.fp32_weight for k in norms),
+                        unit_offset=any(k.unit_offset for k in norms))
 
 
 def head_loss_elementwise_bytes(m: ModelSpec, tokens: int, a: int, loss_kernel: str = "torch") -> int:
@@ -200,8 +205,54 @@ def _parts(m: ModelSpec) -> dict:
     return dict(half=half, attention=next(k for k in ks if k.kind == "attention"))
 
 
-def _saved(half: dict, a: int) -> int:
-    return sum(kernel_bytes.saved_bytes(k, a) for k in half["kernels"])
+SOFTCAP_CHUNK_ROWS = 128
+"""horizon_exec/model/softcap_attention.py CHUNK_ROWS: query rows per chunk."""
+
+
+@lru_cache(maxsize=1024)
+def _widest_chunk(seq: int, window: int) -> tuple[int, int]:
+    """(rows, keys) of the soft-capped attention's chunk with the most scores: each chunk of
+    rows i0..i1-1 meets the keys from its first row's window (or 0) to its last row."""
+    best = (0, 0)
+    for i0 in range(0, seq, SOFTCAP_CHUNK_ROWS):
+        i1 = min(seq, i0 + SOFTCAP_CHUNK_ROWS)
+        n = i1 - (max(0, i0 - window + 1) if window else 0)
+        best = max(best, (i1 - i0, n), key=lambda cn: cn[0] * cn[1])
+    return best
+
+
+def softcap_attention_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool, window: int = 0) -> int:
+    """What the soft-capped attention (horizon_exec/model/softcap_attention.py) holds beyond
+    its inputs, at its peak, over its widest chunk of X = B x heads x rows x keys scores.
+    Forward: its output o (a q) and fp32 logsumexp (4 a head) per token, then the chunk's
+    rows of q (copied: a B c q) and its scores in the compute dtype beside either the copy
+    the product makes of the chunk's keys (a B n kv: k is RoPE's strided output) or their fp32
+    copy (none in fp32); or the fp32 scores beside logsumexp's own x - max (8 X).
+    Backward: o's gradient (a q a token, viewed in the grouped layout), dq (a q), dk and dv
+    in fp32 (8 kv) and rowsum(dO o) in fp32 (4 a head), the latter made from fp32
+    copies of dO and o and their product (12 q; 4 q in fp32); then per chunk q's and dO's rows
+    (2 a B c q), tanh and the softmax in fp32 (8 X) and dP's product in the compute dtype (a X)
+    beside either the copy the product makes of the chunk's values (a B n kv) or its fp32 copy
+    (4 X; none in fp32)."""
+    c, n = _widest_chunk(seq, window)
+    B, N, q, heads = micro_batch, micro_batch * seq, m.q_dim, m.n_heads
+    X = B * heads * c * n
+    keys = a * B * n * m.kv_dim  # a chunk's keys or values, copied by the product
+    if not backward:
+        return N * (a * q + 4 * heads) + max(a * B * c * q + a * X + max(keys, 4 * X if a != 4 else 0), 8 * X)
+    held = N * (2 * a * q + 8 * m.kv_dim + 4 * heads)
+    rowsum = N * (12 * q if a != 4 else 4 * q)
+    chunk = 2 * a * B * c * q + 8 * X + a * X + max(keys, 4 * X if a != 4 else 0)
+    return held + max(rowsum, chunk)
+
+
+def _saved_kernel(k, a: int, N: int) -> int:
+    """Bytes autograd keeps of kernel k over N tokens: per token, and per call (Gemma's (1 + w))."""
+    return N * kernel_bytes.saved_bytes(k, a) + kernel_bytes.saved_per_call_bytes(k)
+
+
+def _saved(half: dict, a: int, N: int) -> int:
+    return sum(_saved_kernel(k, a, N) for k in half["kernels"])
 
 
 def block_input_saved(m: ModelSpec, a: int) -> bool:
@@ -213,7 +264,7 @@ def block_input_saved(m: ModelSpec, a: int) -> bool:
 
 
 def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool,
-                          mask: int = 0) -> int:
+                          mask: int = 0, window: int = 0) -> int:
     """Peak bytes of the op's device temporaries, as the executor measures them (every fresh
     aten allocation of the op, its output included, until freed): the largest of the points
     below, found by walking the block's description (_parts: per half a pre-norm, a body and a
@@ -260,39 +311,54 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
         p_attn = N * (pre1 + kernel_bytes.saved_bytes(parts["attention"], a)) + mask * (1 + a)
         pre2 = a * mlp["pre"].width if mlp["pre"] else 0
         # inside a norm: q, k and v (raw) beside the q/k norms' statistics; a post-norm's input
-        # (and x1, in the MLP half)
+        # (and x1, in the MLP half); inside RoPE
         qkv = sum(p.out_features for p in block.projections(m)[:att["readers"]])
         inner = [N * (pre1 + a * qkv + _norm_forward_bytes(k, a)) for k in _inner_norms(att)]
+        # RoPE on q: q * cos, rotate_half(q) and its product with sin beside q, k and v
+        rope = next((k for k in att["kernels"] if k.kind == "rope"), None)
+        if rope:
+            inner.append(N * (pre1 + a * qkv + 3 * a * rope.width))
         post = [N * (a * H * (2 if half is mlp else 1) + _norm_forward_bytes(half["post"], a))
                 for half in (att, mlp) if half["post"]]
-        return max(N * (a * H + pre2 + kernel_bytes.live_in_forward_bytes(act, a)), p_attn, *inner, *post)
-    x1_in_mlp = kernel_bytes.saved_bytes(att["residual"], a)  # x1 saved by the MLP's projections
-    saved = {"attention": _saved(att, a) - x1_in_mlp, "mlp": _saved(mlp, a) + x1_in_mlp}
+        if m.n_experts:
+            mlp_point = _moe_forward_bytes(m, N, a)
+        else:
+            mlp_point = N * (a * H + pre2 + kernel_bytes.live_in_forward_bytes(act, a))
+        if parts["attention"].softcap:  # its own chunks instead of SDPA's: o, the logsumexp, a chunk's scores
+            qkv = sum(p.out_features for p in block.projections(m)[:att["readers"]])
+            p_attn = N * (pre1 + a * qkv) + softcap_attention_bytes(m, micro_batch, seq, a, False, window)
+        return max(mlp_point, p_attn, *inner, *post)
+    x1_in_mlp = N * kernel_bytes.saved_bytes(att["residual"], a)  # x1 saved by the MLP's projections
+    saved = {"attention": _saved(att, a, N) - x1_in_mlp, "mlp": _saved(mlp, a, N) + x1_in_mlp}  # bytes
     gates = sum(k.kind == "gate_mul" for k in mlp["kernels"])
     x1 = 0 if x1_in_mlp or (a == 4 and mlp["pre"]) else a * H  # else a kernel's saved input is x1
-    points = [N * (saved["attention"] + saved["mlp"] + x1 + (2 + gates) * a * H) + a * mask
+    points = [saved["attention"] + saved["mlp"] + N * (x1 + (2 + gates) * a * H) + a * mask
               + expert_padding_bytes(m, a, parts)]
     if m.n_experts:
-        points += [_expert_loop_bytes(m, N, a, saved, parts) + a * mask]
+        points += [_expert_loop_bytes(m, N, a, {k: v // N for k, v in saved.items()}, parts) + a * mask]  # no per-call terms
     weights, earlier, dx1 = 0, saved["attention"], 0
     for name, half in (("mlp", mlp), ("attention", att)):
         live = saved[name]
         held = a * mask if name == "mlp" else 0  # the additive mask, until attention's backward
 
         def norm_point(k, grads):
-            return (N * (earlier + live - kernel_bytes.saved_bytes(k, a) + kernel_bytes.fp32_input_bytes(k, a)
-                         + 20 * k.width + a * H + dx1) + grads * a + held)
+            return (earlier + live - _saved_kernel(k, a, N) + N * (kernel_bytes.fp32_input_bytes(k, a)
+                    + 20 * k.width + a * H + dx1) + grads * a + held)
 
         if half["post"]:
             points.append(norm_point(half["post"], weights + half["post"].weight) + (a * mask if name == "attention" else 0))
-            live -= kernel_bytes.saved_bytes(half["post"], a)
+            live -= _saved_kernel(half["post"], a, N)
             weights += half["post"].weight
         if name == "mlp" and not m.n_experts:
-            points.append(N * (earlier + live + kernel_bytes.backward_gradients_bytes(half["body"], a) + a * H)
+            points.append(earlier + live + N * (kernel_bytes.backward_gradients_bytes(half["body"], a) + a * H)
                           + (weights + half["last_weight"]) * a + held)
+        if name == "attention" and parts["attention"].softcap:  # in its backward, o_proj's gradient made
+            o_proj = block.projections(m)[att["readers"]].params
+            points.append(earlier + live + N * (2 * a * H) + (weights + o_proj) * a
+                          + softcap_attention_bytes(m, micro_batch, seq, a, backward=True, window=window))
         if half["pre"]:
             weights += half["weights"] - half["pre"].weight - (half["post"].weight if half["post"] else 0)
-            live = kernel_bytes.saved_bytes(half["pre"], a)
+            live = _saved_kernel(half["pre"], a, N)
             weights += half["pre"].weight  # the block's first norm: every weight's gradient (layer_params)
             points.append(norm_point(half["pre"], weights if name == "mlp" else m.layer_params))
         else:
@@ -300,7 +366,7 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
         earlier, dx1 = 0, a * H
     points.append(backward_end_bytes(m, micro_batch, seq, a))
     if mask:
-        points.append(N * saved["attention"] + mask * (1 + a))
+        points.append(saved["attention"] + mask * (1 + a))
     return int(max(points))
 
 
@@ -326,8 +392,9 @@ def _first_projection_point(m: ModelSpec, att: dict, N: int, a: int) -> int:
     sum of theirs; the gradient of its output (a x its out_features); what the pre-norm saved;
     every weight gradient but the pre-norm's."""
     pre, ps = att["pre"], [p for p in block.projections(m) if not p.module.startswith("mlp.")]
-    held = a * m.hidden * (1 if pre and att["readers"] > 1 else 0) + (kernel_bytes.saved_bytes(pre, a) if pre else 0)
-    return N * (3 * a * m.hidden + held + a * ps[0].out_features) + (m.layer_params - (pre.weight if pre else 0)) * a
+    running = a * m.hidden * (1 if pre and att["readers"] > 1 else 0)
+    return (N * (3 * a * m.hidden + running + a * ps[0].out_features) + (_saved_kernel(pre, a, N) if pre else 0)
+            + (m.layer_params - (pre.weight if pre else 0)) * a)
 
 
 def _inner_norms(half: dict) -> list:
@@ -355,8 +422,30 @@ def _inner_norm_points(m: ModelSpec, half: dict, N: int, a: int, dx: int) -> lis
     inputs = sum(p.params for p in block.projections(m)[:half["readers"]])
     grads = m.layer_params - inputs - (half["pre"].weight if half["pre"] else 0)
     inner = _inner_norms(half)
-    return [N * (sum(kernel_bytes.saved_bytes(j, a) for j in inner[:i]) + kernel_bytes.fp32_input_bytes(k, a)
-                 + 20 * k.width + a * m.hidden + dx) + grads * a for i, k in enumerate(inner)]
+    return [sum(_saved_kernel(j, a, N) for j in inner[:i])
+            + N * (kernel_bytes.fp32_input_bytes(k, a) + 20 * k.width + a * m.hidden + dx) + grads * a
+            for i, k in enumerate(inner)]
+
+
+def _moe_forward_bytes(m: ModelSpec, N: int, a: int) -> int:
+    """A bound on an MoE MLP's no-grad forward (horizon_exec/model/moe_block.py moe_mlp): beside
+    x1 and the norm's output (2 aH), the larger of the shared expert's SwiGLU (gate, up, silu,
+    product: 4 aS), and, with the shared output (aH), the zero output (aH) and what routing
+    leaves (the weights, fp32 at most, and ids: 12 k; each routed row's slot and token: 16 k),
+    either one expert's rows, at most every token (a router may send them all to one expert;
+    gathered, gate|up, silu and product, aH + 4 aI a row; or with down's output instead of
+    silu, 2 aH + 3 aI; or with its weighted copy and the gathered weights instead of the
+    product, 3 aH + 2 aI + 4) or the gated shared output and the sum (2 aH). (The backward's
+    expert loop is priced at the expected most loaded expert, expert_load.max_rows: there the
+    saved tensors dominate; here one expert's rows are the peak.)"""
+    H, I, S, k = m.hidden, m.expert_ffn_hidden, m.shared_expert_ffn_hidden, m.experts_per_token
+    two = 2 * a * H * N
+    shared = N * a * H if S else 0
+    base = two + shared + N * (a * H + 28 * k)
+    hot = padded_rows(N, a)
+    loop = base + hot * max(a * H + 4 * a * I, 2 * a * H + 3 * a * I, 3 * a * H + 2 * a * I + 4)
+    end = base + (2 * N * a * H if S else 0)
+    return int(max(two + N * 4 * a * S, loop, end))
 
 
 def _routed_row_bytes(m: ModelSpec, a: int, parts: dict) -> float:
@@ -416,8 +505,9 @@ def block_saved_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int) -> int:
     """What autograd keeps from a block's forward for its backward when the graph persists (no
     recompute): what each kernel saves (kernel_bytes.saved_bytes) and the block's output,
     which the next block saves as its input."""
-    per_token = sum(kernel_bytes.saved_bytes(k, a) for k in block.kernels(m)) + a * m.hidden
-    return int(micro_batch * seq * per_token)
+    N, ks = micro_batch * seq, block.kernels(m)
+    return int(N * (sum(kernel_bytes.saved_bytes(k, a) for k in ks) + a * m.hidden)
+               + sum(kernel_bytes.saved_per_call_bytes(k) for k in ks))
 
 
 def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int, loss_kernel: str = "torch") -> int:
@@ -443,18 +533,22 @@ def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int, l
         chunk = c * V * a + 4 * c + 4
     else:
         chunk = max(c * V * 8 + c * 9, c * V * (4 + (a if a != 4 else 0)) + c * (8 + 4 + 4 + 1))
-    normed = 4 * H if final_norm(m).fp32_weight else a * H  # what the norm's weight multiply saved
-    logits = chunk + tokens * (in32 + normed + 2 * a * H + 4) + loss
+    if m.logit_softcap:  # tanh of the chunk's logits, kept for the cap's gradient
+        chunk += c * V * a
+    norm = final_norm(m)
+    normed = 4 * H if norm.fp32_weight else a * H  # what the norm's weight multiply saved
+    logits = chunk + tokens * (in32 + normed + 2 * a * H + 4) + kernel_bytes.saved_per_call_bytes(norm) + loss
     norm_bwd = tokens * (in32 + 20 * H + 2 * a * H) + H * a + loss  # + the norm weight's grad
     return int(max(logits, norm_bwd))
 
 
 def block_workspace_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool,
-                          attention: str = "flash", mask: int = 0) -> int:
+                          attention: str = "flash", mask: int = 0, window: int = 0) -> int:
     """Op.workspace_bytes: the temporary peak less the output the op hands over as a schedule
     buffer (y, or dx), which the simulator already charges from the op's start. Eager
-    attention adds the T x T scores and probabilities per head it keeps for backward."""
-    ws = block_temp_peak_bytes(m, micro_batch, seq, a, backward, mask) - micro_batch * seq * m.hidden * a
+    attention adds the T x T scores and probabilities per head it keeps for backward. window:
+    the layer's sliding window (a soft-capped attention's chunks see fewer keys)."""
+    ws = block_temp_peak_bytes(m, micro_batch, seq, a, backward, mask, window) - micro_batch * seq * m.hidden * a
     if backward and attention == "eager":
         ws += 2 * micro_batch * m.n_heads * seq * seq * a
     return ws

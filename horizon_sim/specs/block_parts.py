@@ -68,6 +68,9 @@ class Kernel:
     rows: int = 1
     """Rows per token a norm reduces over (1; a per-head norm: the heads). Attention: query heads.
     Router: the top-k it picks per token; dispatch and combine: the k routed rows per token."""
+    softcap: bool = False
+    """Attention only: its scores are soft-capped (Gemma 2), so it runs in chunks of query rows
+    (horizon_exec/model/softcap_attention.py) instead of SDPA."""
     kv_width: int = 0
     """Attention: the key (and value) width. Split: the part of a fused projection's output the
     forward copies out (Phi-3's v, made contiguous)."""
@@ -79,6 +82,9 @@ class Kernel:
     fp32_weight: bool = False
     """A norm that multiplies its weight into the fp32 normalised rows and then casts back
     (OLMo-2, Gemma): autograd keeps the fp32 rows instead of the cast."""
+    unit_offset: bool = False
+    """A norm whose weight is an offset from one (Gemma: times 1 + w, made in fp32 per call and
+    kept for the backward)."""
     reads_block_input: bool = False
     """It reads the block's input x: in fp32 a norm's fp32 view of x is x itself, no temporary."""
     aux_loss: bool = False

@@ -83,6 +83,7 @@ class KernelTimer:
         from torch.utils._pytree import tree_leaves
 
         from horizon_exec.device.dispatch_mode import UncompiledDispatchMode
+        from horizon_exec.model.softcap_attention import phase as attention_phase
 
         class _Mode(UncompiledDispatchMode):
             def __init__(self):
@@ -105,7 +106,9 @@ class KernelTimer:
                 if view:
                     return out
                 self.kernels += 1
-                if name.startswith(KernelTimer.GEMM):
+                if attention_phase():  # a Python attention's own kernels (softcap_attention.py)
+                    self.time[attention_phase()] += dt
+                elif name.startswith(KernelTimer.GEMM):
                     self.time["gemm"] += dt
                 elif "attention" in name:
                     self.time["attention_bwd" if "backward" in name else "attention_fwd"] += dt

@@ -5,19 +5,32 @@ holds every registered family to that description op by op and to transformers' 
 refused by name before anything is allocated."""
 from types import MappingProxyType
 
-from horizon_exec.model.families import llama, moe, olmo2, phi3, qwen3
-from horizon_exec.model.layers import rms_norm
+import torch
+
+from horizon_exec.model.families import gemma2, llama, moe, olmo2, phi3, qwen3
+from horizon_exec.model.layers import gemma_norm, rms_norm
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.families import FAMILIES
 
 FORWARDS = MappingProxyType({
     "llama": llama.forward, "qwen2": llama.forward, "mistral": llama.forward, "qwen3": qwen3.forward,
     "qwen3_moe": moe.qwen3_forward, "mixtral": moe.forward, "qwen2_moe": moe.forward,
-    "phi3": phi3.forward, "olmo2": olmo2.forward,
+    "phi3": phi3.forward, "olmo2": olmo2.forward, "gemma2": gemma2.forward,
 })
 
-FINAL_NORMS = MappingProxyType({"olmo2": olmo2.norm})
+FINAL_NORMS = MappingProxyType({"olmo2": olmo2.norm, "gemma2": gemma_norm})
 """The final norm (x, w, eps) -> normed rows of a family whose norm is not Llama's rms_norm."""
+
+SCALED_EMBEDDINGS = frozenset({"gemma2"})
+"""Families whose embedded rows are multiplied by sqrt(hidden) (in the rows' dtype, as
+transformers rounds it) before the first block."""
+
+
+def scale_embedded_(m, x):
+    """x (..., H) embedded rows of m, scaled in place where m's family scales them; x."""
+    if m.family in SCALED_EMBEDDINGS:
+        x.mul_(torch.tensor(m.hidden ** 0.5, dtype=x.dtype))
+    return x
 
 
 def final_norm(m):
@@ -30,8 +43,6 @@ def check_runnable(m) -> None:
     if m.family not in FORWARDS:
         raise HorizonError(f"model {m.name!r}: family {m.family!r} ({FAMILIES[m.family].summary}) is planned "
                            f"only; the executor runs {', '.join(FORWARDS)}")
-    if m.attn_softcap or m.logit_softcap or m.query_scale:
-        raise HorizonError(f"model {m.name!r}: soft-capping and a query scale are planned only")
     if m.rotary_fraction != 1:
         raise HorizonError(f"model {m.name!r}: partial rotary embeddings (rotary_fraction={m.rotary_fraction}) are "
                            "planned only; the executor rotates every dimension of a head")

@@ -5,15 +5,19 @@ post_feedforward_layernorm), q/k/v/o without biases, RoPE, sliding and global la
 and scaled by query_pre_attn_scalar ** -0.5, a gated GELU-tanh MLP, logits soft-capped
 (final_logit_softcapping), the embedding scaled by sqrt(hidden), tied head, pad token 0.
 
-Planned only: the executor refuses it by name. Its parameters are counted exactly; its RMSNorm
-multiplies by (1 + weight) and its GELU-tanh gate is priced as SwiGLU's, the soft-caps' tanh are
-not priced (inside attention and the loss, a few elementwise bytes per score and logit), and
-neither is the embedding's scale (estimates).
+Its norms keep their fp32 (1 + w) per call (Kernel.unit_offset) and multiply in fp32
+(fp32_weight); its GELU-tanh gate is priced as SiLU's (the same bytes and saved tensors); its
+attention, soft-capped, runs in chunks of query rows (Kernel.softcap; its temporaries are
+work.softcap_attention_bytes), priced by the attention's FLOPs at the calibrated SDPA rate: the
+fp32 passes over each chunk's scores (tanh, exp, their gradients) are not priced (an estimate:
+slower than that on a CPU). The logits' soft-cap keeps the chunk's tanh beside the loss
+(work.head_temp_peak_bytes); the embedding's scale is not priced (one multiply per row).
 
 HF config: hidden_activation (gelu_pytorch_tanh), head_dim, query_pre_attn_scalar ->
 query_scale, attn_logit_softcapping -> attn_softcap, final_logit_softcapping -> logit_softcap,
 sliding_window and layer_types -> layer_windows; attention_bias and use_bidirectional_attention
 true are refused by name."""
+from dataclasses import replace
 from types import MappingProxyType
 
 from horizon_sim.errors import HorizonError
@@ -32,10 +36,14 @@ def projections(m):
 
 
 def kernels(m):
-    """The Llama halves with a norm after each (on the half's output, before the residual add)."""
-    *attn, attn_add = attention_kernels(m, qk_norm=False)
-    *mlp, mlp_add = dense_mlp_kernels(m, gated=True)
-    return (*attn, Kernel("rmsnorm", "attention", m.hidden), attn_add, *mlp, Kernel("rmsnorm", "mlp", m.hidden), mlp_add)
+    """The Llama halves with a norm after each (on the half's output, before the residual add);
+    every norm Gemma's (1 + w), in fp32; the attention's scores soft-capped."""
+    gemma = dict(fp32_weight=True, unit_offset=True)
+    norm1, *attn, attn_add = attention_kernels(m, qk_norm=False)
+    norm2, *mlp, mlp_add = dense_mlp_kernels(m, gated=True)
+    attn = [replace(k, softcap=bool(m.attn_softcap)) if k.kind == "attention" else k for k in attn]
+    return (replace(norm1, **gemma), *attn, Kernel("rmsnorm", "attention", m.hidden, **gemma), attn_add,
+            replace(norm2, **gemma), *mlp, Kernel("rmsnorm", "mlp", m.hidden, **gemma), mlp_add)
 
 
 def tensors(m):
@@ -89,7 +97,17 @@ PRESETS = (
     dict(name="gemma-2-2b", n_layers=26, hidden=2304, n_heads=8, n_kv_heads=4, head_dim=256, ffn_hidden=9216,
          vocab=256000, tied_embeddings=True, norm_eps=1e-6, max_position=8192, padding_idx=0,
          layer_windows=(4096, 0) * 13, attn_softcap=50.0, logit_softcap=30.0, query_scale=256.0),
+    # google/gemma-2-9b and -27b config.json (the Gemma 2 report's shapes; keras-hub gemma2 presets
+    # count 9,241,705,984 and 27,227,128,320 parameters): 42 layers of 3584 with 16 heads of 256 and 8
+    # kv heads, MLP 14336; 46 layers of 4608 with 32 heads of 128 and 16 kv heads, MLP 36864, queries
+    # scaled by 144 ** -0.5; both 8192 positions, a 4096-token window every other layer, soft-caps 50 / 30.
+    dict(name="gemma-2-9b", n_layers=42, hidden=3584, n_heads=16, n_kv_heads=8, head_dim=256, ffn_hidden=14336,
+         vocab=256000, tied_embeddings=True, norm_eps=1e-6, max_position=8192, padding_idx=0,
+         layer_windows=(4096, 0) * 21, attn_softcap=50.0, logit_softcap=30.0, query_scale=256.0),
+    dict(name="gemma-2-27b", n_layers=46, hidden=4608, n_heads=32, n_kv_heads=16, head_dim=128, ffn_hidden=36864,
+         vocab=256000, tied_embeddings=True, norm_eps=1e-6, max_position=8192, padding_idx=0,
+         layer_windows=(4096, 0) * 23, attn_softcap=50.0, logit_softcap=30.0, query_scale=144.0),
 )
 
-FAMILY = ModelFamily("gemma2", "sandwich RMSNorms, soft-capped attention and logits, GELU-tanh MLP (Gemma 2; "
-                     "planned only)", projections, kernels, tensors, hf=HF, softcapping=True, presets=PRESETS)
+FAMILY = ModelFamily("gemma2", "sandwich RMSNorms, soft-capped attention and logits, GELU-tanh MLP (Gemma 2)",
+                     projections, kernels, tensors, hf=HF, softcapping=True, presets=PRESETS)

@@ -48,5 +48,21 @@ HF = HfFamily(
                   attention_bias=False, rms_norm_eps=1e-5),
     frozenset({"attention_bias"}), _read, lambda spec: {"attention_bias": False})
 
+
+def _olmo2(name: str, L: int, H: int, heads: int, kv: int, F: int) -> dict:
+    # allenai/OLMo-2 config.json: vocabulary 100352 (pad token 100277), 4096 positions, RoPE base
+    # 500000, RMSNorm eps 1e-6, untied head
+    return dict(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=kv, ffn_hidden=F, vocab=100352,
+                max_position=4096, rope_theta=500000.0, norm_eps=1e-6, padding_idx=100277)
+
+
+PRESETS = (
+    # allenai/OLMo-2-1124-7B and -13B, allenai/OLMo-2-0325-32B (the OLMo 2 report, arXiv 2501.00656);
+    # their safetensors hold 7,298,617,344, 13,716,198,400 and 32,234,279,936 parameters
+    _olmo2("olmo-2-7b", 32, 4096, 32, 32, 11008),
+    _olmo2("olmo-2-13b", 40, 5120, 40, 40, 13824),
+    _olmo2("olmo-2-32b", 64, 5120, 40, 8, 27648),
+)
+
 FAMILY = ModelFamily("olmo2", "q/k RMSNorms over the whole projections, norms after each half (OLMo-2)",
-                     projections, kernels, tensors, hf=HF)
+                     projections, kernels, tensors, hf=HF, presets=PRESETS)
