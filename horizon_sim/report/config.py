@@ -93,7 +93,7 @@ FULL = BuildConfig()
 QUICK = BuildConfig(
     headline_model="qwen2.5-0.5b", headline_gpu="h100-pcie", headline_ram="18GiB",
     headline_policy=Policy(batch=4, seq=1024),
-    table_models=("tiny", "qwen2.5-0.5b"), table_gpus=("h100-pcie",), table_rams=("16GiB", "64GiB"),
+    table_models=("tiny", "qwen2.5-0.5b"), table_gpus=("h100-pcie",), table_rams=("16GiB",),
     modes_model="tiny", modes_policy=Policy(batch=4, seq=512),
     ckpt_models=("tiny", "qwen2.5-0.5b"), ckpt_policy=Policy(batch=4, seq=1024),
     map_models=("tiny", "qwen2.5-0.5b", "llama-3.1-8b"), map_rams=("16GiB", "64GiB", "256GiB"),
