@@ -50,6 +50,8 @@ TINY = {  # family: its tiny spec's fields (T = 16 tokens: longer than every win
     "gemma2": dict(ffn_hidden=96, head_dim=32, tied_embeddings=True, padding_idx=0, layer_windows=(6, 0),
                    attn_softcap=50.0, logit_softcap=30.0, query_scale=24.0),
     "olmo2": dict(ffn_hidden=96, padding_idx=1),
+    "gemma3_text": dict(ffn_hidden=96, head_dim=32, tied_embeddings=True, padding_idx=0, layer_windows=(6, 0),
+                        query_scale=24.0, rope_theta=1e6, rope_local_theta=1e4),
 }
 RUNNABLE = [f for f in FAMILIES if f in FORWARDS]
 WITH_HF = [f for f in FAMILIES if FAMILIES[f].hf is not None]

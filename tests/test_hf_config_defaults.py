@@ -56,8 +56,12 @@ def test_a_minimal_config_reads_as_transformers_builds_it(mt, tmp_path):
 
     assert spec.n_kv_heads == (field("num_key_value_heads") or hf.num_attention_heads)
     assert spec.norm_eps == field("rms_norm_eps")
-    if field("rope_parameters") is not None:
-        assert spec.rope_theta == hf.rope_parameters["rope_theta"]
+    rope = field("rope_parameters")
+    if rope is not None and "full_attention" in rope:  # a base per layer type (Gemma 3)
+        assert (spec.rope_theta, spec.rope_local_theta) == (rope["full_attention"]["rope_theta"],
+                                                          rope["sliding_attention"]["rope_theta"])
+    elif rope is not None:
+        assert spec.rope_theta == rope["rope_theta"]
     assert spec.tied_embeddings == hf.tie_word_embeddings
     assert spec.max_position == hf.max_position_embeddings
     assert spec.init_std == hf.initializer_range

@@ -185,9 +185,25 @@ def test_rope_scaling_4x_style_and_parameter_checks(tmp_path):
         _read(tmp_path, cfg)
 
 
-@pytest.mark.parametrize("mt,words", [("gemma3", "vision tower"), ("gemma3_text", "Gemma 3's language model")])
-def test_gemma3_is_refused_with_what_it_is(tmp_path, mt, words):
-    cfg = {"model_type": mt, **{k: v for k, v in TINY.items() if v is not None}}
-    with pytest.raises(HorizonError, match=words) as e:
+def test_the_multimodal_gemma3_is_refused_with_what_it_is(tmp_path):
+    cfg = {"model_type": "gemma3", **{k: v for k, v in TINY.items() if v is not None}}
+    with pytest.raises(HorizonError, match="vision tower") as e:
         _read(tmp_path, cfg)
     assert "\n" not in str(e.value)
+
+
+def test_gemma3_text_reads_a_rope_base_per_layer_type(tmp_path):
+    """transformers 5's rope_parameters per layer type and 4.x's rope_theta, rope_scaling and
+    rope_local_base_freq read the same; a scaled RoPE on the sliding layers is refused."""
+    base = {"model_type": "gemma3_text", **{k: v for k, v in TINY.items() if v is not None},
+            "num_hidden_layers": 6, "sliding_window": 8, "query_pre_attn_scalar": 16}
+    new = _read(tmp_path, {**base, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}})
+    old = _read(tmp_path, {**base, "rope_theta": 1e6, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                           "rope_local_base_freq": 1e4, "sliding_window_pattern": 6})
+    assert new == old and new.rope_theta == 1e6 and new.rope_local_theta == 1e4
+    assert new.rope_scaling.kind == "linear" and new.layer_windows == (8, 8, 8, 8, 8, 0)
+    with pytest.raises(HorizonError, match="sliding layers is not supported"):
+        _read(tmp_path, {**base, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                      "sliding_attention": {"rope_type": "linear", "factor": 2.0}}})

@@ -38,6 +38,7 @@ PUBLISHED = {
     "olmo-2-7b": 7_298_617_344,        # allenai/OLMo-2-1124-7B (its safetensors total)
     "olmo-2-13b": 13_716_198_400,      # allenai/OLMo-2-1124-13B (the same)
     "olmo-2-32b": 32_234_279_936,      # allenai/OLMo-2-0325-32B (the same)
+    "gemma-3-1b": 999_885_952,         # google/gemma-3-1b-pt (keras-hub gemma3 presets "params")
 }
 
 

@@ -51,7 +51,6 @@ _MOE_TYPES = tuple(mt for mt in HF_ROWS if FAMILIES[mt].is_moe)
 REFUSED_DENSE = {
     "gemma3": "the multimodal Gemma 3 (a vision tower beside the language model: neither trained nor carried into "
               "--save-hf, so the checkpoint is refused rather than saved without it)",
-    "gemma3_text": "Gemma 3's language model (RoPE bases per layer type, per-head q/k norms inside sandwich norms)",
 }
 """Dense model types refused by name with what they are (the MoE ones: hf_moe.REFUSED_TYPES)."""
 _DEFAULT_ROPE_THETA = 10000.0  # default_theta of all three HF config classes

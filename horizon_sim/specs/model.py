@@ -47,6 +47,9 @@ class ModelSpec:
     mlp_bias: bool = False
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope_local_theta: float = 0.0
+    """The sliding layers' RoPE base when it is not rope_theta (Gemma 3's rope_local_base_freq:
+    those layers unscaled, the global ones rope_theta with rope_scaling); 0 = rope_theta."""
     rotary_fraction: float = 1.0
     """The fraction of each head's dimensions RoPE rotates (GPT-NeoX's rotary_pct, 0.25 in
     Pythia); the rest pass through unrotated."""
@@ -123,6 +126,12 @@ class ModelSpec:
         if (isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float))
                 or not math.isfinite(self.init_std) or self.init_std < 0):
             raise HorizonError(f"model init_std={self.init_std!r} must be a finite number >= 0")
+        v = self.rope_local_theta
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise HorizonError(f"model rope_local_theta={v!r} must be a finite number >= 0 (0 = rope_theta)")
+        if v and not fam.local_rope:
+            raise HorizonError(f"model rope_local_theta={v!r}: family {self.family!r} has one RoPE base "
+                               "(gemma3_text has one per layer type)")
         for f in ("attn_softcap", "logit_softcap", "query_scale"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:

@@ -43,6 +43,9 @@ def check_runnable(m) -> None:
     if m.family not in FORWARDS:
         raise HorizonError(f"model {m.name!r}: family {m.family!r} ({FAMILIES[m.family].summary}) is planned "
                            f"only; the executor runs {', '.join(FORWARDS)}")
+    if m.rope_local_theta and m.rope_local_theta != m.rope_theta:
+        raise HorizonError(f"model {m.name!r}: a RoPE base per layer type (rope_local_theta={m.rope_local_theta}) "
+                           "is planned only; the executor uses one table for every layer")
     if m.rotary_fraction != 1:
         raise HorizonError(f"model {m.name!r}: partial rotary embeddings (rotary_fraction={m.rotary_fraction}) are "
                            "planned only; the executor rotates every dimension of a head")

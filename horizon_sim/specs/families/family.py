@@ -58,6 +58,8 @@ class ModelFamily:
     softcapping: bool = False
     """Its attention scores and logits may be soft-capped and its queries scaled otherwise than by
     head_dim (ModelSpec.attn_softcap, logit_softcap, query_scale: Gemma 2)."""
+    local_rope: bool = False
+    """Its sliding layers may take a RoPE base of their own (ModelSpec.rope_local_theta: Gemma 3)."""
     learned_positions: bool = False
     """A learned position embedding (max_position rows) beside the token embedding (GPT-2's wpe),
     in the embedding unit; RoPE otherwise."""

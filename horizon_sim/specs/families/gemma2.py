@@ -63,19 +63,24 @@ def _read(cfg: dict, where: str, n_layers: int) -> dict:
     refuse_attention_bias(cfg, "gemma2", where)
     if as_bool(cfg, "use_bidirectional_attention", where, False):
         raise HorizonError(f"{where}: use_bidirectional_attention = true (an encoder's attention) is not supported")
+    return dict(layer_windows=_windows(cfg, where, n_layers), **read_caps_and_scale(cfg, where))
+
+
+def read_caps_and_scale(cfg: dict, where: str) -> dict:
+    """The soft-caps (null: none) and query_pre_attn_scalar, as ModelSpec fields (Gemma 2 and 3)."""
     cap = {k: as_float(cfg[k], k, where, strict=False) if cfg.get(k) is not None else 0.0
            for k in ("attn_logit_softcapping", "final_logit_softcapping")}
-    return dict(layer_windows=_windows(cfg, where, n_layers), attn_softcap=cap["attn_logit_softcapping"],
-                logit_softcap=cap["final_logit_softcapping"],
+    return dict(attn_softcap=cap["attn_logit_softcapping"], logit_softcap=cap["final_logit_softcapping"],
                 query_scale=as_float(cfg["query_pre_attn_scalar"], "query_pre_attn_scalar", where, strict=False))
 
 
-def _export(spec) -> dict:
-    w = one_window_size(spec, "gemma2")
+def export_fields(spec, mt: str = "gemma2") -> dict:
+    """What Gemma2Config and Gemma3TextConfig write beyond the shared fields, but RoPE."""
     q = spec.query_scale or spec.hd
-    return {"head_dim": spec.hd, "query_pre_attn_scalar": int(q) if q == int(q) else q,  # an int in Gemma2Config
+    return {"head_dim": spec.hd, "query_pre_attn_scalar": int(q) if q == int(q) else q,  # an int in the classes
             "attn_logit_softcapping": spec.attn_softcap or None, "final_logit_softcapping": spec.logit_softcap or None,
-            "sliding_window": w or None, "attention_bias": False, "layer_types": layer_types(spec)}
+            "sliding_window": one_window_size(spec, mt) or None, "attention_bias": False,
+            "layer_types": layer_types(spec)}
 
 
 HF = HfFamily(
@@ -89,7 +94,7 @@ HF = HfFamily(
     frozenset({"hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
                "sliding_window", "layer_types", "attention_bias", "use_bidirectional_attention",
                "cache_implementation"}),
-    _read, _export, aliases={"hidden_activation": "hidden_act"}, activations=("gelu_pytorch_tanh",))
+    _read, export_fields, aliases={"hidden_activation": "hidden_act"}, activations=("gelu_pytorch_tanh",))
 
 PRESETS = (
     # Gemma2Config's defaults, which are google/gemma-2-2b's shape: 26 layers of 2304, 8 heads of 256, 4 kv
