@@ -313,3 +313,27 @@ def test_the_planned_elementwise_bytes_are_a_kernel_by_kernel_count(family):
         fn()
     want = work.block_elementwise_bytes(m, B * 128, 128, 2, False) + work.block_elementwise_bytes(m, B * 128, 128, 2, True)
     assert want == pytest.approx(timer.bytes, rel=2e-3)
+
+
+@pytest.mark.parametrize("family", [f for f in RUNNABLE if tiny(f).rope_table_count > 1])
+def test_document_masks_gather_every_rope_table(family):
+    """A family with a RoPE base per layer type (Gemma 3) under document masks: with each
+    sequence one document, the positions gathered from each table give the step and the logits
+    of the run without masks; with two documents per row, the second restarts its positions."""
+    from horizon_exec.runtime.trainer import Trainer
+    from horizon_sim.specs.policy import Policy
+    spec = tiny(family)
+    tokens = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(5))
+    out = {}
+    for masks in (False, True):
+        with Trainer(spec, Policy(batch=B, seq=T, doc_masks=masks, compute_dtype="fp32", grad_dtype="fp32",
+                                  working_copy=False)) as tr:
+            docs = torch.zeros(B, T, dtype=torch.int64) if masks else None
+            out[masks] = (tr.logits(tokens, docs), tr.step(tokens, docs=docs).loss)
+            if masks:
+                split = torch.zeros(B, T, dtype=torch.int64)
+                split[:, T // 2:] = 1
+                second = tr.logits(tokens, split)[:, T // 2:]
+                alone = tr.logits(tokens[:, T // 2:].repeat(1, 2))[:, :T // 2]
+    assert torch.allclose(out[True][0], out[False][0], atol=1e-5) and out[True][1] == pytest.approx(out[False][1])
+    assert torch.allclose(second, alone, atol=1e-5)  # the second document sees positions 0.. and itself only

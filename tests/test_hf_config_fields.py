@@ -202,7 +202,11 @@ def test_gemma3_text_reads_a_rope_base_per_layer_type(tmp_path):
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}})
     old = _read(tmp_path, {**base, "rope_theta": 1e6, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
                            "rope_local_base_freq": 1e4, "sliding_window_pattern": 6})
-    assert new == old and new.rope_theta == 1e6 and new.rope_local_theta == 1e4
+    # a config converted from 4.x: the bases only top-level, rope_parameters without them
+    mixed = _read(tmp_path, {**base, "rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": None,
+                             "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0},
+                                                 "sliding_attention": {"rope_type": "default"}}})
+    assert new == old == mixed and new.rope_theta == 1e6 and new.rope_local_theta == 1e4
     assert new.rope_scaling.kind == "linear" and new.layer_windows == (8, 8, 8, 8, 8, 0)
     with pytest.raises(HorizonError, match="sliding layers is not supported"):
         _read(tmp_path, {**base, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},

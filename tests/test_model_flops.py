@@ -71,7 +71,8 @@ def test_preset_layer_and_head_flops_meta(name):
         model = _model(replace(spec, n_layers=1), "meta")  # layers are identical: build one
         layer, head_norm, lm_head = model.model.layers[0], model.model.norm, model.lm_head
         x = torch.empty(B, T, spec.hidden, requires_grad=True)  # (B, T, H)
-        pe = model.model.rotary_emb(x, torch.arange(T)[None])
+        rope = model.model.rotary_emb  # Gemma 3's takes the layer type (one table per RoPE base)
+        pe = rope(x, torch.arange(T)[None], *(["full_attention"] if spec.rope_table_count > 1 else []))
 
         fwd = _count(lambda: layer(x, attention_mask=None, position_embeddings=pe))
         assert fwd == spec.layer_fwd_flops(tokens, T, causal=False)

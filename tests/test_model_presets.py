@@ -269,3 +269,18 @@ def test_a_gpt2_config_from_the_hub_is_planned_with_transformers_count(tmp_path)
     from horizon_exec.model.families import check_runnable
     with pytest.raises(HorizonError, match="family 'gpt2' .* is planned only"):
         check_runnable(spec)
+
+
+@pytest.mark.parametrize("name,total", [("gemma-3-4b", 4_300_079_472), ("gemma-3-12b", 12_187_325_040),
+                                        ("gemma-3-27b", 27_432_406_640)])
+def test_gemma3_presets_are_the_published_models_without_their_vision_tower(name, total):
+    """google/gemma-3-{4,12,27}b-pt are multimodal (keras-hub gemma3 presets "params": the totals
+    here): transformers' Gemma3ForConditionalGeneration with the preset as its text_config and
+    the checkpoints' SigLIP vision_config counts exactly those totals on the meta device."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    text = {k: v for k, v in to_hf_config_dict(PRESETS[name]).items() if k not in ("architectures", "_name_or_path")}
+    vision = dict(model_type="siglip_vision_model", hidden_size=1152, image_size=896, intermediate_size=4304,
+                  num_attention_heads=16, num_hidden_layers=27, patch_size=14, vision_use_head=False)
+    with torch.device("meta"):
+        model = Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision))
+    assert sum(p.numel() for p in model.parameters()) == total

@@ -59,7 +59,7 @@ def qkv_projections(m: ModelSpec, w: Mapping, h):
 
 
 def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_norm: bool = False,
-                   project=qkv_projections):
+                   project=qkv_projections, norm=rms_norm):
     """The attention half after its norm: h (B, T, H) normed -> o_proj's output (B, T, H),
     before the residual. q, k, v by `project` (m, w, h) (three projections, or a family's fused
     one), per-head q/k RMSNorms before RoPE when qk_norm (Qwen3), RoPE, SDPA with grouped kv
@@ -71,9 +71,9 @@ def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_
     nh, nkv, hd = m.n_heads, m.n_kv_heads, m.hd
     q, k, v = project(m, w, h)
     q, k = q.view(B, T, nh, hd), k.view(B, T, nkv, hd)
-    if qk_norm:  # each head's q and k normalised over head_dim, before RoPE
-        q = rms_norm(q, w["self_attn.q_norm.weight"], m.norm_eps)
-        k = rms_norm(k, w["self_attn.k_norm.weight"], m.norm_eps)
+    if qk_norm:  # each head's q and k normalised over head_dim (by `norm`: Gemma 3's is gemma_norm), before RoPE
+        q = norm(q, w["self_attn.q_norm.weight"], m.norm_eps)
+        k = norm(k, w["self_attn.k_norm.weight"], m.norm_eps)
     q = q.transpose(1, 2)                                               # (B, nh, T, hd)
     k = k.transpose(1, 2)                                               # (B, nkv, T, hd)
     v = v.view(B, T, nkv, hd).transpose(1, 2)

@@ -7,6 +7,7 @@ tables match bit for bit (tests/test_hf_features.py compares them).
     cast to the activation dtype
 """
 import math
+from dataclasses import replace
 
 import torch
 
@@ -94,3 +95,13 @@ def rope_tables(m: ModelSpec, seq: int, dtype, device):
     freqs = pos[:, None] * inv.to(device=device, dtype=torch.float)[None, :]   # (T, hd/2)
     emb = torch.cat((freqs, freqs), dim=-1)                                  # (T, hd)
     return (emb.cos() * attn).to(dtype), (emb.sin() * attn).to(dtype)
+
+
+def rope_tables_per_base(m: ModelSpec, seq: int, dtype, device) -> list:
+    """[(cos, sin)] per RoPE table of m (ModelSpec.rope_table_count): the model's, then with a
+    base of the sliding layers' own (Gemma 3), that base's, unscaled."""
+    tabs = [rope_tables(m, seq, dtype, device)]
+    if m.rope_table_count > 1:
+        tabs.append(rope_tables(replace(m, rope_theta=m.rope_local_theta, rope_scaling=None, rope_local_theta=0.0),
+                                seq, dtype, device))
+    return tabs

@@ -9,7 +9,7 @@ table once, and the block masks attention across documents (layers.attention_mas
 """
 import torch
 
-from horizon_exec.model.rope import rope_tables
+from horizon_exec.model.rope import rope_tables_per_base
 from horizon_sim.errors import HorizonError
 
 
@@ -50,14 +50,20 @@ class AttentionInputs:
             # document masks make depend on the data: one table could not match it.
             raise HorizonError(f"dynamic RoPE past max_position_embeddings ({model.max_position}) with "
                                f"document masks is not supported; use --seq <= {model.max_position}")
-        self.cos, self.sin = buffers.find(Holds.ROPE_COS), buffers.find(Holds.ROPE_SIN)   # (T, hd)
-        cos, sin = rope_tables(model, T, self.cos.dtype, self.cos.device)  # where transformers makes them
-        self.cos.copy_(cos)
-        self.sin.copy_(sin)
+        # one (T, hd) pair per RoPE base (ModelSpec.rope_table_count; stacked when two: Gemma 3)
+        self.cos, self.sin = self._per_base(buffers.find(Holds.ROPE_COS)), self._per_base(buffers.find(Holds.ROPE_SIN))
+        for c, s, (cos, sin) in zip(self.cos, self.sin, rope_tables_per_base(model, T, self.cos[0].dtype,
+                                                                             self.cos[0].device)):
+            c.copy_(cos)  # made where transformers makes them
+            s.copy_(sin)
         self.docs = self.pos = self.row_cos = self.row_sin = None
         if policy.doc_masks:
             self.docs, self.pos = buffers.find(Holds.DOCS), buffers.find(Holds.POSITIONS)
-            self.row_cos, self.row_sin = buffers.find(Holds.ROPE_COS_ROWS), buffers.find(Holds.ROPE_SIN_ROWS)
+            self.row_cos = self._per_base(buffers.find(Holds.ROPE_COS_ROWS))
+            self.row_sin = self._per_base(buffers.find(Holds.ROPE_SIN_ROWS))
+
+    def _per_base(self, t) -> list:
+        return [t] if self.m.rope_table_count == 1 else list(t.unbind(0))
 
     def begin_step(self, docs: torch.Tensor | None) -> None:
         """docs (B, T) int64 on the host (checked), or None: one document per sequence. Only
@@ -74,25 +80,29 @@ class AttentionInputs:
         self.gather(self.pos, self.row_cos, self.row_sin)
 
     def gather(self, pos, cos_out, sin_out) -> None:
-        """cos_out, sin_out (B, 1, T, hd) <- the tables at positions pos (B, T)."""
+        """cos_out, sin_out [(B, 1, T, hd)] per base <- the tables at positions pos (B, T)."""
         B, T = pos.shape
-        torch.index_select(self.cos, 0, pos.reshape(-1), out=cos_out.view(B * T, -1))
-        torch.index_select(self.sin, 0, pos.reshape(-1), out=sin_out.view(B * T, -1))
+        for cos, sin, c_out, s_out in zip(self.cos, self.sin, cos_out, sin_out):
+            torch.index_select(cos, 0, pos.reshape(-1), out=c_out.view(B * T, -1))
+            torch.index_select(sin, 0, pos.reshape(-1), out=s_out.view(B * T, -1))
 
     def rows(self, rows: slice, layer: int):
         """(cos, sin, window, docs) for block `layer` on the step's sequences `rows`."""
-        w = self.m.window(layer)
+        w, t = self.m.window(layer), self.m.rope_table(layer)
         if self.docs is None:
-            return self.cos, self.sin, w, None
-        return self.row_cos[rows], self.row_sin[rows], w, self.docs[rows]
+            return self.cos[t], self.sin[t], w, None
+        return self.row_cos[t][rows], self.row_sin[t][rows], w, self.docs[rows]
 
     def tables(self, docs: torch.Tensor | None):
-        """(cos, sin, docs) for sequences outside the step (eval), made on the spot: docs
-        (n, T) int64 on the host, or None (positions 0..T-1, no document mask)."""
+        """For sequences outside the step (eval), made on the spot: docs (n, T) int64 on the
+        host, or None (positions 0..T-1, no document mask). Returns layer -> (cos, sin, window,
+        docs), as rows() does."""
         if docs is None:
-            return self.cos, self.sin, None
-        n, T = docs.shape
-        cos = self.cos.new_empty((n, 1, T, self.cos.shape[-1]))
-        sin = torch.empty_like(cos)
-        self.gather(doc_positions(docs).to(self.cos.device), cos, sin)
-        return cos, sin, docs.to(self.cos.device)
+            cos, sin, d = self.cos, self.sin, None
+        else:
+            n, T = docs.shape
+            cos = [c.new_empty((n, 1, T, c.shape[-1])) for c in self.cos]
+            sin = [torch.empty_like(c) for c in cos]
+            self.gather(doc_positions(docs).to(self.cos[0].device), cos, sin)
+            d = docs.to(self.cos[0].device)
+        return lambda layer: (cos[self.m.rope_table(layer)], sin[self.m.rope_table(layer)], self.m.window(layer), d)

@@ -381,8 +381,8 @@ class Trainer:
         blk = block_layout(m)
         for layer in range(m.n_layers):
             w = {k: v.to(dev, act) for k, v in blk.views(self.weights.unit_master(layer)).items()}
-            for i, (c, s_, d) in enumerate(tabs):  # in place: one chunk's output is new at a time
-                xs[i] = self.runner.block(w, xs[i], c, s_, m.window(layer), d)
+            for i, at in enumerate(tabs):  # in place: one chunk's output is new at a time
+                xs[i] = self.runner.block(w, xs[i], *at(layer))
             del w
         w_norm = params["model.norm.weight"].to(dev, act)
         w_lm = (emb if m.tied_embeddings else params["lm_head.weight"]).to(dev, act)

@@ -207,12 +207,13 @@ class Declarations:
         """Device tensors every step uses: RoPE tables, the step's labels and, under document
         masks, each token's document and position and the tables gathered at those."""
         p, m, c = self.p, self.m, dict(static=True, role="constants")
-        self.declare("rope.cos", Space.DEVICE, Holds.ROPE_COS, (p.seq, m.hd), p.compute_dtype, **c)
-        self.declare("rope.sin", Space.DEVICE, Holds.ROPE_SIN, (p.seq, m.hd), p.compute_dtype, **c)
+        k = (m.rope_table_count,) if m.rope_table_count > 1 else ()  # a table per RoPE base (Gemma 3)
+        self.declare("rope.cos", Space.DEVICE, Holds.ROPE_COS, (*k, p.seq, m.hd), p.compute_dtype, **c)
+        self.declare("rope.sin", Space.DEVICE, Holds.ROPE_SIN, (*k, p.seq, m.hd), p.compute_dtype, **c)
         self.declare("labels", Space.DEVICE, Holds.LABELS, (p.batch, p.seq), "int64", **c)
         if p.doc_masks:
             self.declare("docs", Space.DEVICE, Holds.DOCS, (p.batch, p.seq), "int64", **c)
             self.declare("positions", Space.DEVICE, Holds.POSITIONS, (p.batch, p.seq), "int64", **c)
-            rows = (p.batch, 1, p.seq, m.hd)
+            rows = (*k, p.batch, 1, p.seq, m.hd)
             self.declare("rope.cos.rows", Space.DEVICE, Holds.ROPE_COS_ROWS, rows, p.compute_dtype, **c)
             self.declare("rope.sin.rows", Space.DEVICE, Holds.ROPE_SIN_ROWS, rows, p.compute_dtype, **c)

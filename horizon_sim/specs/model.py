@@ -184,6 +184,15 @@ class ModelSpec:
         """Block `layer`'s attention window in tokens (0 = the whole causal prefix)."""
         return self.layer_windows[layer] if self.layer_windows else 0
 
+    @property
+    def rope_table_count(self) -> int:
+        """RoPE tables a step needs: one, or two with a base of the sliding layers' own."""
+        return 2 if self.rope_local_theta else 1
+
+    def rope_table(self, layer: int) -> int:
+        """Which of them block `layer` rotates by: 1 for a sliding layer with a base of its own."""
+        return 1 if self.rope_local_theta and self.window(layer) else 0
+
     def attended(self, layer: int, seq: int) -> int:
         """Keys a query of block `layer` may see at most, in a sequence of `seq` tokens."""
         w = self.window(layer)

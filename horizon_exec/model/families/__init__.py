@@ -15,13 +15,13 @@ from horizon_sim.specs.families import FAMILIES
 FORWARDS = MappingProxyType({
     "llama": llama.forward, "qwen2": llama.forward, "mistral": llama.forward, "qwen3": qwen3.forward,
     "qwen3_moe": moe.qwen3_forward, "mixtral": moe.forward, "qwen2_moe": moe.forward,
-    "phi3": phi3.forward, "olmo2": olmo2.forward, "gemma2": gemma2.forward,
+    "phi3": phi3.forward, "olmo2": olmo2.forward, "gemma2": gemma2.forward, "gemma3_text": gemma2.gemma3_forward,
 })
 
-FINAL_NORMS = MappingProxyType({"olmo2": olmo2.norm, "gemma2": gemma_norm})
+FINAL_NORMS = MappingProxyType({"olmo2": olmo2.norm, "gemma2": gemma_norm, "gemma3_text": gemma_norm})
 """The final norm (x, w, eps) -> normed rows of a family whose norm is not Llama's rms_norm."""
 
-SCALED_EMBEDDINGS = frozenset({"gemma2"})
+SCALED_EMBEDDINGS = frozenset({"gemma2", "gemma3_text"})
 """Families whose embedded rows are multiplied by sqrt(hidden) (in the rows' dtype, as
 transformers rounds it) before the first block."""
 
@@ -43,9 +43,6 @@ def check_runnable(m) -> None:
     if m.family not in FORWARDS:
         raise HorizonError(f"model {m.name!r}: family {m.family!r} ({FAMILIES[m.family].summary}) is planned "
                            f"only; the executor runs {', '.join(FORWARDS)}")
-    if m.rope_local_theta and m.rope_local_theta != m.rope_theta:
-        raise HorizonError(f"model {m.name!r}: a RoPE base per layer type (rope_local_theta={m.rope_local_theta}) "
-                           "is planned only; the executor uses one table for every layer")
     if m.rotary_fraction != 1:
         raise HorizonError(f"model {m.name!r}: partial rotary embeddings (rotary_fraction={m.rotary_fraction}) are "
                            "planned only; the executor rotates every dimension of a head")

@@ -7,8 +7,9 @@ the global layers take rope_theta with its scaling, the sliding ones their own b
 (ModelSpec.rope_local_theta). RoPE's cost does not depend on its base: the planner prices it as
 Gemma 2's block with Qwen3's q/k norms.
 
-Planned only: the executor refuses it by name (its RoPE tables are one per model, not one per
-layer type). The multimodal checkpoint (model_type gemma3) is refused by hf_config.py.
+The executor keeps a RoPE table pair per base (ModelSpec.rope_table_count; the Schedule's
+rope.cos and rope.sin stacked) and gives each block its layer type's (horizon_exec/runtime/
+positions.py). The multimodal checkpoint (model_type gemma3) is refused by hf_config.py.
 
 HF config: Gemma2's fields, rope_parameters per layer type ({'full_attention': ...,
 'sliding_attention': ...}; 4.x: rope_theta, rope_scaling and rope_local_base_freq), and
@@ -53,9 +54,10 @@ def _prepare(cfg: dict) -> dict:
     if isinstance(rp, dict) and ("full_attention" in rp or "sliding_attention" in rp):
         full, local = dict(rp.get("full_attention") or {}), dict(rp.get("sliding_attention") or {})
     else:
-        full = dict(rp) if isinstance(rp, dict) else {}
-        local = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq", DEFAULT_LOCAL_THETA)}
+        full, local = (dict(rp) if isinstance(rp, dict) else {}), {"rope_type": "default"}
+    # a base missing from rope_parameters is the top-level one (configs converted from 4.x keep both)
     full.setdefault("rope_theta", cfg.get("rope_theta", DEFAULT_THETA))
+    local.setdefault("rope_theta", cfg.get("rope_local_base_freq", DEFAULT_LOCAL_THETA))
     cfg["rope_theta"] = cfg.get("rope_theta", full["rope_theta"])
     cfg["rope_parameters"], cfg["_rope_local"] = full, local
     return cfg
@@ -100,16 +102,28 @@ HF = HfFamily(
     _read, _export, aliases={"hidden_activation": "hidden_act"}, activations=("gelu_pytorch_tanh",),
     prepare=_prepare, drops=frozenset({"rope_theta", "rope_scaling"}))
 
+def _gemma3(name, L, H, heads, kv, hd, F, window, vocab, positions, query_scale, scaling=None) -> dict:
+    # five sliding layers to one global; RoPE bases 1e6 (global, with `scaling`) and 1e4 (sliding)
+    return dict(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=kv, head_dim=hd, ffn_hidden=F,
+                vocab=vocab, tied_embeddings=True, norm_eps=1e-6, max_position=positions, padding_idx=0,
+                rope_theta=DEFAULT_THETA, rope_local_theta=DEFAULT_LOCAL_THETA, rope_scaling=scaling,
+                layer_windows=tuple(0 if (i + 1) % 6 == 0 else window for i in range(L)), query_scale=query_scale)
+
+
+LINEAR_8 = dict(kind="linear", factor=8.0)
 PRESETS = (
-    # google/gemma-3-1b-pt config.json (the text-only size; 4B and up are multimodal checkpoints):
-    # 26 layers of 1152, 4 heads of 256 and 1 kv head, MLP 6912, vocab 262144, a 512-token window on
-    # five layers of six, RoPE bases 1e6 (global) and 1e4 (sliding), 32768 positions.
-    dict(name="gemma-3-1b", n_layers=26, hidden=1152, n_heads=4, n_kv_heads=1, head_dim=256, ffn_hidden=6912,
-         vocab=262144, tied_embeddings=True, norm_eps=1e-6, max_position=32768, padding_idx=0,
-         rope_theta=1000000.0, rope_local_theta=10000.0,
-         layer_windows=tuple(0 if (i + 1) % 6 == 0 else 512 for i in range(26)), query_scale=256.0),
+    # google/gemma-3-1b-pt config.json, the text-only size (keras-hub gemma3 presets count its
+    # 999,885,952 parameters): 26 layers of 1152, 4 heads of 256, 1 kv head, MLP 6912, a 512-token window.
+    _gemma3("gemma-3-1b", 26, 1152, 4, 1, 256, 6912, 512, 262144, 32768, 256.0),
+    # The language models of google/gemma-3-4b-pt, -12b-pt and -27b-pt (their config.json's text_config:
+    # those checkpoints are multimodal; with their SigLIP vision tower these count the published
+    # 4,300,079,472, 12,187,325,040 and 27,432,406,640, tests/test_model_presets.py): 1024-token
+    # windows, global RoPE stretched 8x (linear), 131072 positions; 27B scales queries by 168.
+    _gemma3("gemma-3-4b", 34, 2560, 8, 4, 256, 10240, 1024, 262208, 131072, 256.0, LINEAR_8),
+    _gemma3("gemma-3-12b", 48, 3840, 16, 8, 256, 15360, 1024, 262208, 131072, 256.0, LINEAR_8),
+    _gemma3("gemma-3-27b", 62, 5376, 32, 16, 128, 21504, 1024, 262208, 131072, 168.0, LINEAR_8),
 )
 
 FAMILY = ModelFamily("gemma3_text", "Gemma 2's sandwich block with per-head q/k norms and a RoPE base per layer "
-                     "type (Gemma 3; planned only)", projections, kernels, tensors, hf=HF, softcapping=True,
+                     "type (Gemma 3's language model)", projections, kernels, tensors, hf=HF, softcapping=True,
                      local_rope=True, presets=PRESETS)
