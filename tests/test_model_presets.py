@@ -32,6 +32,7 @@ PUBLISHED = {
     "mistral-7b": 7_248_023_552,       # mistralai/Mistral-7B-v0.3
     "qwen3-8b": 8_190_735_360,         # Qwen/Qwen3-8B ("8.2B" on its card; transformers' count of its config)
     "phi-3-mini": 3_821_079_552,       # microsoft/Phi-3-mini-4k-instruct (keras-hub phi3_presets.py "params")
+    "phi-3-medium": 13_960_238_080,    # microsoft/Phi-3-medium-4k-instruct (as counted for its unsloth copy)
     "gemma-2-2b": 2_614_341_888,       # google/gemma-2-2b (keras-hub gemma2 presets "params")
     "gemma-2-9b": 9_241_705_984,       # google/gemma-2-9b (the same; its safetensors total)
     "gemma-2-27b": 27_227_128_320,     # google/gemma-2-27b (the same)

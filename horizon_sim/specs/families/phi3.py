@@ -59,6 +59,11 @@ PRESETS = (
     # layer, pad_token_id 32000 (its embedding row never trains), 4k context.
     dict(name="phi-3-mini", n_layers=32, hidden=3072, n_heads=32, n_kv_heads=32, ffn_hidden=8192, vocab=32064,
          norm_eps=1e-5, rope_theta=1e4, max_position=4096, layer_windows=(2047,) * 32, padding_idx=32000),
+    # microsoft/Phi-3-medium-4k-instruct config.json: Phi-3-mini's vocabulary, window and pad token on
+    # 40 layers of 5120 with 40 heads and 10 kv heads, MLP 17920 (13,960,238,080 parameters as counted
+    # for unsloth/Phi-3-medium-4k-instruct).
+    dict(name="phi-3-medium", n_layers=40, hidden=5120, n_heads=40, n_kv_heads=10, ffn_hidden=17920, vocab=32064,
+         norm_eps=1e-5, rope_theta=1e4, max_position=4096, layer_windows=(2047,) * 40, padding_idx=32000),
     # microsoft/phi-4 config.json (model_type phi3): 10 kv heads, rope_theta 250000, 16k context, no
     # window, vocab 100352, pad_token_id 100257 (the config of the transformers 4.47 release).
     dict(name="phi-4", n_layers=40, hidden=5120, n_heads=40, n_kv_heads=10, ffn_hidden=17920, vocab=100352,
