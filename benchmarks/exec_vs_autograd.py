@@ -60,7 +60,8 @@ import torch.nn.functional as F
 
 from horizon_exec.optim import native
 from horizon_exec.device.hugepages import host_bytes
-from horizon_exec.model.layers import DecoderBlock, rms_norm
+from horizon_exec.model.block import DecoderBlock
+from horizon_exec.model.layers import rms_norm
 from horizon_exec.model.rope import rope_tables
 from horizon_exec.model.layout import block_layout
 from horizon_exec.optim.adamw import clip_coef

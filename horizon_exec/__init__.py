@@ -8,7 +8,7 @@ _LAZY = {
     "TrainerConfig": "horizon_exec.runtime.config", "OptimizerConfig": "horizon_exec.runtime.config",
     "RuntimeConfig": "horizon_exec.runtime.config", "AdmissionConfig": "horizon_exec.runtime.config",
     "ExecError": "horizon_exec.errors", "DeviceBudgetError": "horizon_exec.errors",
-    "AdamW": "horizon_exec.optim.adamw", "DecoderBlock": "horizon_exec.model.layers",
+    "AdamW": "horizon_exec.optim.adamw", "DecoderBlock": "horizon_exec.model.block",
 }
 __all__ = list(_LAZY)
 

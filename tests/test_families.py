@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from horizon_exec.model.families import FORWARDS
-from horizon_exec.model.layers import DecoderBlock
+from horizon_exec.model.block import DecoderBlock
 from horizon_exec.model.layout import block_layout
 from horizon_exec.model.rope import rope_tables
 from horizon_sim.errors import HorizonError

@@ -184,7 +184,7 @@ def test_measured_temporaries_stay_under_kept_works_counts(dtype, mb, seq, hidde
     BACKWARD_SAVED's (its output included) against what the builder charges for them."""
     from horizon_exec.device.arena import DeviceArena
     from horizon_exec.device.memtrack import TransientTracker
-    from horizon_exec.model.layers import DecoderBlock
+    from horizon_exec.model.block import DecoderBlock
     from horizon_exec.model.layout import block_layout
     from horizon_exec.runtime.kept_graph import KeptGraph
     from horizon_sim.schedule import kept_work

@@ -40,6 +40,11 @@ PUBLISHED = {
     "olmo-2-13b": 13_716_198_400,      # allenai/OLMo-2-1124-13B (the same)
     "olmo-2-32b": 32_234_279_936,      # allenai/OLMo-2-0325-32B (the same)
     "gemma-3-1b": 999_885_952,         # google/gemma-3-1b-pt (keras-hub gemma3 presets "params")
+    "pythia-1b": 1_011_781_632,        # EleutherAI/pythia-1b (as released)
+    "pythia-1.4b": 1_414_647_808,      # EleutherAI/pythia-1.4b
+    "pythia-2.8b": 2_775_208_960,      # EleutherAI/pythia-2.8b
+    "pythia-6.9b": 6_857_302_016,      # EleutherAI/pythia-6.9b
+    "pythia-12b": 11_846_072_320,      # EleutherAI/pythia-12b
 }
 
 

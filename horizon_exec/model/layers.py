@@ -1,5 +1,5 @@
-"""The pieces decoder blocks are made of, as plain functions of named weights, and DecoderBlock,
-which runs the spec's family (each family's forward: horizon_exec/model/families/<name>.py).
+"""The pieces decoder blocks are made of, as plain functions of named weights (each family's
+forward, horizon_exec/model/families/<name>.py, composes them; block.py's DecoderBlock runs it).
 
 A block knows nothing about slots, streams or the host store: the engine binds the weights
 (views into a device slot) and calls it. Numerics follow transformers: RMSNorm in fp32 then cast
@@ -108,20 +108,3 @@ def gemma_norm(x, w, eps: float):
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return (h * (1.0 + w.float())).to(x.dtype)
-
-
-class DecoderBlock:
-    """y = block(w, x, cos, sin, window, docs) for x (B, T, H): the forward of the spec's family
-    (horizon_exec/model/families). w maps transformers names relative to `model.layers.N.` to
-    tensors (see layout.block_layout); cos, sin (T, hd) or (B, 1, T, hd) (positions per
-    sequence); window: this block's sliding window (0 = none); docs (B, T) int: each token's
-    document, or None (see attention_mask). router: a RouterStats (router_aux.py) an MoE
-    block's router fills, or None. A family the executor does not run is refused by name."""
-
-    def __init__(self, m: ModelSpec):
-        from horizon_exec.model.families import forward_of
-        self.m = m
-        self.forward = forward_of(m)
-
-    def __call__(self, w: Mapping, x, cos, sin, window: int = 0, docs=None, router=None):
-        return self.forward(self.m, w, x, cos, sin, window, docs, router)

@@ -25,7 +25,7 @@ from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
 from horizon_exec.model.families import SCALED_EMBEDDINGS, final_norm, scale_embedded_
 from horizon_exec.model.head import head_fwd_bwd, head_loss
-from horizon_exec.model.layers import DecoderBlock
+from horizon_exec.model.block import DecoderBlock
 from horizon_exec.model.router_aux import RouterAux, RouterStats
 from horizon_exec.runtime.kept_graph import KeptGraph
 from horizon_exec.model.layout import block_layout, head_device_layout, host_layout, unit_name

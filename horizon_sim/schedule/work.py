@@ -263,6 +263,36 @@ def block_input_saved(m: ModelSpec, a: int) -> bool:
     return pre is None or (a == 4 and pre.reads_block_input)
 
 
+def _forward_peak_bytes(m: ModelSpec, parts: dict, micro_batch: int, seq: int, a: int, mask: int, window: int) -> int:
+    """A no-grad forward's temporary peak (block_temp_peak_bytes), the largest of: at the MLP's
+    activation, x1, the MLP pre-norm's output and the activation's inputs and outputs (an MoE
+    MLP: _moe_forward_bytes); at the attention call, the first pre-norm's output and what
+    attention holds (SDPA: q, k, v, o, the fp32 logsumexp and an explicit mask's bool and
+    additive forms; soft-capped: q, k, v and softcap_attention_bytes); inside a q/k norm, q, k
+    and v beside its statistics; inside RoPE on q, q, k and v beside q * cos, rotate_half(q) and
+    its product with sin; inside a post-norm, its input (and x1, in the MLP half)."""
+    H, N = m.hidden, micro_batch * seq
+    att, mlp = parts["half"]["attention"], parts["half"]["mlp"]
+    pre1 = a * att["pre"].width if att["pre"] else 0
+    qkv = a * sum(p.out_features for p in block.projections(m)[:att["readers"]])
+    if parts["attention"].softcap:
+        p_attn = N * (pre1 + qkv) + softcap_attention_bytes(m, micro_batch, seq, a, False, window)
+    else:
+        p_attn = N * (pre1 + kernel_bytes.saved_bytes(parts["attention"], a)) + mask * (1 + a)
+    points = [p_attn, *(N * (pre1 + qkv + _norm_forward_bytes(k, a)) for k in _inner_norms(att)),
+              *(N * (a * H * (2 if half is mlp else 1) + _norm_forward_bytes(half["post"], a))
+                for half in (att, mlp) if half["post"])]
+    rope = next((k for k in att["kernels"] if k.kind == "rope"), None)
+    if rope:
+        points.append(N * (pre1 + qkv + 3 * a * rope.width))
+    if m.n_experts:
+        points.append(_moe_forward_bytes(m, N, a))
+    else:
+        pre2 = a * mlp["pre"].width if mlp["pre"] else 0
+        points.append(N * (a * H + pre2 + kernel_bytes.live_in_forward_bytes(mlp["body"], a)))
+    return int(max(points))
+
+
 def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool,
                           mask: int = 0, window: int = 0) -> int:
     """Peak bytes of the op's device temporaries, as the executor measures them (every fresh
@@ -270,11 +300,7 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
     below, found by walking the block's description (_parts: per half a pre-norm, a body and a
     post-norm, each optional) with what each kind of kernel keeps (kernel_bytes.py).
 
-    Forward (no autograd), the larger of: at the MLP's activation, the residual x1, the MLP
-    pre-norm's output and the activation's inputs and outputs (gate, up, silu(gate), the
-    product; the attention half's tensors were freed when it returned); at the attention call,
-    the first pre-norm's output and what attention holds (q, k, v, o and the fp32 logsumexp),
-    with an explicit mask's bool and additive forms.
+    Forward (no autograd): _forward_peak_bytes.
 
     Backward (forward with grad, then autograd.grad). Autograd keeps what each kernel saves
     (per norm its fp32 input, in fp32 the pre-norm's is x itself, the cast back, or with the
@@ -294,7 +320,8 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
       - in the MLP's backward: the activation's gradients and the last projection's weight
         gradient (dense: down's H x F, its bias too); an MoE block's experts instead, at
         either end of their loop (_expert_loop_bytes);
-      - in the first projection's backward, last (_first_projection_point).
+      - in a soft-capped attention's backward (softcap_attention_bytes), with o_proj's gradient;
+      - at the end, in the q/k norms' or the first projection's backward (backward_end_bytes).
 
     An explicit mask (`mask` = its elements M, mask_bytes; 0 when causal) adds: in the forward,
     at the attention call, the bool mask (M) and the additive mask SDPA makes of it in the
@@ -305,29 +332,8 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
     H, N = m.hidden, micro_batch * seq
     parts = _parts(m)
     att, mlp = parts["half"]["attention"], parts["half"]["mlp"]
-    pre1 = a * att["pre"].width if att["pre"] else 0
     if not backward:
-        act = mlp["body"]
-        p_attn = N * (pre1 + kernel_bytes.saved_bytes(parts["attention"], a)) + mask * (1 + a)
-        pre2 = a * mlp["pre"].width if mlp["pre"] else 0
-        # inside a norm: q, k and v (raw) beside the q/k norms' statistics; a post-norm's input
-        # (and x1, in the MLP half); inside RoPE
-        qkv = sum(p.out_features for p in block.projections(m)[:att["readers"]])
-        inner = [N * (pre1 + a * qkv + _norm_forward_bytes(k, a)) for k in _inner_norms(att)]
-        # RoPE on q: q * cos, rotate_half(q) and its product with sin beside q, k and v
-        rope = next((k for k in att["kernels"] if k.kind == "rope"), None)
-        if rope:
-            inner.append(N * (pre1 + a * qkv + 3 * a * rope.width))
-        post = [N * (a * H * (2 if half is mlp else 1) + _norm_forward_bytes(half["post"], a))
-                for half in (att, mlp) if half["post"]]
-        if m.n_experts:
-            mlp_point = _moe_forward_bytes(m, N, a)
-        else:
-            mlp_point = N * (a * H + pre2 + kernel_bytes.live_in_forward_bytes(act, a))
-        if parts["attention"].softcap:  # its own chunks instead of SDPA's: o, the logsumexp, a chunk's scores
-            qkv = sum(p.out_features for p in block.projections(m)[:att["readers"]])
-            p_attn = N * (pre1 + a * qkv) + softcap_attention_bytes(m, micro_batch, seq, a, False, window)
-        return max(mlp_point, p_attn, *inner, *post)
+        return _forward_peak_bytes(m, parts, micro_batch, seq, a, mask, window)
     x1_in_mlp = N * kernel_bytes.saved_bytes(att["residual"], a)  # x1 saved by the MLP's projections
     saved = {"attention": _saved(att, a, N) - x1_in_mlp, "mlp": _saved(mlp, a, N) + x1_in_mlp}  # bytes
     gates = sum(k.kind == "gate_mul" for k in mlp["kernels"])

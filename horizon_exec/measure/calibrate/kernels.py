@@ -168,7 +168,7 @@ def attention_calls(seq: int, hd: int, dtype, device, heads: int, kv_heads: int,
 
 def block_pass(model: ModelSpec, batch: int, seq: int, dtype, device):
     """fn() running one forward and one forward-with-grad + autograd.grad of the template block."""
-    from horizon_exec.model.layers import DecoderBlock
+    from horizon_exec.model.block import DecoderBlock
     from horizon_exec.model.layout import block_layout
     from horizon_exec.model.rope import rope_tables
     lay = block_layout(model)

@@ -68,6 +68,14 @@ PRESETS = (
     # 44 layers of 6144, 64 heads, MLP 24576, vocab 50432, rotary_pct 0.25, 2048 positions, untied.
     dict(name="gpt-neox-20b", n_layers=44, hidden=6144, n_heads=64, n_kv_heads=64, ffn_hidden=24576, vocab=50432,
          norm_eps=1e-5, rope_theta=1e4, rotary_fraction=0.25, max_position=2048),
+    # EleutherAI/pythia-1b ... -12b config.json (the suite of arXiv 2304.01373; as released they hold
+    # 1,011,781,632, 1,414,647,808, 2,775,208,960, 6,857,302,016 and 11,846,072,320 parameters): MLP 4x
+    # hidden, rotary_pct 0.25, 2048 positions, untied head; the vocabulary padded per size.
+    *(dict(name=f"pythia-{size}", n_layers=L, hidden=H, n_heads=heads, n_kv_heads=heads, ffn_hidden=4 * H,
+           vocab=vocab, norm_eps=1e-5, rope_theta=1e4, rotary_fraction=0.25, max_position=2048)
+      for size, L, H, heads, vocab in (("1b", 16, 2048, 8, 50304), ("1.4b", 24, 2048, 16, 50304),
+                                       ("2.8b", 32, 2560, 32, 50304), ("6.9b", 32, 4096, 32, 50432),
+                                       ("12b", 36, 5120, 40, 50688))),
 )
 
 FAMILY = ModelFamily("gpt_neox", "parallel-residual LayerNorm blocks, partial RoPE, biased fused q/k/v, plain GELU MLP "
