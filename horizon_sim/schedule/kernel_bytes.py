@@ -17,6 +17,11 @@ token, for a kernel of width w elements in a compute dtype of a bytes:
   split      2a c (c copied out)       2a w (the parts' gradients     nothing (views)
                                        concatenated)
 
+A norm that multiplies its weight in fp32 (Kernel.fp32_weight: OLMo-2, Gemma) moves
+fp32_weight_extra's bytes more and keeps the fp32 normalised rows (4w) instead of the cast back;
+one whose weight is an offset from one (Kernel.unit_offset: Gemma) keeps its fp32 (1 + w) per
+call (saved_per_call_bytes).
+
 An MoE block (specs/block.py _moe_kernels) adds four kinds. Their traffic figures are ESTIMATES
 from the kernels a looped-expert executor runs (read + write of each tensor once), not checked
 by a dispatch count; what autograd keeps of them was read off the executor's

@@ -530,7 +530,9 @@ def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int, l
     - 'fused': the chunk's logits in the compute dtype (overwritten by their gradient), their
       per-row fp32 losses and the losses' sum;
     or, with a small vocabulary, in the norm's backward (its fp32 input, five fp32
-    temporaries, the normed rows and dh)."""
+    temporaries, the normed rows and dh). The norm is the family's (final_norm: with its weight
+    multiplied in fp32 the normalised rows it keeps are fp32; Gemma's keeps its (1 + w)); soft-
+    capped logits (Gemma 2) keep the chunk's tanh (a a logit) until the gradient is scaled."""
     H, V = m.hidden, m.vocab
     c = min(chunk_tokens, tokens)
     in32 = 4 * H if a != 4 else 0
