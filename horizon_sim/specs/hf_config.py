@@ -50,7 +50,8 @@ SUPPORTED_MODEL_TYPES = tuple(HF_ROWS)
 _MOE_TYPES = tuple(mt for mt in HF_ROWS if FAMILIES[mt].is_moe)
 REFUSED_DENSE = {
     "gemma3": "the multimodal Gemma 3 (a vision tower beside the language model: neither trained nor carried into "
-              "--save-hf, so the checkpoint is refused rather than saved without it)",
+              "--save-hf, so the checkpoint is refused rather than saved without it; its language model alone "
+              "is --model gemma-3-4b, gemma-3-12b or gemma-3-27b, or a gemma3_text config.json)",
 }
 """Dense model types refused by name with what they are (the MoE ones: hf_moe.REFUSED_TYPES)."""
 _DEFAULT_ROPE_THETA = 10000.0  # default_theta of all three HF config classes
