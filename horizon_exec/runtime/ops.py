@@ -23,7 +23,7 @@ import torch
 
 from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
-from horizon_exec.model.families import SCALED_EMBEDDINGS, final_norm, scale_embedded_
+from horizon_exec.model.families import final_norm, scale_embedded_, scales_embedding
 from horizon_exec.model.head import head_fwd_bwd, head_loss
 from horizon_exec.model.block import DecoderBlock
 from horizon_exec.model.router_aux import RouterAux, RouterStats
@@ -251,7 +251,7 @@ class OpRunner:
         g2 = g[:V * H].view(V, H)
         if self.m.padding_idx is not None and bool((pads := ids == self.m.padding_idx).any()):
             ids, hdx = ids[~pads], hdx[~pads]
-        if self.m.family in SCALED_EMBEDDINGS:  # d(x * s)/dx = s, in the gradient's dtype as autograd has it
+        if scales_embedding(self.m):  # d(x * s)/dx = s, in the gradient's dtype as autograd has it
             hdx = scale_embedded_(self.m, hdx.clone())
         g2.index_add_(0, ids, hdx.to(g.dtype))
         for sq in self.buf.all(op.writes, Holds.GRAD_SQ):

@@ -101,11 +101,13 @@ class TrainStepBuilder(StepBuilder):
         # attention are costed by their FLOPs) and the temporaries each op holds at its peak.
         self.fwd_hbm = work.block_elementwise_bytes(model, tok, p.seq, a, backward=False)
         self.bwd_hbm = work.block_elementwise_bytes(model, tok, p.seq, a, backward=True)
-        self.fwd_ws = [work.block_workspace_bytes(model, mb, p.seq, a, backward=False, mask=mask_b * mk,
-                                                  window=model.window(layer)) for layer, mk in enumerate(masked)]
-        self.bwd_ws = [work.block_workspace_bytes(model, mb, p.seq, a, backward=True, attention=p.attention,
-                                                  mask=mask_b * mk, window=model.window(layer))
-                       for layer, mk in enumerate(masked)]
+        # layers differ only by their mask and window: each pair priced once (80 layers, 2 kinds)
+        kinds = {(mk, model.window(layer)) for layer, mk in enumerate(masked)}
+        ws = {(bw, mk, w): work.block_workspace_bytes(model, mb, p.seq, a, backward=bw, attention=p.attention,
+                                                      mask=mask_b * mk, window=w)
+              for bw in (False, True) for mk, w in kinds}
+        self.fwd_ws = [ws[False, mk, model.window(layer)] for layer, mk in enumerate(masked)]
+        self.bwd_ws = [ws[True, mk, model.window(layer)] for layer, mk in enumerate(masked)]
         self.head_hbm = work.head_elementwise_bytes(model, tok, a, p.loss_kernel)
         self.head_ws = work.head_workspace_bytes(model, tok, p.loss_chunk_tokens, a, p.loss_kernel)
         self.boundary_bytes = tok * model.hidden * a

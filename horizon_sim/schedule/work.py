@@ -198,6 +198,7 @@ def _half(m: ModelSpec, part: str, ks) -> dict:
                 readers=len(ps) - 1, last_weight=ps[-1].params if ps else 0)
 
 
+@lru_cache(maxsize=256)  # asked per op kind and layer of every step the planner builds; read only
 def _parts(m: ModelSpec) -> dict:
     """The block's description split at its halves (_half), with attention's kernel."""
     ks = block.kernels(m)

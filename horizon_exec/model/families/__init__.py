@@ -1,9 +1,12 @@
-"""The families the executor runs: {ModelSpec.family: its block's forward}. A forward is
+"""The families the executor runs: {ModelSpec.family: ExecFamily}, its block's forward (and
+its final norm and embedding scale where they are not Llama's). A forward is
 `forward(m, w, x, cos, sin, window, docs, router) -> y`, x and y (B, T, H), w the block's
 tensors by the names its planner family lists (horizon_sim/specs/families); tests/test_families.py
 holds every registered family to that description op by op and to transformers' gradients. A family the planner describes but that is not registered here is
 refused by name before anything is allocated."""
+from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Callable
 
 import torch
 
@@ -12,30 +15,43 @@ from horizon_exec.model.layers import gemma_norm, rms_norm
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.families import FAMILIES
 
-FORWARDS = MappingProxyType({
-    "llama": llama.forward, "qwen2": llama.forward, "mistral": llama.forward, "qwen3": qwen3.forward,
-    "qwen3_moe": moe.qwen3_forward, "mixtral": moe.forward, "qwen2_moe": moe.forward,
-    "phi3": phi3.forward, "olmo2": olmo2.forward, "gemma2": gemma2.forward, "gemma3_text": gemma2.gemma3_forward,
+
+@dataclass(frozen=True, slots=True)
+class ExecFamily:
+    """What the executor runs for one family, beyond the description the planner holds."""
+    forward: Callable
+    final_norm: Callable = rms_norm
+    """The head's norm (x, w, eps) -> normed rows (head.py)."""
+    scaled_embedding: bool = False
+    """Embedded rows are multiplied by sqrt(hidden), in the rows' dtype as transformers rounds it
+    (Gemma), before the first block."""
+
+
+_GEMMA = dict(final_norm=gemma_norm, scaled_embedding=True)
+RUNS = MappingProxyType({
+    "llama": ExecFamily(llama.forward), "qwen2": ExecFamily(llama.forward), "mistral": ExecFamily(llama.forward),
+    "qwen3": ExecFamily(qwen3.forward), "qwen3_moe": ExecFamily(moe.qwen3_forward),
+    "mixtral": ExecFamily(moe.forward), "qwen2_moe": ExecFamily(moe.forward), "phi3": ExecFamily(phi3.forward),
+    "olmo2": ExecFamily(olmo2.forward, final_norm=olmo2.norm),
+    "gemma2": ExecFamily(gemma2.forward, **_GEMMA), "gemma3_text": ExecFamily(gemma2.gemma3_forward, **_GEMMA),
 })
-
-FINAL_NORMS = MappingProxyType({"olmo2": olmo2.norm, "gemma2": gemma_norm, "gemma3_text": gemma_norm})
-"""The final norm (x, w, eps) -> normed rows of a family whose norm is not Llama's rms_norm."""
-
-SCALED_EMBEDDINGS = frozenset({"gemma2", "gemma3_text"})
-"""Families whose embedded rows are multiplied by sqrt(hidden) (in the rows' dtype, as
-transformers rounds it) before the first block."""
+FORWARDS = MappingProxyType({name: f.forward for name, f in RUNS.items()})
 
 
 def scale_embedded_(m, x):
     """x (..., H) embedded rows of m, scaled in place where m's family scales them; x."""
-    if m.family in SCALED_EMBEDDINGS:
+    if scales_embedding(m):
         x.mul_(torch.tensor(m.hidden ** 0.5, dtype=x.dtype))
     return x
 
 
+def scales_embedding(m) -> bool:
+    return m.family in RUNS and RUNS[m.family].scaled_embedding
+
+
 def final_norm(m):
     """m's final norm, the head's (horizon_exec/model/head.py)."""
-    return FINAL_NORMS.get(m.family, rms_norm)
+    return RUNS[m.family].final_norm if m.family in RUNS else rms_norm
 
 
 def check_runnable(m) -> None:

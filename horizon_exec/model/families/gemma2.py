@@ -3,7 +3,7 @@ fp32, attention scaled by query_pre_attn_scalar ** -0.5 with its scores soft-cap
 (layers.self_attention reads both from the spec), a GELU-tanh gated MLP:
 x + post_attention_layernorm(attention(input_layernorm(x))), then the same around the MLP with
 pre_ and post_feedforward_layernorm. The embedding's scale and the logits' soft-cap are the
-embedding's and the head's (families SCALED_EMBEDDINGS, head.py). Gemma 3's language model runs it
+embedding's and the head's (its ExecFamily in model/families, head.py). Gemma 3's language model runs it
 with per-head q/k norms (gemma3_forward)."""
 from horizon_exec.model.layers import gelu_tanh, gemma_norm, self_attention, swiglu_mlp
 
