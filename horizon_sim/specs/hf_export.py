@@ -28,7 +28,8 @@ def _row(spec: ModelSpec):
     return row
 
 
-def _rope_parameters(spec: ModelSpec, partial: bool = False) -> dict:
+def rope_parameters_of(spec: ModelSpec, partial: bool = False) -> dict:
+    """spec's RoPE as transformers 5's rope_parameters (Gemma 3 writes it per layer type)."""
     d = {"rope_type": "default", "rope_theta": spec.rope_theta}
     if partial:  # written even at 1: GPT-NeoX's class assumes 0.25 when it is absent
         d["partial_rotary_factor"] = spec.rotary_fraction
@@ -69,7 +70,7 @@ def to_hf_config_dict(spec: ModelSpec) -> dict:
         "initializer_range": spec.init_std,
         "pad_token_id": spec.padding_idx,  # written even when null: phi3's class default is 32000
         "rope_theta": spec.rope_theta,
-        "rope_parameters": _rope_parameters(spec, row.partial_rotary),
+        "rope_parameters": rope_parameters_of(spec, row.partial_rotary),
     }
     if spec.rope_scaling is not None:
         d["rope_scaling"] = {k: v for k, v in d["rope_parameters"].items() if k != "rope_theta"}

@@ -85,10 +85,10 @@ def _read(cfg: dict, where: str, n_layers: int) -> dict:
 
 
 def _export(spec) -> dict:
-    from horizon_sim.specs.hf_export import _rope_parameters
+    from horizon_sim.specs.hf_export import rope_parameters_of  # here: hf_export reads the family registry
     local = {"rope_type": "default", "rope_theta": spec.rope_local_theta or spec.rope_theta}
     return {**gemma2.export_fields(spec, "gemma3_text"),
-            "rope_parameters": {"full_attention": _rope_parameters(spec), "sliding_attention": local}}
+            "rope_parameters": {"full_attention": rope_parameters_of(spec), "sliding_attention": local}}
 
 
 HF = HfFamily(
