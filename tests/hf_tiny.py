@@ -3,6 +3,7 @@ import torch
 
 from horizon_exec.model.layout import host_layout
 from horizon_sim.schedule import Holds, OpKind
+from horizon_sim.specs.families import FAMILIES
 from horizon_sim.specs.hf_export import to_hf_config_dict
 from horizon_sim.specs.model import ModelSpec
 
@@ -71,6 +72,9 @@ def hf_grads(ref, tokens, shift_labels=None):
     g = {n: p.grad.clone() for n, p in ref.named_parameters()}
     if ref.config.tie_word_embeddings:  # one tensor, one gradient (both uses summed)
         g.pop("lm_head.weight", None)
+    head = FAMILIES[ref.config.model_type].head_name  # the checkpoint's name (GPT-NeoX's module is lm_head, saved embed_out)
+    if "lm_head.weight" in g and head != "lm_head.weight":
+        g[head] = g.pop("lm_head.weight")
     return out.loss.item(), g
 
 

@@ -242,6 +242,15 @@ def test_one_step_equals_transformers_and_saves_what_transformers_loads(tmp_path
         assert rel_err(back(input_ids=tokens).logits, want) <= 1e-5
 
 
+def _shaped(spec, **fields):
+    """spec with fields replaced; a family of plain multi-head attention (GPT-NeoX: as many kv
+    heads as query heads, hidden / heads wide) keeps its heads so."""
+    try:
+        return replace(spec, **fields)
+    except HorizonError:
+        return replace(spec, **{**fields, "n_kv_heads": fields.get("n_heads", spec.n_heads), "head_dim": 0})
+
+
 def _as_wide_as_real_models(spec):
     """spec 128 wide with an MLP about 3x wider (an MoE block: its k experts together), as real
     models are: the points schedule/work.py finds a block's peak at are those of such shapes
@@ -258,13 +267,13 @@ def _few_tokens_wide_queries(spec):
     Gemma's heads are): the weight gradients outweigh the activations, so the backward peaks at
     its end, in the q/k norms' or the first projection's backward."""
     spec = _as_wide_as_real_models(spec)
-    return replace(spec, head_dim=2 * spec.hidden // spec.n_heads, layer_windows=())
+    return _shaped(spec, head_dim=2 * spec.hidden // spec.n_heads, layer_windows=())
 
 
 def _long_and_narrow(spec):
     """512 tokens through a 64-wide block: attention's own temporaries (a soft-capped
     attention's chunks of scores, an explicit mask) outgrow the MLP's."""
-    return replace(spec, hidden=64, head_dim=32, n_heads=2, n_kv_heads=1, **({} if spec.is_moe else dict(ffn_hidden=128)))
+    return _shaped(spec, hidden=64, head_dim=32, n_heads=2, n_kv_heads=1, **({} if spec.is_moe else dict(ffn_hidden=128)))
 
 
 SHAPES = {"wide": (_as_wide_as_real_models, 64), "few-tokens": (_few_tokens_wide_queries, 8),

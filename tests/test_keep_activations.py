@@ -175,7 +175,8 @@ def test_every_layer_kept_matches_transformers_autograd():
                                                                        keep_last=KEEP_ALL, loss_chunk_tokens=12))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2"])  # a pre-norm, q/k norms, none: norms after
+# a pre-norm, q/k norms, none (norms after), LayerNorms with the parallel residual
+@pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2", "gpt_neox"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mb,seq", [(1, 64), (2, 128)])
 @pytest.mark.parametrize("hidden,ffn", [(64, 96), (256, 688)])
@@ -188,7 +189,8 @@ def test_measured_temporaries_stay_under_kept_works_counts(dtype, mb, seq, hidde
     from horizon_exec.model.layout import block_layout
     from horizon_exec.runtime.kept_graph import KeptGraph
     from horizon_sim.schedule import kept_work
-    m = ModelSpec(n_layers=2, hidden=hidden, n_heads=8, n_kv_heads=4, ffn_hidden=ffn, vocab=64, family=family)
+    m = ModelSpec(n_layers=2, hidden=hidden, n_heads=8, n_kv_heads=8 if family == "gpt_neox" else 4, ffn_hidden=ffn,
+                  vocab=64, family=family)  # GPT-NeoX: multi-head attention only
     a = 2 if dtype == torch.bfloat16 else 4
     gen = torch.Generator().manual_seed(0)
     slot = (torch.randn(m.layer_params, generator=gen) * 0.02).to(dtype)

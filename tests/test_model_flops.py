@@ -69,9 +69,11 @@ def test_preset_layer_and_head_flops_meta(name):
     tokens = B * T
     with torch.device("meta"):
         model = _model(replace(spec, n_layers=1), "meta")  # layers are identical: build one
-        layer, head_norm, lm_head = model.model.layers[0], model.model.norm, model.lm_head
+        base = model.base_model  # model.model, or GPT-NeoX's gpt_neox
+        layer, lm_head = base.layers[0], model.get_output_embeddings()
+        head_norm = base.norm if hasattr(base, "norm") else base.final_layer_norm
         x = torch.empty(B, T, spec.hidden, requires_grad=True)  # (B, T, H)
-        rope = model.model.rotary_emb  # Gemma 3's takes the layer type (one table per RoPE base)
+        rope = base.rotary_emb  # Gemma 3's takes the layer type (one table per RoPE base)
         pe = rope(x, torch.arange(T)[None], *(["full_attention"] if spec.rope_table_count > 1 else []))
 
         fwd = _count(lambda: layer(x, attention_mask=None, position_embeddings=pe))

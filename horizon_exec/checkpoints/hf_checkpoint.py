@@ -35,6 +35,7 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.safe_files import refuse_non_regular
 from horizon_sim.safe_read import read_json
 from horizon_sim.schedule.op import Holds, Space
+from horizon_sim.specs.families import family
 from horizon_sim.specs.hf_cache import looks_like_model_id, resolve_model_dir
 from horizon_sim.specs.hf_config import IGNORED, from_hf_config, load_model, model_source
 from horizon_sim.specs.hf_export import to_hf_config_dict
@@ -54,7 +55,6 @@ OVERRIDABLE = ("rope_theta", "rope_scaling", "max_position", "layer_windows", "n
                "padding_idx")
 """What the same weights may be trained with otherwise (a context extension changes rope
 scaling and max positions, perhaps the window): --model's value wins over --init-from's."""
-HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints carry
 
 
@@ -75,16 +75,18 @@ def spec_from_hf_dir(path) -> ModelSpec:
     if not p.is_dir():
         raise HorizonError(f"HF checkpoint {str(p)!r} is not a folder (want config.json + *.safetensors)")
     spec = from_hf_config(p)
-    if spec.tied_embeddings and distinct_head(p):
+    if spec.tied_embeddings and distinct_head(p, family(spec.family)):
         spec = replace(spec, tied_embeddings=False)
     return spec
 
 
-def distinct_head(path) -> bool:
-    """Whether a folder's weights hold an lm_head.weight that is not equal to the embedding
-    (transformers 5 compares them with torch.equal and ties only equal ones)."""
+def distinct_head(path, fam) -> bool:
+    """Whether a folder's weights hold an LM head (family `fam`'s name for it: lm_head.weight)
+    that is not equal to the embedding (transformers 5 compares them with torch.equal and ties
+    only equal ones)."""
     from safetensors import safe_open
     d = Path(path)
+    HEAD, EMBED = fam.head_name, fam.embedding_name
     where: dict[str, str] = {}
     try:
         for fname, names in weight_files(d).items():
@@ -222,7 +224,7 @@ def load_hf(trainer, path) -> None:
                 for name in (names if names is not None else f.keys()):
                     held, idx = parts.get(name, (name, ()))
                     if held not in params or (name == held and held in n_parts):
-                        if (tied and name == "lm_head.weight") or name.endswith(_IGNORED_SUFFIXES):
+                        if (tied and name == family(trainer.model.family).head_name) or name.endswith(_IGNORED_SUFFIXES):
                             continue  # a tied head saved anyway (it equals the embedding)
                         raise HorizonError(f"{d / fname}: unexpected tensor {name!r} (not a parameter of "
                                            f"{'a tied' if tied else 'an untied'} {trainer.model.name} model)")

@@ -37,8 +37,9 @@ def _capped_loss_and_grad(logits, labels, inv_n: float, loss_kernel: str, cap: f
 
 def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk: int,
                  g_norm_out, g_lm_out, loss_kernel: str = "torch", norm=rms_norm, softcap: float = 0.0):
-    """x (B, T, H) activations entering the head; w_norm (H,); w_lm (V, H); labels (B*T,).
-    Writes dL/dw_norm into g_norm_out (H,) and dL/dw_lm into g_lm_out (V, H) (both in the
+    """x (B, T, H) activations entering the head; w_norm the final norm's tensors (its weight
+    (H,), and a LayerNorm's bias); w_lm (V, H); labels (B*T,). Writes dL/dw_norm into
+    g_norm_out (one (H,) tensor per norm tensor) and dL/dw_lm into g_lm_out (V, H) (all in the
     compute dtype); returns (dx (B, T, H), loss contribution: fp32 scalar). loss_kernel:
     Policy.loss_kernel (xent.py); norm: the family's final norm (model/families final_norm);
     softcap: the logits' soft-cap (ModelSpec.logit_softcap; 0 none)."""
@@ -46,8 +47,8 @@ def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk:
     N = B * T
     with torch.enable_grad():
         xg = x.reshape(N, H).detach().requires_grad_()
-        wn = w_norm.detach().requires_grad_()
-        h = norm(xg, wn, eps)                                       # (N, H)
+        wn = [t.detach().requires_grad_() for t in w_norm]
+        h = norm(xg, *wn, eps)                                      # (N, H)
     hd = h.detach()
     dh = torch.empty_like(hd)                                       # (N, H)
     g_lm_out.zero_()
@@ -65,17 +66,18 @@ def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk:
         torch.mm(g, w_lm, out=dh[i:i + c])                          # (c, H)
         g_lm_out.addmm_(g.t(), hc)                                  # (V, H) accumulates over chunks
         del g, part
-    dx, dwn = torch.autograd.grad(h, [xg, wn], dh)
-    g_norm_out.copy_(dwn)
+    dx, *dwn = torch.autograd.grad(h, [xg, *wn], dh)
+    for out, g in zip(g_norm_out, dwn):
+        out.copy_(g)
     return dx.view(B, T, H), loss * inv_n
 
 
 def head_loss(x, w_norm, w_lm, labels, eps: float, chunk: int, loss_kernel: str = "torch", norm=rms_norm,
               softcap: float = 0.0):
-    """Forward only: x (B, T, H), w_norm (H,), w_lm (V, H), labels (B*T,) -> fp32 scalar sum
+    """Forward only: x (B, T, H), w_norm the final norm's tensors, w_lm (V, H), labels (B*T,) -> fp32 scalar sum
     of the token losses over labelled positions (-100 skipped), chunk tokens at a time."""
     B, T, H = x.shape
-    h = norm(x.reshape(B * T, H), w_norm, eps)                      # (N, H)
+    h = norm(x.reshape(B * T, H), *w_norm, eps)                     # (N, H)
     total = torch.zeros((), dtype=torch.float32, device=x.device)
     for i in range(0, B * T, chunk):
         total += loss_sum(capped_logits(h[i:i + chunk] @ w_lm.t(), softcap), labels[i:i + chunk], loss_kernel)

@@ -7,7 +7,8 @@ back before the weight multiply, RoPE with the rotate_half convention and cos/si
 activation dtype (tables: rope.py, with transformers' RoPE scaling), SDPA with grouped kv heads
 (causal, or under a mask for sliding windows and document boundaries: attention_mask; with
 soft-capped scores, softcap_attention.py), SwiGLU or GELU-tanh gated MLP, optional q/k/v and MLP
-biases, optional per-head q/k RMSNorms before RoPE; Gemma's (1 + w) RMSNorm.
+biases, optional per-head q/k RMSNorms before RoPE; Gemma's (1 + w) RMSNorm; LayerNorm with a
+bias and RoPE on part of each head (GPT-NeoX).
 """
 from collections.abc import Mapping
 
@@ -46,9 +47,19 @@ def attention_mask(seq: int, window: int, docs, device):
     return allowed if docs is None else allowed[:, None]
 
 
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def layer_norm(x, w, b, eps: float):
+    """x (..., H), w and b (H,): nn.LayerNorm (in x's dtype; the kernel's statistics are fp32)."""
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def rotate_half(x, rotary_dim: int = 0):
+    """transformers' rotate_half of x's first rotary_dim dimensions (0: all of them), the rest
+    passed through after them: RoPE's tables are 0 in sin there (rope.py), so they add nothing."""
+    d = rotary_dim or x.shape[-1]
+    half = d // 2
+    if d == x.shape[-1]:
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return torch.cat((-x[..., half:d], x[..., :half], x[..., d:]), dim=-1)
 
 
 def qkv_projections(m: ModelSpec, w: Mapping, h):
@@ -59,11 +70,12 @@ def qkv_projections(m: ModelSpec, w: Mapping, h):
 
 
 def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_norm: bool = False,
-                   project=qkv_projections, norm=rms_norm):
+                   project=qkv_projections, norm=rms_norm, out: str = "self_attn.o_proj"):
     """The attention half after its norm: h (B, T, H) normed -> o_proj's output (B, T, H),
     before the residual. q, k, v by `project` (m, w, h) (three projections, or a family's fused
     one), per-head q/k RMSNorms before RoPE when qk_norm (Qwen3), RoPE, SDPA with grouped kv
-    heads (causal, or under attention_mask for sliding windows and document boundaries), o.
+    heads (causal, or under attention_mask for sliding windows and document boundaries), the
+    output projection (`out`, with its bias when w has one).
     Each step rebinds q and k, so the tensor it replaced is freed at once (the measured
     temporaries the planner prices, schedule/work.py, depend on it). The mask is made here, so
     autograd holds its only reference and frees it with the attention's backward."""
@@ -77,8 +89,9 @@ def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_
     q = q.transpose(1, 2)                                               # (B, nh, T, hd)
     k = k.transpose(1, 2)                                               # (B, nkv, T, hd)
     v = v.view(B, T, nkv, hd).transpose(1, 2)
-    q = q * cos + rotate_half(q) * sin
-    k = k * cos + rotate_half(k) * sin
+    rd = m.rotary_dim if m.rotary_dim < hd else 0                       # 0: the whole head
+    q = q * cos + rotate_half(q, rd) * sin
+    k = k * cos + rotate_half(k, rd) * sin
     scale = (m.query_scale or hd) ** -0.5                               # Gemma's query_pre_attn_scalar
     if m.attn_softcap:  # scores soft-capped: SDPA cannot, this runs in chunks of query rows
         o = softcap_attention(q, k, v, scale, m.attn_softcap, window, docs)
@@ -88,7 +101,7 @@ def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_
                                            scale=scale, enable_gqa=nkv != nh)  # (B, nh, T, hd)
         del mask
     o = o.transpose(1, 2).reshape(B, T, nh * hd)
-    return F.linear(o, w["self_attn.o_proj.weight"])
+    return F.linear(o, w[f"{out}.weight"], w.get(f"{out}.bias"))
 
 
 def swiglu_mlp(w: Mapping, h, act=F.silu):

@@ -2,13 +2,17 @@
 
 A unit (the embedding, a decoder block, the head) is one contiguous flat vector on the host and
 is streamed into a flat device slot; the layer template only ever sees named views of it.
-Names and order follow transformers' Llama/Qwen2 modules, so weights copy 1:1 by name.
+A unit's host master (host_layout) names its tensors as the family's transformers class does
+(specs/families: layer_prefix, embedding_name, final_norm_name, head_name), so weights copy 1:1
+by name; the device side names them by role ("model.norm.<t>", "lm_head.weight" in the head;
+block tensors relative to their layer), whatever the family.
 """
 from dataclasses import dataclass
 from math import prod
 
 from horizon_sim.schedule.op import EMBED
 from horizon_sim.specs import block
+from horizon_sim.specs.families import family
 from horizon_sim.specs.model import ModelSpec
 
 
@@ -45,21 +49,27 @@ def block_layout(m: ModelSpec) -> Layout:
     return Layout(block.parameters(m))
 
 
+def final_norm_names(m: ModelSpec) -> tuple[str, ...]:
+    """The device head's names of the final norm's tensors (a weight; LayerNorm's bias too)."""
+    return tuple(f"model.norm.{t}" for t in block.norm_tensors(m))
+
+
 def head_device_layout(m: ModelSpec) -> Layout:
     """The head as the device sees it: final norm, then the LM head matrix (even when tied)."""
-    return Layout([("model.norm.weight", (m.hidden,)), ("lm_head.weight", (m.vocab, m.hidden))])
+    return Layout([*((n, (m.hidden,)) for n in final_norm_names(m)), ("lm_head.weight", (m.vocab, m.hidden))])
 
 
 def host_layout(m: ModelSpec, unit: int) -> Layout:
     """A unit's host master vector, with full transformers names. A tied head holds only the
     final norm: its matrix is the embedding's."""
+    fam = family(m.family)
     if unit == EMBED:
-        return Layout([("model.embed_tokens.weight", (m.vocab, m.hidden))])
+        return Layout([(fam.embedding_name, (m.vocab, m.hidden))])
     if unit == m.n_layers:
-        s = [("model.norm.weight", (m.hidden,))]
-        return Layout(s if m.tied_embeddings else s + [("lm_head.weight", (m.vocab, m.hidden))])
+        s = [(f"{fam.final_norm_name}.{t}", (m.hidden,)) for t in block.norm_tensors(m)]
+        return Layout(s if m.tied_embeddings else s + [(fam.head_name, (m.vocab, m.hidden))])
     blk = block_layout(m)
-    return Layout([(f"model.layers.{unit}.{e.name}", e.shape) for e in blk.entries])
+    return Layout([(f"{fam.layer_prefix}{unit}.{e.name}", e.shape) for e in blk.entries])
 
 
 def unit_name(m: ModelSpec, unit: int) -> str:

@@ -2,9 +2,15 @@
 LlamaRotaryEmbedding, transformers 5): the same fp32 operations in the same order, so the
 tables match bit for bit (tests/test_hf_features.py compares them).
 
-    inv_freq (hd/2,) fp32 and the attention factor, by the spec's rope_scaling kind
-    cos, sin (T, hd) = cos/sin of positions x inv_freq, duplicated to hd, times the factor,
-    cast to the activation dtype
+    inv_freq (rotary_dim/2,) fp32 and the attention factor, by the spec's rope_scaling kind
+    cos, sin (T, hd) = cos/sin of positions x inv_freq, duplicated to the rotated width, times
+    the factor, cast to the activation dtype
+
+A head rotated in part (ModelSpec.rotary_dim < hd: GPT-NeoX's rotary_pct) has its frequencies
+from the rotated width, as transformers computes them, and its tables padded to hd with cos 1
+and sin 0, so the pass-through dimensions come out of q * cos + rotate_half(q) * sin as they
+went in (layers.rotate_half pairs the rotated ones) and the Schedule's (T, hd) tables keep
+their shape.
 """
 import math
 from dataclasses import replace
@@ -20,7 +26,7 @@ def _base_inv_freq(theta, dim: int, device):
 
 def _llama3(m: ModelSpec, device):
     s = m.rope_scaling
-    inv = _base_inv_freq(m.rope_theta, m.hd, device)
+    inv = _base_inv_freq(m.rope_theta, m.rotary_dim, device)
     low_wavelen = s.original_max_position / s.low_freq_factor
     high_wavelen = s.original_max_position / s.high_freq_factor
     wavelen = 2 * math.pi / inv
@@ -35,7 +41,7 @@ def _dynamic(m: ModelSpec, seq: int, device):
     """NTK-aware: the base grows once the sequence passes max_position. transformers builds
     the table for max_position at init (Python floats) and rebuilds it in forward with the
     sequence length as a tensor (fp32 arithmetic) when a batch is longer."""
-    s, dim = m.rope_scaling, m.hd
+    s, dim = m.rope_scaling, m.rotary_dim
     if seq <= m.max_position:
         n, base = m.max_position, m.rope_theta
         base = base * ((s.factor * n / m.max_position) - (s.factor - 1)) ** (dim / (dim - 2))
@@ -46,7 +52,7 @@ def _dynamic(m: ModelSpec, seq: int, device):
 
 
 def _yarn(m: ModelSpec, device):
-    s, dim, base = m.rope_scaling, m.hd, m.rope_theta
+    s, dim, base = m.rope_scaling, m.rotary_dim, m.rope_theta
     factor = s.factor
 
     def mscale(scale, ms=1.0):
@@ -73,12 +79,12 @@ def _yarn(m: ModelSpec, device):
 
 
 def inv_freq(m: ModelSpec, seq: int, device=None) -> tuple[torch.Tensor, float]:
-    """(inverse frequencies (hd/2,) fp32, attention factor) for sequences of `seq` tokens."""
+    """(inverse frequencies (rotary_dim/2,) fp32, attention factor) for sequences of `seq` tokens."""
     s = m.rope_scaling
     if s is None:
-        return _base_inv_freq(m.rope_theta, m.hd, device), 1.0
+        return _base_inv_freq(m.rope_theta, m.rotary_dim, device), 1.0
     if s.kind == "linear":
-        inv = _base_inv_freq(m.rope_theta, m.hd, device)
+        inv = _base_inv_freq(m.rope_theta, m.rotary_dim, device)
         inv /= s.factor
         return inv, 1.0
     if s.kind == "llama3":
@@ -92,9 +98,13 @@ def rope_tables(m: ModelSpec, seq: int, dtype, device):
     """cos, sin (T, hd) for positions 0..T-1 in the activation dtype."""
     inv, attn = inv_freq(m, seq, device)
     pos = torch.arange(seq, device=device, dtype=torch.float32)
-    freqs = pos[:, None] * inv.to(device=device, dtype=torch.float)[None, :]   # (T, hd/2)
-    emb = torch.cat((freqs, freqs), dim=-1)                                  # (T, hd)
-    return (emb.cos() * attn).to(dtype), (emb.sin() * attn).to(dtype)
+    freqs = pos[:, None] * inv.to(device=device, dtype=torch.float)[None, :]   # (T, rotary_dim/2)
+    emb = torch.cat((freqs, freqs), dim=-1)                                  # (T, rotary_dim)
+    cos, sin = (emb.cos() * attn).to(dtype), (emb.sin() * attn).to(dtype)
+    if m.rotary_dim < m.hd:  # the pass-through dimensions: times 1, plus 0
+        pad = (0, m.hd - m.rotary_dim)
+        cos, sin = torch.nn.functional.pad(cos, pad, value=1.0), torch.nn.functional.pad(sin, pad, value=0.0)
+    return cos, sin
 
 
 def rope_tables_per_base(m: ModelSpec, seq: int, dtype, device) -> list:

@@ -28,7 +28,7 @@ from horizon_exec.model.head import head_fwd_bwd, head_loss
 from horizon_exec.model.block import DecoderBlock
 from horizon_exec.model.router_aux import RouterAux, RouterStats
 from horizon_exec.runtime.kept_graph import KeptGraph
-from horizon_exec.model.layout import block_layout, head_device_layout, host_layout, unit_name
+from horizon_exec.model.layout import block_layout, final_norm_names, head_device_layout, host_layout, unit_name
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
 from horizon_exec.optim.adamw import AdamW, clip_coef
 from horizon_exec.runtime.positions import AttentionInputs
@@ -414,10 +414,11 @@ class OpRunner:
             staged = add or dgrad.dtype != self.act
             mine = torch.empty(self.dev_numel(op.unit), dtype=self.act, device=x.device) if staged else dgrad
             gv = self.head_layout.views(mine)
-            dx, loss = head_fwd_bwd(x, w["model.norm.weight"], w["lm_head.weight"], labels,
+            norms = final_norm_names(self.m)
+            dx, loss = head_fwd_bwd(x, [w[n] for n in norms], w["lm_head.weight"], labels,
                                     self.inputs.n_step_tokens, self.m.norm_eps,
                                     min(self.p.loss_chunk_tokens, labels.numel()),
-                                    gv["model.norm.weight"], gv["lm_head.weight"], self.p.loss_kernel,
+                                    [gv[n] for n in norms], gv["lm_head.weight"], self.p.loss_kernel,
                                     final_norm(self.m), self.m.logit_softcap)
             if staged:
                 (dgrad[:mine.numel()].add_ if add else dgrad[:mine.numel()].copy_)(mine)
@@ -434,7 +435,7 @@ class OpRunner:
         w = self._weights(op)
         labels = self.labels[self._rows(op.micro)].reshape(-1)
         with self._scope(op), torch.no_grad():
-            loss = head_loss(x, w["model.norm.weight"], w["lm_head.weight"], labels, self.m.norm_eps,
+            loss = head_loss(x, [w[n] for n in final_norm_names(self.m)], w["lm_head.weight"], labels, self.m.norm_eps,
                              min(self.p.loss_chunk_tokens, labels.numel()), self.p.loss_kernel, final_norm(self.m),
                              self.m.logit_softcap)
         self.outputs.loss_parts[op.micro] = loss

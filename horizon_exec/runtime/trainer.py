@@ -78,6 +78,8 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import Holds, build_eval_schedule
 from horizon_sim.schedule.op import EMBED
 from horizon_sim.sim.timeline import timeline_frame
+from horizon_sim.specs.block import norm_tensors
+from horizon_sim.specs.families import family
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
 
@@ -362,7 +364,7 @@ class Trainer:
         pipelined updates are applied first (flush; the run's trajectory is unchanged by
         that), then one unit's weights at a time go to the device (cast from the fp32 master)
         and run over the sequences in micro_batch chunks. Returns the activations entering
-        the head, [(mb, T, H)], and the head's (norm, matrix)."""
+        the head, [(mb, T, H)], and the head's (norm's tensors, matrix)."""
         self._check_usable()
         self.flush()
         m, p = self.model, self.policy
@@ -371,7 +373,8 @@ class Trainer:
         if self.split_master:  # the embedding and the head, joined (a block is joined when it runs)
             for u in (EMBED, m.n_layers):
                 params.update(host_layout(m, u).views(self.gather_master(u)))
-        emb = params["model.embed_tokens.weight"]                                 # (V, H) fp32
+        names = family(m.family)
+        emb = params[names.embedding_name]                                        # (V, H) fp32
         xs = [scale_embedded_(m, emb.index_select(0, c.reshape(-1)).view(c.shape[0], p.seq, m.hidden).to(dev, act))
               for c in tokens.split(p.micro_batch)]                               # [(mb, T, H)]
         if docs is None and p.doc_masks:
@@ -384,8 +387,8 @@ class Trainer:
             for i, at in enumerate(tabs):  # in place: one chunk's output is new at a time
                 xs[i] = self.runner.block(w, xs[i], *at(layer))
             del w
-        w_norm = params["model.norm.weight"].to(dev, act)
-        w_lm = (emb if m.tied_embeddings else params["lm_head.weight"]).to(dev, act)
+        w_norm = tuple(params[f"{names.final_norm_name}.{t}"].to(dev, act) for t in norm_tensors(m))
+        w_lm = (emb if m.tied_embeddings else params[names.head_name]).to(dev, act)
         return xs, w_norm, w_lm
 
     @property
@@ -448,7 +451,7 @@ class Trainer:
         xs, w_norm, w_lm = self._final_hidden(tokens, self._check_docs(docs, tokens))
         with torch.no_grad():
             norm, cap = final_norm(self.model), self.model.logit_softcap
-            return torch.cat([capped_logits(norm(x, w_norm, self.model.norm_eps) @ w_lm.t(), cap).float().cpu()
+            return torch.cat([capped_logits(norm(x, *w_norm, self.model.norm_eps) @ w_lm.t(), cap).float().cpu()
                               for x in xs])
 
     @property

@@ -30,7 +30,7 @@ def kept_forward_workspace_bytes(m: ModelSpec, micro_batch: int, seq: int, mask:
     its start, as buffers): at most one fp32 temporary per token as wide as the widest norm (a
     norm's normalised rows before their cast; measured: the peak is the saved bytes plus exactly
     this), and an explicit mask's bool form while SDPA makes the additive one."""
-    widest = max(k.width for k in block.kernels(m) if k.kind == "rmsnorm")
+    widest = max((k.width for k in block.kernels(m) if k.kind == "rmsnorm"), default=0)  # a LayerNorm: none
     return int(micro_batch * seq * widest * 4 + mask)
 
 

@@ -6,6 +6,10 @@ token, for a kernel of width w elements in a compute dtype of a bytes:
                                        + 3a w per extra reader        back (aw), its output when a
                                                                       projection reads it (aw), rsqrt
                                                                       (4 R)
+  layernorm  2a w + 2a R               3a w + 2a R                   its input (aw; none when it is
+                                       + 3a w per extra reader        the block's input x), its output
+                                                                      when a projection reads it (aw),
+                                                                      mean and rstd (2a R)
   rope       10a w                     16a w (14a + the transposing   nothing (cos/sin are tables)
                                        clone of its gradient)
   attention  0 (its own kernel)        0                              q, k, v, o: a (2w + 2kv), and
@@ -16,6 +20,14 @@ token, for a kernel of width w elements in a compute dtype of a bytes:
                                                                       MLP's projections read it, aw)
   split      2a c (c copied out)       2a w (the parts' gradients     nothing (views)
                                        concatenated)
+
+RoPE on a fraction f < 1 of each head (Kernel.rotary: GPT-NeoX) rotates three pieces instead
+of two (rotate_half's halves of the rotated part, and the rest): (9 + f) a w forward and
+(17 + f) a w backward, with w the whole heads' width; without the transposing clone
+(Kernel.grad_copied false: the fused split takes the gradient as it is) 2a w less. A
+LayerNorm's mean and rstd are in its input's dtype on the CPU (fp32 on CUDA: 4 bytes a token
+more for a bf16 block, not priced); its forward reads its weight and bias (2a w a pass), its
+backward reads both and writes their gradients (4a w a pass).
 
 A norm that multiplies its weight in fp32 (Kernel.fp32_weight: OLMo-2, Gemma) moves
 fp32_weight_extra's bytes more and keeps the fp32 normalised rows (4w) instead of the cast back;
@@ -90,10 +102,14 @@ def _unknown(k: Kernel):
 def forward_bytes(k: Kernel, a: int) -> int:
     """Bytes per token its forward reads plus writes."""
     w = k.width
-    per_element = {"rope": 10 * a, "attention": 0, "swiglu": 5 * a, "silu": 2 * a, "residual": 3 * a,
+    per_element = {"attention": 0, "swiglu": 5 * a, "silu": 2 * a, "residual": 3 * a,
                    "dispatch": 2 * a, "combine": 4 * a, "gate_mul": 5 * a}
     if k.kind == "split":
         return 2 * a * k.kv_width
+    if k.kind == "layernorm":
+        return 2 * a * w + 2 * a * k.rows
+    if k.kind == "rope":
+        return int(rope_elements(k, backward=False) * a * w)
     if k.kind == "rmsnorm":
         return norm_forward(w, k.rows, a) + (fp32_weight_extra(a)[0] * w if k.fp32_weight else 0)
     if k.kind == "router":
@@ -106,8 +122,12 @@ def forward_bytes(k: Kernel, a: int) -> int:
 def backward_bytes(k: Kernel, a: int) -> int:
     """Bytes per token its backward reads plus writes (the forward-with-grad is forward_bytes)."""
     w = k.width
-    per_element = {"rope": 16 * a, "attention": 0, "swiglu": 9 * a, "silu": 3 * a, "residual": 3 * a,
+    per_element = {"attention": 0, "swiglu": 9 * a, "silu": 3 * a, "residual": 3 * a,
                    "dispatch": 3 * a, "combine": 5 * a, "gate_mul": 6 * a, "split": 2 * a}
+    if k.kind == "layernorm":
+        return 3 * a * w + 2 * a * k.rows + 3 * a * w * (k.fan_out - 1)
+    if k.kind == "rope":
+        return int(rope_elements(k, backward=True) * a * w)
     if k.kind == "rmsnorm":
         return (norm_backward(w, k.rows, a) + (fp32_weight_extra(a)[1] * w if k.fp32_weight else 0)
                 + 3 * a * w * (k.fan_out - 1))
@@ -116,6 +136,14 @@ def backward_bytes(k: Kernel, a: int) -> int:
     if k.kind not in per_element:
         raise _unknown(k)
     return per_element[k.kind] * w
+
+
+def rope_elements(k: Kernel, backward: bool) -> float:
+    """RoPE's bytes per element of its width, in units of the compute dtype's a (docstring)."""
+    f = k.rotary
+    if not backward:
+        return 10.0 if f == 1 else 9.0 + f
+    return (14.0 if f == 1 else 17.0 + f) + (2.0 if k.grad_copied else 0.0)
 
 
 def fp32_weight_extra(a: int) -> tuple[int, int, int]:
@@ -132,6 +160,8 @@ def per_pass_bytes(k: Kernel, seq: int, head_dim: int, a: int, backward: bool = 
     RoPE's cos and sin tables."""
     if k.kind == "rmsnorm":
         return a * k.weight + (fp32_weight_extra(a)[2] * k.weight if backward and k.fp32_weight else 0)
+    if k.kind == "layernorm":  # weight and bias read; backward: their gradients written too
+        return a * k.weight * (2 if backward else 1)
     if k.kind == "rope":
         return 2 * seq * head_dim * a
     return 0
@@ -140,12 +170,31 @@ def per_pass_bytes(k: Kernel, seq: int, head_dim: int, a: int, backward: bool = 
 def fp32_input_bytes(k: Kernel, a: int) -> int:
     """A norm's fp32 copy of its input, per token (in fp32 the block's input x is its own
     copy: not a temporary)."""
+    if k.kind == "layernorm":  # its statistics come from its input as it is
+        return 0
     return 0 if k.reads_block_input and a == 4 else 4 * k.width
+
+
+def keeps_own_input(k: Kernel, a: int) -> bool:
+    """Whether what a norm keeps of its input is the input tensor itself: a LayerNorm's always,
+    an RMSNorm's in fp32 (its fp32 view of x is x); otherwise it keeps an fp32 copy."""
+    return k.kind == "layernorm" or a == 4
+
+
+def norm_backward_temp_bytes(k: Kernel, a: int) -> int:
+    """Per token, what a norm's backward holds beyond its saved tensors and the incoming
+    gradient: an RMSNorm its fp32 input and five fp32 temporaries (20 per element); a
+    LayerNorm its input's gradient (a per element; the kernel's statistics are per row)."""
+    if k.kind == "layernorm":
+        return a * k.width
+    return fp32_input_bytes(k, a) + 20 * k.width
 
 
 def saved_bytes(k: Kernel, a: int) -> int:
     """Bytes per token autograd keeps of it from the forward for the backward."""
     w = k.width
+    if k.kind == "layernorm":  # its input (unless the block's own x), output, mean and rstd
+        return (0 if k.reads_block_input else a * w) + (a * w if k.output_saved else 0) + 2 * a * k.rows
     if k.kind == "rmsnorm":  # fp32 input, normalised rows (cast back, or fp32), output, rsqrt
         return fp32_input_bytes(k, a) + (4 if k.fp32_weight else a) * w + (a * w if k.output_saved else 0) + 4 * k.rows
     if k.kind == "attention":
@@ -181,8 +230,11 @@ def live_in_forward_bytes(k: Kernel, a: int) -> int:
 
 
 def backward_gradients_bytes(k: Kernel, a: int) -> int:
-    """Bytes per token of the gradients its backward holds at once beside what was saved: the
-    activation's output and input gradients (2a w)."""
-    if k.kind in ("swiglu", "silu"):
+    """Bytes per token its backward holds at once beyond what was saved: the activation's output
+    and input gradients (2a w); a plain activation's output is freed by then (the projection
+    that read it has made its gradients), so a w net."""
+    if k.kind == "swiglu":
         return 2 * a * k.width
+    if k.kind == "silu":
+        return a * k.width
     return 0

@@ -161,8 +161,8 @@ def head_logits_bytes(m: ModelSpec, tokens: int, a: int, loss_kernel: str = "tor
 def final_norm(m: ModelSpec) -> block.Kernel:
     """The head's norm, the family's kind of norm (the block's norms say which: one multiplying
     its weight in fp32, OLMo-2's, Gemma's (1 + w), or Llama's)."""
-    norms = [k for k in block.kernels(m) if k.kind == "rmsnorm"]
-    return block.Kernel("rmsnorm", "head", m.hidden, fp32_weight=any(k.fp32_weight for k in norms),
+    norms = [k for k in block.kernels(m) if k.kind in block.NORM_KINDS]
+    return block.Kernel(norms[0].kind, "head", m.hidden, fp32_weight=any(k.fp32_weight for k in norms),
                         unit_offset=any(k.unit_offset for k in norms))
 
 
@@ -190,11 +190,11 @@ def _half(m: ModelSpec, part: str, ks) -> dict:
     of its last projection (the gradient its backward makes first); the projections that read
     its input or its pre-norm's output (all but the last)."""
     ps = [p for p in block.projections(m) if p.module.startswith("mlp.") == (part == "mlp")]
-    pre = next((k for k in ks if k.kind == "rmsnorm" and k.output_saved), None)
-    post = ks[-2] if len(ks) > 1 and ks[-1].kind == "residual" and ks[-2].kind == "rmsnorm" else None
+    pre = next((k for k in ks if k.kind in block.NORM_KINDS and k.output_saved), None)
+    post = ks[-2] if len(ks) > 1 and ks[-1].kind == "residual" and ks[-2].kind in block.NORM_KINDS else None
     body = next((k for k in ks if k.kind in (("attention",) if part == "attention" else ("swiglu", "silu"))), None)
     return dict(kernels=ks, pre=pre, post=post, body=body, residual=ks[-1],
-                weights=sum(p.params for p in ps) + sum(k.weight for k in ks if k.kind == "rmsnorm"),
+                weights=sum(p.params for p in ps) + sum(k.weight for k in ks if k.kind in block.NORM_KINDS),
                 readers=len(ps) - 1, last_weight=ps[-1].params if ps else 0)
 
 
@@ -261,7 +261,7 @@ def block_input_saved(m: ModelSpec, a: int) -> bool:
     (no pre-norm: OLMo-2), or in fp32 the pre-norm's fp32 view of x is x. A buffer of its own
     while the block runs (not in block_saved_bytes), but a kept layer's graph holds it."""
     pre = _parts(m)["half"]["attention"]["pre"]
-    return pre is None or (a == 4 and pre.reads_block_input)
+    return pre is None or (pre.reads_block_input and kernel_bytes.keeps_own_input(pre, a))
 
 
 def _forward_peak_bytes(m: ModelSpec, parts: dict, micro_batch: int, seq: int, a: int, mask: int, window: int) -> int:
@@ -270,8 +270,10 @@ def _forward_peak_bytes(m: ModelSpec, parts: dict, micro_batch: int, seq: int, a
     MLP: _moe_forward_bytes); at the attention call, the first pre-norm's output and what
     attention holds (SDPA: q, k, v, o, the fp32 logsumexp and an explicit mask's bool and
     additive forms; soft-capped: q, k, v and softcap_attention_bytes); inside a q/k norm, q, k
-    and v beside its statistics; inside RoPE on q, q, k and v beside q * cos, rotate_half(q) and
-    its product with sin; inside a post-norm, its input (and x1, in the MLP half)."""
+    and v beside its statistics; inside RoPE on q, q, k and v (a fused projection's output and
+    the v copied out of it) beside q * cos, rotate_half(q) and its product with sin; inside RoPE
+    on k, the same with q rotated beside them (q's own output freed, unless it is a view of the
+    fused one); inside a post-norm, its input (and x1, in the MLP half)."""
     H, N = m.hidden, micro_batch * seq
     att, mlp = parts["half"]["attention"], parts["half"]["mlp"]
     pre1 = a * att["pre"].width if att["pre"] else 0
@@ -283,9 +285,14 @@ def _forward_peak_bytes(m: ModelSpec, parts: dict, micro_batch: int, seq: int, a
     points = [p_attn, *(N * (pre1 + qkv + _norm_forward_bytes(k, a)) for k in _inner_norms(att)),
               *(N * (a * H * (2 if half is mlp else 1) + _norm_forward_bytes(half["post"], a))
                 for half in (att, mlp) if half["post"])]
-    rope = next((k for k in att["kernels"] if k.kind == "rope"), None)
-    if rope:
-        points.append(N * (pre1 + qkv + 3 * a * rope.width))
+    split = next((k for k in att["kernels"] if k.kind == "split"), None)
+    held = qkv + (a * split.kv_width if split else 0)  # a fused q|k|v output and the v copied out of it
+    ropes = [k for k in att["kernels"] if k.kind == "rope"]
+    if ropes:  # inside RoPE on q; then on k, beside q rotated (q's projection output freed, unless a view of the fused one)
+        points.append(N * (pre1 + held + 3 * a * ropes[0].width))
+        if len(ropes) > 1:
+            q = ropes[0].width
+            points.append(N * (pre1 + held - (0 if split else a * q) + a * q + 3 * a * ropes[1].width))
     if m.n_experts:
         points.append(_moe_forward_bytes(m, N, a))
     else:
@@ -338,7 +345,8 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
     x1_in_mlp = N * kernel_bytes.saved_bytes(att["residual"], a)  # x1 saved by the MLP's projections
     saved = {"attention": _saved(att, a, N) - x1_in_mlp, "mlp": _saved(mlp, a, N) + x1_in_mlp}  # bytes
     gates = sum(k.kind == "gate_mul" for k in mlp["kernels"])
-    x1 = 0 if x1_in_mlp or (a == 4 and mlp["pre"]) else a * H  # else a kernel's saved input is x1
+    pre2 = mlp["pre"]  # x1 is alive unless a kernel keeps it: the MLP's projections, or its pre-norm as its input
+    x1 = 0 if x1_in_mlp or (pre2 and not pre2.reads_block_input and kernel_bytes.keeps_own_input(pre2, a)) else a * H
     points = [saved["attention"] + saved["mlp"] + N * (x1 + (2 + gates) * a * H) + a * mask
               + expert_padding_bytes(m, a, parts)]
     if m.n_experts:
@@ -349,8 +357,8 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
         held = a * mask if name == "mlp" else 0  # the additive mask, until attention's backward
 
         def norm_point(k, grads):
-            return (earlier + live - _saved_kernel(k, a, N) + N * (kernel_bytes.fp32_input_bytes(k, a)
-                    + 20 * k.width + a * H + dx1) + grads * a + held)
+            return (earlier + live - _saved_kernel(k, a, N) + N * (kernel_bytes.norm_backward_temp_bytes(k, a)
+                    + a * H + dx1) + grads * a + held)
 
         if half["post"]:
             points.append(norm_point(half["post"], weights + half["post"].weight) + (a * mask if name == "attention" else 0))
@@ -389,7 +397,7 @@ def backward_end_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int) -> int:
     points = [_first_projection_point(m, att, N, a), *_inner_norm_points(m, att, N, a, a * H)]
     if att["pre"]:
         k = att["pre"]
-        points.append(N * (kernel_bytes.fp32_input_bytes(k, a) + 20 * k.width + 2 * a * H) + m.layer_params * a)
+        points.append(N * (kernel_bytes.norm_backward_temp_bytes(k, a) + 2 * a * H) + m.layer_params * a)
     return int(max(points))
 
 
@@ -406,7 +414,7 @@ def _first_projection_point(m: ModelSpec, att: dict, N: int, a: int) -> int:
 
 def _inner_norms(half: dict) -> list:
     """The half's norms that are neither its pre-norm nor its post-norm: q's and k's."""
-    return [k for k in half["kernels"] if k.kind == "rmsnorm" and k is not half["pre"] and k is not half["post"]]
+    return [k for k in half["kernels"] if k.kind in block.NORM_KINDS and k is not half["pre"] and k is not half["post"]]
 
 
 def _norm_forward_bytes(k, a: int) -> int:
@@ -532,7 +540,9 @@ def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int, l
       per-row fp32 losses and the losses' sum;
     or, with a small vocabulary, in the norm's backward (its fp32 input, five fp32
     temporaries, the normed rows and dh). The norm is the family's (final_norm: with its weight
-    multiplied in fp32 the normalised rows it keeps are fp32; Gemma's keeps its (1 + w)); soft-
+    multiplied in fp32 the normalised rows it keeps are fp32; Gemma's keeps its (1 + w); a
+    LayerNorm keeps no fp32 copy, only its mean and rstd per row, and its backward makes dx and
+    the gradients of its weight and bias); soft-
     capped logits (Gemma 2) keep the chunk's tanh (a a logit) until the gradient is scaled."""
     H, V = m.hidden, m.vocab
     c = min(chunk_tokens, tokens)
@@ -545,6 +555,10 @@ def head_temp_peak_bytes(m: ModelSpec, tokens: int, chunk_tokens: int, a: int, l
     if m.logit_softcap:  # tanh of the chunk's logits, kept for the cap's gradient
         chunk += c * V * a
     norm = final_norm(m)
+    if norm.kind == "layernorm":  # it keeps its mean and rstd (2a a row); its backward makes dx and two weight grads
+        logits = chunk + tokens * (2 * a * H + 2 * a) + loss
+        norm_bwd = tokens * (3 * a * H + 2 * a) + 2 * H * a + loss
+        return int(max(logits, norm_bwd))
     normed = 4 * H if norm.fp32_weight else a * H  # what the norm's weight multiply saved
     logits = chunk + tokens * (in32 + normed + 2 * a * H + 4) + kernel_bytes.saved_per_call_bytes(norm) + loss
     norm_bwd = tokens * (in32 + 20 * H + 2 * a * H) + H * a + loss  # + the norm weight's grad

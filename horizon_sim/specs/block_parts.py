@@ -48,18 +48,21 @@ class Projection:
         return self.in_features * self.out_features * (top_k if self.experts else 1)
 
 
-KINDS = ("rmsnorm", "rope", "attention", "swiglu", "silu", "residual", "router", "dispatch", "combine", "gate_mul",
-         "split")
+KINDS = ("rmsnorm", "layernorm", "rope", "attention", "swiglu", "silu", "residual", "router", "dispatch", "combine",
+         "gate_mul", "split")
 """The kernel kinds schedule/work.py prices (bytes moved, saved, temporaries per element): a
 block built from these needs no change there."""
 PARTS = ("attention", "mlp")
+NORM_KINDS = ("rmsnorm", "layernorm")
+"""RMSNorm (a weight), LayerNorm (a weight and a bias: GPT-NeoX, GPT-2)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Kernel:
     """One non-GEMM step of the block's forward; its backward follows from its kind."""
     kind: str
-    """One of KINDS."""
+    """One of KINDS. 'silu' is any plain (non-gated) activation of one input: SiLU, or GELU
+    (erf or tanh), which read, write and keep the same bytes."""
     part: str
     """'attention' or 'mlp': the half of the block it runs in (the temporaries' peaks are
     found per half, schedule/work.py)."""
@@ -90,6 +93,13 @@ class Kernel:
     aux_loss: bool = False
     """Router only: it also feeds the load-balancing loss (router_aux_loss_coef > 0): its
     probabilities summed per expert, and that sum's gradient added into theirs."""
+    rotary: float = 1.0
+    """RoPE only: the fraction of each head it rotates (ModelSpec.rotary_fraction); the rest
+    pass through (the tables are 1 and 0 there), width still the whole heads'."""
+    grad_copied: bool = True
+    """RoPE only: its input's gradient is copied back out of the attention's layout (q and k
+    viewed from a (B, T, width) projection); False when the projection's output is already
+    (B, T, heads, hd) and a fused split takes the gradient as it is (GPT-NeoX)."""
     renormalised: bool = True
     """Router only: its k weights are divided by their sum (norm_topk_prob), which keeps the
     top-k values and their sum for the backward."""
@@ -101,6 +111,8 @@ class Kernel:
     @property
     def weight(self) -> int:
         """Elements of its weight (a norm's, shared by its rows)."""
+        if self.kind == "layernorm":
+            return 2 * self.width  # its weight and its bias
         return self.width // self.rows if self.kind == "rmsnorm" else 0
 
 
@@ -164,12 +176,13 @@ def tensor_elements(tensors) -> int:
 def attention_kernels(m, qk_norm: bool, readers: int = 3, rope: bool = True) -> tuple[Kernel, ...]:
     """The attention half: RMSNorm (its output read by q, k and v: `readers` projections, 1 when
     they are one fused projection), per-head RMSNorms of q and k (Qwen3), RoPE on q and on k
-    (none with learned positions), attention, the residual add."""
+    (none with learned positions; over the whole heads, a part of each rotated when
+    m.rotary_fraction < 1), attention, the residual add."""
     H = m.hidden
     qk_norms = (Kernel("rmsnorm", "attention", m.q_dim, rows=m.n_heads),
                 Kernel("rmsnorm", "attention", m.kv_dim, rows=m.n_kv_heads)) if qk_norm else ()
-    ropes = (Kernel("rope", "attention", m.n_heads * m.rotary_dim),
-             Kernel("rope", "attention", m.n_kv_heads * m.rotary_dim)) if rope else ()
+    ropes = (Kernel("rope", "attention", m.q_dim, rotary=m.rotary_fraction),
+             Kernel("rope", "attention", m.kv_dim, rotary=m.rotary_fraction)) if rope else ()
     return (Kernel("rmsnorm", "attention", H, fan_out=readers, output_saved=True, reads_block_input=True),
             *qk_norms, *ropes,
             Kernel("attention", "attention", m.q_dim, rows=m.n_heads, kv_width=m.kv_dim),

@@ -307,6 +307,7 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         layer_windows=(),
         init_std=as_float(cfg["initializer_range"], "initializer_range", where, strict=False),
         padding_idx=_padding_idx(cfg, where, pad_given, mt),
+        hidden_act="" if act == row.activations[0] else act,
     )
     fields.update(row.read(cfg, where, n_layers))
     try:

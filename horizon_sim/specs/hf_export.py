@@ -64,7 +64,7 @@ def to_hf_config_dict(spec: ModelSpec) -> dict:
         "num_key_value_heads": spec.n_kv_heads,
         "intermediate_size": spec.ffn_hidden,
         "vocab_size": spec.vocab,
-        "hidden_act": row.activations[0],  # what the block runs: silu, or gelu_new (gpt2), gelu (gpt_neox)
+        "hidden_act": spec.hidden_act or row.activations[0],  # the family's own: silu, gelu_new (gpt2), gelu (gpt_neox)
         "tie_word_embeddings": spec.tied_embeddings,
         "rms_norm_eps": spec.norm_eps,
         "initializer_range": spec.init_std,

@@ -71,6 +71,10 @@ class ModelSpec:
     query_scale: float = 0.0
     """Attention scores scaled by query_scale ** -0.5 instead of head_dim ** -0.5 (Gemma's
     query_pre_attn_scalar); 0 = head_dim."""
+    hidden_act: str = ""
+    """The MLP's activation by its transformers name where the family takes more than one
+    (GPT-NeoX: gelu, or the tanh approximations gelu_new, gelu_fast, gelu_pytorch_tanh);
+    "" = the family's own (its config row's first: silu, gelu for gpt_neox, gelu_new for gpt2)."""
     init_std: float = 0.02
     """Standard deviation of a random init's matrices (the HF config's initializer_range)."""
     # ---- mixture of experts (specs/moe.py; all zero = a dense MLP; an MoE family needs them) --
@@ -139,6 +143,10 @@ class ModelSpec:
             if v and not fam.softcapping:
                 raise HorizonError(f"model {f}={v!r}: family {self.family!r} has no soft-capping or query scale "
                                    "(gemma2 has)")
+        acts = fam.hf.activations if fam.hf is not None else ()
+        if not isinstance(self.hidden_act, str) or (self.hidden_act and self.hidden_act not in acts):
+            raise HorizonError(f"model hidden_act={self.hidden_act!r}: family {self.family!r} takes "
+                               f"{', '.join(acts) or 'its own only'} (\"\" = {acts[0] if acts else 'its own'})")
         p = self.padding_idx
         if p is not None and (not isinstance(p, int) or isinstance(p, bool) or not 0 <= p < self.vocab):
             raise HorizonError(f"model padding_idx={p!r} must be a token id in 0..{self.vocab - 1} (the vocabulary) "
@@ -289,4 +297,6 @@ class ModelSpec:
         dict read back from JSON compares equal; ModelSpec.from_dict(d) rebuilds the spec."""
         d = asdict(self)
         d["layer_windows"] = list(self.layer_windows)
+        if not d["hidden_act"]:  # the family's own: left out, so specs written before the field read (and digest) the same
+            del d["hidden_act"]
         return d

@@ -10,8 +10,8 @@ from typing import Callable
 
 import torch
 
-from horizon_exec.model.families import gemma2, llama, moe, olmo2, phi3, qwen3
-from horizon_exec.model.layers import gemma_norm, rms_norm
+from horizon_exec.model.families import gemma2, gpt_neox, llama, moe, olmo2, phi3, qwen3
+from horizon_exec.model.layers import gemma_norm, layer_norm, rms_norm
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.families import FAMILIES
 
@@ -21,7 +21,8 @@ class ExecFamily:
     """What the executor runs for one family, beyond the description the planner holds."""
     forward: Callable
     final_norm: Callable = rms_norm
-    """The head's norm (x, w, eps) -> normed rows (head.py)."""
+    """The head's norm (x, *its tensors, eps) -> normed rows (head.py): (x, w, eps), or with a
+    bias (x, w, b, eps); its tensors are the family's norm_tensors."""
     scaled_embedding: bool = False
     """Embedded rows are multiplied by sqrt(hidden), in the rows' dtype as transformers rounds it
     (Gemma), before the first block."""
@@ -34,6 +35,7 @@ RUNS = MappingProxyType({
     "mixtral": ExecFamily(moe.forward), "qwen2_moe": ExecFamily(moe.forward), "phi3": ExecFamily(phi3.forward),
     "olmo2": ExecFamily(olmo2.forward, final_norm=olmo2.norm),
     "gemma2": ExecFamily(gemma2.forward, **_GEMMA), "gemma3_text": ExecFamily(gemma2.gemma3_forward, **_GEMMA),
+    "gpt_neox": ExecFamily(gpt_neox.forward, final_norm=layer_norm),
 })
 FORWARDS = MappingProxyType({name: f.forward for name, f in RUNS.items()})
 
@@ -59,9 +61,6 @@ def check_runnable(m) -> None:
     if m.family not in FORWARDS:
         raise HorizonError(f"model {m.name!r}: family {m.family!r} ({FAMILIES[m.family].summary}) is planned "
                            f"only; the executor runs {', '.join(FORWARDS)}")
-    if m.rotary_fraction != 1:
-        raise HorizonError(f"model {m.name!r}: partial rotary embeddings (rotary_fraction={m.rotary_fraction}) are "
-                           "planned only; the executor rotates every dimension of a head")
 
 
 def forward_of(m):

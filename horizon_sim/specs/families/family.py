@@ -65,6 +65,11 @@ class ModelFamily:
     in the embedding unit; RoPE otherwise."""
     layer_prefix: str = "model.layers."
     """transformers' name prefix of block N's tensors (`<prefix>N.`)."""
+    embedding_name: str = "model.embed_tokens.weight"
+    """transformers' names of the token embedding, the final norm (its tensors `<name>.<t>`
+    for t in norm_tensors) and the LM head (absent from a tied model's weights)."""
+    final_norm_name: str = "model.norm"
+    head_name: str = "lm_head.weight"
     presets: tuple = ()
     """Its named presets: each a dict of ModelSpec fields (the family implied), with its source
     in a comment beside it (specs/model_presets.py collects them; tests/test_model_presets.py

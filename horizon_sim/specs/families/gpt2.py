@@ -82,4 +82,5 @@ HF = HfFamily(
 
 FAMILY = ModelFamily("gpt2", "LayerNorm, learned positions, biased fused q/k/v, plain GELU MLP (GPT-2; planned only)",
                      projections, kernels, tensors, hf=HF, norm_tensors=("weight", "bias"), qkv_bias=True,
-                     check=_check, learned_positions=True, layer_prefix="transformer.h.")
+                     check=_check, learned_positions=True, layer_prefix="transformer.h.",
+                     embedding_name="transformer.wte.weight", final_norm_name="transformer.ln_f")

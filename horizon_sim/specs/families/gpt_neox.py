@@ -1,19 +1,19 @@
 """GPT-NeoX and Pythia (GPTNeoXForCausalLM, model_type gpt_neox): LayerNorm with a bias before
 attention and before the MLP, both fed the block's input and added to it together (the parallel
 residual: x + attention(ln1(x)) + mlp(ln2(x))), q/k/v in one projection (attention.query_key_value,
-biased with attention.dense when attention_bias), RoPE on part of each head (rotary_pct, 0.25 in
-Pythia and GPT-NeoX-20B: ModelSpec.rotary_fraction), a plain GELU MLP with biases, an untied head.
-
-Planned only: the executor refuses it by name. Its parameters are counted exactly; its LayerNorm
-is priced as an RMSNorm, its GELU as a SiLU, the bias adds not at all and the parallel residual
-as the sequential one (the same kernels; estimates, as for gpt2), and hidden dropout is not priced.
+its output per head [q | k | v]; biased with attention.dense when attention_bias), RoPE on part
+of each head (rotary_pct, 0.25 in Pythia and GPT-NeoX-20B: ModelSpec.rotary_fraction), a plain
+GELU MLP with biases (erf GELU, or the tanh forms GPT-NeoX-20B's gelu_fast and gelu_new:
+ModelSpec.hidden_act), an untied head (embed_out in checkpoints). The executor runs it
+(horizon_exec/model/families/gpt_neox.py); hidden dropout is not run (0 in the released
+configs).
 
 HF config: layer_norm_eps, rotary_pct (0.25 when absent, as transformers reads it) and
 rotary_emb_base (4.x names) or rope_parameters' partial_rotary_factor and rope_theta,
 attention_bias, use_parallel_residual (false is refused: the sequential residual is not
 described), classifier_dropout (a classification head's, unused)."""
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs.block_parts import Projection, attention_kernels, block_tensors, dense_mlp_kernels
+from horizon_sim.specs.block_parts import Kernel, Projection, block_tensors
 from horizon_sim.specs.families.family import ModelFamily
 from horizon_sim.specs.hf_families import HfFamily, defaults_with
 from horizon_sim.specs.hf_values import as_bool
@@ -28,7 +28,19 @@ def projections(m):
 
 
 def kernels(m):
-    return (*attention_kernels(m, qk_norm=False, readers=1), *dense_mlp_kernels(m, gated=False))
+    """LayerNorm of x, q|k|v split per head (v copied out), RoPE on the first rotary_dim of each
+    head of q and k (the gradient taken by the split as it is), attention, the add x1 = x +
+    attention; LayerNorm of x again (the parallel residual), the GELU, the add y = x1 + MLP."""
+    H, q, kv = m.hidden, m.q_dim, m.kv_dim
+    rope = dict(rotary=m.rotary_fraction, grad_copied=False)
+    return (Kernel("layernorm", "attention", H, output_saved=True, reads_block_input=True),
+            Kernel("split", "attention", q + 2 * kv, kv_width=kv),
+            Kernel("rope", "attention", q, **rope), Kernel("rope", "attention", kv, **rope),
+            Kernel("attention", "attention", q, rows=m.n_heads, kv_width=kv),
+            Kernel("residual", "attention", H),
+            Kernel("layernorm", "mlp", H, output_saved=True, reads_block_input=True),
+            Kernel("silu", "mlp", m.ffn_hidden),  # the GELU: a plain activation's bytes
+            Kernel("residual", "mlp", H))
 
 
 def tensors(m):
@@ -66,8 +78,9 @@ HF = HfFamily(
 PRESETS = (
     # EleutherAI/gpt-neox-20b: GPTNeoXConfig's defaults are its config (transformers' docstring checkpoint):
     # 44 layers of 6144, 64 heads, MLP 24576, vocab 50432, rotary_pct 0.25, 2048 positions, untied.
+    # Its config.json's hidden_act is gelu_fast (the tanh approximation); Pythia's are gelu.
     dict(name="gpt-neox-20b", n_layers=44, hidden=6144, n_heads=64, n_kv_heads=64, ffn_hidden=24576, vocab=50432,
-         norm_eps=1e-5, rope_theta=1e4, rotary_fraction=0.25, max_position=2048),
+         norm_eps=1e-5, rope_theta=1e4, rotary_fraction=0.25, max_position=2048, hidden_act="gelu_fast"),
     # EleutherAI/pythia-1b ... -12b config.json (the suite of arXiv 2304.01373; as released they hold
     # 1,011,781,632, 1,414,647,808, 2,775,208,960, 6,857,302,016 and 11,846,072,320 parameters): MLP 4x
     # hidden, rotary_pct 0.25, 2048 positions, untied head; the vocabulary padded per size.
@@ -79,5 +92,7 @@ PRESETS = (
 )
 
 FAMILY = ModelFamily("gpt_neox", "parallel-residual LayerNorm blocks, partial RoPE, biased fused q/k/v, plain GELU MLP "
-                     "(GPT-NeoX, Pythia; planned only)", projections, kernels, tensors, hf=HF,
-                     norm_tensors=LN, qkv_bias=True, check=_check, layer_prefix="gpt_neox.layers.", presets=PRESETS)
+                     "(GPT-NeoX, Pythia)", projections, kernels, tensors, hf=HF,
+                     norm_tensors=LN, qkv_bias=True, check=_check, layer_prefix="gpt_neox.layers.", presets=PRESETS,
+                     embedding_name="gpt_neox.embed_in.weight", final_norm_name="gpt_neox.final_layer_norm",
+                     head_name="embed_out.weight")

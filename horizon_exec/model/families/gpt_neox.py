@@ -1,0 +1,34 @@
+"""GPT-NeoX's block (Pythia, GPT-NeoX-20B): LayerNorms with biases; attention and the MLP both
+read the block's input (the parallel residual, x + attention(ln1(x)) + mlp(ln2(x)), added as
+(x + attention) + mlp); q, k and v in one biased projection whose output is per head [q | k | v]
+(transformers' view (B, T, heads, 3 hd)); RoPE on the first rotary_dim dimensions of each head
+(rope.py pads the tables); a plain GELU MLP with biases (erf, or the tanh approximation when
+the config's hidden_act names one). v is copied out of the fused output, as Phi-3's is, so the
+graph keeps v and not the whole q|k|v output."""
+import torch.nn.functional as F
+
+from horizon_exec.model.layers import layer_norm, self_attention
+
+TANH_GELUS = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh")
+
+
+def fused_qkv(m, w, h):
+    B, T, _ = h.shape
+    qkv = F.linear(h, w["attention.query_key_value.weight"], w.get("attention.query_key_value.bias"))
+    q, k, v = qkv.view(B, T, m.n_heads, 3 * m.hd).split(m.hd, dim=-1)   # (B, T, heads, hd) each
+    return q, k, v.contiguous()
+
+
+def norm(w, name: str, x, eps: float):
+    return layer_norm(x, w[f"{name}.weight"], w[f"{name}.bias"], eps)
+
+
+def forward(m, w, x, cos, sin, window=0, docs=None, router=None):
+    h = norm(w, "input_layernorm", x, m.norm_eps)                          # (B, T, H)
+    x1 = x + self_attention(m, w, h, cos, sin, window, docs, project=fused_qkv, out="attention.dense")
+    del h
+    h = norm(w, "post_attention_layernorm", x, m.norm_eps)                 # the block's input, not x1
+    u = F.linear(h, w["mlp.dense_h_to_4h.weight"], w["mlp.dense_h_to_4h.bias"])  # (B, T, F)
+    del h
+    u = F.gelu(u, approximate="tanh" if m.hidden_act in TANH_GELUS else "none")
+    return x1 + F.linear(u, w["mlp.dense_4h_to_h.weight"], w["mlp.dense_4h_to_h.bias"])
