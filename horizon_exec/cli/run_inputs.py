@@ -57,6 +57,10 @@ def read_model_and_tokenizer(cfg: "RunConfig") -> ModelAndTokenizer:
     else:
         model = load_model(cfg.model)
     check_runnable(model)  # a block the template does not run: refused before any allocation
+    dropped = _dropout_fields(hf_checkpoint.base_config(init_dir, cfg.model) or {})
+    if dropped:  # GPT-2's configs keep 0.1: said, not refused (every such checkpoint would be)
+        notes.append(f"config: {', '.join(f'{k} {v:g}' for k, v in dropped)}: Horizon trains without dropout "
+                     "(the values stay in --save-hf's config)")
     if data.tokenizer == BYTES:
         tok_path = None
     elif data.tokenizer:
@@ -74,6 +78,12 @@ def read_model_and_tokenizer(cfg: "RunConfig") -> ModelAndTokenizer:
     if tok.vocab_size > model.vocab:
         raise HorizonError(f"tokenizer {tok.name} has {tok.vocab_size} ids; the model's vocab is {model.vocab}")
     return ModelAndTokenizer(init_dir, model, tok, tuple(notes))
+
+
+def _dropout_fields(config: dict) -> list[tuple[str, float]]:
+    """The config's dropout probabilities above zero (resid_pdrop, attention_dropout, ...)."""
+    return [(k, float(v)) for k, v in sorted(config.items()) if ("dropout" in k or k.endswith("_pdrop"))
+            and k != "classifier_dropout" and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
 
 
 def check_run_inputs(cfg: "RunConfig", launch: "LaunchConfig") -> ModelAndTokenizer:

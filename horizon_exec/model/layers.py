@@ -70,12 +70,13 @@ def qkv_projections(m: ModelSpec, w: Mapping, h):
 
 
 def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_norm: bool = False,
-                   project=qkv_projections, norm=rms_norm, out: str = "self_attn.o_proj"):
+                   project=qkv_projections, norm=rms_norm, out="self_attn.o_proj"):
     """The attention half after its norm: h (B, T, H) normed -> o_proj's output (B, T, H),
     before the residual. q, k, v by `project` (m, w, h) (three projections, or a family's fused
     one), per-head q/k RMSNorms before RoPE when qk_norm (Qwen3), RoPE, SDPA with grouped kv
     heads (causal, or under attention_mask for sliding windows and document boundaries), the
-    output projection (`out`, with its bias when w has one).
+    output projection (`out`: a Linear's name, with its bias when w has one, or a function of
+    the heads' output, GPT-2's Conv1D). cos None: no RoPE (learned positions, GPT-2).
     Each step rebinds q and k, so the tensor it replaced is freed at once (the measured
     temporaries the planner prices, schedule/work.py, depend on it). The mask is made here, so
     autograd holds its only reference and frees it with the attention's backward."""
@@ -89,9 +90,10 @@ def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_
     q = q.transpose(1, 2)                                               # (B, nh, T, hd)
     k = k.transpose(1, 2)                                               # (B, nkv, T, hd)
     v = v.view(B, T, nkv, hd).transpose(1, 2)
-    rd = m.rotary_dim if m.rotary_dim < hd else 0                       # 0: the whole head
-    q = q * cos + rotate_half(q, rd) * sin
-    k = k * cos + rotate_half(k, rd) * sin
+    if cos is not None:
+        rd = m.rotary_dim if m.rotary_dim < hd else 0                   # 0: the whole head
+        q = q * cos + rotate_half(q, rd) * sin
+        k = k * cos + rotate_half(k, rd) * sin
     scale = (m.query_scale or hd) ** -0.5                               # Gemma's query_pre_attn_scalar
     if m.attn_softcap:  # scores soft-capped: SDPA cannot, this runs in chunks of query rows
         o = softcap_attention(q, k, v, scale, m.attn_softcap, window, docs)
@@ -101,7 +103,7 @@ def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_
                                            scale=scale, enable_gqa=nkv != nh)  # (B, nh, T, hd)
         del mask
     o = o.transpose(1, 2).reshape(B, T, nh * hd)
-    return F.linear(o, w[f"{out}.weight"], w.get(f"{out}.bias"))
+    return out(o) if callable(out) else F.linear(o, w[f"{out}.weight"], w.get(f"{out}.bias"))
 
 
 def swiglu_mlp(w: Mapping, h, act=F.silu):

@@ -63,8 +63,9 @@ def host_layout(m: ModelSpec, unit: int) -> Layout:
     """A unit's host master vector, with full transformers names. A tied head holds only the
     final norm: its matrix is the embedding's."""
     fam = family(m.family)
-    if unit == EMBED:
-        return Layout([(fam.embedding_name, (m.vocab, m.hidden))])
+    if unit == EMBED:  # the token rows, then learned positions' (GPT-2)
+        positions = [(fam.position_embedding_name, (m.max_position, m.hidden))] if fam.learned_positions else []
+        return Layout([(fam.embedding_name, (m.vocab, m.hidden)), *positions])
     if unit == m.n_layers:
         s = [(f"{fam.final_norm_name}.{t}", (m.hidden,)) for t in block.norm_tensors(m)]
         return Layout(s if m.tied_embeddings else s + [(fam.head_name, (m.vocab, m.hidden))])

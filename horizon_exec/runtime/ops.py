@@ -34,8 +34,9 @@ from horizon_exec.optim.adamw import AdamW, clip_coef
 from horizon_exec.runtime.positions import AttentionInputs
 from horizon_exec.runtime.sq_norm import sq_norm, sq_norm_rows
 from horizon_sim.schedule.builder import embed_norm_over_rows
-from horizon_sim.schedule.op import Holds, Op, OpKind
+from horizon_sim.schedule.op import EMBED, Holds, Op, OpKind
 from horizon_sim.schedule.partition import Part, Partition
+from horizon_sim.specs.families import family
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,7 @@ class OpRunner:
         self.act = TORCH_DTYPE[policy.compute_dtype]
         self.link_dtype = TORCH_DTYPE[policy.grad_dtype]
         self.L = model.n_layers
+        self.learned_positions = family(model.family).learned_positions
         self.block = DecoderBlock(model)
         self.block_layout = block_layout(model)
         self.head_layout = head_device_layout(model)
@@ -152,6 +154,13 @@ class OpRunner:
     def host_numel(self, u: int) -> int:
         """Parameters unit u keeps on the host (what its whole-unit buffers hold before padding)."""
         return host_layout(self.m, u).numel
+
+    def shared_numel(self, u: int, reader: int) -> int:
+        """Of unit u's host parameters, those an op of unit `reader` moves: a tied head takes
+        the embedding's token rows, not its learned positions (GPT-2's wpe, after them)."""
+        if u == EMBED and reader == self.L:
+            return self.m.vocab * self.m.hidden
+        return self.host_numel(u)
 
     def dev_numel(self, u: int) -> int:
         return self.m.head_device_params if u == self.L else self.m.layer_params
@@ -226,14 +235,17 @@ class OpRunner:
         """The micro-batch's embedded rows (mb, T, H) compute dtype <- rows of the embedding's
         working copy or master."""
         V, H = self.m.vocab, self.m.hidden
-        src = self.buf.get(op.reads[0])[:V * H].view(V, H)
+        src = self.buf.get(op.reads[0])
         out = self.buf.out(op.writes[0]).view(-1, self.m.hidden)
         ids = self.inputs.tokens[self._rows(op.micro)].reshape(-1)
         if src.dtype == out.dtype:
-            torch.index_select(src, 0, ids, out=out)
+            torch.index_select(src[:V * H].view(V, H), 0, ids, out=out)
         else:
-            out.copy_(src.index_select(0, ids))
+            out.copy_(src[:V * H].view(V, H).index_select(0, ids))
         scale_embedded_(self.m, out)
+        if self.learned_positions:  # + the rows of each token's position (GPT-2's wpe), in out's dtype
+            pos = self.attn.token_positions(self._rows(op.micro)).reshape(-1)
+            out.add_(src[V * H:(V + self.m.max_position) * H].view(-1, H).index_select(0, pos).to(out.dtype))
 
     def embed_bwd(self, op):
         """The embedding's host grad (V*H,) += scatter of the input-gradient rows (zeroed
@@ -249,6 +261,9 @@ class OpRunner:
         ids = self.inputs.tokens[self._rows(op.micro)].reshape(-1)
         V, H = self.m.vocab, self.m.hidden
         g2 = g[:V * H].view(V, H)
+        if self.learned_positions:  # every token's row, padding's too, lands on its position's
+            pos = self.attn.token_positions(self._rows(op.micro)).reshape(-1)
+            g[V * H:(V + self.m.max_position) * H].view(-1, H).index_add_(0, pos, hdx.to(g.dtype))
         if self.m.padding_idx is not None and bool((pads := ids == self.m.padding_idx).any()):
             ids, hdx = ids[~pads], hdx[~pads]
         if scales_embedding(self.m):  # d(x * s)/dx = s, in the gradient's dtype as autograd has it
@@ -275,7 +290,7 @@ class OpRunner:
         slot = self.buf.get(op.writes[0])
         off = 0
         for name in op.reads:
-            src = self.buf.get(name)[:self.host_numel(self.buf.declared[name].unit)]  # not the padding
+            src = self.buf.get(name)[:self.shared_numel(self.buf.declared[name].unit, op.unit)]  # not the padding
             self.backend.h2d(slot[off:off + src.numel()], src)
             off += src.numel()
         want = self.m.head_device_params if op.unit == self.L else self.m.layer_params
@@ -296,7 +311,7 @@ class OpRunner:
             target = self.buf.declared[t]
             # a local slice takes the whole reduce-scattered piece; a whole unit its real
             # elements (the rest of the buffer is padding to whole chunks: kept zero)
-            n = target.numel if target.part == Part.LOCAL else self.host_numel(target.unit)
+            n = target.numel if target.part == Part.LOCAL else self.shared_numel(target.unit, op.unit)
             own = target.unit == op.unit
             piece = g[off:off + n]
             off += n

@@ -56,7 +56,7 @@ class AttentionInputs:
                                                                              self.cos[0].device)):
             c.copy_(cos)  # made where transformers makes them
             s.copy_(sin)
-        self.docs = self.pos = self.row_cos = self.row_sin = None
+        self.docs = self.pos = self.row_cos = self.row_sin = self.host_pos = None
         if policy.doc_masks:
             self.docs, self.pos = buffers.find(Holds.DOCS), buffers.find(Holds.POSITIONS)
             self.row_cos = self._per_base(buffers.find(Holds.ROPE_COS_ROWS))
@@ -76,7 +76,8 @@ class AttentionInputs:
         if docs is None:
             docs = torch.zeros(self.p.batch, self.p.seq, dtype=torch.int64)
         self.backend.h2d(self.docs, docs)
-        self.backend.h2d(self.pos, doc_positions(docs))
+        self.host_pos = doc_positions(docs)
+        self.backend.h2d(self.pos, self.host_pos)
         self.gather(self.pos, self.row_cos, self.row_sin)
 
     def gather(self, pos, cos_out, sin_out) -> None:
@@ -85,6 +86,14 @@ class AttentionInputs:
         for cos, sin, c_out, s_out in zip(self.cos, self.sin, cos_out, sin_out):
             torch.index_select(cos, 0, pos.reshape(-1), out=c_out.view(B * T, -1))
             torch.index_select(sin, 0, pos.reshape(-1), out=s_out.view(B * T, -1))
+
+    def token_positions(self, rows: slice) -> torch.Tensor:
+        """(rows, T) int64 on the host: each token's position, restarting per document under
+        document masks (the embedding's learned positions, GPT-2's, are looked up at them)."""
+        if self.host_pos is not None:
+            return self.host_pos[rows]
+        n = len(range(*rows.indices(self.p.batch)))
+        return torch.arange(self.p.seq).expand(n, self.p.seq)
 
     def rows(self, rows: slice, layer: int):
         """(cos, sin, window, docs) for block `layer` on the step's sequences `rows`."""

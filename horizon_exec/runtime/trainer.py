@@ -67,7 +67,7 @@ from horizon_exec.runtime.assemble import assemble, optimizer_for, schedule_for
 from horizon_exec.runtime.config import TrainerConfig
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
 from horizon_exec.runtime.ops import StepInputs
-from horizon_exec.runtime.positions import check_docs
+from horizon_exec.runtime.positions import check_docs, doc_positions
 from horizon_exec.runtime.state_items import StateItems
 from horizon_exec.runtime.state_items import declare as declare_state
 from horizon_exec.runtime.weights import Weights
@@ -379,6 +379,11 @@ class Trainer:
               for c in tokens.split(p.micro_batch)]                               # [(mb, T, H)]
         if docs is None and p.doc_masks:
             docs = torch.zeros_like(tokens)
+        if names.learned_positions:  # + each token's position's row (GPT-2's wpe), in the rows' dtype
+            wpe = params[names.position_embedding_name]                           # (P, H) fp32
+            pos = doc_positions(docs) if docs is not None else torch.arange(p.seq).expand(tokens.shape[0], p.seq)
+            for x, q in zip(xs, pos.split(p.micro_batch)):
+                x.add_(wpe.index_select(0, q.reshape(-1)).view(x.shape).to(dev, act))
         chunks = docs.split(p.micro_batch) if docs is not None else [None] * len(xs)
         tabs = [self.runner.attn.tables(d) for d in chunks]                       # per chunk
         blk = block_layout(m)

@@ -45,6 +45,7 @@ from horizon_sim.schedule.partition import Part
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.schedule.sequence import Use, assign_slots, compute_sequence
 from horizon_sim.schedule.step_builder import StepBuilder
+from horizon_sim.specs.families import family
 from horizon_sim.specs.layout import ONE, Layout
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import DTYPE_BYTES, Policy
@@ -57,10 +58,11 @@ waits (backpressure)."""
 
 def embed_norm_over_rows(model, step_tokens: int) -> bool:
     """Whether the embedding gradient's squared norm is taken over the step's token rows rather
-    than by a sweep of the matrix: untied (a tied head's gradient fills every row) and tokens
-    under half the vocabulary (at most that many rows are nonzero; gathering costs twice a sweep
-    per element)."""
-    return not model.tied_embeddings and 2 * step_tokens < model.vocab
+    than by a sweep of the matrix: untied (a tied head's gradient fills every row), no learned
+    positions (their rows are not the tokens'), and tokens under half the vocabulary (at most
+    that many rows are nonzero; gathering costs twice a sweep per element)."""
+    return (not model.tied_embeddings and not family(model.family).learned_positions
+            and 2 * step_tokens < model.vocab)
 
 class TrainStepBuilder(StepBuilder):
     def __init__(self, model: ModelSpec, policy: Policy, layout: Layout = ONE):

@@ -6,6 +6,7 @@ memory a step's work takes do not otherwise depend on batch, seq or the model's 
 loss chunks of the head are one cost entry however many there are: schedule/work.py).
 """
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.families import family
 
 MAX_LAYERS = 512
 """Decoder blocks. The deepest published LLMs have 96 (GPT-3), 105 (MT-NLG 530B), 118 (PaLM
@@ -38,6 +39,9 @@ def check_sizes(model, policy) -> None:
                     ("q_dim (n_heads x head_dim)", model.q_dim), ("kv_dim (n_kv_heads x head_dim)", model.kv_dim)):
         _check(f"model {name}", v, MAX_WIDTH, "the widest published layers are 73,728 wide")
     _check("model vocab", model.vocab, MAX_VOCAB, "the largest published vocabularies have ~262,000 entries")
+    if family(model.family).learned_positions and 0 < model.max_position < policy.seq:
+        raise HorizonError(f"policy seq={policy.seq} is beyond the {model.max_position} learned positions of model "
+                           f"{model.name!r} (its position embedding's rows); allowed: seq 1..{model.max_position}")
     passes = policy.micro_batches * (model.n_layers + 1)
     if passes > MAX_LAYER_PASSES:
         raise HorizonError(

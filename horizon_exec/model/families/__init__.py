@@ -61,6 +61,9 @@ def check_runnable(m) -> None:
     if m.family not in FORWARDS:
         raise HorizonError(f"model {m.name!r}: family {m.family!r} ({FAMILIES[m.family].summary}) is planned "
                            f"only; the executor runs {', '.join(FORWARDS)}")
+    if FAMILIES[m.family].learned_positions and not m.max_position:
+        raise HorizonError(f"model {m.name!r}: {m.family} learns a position embedding of max_position rows "
+                           "(n_positions); max_position=0 (not given) cannot be trained")
 
 
 def forward_of(m):

@@ -62,7 +62,9 @@ class ModelFamily:
     """Its sliding layers may take a RoPE base of their own (ModelSpec.rope_local_theta: Gemma 3)."""
     learned_positions: bool = False
     """A learned position embedding (max_position rows) beside the token embedding (GPT-2's wpe),
-    in the embedding unit; RoPE otherwise."""
+    in the embedding unit after the token rows (position_embedding_name); RoPE otherwise."""
+    position_embedding_name: str = ""
+    """transformers' name of the learned position embedding (learned_positions)."""
     layer_prefix: str = "model.layers."
     """transformers' name prefix of block N's tensors (`<prefix>N.`)."""
     embedding_name: str = "model.embed_tokens.weight"
