@@ -82,11 +82,11 @@ _FA2_A100 = ("published: FlashAttention-2 on an A100 80GB SXM4, causal, fp16, fo
              "planner's count (FA2 counts the backward as 2.5 forwards, the planner 2); forward and backward at "
              "one rate: estimate (the figure gives their sum)")
 
-_V100_MEGATRON = ("published: 50.0 TF/s for every GEMM (40% of the tensor peak), the rate at which the planner's step "
+_V100_MEGATRON = ("published: 48.2 TF/s for every GEMM (39% of the tensor peak), the rate at which the planner's step "
                   "of DeepSpeed's ZeRO-Offload tutorial run (GPT-2 10B in Megatron-LM v1.1.5, fp16, batch 10 x 1024, "
                   "checkpointed, parameters resident: ZeRO-2 Offload) computes for its logged forward + backward, "
                   "6.1-6.4 + 11.8-12.6 s (microsoft/DeepSpeed docs/assets/images/zero_offload_dp1_10B_log.png); "
-                  "48.5-51.7 over those ranges (measured_kernels.py V100_MEGATRON_TFLOPs)")
+                  "46.8-49.7 over those ranges (measured_kernels.py V100_MEGATRON_TFLOPs)")
 
 
 def _smi(mib: int, name: str) -> str:

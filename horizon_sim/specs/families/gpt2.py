@@ -1,23 +1,25 @@
 """GPT-2 (GPT2LMHeadModel, model_type gpt2), the shape of most published offload measurements
 (Megatron-LM's GPT-2 in the DeepSpeed and ZeRO-Offload tables): LayerNorm with a bias before
 attention and before the MLP, q/k/v in one projection and every projection biased, weights stored
-(in, out) (transformers' Conv1D), learned absolute positions (transformer.wpe, n_positions rows)
-beside the token embedding, a plain GELU MLP (4 x hidden unless n_inner), the head tied to the
-token embedding.
+(in, out) (transformers' Conv1D), learned absolute positions (transformer.wpe, n_positions rows,
+after the token rows in the embedding unit; a step's seq may not exceed them) beside the token
+embedding, a plain GELU MLP (4 x hidden unless n_inner; the tanh form, gelu_new, unless the
+config names erf's gelu), the head tied to the token embedding.
 
-Planned only: the executor refuses it by name. Its parameters are counted exactly (the tensors
-transformers builds); its LayerNorm is priced as an RMSNorm, its GELU as a SiLU and the bias adds
-not at all (estimates: each a few elementwise bytes per token beside the GEMMs), and dropout
-(GPT-2's configs keep 0.1) is not priced.
+Planned only: the executor refuses it by name. Its parameters are counted exactly, its kernels
+priced as GPT-NeoX's measured ones (LayerNorm, a plain GELU, a fused biased q|k|v split), and
+dropout (GPT-2's configs keep 0.1) is not priced.
 
 HF config (its own names, aliased to the shared ones): n_embd, n_layer, n_head, n_inner (null:
 4 x n_embd), n_positions, layer_norm_epsilon, activation_function (gelu_new, gelu,
-gelu_pytorch_tanh); add_cross_attention true is refused; the sequence-summary head's fields
-(summary_*) and n_ctx (older configs' copy of n_positions) are not used by the causal LM."""
+gelu_pytorch_tanh); add_cross_attention true, scale_attn_weights false and
+scale_attn_by_inverse_layer_idx true are refused by name (reorder_and_upcast_attn only changes
+the precision of a half-precision run's scores); the sequence-summary head's fields (summary_*)
+and n_ctx (older configs' copy of n_positions) are not used by the causal LM."""
 from types import MappingProxyType
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs.block_parts import Projection, attention_kernels, block_tensors, dense_mlp_kernels
+from horizon_sim.specs.block_parts import Kernel, Projection, block_tensors
 from horizon_sim.specs.families.family import ModelFamily
 from horizon_sim.specs.hf_families import HfFamily
 from horizon_sim.specs.hf_values import as_bool
@@ -30,7 +32,16 @@ def projections(m):
 
 
 def kernels(m):
-    return (*attention_kernels(m, qk_norm=False, readers=1, rope=False), *dense_mlp_kernels(m, gated=False))
+    """LayerNorm of x, q|k|v split (views: nothing copied), attention, the add x1 = x + attention;
+    LayerNorm of x1, the GELU, the add y = x1 + MLP. No RoPE: the embedding adds positions."""
+    H = m.hidden
+    return (Kernel("layernorm", "attention", H, output_saved=True, reads_block_input=True),
+            Kernel("split", "attention", 3 * H),
+            Kernel("attention", "attention", H, rows=m.n_heads, kv_width=H),
+            Kernel("residual", "attention", H),
+            Kernel("layernorm", "mlp", H, output_saved=True),
+            Kernel("silu", "mlp", m.ffn_hidden),  # the GELU: a plain activation's bytes
+            Kernel("residual", "mlp", H))
 
 
 def tensors(m):
@@ -57,6 +68,10 @@ def _read(cfg: dict, where: str, n_layers: int) -> dict:
     if as_bool(cfg, "add_cross_attention", where, False):
         raise HorizonError(f"{where}: add_cross_attention = true (an encoder-decoder's cross attention) is not "
                            "supported")
+    for field, runs in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False)):
+        if as_bool(cfg, field, where, runs) != runs:
+            raise HorizonError(f"{where}: {field} = {str(not runs).lower()} is not supported (attention scores are "
+                               "scaled by 1 / sqrt(head_dim) only)")
     return {}  # every projection biased: the spec's qkv_bias and mlp_bias do not apply
 
 
@@ -83,4 +98,5 @@ HF = HfFamily(
 FAMILY = ModelFamily("gpt2", "LayerNorm, learned positions, biased fused q/k/v, plain GELU MLP (GPT-2; planned only)",
                      projections, kernels, tensors, hf=HF, norm_tensors=("weight", "bias"), qkv_bias=True,
                      check=_check, learned_positions=True, layer_prefix="transformer.h.",
-                     embedding_name="transformer.wte.weight", final_norm_name="transformer.ln_f")
+                     embedding_name="transformer.wte.weight", final_norm_name="transformer.ln_f",
+                     position_embedding_name="transformer.wpe.weight")
