@@ -72,20 +72,22 @@ def reference(opt: str, micro_batches: int, tied: bool, lr: float = 1e-3, moe: b
         return torch.cat([tr.gather_master(u) for u in tr.units]), [r.loss for r in results]
 
 
-@pytest.mark.parametrize("nproc,nnodes,opt,tied", [(2, 1, "pipelined", False), (1, 2, "pipelined", False),
-                                                   (2, 1, "backward", True), (2, 2, "after", False)])
-def test_ranks_train_what_one_rank_does_with_the_whole_batch(tmp_path, nproc, nnodes, opt, tied):
-    torchrun(tmp_path, "parity", nproc, nnodes, opt=opt, tied=int(tied))
+@pytest.mark.parametrize("nproc,nnodes,opt,tied,model", [(2, 1, "pipelined", False, ""), (1, 2, "pipelined", False, ""),
+                                                         (2, 1, "backward", True, ""), (2, 2, "after", False, ""),
+                                                         (2, 1, "pipelined", True, "gpt2")])
+def test_ranks_train_what_one_rank_does_with_the_whole_batch(tmp_path, nproc, nnodes, opt, tied, model):
+    """model gpt2: learned positions after a tied head's rows in the embedding unit."""
+    torchrun(tmp_path, "parity", nproc, nnodes, opt=opt, tied=int(tied), moe=model)
     got = torch.load(tmp_path / "master.pt")
     losses = json.loads((tmp_path / "losses.json").read_text())
     ranks = nproc * nnodes
     # The issue's comparison: one rank with batch 2b (4b), unsplit.
-    whole, whole_losses = reference(opt, 1, tied)
+    whole, whole_losses = reference(opt, 1, tied, moe=model or False)
     assert (got - whole).abs().max().item() <= 1e-5
     assert losses == pytest.approx(whole_losses, rel=1e-6)
     # The same global batch as `ranks` micro-batches adds the same per-rank gradients the
     # reduce adds: only the order of fp32 sums (and the clip factor's rounding) differ.
-    split, split_losses = reference(opt, ranks, tied)
+    split, split_losses = reference(opt, ranks, tied, moe=model or False)
     assert (got - split).abs().max().item() <= 1e-6
     assert losses == pytest.approx(split_losses, rel=1e-6)
 

@@ -5,6 +5,7 @@ takes a fraction of a second. Published totals (the "safetensors total" / model-
 the HF repos) are cited in PUBLISHED below and checked too.
 """
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -256,9 +257,9 @@ def test_errors(tmp_path):
 
 
 def test_a_gpt2_config_from_the_hub_is_planned_with_transformers_count(tmp_path):
-    """GPT-2 is planned only, but from its own config.json (its own field names, dropout 0.1,
-    the summary head's fields, the old n_ctx): every parameter transformers builds is counted,
-    learned positions and biases included; the executor refuses it by name."""
+    """GPT-2 from its own config.json (its own field names, dropout 0.1, the summary head's
+    fields, the old n_ctx): every parameter transformers builds is counted, learned positions
+    and biases included, and the executor takes it (its n_positions rows are trained)."""
     d = {"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
          "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
          "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 1600, "n_head": 25,
@@ -273,8 +274,10 @@ def test_a_gpt2_config_from_the_hub_is_planned_with_transformers_count(tmp_path)
     assert (spec.family, spec.hidden, spec.ffn_hidden) == ("gpt2", 1600, 6400)
     assert spec.total_params == _numel(model) == 1_557_611_200
     from horizon_exec.model.families import check_runnable
-    with pytest.raises(HorizonError, match="family 'gpt2' .* is planned only"):
-        check_runnable(spec)
+    check_runnable(spec)
+    assert spec.max_position == 1024
+    with pytest.raises(HorizonError, match="gpt2 learns a position embedding of max_position rows"):
+        check_runnable(replace(spec, max_position=0))
 
 
 @pytest.mark.parametrize("name,total", [("gemma-3-4b", 4_300_079_472), ("gemma-3-12b", 12_187_325_040),

@@ -4,11 +4,9 @@ attention and before the MLP, q/k/v in one projection and every projection biase
 (in, out) (transformers' Conv1D), learned absolute positions (transformer.wpe, n_positions rows,
 after the token rows in the embedding unit; a step's seq may not exceed them) beside the token
 embedding, a plain GELU MLP (4 x hidden unless n_inner; the tanh form, gelu_new, unless the
-config names erf's gelu), the head tied to the token embedding.
-
-Planned only: the executor refuses it by name. Its parameters are counted exactly, its kernels
-priced as GPT-NeoX's measured ones (LayerNorm, a plain GELU, a fused biased q|k|v split), and
-dropout (GPT-2's configs keep 0.1) is not priced.
+config names erf's gelu), the head tied to the token embedding. The executor runs it
+(horizon_exec/model/families/gpt2.py); dropout is not run (GPT-2's configs keep 0.1: a run says
+so, and --save-hf keeps the values).
 
 HF config (its own names, aliased to the shared ones): n_embd, n_layer, n_head, n_inner (null:
 4 x n_embd), n_positions, layer_norm_epsilon, activation_function (gelu_new, gelu,
@@ -95,7 +93,7 @@ HF = HfFamily(
     activations=("gelu_new", "gelu", "gelu_pytorch_tanh"), prepare=_prepare,
     drops=frozenset({"num_key_value_heads", "rope_theta", "rope_parameters", "rope_scaling", "head_dim"}))
 
-FAMILY = ModelFamily("gpt2", "LayerNorm, learned positions, biased fused q/k/v, plain GELU MLP (GPT-2; planned only)",
+FAMILY = ModelFamily("gpt2", "LayerNorm, learned positions, biased fused q/k/v, plain GELU MLP (GPT-2)",
                      projections, kernels, tensors, hf=HF, norm_tensors=("weight", "bias"), qkv_bias=True,
                      check=_check, learned_positions=True, layer_prefix="transformer.h.",
                      embedding_name="transformer.wte.weight", final_norm_name="transformer.ln_f",

@@ -1,0 +1,33 @@
+"""GPT-2's block: LayerNorm with biases before attention and before the MLP, the sequential
+residual, q|k|v in one biased projection (attn.c_attn, its output [q | k | v] each hidden wide),
+no RoPE (the embedding adds learned positions: runtime/ops.py), a biased output projection, a
+plain GELU MLP (the tanh form: gelu_new, unless the config names erf's gelu). Weights are
+stored (in, out) as transformers' Conv1D holds them, so each projection is x . W + b."""
+import torch
+
+from horizon_exec.model.families.gpt_neox import TANH_GELUS, norm
+from horizon_exec.model.layers import self_attention
+
+
+def conv1d(w, name: str, x):
+    """transformers' Conv1D: x . W + b, W (in, out)."""
+    return torch.addmm(w[f"{name}.bias"], x.reshape(-1, x.shape[-1]), w[f"{name}.weight"]).view(*x.shape[:-1], -1)
+
+
+def fused_qkv(m, w, h):
+    return conv1d(w, "attn.c_attn", h).split(m.hidden, dim=-1)
+
+
+def gelu(m):
+    return "none" if m.hidden_act == "gelu" else "tanh"
+
+
+def forward(m, w, x, cos, sin, window=0, docs=None, router=None):
+    h = norm(w, "ln_1", x, m.norm_eps)                                     # (B, T, H)
+    x = x + self_attention(m, w, h, None, None, window, docs, project=fused_qkv,
+                           out=lambda o: conv1d(w, "attn.c_proj", o))
+    del h
+    h = norm(w, "ln_2", x, m.norm_eps)
+    u = torch.nn.functional.gelu(conv1d(w, "mlp.c_fc", h), approximate=gelu(m))
+    del h
+    return x + conv1d(w, "mlp.c_proj", u)
