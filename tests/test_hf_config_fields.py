@@ -185,9 +185,11 @@ def test_rope_scaling_4x_style_and_parameter_checks(tmp_path):
         _read(tmp_path, cfg)
 
 
-def test_the_multimodal_gemma3_is_refused_with_what_it_is(tmp_path):
+def test_a_multimodal_gemma3_config_is_read_by_its_text_config(tmp_path):
+    """Its language model is the text_config (tests/test_gemma3_multimodal.py trains it): a flat
+    config without one is refused, naming what is missing."""
     cfg = {"model_type": "gemma3", **{k: v for k, v in TINY.items() if v is not None}}
-    with pytest.raises(HorizonError, match="vision tower") as e:
+    with pytest.raises(HorizonError, match="model_type 'gemma3' needs a text_config") as e:
         _read(tmp_path, cfg)
     assert "\n" not in str(e.value)
 

@@ -29,6 +29,7 @@ import torch
 
 from horizon_exec.checkpoints.fileio import publish_dir, staging_dir, write_safetensors, write_text
 from horizon_exec.checkpoints.hf_experts import stored_items, stored_parts
+from horizon_exec.checkpoints.hf_wrapped import wrapped
 from horizon_exec.data.tokenize import TOKENIZER_FILES
 from horizon_exec.model.layout import host_layout
 from horizon_sim.errors import HorizonError
@@ -75,18 +76,20 @@ def spec_from_hf_dir(path) -> ModelSpec:
     if not p.is_dir():
         raise HorizonError(f"HF checkpoint {str(p)!r} is not a folder (want config.json + *.safetensors)")
     spec = from_hf_config(p)
-    if spec.tied_embeddings and distinct_head(p, family(spec.family)):
+    if spec.tied_embeddings and distinct_head(p, family(spec.family), wrapped(p)):
         spec = replace(spec, tied_embeddings=False)
     return spec
 
 
-def distinct_head(path, fam) -> bool:
-    """Whether a folder's weights hold an LM head (family `fam`'s name for it: lm_head.weight)
-    that is not equal to the embedding (transformers 5 compares them with torch.equal and ties
-    only equal ones)."""
+def distinct_head(path, fam, wrap=None) -> bool:
+    """Whether a folder's weights hold an LM head (family `fam`'s name for it: lm_head.weight;
+    in a multimodal checkpoint, `wrap`'s) that is not equal to the embedding (transformers 5
+    compares them with torch.equal and ties only equal ones)."""
     from safetensors import safe_open
     d = Path(path)
     HEAD, EMBED = fam.head_name, fam.embedding_name
+    if wrap is not None:
+        HEAD, EMBED = wrap.stored(HEAD), wrap.stored(EMBED)
     where: dict[str, str] = {}
     try:
         for fname, names in weight_files(d).items():
@@ -123,6 +126,9 @@ def run_model(init_dir, model_arg=None) -> RunModel:
     d = Path(init_dir)
     spec = spec_from_hf_dir(d)
     declared = from_hf_config(d)
+    if model_arg is not None and (w := wrapped(d)) is not None:
+        raise HorizonError(f"--init-from {init_dir} is a multimodal {w.model_type} checkpoint: its language model "
+                           f"trains as its config.json gives it and is saved back inside it; drop --model {model_arg}")
     if model_arg is None:
         return RunModel(spec, (), spec.tied_embeddings != declared.tied_embeddings)
     over = load_model(model_arg)
@@ -212,6 +218,7 @@ def load_hf(trainer, path) -> None:
     # store once all its tensors have been read)
     params = _SplitSink(trainer) if trainer.split_master else trainer.state_dict()
     tied = trainer.model.tied_embeddings
+    wrap = wrapped(d)  # a multimodal checkpoint: its language model's tensors, the others carried
     # MoE experts are stored per expert and held fused (hf_experts.py): stored name -> (held
     # name, index); a held tensor is filled once all its stored parts are in
     parts = stored_parts(trainer.model)
@@ -221,7 +228,10 @@ def load_hf(trainer, path) -> None:
     for fname, names in weight_files(d).items():
         try:
             with safe_open(str(d / fname), framework="pt", device="cpu") as f:
-                for name in (names if names is not None else f.keys()):
+                for stored in (names if names is not None else f.keys()):
+                    name = wrap.held(stored) if wrap is not None else stored
+                    if name is None:
+                        continue  # carried into --save-hf from this folder, not trained
                     held, idx = parts.get(name, (name, ()))
                     if held not in params or (name == held and held in n_parts):
                         if (tied and name == family(trainer.model.family).head_name) or name.endswith(_IGNORED_SUFFIXES):
@@ -229,7 +239,7 @@ def load_hf(trainer, path) -> None:
                         raise HorizonError(f"{d / fname}: unexpected tensor {name!r} (not a parameter of "
                                            f"{'a tied' if tied else 'an untied'} {trainer.model.name} model)")
                     dst = params[held][idx]
-                    sl = f.get_slice(name)
+                    sl = f.get_slice(stored)
                     shape = tuple(sl.get_shape())
                     if shape != tuple(dst.shape):
                         raise HorizonError(f"{d / fname}: tensor {name!r} has shape {shape}, "
@@ -237,7 +247,7 @@ def load_hf(trainer, path) -> None:
                     if sl.get_dtype() not in ("F32", "BF16", "F16", "F64"):
                         raise HorizonError(f"{d / fname}: tensor {name!r} has dtype {sl.get_dtype()}; "
                                            "want a floating-point checkpoint")
-                    dst.copy_(f.get_tensor(name))     # one tensor read, cast to fp32 in place
+                    dst.copy_(f.get_tensor(stored))   # one tensor read, cast to fp32 in place
                     _check_finite(dst, name, d / fname)
                     if name not in seen and trainer.split_master:
                         n_parts[held] -= 1
@@ -337,45 +347,69 @@ def _shards(items, max_shard_bytes: int, itemsize: int):
 
 
 def save_hf(trainer, path, dtype: str = "fp32", max_shard_bytes: int = DEFAULT_SHARD_BYTES,
-            base_config: dict | None = None, side_files=()) -> Path:
+            base_config: dict | None = None, side_files=(), carry=None) -> Path:
     """Write the trainer's master weights as a transformers checkpoint folder at `path`
     (pending pipelined updates are applied first). dtype: 'fp32' or 'bf16'. Shards of at
     most max_shard_bytes (a tensor larger than that gets a shard of its own). base_config:
     the source config.json to keep (see hf_config_dict); side_files: paths copied in
-    (tokenizer files). The folder is built aside and renamed into place."""
+    (tokenizer files); carry: a multimodal checkpoint's hf_wrapped.Wrapped, whose language model
+    the trainer holds: its tensors are saved under the checkpoint's names and every other tensor
+    is copied from its folder as it is. The folder is built aside and renamed into place."""
     if dtype not in SAVE_DTYPES:
         raise HorizonError(f"save dtype {dtype!r}; allowed: {', '.join(SAVE_DTYPES)}")
     if max_shard_bytes <= 0:
         raise HorizonError(f"max shard size {max_shard_bytes} must be positive")
     out = Path(path)
     d = trainer.dist
+    if carry is not None and d.rank == 0:
+        carry.check_readable()
     if d.layout.nodes > 1 or trainer.split_master:  # every rank takes part in the gathers; the first one writes
-        return _save_gathered(trainer, out, dtype, max_shard_bytes, base_config, side_files)
+        return _save_gathered(trainer, out, dtype, max_shard_bytes, base_config, side_files, carry)
     check_output_dir(out)
     trainer.flush()
     tdt = SAVE_DTYPES[dtype][0]
     items = stored_items(trainer.model, trainer.state_dict().items())  # MoE experts per expert (hf_experts.py)
+    items += carry.items() if carry is not None else []
     shards = _shards(items, max_shard_bytes, torch.empty((), dtype=tdt).element_size())
     with staging_dir(out) as tmp:
-        _write_shards(tmp, shards, tdt, lambda shard: shard)
+        _write_shards(tmp, shards, tdt, _carrying(lambda shard: shard, carry, True), carry)
         _write_side(tmp, trainer, dtype, base_config, side_files)
         publish_dir(tmp, out)
     return out
 
 
-def _write_shards(tmp: Path, shards, tdt, real) -> None:
+def _carrying(real, carry, writer: bool):
+    """real(shard) for shards that also hold a multimodal checkpoint's carried tensors (carry:
+    hf_wrapped.Wrapped, or None): the trainer's from real, in order, the carried read from
+    their folder (by the writer only)."""
+    if carry is None:
+        return real
+
+    def go(shard):
+        got = iter(real([(n, t) for n, t in shard if not carry.is_carried(n)]))
+        return [(n, carry.read(n) if carry.is_carried(n) else next(got)[1]) for n, _ in shard] if writer else list(got)
+    return go
+
+
+def _write_shards(tmp: Path, shards, tdt, real, carry=None) -> None:
     """The safetensors file(s) and, when sharded, the index; real(shard) gives a shard's
-    [(name, tensor)] with data (a shard is planned from shapes alone)."""
+    [(name, tensor)] with data (a shard is planned from shapes alone). carry: a multimodal
+    checkpoint's wrapping (hf_wrapped.Wrapped: the names written, the carried tensors' dtypes)."""
+    def entries(pairs):
+        if carry is None:
+            return [(n, t, tdt) for n, t in pairs]
+        return [(carry.saved_name(n), t, carry.saved_dtype(n, tdt)) for n, t in pairs]
+
     if len(shards) == 1:
-        write_safetensors(tmp / SINGLE, [(n, t, tdt) for n, t in real(shards[0])], {"format": "pt"})
+        write_safetensors(tmp / SINGLE, entries(real(shards[0])), {"format": "pt"})
         return
     wmap, total = {}, 0
     for i, shard in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        write_safetensors(tmp / fname, [(n, t, tdt) for n, t in real(shard)], {"format": "pt"})
-        for n, t in shard:
+        write_safetensors(tmp / fname, entries(real(shard)), {"format": "pt"})
+        for n, t, dt in entries(shard):
             wmap[n] = fname
-            total += t.numel() * tdt.itemsize
+            total += t.numel() * dt.itemsize
     write_text(tmp / INDEX, json.dumps({"metadata": {"total_size": total}, "weight_map": wmap}, indent=2) + "\n")
 
 
@@ -399,7 +433,7 @@ def _write_side(tmp: Path, trainer, dtype: str, base_config, side_files) -> None
             shutil.copyfile(f, tmp / f.name)
 
 
-def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_config, side_files) -> Path:
+def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_config, side_files, carry=None) -> Path:
     """save_hf of a run sharded over nodes, or of a split master (no process holds the fp32
     master whole): the shards are
     planned from the tensors' shapes, then shard by shard every rank gathers the units it
@@ -418,15 +452,15 @@ def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_co
             items.append((name, t))
     items = stored_items(trainer.model, items)  # MoE experts per expert: stored name -> (held name, index)
     held = {**{n: (n, ()) for n in unit_of}, **stored_parts(trainer.model)}
-    shards = _shards(items, max_shard_bytes, torch.empty((), dtype=tdt).element_size())
     remaining = dict.fromkeys(trainer.units, 0)
     for name, _ in items:
         remaining[unit_of[held[name][0]]] += 1
+    items += carry.items() if carry is not None else []
+    shards = _shards(items, max_shard_bytes, torch.empty((), dtype=tdt).element_size())
     cache: dict = {}
     gathered = [0]  # shards whose units have been gathered
 
-    def real(shard):
-        gathered[0] += 1
+    def gather(shard):
         got = []
         for name, _ in shard:
             h, idx = held[name]
@@ -439,6 +473,12 @@ def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_co
                 del cache[u]
         return got if writer else []
 
+    inner = _carrying(gather, carry, writer)
+
+    def real(shard):
+        gathered[0] += 1
+        return inner(shard)
+
     if not writer:
         for shard in shards:
             real(shard)
@@ -446,7 +486,7 @@ def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_co
     try:
         check_output_dir(out)
         with staging_dir(out) as tmp:
-            _write_shards(tmp, shards, tdt, real)
+            _write_shards(tmp, shards, tdt, real, carry)
             _write_side(tmp, trainer, dtype, base_config, side_files)
             publish_dir(tmp, out)
     except Exception:

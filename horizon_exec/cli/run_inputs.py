@@ -39,6 +39,7 @@ class ModelAndTokenizer:
 def read_model_and_tokenizer(cfg: "RunConfig") -> ModelAndTokenizer:
     """The model and tokenizer of the run; HorizonError for a tokenizer that cannot be used with it."""
     from horizon_exec.checkpoints import hf_checkpoint
+    from horizon_exec.checkpoints.hf_wrapped import wrapped
     from horizon_exec.data.tokenize import BYTES, load_tokenizer, resolve_tokenizer, tokenizer_of_folder
     from horizon_exec.model.families import check_runnable
     from horizon_sim.specs.hf_config import load_model
@@ -51,6 +52,10 @@ def read_model_and_tokenizer(cfg: "RunConfig") -> ModelAndTokenizer:
         if run.overridden:  # a context extension, say: the point of giving both
             notes.append(f"--model {cfg.model}: its {', '.join(run.overridden)} replace(s) --init-from "
                          f"{cfg.init_from}'s (same shapes); --save-hf writes the config trained with")
+        if (wrap := wrapped(init_dir)) is not None:
+            notes.append(f"--init-from {cfg.init_from}: a multimodal {wrap.model_type} checkpoint: its language model "
+                         f"({model.total_params:,} parameters) trains; the other {wrap.carried_params:,} (vision tower, "
+                         "projector) are not loaded, and --save-hf copies them unchanged from that folder")
         if run.untied_head:
             notes.append(f"--init-from {cfg.init_from}: tie_word_embeddings is true but lm_head.weight differs from "
                          "the embedding: trained untied, as transformers loads it (--save-hf writes tie false)")

@@ -7,13 +7,16 @@ still are.
 What the save copies besides the weights (the source config.json, the tokenizer's files, the
 generation config) is read when the run starts (read_save_inputs), so a folder deleted or
 swapped during training changes nothing: the save writes what the model was trained with, and
-a file that cannot be read is refused before the first step, named."""
+a file that cannot be read is refused before the first step, named. The one exception is a
+multimodal --init-from (Gemma 3): its vision tower and projector, which the run does not hold,
+are copied from that folder at the save (checkpoints/hf_wrapped.py), so its files must stay."""
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from horizon_exec.checkpoints import hf_checkpoint
 from horizon_exec.checkpoints.hf_checkpoint import SAVE_DTYPES
+from horizon_exec.checkpoints.hf_wrapped import wrapped
 from horizon_exec.checkpoints.ckpt import candidates, checkpoint_bytes, node_folder
 from horizon_exec.checkpoints.fileio import OutputError, write_failure
 from horizon_exec.train.loop import Interrupted
@@ -80,6 +83,9 @@ class SaveInputs:
     """The source config.json (kept, only what training changed is rewritten), or None."""
     side: tuple[tuple[str, bytes], ...]
     """(file name, contents) of the tokenizer's files and the model's side files."""
+    carry: object = None
+    """A multimodal --init-from's wrapping (checkpoints/hf_wrapped.Wrapped): its other tensors are
+    copied from that folder at the save, beside the trained language model."""
 
 
 def read_save_inputs(cfg: RunConfig, tok, init_dir) -> SaveInputs:
@@ -102,13 +108,13 @@ def read_save_inputs(cfg: RunConfig, tok, init_dir) -> SaveInputs:
             side.append((f.name, f.read_bytes()))
         except OSError as e:
             raise HorizonError(f"--save-hf: cannot read {f} to copy: {e.strerror or e}") from None
-    return SaveInputs(base, tuple(side))
+    return SaveInputs(base, tuple(side), wrapped(init_dir) if init_dir is not None else None)
 
 
 def save_hf(cfg: RunConfig, tr, loop, inputs: SaveInputs | None) -> None:
     """--save-hf; a write failure is one line naming the folder, the need, and where the
     trained weights still are. inputs: read_save_inputs's, from the start of the run."""
-    base, side = (inputs.base_config, inputs.side) if inputs is not None else (None, ())  # None: not the writer
+    base, side, carry = (inputs.base_config, inputs.side, inputs.carry) if inputs is not None else (None, (), None)
     out, ckpt_dir = cfg.outputs, cfg.checkpoints.ckpt_dir
     ck = loop.last_ckpt[1] if loop.last_ckpt and loop.last_ckpt[0] == loop.step else None
 
@@ -125,7 +131,7 @@ def save_hf(cfg: RunConfig, tr, loop, inputs: SaveInputs | None) -> None:
 
     try:
         with StopSignals(first, second) as sig:
-            saved = hf_checkpoint.save_hf(tr, out.save_hf, out.save_dtype, out.save_shard_bytes, base, side)
+            saved = hf_checkpoint.save_hf(tr, out.save_hf, out.save_dtype, out.save_shard_bytes, base, side, carry)
     except OSError as e:
         kept = (f"the trained weights are in the checkpoint {ck}" if ck else
                 "no checkpoint holds the trained weights" + ("" if ckpt_dir else " (no --ckpt-dir)"))

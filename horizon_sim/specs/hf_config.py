@@ -48,12 +48,12 @@ from horizon_sim.specs.rope import ROPE_KINDS, RopeScaling
 
 SUPPORTED_MODEL_TYPES = tuple(HF_ROWS)
 _MOE_TYPES = tuple(mt for mt in HF_ROWS if FAMILIES[mt].is_moe)
-REFUSED_DENSE = {
-    "gemma3": "the multimodal Gemma 3 (a vision tower beside the language model: neither trained nor carried into "
-              "--save-hf, so the checkpoint is refused rather than saved without it; its language model alone "
-              "is --model gemma-3-4b, gemma-3-12b or gemma-3-27b, or a gemma3_text config.json)",
-}
+REFUSED_DENSE: dict[str, str] = {}
 """Dense model types refused by name with what they are (the MoE ones: hf_moe.REFUSED_TYPES)."""
+WRAPPED_TYPES = {"gemma3": "gemma3_text"}
+"""Multimodal model types whose language model (its text_config, of the model type given) is what
+Horizon plans and trains; the vision tower and projector are not planned, and a run carries their
+tensors unchanged into --save-hf (horizon_exec/checkpoints/hf_wrapped.py)."""
 _DEFAULT_ROPE_THETA = 10000.0  # default_theta of all three HF config classes
 
 # Read into the spec (the shared ones; per model type: each family's `reads`). Public with IGNORED:
@@ -258,6 +258,8 @@ def from_hf_config(path) -> ModelSpec:
 def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | None = None) -> ModelSpec:
     """ModelSpec from a config dict (`where` names it in errors)."""
     mt = cfg.get("model_type")
+    if isinstance(mt, str) and mt in WRAPPED_TYPES:
+        return _wrapped_language_model(cfg, mt, where, file)
     if isinstance(mt, str) and mt in hf_moe.REFUSED_TYPES:  # a list or dict is not a key: refused below
         raise HorizonError(f"{where}: model_type {mt!r} is {hf_moe.REFUSED_TYPES[mt]}, which Horizon does not "
                            f"implement; MoE types supported: {', '.join(_MOE_TYPES)}")
@@ -315,6 +317,20 @@ def spec_from_config_dict(cfg: dict, where: str = "config.json", file: Path | No
         return ModelSpec(**fields)
     except HorizonError as e:  # ModelSpec's own consistency checks (e.g. heads vs kv heads)
         raise HorizonError(f"{where}: {e}") from None
+
+
+def _wrapped_language_model(cfg: dict, mt: str, where: str, file: Path | None) -> ModelSpec:
+    """A multimodal config's language model: its text_config read as its own model type, named
+    and tied as the whole model is (the multimodal class ties its head by the top-level field)."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise HorizonError(f"{where}: model_type {mt!r} needs a text_config (its language model's config), "
+                           f"got {json.dumps(text)[:60]}")
+    inner = {**text, "model_type": WRAPPED_TYPES[mt]}
+    for key in ("_name_or_path", "tie_word_embeddings"):
+        if key in cfg:
+            inner[key] = cfg[key]
+    return spec_from_config_dict(inner, f"{where} text_config", file)
 
 
 def model_source(name_or_path) -> Path | None:

@@ -9,7 +9,10 @@ Gemma 2's block with Qwen3's q/k norms.
 
 The executor keeps a RoPE table pair per base (ModelSpec.rope_table_count; the Schedule's
 rope.cos and rope.sin stacked) and gives each block its layer type's (horizon_exec/runtime/
-positions.py). The multimodal checkpoint (model_type gemma3) is refused by hf_config.py.
+positions.py). The multimodal checkpoint (model_type gemma3: the 4B, 12B and 27B as published) is
+read by its text_config (hf_config.WRAPPED_TYPES): this language model is planned and trained, and
+a run carries the vision tower and projector unchanged into --save-hf
+(horizon_exec/checkpoints/hf_wrapped.py).
 
 HF config: Gemma2's fields, rope_parameters per layer type ({'full_attention': ...,
 'sliding_attention': ...}; 4.x: rope_theta, rope_scaling and rope_local_base_freq), and
