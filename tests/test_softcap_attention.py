@@ -49,3 +49,82 @@ def test_a_chunk_sees_only_the_keys_of_its_window():
     """With a window, each chunk's scores span its rows plus the window behind them, not the
     whole sequence (what keeps its memory flat in the sequence's length)."""
     assert [(i0, i1, j0) for i0, i1, j0 in sca._chunks(300, 64)] == [(0, 128, 0), (128, 256, 65), (256, 300, 193)]
+
+
+class _ScorePassBytes:
+    """A dispatch mode that sums what the soft-capped attention's own elementwise kernels read
+    plus write, by phase, as the calibration's KernelTimer counts (views and products left out)."""
+
+    def __new__(cls):
+        from torch.utils._pytree import tree_leaves
+
+        from horizon_exec.device.dispatch_mode import UncompiledDispatchMode
+
+        class Count(UncompiledDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.bytes = {"attention_fwd": 0, "attention_bwd": 0}
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name, schema = str(func), func._schema
+                writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+                view = (not writes and schema.returns and all(r.alias_info is not None for r in schema.returns)) \
+                    or name.startswith("aten._unsafe_view")
+                out = func(*args, **(kwargs or {}))
+                if sca.phase() and not view and not name.startswith(("aten.mm", "aten.addmm", "aten.bmm")):
+                    self.bytes[sca.phase()] += sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs, out))
+                                                   if isinstance(t, torch.Tensor))
+                return out
+
+        return Count()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(2, 4, 2, 512, 32, 0, False), (2, 4, 2, 300, 32, 100, False),
+                                   (1, 8, 1, 256, 16, 0, True), (2, 4, 4, 384, 32, 128, True)],
+                         ids=["grouped-causal", "window", "one-kv-head-docs", "mha-window-docs"])
+def test_the_planned_score_passes_are_a_kernel_by_kernel_count(dtype, shape):
+    """work.softcap_elementwise_bytes of its forward and its backward against what its own
+    elementwise kernels read plus write, counted aten call by aten call as the calibration's
+    KernelTimer counts (its products are attention FLOPs), with q, k, v and dO in the layouts
+    the executor's block gives them (layers.self_attention: (B, T, heads, hd) memory viewed as
+    (B, heads, T, hd)): exactly, for grouped and plain heads, several chunks, a window and
+    document masks, in fp32 and bf16."""
+    from horizon_sim.schedule import work
+    from horizon_sim.specs.model import ModelSpec
+    B, nh, nkv, T, hd, window, with_docs = shape
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, T, h, hd, generator=gen).to(dtype).transpose(1, 2).detach().requires_grad_()
+               for h in (nh, nkv, nkv))
+    docs = None
+    if with_docs:
+        docs = torch.zeros(B, T, dtype=torch.int64)
+        docs[:, T // 2:] = 1
+    d_o = torch.ones(B, T, nh, hd, dtype=dtype).transpose(1, 2)  # dO as the block's reshape gives it back
+    with _ScorePassBytes() as count:
+        sca.softcap_attention(q, k, v, 0.1, 50.0, window, docs).backward(d_o)
+    got = count.bytes
+    m = ModelSpec(family="gemma2", n_layers=1, hidden=nh * hd, n_heads=nh, n_kv_heads=nkv, head_dim=hd, ffn_hidden=64,
+                  vocab=64, attn_softcap=50.0)
+    a = torch.empty((), dtype=dtype).element_size()
+    assert work.softcap_elementwise_bytes(m, B, T, a, False, window, with_docs) == got["attention_fwd"]
+    assert work.softcap_elementwise_bytes(m, B, T, a, True, window, with_docs) == got["attention_bwd"]
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4], ids=["grouped", "one-query-head-per-kv-head"])
+def test_the_blocks_score_passes_are_the_planned_ones(kv_heads):
+    """In Gemma 2's block as the executor runs it (calibration's block_pass: a forward, then the
+    recomputing backward), the soft-capped attention's elementwise bytes are the planned forward
+    twice and backward once (bf16, three chunks of rows)."""
+    from dataclasses import replace
+
+    from horizon_exec.measure.calibrate import block_pass
+    from horizon_sim.schedule import work
+    from tests.test_families import tiny
+    m = replace(tiny("gemma2"), n_layers=1, hidden=128, n_kv_heads=kv_heads, ffn_hidden=256, layer_windows=())
+    B, T = 2, 384
+    fn = block_pass(m, B, T, torch.bfloat16, "cpu")
+    with _ScorePassBytes() as count:
+        fn()
+    want = 2 * work.softcap_elementwise_bytes(m, B, T, 2, False) + work.softcap_elementwise_bytes(m, B, T, 2, True)
+    assert sum(count.bytes.values()) == want

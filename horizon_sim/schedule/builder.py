@@ -101,10 +101,16 @@ class TrainStepBuilder(StepBuilder):
         self.fwd_flops = [model.layer_fwd_flops(tok, p.seq, causal=not mk) for mk in masked]
         # Device traffic of the elementwise kernels (norms, RoPE, SiLU, residuals; GEMMs and
         # attention are costed by their FLOPs) and the temporaries each op holds at its peak.
-        self.fwd_hbm = work.block_elementwise_bytes(model, tok, p.seq, a, backward=False)
-        self.bwd_hbm = work.block_elementwise_bytes(model, tok, p.seq, a, backward=True)
+        fwd_hbm = work.block_elementwise_bytes(model, tok, p.seq, a, backward=False)
+        bwd_hbm = work.block_elementwise_bytes(model, tok, p.seq, a, backward=True)
         # layers differ only by their mask and window: each pair priced once (80 layers, 2 kinds)
         kinds = {(mk, model.window(layer)) for layer, mk in enumerate(masked)}
+        # a soft-capped attention's own elementwise passes over its scores (by the layer's window)
+        sc = {(bw, w): work.softcap_elementwise_bytes(model, mb, p.seq, a, bw, w, p.doc_masks)
+              for bw in (False, True) for w in {w for _, w in kinds}}
+        windows = [model.window(layer) for layer in range(model.n_layers)]
+        self.fwd_hbm = [fwd_hbm + sc[False, w] for w in windows]
+        self.bwd_hbm = [bwd_hbm + sc[False, w] + sc[True, w] for w in windows]  # the forward again, then its own
         ws = {(bw, mk, w): work.block_workspace_bytes(model, mb, p.seq, a, backward=bw, attention=p.attention,
                                                       mask=mask_b * mk, window=w)
               for bw in (False, True) for mk, w in kinds}
@@ -117,7 +123,8 @@ class TrainStepBuilder(StepBuilder):
         self.saved_b = [kept_work.kept_saved_bytes(model, mb, p.seq, a, p.attention, mask_b * mk) for mk in masked]
         self.kept_fwd_ws = [kept_work.kept_forward_workspace_bytes(model, mb, p.seq, mask_b * mk) for mk in masked]
         self.saved_bwd_ws = [kept_work.saved_backward_workspace_bytes(model, mb, p.seq, a, mask_b * mk) for mk in masked]
-        self.saved_bwd_hbm = kept_work.saved_backward_elementwise_bytes(model, tok, p.seq, a)
+        self.saved_bwd_hbm = [kept_work.saved_backward_elementwise_bytes(model, tok, p.seq, a) + sc[True, w]
+                              for w in windows]
 
     # ---- emission ------------------------------------------------------------------------------
     @staticmethod
@@ -314,7 +321,7 @@ class TrainStepBuilder(StepBuilder):
         kept = u % p.act_ckpt_every == 0 and not graph
         writes = [b.activation(m, u + 1)] + ([self.saved(m, u)] if graph else [])
         self.emit(OpKind.FORWARD, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot], writes=writes,
-                  frees=[] if kept else [b.activation(m, u)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm,
+                  frees=[] if kept else [b.activation(m, u)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm[u],
                   workspace_bytes=self.kept_fwd_ws[u] if graph else self.fwd_ws[u],
                   after=self._backpressure(self.pending_saves))
         if kept and p.act_ckpt_on == "host":
@@ -345,7 +352,7 @@ class TrainStepBuilder(StepBuilder):
     def recompute(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
         self.emit(OpKind.RECOMPUTE, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot],
-                  writes=[b.activation(m, u + 1)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm,
+                  writes=[b.activation(m, u + 1)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm[u],
                   workspace_bytes=self.fwd_ws[u])
 
     def backward(self, use: Use, slot: str) -> None:
@@ -354,7 +361,7 @@ class TrainStepBuilder(StepBuilder):
         dgrad, add = self.grad_target(u, m)
         self.emit(OpKind.BACKWARD, u, m, slot=b.buffers[slot].layer, reads=[x, dy, slot] + ([dgrad] if add else []),
                   writes=[dx, dgrad], frees=[x, dy],
-                  flops=3 * self.fwd_flops[u], hbm_bytes=self.bwd_hbm + self.grad_write_bytes(dgrad, add),
+                  flops=3 * self.fwd_flops[u], hbm_bytes=self.bwd_hbm[u] + self.grad_write_bytes(dgrad, add),
                   workspace_bytes=self.bwd_ws[u],
                   after=self._backpressure(self.pending_offloads))
         self.grads_made(u, m)
@@ -369,7 +376,7 @@ class TrainStepBuilder(StepBuilder):
         self.emit(OpKind.BACKWARD_SAVED, u, m, slot=b.buffers[slot].layer,
                   reads=[self.saved(m, u), dy, slot] + ([dgrad] if add else []), writes=[dx, dgrad],
                   frees=[self.saved(m, u), dy], flops=2 * self.fwd_flops[u],
-                  hbm_bytes=self.saved_bwd_hbm + self.grad_write_bytes(dgrad, add),
+                  hbm_bytes=self.saved_bwd_hbm[u] + self.grad_write_bytes(dgrad, add),
                   workspace_bytes=self.saved_bwd_ws[u], after=self._backpressure(self.pending_offloads))
         self.grads_made(u, m)
         if u == 0:

@@ -247,6 +247,66 @@ def softcap_attention_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, ba
     return held + max(rowsum, chunk)
 
 
+def softcap_chunks(seq: int, window: int):
+    """(rows, keys) of each chunk of the soft-capped attention (softcap_attention.py _chunks):
+    CHUNK_ROWS query rows against the keys from its first row's window (or 0) to its last row."""
+    for i0 in range(0, seq, SOFTCAP_CHUNK_ROWS):
+        i1 = min(seq, i0 + SOFTCAP_CHUNK_ROWS)
+        yield i1 - i0, i1 - (max(0, i0 - window + 1) if window else 0)
+
+
+def softcap_elementwise_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool, window: int = 0,
+                              doc_masks: bool = False) -> int:
+    """What the soft-capped attention's own elementwise kernels read plus write, counted as the
+    executor's dispatch count counts (every tensor argument and output; its products are
+    attention FLOPs): the forward pass, or with backward its backward pass (a recomputing
+    backward runs both). Per chunk of c rows and n keys, X = B heads c n scores, R = B heads c
+    rows, M the bool mask it builds (c n, or B c n with documents), Q = B heads c hd and K =
+    B kv_heads n hd elements:
+      forward: 52 X (scale, tanh, cap, mask, logsumexp, subtract, exp; in place, fp32) and its
+        two casts (2 (a + 4) X, none in fp32), 20 R (logsumexp's and the subtraction's row
+        reads, the row's logsumexp stored), 3a Q (o's rows stored), 2a Q (q's rows copied) and
+        4a K (the chunk's keys and values copied by the products);
+      backward: 116 X (the forward's scores again, then dP - rowsum, times P, 1 - tanh^2,
+        times scale) and four casts, 8 R, 3a Q (dq's rows stored), q's and dO's rows copied
+        (2a Q each with grouped heads; with one query head per kv head the products copy them
+        each time they read them, 4a Q each), 6a K (keys twice, values once, copied by the
+        products) and 2 (20 + a) K (dk's and dv's fp32 sums: the add into the slice, and its
+        copy back).
+    The copies are those of the executor's layouts: RoPE leaves q and k in the (B, T, heads,
+    hd) order of their projections, v is a transposed view of its own, and dO arrives
+    transposed (layers.self_attention); a tensor of one head is in its own order already;
+    and the mask's own kernels per chunk (masked_fill reads M; causal: arange, gt; a window:
+    subtract, compare, or; documents: compare, or). Per pass: o, or dq, made like q (2a a q
+    element) and the fp32 logsumexp (4 a row); the backward's fp32 dk and dv zeroed, rowsum(dO o)
+    in fp32 (dO and o widened, their product, its sum), dk and dv cast back."""
+    if not m.attn_softcap:
+        return 0
+    B, nh, hd, kv = micro_batch, m.n_heads, m.hd, m.n_kv_heads * m.hd
+    N, q, grouped = B * seq, m.q_dim, m.n_heads > m.n_kv_heads
+    cast = kernel_bytes.casts(a)
+    total = 2 * a * N * q  # o or dq: empty_like(q) reads and writes
+    if backward:
+        total += 8 * N * kv + (cast * N * q + 12 * N * q + 4 * N * q + 4 * N * nh) + cast * N * kv
+    else:
+        total += 4 * N * nh
+    for c, n in softcap_chunks(seq, window):
+        X, R, Q, K = B * nh * c * n, B * nh * c, B * nh * c * hd, B * m.n_kv_heads * n * hd
+        M = B * c * n if doc_masks else c * n
+        mask = M + 2 * 8 * (c + n) + c * n  # masked_fill's read; arange i, j; gt
+        if window:
+            mask += 20 * c * n + 8 * (c + n)
+        if doc_masks:
+            mask += 8 * B * (c + n) + B * c * n + c * n + 2 * B * c * n
+        kv_copies = a * K if m.n_kv_heads > 1 else 0  # one head: (B, T, 1, hd) is already its own layout
+        row_copies = 2 * a * Q if grouped else (4 * a * Q if nh > 1 else 0)  # q's or dO's rows, a pass
+        if backward:
+            total += (116 + 2 * cast) * X + 8 * R + 3 * a * Q + 2 * row_copies + 6 * kv_copies + 2 * (20 + a) * K + mask
+        else:
+            total += (52 + cast) * X + 20 * R + 3 * a * Q + (2 * a * Q if nh > 1 else 0) + 4 * kv_copies + mask
+    return int(total)
+
+
 def _saved_kernel(k, a: int, N: int) -> int:
     """Bytes autograd keeps of kernel k over N tokens: per token, and per call (Gemma's (1 + w))."""
     return N * kernel_bytes.saved_bytes(k, a) + kernel_bytes.saved_per_call_bytes(k)
