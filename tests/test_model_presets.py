@@ -46,6 +46,10 @@ PUBLISHED = {
     "pythia-2.8b": 2_775_208_960,      # EleutherAI/pythia-2.8b
     "pythia-6.9b": 6_857_302_016,      # EleutherAI/pythia-6.9b
     "pythia-12b": 11_846_072_320,      # EleutherAI/pythia-12b
+    "gpt2-124m": 124_439_808,          # openai-community/gpt2 (tied head)
+    "gpt2-355m": 354_823_168,          # openai-community/gpt2-medium
+    "gpt2-774m": 774_030_080,          # openai-community/gpt2-large
+    "gpt2-1.5b": 1_557_611_200,        # openai-community/gpt2-xl
 }
 
 
@@ -69,13 +73,14 @@ def test_preset_matches_transformers(name):
     model = _meta_model(spec)
     assert _numel(model) == spec.total_params
     base = model.base_model  # model.model, or gpt_neox's / transformer's under their own names
-    layers = base.layers
-    norm = getattr(base, "norm", None) or base.final_layer_norm
+    layers = base.h if hasattr(base, "h") else base.layers  # GPT-2's blocks are transformer.h
+    norm = next(getattr(base, n) for n in ("norm", "final_layer_norm", "ln_f") if hasattr(base, n))
     embed = model.get_input_embeddings()
     assert len(layers) == spec.n_layers
     for layer in (layers[0], layers[-1]):
         assert _numel(layer) == spec.layer_params
-    assert embed.weight.numel() == spec.embedding_params
+    positions = base.wpe.weight.numel() if hasattr(base, "wpe") else 0  # GPT-2's, in the embedding unit
+    assert embed.weight.numel() + positions == spec.embedding_params
     assert _numel(norm) + model.lm_head.weight.numel() == spec.head_device_params
     if spec.tied_embeddings:
         assert model.lm_head.weight is embed.weight

@@ -93,8 +93,17 @@ HF = HfFamily(
     activations=("gelu_new", "gelu", "gelu_pytorch_tanh"), prepare=_prepare,
     drops=frozenset({"num_key_value_heads", "rope_theta", "rope_parameters", "rope_scaling", "head_dim"}))
 
+PRESETS = tuple(
+    # openai-community/gpt2, gpt2-medium, gpt2-large, gpt2-xl config.json (the GPT-2 paper's four sizes;
+    # their model cards count 124M, 355M, 774M and 1.5B, transformers 124,439,808, 354,823,168,
+    # 774,030,080 and 1,557,611,200 with the head tied): vocabulary 50257, 1024 positions, MLP 4 x hidden.
+    dict(name=name, n_layers=L, hidden=H, n_heads=heads, n_kv_heads=heads, ffn_hidden=4 * H, vocab=50257,
+         tied_embeddings=True, max_position=1024, norm_eps=1e-5)
+    for name, L, H, heads in (("gpt2-124m", 12, 768, 12), ("gpt2-355m", 24, 1024, 16), ("gpt2-774m", 36, 1280, 20),
+                              ("gpt2-1.5b", 48, 1600, 25)))
+
 FAMILY = ModelFamily("gpt2", "LayerNorm, learned positions, biased fused q/k/v, plain GELU MLP (GPT-2)",
                      projections, kernels, tensors, hf=HF, norm_tensors=("weight", "bias"), qkv_bias=True,
                      check=_check, learned_positions=True, layer_prefix="transformer.h.",
                      embedding_name="transformer.wte.weight", final_norm_name="transformer.ln_f",
-                     position_embedding_name="transformer.wpe.weight")
+                     position_embedding_name="transformer.wpe.weight", presets=PRESETS)
