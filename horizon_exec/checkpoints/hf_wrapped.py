@@ -9,6 +9,7 @@ and an untied head as `language_model.lm_head.weight`; a folder written with the
 transformers 5 (`model.language_model.`, `lm_head.weight`) is read too, and saved as it came. In
 the trainer the tensors carry the language model's own names (`model.`, `lm_head.weight`)."""
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -77,7 +78,7 @@ class Wrapped:
     def read(self, name: str) -> torch.Tensor:
         return self._by_name[name].read(self.folder)
 
-    @property
+    @cached_property  # asked once per tensor of a save
     def _by_name(self) -> dict:
         return {c.name: c for c in self.carried}
 
