@@ -69,16 +69,23 @@ def test_preset_layer_and_head_flops_meta(name):
     tokens = B * T
     with torch.device("meta"):
         model = _model(replace(spec, n_layers=1), "meta")  # layers are identical: build one
-        base = model.base_model  # model.model, or GPT-NeoX's gpt_neox
-        layer, lm_head = base.layers[0], model.get_output_embeddings()
-        head_norm = base.norm if hasattr(base, "norm") else base.final_layer_norm
+        base = model.base_model  # model.model, or GPT-NeoX's gpt_neox, GPT-2's transformer
+        layer = (base.h if hasattr(base, "h") else base.layers)[0]
+        lm_head = model.get_output_embeddings()
+        head_norm = next(getattr(base, n) for n in ("norm", "final_layer_norm", "ln_f") if hasattr(base, n))
         x = torch.empty(B, T, spec.hidden, requires_grad=True)  # (B, T, H)
-        rope = base.rotary_emb  # Gemma 3's takes the layer type (one table per RoPE base)
-        pe = rope(x, torch.arange(T)[None], *(["full_attention"] if spec.rope_table_count > 1 else []))
+        kw = {}
+        if hasattr(base, "rotary_emb"):  # Gemma 3's takes the layer type (one table per RoPE base); GPT-2 has none
+            kw["position_embeddings"] = base.rotary_emb(x, torch.arange(T)[None],
+                                                        *(["full_attention"] if spec.rope_table_count > 1 else []))
 
-        fwd = _count(lambda: layer(x, attention_mask=None, position_embeddings=pe))
+        def run():
+            out = layer(x, attention_mask=None, **kw)
+            return out[0] if isinstance(out, tuple) else out
+
+        fwd = _count(run)
         assert fwd == spec.layer_fwd_flops(tokens, T, causal=False)
-        layer_fb = _count(lambda: layer(x, attention_mask=None, position_embeddings=pe).sum().backward())
+        layer_fb = _count(lambda: run().sum().backward())
         assert layer_fb == 3 * fwd
 
         head_fwd = _count(lambda: lm_head(head_norm(x)))
