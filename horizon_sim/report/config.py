@@ -3,8 +3,14 @@ section; FULL is the committed report and QUICK a small stand-in with the same s
 tests and `--quick`."""
 from dataclasses import dataclass, field
 
+from horizon_sim.specs.families import family
 from horizon_sim.specs.model_presets import PRESETS
 from horizon_sim.specs.policy import Policy
+
+
+def _takes_default_seq(spec) -> bool:
+    """Whether a preset takes the default policy's sequences (GPT-2's 1024 learned positions do not)."""
+    return not family(spec.family).learned_positions or spec.max_position >= Policy().seq
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,8 @@ class BuildConfig:
     ckpt_ram: str = "512GiB"
     ckpt_policy: Policy = Policy(batch=8, seq=4096)
     map_gpu: str = "h100-pcie"
-    map_models: tuple[str, ...] = tuple(n for n in PRESETS if n != "tiny")
+    map_models: tuple[str, ...] = tuple(n for n, s in PRESETS.items() if n != "tiny" and _takes_default_seq(s))
+    """Every preset but those whose learned positions are shorter than the map's sequences."""
     map_rams: tuple[str, ...] = ("128GiB", "256GiB", "384GiB", "512GiB", "768GiB", "1TiB",
                                  "1.5TiB", "2TiB")
     map_lean: dict = field(default_factory=lambda: {"optimizer": "backward", "grad_clip": 0.0,
