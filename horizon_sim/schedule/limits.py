@@ -41,7 +41,8 @@ def check_sizes(model, policy) -> None:
     _check("model vocab", model.vocab, MAX_VOCAB, "the largest published vocabularies have ~262,000 entries")
     if family(model.family).learned_positions and 0 < model.max_position < policy.seq:
         raise HorizonError(f"policy seq={policy.seq} is beyond the {model.max_position} learned positions of model "
-                           f"{model.name!r} (its position embedding's rows); allowed: seq 1..{model.max_position}")
+                           f"{model.name!r} (its position embedding's rows); allowed: seq 1..{model.max_position} "
+                           f"(--seq {model.max_position})")
     passes = policy.micro_batches * (model.n_layers + 1)
     if passes > MAX_LAYER_PASSES:
         raise HorizonError(
