@@ -51,34 +51,6 @@ def test_a_chunk_sees_only_the_keys_of_its_window():
     assert [(i0, i1, j0) for i0, i1, j0 in sca._chunks(300, 64)] == [(0, 128, 0), (128, 256, 65), (256, 300, 193)]
 
 
-class _ScorePassBytes:
-    """A dispatch mode that sums what the soft-capped attention's own elementwise kernels read
-    plus write, by phase, as the calibration's KernelTimer counts (views and products left out)."""
-
-    def __new__(cls):
-        from torch.utils._pytree import tree_leaves
-
-        from horizon_exec.device.dispatch_mode import UncompiledDispatchMode
-
-        class Count(UncompiledDispatchMode):
-            def __init__(self):
-                super().__init__()
-                self.bytes = {"attention_fwd": 0, "attention_bwd": 0}
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                name, schema = str(func), func._schema
-                writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-                view = (not writes and schema.returns and all(r.alias_info is not None for r in schema.returns)) \
-                    or name.startswith("aten._unsafe_view")
-                out = func(*args, **(kwargs or {}))
-                if sca.phase() and not view and not name.startswith(("aten.mm", "aten.addmm", "aten.bmm")):
-                    self.bytes[sca.phase()] += sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs, out))
-                                                   if isinstance(t, torch.Tensor))
-                return out
-
-        return Count()
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", [(2, 4, 2, 512, 32, 0, False), (2, 4, 2, 300, 32, 100, False),
                                    (1, 8, 1, 256, 16, 0, True), (2, 4, 4, 384, 32, 128, True)],
@@ -101,9 +73,10 @@ def test_the_planned_score_passes_are_a_kernel_by_kernel_count(dtype, shape):
         docs = torch.zeros(B, T, dtype=torch.int64)
         docs[:, T // 2:] = 1
     d_o = torch.ones(B, T, nh, hd, dtype=dtype).transpose(1, 2)  # dO as the block's reshape gives it back
-    with _ScorePassBytes() as count:
+    from horizon_exec.measure.calibrate import KernelTimer
+    with KernelTimer() as count:
         sca.softcap_attention(q, k, v, 0.1, 50.0, window, docs).backward(d_o)
-    got = count.bytes
+    got = count.attention_bytes
     m = ModelSpec(family="gemma2", n_layers=1, hidden=nh * hd, n_heads=nh, n_kv_heads=nkv, head_dim=hd, ffn_hidden=64,
                   vocab=64, attn_softcap=50.0)
     a = torch.empty((), dtype=dtype).element_size()
@@ -118,13 +91,13 @@ def test_the_blocks_score_passes_are_the_planned_ones(kv_heads):
     twice and backward once (bf16, three chunks of rows)."""
     from dataclasses import replace
 
-    from horizon_exec.measure.calibrate import block_pass
+    from horizon_exec.measure.calibrate import KernelTimer, block_pass
     from horizon_sim.schedule import work
     from tests.test_families import tiny
     m = replace(tiny("gemma2"), n_layers=1, hidden=128, n_kv_heads=kv_heads, ffn_hidden=256, layer_windows=())
     B, T = 2, 384
     fn = block_pass(m, B, T, torch.bfloat16, "cpu")
-    with _ScorePassBytes() as count:
+    with KernelTimer() as count:
         fn()
     want = 2 * work.softcap_elementwise_bytes(m, B, T, 2, False) + work.softcap_elementwise_bytes(m, B, T, 2, True)
-    assert sum(count.bytes.values()) == want
+    assert sum(count.attention_bytes.values()) == want

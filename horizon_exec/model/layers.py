@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from horizon_exec.model.softcap_attention import softcap_attention
+from horizon_sim.specs.families import family
 from horizon_sim.specs.model import ModelSpec
 
 
@@ -50,6 +51,11 @@ def attention_mask(seq: int, window: int, docs, device):
 def layer_norm(x, w, b, eps: float):
     """x (..., H), w and b (H,): nn.LayerNorm (in x's dtype; the kernel's statistics are fp32)."""
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def named_layer_norm(w: Mapping, name: str, x, eps: float):
+    """layer_norm of x by the block's LayerNorm `name` (its `name.weight` and `name.bias` in w)."""
+    return layer_norm(x, w[f"{name}.weight"], w[f"{name}.bias"], eps)
 
 
 def rotate_half(x, rotary_dim: int = 0):
@@ -112,6 +118,14 @@ def swiglu_mlp(w: Mapping, h, act=F.silu):
     g = F.linear(h, w["mlp.gate_proj.weight"], w.get("mlp.gate_proj.bias"))  # (B, T, F)
     u = F.linear(h, w["mlp.up_proj.weight"], w.get("mlp.up_proj.bias"))
     return F.linear(act(g) * u, w["mlp.down_proj.weight"], w.get("mlp.down_proj.bias"))
+
+
+def plain_gelu(m: ModelSpec, x):
+    """A plain MLP's GELU as m's config names it: erf's for gelu, the tanh form for gelu_new,
+    gelu_fast and gelu_pytorch_tanh; ModelSpec.hidden_act "" is the family's own (its config
+    row's first: GPT-NeoX's gelu, GPT-2's gelu_new)."""
+    act = m.hidden_act or family(m.family).hf.activations[0]
+    return F.gelu(x, approximate="none" if act == "gelu" else "tanh")
 
 
 def gelu_tanh(x):

@@ -54,6 +54,11 @@ def final_norm_names(m: ModelSpec) -> tuple[str, ...]:
     return tuple(f"model.norm.{t}" for t in block.norm_tensors(m))
 
 
+def host_final_norm_names(m: ModelSpec) -> tuple[str, ...]:
+    """The final norm's tensors by transformers' names (the host master's, checkpoints')."""
+    return tuple(f"{family(m.family).final_norm_name}.{t}" for t in block.norm_tensors(m))
+
+
 def head_device_layout(m: ModelSpec) -> Layout:
     """The head as the device sees it: final norm, then the LM head matrix (even when tied)."""
     return Layout([*((n, (m.hidden,)) for n in final_norm_names(m)), ("lm_head.weight", (m.vocab, m.hidden))])
@@ -67,7 +72,7 @@ def host_layout(m: ModelSpec, unit: int) -> Layout:
         positions = [(fam.position_embedding_name, (m.max_position, m.hidden))] if fam.learned_positions else []
         return Layout([(fam.embedding_name, (m.vocab, m.hidden)), *positions])
     if unit == m.n_layers:
-        s = [(f"{fam.final_norm_name}.{t}", (m.hidden,)) for t in block.norm_tensors(m)]
+        s = [(n, (m.hidden,)) for n in host_final_norm_names(m)]
         return Layout(s if m.tied_embeddings else s + [(fam.head_name, (m.vocab, m.hidden))])
     blk = block_layout(m)
     return Layout([(f"{fam.layer_prefix}{unit}.{e.name}", e.shape) for e in blk.entries])

@@ -244,8 +244,15 @@ class OpRunner:
             out.copy_(src[:V * H].view(V, H).index_select(0, ids))
         scale_embedded_(self.m, out)
         if self.learned_positions:  # + the rows of each token's position (GPT-2's wpe), in out's dtype
-            pos = self.attn.token_positions(self._rows(op.micro)).reshape(-1)
-            out.add_(src[V * H:(V + self.m.max_position) * H].view(-1, H).index_select(0, pos).to(out.dtype))
+            pos, rows = self._positions(op, src)
+            out.add_(rows.index_select(0, pos).to(out.dtype))
+
+    def _positions(self, op, unit):
+        """(each token's position (n,), the learned position rows (P, H) of the embedding unit's
+        vector `unit`: after its token rows)."""
+        V, H = self.m.vocab, self.m.hidden
+        pos = self.attn.token_positions(self._rows(op.micro)).reshape(-1)
+        return pos, unit[V * H:(V + self.m.max_position) * H].view(-1, H)
 
     def embed_bwd(self, op):
         """The embedding's host grad (V*H,) += scatter of the input-gradient rows (zeroed
@@ -262,8 +269,8 @@ class OpRunner:
         V, H = self.m.vocab, self.m.hidden
         g2 = g[:V * H].view(V, H)
         if self.learned_positions:  # every token's row, padding's too, lands on its position's
-            pos = self.attn.token_positions(self._rows(op.micro)).reshape(-1)
-            g[V * H:(V + self.m.max_position) * H].view(-1, H).index_add_(0, pos, hdx.to(g.dtype))
+            pos, rows = self._positions(op, g)
+            rows.index_add_(0, pos, hdx.to(g.dtype))
         if self.m.padding_idx is not None and bool((pads := ids == self.m.padding_idx).any()):
             ids, hdx = ids[~pads], hdx[~pads]
         if scales_embedding(self.m):  # d(x * s)/dx = s, in the gradient's dtype as autograd has it

@@ -61,7 +61,7 @@ from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
 from horizon_exec.model.head import IGNORE, capped_logits, next_token_labels
 from horizon_exec.model.families import final_norm, scale_embedded_
-from horizon_exec.model.layout import block_layout, host_layout
+from horizon_exec.model.layout import block_layout, host_final_norm_names, host_layout
 from horizon_exec.optim.adamw import check_hyper
 from horizon_exec.runtime.assemble import assemble, optimizer_for, schedule_for
 from horizon_exec.runtime.config import TrainerConfig
@@ -78,7 +78,6 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import Holds, build_eval_schedule
 from horizon_sim.schedule.op import EMBED
 from horizon_sim.sim.timeline import timeline_frame
-from horizon_sim.specs.block import norm_tensors
 from horizon_sim.specs.families import family
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -392,7 +391,7 @@ class Trainer:
             for i, at in enumerate(tabs):  # in place: one chunk's output is new at a time
                 xs[i] = self.runner.block(w, xs[i], *at(layer))
             del w
-        w_norm = tuple(params[f"{names.final_norm_name}.{t}"].to(dev, act) for t in norm_tensors(m))
+        w_norm = tuple(params[n].to(dev, act) for n in host_final_norm_names(m))
         w_lm = (emb if m.tied_embeddings else params[names.head_name]).to(dev, act)
         return xs, w_norm, w_lm
 

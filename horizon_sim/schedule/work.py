@@ -210,16 +210,18 @@ SOFTCAP_CHUNK_ROWS = 128
 """horizon_exec/model/softcap_attention.py CHUNK_ROWS: query rows per chunk."""
 
 
-@lru_cache(maxsize=1024)
-def _widest_chunk(seq: int, window: int) -> tuple[int, int]:
-    """(rows, keys) of the soft-capped attention's chunk with the most scores: each chunk of
-    rows i0..i1-1 meets the keys from its first row's window (or 0) to its last row."""
-    best = (0, 0)
+def softcap_chunks(seq: int, window: int):
+    """(rows, keys) of each chunk of the soft-capped attention (softcap_attention.py _chunks):
+    CHUNK_ROWS query rows against the keys from its first row's window (or 0) to its last row."""
     for i0 in range(0, seq, SOFTCAP_CHUNK_ROWS):
         i1 = min(seq, i0 + SOFTCAP_CHUNK_ROWS)
-        n = i1 - (max(0, i0 - window + 1) if window else 0)
-        best = max(best, (i1 - i0, n), key=lambda cn: cn[0] * cn[1])
-    return best
+        yield i1 - i0, i1 - (max(0, i0 - window + 1) if window else 0)
+
+
+@lru_cache(maxsize=1024)
+def _widest_chunk(seq: int, window: int) -> tuple[int, int]:
+    """(rows, keys) of the soft-capped attention's chunk with the most scores (the first such)."""
+    return max(softcap_chunks(seq, window), key=lambda cn: cn[0] * cn[1])
 
 
 def softcap_attention_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool, window: int = 0) -> int:
@@ -245,14 +247,6 @@ def softcap_attention_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, ba
     rowsum = N * (12 * q if a != 4 else 4 * q)
     chunk = 2 * a * B * c * q + 8 * X + a * X + max(keys, 4 * X if a != 4 else 0)
     return held + max(rowsum, chunk)
-
-
-def softcap_chunks(seq: int, window: int):
-    """(rows, keys) of each chunk of the soft-capped attention (softcap_attention.py _chunks):
-    CHUNK_ROWS query rows against the keys from its first row's window (or 0) to its last row."""
-    for i0 in range(0, seq, SOFTCAP_CHUNK_ROWS):
-        i1 = min(seq, i0 + SOFTCAP_CHUNK_ROWS)
-        yield i1 - i0, i1 - (max(0, i0 - window + 1) if window else 0)
 
 
 def softcap_elementwise_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool, window: int = 0,

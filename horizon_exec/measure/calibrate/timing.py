@@ -75,7 +75,9 @@ class Progress:
 class KernelTimer:
     """A dispatch mode that times each aten kernel and sorts it into GEMM, attention forward,
     attention backward, view (no data movement) or elementwise; elementwise bytes are what
-    each kernel's tensor arguments and outputs hold (read plus write)."""
+    each kernel's tensor arguments and outputs hold (read plus write). A Python attention's own
+    elementwise kernels (softcap_attention.py) count as its time, their bytes apart by phase
+    (attention_bytes: what schedule/work.py softcap_elementwise_bytes prices)."""
 
     GEMM = ("aten.mm", "aten.addmm", "aten.bmm")
 
@@ -90,6 +92,7 @@ class KernelTimer:
                 super().__init__()
                 self.time = {"gemm": 0.0, "attention_fwd": 0.0, "attention_bwd": 0.0, "elementwise": 0.0}
                 self.bytes = 0
+                self.attention_bytes = {"attention_fwd": 0, "attention_bwd": 0}
                 self.kernels = 0
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -106,16 +109,19 @@ class KernelTimer:
                 if view:
                     return out
                 self.kernels += 1
+                gemm = name.startswith(KernelTimer.GEMM)
+                moved = 0 if gemm else sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs, out))
+                                           if isinstance(t, torch.Tensor))
                 if attention_phase():  # a Python attention's own kernels (softcap_attention.py)
                     self.time[attention_phase()] += dt
-                elif name.startswith(KernelTimer.GEMM):
+                    self.attention_bytes[attention_phase()] += moved
+                elif gemm:
                     self.time["gemm"] += dt
                 elif "attention" in name:
                     self.time["attention_bwd" if "backward" in name else "attention_fwd"] += dt
                 else:
                     self.time["elementwise"] += dt
-                    self.bytes += sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs, out))
-                                      if isinstance(t, torch.Tensor))
+                    self.bytes += moved
                 return out
 
         return _Mode()

@@ -5,8 +5,7 @@ plain GELU MLP (the tanh form: gelu_new, unless the config names erf's gelu). We
 stored (in, out) as transformers' Conv1D holds them, so each projection is x . W + b."""
 import torch
 
-from horizon_exec.model.families.gpt_neox import TANH_GELUS, norm
-from horizon_exec.model.layers import self_attention
+from horizon_exec.model.layers import named_layer_norm as norm, plain_gelu, self_attention
 
 
 def conv1d(w, name: str, x):
@@ -18,16 +17,12 @@ def fused_qkv(m, w, h):
     return conv1d(w, "attn.c_attn", h).split(m.hidden, dim=-1)
 
 
-def gelu(m):
-    return "none" if m.hidden_act == "gelu" else "tanh"
-
-
 def forward(m, w, x, cos, sin, window=0, docs=None, router=None):
     h = norm(w, "ln_1", x, m.norm_eps)                                     # (B, T, H)
     x = x + self_attention(m, w, h, None, None, window, docs, project=fused_qkv,
                            out=lambda o: conv1d(w, "attn.c_proj", o))
     del h
     h = norm(w, "ln_2", x, m.norm_eps)
-    u = torch.nn.functional.gelu(conv1d(w, "mlp.c_fc", h), approximate=gelu(m))
+    u = plain_gelu(m, conv1d(w, "mlp.c_fc", h))
     del h
     return x + conv1d(w, "mlp.c_proj", u)

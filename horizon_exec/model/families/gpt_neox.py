@@ -7,9 +7,7 @@ the config's hidden_act names one). v is copied out of the fused output, as Phi-
 graph keeps v and not the whole q|k|v output."""
 import torch.nn.functional as F
 
-from horizon_exec.model.layers import layer_norm, self_attention
-
-TANH_GELUS = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh")
+from horizon_exec.model.layers import named_layer_norm as norm, plain_gelu, self_attention
 
 
 def fused_qkv(m, w, h):
@@ -19,10 +17,6 @@ def fused_qkv(m, w, h):
     return q, k, v.contiguous()
 
 
-def norm(w, name: str, x, eps: float):
-    return layer_norm(x, w[f"{name}.weight"], w[f"{name}.bias"], eps)
-
-
 def forward(m, w, x, cos, sin, window=0, docs=None, router=None):
     h = norm(w, "input_layernorm", x, m.norm_eps)                          # (B, T, H)
     x1 = x + self_attention(m, w, h, cos, sin, window, docs, project=fused_qkv, out="attention.dense")
@@ -30,5 +24,5 @@ def forward(m, w, x, cos, sin, window=0, docs=None, router=None):
     h = norm(w, "post_attention_layernorm", x, m.norm_eps)                 # the block's input, not x1
     u = F.linear(h, w["mlp.dense_h_to_4h.weight"], w["mlp.dense_h_to_4h.bias"])  # (B, T, F)
     del h
-    u = F.gelu(u, approximate="tanh" if m.hidden_act in TANH_GELUS else "none")
+    u = plain_gelu(m, u)
     return x1 + F.linear(u, w["mlp.dense_4h_to_h.weight"], w["mlp.dense_4h_to_h.bias"])
