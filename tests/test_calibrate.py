@@ -253,3 +253,22 @@ def test_the_planned_update_runs_at_the_measured_adam_rate(split):
         assert op.host_bytes == ADAM_TRAFFIC_BYTES * op.params
     capped = CostModel(replace(hw, host=replace(host, dram_GBps=98.9)), pol.compute_dtype, sched.meta)
     assert capped.alone_s(op) > 1.3 * costs.alone_s(op)
+
+
+def test_a_fixed_cost_noise_measured_at_zero_is_left_out_of_the_hardware_file():
+    """On a busy machine the eight-chunk head can time no slower than the one-chunk one: its
+    per-chunk cost clamps to 0, which a hardware file refuses (its rows are > 0, absent = 0).
+    Calibration keeps only the rows above 0 (measured_rows), on the CPU as on CUDA."""
+    from dataclasses import replace
+
+    from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, TINY_POLICY, head_chunk_us, head_id,
+                                                          measured_rows)
+    from horizon_sim.errors import HorizonError
+    from horizon_sim.specs.hardware_presets import make_hardware
+    us = {"forward": 30.0, "head_chunk": head_chunk_us({head_id(TINY_POLICY): [0.010]},
+                                                       {head_id(HEAD8_POLICY): [0.009]})}
+    assert us["head_chunk"] == 0.0
+    dev = make_hardware("h100-sxm", "512GiB").device
+    with pytest.raises(HorizonError, match="head_chunk"):
+        replace(dev, op_overhead_us=tuple(sorted(us.items())))
+    assert replace(dev, op_overhead_us=tuple(sorted(measured_rows(us).items()))).op_overhead_us == (("forward", 30.0),)

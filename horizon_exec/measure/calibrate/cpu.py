@@ -17,7 +17,7 @@ from horizon_exec.measure.calibrate.kernels import (attention_grid, gemm_grid, g
                                             measure_attention, measure_cpu_loss_figures, measure_elementwise,
                                             slope_GBps)
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, MOE_EXPERTS, MOE_POLICY, TINY, TINY_POLICY,
-                                              TinyProbe, head_chunk_us, moe_overheads, op_overheads,
+                                              TinyProbe, head_chunk_us, measured_rows, moe_overheads, op_overheads,
                                               runtime_overhead_GiB, tiny_moe, tracked_overheads)
 from horizon_exec.measure.calibrate.kernel_threads import measure_kernel_speeds
 from horizon_exec.measure.calibrate.threads import measure_thread_speeds, thread_counts
@@ -152,6 +152,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     tracked_us = op_overheads(hw, tiny[-1].own)[0]
     comp_us |= moe_overheads(hw, tracked_us, {e: t.own for e, t in zip(MOE_EXPERTS, tiny[2:2 + len(MOE_EXPERTS)])})
     comp_us |= tracked_overheads(comp_us, tracked_us)
+    comp_us = measured_rows(comp_us)
 
     hw = HardwareSpec(device=replace(dev, op_overhead_us=tuple(sorted(comp_us.items()))),
                       link=replace(link, latency_us=copy_us), host=replace(hst, op_latency_us=host_us))

@@ -23,7 +23,7 @@ from horizon_exec.measure.calibrate.kernels import (ColdOperands, attention_call
                                             gemm_shapes, measure_elementwise, measure_loss_ns_per_logit,
                                             slope_GBps)
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, MOE_EXPERTS, MOE_POLICY, TINY, TINY_POLICY,
-                                                      head_chunk_us, moe_overheads, op_overheads, tiny_moe,
+                                                      head_chunk_us, measured_rows, moe_overheads, op_overheads, tiny_moe,
                                                       tiny_op_times)
 from horizon_exec.measure.calibrate.timing import Progress, median_time
 from horizon_exec.procfs import cpu_name
@@ -203,7 +203,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     own = tiny_op_times(device, 4)
     comp_us, copy_us, host_us = op_overheads(hw, own)
     comp_us["head_chunk"] = head_chunk_us(own, tiny_op_times(device, 4, HEAD8_POLICY))
-    comp_us = {k: v for k, v in comp_us.items() if v > 0}
+    comp_us = measured_rows(comp_us)
     comp_us |= moe_overheads(hw, comp_us, {e: tiny_op_times(device, 4, MOE_POLICY, tiny_moe(e)) for e in MOE_EXPERTS})
     res = probe(TINY, TINY_POLICY, steps=2, warmup=1, device=device)
     runtime = max(res["rss_peak_bytes"] - res["store_bytes"] - res["host_dynamic_peak_bytes"], 0) / GiB
