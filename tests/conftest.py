@@ -38,3 +38,19 @@ def one_intraop_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_backend_by_default(request, monkeypatch):
+    """The suite tests the CPU backend unless a test's id names cuda (test_exec_cuda.py, the
+    CUDA calibration's tests). On a GPU box `horizon train` and `calibrate` without --device
+    would take the GPU (cli/default_device.py) and print and measure other things than these
+    tests assert; here they take the CPU backend, in this process (cuda_here) and in the
+    processes a test starts (CUDA_VISIBLE_DEVICES empty: torch sees no device there). A test
+    of the GPU default patches cuda_here itself, after this."""
+    if "cuda" in request.node.nodeid.lower():
+        return
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr("horizon_exec.measure.machine.detect.cuda_here", lambda: False)
+    monkeypatch.setattr("horizon_exec.cli.job_machine._cuda_here", lambda: False)
+

@@ -47,6 +47,16 @@ def rel_err(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+def fp32_error(ref, tokens, device: str = "cpu") -> float:
+    """The worst relative error of transformers' own fp32 gradients on `tokens`, computed on
+    `device`, against the same model's in float64 on the CPU: how exact an fp32 step of this
+    model can be there."""
+    import copy
+    _, g32 = hf_grads(copy.deepcopy(ref).to(device), tokens.to(device))
+    _, g64 = hf_grads(copy.deepcopy(ref).double(), tokens)
+    return max(rel_err(g.cpu(), g64[n]) for n, g in g32.items())
+
+
 def executor_grads(tr, tokens, labels=None, docs=None):
     """Run one step; return (loss, {name: host gradient as the optimizer receives it})."""
     grads = {}

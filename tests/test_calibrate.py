@@ -25,7 +25,8 @@ from horizon_sim.specs.policy import Policy
 @pytest.fixture(scope="module")
 def quick_hw(tmp_path_factory):
     path = tmp_path_factory.mktemp("cal") / "machine.toml"
-    assert main(["calibrate", "--quick", "-o", str(path)]) == 0
+    # the CPU backend's file, also on a GPU box (module-scoped: before conftest's per-test patch)
+    assert main(["calibrate", "--quick", "--device", "cpu", "-o", str(path)]) == 0
     return path
 
 

@@ -11,7 +11,12 @@ page-locked host store. Skipped where torch sees no GPU (CI has none); run on a 
 - bf16 training makes the loss fall;
 - mixture-of-experts blocks (Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral) on the
   streams: logits, one fp32 step's loss and every gradient equal transformers' on the CPU, the
-  router aux loss included; a bf16 MoE run with the aux loss learns and its aux stays finite.
+  router aux loss included; a bf16 MoE run with the aux loss learns and its aux stays finite;
+- every family the executor runs (test_families' tiny configs: GPT-2's learned positions,
+  GPT-NeoX's partial RoPE, Gemma 2's soft-capped attention, ...): one fp32 step equals
+  transformers' on the CPU, and the saved folder loads with the executor's logits;
+- the soft-capped attention's fused kernel (flex_softcap.py, which a GPU runs) equals the eager
+  formula in float64, output and gradients, with grouped heads, a window and documents.
 """
 import math
 
@@ -24,7 +29,8 @@ from horizon_sim.schedule import Lane
 from horizon_sim.sim.timeline import check_obeys_schedule
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy, exact_policy
-from tests.test_exec_parity import CLIP, CLOCK_SKEW_S, SEQ, VOCAB, check_matches_autograd, parity_spec
+from tests.test_families import RUNNABLE, check_one_step
+from tests.test_exec_parity import CLIP, SEQ, VOCAB, check_matches_autograd, clock_skew_s, parity_spec
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -67,7 +73,7 @@ def test_timeline_obeys_schedule_and_copies_overlap_compute():
         overlapped = 0.0
         for step in range(3):
             df = tr.step(_tokens(pol, step)).timeline
-            check_obeys_schedule(df, tr.sched, tol_s=CLOCK_SKEW_S[True])
+            check_obeys_schedule(df, tr.sched, tol_s=clock_skew_s(tr.backend))
             assert (df.end_s >= df.start_s).all()
             comp = df[df.lane == Lane.COMPUTE.value]
             h2d = df[df.lane == Lane.H2D.value]
@@ -166,3 +172,25 @@ def test_bf16_moe_with_aux_loss_learns_on_cuda():
     assert all(math.isfinite(r.loss) and math.isfinite(r.aux_loss) for r in res)
     assert 0.5 < res[0].aux_loss < 4, res[0].aux_loss
     assert res[-1].loss < 0.5 * res[0].loss, [r.loss for r in res]
+
+
+@pytest.mark.parametrize("family", RUNNABLE)
+def test_every_family_steps_as_transformers_on_cuda(tmp_path, family):
+    check_one_step(tmp_path, family, "cuda")
+
+
+@pytest.mark.parametrize("window,with_docs", [(0, False), (100, False), (0, True), (100, True)])
+def test_fused_softcap_attention_equals_the_eager_formula(window, with_docs):
+    from horizon_exec.model.flex_softcap import flex_softcap_attention
+    from tests.test_softcap_attention import _eager, case
+    q, k, v, docs, gen = case(300, 16, with_docs)  # 300 tokens: blocks of 128 and a short last one
+    want = _eager(q, k, v, 0.3, 2.0, window, docs)
+    dy = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+    want_g = torch.autograd.grad(want, (q, k, v), dy)
+    qc, kc, vc = (t.detach().float().cuda().requires_grad_() for t in (q, k, v))
+    got = flex_softcap_attention(qc, kc, vc, 0.3, 2.0, window, None if docs is None else docs.cuda())
+    got_g = torch.autograd.grad(got, (qc, kc, vc), dy.float().cuda())
+    # fp32 kernels against the float64 formula: within fp32's rounding
+    assert (got.double().cpu() - want).abs().max() < 1e-5
+    for a, b in zip(got_g, want_g):
+        assert (a.double().cpu() - b).abs().max() < 1e-5

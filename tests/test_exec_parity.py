@@ -31,9 +31,15 @@ from horizon_sim.specs.policy import exact_policy
 
 TOL = 1e-5
 # On CUDA, device-lane times come from events and CPU-lane times from the host clock, zeroed
-# a few microseconds apart (device/cuda.py, step_begin): a device op that waited for a CPU op can
+# apart by the time the step's start event took to record (measured: backend.clock_window_s)
+# and reach the GPU (microseconds, under this floor): a device op that waited for a CPU op can
 # read up to that much early. On the CPU backend one clock times every lane.
 CLOCK_SKEW_S = {False: 1e-9, True: 1e-4}
+
+
+def clock_skew_s(backend) -> float:
+    """How early a device-lane row may read against the CPU-lane row it waited for."""
+    return CLOCK_SKEW_S[backend.name != "cpu"] + getattr(backend, "clock_window_s", 0.0)
 LR, WD, BETAS, EPS, CLIP = 1e-3, 0.1, (0.9, 0.95), 1e-6, 1.0
 SEQ, VOCAB = 16, 128
 
@@ -106,7 +112,7 @@ def check_matches_autograd(spec, pol, device="cpu"):
         for step in range(1, 4):
             tokens = torch.randint(0, VOCAB, (pol.batch, SEQ), generator=gen)
             res = tr.step(tokens)
-            check_obeys_schedule(res.timeline, tr.sched, tol_s=CLOCK_SKEW_S[device != "cpu"])
+            check_obeys_schedule(res.timeline, tr.sched, tol_s=clock_skew_s(tr.backend))
             out = ref(input_ids=tokens, labels=tokens)
             out.loss.backward()
             norm = (torch.nn.utils.clip_grad_norm_(ref.parameters(), pol.grad_clip) if pol.grad_clip else

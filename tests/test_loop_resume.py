@@ -158,12 +158,12 @@ def test_failed_checkpoint_leaves_the_previous_one(tmp_path, monkeypatch):
             real(path, items[:3], metadata)  # a partial file, then the disk fills up
             raise OSError(errno.ENOSPC, "No space left on device (injected)", str(path))
 
-        monkeypatch.setattr(ckpt_mod, "write_safetensors", dies_midway)
-        with pytest.raises(HorizonError, match=r"cannot write checkpoint .*step-00000002: no space left on the "
-                                               r"device \(.*state.safetensors\); it needs about .* free there\); "
-                                               r"the checkpoints before it are intact"):
-            ckpt_mod.save_checkpoint(tmp_path, tr, 2, {"x": 2})
-        monkeypatch.undo()
+        with monkeypatch.context() as full_disk:
+            full_disk.setattr(ckpt_mod, "write_safetensors", dies_midway)
+            with pytest.raises(HorizonError, match=r"cannot write checkpoint .*step-00000002: no space left on the "
+                                                   r"device \(.*state.safetensors\); it needs about .* free there\); "
+                                                   r"the checkpoints before it are intact"):
+                ckpt_mod.save_checkpoint(tmp_path, tr, 2, {"x": 2})
         assert sorted(os.listdir(tmp_path)) == [".lock", "latest", "step-00000001"]  # no half-written folder
         assert ckpt_mod.latest_checkpoint(tmp_path) == good
         assert (good / "SHA256SUMS").read_text() == sums

@@ -59,10 +59,10 @@ def test_a_kill_during_the_final_eval_resumes_to_the_eval_save_hf_and_summary(tm
     out_a = capsys.readouterr().out
     final_a = next(line for line in out_a.splitlines() if line.startswith("final loss"))
 
-    _kill_at_eval(monkeypatch)
-    with pytest.raises(Killed):
-        main(_argv(b))
-    monkeypatch.undo()
+    with monkeypatch.context() as killing:  # undone after, leaving conftest's patches
+        _kill_at_eval(killing)
+        with pytest.raises(Killed):
+            main(_argv(b))
     capsys.readouterr()
     assert ckpt_mod.latest_checkpoint(b / "ck").name == "step-00000003"   # the checkpoint came before the eval
     assert not any("eval_loss" in r for r in _logged(b)) and not (b / "out").exists()
@@ -111,11 +111,11 @@ def test_a_kill_during_an_intermediate_eval_resumes_to_that_eval(tmp_path, datas
         loop.run()
         want, losses = dict(loop.evals), dict(loop.losses)
     assert set(want) == {2, 4}
-    _kill_at_eval(monkeypatch)            # dies in the eval after step 2, its checkpoint written
-    tr, loop = _loop(dataset, tmp_path)
-    with tr, loop, pytest.raises(Killed):
-        loop.run()
-    monkeypatch.undo()
+    with monkeypatch.context() as killing:
+        _kill_at_eval(killing)            # dies in the eval after step 2, its checkpoint written
+        tr, loop = _loop(dataset, tmp_path)
+        with tr, loop, pytest.raises(Killed):
+            loop.run()
     tr, loop = _loop(dataset, tmp_path, seed=9)
     with tr, loop:
         assert loop.resume(tmp_path).name == "step-00000002" and loop.eval_owed

@@ -21,8 +21,8 @@ copies between the device and pinned host memory.
 - Timeline marks are CUDA events (seconds from an event recorded at step start on the
   default stream of this device); CPU-lane ops are host perf_counter times from the host
   instant just before that event was recorded, so a CPU-lane op that waited for a device op
-  never appears to start before it ended; cross-clock rows are otherwise approximate (by
-  the few microseconds the start event takes to reach the GPU).
+  never appears to start before it ended; a device op that waited for a CPU-lane op can read
+  early by the time the start event took to record and reach the GPU (clock_window_s).
 - Device memory peak: the caching allocator's max_memory_allocated over the step (the arena's
   own count, which charges declared sizes, is kept too).
 Sync points: step_begin/step_end (every lane stream), lane_sync (a D2H lane that must add
@@ -73,6 +73,10 @@ class CudaBackend(Backend):
         self.pool = HostPool(lambda n: self.host_raw(n, "dynamic host buffer"), self._fence)
         self._ev0 = None
         self._t0 = 0.0
+        self.clock_window_s = 0.0
+        """The longest a step's zero took to record (step_begin): CPU-lane times read at most
+        this much (plus the event's few microseconds to reach an idle GPU) late against
+        device-lane times."""
 
     def start_lane(self, lane):
         torch.cuda.set_device(self.device)
@@ -118,6 +122,11 @@ class CudaBackend(Backend):
         # done put CPU-lane times up to a poll pause early against the device's).
         self._t0 = time.perf_counter()
         self._ev0.record(stream)
+        # The GPU passes the event no earlier than _t0 and, on an idle stream, a few
+        # microseconds after the record returns; how long the record took (another Python
+        # thread holding the interpreter lock can stretch it to milliseconds) bounds how late
+        # CPU-lane times may read against device ones, for whoever checks cross-clock order.
+        self.clock_window_s = max(self.clock_window_s, time.perf_counter() - self._t0)
         wait_bounded(self._ev0, self.timeout_s, "the step's start event")
 
     def step_end(self):
