@@ -22,20 +22,25 @@ def _eager(q, k, v, scale, cap, window, docs):
     return torch.softmax(s.masked_fill(~ok, float("-inf")), -1) @ v
 
 
+def case(T: int, hd: int, with_docs: bool):
+    """float64 q (2 sequences, 4 heads), k and v (2 kv heads) of T tokens, documents (three in
+    the second sequence, two in the first) or None, and the generator for what follows."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, T, hd, generator=gen, dtype=torch.float64, requires_grad=True) for h in (4, 2, 2))
+    docs = None
+    if with_docs:
+        docs = torch.zeros(2, T, dtype=torch.int64)
+        docs[:, T * 2 // 5:] = 1
+        docs[1, T * 2 // 3:] = 2
+    return q, k, v, docs, gen
+
+
 @pytest.mark.parametrize("rows", [5, 128])  # several chunks (the last one short), or one
 @pytest.mark.parametrize("window", [0, 6])
 @pytest.mark.parametrize("with_docs", [False, True])
 def test_output_and_gradients_equal_the_eager_formula(monkeypatch, rows, window, with_docs):
     monkeypatch.setattr(sca, "CHUNK_ROWS", rows)
-    gen = torch.Generator().manual_seed(0)
-    B, nh, nkv, T, hd = 2, 4, 2, 17, 8
-    q, k, v = (torch.randn(B, h, T, hd, generator=gen, dtype=torch.float64, requires_grad=True)
-               for h in (nh, nkv, nkv))
-    docs = None
-    if with_docs:
-        docs = torch.zeros(B, T, dtype=torch.int64)
-        docs[:, 7:] = 1
-        docs[1, 12:] = 2
+    q, k, v, docs, gen = case(17, 8, with_docs)
     got = sca.softcap_attention(q, k, v, 0.3, 2.0, window, docs)
     want = _eager(q, k, v, 0.3, 2.0, window, docs)
     dy = torch.randn(got.shape, generator=gen, dtype=torch.float64)

@@ -6,7 +6,7 @@ A block knows nothing about slots, streams or the host store: the engine binds t
 back before the weight multiply, RoPE with the rotate_half convention and cos/sin in the
 activation dtype (tables: rope.py, with transformers' RoPE scaling), SDPA with grouped kv heads
 (causal, or under a mask for sliding windows and document boundaries: attention_mask; with
-soft-capped scores, softcap_attention.py), SwiGLU or GELU-tanh gated MLP, optional q/k/v and MLP
+soft-capped scores: flex_softcap.py on a GPU, softcap_attention.py elsewhere), SwiGLU or GELU-tanh gated MLP, optional q/k/v and MLP
 biases, optional per-head q/k RMSNorms before RoPE; Gemma's (1 + w) RMSNorm; LayerNorm with a
 bias and RoPE on part of each head (GPT-NeoX).
 """
@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
+from horizon_exec.model import flex_softcap
 from horizon_exec.model.softcap_attention import softcap_attention
 from horizon_sim.specs.families import family
 from horizon_sim.specs.model import ModelSpec
@@ -101,8 +102,9 @@ def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_
         q = q * cos + rotate_half(q, rd) * sin
         k = k * cos + rotate_half(k, rd) * sin
     scale = (m.query_scale or hd) ** -0.5                               # Gemma's query_pre_attn_scalar
-    if m.attn_softcap:  # scores soft-capped: SDPA cannot, this runs in chunks of query rows
-        o = softcap_attention(q, k, v, scale, m.attn_softcap, window, docs)
+    if m.attn_softcap:  # scores soft-capped, which SDPA cannot: one fused kernel on a GPU, else chunks of rows
+        attend = flex_softcap.flex_softcap_attention if flex_softcap.usable(q) else softcap_attention
+        o = attend(q, k, v, scale, m.attn_softcap, window, docs)
     else:
         mask = attention_mask(T, window, docs, h.device)                # None: causal
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,

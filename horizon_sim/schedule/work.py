@@ -125,6 +125,17 @@ def attention(m: ModelSpec, micro_batch: int, seq: int, backward: bool, masked: 
     return Attention(seq, m.hd, fwd, 2.0 * fwd if backward else 0.0)
 
 
+def fused_softcap_attention(m: ModelSpec, micro_batch: int, seq: int, backward: bool, window: int = 0) -> Attention:
+    """A soft-capped attention run as one fused kernel (flex_attention on a GPU,
+    horizon_exec/model/flex_softcap.py), in attention()'s causal count: forward 4 x q_dim per
+    (query, key) pair, T^2 / 2 pairs causal, fewer under a sliding window shorter than the
+    sequence (the kernel skips the blocks outside it)."""
+    w = window if 0 < window < seq else seq
+    pairs = (seq * seq - (seq - w) ** 2) / 2
+    fwd = 4.0 * micro_batch * m.q_dim * pairs
+    return Attention(seq, m.hd, fwd, 2.0 * fwd if backward else 0.0)
+
+
 def mask_bytes(micro_batch: int, seq: int, doc_masks: bool) -> int:
     """The bool attention mask of one block call: (T, T), or (micro_batch, T, T) per document."""
     return (micro_batch if doc_masks else 1) * seq * seq

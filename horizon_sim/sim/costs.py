@@ -15,7 +15,11 @@ Compute ops (one lane, kernels run back to back, so the terms add):
             + attention       nominal causal attention FLOPs / the measured SDPA throughput
                               (DeviceSpec.attention_TFLOPs), forward and backward kernels apart;
                               a layer under an explicit mask (window, document masks): the
-                              full T x T count / masked_attention_TFLOPs
+                              full T x T count / masked_attention_TFLOPs; soft-capped scores on
+                              a GPU: one fused kernel (flex_attention), the pairs its window
+                              leaves / softcap_attention_TFLOPs, and the chunked kernel's
+                              passes over the scores (in hbm_bytes, the CPU backend's) taken
+                              out of the elementwise term
             + elementwise     hbm_bytes (what the norms, RoPE, SiLU, casts, residual adds and
                               the loss read and write) / elementwise_GBps (else hbm_GBps); the head's loss kernels
                               (exp/log-bound) at the measured loss_ns_per_logit (the policy's
@@ -55,6 +59,7 @@ from dataclasses import dataclass, replace
 from horizon_sim.errors import HorizonError
 from horizon_sim.schedule import work
 from horizon_sim.schedule.op import COLLECTIVES, Lane, Op, OpKind
+from horizon_sim.specs.cpu_ranks import is_cpu_backend
 from horizon_sim.specs.hardware import HardwareSpec, tracked_kind, tracks_every_op
 
 _IDW_POWER = 4.0  # inverse-distance weights in log2 space: the nearest measured shapes dominate
@@ -153,6 +158,8 @@ class CostModel:
         self.gemm = rate_table(d.gemm_TFLOPs, compute_dtype, 2)
         self.attn = rate_table(d.attention_TFLOPs, compute_dtype, 1)
         self.mattn = rate_table(d.masked_attention_TFLOPs, compute_dtype, 1)
+        self.sattn = rate_table(d.softcap_attention_TFLOPs, compute_dtype, 1)
+        self.fused_softcap = not is_cpu_backend(hw)  # a GPU: flex_attention, not the chunked kernel
         self.link_latency_s = link.latency_us * 1e-6
         self.h2d_Bps = link.h2d_GBps * 1e9
         self.d2h_Bps = link.d2h_GBps * 1e9
@@ -246,6 +253,8 @@ class CostModel:
                 gemms = work.block_gemms_saved_backward(m, tokens) if saved else work.block_gemms(m, tokens, bwd)
                 masked = work.masked_attention(m, op.unit, p.seq, p.doc_masks)
                 attn = work.attention(m, p.micro_batch, p.seq, bwd, masked)
+                if m.attn_softcap and self.fused_softcap:
+                    attn = self._fused_softcap(op, t, saved)
                 if saved:
                     attn = replace(attn, fwd_flops=0.0)
                 if m.n_experts:
@@ -256,6 +265,8 @@ class CostModel:
                 t["gemm"] = sum(g.flops for g in gemms) / self.flops_per_s
             if attn is not None:  # backward: the forward kernel (with grad), then the gradient kernel
                 table = self.mattn if masked and self.mattn else self.attn
+                if m.attn_softcap and self.fused_softcap and self.sattn:
+                    table = self.sattn
                 if table:
                     at = (attn.seq, attn.head_dim)
                     t["attention"] = attn.fwd_flops / (table.rate("", at, 0) * 1e12)
@@ -267,6 +278,20 @@ class CostModel:
             t["gemm"] = op.flops / self.flops_per_s
         self._terms[key] = t
         return t
+
+    def _fused_softcap(self, op: Op, t: dict, saved: bool) -> "work.Attention":
+        """A block op's soft-capped attention on a GPU, one fused kernel: its FLOPs over the
+        pairs the layer's window leaves; the chunked kernel's score passes, which the
+        Schedule's hbm_bytes count as the builder does (schedule/builder.py: the forward's,
+        a backward's forward again and its own, a saved backward's own), are not run."""
+        m, p = self.model, self.policy
+        a = 2 if self.dtype == "bf16" else 4
+        w = m.window(op.unit)
+        backward = op.kind in (OpKind.BACKWARD, OpKind.BACKWARD_SAVED)
+        passes = ([] if saved else [False]) + ([True] if backward else [])
+        t["elementwise"] -= sum(work.softcap_elementwise_bytes(m, p.micro_batch, p.seq, a, bw, w, p.doc_masks)
+                                for bw in passes) / self.hbm_Bps
+        return work.fused_softcap_attention(m, p.micro_batch, p.seq, backward, w)
 
     def compute_s(self, op: Op) -> float:
         return sum(self.compute_terms(op).values())

@@ -156,6 +156,14 @@ class DeviceSpec:
     document masks), rows (DTYPE, SEQ, HEAD_DIM, FWD, BWD) against the full count, forward
     4 x T^2 x head_dim per head and sequence: such kernels cannot skip masked tiles. Empty: the
     full count runs at attention_TFLOPs' rate."""
+    softcap_attention_TFLOPs: tuple = ()
+    """Measured soft-capped attention (Gemma 2's scores c x tanh(s / c)) in one fused kernel,
+    torch's flex_attention (horizon_exec/model/flex_softcap.py), rows (DTYPE, SEQ, HEAD_DIM,
+    FWD, BWD) in 1e12 FLOP/s of attention_TFLOPs' causal count (forward 4 x head_dim per head
+    and (query, key) pair, backward twice that; a sliding window's skipped pairs are not
+    counted). A GPU runs soft-capped attention so; the CPU backend in chunks of query rows,
+    priced by attention_TFLOPs and its elementwise bytes. Empty: a GPU's soft-capped attention
+    at attention_TFLOPs' rate."""
     elementwise_GBps: float = 0.0
     """What the executor's elementwise kernels (norms, RoPE, SiLU, residual adds, casts) reach,
     1e9 bytes/s of traffic; the step's elementwise work is priced at it. 0: hbm_GBps (a
@@ -211,6 +219,7 @@ class DeviceSpec:
         _check_table(self, "device", "gemm_TFLOPs", ("dtype", "layout", "M", "N", "K", "TFLOPS"))
         _check_table(self, "device", "attention_TFLOPs", ("dtype", "SEQ", "HEAD_DIM", "FWD", "BWD"))
         _check_table(self, "device", "masked_attention_TFLOPs", ("dtype", "SEQ", "HEAD_DIM", "FWD", "BWD"))
+        _check_table(self, "device", "softcap_attention_TFLOPs", ("dtype", "SEQ", "HEAD_DIM", "FWD", "BWD"))
         _check_table(self, "device", "op_overhead_us", ("kind", "US"))
         if not isinstance(self.compute_threads, int) or isinstance(self.compute_threads, bool) \
                 or not 0 <= self.compute_threads <= 1 << 20:

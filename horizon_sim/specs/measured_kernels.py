@@ -27,7 +27,7 @@ def _load(path: Path) -> dict:
 
 def gh100_kernels(bf16_TFLOPs: float, hbm_GBps: float) -> dict:
     """DeviceSpec fields for a GH100 part with this dense bf16 peak and HBM peak: the H200's
-    measured GEMM, attention and loss rates scaled by the peak ratio (1 for the H200, H100 SXM
+    measured GEMM, attention (SDPA's, and the soft-capped attention's fused kernel) and loss rates scaled by the peak ratio (1 for the H200, H100 SXM
     and GH200), its elementwise rate by the HBM ratio, its op overheads as measured."""
     m = _load(H200_FILE)
     c = bf16_TFLOPs / m["bf16_TFLOPs"]
@@ -35,6 +35,7 @@ def gh100_kernels(bf16_TFLOPs: float, hbm_GBps: float) -> dict:
     attn = lambda rows: tuple((r[0], r[1], r[2], r[3] * c, r[4] * c) for r in rows)  # noqa: E731
     return dict(gemm_TFLOPs=gemm, attention_TFLOPs=attn(m["attention_TFLOPs"]),
                 masked_attention_TFLOPs=attn(m["masked_attention_TFLOPs"]),
+                softcap_attention_TFLOPs=attn(m["softcap_attention_TFLOPs"]),
                 loss_ns_per_logit=m["loss_ns_per_logit"] / c,
                 elementwise_GBps=m["elementwise_GBps"] * hbm_GBps / m["hbm_GBps"],
                 launch_overhead_us=m["launch_overhead_us"],

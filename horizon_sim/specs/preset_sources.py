@@ -16,7 +16,8 @@ KINDS = ("datasheet", "measured", "published", "estimate")
 PRICED = {
     "device": ("hbm_GiB", "bf16_TFLOPs", "fp32_TFLOPs", "hbm_GBps", "matmul_efficiency", "reserved_GiB",
                "library_workspace_MiB", "launch_overhead_us", "gemm_TFLOPs", "attention_TFLOPs",
-               "masked_attention_TFLOPs", "elementwise_GBps", "loss_ns_per_logit", "op_overhead_us"),
+               "masked_attention_TFLOPs", "softcap_attention_TFLOPs", "elementwise_GBps", "loss_ns_per_logit",
+               "op_overhead_us"),
     "link": ("h2d_GBps", "d2h_GBps", "latency_us", "pageable_GBps"),
     "host": ("dram_GBps", "cores", "adam_Gparams_per_s", "deepspeed_adam_Gparams_per_s", "first_touch_GBps", "os_reserved_GiB",
              "runtime_overhead_GiB"),
@@ -38,6 +39,8 @@ DEFAULTS: dict[str, str] = {
     "device.gemm_TFLOPs": "estimate: no measured table for this GPU: every GEMM at the bf16 peak x matmul_efficiency",
     "device.attention_TFLOPs": "estimate: no measured table: attention FLOPs at the bf16 peak x matmul_efficiency",
     "device.masked_attention_TFLOPs": "estimate: no measured table: a masked layer's full count at the attention rate",
+    "device.softcap_attention_TFLOPs": "estimate: no measured table: a soft-capped attention's fused kernel at the "
+                                       "attention rate (an H200 ran flex_attention at 0.17-0.28 of SDPA's: optimistic)",
     "device.elementwise_GBps": "estimate: none measured on this GPU: elementwise work at the datasheet hbm_GBps "
                                "(an H200 measured 54% of its peak for the executor's kernels: optimistic)",
     "device.loss_ns_per_logit": "estimate: none measured: the head's loss priced as elementwise bytes",
@@ -73,8 +76,8 @@ _XEON_OPS = ("the executor's per-op Python dispatch on the H200 box's 16-core Xe
 
 def _gh100(rates: str, elementwise: str, ops: str) -> dict:
     return {"gemm_TFLOPs": rates, "attention_TFLOPs": rates, "masked_attention_TFLOPs": rates,
-            "loss_ns_per_logit": rates, "elementwise_GBps": elementwise, "launch_overhead_us": ops,
-            "op_overhead_us": ops}
+            "softcap_attention_TFLOPs": rates, "loss_ns_per_logit": rates, "elementwise_GBps": elementwise,
+            "launch_overhead_us": ops, "op_overhead_us": ops}
 
 
 _FA2_A100 = ("published: FlashAttention-2 on an A100 80GB SXM4, causal, fp16, forward + backward "
@@ -126,7 +129,9 @@ SOURCES: dict[str, dict[str, str]] = {
         "hbm_GBps": "datasheet: NVIDIA H100 PCIe: HBM2e 2.0 TB/s",
         "library_workspace_MiB": _HOPPER_WS},
     "device:h200": {
-        **_gh100(_H200 + ": GEMM by shape and layout, causal and masked SDPA attention, the loss kernels",
+        **_gh100(_H200 + ": GEMM by shape and layout, causal and masked SDPA attention, the loss kernels; "
+                          "the soft-capped attention's flex_attention kernel from a later lease "
+                          "(benchmarks/softcap_attention.py, 2026-11-29)",
                 _H200 + ": 2,612 GB/s for the executor's elementwise kernels", "measured: " + _XEON_OPS),
         "hbm_GiB": _smi(143771, "NVIDIA H200") + " (this project's H200, docs/gpu_runs.md)",
         "bf16_TFLOPs": "datasheet: NVIDIA H200: the H100 SXM's GH100 compute, bf16 989 TF dense",

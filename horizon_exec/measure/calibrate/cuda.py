@@ -76,6 +76,39 @@ def attention_rates(seq: int, hd: int, dtype, device, heads: int = 8, kv_heads: 
     return nominal / t_f / 1e12, 2.0 * nominal / t_b / 1e12
 
 
+SOFTCAP_GRID = ((2048, 128), (2048, 256), (8192, 128), (8192, 256))
+"""(seq, head_dim) where the fused soft-capped attention is timed: Gemma 2's head widths (256:
+2B and 9B; 128: 27B) at a short and its full 8,192-token context. Each shape compiles its own
+kernels (~10 s), so the grid stays small; the cost model interpolates between rows."""
+
+
+def softcap_attention_rates(seq: int, hd: int, dtype, device, heads: int = 8,
+                            kv_heads: int = 4) -> tuple[float, float] | None:
+    """(forward, backward) TFLOP/s of the soft-capped attention's fused kernel (flex_softcap.py,
+    causal, cap 50) against attention_rates' nominal causal count; None where this torch has
+    no flex_attention (the planner then prices it at the SDPA rate)."""
+    from horizon_exec.model import flex_softcap
+    batch = max(1, 16384 // seq)
+    q = torch.randn(batch, heads, seq, hd, device=device, dtype=dtype)
+    if not flex_softcap.usable(q):
+        return None
+    k, v = (torch.randn(batch, kv_heads, seq, hd, device=device, dtype=dtype) for _ in range(2))
+    go = torch.randn_like(q)
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def fwd():
+        with torch.no_grad():
+            flex_softcap.flex_softcap_attention(q, k, v, hd ** -0.5, 50.0)
+
+    def fwd_bwd():
+        o = flex_softcap.flex_softcap_attention(qg, kg, vg, hd ** -0.5, 50.0)
+        torch.autograd.grad(o, [qg, kg, vg], go)
+    nominal = 2.0 * batch * heads * seq * seq * hd
+    t_f = _device_seconds(fwd, max_reps=50)
+    t_b = max(_device_seconds(fwd_bwd, max_reps=50) - t_f, 0.1 * t_f)
+    return nominal / t_f / 1e12, 2.0 * nominal / t_b / 1e12
+
+
 def _library_workspace_bytes(dev_t) -> int:
     """Device bytes the math libraries take for a stream at its first matmuls and keep (the
     cuBLAS and cuBLASLt workspaces, one set per handle and stream): what the executor's compute
@@ -141,13 +174,18 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     gemm = [("bf16", s[0], *map(float, s[1:]), r) for s, r in bf16.items()]
     gemm += [("fp32", s[0], *map(float, s[1:]), r) for s, r in fp32.items()]
 
-    prog.step("attention kernels and elementwise bandwidth")
+    prog.step("attention kernels (SDPA; soft-capped: flex_attention) and elementwise bandwidth")
     attn, mattn = [], []
     for seq, hd in attention_grid(quick, "cuda"):
         f, b = attention_rates(seq, hd, torch.bfloat16, dev_t)
         attn.append(("bf16", float(seq), float(hd), f, b))
         f, b = attention_rates(seq, hd, torch.bfloat16, dev_t, masked=True)
         mattn.append(("bf16", float(seq), float(hd), f, b))
+    sattn = []
+    for seq, hd in SOFTCAP_GRID[:1] if quick else SOFTCAP_GRID:
+        rates = softcap_attention_rates(seq, hd, torch.bfloat16, dev_t)
+        if rates is not None:
+            sattn.append(("bf16", float(seq), float(hd), *rates))
     # At the CPU's sizes (<= 1024 tokens, ~1 MB a kernel) a GPU is launch-bound: the slope
     # between them would be noise. These move tens of MB per kernel.
     elem = slope_GBps(measure_elementwise(torch.bfloat16, dev_t, quick, sync,
@@ -193,7 +231,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
                          reserved_GiB=not_ours / GiB + 0.5, library_workspace_MiB=library_ws / MiB,
                          launch_overhead_us=lat, loss_ns_per_logit=loss_ns,
                          gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn),
-                         masked_attention_TFLOPs=tuple(mattn))
+                         masked_attention_TFLOPs=tuple(mattn), softcap_attention_TFLOPs=tuple(sattn))
     link = LinkSpec(name="calibrated", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=lat, pageable_GBps=pg)
     hst = HostSpec(name=cpu_name(), ram_GiB=ram, dram_GBps=bus, cores=os.cpu_count() or 1,
                    adam_Gparams_per_s=adam, os_reserved_GiB=os_reserved_GiB(ram), thread_GBps=thread)

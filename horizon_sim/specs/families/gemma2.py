@@ -7,10 +7,11 @@ and scaled by query_pre_attn_scalar ** -0.5, a gated GELU-tanh MLP, logits soft-
 
 Its norms keep their fp32 (1 + w) per call (Kernel.unit_offset) and multiply in fp32
 (fp32_weight); its GELU-tanh gate is priced as SiLU's (the same bytes and saved tensors); its
-attention, soft-capped, runs in chunks of query rows (Kernel.softcap; its temporaries are
-work.softcap_attention_bytes), priced by the attention's FLOPs at the calibrated SDPA rate: the
-fp32 passes over each chunk's scores (tanh, exp, their gradients) are not priced (an estimate:
-slower than that on a CPU). The logits' soft-cap keeps the chunk's tanh beside the loss
+attention, soft-capped, runs on the CPU backend in chunks of query rows (Kernel.softcap; its
+temporaries are work.softcap_attention_bytes), priced by the attention's FLOPs at the calibrated
+SDPA rate plus its fp32 passes over each chunk's scores (work.softcap_elementwise_bytes); a GPU
+runs it as one fused kernel (flex_attention), priced at softcap_attention_TFLOPs (sim/costs.py;
+the device peak still counts the chunks' scores, an upper bound there). The logits' soft-cap keeps the chunk's tanh beside the loss
 (work.head_temp_peak_bytes); the embedding's scale is not priced (one multiply per row).
 
 HF config: hidden_activation (gelu_pytorch_tanh), head_dim, query_pre_attn_scalar ->
