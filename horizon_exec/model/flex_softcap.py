@@ -3,9 +3,9 @@ its score_mod, compiled by Triton. The scores never reach device memory (the chu
 softcap_attention.py, writes each chunk's fp32 scores, tanh and probabilities, and reads them
 again in its backward); like a flash kernel it keeps o and the fp32 logsumexp for the backward.
 
-Measured on an H200 (benchmarks/softcap_attention.py, Gemma 2's shapes at 8,192 tokens, bf16,
-forward + backward): 4.9-10.9x the chunked kernel's speed. flex_attention's backward does not
-run on the CPU, so the CPU backend keeps the chunked kernel (`usable`)."""
+On a GPU it is several times the chunked kernel's speed at Gemma 2's shapes
+(benchmarks/softcap_attention.py measures both side by side). flex_attention's backward does
+not run on the CPU, so the CPU backend keeps the chunked kernel (`usable`)."""
 import functools
 
 import torch

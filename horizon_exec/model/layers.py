@@ -6,8 +6,8 @@ A block knows nothing about slots, streams or the host store: the engine binds t
 back before the weight multiply, RoPE with the rotate_half convention and cos/sin in the
 activation dtype (tables: rope.py, with transformers' RoPE scaling), SDPA with grouped kv heads
 (causal, or under a mask for sliding windows and document boundaries: attention_mask; with
-soft-capped scores: flex_softcap.py on a GPU, softcap_attention.py elsewhere), SwiGLU or GELU-tanh gated MLP, optional q/k/v and MLP
-biases, optional per-head q/k RMSNorms before RoPE; Gemma's (1 + w) RMSNorm; LayerNorm with a
+soft-capped scores: flex_softcap.py on a GPU, softcap_attention.py elsewhere), SwiGLU or
+GELU-tanh gated MLP, optional q/k/v and MLP biases, optional per-head q/k RMSNorms before RoPE; Gemma's (1 + w) RMSNorm; LayerNorm with a
 bias and RoPE on part of each head (GPT-NeoX).
 """
 from collections.abc import Mapping

@@ -27,8 +27,9 @@ def _load(path: Path) -> dict:
 
 def gh100_kernels(bf16_TFLOPs: float, hbm_GBps: float) -> dict:
     """DeviceSpec fields for a GH100 part with this dense bf16 peak and HBM peak: the H200's
-    measured GEMM, attention (SDPA's, and the soft-capped attention's fused kernel) and loss rates scaled by the peak ratio (1 for the H200, H100 SXM
-    and GH200), its elementwise rate by the HBM ratio, its op overheads as measured."""
+    measured GEMM, attention (SDPA's, and the soft-capped attention's fused kernel) and loss
+    rates scaled by the peak ratio (1 for the H200, H100 SXM and GH200), its elementwise rate by
+    the HBM ratio, its op overheads as measured."""
     m = _load(H200_FILE)
     c = bf16_TFLOPs / m["bf16_TFLOPs"]
     gemm = tuple((r[0], r[1], *r[2:5], r[5] * c) for r in m["gemm_TFLOPs"])

@@ -182,7 +182,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
         f, b = attention_rates(seq, hd, torch.bfloat16, dev_t, masked=True)
         mattn.append(("bf16", float(seq), float(hd), f, b))
     sattn = []
-    for seq, hd in SOFTCAP_GRID[:1] if quick else SOFTCAP_GRID:
+    for seq, hd in (SOFTCAP_GRID[:1] if quick else SOFTCAP_GRID):
         rates = softcap_attention_rates(seq, hd, torch.bfloat16, dev_t)
         if rates is not None:
             sattn.append(("bf16", float(seq), float(hd), *rates))

@@ -11,8 +11,8 @@ attention, soft-capped, runs on the CPU backend in chunks of query rows (Kernel.
 temporaries are work.softcap_attention_bytes), priced by the attention's FLOPs at the calibrated
 SDPA rate plus its fp32 passes over each chunk's scores (work.softcap_elementwise_bytes); a GPU
 runs it as one fused kernel (flex_attention), priced at softcap_attention_TFLOPs (sim/costs.py;
-the device peak still counts the chunks' scores, an upper bound there). The logits' soft-cap keeps the chunk's tanh beside the loss
-(work.head_temp_peak_bytes); the embedding's scale is not priced (one multiply per row).
+the device peak still counts the chunks' scores, an upper bound there). The logits' soft-cap
+keeps the chunk's tanh beside the loss (work.head_temp_peak_bytes); the embedding's scale is not priced (one multiply per row).
 
 HF config: hidden_activation (gelu_pytorch_tanh), head_dim, query_pre_attn_scalar ->
 query_scale, attn_logit_softcapping -> attn_softcap, final_logit_softcapping -> logit_softcap,
