@@ -78,6 +78,20 @@ def _yarn(m: ModelSpec, device):
     return inter * (1 - keep) + extra * keep, float(attn)
 
 
+def _longrope(m: ModelSpec, seq: int, device):
+    """Each frequency divided by its own factor: the long ones when the sequence passes the
+    pretraining context (transformers switches by the longest position a batch holds; a step of
+    `seq` tokens holds seq - 1), else the short ones; cos/sin times an attention factor."""
+    s, dim = m.rope_scaling, m.rotary_dim
+    factor = s.factor or m.max_position / s.original_max_position
+    attn = s.attention_factor or (1.0 if factor <= 1.0 else
+                                  math.sqrt(1 + math.log(factor) / math.log(s.original_max_position)))
+    ext = torch.tensor(s.long_factor if seq > s.original_max_position else s.short_factor,
+                       dtype=torch.float32, device=device)
+    shape = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
+    return 1.0 / (ext * m.rope_theta ** shape), attn
+
+
 def inv_freq(m: ModelSpec, seq: int, device=None) -> tuple[torch.Tensor, float]:
     """(inverse frequencies (rotary_dim/2,) fp32, attention factor) for sequences of `seq` tokens."""
     s = m.rope_scaling
@@ -91,6 +105,8 @@ def inv_freq(m: ModelSpec, seq: int, device=None) -> tuple[torch.Tensor, float]:
         return _llama3(m, device)
     if s.kind == "dynamic":
         return _dynamic(m, seq, device)
+    if s.kind == "longrope":
+        return _longrope(m, seq, device)
     return _yarn(m, device)
 
 

@@ -159,6 +159,7 @@ _ROPE_KEYS = {  # keys transformers' validators accept per rope type (+ rope_typ
     "yarn": {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
              "mscale", "mscale_all_dim", "truncate"},
     "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+    "longrope": {"factor", "original_max_position_embeddings", "attention_factor", "short_factor", "long_factor"},
 }
 
 
@@ -199,7 +200,7 @@ def _rope(cfg: dict, where: str, partial: bool = False) -> tuple[float, RopeScal
     prf = as_float(prf, "partial_rotary_factor", where)
     if kind == "default":
         return theta, None, prf
-    if kind != "yarn" and params.get("factor") is None:
+    if kind not in ("yarn", "longrope") and params.get("factor") is None:
         raise HorizonError(f"{where}: {key} rope type {kind!r} needs a 'factor'")
     num = {}
     for k, field in (("factor", "factor"), ("low_freq_factor", "low_freq_factor"),
@@ -218,6 +219,15 @@ def _rope(cfg: dict, where: str, partial: bool = False) -> tuple[float, RopeScal
             num[k] = dflt
     if params.get("original_max_position_embeddings") is not None:
         num["original_max_position"] = as_int(params, "original_max_position_embeddings", f"{where}: {key}")
+    if kind == "longrope":
+        if cfg.get("original_max_position_embeddings") is not None:  # Phi-3's top-level one wins (transformers)
+            num["original_max_position"] = as_int(cfg, "original_max_position_embeddings", where)
+        for k in ("short_factor", "long_factor"):
+            v = params.get(k)
+            if not isinstance(v, list) or not v:
+                raise HorizonError(f"{where}: {key}.{k} = {v!r} must be a list of numbers (one per rotated "
+                                   "frequency)")
+            num[k] = tuple(as_float(x, f"{key}.{k}", where, strict=False) for x in v)
     if "truncate" in params:
         num["truncate"] = as_bool(params, "truncate", f"{where}: {key}", True)
     try:
@@ -233,7 +243,7 @@ def _resolve(s: RopeScaling | None, max_position: int) -> RopeScaling | None:
         return s
     if s.kind == "dynamic" and not max_position:
         raise HorizonError("rope type 'dynamic' needs max_position_embeddings")
-    if s.kind in ("llama3", "yarn") and not s.original_max_position:
+    if s.kind in ("llama3", "yarn", "longrope") and not s.original_max_position:
         if not max_position:
             raise HorizonError(f"rope type {s.kind!r} needs original_max_position_embeddings or "
                                "max_position_embeddings")

@@ -17,6 +17,7 @@ _ROPE_OUT = {
                "high_freq_factor": "high_freq_factor", "original_max_position": "original_max_position_embeddings"},
     "yarn": {"factor": "factor", "original_max_position": "original_max_position_embeddings",
              "beta_fast": "beta_fast", "beta_slow": "beta_slow", "truncate": "truncate"},
+    "longrope": {"original_max_position": "original_max_position_embeddings"},
 }
 
 
@@ -37,6 +38,9 @@ def rope_parameters_of(spec: ModelSpec, partial: bool = False) -> dict:
     if s is not None:
         d["rope_type"] = s.kind
         d.update({key: getattr(s, f) for f, key in _ROPE_OUT[s.kind].items()})
+        if s.kind == "longrope":
+            d["short_factor"], d["long_factor"] = list(s.short_factor), list(s.long_factor)
+            d.update({k: getattr(s, k) for k in ("factor", "attention_factor") if getattr(s, k)})
         if s.kind == "yarn":
             if s.attention_factor:
                 d["attention_factor"] = s.attention_factor

@@ -162,6 +162,12 @@ class ModelSpec:
             raise HorizonError(f"model rope_scaling={self.rope_scaling!r} must be a RopeScaling or None")
         if self.rope_scaling is not None and self.rope_scaling.kind == "dynamic" and not self.max_position:
             raise HorizonError("model rope_scaling 'dynamic' needs max_position (max_position_embeddings)")
+        s = self.rope_scaling
+        if s is not None and s.kind == "longrope" and \
+                not len(s.short_factor) == len(s.long_factor) == self.rotary_dim // 2:
+            raise HorizonError(f"model rope_scaling 'longrope' has {len(s.short_factor)} short and "
+                               f"{len(s.long_factor)} long factors; want one per rotated frequency, "
+                               f"{self.rotary_dim // 2} (rotary_dim / 2)")
         if self.layer_windows and len(self.layer_windows) != self.n_layers:
             raise HorizonError(f"model layer_windows has {len(self.layer_windows)} entries; "
                                f"want one per block ({self.n_layers}) or none")
@@ -299,4 +305,9 @@ class ModelSpec:
         d["layer_windows"] = list(self.layer_windows)
         if not d["hidden_act"]:  # the family's own: left out, so specs written before the field read (and digest) the same
             del d["hidden_act"]
+        if d["rope_scaling"] is not None:  # longrope's lists; left out of the other kinds, as before them
+            for f in ("short_factor", "long_factor"):
+                d["rope_scaling"][f] = list(d["rope_scaling"][f])
+                if not d["rope_scaling"][f]:
+                    del d["rope_scaling"][f]
         return d

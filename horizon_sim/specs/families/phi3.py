@@ -5,14 +5,16 @@ layer (Phi-3-mini's 2047). The fused tensors are held, loaded and saved fused, a
 store them.
 
 HF config: sliding_window -> layer_windows (null: none); resid_pdrop and embd_pdrop must be 0
-(no dropout in training here); original_max_position_embeddings is read by longrope only, and
-longrope (Phi-3-mini-128k, Phi-3.5, Phi-4-mini) and a partial_rotary_factor other than 1
-(Phi-4-mini) are refused by name by the generic reader."""
+(no dropout in training here); longrope RoPE (Phi-3-mini-128k, Phi-3.5, Phi-4-mini: specs/rope.py)
+with the top-level original_max_position_embeddings, which transformers prefers to the rope
+parameters' own and which the writer therefore writes with it; partial_rotary_factor (Phi-4-mini's
+0.75) -> rotary_fraction."""
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.block_parts import Kernel, Projection, attention_kernels, block_tensors, dense_mlp_kernels
 from horizon_sim.specs.families.family import ModelFamily
 from horizon_sim.specs.hf_families import HfFamily, defaults_with, one_window
 from horizon_sim.specs.hf_values import as_float
+from horizon_sim.specs.rope import RopeScaling
 
 
 def projections(m):
@@ -50,9 +52,22 @@ def _export(spec) -> dict:
     if len(set(spec.layer_windows)) > 1:
         raise HorizonError(f"model {spec.name!r}: phi3 has one sliding window on every layer, the layers want "
                            f"{sorted(set(spec.layer_windows))}")
-    return {"sliding_window": spec.layer_windows[0] if spec.layer_windows else None,
-            "resid_pdrop": 0.0, "embd_pdrop": 0.0}
+    out = {"sliding_window": spec.layer_windows[0] if spec.layer_windows else None,
+           "resid_pdrop": 0.0, "embd_pdrop": 0.0}
+    if spec.rope_scaling is not None and spec.rope_scaling.kind == "longrope":  # else the class's 4096 wins
+        out["original_max_position_embeddings"] = spec.rope_scaling.original_max_position
+    return out
 
+
+# microsoft/Phi-4-mini-instruct config.json's rope_scaling (transformers 4.45 format; as copied in the
+# tests of an MLX port of its 4-bit conversion): longrope on 96 of each head's 128 dimensions, short
+# factors 1 (the 4k pretraining context), long factors from 1 to 47.77 up to 131072 positions.
+PHI4_MINI_ROPE = RopeScaling(kind="longrope", original_max_position=4096, short_factor=(1.0,) * 48, long_factor=(
+    1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817, 2.187582649, 2.446418898,
+    2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023, 4.785517845, 5.351743533, 5.984965424,
+    6.693110555, 7.485043894, 8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
+    16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23,
+    32.6, 32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77))
 
 PRESETS = (
     # microsoft/Phi-3-mini-4k-instruct config.json: 32 kv heads, a 2047-token sliding window on every
@@ -68,6 +83,12 @@ PRESETS = (
     # window, vocab 100352, pad_token_id 100257 (the config of the transformers 4.47 release).
     dict(name="phi-4", n_layers=40, hidden=5120, n_heads=40, n_kv_heads=10, ffn_hidden=17920, vocab=100352,
          norm_eps=1e-5, rope_theta=2.5e5, max_position=16384, padding_idx=100257),
+    # microsoft/Phi-4-mini-instruct config.json (above): 32 layers of 3072, 24 heads of 128, 8 kv heads,
+    # MLP 8192, vocabulary 200064 tied, pad 199999, a 262144-token window (wider than its context),
+    # 131072 positions by longrope over 3/4 of each head.
+    dict(name="phi-4-mini", n_layers=32, hidden=3072, n_heads=24, n_kv_heads=8, ffn_hidden=8192, vocab=200064,
+         norm_eps=1e-5, rope_theta=1e4, max_position=131072, tied_embeddings=True, padding_idx=199999,
+         layer_windows=(262144,) * 32, rotary_fraction=0.75, rope_scaling=PHI4_MINI_ROPE),
 )
 
 HF = HfFamily(
@@ -76,7 +97,9 @@ HF = HfFamily(
                   num_attention_heads=32, num_key_value_heads=None, resid_pdrop=0.0, embd_pdrop=0.0,
                   max_position_embeddings=4096, original_max_position_embeddings=4096, rms_norm_eps=1e-5,
                   sliding_window=None, pad_token_id=32000),
-    frozenset({"resid_pdrop", "embd_pdrop", "original_max_position_embeddings", "sliding_window"}), _read, _export)
+    frozenset({"resid_pdrop", "embd_pdrop", "original_max_position_embeddings", "sliding_window",
+               "partial_rotary_factor"}), _read, _export,
+    partial_rotary=True)
 
 FAMILY = ModelFamily("phi3", "Llama's block with fused qkv and gate_up projections (Phi-3, Phi-4)",
                      projections, kernels, tensors, hf=HF, check=_check, presets=PRESETS)
