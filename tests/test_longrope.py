@@ -5,7 +5,8 @@ A tiny phi3 with longrope (a factor per rotated frequency, short ones up to the 
 context of 8 tokens, long ones beyond) on 3/4 of each head: its RoPE tables equal
 transformers' bit for bit below and above that context; one fp32 step's logits, loss and every
 gradient equal transformers' at both lengths; the config.json Horizon writes reads back to the
-same spec and transformers builds the same RoPE from it; bad factors are one-line refusals."""
+same spec and transformers builds the same RoPE from it; bad factors, and document masks past
+that context (where transformers' choice of factors depends on the data), are one-line refusals."""
 import json
 
 import pytest
@@ -106,3 +107,16 @@ def test_the_written_config_reads_back_and_builds_the_same_rope(tmp_path):
 def test_bad_factors_are_refused_in_one_line(scaling, msg):
     with pytest.raises(HorizonError, match=msg):
         spec_from_config_dict({**CONFIG, "rope_scaling": scaling})
+
+
+def test_document_masks_past_the_pretraining_context_are_refused(tmp_path):
+    """transformers picks the factors by a batch's longest position, which document masks make
+    depend on the data; within the context both pick the short ones."""
+    from horizon_exec.runtime.config import TrainerConfig
+    from horizon_exec.runtime.trainer import Trainer
+    from horizon_sim.specs.policy import exact_policy
+    spec = spec_from_config_dict(dict(CONFIG))
+    with pytest.raises(HorizonError, match=r"longrope RoPE past its original_max_position_embeddings \(8\) with "
+                                           r"document masks is not supported; use --seq <= 8"):
+        Trainer(spec, exact_policy(batch=2, seq=16, doc_masks=True), TrainerConfig())
+    Trainer(spec, exact_policy(batch=2, seq=8, doc_masks=True), TrainerConfig()).close()

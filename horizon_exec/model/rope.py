@@ -81,7 +81,8 @@ def _yarn(m: ModelSpec, device):
 def _longrope(m: ModelSpec, seq: int, device):
     """Each frequency divided by its own factor: the long ones when the sequence passes the
     pretraining context (transformers switches by the longest position a batch holds; a step of
-    `seq` tokens holds seq - 1), else the short ones; cos/sin times an attention factor."""
+    `seq` tokens holds seq - 1, and document masks past that context are refused:
+    runtime/positions.py), else the short ones; cos/sin times an attention factor."""
     s, dim = m.rope_scaling, m.rotary_dim
     factor = s.factor or m.max_position / s.original_max_position
     attn = s.attention_factor or (1.0 if factor <= 1.0 else

@@ -50,6 +50,11 @@ class AttentionInputs:
             # document masks make depend on the data: one table could not match it.
             raise HorizonError(f"dynamic RoPE past max_position_embeddings ({model.max_position}) with "
                                f"document masks is not supported; use --seq <= {model.max_position}")
+        if policy.doc_masks and rs is not None and rs.kind == "longrope" and T > rs.original_max_position:
+            # the same for longrope's choice of factors: by the batch's longest document there
+            raise HorizonError(f"longrope RoPE past its original_max_position_embeddings "
+                               f"({rs.original_max_position}) with document masks is not supported; use "
+                               f"--seq <= {rs.original_max_position}")
         # one (T, hd) pair per RoPE base (ModelSpec.rope_table_count; stacked when two: Gemma 3)
         self.cos, self.sin = self._per_base(buffers.find(Holds.ROPE_COS)), self._per_base(buffers.find(Holds.ROPE_SIN))
         for c, s, (cos, sin) in zip(self.cos, self.sin, rope_tables_per_base(model, T, self.cos[0].dtype,
