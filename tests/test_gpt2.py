@@ -1,8 +1,9 @@
 """What GPT-2 adds beyond tests/test_families.py's generic checks: learned positions restart at
 each document under document masks (a packed sequence's second document is embedded as it is
-alone), a step longer than the positions is refused before anything is built, the attention
-scalings transformers' GPT-2 can switch to are refused by name, and a config's dropout is named
-rather than silently not run."""
+alone), a step longer than the positions is refused before anything is built (and --seq left
+at its default is the positions, in every command), the attention scalings transformers' GPT-2
+can switch to are refused by name, and a config's dropout is named rather than silently not
+run."""
 from dataclasses import replace
 
 import pytest
@@ -53,3 +54,36 @@ def test_a_configs_dropout_is_named():
     cfg = {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.0, "classifier_dropout": 0.1,
            "attention_dropout": 0.05, "hidden_dropout": True}
     assert _dropout_fields(cfg) == [("attention_dropout", 0.05), ("embd_pdrop", 0.1), ("resid_pdrop", 0.1)]
+
+
+def test_the_default_seq_is_the_learned_positions_and_a_given_one_is_kept(capsys):
+    """plan, tune, min-ram and simulate take --seq's default (2048) down to GPT-2's 1024 and say
+    so; a --seq given is the user's (refused past the positions); a RoPE model keeps 2048."""
+    import json
+
+    from horizon_sim.cli.main import main
+    where = ["--gpu", "h100-pcie", "--ram", "128GiB"]
+    assert main(["plan", "--model", "gpt2-124m", *where, "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["policy"]["seq"] == 1024
+    assert "seq 1024: gpt2-124m's learned positions (--seq not given; the default 2048 is beyond them)" in out.err
+    for cmd in (["tune", *where, "--quiet"], ["min-ram", "--gpu", "h100-pcie"], ["simulate", *where]):
+        assert main([cmd[0], "--model", "gpt2-124m", *cmd[1:]]) == 0, cmd
+        assert "seq 1024: gpt2-124m's learned positions" in capsys.readouterr().err, cmd
+    assert main(["plan", "--model", "gpt2-124m", *where, "--seq", "2048"]) == 2
+    assert "beyond the 1024 learned positions" in capsys.readouterr().err
+    assert main(["plan", "--model", "tiny", *where, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"]["seq"] == 2048
+
+
+def test_train_without_seq_trains_the_learned_positions(tmp_path, capsys):
+    import json
+
+    from horizon_sim.cli.main import main
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(to_hf_config_dict(replace(tiny("gpt2"), max_position=48, vocab=256))))
+    assert main(["train", "--model", str(cfg), "--device", "cpu", "--steps", "1", "--batch", "2",
+                 "--eval-batches", "0", "--no-progress", "--no-search", "--compute-dtype", "fp32"]) == 0
+    out = capsys.readouterr()
+    assert "seq 48: tiny-gpt2's learned positions (--seq not given" in out.err
+    assert "sequences of 48" in out.out

@@ -35,6 +35,7 @@ import importlib  # noqa: E402
 import threading  # noqa: E402
 
 from horizon_sim.cli import ctrl_c  # noqa: E402
+from horizon_sim.cli.explicit_flags import record_explicit  # noqa: E402
 from horizon_sim.cli.stdout_guard import keep_running_without_stdout, reopen_closed_std_fds  # noqa: E402
 from horizon_sim.cli.stuck_threads import exit_past_stuck_threads  # noqa: E402
 from horizon_sim.errors import HorizonError
@@ -64,7 +65,9 @@ def _parser() -> argparse.ArgumentParser:
             mod = importlib.import_module(module)
         except ImportError:  # e.g. the executor's extra is not installed
             continue
-        mod.configure(sub.add_parser(name, help=help_))
+        cmd = sub.add_parser(name, help=help_)
+        mod.configure(cmd)
+        record_explicit(cmd)  # which flags were given, whatever their values (cli/explicit_flags.py)
     return p
 
 

@@ -2,7 +2,7 @@
 import argparse
 import json
 
-from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
+from horizon_sim.cli.policy_args import add_policy_args, fit_seq_to_positions, policy_from_args
 from horizon_sim.cli.tune_cmd import add_hardware_args, hardware_from_args
 from horizon_sim.units import GiB, fmt_bytes
 from horizon_sim.specs.moe import params_label
@@ -41,6 +41,7 @@ def run(a: argparse.Namespace) -> int:
 
     from horizon_sim.errors import HorizonError
     model, hw = load_model(a.model), hardware_from_args(a)
+    fit_seq_to_positions(a, model)
     policy = policy_from_args(a, hw)
     r = min_ram(model, hw, policy)
     s = r.result.summary

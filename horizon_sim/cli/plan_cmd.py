@@ -5,7 +5,7 @@ import json
 from horizon_sim.errors import HorizonError
 
 from horizon_sim.cli.hardware_args import add_cluster_args, with_cluster
-from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
+from horizon_sim.cli.policy_args import add_policy_args, fit_seq_to_positions, policy_from_args
 from horizon_sim.job.cli import add_save_job_arg, check_job_path, save_job, saved_line
 from horizon_sim.plan.core_split import priced_for_split, threads_setting
 from horizon_sim.plan.plan import build_for, scaling_efficiency
@@ -223,7 +223,9 @@ def run(a: argparse.Namespace) -> int:
     if getattr(a, "peer_knobs", None) and not getattr(a, "compare", None):
         from horizon_sim.errors import HorizonError
         raise HorizonError("--peer-knobs sets the compared peer's knobs: add --compare zero3-offload (or zero2-offload)")
-    model, policy = load_model(a.model), policy_from_args(a, hw)
+    model = load_model(a.model)
+    fit_seq_to_positions(a, model)
+    policy = policy_from_args(a, hw)
     other = zero3 = None
     if getattr(a, "compare", None):
         zero3 = peer_policy_from_args(a, policy)

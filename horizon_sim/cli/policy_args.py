@@ -50,7 +50,9 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
     g.add_argument("--ckpt-on", action=_renamed("use --act-ckpt-on device|host"), help=argparse.SUPPRESS,
                    default=argparse.SUPPRESS)
     g.add_argument("--batch", type=int, default=defaults.batch, help=f"sequences per step (default {defaults.batch})")
-    g.add_argument("--seq", type=int, default=defaults.seq, help=f"tokens per sequence (default {defaults.seq})")
+    g.add_argument("--seq", type=int, default=defaults.seq,
+                   help=f"tokens per sequence (default {defaults.seq}, or a model's learned positions where fewer: "
+                        "GPT-2's 1024)")
     g.add_argument("--micro-batches", type=int, default=defaults.micro_batches,
                    help="micro-batches per step; gradients accumulate on the host (--mb-order layer: on the "
                         f"device) {d(defaults.micro_batches)}")
@@ -149,3 +151,19 @@ def policy_from_args(a: argparse.Namespace, hw=None) -> Policy:
                                loss_chunk_tokens=getattr(a, "loss_chunk_tokens", _D.loss_chunk_tokens),
                                loss_kernel=getattr(a, "loss_kernel", None),
                                cpu_backend=hw is not None and is_cpu_backend(hw))
+
+
+def fit_seq_to_positions(a: argparse.Namespace, model) -> None:
+    """--seq left at its default for a model whose learned positions are fewer (GPT-2's 1024
+    against the default 2048): the step is the model's context, and stderr says so. A --seq
+    given is kept (and refused past the positions by schedule/limits.py)."""
+    import sys
+
+    from horizon_sim.cli.explicit_flags import given
+    from horizon_sim.specs.families import family
+    if "seq" in given(a) or not family(model.family).learned_positions or not 0 < model.max_position < a.seq:
+        return
+    print(f"seq {model.max_position}: {model.name}'s learned positions (--seq not given; the default {a.seq} is "
+          f"beyond them)", file=sys.stderr)
+    a.seq = model.max_position
+

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from horizon_sim.cli import plan_cmd
-from horizon_sim.cli.policy_args import policy_from_args
+from horizon_sim.cli.policy_args import fit_seq_to_positions, policy_from_args
 from horizon_sim.errors import HorizonError
 from horizon_sim.plan import plan
 from horizon_sim.safe_files import refuse_non_regular
@@ -48,7 +48,9 @@ def run(a: argparse.Namespace) -> int:
     if a.save_job:
         from horizon_sim.job.cli import check_job_path
         check_job_path(a.save_job)
-    model, policy = load_model(a.model), policy_from_args(a, hw)
+    model = load_model(a.model)
+    fit_seq_to_positions(a, model)
+    policy = policy_from_args(a, hw)
     r = plan(model, hw, policy)
     written = {}
     if a.plot:

@@ -7,7 +7,7 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.cli.explicit_flags import given as explicit
 from horizon_sim.cli.explicit_flags import record_explicit
 from horizon_sim.cli.hardware_args import add_cluster_args, with_cluster
-from horizon_sim.cli.policy_args import add_policy_args, policy_from_args
+from horizon_sim.cli.policy_args import add_policy_args, fit_seq_to_positions, policy_from_args
 from horizon_sim.schedule.op import PEERS
 from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
 from horizon_sim.specs.policy import Policy
@@ -166,6 +166,7 @@ def run(a: argparse.Namespace) -> int:
     positive("--batch", a.batch)
     positive("--workers", a.workers, allow_none=True)
     model, hw = load_model(a.model), hardware_from_args(a)
+    fit_seq_to_positions(a, model)
     if a.save_job:
         from horizon_sim.job.cli import check_job_path
         check_job_path(a.save_job)  # before the search
