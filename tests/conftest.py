@@ -52,5 +52,4 @@ def _cpu_backend_by_default(request, monkeypatch):
         return
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setattr("horizon_exec.measure.machine.detect.cuda_here", lambda: False)
-    monkeypatch.setattr("horizon_exec.cli.job_machine._cuda_here", lambda: False)
 

@@ -129,9 +129,9 @@ def test_a_rank_exits_soon_after_its_launcher_is_killed(pdeathsig):
         parent.kill()   # SIGKILL: the launcher cannot stop its ranks itself
         parent.wait()
         t0 = time.monotonic()
-        while _alive(child) and time.monotonic() - t0 < 5:
+        while _alive(child) and time.monotonic() - t0 < 60:
             time.sleep(0.05)
-        assert not _alive(child)   # within 5 s, far inside any --dist-timeout (about 0.5 s measured by hand)
+        assert not _alive(child)   # a no-hang bound (about 0.5 s measured by hand), generous for a busy machine
         if not pdeathsig:
             assert "the launcher (pid" in parent.stderr.read()
     finally:

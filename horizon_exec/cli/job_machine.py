@@ -8,7 +8,7 @@ by `horizon calibrate` on this machine holds these very figures; a preset holds 
 import os
 
 # This machine's facts live with its description (measure/machine/detect.py), under their old names here.
-from horizon_exec.measure.machine.detect import cuda_here as _cuda_here
+from horizon_exec.measure.machine import detect
 from horizon_exec.measure.machine.detect import gpu as _gpu
 from horizon_exec.measure.machine.detect import host_ram_GiB
 from horizon_exec.measure.machine.detect import model_token as _model_token
@@ -29,7 +29,7 @@ def differences(hw: HardwareSpec, device: str) -> list[str]:
     job_cpu, here_cpu = is_cpu_backend(hw), device == "cpu"
     if job_cpu != here_cpu:
         out.append(f"device {device} (the job's: {'the CPU backend' if job_cpu else hw.device.name})")
-    elif not here_cpu and not _cuda_here():
+    elif not here_cpu and not detect.cuda_here():
         out.append(f"device {device}: no CUDA device here")
     elif not here_cpu:
         name, mem = _gpu(device)

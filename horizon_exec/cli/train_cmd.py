@@ -257,9 +257,7 @@ def run_train(args: argparse.Namespace) -> int:
             read = check_run_inputs(cfg, launch_cfg)
         if job is None and cfg.checkpoints.resume is None:  # a default --seq past GPT-2's positions: its context
             from horizon_sim.cli.policy_args import fit_seq_to_positions
-            seq = args.seq
-            fit_seq_to_positions(args, read.model)
-            if args.seq != seq:
+            if fit_seq_to_positions(args, read.model):
                 cfg = run_config(args)
         if job is None:  # the policy flags not given: the planner's choice (train_policy.py)
             cfg, read = _planned(args, cfg, read, launch_cfg)

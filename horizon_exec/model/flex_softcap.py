@@ -13,8 +13,11 @@ import torch
 
 def usable(q) -> bool:
     """q is on a CUDA device and this torch has flex_attention."""
-    if not q.is_cuda:
-        return False
+    return q.is_cuda and _available()
+
+
+@functools.cache
+def _available() -> bool:
     try:
         import torch.nn.attention.flex_attention  # noqa: F401
     except ImportError:

@@ -153,17 +153,18 @@ def policy_from_args(a: argparse.Namespace, hw=None) -> Policy:
                                cpu_backend=hw is not None and is_cpu_backend(hw))
 
 
-def fit_seq_to_positions(a: argparse.Namespace, model) -> None:
+def fit_seq_to_positions(a: argparse.Namespace, model) -> bool:
     """--seq left at its default for a model whose learned positions are fewer (GPT-2's 1024
-    against the default 2048): the step is the model's context, and stderr says so. A --seq
-    given is kept (and refused past the positions by schedule/limits.py)."""
+    against the default 2048): the step is the model's context, and stderr says so (True). A
+    --seq given is kept (and refused past the positions by schedule/limits.py)."""
     import sys
 
     from horizon_sim.cli.explicit_flags import given
     from horizon_sim.specs.families import family
     if "seq" in given(a) or not family(model.family).learned_positions or not 0 < model.max_position < a.seq:
-        return
+        return False
     print(f"seq {model.max_position}: {model.name}'s learned positions (--seq not given; the default {a.seq} is "
           f"beyond them)", file=sys.stderr)
     a.seq = model.max_position
+    return True
 

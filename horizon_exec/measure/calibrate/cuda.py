@@ -70,7 +70,12 @@ def attention_rates(seq: int, hd: int, dtype, device, heads: int = 8, kv_heads: 
     backward as (forward with grad + autograd.grad) less the forward. Unlike a per-kernel
     timer keyed on kernel names, this does not divide by zero when SDPA falls back to its
     math path (GPUs before sm80, where the fused kernels are missing)."""
-    fwd, fwd_bwd, nominal = attention_calls(seq, hd, dtype, device, heads, kv_heads, 16384, masked)
+    return _fwd_bwd_rates(*attention_calls(seq, hd, dtype, device, heads, kv_heads, 16384, masked))
+
+
+def _fwd_bwd_rates(fwd, fwd_bwd, nominal: float) -> tuple[float, float]:
+    """(forward, backward) TFLOP/s of an attention kernel: fwd() and fwd_bwd() event-timed, the
+    backward as their difference, against `nominal` forward FLOPs (the backward's: twice)."""
     t_f = _device_seconds(fwd, max_reps=50)
     t_b = max(_device_seconds(fwd_bwd, max_reps=50) - t_f, 0.1 * t_f)
     return nominal / t_f / 1e12, 2.0 * nominal / t_b / 1e12
@@ -103,10 +108,7 @@ def softcap_attention_rates(seq: int, hd: int, dtype, device, heads: int = 8,
     def fwd_bwd():
         o = flex_softcap.flex_softcap_attention(qg, kg, vg, hd ** -0.5, 50.0)
         torch.autograd.grad(o, [qg, kg, vg], go)
-    nominal = 2.0 * batch * heads * seq * seq * hd
-    t_f = _device_seconds(fwd, max_reps=50)
-    t_b = max(_device_seconds(fwd_bwd, max_reps=50) - t_f, 0.1 * t_f)
-    return nominal / t_f / 1e12, 2.0 * nominal / t_b / 1e12
+    return _fwd_bwd_rates(fwd, fwd_bwd, 2.0 * batch * heads * seq * seq * hd)
 
 
 def _library_workspace_bytes(dev_t) -> int:
