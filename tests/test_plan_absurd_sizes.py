@@ -188,7 +188,7 @@ def test_sweep_refuses_a_huge_model_and_grid_in_one_line(capsys, no_hang, tmp_pa
 
 @pytest.mark.parametrize("argv,words", [
     (["--batch", str(10**12)], ["batch=1000000000000", f"allowed: 1..{MAX_BATCH:,}"]),
-    (["--micro-batches", "1000", "--batch", "1000"], ["micro_batches=1000", "micro_batches <= 455"]),
+    (["--micro-batches", "10000", "--batch", "10000"], ["micro_batches=10000", "micro_batches <= 3640"]),
 ])
 def test_train_admission_refuses_absurd_sizes_before_anything(capsys, no_hang, argv, words):
     _one_line_error(capsys, ["train", "--model", "tiny", "--steps", "1", *argv], *words)

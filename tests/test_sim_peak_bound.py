@@ -106,3 +106,63 @@ def test_the_executor_with_a_late_d2h_lane_stays_under_the_bound():
         tr.engine.hook = late
         slow = tr.step(toks).device_peak_bytes
     assert normal <= slow <= bound, (normal, slow, bound)
+
+
+def _reference_bound(sched, staging=True) -> int:
+    """The module docstring's bound the slow way: ancestor and descendant sets of every op, and
+    per compute op (inside it, and in the gap before it, and after the last) the sum of every
+    buffer that can be live plus the workspaces of the ops that can run then."""
+    from horizon_sim.schedule.check import predecessors
+    from horizon_sim.schedule.effects import op_effects
+    from horizon_sim.schedule.op import Lane, Space
+    n = len(sched.ops)
+    preds = predecessors(sched)
+    anc = [set() for _ in range(n)]
+    for o in range(n):  # program order is a topological order of deps and lanes
+        for p in preds[o]:
+            anc[o] |= anc[p] | {p}
+    desc = [{d for d in range(n) if o in anc[d]} for o in range(n)]
+    alloc, free, ws = [0] * n, [0] * n, [0] * n
+    for op, e in zip(sched.ops, op_effects(sched)):
+        for (sp, role), b in e.alloc.items():
+            if sp == Space.DEVICE and role == "workspace" and (op.lane == Lane.COMPUTE or staging):
+                ws[op.id] += b
+            elif sp == Space.DEVICE and role != "workspace":
+                alloc[op.id] += b
+        for (sp, role), b in e.free.items():
+            if sp == Space.DEVICE and role != "workspace":
+                free[op.id] += b
+    others = [o for o in sched.ops if o.lane != Lane.COMPUTE]
+
+    def running(excluded):
+        lanes = {}
+        for o in others:
+            if o.id not in excluded:
+                lanes[o.lane] = max(lanes.get(o.lane, 0), ws[o.id])
+        return sum(lanes.values())
+    compute = [o.id for o in sched.ops if o.lane == Lane.COMPUTE]
+    best = 0
+    for c in compute:
+        best = max(best, sum(alloc) - sum(alloc[d] for d in desc[c]) - sum(free[a] for a in anc[c]) + ws[c]
+                   + running(anc[c] | desc[c]))
+    for prev, nxt in zip([None, *compute], [*compute, None]):
+        before = anc[prev] | {prev} if prev is not None else set()
+        after = desc[nxt] | {nxt} if nxt is not None else set()
+        best = max(best, sum(alloc) - sum(alloc[d] for d in after) - sum(free[a] for a in before)
+                   + running(before | after))
+    return sched.static_bytes(Space.DEVICE) + best
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(L=st.integers(2, 6), micro=st.sampled_from([1, 2, 3]), K=st.integers(1, 3), slots=st.integers(2, 3),
+       where=st.sampled_from(["host", "device"]), opt=st.sampled_from(["after", "pipelined", "backward"]),
+       order=st.sampled_from(["micro", "layer"]), keep=st.integers(0, 2), staging=st.booleans())
+def test_the_one_pass_bound_is_the_bound_by_definition(L, micro, K, slots, where, opt, order, keep, staging):
+    """device_peak_bound carries its sums along the compute lane in one pass; the definition
+    recomputes every set for every compute op and gap: the same bytes."""
+    spec = ModelSpec(n_layers=L, hidden=128, n_heads=4, n_kv_heads=2, ffn_hidden=256, vocab=512)
+    pol = Policy(batch=2 * micro, micro_batches=micro, seq=64, act_ckpt_every=min(K, L), slots=slots,
+                 act_ckpt_on=where, optimizer=opt, grad_clip=0.0 if opt == "backward" else 1.0, mb_order=order,
+                 keep_last=min(keep, L))
+    sched = build_schedule(spec, pol)
+    assert device_peak_bound(sched, staging) == _reference_bound(sched, staging)

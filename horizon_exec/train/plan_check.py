@@ -52,7 +52,11 @@ class Prediction:
     source: str
     """Which hardware the speeds are from, for the start line and the report."""
     timeline: object = field(default=None, compare=False, repr=False)
-    """The simulated step (horizon_sim.sim.timeline columns), for the overlay."""
+    """The simulated step (horizon_sim.sim.timeline columns), for the overlay; None where the
+    figures were extended from fewer micro-batches (horizon_sim/sim/extend.py): then no
+    simulated timeline is of this run's Schedule."""
+    simulated_micro_batches: tuple = ()
+    """The micro-batch counts simulated where the figures were extended (else empty)."""
     rss_terms: dict = field(default_factory=dict, compare=False)
     """Bytes per term of host_rss_bytes."""
 
@@ -88,7 +92,8 @@ def predict(sched, hw: HardwareSpec, *, source: str, backend: str = "cpu", compu
     tokens = sched.meta.policy.tokens * sched.meta.layout.ranks
     return Prediction(step_s=step_s, device_peak_bytes=int(sim.summary.device_typical_peak_bytes),
                       host_rss_bytes=int(sum(terms.values())), tokens_per_s=tokens / step_s if step_s > 0 else math.nan,
-                      source=source, timeline=sim.timeline, rss_terms=terms)
+                      source=source, timeline=None if sim.extension else sim.timeline, rss_terms=terms,
+                      simulated_micro_batches=sim.extension.simulated if sim.extension else ())
 
 
 def dataset_bytes(ds) -> int:

@@ -6,7 +6,8 @@ for its configurations, for this run: written at the end into --report-dir (defa
                   measured, error), the predicted RSS terms and the overlay
     report.csv    the table, one row per figure, for machines
     report.json   the same rows with the run's facts (hardware, steps compared)
-    overlay.png   a measured step's timeline under the predicted one (validate's plot_overlay)
+    overlay.png   a measured step's timeline under the predicted one (validate's plot_overlay); not
+                  written where the prediction was extended from fewer micro-batches
 
 Errors are validate's: (predicted - measured) / measured. Each file is written whole or not at
 all (safe_files.write_atomic), so a full disk leaves no half a report.
@@ -60,6 +61,11 @@ def markdown(pred, meas: dict, table: list[dict], run: str) -> str:
               "the process's peak resident set (VmHWM) at the last compared step, loading included.", "",
               "## Host RSS terms (predicted)", "", "| term | bytes |", "|:---|---:|"]
     lines += [f"| {k} | {fmt_bytes(v)} |" for k, v in pred.rss_terms.items()]
+    if pred.timeline is None:
+        counts = ", ".join(map(str, pred.simulated_micro_batches))
+        lines += ["", "## Overlay", "", f"None: the planner simulated this step at {counts} micro-batches and "
+                  "extended its figures to the run's count, so no simulated timeline is of this run's Schedule.", ""]
+        return "\n".join(lines)
     lines += ["", "## Overlay", "", "Predicted bars (light, upper row) above the measured step whose time is the "
               "median of the last ones compared (lower row), per lane; grey lines join each compute op's "
               "predicted and measured start.", "", "![overlay](overlay.png)", ""]
@@ -90,10 +96,11 @@ def write_report(folder, check, *, run: str) -> list[Path]:
                            (FILES[2], json.dumps(facts, indent=1, allow_nan=False) + "\n")):
             out.append(write_atomic(folder / name, data.encode(), "the plan report"))
         err = table[0]["error"]
-        plot_overlay(pred.timeline, meas["timeline"], folder / FILES[3],
-                     title=f"{run}\nstep measured {meas['step_s'] * 1e3:.0f} ms, predicted "
-                           f"{pred.step_s * 1e3:.0f} ms ({err:+.1%})")
-        out.append(folder / FILES[3])
+        if pred.timeline is not None:
+            plot_overlay(pred.timeline, meas["timeline"], folder / FILES[3],
+                         title=f"{run}\nstep measured {meas['step_s'] * 1e3:.0f} ms, predicted "
+                               f"{pred.step_s * 1e3:.0f} ms ({err:+.1%})")
+            out.append(folder / FILES[3])
     except HorizonError as e:
         raise OutputError(f"{e}; the training itself finished ({md_path.parent} may hold part of the report)") from None
     return out

@@ -7,13 +7,14 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.cli.hardware_args import add_cluster_args, with_cluster
 from horizon_sim.cli.policy_args import add_policy_args, fit_seq_to_positions, policy_from_args
 from horizon_sim.job.cli import add_save_job_arg, check_job_path, save_job, saved_line
-from horizon_sim.plan.core_split import priced_for_split, threads_setting
-from horizon_sim.plan.plan import build_for, scaling_efficiency
+from horizon_sim.job.build import plan_policy
+from horizon_sim.plan.core_split import threads_setting
+from horizon_sim.plan.plan import scaling_efficiency
 from horizon_sim.plan.advice import advise
 from horizon_sim.peer.compare import compare_json, compare_text, parse_knobs
 from horizon_sim.plan.families import peer
 from horizon_sim.schedule.op import PEERS
-from horizon_sim.sim.simulate import SimResult, simulate
+from horizon_sim.sim.simulate import SimResult
 from horizon_sim.specs.hardware_presets import DEVICES, LINKS, make_hardware
 from horizon_sim.specs.hardware_io import load_hardware
 from horizon_sim.specs.hf_config import load_model
@@ -98,10 +99,11 @@ def result_json(r: SimResult) -> dict:
         "device_peak_bytes": s.device_peak_bytes, "device_typical_peak_bytes": s.device_typical_peak_bytes,
         "device_usable_bytes": s.device_usable_bytes,
         "host_bytes": s.host_bytes, "host_usable_bytes": s.host_usable_bytes,
-        "host_breakdown_bytes": r.host.by_role, "policy": meta.policy.to_dict(),
+        "host_breakdown_bytes": r.host.by_role, "policy": r.policy.to_dict(),
         "devices_per_node": meta.layout.devices_per_node, "nodes": meta.layout.nodes, "ranks": s.ranks,
         "exposed_network_s": s.exposed_network_s,
         "disk_bytes": s.memory.disk_need_bytes, "exposed_disk_s": s.exposed_disk_s,
+        "simulated_micro_batches": list(r.extension.simulated) if r.extension else None,
     }
 
 
@@ -111,7 +113,7 @@ def _params(r: SimResult) -> int:
 
 def report(r: SimResult, efficiency: float | None = None) -> str:
     s, meta, hw = r.summary, r.schedule.meta, r.hardware
-    pol, n, cl = meta.policy, _params(r), hw.cluster
+    pol, n, cl = r.policy, _params(r), hw.cluster
     verdict = "FITS" if s.fits else "DOES NOT FIT"
     if s.ranks == 1:
         where = f"{hw.device.name} + {hw.link.name} with {fmt_bytes(hw.host.ram_GiB * 2**30)} host RAM"
@@ -131,8 +133,8 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
         + (f", collectives {s.exposed_network_s:.3f} s" if s.ranks > 1 else "")
         + (f", disk {s.exposed_disk_s:.3f} s" if s.memory.disk_need_bytes else ""),
         "lanes     " + ", ".join(f"{k} {v:.0%} busy" for k, v in s.lane_busy.items()),
-        f"device    peak {fmt_bytes(s.device_peak_bytes)} at most whatever the timing (this timeline "
-        f"{fmt_bytes(s.device_typical_peak_bytes)}) of {fmt_bytes(s.device_usable_bytes)} usable "
+        f"device    peak {fmt_bytes(s.device_peak_bytes)} at most whatever the timing ({_timeline_peak(r)}) "
+        f"of {fmt_bytes(s.device_usable_bytes)} usable "
         f"({pol.slots} weight slots of {fmt_bytes(meta.slot_bytes)})",
         f"host      {fmt_bytes(s.host_bytes)} of {fmt_bytes(s.host_usable_bytes)} usable"
         + (" per node (its ranks' buffers, the host store once):" if s.ranks > 1 else ":"),
@@ -151,7 +153,7 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
                      f"read and written once a step at {hw.host.disk_read_GBps:g}/{hw.host.disk_write_GBps:g} GB/s")
     lines += [
         "",
-        f"policy    batch {pol.batch} x seq {pol.seq} ({meta.tokens:,} tokens/step, "
+        f"policy    batch {pol.batch} x seq {pol.seq} ({pol.tokens:,} tokens/step, "
         f"{pol.micro_batches} micro-batch(es){', layer order' if pol.mb_order == 'layer' else ''}), "
         f"K={pol.act_ckpt_every}, {_kept_text(pol, meta.n_layers)}, slots {pol.slots}, "
         f"checkpoints on {pol.act_ckpt_on}, optimizer {pol.optimizer}, clip {pol.grad_clip:g}",
@@ -160,7 +162,18 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
         f"moments {pol.states_dtype}, grads {pol.grad_dtype} over the link, working copy "
         f"{'on' if pol.working_copy else 'off'}",
     ]
+    if r.extension:
+        counts = r.extension.simulated
+        lines.append(f"simulated {', '.join(map(str, counts[:-1]))} and {counts[-1]} of the {pol.micro_batches} "
+                     f"micro-batches, the figures extended along the line through them "
+                     f"(+{r.extension.per_micro_batch_s:.3f} s a micro-batch); the timeline is of {counts[-1]}")
     return "\n".join(lines)
+
+
+def _timeline_peak(r: SimResult) -> str:
+    if r.extension and not r.extension.timeline_peak:
+        return "this timeline's own peak not extended past the counts simulated"
+    return f"this timeline {fmt_bytes(r.summary.device_typical_peak_bytes)}"
 
 
 def _kept_text(pol, n_layers: int) -> str:
@@ -230,10 +243,8 @@ def run(a: argparse.Namespace) -> int:
     if getattr(a, "compare", None):
         zero3 = peer_policy_from_args(a, policy)
         other = peer(a.compare).plan(model, hw, zero3)  # before our own plan: a bad peer setting fails fast
-    sched = build_for(model, policy, hw)
-    machine = hw  # as given: the job's [hardware] (the priced one below is at a core split)
-    hw, split = priced_for_split(sched, hw, a.compute_threads)
-    r = simulate(sched, hw)
+    machine = hw  # as given: the job's [hardware] (the priced one is at a core split)
+    r, split = plan_policy(model, hw, policy, a.compute_threads)
     job = save_job(a, model, machine, policy, result=r, split=split) if a.save_job else None
     tips = advise(r, search=not getattr(a, "no_advice", False))
     eff = scaling_efficiency(r)

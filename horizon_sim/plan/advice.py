@@ -223,7 +223,7 @@ def advise(result: SimResult, *, search: bool = True, workers: int | None = None
     """Advice for a `horizon plan` result, one sentence per line. `search=False` skips every
     re-simulation (only the shortfall is reported)."""
     meta, hw, s = result.schedule.meta, result.hardware, result.summary
-    model, policy = meta.model, meta.policy
+    model, policy = meta.model, result.policy
     out = outcome_of(result)
     lines = []
     if not out.fits_device(hw):

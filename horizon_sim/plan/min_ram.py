@@ -8,8 +8,7 @@ from dataclasses import dataclass, replace
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.plan.outcome import RAM_STEP_BYTES, round_up_ram, simulate_outcome
-from horizon_sim.plan.plan import build_for
-from horizon_sim.sim.simulate import SimResult, simulate
+from horizon_sim.sim.simulate import SimResult, simulate_policy
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -59,9 +58,8 @@ def min_ram(model: ModelSpec, hw: HardwareSpec, policy: Policy | None = None, *,
             f"(short by {fmt_bytes(out.device_peak_bytes - hw.device_bytes_usable)}); try --act-ckpt-on host, "
             "a larger --act-ckpt-every, more --micro-batches or a smaller --batch")
     ram = round_up_ram(out.ram_needed_bytes(hw), step_bytes)
-    sched = build_for(model, policy, hw)
     for _ in range(3):  # float rounding of GiB sizes could leave a byte short: step up
-        at = simulate(sched, _with_ram(hw, ram))
+        at = simulate_policy(model, policy, _with_ram(hw, ram))
         if at.summary.fits:
             break
         ram += step_bytes
@@ -70,7 +68,7 @@ def min_ram(model: ModelSpec, hw: HardwareSpec, policy: Policy | None = None, *,
                            f"with the footprint ({at.summary.why})")
     below = None
     if ram - step_bytes > hw.host.os_reserved_GiB * GiB:
-        below = simulate(sched, _with_ram(hw, ram - step_bytes))
+        below = simulate_policy(model, policy, _with_ram(hw, ram - step_bytes))
         if below.summary.fits:  # cannot happen: the footprint is the same for every RAM size
             raise HorizonError(f"{model.name}: fits in {fmt_bytes(ram - step_bytes)} although the footprint "
                                f"says {fmt_bytes(ram)}; please report this")

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.plan.plan import build_for
-from horizon_sim.sim.simulate import simulate
+from horizon_sim.sim.extend import OPS_PER_PASS, extended, passes
+from horizon_sim.sim.simulate import simulate, simulate_policy
 from horizon_sim.sim.verdict import MemoryVerdict
 from horizon_sim.specs.cpu_ranks import is_cpu_backend
 from horizon_sim.specs.hardware import HardwareSpec
@@ -111,15 +112,18 @@ def _time_limit(seconds: float):
 
 
 def simulate_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outcome:
-    """Build and simulate one step; a bad combination becomes an Outcome with `error` set."""
+    """Build and simulate one step; a bad combination becomes an Outcome with `error` set. A
+    step of many micro-batches is simulated as a few and extended (sim/extend.py): only those
+    are built."""
+    many = extended(model, policy)
     try:
-        sched = build_for(model, policy, hw)
+        sched = None if many else build_for(model, policy, hw)
+        ops = len(sched.ops) if sched else OPS_PER_PASS * passes(model.n_layers, policy.micro_batches)
+        limit = SIM_TIME_LIMIT_S + SIM_TIME_PER_OP_S * ops
+        with _time_limit(limit):
+            r = simulate_policy(model, policy, hw) if many else simulate(sched, hw)
     except HorizonError as e:
         return Outcome(error=str(e))
-    limit = SIM_TIME_LIMIT_S + SIM_TIME_PER_OP_S * len(sched.ops)
-    try:
-        with _time_limit(limit):
-            r = simulate(sched, hw)
     except _SimTimeout:
         return Outcome(error=f"simulation did not finish in {limit:.0f} s")
     return outcome_of(r)

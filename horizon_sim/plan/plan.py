@@ -1,6 +1,6 @@
 """plan(): build the schedule for (model, policy) and simulate it on the hardware."""
 from horizon_sim.schedule import build_schedule
-from horizon_sim.sim.simulate import SimResult, simulate
+from horizon_sim.sim.simulate import SimResult, simulate_policy
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.hardware_presets import make_hardware
 from horizon_sim.specs.hf_config import load_model
@@ -17,7 +17,7 @@ def plan(model: ModelSpec | str, hardware: HardwareSpec | None = None, policy: P
     `layout`, devices per node x nodes (data parallel: each device runs policy.batch sequences)."""
     spec = load_model(model) if isinstance(model, str) else model
     hw = hardware or make_hardware(gpu, ram, link, layout=layout)
-    return simulate(build_for(spec, policy or Policy(), hw), hw)
+    return simulate_policy(spec, policy or Policy(), hw)
 
 
 def build_for(model: ModelSpec, policy: Policy, hw: HardwareSpec):
@@ -33,5 +33,5 @@ def scaling_efficiency(r: SimResult) -> float | None:
     from dataclasses import replace
 
     from horizon_sim.specs.cluster import SINGLE
-    one = simulate(build_schedule(r.schedule.meta.model, r.schedule.meta.policy), replace(r.hardware, cluster=SINGLE))
+    one = simulate_policy(r.schedule.meta.model, r.policy, replace(r.hardware, cluster=SINGLE))
     return r.summary.tokens_per_s / (r.summary.ranks * one.summary.tokens_per_s)

@@ -12,10 +12,11 @@ MAX_LAYERS = 512
 """Decoder blocks. The deepest published LLMs have 96 (GPT-3), 105 (MT-NLG 530B), 118 (PaLM
 540B) and 126 (Llama-3.1-405B); 512 is 4x that. A 512-layer step is ~4,100 ops, simulated in
 ~0.5 s on one core (a search such as `horizon tune` runs ~100 of them)."""
-MAX_LAYER_PASSES = 4096
+MAX_LAYER_PASSES = 32768
 """micro_batches x (n_layers + 1): the forward/backward passes over a streamed unit in one
-step, which the step's op count follows (~8 ops each; 4096 is ~33,000 ops, ~2 s to simulate).
-E.g. 32 micro-batches of a 126-layer model, or 128 of a 31-layer one."""
+step, which the op count of the Schedule the executor runs follows (~8 ops each; 32,768 is
+~260,000 ops). E.g. 256 micro-batches of a 126-layer model. The planner builds and simulates
+at most a few thousand of them whatever the count (sim/extend.py)."""
 MAX_WIDTH = 2**20
 """hidden, ffn_hidden, and the query and key/value widths (heads x head_dim). The widest
 published models have hidden 20480 (MT-NLG) and ffn_hidden 73728 (PaLM, Nemotron-4); 2^20

@@ -2,7 +2,8 @@
 waits on SimPy events for dependencies, and takes durations from the cost model. Copies and
 host CPU work stream through one shared DRAM bus (dram.py), so the optimizer and DMA slow
 each other down when they overlap, and CPU-thread work shares the host lane cores
-(HostSpec.lane_cores; the CPU backend's copies are such work). Deterministic: same inputs, same timeline."""
+(HostSpec.lane_cores; the CPU backend's copies are such work). Deterministic: same inputs, same timeline.
+A step of many micro-batches is simulated as a few and its figures extended (extend.py)."""
 from dataclasses import dataclass
 
 import pandas as pd
@@ -13,10 +14,12 @@ from horizon_sim.schedule.effects import op_effects
 from horizon_sim.schedule.op import Lane
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.sim.costs import CostModel
-from horizon_sim.sim.device_bound import device_peak_bound
+from horizon_sim.sim.device_bound import device_peak_by_anchor
 from horizon_sim.sim.dram import DramBus
 from horizon_sim.sim.memory import HostFootprint, device_trace, host_footprint
-from horizon_sim.sim.summary import Summary, summarize
+from horizon_sim.sim.extend import (FULL_PASSES, Extension, extend_totals, extended, extends, sample_counts,
+                                    settle_micro_batches, with_micro_batches)
+from horizon_sim.sim.summary import StepTotals, Summary, step_totals, summary_of
 from horizon_sim.sim.timeline import timeline_frame
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.units import GiB, MiB
@@ -30,6 +33,15 @@ class SimResult:
     device_trace: pd.DataFrame
     host: HostFootprint
     summary: Summary
+    totals: StepTotals
+    extension: Extension | None = None
+    """Set where the figures were extended from fewer micro-batches than the step has (the
+    schedule, timeline and device trace are then of the largest count simulated)."""
+
+    @property
+    def policy(self):
+        """The step's policy (the Schedule's, unless the figures were extended)."""
+        return self.extension.policy if self.extension else self.schedule.meta.policy
 
 
 def contended_compute(env, work_s: float, bus: DramBus, contention: float):
@@ -98,6 +110,46 @@ def check_layout(sched: Schedule, hw: HardwareSpec) -> None:
 
 
 def simulate(sched: Schedule, hw: HardwareSpec) -> SimResult:
+    """Simulate `sched` on `hw` (a step of many micro-batches: a few, extended)."""
+    check_layout(sched, hw)
+    if extends(sched):
+        return simulate_policy(sched.meta.model, sched.meta.policy, hw)
+    return _simulate_full(sched, hw)
+
+
+def simulate_policy(model, policy, hw: HardwareSpec, full_passes: int = FULL_PASSES) -> SimResult:
+    """Build and simulate Horizon's step of `model` under `policy` on `hw`; a step of more
+    than FULL_PASSES layer passes is simulated at a few micro-batch counts and extended, and
+    only those are built (extend.py)."""
+    from functools import lru_cache
+
+    from horizon_sim.schedule import build_schedule
+    layout = hw.cluster.layout
+    k = policy.micro_batches
+
+    @lru_cache(maxsize=None)
+    def build(c: int) -> Schedule:
+        return build_schedule(model, with_micro_batches(policy, c), layout)
+
+    counts = None
+    if extended(model, policy, full_passes):
+        counts = sample_counts(settle_micro_batches(model, policy, hw, build), k)
+    while counts:
+        runs = [_simulate_full(build(c), hw) for c in counts]
+        ext = extend_totals([(c, r.totals, r.host) for c, r in zip(counts, runs)], k)
+        if ext is not None:
+            totals, host, timeline_peak = ext
+            last = runs[-1]
+            slope = (last.totals.step_s - runs[-2].totals.step_s) / (counts[2] - counts[1])
+            return SimResult(last.schedule, hw, last.timeline, last.device_trace, host,
+                             summary_of(totals, hw, host, layout.ranks), totals,
+                             Extension(policy=policy, simulated=tuple(counts), per_micro_batch_s=slope,
+                                       timeline_peak=timeline_peak))
+        counts = sample_counts(2 * counts[0], k)  # not settled yet: further on
+    return _simulate_full(build_schedule(model, policy, layout), hw)
+
+
+def _simulate_full(sched: Schedule, hw: HardwareSpec) -> SimResult:
     check_layout(sched, hw)
     costs = CostModel(hw, sched.meta.policy.compute_dtype, sched.meta)
     tl = run_timeline(sched, hw, costs)
@@ -107,6 +159,7 @@ def simulate(sched: Schedule, hw: HardwareSpec) -> SimResult:
     trace = device_trace(sched, tl, staging=not hw.link.cpu_driven, effects=effects, runtime_bytes=library_bytes)
     host = host_footprint(sched, tl, int(hw.host.runtime_overhead_GiB * GiB), dma=not hw.link.cpu_driven,
                           effects=effects)  # the node's: its ranks' buffers, the shared store once
-    bound = device_peak_bound(sched, staging=not hw.link.cpu_driven, effects=effects) + library_bytes
-    summary = summarize(sched, hw, tl, trace, host, costs, bound)
-    return SimResult(sched, hw, tl, trace, host, summary)
+    bound = {k: v + library_bytes
+             for k, v in device_peak_by_anchor(sched, staging=not hw.link.cpu_driven, effects=effects).items()}
+    totals = step_totals(sched, tl, trace, costs, bound)
+    return SimResult(sched, hw, tl, trace, host, summary_of(totals, hw, host, sched.meta.layout.ranks), totals)

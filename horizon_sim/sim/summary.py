@@ -2,9 +2,11 @@
 and whether it fits."""
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import pandas as pd
 
 from horizon_sim.schedule.op import Lane, OpKind, Space
+from horizon_sim.sim.device_bound import anchor_key
 from horizon_sim.sim.verdict import MemoryVerdict
 from horizon_sim.units import fmt_bytes
 
@@ -112,36 +114,106 @@ def exposed_time(sched, tl: pd.DataFrame) -> dict:
     return out
 
 
-def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None = None) -> Summary:
-    step = float(tl.end_s.max())
-    meta = sched.meta
-    peak_flops = (hw.device.bf16_TFLOPs if meta.policy.compute_dtype == "bf16"
-                  else hw.device.fp32_TFLOPs) * 1e12
+@dataclass(frozen=True, slots=True)
+class StepTotals:
+    """What a simulated step adds up to, before ratios and verdicts. Each field grows by a fixed
+    amount per micro-batch once a step's micro-batches have settled, which is how a step of
+    many micro-batches is extended from a few (extend.py)."""
+    step_s: float
+    tokens: int
+    """This rank's tokens."""
+    model_flops: float
+    hw_flops: float
+    """FLOPs executed on the device, recompute included."""
+    lane_busy_s: dict
+    """Seconds each lane (by value, in the Schedule's lane order) runs an op."""
+    lane_alone_s: dict
+    """Seconds each lane's ops take with nothing else running (the roofline's terms)."""
+    dram_s: float
+    """Host DRAM bytes of the non-compute ops at the bus's rate."""
+    exposed_s: dict
+    """Compute-idle seconds charged to each category (exposed_time)."""
+    device_typical_by_anchor: dict
+    """The simulated timeline's device peak per place in the step (device_bound.anchor_key:
+    the compute op under it)."""
+    device_bound_by_anchor: dict
+    """The happens-before bound per place (device_bound.device_peak_by_anchor)."""
+    device_static: dict
+    """Static device buffers' bytes by role (weight slots, ...)."""
+    disk_bytes: int
+    compute_dtype: str
+    """The dtype whose peak FLOP/s MFU is taken against."""
+
+    @property
+    def device_typical_bytes(self) -> int:
+        return max(self.device_typical_by_anchor.values())
+
+    @property
+    def device_bound_bytes(self) -> int:
+        return max(self.device_bound_by_anchor.values())
+
+
+def _by_anchor(sched, tl, trace) -> dict:
+    """The device trace's peak per place in the step: each sample goes to the compute op
+    running at its time or, between compute ops, to the one that ran last."""
+    comp = tl[tl.lane == Lane.COMPUTE.value].sort_values("start_s", kind="stable")
+    if comp.empty:
+        return {"end": int(trace.bytes.max())}
+    keys = np.array([anchor_key(sched.ops[i]) for i in comp.op_id])
+    at = np.searchsorted(comp.start_s.to_numpy(), trace.time_s.to_numpy(), side="right") - 1
+    peaks = pd.Series(trace.bytes.to_numpy()).groupby(keys[np.clip(at, 0, len(keys) - 1)]).max()
+    return {k: int(v) for k, v in peaks.items()}
+
+
+def step_totals(sched, tl, trace, costs, device_bound_by_anchor: dict | None = None) -> StepTotals:
+    """The totals of `sched`'s simulated timeline `tl` and device `trace` (device_bound_by_anchor:
+    device_bound.device_peak_by_anchor's, the simulated peaks where not given)."""
     busy = tl.groupby("lane")["dur_s"].sum()
-    lane_busy = {lane.value: float(busy.get(lane.value, 0.0)) / step for lane in sched.lanes}
     alone = {}
     for op in sched.ops:
         alone[op.lane.value] = alone.get(op.lane.value, 0.0) + costs.alone_s(op)
     dram_bytes = sum(f.nbytes for op in sched.ops if op.lane != Lane.COMPUTE for f in costs.flows(op) if f.dram)
-    roofline = max(max(alone.values()), dram_bytes / costs.dram_Bps)
-    exposed = exposed_time(sched, tl)
+    typical = _by_anchor(sched, tl, trace)
+    static = {}
+    for b in sched.buffers.values():
+        if b.static and b.space == Space.DEVICE:
+            static[b.role] = static.get(b.role, 0) + b.bytes
+    return StepTotals(
+        step_s=float(tl.end_s.max()), tokens=sched.meta.tokens, model_flops=sched.meta.model_flops,
+        hw_flops=float(tl.flops.sum()),
+        lane_busy_s={lane.value: float(busy.get(lane.value, 0.0)) for lane in sched.lanes},
+        lane_alone_s=alone, dram_s=dram_bytes / costs.dram_Bps, exposed_s=exposed_time(sched, tl),
+        device_typical_by_anchor=typical,
+        device_bound_by_anchor=typical if device_bound_by_anchor is None else dict(device_bound_by_anchor),
+        device_static=static, disk_bytes=sched.static_bytes(Space.DISK),
+        compute_dtype=sched.meta.policy.compute_dtype)
+
+
+def _bottleneck(lane_busy: dict, exposed: dict) -> str:
     if lane_busy.get("compute", 0.0) >= 0.95:
-        bottleneck = "compute"
-    else:
-        worst = max(exposed, key=lambda k: exposed[k])
-        bottleneck = {"copy": "link (h2d/d2h copies)", "optimizer": "cpu optimizer",
-                      "host": "host work (embedding, norms)",
-                      "network": "collectives (fabric, network)",
-                      "disk": "disk tier (reads and writes of the moments)"}[worst] if exposed[worst] > 0 else "compute"
-        if worst == "network" and exposed[worst] > 0:
-            busiest = max(("fabric", "net"), key=lambda l: lane_busy.get(l, 0.0))
-            bottleneck = "network between nodes" if busiest == "net" else "device fabric (reduce-scatter)"
-        if worst == "copy" and exposed[worst] > 0:
-            busiest = max(("h2d", "d2h"), key=lambda l: lane_busy.get(l, 0.0))
-            bottleneck = f"link ({busiest} copies)"
-    typical = int(trace.bytes.max())
-    dev_peak = max(typical, device_bound_bytes if device_bound_bytes is not None else typical)
-    memory = memory_verdict(sched, hw, host, dev_peak)
+        return "compute"
+    worst = max(exposed, key=lambda k: exposed[k])
+    if exposed[worst] <= 0:
+        return "compute"
+    if worst == "network":
+        busiest = max(("fabric", "net"), key=lambda l: lane_busy.get(l, 0.0))
+        return "network between nodes" if busiest == "net" else "device fabric (reduce-scatter)"
+    if worst == "copy":
+        busiest = max(("h2d", "d2h"), key=lambda l: lane_busy.get(l, 0.0))
+        return f"link ({busiest} copies)"
+    return {"optimizer": "cpu optimizer", "host": "host work (embedding, norms)",
+            "disk": "disk tier (reads and writes of the moments)"}[worst]
+
+
+def summary_of(t: StepTotals, hw, host, ranks: int) -> Summary:
+    """The Summary of a step's totals on `hw`, with its host footprint `host`."""
+    step = t.step_s
+    peak_flops = (hw.device.bf16_TFLOPs if t.compute_dtype == "bf16" else hw.device.fp32_TFLOPs) * 1e12
+    lane_busy = {lane: s / step for lane, s in t.lane_busy_s.items()}
+    roofline = max(max(t.lane_alone_s.values()), t.dram_s)
+    exposed = t.exposed_s
+    dev_peak = max(t.device_typical_bytes, t.device_bound_bytes)
+    memory = memory_verdict(t.device_static, t.disk_bytes, hw, host, dev_peak)
     dev_ok, host_ok = memory.device_fits, memory.host_fits
     disk = memory.disk_need_bytes
     reasons = []
@@ -160,32 +232,26 @@ def summarize(sched, hw, tl, trace, host, costs, device_bound_bytes: int | None 
         f"device {fmt_bytes(dev_peak)} of {fmt_bytes(hw.device_bytes_usable)} usable, "
         f"host {fmt_bytes(host.total_bytes)} of {fmt_bytes(hw.host_bytes_usable)} usable"
         + (f", disk {fmt_bytes(disk)} of {fmt_bytes(hw.disk_bytes_usable)}" if disk else ""))
-    hw_flops = float(tl.flops.sum())
-    ranks = meta.layout.ranks
     return Summary(
-        step_time_s=step, tokens_per_s=meta.tokens * ranks / step,
-        model_TFLOPs=meta.model_flops / step / 1e12, mfu=meta.model_flops / step / peak_flops,
-        hfu=hw_flops / step / peak_flops, lane_busy=lane_busy,
+        step_time_s=step, tokens_per_s=t.tokens * ranks / step,
+        model_TFLOPs=t.model_flops / step / 1e12, mfu=t.model_flops / step / peak_flops,
+        hfu=t.hw_flops / step / peak_flops, lane_busy=lane_busy,
         exposed_copy_s=exposed["copy"], exposed_optimizer_s=exposed["optimizer"],
-        exposed_host_s=exposed["host"], bottleneck=bottleneck, roofline_s=roofline,
-        device_peak_bytes=dev_peak, device_typical_peak_bytes=typical,
+        exposed_host_s=exposed["host"], bottleneck=_bottleneck(lane_busy, exposed), roofline_s=roofline,
+        device_peak_bytes=dev_peak, device_typical_peak_bytes=t.device_typical_bytes,
         device_usable_bytes=int(hw.device_bytes_usable),
         host_bytes=host.total_bytes, host_usable_bytes=int(hw.host_bytes_usable),
         fits=memory.fits, why=why, memory=memory, exposed_network_s=exposed["network"],
         exposed_disk_s=exposed["disk"], ranks=ranks)
 
 
-def memory_verdict(sched, hw, host, device_bytes: int) -> MemoryVerdict:
+def memory_verdict(static: dict, disk_bytes: int, hw, host, device_bytes: int) -> MemoryVerdict:
     """The planner's verdict: the host footprint by role, and the device need (the bound) as
-    the Schedule's static buffers by role plus what the step adds, against the machine's
-    usable memories."""
-    static = {}
-    for b in sched.buffers.values():
-        if b.static and b.space == Space.DEVICE:
-            static[b.role] = static.get(b.role, 0) + b.bytes
+    the Schedule's static buffers by role (`static`) plus what the step adds, against the
+    machine's usable memories."""
     device = {**static, "activations_grads_workspaces": device_bytes - sum(static.values())}
     return MemoryVerdict(host_need=dict(host.by_role), host_usable=int(hw.host_bytes_usable),
                          device_need=device, device_usable=int(hw.device_bytes_usable),
-                         disk_need=sched.static_bytes(Space.DISK), disk_usable=hw.disk_bytes_usable,
+                         disk_need=disk_bytes, disk_usable=hw.disk_bytes_usable,
                          host_source=f"{fmt_bytes(hw.host.ram_GiB * 2**30)} RAM less the OS reserve",
                          device_source=f"{hw.device.name} less its reserve")
