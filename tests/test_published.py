@@ -3,6 +3,7 @@ are read and checked (a typo is an error naming the row), every row is planned o
 setup or listed with the reason it was not, and each predicted figure is what `horizon plan`
 gives for that setup, recomputed in the source's own counting."""
 import math
+import statistics
 
 import pytest
 
@@ -220,3 +221,22 @@ def test_published_runs_without_torch(tmp_path):
     # strict JSON (no NaN): rows not compared have null predictions
     printed = json.loads(lines[-2], parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
     assert any(r["predicted"] is None for r in printed["rows"]) and printed["figures"]["rows"] >= 15
+
+
+def test_held_out_rows_are_reported_apart(tmp_path):
+    """Issue 44 item 4: rows entered to test the planner and never used to build it have their
+    own medians; the others' medians leave them out."""
+    f = _file(tmp_path, {"value": 1000}, {"value": 2000},
+              extra=ROW.format(id="h0", source="T", system="horizon", plan=SMALL, quantity="tokens_per_s",
+                               value=500) + 'held_out = true\nentered = "+10% at abc1234"\n')
+    res = run_suite(load_rows(f))
+    assert list(res.table.held_out) == [False, False, True] and res.table.entered[2] == "+10% at abc1234"
+    built, held = res.medians()["throughput"], res.medians(held_out=True)["throughput"]
+    assert (built["rows"], held["rows"]) == (2, 1)
+    pred = res.table.predicted[0]
+    assert held["median_abs_err"] == pytest.approx(abs(pred / 500 - 1))
+    assert built["median_abs_err"] == pytest.approx(statistics.median([abs(pred / 1000 - 1), abs(pred / 2000 - 1)]))
+    text = res.text()
+    assert "held out (1 rows entered to test the planner" in text and "h0^" in text
+    with pytest.raises(HorizonError, match="r0: held_out 'yes' must be true or false"):
+        load_rows(_file(tmp_path, {}, extra='held_out = "yes"\n'))

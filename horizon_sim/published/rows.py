@@ -40,6 +40,12 @@ class PublishedRow:
     """The parts of the setup the source does not state and the row assumes, with where the
     assumption comes from (the row is marked * wherever it is printed)."""
     note: str = ""
+    held_out: bool = False
+    """Entered to test the planner and never looked at while a mechanism was built or checked
+    (docs/published.md, "Held out"): its medians are reported apart from the others'."""
+    entered: str = ""
+    """A held-out row's error when it was entered, with the planner's commit, so later changes
+    show against it."""
 
 
 _REQUIRED = ("id", "source", "cite", "setup", "system", "plan", "quantity", "value")
@@ -63,6 +69,8 @@ def _row(d: dict, i: int, where: str) -> PublishedRow:
         v = float(v)
     elif not isinstance(v, (int, float)) or not v > 0:
         raise HorizonError(f"{where}: {name}: value {v!r} must be a positive number (or true/false for fits)")
+    if not isinstance(d.get("held_out", False), bool):
+        raise HorizonError(f"{where}: {name}: held_out {d['held_out']!r} must be true or false")
     if d["quantity"] == "fits" and v not in (0.0, 1.0):
         raise HorizonError(f"{where}: {name}: a fits row's value is true or false, not {v!r}")
     if "--model" in d["plan"].split() and d.get("model"):

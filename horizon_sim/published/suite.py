@@ -57,7 +57,7 @@ def plan_row(row: PublishedRow) -> tuple[SimResult, ModelSpec]:
     return fam.plan(model, hw, policy), model
 
 COLUMNS = ["id", "source", "system", "quantity", "unit", "published", "predicted", "error", "planned_fits",
-           "assumed", "status", "cite"]
+           "assumed", "status", "cite", "held_out", "entered"]
 
 
 @dataclass(frozen=True)
@@ -71,11 +71,13 @@ class SuiteResult:
     def compared(self) -> pd.DataFrame:
         return self.table[self.table.status == "ok"]
 
-    def medians(self) -> dict[str, dict]:
-        """Per quantity group: rows compared, median and worst |error| (for 'fit': verdicts wrong)."""
+    def medians(self, held_out: bool = False) -> dict[str, dict]:
+        """Per quantity group: rows compared, median and worst |error| (for 'fit': verdicts
+        wrong), of the held-out rows or of the others."""
         out = {}
+        c = self.compared[self.compared.held_out == held_out]
         for g in GROUPS:
-            t = self.compared[self.compared.quantity.map(lambda q: QUANTITIES[q].group) == g]
+            t = c[c.quantity.map(lambda q: QUANTITIES[q].group) == g]
             if len(t):
                 e = t.error.abs()
                 out[g] = {"rows": len(t), "median_abs_err": float(e.median()), "max_abs_err": float(e.max()),
@@ -85,19 +87,25 @@ class SuiteResult:
     def figures(self) -> dict:
         t = self.table
         return {"rows": len(t), "compared": len(self.compared), "sources": int(t.source.nunique()),
-                "sources_compared": int(self.compared.source.nunique()), "groups": self.medians()}
+                "sources_compared": int(self.compared.source.nunique()), "groups": self.medians(),
+                "held_out_rows": int(t.held_out.sum()), "held_out_groups": self.medians(held_out=True)}
 
     def text(self) -> str:
         f = self.figures()
         lines = [f"published measurements: {f['rows']} rows from {f['sources']} sources; "
                  f"{f['compared']} compared ({f['sources_compared']} sources), "
                  f"{f['rows'] - f['compared']} not (reasons below)"]
-        for g, m in f["groups"].items():
-            if g == "fit":
-                lines.append(f"  fit verdicts: {m['rows'] - m['wrong']} of {m['rows']} right")
-            else:
-                lines.append(f"  {g}: median |error| {m['median_abs_err']:.1%} over {m['rows']} rows "
-                             f"(worst {m['max_abs_err']:.1%})")
+        for title, groups in (("", f["groups"]), ("held out", f["held_out_groups"])):
+            if title and groups:
+                lines.append(f"  held out ({f['held_out_rows']} rows entered to test the planner, never used to "
+                             "build it):")
+            pad = "    " if title else "  "
+            for g, m in groups.items():
+                if g == "fit":
+                    lines.append(f"{pad}fit verdicts: {m['rows'] - m['wrong']} of {m['rows']} right")
+                else:
+                    lines.append(f"{pad}{g}: median |error| {m['median_abs_err']:.1%} over {m['rows']} rows "
+                                 f"(worst {m['max_abs_err']:.1%})")
         lines.append("")
         t = self.compared
         w = max([len(i) for i in self.table.id] + [2]) + 1
@@ -107,11 +115,14 @@ class SuiteResult:
             err = ("right" if r.error == 0 else "WRONG") if r.quantity == "fits" else f"{r.error:+.1%}"
             if r.quantity != "fits" and not r.planned_fits:
                 err += " !"
-            name = r.id + ("*" if r.assumed else "")
+            name = r.id + ("*" if r.assumed else "") + ("^" if r.held_out else "")
             lines.append(f"{name:<{w}}  {r.system:<13} {r.quantity:<{qw}} {_num(r.published):>10} "
                          f"{_num(r.predicted):>10} {err:>9}")
         lines.append("* the source leaves part of the setup unstated; the row's assumption is in published.csv "
                      "(assumed)")
+        if t.held_out.any():
+            lines.append("^ held out: entered to test the planner, never used to build it; its error when entered is in "
+                         "published.csv (entered)")
         if (t.quantity != "fits").any() and not t[t.quantity != "fits"].planned_fits.all():
             lines.append("! the planner says this setup does not fit the device or host; the speed is what it "
                          "would be")
@@ -135,7 +146,7 @@ def run_suite(rows: list[PublishedRow], say: Callable[[str], None] | None = None
         q = QUANTITIES[row.quantity]
         rec = dict(id=row.id, source=row.source, system=row.system, quantity=row.quantity, unit=q.unit,
                    published=row.value, predicted=float("nan"), error=float("nan"), planned_fits=None,
-                   assumed=row.assumed, cite=row.cite)
+                   assumed=row.assumed, cite=row.cite, held_out=row.held_out, entered=row.entered)
         if row.unreachable:
             out.append({**rec, "status": f"not modelled: {row.unreachable}"})
             continue

@@ -12,11 +12,10 @@ def build_published(cfg: BuildConfig, out: Out) -> Section:
         out.path(name)
     write_published(res, out.root)
     f = res.figures()
-    g = f["groups"]
-    parts = [f"{k}: median |error| {m['median_abs_err']:.0%} over {m['rows']} rows (worst {m['max_abs_err']:.0%})"
-             for k, m in g.items() if k != "fit"]
-    if "fit" in g:
-        parts.append(f"fit verdicts {g['fit']['rows'] - g['fit']['wrong']} of {g['fit']['rows']} right")
+    parts = _parts(f["groups"])
+    if f["held_out_groups"]:
+        parts.append(f"and on the {f['held_out_rows']} held-out rows (entered to test the planner, never used to build "
+                     "it): " + ", ".join(_parts(f["held_out_groups"])))
     text = (f"Every published measurement in `horizon_sim/published/measurements.toml` ({f['rows']} rows from "
             f"{f['sources']} sources, each with its citation), planned on the setup its source ran "
             f"(`horizon validate --published`): " + "; ".join(parts) + ". Rows the planner cannot model are "
@@ -25,3 +24,11 @@ def build_published(cfg: BuildConfig, out: Out) -> Section:
             "```\n" + res.text() + "\n```\n\n([published.md](published.md) adds every source; "
             "[published.csv](published.csv) the figures.)")
     return Section("Against published measurements", text, {"figures": f})
+
+
+def _parts(g: dict) -> list[str]:
+    parts = [f"{k}: median |error| {m['median_abs_err']:.0%} over {m['rows']} rows (worst {m['max_abs_err']:.0%})"
+             for k, m in g.items() if k != "fit"]
+    if "fit" in g:
+        parts.append(f"fit verdicts {g['fit']['rows'] - g['fit']['wrong']} of {g['fit']['rows']} right")
+    return parts

@@ -229,8 +229,10 @@ def summary_of(t: StepTotals, hw, host, ranks: int) -> Summary:
         reasons.append(f"disk tier needs {fmt_bytes(disk)} but the disk has {fmt_bytes(hw.disk_bytes_usable)} "
                        f"(short by {fmt_bytes(memory.disk_short_bytes)})")
     why = "; ".join(reasons) if reasons else (
-        f"device {fmt_bytes(dev_peak)} of {fmt_bytes(hw.device_bytes_usable)} usable, "
-        f"host {fmt_bytes(host.total_bytes)} of {fmt_bytes(hw.host_bytes_usable)} usable"
+        f"device {fmt_bytes(dev_peak)} of {fmt_bytes(hw.device_bytes_usable)} usable "
+        f"({fmt_bytes(hw.device_bytes_usable - dev_peak)} to spare), "
+        f"host {fmt_bytes(host.total_bytes)} of {fmt_bytes(hw.host_bytes_usable)} usable "
+        f"({fmt_bytes(hw.host_bytes_usable - host.total_bytes)} to spare)"
         + (f", disk {fmt_bytes(disk)} of {fmt_bytes(hw.disk_bytes_usable)}" if disk else ""))
     return Summary(
         step_time_s=step, tokens_per_s=t.tokens * ranks / step,

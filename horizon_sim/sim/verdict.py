@@ -93,7 +93,8 @@ class MemoryVerdict:
             src = f" ({src})" if src else ""
             if usable is None:
                 return f"{what} needs {fmt_bytes(need)}{src}"
-            verdict = "" if need <= usable else f", short by {fmt_bytes(need - usable)}"
+            verdict = (f", {fmt_bytes(usable - need)} to spare" if need <= usable
+                       else f", short by {fmt_bytes(need - usable)}")
             return f"{what} needs {fmt_bytes(need)} of {fmt_bytes(usable)} usable{src}{verdict}"
         parts = [part("device", self.device_need_bytes, self.device_usable, self.device_source),
                  part("host", self.host_need_bytes, self.host_usable, self.host_source)]
