@@ -28,10 +28,11 @@ def plot_published(res: SuiteResult, path: Path) -> Path:
     labels, seen = [], set()
     for i, r in t.iterrows():
         y = len(t) - 1 - i
+        name = r.id + ("^" if r.get("held_out", False) else "")
         if r.quantity == "fits":
-            labels.append(f"{r.id}: fits {'right' if r.error == 0 else 'WRONG'}")
+            labels.append(f"{name}: fits {'right' if r.error == 0 else 'WRONG'}")
             continue
-        labels.append(f"{r.id} ({r.quantity})")
+        labels.append(f"{name} ({r.quantity})")
         ratio = min(max(1.0 + r.error, lo), hi)
         m, color, label = _STYLE.get(r.system, ("^", "#55a868", r.system))  # a new family: its name
         ax.plot([ratio], [y], m, color=color, markersize=6, markerfacecolor=color if r.planned_fits else "white",
@@ -46,7 +47,7 @@ def plot_published(res: SuiteResult, path: Path) -> Path:
     ax.set_xticks([0.25, 0.5, 1, 2, 4], ["0.25x", "0.5x", "1x", "2x", "4x"])
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("predicted / published (speeds: faster to the right), band +-15%\n"
-                  "open marker: the planner says the setup does not fit")
+                  "open marker: the planner says the setup does not fit; ^ held out (never used to build it)")
     ax.grid(alpha=0.3, axis="x")
     ax.legend(fontsize=8, frameon=False, loc="lower right")
     return save_figure(fig, path)
