@@ -75,8 +75,9 @@ def run(a: argparse.Namespace) -> int:
     print(f"max-model on {hw.name or hw.device.name}: {m.name}, {res.params / 1e9:.1f}B params{active} "
           f"({m.n_layers} layers x width {m.hidden}, {b.candidate.family})")
     print(f"  {o.tokens_per_s:,.0f} tokens/s, MFU {o.mfu:.1%}, limited by {o.bottleneck}; device "
-          f"{fmt_bytes(o.device_peak_bytes)} of {fmt_bytes(hw.device_bytes_usable)}, host {fmt_bytes(o.host_bytes)} "
-          f"of {fmt_bytes(hw.host_bytes_usable)} usable")
+          f"{fmt_bytes(o.device_peak_bytes)} of {fmt_bytes(hw.device_bytes_usable)} "
+          f"({fmt_bytes(hw.device_bytes_usable - o.device_peak_bytes)} to spare), host {fmt_bytes(o.host_bytes)} "
+          f"of {fmt_bytes(hw.host_bytes_usable)} usable ({fmt_bytes(hw.host_bytes_usable - o.host_bytes)} to spare)")
     from horizon_sim.plan.advice import policy_flags
     flags = policy_flags(b.policy)
     print(f"  policy '{b.policy_name}'" + (f": {flags}" if flags else " (Policy() defaults)"))

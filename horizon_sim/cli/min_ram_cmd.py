@@ -88,7 +88,9 @@ def run(a: argparse.Namespace) -> int:
     print()
     print(f"at {r.ram_bytes // GiB} GiB: {s.tokens_per_s:,.0f} tokens/s, step {s.step_time_s:.2f} s, "
           f"MFU {s.mfu:.1%}, limited by {s.bottleneck}; device peak {fmt_bytes(s.device_peak_bytes)} of "
-          f"{fmt_bytes(s.device_usable_bytes)} usable")
+          f"{fmt_bytes(s.device_usable_bytes)} usable ({fmt_bytes(s.device_usable_bytes - s.device_peak_bytes)} "
+          f"to spare), host {fmt_bytes(s.host_bytes)} of {fmt_bytes(s.host_usable_bytes)} usable "
+          f"({fmt_bytes(s.host_usable_bytes - s.host_bytes)} to spare)")
     if s.memory.disk_need_bytes:
         print(f"disk: {fmt_bytes(s.memory.disk_need_bytes)} of {fmt_bytes(hw.disk_bytes_usable)} (the Adam moments)")
     if isinstance(disk, str):

@@ -221,7 +221,9 @@ def run(a: argparse.Namespace) -> int:
             f"{closest.why_not}; try --states-dtype bf16, --grad-clip 0, more --ram (horizon min-ram) "
             "or a smaller --seq")
     gain = f" ({best_row['tokens_per_s'] / b['tokens_per_s']:.2f}x)" if b["fits"] else ""
-    print(f"base policy {base_txt}  ->  best {best_row['tokens_per_s']:,.0f} tokens/s{gain}")
+    print(f"base policy {base_txt}  ->  best {best_row['tokens_per_s']:,.0f} tokens/s{gain}, fits with "
+          f"{fmt_bytes(hw.device_bytes_usable - best_row['device_peak_bytes'])} of device memory and "
+          f"{fmt_bytes(hw.host_bytes_usable - best_row['host_bytes'])} of host RAM to spare")
     print()
     print(f"top {len(top)} configurations that fit:")
     print(format_table(top.to_dict("records"), COLS))
