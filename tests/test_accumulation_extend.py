@@ -135,3 +135,21 @@ def test_a_saved_job_carries_the_digest_of_the_steps_own_schedule(tmp_path, caps
     assert saved.policy.micro_batches == 200
     assert simulate_policy(tiny, saved.policy, HW).extension is not None  # the plan was extended
     assert saved.prediction.schedule_digest == schedule_digest(build_schedule(tiny, saved.policy))
+
+
+@pytest.mark.parametrize("knobs", [dict(), dict(offload_param=False)], ids=["zero3-offload", "zero2-offload"])
+def test_the_peers_steps_extend_as_horizons(knobs):
+    """`plan --compare` at many micro-batches: DeepSpeed's step, built by the peer's builder, is
+    simulated at a few counts and extended the same way, at its full simulation's answer."""
+    from horizon_sim.peer.compare import peer_hardware, plan_zero3
+    from horizon_sim.peer.zero3_builder import build_zero3_schedule
+    from horizon_sim.peer.zero3_policy import Zero3Policy
+    z = Zero3Policy(batch=4 * 124, micro_batches=124, seq=2048, **knobs)
+    ext = plan_zero3(L32, HW, z)
+    full = _simulate_full(build_zero3_schedule(L32, z), peer_hardware(HW, z))
+    assert ext.extension is not None and ext.policy.micro_batches == 124
+    e, f = ext.summary, full.summary
+    for name in ("step_time_s", "device_peak_bytes", "host_bytes"):
+        assert abs(getattr(e, name) / getattr(f, name) - 1) <= 0.01, name
+    assert (e.fits, e.bottleneck) == (f.fits, f.bottleneck)
+    assert f.device_typical_peak_bytes <= e.device_typical_peak_bytes <= e.device_peak_bytes

@@ -11,7 +11,7 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.peer.zero3_builder import build_zero3_schedule
 from horizon_sim.peer.zero3_policy import Zero3Policy
 from horizon_sim.schedule.op import Family, Lane, OpKind
-from horizon_sim.sim.simulate import SimResult, simulate
+from horizon_sim.sim.simulate import SimResult, simulate, simulate_micro_batches
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
@@ -88,7 +88,10 @@ def plan_zero3(model: ModelSpec, hw: HardwareSpec, zero3: Zero3Policy) -> SimRes
     offload_param off, of ZeRO-2 offload."""
     if hw.cluster.ranks > 1:
         raise HorizonError(f"the {zero3.title} peer is modelled on one device: drop --gpus/--nodes to compare")
-    return simulate(build_zero3_schedule(model, zero3), peer_hardware(hw, zero3))
+    def build(k: int):
+        return build_zero3_schedule(model, replace(zero3, batch=zero3.micro_batch * k, micro_batches=k))
+    # many micro-batches: a few simulated and extended, as Horizon's (sim/extend.py)
+    return simulate_micro_batches(build, zero3.horizon_policy(), model.n_layers, peer_hardware(hw, zero3))
 
 
 def tune_zero3(model: ModelSpec, hw: HardwareSpec, seq: int, *, max_batch: int = 64, grad_clip: float = 1.0,

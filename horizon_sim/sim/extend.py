@@ -78,7 +78,7 @@ def with_micro_batches(policy: Policy, k: int) -> Policy:
     return replace(policy, batch=policy.micro_batch * k, micro_batches=k)
 
 
-def settle_micro_batches(model, policy: Policy, hw, build) -> float:
+def settle_micro_batches(mb_order: str, hw, build) -> float:
     """From how many micro-batches on the work a micro-batch adds hides the work a step does
     once (module docstring): per unit and lane, the work of 1 and 2 micro-batches gives the
     constant part a and the per-micro-batch part b (cost model, nothing sharing a resource;
@@ -102,7 +102,7 @@ def settle_micro_batches(model, policy: Policy, hw, build) -> float:
     keys = set(work[0]) | set(work[1])
     b = {k: max(0.0, work[1].get(k, 0.0) - work[0].get(k, 0.0)) for k in keys}
     a = {k: max(0.0, work[0].get(k, 0.0) - b[k]) for k in keys}
-    if policy.mb_order == "layer":
+    if mb_order == "layer":
         per_micro = min((b[k] for k in keys if isinstance(k[1], OpKind) and b[k] > 0), default=0.0)
         once = max(a.values(), default=0.0)
     else:

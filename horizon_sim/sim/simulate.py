@@ -17,7 +17,7 @@ from horizon_sim.sim.costs import CostModel
 from horizon_sim.sim.device_bound import device_peak_by_anchor
 from horizon_sim.sim.dram import DramBus
 from horizon_sim.sim.memory import HostFootprint, device_trace, host_footprint
-from horizon_sim.sim.extend import (FULL_PASSES, Extension, extend_totals, extended, extends, sample_counts,
+from horizon_sim.sim.extend import (FULL_PASSES, Extension, extend_totals, extends, passes, sample_counts,
                                     settle_micro_batches, with_micro_batches)
 from horizon_sim.sim.summary import StepTotals, Summary, step_totals, summary_of
 from horizon_sim.sim.timeline import timeline_frame
@@ -121,19 +121,23 @@ def simulate_policy(model, policy, hw: HardwareSpec, full_passes: int = FULL_PAS
     """Build and simulate Horizon's step of `model` under `policy` on `hw`; a step of more
     than FULL_PASSES layer passes is simulated at a few micro-batch counts and extended, and
     only those are built (extend.py)."""
-    from functools import lru_cache
-
     from horizon_sim.schedule import build_schedule
     layout = hw.cluster.layout
+    return simulate_micro_batches(lambda c: build_schedule(model, with_micro_batches(policy, c), layout),
+                                  policy, model.n_layers, hw, full_passes)
+
+
+def simulate_micro_batches(build, policy, n_layers: int, hw: HardwareSpec,
+                           full_passes: int = FULL_PASSES) -> SimResult:
+    """Simulate the step that build(policy.micro_batches) makes, any schedule family's: past
+    full_passes layer passes at a few counts build(c) and extended (extend.py). `policy`: the
+    step's Policy, as its Schedule's meta holds it."""
+    from functools import lru_cache
+    build = lru_cache(maxsize=None)(build)
     k = policy.micro_batches
-
-    @lru_cache(maxsize=None)
-    def build(c: int) -> Schedule:
-        return build_schedule(model, with_micro_batches(policy, c), layout)
-
     counts = None
-    if extended(model, policy, full_passes):
-        counts = sample_counts(settle_micro_batches(model, policy, hw, build), k)
+    if passes(n_layers, k) > full_passes:
+        counts = sample_counts(settle_micro_batches(policy.mb_order, hw, build), k)
     while counts:
         runs = [_simulate_full(build(c), hw) for c in counts]
         ext = extend_totals([(c, r.totals, r.host) for c, r in zip(counts, runs)], k)
@@ -142,11 +146,11 @@ def simulate_policy(model, policy, hw: HardwareSpec, full_passes: int = FULL_PAS
             last = runs[-1]
             slope = (last.totals.step_s - runs[-2].totals.step_s) / (counts[2] - counts[1])
             return SimResult(last.schedule, hw, last.timeline, last.device_trace, host,
-                             summary_of(totals, hw, host, layout.ranks), totals,
+                             summary_of(totals, hw, host, last.schedule.meta.layout.ranks), totals,
                              Extension(policy=policy, simulated=tuple(counts), per_micro_batch_s=slope,
                                        timeline_peak=timeline_peak))
         counts = sample_counts(2 * counts[0], k)  # not settled yet: further on
-    return _simulate_full(build_schedule(model, policy, layout), hw)
+    return _simulate_full(build(k), hw)
 
 
 def _simulate_full(sched: Schedule, hw: HardwareSpec) -> SimResult:
