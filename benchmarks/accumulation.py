@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from horizon_sim.schedule import build_schedule  # noqa: E402
-from horizon_sim.sim.simulate import _simulate_full, simulate_policy  # noqa: E402
+from horizon_sim.sim.simulate import simulate_full, simulate_policy  # noqa: E402
 from horizon_sim.specs.hardware_presets import make_hardware  # noqa: E402
 from horizon_sim.specs.model_presets import model_preset  # noqa: E402
 from horizon_sim.specs.policy import Policy  # noqa: E402
@@ -45,7 +45,7 @@ def compare(counts, orders=("micro", "layer")) -> None:
         for k in counts:
             pol = Policy(batch=SEQS_PER_MICRO * k, micro_batches=k, seq=2048, mb_order=order)
             ext, te = _timed(lambda: simulate_policy(model, pol, hw))
-            full, tf = _timed(lambda: _simulate_full(build_schedule(model, pol), hw))
+            full, tf = _timed(lambda: simulate_full(build_schedule(model, pol), hw))
             e, f = ext.summary, full.summary
             sim = ",".join(map(str, ext.extension.simulated)) if ext.extension else "all"
             err = [e.step_time_s / f.step_time_s - 1, e.device_peak_bytes / f.device_peak_bytes - 1,

@@ -14,7 +14,7 @@ from horizon_sim.job.toml import read_job
 from horizon_sim.schedule import build_schedule
 from horizon_sim.sim import extend
 from horizon_sim.sim.extend import FULL_PASSES, extend_totals
-from horizon_sim.sim.simulate import _simulate_full, simulate, simulate_policy
+from horizon_sim.sim.simulate import simulate_full, simulate, simulate_policy
 from horizon_sim.specs.hardware_presets import make_hardware
 from horizon_sim.specs.layout import Layout
 from horizon_sim.specs.model_presets import model_preset
@@ -25,7 +25,7 @@ HW = make_hardware("h100-sxm", "512GiB")
 
 
 def _full(model, policy, hw):
-    return _simulate_full(build_schedule(model, policy, hw.cluster.layout), hw)
+    return simulate_full(build_schedule(model, policy, hw.cluster.layout), hw)
 
 
 def _assert_close(ext, full):
@@ -146,7 +146,7 @@ def test_the_peers_steps_extend_as_horizons(knobs):
     from horizon_sim.peer.zero3_policy import Zero3Policy
     z = Zero3Policy(batch=4 * 124, micro_batches=124, seq=2048, **knobs)
     ext = plan_zero3(L32, HW, z)
-    full = _simulate_full(build_zero3_schedule(L32, z), peer_hardware(HW, z))
+    full = simulate_full(build_zero3_schedule(L32, z), peer_hardware(HW, z))
     assert ext.extension is not None and ext.policy.micro_batches == 124
     e, f = ext.summary, full.summary
     for name in ("step_time_s", "device_peak_bytes", "host_bytes"):

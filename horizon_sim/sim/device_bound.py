@@ -162,13 +162,13 @@ def device_peak_by_anchor(sched, staging: bool = True, effects=None) -> dict:
              for lane in sched.lanes if lane != Lane.COMPUTE]
     lanes = [l for l in lanes if l.ids]
     best: dict = {}
-    # gaps: before = prefix after c_{k-1} (ancestors + itself), after = suffix from c_k
-    # inside c_k: neither ancestors nor descendants of c_k
-    p_prev = [0] * len(lanes)  # prefix lengths of the previous compute op's ancestors-and-itself
+    # Per other lane, its ops before the window are a prefix and those after it a suffix. Inside
+    # c_k: c_k's ancestors and descendants. In the gap before c_k: c_(k-1) and its ancestors
+    # (the prefix is c_(k-1)'s own: c_(k-1) is on no other lane), c_k and its descendants.
+    p_prev = [0] * len(lanes)
     for k, c in enumerate(compute):
         p_in = [l.prefix(anc[c]) for l in lanes]
         q_in = [l.suffix(desc[c]) for l in lanes]
-        # the gap before c: after = desc[c] ∪ {c}: the same suffix (c is not on these lanes)
         before = (freed_before[k - 1] + int(free[compute[k - 1]])) if k else 0
         gap = total - (alloc_after[k] + int(alloc[c])) - before
         gap += sum(l.largest(p, q) for l, p, q in zip(lanes, p_prev, q_in))
@@ -176,7 +176,6 @@ def device_peak_by_anchor(sched, staging: bool = True, effects=None) -> dict:
         inside += sum(l.largest(p, q) for l, p, q in zip(lanes, p_in, q_in))
         key = anchor_key(sched.ops[c])
         best[key] = max(best.get(key, 0), gap, inside)
-        # ancestors of c plus c itself: the same prefix (c is not on these lanes)
         p_prev = p_in
     # the gap after the last compute op: nothing after it is excluded
     before = (freed_before[-1] + int(free[compute[-1]])) if m else 0

@@ -113,12 +113,12 @@ def settle_micro_batches(mb_order: str, hw, build) -> float:
     return once / per_micro if per_micro > 0 else math.inf
 
 
-def _line(x1, x2, x3, kind: str):
+def _line(x1, x2, x3):
     """x at k3 + t * (k3 - k2) for the figures x1, x2, x3 at three equally spaced counts, and
     how far x3 lies off the line through x1 and x2 (per figure, the largest)."""
     if isinstance(x1, dict):
         keys = list(dict.fromkeys([*x1, *x2, *x3]))
-        parts = {k: _line(x1.get(k, 0), x2.get(k, 0), x3.get(k, 0), kind) for k in keys}
+        parts = {k: _line(x1.get(k, 0), x2.get(k, 0), x3.get(k, 0)) for k in keys}
         return (lambda t: {k: f(t) for k, (f, _) in parts.items()}), max((e for _, e in parts.values()), default=0.0)
     if isinstance(x1, str):
         return (lambda t: x3), 0.0 if x1 == x2 == x3 else math.inf
@@ -154,7 +154,7 @@ def extend_totals(samples, k: int):
     carried = max(1.0, steps)
     out, timeline_peak = {}, True
     for f in fields(StepTotals):
-        line, off = _line(getattr(t1, f.name), getattr(t2, f.name), getattr(t3, f.name), f.name)
+        line, off = _line(getattr(t1, f.name), getattr(t2, f.name), getattr(t3, f.name))
         if off * carried > EXTEND_REL * _scale(t3, f.name):
             if f.name != TIMELINE_PEAK:
                 return None
@@ -165,7 +165,7 @@ def extend_totals(samples, k: int):
                           if timeline_peak else dict(bound))
     host = {}
     for f in fields(HostFootprint):
-        line, off = _line(getattr(h1, f.name), getattr(h2, f.name), getattr(h3, f.name), f.name)
+        line, off = _line(getattr(h1, f.name), getattr(h2, f.name), getattr(h3, f.name))
         if off * carried > EXTEND_REL * max(h3.total_bytes, 1):
             return None
         host[f.name] = line(steps)

@@ -114,7 +114,7 @@ def simulate(sched: Schedule, hw: HardwareSpec) -> SimResult:
     check_layout(sched, hw)
     if extends(sched):
         return simulate_policy(sched.meta.model, sched.meta.policy, hw)
-    return _simulate_full(sched, hw)
+    return simulate_full(sched, hw)
 
 
 def simulate_policy(model, policy, hw: HardwareSpec, full_passes: int = FULL_PASSES) -> SimResult:
@@ -139,7 +139,7 @@ def simulate_micro_batches(build, policy, n_layers: int, hw: HardwareSpec,
     if passes(n_layers, k) > full_passes:
         counts = sample_counts(settle_micro_batches(policy.mb_order, hw, build), k)
     while counts:
-        runs = [_simulate_full(build(c), hw) for c in counts]
+        runs = [simulate_full(build(c), hw) for c in counts]
         ext = extend_totals([(c, r.totals, r.host) for c, r in zip(counts, runs)], k)
         if ext is not None:
             totals, host, timeline_peak = ext
@@ -150,10 +150,12 @@ def simulate_micro_batches(build, policy, n_layers: int, hw: HardwareSpec,
                              Extension(policy=policy, simulated=tuple(counts), per_micro_batch_s=slope,
                                        timeline_peak=timeline_peak))
         counts = sample_counts(2 * counts[0], k)  # not settled yet: further on
-    return _simulate_full(build(k), hw)
+    return simulate_full(build(k), hw)
 
 
-def _simulate_full(sched: Schedule, hw: HardwareSpec) -> SimResult:
+def simulate_full(sched: Schedule, hw: HardwareSpec) -> SimResult:
+    """Simulate every op of `sched` on `hw`, however many micro-batches it has (what an
+    extension is checked against)."""
     check_layout(sched, hw)
     costs = CostModel(hw, sched.meta.policy.compute_dtype, sched.meta)
     tl = run_timeline(sched, hw, costs)
