@@ -11,8 +11,10 @@
 #      Llama-3.1-8B (hidden 4096, 32/8 heads, SwiGLU 14336, vocabulary 128256), with the run's
 #      own predicted-vs-measured report
 #   4. horizon train with no flags (the planner's policy, the default device) on the tiny model
-#   5. benchmarks/softcap_attention.py: Gemma 2's attention, chunked against flex_attention
-#   6. benchmarks/gpu_proxy.py on the calibrated file, then the whole test suite, as time allows
+#   5. benchmarks/gpu_memory_figures.py: allocated, reserved and used device memory of Horizon
+#      steps beside the planner's bound (issue 44's device-memory mechanisms)
+#   6. benchmarks/softcap_attention.py: Gemma 2's attention, chunked against flex_attention
+#   7. benchmarks/gpu_proxy.py on the calibrated file, then the whole test suite, as time allows
 set -u
 OUT=${OUT:-gpu_out}
 BUDGET_S=${BUDGET_S:-480}
@@ -51,6 +53,7 @@ step tune-save-job 30 horizon tune --model "$CFG" --hardware "$OUT/gpu.toml" --b
 step train-job 150 horizon train --job "$OUT/job.toml" --steps 8 --eval-batches 1 --no-progress \
   --report-dir "$OUT/report"
 step train-no-flags 60 horizon train --model tiny --steps 20 --no-progress
+step memory-figures 120 python3 benchmarks/gpu_memory_figures.py "$OUT/gpu.toml" --steps 3
 step softcap-attention 100 python3 benchmarks/softcap_attention.py --reps 5
 step gpu-proxy 150 python3 benchmarks/gpu_proxy.py "$OUT/gpu.toml" --steps 2 --warmup 2
 step whole-suite 300 python3 -m pytest -p no:cacheprovider -o addopts="" -q -rf -n 14 --maxfail=25 --timeout 120 tests
