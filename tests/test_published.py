@@ -67,7 +67,7 @@ def test_predictions_are_the_planners_in_the_sources_counting(tmp_path):
     f = _file(tmp_path, {"quantity": "tokens_per_s"}, {"quantity": "step_s", "value": 5.0},
               {"quantity": "tflops_6NT", "value": 100}, {"quantity": "tflops_8NT", "value": 100},
               {"quantity": "host_GB", "value": 50}, {"quantity": "host_GiB_between_steps", "value": 50},
-              {"quantity": "device_GiB", "value": 20})
+              {"quantity": "device_GiB", "value": 20}, extra='memory_figure = "allocated"\n')
     res = run_suite(load_rows(f))
     model = load_model("qwen2.5-0.5b")
     r = plan(model, make_hardware("a100-80gb", "256GiB"), Policy(batch=4, seq=1024))
@@ -240,3 +240,28 @@ def test_held_out_rows_are_reported_apart(tmp_path):
     assert "held out (1 rows entered to test the planner" in text and "h0^" in text
     with pytest.raises(HorizonError, match="r0: held_out 'yes' must be true or false"):
         load_rows(_file(tmp_path, {}, extra='held_out = "yes"\n'))
+
+
+def test_device_rows_say_which_figure_and_are_read_alike(tmp_path):
+    """Issue 44: a device-memory row names the figure its source reports; 'allocated' reads the
+    planner's device peak, 'nvidia-smi' adds the device's reserve (context and allocator slack:
+    what the fit verdict counts besides the peak), and a figure the planner does not model is
+    listed with the reason instead of compared."""
+    q = {"quantity": "device_GiB", "value": 5}
+    f = _file(tmp_path, {**q}, {**q}, {**q}, {**q})
+    text = f.read_text().split("[[row]]")
+    figures = ["allocated", "nvidia-smi", "reserved", "unknown"]
+    f.write_text("[[row]]".join([text[0]] + [t.rstrip("\n") + f'\nmemory_figure = "{g}"\n'
+                                              for t, g in zip(text[1:], figures)]))
+    res = run_suite(load_rows(f))
+    t = res.table.set_index("id")
+    hw = make_hardware("a100-80gb", "256GiB")
+    assert t.predicted["r1"] - t.predicted["r0"] == pytest.approx(hw.device.reserved_GiB)
+    assert t.status["r0"] == t.status["r1"] == "ok"
+    assert t.status["r2"].startswith("not modelled: the 'reserved' device figure")
+    assert t.status["r3"].startswith("not modelled: the 'unknown' device figure")
+    assert "device_GiB (nvidia-smi)" in res.text()
+    with pytest.raises(HorizonError, match="r0: a device-memory row says which figure .* allowed: allocated"):
+        load_rows(_file(tmp_path, {**q}))
+    with pytest.raises(HorizonError, match="r0: memory_figure is for device-memory rows"):
+        load_rows(_file(tmp_path, {}, extra='memory_figure = "allocated"\n'))

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.published.quantity import QUANTITIES
+from horizon_sim.published.quantity import MEMORY_FIGURES, QUANTITIES
 from horizon_sim.safe_read import read_toml
 from horizon_sim.schedule.op import Family
 
@@ -46,6 +46,9 @@ class PublishedRow:
     entered: str = ""
     """A held-out row's error when it was entered, with the planner's commit, so later changes
     show against it."""
+    memory_figure: str = ""
+    """A device-memory row's figure, as its source measured it (quantity.MEMORY_FIGURES):
+    'allocated', 'reserved', 'nvidia-smi' or 'unknown'; the planner reads the same figure."""
 
 
 _REQUIRED = ("id", "source", "cite", "setup", "system", "plan", "quantity", "value")
@@ -69,6 +72,13 @@ def _row(d: dict, i: int, where: str) -> PublishedRow:
         v = float(v)
     elif not isinstance(v, (int, float)) or not v > 0:
         raise HorizonError(f"{where}: {name}: value {v!r} must be a positive number (or true/false for fits)")
+    device = QUANTITIES[d["quantity"]].group == "device memory"
+    fig = d.get("memory_figure", "")
+    if device and fig not in MEMORY_FIGURES:
+        raise HorizonError(f"{where}: {name}: a device-memory row says which figure its source reports: memory_figure "
+                           f"{fig!r}; allowed: {', '.join(MEMORY_FIGURES)}")
+    if not device and fig:
+        raise HorizonError(f"{where}: {name}: memory_figure is for device-memory rows, not {d['quantity']!r}")
     if not isinstance(d.get("held_out", False), bool):
         raise HorizonError(f"{where}: {name}: held_out {d['held_out']!r} must be true or false")
     if d["quantity"] == "fits" and v not in (0.0, 1.0):

@@ -57,7 +57,7 @@ def plan_row(row: PublishedRow) -> tuple[SimResult, ModelSpec]:
     return fam.plan(model, hw, policy), model
 
 COLUMNS = ["id", "source", "system", "quantity", "unit", "published", "predicted", "error", "planned_fits",
-           "assumed", "status", "cite", "held_out", "entered"]
+           "assumed", "status", "cite", "held_out", "entered", "memory_figure"]
 
 
 @dataclass(frozen=True)
@@ -109,14 +109,15 @@ class SuiteResult:
         lines.append("")
         t = self.compared
         w = max([len(i) for i in self.table.id] + [2]) + 1
-        qw = max([len(q) for q in t.quantity] + [11]) + 1
+        shown = {r.id: r.quantity + (f" ({r.memory_figure})" if r.memory_figure else "") for r in t.itertuples()}
+        qw = max([len(q) for q in shown.values()] + [11]) + 1
         lines.append(f"{'id':<{w}}  {'system':<13} {'quantity':<{qw}} {'published':>10} {'predicted':>10} {'error':>9}")
         for r in t.itertuples():
             err = ("right" if r.error == 0 else "WRONG") if r.quantity == "fits" else f"{r.error:+.1%}"
             if r.quantity != "fits" and not r.planned_fits:
                 err += " !"
             name = r.id + ("*" if r.assumed else "") + ("^" if r.held_out else "")
-            lines.append(f"{name:<{w}}  {r.system:<13} {r.quantity:<{qw}} {_num(r.published):>10} "
+            lines.append(f"{name:<{w}}  {r.system:<13} {shown[r.id]:<{qw}} {_num(r.published):>10} "
                          f"{_num(r.predicted):>10} {err:>9}")
         lines.append("* the source leaves part of the setup unstated; the row's assumption is in published.csv "
                      "(assumed)")
@@ -146,7 +147,8 @@ def run_suite(rows: list[PublishedRow], say: Callable[[str], None] | None = None
         q = QUANTITIES[row.quantity]
         rec = dict(id=row.id, source=row.source, system=row.system, quantity=row.quantity, unit=q.unit,
                    published=row.value, predicted=float("nan"), error=float("nan"), planned_fits=None,
-                   assumed=row.assumed, cite=row.cite, held_out=row.held_out, entered=row.entered)
+                   assumed=row.assumed, cite=row.cite, held_out=row.held_out, entered=row.entered,
+                   memory_figure=row.memory_figure)
         if row.unreachable:
             out.append({**rec, "status": f"not modelled: {row.unreachable}"})
             continue
@@ -162,7 +164,11 @@ def run_suite(rows: list[PublishedRow], say: Callable[[str], None] | None = None
         if isinstance(got, HorizonError):
             out.append({**rec, "status": f"the planner refused the setup: {got}"})
             continue
-        pred = q.read(*got)
+        try:
+            pred = q.read(*got, row.memory_figure)
+        except HorizonError as e:
+            out.append({**rec, "status": f"not modelled: {e}"})
+            continue
         out.append({**rec, "predicted": pred, "error": error(q, pred, row.value), "planned_fits": got[0].summary.fits,
                     "status": "ok"})
     return SuiteResult(pd.DataFrame(out, columns=COLUMNS))
