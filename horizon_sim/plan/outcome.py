@@ -7,9 +7,8 @@ import threading
 from dataclasses import dataclass
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.plan.plan import build_for
-from horizon_sim.sim.extend import OPS_PER_PASS, extended, passes
-from horizon_sim.sim.simulate import simulate, simulate_policy
+from horizon_sim.schedule.limits import OPS_PER_PASS, layer_passes
+from horizon_sim.sim.simulate import simulate_policy
 from horizon_sim.sim.verdict import MemoryVerdict
 from horizon_sim.specs.cpu_ranks import is_cpu_backend
 from horizon_sim.specs.hardware import HardwareSpec
@@ -21,8 +20,8 @@ RAM_STEP_BYTES = 64 * GiB
 """RAM is sold and reported here in multiples of 64 GiB."""
 SIM_TIME_LIMIT_S = 2.0
 SIM_TIME_PER_OP_S = 1e-3
-"""A simulation that runs longer than SIM_TIME_LIMIT_S + SIM_TIME_PER_OP_S x ops (normal runs
-take ~0.1 ms per op) is stopped and reported as an error, so one stuck configuration cannot
+"""A simulation that runs longer than SIM_TIME_LIMIT_S + SIM_TIME_PER_OP_S x the step's ops
+(limits.OPS_PER_PASS a layer pass; normal runs take ~0.1 ms per op) is stopped and reported as an error, so one stuck configuration cannot
 stall a search."""
 
 
@@ -115,13 +114,10 @@ def simulate_outcome(model: ModelSpec, hw: HardwareSpec, policy: Policy) -> Outc
     """Build and simulate one step; a bad combination becomes an Outcome with `error` set. A
     step of many micro-batches is simulated as a few and extended (sim/extend.py): only those
     are built."""
-    many = extended(model, policy)
+    limit = SIM_TIME_LIMIT_S + SIM_TIME_PER_OP_S * OPS_PER_PASS * layer_passes(model.n_layers, policy.micro_batches)
     try:
-        sched = None if many else build_for(model, policy, hw)
-        ops = len(sched.ops) if sched else OPS_PER_PASS * passes(model.n_layers, policy.micro_batches)
-        limit = SIM_TIME_LIMIT_S + SIM_TIME_PER_OP_S * ops
         with _time_limit(limit):
-            r = simulate_policy(model, policy, hw) if many else simulate(sched, hw)
+            r = simulate_policy(model, policy, hw)
     except HorizonError as e:
         return Outcome(error=str(e))
     except _SimTimeout:

@@ -28,7 +28,7 @@ def plot_published(res: SuiteResult, path: Path) -> Path:
     labels, seen = [], set()
     for i, r in t.iterrows():
         y = len(t) - 1 - i
-        name = r.id + ("^" if r.get("held_out", False) else "")
+        name = r.id + ("^" if r.held_out else "")
         if r.quantity == "fits":
             labels.append(f"{name}: fits {'right' if r.error == 0 else 'WRONG'}")
             continue

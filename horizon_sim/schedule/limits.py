@@ -25,6 +25,15 @@ MAX_VOCAB = 2**24
 """Vocabulary. The largest published ones have ~262,000 entries (Gemma 3); 2^24 is 64x that."""
 
 
+OPS_PER_PASS = 8
+"""About how many ops a layer pass makes."""
+
+
+def layer_passes(n_layers: int, micro_batches: int) -> int:
+    """The forward/backward passes over a streamed unit in one step: micro_batches x (n_layers + 1)."""
+    return micro_batches * (n_layers + 1)
+
+
 def _check(what: str, value: int, limit: int, why: str) -> None:
     if value > limit:
         raise HorizonError(f"{what}={value} is beyond what the planner takes ({why}); allowed: "
@@ -44,10 +53,10 @@ def check_sizes(model, policy) -> None:
         raise HorizonError(f"policy seq={policy.seq} is beyond the {model.max_position} learned positions of model "
                            f"{model.name!r} (its position embedding's rows); allowed: seq 1..{model.max_position} "
                            f"(--seq {model.max_position})")
-    passes = policy.micro_batches * (model.n_layers + 1)
+    passes = layer_passes(model.n_layers, policy.micro_batches)
     if passes > MAX_LAYER_PASSES:
         raise HorizonError(
             f"policy micro_batches={policy.micro_batches} with {model.n_layers} layers makes "
-            f"{passes:,} layer passes per step (micro_batches x (layers + 1)), ~{8 * passes:,} ops; "
+            f"{passes:,} layer passes per step (micro_batches x (layers + 1)), ~{OPS_PER_PASS * passes:,} ops; "
             f"allowed: up to {MAX_LAYER_PASSES:,}, i.e. micro_batches <= "
             f"{MAX_LAYER_PASSES // (model.n_layers + 1)} for this model (fewer, larger micro-batches)")

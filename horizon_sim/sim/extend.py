@@ -22,6 +22,7 @@ largest count simulated, and SimResult.extension says so.
 import math
 from dataclasses import dataclass, fields, replace
 
+from horizon_sim.schedule.limits import layer_passes
 from horizon_sim.schedule.op import Family, Lane, OpKind
 from horizon_sim.sim.memory import HostFootprint
 from horizon_sim.sim.summary import StepTotals
@@ -35,8 +36,6 @@ EXTEND_REL = 5e-3
 the number of such spacings from the last count to the step's (a kink between the counts
 carried to the step's count): a fraction of the step time (times) or of the step's device
 bound or host total (bytes)."""
-OPS_PER_PASS = 8
-"""About how many ops a layer pass makes (the time limit of a simulation scales with them)."""
 MIN_SAMPLE = 2
 """The fewest micro-batches simulated for an extension: a step's first and last micro-batch
 differ from the others (the pipelined optimizer's previous step, the last gradients' offload),
@@ -57,14 +56,10 @@ class Extension:
     TIMELINE_PEAK)."""
 
 
-def passes(n_layers: int, micro_batches: int) -> int:
-    return micro_batches * (n_layers + 1)
-
-
 def extended(model, policy: Policy, full_passes: int = FULL_PASSES) -> bool:
     """Whether Horizon's training step of `model` under `policy` is simulated as a few
     micro-batches and extended."""
-    return passes(model.n_layers, policy.micro_batches) > full_passes
+    return layer_passes(model.n_layers, policy.micro_batches) > full_passes
 
 
 def extends(sched) -> bool:

@@ -17,7 +17,8 @@ from horizon_sim.sim.costs import CostModel
 from horizon_sim.sim.device_bound import device_peak_by_anchor
 from horizon_sim.sim.dram import DramBus
 from horizon_sim.sim.memory import HostFootprint, device_trace, host_footprint
-from horizon_sim.sim.extend import (FULL_PASSES, Extension, extend_totals, extends, passes, sample_counts,
+from horizon_sim.schedule.limits import layer_passes
+from horizon_sim.sim.extend import (FULL_PASSES, Extension, extend_totals, extends, sample_counts,
                                     settle_micro_batches, with_micro_batches)
 from horizon_sim.sim.summary import StepTotals, Summary, step_totals, summary_of
 from horizon_sim.sim.timeline import timeline_frame
@@ -136,7 +137,7 @@ def simulate_micro_batches(build, policy, n_layers: int, hw: HardwareSpec,
     build = lru_cache(maxsize=None)(build)
     k = policy.micro_batches
     counts = None
-    if passes(n_layers, k) > full_passes:
+    if layer_passes(n_layers, k) > full_passes:
         counts = sample_counts(settle_micro_batches(policy.mb_order, hw, build), k)
     while counts:
         runs = [simulate_full(build(c), hw) for c in counts]
