@@ -15,7 +15,7 @@ from horizon_sim.cli.main import main
 from horizon_sim.schedule import OpKind, build_schedule, work
 from horizon_sim.sim.costs import CostModel, RateTable
 from horizon_sim.sim.simulate import simulate
-from horizon_sim.specs.hardware import MOE_OVERHEAD_KINDS, TRACKED_OVERHEAD_KINDS, DeviceSpec
+from horizon_sim.specs.hardware import ADAPTER_OVERHEAD_KINDS, MOE_OVERHEAD_KINDS, TRACKED_OVERHEAD_KINDS, DeviceSpec
 from horizon_sim.specs.layout import Layout
 from horizon_sim.specs.hardware_io import hardware_to_toml, load_hardware
 from horizon_sim.specs.model import ModelSpec
@@ -56,7 +56,7 @@ def test_quick_calibration_writes_a_loadable_sane_spec(quick_hw):
     # cost, a dozen kernels forward and thirty backward, does not
     assert {"forward", "backward", "head", "recompute", "forward_expert", "backward_expert"} <= set(kinds)
     assert set(kinds) <= {"forward", "backward", "head", "recompute", "head_chunk", *MOE_OVERHEAD_KINDS,
-                          *TRACKED_OVERHEAD_KINDS}
+                          *ADAPTER_OVERHEAD_KINDS, *TRACKED_OVERHEAD_KINDS}
     # tracking every op on every run costs Python work per kernel: a row where it came out dearer
     assert all(kinds[k] > kinds[k.removesuffix("_tracked")] for k in TRACKED_OVERHEAD_KINDS if k in kinds)
     assert all(v > 0 for v in kinds.values())

@@ -22,8 +22,9 @@ SPEC = ModelSpec(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=128,
 STEPS, K = 6, 4
 
 
-def _loop(ds, pol, ckpt_dir=None, seed=0):
-    tr = Trainer(SPEC, pol, TrainerConfig(optimizer=OptimizerConfig(lr=3e-3, weight_decay=0.1), seed=seed))
+def _loop(ds, pol, ckpt_dir=None, seed=0, spec=SPEC):
+    """A trainer of `spec` and its loop of STEPS steps (eval at 3, checkpoints every 2)."""
+    tr = Trainer(spec, pol, TrainerConfig(optimizer=OptimizerConfig(lr=3e-3, weight_decay=0.1), seed=seed))
     cfg = LoopConfig(steps=STEPS, lr_schedule=CosineSchedule(peak=3e-3, total_steps=STEPS, warmup_steps=2, min_lr=3e-4),
                      eval_every=3, eval_batches=2, ckpt_dir=ckpt_dir, save_every=2, keep_ckpts=0, progress=False)
     return tr, TrainLoop(tr, ds, cfg, seed=5, out=lambda *_: None)

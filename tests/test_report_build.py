@@ -52,7 +52,7 @@ def test_planner_sections_are_numbered_in_order(built):
     heads = re.findall(r"^## (.+)$", readme, flags=re.M)
     assert heads[0] == "What is estimated" and heads[-1] == "Predicted vs measured"
     numbers = [int(re.match(r"(\d+)\. ", h).group(1)) for h in heads[1:-1]]
-    assert numbers == list(range(1, 12)), heads
+    assert numbers == list(range(1, 13)), heads
     assert "(#7-against-deepspeed-zero-3-offload-planned)" in readme
 
 
@@ -178,3 +178,17 @@ def test_moe_section_prices_active_and_total(built):
     assert list(t.model) == [c[0] for c in CFG.moe_cases]
     assert (t.active_B < t.total_B / 4).all()
     assert (t.ram_needed_GiB >= t.host_GiB).all() and t.tokens_per_s.gt(0).all()
+
+
+def test_adapters_section_sets_lora_against_full_fine_tuning(built):
+    """Section 12: on each machine LoRA adapts a model at least as large as full fine-tuning
+    trains (its host store is about 2 bytes a parameter, not 12-16), and the two are compared on
+    full fine-tuning's largest model."""
+    out, _ = built
+    t = pd.read_csv(out / "adapters.csv")
+    assert [(g, r) for g, r in zip(t.gpu, t.ram)] == list(CFG.adapters_machines)
+    from horizon_sim.specs.hardware_presets import make_hardware
+    runtime = [make_hardware(g, r).host.runtime_overhead_GiB for g, r in CFG.adapters_machines]
+    assert (t.lora_B >= 3 * t.full_B).all()
+    assert ((t.lora_host_GiB - runtime) * 2**30 / (t.lora_B * 1e9) < 2.5).all()  # the base, checkpoints, staging
+    assert t.same_lora_tokens_per_s.gt(0).all() and t.full_tokens_per_s.gt(0).all()

@@ -41,11 +41,16 @@ def value_problem(name: str, t, holds: Holds | None, steps_done: int) -> str:
             return f"an Adam step count of {c:g}, outside [0, {steps_done}] (the steps this trainer took)"
         return ""
     nonfinite = lambda s: ~torch.isfinite(s)  # noqa: E731
-    if holds in (Holds.MASTER, Holds.HOST_GRAD):
+    if holds in (Holds.MASTER, Holds.HOST_GRAD, Holds.BASE_WEIGHTS):
         bad = _first_bad(t.reshape(-1), nonfinite)
         return f"a non-finite value {bad[1]} at element {bad[0]}" if bad else ""
-    if holds == Holds.MOMENTS:
-        m, v = t.reshape(2, -1)
+    if holds == Holds.ADAPTERS:  # the adapters, then their m and v
+        w, m, v = t.reshape(3, -1)
+        bad = _first_bad(w, nonfinite)
+        if bad:
+            return f"a non-finite adapter weight {bad[1]} at element {bad[0]}"
+    if holds in (Holds.MOMENTS, Holds.ADAPTERS):
+        m, v = t.reshape(2, -1) if holds == Holds.MOMENTS else t.reshape(3, -1)[1:]
         bad = _first_bad(m, nonfinite)
         if bad:
             return f"a non-finite first moment {bad[1]} at element {bad[0]}"

@@ -30,6 +30,7 @@ import torch
 from horizon_exec.checkpoints.fileio import publish_dir, staging_dir, write_safetensors, write_text
 from horizon_exec.checkpoints.hf_experts import stored_items, stored_parts
 from horizon_exec.checkpoints.hf_wrapped import wrapped
+from horizon_exec.checkpoints.peft_adapter import ADAPTER_DIR, merged_state_dict, write_adapter
 from horizon_exec.data.tokenize import TOKENIZER_FILES
 from horizon_exec.model.layout import host_layout
 from horizon_sim.errors import HorizonError
@@ -349,7 +350,8 @@ def _shards(items, max_shard_bytes: int, itemsize: int):
 def save_hf(trainer, path, dtype: str = "fp32", max_shard_bytes: int = DEFAULT_SHARD_BYTES,
             base_config: dict | None = None, side_files=(), carry=None) -> Path:
     """Write the trainer's master weights as a transformers checkpoint folder at `path`
-    (pending pipelined updates are applied first). dtype: 'fp32' or 'bf16'. Shards of at
+    (pending pipelined updates are applied first; a run with adapters: the base with them merged,
+    and the adapters alone in peft's format in its subfolder ADAPTER_DIR, peft_adapter.py). dtype: 'fp32' or 'bf16'. Shards of at
     most max_shard_bytes (a tensor larger than that gets a shard of its own). base_config:
     the source config.json to keep (see hf_config_dict); side_files: paths copied in
     (tokenizer files); carry: a multimodal checkpoint's hf_wrapped.Wrapped, whose language model
@@ -368,12 +370,16 @@ def save_hf(trainer, path, dtype: str = "fp32", max_shard_bytes: int = DEFAULT_S
     check_output_dir(out)
     trainer.flush()
     tdt = SAVE_DTYPES[dtype][0]
-    items = stored_items(trainer.model, trainer.state_dict().items())  # MoE experts per expert (hf_experts.py)
+    adapters = trainer.adapters is not None
+    sd = merged_state_dict(trainer) if adapters else trainer.state_dict()  # adapters: merged into the base
+    items = stored_items(trainer.model, sd.items())  # MoE experts per expert (hf_experts.py)
     items += carry.items() if carry is not None else []
     shards = _shards(items, max_shard_bytes, torch.empty((), dtype=tdt).element_size())
     with staging_dir(out) as tmp:
         _write_shards(tmp, shards, tdt, _carrying(lambda shard: shard, carry, True), carry)
         _write_side(tmp, trainer, dtype, base_config, side_files)
+        if adapters:  # and the adapters alone, in peft's format
+            write_adapter(trainer, tmp / ADAPTER_DIR, (base_config or {}).get("_name_or_path") or None)
         publish_dir(tmp, out)
     return out
 

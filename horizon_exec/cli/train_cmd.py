@@ -90,8 +90,9 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "local HF cache (never downloaded), read tensor by tensor into the host store")
     m.add_argument("--save-hf", default=None, metavar="DIR",
                    help="after training, write a transformers checkpoint folder (safetensors + config.json); "
-                        "a symbolic link is followed (the save goes into its target); one run at a time "
-                        "(.DIR.lock beside it names the holder)")
+                        "with --lora-rank the base with the adapters merged, and the adapters alone in peft's format "
+                        "in DIR/adapter; a symbolic link is followed (the save goes into its target); one run at a "
+                        "time (.DIR.lock beside it names the holder)")
     m.add_argument("--save-dtype", choices=("fp32", "bf16"), default="bf16",
                    help="dtype of the --save-hf weights (default bf16)")
     m.add_argument("--save-shard-size", default="5GB", metavar="SIZE",
@@ -464,10 +465,17 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") 
     print(f"compute: {policy.compute_dtype}" + (f" by default: {why}" if why else ""))
     if tr.backend.split_why:  # the CPU backend's core split (--compute-threads)
         print(f"cores: {tr.backend.split_why}")
-    master = "split fp32 master (bf16 copy + low half)" if policy.split_master else f"{policy.master_dtype} master"
-    disk = f" on disk ({tr.disk.method} I/O in {tr.disk.folder})" if tr.disk is not None else ""
-    print(f"optimizer: AdamW ({policy.optimizer}), {master}, {policy.states_dtype} moments{disk}: "
-          f"{tr.runner.adamw.describe(TORCH_DTYPE[policy.master_dtype], TORCH_DTYPE[policy.states_dtype])}")
+    if tr.adapters is not None:
+        n = sum(t.shape[1] for t in tr.adapters.state.values())
+        print(f"adapters: LoRA rank {policy.lora_rank}, alpha {policy.lora_alpha:g} on "
+              f"{', '.join(sorted({p.module.rsplit('.', 1)[-1] for p in tr.adapters.modules}))}: {n:,} parameters, "
+              f"fp32 with their AdamW moments on the device, updated after the backward; the base frozen in "
+              f"{policy.compute_dtype} on the host")
+    else:
+        master = "split fp32 master (bf16 copy + low half)" if policy.split_master else f"{policy.master_dtype} master"
+        disk = f" on disk ({tr.disk.method} I/O in {tr.disk.folder})" if tr.disk is not None else ""
+        print(f"optimizer: AdamW ({policy.optimizer}), {master}, {policy.states_dtype} moments{disk}: "
+              f"{tr.runner.adamw.describe(TORCH_DTYPE[policy.master_dtype], TORCH_DTYPE[policy.states_dtype])}")
     ck = cfg.checkpoints
     if ck.resume is not None:
         p = loop.resume(ck.resume or ck.ckpt_dir)

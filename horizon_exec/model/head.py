@@ -40,18 +40,21 @@ def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk:
     """x (B, T, H) activations entering the head; w_norm the final norm's tensors (its weight
     (H,), and a LayerNorm's bias); w_lm (V, H); labels (B*T,). Writes dL/dw_norm into
     g_norm_out (one (H,) tensor per norm tensor) and dL/dw_lm into g_lm_out (V, H) (all in the
-    compute dtype); returns (dx (B, T, H), loss contribution: fp32 scalar). loss_kernel:
+    compute dtype; both None: a frozen head, whose weight gradients are not computed); returns
+    (dx (B, T, H), loss contribution: fp32 scalar). loss_kernel:
     Policy.loss_kernel (xent.py); norm: the family's final norm (model/families final_norm);
     softcap: the logits' soft-cap (ModelSpec.logit_softcap; 0 none)."""
     B, T, H = x.shape
     N = B * T
     with torch.enable_grad():
         xg = x.reshape(N, H).detach().requires_grad_()
-        wn = [t.detach().requires_grad_() for t in w_norm]
+        frozen = g_lm_out is None
+        wn = [t.detach().requires_grad_(not frozen) for t in w_norm]
         h = norm(xg, *wn, eps)                                      # (N, H)
     hd = h.detach()
     dh = torch.empty_like(hd)                                       # (N, H)
-    g_lm_out.zero_()
+    if not frozen:
+        g_lm_out.zero_()
     loss = torch.zeros((), dtype=torch.float32, device=x.device)
     inv_n = 1.0 / n_step_tokens
     for i in range(0, N, chunk):
@@ -64,10 +67,11 @@ def head_fwd_bwd(x, w_norm, w_lm, labels, n_step_tokens: int, eps: float, chunk:
             g, part = loss_and_grad_(hc @ w_lm.t(), lc, inv_n, loss_kernel)  # (c, V) in x's dtype
         loss += part
         torch.mm(g, w_lm, out=dh[i:i + c])                          # (c, H)
-        g_lm_out.addmm_(g.t(), hc)                                  # (V, H) accumulates over chunks
+        if not frozen:
+            g_lm_out.addmm_(g.t(), hc)                              # (V, H) accumulates over chunks
         del g, part
-    dx, *dwn = torch.autograd.grad(h, [xg, *wn], dh)
-    for out, g in zip(g_norm_out, dwn):
+    dx, *dwn = torch.autograd.grad(h, [xg] + ([] if frozen else wn), dh)
+    for out, g in zip(g_norm_out or (), dwn):
         out.copy_(g)
     return dx.view(B, T, H), loss * inv_n
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
+from horizon_exec.model.adapters import linear
 from horizon_exec.model import flex_softcap
 from horizon_exec.model.softcap_attention import softcap_attention
 from horizon_sim.specs.families import family
@@ -71,9 +72,7 @@ def rotate_half(x, rotary_dim: int = 0):
 
 def qkv_projections(m: ModelSpec, w: Mapping, h):
     """q, k, v (B, T, width) of the normed h by three projections, with biases when w has them."""
-    return (F.linear(h, w["self_attn.q_proj.weight"], w.get("self_attn.q_proj.bias")),
-            F.linear(h, w["self_attn.k_proj.weight"], w.get("self_attn.k_proj.bias")),
-            F.linear(h, w["self_attn.v_proj.weight"], w.get("self_attn.v_proj.bias")))
+    return linear(h, w, "self_attn.q_proj"), linear(h, w, "self_attn.k_proj"), linear(h, w, "self_attn.v_proj")
 
 
 def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_norm: bool = False,
@@ -111,15 +110,15 @@ def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_
                                            scale=scale, enable_gqa=nkv != nh)  # (B, nh, T, hd)
         del mask
     o = o.transpose(1, 2).reshape(B, T, nh * hd)
-    return out(o) if callable(out) else F.linear(o, w[f"{out}.weight"], w.get(f"{out}.bias"))
+    return out(o) if callable(out) else linear(o, w, out)
 
 
 def swiglu_mlp(w: Mapping, h, act=F.silu):
     """h (B, T, H) normed -> down(act(gate(h)) * up(h)) (B, T, H), biases when w has them; act
     SiLU, or Gemma's GELU-tanh (gelu_tanh)."""
-    g = F.linear(h, w["mlp.gate_proj.weight"], w.get("mlp.gate_proj.bias"))  # (B, T, F)
-    u = F.linear(h, w["mlp.up_proj.weight"], w.get("mlp.up_proj.bias"))
-    return F.linear(act(g) * u, w["mlp.down_proj.weight"], w.get("mlp.down_proj.bias"))
+    g = linear(h, w, "mlp.gate_proj")  # (B, T, F)
+    u = linear(h, w, "mlp.up_proj")
+    return linear(act(g) * u, w, "mlp.down_proj")
 
 
 def plain_gelu(m: ModelSpec, x):

@@ -35,6 +35,7 @@ full E-expert zero tensor per expert in the backward).
 import torch
 import torch.nn.functional as F
 
+from horizon_exec.model.adapters import linear
 from horizon_sim.schedule.expert_load import BF16_ROW_MULTIPLE
 from horizon_sim.specs.families import family
 from horizon_sim.specs.model import ModelSpec
@@ -78,9 +79,9 @@ def moe_mlp(m: ModelSpec, w, h, router=None):
     h = h.reshape(-1, shape[-1])                                        # (N, H)
     shared = None
     if m.shared_expert_ffn_hidden:  # transformers runs the shared expert first
-        g = F.linear(h, w["mlp.shared_expert.gate_proj.weight"])
-        u = F.linear(h, w["mlp.shared_expert.up_proj.weight"])
-        shared = F.linear(F.silu(g) * u, w["mlp.shared_expert.down_proj.weight"])
+        g = linear(h, w, "mlp.shared_expert.gate_proj")
+        u = linear(h, w, "mlp.shared_expert.up_proj")
+        shared = linear(F.silu(g) * u, w, "mlp.shared_expert.down_proj")
     top, idx, probs = route(m, h, w["mlp.gate.weight"])
     out = torch.zeros_like(h)
     rows, per_expert = expert_rows(idx, m.n_experts)
@@ -99,5 +100,5 @@ def moe_mlp(m: ModelSpec, w, h, router=None):
         out.index_add_(0, tok, y.to(out.dtype))
         del x, g, u, y  # before the next expert's rows are gathered (the planner's forward bound counts one)
     if shared is not None:
-        out = out + torch.sigmoid(F.linear(h, w["mlp.shared_expert_gate.weight"])) * shared
+        out = out + torch.sigmoid(linear(h, w, "mlp.shared_expert_gate")) * shared
     return out.reshape(shape)

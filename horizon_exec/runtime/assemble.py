@@ -60,8 +60,9 @@ class Runtime:
     units: tuple
     """The trained units in the Schedule's order: embedding, blocks, head."""
     params: dict
-    """transformers name -> a view of the master store; empty when no fp32 tensor holds the
-    whole master here (a split master, or several nodes)."""
+    """transformers name -> a view of the master store (adapters: of the frozen base, in the
+    compute dtype); empty when no tensor holds the whole master here (a split master, or
+    several nodes)."""
 
     def close(self) -> None:
         """Stop the lane threads, release the device (CUDA: unregister host memory) and remove
@@ -136,13 +137,14 @@ def assemble(model: ModelSpec, policy: Policy, config: TrainerConfig, sched, dis
     runner = OpRunner(model=model, policy=policy, sched=sched, buffers=buffers, store=store, arena=arena,
                       backend=backend, adamw=adamw, dist=dist, disk=disk, seed=config.seed,
                       temporaries=rt.temporaries_for(model, policy))
-    units = tuple(b.unit for b in sched.of(Holds.MOMENTS))
-    master = Master(store, sched, runner, dist, policy.split_master, disk)
+    master = Master(store, sched, runner, dist, policy.split_master and not policy.adapters, disk,
+                    frozen=policy.adapters)
+    units = tuple(b.unit for b in sched.of(master.holds if policy.adapters else Holds.MOMENTS))
     params = {}
-    if dist.layout.nodes == 1 and not policy.split_master:  # the whole fp32 master is in this store
+    if dist.layout.nodes == 1 and (policy.adapters or not policy.split_master):  # the whole master is in this store
         for u in units:
             lay = host_layout(model, u)
-            params.update(lay.views(store.of(Holds.MASTER, u)[:lay.numel]))
+            params.update(lay.views(store.of(master.holds, u)[:lay.numel]))
     lanes = tuple(dict.fromkeys((*RUN_LANES, *sched.lanes)))  # + a data-parallel step's fabric, net
     engine = Engine(backend, runner, timeout_s=rt.timeout_s, lanes=lanes)
     return Runtime(admission=admission, backend=backend, store=store, disk=disk, arena=arena, buffers=buffers,

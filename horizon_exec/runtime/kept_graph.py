@@ -8,7 +8,9 @@ and unpacks it from the slot the unit is in when the backward runs, which the Sc
 with the same unit's weights. Everything else autograd saves (activations, the RoPE tables)
 is kept as is. The output is handed over as the boundary buffer the next op reads. With the
 router load-balancing loss on, the graph also keeps the MoE router's per-expert probability
-sum, which the backward differentiates beside the output (model/router_aux.py).
+sum, which the backward differentiates beside the output (model/router_aux.py). With adapters
+(Policy.lora_rank) the base's weights are constants and the adapters the graph's leaves: the
+backward gives their gradients, named '<module>.lora_A' and '<module>.lora_B'.
 """
 from dataclasses import dataclass
 
@@ -29,9 +31,11 @@ class KeptGraph:
         self._prob_sum = prob_sum
 
     @classmethod
-    def record(cls, block, w: dict, slot, x, attn_rows, router=None) -> "KeptGraph":
+    def record(cls, block, w: dict, slot, x, attn_rows, router=None, lora: dict | None = None,
+               lora_scale: float = 1.0) -> "KeptGraph":
         """Run `block` on x with grad, weights `w` (views of `slot`), keeping the graph;
-        router: a RouterStats the block's router fills (its prob_sum stays in the graph)."""
+        router: a RouterStats the block's router fills (its prob_sum stays in the graph);
+        lora: the block's adapters {module: (A, B)} on a frozen base (scaled by lora_scale)."""
         base, start = slot.untyped_storage().data_ptr(), slot.storage_offset()
         slot_ref = [None]  # the slot the backward reads the weights from (set by backward)
 
@@ -48,8 +52,18 @@ class KeptGraph:
 
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             xg = x.detach().requires_grad_()
-            wp = {k: v.detach().requires_grad_() for k, v in w.items()}
-            y = block(wp, xg, *attn_rows, router=router)
+            if lora is None:
+                wp = {k: v.detach().requires_grad_() for k, v in w.items()}
+                y = block(wp, xg, *attn_rows, router=router)
+            else:
+                from horizon_exec.model.adapters import AdaptedWeights
+                leaves = {k: (a.detach().requires_grad_(), b.detach().requires_grad_()) for k, (a, b) in lora.items()}
+                wa = AdaptedWeights(w, leaves, lora_scale)
+                y = block(wa, xg, *attn_rows, router=router)
+                if wa.applied != set(leaves):
+                    raise RuntimeError(f"the block's forward did not apply the adapters of "
+                                       f"{', '.join(sorted(set(leaves) - wa.applied))}")
+                wp = {f"{k}.lora_{n}": t for k, pair in leaves.items() for n, t in zip("AB", pair)}
         return cls(y, xg, wp, slot_ref, router.prob_sum if router is not None else None)
 
     def backward(self, dy, slot, prob_sum_grad=None) -> tuple[torch.Tensor, dict]:

@@ -13,8 +13,11 @@ from horizon_sim.schedule.partition import Part
 
 
 class Master:
-    def __init__(self, store, sched, runner, dist, split: bool, disk=None):
+    def __init__(self, store, sched, runner, dist, split: bool, disk=None, frozen: bool = False):
         self.store, self.sched, self.runner, self.dist, self.split = store, sched, runner, dist, split
+        # a frozen base (adapters) is its own master: the weights in the compute dtype, read and
+        # written as fp32 here (cast), never updated by a step
+        self.holds = Holds.BASE_WEIGHTS if frozen else Holds.MASTER
         self.disk = disk  # the disk tier's file: the low halves are there under disk_tier='moments+low'
 
     def _halves(self, u: int):
@@ -45,7 +48,7 @@ class Master:
         node streams the whole unit) and its low halves."""
         n, whole = whole.numel(), whole.contiguous()
         if not self.split:
-            dst = self.store.of(Holds.MASTER, u)
+            dst = self.store.of(self.holds, u)
             if self.dist.layout.nodes == 1:
                 dst[:n].copy_(whole)
             else:
@@ -71,7 +74,7 @@ class Master:
         """Unit u's fp32 master as the node's store holds it (the node's chunks when data
         parallel: what a checkpoint saves): a view, or a split master joined (a copy)."""
         if not self.split:
-            return self.store.of(Holds.MASTER, u)
+            return self.store.of(self.holds, u)
         hi, lo = self._halves(u)
         if self.dist.layout.nodes == 1:  # the node holds the whole unit, in the order of the copy
             return join(hi, lo)
@@ -84,7 +87,7 @@ class Master:
         """node(u) <- t (node leader; the working copy's other nodes' chunks are gathered by
         the trainer's working-copy refresh)."""
         if not self.split:
-            self.store.of(Holds.MASTER, u).copy_(t)
+            self.store.of(self.holds, u).copy_(t)
             return
         hi, lo = self._halves(u)
         if self.dist.layout.nodes == 1:
@@ -97,7 +100,7 @@ class Master:
     def owned(self, u: int) -> torch.Tensor:
         """This rank's chunk of unit u's fp32 master (a split master's: joined, a copy)."""
         if not self.split:
-            return self.runner.owned(self.sched.find(Holds.MASTER, u).name)
+            return self.runner.owned(self.sched.find(self.holds, u).name)
         if self.sched.find(Holds.MASTER_LOW, u).space == Space.DISK:  # one device: the whole unit
             return join(*self._halves(u))
         hi = self.runner.owned(self.sched.find(Holds.WORKING_COPY, u).name).contiguous()
@@ -108,4 +111,4 @@ class Master:
         if self.split:
             hi, lo = self._halves(u)
             return join(hi[:numel], lo[:numel])
-        return self.store.of(Holds.MASTER, u)[:numel].clone()
+        return self.store.of(self.holds, u)[:numel].clone()

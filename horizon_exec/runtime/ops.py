@@ -25,6 +25,7 @@ from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
 from horizon_exec.model.families import final_norm, scale_embedded_, scales_embedding
 from horizon_exec.model.head import head_fwd_bwd, head_loss
+from horizon_exec.model.adapters import AdaptedWeights
 from horizon_exec.model.block import DecoderBlock
 from horizon_exec.model.router_aux import RouterAux, RouterStats
 from horizon_exec.runtime.kept_graph import KeptGraph
@@ -70,6 +71,8 @@ class StepOutputs:
     HEAD and backward ops; None without the aux loss."""
     global_aux: float | None = None
     """Data parallel: the step's aux summed over every rank's share (NORM_ALL_REDUCE)."""
+    adapter_grad_norm: float | None = None
+    """Adapters: the global norm of their gradients (ADAPTER_UPDATE), before clipping."""
 
     def loss(self) -> float:
         """This rank's share of the step's loss: the token-mean cross-entropy's, plus coef times
@@ -108,6 +111,10 @@ class OpRunner:
         # positions and documents under document masks) and the step's labels.
         self.attn = AttentionInputs(model, policy, buffers, backend)
         self.labels = buffers.find(Holds.LABELS)
+        self.adapters = None  # LoRA adapters on the device (Policy.lora_rank): runtime/adapters.py
+        if policy.adapters:
+            from horizon_exec.runtime.adapters import DeviceAdapters
+            self.adapters = DeviceAdapters(model, policy, buffers)
         self._g32 = None  # host scratch: a host grad in the master dtype (optimizer lane only)
         self.inputs: StepInputs | None = None
         self.outputs: StepOutputs | None = None
@@ -120,6 +127,7 @@ class OpRunner:
             OpKind.OFFLOAD_INPUT_GRAD: self.copy_d2h, OpKind.EMBED_BWD: self.embed_bwd,
             OpKind.GRAD_NORM: self.grad_norm, OpKind.OPTIMIZER: self.optimizer,
             OpKind.DISK_READ: self.disk_read, OpKind.DISK_WRITE: self.disk_write,
+            OpKind.ADAPTER_UPDATE: self.adapter_update,
         }
         if self.dist.world > 1:
             from horizon_exec.dist.collectives import Collectives
@@ -188,6 +196,23 @@ class OpRunner:
             flat = self.buf.find(Holds.WEIGHT_SLOT, layer=op.slot)
             self._views[key] = (self.head_layout if is_head else self.block_layout).views(flat)
         return self._views[key]
+
+    def _block_weights(self, op: Op, w: dict | None = None):
+        """The weights a block op computes with (the slot's views, or `w`), carrying the block's
+        adapters when the op reads them (model/adapters.py)."""
+        w = self._weights(op) if w is None else w
+        if self.adapters is None or not self.buf.all(op.reads, Holds.ADAPTERS):
+            return w
+        return AdaptedWeights(w, self.adapters.weights(op.unit), self.adapters.scale)
+
+    def _check_applied(self, op: Op, w) -> None:
+        """Every adapter of the block was added by its family's forward (a family that computed
+        a target's projection without `adapters.linear` would train without it)."""
+        lora = getattr(w, "lora", None)
+        if lora is not None and w.applied != set(lora):
+            missing = sorted(set(lora) - w.applied)
+            raise ExecError(f"{op.label}: the {self.m.family} block's forward did not apply the adapters of "
+                            f"{', '.join(missing)}; this family cannot run adapters on them")
 
     @contextlib.contextmanager
     def _scope(self, op):
@@ -343,12 +368,13 @@ class OpRunner:
         if self.buf.all(op.writes, Holds.SAVED_ACTIVATIONS):
             return self.forward_kept(op)
         x = self.buf.get(op.reads[0])
-        w = self._weights(op)
+        w = self._block_weights(op)
         stats = self._router_stats(op)
         with self._scope(op), torch.no_grad():
             y = self.block(w, x, *self.attn.rows(self._rows(op.micro), op.unit), router=stats)   # (mb, T, H)
             if stats is not None:
                 self.outputs.router.add(op.micro, stats)
+        self._check_applied(op, w)
         self.buf.put(op.writes[0], y)
 
     def _router_stats(self, op) -> RouterStats | None:
@@ -367,8 +393,10 @@ class OpRunner:
         slot = self.buf.find(Holds.WEIGHT_SLOT, layer=op.slot)
         w = self._weights(op)
         stats = self._router_stats(op)
+        lora = self.adapters.weights(op.unit) if self.adapters is not None else None
         with self._scope(op):
-            graph = KeptGraph.record(self.block, w, slot, x, self.attn.rows(self._rows(op.micro), op.unit), stats)
+            graph = KeptGraph.record(self.block, w, slot, x, self.attn.rows(self._rows(op.micro), op.unit), stats,
+                                     lora=lora, lora_scale=self.adapters.scale if lora is not None else 1.0)
             if stats is not None:
                 self.outputs.router.add(op.micro, stats)
         self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION), graph.output)
@@ -386,6 +414,8 @@ class OpRunner:
         against its output's grad: forward with grad and autograd.grad on this one layer only
         (with the router aux loss, also of the router's probability sum against its constant
         gradient: model/router_aux.py)."""
+        if self.adapters is not None:
+            return self.adapter_backward(op)
         x = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION))
         dy = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION_GRAD))
         w = self._weights(op)
@@ -407,12 +437,54 @@ class OpRunner:
             del grads, wp
         self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
 
+    def adapter_backward(self, op):
+        """A block's backward on a frozen base: forward with grad (the adapters as the leaves,
+        the base's weights constant) and autograd.grad for the input's gradient (none for block
+        0: the embedding is frozen too) and the adapters', added into the step's sums."""
+        x = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION))
+        dy = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION_GRAD))
+        want_dx = bool(self.buf.all(op.writes, Holds.ACTIVATION_GRAD))
+        w = self._weights(op)
+        router = self.outputs.router
+        stats = RouterStats() if router is not None else None
+        sums = self.adapters.grad_pairs(op.unit)
+        with self._scope(op):
+            with torch.enable_grad():
+                xg = x.detach().requires_grad_(want_dx)
+                lora = {k: (a.detach().requires_grad_(), b.detach().requires_grad_())
+                        for k, (a, b) in self.adapters.weights(op.unit).items()}
+                wa = AdaptedWeights(w, lora, self.adapters.scale)
+                y = self.block(wa, xg, *self.attn.rows(self._rows(op.micro), op.unit), router=stats)
+                self._check_applied(op, wa)
+                outs, gouts = ([y], [dy]) if stats is None else ([y, stats.prob_sum], [dy, router.grad(op.micro)])
+                leaves = [t for pair in lora.values() for t in pair]
+                grads = torch.autograd.grad(outs, ([xg] if want_dx else []) + leaves, gouts)
+            del y, outs, stats, wa
+            for (ga, gb), da, db in zip(sums.values(), grads[want_dx::2], grads[want_dx + 1::2]):
+                ga.add_(da)
+                gb.add_(db)
+            dx = grads[0] if want_dx else None
+            del grads, lora
+        if want_dx:
+            self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
+
     def backward_saved(self, op):
         """A kept layer's backward from the graph its FORWARD kept (no forward again): the input's
         grad and the block's weight grads, the weights read from the slot the unit is in now."""
         graph = self.buf.get(self.buf.one(op.reads, Holds.SAVED_ACTIVATIONS))
         dy = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION_GRAD))
         slot = self.buf.find(Holds.WEIGHT_SLOT, layer=op.slot)
+        if self.adapters is not None:  # the adapters' gradients into the step's sums
+            router = self.outputs.router
+            with self._scope(op):
+                dx, grads = graph.backward(dy, slot, router.grad(op.micro) if router is not None else None)
+                for k, (ga, gb) in self.adapters.grad_pairs(op.unit).items():
+                    ga.add_(grads[f"{k}.lora_A"])
+                    gb.add_(grads[f"{k}.lora_B"])
+                del grads
+            if self.buf.all(op.writes, Holds.ACTIVATION_GRAD):
+                self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
+            return
         dgrad, add = self._device_grad(op)
         gviews = self.block_layout.views(dgrad)
         router = self.outputs.router
@@ -428,6 +500,8 @@ class OpRunner:
         + loss (fwd and bwd)."""
         x = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION))
         w = self._weights(op)
+        if self.adapters is not None:
+            return self.frozen_head(op, x, w)
         dgrad, add = self._device_grad(op)
         labels = self.labels[self._rows(op.micro)].reshape(-1)
         with self._scope(op):
@@ -449,6 +523,32 @@ class OpRunner:
                 self.outputs.router.close(op.micro)
         self.outputs.loss_parts[op.micro] = loss
         self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
+
+    def frozen_head(self, op, x, w):
+        """A frozen head (adapters): the loss and the head input's gradient, no weight gradients."""
+        labels = self.labels[self._rows(op.micro)].reshape(-1)
+        with self._scope(op):
+            dx, loss = head_fwd_bwd(x, [w[n] for n in final_norm_names(self.m)], w["lm_head.weight"], labels,
+                                    self.inputs.n_step_tokens, self.m.norm_eps,
+                                    min(self.p.loss_chunk_tokens, labels.numel()), None, None, self.p.loss_kernel,
+                                    final_norm(self.m), self.m.logit_softcap)
+            if self.outputs.router is not None:
+                self.outputs.router.close(op.micro)
+        self.outputs.loss_parts[op.micro] = loss
+        self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
+
+    def adapter_update(self, op):
+        """ADAPTER_UPDATE: the adapters' global gradient norm (the step's loss and norm checked
+        for non-finite values here, as GRAD_NORM does), then their AdamW on the device."""
+        total = self.adapters.sq_norm()
+        guard = self.inputs.guard
+        guard.after_grad_norm(self.outputs.loss(), total)
+        self.outputs.adapter_grad_norm = math.sqrt(total) if total >= 0 else math.nan
+        if guard.may_update("adapters", lambda: total, self.outputs.loss):
+            self.adapters.update(self.adamw, self.inputs.lr, self.p.grad_clip, total)
+        else:  # a skipped step is no step: the sums start again from zero
+            for g in self.adapters.grads.values():
+                g.zero_()
 
     def head_loss(self, op):
         """HEAD_LOSS (eval): the micro-batch's summed token loss, forward only; nothing written

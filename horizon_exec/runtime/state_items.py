@@ -11,6 +11,9 @@ The tensors: everything a resumed step reads from the host store.
     <grad norms>     the gradient-norm scalars
     <host grads>     the previous step's gradients, only while a pipelined update is pending
     steps.<unit>     the per-unit Adam step counters
+    base.<unit>      adapters (Policy.lora_rank): the frozen base, in the compute dtype
+    adapters.<unit>  the block's adapters and their AdamW moments (from the device), and
+    steps.adapters   their Adam step counter
 The working copy is not held: it is the master cast, rebuilt on load.
 The metadata (JSON): "trainer" (TrainerState: steps done, the pending flag and its lr, ...) and
 what the state was written for: "model", "policy", "optimizer" (AdamW's betas, eps, weight
@@ -80,6 +83,11 @@ def declare(tr, state, pending: bool) -> StateItems:
             tensors[b.name] = StateTensor(tr.store.t[b.name], b.holds, owned)
     for u, s in tr.store.steps.items():
         tensors[f"steps.{unit_name(tr.model, u)}"] = StateTensor(s, None)
+    ad = tr.runner.adapters
+    if ad is not None:  # adapters: on the device (their gradients are zero between steps)
+        for u, t in ad.state.items():
+            tensors[f"adapters.{unit_name(tr.model, u)}"] = StateTensor(_on_device(t), Holds.ADAPTERS)
+        tensors["steps.adapters"] = StateTensor(_on_device(ad.step), None)
     a = tr.runner.adamw
     meta = {"trainer": dataclasses.asdict(state), "model": tr.model.to_dict(), "policy": tr.policy.to_dict(),
             "optimizer": {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay},
@@ -115,3 +123,9 @@ def _on_disk(tr, b) -> Deferred:
 
     return Deferred(shape=tuple(b.shape), dtype=TORCH_DTYPE[b.dtype], make=make,
                     done=lambda t: tr.disk.write(b.name, t))
+
+
+def _on_device(t) -> Deferred:
+    """A device tensor as the host copy a checkpoint writes, copied back in place when read."""
+    return Deferred(shape=tuple(t.shape), dtype=t.dtype, make=lambda: t.detach().to("cpu", copy=True),
+                    done=lambda h: t.copy_(h.to(t.device)))

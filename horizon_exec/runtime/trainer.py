@@ -65,6 +65,7 @@ from horizon_exec.model.layout import block_layout, host_final_norm_names, host_
 from horizon_exec.optim.adamw import check_hyper
 from horizon_exec.runtime.assemble import assemble, optimizer_for, schedule_for
 from horizon_exec.runtime.config import TrainerConfig
+from horizon_exec.model.adapters import AdaptedWeights
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
 from horizon_exec.runtime.ops import StepInputs
 from horizon_exec.runtime.positions import check_docs, doc_positions
@@ -144,8 +145,16 @@ class Trainer:
         return self.policy.split_master
 
     def init_weights(self, seed: int) -> None:
-        """transformers-style init from `seed` (Weights.init), then the working copy."""
+        """transformers-style init from `seed` (Weights.init), then the working copy; with
+        adapters, theirs as peft's (runtime/adapters.py), drawn from seed + 1."""
         self.weights.init(seed)
+        if self.adapters is not None:
+            self.adapters.init(seed + 1)
+
+    @property
+    def adapters(self):
+        """The run's LoRA adapters on the device (runtime/adapters.py), or None (full fine-tuning)."""
+        return self.runner.adapters
 
     def refresh_working_copy(self) -> None:
         """Working copies <- the masters, after anything wrote the masters directly."""
@@ -315,7 +324,7 @@ class Trainer:
         self.steps_done += 1
         loss = out.loss() if out.global_loss is None else out.global_loss
         aux = out.aux() if out.global_aux is None else out.global_aux
-        gnorm = self.store.scalar(Holds.GRAD_NORM)
+        gnorm = self.store.scalar(Holds.GRAD_NORM) if self.adapters is None else out.adapter_grad_norm
         # The GRAD_NORM op flags a non-finite loss or norm, and the optimizer ops of this step
         # then leave everything untouched; the pipelined update of this step is dropped here.
         bad = inputs.guard.found
@@ -388,6 +397,8 @@ class Trainer:
         blk = block_layout(m)
         for layer in range(m.n_layers):
             w = {k: v.to(dev, act) for k, v in blk.views(self.weights.unit_master(layer)).items()}
+            if self.adapters is not None:
+                w = AdaptedWeights(w, self.adapters.weights(layer), self.adapters.scale)
             for i, at in enumerate(tabs):  # in place: one chunk's output is new at a time
                 xs[i] = self.runner.block(w, xs[i], *at(layer))
             del w

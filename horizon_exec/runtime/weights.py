@@ -15,7 +15,7 @@ class Weights:
 
     def __init__(self, model, policy, dist, runtime):
         self.model, self.dist = model, dist
-        self.split_master = policy.split_master  # the master is the working copy's high halves + low halves
+        self.split_master = policy.split_master  # (False with adapters: Policy resolves it so) the master is the working copy's high halves + low halves
         self.store, self.master, self.runner = runtime.store, runtime.master, runtime.runner
         self.units, self._params = runtime.units, runtime.params
 
@@ -29,7 +29,7 @@ class Weights:
             for u in self.units:
                 lay = host_layout(self.model, u)
                 in_place = self.dist.layout.nodes == 1 and not self.split_master
-                whole = self.store.of(Holds.MASTER, u)[:lay.numel] if in_place else torch.empty(lay.numel)
+                whole = self.store.of(self.master.holds, u)[:lay.numel] if in_place else torch.empty(lay.numel)
                 for name, t in lay.views(whole).items():
                     if name.endswith("norm.weight"):
                         t.fill_(1.0)
@@ -55,7 +55,7 @@ class Weights:
             wc = self.store.of(Holds.WORKING_COPY, u)
             if d.layout.nodes == 1:  # (a split master's high halves are its working copy: written with it)
                 if d.is_leader and not self.split_master:
-                    master = self.store.of(Holds.MASTER, u)
+                    master = self.store.of(self.master.holds, u)
                     wc[:master.numel()].copy_(master)
                 continue
             part = self.runner.partition(u)
@@ -87,7 +87,7 @@ class Weights:
 
     def unit_master(self, u: int) -> torch.Tensor:
         """Unit u's fp32 master on one node: a view of the store, or a split master joined."""
-        return self.gather_master(u) if self.split_master else self.store.of(Holds.MASTER, u)
+        return self.gather_master(u) if self.split_master else self.store.of(self.master.holds, u)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Master weights by transformers names: views into the host store (no lm_head.weight
@@ -121,6 +121,6 @@ class Weights:
                         t.copy_(sd[name])
                     self.master.write_whole(u, whole)
                 else:
-                    for name, t in lay.views(self.store.of(Holds.MASTER, u)[:lay.numel]).items():
+                    for name, t in lay.views(self.store.of(self.master.holds, u)[:lay.numel]).items():
                         t.copy_(sd[name])
         self.refresh_working_copy()

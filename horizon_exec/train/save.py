@@ -137,6 +137,10 @@ def save_hf(cfg: RunConfig, tr, loop, inputs: SaveInputs | None) -> None:
                 "no checkpoint holds the trained weights" + ("" if ckpt_dir else " (no --ckpt-dir)"))
         why = write_failure(f"the HF checkpoint {out.save_hf}", e, Path(out.save_hf).parent, _hf_bytes(out, tr))
         raise OutputError(f"--save-hf: {why}; {kept}") from None
-    print(f"saved {out.save_dtype} HF checkpoint to {saved}")
+    if tr.adapters is not None:
+        print(f"saved {out.save_dtype} HF checkpoint of the base with the adapters merged to {saved}, and the "
+              f"adapters alone (peft's format: PeftModel.from_pretrained(base, ...)) to {saved / 'adapter'}")
+    else:
+        print(f"saved {out.save_dtype} HF checkpoint to {saved}")
     if sig.signum is not None:
         raise interrupted(sig.signum, immediate=False, why="after completing --save-hf")

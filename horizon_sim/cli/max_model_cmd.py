@@ -3,6 +3,7 @@ import argparse
 import json
 
 from horizon_sim.cli.tune_cmd import add_hardware_args, add_run_args, format_table, hardware_from_args, positive
+from horizon_sim.errors import HorizonError
 from horizon_sim.specs.policy import Policy
 from horizon_sim.units import GiB, fmt_bytes
 
@@ -39,6 +40,13 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "(largest by total parameters; MFU counts active ones)")
     p.add_argument("--batch", type=int, default=Policy().batch, help="sequences per step (default 4)")
     p.add_argument("--seq", type=int, default=Policy().seq, help="tokens per sequence (default 2048)")
+    p.add_argument("--lora-rank", type=int, default=0, metavar="R",
+                   help="the largest model to adapt with LoRA adapters of rank R on a frozen base (the base kept "
+                        "in bf16 on the host, the adapters on the device; --policies does not apply) (default 0: "
+                        "full fine-tuning)")
+    p.add_argument("--lora-targets", default=Policy().lora_targets, metavar="NAMES",
+                   help="with --lora-rank: the block projections that get adapters, by module name "
+                        "(comma-separated) (default all-linear)")
     add_run_args(p)
 
 
@@ -55,7 +63,13 @@ def run(a: argparse.Namespace) -> int:
     positive("--seq", a.seq)
     positive("--workers", a.workers, allow_none=True)
     hw = hardware_from_args(a)
-    res = max_model(hw, base=Policy(batch=a.batch, seq=a.seq), policies=a.policies, workers=a.workers,
+    from horizon_sim.cli.explicit_flags import given
+    if a.lora_rank and "policies" in given(a):
+        raise HorizonError(f"--policies does not apply with --lora-rank {a.lora_rank}: the policy sets change the "
+                           "full fine-tuning's host update, which a frozen base has not; drop one")
+    base = Policy.from_choices(batch=a.batch, seq=a.seq, lora_rank=a.lora_rank, lora_targets=a.lora_targets,
+                               optimizer=None)
+    res = max_model(hw, base=base, policies=a.policies, workers=a.workers,
                     progress=not a.quiet, kind="moe" if a.moe else "dense")
     b, m = res.best, res.model
     if a.json:

@@ -156,7 +156,10 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
         f"policy    batch {pol.batch} x seq {pol.seq} ({pol.tokens:,} tokens/step, "
         f"{pol.micro_batches} micro-batch(es){', layer order' if pol.mb_order == 'layer' else ''}), "
         f"K={pol.act_ckpt_every}, {_kept_text(pol, meta.n_layers)}, slots {pol.slots}, "
-        f"checkpoints on {pol.act_ckpt_on}, optimizer {pol.optimizer}, clip {pol.grad_clip:g}",
+        f"checkpoints on {pol.act_ckpt_on}, "
+        + ("adapters updated on the device after the backward" if pol.adapters else f"optimizer {pol.optimizer}")
+        + f", clip {pol.grad_clip:g}",
+        _adapter_text(pol, meta.model) if pol.adapters else
         f"          compute {pol.compute_dtype}, master "
         f"{'fp32 split (bf16 working copy + 16-bit low half)' if pol.split_master else pol.master_dtype}, "
         f"moments {pol.states_dtype}, grads {pol.grad_dtype} over the link, working copy "
@@ -213,6 +216,16 @@ def sources_text(hw) -> str:
 def machine_from_args(a: argparse.Namespace):
     """The machine `horizon plan`'s flags describe: a hardware file or presets, with the layout."""
     return with_cluster(load_hardware(a.hardware) if a.hardware else make_hardware(a.gpu, a.ram, a.link), a)
+
+
+def _adapter_text(pol, model) -> str:
+    """The policy's second line under adapters: what is trained, and where each part lives."""
+    from horizon_sim.schedule.work import adapter_params, adapted
+    n = adapter_params(model, pol) * model.n_layers
+    names = ",".join(dict.fromkeys(p.module.rsplit(".", 1)[-1] for p in adapted(model, pol)))
+    return (f"          compute {pol.compute_dtype}, LoRA rank {pol.lora_rank} on {names}: {n:,} adapter parameters "
+            f"({n / model.total_params:.2%} of the model) with their AdamW state on the device "
+            f"({fmt_bytes(16 * n)}), the base frozen on the host in {pol.compute_dtype}")
 
 
 def peer_policy_from_args(a: argparse.Namespace, policy, name: str | None = None):

@@ -1,7 +1,8 @@
 """Policy flags shared by every command that runs or plans a step."""
 import argparse
 
-from horizon_sim.specs.policy import (CKPT_PLACES, DISK_TIERS, DTYPES, KEEP_ALL, LOSS_KERNELS, MASTER_CHOICES,
+from horizon_sim.errors import HorizonError
+from horizon_sim.specs.policy import (CKPT_PLACES, DISK_TIERS, DTYPES, KEEP_ALL, LORA_ALL, LOSS_KERNELS, MASTER_CHOICES,
                                       MASTER_ROUNDINGS, MB_ORDERS, OPTIMIZER_MODES, Policy)
 
 _D = Policy()
@@ -71,9 +72,10 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
                    help=f"device weight buffers, >= 2 {d(defaults.slots)}")
     g.add_argument("--act-ckpt-on", choices=CKPT_PLACES, default=defaults.act_ckpt_on,
                    help=f"where checkpoints live between forward and backward {d(defaults.act_ckpt_on)}")
-    g.add_argument("--optimizer", choices=OPTIMIZER_MODES, default=defaults.optimizer,
+    g.add_argument("--optimizer", choices=OPTIMIZER_MODES, default=None,
                    help="when the CPU optimizer runs: after backward, during backward (no exact "
-                        f"clipping), or pipelined into the next forward {d(defaults.optimizer)}")
+                        f"clipping), or pipelined into the next forward {d(defaults.optimizer)}; with "
+                        "--lora-rank the adapters update on the device after the backward ('after')")
     g.add_argument("--grad-clip", type=float, default=None,
                    help=f"global-norm clip, 0 = off (default {defaults.grad_clip}, or 0 with --optimizer backward)")
     g.add_argument("--compute-dtype", choices=DTYPES, default=None if compute_help else defaults.compute_dtype,
@@ -117,6 +119,17 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
                    help="the head's loss and its gradient: 'fused': one native pass per row, written over the "
                         "logits (CPU backend; no fp32 copy of the chunk); 'torch': torch kernels on an fp32 copy "
                         "(any device) (default: fused for the CPU backend, torch for GPUs)")
+    g.add_argument("--lora-rank", type=int, default=defaults.lora_rank, metavar="R",
+                   help="LoRA adapters of rank R on a frozen base: the base stays on the host in the compute dtype "
+                        "(about 2 bytes a parameter, no master or moments), streams as in full fine-tuning and gets "
+                        "no weight gradients; the adapters and their AdamW state live on the device (default 0: "
+                        "full fine-tuning)")
+    g.add_argument("--lora-targets", default=defaults.lora_targets, metavar="NAMES",
+                   help="with --lora-rank: the block projections that get adapters, by module name as peft's "
+                        f"target_modules (comma-separated, e.g. q_proj,v_proj) (default {LORA_ALL}: all of them)")
+    g.add_argument("--lora-alpha", type=float, default=defaults.lora_alpha, metavar="A",
+                   help="with --lora-rank: the adapters' output is scaled by A / R, as peft's lora_alpha (default "
+                        f"{defaults.lora_alpha:g}, peft's; the planner's figures do not depend on it)")
     g.add_argument("--doc-tokens", type=int, default=0, metavar="N",
                    help="with --doc-masks: mean document length, for model FLOPs and MFU (default: "
                         "--seq; horizon train measures it from the data)")
@@ -131,7 +144,28 @@ def policy_to_args(p: Policy) -> dict:
             "compute_dtype": p.compute_dtype, "master_dtype": p.master_choice, "master_rounding": p.master_rounding,
             "states_dtype": p.states_dtype, "grad_dtype": p.grad_dtype, "no_working_copy": not p.working_copy,
             "disk_tier": p.disk_tier, "doc_masks": p.doc_masks, "max_host_grads": p.max_host_grads,
-            "doc_tokens": p.doc_tokens, "loss_chunk_tokens": p.loss_chunk_tokens, "loss_kernel": p.loss_kernel}
+            "doc_tokens": p.doc_tokens, "loss_chunk_tokens": p.loss_chunk_tokens, "loss_kernel": p.loss_kernel,
+            "lora_rank": p.lora_rank, "lora_targets": p.lora_targets, "lora_alpha": p.lora_alpha}
+
+
+NOT_WITH_ADAPTERS = ("master_dtype", "master_rounding", "states_dtype", "grad_dtype", "no_working_copy", "disk_tier",
+                     "max_host_grads")
+"""Flags (dests) of the full fine-tuning's host update, which a frozen base does not have."""
+
+
+def check_adapter_flags(a: argparse.Namespace) -> None:
+    """With --lora-rank, a flag of the host update is refused rather than ignored."""
+    from horizon_sim.cli.explicit_flags import given
+    if not getattr(a, "lora_rank", 0):
+        return
+    g = given(a)
+    for dest in NOT_WITH_ADAPTERS:
+        if dest in g:
+            raise HorizonError(f"{g[dest]} does not apply with --lora-rank {a.lora_rank}: the frozen base is kept in the "
+                               "compute dtype only (no master, moments, host gradients or host update); drop it")
+    if getattr(a, "optimizer", None) not in (None, "after"):
+        raise HorizonError(f"--optimizer {a.optimizer} does not apply with --lora-rank {a.lora_rank}: the adapters "
+                           "update on the device after the backward (--optimizer after)")
 
 
 def policy_from_args(a: argparse.Namespace, hw=None) -> Policy:
@@ -139,6 +173,7 @@ def policy_from_args(a: argparse.Namespace, hw=None) -> Policy:
     same choices); hw: the hardware it is planned for, whose backend picks the loss kernel's
     default (None: Policy's)."""
     from horizon_sim.specs.cpu_ranks import is_cpu_backend
+    check_adapter_flags(a)
     return Policy.from_choices(batch=a.batch, seq=a.seq, micro_batches=a.micro_batches,
                                act_ckpt_every=a.act_ckpt_every, slots=a.slots, act_ckpt_on=a.act_ckpt_on,
                                optimizer=a.optimizer, grad_clip=a.grad_clip, compute_dtype=a.compute_dtype,
@@ -150,6 +185,8 @@ def policy_from_args(a: argparse.Namespace, hw=None) -> Policy:
                                keep_last=getattr(a, "keep_activations", 0),
                                loss_chunk_tokens=getattr(a, "loss_chunk_tokens", _D.loss_chunk_tokens),
                                loss_kernel=getattr(a, "loss_kernel", None),
+                               lora_rank=getattr(a, "lora_rank", 0), lora_targets=getattr(a, "lora_targets", LORA_ALL),
+                               lora_alpha=getattr(a, "lora_alpha", _D.lora_alpha),
                                cpu_backend=hw is not None and is_cpu_backend(hw))
 
 

@@ -53,7 +53,7 @@ def train_command(a: argparse.Namespace, hw: HardwareSpec, policy: Policy) -> st
     flags = policy_flags(policy).split()
     if "--compute-dtype" not in flags:
         flags += ["--compute-dtype", policy.compute_dtype]
-    if "--master-dtype" not in flags:
+    if "--master-dtype" not in flags and not policy.adapters:
         flags += ["--master-dtype", policy.master_choice]
     flags.append("--no-search")
     where = ["--hardware", a.hardware] if a.hardware else ["--gpu", a.gpu]

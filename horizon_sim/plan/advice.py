@@ -115,8 +115,13 @@ _FLAGS = (  # Policy field -> CLI flag of `horizon plan`
     ("states_dtype", "--states-dtype"), ("grad_dtype", "--grad-dtype"), ("max_host_grads", "--max-host-grads"),
     ("disk_tier", "--disk-tier"), ("master_rounding", "--master-rounding"), ("mb_order", "--mb-order"),
     ("keep_last", "--keep-activations"), ("loss_chunk_tokens", "--loss-chunk-tokens"), ("doc_tokens", "--doc-tokens"),
-    ("loss_kernel", "--loss-kernel"),
+    ("loss_kernel", "--loss-kernel"), ("lora_rank", "--lora-rank"), ("lora_targets", "--lora-targets"),
+    ("lora_alpha", "--lora-alpha"),
 )
+
+
+_HOST_UPDATE = ("optimizer", "states_dtype", "grad_dtype", "max_host_grads", "disk_tier", "master_rounding")
+"""The full fine-tuning's host-update fields: adapters have none, and their flags are refused."""
 
 
 def policy_flags(p: Policy, base: Policy | None = None) -> str:
@@ -125,10 +130,14 @@ def policy_flags(p: Policy, base: Policy | None = None) -> str:
     out = []
     for f, flag in _FLAGS:
         v = getattr(p, f)
+        if p.adapters and f in _HOST_UPDATE:
+            continue  # a frozen base has none (and --optimizer's default with adapters is after)
         if v != getattr(base, f):
             if f == "keep_last" and v == KEEP_ALL:
                 v = "all"
             out.append(f"{flag} {v:g}" if isinstance(v, float) else f"{flag} {v}")
+    if p.adapters:
+        return " ".join(out + (["--doc-masks"] if p.doc_masks != base.doc_masks and p.doc_masks else []))
     # No --master-dtype: base's own one if it needed one, else the default for p's other flags
     if p.master_choice != (base.master_choice if not base.master_is_default else p.default_master_choice):
         out.append(f"--master-dtype {'split' if p.split_master else p.master_dtype}")
@@ -271,12 +280,13 @@ def _what_ifs(model, hw, policy, out: Outcome, runner: Runner) -> list[str]:
     # (in micro-batches every gradient waits for the step's end: no bound on them applies)
     tasks["batch_acc"] = (model, hw, replace(policy, batch=policy.batch * 2, micro_batches=policy.micro_batches * 2,
                                              max_host_grads=0))
-    if policy.optimizer == "after":
+    if policy.optimizer == "after" and not policy.adapters:  # adapters update on the device, after
         tasks["pipelined"] = (model, hw, replace(policy, optimizer="pipelined"))
     if policy.micro_batches > 1 and policy.mb_order == "micro":
         tasks["layer"] = (model, hw, replace(policy, mb_order="layer"))
-    tasks["adam"] = (model, replace(hw, host=replace(hw.host, adam_Gparams_per_s=2 * hw.host.adam_Gparams_per_s)),
-                     policy)
+    if not policy.adapters:  # (no host optimizer under adapters)
+        tasks["adam"] = (model, replace(hw, host=replace(hw.host, adam_Gparams_per_s=2 * hw.host.adam_Gparams_per_s)),
+                         policy)
     res = dict(zip(tasks, runner.run(tasks.values())))
     t0, lines = out.step_time_s, []
 
@@ -313,8 +323,8 @@ def _what_ifs(model, hw, policy, out: Outcome, runner: Runner) -> list[str]:
                      f"{fmt_bytes(max(0, lo.device_peak_bytes - out.device_peak_bytes))} more device memory")
     if "pipelined" in res and gain(res["pipelined"]) >= MIN_GAIN:
         lines.append(f"--optimizer pipelined (same exact clipping) would {_pct(res['pipelined'].step_time_s, t0)}")
-    a = res["adam"]
-    if gain(a) >= MIN_GAIN:
+    a = res.get("adam")
+    if a is not None and gain(a) >= MIN_GAIN:
         lines.append(f"a host with twice the AdamW rate ({2 * hw.host.adam_Gparams_per_s:g}e9 params/s: more "
                      f"cores, faster DRAM) would {_pct(a.step_time_s, t0)}")
     if not lines:

@@ -107,6 +107,9 @@ def host_lower_bound(model: ModelSpec, policy: Policy, hw: HardwareSpec) -> int:
     """Host bytes a node cannot go below: its share of the master weights and Adam moments
     (1/M of them on M nodes; the moments not when on disk), the working copy, a runtime per device."""
     c = hw.cluster
+    if policy.adapters:  # the frozen base in the compute dtype, nothing else
+        return (model.total_params * DTYPE_BYTES[policy.compute_dtype]
+                + c.layout.devices_per_node * int(hw.host.runtime_overhead_GiB * GiB))
     state = policy.master_bytes + (0 if policy.disk_tier != "none" else 2 * DTYPE_BYTES[policy.states_dtype])
     wc = DTYPE_BYTES[policy.compute_dtype] if policy.working_copy else 0
     return (model.total_params * state // c.layout.nodes + model.total_params * wc
@@ -226,10 +229,18 @@ def _judge(cands: list[Candidate], policies: dict[str, Policy], hw, runner: Runn
     return verdicts
 
 
+def judge(model: ModelSpec, hw: HardwareSpec, policies: dict[str, Policy], runner: Runner) -> Verdict:
+    """One model under a policy set, as max-model judges its candidates: the fastest policy that
+    fits, or the one that comes closest."""
+    return _judge([Candidate(model, "preset")], policies, hw, runner)[0]
+
+
 def max_model(hw: HardwareSpec, *, base: Policy | None = None, policies: str | dict = "lean",
               workers: int | None = None, progress: bool = False, kind: str = "dense") -> MaxModelResult:
     """The largest candidate model of `kind` ('dense' or 'moe', by total parameters) that fits
     `hw` under the policy set `policies` (a name of POLICY_SETS, or {name: Policy})."""
+    if base is not None and base.adapters and not isinstance(policies, dict):
+        policies = {"lora": base}  # the lean sets change the host update, which a frozen base has not
     pols = dict(policies) if isinstance(policies, dict) else policy_set(policies, base, disk=hw.disk_bytes_usable > 0)
     if not pols:
         raise HorizonError("max-model needs at least one policy")

@@ -41,6 +41,8 @@ def pinned_space(policy: Policy, given: Iterable[str], *, n_layers: int, batch: 
     with one micro-batch only, which the policy then has: those are pinned with it."""
     pins = set(pinned_knobs(given))
     p = policy
+    if p.adapters:  # a frozen base has no host update: these knobs have nothing to act on
+        pins |= {"optimizer", "working_copy", "split_master", "max_host_grads"}
     if p.max_host_grads and "max_host_grads" in pins:
         pins |= {"optimizer", "micro_batches"}
     if "split_master" in pins and p.split_master:

@@ -22,6 +22,8 @@ Sections (each a module of this package that writes its files and returns its RE
                          one change at a time, on three machines
  11. moe.py              mixture-of-experts (Qwen3-MoE, Mixtral) on one GPU box: fits, speed, MFU
                          on active parameters, the limit, the RAM to buy
+ 12. adapters.py         LoRA on a frozen base: the largest model per machine against full
+                         fine-tuning
 The README around them (what is estimated, predicted vs measured, contents) is readme.py; what
 each section covers is config.py (FULL, QUICK); output bookkeeping is out.py; formatting fmt.py.
 
@@ -47,6 +49,7 @@ from horizon_sim.report.optimizer_modes import MODES, build_optimizer_modes
 from horizon_sim.report.peer_compare import build_peer_compare
 from horizon_sim.report.published import build_published
 from horizon_sim.report.moe import build_moe
+from horizon_sim.report.adapters import build_adapters
 from horizon_sim.report.throughput import build_throughput
 from horizon_sim.report.out import MANIFEST, Out, log
 from horizon_sim.report.readme import estimates_section, numbered, validate_section, write_readme
@@ -66,41 +69,44 @@ def build(out_dir="reports", *, quick: bool = False, workers: int | None = None,
     with Runner(workers) as runner:
         t = time.perf_counter()
         sections["headline"] = build_headline(cfg, out, runner)
-        log(f"1/11 headline: {cfg.headline_model} on {cfg.headline_gpu}", t)
+        log(f"1/12 headline: {cfg.headline_model} on {cfg.headline_gpu}", t)
         t = time.perf_counter()
         sections["fit_table"] = build_fit_table(cfg, out, runner)
-        log(f"2/11 default vs tuned: {' x '.join(', '.join(v) for v in (cfg.table_models, cfg.table_gpus, cfg.table_rams))}", t)
+        log(f"2/12 default vs tuned: {' x '.join(', '.join(v) for v in (cfg.table_models, cfg.table_gpus, cfg.table_rams))}", t)
     t = time.perf_counter()
     sections["optimizer"] = build_optimizer_modes(cfg, out)
-    log(f"3/11 optimizer modes: {cfg.modes_model}", t)
+    log(f"3/12 optimizer modes: {cfg.modes_model}", t)
     t = time.perf_counter()
     sections["checkpoints"] = build_checkpoints(cfg, out)
-    log(f"4/11 checkpoint placement: {', '.join(cfg.ckpt_models)}", t)
+    log(f"4/12 checkpoint placement: {', '.join(cfg.ckpt_models)}", t)
     t = time.perf_counter()
     sections["feasibility"] = build_feasibility(cfg, out, workers)
-    log(f"5/11 feasibility map: {len(cfg.map_models)} presets x {len(cfg.map_rams)} RAM sizes on {cfg.map_gpu}", t)
+    log(f"5/12 feasibility map: {len(cfg.map_models)} presets x {len(cfg.map_rams)} RAM sizes on {cfg.map_gpu}", t)
     t = time.perf_counter()
     sections["scale_out"] = build_scale_out(cfg, out)
-    log(f"6/11 scale out: {', '.join(cfg.scale_models)} on {cfg.scale_gpu} boxes, nodes "
+    log(f"6/12 scale out: {', '.join(cfg.scale_models)} on {cfg.scale_gpu} boxes, nodes "
         f"{cfg.scale_nodes[0]}-{cfg.scale_nodes[-1]}", t)
     t = time.perf_counter()
     sections["peer"] = build_peer_compare(cfg, out)
-    log(f"7/11 against DeepSpeed ZeRO-3 offload: {len(cfg.peer_models)} models on {len(cfg.peer_platforms)} platforms, "
+    log(f"7/12 against DeepSpeed ZeRO-3 offload: {len(cfg.peer_models)} models on {len(cfg.peer_platforms)} platforms, "
         "width and depth sweeps", t)
     t = time.perf_counter()
     sections["host_bytes"] = build_host_bytes(cfg, out)
-    log(f"8/11 host bytes per parameter: {cfg.host_model} on {cfg.host_gpu} with {cfg.host_ram}", t)
+    log(f"8/12 host bytes per parameter: {cfg.host_model} on {cfg.host_gpu} with {cfg.host_ram}", t)
     t = time.perf_counter()
     sections["published"] = build_published(cfg, out)
-    log("9/11 against published measurements", t)
+    log("9/12 against published measurements", t)
     t = time.perf_counter()
     sections["throughput"] = build_throughput(cfg, out)
-    log(f"10/11 where the throughput comes from: {len(cfg.throughput_cases)} cases", t)
+    log(f"10/12 where the throughput comes from: {len(cfg.throughput_cases)} cases", t)
     t = time.perf_counter()
     sections["moe"] = build_moe(cfg, out)
-    log(f"11/11 mixture-of-experts: {len(cfg.moe_cases)} cases", t)
+    log(f"11/12 mixture-of-experts: {len(cfg.moe_cases)} cases", t)
+    t = time.perf_counter()
+    sections["adapters"] = build_adapters(cfg, out, workers)
+    log(f"12/12 adapters: {len(cfg.adapters_machines)} machines", t)
     ordered = [sections[k] for k in ("headline", "fit_table", "optimizer", "checkpoints", "feasibility", "scale_out",
-                                     "peer", "host_bytes", "published", "throughput", "moe")]
+                                     "peer", "host_bytes", "published", "throughput", "moe", "adapters")]
     out.path("README.md")  # registered first, so the stale sweep and the file list know it is ours
     stale = out.remove_stale()
     write_readme(out, [estimates_section(cfg), *numbered(ordered), validate_section(out)], cfg)
@@ -123,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                     "(planned) for ~120B and 405B on H200 boxes, and Horizon against DeepSpeed ZeRO-3 offload (planned) on "
                     "the paper's platforms, the host bytes per parameter of each host-memory policy, and the planner against "
                     "published GPU measurements, and where the throughput comes from (layer order, kept "
-                    "activations), and mixture-of-experts models on one GPU box; then reports/README.md "
+                    "activations), mixture-of-experts models on one GPU box, and LoRA adapters on a frozen base; then reports/README.md "
                     "showing each. Only files this build wrote before are replaced or removed; other files "
                     "in the folder (e.g. from `horizon validate`) are kept. Progress goes to stderr.",
         epilog="example:  python -m horizon_sim.report.build --out reports   (what `make reports` runs)")

@@ -96,6 +96,11 @@ class BuildConfig:
     """Section 11: (model, GPU, RAM, disk (size, GB/s) or None, policy changes): the questions
     issue 28 asks. The disk is an estimate: one PCIe Gen4 NVMe drive."""
 
+    adapters_machines: tuple = (("h200", "1TB"), ("rtx-4090", "192GB"), ("h100-pcie", "512GiB"))
+    adapters_policy: Policy = Policy(lora_rank=16, optimizer="after")
+    adapters_full_policy: Policy = Policy()
+    """Section 12: the machines issue 42 names; LoRA against full fine-tuning (max-model's lean set)."""
+
 FULL = BuildConfig()
 QUICK = BuildConfig(
     headline_model="qwen2.5-0.5b", headline_gpu="h100-pcie", headline_ram="18GiB",
@@ -113,4 +118,6 @@ QUICK = BuildConfig(
     host_policy=Policy(batch=2, seq=512), host_max_model=False,
     throughput_cases=(("qwen2.5-0.5b", "h100-pcie", "16GiB", Policy(batch=4, seq=512, micro_batches=2)),),
     moe_base_policy=Policy(batch=2, seq=512), moe_cases=(("qwen3-30b-a3b", "rtx-4090", "512GB", None, {}),),
+    adapters_machines=(("rtx-4090", "16GiB"),), adapters_policy=Policy(batch=2, seq=512, lora_rank=8, optimizer="after"),
+    adapters_full_policy=Policy(batch=2, seq=512),
 )

@@ -98,7 +98,16 @@ class TrainStepBuilder(StepBuilder):
         mb, tok = p.micro_batch, self.tokens
         masked = [work.masked_attention(model, layer, p.seq, p.doc_masks) for layer in range(model.n_layers)]
         mask_b = work.mask_bytes(mb, p.seq, p.doc_masks)
-        self.fwd_flops = [model.layer_fwd_flops(tok, p.seq, causal=not mk) for mk in masked]
+        base_fwd = [model.layer_fwd_flops(tok, p.seq, causal=not mk) for mk in masked]
+        # Adapters (a frozen base): the adapters' GEMMs in every block op; a backward computes the
+        # base's input gradients only (its GEMMs' forward FLOPs once more, the attention's twice),
+        # not its weight gradients, then the adapters' backward (twice their forward).
+        lora_fwd = work.gemm_flops(work.adapter_gemms(model, p, tok, backward=False))
+        base_gemm = work.gemm_flops(work.block_gemms(model, tok, backward=False))
+        self.fwd_flops = [f + lora_fwd for f in base_fwd]
+        self.saved_bwd_flops = [(base_gemm + 2 * (f - base_gemm) + 2 * lora_fwd) if p.adapters else 2 * f
+                                for f in base_fwd]
+        self.bwd_flops = [f + b for f, b in zip(self.fwd_flops, self.saved_bwd_flops)]
         # Device traffic of the elementwise kernels (norms, RoPE, SiLU, residuals; GEMMs and
         # attention are costed by their FLOPs) and the temporaries each op holds at its peak.
         fwd_hbm = work.block_elementwise_bytes(model, tok, p.seq, a, backward=False)
@@ -125,6 +134,12 @@ class TrainStepBuilder(StepBuilder):
         self.saved_bwd_ws = [kept_work.saved_backward_workspace_bytes(model, mb, p.seq, a, mask_b * mk) for mk in masked]
         self.saved_bwd_hbm = [kept_work.saved_backward_elementwise_bytes(model, tok, p.seq, a) + sc[True, w]
                               for w in windows]
+        if p.adapters:  # the adapters' own kernels; the frozen base's weight gradients are not made
+            lf = work.adapter_elementwise_bytes(model, p, tok, a, backward=False)
+            lb = work.adapter_elementwise_bytes(model, p, tok, a, backward=True) - work.frozen_backward_bytes(model, tok, a)
+            self.fwd_hbm = [h + lf for h in self.fwd_hbm]
+            self.bwd_hbm = [h + lf + lb for h in self.bwd_hbm]
+            self.saved_bwd_hbm = [h + lb for h in self.saved_bwd_hbm]
 
     # ---- emission ------------------------------------------------------------------------------
     @staticmethod
@@ -320,7 +335,8 @@ class TrainStepBuilder(StepBuilder):
         graph = u >= self.first_kept  # keeps its graph: needs no checkpoint
         kept = u % p.act_ckpt_every == 0 and not graph
         writes = [b.activation(m, u + 1)] + ([self.saved(m, u)] if graph else [])
-        self.emit(OpKind.FORWARD, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot], writes=writes,
+        self.emit(OpKind.FORWARD, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot, *self.lora(u)],
+                  writes=writes,
                   frees=[] if kept else [b.activation(m, u)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm[u],
                   workspace_bytes=self.kept_fwd_ws[u] if graph else self.fwd_ws[u],
                   after=self._backpressure(self.pending_saves))
@@ -329,9 +345,18 @@ class TrainStepBuilder(StepBuilder):
                 self.emit(OpKind.SAVE_CKPT, u, m, reads=[b.activation(m, u)], writes=[self.act_ckpt(m, u)],
                           frees=[b.activation(m, u)], link_bytes=self.boundary_bytes))
 
+    def lora(self, u: int) -> list[str]:
+        """What a block op reads of the adapters: the block's (none without them)."""
+        return [self.bufs.adapters_of(u)] if self.policy.adapters else []
+
     def head_op(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
         x, dx = b.activation(m, u), b.activation_grad(m, u)
+        if self.policy.adapters:  # a frozen head: the input's gradient only
+            self.emit(OpKind.HEAD, u, m, slot=b.buffers[slot].layer, reads=[x, slot], writes=[dx], frees=[x],
+                      flops=2 * self.model.head_fwd_flops(self.tokens), hbm_bytes=self.head_hbm,
+                      workspace_bytes=self.head_ws)
+            return
         dgrad, add = self.grad_target(u, m)
         # The head's kernels write its gradients in the compute dtype; into a device sum
         # (fp32, or one to add to) they go through a temporary of the head's size.
@@ -351,17 +376,32 @@ class TrainStepBuilder(StepBuilder):
 
     def recompute(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
-        self.emit(OpKind.RECOMPUTE, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot],
+        self.emit(OpKind.RECOMPUTE, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot, *self.lora(u)],
                   writes=[b.activation(m, u + 1)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm[u],
                   workspace_bytes=self.fwd_ws[u])
 
+    def adapter_backward(self, kind: OpKind, u: int, m: int, slot: str, graph: list[str], hbm: int, ws: int) -> None:
+        """A block's backward on a frozen base: its input's gradient (none for block 0: the
+        embedding is frozen too) and its adapters' gradient, added into the step's sum."""
+        b = self.bufs
+        dy, g = b.activation_grad(m, u + 1), b.adapter_grads(u)
+        add = self.deps.written(g)
+        n = b.adapter_params(u)
+        self.emit(kind, u, m, slot=b.buffers[slot].layer, reads=[*graph, dy, slot, *self.lora(u)] + ([g] if add else []),
+                  writes=([b.activation_grad(m, u)] if u > 0 else []) + [g], frees=[*graph, dy],
+                  flops=(self.bwd_flops if kind == OpKind.BACKWARD else self.saved_bwd_flops)[u],
+                  hbm_bytes=hbm + n * 4 * (2 if add else 1), workspace_bytes=ws)
+
     def backward(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
+        if self.policy.adapters:
+            return self.adapter_backward(OpKind.BACKWARD, u, m, slot, [b.activation(m, u)], self.bwd_hbm[u],
+                                         self.bwd_ws[u])
         x, dy, dx = b.activation(m, u), b.activation_grad(m, u + 1), b.activation_grad(m, u)
         dgrad, add = self.grad_target(u, m)
         self.emit(OpKind.BACKWARD, u, m, slot=b.buffers[slot].layer, reads=[x, dy, slot] + ([dgrad] if add else []),
                   writes=[dx, dgrad], frees=[x, dy],
-                  flops=3 * self.fwd_flops[u], hbm_bytes=self.bwd_hbm[u] + self.grad_write_bytes(dgrad, add),
+                  flops=self.bwd_flops[u], hbm_bytes=self.bwd_hbm[u] + self.grad_write_bytes(dgrad, add),
                   workspace_bytes=self.bwd_ws[u],
                   after=self._backpressure(self.pending_offloads))
         self.grads_made(u, m)
@@ -371,11 +411,14 @@ class TrainStepBuilder(StepBuilder):
     def backward_saved(self, use: Use, slot: str) -> None:
         """A kept layer's backward from its forward's graph (no recompute)."""
         b, u, m = self.bufs, use.unit, use.micro
+        if self.policy.adapters:
+            return self.adapter_backward(OpKind.BACKWARD_SAVED, u, m, slot, [self.saved(m, u)], self.saved_bwd_hbm[u],
+                                         self.saved_bwd_ws[u])
         dy, dx = b.activation_grad(m, u + 1), b.activation_grad(m, u)
         dgrad, add = self.grad_target(u, m)
         self.emit(OpKind.BACKWARD_SAVED, u, m, slot=b.buffers[slot].layer,
                   reads=[self.saved(m, u), dy, slot] + ([dgrad] if add else []), writes=[dx, dgrad],
-                  frees=[self.saved(m, u), dy], flops=2 * self.fwd_flops[u],
+                  frees=[self.saved(m, u), dy], flops=self.saved_bwd_flops[u],
                   hbm_bytes=self.saved_bwd_hbm[u] + self.grad_write_bytes(dgrad, add),
                   workspace_bytes=self.saved_bwd_ws[u], after=self._backpressure(self.pending_offloads))
         self.grads_made(u, m)
@@ -409,9 +452,21 @@ class TrainStepBuilder(StepBuilder):
         self.place_optimizer("grads", EMBED, m)
 
     def end(self) -> None:
-        """The global gradient norm (clipping, logging), then the 'after' mode's updates."""
+        """The global gradient norm (clipping, logging), then the 'after' mode's updates
+        (adapters: their norm, clipping and AdamW in one pass on the device)."""
+        if self.policy.adapters:
+            return self.adapter_update()
         self.grad_norm()
         self.place_optimizer("end")
+
+    def adapter_update(self) -> None:
+        """Every block's adapters updated on the device once the backward is over: the global
+        norm of their gradients (a read), then AdamW (the adapters and both moments read and
+        written, the gradient read and zeroed for the next step): 36 bytes a parameter."""
+        b, blocks = self.bufs, range(self.model.n_layers)
+        state, grads = [b.adapters_of(u) for u in blocks], [b.adapter_grads(u) for u in blocks]
+        n = sum(b.adapter_params(u) for u in blocks)
+        self.emit(OpKind.ADAPTER_UPDATE, -1, reads=state + grads, writes=state + grads, params=n, hbm_bytes=36 * n)
 
     # ---- the step ------------------------------------------------------------------------------
     def build(self) -> Schedule:
@@ -432,8 +487,10 @@ class TrainStepBuilder(StepBuilder):
             compute[use.kind](use, slots[s])
         self.end()
         self.flush_disk_write()
-        return self.schedule(slot_bytes=b.slot_bytes,
-                             model_flops=model.model_flops_per_token(p.seq, p.context_tokens) * p.tokens)
+        per_token = model.model_flops_per_token(p.seq, p.context_tokens)
+        if p.adapters:  # no weight gradients of the base (2N a token less); the adapters' 6 a parameter
+            per_token += 6 * b.adapter_params(0) * model.n_layers - 2 * model.model_flops_params
+        return self.schedule(slot_bytes=b.slot_bytes, model_flops=per_token * p.tokens)
 
 
 def build_schedule(model: ModelSpec, policy: Policy, layout: Layout = ONE) -> Schedule:

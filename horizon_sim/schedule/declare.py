@@ -34,6 +34,15 @@ class Declarations:
         # Several nodes hold the master in shards: every node keeps a whole copy to stream
         # from (in fp32 compute too, where a single node would load the master itself).
         self.has_copy = policy.working_copy or layout.nodes > 1
+        # Adapters on a frozen base: the host keeps the base in the compute dtype only, which is
+        # what the loads stream (as a working copy); the adapters and their state are the device's.
+        self.adapters = policy.adapters
+        if self.adapters:
+            self.has_copy = True
+            if layout.ranks > 1:
+                raise HorizonError(f"adapters (lora_rank={policy.lora_rank}) are planned on one device for now, not "
+                                   f"{layout.devices_per_node} x {layout.nodes}: drop --gpus/--nodes (train: "
+                                   "--nproc-per-node/--nnodes)")
         self.on_disk = policy.disk_tier != "none"
         self.low_on_disk = policy.disk_tier == "moments+low"
         if self.on_disk and self.shared:
@@ -153,8 +162,12 @@ class Declarations:
 
     def host_store(self, u: int) -> list[str]:
         """A unit's static host buffers: master (a split master: its low halves), moments, and the
-        working copy when there is one (a split master: its high halves)."""
+        working copy when there is one (a split master: its high halves); adapters: the frozen
+        base's weights alone."""
         n, part, p, sh = self.unit_label(u), self.partition(u), self.p, self.shared
+        if self.adapters:
+            return [self.declare(f"base.{n}", Space.HOST, Holds.BASE_WEIGHTS, (part.padded,), p.compute_dtype, True,
+                                 "base", unit=u)]
         # Several ranks: the node holds its ranks' chunks of the master and moments (each rank
         # updates its own), and the whole working copy every device streams from.
         store = Part.NODE if sh else Part.WHOLE
@@ -185,8 +198,23 @@ class Declarations:
         return out
 
     def weights_of(self, u: int) -> str:
-        """What a unit's weights load from: its working copy, else its master."""
-        return self.host_store(u)[2 if self.has_copy else 0]
+        """What a unit's weights load from: its working copy, else its master (adapters: the base)."""
+        return self.host_store(u)[0 if self.adapters else 2 if self.has_copy else 0]
+
+    def adapter_params(self, u: int) -> int:
+        """Adapter parameters of unit u (blocks only: the embedding and the head are frozen)."""
+        from horizon_sim.schedule.work import adapter_params
+        return adapter_params(self.m, self.p) if 0 <= u < self.head else 0
+
+    def adapters_of(self, u: int) -> str:
+        """A block's adapters and their AdamW moments (fp32), on the device for the whole run."""
+        return self.declare(f"lora.{u}", Space.DEVICE, Holds.ADAPTERS, (3, self.adapter_params(u)), "fp32", True,
+                            "adapters", unit=u)
+
+    def adapter_grads(self, u: int) -> str:
+        """A block's adapter gradient (fp32), summed over the step's micro-batches on the device."""
+        return self.declare(f"lora_grad.{u}", Space.DEVICE, Holds.ADAPTER_GRADS, (self.adapter_params(u),), "fp32",
+                            True, "adapters", unit=u)
 
     def grad_sq(self, u: int) -> str:
         return self.declare(f"gsq.{self.unit_label(u)}", Space.HOST, Holds.GRAD_SQ, (1,), "fp64", True, "scalars",

@@ -67,6 +67,9 @@ class OpKind(str, Enum):
     #                                            device (DeepSpeed's partition_grads round trip)
     UPLOAD_PARAMS = "upload_params"            # h2d: a unit's updated parameters, in the compute dtype, to
     #                                            their resident device copy after the CPU Adam (ZeRO-2 offload)
+    # adapters on a frozen base (Policy.lora_rank)
+    ADAPTER_UPDATE = "adapter_update"          # compute: the adapters' global gradient norm, clipping and
+    #                                            AdamW, on the device, after the backward
 
 
 LANE_OF: dict[OpKind, Lane] = {
@@ -81,6 +84,7 @@ LANE_OF: dict[OpKind, Lane] = {
     OpKind.NET_ALL_GATHER: Lane.NET, OpKind.NORM_ALL_REDUCE: Lane.NET, OpKind.UPDATE_BARRIER: Lane.NET,
     OpKind.DISK_READ: Lane.DISK, OpKind.DISK_WRITE: Lane.DISK,
     OpKind.HOOKS: Lane.CPU, OpKind.HOST_PASS: Lane.CPU, OpKind.RELOAD_GRADS: Lane.H2D, OpKind.UPLOAD_PARAMS: Lane.H2D,
+    OpKind.ADAPTER_UPDATE: Lane.COMPUTE,
 }
 COLLECTIVES = (OpKind.REDUCE_SCATTER, OpKind.NET_REDUCE_SCATTER, OpKind.NET_ALL_GATHER, OpKind.NORM_ALL_REDUCE,
                OpKind.UPDATE_BARRIER)
@@ -106,6 +110,8 @@ class Holds(str, Enum):
     #                                      and DISK_WRITE (the disk tier)
     MASTER_LOW_STAGE = "master_low_stage"  # (params,) int16 the same for a split master's low halves
     WORKING_COPY = "working_copy"        # (params,) the weights in the compute dtype
+    BASE_WEIGHTS = "base_weights"        # (params,) a frozen base's weights in the compute dtype (adapters:
+    #                                      the unit's whole host store)
     GRAD_SQ = "grad_sq"                  # (1,) fp64 a unit's squared gradient norm
     GRAD_NORM = "grad_norm"              # (1,) fp64 the global gradient norm (data parallel: this
     #                                      rank's sum of squares until NORM_ALL_REDUCE)
@@ -145,6 +151,11 @@ class Holds(str, Enum):
     #                                      in the compute dtype, through the device (ZeRO-2 offload), static
     ADAM_TILES = "adam_tiles"            # (2, tile) fp32 DeepSpeedCPUAdam's page-locked tile buffers, static
     #                                      (peer/host_extras.py)
+    # adapters (Policy.lora_rank), on the device for the whole run, static
+    ADAPTERS = "adapters"                # (3, adapter params) fp32 a block's adapters (each target's A then
+    #                                      B, in the block's projection order), then AdamW's m and v
+    ADAPTER_GRADS = "adapter_grads"      # (adapter params,) fp32 their gradient, summed over the step's
+    #                                      micro-batches, zeroed by the update
     FORK_COPY = "fork_copy"              # (bytes,) uint8 the copy-on-write second copy of a unit's pageable host
     #                                      state in a process that forked workers after allocating it, static
     #                                      (peer/host_extras.py)
@@ -265,7 +276,7 @@ class Op:
 
     @property
     def label(self) -> str:
-        if self.kind in (OpKind.GRAD_NORM, OpKind.NORM_ALL_REDUCE):
+        if self.kind in (OpKind.GRAD_NORM, OpKind.NORM_ALL_REDUCE, OpKind.ADAPTER_UPDATE):
             return self.kind.value
         unit = {EMBED: "emb"}.get(self.unit, str(self.unit))
         mb = f".m{self.micro}" if self.micro else ""

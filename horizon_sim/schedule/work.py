@@ -39,6 +39,8 @@ class Gemm:
     n: int
     k: int
     count: int = 1
+    dtype: str = ""
+    """'' : the step's compute dtype; else the dtype it runs in (the adapters' fp32 GEMMs)."""
 
     @property
     def flops(self) -> float:
@@ -69,34 +71,132 @@ def _rows(m: ModelSpec, p: block.Projection, tokens: int) -> tuple[tuple[int, in
     return expert_rows(tokens, m.experts_per_token, p.experts) if p.experts else ((tokens, 1),)
 
 
-def block_gemms(m: ModelSpec, tokens: int, backward: bool) -> list[Gemm]:
+def block_gemms(m: ModelSpec, tokens: int, backward: bool, policy=None) -> list[Gemm]:
     """Forward: x . W^T per projection. Backward: the forward again (with grad), then per
     projection the input gradient dY . W and the weight gradient X^T . dY. An MoE block's
-    experts: per expert, over its routed rows (count: the experts of one row count)."""
+    experts: per expert, over its routed rows (count: the experts of one row count). With
+    adapters (`policy.lora_rank`): the adapters' GEMMs too, and no weight gradient of the base."""
     ps = block.projections(m)
     out = [Gemm("nt", r, p.out_features, p.in_features, c) for p in ps for r, c in _rows(m, p, tokens)]
+    out += adapter_gemms(m, policy, tokens, backward=False)
     if backward:
-        out += block_gemms_saved_backward(m, tokens)
+        out += block_gemms_saved_backward(m, tokens, policy)
     return out
 
 
-def block_gemms_saved_backward(m: ModelSpec, tokens: int) -> list[Gemm]:
+def block_gemms_saved_backward(m: ModelSpec, tokens: int, policy=None) -> list[Gemm]:
     """A backward from autograd's saved tensors (BACKWARD_SAVED): per projection the input and
-    weight gradients only; the forward ran once, in FORWARD, with the graph kept."""
+    weight gradients only (a frozen base: the input gradients, then the adapters' backward);
+    the forward ran once, in FORWARD, with the graph kept."""
+    frozen = policy is not None and policy.adapters
     out = []
     for p in block.projections(m):
         i, o = p.in_features, p.out_features
         for r, c in _rows(m, p, tokens):
-            out += [Gemm("nn", r, i, o, c), Gemm("tn", i, o, r, c)]
+            out += [Gemm("nn", r, i, o, c)] + ([] if frozen else [Gemm("tn", i, o, r, c)])
+    return out + adapter_gemms(m, policy, tokens, backward=True)
+
+
+@lru_cache(maxsize=256)
+def adapted(m: ModelSpec, policy) -> tuple[block.Projection, ...]:
+    """The block's projections that get a LoRA adapter under `policy` (none without lora_rank):
+    its targets among the ones transformers builds as nn.Linear (or GPT-2's Conv1D), the
+    modules peft adapts. Routed experts' stacked weights are parameters of one module, and an
+    MoE router ('mlp.gate') is a TopKRouter module in transformers 5: neither gets one."""
+    if policy is None or not policy.adapters:
+        return ()
+    ps = [p for p in block.projections(m) if not p.experts and not (m.n_experts and p.module == "mlp.gate")]
+    chosen = set(policy.adapter_modules(tuple(p.module for p in ps)))
+    return tuple(p for p in ps if p.module in chosen)
+
+
+def adapter_params(m: ModelSpec, policy) -> int:
+    """A block's adapter parameters: A (r x in) and B (out x r) per adapted projection."""
+    return sum(policy.lora_rank * (p.in_features + p.out_features) for p in adapted(m, policy))
+
+
+def adapter_gemms(m: ModelSpec, policy, tokens: int, backward: bool) -> list[Gemm]:
+    """LoRA's GEMMs per adapted projection, in the adapters' dtype, h = x . A^T (T x r),
+    y += s h . B^T. Forward: those two. Backward: dB = dY^T . h, dh = dY . B, dA = dh^T . x, and dh . A into the input's
+    gradient (the base's own dY . W is block_gemms_saved_backward's)."""
+    out = []
+    for p in adapted(m, policy):
+        i, o, r = p.in_features, p.out_features, policy.lora_rank
+        f = ADAPTER_DTYPE
+        out += ([Gemm("tn", o, r, tokens, dtype=f), Gemm("nn", tokens, r, o, dtype=f), Gemm("tn", r, i, tokens, dtype=f),
+                 Gemm("nn", tokens, i, r, dtype=f)]
+                if backward else [Gemm("nt", tokens, r, i, dtype=f), Gemm("nt", tokens, o, r, dtype=f)])
     return out
+
+
+ADAPTER_DTYPE, ADAPTER_BYTES = "fp32", 4
+"""The adapters' dtype (fp32, as peft keeps them beside a bf16 base): their path runs in it."""
+
+
+def adapter_groups(m: ModelSpec, policy) -> list[tuple[int, int]]:
+    """(input width, adapted projections reading it) per distinct input of the block's adapters:
+    a half's projections that read its normed input share one (model/adapters.py casts it once),
+    an inner projection (the attention's output, the MLP's activation) has its own."""
+    shared: dict[str, list] = {}
+    out = []
+    for p in adapted(m, policy):
+        if p.inner:
+            out.append((p.in_features, 1))
+        else:
+            shared.setdefault("mlp" if p.module.startswith("mlp.") else "attention", []).append(p)
+    return out + [(ps[0].in_features, len(ps)) for ps in shared.values()]
+
+
+def adapter_elementwise_bytes(m: ModelSpec, policy, tokens: int, a: int, backward: bool) -> int:
+    """What LoRA's own kernels read plus write beyond their rank-r GEMMs (model/adapters.py), N =
+    tokens, c = ADAPTER_BYTES, r the rank. Forward: each distinct input cast to the adapters' dtype
+    ((a + c) per element; none when a == c), per adapter the rank-r product scaled (2 c r) and
+    added into the base's output in place (2 a + c per output element). Backward (its own kernels;
+    a BACKWARD runs the forward again before them): per adapter the output's gradient cast for it
+    ((a + c) per element) and the scale's (2 c r); per distinct input of k adapters, their input
+    gradients summed in fp32 (k - 1 adds of 3 c), cast back (c + a) and added into the input's
+    gradient (3 a); with a == c, k adds of 3 a. Counted kernel by kernel (tests/test_lora_plan.py)."""
+    if policy is None or not policy.adapters:
+        return 0
+    c, r = ADAPTER_BYTES, policy.lora_rank
+    cast = a != c
+    total = 0
+    for p in adapted(m, policy):
+        o = p.out_features
+        total += 2 * c * r + (2 * a + c) * o if not backward else 2 * c * r + ((a + c) * o if cast else 0)
+    for i, k in adapter_groups(m, policy):
+        if not backward:
+            total += (a + c) * i if cast else 0
+        else:
+            total += ((k - 1) * 3 * c * i + (c + a) * i + 3 * a * i) if cast else k * 3 * a * i
+    return int(total * tokens)
+
+
+def frozen_backward_bytes(m: ModelSpec, tokens: int, a: int) -> int:
+    """What a backward of a frozen block (adapters) does not move that block_elementwise_bytes'
+    backward counts: its weights' gradients. An RMSNorm's weight gradient (the product of the
+    incoming gradient and the normalised rows, then its sum: 4 a per element); a bias's gradient
+    (a read of its projection's output gradient). Counted for the RMSNorm families that multiply
+    in the compute dtype; the fp32-weight and (1 + w) norms and LayerNorm keep their figure (an
+    estimate: their weight gradients' share of their kernels is not separated)."""
+    total = sum(4 * a * k.width for k in block.kernels(m)
+                if k.kind == "rmsnorm" and k.weight and not k.fp32_weight and not k.unit_offset)
+    total += a * sum(p.out_features for p in block.projections(m) if p.bias and not p.experts)
+    return int(total * tokens)
+
+
+def gemm_flops(gemms: list[Gemm]) -> float:
+    return sum(g.flops for g in gemms)
 
 
 def head_chunks(tokens: int, chunk_tokens: int) -> int:
     return -(-tokens // max(1, min(chunk_tokens, tokens)))
 
 
-def head_gemms(m: ModelSpec, tokens: int, chunk_tokens: int, backward: bool = True) -> list[Gemm]:
-    """Per chunk of c tokens: logits h . W^T, and with backward dh = g . W, dW += g^T . h. The
+def head_gemms(m: ModelSpec, tokens: int, chunk_tokens: int, backward: bool = True,
+               weight_grad: bool = True) -> list[Gemm]:
+    """Per chunk of c tokens: logits h . W^T, and with backward dh = g . W, dW += g^T . h
+    (weight_grad False, a frozen head: not that one). The
     full chunks share one shape and are one entry with a count, and the shorter last chunk
     another, so the work of costing the head does not grow with the batch (tokens / c chunks)."""
     c = min(chunk_tokens, tokens)
@@ -106,7 +206,8 @@ def head_gemms(m: ModelSpec, tokens: int, chunk_tokens: int, backward: bool = Tr
         if n and count:
             out.append(Gemm("nt", n, m.vocab, m.hidden, count))
             if backward:
-                out += [Gemm("nn", n, m.hidden, m.vocab, count), Gemm("tn", m.vocab, m.hidden, n, count)]
+                out += [Gemm("nn", n, m.hidden, m.vocab, count)]
+                out += [Gemm("tn", m.vocab, m.hidden, n, count)] if weight_grad else []
     return out
 
 

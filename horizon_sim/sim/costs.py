@@ -8,7 +8,8 @@ Compute ops (one lane, kernels run back to back, so the terms add):
                               temporaries on every run, else launch_overhead_us); the head pays 'head_chunk'
                               again for each loss chunk after the first; an MoE block
                               '<kind>_router' once and '<kind>_expert' per expert its loop
-                              runs (every expert, when the op routes as many rows)
+                              runs (every expert, when the op routes as many rows); a block
+                              with adapters '<kind>_adapter' per adapted projection
             + GEMMs           sum over the op's GEMMs of 2mnk / throughput(dtype, layout, m, n, k)
                               from the measured table (DeviceSpec.gemm_TFLOPs), else
                               FLOPs / (peak x matmul_efficiency)
@@ -143,9 +144,20 @@ def rate_table(rows: tuple, dtype: str, key_len: int) -> RateTable:
     return RateTable(rows, dtype, key_len)
 
 
+class _Scaled:
+    """A rate table's rates times a factor (another dtype's GEMMs where only one was measured)."""
+
+    def __init__(self, table: RateTable, factor: float):
+        self.table, self.factor = table, factor
+
+    def rate(self, key: str, at: tuple, column: int = 0) -> float:
+        return self.table.rate(key, at, column) * self.factor
+
+
 class CostModel:
     def __init__(self, hw: HardwareSpec, compute_dtype: str = "bf16", meta=None):
         d, link, host = hw.device, hw.link, hw.host
+        self.device = d
         self.dtype = compute_dtype
         peak = d.bf16_TFLOPs if compute_dtype == "bf16" else d.fp32_TFLOPs
         self.flops_per_s = peak * 1e12 * d.matmul_efficiency
@@ -222,7 +234,18 @@ class CostModel:
         return us * 1e-6
 
     def _gemm_s(self, gemms) -> float:
-        return sum(g.flops / (self.gemm.rate(g.layout, (g.m, g.n, g.k)) * 1e12) for g in gemms)
+        return sum(g.flops / (self._gemm_table(g.dtype).rate(g.layout, (g.m, g.n, g.k)) * 1e12) for g in gemms)
+
+    def _gemm_table(self, dtype: str) -> RateTable:
+        """The measured GEMM rates of `dtype` ('': the compute dtype's; a dtype the device file
+        has none of: the compute dtype's, scaled by the two peaks' ratio)."""
+        if not dtype or dtype == self.dtype:
+            return self.gemm
+        t = rate_table(self.device.gemm_TFLOPs, dtype, 2)
+        return t if t else _Scaled(self.gemm, self._peak(dtype) / self._peak(self.dtype))
+
+    def _peak(self, dtype: str) -> float:
+        return self.device.bf16_TFLOPs if dtype == "bf16" else self.device.fp32_TFLOPs
 
     def compute_terms(self, op: Op) -> dict:
         """The named terms of a compute op's duration, seconds."""
@@ -237,7 +260,8 @@ class CostModel:
         if shaped:
             tokens = p.micro_batch * p.seq
             if op.kind in (OpKind.HEAD, OpKind.HEAD_LOSS):
-                gemms = work.head_gemms(m, tokens, p.loss_chunk_tokens, backward=op.kind == OpKind.HEAD)
+                gemms = work.head_gemms(m, tokens, p.loss_chunk_tokens, backward=op.kind == OpKind.HEAD,
+                                        weight_grad=not p.adapters)
                 attn = None
                 loss_s = self.loss_s_per_logit[p.loss_kernel]
                 if loss_s:  # the loss kernels at their measured per-logit time
@@ -250,7 +274,8 @@ class CostModel:
             else:
                 bwd = op.kind in (OpKind.BACKWARD, OpKind.BACKWARD_SAVED)
                 saved = op.kind == OpKind.BACKWARD_SAVED  # the forward's kernels ran in FORWARD
-                gemms = work.block_gemms_saved_backward(m, tokens) if saved else work.block_gemms(m, tokens, bwd)
+                gemms = (work.block_gemms_saved_backward(m, tokens, p) if saved
+                         else work.block_gemms(m, tokens, bwd, p))
                 masked = work.masked_attention(m, op.unit, p.seq, p.doc_masks)
                 attn = work.attention(m, p.micro_batch, p.seq, bwd, masked)
                 if m.attn_softcap and self.fused_softcap:
@@ -259,10 +284,14 @@ class CostModel:
                     attn = replace(attn, fwd_flops=0.0)
                 if m.n_experts:
                     t["overhead"] += self._moe_overhead_s(op.kind, tokens)
+                if p.adapters:  # each adapted projection's small kernels (calibrated; absent: 0)
+                    base = {OpKind.BACKWARD_SAVED: OpKind.BACKWARD}.get(op.kind, op.kind).value
+                    t["overhead"] += len(work.adapted(m, p)) * self.overhead_us.get(f"{base}_adapter", 0.0) * 1e-6
             if self.gemm:
                 t["gemm"] = self._gemm_s(gemms)
-            else:
-                t["gemm"] = sum(g.flops for g in gemms) / self.flops_per_s
+            else:  # each at its dtype's peak x efficiency
+                t["gemm"] = sum(g.flops * self._peak(self.dtype) / self._peak(g.dtype or self.dtype) for g in gemms) \
+                    / self.flops_per_s
             if attn is not None:  # backward: the forward kernel (with grad), then the gradient kernel
                 table = self.mattn if masked and self.mattn else self.attn
                 if m.attn_softcap and self.fused_softcap and self.sattn:

@@ -17,7 +17,7 @@ from horizon_sim.schedule.effects import op_effects
 from horizon_sim.schedule.op import Lane, Space
 from horizon_sim.schedule.work import WORKSPACE_ONSET
 
-HOST_ROLES = ("master", "moments", "working_copy", "grads", "staging", "act_checkpoints", "scalars", "disk_stages")
+HOST_ROLES = ("master", "moments", "working_copy", "base", "grads", "staging", "act_checkpoints", "scalars", "disk_stages")
 PER_STEP_ROLES = ("grads", "act_checkpoints")
 """Dynamic host buffers that exist only within a step: a step's gradients (modes other than
 `pipelined`, whose gradients are static: they cross the step boundary) and its host checkpoints.

@@ -22,6 +22,9 @@ class Projection:
     """0: a Linear run on every token. E: routed experts (each token meets k of them)."""
     transposed: bool = False
     """The weight is stored (in_features, out_features): GPT-2's Conv1D."""
+    inner: bool = False
+    """It reads a tensor made inside its half (the attention's output, the MLP's activation),
+    not the half's normed input, which the half's other projections share."""
 
     @property
     def weight_params(self) -> int:
@@ -125,20 +128,20 @@ def attention_projections(m, qkv_bias: bool) -> tuple[Projection, ...]:
     """q, k, v (biases: Qwen2's) and o (never a bias), as the attention half runs them."""
     H, q, kv = m.hidden, m.q_dim, m.kv_dim
     return (Projection("self_attn.q_proj", H, q, qkv_bias), Projection("self_attn.k_proj", H, kv, qkv_bias),
-            Projection("self_attn.v_proj", H, kv, qkv_bias), Projection("self_attn.o_proj", q, H, False))
+            Projection("self_attn.v_proj", H, kv, qkv_bias), Projection("self_attn.o_proj", q, H, False, inner=True))
 
 
 def gated_mlp_projections(m, bias: bool) -> tuple[Projection, ...]:
     """SwiGLU: gate and up (H -> F), down (F -> H)."""
     H, F = m.hidden, m.ffn_hidden
     return (Projection("mlp.gate_proj", H, F, bias), Projection("mlp.up_proj", H, F, bias),
-            Projection("mlp.down_proj", F, H, bias))
+            Projection("mlp.down_proj", F, H, bias, inner=True))
 
 
 def plain_mlp_projections(m, bias: bool) -> tuple[Projection, ...]:
     """A non-gated MLP: up (H -> F), down (F -> H)."""
     H, F = m.hidden, m.ffn_hidden
-    return Projection("mlp.up_proj", H, F, bias), Projection("mlp.down_proj", F, H, bias)
+    return Projection("mlp.up_proj", H, F, bias), Projection("mlp.down_proj", F, H, bias, inner=True)
 
 
 def moe_projections(m, router_first: bool) -> tuple[Projection, ...]:
@@ -148,9 +151,9 @@ def moe_projections(m, router_first: bool) -> tuple[Projection, ...]:
     H, E, I, S = m.hidden, m.n_experts, m.expert_ffn_hidden, m.shared_expert_ffn_hidden
     router = (Projection("mlp.gate", H, E, False),)
     experts = (Projection("mlp.experts.gate_up_proj", H, 2 * I, False, experts=E),
-               Projection("mlp.experts.down_proj", I, H, False, experts=E))
+               Projection("mlp.experts.down_proj", I, H, False, experts=E, inner=True))
     shared = (Projection("mlp.shared_expert.gate_proj", H, S, False), Projection("mlp.shared_expert.up_proj", H, S, False),
-              Projection("mlp.shared_expert.down_proj", S, H, False),
+              Projection("mlp.shared_expert.down_proj", S, H, False, inner=True),
               Projection("mlp.shared_expert_gate", H, 1, False)) if S else ()
     return (*router, *experts, *shared) if router_first else (*experts, *router, *shared)
 

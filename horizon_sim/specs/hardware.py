@@ -41,10 +41,14 @@ def _check_range(part: str, field: str, v) -> None:
 
 TABLE_KEYS = {"dtype": ("bf16", "fp32"), "layout": ("nt", "nn", "tn")}
 """The values a key column may hold; op_overhead_us's `kind` takes an op kind, head_chunk or one
-of MOE_OVERHEAD_KINDS or TRACKED_OVERHEAD_KINDS."""
+of MOE_OVERHEAD_KINDS, ADAPTER_OVERHEAD_KINDS or TRACKED_OVERHEAD_KINDS."""
 MOE_OVERHEAD_KINDS = tuple(f"{k}_{what}" for k in ("forward", "recompute", "backward") for what in ("router", "expert"))
 """op_overhead_us kinds an MoE block adds to its compute op's fixed cost: '<kind>_router' once
 per op, '<kind>_expert' per expert its loop runs."""
+ADAPTER_OVERHEAD_KINDS = tuple(f"{k}_adapter" for k in ("forward", "recompute", "backward"))
+"""op_overhead_us kinds a block with LoRA adapters (Policy.lora_rank) adds per adapted
+projection: the dispatch of the adapter's dozen small kernels and the calls of its rank-r
+GEMMs, beyond the work schedule/work.py prices (calibrate measures them; absent: 0)."""
 def tracked_kind(kind: str) -> str:
     """The op_overhead_us kind of `kind` run with every op's temporaries measured (tracks_every_op)."""
     return f"{kind}_tracked"
@@ -70,7 +74,8 @@ SIZE_COLUMNS = ("M", "N", "K", "SEQ", "HEAD_DIM", "THREADS")
 def _allowed_keys(col: str) -> tuple[str, ...]:
     if col == "kind":
         from horizon_sim.schedule.op import OpKind  # lazily: the schedule package imports specs
-        return (*(k.value for k in OpKind), "head_chunk", *MOE_OVERHEAD_KINDS, *TRACKED_OVERHEAD_KINDS)
+        return (*(k.value for k in OpKind), "head_chunk", *MOE_OVERHEAD_KINDS, *ADAPTER_OVERHEAD_KINDS,
+                *TRACKED_OVERHEAD_KINDS)
     return TABLE_KEYS[col]
 
 
@@ -184,8 +189,9 @@ class DeviceSpec:
     """Measured fixed cost per compute op kind, rows (KIND, US): the Python dispatch of every
     kernel of the op, its memory tracking, launches and gaps, e.g. ('backward', 4200.0);
     'head_chunk' is the extra cost of each LM-head chunk after the first; an MoE block adds
-    '<kind>_router' once and '<kind>_expert' per expert its loop runs (kind forward, recompute or
-    backward; not listed: nothing extra). Other kinds not listed cost launch_overhead_us."""
+    '<kind>_router' once and '<kind>_expert' per expert its loop runs, and a block with adapters
+    '<kind>_adapter' per adapted projection (kind forward, recompute or backward; not listed:
+    nothing extra). Other kinds not listed cost launch_overhead_us."""
     compute_threads: int = 0
     """CPU backend: the intra-op threads of the compute lane these rates were measured with
     (calibrate's split: all cores but one); 0: a GPU, or a CPU file from before this field."""

@@ -19,6 +19,13 @@ MB_ORDERS = ("micro", "layer")
 LOSS_KERNELS = ("torch", "fused")
 """How the head computes the loss of a chunk of logits and its gradient (Policy.loss_kernel)."""
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+LORA_ALL = "all-linear"
+"""Policy.lora_targets's value for every projection of the blocks (peft's 'all-linear': the LM
+head, the embedding and the routed experts' stacked weights left out)."""
+_LORA_ALPHA = 8.0  # Policy.lora_alpha's default (peft's)
+MAX_LORA_RANK = 2**16
+"""The largest adapter rank taken: above the widest projection of any preset (Llama-3.1-405B's
+53,248-wide MLP), where an adapter would hold more than the weight it adapts."""
 MAX_BATCH = 2**20
 """Sequences per step. The largest global batches published are ~2,000-4,000 sequences
 (Llama 3: 16M tokens of 4,096-8,192); 2^20 is 256x that."""
@@ -128,6 +135,20 @@ class Policy:
     layer's forward to its backward. 0: every layer recomputes (from its K-block's
     checkpoint); KEEP_ALL (-1): every layer keeps. Layers that recompute form the K-blocks
     of the layers before the kept ones."""
+    lora_rank: int = 0
+    """0: full fine-tuning. R > 0: LoRA adapters of rank R on a frozen base (docs/adapters.md):
+    the base is kept on the host in compute_dtype only (no master, no moments, no host
+    gradients) and streams as today; the adapters, their gradients and their AdamW moments
+    (fp32) stay on the device, updated there after the backward (optimizer 'after'); the
+    backward computes input gradients, not the base's weight gradients. The master, moments,
+    gradient-dtype and disk-tier fields do not apply."""
+    lora_targets: str = LORA_ALL
+    """With lora_rank: the projections that get an adapter, by their module names as peft's
+    target_modules takes them (comma-separated, e.g. 'q_proj,v_proj'), or 'all-linear' (every
+    projection of the blocks)."""
+    lora_alpha: float = _LORA_ALPHA
+    """With lora_rank: the adapters' output is scaled by lora_alpha / lora_rank (peft's
+    lora_alpha, and its default). The planner's figures do not depend on it."""
 
     def __post_init__(self):
         self._resolve_master()
@@ -165,6 +186,7 @@ class Policy:
                 f"policy max_host_grads={self.max_host_grads} bounds the gradients waiting for optimizer='backward' "
                 f"with one micro-batch (here optimizer={self.optimizer!r}, micro_batches={self.micro_batches}): "
                 "the other modes keep every gradient until the step's end by design")
+        self._check_adapters()
         if self.doc_tokens and not self.doc_masks:
             raise HorizonError(f"policy doc_tokens={self.doc_tokens} prices document masks; set doc_masks too")
         if (not isinstance(self.grad_clip, (int, float)) or isinstance(self.grad_clip, bool)
@@ -199,11 +221,62 @@ class Policy:
                 f"policy grad_dtype={self.grad_dtype} is wider than compute_dtype="
                 f"{self.compute_dtype}: gradients cannot gain precision on the way out")
 
+    def _check_adapters(self) -> None:
+        """lora_rank and lora_targets well formed, and with adapters none of the full
+        fine-tuning's host-update options (they have nothing to act on)."""
+        r = self.lora_rank
+        if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r <= MAX_LORA_RANK:
+            raise HorizonError(f"policy lora_rank={r!r} must be an integer 0..{MAX_LORA_RANK:,} (0: full fine-tuning)")
+        t = self.lora_targets
+        if not isinstance(t, str) or not t.strip() or any(not n.strip() for n in t.split(",")):
+            raise HorizonError(f"policy lora_targets={t!r} must be '{LORA_ALL}' or module names separated by commas "
+                               "(e.g. 'q_proj,v_proj')")
+        a = self.lora_alpha
+        if not isinstance(a, (int, float)) or isinstance(a, bool) or not math.isfinite(a) or a <= 0:
+            raise HorizonError(f"policy lora_alpha={a!r} must be a positive number (the adapters' scale is alpha / rank)")
+        if not r:
+            if a != _LORA_ALPHA:
+                raise HorizonError(f"policy lora_alpha={a!r} scales adapters; give lora_rank too (--lora-rank R)")
+            if t != LORA_ALL:
+                raise HorizonError(f"policy lora_targets={t!r} names adapters; give lora_rank too (--lora-rank R)")
+            return
+        for f, off in (("optimizer", "after"), ("disk_tier", "none"), ("max_host_grads", 0),
+                       ("master_rounding", "nearest")):
+            if getattr(self, f) != off:
+                raise HorizonError(
+                    f"policy {f}={getattr(self, f)!r} does not apply with adapters (lora_rank={r}): the frozen base "
+                    f"has no master, moments or host update, and the adapters update on the device after the "
+                    f"backward; use {f}={off!r}")
+
+    @property
+    def lora_scale(self) -> float:
+        """What the adapters' output is multiplied by: lora_alpha / lora_rank (peft's scaling)."""
+        return self.lora_alpha / self.lora_rank
+
+    @property
+    def adapters(self) -> bool:
+        """LoRA adapters on a frozen base (lora_rank > 0)."""
+        return self.lora_rank > 0
+
+    def adapter_modules(self, modules: tuple[str, ...]) -> tuple[str, ...]:
+        """Which of a block's projection modules (transformers' paths, 'self_attn.q_proj') get an
+        adapter: all of them ('all-linear'), else those whose last name is a target. A target no
+        projection has is an error naming the ones there are."""
+        if self.lora_targets == LORA_ALL:
+            return modules
+        names = [n.strip() for n in self.lora_targets.split(",")]
+        last = {m.rsplit(".", 1)[-1] for m in modules}
+        unknown = [n for n in names if n not in last]
+        if unknown:
+            raise HorizonError(f"policy lora_targets names {', '.join(map(repr, unknown))}, which this model's blocks do "
+                               f"not have; allowed: {', '.join(sorted(last))} or {LORA_ALL}")
+        return tuple(m for m in modules if m.rsplit(".", 1)[-1] in names)
+
     def _resolve_master(self) -> None:
         """The master's defaults made explicit (master_dtype, split_master: None -> values)."""
         if self.split_master is None:  # frozen: the one place a field is set after __init__
-            object.__setattr__(self, "split_master", self.master_dtype is None and split_possible(
-                self.compute_dtype, self.working_copy))
+            object.__setattr__(self, "split_master", self.master_dtype is None and not self.lora_rank
+                               and split_possible(self.compute_dtype, self.working_copy))
         if self.master_dtype is None:
             object.__setattr__(self, "master_dtype", "fp32")
 
@@ -263,14 +336,17 @@ class Policy:
         grad_clip None: the optimizer mode's default (default_grad_clip); working_copy: wanted,
         kept only where it is not the master itself (not with fp32 compute, nor with a master
         already in compute_dtype); gradients cross the link in fp32 under fp32 compute;
-        loss_kernel None: default_loss_kernel(cpu_backend). `fields`: Policy's other fields."""
+        loss_kernel None: default_loss_kernel(cpu_backend); optimizer None: 'after' with adapters
+        (lora_rank), else Policy's default. `fields`: Policy's other fields."""
         if master is not None and master not in MASTER_CHOICES:
             raise HorizonError(f"policy master={master!r}; allowed: {', '.join(MASTER_CHOICES)}")
         if master == "split" and not working_copy:
             raise HorizonError("policy master='split' (--master-dtype split) keeps the master's high half as the "
                                "working copy: drop --no-working-copy (working_copy=False)")
         compute = fields.get("compute_dtype", _DEFAULT.compute_dtype)
-        optimizer = fields.get("optimizer", _DEFAULT.optimizer)
+        if fields.get("optimizer") is None:  # adapters update on the device after the backward
+            fields["optimizer"] = "after" if fields.get("lora_rank") else _DEFAULT.optimizer
+        optimizer = fields["optimizer"]
         if compute == "fp32":
             fields["grad_dtype"] = "fp32"
         return cls(**fields, master_dtype="fp32" if master == "split" else master,

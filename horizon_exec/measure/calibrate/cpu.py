@@ -13,17 +13,19 @@ from horizon_exec.measure.calibrate.disk import disk_host_fields
 from horizon_exec.measure.calibrate.host import (bus_capacity_GBps, os_reserved_GiB, measure_accumulate_GBps, measure_adam_Gparams,
                                          measure_bus_GBps, measure_copy_GBps, measure_reduce_GBps,
                                          measure_shared_cores, ram_GiB)
-from horizon_exec.measure.calibrate.kernels import (attention_grid, gemm_grid, gemm_rates, gemm_shapes, gemm_times,
+from horizon_exec.measure.calibrate.kernels import (attention_grid, fp32_gemm_shapes, gemm_rates,
+                                            gemm_shapes, gemm_times,
                                             measure_attention, measure_cpu_loss_figures, measure_elementwise,
                                             slope_GBps)
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, MOE_EXPERTS, MOE_POLICY, TINY, TINY_POLICY,
-                                              TinyProbe, head_chunk_us, measured_rows, moe_overheads, op_overheads,
+                                              LORA_POLICY, TinyProbe, adapter_overheads, head_chunk_us, measured_rows,
+                                              moe_overheads, op_overheads,
                                               runtime_overhead_GiB, tiny_moe, tracked_overheads)
 from horizon_exec.measure.calibrate.kernel_threads import measure_kernel_speeds
 from horizon_exec.measure.calibrate.threads import measure_thread_speeds, thread_counts
 from horizon_exec.measure.calibrate.timing import Progress, in_lane, mean_rate
 from horizon_exec.procfs import cpu_name
-from horizon_sim.schedule import Lane, OpKind, work
+from horizon_sim.schedule import Lane, OpKind
 from horizon_sim.sim.costs import COPY_TRAFFIC
 from horizon_sim.specs.cluster import ClusterSpec
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
@@ -68,7 +70,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     # the full bf16 grid: measure the small grid once instead, and say so.
     slow_bf16 = compute(_bf16_fallback)
     shapes = gemm_shapes(quick or slow_bf16, "cpu", model, policy)
-    fp32_shapes = [(l, *s) for l in work.LAYOUTS for s in gemm_grid(True, "cpu")]
+    fp32_shapes = fp32_gemm_shapes(quick or slow_bf16, "cpu")
     prog.step(f"GEMM library warm-up: {len(shapes)} bf16 shapes, {len(fp32_shapes)} fp32 on "
               f"{backend.compute_threads} thread(s) of core(s) {backend.compute_cores}"
               + (" (bf16 GEMMs run in a generic kernel here, over 8x slower than fp32: the small bf16 grid, "
@@ -79,6 +81,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     ram = ram_GiB()
     tiny = [TinyProbe("cpu"), TinyProbe("cpu", HEAD8_POLICY),
             *(TinyProbe("cpu", MOE_POLICY, tiny_moe(e)) for e in MOE_EXPERTS),
+            TinyProbe("cpu", LORA_POLICY),  # adapters on every projection
             TinyProbe("cpu", track_memory="every")]  # what tracking every op every run costs
 
     def sample_tiny():
@@ -151,6 +154,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     comp_us["head_chunk"] = head_chunk_us(tiny[0].own, tiny[1].own)
     tracked_us = op_overheads(hw, tiny[-1].own)[0]
     comp_us |= moe_overheads(hw, tracked_us, {e: t.own for e, t in zip(MOE_EXPERTS, tiny[2:2 + len(MOE_EXPERTS)])})
+    comp_us |= adapter_overheads(hw, comp_us, tiny[2 + len(MOE_EXPERTS)].own)
     comp_us |= tracked_overheads(comp_us, tracked_us)
     comp_us = measured_rows(comp_us)
 

@@ -19,16 +19,15 @@ import torch
 from horizon_exec.measure.calibrate.disk import disk_host_fields
 from horizon_exec.measure.calibrate.host import (bus_capacity_GBps, measure_accumulate_GBps, measure_adam_Gparams,
                                                  measure_bus_GBps, os_reserved_GiB, ram_GiB)
-from horizon_exec.measure.calibrate.kernels import (ColdOperands, attention_calls, attention_grid, gemm_grid,
+from horizon_exec.measure.calibrate.kernels import (ColdOperands, attention_calls, attention_grid, fp32_gemm_shapes,
                                             gemm_shapes, measure_elementwise, measure_loss_ns_per_logit,
                                             slope_GBps)
-from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, MOE_EXPERTS, MOE_POLICY, TINY, TINY_POLICY,
-                                                      head_chunk_us, measured_rows, moe_overheads, op_overheads, tiny_moe,
+from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, LORA_POLICY, MOE_EXPERTS, MOE_POLICY, TINY,
+                                                      TINY_POLICY, adapter_overheads, head_chunk_us, measured_rows, moe_overheads, op_overheads, tiny_moe,
                                                       tiny_op_times)
 from horizon_exec.measure.calibrate.timing import Progress, median_time
 from horizon_exec.procfs import cpu_name
 from horizon_sim.errors import HorizonError
-from horizon_sim.schedule import work
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
 from horizon_sim.units import GiB, MiB
 
@@ -172,7 +171,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     prog.step(f"GEMM throughput on {props.name}")
     shapes = gemm_shapes(quick, "cuda", model, policy)
     bf16 = gemm_table(shapes, torch.bfloat16, dev_t)
-    fp32 = gemm_table([(l, *s) for l in work.LAYOUTS for s in gemm_grid(True, "cuda")], torch.float32, dev_t)
+    fp32 = gemm_table(fp32_gemm_shapes(quick, "cuda"), torch.float32, dev_t)
     gemm = [("bf16", s[0], *map(float, s[1:]), r) for s, r in bf16.items()]
     gemm += [("fp32", s[0], *map(float, s[1:]), r) for s, r in fp32.items()]
 
@@ -245,6 +244,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     comp_us["head_chunk"] = head_chunk_us(own, tiny_op_times(device, 4, HEAD8_POLICY))
     comp_us = measured_rows(comp_us)
     comp_us |= moe_overheads(hw, comp_us, {e: tiny_op_times(device, 4, MOE_POLICY, tiny_moe(e)) for e in MOE_EXPERTS})
+    comp_us |= adapter_overheads(hw, comp_us, tiny_op_times(device, 4, LORA_POLICY))
     res = probe(TINY, TINY_POLICY, steps=2, warmup=1, device=device)
     runtime = max(res["rss_peak_bytes"] - res["store_bytes"] - res["host_dynamic_peak_bytes"], 0) / GiB
     disk = disk_host_fields(disk, quick, prog)

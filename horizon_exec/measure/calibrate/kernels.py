@@ -27,10 +27,27 @@ def gemm_grid(quick: bool, device: str) -> list[tuple[int, int, int]]:
     return [(m, n, k) for m in dims for n in dims for k in dims if m * n * k <= cap]
 
 
+ADAPTER_RANKS = (8, 64)
+"""The LoRA ranks whose skinny GEMMs the grid measures (work.adapter_gemms: one dimension the
+rank): their rate per FLOP is far below a square GEMM's, and the table does not extrapolate to
+them from its smallest square shapes (a rank-8 GEMM measured 3-5x slower than that on the EPYC
+VM)."""
+
+
+def adapter_grid(quick: bool, device: str) -> list[tuple[str, int, int, int]]:
+    """(layout, m, n, k) of rank-r GEMMs in each layout, the rank as n, k or m in turn: the
+    shapes work.adapter_gemms prices, at a few token counts and widths."""
+    dims = ((512,) if quick else (512, 2048)) if device == "cpu" else ((4096,) if quick else (2048, 8192))
+    ranks = ADAPTER_RANKS[:1] if quick else ADAPTER_RANKS
+    return sorted({(lay, *shape) for lay in work.LAYOUTS for r in ranks for a in dims for b in dims
+                   for shape in ((a, r, b), (a, b, r), (r, a, b))})
+
+
 def model_gemms(model: ModelSpec, policy: Policy) -> set[tuple[str, int, int, int]]:
-    """(layout, m, n, k) of every GEMM the model's compute ops run under the policy."""
+    """(layout, m, n, k) of every GEMM the model's compute ops run under the policy (its
+    adapters' too)."""
     tok = policy.micro_batch * policy.seq
-    gs = work.block_gemms(model, tok, True) + work.head_gemms(model, tok, policy.loss_chunk_tokens)
+    gs = work.block_gemms(model, tok, True, policy) + work.head_gemms(model, tok, policy.loss_chunk_tokens)
     return {(g.layout, g.m, g.n, g.k) for g in gs}
 
 
@@ -247,3 +264,9 @@ def gemm_shapes(quick, device, model, policy):
     """(layout, m, n, k) to time: the grid for `device`, plus the model's own GEMMs when a model is given."""
     extra = model_gemms(model, policy or Policy()) if model is not None else set()
     return sorted({(l, *s) for l in work.LAYOUTS for s in gemm_grid(quick, device)} | extra)
+
+
+def fp32_gemm_shapes(quick: bool, device: str) -> list[tuple[str, int, int, int]]:
+    """The fp32 shapes to time: the small grid (an fp32 step's GEMMs are priced from it, scaled
+    where the bf16 grid is wider) and the adapters' rank-r GEMMs, which run in fp32."""
+    return sorted({(l, *s) for l in work.LAYOUTS for s in gemm_grid(True, device)} | set(adapter_grid(quick, device)))

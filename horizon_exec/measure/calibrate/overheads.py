@@ -1,8 +1,8 @@
 """Fixed per-op costs: a tiny model trained with its ops serialized, each op's own time less its
 modelled work; the head's cost per loss chunk; an MoE block's extra fixed costs (its router's, and
 per expert its loop runs: the Python dispatch and memory tracking of each expert's dozen kernels
-forward and some thirty backward, which a dense block does not have); the runtime's RSS before
-model tensors."""
+forward and some thirty backward, which a dense block does not have); a block's extra fixed cost
+per LoRA adapter; the runtime's RSS before model tensors."""
 import statistics
 from dataclasses import replace
 
@@ -32,6 +32,10 @@ def tiny_moe(experts: int) -> ModelSpec:
     return replace(TINY, name=f"calibrate-tiny-moe{experts}", family="mixtral", n_experts=experts,
                    experts_per_token=2, expert_ffn_hidden=TINY.ffn_hidden, norm_topk_prob=True)
 
+
+LORA_POLICY = replace(TINY_POLICY, lora_rank=4, optimizer="after")
+"""TINY with LoRA adapters on every projection: its serialized ops against TINY's give each compute
+kind's fixed cost per adapted projection ('<kind>_adapter')."""
 
 MOE_POLICY = replace(TINY_POLICY, seq=64)
 MOE_EXPERTS = (2, 8)
@@ -110,7 +114,8 @@ def op_overheads(hw: HardwareSpec, own: dict[int, list[float]], policy: Policy =
         by_kind.setdefault(op.kind, []).append(max(t, 0.0))
     compute = {k.value: statistics.mean(v) * 1e6 for k, v in by_kind.items() if k in COMPUTE_KINDS}
     copies = [x for k in COPY_KINDS for x in by_kind.get(k, [])]
-    return compute, statistics.median(copies) * 1e6, statistics.median(by_kind[OpKind.GRAD_NORM]) * 1e6
+    cpu = statistics.median(by_kind[OpKind.GRAD_NORM]) * 1e6 if OpKind.GRAD_NORM in by_kind else 0.0  # (adapters: none)
+    return compute, statistics.median(copies) * 1e6 if copies else 0.0, cpu
 
 
 def tracked_overheads(dense_us: dict, tracked_us: dict) -> dict:
@@ -139,6 +144,21 @@ def moe_overheads(hw: HardwareSpec, dense_us: dict, own: dict[int, dict[int, lis
             out[f"{kind}_expert"] = expert
             out[f"{kind}_router"] = max(0.0, per[e1][kind] - dense_us[kind] - e1 * expert)
     return {k: v for k, v in out.items() if v > 0}  # a hardware file's rows are > 0; absent = 0
+
+
+def adapter_overheads(hw: HardwareSpec, dense_us: dict, own: dict[int, list[float]]) -> dict:
+    """'<kind>_adapter': each compute kind's fixed cost per adapted projection, µs, from TINY under
+    LORA_POLICY (`own`, its serialized ops) less its modelled work (the adapters' GEMMs and bytes
+    included), against TINY's (`dense_us`, as measured the same way), over its adapted
+    projections. The frozen base's backward issues fewer kernels than TINY's (no weight
+    gradients): that saving is in the figure too, so the two together give the LoRA step. At
+    least 0 (noise)."""
+    from horizon_sim.schedule import work
+    n = len(work.adapted(TINY, LORA_POLICY))
+    lora_us = op_overheads(hw, own, LORA_POLICY)[0]
+    out = {f"{k}_adapter": max(0.0, (lora_us[k] - dense_us[k]) / n)
+           for k in (OpKind.FORWARD.value, OpKind.RECOMPUTE.value, OpKind.BACKWARD.value) if k in lora_us and k in dense_us}
+    return {k: v for k, v in out.items() if v > 0}
 
 
 def head_id(policy: Policy) -> int:

@@ -5,12 +5,14 @@ plain GELU MLP (the tanh form: gelu_new, unless the config names erf's gelu). We
 stored (in, out) as transformers' Conv1D holds them, so each projection is x . W + b."""
 import torch
 
+from horizon_exec.model.adapters import adapt
 from horizon_exec.model.layers import named_layer_norm as norm, plain_gelu, self_attention
 
 
 def conv1d(w, name: str, x):
-    """transformers' Conv1D: x . W + b, W (in, out)."""
-    return torch.addmm(w[f"{name}.bias"], x.reshape(-1, x.shape[-1]), w[f"{name}.weight"]).view(*x.shape[:-1], -1)
+    """transformers' Conv1D: x . W + b, W (in, out) (and its adapter, as peft adapts a Conv1D)."""
+    y = torch.addmm(w[f"{name}.bias"], x.reshape(-1, x.shape[-1]), w[f"{name}.weight"]).view(*x.shape[:-1], -1)
+    return adapt(w, name, x, y)
 
 
 def fused_qkv(m, w, h):

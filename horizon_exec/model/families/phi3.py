@@ -4,11 +4,12 @@ and the checkpoints hold them. v is copied out of the fused output, so the graph
 not the whole q|k|v output (transformers keeps the view; no result changes)."""
 import torch.nn.functional as F
 
+from horizon_exec.model.adapters import linear
 from horizon_exec.model.layers import rms_norm, self_attention
 
 
 def fused_qkv(m, w, h):
-    q, k, v = F.linear(h, w["self_attn.qkv_proj.weight"]).split((m.q_dim, m.kv_dim, m.kv_dim), dim=-1)
+    q, k, v = linear(h, w, "self_attn.qkv_proj").split((m.q_dim, m.kv_dim, m.kv_dim), dim=-1)
     return q, k, v.contiguous()
 
 
@@ -16,5 +17,5 @@ def forward(m, w, x, cos, sin, window=0, docs=None, router=None):
     h = rms_norm(x, w["input_layernorm.weight"], m.norm_eps)                # (B, T, H)
     x = x + self_attention(m, w, h, cos, sin, window, docs, project=fused_qkv)
     h = rms_norm(x, w["post_attention_layernorm.weight"], m.norm_eps)
-    gate, up = F.linear(h, w["mlp.gate_up_proj.weight"]).chunk(2, dim=-1)  # (B, T, F) each
-    return x + F.linear(up * F.silu(gate), w["mlp.down_proj.weight"])
+    gate, up = linear(h, w, "mlp.gate_up_proj").chunk(2, dim=-1)  # (B, T, F) each
+    return x + linear(up * F.silu(gate), w, "mlp.down_proj")

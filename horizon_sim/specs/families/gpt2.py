@@ -25,8 +25,8 @@ from horizon_sim.specs.hf_values import as_bool
 
 def projections(m):
     H, F = m.hidden, m.ffn_hidden
-    return (Projection("attn.c_attn", H, 3 * H, True, transposed=True), Projection("attn.c_proj", H, H, True, transposed=True),
-            Projection("mlp.c_fc", H, F, True, transposed=True), Projection("mlp.c_proj", F, H, True, transposed=True))
+    return (Projection("attn.c_attn", H, 3 * H, True, transposed=True), Projection("attn.c_proj", H, H, True, transposed=True, inner=True),
+            Projection("mlp.c_fc", H, F, True, transposed=True), Projection("mlp.c_proj", F, H, True, transposed=True, inner=True))
 
 
 def kernels(m):

@@ -23,8 +23,8 @@ LN = ("weight", "bias")
 
 def projections(m):
     H, F = m.hidden, m.ffn_hidden
-    return (Projection("attention.query_key_value", H, 3 * H, m.qkv_bias), Projection("attention.dense", H, H, m.qkv_bias),
-            Projection("mlp.dense_h_to_4h", H, F, True), Projection("mlp.dense_4h_to_h", F, H, True))
+    return (Projection("attention.query_key_value", H, 3 * H, m.qkv_bias), Projection("attention.dense", H, H, m.qkv_bias, inner=True),
+            Projection("mlp.dense_h_to_4h", H, F, True), Projection("mlp.dense_4h_to_h", F, H, True, inner=True))
 
 
 def kernels(m):

@@ -19,8 +19,8 @@ from horizon_sim.specs.rope import RopeScaling
 
 def projections(m):
     H, q, kv, F = m.hidden, m.q_dim, m.kv_dim, m.ffn_hidden
-    return (Projection("self_attn.qkv_proj", H, q + 2 * kv, False), Projection("self_attn.o_proj", q, H, False),
-            Projection("mlp.gate_up_proj", H, 2 * F, False), Projection("mlp.down_proj", F, H, False))
+    return (Projection("self_attn.qkv_proj", H, q + 2 * kv, False), Projection("self_attn.o_proj", q, H, False, inner=True),
+            Projection("mlp.gate_up_proj", H, 2 * F, False), Projection("mlp.down_proj", F, H, False, inner=True))
 
 
 def kernels(m):

@@ -1,0 +1,50 @@
+"""LoRA adapters in a block's forward (Policy.lora_rank): every projection the families run goes
+through `linear` (or `adapt`, for GPT-2's Conv1D), which adds the projection's adapter when the
+weights carry one, as peft's LoRA Linear does (y = base(x) + B(A(x)) * alpha / r, the adapter
+path in the adapters' dtype, the sum rounded once to y's dtype), in three kernels beyond the
+rank-r GEMMs: the input cast to the adapters' dtype (once per input: q, k and v share theirs),
+the scale applied to the rank-r product, and the sum added into the base's output in place.
+(peft scales after B: the two orders differ by fp32 rounding, below 1e-6 relative.) What these
+kernels move and keep is priced by schedule/work.py (adapter_elementwise_bytes, ...).
+
+The adapters ride along with the block's weights (`AdaptedWeights`, a dict of the slot's views
+with `.lora`), so the families' forwards keep one signature; `applied` records which adapters a
+forward used, so the executor can refuse a family that skipped one rather than train without
+it (runtime/ops.py)."""
+import torch.nn.functional as F
+
+
+class AdaptedWeights(dict):
+    """A block's weights by name, and its adapters: lora {module: (A (r, in), B (out, r))},
+    scale alpha / r; `applied` fills as the forward adds them; `casts` holds each input's copy
+    in the adapters' dtype for this forward (one per input tensor)."""
+
+    def __init__(self, weights, lora: dict, scale: float):
+        super().__init__(weights)
+        self.lora, self.scale, self.applied = lora, scale, set()
+        self.casts: dict[int, tuple] = {}
+
+    def cast(self, x, dtype):
+        """x in `dtype`, made once per input tensor (kept with x, so the id is not reused)."""
+        if x.dtype == dtype:
+            return x
+        hit = self.casts.get(id(x))
+        if hit is None or hit[0] is not x:
+            hit = self.casts[id(x)] = (x, x.to(dtype))
+        return hit[1]
+
+
+def adapt(w, module: str, x, y):
+    """y, the projection `module`'s output for input x, plus its adapter's when w has one."""
+    lora = getattr(w, "lora", None)
+    if not lora or module not in lora:
+        return y
+    a, b = lora[module]
+    w.applied.add(module)
+    h = F.linear(w.cast(x, a.dtype), a) * w.scale                       # (..., r)
+    return y.add_(F.linear(h, b))                                         # in y's dtype, summed in the adapters'
+
+
+def linear(x, w, module: str):
+    """nn.Linear `module` of the block (its bias when w has one), adapted when w says so."""
+    return adapt(w, module, x, F.linear(x, w[f"{module}.weight"], w.get(f"{module}.bias")))

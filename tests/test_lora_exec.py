@@ -1,0 +1,175 @@
+"""Issue 42, LoRA on a streamed frozen base, executed: in fp32 the executor's logits, loss and
+every adapter gradient equal peft's LoRA on transformers (within 1e-5) for each target set, on
+a dense family and an MoE family; the adapters' update is torch's AdamW on those gradients; the
+base never changes; kept activations and the layer order give the same gradients."""
+import copy
+
+import pytest
+import torch
+
+from horizon_exec.runtime.config import TrainerConfig
+from horizon_exec.runtime.trainer import Trainer
+from horizon_sim.schedule import OpKind
+from horizon_sim.specs.policy import exact_policy
+from tests.hf_tiny import rel_err
+from tests.test_families import T, V, _random_hf, tiny
+
+B = 2
+TARGETS = ("all-linear", "q_proj,v_proj", "o_proj,down_proj,up_proj")
+
+
+def _peft(ref, targets: str, rank: int, alpha: float):
+    from peft import LoraConfig, get_peft_model
+    tm = "all-linear" if targets == "all-linear" else targets.split(",")
+    return get_peft_model(copy.deepcopy(ref), LoraConfig(r=rank, lora_alpha=alpha, target_modules=tm, lora_dropout=0.0))
+
+
+def _trainer(tmp_path, family, targets, rank=4, alpha=8.0, grad_clip=0.0, **policy):
+    from horizon_exec.checkpoints.hf_checkpoint import load_hf, spec_from_hf_dir
+    ref = _random_hf(tiny(family))
+    ref.save_pretrained(tmp_path / "hf")
+    spec = spec_from_hf_dir(tmp_path / "hf")
+    pol = exact_policy(**{"batch": B, **policy}, seq=T, optimizer="after", grad_clip=grad_clip, loss_chunk_tokens=24,
+                       lora_rank=rank, lora_alpha=alpha, lora_targets=targets)
+    tr = Trainer(spec, pol, TrainerConfig(random_init=False))
+    load_hf(tr, tmp_path / "hf")
+    tr.adapters.init(7)
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():  # B random too (peft starts it at 0: A's gradient would be 0)
+        for u in tr.adapters.blocks:
+            for _, b in tr.adapters.weights(u).values():
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen))
+    return tr, ref
+
+
+def _copy_adapters_into(tr, model) -> None:
+    """peft's lora_A / lora_B of every adapted module <- the trainer's."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for u in tr.adapters.blocks:
+            for module, (a, b) in tr.adapters.weights(u).items():
+                stem = f"base_model.model.model.layers.{u}.{module}"
+                params[f"{stem}.lora_A.default.weight"].copy_(a)
+                params[f"{stem}.lora_B.default.weight"].copy_(b)
+
+
+def _step_grads(tr, tokens):
+    """One step's loss and the adapters' gradients just before their update."""
+    grads = {}
+
+    def snapshot(op):
+        if op.kind == OpKind.ADAPTER_UPDATE:
+            for u in tr.adapters.blocks:
+                for module, (ga, gb) in tr.adapters.grad_pairs(u).items():
+                    grads[f"base_model.model.model.layers.{u}.{module}.lora_A.default.weight"] = ga.clone()
+                    grads[f"base_model.model.model.layers.{u}.{module}.lora_B.default.weight"] = gb.clone()
+
+    tr.engine.hook = snapshot
+    res = tr.step(tokens)
+    tr.engine.hook = None
+    return res, grads
+
+
+def _tokens():
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(3))
+
+
+def check_against_peft(tmp_path, family, targets, **policy):
+    tr, ref = _trainer(tmp_path, family, targets, **policy)
+    model = _peft(ref, targets, 4, 8.0)
+    _copy_adapters_into(tr, model)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    tokens = _tokens()
+    with tr:
+        with torch.no_grad():
+            assert rel_err(tr.logits(tokens), model(input_ids=tokens).logits) <= 1e-5
+        base = {k: v.clone() for k, v in tr.state_dict().items()}
+        res, grads = _step_grads(tr, tokens)
+        out = model(input_ids=tokens, labels=tokens)
+        out.loss.backward()
+        want = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        assert set(grads) == trained == set(want)  # the same modules adapted as peft adapts
+        assert res.loss == pytest.approx(out.loss.item(), rel=1e-5)
+        errs = {n: rel_err(g, want[n]) for n, g in grads.items()}
+        worst = max(errs, key=errs.get)
+        assert errs[worst] <= 1e-5, f"{worst}: {errs[worst]:.2e}"
+        assert all(torch.equal(v, tr.state_dict()[k]) for k, v in base.items())  # the base is frozen
+    return tr, grads, model
+
+
+@pytest.mark.parametrize("targets", TARGETS)
+def test_llama_adapters_equal_peft(tmp_path, targets):
+    check_against_peft(tmp_path, "llama", targets)
+
+
+def test_an_moe_family_adapts_what_peft_adapts(tmp_path):
+    """Qwen2-MoE: attention, the shared expert and its gate are Linear modules peft adapts; the
+    routed experts (stacked parameters) and the router (a TopKRouter module) are not."""
+    check_against_peft(tmp_path, "qwen2_moe", "all-linear")
+
+
+def test_the_update_is_torchs_adamw_on_those_gradients(tmp_path):
+    """After the step the adapters are what torch.optim.AdamW makes of the gradients peft
+    computed, clipped by their global norm (0.05, below it)."""
+    tr, ref = _trainer(tmp_path, "llama", "q_proj,v_proj", grad_clip=0.05)
+    model = _peft(ref, "q_proj,v_proj", 4, 8.0)
+    _copy_adapters_into(tr, model)
+    tokens = _tokens()
+    c = tr.config.optimizer
+    model(input_ids=tokens, labels=tokens).loss.backward()
+    params = [p for p in model.parameters() if p.requires_grad]
+    norm = torch.nn.utils.clip_grad_norm_(params, 0.05)
+    assert norm > 0.05
+    torch.optim.AdamW(params, lr=c.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay).step()
+    with tr:
+        res = tr.step(tokens)
+        assert res.grad_norm == pytest.approx(float(norm), rel=1e-5)
+        got = {}
+        for u in tr.adapters.blocks:
+            for module, (a, b) in tr.adapters.weights(u).items():
+                stem = f"base_model.model.model.layers.{u}.{module}"
+                got[f"{stem}.lora_A.default.weight"], got[f"{stem}.lora_B.default.weight"] = a, b
+        for n, p in model.named_parameters():
+            if p.requires_grad:
+                assert rel_err(got[n], p.detach()) <= 1e-6, n
+
+
+@pytest.mark.parametrize("policy", [dict(keep_last=1), dict(batch=4, micro_batches=2, mb_order="layer"),
+                                    dict(batch=4, micro_batches=2), dict(act_ckpt_every=2, act_ckpt_on="device")])
+def test_the_step_options_give_the_same_adapter_gradients(tmp_path, policy):
+    """Kept activations, either micro-batch order and K-blocks: the same loss and adapter
+    gradients as the plain step (peft's, checked above)."""
+    tokens = torch.cat([_tokens(), _tokens()]) if policy.get("batch") == 4 else _tokens()
+    plain, _ = _trainer(tmp_path / "plain", "llama", "all-linear", batch=tokens.shape[0])
+    other, _ = _trainer(tmp_path / "other", "llama", "all-linear", **{**policy, "batch": tokens.shape[0]})
+    with plain, other:
+        r1, g1 = _step_grads(plain, tokens)
+        r2, g2 = _step_grads(other, tokens)
+    assert r2.loss == pytest.approx(r1.loss, rel=1e-6)
+    assert max(rel_err(g2[n], g) for n, g in g1.items()) <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_save_hf_writes_the_merged_model_and_the_peft_adapter(tmp_path, family):
+    """After a step, --save-hf's folder is the base with the adapters merged (transformers loads
+    it and gives the trainer's logits) and its adapter/ subfolder is peft's: PeftModel loads it
+    on the original base with the same logits, and its merge_and_unload gives the saved weights."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from horizon_exec.checkpoints.hf_checkpoint import save_hf
+    tr, ref = _trainer(tmp_path, family, "all-linear")
+    tokens = _tokens()
+    with tr:
+        tr.step(tokens)
+        want = tr.logits(tokens)
+        save_hf(tr, tmp_path / "out")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(base, tmp_path / "out" / "adapter").eval()
+    with torch.no_grad():
+        assert rel_err(merged(input_ids=tokens).logits, want) <= 1e-5
+        assert rel_err(peft_model(input_ids=tokens).logits, want) <= 1e-5
+        unloaded = peft_model.merge_and_unload().state_dict()
+    for n, t in merged.state_dict().items():
+        assert rel_err(t, unloaded[n]) <= 1e-6, n
