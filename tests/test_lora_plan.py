@@ -133,6 +133,63 @@ def test_the_planned_adapter_bytes_are_a_kernel_by_kernel_count(family, a):
     assert want == pytest.approx(adapters, rel=2e-3)
 
 
+def _saved_bytes(spec, dtype, mode: str) -> int:
+    """Bytes a block's graph keeps (saved-tensor hooks; the weights, the adapters, the input and
+    the RoPE tables are buffers of their own), its weights trained ('full'), frozen ('frozen'),
+    or frozen with adapters ('lora')."""
+    from horizon_exec.model.adapters import AdaptedWeights
+    from horizon_exec.model.block import DecoderBlock
+    from horizon_exec.model.layout import block_layout
+    from horizon_exec.model.rope import rope_tables
+    from tests.test_families import B, T
+    lay = block_layout(spec)
+    gen = torch.Generator().manual_seed(1)
+    flat = (torch.randn(lay.numel, generator=gen) * 0.2).to(dtype)
+    x = torch.randn(B, T, spec.hidden, generator=gen).to(dtype)
+    cos, sin = rope_tables(spec, T, dtype, "cpu")
+    leaves = {p.module: (0.1 * torch.randn(4, p.in_features, generator=gen).requires_grad_(),
+                         0.1 * torch.randn(p.out_features, 4, generator=gen).requires_grad_())
+              for p in work.adapted(spec, replace(LORA, lora_rank=4))}
+    w = {k: v.requires_grad_(mode == "full") for k, v in lay.views(flat.detach()).items()}
+    own = {t.untyped_storage().data_ptr() for t in (flat, x, cos, sin, *(t for pr in leaves.values() for t in pr))}
+    kept = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in own:
+            kept[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        DecoderBlock(spec)(AdaptedWeights(w, leaves, 2.0) if mode == "lora" else w, x.requires_grad_(), cos, sin,
+                           spec.window(0))
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("family", [f for f in ("llama", "qwen2", "mistral", "qwen3", "phi3", "gpt2", "gpt_neox",
+                                                "gemma2", "gemma3_text", "olmo2", "qwen3_moe", "qwen2_moe")])
+def test_what_a_frozen_graph_and_its_adapters_keep_is_what_the_planner_counts(family, dtype):
+    """A kept layer's graph on a frozen base keeps work.frozen_saved_bytes less than the full
+    one (every dense family but OLMo-2, whose fp32-weight norms and the MoE families' routed rows
+    are estimates, low), and its adapters add work.adapter_saved_bytes (every family but OLMo-2
+    in fp32)."""
+    from tests.test_families import B, T
+    spec = tiny(family)
+    a = torch.empty((), dtype=dtype).element_size()
+    full, frozen, lora = (_saved_bytes(spec, dtype, mode) for mode in ("full", "frozen", "lora"))
+    plan_frozen = work.frozen_saved_bytes(spec, B * T, a)
+    if family == "olmo2" or spec.is_moe:
+        assert 0 < plan_frozen < full - frozen
+    else:
+        assert plan_frozen == full - frozen
+    plan_adapters = work.adapter_saved_bytes(spec, replace(LORA, lora_rank=4), B * T, a)
+    if family == "olmo2" and a == 4:
+        assert lora - frozen <= plan_adapters
+    else:
+        assert plan_adapters == lora - frozen
+
+
 def _horizon(*args):
     return subprocess.run([sys.executable, "-m", "horizon_sim.cli.main", *args], capture_output=True, text=True)
 
@@ -175,3 +232,22 @@ def test_tune_and_max_model_search_only_what_applies():
     assert "--lora-rank 8" in train and "--master-dtype" not in train and "--optimizer" not in train
     with pytest.raises(HorizonError, match="does not apply with adapters"):
         Policy(lora_rank=8)  # the default optimizer mode is the host's
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_planned_adapter_temporaries_bound_the_measured_ones(dtype):
+    """A block op's planned temporaries with adapters (the base's, work.adapter_workspace_bytes
+    added) against the executor's measured peak in a streamed step: at least it, and within 1.3x
+    (the bound keeps the frozen base's weight gradients a full backward holds)."""
+    from horizon_exec.runtime.trainer import Trainer
+    m = replace(model_preset("tiny"), n_layers=3)
+    kw = dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False) if dtype == "fp32" else {}
+    p = Policy.from_choices(batch=2, seq=128, act_ckpt_every=2, lora_rank=8, optimizer=None, **kw)
+    with Trainer(m, p) as tr:
+        tl = tr.step(torch.randint(0, m.vocab, (2, 128), generator=torch.Generator().manual_seed(0))).timeline
+        ops = {(o.kind.value, o.unit): o for o in tr.sched.ops}
+    out = 2 * 128 * m.hidden * (4 if dtype == "fp32" else 2)  # the op's output (y, or dx): measured, not workspace
+    for kind, unit in (("forward", 1), ("recompute", 0), ("backward", 1)):  # (block 0's backward makes no dx)
+        measured = max(tl[(tl.kind == kind) & (tl.unit == unit)].temp_peak_bytes)
+        planned = ops[(kind, unit)].workspace_bytes + out
+        assert measured <= planned <= 1.3 * measured, (kind, measured, planned)

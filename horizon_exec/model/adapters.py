@@ -16,22 +16,22 @@ import torch.nn.functional as F
 
 class AdaptedWeights(dict):
     """A block's weights by name, and its adapters: lora {module: (A (r, in), B (out, r))},
-    scale alpha / r; `applied` fills as the forward adds them; `casts` holds each input's copy
-    in the adapters' dtype for this forward (one per input tensor)."""
+    scale alpha / r; `applied` fills as the forward adds them; `last_cast` is the latest input's
+    copy in the adapters' dtype (the projections that share an input run one after another)."""
 
     def __init__(self, weights, lora: dict, scale: float):
         super().__init__(weights)
         self.lora, self.scale, self.applied = lora, scale, set()
-        self.casts: dict[int, tuple] = {}
+        self.last_cast: tuple | None = None
 
     def cast(self, x, dtype):
-        """x in `dtype`, made once per input tensor (kept with x, so the id is not reused)."""
+        """x in `dtype`, made once for consecutive projections of the same input; only the latest
+        is held, so a forward without grad keeps one cast alive at a time."""
         if x.dtype == dtype:
             return x
-        hit = self.casts.get(id(x))
-        if hit is None or hit[0] is not x:
-            hit = self.casts[id(x)] = (x, x.to(dtype))
-        return hit[1]
+        if self.last_cast is None or self.last_cast[0] is not x:
+            self.last_cast = (x, x.to(dtype))
+        return self.last_cast[1]
 
 
 def adapt(w, module: str, x, y):

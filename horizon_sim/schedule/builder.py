@@ -129,7 +129,11 @@ class TrainStepBuilder(StepBuilder):
         self.head_ws = work.head_workspace_bytes(model, tok, p.loss_chunk_tokens, a, p.loss_kernel)
         self.boundary_bytes = tok * model.hidden * a
         # kept layers (kept_work.py): the graph's bytes, and what their two ops hold beyond it
-        self.saved_b = [kept_work.kept_saved_bytes(model, mb, p.seq, a, p.attention, mask_b * mk) for mk in masked]
+        # (adapters: the frozen base's graph keeps less, and the adapters' inputs and products more)
+        lora_saved = work.adapter_saved_bytes(model, p, tok, a) - work.frozen_saved_bytes(model, tok, a) \
+            if p.adapters else 0
+        self.saved_b = [kept_work.kept_saved_bytes(model, mb, p.seq, a, p.attention, mask_b * mk) + lora_saved
+                        for mk in masked]
         self.kept_fwd_ws = [kept_work.kept_forward_workspace_bytes(model, mb, p.seq, mask_b * mk) for mk in masked]
         self.saved_bwd_ws = [kept_work.saved_backward_workspace_bytes(model, mb, p.seq, a, mask_b * mk) for mk in masked]
         self.saved_bwd_hbm = [kept_work.saved_backward_elementwise_bytes(model, tok, p.seq, a) + sc[True, w]
@@ -140,6 +144,13 @@ class TrainStepBuilder(StepBuilder):
             self.fwd_hbm = [h + lf for h in self.fwd_hbm]
             self.bwd_hbm = [h + lf + lb for h in self.bwd_hbm]
             self.saved_bwd_hbm = [h + lb for h in self.saved_bwd_hbm]
+            wf = work.adapter_workspace_bytes(model, p, tok, a, backward=False)
+            wb = work.adapter_workspace_bytes(model, p, tok, a, backward=True)
+            wg = tok * work.ADAPTER_BYTES * max(q.in_features + q.out_features for q in work.adapted(model, p))
+            self.fwd_ws = [w + wf for w in self.fwd_ws]
+            self.kept_fwd_ws = [w + wf for w in self.kept_fwd_ws]
+            self.bwd_ws = [w + wb for w in self.bwd_ws]
+            self.saved_bwd_ws = [w + wg for w in self.saved_bwd_ws]  # one adapter's gradients in flight
 
     # ---- emission ------------------------------------------------------------------------------
     @staticmethod

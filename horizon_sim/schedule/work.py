@@ -134,17 +134,24 @@ ADAPTER_DTYPE, ADAPTER_BYTES = "fp32", 4
 
 
 def adapter_groups(m: ModelSpec, policy) -> list[tuple[int, int]]:
-    """(input width, adapted projections reading it) per distinct input of the block's adapters:
-    a half's projections that read its normed input share one (model/adapters.py casts it once),
-    an inner projection (the attention's output, the MLP's activation) has its own."""
-    shared: dict[str, list] = {}
-    out = []
+    """(input width, adapted projections reading it) per input cast of the block's adapters:
+    consecutive adapted projections that read their half's normed input share one cast
+    (model/adapters.py keeps the latest: q, k and v one, gate and up one); an inner projection
+    (the attention's output, the MLP's activation) has its own, and breaks a run (Qwen2-MoE's
+    shared-expert gate, after the shared expert's down projection, casts the input again)."""
+    out: list[list] = []
+    run = None
     for p in adapted(m, policy):
+        half = "mlp" if p.module.startswith("mlp.") else "attention"
         if p.inner:
-            out.append((p.in_features, 1))
+            out.append([p.in_features, 1])
+            run = None
+        elif run == half:
+            out[-1][1] += 1
         else:
-            shared.setdefault("mlp" if p.module.startswith("mlp.") else "attention", []).append(p)
-    return out + [(ps[0].in_features, len(ps)) for ps in shared.values()]
+            out.append([p.in_features, 1])
+            run = half
+    return [(i, k) for i, k in out]
 
 
 def adapter_elementwise_bytes(m: ModelSpec, policy, tokens: int, a: int, backward: bool) -> int:
@@ -183,6 +190,61 @@ def frozen_backward_bytes(m: ModelSpec, tokens: int, a: int) -> int:
                 if k.kind == "rmsnorm" and k.weight and not k.fp32_weight and not k.unit_offset)
     total += a * sum(p.out_features for p in block.projections(m) if p.bias and not p.experts)
     return int(total * tokens)
+
+
+def frozen_saved_bytes(m: ModelSpec, tokens: int, a: int) -> int:
+    """What a block's graph does not keep when its weights are frozen (adapters): the inputs its
+    projections' weight gradients would read (each half's normed input and the MLP's activation;
+    the attention's output stays: the attention's backward keeps it) and the normalised rows each
+    RMSNorm keeps for its weight's gradient (a per element; fp32 for Gemma's (1 + w) norm, which
+    computes in fp32). A LayerNorm's backward reads its input, mean and rstd either way. Counted
+    tensor by tensor (tests/test_lora_plan.py) for every dense family but OLMo-2, whose norms
+    multiply their weight in fp32, and the MoE families, whose experts' routed rows are not
+    counted: there an estimate (low)."""
+    ks = block.kernels(m)
+    halves = {"mlp" if p.module.startswith("mlp.") else "attention" for p in block.projections(m) if not p.inner}
+    inner = sum(p.in_features for p in block.projections(m) if p.inner and p.module.startswith("mlp.") and not p.experts)
+    norms = sum(k.width * (4 if k.unit_offset else a) for k in ks
+                if k.kind == "rmsnorm" and k.weight and (k.unit_offset or not k.fp32_weight))
+    return int(tokens * (a * (m.hidden * len(halves) + inner) + norms))
+
+
+def adapter_saved_bytes(m: ModelSpec, policy, tokens: int, a: int) -> int:
+    """What a block's graph keeps for its adapters' backward (model/adapters.py): each distinct
+    input in the adapters' dtype (dA reads it) and each adapter's scaled rank-r product (dB
+    reads it), c = ADAPTER_BYTES per element. Uncast (a == c) the inputs are the tensors
+    themselves: a half's normed input once however many read it, and the output projection's
+    input is the attention's output, which the attention's backward keeps already. Counted tensor
+    by tensor (tests/test_lora_plan.py)."""
+    if policy is None or not policy.adapters:
+        return 0
+    c, ps = ADAPTER_BYTES, adapted(m, policy)
+    if a != c:  # each cast
+        inputs = sum(i for i, _ in adapter_groups(m, policy))
+    else:  # the tensors themselves: a half's normed input once, the MLP's inner inputs
+        halves = {("mlp" if p.module.startswith("mlp.") else "attention"): p.in_features for p in ps if not p.inner}
+        inputs = sum(halves.values()) + sum(p.in_features for p in ps if p.inner and p.module.startswith("mlp."))
+    return int(tokens * c * (inputs + policy.lora_rank * len(ps)))
+
+
+def adapter_workspace_bytes(m: ModelSpec, policy, tokens: int, a: int, backward: bool) -> int:
+    """What the adapters add to a block op's temporary peak, at most (a bound, not a walk of the
+    block: tests/test_lora_plan.py holds it within 1.3x of the measured peak's total). Forward:
+    one input cast (c per element when cast; model/adapters.py keeps the latest) beside one
+    adapter's output (c per element) before it is added in, the widest pair. Backward (the
+    forward with grad, then autograd.grad): what the graph keeps for the adapters less what the
+    frozen base's graph does not keep, and one adapter's gradients in flight (its output
+    gradient's cast and its input's fp32 gradient). The frozen base's weight gradients, which
+    the full backward's peak holds, are not taken off."""
+    ps = adapted(m, policy)
+    if not ps:
+        return 0
+    c, cast = ADAPTER_BYTES, a != ADAPTER_BYTES
+    widest = max((p.in_features if cast or backward else 0) + p.out_features for p in ps)
+    n = tokens * c * widest
+    if backward:
+        n += adapter_saved_bytes(m, policy, tokens, a) - frozen_saved_bytes(m, tokens, a)
+    return int(max(0, n))
 
 
 def gemm_flops(gemms: list[Gemm]) -> float:
