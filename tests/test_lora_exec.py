@@ -173,3 +173,43 @@ def test_save_hf_writes_the_merged_model_and_the_peft_adapter(tmp_path, family):
         unloaded = peft_model.merge_and_unload().state_dict()
     for n, t in merged.state_dict().items():
         assert rel_err(t, unloaded[n]) <= 1e-6, n
+
+
+def test_a_run_starts_from_a_saved_adapter(tmp_path):
+    """--init-adapter: a new run on the same base, started from the adapter --save-hf wrote, has
+    the trained run's logits (its moments and step at zero); an adapter of another rank, alpha or
+    target set is refused in one line naming the flag."""
+    from horizon_exec.checkpoints.hf_checkpoint import load_hf, save_hf
+    from horizon_exec.checkpoints.peft_adapter import load_adapter
+    from horizon_sim.errors import HorizonError
+    tr, _ = _trainer(tmp_path, "llama", "q_proj,v_proj")
+    tokens = _tokens()
+    with tr:
+        tr.step(tokens)
+        want = tr.logits(tokens)
+        save_hf(tr, tmp_path / "out")
+    fresh, _ = _trainer(tmp_path / "fresh", "llama", "q_proj,v_proj")
+    with fresh:
+        load_hf(fresh, tmp_path / "hf")  # the same base
+        load_adapter(fresh, tmp_path / "out" / "adapter")
+        assert rel_err(fresh.logits(tokens), want) <= 1e-6
+        assert float(fresh.adapters.step) == 0 and all(not s[1:].any() for s in fresh.adapters.state.values())
+    for kw, says in ((dict(rank=8), "its r is 4, the run's 8; give --lora-rank 4"),
+                     (dict(alpha=16.0), "its lora_alpha is 8.0, the run's 16.0; give --lora-alpha 8.0"),
+                     (dict(targets="all-linear"), "give --lora-targets q_proj,v_proj")):
+        other, _ = _trainer(tmp_path / str(len(says)), "llama", kw.pop("targets", "q_proj,v_proj"), **kw)
+        with other, pytest.raises(HorizonError, match=says.replace("(", r"\(")):
+            load_adapter(other, tmp_path / "out" / "adapter")
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--init-adapter", "."], "--init-adapter . is not a peft LoRA adapter folder"),
+    (["--lora-rank", "4", "--init-adapter", "nowhere"], "--init-adapter nowhere is not a peft LoRA adapter folder"),
+])
+def test_init_adapter_errors_are_one_line(tmp_path, args, says):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "horizon_exec.cli.train_cmd", "--model", "tiny", "--steps", "1", *args],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -57,3 +57,68 @@ def write_adapter(trainer, folder: Path, base_model: str | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     write_safetensors(folder / "adapter_model.safetensors", items, {"format": "pt"})
     write_text(folder / "adapter_config.json", json.dumps(adapter_config(trainer, base_model), indent=2) + "\n")
+
+
+def load_adapter(trainer, folder) -> None:
+    """The run's adapters <- a peft LoRA adapter folder (adapter_config.json +
+    adapter_model.safetensors, as write_adapter or peft's save_pretrained writes them); their
+    moments and step start at zero (an initialisation). Its rank, alpha and targets must be the
+    run's, and every adapted projection's A and B present with the run's shapes: otherwise a
+    one-line HorizonError names what differs and the flag that sets it."""
+    from safetensors import safe_open
+
+    from horizon_sim.errors import HorizonError
+    from horizon_sim.safe_read import read_json
+    d, p, ad = Path(folder), trainer.policy, trainer.adapters
+    if ad is None:
+        raise HorizonError(f"--init-adapter {d}: the run has no adapters; give --lora-rank R (the adapter's r)")
+    cfg_file, weights = d / "adapter_config.json", d / "adapter_model.safetensors"
+    for f in (cfg_file, weights):
+        if not f.is_file():
+            raise HorizonError(f"--init-adapter {d}: no {f.name} there (a peft LoRA adapter folder holds "
+                               "adapter_config.json and adapter_model.safetensors)")
+    cfg = read_json(cfg_file)
+    if not isinstance(cfg, dict):
+        raise HorizonError(f"--init-adapter {d}: adapter_config.json is not a JSON object")
+    names = sorted({q.module.rsplit(".", 1)[-1] for q in ad.modules})
+    targets = cfg.get("target_modules")
+    targets = sorted(targets) if isinstance(targets, list) else targets
+    for key, have, want, flag in (("peft_type", cfg.get("peft_type"), "LORA", None),
+                                  ("r", cfg.get("r"), p.lora_rank, "--lora-rank"),
+                                  ("lora_alpha", cfg.get("lora_alpha"), p.lora_alpha, "--lora-alpha"),
+                                  ("target_modules", targets, names, "--lora-targets"),
+                                  ("use_dora", bool(cfg.get("use_dora")), False, None),
+                                  ("use_rslora", bool(cfg.get("use_rslora")), False, None)):
+        if have != want:
+            how = f"; give {flag} {','.join(have) if isinstance(have, list) else have}" if flag and have else ""
+            raise HorizonError(f"--init-adapter {d}: its {key} is {have!r}, the run's {want!r}{how}")
+    pre = _prefix(trainer.model)
+    want = {}
+    for u in ad.blocks:
+        for module, (a, b) in ad.weights(u).items():
+            stem = f"base_model.model.{pre}{u}.{module}"
+            want[f"{stem}.lora_A.weight"], want[f"{stem}.lora_B.weight"] = a, b
+    seen = set()
+    with safe_open(str(weights), framework="pt", device="cpu") as f:
+        for key in f.keys():
+            name = key.replace(".default.", ".")  # peft writes no adapter name; accept one
+            if name not in want:
+                raise HorizonError(f"--init-adapter {d}: tensor {key!r} is not an adapter of this run's model "
+                                   f"and targets ({', '.join(names)})")
+            t = f.get_tensor(key)
+            if tuple(t.shape) != tuple(want[name].shape):
+                raise HorizonError(f"--init-adapter {d}: {key} is {tuple(t.shape)}, the run's "
+                                   f"{tuple(want[name].shape)}")
+            if not torch.isfinite(t).all():
+                raise HorizonError(f"--init-adapter {d}: {key} holds a non-finite value")
+            with torch.no_grad():
+                want[name].copy_(t.to(want[name].dtype))
+            seen.add(name)
+    missing = sorted(set(want) - seen)
+    if missing:
+        raise HorizonError(f"--init-adapter {d}: {len(missing)} adapter tensor(s) missing, e.g. {missing[0]!r}")
+    with torch.no_grad():
+        for u in ad.blocks:
+            ad.state[u][1:].zero_()
+            ad.grads[u].zero_()
+        ad.step.zero_()

@@ -88,6 +88,9 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="start from a local HF checkpoint folder (config.json + safetensors, sharded or "
                         "not; llama, qwen2, mistral, qwen3), or a model id (org/name[@revision]) found in the "
                         "local HF cache (never downloaded), read tensor by tensor into the host store")
+    m.add_argument("--init-adapter", default=None, metavar="DIR",
+                   help="with --lora-rank: start the adapters from a peft LoRA adapter folder (adapter_config.json + "
+                        "adapter_model.safetensors; its r, lora_alpha and target_modules must be the run's)")
     m.add_argument("--save-hf", default=None, metavar="DIR",
                    help="after training, write a transformers checkpoint folder (safetensors + config.json); "
                         "with --lora-rank the base with the adapters merged, and the adapters alone in peft's format "
@@ -483,9 +486,16 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") 
         if inputs.init_dir is not None:  # the same command line plus --resume is how a run is continued: not an error
             print(f"--init-from {cfg.init_from}: its config, tokenizer and side files are used; the weights "
                   f"and optimizer state come from the checkpoint")
-    elif inputs.init_dir is not None:
-        hf_checkpoint.load_hf(tr, inputs.init_dir)
-        print(f"weights from {inputs.init_dir}")
+        if cfg.init_adapter is not None:
+            print(f"--init-adapter {cfg.init_adapter}: not read; the adapters and their state come from the checkpoint")
+    else:
+        if inputs.init_dir is not None:
+            hf_checkpoint.load_hf(tr, inputs.init_dir)
+            print(f"weights from {inputs.init_dir}")
+        if cfg.init_adapter is not None:
+            from horizon_exec.checkpoints.peft_adapter import load_adapter
+            load_adapter(tr, cfg.init_adapter)
+            print(f"adapters from {cfg.init_adapter}")
     if inputs.peak_what:
         print(f"MFU against {inputs.peak_what}")
     if inputs.machine is not None:  # where the machine's speeds come from (and the offer to calibrate)

@@ -11,7 +11,7 @@ from horizon_sim.cli.policy_args import policy_from_args
 from horizon_sim.units import parse_size
 
 FLAGS = {
-    "model": "--model", "init_from": "--init-from", "steps": "--steps", "seed": "--seed",
+    "model": "--model", "init_from": "--init-from", "init_adapter": "--init-adapter", "lora_rank": "--lora-rank", "steps": "--steps", "seed": "--seed",
     "lr": "--lr", "peak": "--lr", "beta1": "--beta1", "beta2": "--beta2", "betas": "--beta1/--beta2", "eps": "--eps",
     "weight_decay": "--weight-decay", "warmup_steps": "--warmup-steps", "min_lr": "--min-lr",
     "device": "--device", "compute_threads": "--compute-threads", "timeout_s": "--op-timeout",
@@ -57,7 +57,7 @@ def _run_config(a: argparse.Namespace) -> RunConfig:
         admission=AdmissionConfig(enabled=not a.no_admission, host_budget_bytes=size(a.host_budget, "--host-budget"),
                                   device_budget_bytes=size(a.device_budget, "--device-budget")))
     policy = policy_from_args(a)
-    return RunConfig(model=a.model, init_from=a.init_from, steps=a.steps, policy=policy, trainer=trainer,
+    return RunConfig(model=a.model, init_from=a.init_from, init_adapter=getattr(a, "init_adapter", None), steps=a.steps, policy=policy, trainer=trainer,
                      lr_schedule=schedule, data=data, checkpoints=checkpoints, outputs=outputs, gpu=a.gpu,
                      hardware=a.hardware, compute_dtype_why=getattr(a, "compute_dtype_why", ""))
 

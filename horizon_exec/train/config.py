@@ -14,6 +14,7 @@ TrainerConfig; around it: LRScheduleConfig (warmup then cosine decay, optim/lr.p
 OutputsConfig (the HF save, the metrics log, the progress bar).
 """
 import math
+import os
 from dataclasses import dataclass
 
 from horizon_exec.errors import ConfigError
@@ -134,6 +135,8 @@ class RunConfig:
     """A preset, a config.json, or a model id in the local HF cache (None: init_from's config)."""
     init_from: str | None = None
     """A local HF checkpoint folder or a model id in the local HF cache, the weights to start from."""
+    init_adapter: str | None = None
+    """With adapters (policy.lora_rank): a peft LoRA adapter folder the adapters start from."""
     steps: int = 10
     """Total optimizer steps of the run (a resumed run continues up to this)."""
     policy: Policy
@@ -159,6 +162,13 @@ class RunConfig:
         if disk_dir is not None and self.policy.disk_tier == "none":  # it would be ignored
             raise ConfigError("disk_dir", disk_dir, "needs {disk_tier} moments or moments+low: without a disk tier "
                                                     "nothing is kept on disk", show=str)
+        _check_paths(self, "init_adapter")
+        if self.init_adapter is not None and not os.path.isfile(os.path.join(self.init_adapter, "adapter_config.json")):
+            raise ConfigError("init_adapter", self.init_adapter, "is not a peft LoRA adapter folder (no "
+                                                                 "adapter_config.json there)", show=str)
+        if self.init_adapter is not None and not self.policy.adapters:
+            raise ConfigError("init_adapter", self.init_adapter, "starts the adapters of a LoRA run: give {lora_rank} "
+                                                                 "(the adapter's r) too", show=str)
         if self.gpu and self.hardware:
             raise ConfigError(None, want="give {gpu} or {hardware}, not both")
         if self.lr_schedule.peak != self.trainer.optimizer.lr:
