@@ -37,6 +37,9 @@ def zero2_like(policy: Policy, **knobs) -> Zero3Policy:
 
 
 def _like(policy: Policy, knobs: dict) -> Zero3Policy:
+    if policy.adapters:  # a like-for-like peer would be DeepSpeed with peft, which no peer family prices
+        raise HorizonError(f"the DeepSpeed peers are planned for full fine-tuning; with --lora-rank {policy.lora_rank} "
+                           "there is no peer step to compare with: drop --compare (or --lora-rank)")
     base = dict(batch=policy.batch, seq=policy.seq, micro_batches=policy.micro_batches,
                 compute_dtype=policy.compute_dtype, grad_clip=policy.grad_clip)
     return Zero3Policy(**{**base, **knobs})
