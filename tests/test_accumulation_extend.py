@@ -44,8 +44,10 @@ def _assert_close(ext, full):
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(optimizer="after", act_ckpt_every=4), dict(keep_last=4),
-                                dict(mb_order="layer"), dict(mb_order="layer", act_ckpt_on="device")],
-                         ids=["default", "after-K4", "keep4", "layer", "layer-ckpt-device"])
+                                dict(mb_order="layer"), dict(mb_order="layer", act_ckpt_on="device"),
+                                dict(lora_rank=16, optimizer="after"),
+                                dict(lora_rank=16, optimizer="after", mb_order="layer", keep_last=4)],
+                         ids=["default", "after-K4", "keep4", "layer", "layer-ckpt-device", "lora", "lora-layer-keep4"])
 def test_the_extended_step_is_the_full_simulation_up_to_the_old_cap(kw):
     k = 124
     pol = Policy(batch=4 * k, micro_batches=k, seq=2048, **kw)
