@@ -213,3 +213,18 @@ def test_init_adapter_errors_are_one_line(tmp_path, args, says):
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_adapters_start_as_pefts_when_the_base_is_loaded():
+    """A trainer whose base comes from a checkpoint (random_init=False, as --init-from makes it)
+    starts its adapters as peft does: A finite and within +-1/sqrt(in), B, moments, gradients and
+    step zero (the device buffers are not left as allocated)."""
+    from tests.test_families import tiny
+    p = exact_policy(batch=B, seq=T, optimizer="after", lora_rank=4)
+    with Trainer(tiny("llama"), p, TrainerConfig(random_init=False)) as tr:
+        ad = tr.adapters
+        for u in ad.blocks:
+            assert not ad.state[u][1:].any() and not ad.grads[u].any()
+            for a, b in ad.weights(u).values():
+                assert not b.any() and a.abs().max() <= a.shape[1] ** -0.5 and a.abs().max() > 0
+        assert float(ad.step) == 0

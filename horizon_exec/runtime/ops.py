@@ -197,10 +197,10 @@ class OpRunner:
             self._views[key] = (self.head_layout if is_head else self.block_layout).views(flat)
         return self._views[key]
 
-    def _block_weights(self, op: Op, w: dict | None = None):
-        """The weights a block op computes with (the slot's views, or `w`), carrying the block's
-        adapters when the op reads them (model/adapters.py)."""
-        w = self._weights(op) if w is None else w
+    def _block_weights(self, op: Op):
+        """The weights a block op computes with (the slot's views), carrying the block's adapters
+        when the op reads them (model/adapters.py)."""
+        w = self._weights(op)
         if self.adapters is None or not self.buf.all(op.reads, Holds.ADAPTERS):
             return w
         return AdaptedWeights(w, self.adapters.weights(op.unit), self.adapters.scale)

@@ -125,6 +125,8 @@ class Trainer:
         self.state_invalid: str | None = None  # a checkpoint load failed after writing the store
         if config.random_init:
             self.init_weights(config.seed)
+        elif self.adapters is not None:  # the base comes from elsewhere (load_hf); the adapters start as peft's
+            self.adapters.init(config.seed + 1)
 
     admission = _part("admission")
     backend = _part("backend")
