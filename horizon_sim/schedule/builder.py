@@ -138,19 +138,25 @@ class TrainStepBuilder(StepBuilder):
         self.saved_bwd_ws = [kept_work.saved_backward_workspace_bytes(model, mb, p.seq, a, mask_b * mk) for mk in masked]
         self.saved_bwd_hbm = [kept_work.saved_backward_elementwise_bytes(model, tok, p.seq, a) + sc[True, w]
                               for w in windows]
-        if p.adapters:  # the adapters' own kernels; the frozen base's weight gradients are not made
-            lf = work.adapter_elementwise_bytes(model, p, tok, a, backward=False)
-            lb = work.adapter_elementwise_bytes(model, p, tok, a, backward=True) - work.frozen_backward_bytes(model, tok, a)
-            self.fwd_hbm = [h + lf for h in self.fwd_hbm]
-            self.bwd_hbm = [h + lf + lb for h in self.bwd_hbm]
-            self.saved_bwd_hbm = [h + lb for h in self.saved_bwd_hbm]
-            wf = work.adapter_workspace_bytes(model, p, tok, a, backward=False)
-            wb = work.adapter_workspace_bytes(model, p, tok, a, backward=True)
-            wg = tok * work.ADAPTER_BYTES * max(q.in_features + q.out_features for q in work.adapted(model, p))
-            self.fwd_ws = [w + wf for w in self.fwd_ws]
-            self.kept_fwd_ws = [w + wf for w in self.kept_fwd_ws]
-            self.bwd_ws = [w + wb for w in self.bwd_ws]
-            self.saved_bwd_ws = [w + wg for w in self.saved_bwd_ws]  # one adapter's gradients in flight
+        if p.adapters:
+            self._adapter_work(tok, a)
+
+    def _adapter_work(self, tok: int, a: int) -> None:
+        """The block ops' bytes and temporaries with adapters on a frozen base: the adapters' own
+        kernels added, the frozen base's weight-gradient kernels taken off (schedule/work.py)."""
+        model, p = self.model, self.policy
+        lf = work.adapter_elementwise_bytes(model, p, tok, a, backward=False)
+        lb = work.adapter_elementwise_bytes(model, p, tok, a, backward=True) - work.frozen_backward_bytes(model, tok, a)
+        self.fwd_hbm = [h + lf for h in self.fwd_hbm]
+        self.bwd_hbm = [h + lf + lb for h in self.bwd_hbm]
+        self.saved_bwd_hbm = [h + lb for h in self.saved_bwd_hbm]
+        wf = work.adapter_workspace_bytes(model, p, tok, a, backward=False)
+        wb = work.adapter_workspace_bytes(model, p, tok, a, backward=True)
+        wg = tok * work.ADAPTER_BYTES * max(q.in_features + q.out_features for q in work.adapted(model, p))
+        self.fwd_ws = [w + wf for w in self.fwd_ws]
+        self.kept_fwd_ws = [w + wf for w in self.kept_fwd_ws]
+        self.bwd_ws = [w + wb for w in self.bwd_ws]
+        self.saved_bwd_ws = [w + wg for w in self.saved_bwd_ws]  # one adapter's gradients in flight
 
     # ---- emission ------------------------------------------------------------------------------
     @staticmethod
