@@ -201,7 +201,7 @@ def _horizon(*args):
     (["--lora-rank", "4", "--master-dtype", "bf16"], "--master-dtype does not apply with --lora-rank 4"),
     (["--lora-rank", "4", "--optimizer", "pipelined"], "--optimizer pipelined does not apply with --lora-rank 4"),
     (["--lora-rank", "4", "--lora-alpha", "0"], "lora_alpha=0.0 must be a positive number"),
-    (["--lora-rank", "4", "--gpus", "2"], "planned on one device for now"),
+    (["--lora-rank", "4", "--nodes", "2"], "planned on one node for now"),
     (["--lora-rank", "4", "--compare", "zero3-offload"], "there is no peer step to compare with"),
 ])
 def test_bad_adapter_flags_are_one_line_errors(args, says):

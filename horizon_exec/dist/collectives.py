@@ -63,7 +63,8 @@ class Collectives:
     def table(self) -> dict:
         return {OpKind.REDUCE_SCATTER: self.reduce_scatter, OpKind.HOST_REDUCE: self.host_reduce,
                 OpKind.NET_REDUCE_SCATTER: self.net_reduce_scatter, OpKind.NET_ALL_GATHER: self.net_all_gather,
-                OpKind.UPDATE_BARRIER: self.update_barrier, OpKind.NORM_ALL_REDUCE: self.norm_all_reduce}
+                OpKind.UPDATE_BARRIER: self.update_barrier, OpKind.NORM_ALL_REDUCE: self.norm_all_reduce,
+                OpKind.ADAPTER_ALL_REDUCE: self.adapter_all_reduce}
 
     def reduce_scatter(self, op):
         r, ctx = self.r, self.ctx
@@ -124,3 +125,16 @@ class Collectives:
         r.outputs.global_loss = loss
         r.outputs.global_aux = None if aux is None else float(t[2])
         r.inputs.guard.after_grad_norm(loss, total)
+
+    def adapter_all_reduce(self, op):
+        """The adapters' gradient sums over the node's devices (every rank then updates the same
+        adapters alike), and the step's loss and aux shares over every rank."""
+        r, ctx = self.r, self.ctx
+        for name in op.writes:
+            g = r.buf.get(name)
+            _call(ctx, op, "the adapters' gradient all-reduce", lambda g=g: dist.all_reduce(g, group=ctx.groups["fabric"]))
+        aux = r.outputs.aux()
+        t = torch.tensor([r.outputs.loss(), aux or 0.0], dtype=torch.float64)
+        _call(ctx, op, "the loss all-reduce", lambda: dist.all_reduce(t, group=ctx.groups["world_net"]))
+        r.outputs.global_loss = float(t[0])
+        r.outputs.global_aux = None if aux is None else float(t[1])

@@ -542,9 +542,10 @@ class OpRunner:
         for non-finite values here, as GRAD_NORM does), then their AdamW on the device."""
         total = self.adapters.sq_norm()
         guard = self.inputs.guard
-        guard.after_grad_norm(self.outputs.loss(), total)
+        loss = self.outputs.loss() if self.outputs.global_loss is None else self.outputs.global_loss
+        guard.after_grad_norm(loss, total)
         self.outputs.adapter_grad_norm = math.sqrt(total) if total >= 0 else math.nan
-        if guard.may_update("adapters", lambda: total, self.outputs.loss):
+        if guard.may_update("adapters", lambda: total, lambda: loss):
             self.adapters.update(self.adamw, self.inputs.lr, self.p.grad_clip, total)
         else:  # a skipped step is no step: the sums start again from zero
             for g in self.adapters.grads.values():

@@ -483,6 +483,10 @@ class TrainStepBuilder(StepBuilder):
         b, blocks = self.bufs, range(self.model.n_layers)
         state, grads = [b.adapters_of(u) for u in blocks], [b.adapter_grads(u) for u in blocks]
         n = sum(b.adapter_params(u) for u in blocks)
+        peers = self.layout.devices_per_node
+        if peers > 1:  # every device's sums added up (a ring all-reduce: 2 (N - 1) / N of the bytes sent)
+            self.emit(OpKind.ADAPTER_ALL_REDUCE, -1, reads=grads, writes=grads, peers=peers,
+                      net_bytes=2 * 4 * n * (peers - 1) // peers)
         self.emit(OpKind.ADAPTER_UPDATE, -1, reads=state + grads, writes=state + grads, params=n, hbm_bytes=36 * n)
 
     # ---- the step ------------------------------------------------------------------------------

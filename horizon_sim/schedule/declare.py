@@ -39,10 +39,10 @@ class Declarations:
         self.adapters = policy.adapters
         if self.adapters:
             self.has_copy = True
-            if layout.ranks > 1:
-                raise HorizonError(f"adapters (lora_rank={policy.lora_rank}) are planned on one device for now, not "
-                                   f"{layout.devices_per_node} x {layout.nodes}: drop --gpus/--nodes (train: "
-                                   "--nproc-per-node/--nnodes)")
+            if layout.nodes > 1:
+                raise HorizonError(f"adapters (lora_rank={policy.lora_rank}) are planned on one node for now, not "
+                                   f"{layout.nodes}: drop --nodes (train: --nnodes); several devices of one node "
+                                   "(--gpus, --nproc-per-node) work")
         self.on_disk = policy.disk_tier != "none"
         self.low_on_disk = policy.disk_tier == "moments+low"
         if self.on_disk and self.shared:
@@ -165,9 +165,9 @@ class Declarations:
         working copy when there is one (a split master: its high halves); adapters: the frozen
         base's weights alone."""
         n, part, p, sh = self.unit_label(u), self.partition(u), self.p, self.shared
-        if self.adapters:
+        if self.adapters:  # (data parallel: one copy per node, mapped by its ranks)
             return [self.declare(f"base.{n}", Space.HOST, Holds.BASE_WEIGHTS, (part.padded,), p.compute_dtype, True,
-                                 "base", unit=u)]
+                                 "base", unit=u, node_shared=sh)]
         # Several ranks: the node holds its ranks' chunks of the master and moments (each rank
         # updates its own), and the whole working copy every device streams from.
         store = Part.NODE if sh else Part.WHOLE

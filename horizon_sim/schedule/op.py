@@ -70,6 +70,8 @@ class OpKind(str, Enum):
     # adapters on a frozen base (Policy.lora_rank)
     ADAPTER_UPDATE = "adapter_update"          # compute: the adapters' global gradient norm, clipping and
     #                                            AdamW, on the device, after the backward
+    ADAPTER_ALL_REDUCE = "adapter_all_reduce"  # fabric: the adapters' gradient sums (and the loss) summed
+    #                                            over the node's devices, before the update
 
 
 LANE_OF: dict[OpKind, Lane] = {
@@ -84,10 +86,10 @@ LANE_OF: dict[OpKind, Lane] = {
     OpKind.NET_ALL_GATHER: Lane.NET, OpKind.NORM_ALL_REDUCE: Lane.NET, OpKind.UPDATE_BARRIER: Lane.NET,
     OpKind.DISK_READ: Lane.DISK, OpKind.DISK_WRITE: Lane.DISK,
     OpKind.HOOKS: Lane.CPU, OpKind.HOST_PASS: Lane.CPU, OpKind.RELOAD_GRADS: Lane.H2D, OpKind.UPLOAD_PARAMS: Lane.H2D,
-    OpKind.ADAPTER_UPDATE: Lane.COMPUTE,
+    OpKind.ADAPTER_UPDATE: Lane.COMPUTE, OpKind.ADAPTER_ALL_REDUCE: Lane.FABRIC,
 }
 COLLECTIVES = (OpKind.REDUCE_SCATTER, OpKind.NET_REDUCE_SCATTER, OpKind.NET_ALL_GATHER, OpKind.NORM_ALL_REDUCE,
-               OpKind.UPDATE_BARRIER)
+               OpKind.UPDATE_BARRIER, OpKind.ADAPTER_ALL_REDUCE)
 """Ops whose work is net_bytes among `peers` ranks."""
 
 EMBED = -1  # `unit` of the embedding; blocks are 0..L-1 and the head is L.
@@ -276,7 +278,7 @@ class Op:
 
     @property
     def label(self) -> str:
-        if self.kind in (OpKind.GRAD_NORM, OpKind.NORM_ALL_REDUCE, OpKind.ADAPTER_UPDATE):
+        if self.kind in (OpKind.GRAD_NORM, OpKind.NORM_ALL_REDUCE, OpKind.ADAPTER_UPDATE, OpKind.ADAPTER_ALL_REDUCE):
             return self.kind.value
         unit = {EMBED: "emb"}.get(self.unit, str(self.unit))
         mb = f".m{self.micro}" if self.micro else ""
