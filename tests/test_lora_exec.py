@@ -228,3 +228,27 @@ def test_adapters_start_as_pefts_when_the_base_is_loaded():
             for a, b in ad.weights(u).values():
                 assert not b.any() and a.abs().max() <= a.shape[1] ** -0.5 and a.abs().max() > 0
         assert float(ad.step) == 0
+
+
+def test_a_non_finite_step_leaves_the_adapters_as_they_were(tmp_path):
+    """A NaN in the step's gradients (here from an adapter, the loss turns NaN) is found by the
+    update op: the step is skipped (on_nonfinite 'skip', the default here), the adapters, their
+    moments and step stay as they were, and the gradient sums start again from zero."""
+    tr, _ = _trainer(tmp_path, "llama", "q_proj,v_proj")
+    tokens = _tokens()
+    with tr:
+        tr.step(tokens)
+        ad = tr.adapters
+        before = {u: t.clone() for u, t in ad.state.items()}
+        step0 = float(ad.step)
+        _, b = next(iter(ad.weights(1).values()))
+        saved = b[0, 0].item()
+        with torch.no_grad():
+            b[0, 0] = float("nan")
+        res = tr.step(tokens)
+        assert res.skipped and "loss" in res.nonfinite
+        with torch.no_grad():
+            b[0, 0] = saved
+        assert all(torch.equal(ad.state[u], before[u]) for u in ad.blocks)
+        assert float(ad.step) == step0 and not any(g.any() for g in ad.grads.values())
+        assert not tr.step(tokens).skipped  # and the next step trains
