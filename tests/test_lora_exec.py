@@ -164,6 +164,7 @@ def test_save_hf_writes_the_merged_model_and_the_peft_adapter(tmp_path, family):
         tr.step(tokens)
         want = tr.logits(tokens)
         save_hf(tr, tmp_path / "out")
+        save_hf(tr, tmp_path / "out")  # a folder a save wrote, its adapter/ included, is replaced as a whole
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
     peft_model = PeftModel.from_pretrained(base, tmp_path / "out" / "adapter").eval()
@@ -252,3 +253,36 @@ def test_a_non_finite_step_leaves_the_adapters_as_they_were(tmp_path):
         assert all(torch.equal(ad.state[u], before[u]) for u in ad.blocks)
         assert float(ad.step) == step0 and not any(g.any() for g in ad.grads.values())
         assert not tr.step(tokens).skipped  # and the next step trains
+
+
+def test_save_adapter_writes_the_adapters_alone(tmp_path):
+    """horizon train --lora-rank R --save-adapter DIR: DIR holds the adapters in peft's format (a
+    run started from it has the saved adapters); saving again replaces it; a folder holding other
+    files, or a run without adapters, is refused in one line before anything is trained."""
+    import subprocess
+    import sys
+
+    from horizon_exec.checkpoints.peft_adapter import load_adapter
+    from horizon_sim.specs.model_presets import model_preset
+    from horizon_sim.specs.policy import Policy
+
+    def train(*args):
+        return subprocess.run([sys.executable, "-m", "horizon_exec.cli.train_cmd", "--model", "tiny", "--steps", "2",
+                               "--batch", "2", "--seq", "32", "--eval-batches", "0", "--no-search",
+                               "--compute-threads", "1", *args], capture_output=True, text=True, cwd=tmp_path)
+    for _ in range(2):  # the second save replaces the first
+        r = train("--lora-rank", "4", "--save-adapter", "ad")
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "saved the adapters (peft's format) to ad" in r.stdout
+    assert sorted(p.name for p in (tmp_path / "ad").iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    pol = Policy.from_choices(batch=2, seq=32, lora_rank=4, optimizer=None)
+    with Trainer(model_preset("tiny"), pol) as tr:
+        load_adapter(tr, tmp_path / "ad")
+        assert any(b.abs().max() > 0 for u in tr.adapters.blocks for _, b in tr.adapters.weights(u).values())
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep me")
+    for args, says in ((["--lora-rank", "4", "--save-adapter", "other"], "holds files that are not part of a peft adapter"),
+                       (["--save-adapter", "ad2"], "--save-adapter ad2 writes a LoRA run's adapters")):
+        r = train(*args)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert (tmp_path / "other" / "notes.txt").read_text() == "keep me" and not (tmp_path / "ad2").exists()

@@ -515,7 +515,7 @@ def check_output_dir(out: Path) -> None:
 
 
 def _checkpoint_file(name: str) -> bool:
-    return name in ("config.json", INDEX, *SIDE_FILES) or name.endswith(".safetensors")
+    return name in ("config.json", INDEX, ADAPTER_DIR, *SIDE_FILES) or name.endswith(".safetensors")
 
 
 def model_side_files(path) -> list[Path]:

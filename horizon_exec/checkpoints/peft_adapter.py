@@ -45,6 +45,34 @@ def adapter_config(trainer, base_model: str | None) -> dict:
             "layers_to_transform": None, "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {}}
 
 
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "README.md")
+"""What a peft adapter folder holds (peft's save_pretrained writes a README.md beside the two)."""
+
+
+def check_adapter_dir(out: Path, flag: str) -> None:
+    """HorizonError unless `out` can be replaced by a saved adapter: absent, or a folder holding
+    nothing but an adapter's files (it is replaced as a whole)."""
+    from horizon_sim.errors import HorizonError
+    if out.exists() and not out.is_dir():
+        raise HorizonError(f"{flag} {str(out)!r} exists and is not a folder")
+    if out.is_dir():
+        other = sorted(p.name for p in out.iterdir() if p.name not in ADAPTER_FILES)
+        if other:
+            raise HorizonError(f"{flag} {str(out)!r} holds files that are not part of a peft adapter (e.g. "
+                               f"{other[0]!r}); save to a new or adapter-only folder")
+
+
+def save_adapter(trainer, out, base_model: str | None = None) -> Path:
+    """The run's adapters alone in peft's format at `out`, built aside and renamed into place."""
+    from horizon_exec.checkpoints.fileio import publish_dir, staging_dir
+    out = Path(out)
+    check_adapter_dir(out, "--save-adapter")
+    with staging_dir(out) as tmp:
+        write_adapter(trainer, tmp, base_model)
+        publish_dir(tmp, out)
+    return out
+
+
 def write_adapter(trainer, folder: Path, base_model: str | None = None) -> None:
     """adapter_config.json and adapter_model.safetensors (fp32, peft's key names) into `folder`."""
     ad, pre = trainer.adapters, _prefix(trainer.model)

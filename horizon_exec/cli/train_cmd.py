@@ -96,6 +96,10 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "with --lora-rank the base with the adapters merged, and the adapters alone in peft's format "
                         "in DIR/adapter; a symbolic link is followed (the save goes into its target); one run at a "
                         "time (.DIR.lock beside it names the holder)")
+    m.add_argument("--save-adapter", default=None, metavar="DIR",
+                   help="with --lora-rank: after training, write the adapters alone in peft's format "
+                        "(adapter_config.json + adapter_model.safetensors; PeftModel.from_pretrained(base, DIR) "
+                        "loads them), a few MB beside --save-hf's whole model")
     m.add_argument("--save-dtype", choices=("fp32", "bf16"), default="bf16",
                    help="dtype of the --save-hf weights (default bf16)")
     m.add_argument("--save-shard-size", default="5GB", metavar="SIZE",
@@ -252,7 +256,7 @@ def run_train(args: argparse.Namespace) -> int:
             init = resolve_checkpoint(cfg.init_from)
     ck, out = cfg.checkpoints, cfg.outputs
     outputs = dict(ckpt_dir=ck.ckpt_dir, save_hf=out.save_hf, log_file=out.log_file, resume=ck.resume,
-                   overwrite_ckpt=ck.overwrite_ckpt, init_from=init)
+                   overwrite_ckpt=ck.overwrite_ckpt, init_from=init, save_adapter=out.save_adapter)
     read = None
     from horizon_exec.dist.context import launched
     if not launched():  # a single process, or the launcher before any rank starts (a rank: its launcher did)
@@ -551,6 +555,11 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") 
         # one node: rank 0 writes from the shared store; several: every rank gathers, rank 0 writes
         agree(tr.dist, lambda: write_hf(cfg, tr, loop, inputs.save_inputs)
               if tr.dist.rank == 0 or tr.dist.layout.nodes > 1 else None)
+    if cfg.outputs.save_adapter and tr.dist.rank == 0:  # the adapters are alike on every rank
+        from horizon_exec.checkpoints.peft_adapter import save_adapter
+        with _os_errors_as_usage():
+            saved = save_adapter(tr, cfg.outputs.save_adapter, cfg.init_from)
+        print(f"saved the adapters (peft's format) to {saved}")
     finish(cfg, tr, loop.check)  # measured vs predicted, and the report (after the weights are safe)
     return 0
 

@@ -19,7 +19,7 @@ FLAGS = {
     "host_budget_bytes": "--host-budget", "device_budget_bytes": "--device-budget", "gpu": "--gpu",
     "hardware": "--hardware", "eval_every": "--eval-every", "eval_batches": "--eval-batches",
     "eval_fraction": "--eval-fraction", "ckpt_dir": "--ckpt-dir", "save_every": "--ckpt-interval",
-    "keep_ckpts": "--keep-ckpts", "overwrite_ckpt": "--overwrite-ckpt", "resume": "--resume", "save_hf": "--save-hf",
+    "keep_ckpts": "--keep-ckpts", "overwrite_ckpt": "--overwrite-ckpt", "resume": "--resume", "save_hf": "--save-hf", "save_adapter": "--save-adapter",
     "save_dtype": "--save-dtype", "save_shard_bytes": "--save-shard-size", "log_file": "--log-file",
     "report_dir": "--report-dir",
 }
@@ -43,7 +43,7 @@ def _run_config(a: argparse.Namespace) -> RunConfig:
                                    overwrite_ckpt=a.overwrite_ckpt, resume=a.resume)
     data = DataConfig(data=a.data, tokenizer=a.tokenizer, eos_token=a.eos_token, eval_fraction=a.eval_fraction,
                       eval_every=a.eval_every, eval_batches=a.eval_batches)
-    outputs = OutputsConfig(save_hf=a.save_hf, save_dtype=a.save_dtype, log_file=a.log_file, progress=not a.no_progress,
+    outputs = OutputsConfig(save_hf=a.save_hf, save_adapter=getattr(a, "save_adapter", None), save_dtype=a.save_dtype, log_file=a.log_file, progress=not a.no_progress,
                             report_dir=getattr(a, "report_dir", None),
                             **({"save_shard_bytes": parse_size(a.save_shard_size, "--save-shard-size")}
                                if a.save_hf else {}))  # without --save-hf the size is not read

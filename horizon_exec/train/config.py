@@ -110,6 +110,8 @@ class CheckpointConfig:
 class OutputsConfig:
     save_hf: str | None = None
     """After training, write a transformers checkpoint folder here."""
+    save_adapter: str | None = None
+    """With adapters: after training, write them alone here in peft's format."""
     save_dtype: str = "bf16"
     save_shard_bytes: int = 5 * 10**9
     """Largest safetensors shard of save_hf."""
@@ -122,7 +124,7 @@ class OutputsConfig:
     cli/train_plan.report_folder)."""
 
     def __post_init__(self):
-        _check_paths(self, "save_hf", "log_file", "report_dir")
+        _check_paths(self, "save_hf", "save_adapter", "log_file", "report_dir")
         if self.save_dtype not in SAVE_DTYPES:
             raise ConfigError("save_dtype", self.save_dtype, f": allowed: {', '.join(SAVE_DTYPES)}")
         if not (_count(self.save_shard_bytes) and self.save_shard_bytes > 0):
@@ -166,6 +168,9 @@ class RunConfig:
         if self.init_adapter is not None and not os.path.isfile(os.path.join(self.init_adapter, "adapter_config.json")):
             raise ConfigError("init_adapter", self.init_adapter, "is not a peft LoRA adapter folder (no "
                                                                  "adapter_config.json there)", show=str)
+        if self.outputs.save_adapter is not None and not self.policy.adapters:
+            raise ConfigError("save_adapter", self.outputs.save_adapter, "writes a LoRA run's adapters: give "
+                                                                         "{lora_rank} too", show=str)
         if self.init_adapter is not None and not self.policy.adapters:
             raise ConfigError("init_adapter", self.init_adapter, "starts the adapters of a LoRA run: give {lora_rank} "
                                                                  "(the adapter's r) too", show=str)

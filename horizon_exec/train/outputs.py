@@ -65,25 +65,31 @@ def _inside(a: Path, b: Path) -> bool:
     return a == b or a.is_relative_to(b)
 
 
-def _save_hf(out: Path, init_from, others: dict) -> None:
+def _save_hf(out: Path, init_from, others: dict, flag: str = "--save-hf") -> None:
+    """A folder a save replaces as a whole (--save-hf, --save-adapter): not the weights the run
+    starts from nor holding another output, replaceable, and writable beside it."""
     from horizon_exec.checkpoints.hf_checkpoint import check_output_dir
+    from horizon_exec.checkpoints.peft_adapter import check_adapter_dir
 
     if init_from and _inside(Path(init_from), out):
-        raise HorizonError(f"--save-hf {str(out)!r} would replace the --init-from folder {str(init_from)!r}, "
+        raise HorizonError(f"{flag} {str(out)!r} would replace the --init-from folder {str(init_from)!r}, "
                            "the weights this run starts from; save to another folder")
-    for flag, p in others.items():
+    for other, p in others.items():
         if p and _inside(Path(p), out):
-            raise HorizonError(f"--save-hf {str(out)!r} would hold {flag} {str(p)!r}, but the save replaces "
+            raise HorizonError(f"{flag} {str(out)!r} would hold {other} {str(p)!r}, but the save replaces "
                                "the folder as a whole; give them separate places")
-    try:
-        check_output_dir(out)
-    except HorizonError as e:
-        raise HorizonError(f"--save-hf: {e}") from None
-    _folder(out.parent, f"--save-hf {str(out)!r}: its parent")
+    if flag == "--save-adapter":
+        check_adapter_dir(out, flag)
+    else:
+        try:
+            check_output_dir(out)
+        except HorizonError as e:
+            raise HorizonError(f"{flag}: {e}") from None
+    _folder(out.parent, f"{flag} {str(out)!r}: its parent")
     try:  # the checkpoint is built in a folder beside `out`, then renamed
         os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))
     except OSError as e:
-        raise HorizonError(f"--save-hf {str(out)!r}: cannot create a folder beside it: {os_error_text(e)}; "
+        raise HorizonError(f"{flag} {str(out)!r}: cannot create a folder beside it: {os_error_text(e)}; "
                            "give a folder this run can write") from None
 
 
@@ -155,13 +161,14 @@ def follow_save_hf(save_hf: str) -> str:
 
 
 def prepare_outputs(*, ckpt_dir=None, save_hf=None, log_file=None, init_from=None, resume=None,
-                    overwrite_ckpt=False, report_dir=None) -> None:
+                    overwrite_ckpt=False, report_dir=None, save_adapter=None) -> None:
     """Check (and create) every output before the run starts (module docstring). resume: the
     --resume value (None: a fresh run); overwrite_ckpt: a fresh run may replace the
     checkpoints in ckpt_dir; report_dir: --report-dir, the folder of the run's predicted-vs-measured
     report (the default one, <ckpt_dir>/report, is made when written: cli/train_plan.py)."""
     if ckpt_dir:  # an output among the checkpointer's own files would be replaced or removed with them
-        for flag, p in (("--save-hf", save_hf), ("--log-file", log_file), ("--report-dir", report_dir)):
+        for flag, p in (("--save-hf", save_hf), ("--save-adapter", save_adapter), ("--log-file", log_file),
+                        ("--report-dir", report_dir)):
             if p:
                 ckpt_dir_rules.refuse_inside_checkpoints(flag, Path(p), Path(ckpt_dir))
         if report_dir and Path(report_dir).resolve() == Path(ckpt_dir).resolve():  # its files: foreign to the next run
@@ -169,9 +176,12 @@ def prepare_outputs(*, ckpt_dir=None, save_hf=None, log_file=None, init_from=Non
                                f"(default: {str(Path(ckpt_dir) / 'report')!r})")
     if save_hf:
         _save_hf(Path(save_hf), init_from, {"--ckpt-dir": ckpt_dir, "--log-file": log_file,
-                                            "--report-dir": report_dir})
+                                            "--report-dir": report_dir, "--save-adapter": save_adapter})
+    if save_adapter:
+        _save_hf(Path(save_adapter), init_from, {"--ckpt-dir": ckpt_dir, "--log-file": log_file,
+                                                 "--report-dir": report_dir, "--save-hf": save_hf}, "--save-adapter")
     if ckpt_dir:
-        own = ckpt_dir_rules.own_names(Path(ckpt_dir), (save_hf, log_file, report_dir))
+        own = ckpt_dir_rules.own_names(Path(ckpt_dir), (save_hf, save_adapter, log_file, report_dir))
         _ckpt_dir(Path(ckpt_dir), resume, overwrite_ckpt, own)
     if log_file:
         _log_file(Path(log_file))
