@@ -104,3 +104,20 @@ def assert_step_matches(tr, ref, tokens, ref_grads=hf_grads, tol: float = 1e-5) 
     worst = max(errs, key=errs.get)
     assert errs[worst] <= tol, f"{worst}: {errs[worst]:.2e}"
     return ref_g
+
+
+def saved_bytes(fn, own=()):
+    """(fn()'s result, bytes of every storage autograd saves while fn runs, each counted once,
+    but those of the tensors `own`: weights, inputs and tables that are buffers of their own)."""
+    mine = {t.untyped_storage().data_ptr() for t in own}
+    kept = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in mine:
+            kept[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(kept.values())

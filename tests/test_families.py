@@ -29,7 +29,7 @@ from horizon_sim.specs.families import FAMILIES
 from horizon_sim.specs.hf_config import spec_from_config_dict
 from horizon_sim.specs.hf_export import to_hf_config_dict
 from horizon_sim.specs.model import ModelSpec
-from tests.hf_tiny import randomized_
+from tests.hf_tiny import randomized_, saved_bytes
 
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 V, B, T = 96, 2, 16
@@ -187,20 +187,10 @@ def test_what_autograd_saves_is_what_the_planner_counts(family, dtype):
     w = {k: v.requires_grad_() for k, v in lay.views(flat.detach()).items()}
     x = torch.randn(B, T, spec.hidden, generator=gen).to(dtype).requires_grad_()
     cos, sin = rope_tables(spec, T, dtype, "cpu")
-    buffers = {t.untyped_storage().data_ptr() for t in (flat, x, cos, sin)}
-    storages = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in buffers:
-            storages[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = DecoderBlock(spec)(w, x, cos, sin, spec.window(0))
+    y, kept = saved_bytes(lambda: DecoderBlock(spec)(w, x, cos, sin, spec.window(0)), (flat, x, cos, sin))
     a = torch.empty((), dtype=dtype).element_size()
     mask = a * _mask_elements(spec, T)  # SDPA keeps the additive mask
-    padding = sum(storages.values()) + y.numel() * a - work.block_saved_bytes(spec, B, T, a) - mask
+    padding = kept + y.numel() * a - work.block_saved_bytes(spec, B, T, a) - mask
     assert 0 <= padding <= work.expert_padding_bytes(spec, a)
     if a == 4 or not spec.is_moe:
         assert padding == 0

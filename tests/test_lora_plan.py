@@ -16,6 +16,7 @@ from horizon_sim.sim.simulate import simulate
 from horizon_sim.specs.hardware_presets import make_hardware
 from horizon_sim.specs.model_presets import model_preset
 from horizon_sim.specs.policy import Policy
+from tests.hf_tiny import saved_bytes
 from tests.test_families import tiny
 
 LORA = Policy(batch=2, seq=256, lora_rank=8, optimizer="after")
@@ -151,19 +152,9 @@ def _saved_bytes(spec, dtype, mode: str) -> int:
                          0.1 * torch.randn(p.out_features, 4, generator=gen).requires_grad_())
               for p in work.adapted(spec, replace(LORA, lora_rank=4))}
     w = {k: v.requires_grad_(mode == "full") for k, v in lay.views(flat.detach()).items()}
-    own = {t.untyped_storage().data_ptr() for t in (flat, x, cos, sin, *(t for pr in leaves.values() for t in pr))}
-    kept = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in own:
-            kept[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        DecoderBlock(spec)(AdaptedWeights(w, leaves, 2.0) if mode == "lora" else w, x.requires_grad_(), cos, sin,
-                           spec.window(0))
-    return sum(kept.values())
+    weights = AdaptedWeights(w, leaves, 2.0) if mode == "lora" else w
+    return saved_bytes(lambda: DecoderBlock(spec)(weights, x.requires_grad_(), cos, sin, spec.window(0)),
+                       (flat, x, cos, sin, *(t for pr in leaves.values() for t in pr)))[1]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -77,7 +77,7 @@ class DeviceAdapters:
         blocks = list(self.blocks)
         torch._fused_adamw_([self.state[u][0] for u in blocks], [self.grads[u] for u in blocks],
                             [self.state[u][1] for u in blocks], [self.state[u][2] for u in blocks], [],
-                            [self.step.clone() for _ in blocks], lr=lr, beta1=adamw.betas[0],
+                            [self.step] * len(blocks), lr=lr, beta1=adamw.betas[0],
                             beta2=adamw.betas[1], weight_decay=adamw.weight_decay, eps=adamw.eps, amsgrad=False,
                             maximize=False, grad_scale=scale)
         for g in self.grads.values():

@@ -2,8 +2,8 @@
 import argparse
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs.policy import (CKPT_PLACES, DISK_TIERS, DTYPES, KEEP_ALL, LORA_ALL, LOSS_KERNELS, MASTER_CHOICES,
-                                      MASTER_ROUNDINGS, MB_ORDERS, OPTIMIZER_MODES, Policy)
+from horizon_sim.specs.policy import (CKPT_PLACES, DISK_TIERS, DTYPES, HOST_UPDATE_FIELDS, KEEP_ALL, LORA_ALL,
+                                      LOSS_KERNELS, MASTER_CHOICES, MASTER_ROUNDINGS, MB_ORDERS, OPTIMIZER_MODES, Policy)
 
 _D = Policy()
 
@@ -148,9 +148,10 @@ def policy_to_args(p: Policy) -> dict:
             "lora_rank": p.lora_rank, "lora_targets": p.lora_targets, "lora_alpha": p.lora_alpha}
 
 
-NOT_WITH_ADAPTERS = ("master_dtype", "master_rounding", "states_dtype", "grad_dtype", "no_working_copy", "disk_tier",
-                     "max_host_grads")
-"""Flags (dests) of the full fine-tuning's host update, which a frozen base does not have."""
+_FIELD_DEST = {"split_master": "master_dtype", "working_copy": "no_working_copy"}
+NOT_WITH_ADAPTERS = tuple(dict.fromkeys(_FIELD_DEST.get(f, f) for f in HOST_UPDATE_FIELDS if f != "optimizer"))
+"""Flags (dests) of the full fine-tuning's host update, which a frozen base does not have
+(--optimizer is checked apart: 'after' is what adapters do)."""
 
 
 def check_adapter_flags(a: argparse.Namespace) -> None:

@@ -20,7 +20,7 @@ from horizon_sim.sim.simulate import SimResult
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.hardware_presets import LINKS
 from horizon_sim.specs.model import ModelSpec
-from horizon_sim.specs.policy import KEEP_ALL, Policy
+from horizon_sim.specs.policy import HOST_UPDATE_FIELDS, KEEP_ALL, Policy
 from horizon_sim.units import GiB, fmt_bytes
 
 MIN_GAIN = 0.03
@@ -120,17 +120,13 @@ _FLAGS = (  # Policy field -> CLI flag of `horizon plan`
 )
 
 
-_HOST_UPDATE = ("optimizer", "states_dtype", "grad_dtype", "max_host_grads", "disk_tier", "master_rounding")
-"""The full fine-tuning's host-update fields: adapters have none, and their flags are refused."""
-
-
 def policy_flags(p: Policy, base: Policy | None = None) -> str:
     """The `horizon plan` flags that turn `base` (default: Policy()) into `p`."""
     base = base or Policy()
     out = []
     for f, flag in _FLAGS:
         v = getattr(p, f)
-        if p.adapters and f in _HOST_UPDATE:
+        if p.adapters and f in HOST_UPDATE_FIELDS:
             continue  # a frozen base has none (and --optimizer's default with adapters is after)
         if v != getattr(base, f):
             if f == "keep_last" and v == KEEP_ALL:

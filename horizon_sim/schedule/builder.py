@@ -102,11 +102,13 @@ class TrainStepBuilder(StepBuilder):
         # Adapters (a frozen base): the adapters' GEMMs in every block op; a backward computes the
         # base's input gradients only (its GEMMs' forward FLOPs once more, the attention's twice),
         # not its weight gradients, then the adapters' backward (twice their forward).
-        lora_fwd = work.gemm_flops(work.adapter_gemms(model, p, tok, backward=False))
-        base_gemm = work.gemm_flops(work.block_gemms(model, tok, backward=False))
-        self.fwd_flops = [f + lora_fwd for f in base_fwd]
-        self.saved_bwd_flops = [(base_gemm + 2 * (f - base_gemm) + 2 * lora_fwd) if p.adapters else 2 * f
-                                for f in base_fwd]
+        if p.adapters:
+            lora_fwd = work.gemm_flops(work.adapter_gemms(model, p, tok, backward=False))
+            base_gemm = work.gemm_flops(work.block_gemms(model, tok, backward=False))
+            self.fwd_flops = [f + lora_fwd for f in base_fwd]
+            self.saved_bwd_flops = [base_gemm + 2 * (f - base_gemm) + 2 * lora_fwd for f in base_fwd]
+        else:
+            self.fwd_flops, self.saved_bwd_flops = base_fwd, [2 * f for f in base_fwd]
         self.bwd_flops = [f + b for f, b in zip(self.fwd_flops, self.saved_bwd_flops)]
         # Device traffic of the elementwise kernels (norms, RoPE, SiLU, residuals; GEMMs and
         # attention are costed by their FLOPs) and the temporaries each op holds at its peak.
@@ -152,7 +154,7 @@ class TrainStepBuilder(StepBuilder):
         self.saved_bwd_hbm = [h + lb for h in self.saved_bwd_hbm]
         wf = work.adapter_workspace_bytes(model, p, tok, a, backward=False)
         wb = work.adapter_workspace_bytes(model, p, tok, a, backward=True)
-        wg = tok * work.ADAPTER_BYTES * max(q.in_features + q.out_features for q in work.adapted(model, p))
+        wg = work.adapter_in_flight_bytes(model, p, tok, with_input=True)
         self.fwd_ws = [w + wf for w in self.fwd_ws]
         self.kept_fwd_ws = [w + wf for w in self.kept_fwd_ws]
         self.bwd_ws = [w + wb for w in self.bwd_ws]

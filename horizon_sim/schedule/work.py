@@ -236,15 +236,19 @@ def adapter_workspace_bytes(m: ModelSpec, policy, tokens: int, a: int, backward:
     frozen base's graph does not keep, and one adapter's gradients in flight (its output
     gradient's cast and its input's fp32 gradient). The frozen base's weight gradients, which
     the full backward's peak holds, are not taken off."""
-    ps = adapted(m, policy)
-    if not ps:
+    if not adapted(m, policy):
         return 0
-    c, cast = ADAPTER_BYTES, a != ADAPTER_BYTES
-    widest = max((p.in_features if cast or backward else 0) + p.out_features for p in ps)
-    n = tokens * c * widest
+    n = adapter_in_flight_bytes(m, policy, tokens, with_input=backward or a != ADAPTER_BYTES)
     if backward:
         n += adapter_saved_bytes(m, policy, tokens, a) - frozen_saved_bytes(m, tokens, a)
     return int(max(0, n))
+
+
+def adapter_in_flight_bytes(m: ModelSpec, policy, tokens: int, with_input: bool) -> int:
+    """One adapter's tensors alive at once, the widest: its output (or output gradient) in the
+    adapters' dtype, and with_input its input's cast (or input gradient) beside it."""
+    return int(tokens * ADAPTER_BYTES * max((p.in_features if with_input else 0) + p.out_features
+                                            for p in adapted(m, policy)))
 
 
 def gemm_flops(gemms: list[Gemm]) -> float:

@@ -168,6 +168,7 @@ class CostModel:
         self.launch_s = d.launch_overhead_us * 1e-6
         self.overhead_us = dict(d.op_overhead_us)
         self.gemm = rate_table(d.gemm_TFLOPs, compute_dtype, 2)
+        self._gemm_tables: dict = {}  # other dtypes' (the adapters' fp32 GEMMs), made on first use
         self.attn = rate_table(d.attention_TFLOPs, compute_dtype, 1)
         self.mattn = rate_table(d.masked_attention_TFLOPs, compute_dtype, 1)
         self.sattn = rate_table(d.softcap_attention_TFLOPs, compute_dtype, 1)
@@ -241,8 +242,10 @@ class CostModel:
         has none of: the compute dtype's, scaled by the two peaks' ratio)."""
         if not dtype or dtype == self.dtype:
             return self.gemm
-        t = rate_table(self.device.gemm_TFLOPs, dtype, 2)
-        return t if t else _Scaled(self.gemm, self._peak(dtype) / self._peak(self.dtype))
+        if dtype not in self._gemm_tables:
+            t = rate_table(self.device.gemm_TFLOPs, dtype, 2)
+            self._gemm_tables[dtype] = t if t else _Scaled(self.gemm, self._peak(dtype) / self._peak(self.dtype))
+        return self._gemm_tables[dtype]
 
     def _peak(self, dtype: str) -> float:
         return self.device.bf16_TFLOPs if dtype == "bf16" else self.device.fp32_TFLOPs

@@ -23,6 +23,10 @@ LORA_ALL = "all-linear"
 """Policy.lora_targets's value for every projection of the blocks (peft's 'all-linear': the LM
 head, the embedding and the routed experts' stacked weights left out)."""
 _LORA_ALPHA = 8.0  # Policy.lora_alpha's default (peft's)
+HOST_UPDATE_FIELDS = ("optimizer", "master_dtype", "split_master", "master_rounding", "states_dtype", "grad_dtype",
+                      "working_copy", "disk_tier", "max_host_grads")
+"""Policy fields of the full fine-tuning's host update (the master, its moments and gradients,
+their update): a frozen base (lora_rank) has none, and their flags are refused with adapters."""
 MAX_LORA_RANK = 2**16
 """The largest adapter rank taken: above the widest projection of any preset (Llama-3.1-405B's
 53,248-wide MLP), where an adapter would hold more than the weight it adapts."""
@@ -241,7 +245,7 @@ class Policy:
                 raise HorizonError(f"policy lora_targets={t!r} names adapters; give lora_rank too (--lora-rank R)")
             return
         for f, off in (("optimizer", "after"), ("disk_tier", "none"), ("max_host_grads", 0),
-                       ("master_rounding", "nearest")):
+                       ("master_rounding", "nearest")):  # (of HOST_UPDATE_FIELDS, those with a value that acts)
             if getattr(self, f) != off:
                 raise HorizonError(
                     f"policy {f}={getattr(self, f)!r} does not apply with adapters (lora_rank={r}): the frozen base "
