@@ -24,9 +24,9 @@ def _peft(ref, targets: str, rank: int, alpha: float):
     return get_peft_model(copy.deepcopy(ref), LoraConfig(r=rank, lora_alpha=alpha, target_modules=tm, lora_dropout=0.0))
 
 
-def _trainer(tmp_path, family, targets, rank=4, alpha=8.0, grad_clip=0.0, **policy):
+def _trainer(tmp_path, family, targets, rank=4, alpha=8.0, grad_clip=0.0, spec=None, **policy):
     from horizon_exec.checkpoints.hf_checkpoint import load_hf, spec_from_hf_dir
-    ref = _random_hf(tiny(family))
+    ref = _random_hf(spec or tiny(family))
     ref.save_pretrained(tmp_path / "hf")
     spec = spec_from_hf_dir(tmp_path / "hf")
     pol = exact_policy(**{"batch": B, **policy}, seq=T, optimizer="after", grad_clip=grad_clip, loss_chunk_tokens=24,

@@ -23,16 +23,18 @@ def _loop(ds, pol, ckpt_dir=None, seed=0):
 
 def _state(tr):
     return ({f"adapters.{u}": t.clone() for u, t in tr.adapters.state.items()} | {"step": tr.adapters.step.clone()}
-            | {n: t.clone() for n, t in tr.store.t.items() if n.startswith("base.")})
+            | {n: t.clone() for n, t in tr.store.t.items() if n.startswith(("base.", "qbase."))})
 
 
-@pytest.mark.parametrize("micro", [1, 2])
-def test_a_lora_run_resumes_bit_for_bit(tmp_path, micro):
+@pytest.mark.parametrize("micro, quant", [(1, "none"), (2, "none"), (1, "nf4")])
+def test_a_lora_run_resumes_bit_for_bit(tmp_path, micro, quant):
+    """(nf4: the quantized base's packed bytes are what the checkpoint holds, never re-quantized.)"""
     ds = load_dataset(None, ByteTokenizer(), seq=32, eval_fraction=0.01)
-    pol = Policy(batch=2, seq=32, micro_batches=micro, lora_rank=4, lora_alpha=16.0, optimizer="after", grad_clip=1.0)
+    pol = Policy(batch=2, seq=32, micro_batches=micro, lora_rank=4, lora_alpha=16.0, optimizer="after", grad_clip=1.0,
+                 base_quant=quant)
     tr_u, straight = _loop(ds, pol)
     with tr_u:
-        base0 = {n: t.clone() for n, t in tr_u.store.t.items() if n.startswith("base.")}
+        base0 = {n: t.clone() for n, t in tr_u.store.t.items() if n.startswith(("base.", "qbase."))}
         straight.run()
         want = _state(tr_u)
     assert all(torch.equal(want[n], t) for n, t in base0.items())  # the base is frozen

@@ -30,7 +30,7 @@ import torch
 from horizon_exec.checkpoints.fileio import publish_dir, staging_dir, write_safetensors, write_text
 from horizon_exec.checkpoints.hf_experts import stored_items, stored_parts
 from horizon_exec.checkpoints.hf_wrapped import wrapped
-from horizon_exec.checkpoints.peft_adapter import ADAPTER_DIR, merged_state_dict, write_adapter
+from horizon_exec.checkpoints.peft_adapter import ADAPTER_DIR, merged_state_dict, merged_unit, write_adapter
 from horizon_exec.data.tokenize import TOKENIZER_FILES
 from horizon_exec.model.layout import host_layout
 from horizon_sim.errors import HorizonError
@@ -217,7 +217,7 @@ def load_hf(trainer, path) -> None:
     check_same_shapes(trainer.model, spec_from_hf_dir(d), str(d / "config.json"))
     # name -> fp32 view into the store (a split master: into a unit's scratch, split into the
     # store once all its tensors have been read)
-    params = _SplitSink(trainer) if trainer.split_master else trainer.state_dict()
+    params = _SplitSink(trainer) if trainer.viewless_master else trainer.state_dict()
     tied = trainer.model.tied_embeddings
     wrap = wrapped(d)  # a multimodal checkpoint: its language model's tensors, the others carried
     # MoE experts are stored per expert and held fused (hf_experts.py): stored name -> (held
@@ -250,7 +250,7 @@ def load_hf(trainer, path) -> None:
                                            "want a floating-point checkpoint")
                     dst.copy_(f.get_tensor(stored))   # one tensor read, cast to fp32 in place
                     _check_finite(dst, name, d / fname)
-                    if name not in seen and trainer.split_master:
+                    if name not in seen and trainer.viewless_master:
                         n_parts[held] -= 1
                         if n_parts[held] <= 0:
                             params.filled(held)
@@ -365,7 +365,7 @@ def save_hf(trainer, path, dtype: str = "fp32", max_shard_bytes: int = DEFAULT_S
     d = trainer.dist
     if carry is not None and d.rank == 0:
         carry.check_readable()
-    if d.layout.nodes > 1 or trainer.split_master:  # every rank takes part in the gathers; the first one writes
+    if d.layout.nodes > 1 or trainer.viewless_master:  # every rank takes part in the gathers; the first one writes
         return _save_gathered(trainer, out, dtype, max_shard_bytes, base_config, side_files, carry)
     check_output_dir(out)
     trainer.flush()
@@ -440,8 +440,8 @@ def _write_side(tmp: Path, trainer, dtype: str, base_config, side_files) -> None
 
 
 def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_config, side_files, carry=None) -> Path:
-    """save_hf of a run sharded over nodes, or of a split master (no process holds the fp32
-    master whole): the shards are
+    """save_hf of a run sharded over nodes, of a split master or of a quantized base (no process
+    holds the fp32 master whole; adapters are merged into each unit as it is gathered): the shards are
     planned from the tensors' shapes, then shard by shard every rank gathers the units it
     needs (Trainer.gather_master, a collective) and rank 0 writes them; a unit is dropped once
     its tensors are written, so rank 0 holds at most a shard plus one unit, never the model.
@@ -450,6 +450,7 @@ def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_co
     writer = d.rank == 0
     trainer.flush()
     tdt = SAVE_DTYPES[dtype][0]
+    adapters = trainer.adapters is not None
     unit_of, items = {}, []
     for u in trainer.units:
         for name, t in host_layout(trainer.model, u).views(torch.empty(host_layout(trainer.model, u).numel,
@@ -473,6 +474,8 @@ def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_co
             u = unit_of[h]
             if u not in cache:
                 cache[u] = host_layout(trainer.model, u).views(trainer.gather_master(u))
+                if adapters and u in trainer.adapters.blocks:  # merged into the base (a quantized one)
+                    cache[u].update(merged_unit(trainer, u, cache[u]))
             got.append((name, cache[u][h][idx]))
             remaining[u] -= 1
             if not remaining[u]:
@@ -494,6 +497,8 @@ def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_co
         with staging_dir(out) as tmp:
             _write_shards(tmp, shards, tdt, real, carry)
             _write_side(tmp, trainer, dtype, base_config, side_files)
+            if adapters:  # and the adapters alone, in peft's format
+                write_adapter(trainer, tmp / ADAPTER_DIR, (base_config or {}).get("_name_or_path") or None)
             publish_dir(tmp, out)
     except Exception:
         for shard in shards[gathered[0]:]:  # the other ranks wait in these gathers

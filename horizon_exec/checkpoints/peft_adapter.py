@@ -21,17 +21,25 @@ def _prefix(model) -> str:
 
 def merged_state_dict(trainer) -> dict:
     """The base's weights by transformers name, each adapted projection's merged with its adapter
-    in fp32 (a new tensor; the others are the store's views)."""
+    in fp32 (a new tensor; the others are the store's views, or copies of a quantized base)."""
     sd = dict(trainer.state_dict())
+    for u in trainer.adapters.blocks:
+        sd.update(merged_unit(trainer, u, sd))
+    return sd
+
+
+@torch.no_grad()
+def merged_unit(trainer, u: int, sd) -> dict:
+    """Block u's adapted weights merged with their adapters, {transformers name: fp32 tensor
+    (new)}, from `sd` (the base's tensors by name: at least block u's)."""
     ad, pre = trainer.adapters, _prefix(trainer.model)
     transposed = {p.module: p.transposed for p in ad.modules}
-    with torch.no_grad():
-        for u in ad.blocks:
-            for module, (a, b) in ad.weights(u).items():
-                name = f"{pre}{u}.{module}.weight"
-                delta = (b.float() @ a.float()).cpu() * ad.scale                    # (out, in)
-                sd[name] = sd[name].float() + (delta.t() if transposed[module] else delta)
-    return sd
+    out = {}
+    for module, (a, b) in ad.weights(u).items():
+        name = f"{pre}{u}.{module}.weight"
+        delta = (b.float() @ a.float()).cpu() * ad.scale                    # (out, in)
+        out[name] = sd[name].float() + (delta.t() if transposed[module] else delta)
+    return out
 
 
 def adapter_config(trainer, base_model: str | None) -> dict:

@@ -28,7 +28,7 @@ from horizon_exec.runtime.admission import admit
 from horizon_exec.runtime.buffers import BufferTable
 from horizon_exec.runtime.config import OptimizerConfig, TrainerConfig
 from horizon_exec.runtime.engine import RUN_LANES, Engine
-from horizon_exec.runtime.master import Master
+from horizon_exec.runtime.master import Master, viewless_master
 from horizon_exec.runtime.ops import OpRunner
 from horizon_exec.runtime.store import HostStore
 from horizon_sim.errors import HorizonError
@@ -138,10 +138,11 @@ def assemble(model: ModelSpec, policy: Policy, config: TrainerConfig, sched, dis
                       backend=backend, adamw=adamw, dist=dist, disk=disk, seed=config.seed,
                       temporaries=rt.temporaries_for(model, policy))
     master = Master(store, sched, runner, dist, policy.split_master and not policy.adapters, disk,
-                    frozen=policy.adapters)
-    units = tuple(b.unit for b in sched.of(master.holds if policy.adapters else Holds.MOMENTS))
+                    frozen=policy.adapters, quant=runner.quant)
+    units = tuple(sorted(b.unit for b in [*sched.of(Holds.BASE_WEIGHTS), *sched.of(Holds.QUANT_BASE)])) \
+        if policy.adapters else tuple(b.unit for b in sched.of(Holds.MOMENTS))
     params = {}
-    if dist.layout.nodes == 1 and (policy.adapters or not policy.split_master):  # the whole master is in this store
+    if dist.layout.nodes == 1 and not viewless_master(policy):  # the whole master is in this store, as views
         for u in units:
             lay = host_layout(model, u)
             params.update(lay.views(store.of(master.holds, u)[:lay.numel]))

@@ -12,9 +12,18 @@ from horizon_sim.schedule.op import Space
 from horizon_sim.schedule.partition import Part
 
 
+def viewless_master(policy) -> bool:
+    """The master is not held as views of whole units (a split master: high and low halves; a
+    quantized base: packed blocks): it is read and written a unit at a time, through Master."""
+    return policy.split_master or policy.quantized_base
+
+
 class Master:
-    def __init__(self, store, sched, runner, dist, split: bool, disk=None, frozen: bool = False):
+    def __init__(self, store, sched, runner, dist, split: bool, disk=None, frozen: bool = False, quant=None):
         self.store, self.sched, self.runner, self.dist, self.split = store, sched, runner, dist, split
+        # a quantized frozen base (Policy.base_quant; model/quant.QuantUnit): its blocks are packed
+        # when written and dequantized (to fp32, a copy) when read
+        self.quant = quant
         # a frozen base (adapters) is its own master: the weights in the compute dtype, read and
         # written as fp32 here (cast), never updated by a step
         self.holds = Holds.BASE_WEIGHTS if frozen else Holds.MASTER
@@ -47,6 +56,9 @@ class Master:
         master on several nodes; a split master's high halves (the whole working copy: every
         node streams the whole unit) and its low halves."""
         n, whole = whole.numel(), whole.contiguous()
+        if self._quantized(u):
+            self.quant.pack_(self.store.of(Holds.QUANT_BASE, u), whole)
+            return
         if not self.split:
             dst = self.store.of(self.holds, u)
             if self.dist.layout.nodes == 1:
@@ -63,6 +75,15 @@ class Master:
         split_(whole, hi[:n], low)
         self._keep_node_chunks(u, low, lo)
 
+    def _quantized(self, u: int) -> bool:
+        return self.quant is not None and self.store.has(Holds.QUANT_BASE, u)
+
+    def _dequantized(self, u: int) -> torch.Tensor:
+        """A quantized block as fp32 (a copy)."""
+        out = torch.empty(sum(t.numel for t in self.quant.layout))
+        self.quant.unpack_(out, self.store.of(Holds.QUANT_BASE, u))
+        return out
+
     def _keep_node_chunks(self, u: int, whole: torch.Tensor, dst: torch.Tensor) -> None:
         """The node's chunks of a whole unit's buffer -> dst, the node's buffer of them."""
         padded = torch.zeros(self.runner.partition(u).padded, dtype=whole.dtype)
@@ -72,7 +93,10 @@ class Master:
 
     def node(self, u: int) -> torch.Tensor:
         """Unit u's fp32 master as the node's store holds it (the node's chunks when data
-        parallel: what a checkpoint saves): a view, or a split master joined (a copy)."""
+        parallel: what a checkpoint saves): a view, or a split master joined or a quantized block
+        dequantized (a copy)."""
+        if self._quantized(u):
+            return self._dequantized(u)
         if not self.split:
             return self.store.of(self.holds, u)
         hi, lo = self._halves(u)
@@ -86,6 +110,8 @@ class Master:
     def set_node(self, u: int, t: torch.Tensor) -> None:
         """node(u) <- t (node leader; the working copy's other nodes' chunks are gathered by
         the trainer's working-copy refresh)."""
+        if self._quantized(u):
+            return self.write_whole(u, t)
         if not self.split:
             self.store.of(self.holds, u).copy_(t)
             return
@@ -108,6 +134,8 @@ class Master:
 
     def local_whole(self, u: int, numel: int) -> torch.Tensor:
         """One node's whole unit as fp32 (a copy), its first `numel` elements (the padding off)."""
+        if self._quantized(u):
+            return self._dequantized(u)[:numel]
         if self.split:
             hi, lo = self._halves(u)
             return join(hi[:numel], lo[:numel])

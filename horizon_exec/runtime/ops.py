@@ -115,6 +115,10 @@ class OpRunner:
         if policy.adapters:
             from horizon_exec.runtime.adapters import DeviceAdapters
             self.adapters = DeviceAdapters(model, policy, buffers)
+        self.quant = None  # a quantized frozen base (Policy.base_quant): its blocks' packing (model/quant.py)
+        if policy.quantized_base:
+            from horizon_exec.model.quant import QuantUnit
+            self.quant = QuantUnit(model, policy.base_quant, policy.compute_dtype)
         self._g32 = None  # host scratch: a host grad in the master dtype (optimizer lane only)
         self.inputs: StepInputs | None = None
         self.outputs: StepOutputs | None = None
@@ -318,8 +322,16 @@ class OpRunner:
 
     def load_weights(self, op):
         """The slot[:n] <- concatenation of the op's sources (working copies or masters, cast
-        to the compute dtype on the device)."""
+        to the compute dtype on the device); a quantized base's block: its bytes, then
+        dequantized on the device into the slot (on this lane: a CUDA copy stream orders the
+        kernels after the bytes land)."""
         slot = self.buf.get(op.writes[0])
+        if self.buf.declared[op.reads[0]].holds == Holds.QUANT_BASE:
+            src = self.buf.get(op.reads[0])
+            staged = self.backend.empty(src.shape, torch.uint8)
+            self.backend.h2d(staged, src)
+            self.quant.unpack_(slot[:self.m.layer_params], staged)
+            return
         off = 0
         for name in op.reads:
             src = self.buf.get(name)[:self.shared_numel(self.buf.declared[name].unit, op.unit)]  # not the padding

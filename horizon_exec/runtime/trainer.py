@@ -65,6 +65,7 @@ from horizon_exec.model.layout import block_layout, host_final_norm_names, host_
 from horizon_exec.optim.adamw import check_hyper
 from horizon_exec.runtime.assemble import assemble, optimizer_for, schedule_for
 from horizon_exec.runtime.config import TrainerConfig
+from horizon_exec.runtime.master import viewless_master
 from horizon_exec.model.adapters import AdaptedWeights
 from horizon_exec.runtime.nonfinite import NonFiniteGuard
 from horizon_exec.runtime.ops import StepInputs
@@ -142,9 +143,10 @@ class Trainer:
 
     # ---- weights by name (weights.py) -------------------------------------------------------
     @property
-    def split_master(self) -> bool:
-        """The master is its working copy's high halves + low halves (policy split_master)."""
-        return self.policy.split_master
+    def viewless_master(self) -> bool:
+        """The master is not views of whole units (a split master; a quantized base: master.py):
+        it is read and written a unit at a time (gather_master, Master.write_whole)."""
+        return viewless_master(self.policy)
 
     def init_weights(self, seed: int) -> None:
         """transformers-style init from `seed` (Weights.init), then the working copy; with
@@ -379,8 +381,8 @@ class Trainer:
         self.flush()
         m, p = self.model, self.policy
         dev, act = self.backend.device, TORCH_DTYPE[p.compute_dtype]
-        params = self._params if not self.split_master else {}
-        if self.split_master:  # the embedding and the head, joined (a block is joined when it runs)
+        params = self._params if not self.viewless_master else {}
+        if self.viewless_master:  # the embedding and the head, joined (a block is joined when it runs)
             for u in (EMBED, m.n_layers):
                 params.update(host_layout(m, u).views(self.gather_master(u)))
         names = family(m.family)

@@ -7,6 +7,7 @@ import torch
 
 from horizon_exec.model.layout import host_layout
 from horizon_sim.errors import HorizonError
+from horizon_exec.runtime.master import viewless_master
 from horizon_sim.schedule import Holds
 
 
@@ -16,6 +17,7 @@ class Weights:
     def __init__(self, model, policy, dist, runtime):
         self.model, self.dist = model, dist
         self.split_master = policy.split_master  # (False with adapters: Policy resolves it so) the master is the working copy's high halves + low halves
+        self.viewless = viewless_master(policy)  # no views of whole units: read and written through Master
         self.store, self.master, self.runner = runtime.store, runtime.master, runtime.runner
         self.units, self._params = runtime.units, runtime.params
 
@@ -28,7 +30,7 @@ class Weights:
         if self.dist.is_leader:
             for u in self.units:
                 lay = host_layout(self.model, u)
-                in_place = self.dist.layout.nodes == 1 and not self.split_master
+                in_place = self.dist.layout.nodes == 1 and not self.viewless
                 whole = self.store.of(self.master.holds, u)[:lay.numel] if in_place else torch.empty(lay.numel)
                 for name, t in lay.views(whole).items():
                     if name.endswith("norm.weight"):
@@ -87,7 +89,7 @@ class Weights:
 
     def unit_master(self, u: int) -> torch.Tensor:
         """Unit u's fp32 master on one node: a view of the store, or a split master joined."""
-        return self.gather_master(u) if self.split_master else self.store.of(self.master.holds, u)
+        return self.gather_master(u) if self.viewless else self.store.of(self.master.holds, u)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Master weights by transformers names: views into the host store (no lm_head.weight
@@ -96,7 +98,7 @@ class Weights:
         if self.dist.layout.nodes > 1:
             raise HorizonError(f"the master is sharded over {self.dist.layout.nodes} nodes: no process holds it whole "
                                "(gather a unit with Trainer.gather_master)")
-        if self.split_master:  # no fp32 tensor to view: joined copies, a unit at a time
+        if self.viewless:  # no fp32 tensor to view: joined (dequantized) copies, a unit at a time
             out = {}
             for u in self.units:
                 out.update(host_layout(self.model, u).views(self.gather_master(u)))
@@ -115,7 +117,7 @@ class Weights:
         if self.dist.is_leader:  # the node's one copy
             for u in self.units:
                 lay = host_layout(self.model, u)
-                if self.split_master:
+                if self.viewless:
                     whole = torch.empty(lay.numel)
                     for name, t in lay.views(whole).items():
                         t.copy_(sd[name])

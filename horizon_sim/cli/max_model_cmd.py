@@ -2,6 +2,9 @@
 import argparse
 import json
 
+from horizon_sim.plan.max_model import WIDTHS
+from horizon_sim.schedule.limits import MAX_LAYERS
+from horizon_sim.specs.quant import QUANT_FORMATS
 from horizon_sim.cli.tune_cmd import add_hardware_args, add_run_args, format_table, hardware_from_args, positive
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.policy import Policy
@@ -47,6 +50,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-targets", default=Policy().lora_targets, metavar="NAMES",
                    help="with --lora-rank: the block projections that get adapters, by module name "
                         "(comma-separated) (default all-linear)")
+    p.add_argument("--base-quant", choices=QUANT_FORMATS, default="none",
+                   help="with --lora-rank: the frozen base's blocks stored as nf4 (4-bit, QLoRA's) or int8 on the host "
+                        "(default none: bf16)")
     add_run_args(p)
 
 
@@ -68,6 +74,7 @@ def run(a: argparse.Namespace) -> int:
         raise HorizonError(f"--policies does not apply with --lora-rank {a.lora_rank}: the policy sets change the "
                            "full fine-tuning's host update, which a frozen base has not; drop one")
     base = Policy.from_choices(batch=a.batch, seq=a.seq, lora_rank=a.lora_rank, lora_targets=a.lora_targets,
+                               base_quant=a.base_quant,
                                optimizer=None)
     res = max_model(hw, base=base, policies=a.policies, workers=a.workers,
                     progress=not a.quiet, kind="moe" if a.moe else "dense")
@@ -99,6 +106,9 @@ def run(a: argparse.Namespace) -> int:
         nb = res.next_bigger
         print(f"  next bigger candidate {nb.candidate.model.name} ({nb.candidate.params / 1e9:.1f}B) "
               f"does not fit: {nb.why}")
+    else:  # the candidates end here: the machine may train bigger still
+        print("  the largest candidate, and it fits: bigger models are not among the candidates (widths up to "
+              f"{WIDTHS[-1]:,}, depths up to {MAX_LAYERS} layers), so this is a lower bound")
     lp = res.largest_preset
     if lp is not None and lp is not b:
         print(f"  largest preset that fits: {lp.candidate.model.name} ({lp.candidate.params / 1e9:.1f}B), "

@@ -2,6 +2,7 @@
 import argparse
 
 from horizon_sim.errors import HorizonError
+from horizon_sim.specs.quant import QUANT_FORMATS
 from horizon_sim.specs.policy import (CKPT_PLACES, DISK_TIERS, DTYPES, HOST_UPDATE_FIELDS, KEEP_ALL, LORA_ALL,
                                       LOSS_KERNELS, MASTER_CHOICES, MASTER_ROUNDINGS, MB_ORDERS, OPTIMIZER_MODES, Policy)
 
@@ -130,6 +131,11 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
     g.add_argument("--lora-alpha", type=float, default=defaults.lora_alpha, metavar="A",
                    help="with --lora-rank: the adapters' output is scaled by A / R, as peft's lora_alpha (default "
                         f"{defaults.lora_alpha:g}, peft's; the planner's figures do not depend on it)")
+    g.add_argument("--base-quant", choices=QUANT_FORMATS, default=defaults.base_quant,
+                   help="with --lora-rank: the frozen base's blocks on the host and over the link as 'nf4' (QLoRA's "
+                        "4-bit NormalFloat with double quantization, about 0.52 bytes a parameter) or 'int8' (about "
+                        "1 byte), dequantized on the device as each block loads; the embedding, head, norms and an "
+                        "MoE router stay in the compute dtype (default none: the compute dtype)")
     g.add_argument("--doc-tokens", type=int, default=0, metavar="N",
                    help="with --doc-masks: mean document length, for model FLOPs and MFU (default: "
                         "--seq; horizon train measures it from the data)")
@@ -145,7 +151,8 @@ def policy_to_args(p: Policy) -> dict:
             "states_dtype": p.states_dtype, "grad_dtype": p.grad_dtype, "no_working_copy": not p.working_copy,
             "disk_tier": p.disk_tier, "doc_masks": p.doc_masks, "max_host_grads": p.max_host_grads,
             "doc_tokens": p.doc_tokens, "loss_chunk_tokens": p.loss_chunk_tokens, "loss_kernel": p.loss_kernel,
-            "lora_rank": p.lora_rank, "lora_targets": p.lora_targets, "lora_alpha": p.lora_alpha}
+            "lora_rank": p.lora_rank, "lora_targets": p.lora_targets, "lora_alpha": p.lora_alpha,
+            "base_quant": p.base_quant}
 
 
 _FIELD_DEST = {"split_master": "master_dtype", "working_copy": "no_working_copy"}
@@ -188,6 +195,7 @@ def policy_from_args(a: argparse.Namespace, hw=None) -> Policy:
                                loss_kernel=getattr(a, "loss_kernel", None),
                                lora_rank=getattr(a, "lora_rank", 0), lora_targets=getattr(a, "lora_targets", LORA_ALL),
                                lora_alpha=getattr(a, "lora_alpha", _D.lora_alpha),
+                               base_quant=getattr(a, "base_quant", "none"),
                                cpu_backend=hw is not None and is_cpu_backend(hw))
 
 

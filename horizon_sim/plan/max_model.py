@@ -27,6 +27,7 @@ from horizon_sim.plan.advice import BOUNDED_HOST_GRADS
 from horizon_sim.plan.outcome import Outcome
 from horizon_sim.plan.runner import Runner
 from horizon_sim.schedule.limits import MAX_LAYERS
+from horizon_sim.specs.quant import base_bytes
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.model_presets import PRESETS
@@ -107,8 +108,8 @@ def host_lower_bound(model: ModelSpec, policy: Policy, hw: HardwareSpec) -> int:
     """Host bytes a node cannot go below: its share of the master weights and Adam moments
     (1/M of them on M nodes; the moments not when on disk), the working copy, a runtime per device."""
     c = hw.cluster
-    if policy.adapters:  # the frozen base in the compute dtype, nothing else
-        return (model.total_params * DTYPE_BYTES[policy.compute_dtype]
+    if policy.adapters:  # the frozen base (in the compute dtype, or its blocks quantized), nothing else
+        return (base_bytes(model, policy.base_quant, policy.compute_dtype)
                 + c.layout.devices_per_node * int(hw.host.runtime_overhead_GiB * GiB))
     state = policy.master_bytes + (0 if policy.disk_tier != "none" else 2 * DTYPE_BYTES[policy.states_dtype])
     wc = DTYPE_BYTES[policy.compute_dtype] if policy.working_copy else 0

@@ -99,6 +99,7 @@ class BuildConfig:
     adapters_machines: tuple = (("h200", "1TB"), ("rtx-4090", "192GB"), ("h100-pcie", "512GiB"))
     adapters_policy: Policy = Policy(lora_rank=16, optimizer="after")
     adapters_full_policy: Policy = Policy()
+    adapters_bases: tuple = ("none", "nf4")  # Policy.base_quant of the rows per machine
     """Section 12: the machines issue 42 names; LoRA against full fine-tuning (max-model's lean set)."""
 
 FULL = BuildConfig()

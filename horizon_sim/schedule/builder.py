@@ -49,6 +49,7 @@ from horizon_sim.specs.families import family
 from horizon_sim.specs.layout import ONE, Layout
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import DTYPE_BYTES, Policy
+from horizon_sim.specs import quant
 
 PENDING_D2H = 2
 """Device->host transfers that free device memory allowed in flight before the compute lane
@@ -240,6 +241,13 @@ class TrainStepBuilder(StepBuilder):
         units = [u] + ([EMBED] if u == self.head and self.model.tied_embeddings else [])
         for v in units:
             self.place_optimizer("load", v)
+        if b.quantized(u):  # a quantized base: its bytes cross, then the device dequantizes them into the slot
+            a = DTYPE_BYTES[p.compute_dtype]
+            self.emit(OpKind.LOAD_WEIGHTS, u, m, slot=int(b.buffers[slot].layer), reads=[b.weights_of(u)],
+                      writes=[slot], link_bytes=b.quant_bytes, params=quant.quantized_params(self.model),
+                      hbm_bytes=quant.dequant_traffic_bytes(self.model, p.base_quant, a),
+                      workspace_bytes=quant.dequant_workspace_bytes(self.model, p.base_quant, p.compute_dtype))
+            return
         cast_on_device = not b.has_copy and p.master_dtype != p.compute_dtype
         elem = DTYPE_BYTES[p.master_dtype] if cast_on_device else DTYPE_BYTES[p.compute_dtype]
         self.emit(OpKind.LOAD_WEIGHTS, u, m, slot=int(b.buffers[slot].layer), reads=[b.weights_of(v) for v in units],

@@ -7,6 +7,7 @@ from horizon_sim.schedule.partition import Part, Partition
 from horizon_sim.specs.layout import ONE, Layout
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
+from horizon_sim.specs.quant import unit_bytes
 
 
 def shard(n: int, k: int) -> int:
@@ -166,6 +167,9 @@ class Declarations:
         base's weights alone."""
         n, part, p, sh = self.unit_label(u), self.partition(u), self.p, self.shared
         if self.adapters:  # (data parallel: one copy per node, mapped by its ranks)
+            if self.quantized(u):
+                return [self.declare(f"qbase.{n}", Space.HOST, Holds.QUANT_BASE, (self.quant_bytes,), "uint8", True,
+                                     "base", unit=u, node_shared=sh)]
             return [self.declare(f"base.{n}", Space.HOST, Holds.BASE_WEIGHTS, (part.padded,), p.compute_dtype, True,
                                  "base", unit=u, node_shared=sh)]
         # Several ranks: the node holds its ranks' chunks of the master and moments (each rank
@@ -196,6 +200,15 @@ class Declarations:
             out.append((store[0], self.declare(f"master_lo_stage.{label}", Space.HOST, Holds.MASTER_LOW_STAGE,
                                                self.buffers[store[0]].shape, "int16", role="disk_stages", unit=u)))
         return out
+
+    def quantized(self, u: int) -> bool:
+        """Unit u's base is stored quantized (Policy.base_quant: the blocks, not the embedding or the head)."""
+        return self.p.quantized_base and 0 <= u < self.head
+
+    @property
+    def quant_bytes(self) -> int:
+        """A quantized block's host buffer, in bytes (specs/quant.py)."""
+        return unit_bytes(self.m, self.p.base_quant, self.p.compute_dtype)
 
     def weights_of(self, u: int) -> str:
         """What a unit's weights load from: its working copy, else its master (adapters: the base)."""

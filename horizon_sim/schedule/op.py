@@ -114,6 +114,8 @@ class Holds(str, Enum):
     WORKING_COPY = "working_copy"        # (params,) the weights in the compute dtype
     BASE_WEIGHTS = "base_weights"        # (params,) a frozen base's weights in the compute dtype (adapters:
     #                                      the unit's whole host store)
+    QUANT_BASE = "quant_base"            # (bytes,) uint8 a frozen base's block stored quantized (Policy.base_quant:
+    #                                      specs/quant.py's regions), the block's whole host store
     GRAD_SQ = "grad_sq"                  # (1,) fp64 a unit's squared gradient norm
     GRAD_NORM = "grad_norm"              # (1,) fp64 the global gradient norm (data parallel: this
     #                                      rank's sum of squares until NORM_ALL_REDUCE)

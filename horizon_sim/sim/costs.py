@@ -38,6 +38,10 @@ traffic (read plus written), the bus's unit (HostSpec.dram_GBps):
                writes host memory: 2 x link_bytes of traffic at 2 x its link rate; a copy
                into a temporary mapped for it (Op.fault_bytes) first writes those fresh pages
                at the host's first_touch_GBps on a host core
+  dequantize   a load of a quantized base (Policy.base_quant) then dequantizes it on the device:
+               its quantized parameters (Op.params) at the measured dequant_ns_per_param of the
+               format, else hbm_bytes (specs/quant.dequant_traffic_bytes) at the elementwise
+               rate, after its kernels' launches (a host thread's work on the CPU backend)
   grad norm    an offload that also writes a squared norm reduces the gradient where it lies:
                a pass over link_bytes at the reduction bandwidth (reduce_GBps, else elementwise_GBps, else hbm_GBps;
                a host pass when cpu_driven)
@@ -66,6 +70,10 @@ from horizon_sim.specs.hardware import HardwareSpec, tracked_kind, tracks_every_
 _IDW_POWER = 4.0  # inverse-distance weights in log2 space: the nearest measured shapes dominate
 _IDW_NEIGHBOURS = 8  # the corners of a grid cell around a shape inside the grid
 
+
+DEQUANT_KERNELS = 8
+"""Kernels a load launches to dequantize a block's base (horizon_exec/model/quant.py: each
+quantized tensor's few, per chunk); the fixed part of the dequantization's time."""
 
 COPY_TRAFFIC = 2.0
 """DRAM traffic per byte a CPU thread copies: it reads the source and writes the destination."""
@@ -166,6 +174,7 @@ class CostModel:
         self.loss_s_per_logit = {"torch": d.loss_ns_per_logit * 1e-9,
                                  "fused": d.fused_loss_ns_per_logit * 1e-9}  # by Policy.loss_kernel
         self.launch_s = d.launch_overhead_us * 1e-6
+        self.dequant_ns = dict(d.dequant_ns_per_param)  # format -> ns a quantized parameter
         self.overhead_us = dict(d.op_overhead_us)
         self.gemm = rate_table(d.gemm_TFLOPs, compute_dtype, 2)
         self._gemm_tables: dict = {}  # other dtypes' (the adapters' fp32 GEMMs), made on first use
@@ -362,6 +371,9 @@ class CostModel:
             out = [Flow(op.copies * self.link_latency_s, k * op.link_bytes, k * cap, core=cpu)]
             if op.fault_bytes:  # the fresh temporary the copy lands in, before the copy can run
                 out.append(Flow(0.0, op.fault_bytes, self.first_touch_Bps, core=True))
+            if op.hbm_bytes:  # a quantized base dequantized on the device once its bytes landed
+                out.append(Flow(self.launch_s * DEQUANT_KERNELS, op.hbm_bytes, self._dequant_Bps(op), core=cpu,
+                                dram=cpu))
             if op.reduce_bytes:  # ||g||^2 of the gradient while it is still on the device
                 out.append(Flow(0.0, op.reduce_bytes, self.reduce_Bps, core=cpu, dram=cpu))
             if op.host_bytes:  # accumulating a micro-batch's grads into the fp32 host buffer
@@ -378,6 +390,12 @@ class CostModel:
             return [Flow(self.host_latency_s, op.host_bytes, self.adam_params_per_s * bytes_per_param,
                          core=True)]
         return [Flow(self.host_latency_s + op.fixed_us * 1e-6, op.host_bytes, self.thread_Bps, core=True)]
+
+    def _dequant_Bps(self, op: Op) -> float:
+        """The rate a load's dequantization moves its bytes (hbm_bytes) at: from the measured time
+        per quantized parameter (op.params of them) of the policy's format, else the elementwise rate."""
+        ns = self.dequant_ns.get(self.policy.base_quant) if self.policy is not None else None
+        return op.hbm_bytes / (op.params * ns * 1e-9) if ns and op.params else self.hbm_Bps
 
     def busy_latency_s(self, op: Op) -> float:
         """Extra fixed cost of a non-compute op that starts while the compute lane is busy."""

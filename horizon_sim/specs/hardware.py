@@ -39,7 +39,7 @@ def _check_range(part: str, field: str, v) -> None:
         raise HorizonError(f"{part} {field}={v!r} {why}")
 
 
-TABLE_KEYS = {"dtype": ("bf16", "fp32"), "layout": ("nt", "nn", "tn")}
+TABLE_KEYS = {"dtype": ("bf16", "fp32"), "layout": ("nt", "nn", "tn"), "format": ("nf4", "int8")}
 """The values a key column may hold; op_overhead_us's `kind` takes an op kind, head_chunk or one
 of MOE_OVERHEAD_KINDS, ADAPTER_OVERHEAD_KINDS or TRACKED_OVERHEAD_KINDS."""
 MOE_OVERHEAD_KINDS = tuple(f"{k}_{what}" for k in ("forward", "recompute", "backward") for what in ("router", "expert"))
@@ -185,6 +185,12 @@ class DeviceSpec:
     """The same for the CPU backend's fused loss kernel (Policy.loss_kernel 'fused',
     native/xent.c), nanoseconds. 0 (not measured, or a GPU): the head's elementwise bytes for
     that kernel / hbm_GBps."""
+    dequant_ns_per_param: tuple = ()
+    """Time to dequantize a quantized base (Policy.base_quant) per quantized parameter on the lane
+    that loads it (a GPU: a kernel on the copy stream; the CPU backend: one host-lane thread), rows
+    (FORMAT, NS), e.g. ('nf4', 2.1), nanoseconds: the executor's kernels (horizon_exec/model/quant.py)
+    gather codes from tables, which a byte count does not price. A format not listed: its bytes
+    (specs/quant.dequant_traffic_bytes) at the elementwise rate."""
     op_overhead_us: tuple = ()
     """Measured fixed cost per compute op kind, rows (KIND, US): the Python dispatch of every
     kernel of the op, its memory tracking, launches and gaps, e.g. ('backward', 4200.0);
@@ -227,6 +233,7 @@ class DeviceSpec:
         _check_table(self, "device", "masked_attention_TFLOPs", ("dtype", "SEQ", "HEAD_DIM", "FWD", "BWD"))
         _check_table(self, "device", "softcap_attention_TFLOPs", ("dtype", "SEQ", "HEAD_DIM", "FWD", "BWD"))
         _check_table(self, "device", "op_overhead_us", ("kind", "US"))
+        _check_table(self, "device", "dequant_ns_per_param", ("format", "NS"))
         if not isinstance(self.compute_threads, int) or isinstance(self.compute_threads, bool) \
                 or not 0 <= self.compute_threads <= 1 << 20:
             raise HorizonError(f"device compute_threads={self.compute_threads!r} must be a whole number >= 0")

@@ -4,6 +4,7 @@ from dataclasses import dataclass, asdict
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.from_dict import spec_from_dict
+from horizon_sim.specs.quant import QUANT_FORMATS
 
 OPTIMIZER_MODES = ("after", "backward", "pipelined")
 DISK_TIERS = ("none", "moments", "moments+low")
@@ -153,6 +154,12 @@ class Policy:
     lora_alpha: float = _LORA_ALPHA
     """With lora_rank: the adapters' output is scaled by lora_alpha / lora_rank (peft's
     lora_alpha, and its default). The planner's figures do not depend on it."""
+    base_quant: str = "none"
+    """With lora_rank: how the frozen base's blocks are stored on the host and cross the link
+    (specs/quant.py): 'none' in the compute dtype; 'nf4' QLoRA's 4-bit NormalFloat with double
+    quantization (~0.52 bytes a quantized parameter); 'int8' 8 bits a parameter with a scale a
+    row. The device dequantizes each block into its slot as it loads; the embedding, the head,
+    norms, biases and an MoE router stay in the compute dtype."""
 
     def __post_init__(self):
         self._resolve_master()
@@ -238,7 +245,12 @@ class Policy:
         a = self.lora_alpha
         if not isinstance(a, (int, float)) or isinstance(a, bool) or not math.isfinite(a) or a <= 0:
             raise HorizonError(f"policy lora_alpha={a!r} must be a positive number (the adapters' scale is alpha / rank)")
+        if self.base_quant not in QUANT_FORMATS:
+            raise HorizonError(f"policy base_quant={self.base_quant!r}; allowed: {', '.join(QUANT_FORMATS)}")
         if not r:
+            if self.base_quant != "none":
+                raise HorizonError(f"policy base_quant={self.base_quant!r} quantizes a frozen base; give lora_rank too "
+                                   "(--lora-rank R): a base that trains needs its full-precision master")
             if a != _LORA_ALPHA:
                 raise HorizonError(f"policy lora_alpha={a!r} scales adapters; give lora_rank too (--lora-rank R)")
             if t != LORA_ALL:
@@ -256,6 +268,17 @@ class Policy:
     def lora_scale(self) -> float:
         """What the adapters' output is multiplied by: lora_alpha / lora_rank (peft's scaling)."""
         return self.lora_alpha / self.lora_rank
+
+    @property
+    def quantized_base(self) -> bool:
+        """The frozen base's blocks are stored quantized (base_quant nf4 or int8)."""
+        return self.base_quant != "none"
+
+    @property
+    def base_form(self) -> str:
+        """How a frozen base is held on the host, in words (the policy lines of plan and train)."""
+        return (f"{self.base_quant} blocks (the embedding and head in {self.compute_dtype})" if self.quantized_base
+                else self.compute_dtype)
 
     @property
     def adapters(self) -> bool:

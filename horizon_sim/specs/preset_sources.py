@@ -17,7 +17,7 @@ PRICED = {
     "device": ("hbm_GiB", "bf16_TFLOPs", "fp32_TFLOPs", "hbm_GBps", "matmul_efficiency", "reserved_GiB",
                "library_workspace_MiB", "launch_overhead_us", "gemm_TFLOPs", "attention_TFLOPs",
                "masked_attention_TFLOPs", "softcap_attention_TFLOPs", "elementwise_GBps", "loss_ns_per_logit",
-               "op_overhead_us"),
+               "op_overhead_us", "dequant_ns_per_param"),
     "link": ("h2d_GBps", "d2h_GBps", "latency_us", "pageable_GBps"),
     "host": ("dram_GBps", "cores", "adam_Gparams_per_s", "deepspeed_adam_Gparams_per_s", "first_touch_GBps", "os_reserved_GiB",
              "runtime_overhead_GiB"),
@@ -45,6 +45,9 @@ DEFAULTS: dict[str, str] = {
                                "(an H200 measured 54% of its peak for the executor's kernels: optimistic)",
     "device.loss_ns_per_logit": "estimate: none measured: the head's loss priced as elementwise bytes",
     "device.op_overhead_us": "estimate: no table: every op costs launch_overhead_us",
+    "device.dequant_ns_per_param": "estimate: none measured on a GPU: a quantized base's dequantization priced "
+                                   "as the bytes the executor's kernels move at the elementwise rate "
+                                   "(horizon_sim/specs/quant.py dequant_traffic_bytes)",
     "host.deepspeed_adam_Gparams_per_s": "measured: 0, the host's adam_Gparams_per_s: DeepSpeedCPUAdam ran at "
                                          "Horizon's AdamW rate on this project's EPYC (1.70 / 1.91 G params/s on 1 / "
                                          "2 threads, benchmarks/adam_rates.py); no published figure for this host",

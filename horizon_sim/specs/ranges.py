@@ -68,6 +68,7 @@ TABLE_CELLS = {
     "SEQ": (1, 1 << 40), "HEAD_DIM": (1, 1 << 16),
     "TFLOPS": (RATE_MIN, 1e12), "FWD": (RATE_MIN, 1e12), "BWD": (RATE_MIN, 1e12),
     "US": (RATE_MIN, 1e9),                                    # a fixed cost per op: up to 1000 s
+    "NS": (RATE_MIN, 1e9),                                    # a time per parameter (dequant_ns_per_param)
     "THREADS": (1, 1 << 20), "ALONE": (RATE_MIN, 1e6), "SHARED": (RATE_MIN, 1e6),  # thread_speed
     "GEMM": (RATE_MIN, 1e6), "ATTENTION": (RATE_MIN, 1e6), "ELEMENTWISE": (RATE_MIN, 1e6),  # thread_kernel_speed
 }

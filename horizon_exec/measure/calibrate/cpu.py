@@ -15,7 +15,8 @@ from horizon_exec.measure.calibrate.host import (bus_capacity_GBps, os_reserved_
                                          measure_shared_cores, ram_GiB)
 from horizon_exec.measure.calibrate.kernels import (attention_grid, fp32_gemm_shapes, gemm_rates,
                                             gemm_shapes, gemm_times,
-                                            measure_attention, measure_cpu_loss_figures, measure_elementwise,
+                                            measure_attention, measure_cpu_loss_figures, measure_dequant_ns,
+                                            measure_elementwise,
                                             slope_GBps)
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, MOE_EXPERTS, MOE_POLICY, TINY, TINY_POLICY,
                                               LORA_POLICY, TinyProbe, adapter_overheads, head_chunk_us, measured_rows,
@@ -90,7 +91,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     sample_tiny()
     attn_pts = attention_grid(quick, "cpu")
     R: dict = {"attn": {p: [] for p in attn_pts}, "mattn": {p: [] for p in attn_pts}, "elem": [], "h2d": [], "d2h": [], "thread": [],
-               "reduce": [], "adam": [], "slowdown": [], "loss": []}
+               "reduce": [], "adam": [], "slowdown": [], "loss": [], "dequant": []}
     layer_bytes = 4 * 2**20 if not quick else 2**20
     for r in range(rounds):
         prog.step(f"round {r + 1}/{rounds}: GEMM grid (cold operands), attention kernels, elementwise "
@@ -111,6 +112,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         R["thread"].append(host(lambda: measure_accumulate_GBps(layer_bytes // 2)))
         R["reduce"].append(host(lambda: measure_reduce_GBps(layer_bytes // 2)))
         R["adam"].append(host(lambda: measure_adam_Gparams(2**21 if not quick else 2**19, quick)))
+        R["dequant"].append(host(lambda: measure_dequant_ns(2**22 if not quick else 2**20)))  # a load's lane
         sample_tiny()
         R["slowdown"].append(compute_slowdown(backend, quick))
         g = gemm_rates(gemm_visits[-1:])
@@ -137,6 +139,8 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         reserved_GiB=0.0, launch_overhead_us=0.0, reduce_GBps=mean_rate(R["reduce"]),
         loss_ns_per_logit=statistics.mean(t for t, _ in R["loss"]),
         fused_loss_ns_per_logit=statistics.mean(f for _, f in R["loss"]),
+        dequant_ns_per_param=tuple((fmt, statistics.mean(dict(r)[fmt] for r in R["dequant"]))
+                                   for fmt, _ in R["dequant"][0]),
         gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn), masked_attention_TFLOPs=tuple(mattn))
     slowdown = statistics.mean(R["slowdown"])
     link = LinkSpec(name="cpu-threads", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=0.0, pageable_GBps=h2d,

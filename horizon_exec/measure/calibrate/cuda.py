@@ -20,8 +20,8 @@ from horizon_exec.measure.calibrate.disk import disk_host_fields
 from horizon_exec.measure.calibrate.host import (bus_capacity_GBps, measure_accumulate_GBps, measure_adam_Gparams,
                                                  measure_bus_GBps, os_reserved_GiB, ram_GiB)
 from horizon_exec.measure.calibrate.kernels import (ColdOperands, attention_calls, attention_grid, fp32_gemm_shapes,
-                                            gemm_shapes, measure_elementwise, measure_loss_ns_per_logit,
-                                            slope_GBps)
+                                            gemm_shapes, measure_dequant_ns, measure_elementwise,
+                                            measure_loss_ns_per_logit, slope_GBps)
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, LORA_POLICY, MOE_EXPERTS, MOE_POLICY, TINY,
                                                       TINY_POLICY, adapter_overheads, head_chunk_us, measured_rows, moe_overheads, op_overheads, tiny_moe,
                                                       tiny_op_times)
@@ -192,6 +192,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
     elem = slope_GBps(measure_elementwise(torch.bfloat16, dev_t, quick, sync,
                                           sizes=((2, 512), (8, 512)) if quick else ((8, 1024), (32, 1024))))
     loss_ns = measure_loss_ns_per_logit(32768, 4096, torch.bfloat16, dev_t, sync)
+    dequant = measure_dequant_ns(2**26 if not quick else 2**24, dev_t, sync)  # a quantized base's loads
 
     prog.step("link: pinned and pageable h2d/d2h bandwidth, latency")
     n = 256 * 2**20 if not quick else 32 * 2**20
@@ -230,7 +231,7 @@ def _calibrate_on(device, dev_t, quick, model, policy, say, rounds, disk) -> Har
                          fp32_TFLOPs=max(preset.fp32_TFLOPs, fp32_best) if preset else fp32_best,
                          hbm_GBps=elem, default_link="calibrated", matmul_efficiency=min(1.0, bf16_best / peak),
                          reserved_GiB=not_ours / GiB + 0.5, library_workspace_MiB=library_ws / MiB,
-                         launch_overhead_us=lat, loss_ns_per_logit=loss_ns,
+                         launch_overhead_us=lat, loss_ns_per_logit=loss_ns, dequant_ns_per_param=dequant,
                          gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn),
                          masked_attention_TFLOPs=tuple(mattn), softcap_attention_TFLOPs=tuple(sattn))
     link = LinkSpec(name="calibrated", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=lat, pageable_GBps=pg)

@@ -222,6 +222,21 @@ def measure_loss_ns_per_logit(vocab: int = 8192, chunk: int = 256, dtype=torch.b
     return max(loss_s - copy_s, 0.0) / (chunk * vocab) * 1e9
 
 
+def measure_dequant_ns(numel: int, device="cpu", sync=None, reps: int = 3) -> tuple[tuple[str, float], ...]:
+    """dequant_ns_per_param: nanoseconds per parameter of the executor's dequantization of a
+    quantized base (model/quant.py), each format, into bf16, on a (numel // 4096, 4096) matrix
+    (at least a chunk's worth on a GPU, where launches would dominate a small one)."""
+    from horizon_exec.model import quant as Q
+    w = torch.randn(max(1, numel // 4096), 4096, device=device) * 0.02
+    out = torch.empty(w.numel(), dtype=torch.bfloat16, device=device)
+    rows = []
+    for fmt, quantize, run in (("nf4", Q.nf4_quantize, Q.nf4_dequantize_),
+                               ("int8", Q.int8_quantize, lambda o, r: Q.int8_dequantize_(o, r, 4096))):
+        r = quantize(w)
+        rows.append((fmt, median_time(lambda: run(out, r), min_s=0.02, min_reps=reps, sync=sync) / w.numel() * 1e9))
+    return tuple(rows)
+
+
 def measure_cpu_loss_figures(vocab: int, run) -> tuple[float, float]:
     """(loss_ns_per_logit, fused_loss_ns_per_logit) on the CPU, each measured through `run`
     (a lane wrapper: run(fn) -> fn()); the fused figure 0.0 where that kernel cannot be built."""

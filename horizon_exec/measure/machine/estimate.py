@@ -86,6 +86,7 @@ def cpu_estimate() -> HardwareSpec:
     thread = host(lambda: H.measure_accumulate_GBps(layer // 2))
     reduce = host(lambda: H.measure_reduce_GBps(layer // 2))
     adam = host(lambda: H.measure_adam_Gparams(2**19, True))
+    dequant = host(lambda: K.measure_dequant_ns(2**20))  # a quantized base's loads run on a host lane
     bus = H.measure_bus_GBps(8 * 2**20, sorted(set(backend.compute_cores) | set(backend.host_cores)))
     speeds = _thread_speeds(cpu_cores(), backend.compute_threads)
     from horizon_exec.measure.calibrate.kernel_threads import measure_kernel_speeds
@@ -101,7 +102,7 @@ def cpu_estimate() -> HardwareSpec:
                      hbm_GiB=ram, bf16_TFLOPs=bf16_best, fp32_TFLOPs=fp32_best, hbm_GBps=elem,
                      default_link="cpu-threads", matmul_efficiency=statistics.median(bf16.values()) / bf16_best,
                      reserved_GiB=0.0, launch_overhead_us=0.0, reduce_GBps=reduce, loss_ns_per_logit=loss,
-                     fused_loss_ns_per_logit=fused_loss,
+                     fused_loss_ns_per_logit=fused_loss, dequant_ns_per_param=dequant,
                      gemm_TFLOPs=tuple(gemm), attention_TFLOPs=tuple(attn), masked_attention_TFLOPs=tuple(mattn),
                      compute_threads=backend.compute_threads, thread_speed=speeds, thread_kernel_speed=kernel_speeds)
     link = LinkSpec(name="cpu-threads", h2d_GBps=h2d, d2h_GBps=d2h, latency_us=0.0, pageable_GBps=h2d,
