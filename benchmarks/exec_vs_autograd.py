@@ -69,7 +69,7 @@ from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, Runtim
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Holds, Lane, OpKind
 from horizon_sim.specs.model import ModelSpec
-from horizon_flags import add_horizon_flags, hardware_of, horizon_side
+from horizon_flags import add_shape_flags, add_horizon_flags, hardware_of, horizon_side
 
 
 class PlainLM(nn.Module):
@@ -218,13 +218,7 @@ def optimizer_rates(tr, reps):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--ffn", type=int, default=1376)
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=512)
+    add_shape_flags(ap)
     ap.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
     ap.add_argument("--warmup", type=int, default=2)
     add_horizon_flags(ap)

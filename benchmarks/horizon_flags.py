@@ -20,6 +20,14 @@ _KNOBS = {d: f for f, d in KNOB_DESTS.items()
 """The knob flags a benchmark takes: dest -> its Policy field."""
 
 
+def add_shape_flags(ap) -> None:
+    """The Llama-style model and step shape the executor benchmarks share (exec_vs_autograd's,
+    lora_vs_peft's): 8 layers x 512, 8 heads, SwiGLU 1376, Llama-2's 32000 vocabulary, 4 x 512."""
+    for flag, default in (("--layers", 8), ("--hidden", 512), ("--heads", 8), ("--ffn", 1376), ("--vocab", 32000),
+                          ("--batch", 4), ("--seq", 512)):
+        ap.add_argument(flag, type=int, default=default)
+
+
 def add_horizon_flags(ap) -> None:
     ap.add_argument("--compute-threads", type=threads_arg, default="auto", metavar="auto|N",
                     help="Horizon's compute-lane threads (default auto: the planner's split for the step)")
