@@ -287,3 +287,38 @@ def test_base_quant_errors_are_one_line(capsys, args, says):
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert says in err[-1] and "Traceback" not in "".join(err)
+
+
+def test_tune_saves_a_quantized_job_that_train_runs(tmp_path):
+    """tune --lora-rank 8 --base-quant nf4 --save-job: the job holds base_quant, its train line
+    carries the flag, and `train --job` runs that Schedule (its digest as planned) on packed blocks."""
+    from horizon_sim.job.toml import read_job
+    from horizon_sim.specs.hardware_io import save_hardware
+    from tests.test_job_train import HERE, RUN, horizon
+    save_hardware(HERE, tmp_path / "machine.toml")
+    out = horizon("tune", "--model", "tiny", "--hardware", tmp_path / "machine.toml", "--max-batch", "4", "--seq", "64",
+                  "--workers", "1", "--quiet", "--lora-rank", "8", "--base-quant", "nf4", "--save-job", tmp_path / "j.toml")
+    assert out.returncode == 0, out.stderr
+    assert read_job(tmp_path / "j.toml").policy.base_quant == "nf4"
+    run = horizon("train", "--job", tmp_path / "j.toml", "--steps", "2", *RUN)
+    assert run.returncode == 0, run.stderr
+    assert "as planned" in run.stdout and "the base frozen in nf4 blocks" in run.stdout
+
+
+def test_an_moe_base_packs_its_experts_and_keeps_its_router(tmp_path):
+    """Qwen2-MoE on an nf4 base: the routed experts' stacks are packed (each within NF4's error of
+    its weights), the router stays exact, and a step trains the adapters with a finite loss."""
+    tr, ref = _trainer(tmp_path, "qwen2_moe", "all-linear", base_quant="nf4")
+    want = dict(ref.named_parameters())
+    with tr:
+        got = tr.state_dict()
+        routers = [n for n in got if n.endswith(".mlp.gate.weight")]
+        experts = [n for n in got if ".mlp.experts." in n]
+        assert len(routers) == len(experts) / 2 == tr.model.n_layers
+        for name in routers:  # in the compute dtype, as loaded
+            assert torch.equal(got[name], want[name].detach())
+        for name in experts:
+            assert 0 < rel_err(got[name], want[name].detach()) < 0.15, name
+        assert math.isfinite(tr.step(_tokens()).loss)
+    packed = {t.name for t in Q.QuantUnit(tr.model, "nf4", "fp32").layout if t.fmt == "nf4"}
+    assert {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"} <= packed and "mlp.gate.weight" not in packed
