@@ -83,12 +83,12 @@ def test_the_backward_of_a_frozen_base_skips_its_weight_gradients():
     assert frozen == pytest.approx(2 * base_fwd + 3 * lora_fwd)
 
 
-def _block_pass_bytes(m, a, lora: bool):
+def _block_pass_bytes(m, a, lora: bool, dropout: float = 0.0):
     """Bytes the executor's non-GEMM kernels move in one forward, one forward with grad and its
     backward of block 0 on a frozen base (the BACKWARD's work plus a FORWARD's), counted aten
     call by aten call, with or without the adapters."""
     from horizon_exec.measure.calibrate import KernelTimer
-    from horizon_exec.model.adapters import AdaptedWeights
+    from horizon_exec.model.adapters import AdaptedWeights, AdapterDropout
     from horizon_exec.model.block import DecoderBlock
     from horizon_exec.model.layout import block_layout
     from horizon_exec.model.rope import rope_tables
@@ -102,13 +102,15 @@ def _block_pass_bytes(m, a, lora: bool):
     pairs = {p.module: (0.1 * torch.randn(LORA.lora_rank, p.in_features, generator=gen),
                         0.1 * torch.randn(p.out_features, LORA.lora_rank, generator=gen)) for p in work.adapted(m, LORA)}
 
+    drop = AdapterDropout(dropout, (0, 0, 0, 0, 0)) if dropout else None
+
     def run():
         with torch.no_grad():
-            blk(AdaptedWeights(w, pairs, 2.0) if lora else w, x, cos, sin)
+            blk(AdaptedWeights(w, pairs, 2.0, drop) if lora else w, x, cos, sin)
         with torch.enable_grad():
             xg = x.detach().requires_grad_()
             leaves = {k: (p.detach().requires_grad_(), q.detach().requires_grad_()) for k, (p, q) in pairs.items()}
-            y = blk(AdaptedWeights(w, leaves, 2.0) if lora else w, xg, cos, sin)
+            y = blk(AdaptedWeights(w, leaves, 2.0, drop) if lora else w, xg, cos, sin)
             torch.autograd.grad(y, [xg] + ([t for pr in leaves.values() for t in pr] if lora else []), x)
 
     run()
@@ -134,11 +136,23 @@ def test_the_planned_adapter_bytes_are_a_kernel_by_kernel_count(family, a):
     assert want == pytest.approx(adapters, rel=2e-3)
 
 
+@pytest.mark.parametrize("a", [2, 4])
+def test_the_planned_dropout_bytes_are_a_kernel_by_kernel_count(a):
+    """The adapters' dropout (lora_dropout): what it adds over the adapters without it, planned
+    against the executor's aten calls."""
+    m = replace(tiny("llama"), hidden=256, ffn_hidden=688, n_layers=1, layer_windows=(), mlp_bias=False)
+    tok, drop = 2 * 128, replace(LORA, lora_dropout=0.1)
+    got = _block_pass_bytes(m, a, lora=True, dropout=0.1) - _block_pass_bytes(m, a, lora=True)
+    plan = lambda p: 2 * work.adapter_elementwise_bytes(m, p, tok, a, False) + work.adapter_elementwise_bytes(  # noqa: E731
+        m, p, tok, a, True)
+    assert plan(drop) - plan(LORA) == pytest.approx(got, rel=2e-3)
+
+
 def _saved_bytes(spec, dtype, mode: str) -> int:
     """Bytes a block's graph keeps (saved-tensor hooks; the weights, the adapters, the input and
     the RoPE tables are buffers of their own), its weights trained ('full'), frozen ('frozen'),
-    or frozen with adapters ('lora')."""
-    from horizon_exec.model.adapters import AdaptedWeights
+    or frozen with adapters ('lora'; with their dropout: 'dropout')."""
+    from horizon_exec.model.adapters import AdaptedWeights, AdapterDropout
     from horizon_exec.model.block import DecoderBlock
     from horizon_exec.model.layout import block_layout
     from horizon_exec.model.rope import rope_tables
@@ -152,7 +166,8 @@ def _saved_bytes(spec, dtype, mode: str) -> int:
                          0.1 * torch.randn(p.out_features, 4, generator=gen).requires_grad_())
               for p in work.adapted(spec, replace(LORA, lora_rank=4))}
     w = {k: v.requires_grad_(mode == "full") for k, v in lay.views(flat.detach()).items()}
-    weights = AdaptedWeights(w, leaves, 2.0) if mode == "lora" else w
+    drop = AdapterDropout(0.1, (0, 0, 0, 0, 0)) if mode == "dropout" else None
+    weights = AdaptedWeights(w, leaves, 2.0, drop) if mode in ("lora", "dropout") else w
     return saved_bytes(lambda: DecoderBlock(spec)(weights, x.requires_grad_(), cos, sin, spec.window(0)),
                        (flat, x, cos, sin, *(t for pr in leaves.values() for t in pr)))[1]
 
@@ -226,15 +241,16 @@ def test_tune_and_max_model_search_only_what_applies():
         Policy(lora_rank=8)  # the default optimizer mode is the host's
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_the_planned_adapter_temporaries_bound_the_measured_ones(dtype):
+@pytest.mark.parametrize("dtype, dropout", [("fp32", 0.0), ("bf16", 0.0), ("bf16", 0.1)])
+def test_the_planned_adapter_temporaries_bound_the_measured_ones(dtype, dropout):
     """A block op's planned temporaries with adapters (the base's, work.adapter_workspace_bytes
-    added) against the executor's measured peak in a streamed step: at least it, and within 1.3x
-    (the bound keeps the frozen base's weight gradients a full backward holds)."""
+    added; with dropout, its masks too) against the executor's measured peak in a streamed step:
+    at least it, and within 1.3x (the bound keeps the frozen base's weight gradients a full
+    backward holds)."""
     from horizon_exec.runtime.trainer import Trainer
     m = replace(model_preset("tiny"), n_layers=3)
     kw = dict(compute_dtype="fp32", grad_dtype="fp32", working_copy=False) if dtype == "fp32" else {}
-    p = Policy.from_choices(batch=2, seq=128, act_ckpt_every=2, lora_rank=8, optimizer=None, **kw)
+    p = Policy.from_choices(batch=2, seq=128, act_ckpt_every=2, lora_rank=8, optimizer=None, lora_dropout=dropout, **kw)
     with Trainer(m, p) as tr:
         tl = tr.step(torch.randint(0, m.vocab, (2, 128), generator=torch.Generator().manual_seed(0))).timeline
         ops = {(o.kind.value, o.unit): o for o in tr.sched.ops}
@@ -243,3 +259,15 @@ def test_the_planned_adapter_temporaries_bound_the_measured_ones(dtype):
         measured = max(tl[(tl.kind == kind) & (tl.unit == unit)].temp_peak_bytes)
         planned = ops[(kind, unit)].workspace_bytes + out
         assert measured <= planned <= 1.3 * measured, (kind, measured, planned)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gpt2"])
+def test_what_dropout_keeps_is_what_the_planner_counts(family, dtype):
+    """With dropout each adapter's graph keeps its mask and its masked input, not the cast:
+    work.adapter_saved_bytes against saved-tensor hooks."""
+    from tests.test_families import B, T
+    spec = tiny(family)
+    a = torch.empty((), dtype=dtype).element_size()
+    got = _saved_bytes(spec, dtype, "dropout") - _saved_bytes(spec, dtype, "frozen")
+    assert work.adapter_saved_bytes(spec, replace(LORA, lora_rank=4, lora_dropout=0.1), B * T, a) == got

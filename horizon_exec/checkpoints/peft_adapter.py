@@ -47,7 +47,7 @@ def adapter_config(trainer, base_model: str | None) -> dict:
     p, ad = trainer.policy, trainer.adapters
     names = sorted({q.module.rsplit(".", 1)[-1] for q in ad.modules})
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model, "r": p.lora_rank,
-            "lora_alpha": p.lora_alpha, "lora_dropout": 0.0, "target_modules": names, "bias": "none",
+            "lora_alpha": p.lora_alpha, "lora_dropout": p.lora_dropout, "target_modules": names, "bias": "none",
             "fan_in_fan_out": any(q.transposed for q in ad.modules), "use_rslora": False, "use_dora": False,
             "init_lora_weights": True, "inference_mode": True, "modules_to_save": None,
             "layers_to_transform": None, "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {}}

@@ -474,7 +474,8 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") 
         print(f"cores: {tr.backend.split_why}")
     if tr.adapters is not None:
         n = sum(t.shape[1] for t in tr.adapters.state.values())
-        print(f"adapters: LoRA rank {policy.lora_rank}, alpha {policy.lora_alpha:g} on "
+        print(f"adapters: LoRA rank {policy.lora_rank}, alpha {policy.lora_alpha:g}"
+              + (f", dropout {policy.lora_dropout:g}" if policy.lora_dropout else "") + " on "
               f"{', '.join(sorted({p.module.rsplit('.', 1)[-1] for p in tr.adapters.modules}))}: {n:,} parameters, "
               f"fp32 with their AdamW moments on the device, updated after the backward; the base frozen in "
               f"{policy.base_form} on the host")

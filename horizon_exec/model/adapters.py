@@ -4,24 +4,51 @@ weights carry one, as peft's LoRA Linear does (y = base(x) + B(A(x)) * alpha / r
 path in the adapters' dtype, the sum rounded once to y's dtype), in three kernels beyond the
 rank-r GEMMs: the input cast to the adapters' dtype (once per input: q, k and v share theirs),
 the scale applied to the rank-r product, and the sum added into the base's output in place.
-(peft scales after B: the two orders differ by fp32 rounding, below 1e-6 relative.) What these
-kernels move and keep is priced by schedule/work.py (adapter_elementwise_bytes, ...).
+(peft scales after B: the two orders differ by fp32 rounding, below 1e-6 relative.) With
+dropout (Policy.lora_dropout, training only) each adapter's input is masked first, as peft's
+lora_dropout does, by a mask of its own (AdapterDropout). What these kernels move and keep is
+priced by schedule/work.py (adapter_elementwise_bytes, ...).
 
 The adapters ride along with the block's weights (`AdaptedWeights`, a dict of the slot's views
 with `.lora`), so the families' forwards keep one signature; `applied` records which adapters a
 forward used, so the executor can refuse a family that skipped one rather than train without
 it (runtime/ops.py)."""
+import hashlib
+
+import torch
 import torch.nn.functional as F
+
+
+class AdapterDropout:
+    """peft's lora_dropout in a training op (Policy.lora_dropout = p): each adapted projection's
+    input, in the adapters' dtype, times a mask that keeps an element with probability 1 - p and
+    scales it by 1 / (1 - p). The mask is drawn from a generator seeded by `key` (the run's seed,
+    the step, the rank, the block, the micro-batch) and the projection's name, so a recompute and
+    the backward's forward draw the mask the forward drew, whatever the order of the ops, and a
+    resumed run draws the masks the uninterrupted one would."""
+
+    def __init__(self, p: float, key: tuple[int, ...]):
+        self.p, self.key = p, key
+
+    def mask(self, module: str, like) -> torch.Tensor:
+        """The keep mask of `module`'s input (shaped and typed like it), already scaled by 1 / (1 - p)."""
+        seed = int.from_bytes(hashlib.blake2b(repr((*self.key, module)).encode(), digest_size=8).digest(), "little")
+        g = torch.Generator(device=like.device).manual_seed(seed & (2**63 - 1))
+        return torch.empty_like(like).bernoulli_(1.0 - self.p, generator=g).mul_(1.0 / (1.0 - self.p))
+
+    def __call__(self, module: str, x):
+        return x * self.mask(module, x)
 
 
 class AdaptedWeights(dict):
     """A block's weights by name, and its adapters: lora {module: (A (r, in), B (out, r))},
     scale alpha / r; `applied` fills as the forward adds them; `last_cast` is the latest input's
-    copy in the adapters' dtype (the projections that share an input run one after another)."""
+    copy in the adapters' dtype (the projections that share an input run one after another);
+    dropout: an AdapterDropout in a training op (None: no dropout, as in eval)."""
 
-    def __init__(self, weights, lora: dict, scale: float):
+    def __init__(self, weights, lora: dict, scale: float, dropout: AdapterDropout | None = None):
         super().__init__(weights)
-        self.lora, self.scale, self.applied = lora, scale, set()
+        self.lora, self.scale, self.applied, self.dropout = lora, scale, set(), dropout
         self.last_cast: tuple | None = None
 
     def cast(self, x, dtype):
@@ -41,7 +68,10 @@ def adapt(w, module: str, x, y):
         return y
     a, b = lora[module]
     w.applied.add(module)
-    h = F.linear(w.cast(x, a.dtype), a) * w.scale                       # (..., r)
+    xa = w.cast(x, a.dtype)
+    if w.dropout is not None:  # its own mask per projection, on the shared cast
+        xa = w.dropout(module, xa)
+    h = F.linear(xa, a) * w.scale                                         # (..., r)
     return y.add_(F.linear(h, b))                                         # in y's dtype, summed in the adapters'
 
 

@@ -32,10 +32,11 @@ class KeptGraph:
 
     @classmethod
     def record(cls, block, w: dict, slot, x, attn_rows, router=None, lora: dict | None = None,
-               lora_scale: float = 1.0) -> "KeptGraph":
+               lora_scale: float = 1.0, dropout=None) -> "KeptGraph":
         """Run `block` on x with grad, weights `w` (views of `slot`), keeping the graph;
         router: a RouterStats the block's router fills (its prob_sum stays in the graph);
-        lora: the block's adapters {module: (A, B)} on a frozen base (scaled by lora_scale)."""
+        lora: the block's adapters {module: (A, B)} on a frozen base (scaled by lora_scale), and
+        their dropout (model/adapters.AdapterDropout, or None)."""
         base, start = slot.untyped_storage().data_ptr(), slot.storage_offset()
         slot_ref = [None]  # the slot the backward reads the weights from (set by backward)
 
@@ -58,7 +59,7 @@ class KeptGraph:
             else:
                 from horizon_exec.model.adapters import AdaptedWeights
                 leaves = {k: (a.detach().requires_grad_(), b.detach().requires_grad_()) for k, (a, b) in lora.items()}
-                wa = AdaptedWeights(w, leaves, lora_scale)
+                wa = AdaptedWeights(w, leaves, lora_scale, dropout)
                 y = block(wa, xg, *attn_rows, router=router)
                 if wa.applied != set(leaves):
                     raise RuntimeError(f"the block's forward did not apply the adapters of "

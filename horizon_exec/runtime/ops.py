@@ -25,7 +25,7 @@ from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
 from horizon_exec.model.families import final_norm, scale_embedded_, scales_embedding
 from horizon_exec.model.head import head_fwd_bwd, head_loss
-from horizon_exec.model.adapters import AdaptedWeights
+from horizon_exec.model.adapters import AdaptedWeights, AdapterDropout
 from horizon_exec.model.block import DecoderBlock
 from horizon_exec.model.router_aux import RouterAux, RouterStats
 from horizon_exec.runtime.kept_graph import KeptGraph
@@ -54,6 +54,9 @@ class StepInputs:
     router_aux: bool = False
     """The step trains with the router load-balancing loss (a training step of an MoE model
     whose router_aux_loss_coef > 0; eval and flush: False)."""
+    dropout_step: int | None = None
+    """A training step's index, which seeds its adapters' dropout masks (Policy.lora_dropout;
+    model/adapters.AdapterDropout); None: no dropout (eval, flush)."""
 
 
 @dataclass(slots=True)
@@ -207,7 +210,14 @@ class OpRunner:
         w = self._weights(op)
         if self.adapters is None or not self.buf.all(op.reads, Holds.ADAPTERS):
             return w
-        return AdaptedWeights(w, self.adapters.weights(op.unit), self.adapters.scale)
+        return AdaptedWeights(w, self.adapters.weights(op.unit), self.adapters.scale, self._dropout(op))
+
+    def _dropout(self, op: Op):
+        """The adapters' dropout for a block op of a training step (None without it, in eval)."""
+        step = self.inputs.dropout_step
+        if not self.p.lora_dropout or step is None:
+            return None
+        return AdapterDropout(self.p.lora_dropout, (self.sr_base, step, self.dist.rank, op.unit, op.micro))
 
     def _check_applied(self, op: Op, w) -> None:
         """Every adapter of the block was added by its family's forward (a family that computed
@@ -408,7 +418,8 @@ class OpRunner:
         lora = self.adapters.weights(op.unit) if self.adapters is not None else None
         with self._scope(op):
             graph = KeptGraph.record(self.block, w, slot, x, self.attn.rows(self._rows(op.micro), op.unit), stats,
-                                     lora=lora, lora_scale=self.adapters.scale if lora is not None else 1.0)
+                                     lora=lora, lora_scale=self.adapters.scale if lora is not None else 1.0,
+                                     dropout=self._dropout(op) if lora is not None else None)
             if stats is not None:
                 self.outputs.router.add(op.micro, stats)
         self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION), graph.output)
@@ -465,7 +476,7 @@ class OpRunner:
                 xg = x.detach().requires_grad_(want_dx)
                 lora = {k: (a.detach().requires_grad_(), b.detach().requires_grad_())
                         for k, (a, b) in self.adapters.weights(op.unit).items()}
-                wa = AdaptedWeights(w, lora, self.adapters.scale)
+                wa = AdaptedWeights(w, lora, self.adapters.scale, self._dropout(op))
                 y = self.block(wa, xg, *self.attn.rows(self._rows(op.micro), op.unit), router=stats)
                 self._check_applied(op, wa)
                 outs, gouts = ([y], [dy]) if stats is None else ([y, stats.prob_sum], [dy, router.grad(op.micro)])

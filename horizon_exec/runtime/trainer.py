@@ -317,7 +317,8 @@ class Trainer:
         # this step's (after / backward): each with the lr of the step that made them.
         inputs = StepInputs(tokens=tokens, lr=self.pending_lr if p.optimizer == "pipelined" else lr_now,
                             n_step_tokens=max(1, n_labelled),  # all ignored: loss and grads are 0
-                            guard=NonFiniteGuard(p.optimizer), router_aux=self.model.router_aux_loss_coef > 0)
+                            guard=NonFiniteGuard(p.optimizer), router_aux=self.model.router_aux_loss_coef > 0,
+                            dropout_step=self.steps_done if p.lora_dropout and not skip_kinds else None)
         # labels go to the device here; the engine's step_begin synchronizes before any lane reads
         out = self.runner.begin_step(inputs, labels, docs)
         self.backend.reset_peak(self.arena)

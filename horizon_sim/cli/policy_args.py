@@ -131,6 +131,9 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
     g.add_argument("--lora-alpha", type=float, default=defaults.lora_alpha, metavar="A",
                    help="with --lora-rank: the adapters' output is scaled by A / R, as peft's lora_alpha (default "
                         f"{defaults.lora_alpha:g}, peft's; the planner's figures do not depend on it)")
+    g.add_argument("--lora-dropout", type=float, default=defaults.lora_dropout, metavar="P",
+                   help="with --lora-rank: zero each element of an adapter's input with probability P in training "
+                        "(the rest scaled by 1/(1-P)), as peft's lora_dropout (default 0: none)")
     g.add_argument("--base-quant", choices=QUANT_FORMATS, default=defaults.base_quant,
                    help="with --lora-rank: the frozen base's blocks on the host and over the link as 'nf4' (QLoRA's "
                         "4-bit NormalFloat with double quantization, about 0.52 bytes a parameter) or 'int8' (about "
@@ -152,7 +155,7 @@ def policy_to_args(p: Policy) -> dict:
             "disk_tier": p.disk_tier, "doc_masks": p.doc_masks, "max_host_grads": p.max_host_grads,
             "doc_tokens": p.doc_tokens, "loss_chunk_tokens": p.loss_chunk_tokens, "loss_kernel": p.loss_kernel,
             "lora_rank": p.lora_rank, "lora_targets": p.lora_targets, "lora_alpha": p.lora_alpha,
-            "base_quant": p.base_quant}
+            "lora_dropout": p.lora_dropout, "base_quant": p.base_quant}
 
 
 _FIELD_DEST = {"split_master": "master_dtype", "working_copy": "no_working_copy"}
@@ -195,7 +198,7 @@ def policy_from_args(a: argparse.Namespace, hw=None) -> Policy:
                                loss_kernel=getattr(a, "loss_kernel", None),
                                lora_rank=getattr(a, "lora_rank", 0), lora_targets=getattr(a, "lora_targets", LORA_ALL),
                                lora_alpha=getattr(a, "lora_alpha", _D.lora_alpha),
-                               base_quant=getattr(a, "base_quant", "none"),
+                               lora_dropout=getattr(a, "lora_dropout", 0.0), base_quant=getattr(a, "base_quant", "none"),
                                cpu_backend=hw is not None and is_cpu_backend(hw))
 
 

@@ -116,7 +116,7 @@ _FLAGS = (  # Policy field -> CLI flag of `horizon plan`
     ("disk_tier", "--disk-tier"), ("master_rounding", "--master-rounding"), ("mb_order", "--mb-order"),
     ("keep_last", "--keep-activations"), ("loss_chunk_tokens", "--loss-chunk-tokens"), ("doc_tokens", "--doc-tokens"),
     ("loss_kernel", "--loss-kernel"), ("lora_rank", "--lora-rank"), ("lora_targets", "--lora-targets"),
-    ("lora_alpha", "--lora-alpha"), ("base_quant", "--base-quant"),
+    ("lora_alpha", "--lora-alpha"), ("lora_dropout", "--lora-dropout"), ("base_quant", "--base-quant"),
 )
 
 

@@ -162,7 +162,10 @@ def adapter_elementwise_bytes(m: ModelSpec, policy, tokens: int, a: int, backwar
     a BACKWARD runs the forward again before them): per adapter the output's gradient cast for it
     ((a + c) per element) and the scale's (2 c r); per distinct input of k adapters, their input
     gradients summed in fp32 (k - 1 adds of 3 c), cast back (c + a) and added into the input's
-    gradient (3 a); with a == c, k adds of 3 a. Counted kernel by kernel (tests/test_lora_plan.py)."""
+    gradient (3 a); with a == c, k adds of 3 a. With dropout (Policy.lora_dropout) each adapter's
+    input also gets its mask, 9 c per input element as the kernels' tensors count (allocated, drawn
+    in place, scaled by 1 / (1 - p) in place, multiplied in), and in the backward the mask is
+    multiplied into its gradient (3 c). Counted kernel by kernel (tests/test_lora_plan.py)."""
     if policy is None or not policy.adapters:
         return 0
     c, r = ADAPTER_BYTES, policy.lora_rank
@@ -171,6 +174,8 @@ def adapter_elementwise_bytes(m: ModelSpec, policy, tokens: int, a: int, backwar
     for p in adapted(m, policy):
         o = p.out_features
         total += 2 * c * r + (2 * a + c) * o if not backward else 2 * c * r + ((a + c) * o if cast else 0)
+        if policy.lora_dropout:  # its mask made and drawn, scaled, applied; backward: applied to the gradient
+            total += (9 if not backward else 3) * c * p.in_features
     for i, k in adapter_groups(m, policy):
         if not backward:
             total += (a + c) * i if cast else 0
@@ -214,12 +219,15 @@ def adapter_saved_bytes(m: ModelSpec, policy, tokens: int, a: int) -> int:
     input in the adapters' dtype (dA reads it) and each adapter's scaled rank-r product (dB
     reads it), c = ADAPTER_BYTES per element. Uncast (a == c) the inputs are the tensors
     themselves: a half's normed input once however many read it, and the output projection's
-    input is the attention's output, which the attention's backward keeps already. Counted tensor
-    by tensor (tests/test_lora_plan.py)."""
+    input is the attention's output, which the attention's backward keeps already. With dropout,
+    each adapter keeps its mask and its masked input instead (the cast is kept by neither).
+    Counted tensor by tensor (tests/test_lora_plan.py)."""
     if policy is None or not policy.adapters:
         return 0
     c, ps = ADAPTER_BYTES, adapted(m, policy)
-    if a != c:  # each cast
+    if policy.lora_dropout:  # each adapter's mask (the product's gradient) and masked input (dA's), not the cast
+        inputs = 2 * sum(p.in_features for p in ps)
+    elif a != c:  # each cast
         inputs = sum(i for i, _ in adapter_groups(m, policy))
     else:  # the tensors themselves: a half's normed input once, the MLP's inner inputs
         halves = {("mlp" if p.module.startswith("mlp.") else "attention"): p.in_features for p in ps if not p.inner}
@@ -238,7 +246,7 @@ def adapter_workspace_bytes(m: ModelSpec, policy, tokens: int, a: int, backward:
     the full backward's peak holds, are not taken off."""
     if not adapted(m, policy):
         return 0
-    n = adapter_in_flight_bytes(m, policy, tokens, with_input=backward or a != ADAPTER_BYTES)
+    n = adapter_in_flight_bytes(m, policy, tokens, with_input=backward or a != ADAPTER_BYTES or policy.lora_dropout > 0)
     if backward:
         n += adapter_saved_bytes(m, policy, tokens, a) - frozen_saved_bytes(m, tokens, a)
     return int(max(0, n))
@@ -246,8 +254,10 @@ def adapter_workspace_bytes(m: ModelSpec, policy, tokens: int, a: int, backward:
 
 def adapter_in_flight_bytes(m: ModelSpec, policy, tokens: int, with_input: bool) -> int:
     """One adapter's tensors alive at once, the widest: its output (or output gradient) in the
-    adapters' dtype, and with_input its input's cast (or input gradient) beside it."""
-    return int(tokens * ADAPTER_BYTES * max((p.in_features if with_input else 0) + p.out_features
+    adapters' dtype, and with_input its input's cast (or input gradient) beside it, with dropout
+    the mask and the masked input too."""
+    k = 3 if policy.lora_dropout else 1  # with dropout: the cast, the mask and the masked input
+    return int(tokens * ADAPTER_BYTES * max((k * p.in_features if with_input else 0) + p.out_features
                                             for p in adapted(m, policy)))
 
 

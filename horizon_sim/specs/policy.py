@@ -154,6 +154,10 @@ class Policy:
     lora_alpha: float = _LORA_ALPHA
     """With lora_rank: the adapters' output is scaled by lora_alpha / lora_rank (peft's
     lora_alpha, and its default). The planner's figures do not depend on it."""
+    lora_dropout: float = 0.0
+    """With lora_rank: the probability that an element of an adapter's input is zeroed in training
+    (the rest scaled by 1 / (1 - p)), as peft's lora_dropout: a mask per adapted projection, per
+    micro-batch and step, drawn again the same in a recompute (model/adapters.py). 0: none."""
     base_quant: str = "none"
     """With lora_rank: how the frozen base's blocks are stored on the host and cross the link
     (specs/quant.py): 'none' in the compute dtype; 'nf4' QLoRA's 4-bit NormalFloat with double
@@ -247,7 +251,12 @@ class Policy:
             raise HorizonError(f"policy lora_alpha={a!r} must be a positive number (the adapters' scale is alpha / rank)")
         if self.base_quant not in QUANT_FORMATS:
             raise HorizonError(f"policy base_quant={self.base_quant!r}; allowed: {', '.join(QUANT_FORMATS)}")
+        d = self.lora_dropout
+        if not isinstance(d, (int, float)) or isinstance(d, bool) or not math.isfinite(d) or not 0 <= d < 1:
+            raise HorizonError(f"policy lora_dropout={d!r} must be a probability in [0, 1) (peft's lora_dropout)")
         if not r:
+            if d:
+                raise HorizonError(f"policy lora_dropout={d!r} drops adapters' inputs; give lora_rank too (--lora-rank R)")
             if self.base_quant != "none":
                 raise HorizonError(f"policy base_quant={self.base_quant!r} quantizes a frozen base; give lora_rank too "
                                    "(--lora-rank R): a base that trains needs its full-precision master")
