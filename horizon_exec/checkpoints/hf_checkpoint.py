@@ -30,6 +30,7 @@ import torch
 from horizon_exec.checkpoints.fileio import publish_dir, staging_dir, write_safetensors, write_text
 from horizon_exec.checkpoints.hf_experts import stored_items, stored_parts
 from horizon_exec.checkpoints.hf_wrapped import wrapped
+from horizon_exec.checkpoints.hf_bnb import is_part, packed_weights, read_packed
 from horizon_exec.checkpoints.peft_adapter import ADAPTER_DIR, merged_state_dict, merged_unit, write_adapter
 from horizon_exec.data.tokenize import TOKENIZER_FILES
 from horizon_exec.model.layout import host_layout
@@ -229,7 +230,11 @@ def load_hf(trainer, path) -> None:
     for fname, names in weight_files(d).items():
         try:
             with safe_open(str(d / fname), framework="pt", device="cpu") as f:
-                for stored in (names if names is not None else f.keys()):
+                stored_names = list(names if names is not None else f.keys())
+                packed = packed_weights(stored_names)  # bitsandbytes' 4-bit weights (hf_bnb.py)
+                for stored in stored_names:
+                    if is_part(stored, packed):
+                        continue  # read with its weight
                     name = wrap.held(stored) if wrap is not None else stored
                     if name is None:
                         continue  # carried into --save-hf from this folder, not trained
@@ -240,15 +245,24 @@ def load_hf(trainer, path) -> None:
                         raise HorizonError(f"{d / fname}: unexpected tensor {name!r} (not a parameter of "
                                            f"{'a tied' if tied else 'an untied'} {trainer.model.name} model)")
                     dst = params[held][idx]
-                    sl = f.get_slice(stored)
-                    shape = tuple(sl.get_shape())
-                    if shape != tuple(dst.shape):
-                        raise HorizonError(f"{d / fname}: tensor {name!r} has shape {shape}, "
-                                           f"the model needs {tuple(dst.shape)}")
-                    if sl.get_dtype() not in ("F32", "BF16", "F16", "F64"):
-                        raise HorizonError(f"{d / fname}: tensor {name!r} has dtype {sl.get_dtype()}; "
-                                           "want a floating-point checkpoint")
-                    dst.copy_(f.get_tensor(stored))   # one tensor read, cast to fp32 in place
+                    if stored in packed:  # 4-bit: dequantized, and kept packed where the run's base is nf4
+                        pk = read_packed(f, stored, d / fname)
+                        if pk.shape != tuple(dst.shape):
+                            raise HorizonError(f"{d / fname}: tensor {name!r} has shape {pk.shape}, "
+                                               f"the model needs {tuple(dst.shape)}")
+                        dst.copy_(pk.dequantized())
+                        if isinstance(params, _SplitSink):
+                            params.give_packed(held, pk)
+                    else:
+                        sl = f.get_slice(stored)
+                        shape = tuple(sl.get_shape())
+                        if shape != tuple(dst.shape):
+                            raise HorizonError(f"{d / fname}: tensor {name!r} has shape {shape}, "
+                                               f"the model needs {tuple(dst.shape)}")
+                        if sl.get_dtype() not in ("F32", "BF16", "F16", "F64"):
+                            raise HorizonError(f"{d / fname}: tensor {name!r} has dtype {sl.get_dtype()}; "
+                                               "want a floating-point checkpoint (or bitsandbytes' nf4)")
+                        dst.copy_(f.get_tensor(stored))   # one tensor read, cast to fp32 in place
                     _check_finite(dst, name, d / fname)
                     if name not in seen and trainer.viewless_master:
                         n_parts[held] -= 1
@@ -285,6 +299,7 @@ class _SplitSink:
 
     def __init__(self, trainer):
         self.tr, self.unit_of, self.left, self.scratch = trainer, {}, {}, {}
+        self.packed: dict = {}  # unit -> {block-relative name: nf4 regions} read packed (hf_bnb.py)
         for u in trainer.units:
             entries = host_layout(trainer.model, u).entries
             self.unit_of.update({e.name: u for e in entries})
@@ -304,11 +319,19 @@ class _SplitSink:
             self.scratch[u] = (flat, lay.views(flat))
         return self.scratch[u][1][name]
 
+    def give_packed(self, name, pk) -> None:
+        """Weight `name` arrived packed in nf4 (its scratch holds it dequantized): a quantized base
+        keeps the bytes as they are rather than quantizing the scratch again."""
+        u = self.unit_of[name]
+        prefix = f"{family(self.tr.model.family).layer_prefix}{u}."
+        if 0 <= u < self.tr.model.n_layers and name.startswith(prefix):  # a block
+            self.packed.setdefault(u, {})[name.removeprefix(prefix)] = pk.regions
+
     def filled(self, name) -> None:
         u = self.unit_of[name]
         self.left[u] -= 1
         if not self.left[u]:
-            self.tr.master.write_whole(u, self.scratch.pop(u)[0])
+            self.tr.master.write_whole(u, self.scratch.pop(u)[0], packed=self.packed.pop(u, None))
 
 
 def reset_optimizer_state(trainer) -> None:
@@ -325,8 +348,10 @@ def reset_optimizer_state(trainer) -> None:
 
 def hf_config_dict(spec: ModelSpec, dtype: str, base: dict | None = None) -> dict:
     """config.json for a save: the source checkpoint's own config when given (it describes
-    the same model, and keeps fields we do not model, like token ids), else hf_export's."""
+    the same model, and keeps fields we do not model, like token ids; not a 4-bit source's
+    quantization_config: the save is full precision), else hf_export's."""
     d = dict(base) if base is not None else to_hf_config_dict(spec)
+    d.pop("quantization_config", None)  # a 4-bit source (hf_bnb.py) is saved in full precision
     if d.get("tie_word_embeddings", False) != spec.tied_embeddings:  # a distinct head kept (spec_from_hf_dir)
         d["tie_word_embeddings"] = spec.tied_embeddings
     d["torch_dtype"] = d["dtype"] = SAVE_DTYPES[dtype][1]  # transformers 4.x and 5.x names

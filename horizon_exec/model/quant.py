@@ -142,8 +142,9 @@ class QuantUnit:
                 for role, r in t.regions.items()}
 
     @torch.no_grad()
-    def pack_(self, buf: torch.Tensor, whole: torch.Tensor) -> None:
-        """buf <- the block `whole` (flat, block_layout's order, any float dtype) quantized."""
+    def pack_(self, buf: torch.Tensor, whole: torch.Tensor, given: dict | None = None) -> None:
+        """buf <- the block `whole` (flat, block_layout's order, any float dtype) quantized; an nf4
+        tensor in `given` ({name: regions}, e.g. read packed from a checkpoint) copied as it is."""
         off = 0
         for t in self.layout:
             w = whole[off:off + t.numel].view(t.shape)
@@ -152,7 +153,8 @@ class QuantUnit:
             if t.fmt == "raw":
                 dst["raw"].copy_(w.reshape(-1))
                 continue
-            for role, v in (nf4_quantize(w) if t.fmt == "nf4" else int8_quantize(w)).items():
+            src = (given or {}).get(t.name) if t.fmt == "nf4" else None
+            for role, v in (src if src is not None else nf4_quantize(w) if t.fmt == "nf4" else int8_quantize(w)).items():
                 dst[role].copy_(v.reshape(-1))
 
     @torch.no_grad()

@@ -51,13 +51,13 @@ class Master:
         return [(part.owned_range(i, j), part.owned_in(Part.NODE, i, j))
                 for i in range(self.dist.layout.devices_per_node)]
 
-    def write_whole(self, u: int, whole: torch.Tensor) -> None:
+    def write_whole(self, u: int, whole: torch.Tensor, packed: dict | None = None) -> None:
         """A whole unit's fp32 master -> the node's store (node leader only): its chunks of the
         master on several nodes; a split master's high halves (the whole working copy: every
         node streams the whole unit) and its low halves."""
         n, whole = whole.numel(), whole.contiguous()
-        if self._quantized(u):
-            self.quant.pack_(self.store.of(Holds.QUANT_BASE, u), whole)
+        if self._quantized(u):  # packed: {block-relative name: nf4 regions} taken as they are
+            self.quant.pack_(self.store.of(Holds.QUANT_BASE, u), whole, given=packed)
             return
         if not self.split:
             dst = self.store.of(self.holds, u)

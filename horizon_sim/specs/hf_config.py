@@ -98,6 +98,21 @@ _FOREIGN = {
 }
 
 
+def bnb_nf4(q, where: str) -> bool:
+    """A quantization_config of transformers' bitsandbytes 4-bit NF4 with double quantization, the
+    one Horizon reads (True); another bitsandbytes setting is refused naming it; another method
+    is False (refused as a quantized checkpoint)."""
+    if not isinstance(q, dict) or q.get("quant_method") != "bitsandbytes":
+        return False
+    want = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+            "bnb_4bit_quant_storage": "uint8"}
+    for k, v in want.items():
+        if q.get(k, v) != v:
+            raise HorizonError(f"{where}: quantization_config {k} = {json.dumps(q.get(k))}; Horizon reads bitsandbytes' "
+                               f"4-bit NF4 with double quantization ({k} = {json.dumps(v)}), or full-precision weights")
+    return True
+
+
 def _padding_idx(cfg: dict, where: str, given: bool, mt: str) -> int | None:
     """pad_token_id: the embedding row transformers never trains (nn.Embedding's padding_idx),
     which must be a row of the vocabulary (transformers refuses to build the model otherwise).
@@ -141,6 +156,8 @@ def _check_fields(cfg: dict, mt: str, where: str) -> None:
         if key in _FOREIGN:
             if v is None or v is False or v == {} or (key == "partial_rotary_factor" and v == 1):
                 continue  # present at its off value
+            if key == "quantization_config" and bnb_nf4(v, where):
+                continue  # the weights are stored 4-bit; the model is the same (horizon_exec/checkpoints/hf_bnb.py)
             raise HorizonError(f"{where}: {key} = {json.dumps(v)[:60]} is {_FOREIGN[key]}, which Horizon "
                                f"does not implement")
         if any(key in fields for t, fields in READ_BY_TYPE.items() if t != mt):
