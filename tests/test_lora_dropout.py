@@ -10,7 +10,7 @@ import torch
 
 from horizon_exec.model.adapters import AdapterDropout
 from tests.hf_tiny import rel_err
-from tests.test_lora_exec import _copy_adapters_into, _peft, _step_grads, _tokens, _trainer
+from tests.test_lora_exec import _copy_adapters_into, _peft, _step_grads, _tokens, _trainer, assert_pefts_step
 
 P = 0.3
 
@@ -42,14 +42,7 @@ def test_dropout_sits_where_pefts_does(tmp_path):
     tokens = _tokens()
     with tr:
         res, grads = _step_grads(tr, tokens)
-    out = model(input_ids=tokens, labels=tokens)
-    out.loss.backward()
-    want = {k: p.grad for k, p in model.named_parameters() if p.requires_grad}
-    assert set(grads) == set(want)
-    assert res.loss == pytest.approx(out.loss.item(), rel=1e-5)
-    errs = {k: rel_err(g, want[k]) for k, g in grads.items()}
-    worst = max(errs, key=errs.get)
-    assert errs[worst] <= 1e-5, f"{worst}: {errs[worst]:.2e}"
+    assert_pefts_step(res, grads, model, tokens)
     plain, _ = _trainer(tmp_path / "plain", "llama", "all-linear")
     with plain:
         r0, g0 = _step_grads(plain, tokens)

@@ -70,6 +70,20 @@ def _step_grads(tr, tokens):
     return res, grads
 
 
+def assert_pefts_step(res, grads, model, tokens, trained=None) -> None:
+    """The executor's step (its loss and the adapters' gradients, _step_grads) equals peft's model's
+    on the same tokens: the same adapted parameters (`trained` too, when given), the loss and every
+    gradient within 1e-5."""
+    out = model(input_ids=tokens, labels=tokens)
+    out.loss.backward()
+    want = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    assert set(grads) == set(want) and (trained is None or trained == set(want))
+    assert res.loss == pytest.approx(out.loss.item(), rel=1e-5)
+    errs = {n: rel_err(g, want[n]) for n, g in grads.items()}
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= 1e-5, f"{worst}: {errs[worst]:.2e}"
+
+
 def _tokens():
     return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(3))
 
@@ -85,14 +99,7 @@ def check_against_peft(tmp_path, family, targets, **policy):
             assert rel_err(tr.logits(tokens), model(input_ids=tokens).logits) <= 1e-5
         base = {k: v.clone() for k, v in tr.state_dict().items()}
         res, grads = _step_grads(tr, tokens)
-        out = model(input_ids=tokens, labels=tokens)
-        out.loss.backward()
-        want = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
-        assert set(grads) == trained == set(want)  # the same modules adapted as peft adapts
-        assert res.loss == pytest.approx(out.loss.item(), rel=1e-5)
-        errs = {n: rel_err(g, want[n]) for n, g in grads.items()}
-        worst = max(errs, key=errs.get)
-        assert errs[worst] <= 1e-5, f"{worst}: {errs[worst]:.2e}"
+        assert_pefts_step(res, grads, model, tokens, trained)  # (the same modules adapted as peft adapts)
         assert all(torch.equal(v, tr.state_dict()[k]) for k, v in base.items())  # the base is frozen
     return tr, grads, model
 

@@ -20,8 +20,8 @@ from horizon_sim.specs import quant as S
 from horizon_sim.specs.model_presets import model_preset
 from horizon_sim.specs.policy import Policy, exact_policy
 from tests.hf_tiny import rel_err
-from tests.test_families import T, V, tiny
-from tests.test_lora_exec import B, _copy_adapters_into, _step_grads, _tokens, _trainer
+from tests.test_families import T, tiny
+from tests.test_lora_exec import B, _copy_adapters_into, _step_grads, _tokens, _trainer, assert_pefts_step
 
 bnbf = pytest.importorskip("bitsandbytes.functional")
 
@@ -168,14 +168,7 @@ def test_a_4bit_base_trains_as_pefts_qlora(tmp_path):
             assert rel_err(tr.logits(tokens), qlora) <= 1e-5
         assert 1e-3 < library and rel_err(own, qlora) <= 0.05 * library, (rel_err(own, qlora), library)
         res, grads = _step_grads(tr, tokens)
-    out = model(input_ids=tokens, labels=tokens)
-    out.loss.backward()
-    want = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
-    assert set(grads) == set(want)
-    assert res.loss == pytest.approx(out.loss.item(), rel=1e-5)
-    errs = {n: rel_err(g, want[n]) for n, g in grads.items()}
-    worst = max(errs, key=errs.get)
-    assert errs[worst] <= 1e-5, f"{worst}: {errs[worst]:.2e}"
+    assert_pefts_step(res, grads, model, tokens)
 
 
 @pytest.mark.parametrize("fmt", ["nf4", "int8"])
