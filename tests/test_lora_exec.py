@@ -29,7 +29,7 @@ def _trainer(tmp_path, family, targets, rank=4, alpha=8.0, grad_clip=0.0, spec=N
     ref = _random_hf(spec or tiny(family))
     ref.save_pretrained(tmp_path / "hf")
     spec = spec_from_hf_dir(tmp_path / "hf")
-    pol = exact_policy(**{"batch": B, **policy}, seq=T, optimizer="after", grad_clip=grad_clip, loss_chunk_tokens=24,
+    pol = exact_policy(**{"batch": B, "seq": T, **policy}, optimizer="after", grad_clip=grad_clip, loss_chunk_tokens=24,
                        lora_rank=rank, lora_alpha=alpha, lora_targets=targets)
     tr = Trainer(spec, pol, TrainerConfig(random_init=False))
     load_hf(tr, tmp_path / "hf")
@@ -53,7 +53,7 @@ def _copy_adapters_into(tr, model) -> None:
                 params[f"{stem}.lora_B.default.weight"].copy_(b)
 
 
-def _step_grads(tr, tokens):
+def _step_grads(tr, tokens, labels=None):
     """One step's loss and the adapters' gradients just before their update."""
     grads = {}
 
@@ -65,7 +65,7 @@ def _step_grads(tr, tokens):
                     grads[f"base_model.model.model.layers.{u}.{module}.lora_B.default.weight"] = gb.clone()
 
     tr.engine.hook = snapshot
-    res = tr.step(tokens)
+    res = tr.step(tokens, labels)
     tr.engine.hook = None
     return res, grads
 

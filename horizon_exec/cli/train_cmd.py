@@ -478,7 +478,7 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") 
               + (f", dropout {policy.lora_dropout:g}" if policy.lora_dropout else "") + " on "
               f"{', '.join(sorted({p.module.rsplit('.', 1)[-1] for p in tr.adapters.modules}))}: {n:,} parameters, "
               f"fp32 with their AdamW moments on the device, updated after the backward; the base frozen in "
-              f"{policy.base_form} on the host")
+              f"{policy.base_form} on the host" + (f"; {policy.objective_text}" if policy.objective_text else ""))
     else:
         master = "split fp32 master (bf16 copy + low half)" if policy.split_master else f"{policy.master_dtype} master"
         disk = f" on disk ({tr.disk.method} I/O in {tr.disk.folder})" if tr.disk is not None else ""

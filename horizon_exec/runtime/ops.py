@@ -24,6 +24,7 @@ import torch
 from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.errors import ExecError
 from horizon_exec.model.families import final_norm, scale_embedded_, scales_embedding
+from horizon_exec.model.dpo import dpo_head_fwd_bwd, row_logps
 from horizon_exec.model.head import head_fwd_bwd, head_loss
 from horizon_exec.model.adapters import AdaptedWeights, AdapterDropout
 from horizon_exec.model.block import DecoderBlock
@@ -135,6 +136,7 @@ class OpRunner:
             OpKind.GRAD_NORM: self.grad_norm, OpKind.OPTIMIZER: self.optimizer,
             OpKind.DISK_READ: self.disk_read, OpKind.DISK_WRITE: self.disk_write,
             OpKind.ADAPTER_UPDATE: self.adapter_update,
+            OpKind.REF_FORWARD: self.forward,  # (it reads no adapters: the base alone)
         }
         if self.dist.world > 1:
             from horizon_exec.dist.collectives import Collectives
@@ -548,8 +550,21 @@ class OpRunner:
         self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
 
     def frozen_head(self, op, x, w):
-        """A frozen head (adapters): the loss and the head input's gradient, no weight gradients."""
+        """A frozen head (adapters): the loss and the head input's gradient, no weight gradients
+        (DPO: its pairs' loss against the reference's log-probabilities the op reads, model/dpo.py)."""
         labels = self.labels[self._rows(op.micro)].reshape(-1)
+        if self.p.objective == "dpo":
+            ref = self.buf.get(self.buf.one(op.reads, Holds.REF_LOGPS))[self._rows(op.micro)]
+            with self._scope(op):
+                dx, loss = dpo_head_fwd_bwd(x, [w[n] for n in final_norm_names(self.m)], w["lm_head.weight"], labels,
+                                            ref, 1.0 / self.inputs.n_step_tokens, self.p, self.m.norm_eps,
+                                            min(self.p.loss_chunk_tokens, labels.numel()), self.p.loss_kernel,
+                                            final_norm(self.m), self.m.logit_softcap)
+                if self.outputs.router is not None:
+                    self.outputs.router.close(op.micro)
+            self.outputs.loss_parts[op.micro] = loss
+            self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
+            return
         with self._scope(op):
             dx, loss = head_fwd_bwd(x, [w[n] for n in final_norm_names(self.m)], w["lm_head.weight"], labels,
                                     self.inputs.n_step_tokens, self.m.norm_eps,
@@ -576,10 +591,19 @@ class OpRunner:
 
     def head_loss(self, op):
         """HEAD_LOSS (eval): the micro-batch's summed token loss, forward only; nothing written
-        but the step context's loss part."""
-        x = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION))
+        but the step context's loss part. DPO's reference pass (the op writes REF_LOGPS): each
+        row's completion log-probability instead, into the micro-batch's rows of that buffer."""
+        x = self.buf.get(op.reads[0])
         w = self._weights(op)
         labels = self.labels[self._rows(op.micro)].reshape(-1)
+        if op.writes:  # DPO's reference pass: each row's completion log-probability (model/dpo.py)
+            with self._scope(op), torch.no_grad():
+                h = final_norm(self.m)(x.reshape(-1, x.shape[-1]), *[w[n] for n in final_norm_names(self.m)],
+                                       self.m.norm_eps)
+                lp = row_logps(h, w["lm_head.weight"], labels, x.shape[0], min(self.p.loss_chunk_tokens, labels.numel()),
+                               self.m.logit_softcap)
+                self.buf.get(self.buf.one(op.writes, Holds.REF_LOGPS))[self._rows(op.micro)] = lp
+            return
         with self._scope(op), torch.no_grad():
             loss = head_loss(x, [w[n] for n in final_norm_names(self.m)], w["lm_head.weight"], labels, self.m.norm_eps,
                              min(self.p.loss_chunk_tokens, labels.numel()), self.p.loss_kernel, final_norm(self.m),

@@ -312,7 +312,8 @@ class Trainer:
         tokens, labels = self._check_batch(tokens, labels, p.batch)
         docs = self._check_docs(docs, tokens)
         lr_now = self._lr if lr is None else self._checked_lr(lr)
-        n_labelled = self._sum_over_ranks(int((labels != IGNORE).sum()))  # the loss's denominator: every rank's
+        # the loss's denominator, every rank's: the labelled tokens (DPO: the pairs)
+        n_labelled = self._sum_over_ranks(tokens.shape[0] // 2 if p.objective == "dpo" else int((labels != IGNORE).sum()))
         # The optimizer ops of this run apply the previous step's gradients (pipelined) or
         # this step's (after / backward): each with the lr of the step that made them.
         inputs = StepInputs(tokens=tokens, lr=self.pending_lr if p.optimizer == "pipelined" else lr_now,

@@ -225,7 +225,8 @@ def _adapter_text(pol, model) -> str:
     names = ",".join(dict.fromkeys(p.module.rsplit(".", 1)[-1] for p in adapted(model, pol)))
     return (f"          compute {pol.compute_dtype}, LoRA rank {pol.lora_rank} on {names}: {n:,} adapter parameters "
             f"({n / model.total_params:.2%} of the model) with their AdamW state on the device "
-            f"({fmt_bytes(16 * n)}), the base frozen on the host in {pol.base_form}")
+            f"({fmt_bytes(16 * n)}), the base frozen on the host in {pol.base_form}"
+            + (f"\n          {pol.objective_text}" if pol.objective_text else ""))
 
 
 def peer_policy_from_args(a: argparse.Namespace, policy, name: str | None = None):

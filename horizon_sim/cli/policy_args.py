@@ -3,7 +3,7 @@ import argparse
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.quant import QUANT_FORMATS
-from horizon_sim.specs.policy import (CKPT_PLACES, DISK_TIERS, DTYPES, HOST_UPDATE_FIELDS, KEEP_ALL, LORA_ALL,
+from horizon_sim.specs.policy import (CKPT_PLACES, DPO_LOSSES, OBJECTIVES, DISK_TIERS, DTYPES, HOST_UPDATE_FIELDS, KEEP_ALL, LORA_ALL,
                                       LOSS_KERNELS, MASTER_CHOICES, MASTER_ROUNDINGS, MB_ORDERS, OPTIMIZER_MODES, Policy)
 
 _D = Policy()
@@ -134,6 +134,16 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
     g.add_argument("--lora-dropout", type=float, default=defaults.lora_dropout, metavar="P",
                    help="with --lora-rank: zero each element of an adapter's input with probability P in training "
                         "(the rest scaled by 1/(1-P)), as peft's lora_dropout (default 0: none)")
+    g.add_argument("--objective", choices=OBJECTIVES, default=defaults.objective,
+                   help="what a step minimises: 'sft' the token cross-entropy; 'dpo' Direct Preference Optimisation "
+                        "on pairs (a chosen then a rejected row; with --lora-rank, against the base without the "
+                        "adapters as the reference, computed in the same step) (default sft)")
+    g.add_argument("--dpo-beta", type=float, default=defaults.dpo_beta, metavar="B",
+                   help=f"with --objective dpo: DPO's beta (default {defaults.dpo_beta:g}, TRL's)")
+    g.add_argument("--dpo-loss", choices=DPO_LOSSES, default=defaults.dpo_loss,
+                   help="with --objective dpo: sigmoid (DPO), ipo or robust, as TRL's loss_type (default sigmoid)")
+    g.add_argument("--dpo-label-smoothing", type=float, default=defaults.dpo_label_smoothing, metavar="E",
+                   help="with --dpo-loss robust: the assumed fraction of flipped preferences, [0, 0.5) (default 0)")
     g.add_argument("--base-quant", choices=QUANT_FORMATS, default=defaults.base_quant,
                    help="with --lora-rank: the frozen base's blocks on the host and over the link as 'nf4' (QLoRA's "
                         "4-bit NormalFloat with double quantization, about 0.52 bytes a parameter) or 'int8' (about "
@@ -155,7 +165,8 @@ def policy_to_args(p: Policy) -> dict:
             "disk_tier": p.disk_tier, "doc_masks": p.doc_masks, "max_host_grads": p.max_host_grads,
             "doc_tokens": p.doc_tokens, "loss_chunk_tokens": p.loss_chunk_tokens, "loss_kernel": p.loss_kernel,
             "lora_rank": p.lora_rank, "lora_targets": p.lora_targets, "lora_alpha": p.lora_alpha,
-            "lora_dropout": p.lora_dropout, "base_quant": p.base_quant}
+            "lora_dropout": p.lora_dropout, "base_quant": p.base_quant, "objective": p.objective,
+            "dpo_beta": p.dpo_beta, "dpo_loss": p.dpo_loss, "dpo_label_smoothing": p.dpo_label_smoothing}
 
 
 _FIELD_DEST = {"split_master": "master_dtype", "working_copy": "no_working_copy"}
@@ -199,6 +210,9 @@ def policy_from_args(a: argparse.Namespace, hw=None) -> Policy:
                                lora_rank=getattr(a, "lora_rank", 0), lora_targets=getattr(a, "lora_targets", LORA_ALL),
                                lora_alpha=getattr(a, "lora_alpha", _D.lora_alpha),
                                lora_dropout=getattr(a, "lora_dropout", 0.0), base_quant=getattr(a, "base_quant", "none"),
+                               objective=getattr(a, "objective", "sft"), dpo_beta=getattr(a, "dpo_beta", _D.dpo_beta),
+                               dpo_loss=getattr(a, "dpo_loss", _D.dpo_loss),
+                               dpo_label_smoothing=getattr(a, "dpo_label_smoothing", _D.dpo_label_smoothing),
                                cpu_backend=hw is not None and is_cpu_backend(hw))
 
 

@@ -43,7 +43,7 @@ from horizon_sim.schedule.limits import check_sizes
 from horizon_sim.schedule.op import EMBED, Holds, OpKind
 from horizon_sim.schedule.partition import Part
 from horizon_sim.schedule.schedule import Schedule
-from horizon_sim.schedule.sequence import Use, assign_slots, compute_sequence
+from horizon_sim.schedule.sequence import Use, assign_slots, compute_sequence, reference_sequence
 from horizon_sim.schedule.step_builder import StepBuilder
 from horizon_sim.specs.families import family
 from horizon_sim.specs.layout import ONE, Layout
@@ -141,6 +141,8 @@ class TrainStepBuilder(StepBuilder):
         self.saved_bwd_ws = [kept_work.saved_backward_workspace_bytes(model, mb, p.seq, a, mask_b * mk) for mk in masked]
         self.saved_bwd_hbm = [kept_work.saved_backward_elementwise_bytes(model, tok, p.seq, a) + sc[True, w]
                               for w in windows]
+        # DPO's reference forward: the base's blocks without their adapters
+        self.ref_fwd = (base_fwd, list(self.fwd_hbm), list(self.fwd_ws))
         if p.adapters:
             self._adapter_work(tok, a)
 
@@ -380,8 +382,12 @@ class TrainStepBuilder(StepBuilder):
         b, u, m = self.bufs, use.unit, use.micro
         x, dx = b.activation(m, u), b.activation_grad(m, u)
         if self.policy.adapters:  # a frozen head: the input's gradient only
-            self.emit(OpKind.HEAD, u, m, slot=b.buffers[slot].layer, reads=[x, slot], writes=[dx], frees=[x],
-                      flops=2 * self.model.head_fwd_flops(self.tokens), hbm_bytes=self.head_hbm,
+            dpo = self.policy.objective == "dpo"  # a first pass for the rows' log-probabilities, then the gradient's
+            a, p = DTYPE_BYTES[self.policy.compute_dtype], self.policy
+            self.emit(OpKind.HEAD, u, m, slot=b.buffers[slot].layer, reads=[x, slot] + ([b.ref_logps()] if dpo else []),
+                      writes=[dx], frees=[x], flops=(3 if dpo else 2) * self.model.head_fwd_flops(self.tokens),
+                      hbm_bytes=self.head_hbm + (work.head_loss_elementwise_bytes(self.model, self.tokens, a,
+                                                                                   p.loss_kernel) if dpo else 0),
                       workspace_bytes=self.head_ws)
             return
         dgrad, add = self.grad_target(u, m)
@@ -394,6 +400,27 @@ class TrainStepBuilder(StepBuilder):
                   flops=3 * self.model.head_fwd_flops(self.tokens), hbm_bytes=self.head_hbm,
                   workspace_bytes=self.head_ws + (b.dev_params(u) * a if staged else 0))
         self.grads_made(u, m)  # a tied matrix is updated with the embedding, later
+
+    def ref_forward(self, use: Use, slot: str) -> None:
+        """DPO's reference pass through block u (the base without its adapters): from the step's own
+        input at block 0 (kept for the step's forward), then along the reference's boundaries."""
+        b, u, m = self.bufs, use.unit, use.micro
+        src = b.activation(m, 0) if u == 0 else b.ref_activation(m, u)
+        flops, hbm, ws = (t[u] for t in self.ref_fwd)
+        self.emit(OpKind.REF_FORWARD, u, m, slot=b.buffers[slot].layer, reads=[src, slot],
+                  writes=[b.ref_activation(m, u + 1)], frees=[] if u == 0 else [src], flops=flops, hbm_bytes=hbm,
+                  workspace_bytes=ws)
+
+    def ref_head(self, use: Use, slot: str) -> None:
+        """DPO's reference pass at the head: each row's completion log-probability, into REF_LOGPS."""
+        b, u, m, p = self.bufs, use.unit, use.micro, self.policy
+        a = DTYPE_BYTES[p.compute_dtype]
+        x = b.ref_activation(m, u)
+        self.emit(OpKind.HEAD_LOSS, u, m, slot=b.buffers[slot].layer, reads=[x, slot], writes=[b.ref_logps()], frees=[x],
+                  flops=self.model.head_fwd_flops(self.tokens),
+                  hbm_bytes=work.head_loss_elementwise_bytes(self.model, self.tokens, a, p.loss_kernel),
+                  workspace_bytes=work.head_loss_workspace_bytes(self.model, self.tokens, p.loss_chunk_tokens, a,
+                                                                  p.loss_kernel))
 
     def reload_block(self, use: Use) -> None:
         """A backward block begins: its checkpoint comes back from the host."""
@@ -506,10 +533,15 @@ class TrainStepBuilder(StepBuilder):
         slots = [b.weight_slot(s) for s in range(p.slots)]
         seq = compute_sequence(model.n_layers, p.act_ckpt_every, p.micro_batches, p.mb_order,
                                kept=model.n_layers - self.first_kept)
+        dpo = p.objective == "dpo"
+        if dpo:  # the reference's pass first, from the same embedded input
+            seq = reference_sequence(model.n_layers, p.micro_batches, p.mb_order) + seq
         compute = {OpKind.FORWARD: self.forward, OpKind.HEAD: self.head_op, OpKind.RECOMPUTE: self.recompute,
-                   OpKind.BACKWARD: self.backward, OpKind.BACKWARD_SAVED: self.backward_saved}
+                   OpKind.BACKWARD: self.backward, OpKind.BACKWARD_SAVED: self.backward_saved,
+                   OpKind.REF_FORWARD: self.ref_forward, OpKind.HEAD_LOSS: self.ref_head}
+        first = OpKind.REF_FORWARD if dpo else OpKind.FORWARD
         for use, (s, needs_load) in zip(seq, assign_slots(seq, p.slots)):
-            if use.kind == OpKind.FORWARD and use.unit == 0:
+            if use.kind == first and use.unit == 0:
                 self.embed(use.micro)
             if use.block_start is not None and p.act_ckpt_on == "host":
                 self.reload_block(use)
@@ -521,6 +553,8 @@ class TrainStepBuilder(StepBuilder):
         per_token = model.model_flops_per_token(p.seq, p.context_tokens)
         if p.adapters:  # no weight gradients of the base (2N a token less); the adapters' 6 a parameter
             per_token += 6 * b.adapter_params(0) * model.n_layers - 2 * model.model_flops_params
+        if dpo:  # and the reference's forward: a third of the full step's count
+            per_token += model.model_flops_per_token(p.seq, p.context_tokens) / 3
         return self.schedule(slot_bytes=b.slot_bytes, model_flops=per_token * p.tokens)
 
 

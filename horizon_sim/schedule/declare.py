@@ -118,6 +118,15 @@ class Declarations:
         return self.declare(f"saved.m{m}.{layer}", Space.DEVICE, Holds.SAVED_ACTIVATIONS, (nbytes,), "uint8",
                             role="activations", micro=m, layer=layer)
 
+    def ref_activation(self, m: int, layer: int) -> str:
+        """The reference pass's boundary entering block `layer` (DPO; layer 0 is the step's own input)."""
+        return self.declare(f"xr.m{m}.{layer}", Space.DEVICE, Holds.REF_ACTIVATION, self._rows(), self.p.compute_dtype,
+                            role="activations", micro=m, layer=layer)
+
+    def ref_logps(self) -> str:
+        """Each row's completion log-probability under the reference (DPO), for the whole step."""
+        return self.declare("ref_logps", Space.DEVICE, Holds.REF_LOGPS, (self.p.batch,), "fp32", True, "constants")
+
     def activation_grad(self, m: int, layer: int) -> str:
         return self.declare(f"dx.m{m}.{layer}", Space.DEVICE, Holds.ACTIVATION_GRAD, self._rows(),
                             self.p.compute_dtype, role="activations", micro=m, layer=layer)

@@ -72,6 +72,9 @@ class OpKind(str, Enum):
     #                                            AdamW, on the device, after the backward
     ADAPTER_ALL_REDUCE = "adapter_all_reduce"  # fabric: the adapters' gradient sums (and the loss) summed
     #                                            over the node's devices, before the update
+    # preference tuning (Policy.objective 'dpo'): the reference model's pass before the step's own
+    REF_FORWARD = "ref_forward"                # compute: a block forward of the reference (the base without
+    #                                            its adapters), no autograd
 
 
 LANE_OF: dict[OpKind, Lane] = {
@@ -86,7 +89,7 @@ LANE_OF: dict[OpKind, Lane] = {
     OpKind.NET_ALL_GATHER: Lane.NET, OpKind.NORM_ALL_REDUCE: Lane.NET, OpKind.UPDATE_BARRIER: Lane.NET,
     OpKind.DISK_READ: Lane.DISK, OpKind.DISK_WRITE: Lane.DISK,
     OpKind.HOOKS: Lane.CPU, OpKind.HOST_PASS: Lane.CPU, OpKind.RELOAD_GRADS: Lane.H2D, OpKind.UPLOAD_PARAMS: Lane.H2D,
-    OpKind.ADAPTER_UPDATE: Lane.COMPUTE, OpKind.ADAPTER_ALL_REDUCE: Lane.FABRIC,
+    OpKind.ADAPTER_UPDATE: Lane.COMPUTE, OpKind.ADAPTER_ALL_REDUCE: Lane.FABRIC, OpKind.REF_FORWARD: Lane.COMPUTE,
 }
 COLLECTIVES = (OpKind.REDUCE_SCATTER, OpKind.NET_REDUCE_SCATTER, OpKind.NET_ALL_GATHER, OpKind.NORM_ALL_REDUCE,
                OpKind.UPDATE_BARRIER, OpKind.ADAPTER_ALL_REDUCE)
@@ -114,6 +117,10 @@ class Holds(str, Enum):
     WORKING_COPY = "working_copy"        # (params,) the weights in the compute dtype
     BASE_WEIGHTS = "base_weights"        # (params,) a frozen base's weights in the compute dtype (adapters:
     #                                      the unit's whole host store)
+    REF_ACTIVATION = "ref_activation"    # (micro_batch, seq, hidden) the reference's boundary entering block `layer`
+    #                                      (DPO: the reference pass, before the step's own)
+    REF_LOGPS = "ref_logps"              # (batch,) fp32 each row's completion log-probability under the
+    #                                      reference (DPO), from the reference pass's HEAD_LOSS to the HEADs
     QUANT_BASE = "quant_base"            # (bytes,) uint8 a frozen base's block stored quantized (Policy.base_quant:
     #                                      specs/quant.py's regions), the block's whole host store
     GRAD_SQ = "grad_sq"                  # (1,) fp64 a unit's squared gradient norm

@@ -47,6 +47,17 @@ def _backward_block(start: int, end: int, m: int) -> list[Use]:
     return [replace(block[0], block_start=start)] + block[1:]
 
 
+def reference_sequence(n_layers: int, micro_batches: int, order: str = "micro") -> list[Use]:
+    """DPO's reference pass before the step's own: every micro-batch's REF_FORWARDs through the
+    blocks and its HEAD_LOSS, micro-batch by micro-batch, or block by block in the layer order."""
+    micros = range(micro_batches)
+    if order == "layer":
+        return ([Use(OpKind.REF_FORWARD, layer, m) for layer in range(n_layers) for m in micros]
+                + [Use(OpKind.HEAD_LOSS, n_layers, m) for m in micros])
+    return [u for m in micros for u in [*(Use(OpKind.REF_FORWARD, layer, m) for layer in range(n_layers)),
+                                        Use(OpKind.HEAD_LOSS, n_layers, m)]]
+
+
 def compute_sequence(n_layers: int, act_ckpt_every: int, micro_batches: int, order: str = "micro",
                      kept: int = 0) -> list[Use]:
     """The step's compute ops in `order`, the last `kept` layers keeping their graph (module

@@ -225,6 +225,8 @@ class CostModel:
     def _overhead_s(self, kind: str) -> float:
         if kind == OpKind.HEAD_LOSS.value and kind not in self.overhead_us:
             kind = OpKind.HEAD.value  # the same kernels' launches, less the backward's
+        if kind == OpKind.REF_FORWARD.value and kind not in self.overhead_us:
+            kind = OpKind.FORWARD.value  # the same kernels, less the adapters'
         if kind == OpKind.BACKWARD_SAVED.value and kind not in self.overhead_us:
             kind = OpKind.BACKWARD.value  # the executor's backward: an upper bound (it has the forward's too)
         if self.tracked and tracked_kind(kind) in self.overhead_us:
@@ -268,26 +270,32 @@ class CostModel:
              "elementwise": op.hbm_bytes / self.hbm_Bps}
         m, p = self.model, self.policy
         shaped = m is not None and op.kind in (OpKind.FORWARD, OpKind.RECOMPUTE, OpKind.BACKWARD, OpKind.HEAD,
-                                               OpKind.HEAD_LOSS, OpKind.BACKWARD_SAVED)
+                                               OpKind.HEAD_LOSS, OpKind.BACKWARD_SAVED, OpKind.REF_FORWARD)
         if shaped:
             tokens = p.micro_batch * p.seq
             if op.kind in (OpKind.HEAD, OpKind.HEAD_LOSS):
                 gemms = work.head_gemms(m, tokens, p.loss_chunk_tokens, backward=op.kind == OpKind.HEAD,
                                         weight_grad=not p.adapters)
+                dpo = op.kind == OpKind.HEAD and p.objective == "dpo"  # a first pass for the rows' log-probabilities
+                if dpo:
+                    gemms += work.head_gemms(m, tokens, p.loss_chunk_tokens, backward=False)
                 attn = None
                 loss_s = self.loss_s_per_logit[p.loss_kernel]
                 if loss_s:  # the loss kernels at their measured per-logit time
                     a = 2 if self.dtype == "bf16" else 4
                     t["elementwise"] -= work.head_logits_bytes(m, tokens, a, p.loss_kernel, op.kind == OpKind.HEAD) / self.hbm_Bps
-                    t["elementwise"] += tokens * m.vocab * loss_s
+                    if dpo:
+                        t["elementwise"] -= work.head_logits_bytes(m, tokens, a, p.loss_kernel, False) / self.hbm_Bps
+                    t["elementwise"] += tokens * m.vocab * loss_s * (2 if dpo else 1)
                 chunks = work.head_chunks(tokens, p.loss_chunk_tokens)
                 if "head_chunk" in self.overhead_us:
                     t["overhead"] += (chunks - 1) * self._overhead_s("head_chunk")
             else:
                 bwd = op.kind in (OpKind.BACKWARD, OpKind.BACKWARD_SAVED)
                 saved = op.kind == OpKind.BACKWARD_SAVED  # the forward's kernels ran in FORWARD
+                ref = op.kind == OpKind.REF_FORWARD  # DPO's reference: the base without its adapters
                 gemms = (work.block_gemms_saved_backward(m, tokens, p) if saved
-                         else work.block_gemms(m, tokens, bwd, p))
+                         else work.block_gemms(m, tokens, bwd, None if ref else p))
                 masked = work.masked_attention(m, op.unit, p.seq, p.doc_masks)
                 attn = work.attention(m, p.micro_batch, p.seq, bwd, masked)
                 if m.attn_softcap and self.fused_softcap:
@@ -296,7 +304,7 @@ class CostModel:
                     attn = replace(attn, fwd_flops=0.0)
                 if m.n_experts:
                     t["overhead"] += self._moe_overhead_s(op.kind, tokens)
-                if p.adapters:  # each adapted projection's small kernels (calibrated; absent: 0)
+                if p.adapters and not ref:  # each adapted projection's small kernels (calibrated; absent: 0)
                     base = {OpKind.BACKWARD_SAVED: OpKind.BACKWARD}.get(op.kind, op.kind).value
                     t["overhead"] += len(work.adapted(m, p)) * self.overhead_us.get(f"{base}_adapter", 0.0) * 1e-6
             if self.gemm:

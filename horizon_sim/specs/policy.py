@@ -18,6 +18,11 @@ None (no choice): 'split' where it can be (split_possible), else 'fp32'."""
 ATTENTION = ("flash", "eager")
 MB_ORDERS = ("micro", "layer")
 LOSS_KERNELS = ("torch", "fused")
+OBJECTIVES = ("sft", "dpo")
+"""What a step minimises (Policy.objective): the token cross-entropy, or DPO on preference pairs."""
+DPO_LOSSES = ("sigmoid", "ipo", "robust")
+"""Policy.dpo_loss, as TRL's DPOTrainer names them: DPO's -log sigmoid(beta d), IPO's squared
+hinge on the length-normalised margin, and robust DPO's label-smoothed sigmoid."""
 """How the head computes the loss of a chunk of logits and its gradient (Policy.loss_kernel)."""
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 LORA_ALL = "all-linear"
@@ -158,6 +163,18 @@ class Policy:
     """With lora_rank: the probability that an element of an adapter's input is zeroed in training
     (the rest scaled by 1 / (1 - p)), as peft's lora_dropout: a mask per adapted projection, per
     micro-batch and step, drawn again the same in a recompute (model/adapters.py). 0: none."""
+    objective: str = "sft"
+    """'sft': the token cross-entropy. 'dpo': Direct Preference Optimisation (docs/adapters.md): the
+    batch is preference pairs, each a chosen row then a rejected row, whose labels mark the
+    completion's tokens; the loss compares each row's completion log-probability with the
+    reference model's, which with adapters is the base without them, computed in the same step
+    by a forward pass over the batch before the training pass (REF_FORWARD ops)."""
+    dpo_beta: float = 0.1
+    """DPO's beta (TRL's default): how far the policy may move from the reference."""
+    dpo_loss: str = "sigmoid"
+    """DPO_LOSSES: sigmoid, ipo or robust (TRL's loss_type)."""
+    dpo_label_smoothing: float = 0.0
+    """robust: the assumed fraction of flipped preference labels, in [0, 0.5) (TRL's label_smoothing)."""
     base_quant: str = "none"
     """With lora_rank: how the frozen base's blocks are stored on the host and cross the link
     (specs/quant.py): 'none' in the compute dtype; 'nf4' QLoRA's 4-bit NormalFloat with double
@@ -202,6 +219,7 @@ class Policy:
                 f"with one micro-batch (here optimizer={self.optimizer!r}, micro_batches={self.micro_batches}): "
                 "the other modes keep every gradient until the step's end by design")
         self._check_adapters()
+        self._check_objective()
         if self.doc_tokens and not self.doc_masks:
             raise HorizonError(f"policy doc_tokens={self.doc_tokens} prices document masks; set doc_masks too")
         if (not isinstance(self.grad_clip, (int, float)) or isinstance(self.grad_clip, bool)
@@ -273,6 +291,34 @@ class Policy:
                     f"has no master, moments or host update, and the adapters update on the device after the "
                     f"backward; use {f}={off!r}")
 
+    def _check_objective(self) -> None:
+        """The objective and DPO's fields well formed; DPO on adapters, with whole pairs per micro-batch."""
+        if self.objective not in OBJECTIVES:
+            raise HorizonError(f"policy objective={self.objective!r}; allowed: {', '.join(OBJECTIVES)}")
+        b, ls = self.dpo_beta, self.dpo_label_smoothing
+        if not isinstance(b, (int, float)) or isinstance(b, bool) or not math.isfinite(b) or b <= 0:
+            raise HorizonError(f"policy dpo_beta={b!r} must be a positive number")
+        if self.dpo_loss not in DPO_LOSSES:
+            raise HorizonError(f"policy dpo_loss={self.dpo_loss!r}; allowed: {', '.join(DPO_LOSSES)}")
+        if not isinstance(ls, (int, float)) or isinstance(ls, bool) or not 0 <= ls < 0.5:
+            raise HorizonError(f"policy dpo_label_smoothing={ls!r} must be in [0, 0.5)")
+        if self.objective != "dpo":
+            for f, off in (("dpo_beta", 0.1), ("dpo_loss", "sigmoid"), ("dpo_label_smoothing", 0.0)):
+                if getattr(self, f) != off:
+                    raise HorizonError(f"policy {f}={getattr(self, f)!r} sets DPO; give objective='dpo' too "
+                                       "(--objective dpo)")
+            return
+        if ls and self.dpo_loss != "robust":
+            raise HorizonError(f"policy dpo_label_smoothing={ls} smooths the robust loss (TRL's); here dpo_loss="
+                               f"{self.dpo_loss!r}: use dpo_loss='robust' or no smoothing")
+        if not self.lora_rank:
+            raise HorizonError("policy objective='dpo' trains adapters for now (its reference is then the base "
+                               "without them): give lora_rank (--lora-rank R); full fine-tuning's DPO needs a "
+                               "reference copy of the weights, not built yet")
+        if self.micro_batch % 2:
+            raise HorizonError(f"policy objective='dpo' takes pairs (a chosen and a rejected row) whole in each "
+                               f"micro-batch; here {self.micro_batch} row(s) a micro-batch: use an even number")
+
     @property
     def lora_scale(self) -> float:
         """What the adapters' output is multiplied by: lora_alpha / lora_rank (peft's scaling)."""
@@ -282,6 +328,15 @@ class Policy:
     def quantized_base(self) -> bool:
         """The frozen base's blocks are stored quantized (base_quant nf4 or int8)."""
         return self.base_quant != "none"
+
+    @property
+    def objective_text(self) -> str:
+        """The objective in words for the policy lines of plan and train ('' for the token loss)."""
+        if self.objective != "dpo":
+            return ""
+        smooth = f", label smoothing {self.dpo_label_smoothing:g}" if self.dpo_label_smoothing else ""
+        return (f"DPO ({self.dpo_loss} loss, beta {self.dpo_beta:g}{smooth}) on preference pairs, against the base "
+                "without the adapters (a reference pass before each step's)")
 
     @property
     def base_form(self) -> str:

@@ -1,0 +1,115 @@
+"""Issue 42, item 4: DPO on adapters (Policy.objective 'dpo'), against TRL's DPOTrainer on peft's
+LoRA. On TRL's own batch (its tokenized pairs, padded as its collator pads them), in fp32, the
+executor's loss and every adapter gradient equal what TRL's compute_loss gives and backpropagates,
+within 1e-5, for the sigmoid, IPO and robust (label-smoothed) losses; the reference is the base
+without the adapters (TRL's, for a peft model), computed by the step's own reference pass. The
+reference pass runs before the step's forward from the same input in either micro-batch order,
+and the step's options give the same gradients."""
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from horizon_sim.schedule import OpKind, build_schedule
+from horizon_sim.specs.policy import Policy
+from tests.hf_tiny import rel_err
+from tests.test_families import tiny
+from tests.test_lora_exec import _copy_adapters_into, _peft, _step_grads, _trainer
+
+trl = pytest.importorskip("trl")
+SPEC = replace(tiny("llama"), vocab=320)  # the test tokenizer's vocabulary (tests/hf_tokenizers.py)
+PAIRS = {"prompt": ["The cat", "Once upon"], "chosen": [" sat on the mat", " a time there was"],
+         "rejected": [" ran", " nothing at all, not a thing"]}
+
+
+def _trl_batch(tmp_path, model, **dpo):
+    """TRL's DPOTrainer on `model` (peft) and its first batch: rows [chosen..., rejected...]."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    from tests.hf_tokenizers import tokenizer_folder
+    tokenizer_folder(tmp_path / "tok")
+    cfg = DPOConfig(output_dir=str(tmp_path / "trl"), report_to=[], per_device_train_batch_size=2, use_cpu=True,
+                    bf16=False, max_length=32, **dpo)
+    tr = DPOTrainer(model=model, args=cfg, train_dataset=Dataset.from_dict(PAIRS),
+                    processing_class=AutoTokenizer.from_pretrained(tmp_path / "tok"))
+    return tr, next(iter(tr.get_train_dataloader()))
+
+
+def _ours(batch):
+    """TRL's batch as the executor takes it: pairs interleaved [c0, r0, c1, r1], labels[t] the
+    next token where it is a completion token (TRL's completion_mask, shifted), else -100."""
+    ids, cm = batch["input_ids"], batch["completion_mask"]
+    n = ids.shape[0] // 2
+    order = [i for p in range(n) for i in (p, n + p)]
+    labels = torch.full_like(ids, -100)
+    labels[:, :-1] = torch.where(cm[:, 1:].bool(), ids[:, 1:], -100)
+    return ids[order], labels[order]
+
+
+@pytest.mark.parametrize("loss, smoothing", [("sigmoid", 0.0), ("ipo", 0.0), ("robust", 0.1)])
+def test_the_loss_and_adapter_gradients_are_trls(tmp_path, loss, smoothing):
+    from tests.test_families import _random_hf
+    # TRL's batch from a stand-in model (its shape sets the executor's step), then the executor's
+    # trainer (its adapters, B random), then TRL's trainer again on a peft model of the same base
+    # holding those adapters: the same batch
+    kw = dict(beta=0.1, loss_type=[loss], label_smoothing=smoothing)
+    _, batch = _trl_batch(tmp_path / "probe", _peft(_random_hf(SPEC), "all-linear", 4, 8.0), **kw)
+    tokens, labels = _ours(batch)
+    tr, ref_model = _trainer(tmp_path, "llama", "all-linear", spec=SPEC, batch=tokens.shape[0],
+                             seq=tokens.shape[1], objective="dpo", dpo_loss=loss, dpo_label_smoothing=smoothing)
+    model = _peft(ref_model, "all-linear", 4, 8.0)
+    _copy_adapters_into(tr, model)
+    trl_tr, again = _trl_batch(tmp_path / "trl", model, **kw)
+    assert all(torch.equal(again[k], batch[k]) for k in batch)
+    # TRL keeps a trained adapter's starting copy as 'ref' and uses it as the reference; dropped,
+    # its reference is the base with the adapters off (a fresh adapter's start, B = 0), the executor's
+    if "ref" in model.peft_config:
+        model.delete_adapter("ref")
+    model.train()
+    with tr:
+        res, grads = _step_grads(tr, tokens, labels)
+    want_loss = trl_tr.compute_loss(model, batch)
+    want_loss.backward()
+    want = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    assert set(grads) == set(want)
+    assert abs(res.loss - (math.log(2) if loss != "ipo" else 25.0)) > 1e-3  # the policy is not the reference
+    assert res.loss == pytest.approx(want_loss.item(), rel=1e-5)
+    errs = {n: rel_err(g, want[n]) for n, g in grads.items()}
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= 1e-5, f"{worst}: {errs[worst]:.2e}"
+
+
+@pytest.mark.parametrize("order", ["micro", "layer"])
+def test_the_reference_pass_runs_first_from_the_steps_own_input(order):
+    p = Policy.from_choices(batch=4, seq=64, micro_batches=2, mb_order=order, lora_rank=4, objective="dpo",
+                            optimizer=None)
+    sched = build_schedule(replace(tiny("llama"), n_layers=3), p)
+    kinds = [o.kind for o in sched.ops if o.lane.value == "compute"]
+    first_train = kinds.index(OpKind.FORWARD)
+    assert set(kinds[:first_train]) == {OpKind.REF_FORWARD, OpKind.HEAD_LOSS}
+    assert OpKind.REF_FORWARD not in kinds[first_train:]
+    assert sum(o.kind == OpKind.EMBED_FWD for o in sched.ops) == 2  # once per micro-batch, shared by both passes
+    ref = [o for o in sched.ops if o.kind == OpKind.REF_FORWARD]
+    assert all("lora" not in " ".join(o.reads) for o in ref)  # the base alone
+    heads = [o for o in sched.ops if o.kind == OpKind.HEAD]
+    assert all("ref_logps" in o.reads for o in heads)
+
+
+@pytest.mark.parametrize("other", [dict(keep_last=-1), dict(mb_order="layer"), dict(act_ckpt_every=2,
+                                                                                  act_ckpt_on="device")])
+def test_the_step_options_give_the_same_dpo_gradients(tmp_path, other):
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, SPEC.vocab, (4, 16), generator=g)
+    labels = torch.full_like(tokens, -100)
+    labels[:, 6:-1] = tokens[:, 7:]
+    base = dict(spec=SPEC, batch=4, seq=16, micro_batches=2, objective="dpo")
+    a, _ = _trainer(tmp_path / "a", "llama", "all-linear", **base)
+    b, _ = _trainer(tmp_path / "b", "llama", "all-linear", **{**base, **other})
+    with a, b:
+        r1, g1 = _step_grads(a, tokens, labels)
+        r2, g2 = _step_grads(b, tokens, labels)
+    assert r2.loss == pytest.approx(r1.loss, rel=1e-6)
+    assert max(rel_err(g2[n], v) for n, v in g1.items()) <= 1e-5
