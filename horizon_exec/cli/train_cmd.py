@@ -303,18 +303,26 @@ def run_train(args: argparse.Namespace) -> int:
     return rc
 
 
+def _data_bytes(path, tok, policy) -> int:
+    """Host bytes the run's data will hold at most: packed text, or preference pairs (two padded
+    rows a record, data/pairs.py)."""
+    if policy.objective == "dpo":
+        from horizon_exec.data.pairs import pairs_bytes_bound
+        return pairs_bytes_bound(path, policy.seq)
+    from horizon_exec.data.data import data_bytes_bound
+    return data_bytes_bound(path, tok, policy.seq)
+
+
 def _planned(args: argparse.Namespace, cfg: "RunConfig", read: "ModelAndTokenizer", launch_cfg):
     """(`cfg` with the planner's policy for the knobs no flag pins, `read` with the machine
     description the search used) (cli/train_policy.py)."""
     from horizon_exec.cli.train_policy import choose_policy
-    from horizon_exec.data.data import data_bytes_bound
     from horizon_sim.specs.layout import Layout
     try:
         layout = Layout(launch_cfg.nproc_per_node, launch_cfg.nnodes)
     except HorizonError:  # a launch this node cannot hold: check_node says so (before any rank starts)
         return cfg, read
-    data_bytes = data_bytes_bound(cfg.data.data, read.tok, cfg.policy.seq)
-    cfg, machine = choose_policy(args, cfg, read.model, data_bytes, layout)
+    cfg, machine = choose_policy(args, cfg, read.model, _data_bytes(cfg.data.data, read.tok, cfg.policy), layout)
     return cfg, (dataclasses.replace(read, machine=machine) if machine is not None else read)
 
 
@@ -370,7 +378,7 @@ def _machine(cfg: "RunConfig", hardware, dist, known=None):
 def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) -> int:
     """read: the model and tokenizer as check_run_inputs read them (None: a rank reads them here)."""
     from horizon_exec.cli.run_inputs import read_model_and_tokenizer
-    from horizon_exec.data.data import data_bytes_bound, load_dataset
+    from horizon_exec.data.data import load_dataset
     from horizon_exec.errors import ExecError
     from horizon_exec.checkpoints.fileio import OutputError
     from horizon_exec.train.loop import EvalError, Interrupted
@@ -384,7 +392,7 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
         for note in read.notes:
             print(note)
         # The data is loaded after the admission, which counts what it will hold (a bound from its size).
-        data_bytes = data_bytes_bound(data.data, tok, policy.seq)
+        data_bytes = _data_bytes(data.data, tok, policy)
         hardware = None
         if cfg.hardware:
             from horizon_sim.job.toml import load_hardware_or_job  # a hardware file, or a job's [hardware]
@@ -409,7 +417,11 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
         if adm.enabled:
             from horizon_exec.train.save import check_space_for
             check_space_for(cfg, tr)
-        ds = load_dataset(data.data, tok, policy.seq, data.eval_fraction, doc_masks=policy.doc_masks)
+        if policy.objective == "dpo":  # preference pairs (data/pairs.py)
+            from horizon_exec.data.pairs import load_pairs
+            ds = load_pairs(data.data, tok, policy.seq, data.eval_fraction)
+        else:
+            ds = load_dataset(data.data, tok, policy.seq, data.eval_fraction, doc_masks=policy.doc_masks)
         try:
             return _train(cfg, tr, _Inputs(tok, init_dir, ds, peak, peak_what, save_inputs, hardware, machine))
         except Interrupted as e:  # every rank stopped at the same boundary: rank 0 says so for the run
@@ -464,8 +476,9 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") 
           f"host store {fmt_bytes(tr.host_store_bytes)}, device {cfg.trainer.runtime.device}"
           + (f", {tr.dist.world} ranks ({tr.dist.layout}), a step trains "
              f"{policy.batch * tr.dist.world} sequences" if tr.dist.world > 1 else ""))
+    what = "pairs (a chosen and a rejected row each)" if policy.objective == "dpo" else "sequences"
     print(f"data: {ds.source}, tokenizer {inputs.tok.name}, {ds.n_tokens:,} tokens -> {len(ds.train)} train + "
-          f"{len(ds.eval)} eval sequences of {policy.seq}")
+          f"{len(ds.eval)} eval {what} of {policy.seq}")
     if tr.admission is not None:
         print(f"admission: fits: {tr.admission.line()}")
     why = cfg.compute_dtype_why

@@ -98,9 +98,9 @@ def predict(sched, hw: HardwareSpec, *, source: str, backend: str = "cpu", compu
 
 def dataset_bytes(ds) -> int:
     """Bytes of the tensors a loaded Dataset holds (the token stream, its targets and document
-    starts, the train/eval index)."""
-    st = ds.data.stream
-    parts = [st.ids, st.target, st.starts, ds.train, ds.eval]
+    starts, or a pair dataset's rows and labels; the train/eval index)."""
+    st = getattr(ds.data, "stream", None)
+    parts = ([st.ids, st.target, st.starts] if st is not None else [ds.data.tokens, ds.data.labels]) + [ds.train, ds.eval]
     return int(sum(t.numel() * t.element_size() for t in parts if t is not None))
 
 

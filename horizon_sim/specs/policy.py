@@ -315,6 +315,9 @@ class Policy:
             raise HorizonError("policy objective='dpo' trains adapters for now (its reference is then the base "
                                "without them): give lora_rank (--lora-rank R); full fine-tuning's DPO needs a "
                                "reference copy of the weights, not built yet")
+        if self.doc_masks:
+            raise HorizonError("policy objective='dpo' has one prompt and completion a row, nothing packed: drop "
+                               "doc_masks (--doc-masks)")
         if self.micro_batch % 2:
             raise HorizonError(f"policy objective='dpo' takes pairs (a chosen and a rejected row) whole in each "
                                f"micro-batch; here {self.micro_batch} row(s) a micro-batch: use an even number")
