@@ -5,7 +5,7 @@ torch.distributed.run, or directly with the env:// variables set).
 
 MODE parity: 3 steps of a tiny model (moe=1: a Qwen3-MoE one; moe=aux: the same trained with the
   router load-balancing loss; moe=gpt2: a GPT-2 one, learned positions beside its tied embedding) on this rank's share of fixed global batches (micro=N micro-batches
-  in order=micro|layer; lora=R: LoRA adapters of rank R on the frozen base (quant=nf4|int8: stored so), and OUT/master.pt holds
+  in order=micro|layer; lora=R: LoRA adapters of rank R on the frozen base (quant=nf4|int8: stored so; objective=dpo: DPO on row pairs), and OUT/master.pt holds
   the adapters); rank 0 writes OUT/master.pt (every unit's whole master, gathered),
   OUT/losses.json and (moe=aux) OUT/aux.json, the steps' aux losses.
 MODE store: one step; each rank writes OUT/store-RANK.json: the Rss and Pss of its mapping of
@@ -54,13 +54,13 @@ def adapters(tr) -> list:
 
 
 def policy(world: int, opt: str, micro_batches: int = 1, bf16: str = "", mb_order: str = "micro",
-           lora: int = 0, quant: str = "none") -> Policy:
+           lora: int = 0, quant: str = "none", objective: str = "sft") -> Policy:
     """fp32 compute (parity); bf16 = 'copy' or 'split': bf16 compute with the working copy, the
     master whole or split; lora: adapters of that rank on the frozen base (fp32, clipping at 0.5)."""
     if lora:
         return Policy(batch=GLOBAL_BATCH // world, micro_batches=micro_batches, seq=16, compute_dtype="fp32",
                       grad_dtype="fp32", working_copy=False, optimizer="after", grad_clip=0.5, mb_order=mb_order,
-                      lora_rank=lora, lora_alpha=2.0 * lora, base_quant=quant)
+                      lora_rank=lora, lora_alpha=2.0 * lora, base_quant=quant, objective=objective)
     if bf16:
         return Policy(batch=GLOBAL_BATCH // world, micro_batches=micro_batches, seq=16, optimizer=opt,
                       grad_clip=0.0 if opt == "backward" else 0.5, split_master=bf16 == "split", mb_order=mb_order)
@@ -86,7 +86,7 @@ def main(out: Path, mode: str, kw: dict) -> None:
     ctx = from_env(timeout_s=float(kw.get("timeout", 60)))
     opt = kw.get("opt", "pipelined")
     pol = policy(ctx.world, opt, int(kw.get("micro", 1)), bf16=kw.get("bf16", ""), mb_order=kw.get("order", "micro"),
-                 lora=int(kw.get("lora", 0)), quant=kw.get("quant", "none"))
+                 lora=int(kw.get("lora", 0)), quant=kw.get("quant", "none"), objective=kw.get("objective", "sft"))
     b = pol.batch
     cfg = TrainerConfig(optimizer=OptimizerConfig(lr=float(kw.get("lr", 1e-3))), admission=AdmissionConfig(enabled=False),
                         runtime=RuntimeConfig(timeout_s=float(kw.get("op_timeout", 60))))

@@ -17,22 +17,23 @@ import dist_worker  # noqa: E402
 from test_dist_exec import torchrun  # noqa: E402
 
 
-def one_rank(micro: int, quant: str = "none"):
+def one_rank(micro: int, quant: str = "none", objective: str = "sft"):
     from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
     cfg = TrainerConfig(optimizer=OptimizerConfig(lr=1e-2), admission=AdmissionConfig(enabled=False))
-    with Trainer(dist_worker.spec(False), dist_worker.policy(1, "after", micro, lora=4, quant=quant), cfg) as tr:
+    with Trainer(dist_worker.spec(False), dist_worker.policy(1, "after", micro, lora=4, quant=quant, objective=objective), cfg) as tr:
         losses = [tr.step(t).loss for t in dist_worker.batches()]
         return torch.cat(dist_worker.adapters(tr)), losses
 
 
-@pytest.mark.parametrize("quant", ["none", "nf4"])
-def test_two_ranks_train_the_adapters_one_rank_trains_with_the_whole_batch(tmp_path, quant):
-    """(nf4: the node's one packed base, written by its leader, read by both ranks.)"""
-    torchrun(tmp_path, "parity", 2, lora=4, lr=1e-2, quant=quant)
+@pytest.mark.parametrize("quant, objective", [("none", "sft"), ("nf4", "sft"), ("none", "dpo")])
+def test_two_ranks_train_the_adapters_one_rank_trains_with_the_whole_batch(tmp_path, quant, objective):
+    """(nf4: the node's one packed base, written by its leader, read by both ranks; dpo: each rank
+    its pairs, the loss the mean over every rank's.)"""
+    torchrun(tmp_path, "parity", 2, lora=4, lr=1e-2, quant=quant, objective=objective)
     got = torch.load(tmp_path / "master.pt")
     losses = json.loads((tmp_path / "losses.json").read_text())
-    whole, whole_losses = one_rank(1, quant)
+    whole, whole_losses = one_rank(1, quant, objective)
     assert got.shape == whole.shape and whole.abs().max() > 0
     assert (got - whole).abs().max().item() <= 1e-5
     assert losses == pytest.approx(whole_losses, rel=1e-6)
