@@ -113,3 +113,65 @@ def test_the_step_options_give_the_same_dpo_gradients(tmp_path, other):
         r2, g2 = _step_grads(b, tokens, labels)
     assert r2.loss == pytest.approx(r1.loss, rel=1e-6)
     assert max(rel_err(g2[n], v) for n, v in g1.items()) <= 1e-5
+
+
+def _full_grads(tr, tokens, labels):
+    """One full fine-tuning step's loss and every parameter's gradient (by transformers name), as
+    the host holds them when the global norm is taken (optimizer 'after', fp32)."""
+    from horizon_exec.model.layout import host_layout
+    from horizon_sim.schedule import Holds
+    grads = {}
+
+    def snapshot(op):
+        if op.kind == OpKind.GRAD_NORM:
+            for u in tr.units:
+                g = tr.runner.buf.get(tr.sched.find(Holds.HOST_GRAD, u).name)  # (pooled: live until the update)
+                grads.update({k: v.clone() for k, v in host_layout(tr.model, u).views(g).items()})
+
+    tr.engine.hook = snapshot
+    res = tr.step(tokens, labels)
+    tr.engine.hook = None
+    return res, grads
+
+
+@pytest.mark.parametrize("loss", ["sigmoid", "ipo"])
+def test_full_fine_tuning_dpo_is_trls(tmp_path, loss):
+    """Full fine-tuning: the reference is a copy of the weights the run started from (REF_WEIGHTS,
+    in host RAM; TRL's is a copy of the model), and the loss and every parameter's gradient equal
+    TRL's within 1e-5."""
+    from transformers import AutoModelForCausalLM
+
+    from horizon_exec.checkpoints.hf_checkpoint import load_hf, spec_from_hf_dir
+    from horizon_exec.runtime.config import TrainerConfig
+    from horizon_exec.runtime.trainer import Trainer
+    from horizon_sim.specs.policy import exact_policy
+    from tests.test_families import _random_hf
+    kw = dict(beta=0.1, loss_type=[loss])
+    _random_hf(SPEC).save_pretrained(tmp_path / "hf")  # (TRL loads its reference copy from the model's folder)
+    load = lambda: AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)  # noqa: E731
+    _, batch = _trl_batch(tmp_path / "probe", load(), **kw)
+    tokens, labels = _ours(batch)
+    pol = exact_policy(batch=tokens.shape[0], seq=tokens.shape[1], optimizer="after", grad_clip=0.0,
+                       objective="dpo", dpo_loss=loss, loss_chunk_tokens=24)
+    tr = Trainer(spec_from_hf_dir(tmp_path / "hf"), pol, TrainerConfig(random_init=False))
+    load_hf(tr, tmp_path / "hf")
+    model = load()
+    trl_tr, again = _trl_batch(tmp_path / "trl", model, **kw)
+    assert all(torch.equal(again[k], batch[k]) for k in batch)
+    model.train()
+    with tr:
+        with torch.no_grad():  # move the policy off the reference (TRL's reference stays the copy it made)
+            for name, t in tr.state_dict().items():
+                t.add_(0.01 * torch.randn(t.shape, generator=torch.Generator().manual_seed(len(name))))
+            tr.refresh_working_copy()
+            model.load_state_dict({**model.state_dict(), **{k: v.clone() for k, v in tr.state_dict().items()}})
+        res, grads = _full_grads(tr, tokens, labels)
+    want_loss = trl_tr.compute_loss(model, batch)
+    want_loss.backward()
+    want = {n: p.grad for n, p in model.named_parameters()}
+    assert set(grads) == set(want)
+    assert abs(res.loss - (math.log(2) if loss == "sigmoid" else 25.0)) > 1e-3
+    assert res.loss == pytest.approx(want_loss.item(), rel=1e-5)
+    errs = {n: rel_err(g, want[n]) for n, g in grads.items()}
+    worst = max(errs, key=errs.get)
+    assert errs[worst] <= 1e-5, f"{worst}: {errs[worst]:.2e}"

@@ -279,6 +279,7 @@ def load_hf(trainer, path) -> None:
                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     reset_optimizer_state(trainer)
     trainer.refresh_working_copy()
+    trainer.weights.set_reference()  # full fine-tuning's DPO: the loaded weights are its reference
 
 
 def _check_finite(t, name: str, where) -> None:

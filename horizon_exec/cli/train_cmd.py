@@ -497,6 +497,8 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") 
         disk = f" on disk ({tr.disk.method} I/O in {tr.disk.folder})" if tr.disk is not None else ""
         print(f"optimizer: AdamW ({policy.optimizer}), {master}, {policy.states_dtype} moments{disk}: "
               f"{tr.runner.adamw.describe(TORCH_DTYPE[policy.master_dtype], TORCH_DTYPE[policy.states_dtype])}")
+        if policy.objective_text:
+            print(f"objective: {policy.objective_text}")
     ck = cfg.checkpoints
     if ck.resume is not None:
         p = loop.resume(ck.resume or ck.ckpt_dir)

@@ -54,16 +54,19 @@ def pair_losses(pi, ref, counts, policy) -> torch.Tensor:
 
 
 def dpo_head_fwd_bwd(x, w_norm, w_lm, labels, ref, inv_pairs: float, policy, eps: float, chunk: int,
-                     loss_kernel: str = "torch", norm=None, softcap: float = 0.0):
+                     loss_kernel: str = "torch", norm=None, softcap: float = 0.0, g_norm_out=None, g_lm_out=None):
     """x (B, T, H) the head's input, B rows in pairs; w_norm the final norm's tensors; w_lm (V, H);
     labels (B*T,); ref (B,) the reference's row log-probabilities; inv_pairs 1 / the step's pairs.
-    Returns (dx (B, T, H), the micro-batch's part of the step's loss: fp32 scalar). A frozen head:
-    no weight gradients."""
+    Returns (dx (B, T, H), the micro-batch's part of the step's loss: fp32 scalar). g_norm_out,
+    g_lm_out: where the head's weight gradients go, as head.head_fwd_bwd writes them (both None: a
+    frozen head, adapters)."""
     B, T, H = x.shape
     N = B * T
+    frozen = g_lm_out is None
     with torch.enable_grad():
         xg = x.reshape(N, H).detach().requires_grad_()
-        h = norm(xg, *[t.detach() for t in w_norm], eps)
+        wn = [t.detach().requires_grad_(not frozen) for t in w_norm]
+        h = norm(xg, *wn, eps)
     hd = h.detach()
     with torch.no_grad():
         pi = row_logps(hd, w_lm, labels, B, chunk, softcap)
@@ -76,6 +79,8 @@ def dpo_head_fwd_bwd(x, w_norm, w_lm, labels, ref, inv_pairs: float, policy, eps
     # gradient (with inv_n 1) scaled per row
     weight = (-coef).repeat_interleave(T)          # (N,)
     dh = torch.empty_like(hd)
+    if not frozen:
+        g_lm_out.zero_()
     for i in range(0, N, chunk):
         hc, lc = hd[i:i + chunk], labels[i:i + chunk]
         if softcap:
@@ -84,6 +89,10 @@ def dpo_head_fwd_bwd(x, w_norm, w_lm, labels, ref, inv_pairs: float, policy, eps
             g, _ = loss_and_grad_(hc @ w_lm.t(), lc, 1.0, loss_kernel)
         g.mul_(weight[i:i + chunk].to(g.dtype).unsqueeze(1))
         torch.mm(g, w_lm, out=dh[i:i + g.shape[0]])
+        if not frozen:
+            g_lm_out.addmm_(g.t(), hc)              # (V, H) accumulates over chunks
         del g
-    (dx,) = torch.autograd.grad(h, [xg], dh)
+    dx, *dwn = torch.autograd.grad(h, [xg] + ([] if frozen else wn), dh)
+    for out, g in zip(g_norm_out or (), dwn):
+        out.copy_(g)
     return dx.view(B, T, H), loss.detach()

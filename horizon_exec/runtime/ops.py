@@ -536,11 +536,19 @@ class OpRunner:
             mine = torch.empty(self.dev_numel(op.unit), dtype=self.act, device=x.device) if staged else dgrad
             gv = self.head_layout.views(mine)
             norms = final_norm_names(self.m)
-            dx, loss = head_fwd_bwd(x, [w[n] for n in norms], w["lm_head.weight"], labels,
-                                    self.inputs.n_step_tokens, self.m.norm_eps,
-                                    min(self.p.loss_chunk_tokens, labels.numel()),
-                                    [gv[n] for n in norms], gv["lm_head.weight"], self.p.loss_kernel,
-                                    final_norm(self.m), self.m.logit_softcap)
+            if self.p.objective == "dpo":  # its pairs' loss against the reference's log-probabilities
+                ref = self.buf.get(self.buf.one(op.reads, Holds.REF_LOGPS))[self._rows(op.micro)]
+                dx, loss = dpo_head_fwd_bwd(x, [w[n] for n in norms], w["lm_head.weight"], labels, ref,
+                                            1.0 / self.inputs.n_step_tokens, self.p, self.m.norm_eps,
+                                            min(self.p.loss_chunk_tokens, labels.numel()), self.p.loss_kernel,
+                                            final_norm(self.m), self.m.logit_softcap,
+                                            [gv[n] for n in norms], gv["lm_head.weight"])
+            else:
+                dx, loss = head_fwd_bwd(x, [w[n] for n in norms], w["lm_head.weight"], labels,
+                                        self.inputs.n_step_tokens, self.m.norm_eps,
+                                        min(self.p.loss_chunk_tokens, labels.numel()),
+                                        [gv[n] for n in norms], gv["lm_head.weight"], self.p.loss_kernel,
+                                        final_norm(self.m), self.m.logit_softcap)
             if staged:
                 (dgrad[:mine.numel()].add_ if add else dgrad[:mine.numel()].copy_)(mine)
                 del mine, gv

@@ -42,6 +42,20 @@ class Weights:
                 if not in_place:
                     self.master.write_whole(u, whole)
         self.refresh_working_copy()
+        self.set_reference()
+
+    def set_reference(self) -> None:
+        """Full fine-tuning's DPO: the reference model's weights (REF_WEIGHTS, the compute dtype) <-
+        the master as it is now, the run's start (after an init or a load; a resumed run reads its
+        checkpoint's). Nothing to do otherwise."""
+        if not self.store.has(Holds.REF_WEIGHTS, self.units[0]):
+            return
+        if self.dist.is_leader:  # the node's one copy
+            for u in self.units:
+                ref = self.store.of(Holds.REF_WEIGHTS, u)
+                n = host_layout(self.model, u).numel
+                ref[:n].copy_(self.master.local_whole(u, n))  # (one node: the declarations refuse more)
+        self.dist.barrier()
 
     def refresh_working_copy(self) -> None:
         """Working copies <- the masters, after anything wrote the masters directly (a loaded
@@ -126,3 +140,4 @@ class Weights:
                     for name, t in lay.views(self.store.of(self.master.holds, u)[:lay.numel]).items():
                         t.copy_(sd[name])
         self.refresh_working_copy()
+        self.set_reference()

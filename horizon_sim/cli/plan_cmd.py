@@ -163,7 +163,8 @@ def report(r: SimResult, efficiency: float | None = None) -> str:
         f"          compute {pol.compute_dtype}, master "
         f"{'fp32 split (bf16 working copy + 16-bit low half)' if pol.split_master else pol.master_dtype}, "
         f"moments {pol.states_dtype}, grads {pol.grad_dtype} over the link, working copy "
-        f"{'on' if pol.working_copy else 'off'}",
+        f"{'on' if pol.working_copy else 'off'}"
+        + (f"\n          {pol.objective_text}" if pol.objective_text else ""),
     ]
     if r.extension:
         counts = r.extension.simulated

@@ -43,7 +43,7 @@ from horizon_sim.schedule.limits import check_sizes
 from horizon_sim.schedule.op import EMBED, Holds, OpKind
 from horizon_sim.schedule.partition import Part
 from horizon_sim.schedule.schedule import Schedule
-from horizon_sim.schedule.sequence import Use, assign_slots, compute_sequence, reference_sequence
+from horizon_sim.schedule.sequence import REFERENCE_KINDS, Use, assign_slots, compute_sequence, reference_sequence
 from horizon_sim.schedule.step_builder import StepBuilder
 from horizon_sim.specs.families import family
 from horizon_sim.specs.layout import ONE, Layout
@@ -393,23 +393,47 @@ class TrainStepBuilder(StepBuilder):
         dgrad, add = self.grad_target(u, m)
         # The head's kernels write its gradients in the compute dtype; into a device sum
         # (fp32, or one to add to) they go through a temporary of the head's size.
-        a = DTYPE_BYTES[self.policy.compute_dtype]
+        a, p = DTYPE_BYTES[self.policy.compute_dtype], self.policy
         staged = add or b.buffers[dgrad].dtype != self.policy.compute_dtype
-        self.emit(OpKind.HEAD, u, m, slot=b.buffers[slot].layer, reads=[x, slot] + ([dgrad] if add else []),
+        dpo = p.objective == "dpo"  # a first pass for the rows' log-probabilities, then the gradient's
+        self.emit(OpKind.HEAD, u, m, slot=b.buffers[slot].layer,
+                  reads=[x, slot] + ([dgrad] if add else []) + ([b.ref_logps()] if dpo else []),
                   writes=[dx, dgrad], frees=[x],
-                  flops=3 * self.model.head_fwd_flops(self.tokens), hbm_bytes=self.head_hbm,
+                  flops=(4 if dpo else 3) * self.model.head_fwd_flops(self.tokens),
+                  hbm_bytes=self.head_hbm + (work.head_loss_elementwise_bytes(self.model, self.tokens, a, p.loss_kernel)
+                                             if dpo else 0),
                   workspace_bytes=self.head_ws + (b.dev_params(u) * a if staged else 0))
         self.grads_made(u, m)  # a tied matrix is updated with the embedding, later
 
     def ref_forward(self, use: Use, slot: str) -> None:
-        """DPO's reference pass through block u (the base without its adapters): from the step's own
-        input at block 0 (kept for the step's forward), then along the reference's boundaries."""
+        """DPO's reference pass through block u (adapters: the base without them, from the step's own
+        input at block 0, kept for the step's forward; full fine-tuning: the reference copy's weights,
+        from its own embedded input), then along the reference's boundaries."""
         b, u, m = self.bufs, use.unit, use.micro
-        src = b.activation(m, 0) if u == 0 else b.ref_activation(m, u)
+        shared = u == 0 and not b.own_reference
+        src = b.activation(m, 0) if shared else b.ref_activation(m, u)
         flops, hbm, ws = (t[u] for t in self.ref_fwd)
         self.emit(OpKind.REF_FORWARD, u, m, slot=b.buffers[slot].layer, reads=[src, slot],
-                  writes=[b.ref_activation(m, u + 1)], frees=[] if u == 0 else [src], flops=flops, hbm_bytes=hbm,
+                  writes=[b.ref_activation(m, u + 1)], frees=[] if shared else [src], flops=flops, hbm_bytes=hbm,
                   workspace_bytes=ws)
+
+    def ref_embed(self, m: int) -> None:
+        """Full fine-tuning's DPO: the micro-batch's rows of the reference's embedding, loaded as
+        the reference pass's input."""
+        b, a = self.bufs, DTYPE_BYTES[self.policy.compute_dtype]
+        emb = b.host_rows(f"embr.m{m}", Holds.REF_EMBEDDED, m, "staging")
+        self.emit(OpKind.EMBED_FWD, EMBED, m, reads=[b.ref_weights_of(EMBED)], writes=[emb],
+                  host_bytes=self.tokens * self.model.hidden * 2 * a)
+        self.emit(OpKind.LOAD_INPUT, EMBED, m, reads=[emb], writes=[b.ref_activation(m, 0)], frees=[emb],
+                  link_bytes=self.boundary_bytes)
+
+    def load_ref_weights(self, u: int, slot: str, m: int) -> None:
+        """Full fine-tuning's DPO: a unit's reference weights -> a slot (a tied head: its norm, then
+        the reference embedding's matrix)."""
+        b, a = self.bufs, DTYPE_BYTES[self.policy.compute_dtype]
+        units = [u] + ([EMBED] if u == self.head and self.model.tied_embeddings else [])
+        self.emit(OpKind.LOAD_WEIGHTS, u, m, slot=int(b.buffers[slot].layer), reads=[b.ref_weights_of(v) for v in units],
+                  writes=[slot], link_bytes=b.dev_params(u) * a)
 
     def ref_head(self, use: Use, slot: str) -> None:
         """DPO's reference pass at the head: each row's completion log-probability, into REF_LOGPS."""
@@ -539,14 +563,18 @@ class TrainStepBuilder(StepBuilder):
         compute = {OpKind.FORWARD: self.forward, OpKind.HEAD: self.head_op, OpKind.RECOMPUTE: self.recompute,
                    OpKind.BACKWARD: self.backward, OpKind.BACKWARD_SAVED: self.backward_saved,
                    OpKind.REF_FORWARD: self.ref_forward, OpKind.HEAD_LOSS: self.ref_head}
-        first = OpKind.REF_FORWARD if dpo else OpKind.FORWARD
-        for use, (s, needs_load) in zip(seq, assign_slots(seq, p.slots)):
+        own = b.own_reference  # full fine-tuning's DPO: the reference pass has weights and an input of its own
+        first = OpKind.REF_FORWARD if dpo and not own else OpKind.FORWARD
+        for use, (s, needs_load) in zip(seq, assign_slots(seq, p.slots, own)):
+            ref = use.kind in REFERENCE_KINDS
             if use.kind == first and use.unit == 0:
                 self.embed(use.micro)
+            elif own and use.kind == OpKind.REF_FORWARD and use.unit == 0:
+                self.ref_embed(use.micro)
             if use.block_start is not None and p.act_ckpt_on == "host":
                 self.reload_block(use)
             if needs_load:
-                self.load_weights(use.unit, slots[s], use.micro)
+                (self.load_ref_weights if own and ref else self.load_weights)(use.unit, slots[s], use.micro)
             compute[use.kind](use, slots[s])
         self.end()
         self.flush_disk_write()

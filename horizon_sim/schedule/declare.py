@@ -44,6 +44,11 @@ class Declarations:
                 raise HorizonError(f"adapters (lora_rank={policy.lora_rank}) are planned on one node for now, not "
                                    f"{layout.nodes}: drop --nodes (train: --nnodes); several devices of one node "
                                    "(--gpus, --nproc-per-node) work")
+        # full fine-tuning's DPO keeps its reference model's weights on the host (adapters: the base is it)
+        self.own_reference = policy.objective == "dpo" and not policy.adapters
+        if self.own_reference and layout.nodes > 1:
+            raise HorizonError(f"full fine-tuning's DPO is planned on one node for now, not {layout.nodes} (its "
+                               "reference copy is one node's): drop --nodes (train: --nnodes), or train adapters")
         self.on_disk = policy.disk_tier != "none"
         self.low_on_disk = policy.disk_tier == "moments+low"
         if self.on_disk and self.shared:
@@ -196,6 +201,9 @@ class Declarations:
         if self.has_copy:
             names.append(self.declare(f"wc.{n}", Space.HOST, Holds.WORKING_COPY, (part.padded,), p.compute_dtype,
                                       True, "working_copy", unit=u, node_shared=sh))
+        if self.own_reference:  # DPO's reference model: the weights as the run started
+            names.append(self.declare(f"ref.{n}", Space.HOST, Holds.REF_WEIGHTS, (part.padded,), p.compute_dtype,
+                                      True, "reference", unit=u, node_shared=sh))
         return names
 
     def disk_stages(self, u: int) -> list[tuple[str, str]]:
@@ -209,6 +217,10 @@ class Declarations:
             out.append((store[0], self.declare(f"master_lo_stage.{label}", Space.HOST, Holds.MASTER_LOW_STAGE,
                                                self.buffers[store[0]].shape, "int16", role="disk_stages", unit=u)))
         return out
+
+    def ref_weights_of(self, u: int) -> str:
+        """Unit u's reference weights (full fine-tuning's DPO)."""
+        return self.host_store(u)[-1]
 
     def quantized(self, u: int) -> bool:
         """Unit u's base is stored quantized (Policy.base_quant: the blocks, not the embedding or the head)."""

@@ -119,6 +119,8 @@ class Holds(str, Enum):
     #                                      the unit's whole host store)
     REF_ACTIVATION = "ref_activation"    # (micro_batch, seq, hidden) the reference's boundary entering block `layer`
     #                                      (DPO: the reference pass, before the step's own)
+    REF_WEIGHTS = "ref_weights"          # (params,) full fine-tuning's DPO: the reference's weights in the compute
+    #                                      dtype (the run's start), static, what the reference pass loads
     REF_LOGPS = "ref_logps"              # (batch,) fp32 each row's completion log-probability under the
     #                                      reference (DPO), from the reference pass's HEAD_LOSS to the HEADs
     QUANT_BASE = "quant_base"            # (bytes,) uint8 a frozen base's block stored quantized (Policy.base_quant:
@@ -146,6 +148,8 @@ class Holds(str, Enum):
     POSITIONS = "positions"              # (batch, seq) int64 each token's position in it
     # host, dynamic
     EMBEDDED = "embedded"                # (micro_batch, seq, hidden) embedding rows of a micro-batch
+    REF_EMBEDDED = "ref_embedded"        # (micro_batch, seq, hidden) host rows of the reference embedding (full
+    #                                      fine-tuning's DPO), gathered for the reference pass
     ACT_CHECKPOINT = "act_checkpoint"    # (micro_batch, seq, hidden) a boundary kept on the host
     INPUT_GRAD = "input_grad"            # (micro_batch, seq, hidden) gradient of the layer-0 input
     LINK_STAGE = "link_stage"            # (device params,) a DMA link's landing stage for a gradient

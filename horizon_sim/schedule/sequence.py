@@ -47,6 +47,10 @@ def _backward_block(start: int, end: int, m: int) -> list[Use]:
     return [replace(block[0], block_start=start)] + block[1:]
 
 
+REFERENCE_KINDS = (OpKind.REF_FORWARD, OpKind.HEAD_LOSS)
+"""The compute kinds of DPO's reference pass in a training step."""
+
+
 def reference_sequence(n_layers: int, micro_batches: int, order: str = "micro") -> list[Use]:
     """DPO's reference pass before the step's own: every micro-batch's REF_FORWARDs through the
     blocks and its HEAD_LOSS, micro-batch by micro-batch, or block by block in the layer order."""
@@ -84,24 +88,28 @@ def compute_sequence(n_layers: int, act_ckpt_every: int, micro_batches: int, ord
     return out
 
 
-def assign_slots(seq: list[Use], n_slots: int) -> list[tuple[int, bool]]:
-    """(slot, needs_load) per compute use (module docstring)."""
+def assign_slots(seq: list[Use], n_slots: int, own_reference: bool = False) -> list[tuple[int, bool]]:
+    """(slot, needs_load) per compute use (module docstring). own_reference: DPO's reference pass
+    computes with weights of its own (full fine-tuning's reference copy), never the step's."""
+    def key(use: Use):
+        return ("ref", use.unit) if own_reference and use.kind in REFERENCE_KINDS else use.unit
+    keys = [key(u) for u in seq]
     next_use = [_NEVER] * len(seq)
-    seen: dict[int, int] = {}
+    seen: dict = {}
     for i in reversed(range(len(seq))):
-        next_use[i] = seen.get(seq[i].unit, _NEVER)
-        seen[seq[i].unit] = i
+        next_use[i] = seen.get(keys[i], _NEVER)
+        seen[keys[i]] = i
     content: list[int | None] = [None] * n_slots
     content_next: list[float] = [_NEVER] * n_slots
     out, prev_slot = [], None
     for i, use in enumerate(seq):
-        if use.unit in content:
-            s, load = content.index(use.unit), False
+        if keys[i] in content:
+            s, load = content.index(keys[i]), False
         else:
             cands = [s for s in range(n_slots) if s != prev_slot]
             s = max(cands, key=lambda s: (content[s] is None, content_next[s], -s))
             load = True
-        content[s], content_next[s] = use.unit, next_use[i]
+        content[s], content_next[s] = keys[i], next_use[i]
         out.append((s, load))
         prev_slot = s
     return out

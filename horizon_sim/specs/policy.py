@@ -167,8 +167,10 @@ class Policy:
     """'sft': the token cross-entropy. 'dpo': Direct Preference Optimisation (docs/adapters.md): the
     batch is preference pairs, each a chosen row then a rejected row, whose labels mark the
     completion's tokens; the loss compares each row's completion log-probability with the
-    reference model's, which with adapters is the base without them, computed in the same step
-    by a forward pass over the batch before the training pass (REF_FORWARD ops)."""
+    reference model's, computed in the same step by a forward pass over the batch before the
+    training pass (REF_FORWARD ops). The reference: with adapters, the base without them; in full
+    fine-tuning, a copy of the weights the run started from, kept on the host in the compute
+    dtype (2 bytes a parameter more)."""
     dpo_beta: float = 0.1
     """DPO's beta (TRL's default): how far the policy may move from the reference."""
     dpo_loss: str = "sigmoid"
@@ -311,10 +313,6 @@ class Policy:
         if ls and self.dpo_loss != "robust":
             raise HorizonError(f"policy dpo_label_smoothing={ls} smooths the robust loss (TRL's); here dpo_loss="
                                f"{self.dpo_loss!r}: use dpo_loss='robust' or no smoothing")
-        if not self.lora_rank:
-            raise HorizonError("policy objective='dpo' trains adapters for now (its reference is then the base "
-                               "without them): give lora_rank (--lora-rank R); full fine-tuning's DPO needs a "
-                               "reference copy of the weights, not built yet")
         if self.doc_masks:
             raise HorizonError("policy objective='dpo' has one prompt and completion a row, nothing packed: drop "
                                "doc_masks (--doc-masks)")
@@ -338,8 +336,10 @@ class Policy:
         if self.objective != "dpo":
             return ""
         smooth = f", label smoothing {self.dpo_label_smoothing:g}" if self.dpo_label_smoothing else ""
-        return (f"DPO ({self.dpo_loss} loss, beta {self.dpo_beta:g}{smooth}) on preference pairs, against the base "
-                "without the adapters (a reference pass before each step's)")
+        ref = ("the base without the adapters" if self.adapters else
+               f"a copy of the starting weights in host RAM ({self.compute_dtype})")
+        return (f"DPO ({self.dpo_loss} loss, beta {self.dpo_beta:g}{smooth}) on preference pairs, against {ref} "
+                "(a reference pass before each step's)")
 
     @property
     def base_form(self) -> str:
