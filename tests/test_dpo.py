@@ -175,3 +175,26 @@ def test_full_fine_tuning_dpo_is_trls(tmp_path, loss):
     errs = {n: rel_err(g, want[n]) for n, g in grads.items()}
     worst = max(errs, key=errs.get)
     assert errs[worst] <= 1e-5, f"{worst}: {errs[worst]:.2e}"
+
+
+def test_full_fine_tuning_dpo_resumes_bit_for_bit(tmp_path):
+    """The reference copy is in the checkpoint: a resumed run (another init seed) computes the
+    uninterrupted run's losses."""
+    from horizon_exec.data.data import load_dataset
+    from horizon_exec.data.tokenize import ByteTokenizer
+    from tests.test_lora_resume import SPEC as RSPEC
+    from tests.test_moe_resume import K, STEPS
+    from tests.test_moe_resume import _loop
+    ds = load_dataset(None, ByteTokenizer(), seq=32, eval_fraction=0.01)
+    pol = Policy(batch=2, seq=32, objective="dpo", optimizer="pipelined", grad_clip=1.0)
+    tr_u, straight = _loop(ds, pol, None, 0, spec=RSPEC)
+    with tr_u:
+        straight.run()
+    tr_i, interrupted = _loop(ds, pol, tmp_path, 0, spec=RSPEC)
+    with tr_i:
+        interrupted.run(until=K)
+    tr_r, resumed = _loop(ds, pol, tmp_path, 123, spec=RSPEC)
+    with tr_r:
+        resumed.resume(tmp_path)
+        resumed.run()
+    assert [resumed.losses[s] for s in range(K, STEPS)] == [straight.losses[s] for s in range(K, STEPS)]
