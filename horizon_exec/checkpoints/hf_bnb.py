@@ -11,13 +11,13 @@ load_in_4bit, bnb_4bit_quant_type nf4 and bnb_4bit_use_double_quant: QLoRA's, an
 These are Horizon's nf4 regions (horizon_sim/specs/quant.py) bit for bit, so a run on an nf4 base
 (Policy.base_quant) takes them as they are; any other run dequantizes them (model/quant.py).
 Other bitsandbytes formats (fp4, int8, no double quantization, other block sizes) are refused."""
-import json
 from dataclasses import dataclass
 
 import torch
 
 from horizon_exec.model import quant as Q
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_read import loads_json
 from horizon_sim.specs.quant import NF4_BLOCK, NF4_STATS_BLOCK
 
 STATE = ".quant_state.bitsandbytes__nf4"
@@ -57,10 +57,9 @@ def read_packed(f, name: str, where) -> PackedNF4:
         except Exception:
             raise HorizonError(f"{where}: the 4-bit weight {name!r} has no {name + suffix!r} beside it "
                                "(bitsandbytes' nf4 with double quantization stores it)") from None
-    try:
-        state = json.loads(bytes(get(STATE).tolist()).decode())
-    except (ValueError, UnicodeDecodeError):
-        raise HorizonError(f"{where}: {name + STATE!r} is not bitsandbytes' JSON quant state") from None
+    state = loads_json(bytes(get(STATE).tolist()), f"{where}: {name + STATE}")
+    if not isinstance(state, dict):
+        raise HorizonError(f"{where}: {name + STATE!r} is not bitsandbytes' JSON quant state (an object)")
     want = {"quant_type": "nf4", "blocksize": NF4_BLOCK, "nested_blocksize": NF4_STATS_BLOCK}
     for k, v in want.items():
         if state.get(k) != v:

@@ -14,13 +14,13 @@ end-of-document id, or 0) with nothing labelled. A row longer than seq + 1 token
 token in either row is dropped, and the loader says how many. Pairs are shuffled and held out
 whole (data.Batches over pair indices)."""
 import hashlib
-import json
 from dataclasses import dataclass
 
 import torch
 
 from horizon_exec.data.data import IGNORE, Batch, Batches, Dataset, split_indices
 from horizon_sim.errors import HorizonError
+from horizon_sim.safe_read import loads_json
 
 
 class PairData:
@@ -126,10 +126,7 @@ def load_pairs(path, tokenizer, seq: int, eval_fraction: float = 0.05, say=print
             if not line.strip():
                 continue
             where = f"{path}:{n}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise HorizonError(f"{where}: not JSON ({e.msg})") from None
+            rec = loads_json(line, where)
             if not isinstance(rec, dict):
                 raise HorizonError(f"{where}: want a JSON object, got {type(rec).__name__}")
             rows = [_tensors(*_row(tokenizer, rec, which, where), seq, pad) for which in ("chosen", "rejected")]
