@@ -18,7 +18,8 @@ page-locked host store. Skipped where torch sees no GPU (CI has none); run on a 
 - the soft-capped attention's fused kernel (flex_softcap.py, which a GPU runs) equals the eager
   formula in float64, output and gradients, with grouped heads, a window and documents;
 - LoRA on an nf4 or int8 base (dequantized on the copy stream) gives the CPU backend's logits
-  and loss, from the same packed bytes.
+  and loss, from the same packed bytes;
+- DPO, on adapters and in full fine-tuning, gives the CPU backend's losses.
 """
 import math
 
@@ -220,3 +221,25 @@ def test_a_quantized_base_steps_on_cuda_as_on_the_cpu(fmt):
     assert ((lg - lc).norm() / lc.norm()).item() <= 1e-5
     assert sg == pytest.approx(sc, rel=1e-5)
     assert bc and all(torch.equal(bc[n], bg[n]) for n in bc)
+
+
+@pytest.mark.parametrize("lora", [4, 0])
+def test_dpo_steps_on_cuda_as_on_the_cpu(lora):
+    """DPO (issue 42), on adapters and in full fine-tuning (its reference copy streamed into slots
+    of its own): the same first step's loss on CUDA as on the CPU backend (fp32, within 1e-5)."""
+    spec = _spec(3, 128)
+    pol = exact_policy(batch=4, seq=SEQ, micro_batches=2, optimizer="after", grad_clip=CLIP, lora_rank=lora,
+                       objective="dpo")
+    tokens = _tokens(pol)
+    labels = torch.full_like(tokens, -100)
+    labels[:, SEQ // 2:-1] = tokens[:, SEQ // 2 + 1:]
+    losses = {}
+    for dev in ("cpu", "cuda"):
+        with Trainer(spec, pol, TrainerConfig(runtime=RuntimeConfig(device=dev))) as tr:
+            if lora:
+                with torch.no_grad():  # B random (peft starts it at 0: the policy would be the reference)
+                    for u in tr.adapters.blocks:
+                        for _, b in tr.adapters.weights(u).values():
+                            b.copy_(0.1 * torch.randn(b.shape, generator=torch.Generator().manual_seed(u)))
+            losses[dev] = [tr.step(tokens, labels).loss for _ in range(2)]
+    assert losses["cuda"] == pytest.approx(losses["cpu"], rel=1e-5)
