@@ -136,8 +136,9 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
                         "(the rest scaled by 1/(1-P)), as peft's lora_dropout (default 0: none)")
     g.add_argument("--objective", choices=OBJECTIVES, default=defaults.objective,
                    help="what a step minimises: 'sft' the token cross-entropy; 'dpo' Direct Preference Optimisation "
-                        "on pairs (a chosen then a rejected row; with --lora-rank, against the base without the "
-                        "adapters as the reference, computed in the same step) (default sft)")
+                        "on pairs (a chosen then a rejected row), against a reference model computed in the same "
+                        "step: with --lora-rank the base without the adapters, else a copy of the starting weights "
+                        "in host RAM (default sft)")
     g.add_argument("--dpo-beta", type=float, default=defaults.dpo_beta, metavar="B",
                    help=f"with --objective dpo: DPO's beta (default {defaults.dpo_beta:g}, TRL's)")
     g.add_argument("--dpo-loss", choices=DPO_LOSSES, default=defaults.dpo_loss,
