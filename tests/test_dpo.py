@@ -76,6 +76,10 @@ def test_the_loss_and_adapter_gradients_are_trls(tmp_path, loss, smoothing):
     want = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
     assert set(grads) == set(want)
     assert abs(res.loss - (math.log(2) if loss != "ipo" else 25.0)) > 1e-3  # the policy is not the reference
+    logged = {k: v[-1] for k, v in trl_tr._metrics["train"].items()}  # TRL's reward metrics of that batch
+    for ours, theirs in (("rewards_chosen", "rewards/chosen"), ("rewards_rejected", "rewards/rejected"),
+                         ("reward_margin", "rewards/margins"), ("reward_accuracy", "rewards/accuracies")):
+        assert res.dpo[ours] == pytest.approx(logged[theirs], rel=1e-4, abs=1e-7), ours
     assert res.loss == pytest.approx(want_loss.item(), rel=1e-5)
     errs = {n: rel_err(g, want[n]) for n, g in grads.items()}
     worst = max(errs, key=errs.get)

@@ -57,7 +57,9 @@ def dpo_head_fwd_bwd(x, w_norm, w_lm, labels, ref, inv_pairs: float, policy, eps
                      loss_kernel: str = "torch", norm=None, softcap: float = 0.0, g_norm_out=None, g_lm_out=None):
     """x (B, T, H) the head's input, B rows in pairs; w_norm the final norm's tensors; w_lm (V, H);
     labels (B*T,); ref (B,) the reference's row log-probabilities; inv_pairs 1 / the step's pairs.
-    Returns (dx (B, T, H), the micro-batch's part of the step's loss: fp32 scalar). g_norm_out,
+    Returns (dx (B, T, H), the micro-batch's part of the step's loss: fp32 scalar, and its reward
+    sums (3,): the chosen rows' beta (pi - ref), the rejected rows', and the pairs whose chosen
+    reward is the larger, as TRL logs them). g_norm_out,
     g_lm_out: where the head's weight gradients go, as head.head_fwd_bwd writes them (both None: a
     frozen head, adapters)."""
     B, T, H = x.shape
@@ -95,4 +97,6 @@ def dpo_head_fwd_bwd(x, w_norm, w_lm, labels, ref, inv_pairs: float, policy, eps
     dx, *dwn = torch.autograd.grad(h, [xg] + ([] if frozen else wn), dh)
     for out, g in zip(g_norm_out or (), dwn):
         out.copy_(g)
-    return dx.view(B, T, H), loss.detach()
+    rewards = policy.dpo_beta * (pi - ref.float()).view(-1, 2)  # (pairs, [chosen, rejected])
+    stats = torch.stack([rewards[:, 0].sum(), rewards[:, 1].sum(), (rewards[:, 0] > rewards[:, 1]).float().sum()])
+    return dx.view(B, T, H), loss.detach(), stats

@@ -77,6 +77,8 @@ class StepOutputs:
     """Data parallel: the step's aux summed over every rank's share (NORM_ALL_REDUCE)."""
     adapter_grad_norm: float | None = None
     """Adapters: the global norm of their gradients (ADAPTER_UPDATE), before clipping."""
+    dpo_stats: list = field(default_factory=list)
+    """DPO: each micro-batch's reward sums (model/dpo.py), set by its HEAD op."""
 
     def loss(self) -> float:
         """This rank's share of the step's loss: the token-mean cross-entropy's, plus coef times
@@ -156,7 +158,7 @@ class OpRunner:
         M = self.p.micro_batches
         router = RouterAux(self.m, M, self.p.micro_batch * self.p.seq, 1.0 / (M * self.dist.world)) \
             if inputs.router_aux else None
-        self.inputs, self.outputs = inputs, StepOutputs(loss_parts=[None] * M, router=router)
+        self.inputs, self.outputs = inputs, StepOutputs(loss_parts=[None] * M, router=router, dpo_stats=[None] * M)
         if labels is not None:
             self.backend.h2d(self.labels, labels)
             self.attn.begin_step(docs)
@@ -538,7 +540,8 @@ class OpRunner:
             norms = final_norm_names(self.m)
             if self.p.objective == "dpo":  # its pairs' loss against the reference's log-probabilities
                 ref = self.buf.get(self.buf.one(op.reads, Holds.REF_LOGPS))[self._rows(op.micro)]
-                dx, loss = dpo_head_fwd_bwd(x, [w[n] for n in norms], w["lm_head.weight"], labels, ref,
+                dx, loss, self.outputs.dpo_stats[op.micro] = dpo_head_fwd_bwd(
+                                            x, [w[n] for n in norms], w["lm_head.weight"], labels, ref,
                                             1.0 / self.inputs.n_step_tokens, self.p, self.m.norm_eps,
                                             min(self.p.loss_chunk_tokens, labels.numel()), self.p.loss_kernel,
                                             final_norm(self.m), self.m.logit_softcap,
@@ -564,7 +567,8 @@ class OpRunner:
         if self.p.objective == "dpo":
             ref = self.buf.get(self.buf.one(op.reads, Holds.REF_LOGPS))[self._rows(op.micro)]
             with self._scope(op):
-                dx, loss = dpo_head_fwd_bwd(x, [w[n] for n in final_norm_names(self.m)], w["lm_head.weight"], labels,
+                dx, loss, self.outputs.dpo_stats[op.micro] = dpo_head_fwd_bwd(
+                                            x, [w[n] for n in final_norm_names(self.m)], w["lm_head.weight"], labels,
                                             ref, 1.0 / self.inputs.n_step_tokens, self.p, self.m.norm_eps,
                                             min(self.p.loss_chunk_tokens, labels.numel()), self.p.loss_kernel,
                                             final_norm(self.m), self.m.logit_softcap)

@@ -45,6 +45,9 @@ class StepResult:
     aux_loss: float | None = None
     """The router load-balancing loss (unweighted: the mean over the step's micro-batches and
     ranks of transformers' aux), when the model trains with it; None otherwise."""
+    dpo: dict | None = None
+    """DPO: the means over the step's pairs (every rank's) of TRL's reward metrics, beta (pi - ref):
+    rewards_chosen, rewards_rejected, reward_margin and reward_accuracy; None otherwise."""
 
     @property
     def tokens_per_s(self) -> float:

@@ -346,7 +346,16 @@ class Trainer:
         return StepResult(loss=loss, grad_norm=gnorm, timeline=timeline,
                           device_peak_bytes=self.backend.device_peak(self.arena),
                           rss_peak_bytes=rss_peak_bytes(), step_s=step_s, tokens=p.tokens,
-                          labelled_tokens=n_labelled, skipped=bool(bad), nonfinite=bad or "", aux_loss=aux)
+                          labelled_tokens=n_labelled, skipped=bool(bad), nonfinite=bad or "", aux_loss=aux,
+                          dpo=self._dpo_metrics(out, n_labelled) if p.objective == "dpo" else None)
+
+    def _dpo_metrics(self, out, pairs: int) -> dict:
+        """TRL's reward metrics of a DPO step, means over its `pairs` (every rank's)."""
+        parts = [s for s in out.dpo_stats if s is not None]
+        c, r, won = (float(v) for v in (torch.stack(parts).sum(dim=0).cpu() if parts else torch.zeros(3)))
+        c, r, won = self._sum_over_ranks(c, r, won)
+        return {"rewards_chosen": c / pairs, "rewards_rejected": r / pairs, "reward_margin": (c - r) / pairs,
+                "reward_accuracy": won / pairs}
 
     def _sum_over_ranks(self, *xs):
         """Numbers summed over every rank (the calling thread's collective); one rank: as given."""

@@ -473,6 +473,8 @@ class TrainLoop:
                    "tokens_per_s": tok_s, "model_tflops": flop_s / 1e12, "labelled_tokens": res.labelled_tokens}
             if res.aux_loss is not None:  # the router load-balancing loss (in `loss`, times its coefficient)
                 rec["aux_loss"] = res.aux_loss
+            if res.dpo is not None:  # DPO's reward metrics, as TRL names them
+                rec.update(res.dpo)
             if res.labelled_tokens == 0:
                 self.untargeted.append(self.step)
                 if len(self.untargeted) == 1:
@@ -491,6 +493,8 @@ class TrainLoop:
             self._log(rec, write)
             if bar is not None:
                 post = {"loss": f"{res.loss:.4f}", "lr": f"{lr:.2e}", "tok/s": f"{tok_s:,.0f}"}
+                if res.dpo is not None:
+                    post["reward acc"] = f"{res.dpo['reward_accuracy']:.2f}"
                 post.update({"MFU": f"{100 * rec['mfu']:.3g}%"} if cfg.peak_flops else
                             {"TFLOP/s": f"{flop_s / 1e12:.3g}"})
                 if self.check is not None and self.check.versus(rec):
