@@ -313,6 +313,15 @@ def _data_bytes(path, tok, policy) -> int:
     return data_bytes_bound(path, tok, policy.seq)
 
 
+def _load_data(data, tok, policy):
+    """The run's Dataset: packed text, or preference pairs (DPO, data/pairs.py)."""
+    if policy.objective == "dpo":
+        from horizon_exec.data.pairs import load_pairs
+        return load_pairs(data.data, tok, policy.seq, data.eval_fraction)
+    from horizon_exec.data.data import load_dataset
+    return load_dataset(data.data, tok, policy.seq, data.eval_fraction, doc_masks=policy.doc_masks)
+
+
 def _planned(args: argparse.Namespace, cfg: "RunConfig", read: "ModelAndTokenizer", launch_cfg):
     """(`cfg` with the planner's policy for the knobs no flag pins, `read` with the machine
     description the search used) (cli/train_policy.py)."""
@@ -378,7 +387,6 @@ def _machine(cfg: "RunConfig", hardware, dist, known=None):
 def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) -> int:
     """read: the model and tokenizer as check_run_inputs read them (None: a rank reads them here)."""
     from horizon_exec.cli.run_inputs import read_model_and_tokenizer
-    from horizon_exec.data.data import load_dataset
     from horizon_exec.errors import ExecError
     from horizon_exec.checkpoints.fileio import OutputError
     from horizon_exec.train.loop import EvalError, Interrupted
@@ -417,11 +425,7 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
         if adm.enabled:
             from horizon_exec.train.save import check_space_for
             check_space_for(cfg, tr)
-        if policy.objective == "dpo":  # preference pairs (data/pairs.py)
-            from horizon_exec.data.pairs import load_pairs
-            ds = load_pairs(data.data, tok, policy.seq, data.eval_fraction)
-        else:
-            ds = load_dataset(data.data, tok, policy.seq, data.eval_fraction, doc_masks=policy.doc_masks)
+        ds = _load_data(data, tok, policy)
         try:
             return _train(cfg, tr, _Inputs(tok, init_dir, ds, peak, peak_what, save_inputs, hardware, machine))
         except Interrupted as e:  # every rank stopped at the same boundary: rank 0 says so for the run

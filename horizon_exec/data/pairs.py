@@ -36,8 +36,8 @@ class PairData:
 
     def get(self, idx) -> Batch:
         """The pairs `idx`, interleaved: (2 len(idx), seq) tokens and labels, chosen before rejected."""
-        rows = torch.stack([2 * torch.as_tensor(idx, dtype=torch.int64), 2 * torch.as_tensor(idx, dtype=torch.int64) + 1],
-                           dim=1).reshape(-1)
+        chosen = 2 * torch.as_tensor(idx, dtype=torch.int64)
+        rows = torch.stack([chosen, chosen + 1], dim=1).reshape(-1)
         return Batch(self.tokens[rows], self.labels[rows], None)
 
     def fingerprint(self) -> str:

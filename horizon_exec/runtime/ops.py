@@ -530,28 +530,13 @@ class OpRunner:
         if self.adapters is not None:
             return self.frozen_head(op, x, w)
         dgrad, add = self._device_grad(op)
-        labels = self.labels[self._rows(op.micro)].reshape(-1)
         with self._scope(op):
             # the kernels write the compute dtype: into a sum (fp32, or to add to) through a
             # temporary of the head's size (the Schedule counts it in the op's workspace)
             staged = add or dgrad.dtype != self.act
             mine = torch.empty(self.dev_numel(op.unit), dtype=self.act, device=x.device) if staged else dgrad
             gv = self.head_layout.views(mine)
-            norms = final_norm_names(self.m)
-            if self.p.objective == "dpo":  # its pairs' loss against the reference's log-probabilities
-                ref = self.buf.get(self.buf.one(op.reads, Holds.REF_LOGPS))[self._rows(op.micro)]
-                dx, loss, self.outputs.dpo_stats[op.micro] = dpo_head_fwd_bwd(
-                                            x, [w[n] for n in norms], w["lm_head.weight"], labels, ref,
-                                            1.0 / self.inputs.n_step_tokens, self.p, self.m.norm_eps,
-                                            min(self.p.loss_chunk_tokens, labels.numel()), self.p.loss_kernel,
-                                            final_norm(self.m), self.m.logit_softcap,
-                                            [gv[n] for n in norms], gv["lm_head.weight"])
-            else:
-                dx, loss = head_fwd_bwd(x, [w[n] for n in norms], w["lm_head.weight"], labels,
-                                        self.inputs.n_step_tokens, self.m.norm_eps,
-                                        min(self.p.loss_chunk_tokens, labels.numel()),
-                                        [gv[n] for n in norms], gv["lm_head.weight"], self.p.loss_kernel,
-                                        final_norm(self.m), self.m.logit_softcap)
+            dx, loss = self._head_pass(op, x, w, [gv[n] for n in final_norm_names(self.m)], gv["lm_head.weight"])
             if staged:
                 (dgrad[:mine.numel()].add_ if add else dgrad[:mine.numel()].copy_)(mine)
                 del mine, gv
@@ -561,31 +546,31 @@ class OpRunner:
         self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
 
     def frozen_head(self, op, x, w):
-        """A frozen head (adapters): the loss and the head input's gradient, no weight gradients
-        (DPO: its pairs' loss against the reference's log-probabilities the op reads, model/dpo.py)."""
-        labels = self.labels[self._rows(op.micro)].reshape(-1)
-        if self.p.objective == "dpo":
-            ref = self.buf.get(self.buf.one(op.reads, Holds.REF_LOGPS))[self._rows(op.micro)]
-            with self._scope(op):
-                dx, loss, self.outputs.dpo_stats[op.micro] = dpo_head_fwd_bwd(
-                                            x, [w[n] for n in final_norm_names(self.m)], w["lm_head.weight"], labels,
-                                            ref, 1.0 / self.inputs.n_step_tokens, self.p, self.m.norm_eps,
-                                            min(self.p.loss_chunk_tokens, labels.numel()), self.p.loss_kernel,
-                                            final_norm(self.m), self.m.logit_softcap)
-                if self.outputs.router is not None:
-                    self.outputs.router.close(op.micro)
-            self.outputs.loss_parts[op.micro] = loss
-            self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
-            return
+        """A frozen head (adapters): the loss and the head input's gradient, no weight gradients."""
         with self._scope(op):
-            dx, loss = head_fwd_bwd(x, [w[n] for n in final_norm_names(self.m)], w["lm_head.weight"], labels,
-                                    self.inputs.n_step_tokens, self.m.norm_eps,
-                                    min(self.p.loss_chunk_tokens, labels.numel()), None, None, self.p.loss_kernel,
-                                    final_norm(self.m), self.m.logit_softcap)
+            dx, loss = self._head_pass(op, x, w)
             if self.outputs.router is not None:
                 self.outputs.router.close(op.micro)
         self.outputs.loss_parts[op.micro] = loss
         self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
+
+    def _head_pass(self, op, x, w, g_norm_out=None, g_lm_out=None):
+        """(dx, the micro-batch's loss part) of the head's chunked pass, its weight gradients into
+        g_norm_out and g_lm_out (None: a frozen head): the token cross-entropy (head.py), or DPO's
+        pairs against the reference's log-probabilities the op reads (model/dpo.py; its reward
+        sums into the step's outputs)."""
+        labels = self.labels[self._rows(op.micro)].reshape(-1)
+        common = dict(eps=self.m.norm_eps, chunk=min(self.p.loss_chunk_tokens, labels.numel()),
+                      loss_kernel=self.p.loss_kernel, norm=final_norm(self.m), softcap=self.m.logit_softcap)
+        w_norm, w_lm = [w[n] for n in final_norm_names(self.m)], w["lm_head.weight"]
+        if self.p.objective != "dpo":
+            return head_fwd_bwd(x, w_norm, w_lm, labels, self.inputs.n_step_tokens, g_norm_out=g_norm_out,
+                                g_lm_out=g_lm_out, **common)
+        ref = self.buf.get(self.buf.one(op.reads, Holds.REF_LOGPS))[self._rows(op.micro)]
+        dx, loss, self.outputs.dpo_stats[op.micro] = dpo_head_fwd_bwd(
+            x, w_norm, w_lm, labels, ref, 1.0 / self.inputs.n_step_tokens, self.p, g_norm_out=g_norm_out,
+            g_lm_out=g_lm_out, **common)
+        return dx, loss
 
     def adapter_update(self, op):
         """ADAPTER_UPDATE: the adapters' global gradient norm (the step's loss and norm checked

@@ -130,6 +130,9 @@ class TrainStepBuilder(StepBuilder):
         self.bwd_ws = [ws[True, mk, model.window(layer)] for layer, mk in enumerate(masked)]
         self.head_hbm = work.head_elementwise_bytes(model, tok, a, p.loss_kernel)
         self.head_ws = work.head_workspace_bytes(model, tok, p.loss_chunk_tokens, a, p.loss_kernel)
+        # a forward-only pass of the head (eval; DPO's reference, and its head's first pass)
+        self.head_loss_hbm = work.head_loss_elementwise_bytes(model, tok, a, p.loss_kernel)
+        self.head_loss_ws = work.head_loss_workspace_bytes(model, tok, p.loss_chunk_tokens, a, p.loss_kernel)
         self.boundary_bytes = tok * model.hidden * a
         # kept layers (kept_work.py): the graph's bytes, and what their two ops hold beyond it
         # (adapters: the frozen base's graph keeps less, and the adapters' inputs and products more)
@@ -381,28 +384,22 @@ class TrainStepBuilder(StepBuilder):
     def head_op(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
         x, dx = b.activation(m, u), b.activation_grad(m, u)
+        # DPO: a first forward pass for the rows' log-probabilities, then the gradient's, reading the reference's
+        dpo = self.policy.objective == "dpo"
+        ref, passes, hbm = ([b.ref_logps()], 1, self.head_hbm + self.head_loss_hbm) if dpo else ([], 0, self.head_hbm)
         if self.policy.adapters:  # a frozen head: the input's gradient only
-            dpo = self.policy.objective == "dpo"  # a first pass for the rows' log-probabilities, then the gradient's
-            a, p = DTYPE_BYTES[self.policy.compute_dtype], self.policy
-            self.emit(OpKind.HEAD, u, m, slot=b.buffers[slot].layer, reads=[x, slot] + ([b.ref_logps()] if dpo else []),
-                      writes=[dx], frees=[x], flops=(3 if dpo else 2) * self.model.head_fwd_flops(self.tokens),
-                      hbm_bytes=self.head_hbm + (work.head_loss_elementwise_bytes(self.model, self.tokens, a,
-                                                                                   p.loss_kernel) if dpo else 0),
+            self.emit(OpKind.HEAD, u, m, slot=b.buffers[slot].layer, reads=[x, slot, *ref], writes=[dx], frees=[x],
+                      flops=(2 + passes) * self.model.head_fwd_flops(self.tokens), hbm_bytes=hbm,
                       workspace_bytes=self.head_ws)
             return
         dgrad, add = self.grad_target(u, m)
         # The head's kernels write its gradients in the compute dtype; into a device sum
         # (fp32, or one to add to) they go through a temporary of the head's size.
-        a, p = DTYPE_BYTES[self.policy.compute_dtype], self.policy
+        a = DTYPE_BYTES[self.policy.compute_dtype]
         staged = add or b.buffers[dgrad].dtype != self.policy.compute_dtype
-        dpo = p.objective == "dpo"  # a first pass for the rows' log-probabilities, then the gradient's
-        self.emit(OpKind.HEAD, u, m, slot=b.buffers[slot].layer,
-                  reads=[x, slot] + ([dgrad] if add else []) + ([b.ref_logps()] if dpo else []),
-                  writes=[dx, dgrad], frees=[x],
-                  flops=(4 if dpo else 3) * self.model.head_fwd_flops(self.tokens),
-                  hbm_bytes=self.head_hbm + (work.head_loss_elementwise_bytes(self.model, self.tokens, a, p.loss_kernel)
-                                             if dpo else 0),
-                  workspace_bytes=self.head_ws + (b.dev_params(u) * a if staged else 0))
+        self.emit(OpKind.HEAD, u, m, slot=b.buffers[slot].layer, reads=[x, slot] + ([dgrad] if add else []) + ref,
+                  writes=[dx, dgrad], frees=[x], flops=(3 + passes) * self.model.head_fwd_flops(self.tokens),
+                  hbm_bytes=hbm, workspace_bytes=self.head_ws + (b.dev_params(u) * a if staged else 0))
         self.grads_made(u, m)  # a tied matrix is updated with the embedding, later
 
     def ref_forward(self, use: Use, slot: str) -> None:
@@ -437,14 +434,11 @@ class TrainStepBuilder(StepBuilder):
 
     def ref_head(self, use: Use, slot: str) -> None:
         """DPO's reference pass at the head: each row's completion log-probability, into REF_LOGPS."""
-        b, u, m, p = self.bufs, use.unit, use.micro, self.policy
-        a = DTYPE_BYTES[p.compute_dtype]
+        b, u, m = self.bufs, use.unit, use.micro
         x = b.ref_activation(m, u)
         self.emit(OpKind.HEAD_LOSS, u, m, slot=b.buffers[slot].layer, reads=[x, slot], writes=[b.ref_logps()], frees=[x],
-                  flops=self.model.head_fwd_flops(self.tokens),
-                  hbm_bytes=work.head_loss_elementwise_bytes(self.model, self.tokens, a, p.loss_kernel),
-                  workspace_bytes=work.head_loss_workspace_bytes(self.model, self.tokens, p.loss_chunk_tokens, a,
-                                                                  p.loss_kernel))
+                  flops=self.model.head_fwd_flops(self.tokens), hbm_bytes=self.head_loss_hbm,
+                  workspace_bytes=self.head_loss_ws)
 
     def reload_block(self, use: Use) -> None:
         """A backward block begins: its checkpoint comes back from the host."""
@@ -578,11 +572,11 @@ class TrainStepBuilder(StepBuilder):
             compute[use.kind](use, slots[s])
         self.end()
         self.flush_disk_write()
-        per_token = model.model_flops_per_token(p.seq, p.context_tokens)
+        step = per_token = model.model_flops_per_token(p.seq, p.context_tokens)
         if p.adapters:  # no weight gradients of the base (2N a token less); the adapters' 6 a parameter
             per_token += 6 * b.adapter_params(0) * model.n_layers - 2 * model.model_flops_params
         if dpo:  # and the reference's forward: a third of the full step's count
-            per_token += model.model_flops_per_token(p.seq, p.context_tokens) / 3
+            per_token += step / 3
         return self.schedule(slot_bytes=b.slot_bytes, model_flops=per_token * p.tokens)
 
 

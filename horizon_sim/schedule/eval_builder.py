@@ -12,14 +12,13 @@ same typed fields: the executor runs it on the buffers it already holds, and its
 never exceeds the step's (the same slots and constants, at most two boundaries and a forward's
 temporaries at a time; tests/test_eval_engine.py checks both).
 """
-from horizon_sim.schedule import work
 from horizon_sim.schedule.builder import TrainStepBuilder
 from horizon_sim.schedule.op import OpKind
 from horizon_sim.schedule.schedule import Schedule
 from horizon_sim.schedule.sequence import Use, assign_slots
 from horizon_sim.specs.layout import ONE, Layout
 from horizon_sim.specs.model import ModelSpec
-from horizon_sim.specs.policy import DTYPE_BYTES, Policy
+from horizon_sim.specs.policy import Policy
 
 
 def eval_sequence(n_layers: int, micro_batches: int) -> list[Use]:
@@ -43,12 +42,9 @@ class EvalStepBuilder(TrainStepBuilder):
 
     def head_loss(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
-        a, p = DTYPE_BYTES[self.policy.compute_dtype], self.policy
         self.emit(OpKind.HEAD_LOSS, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot], frees=[b.activation(m, u)],
-                  flops=self.model.head_fwd_flops(self.tokens),
-                  hbm_bytes=work.head_loss_elementwise_bytes(self.model, self.tokens, a, p.loss_kernel),
-                  workspace_bytes=work.head_loss_workspace_bytes(self.model, self.tokens, p.loss_chunk_tokens, a,
-                                                                  p.loss_kernel))
+                  flops=self.model.head_fwd_flops(self.tokens), hbm_bytes=self.head_loss_hbm,
+                  workspace_bytes=self.head_loss_ws)
 
     def build(self) -> Schedule:
         model, p, b = self.model, self.policy, self.bufs
