@@ -216,9 +216,9 @@ def load_hf(trainer, path) -> None:
 
     d = Path(path)
     check_same_shapes(trainer.model, spec_from_hf_dir(d), str(d / "config.json"))
-    # name -> fp32 view into the store (a split master: into a unit's scratch, split into the
-    # store once all its tensors have been read)
-    params = _SplitSink(trainer) if trainer.viewless_master else trainer.state_dict()
+    # name -> fp32 view into the store (a split master or a quantized base: into a unit's scratch,
+    # written into the store once all its tensors have been read)
+    params = _UnitSink(trainer) if trainer.viewless_master else trainer.state_dict()
     tied = trainer.model.tied_embeddings
     wrap = wrapped(d)  # a multimodal checkpoint: its language model's tensors, the others carried
     # MoE experts are stored per expert and held fused (hf_experts.py): stored name -> (held
@@ -251,7 +251,7 @@ def load_hf(trainer, path) -> None:
                             raise HorizonError(f"{d / fname}: tensor {name!r} has shape {pk.shape}, "
                                                f"the model needs {tuple(dst.shape)}")
                         dst.copy_(pk.dequantized())
-                        if isinstance(params, _SplitSink):
+                        if isinstance(params, _UnitSink):
                             params.give_packed(held, pk)
                     else:
                         sl = f.get_slice(stored)
@@ -292,11 +292,12 @@ def _check_finite(t, name: str, where) -> None:
                            f"{first}: {t[tuple(first)].item()}); the weights must be finite")
 
 
-class _SplitSink:
-    """load_hf's destination for a split master: params[name] is a view into an fp32 scratch
-    of its unit, made on first use; filled(name) counts the unit's tensors and, at its last,
-    splits the scratch into the store and drops it (a unit at a time for a checkpoint in
-    layer order, never the whole model in fp32)."""
+class _UnitSink:
+    """load_hf's destination for a master held other than as views (a split master, a quantized
+    base: runtime/master.viewless_master): params[name] is a view into an fp32 scratch of its
+    unit, made on first use; filled(name) counts the unit's tensors and, at its last, writes the
+    scratch into the store through Master.write_whole (split, or packed) and drops it (a unit at a
+    time for a checkpoint in layer order, never the whole model in fp32)."""
 
     def __init__(self, trainer):
         self.tr, self.unit_of, self.left, self.scratch = trainer, {}, {}, {}
