@@ -31,15 +31,18 @@ def tiny_hf(kind, seed=0):
 
 def randomized_(model, seed: int):
     """model with its biases, norm weights, MoE routers and experts random too (transformers
-    starts them at 0, 1, 0 and small: every bias alike, routers tied), so every tensor carries
-    information; returned in eval mode."""
+    starts them at 0, 1, 0 and small: every bias alike, routers tied), and gpt-oss's attention
+    sinks of order one (as trained ones are: at 0.02 a sink changes nothing a test would see), so
+    every tensor carries information; returned in eval mode."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for n, p in model.named_parameters():
             if n.endswith((".bias", "norm.weight")):
                 p.copy_(1.0 * n.endswith("norm.weight") + 0.1 * torch.randn(p.shape, generator=gen))
-            elif n.endswith("mlp.gate.weight") or "experts." in n:
+            elif n.endswith(("mlp.gate.weight", "mlp.router.weight")) or "experts." in n:
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+            elif n.endswith("self_attn.sinks"):
+                p.copy_(torch.randn(p.shape, generator=gen))
     return model.eval()
 
 

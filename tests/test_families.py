@@ -52,6 +52,9 @@ TINY = {  # family: its tiny spec's fields (T = 16 tokens: longer than every win
     "olmo2": dict(ffn_hidden=96, padding_idx=1),
     "gemma3_text": dict(ffn_hidden=96, head_dim=32, tied_embeddings=True, padding_idx=0, layer_windows=(6, 0),
                         query_scale=24.0, rope_theta=1e6, rope_local_theta=1e4),
+    # sinks, biases, a window; the clamp's limit low enough that random weights cross it both ways
+    "gpt_oss": dict(ffn_hidden=32, head_dim=24, n_experts=4, experts_per_token=2, expert_ffn_hidden=32,
+                    norm_topk_prob=True, layer_windows=(6, 0), swiglu_alpha=1.702, swiglu_limit=0.5, padding_idx=5),
 }
 RUNNABLE = [f for f in FAMILIES if f in FORWARDS]
 WITH_HF = [f for f in FAMILIES if FAMILIES[f].hf is not None]

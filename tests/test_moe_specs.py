@@ -113,7 +113,7 @@ def _one_line(fn, *args, match: str):
 
 
 @pytest.mark.parametrize("mt,words", [("deepseek_v3", "multi-head latent attention"), ("deepseek_v2", "DeepSeek-V2"),
-                                      ("gpt_oss", "gpt-oss")])
+                                      ("qwen3_next", "gated delta-net")])
 def test_other_moe_families_are_refused_by_name(mt, words):
     _one_line(spec_from_config_dict, {"model_type": mt, "hidden_size": 32}, match=words)
 

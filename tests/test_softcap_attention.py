@@ -56,11 +56,12 @@ def test_a_chunk_sees_only_the_keys_of_its_window():
     assert [(i0, i1, j0) for i0, i1, j0 in sca._chunks(300, 64)] == [(0, 128, 0), (128, 256, 65), (256, 300, 193)]
 
 
+@pytest.mark.parametrize("variant", ["softcap", "sinks"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", [(2, 4, 2, 512, 32, 0, False), (2, 4, 2, 300, 32, 100, False),
                                    (1, 8, 1, 256, 16, 0, True), (2, 4, 4, 384, 32, 128, True)],
                          ids=["grouped-causal", "window", "one-kv-head-docs", "mha-window-docs"])
-def test_the_planned_score_passes_are_a_kernel_by_kernel_count(dtype, shape):
+def test_the_planned_score_passes_are_a_kernel_by_kernel_count(dtype, shape, variant):
     """work.softcap_elementwise_bytes of its forward and its backward against what its own
     elementwise kernels read plus write, counted aten call by aten call as the calibration's
     KernelTimer counts (its products are attention FLOPs), with q, k, v and dO in the layouts
@@ -79,11 +80,14 @@ def test_the_planned_score_passes_are_a_kernel_by_kernel_count(dtype, shape):
         docs[:, T // 2:] = 1
     d_o = torch.ones(B, T, nh, hd, dtype=dtype).transpose(1, 2)  # dO as the block's reshape gives it back
     from horizon_exec.measure.calibrate import KernelTimer
+    sinks = torch.randn(nh, generator=gen).to(dtype).requires_grad_() if variant == "sinks" else None
     with KernelTimer() as count:
-        sca.softcap_attention(q, k, v, 0.1, 50.0, window, docs).backward(d_o)
+        sca.softcap_attention(q, k, v, 0.1, 50.0 if sinks is None else 0.0, window, docs, sinks).backward(d_o)
     got = count.attention_bytes
-    m = ModelSpec(family="gemma2", n_layers=1, hidden=nh * hd, n_heads=nh, n_kv_heads=nkv, head_dim=hd, ffn_hidden=64,
-                  vocab=64, attn_softcap=50.0)
+    shape = dict(n_layers=1, hidden=nh * hd, n_heads=nh, n_kv_heads=nkv, head_dim=hd, ffn_hidden=64, vocab=64)
+    m = (ModelSpec(family="gemma2", **shape, attn_softcap=50.0) if sinks is None else
+         ModelSpec(family="gpt_oss", **shape, n_experts=2, experts_per_token=1, expert_ffn_hidden=64,
+                   norm_topk_prob=True, swiglu_alpha=1.702, swiglu_limit=7.0))
     a = torch.empty((), dtype=dtype).element_size()
     assert work.softcap_elementwise_bytes(m, B, T, a, False, window, with_docs) == got["attention_fwd"]
     assert work.softcap_elementwise_bytes(m, B, T, a, True, window, with_docs) == got["attention_bwd"]

@@ -22,11 +22,13 @@ result loads with `AutoModelForCausalLM.from_pretrained(dir)`.
 import json
 import shutil
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from horizon_exec.checkpoints import hf_mxfp4 as mxfp4
 from horizon_exec.checkpoints.fileio import publish_dir, staging_dir, write_safetensors, write_text
 from horizon_exec.checkpoints.hf_experts import stored_items, stored_parts
 from horizon_exec.checkpoints.hf_wrapped import wrapped
@@ -207,11 +209,13 @@ def weight_files(path) -> dict[str, list[str]]:
 
 
 @torch.no_grad()
-def load_hf(trainer, path) -> None:
+def load_hf(trainer, path) -> list[str]:
     """Copy a local HF checkpoint's weights into the trainer's fp32 master (and working
     copy). The config must describe the trainer's model; every tensor must be present, known
     and of the right shape, else a one-line HorizonError names it. Optimizer state is reset
-    (moments and step counters zero, no pending update): this is an initialisation."""
+    (moments and step counters zero, no pending update): this is an initialisation. Returns
+    what the user should hear about the load (gpt-oss's MXFP4 experts dequantized), one line
+    each."""
     from safetensors import safe_open
 
     d = Path(path)
@@ -227,7 +231,10 @@ def load_hf(trainer, path) -> None:
     n_parts = Counter(held for held, _ in parts.values())
     expected = [n for n in params if n not in n_parts] + list(parts)
     seen: set[str] = set()
-    for fname, names in weight_files(d).items():
+    files = weight_files(d)
+    shard_of = {n: fname for fname, names in files.items() for n in names or ()}
+    dequantized = 0  # MXFP4 expert stacks read (hf_mxfp4.py)
+    for fname, names in files.items():
         try:
             with safe_open(str(d / fname), framework="pt", device="cpu") as f:
                 stored_names = list(names if names is not None else f.keys())
@@ -235,6 +242,11 @@ def load_hf(trainer, path) -> None:
                 for stored in stored_names:
                     if is_part(stored, packed):
                         continue  # read with its weight
+                    mx = mxfp4.is_mxfp4_part(stored)
+                    if mx and stored.endswith(mxfp4.SCALES):
+                        continue  # read with its blocks
+                    if mx:
+                        stored = stored.removesuffix(mxfp4.BLOCKS)  # the stack's own name
                     name = wrap.held(stored) if wrap is not None else stored
                     if name is None:
                         continue  # carried into --save-hf from this folder, not trained
@@ -253,6 +265,10 @@ def load_hf(trainer, path) -> None:
                         dst.copy_(pk.dequantized())
                         if isinstance(params, _UnitSink):
                             params.give_packed(held, pk)
+                    elif mx:  # gpt-oss's MXFP4 experts: dequantized into the master
+                        with _pair(d, f, stored, shard_of) as both:
+                            dst.copy_(mxfp4.read(both, stored, d / fname, tuple(dst.shape)))
+                        dequantized += 1
                     else:
                         sl = f.get_slice(stored)
                         shape = tuple(sl.get_shape())
@@ -280,6 +296,39 @@ def load_hf(trainer, path) -> None:
     reset_optimizer_state(trainer)
     trainer.refresh_working_copy()
     trainer.weights.set_reference()  # full fine-tuning's DPO: the loaded weights are its reference
+    if dequantized:
+        pol = trainer.policy
+        master = "split fp32" if pol.split_master else pol.master_dtype
+        return [f"{d}: {dequantized} MXFP4 expert stacks dequantized into the {master} master "
+                "(trained, and saved by --save-hf, unquantized)"]
+    return []
+
+
+@contextmanager
+def _pair(d: Path, f, held: str, shard_of: dict):
+    """An MXFP4 stack's two parts as one reader (keys, get_tensor): from the open file f, or, when
+    a sharded checkpoint put its scales in another shard, from that one too."""
+    scales = held + mxfp4.SCALES
+    other = shard_of.get(scales)
+    if other is None or scales in f.keys():
+        yield f
+        return
+    from safetensors import safe_open
+    with safe_open(str(d / other), framework="pt", device="cpu") as g:
+        yield _Both(f, g)
+
+
+class _Both:
+    """Two open safetensors files read as one."""
+
+    def __init__(self, f, g):
+        self.f, self.g = f, g
+
+    def keys(self):
+        return [*self.f.keys(), *self.g.keys()]
+
+    def get_tensor(self, name):
+        return (self.f if name in self.f.keys() else self.g).get_tensor(name)
 
 
 def _check_finite(t, name: str, where) -> None:

@@ -8,15 +8,18 @@ keep the hub's per-expert layout, which save_pretrained writes back and the hub'
   mixtral               block_sparse_moe.experts.{e}.w1 (gate), w3 (up), w2 (down), and the
                         router as block_sparse_moe.gate.weight
 So a load copies each stored tensor into its part of the fused one, and a save writes the parts
-as views of it (no copy of the fused tensor). Dense models store every tensor as held.
+as views of it (no copy of the fused tensor). Dense models store every tensor as held, and so do
+gpt-oss's checkpoints their expert stacks (MoeTraits.stored_per_expert; the hub's as MXFP4 blocks
+and scales, hf_mxfp4.py).
 """
+from horizon_sim.specs.families import family
 from horizon_sim.specs.model import ModelSpec
 
 
 def stored_parts(m: ModelSpec) -> dict[str, tuple[str, tuple]]:
     """{name in a checkpoint: (parameter name as held, index into that parameter)} for every
     tensor stored other than as held (empty for a dense model)."""
-    if not m.n_experts:
+    if not m.n_experts or not family(m.family).moe.stored_per_expert:
         return {}
     I = m.expert_ffn_hidden
     gate, up = slice(0, I), slice(I, 2 * I)

@@ -514,8 +514,10 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") 
             print(f"--init-adapter {cfg.init_adapter}: not read; the adapters and their state come from the checkpoint")
     else:
         if inputs.init_dir is not None:
-            hf_checkpoint.load_hf(tr, inputs.init_dir)
+            notes = hf_checkpoint.load_hf(tr, inputs.init_dir)
             print(f"weights from {inputs.init_dir}")
+            for note in notes:
+                print(note)
         if cfg.init_adapter is not None:
             from horizon_exec.checkpoints.peft_adapter import load_adapter
             load_adapter(tr, cfg.init_adapter)

@@ -76,13 +76,15 @@ def qkv_projections(m: ModelSpec, w: Mapping, h):
 
 
 def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_norm: bool = False,
-                   project=qkv_projections, norm=rms_norm, out="self_attn.o_proj"):
+                   project=qkv_projections, norm=rms_norm, out="self_attn.o_proj", sinks=None):
     """The attention half after its norm: h (B, T, H) normed -> o_proj's output (B, T, H),
     before the residual. q, k, v by `project` (m, w, h) (three projections, or a family's fused
     one), per-head q/k RMSNorms before RoPE when qk_norm (Qwen3), RoPE, SDPA with grouped kv
     heads (causal, or under attention_mask for sliding windows and document boundaries), the
     output projection (`out`: a Linear's name, with its bias when w has one, or a function of
-    the heads' output, GPT-2's Conv1D). cos None: no RoPE (learned positions, GPT-2).
+    the heads' output, GPT-2's Conv1D). cos None: no RoPE (learned positions, GPT-2). sinks (nh,):
+    a sink logit per head (gpt-oss), which only the chunked kernel runs (on a GPU too: flex
+    attention would need its logsumexp's gradient).
     Each step rebinds q and k, so the tensor it replaced is freed at once (the measured
     temporaries the planner prices, schedule/work.py, depend on it). The mask is made here, so
     autograd holds its only reference and frees it with the attention's backward."""
@@ -101,7 +103,9 @@ def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_
         q = q * cos + rotate_half(q, rd) * sin
         k = k * cos + rotate_half(k, rd) * sin
     scale = (m.query_scale or hd) ** -0.5                               # Gemma's query_pre_attn_scalar
-    if m.attn_softcap:  # scores soft-capped, which SDPA cannot: one fused kernel on a GPU, else chunks of rows
+    if sinks is not None:  # a sink per head, which SDPA cannot add: chunks of rows
+        o = softcap_attention(q, k, v, scale, m.attn_softcap, window, docs, sinks)
+    elif m.attn_softcap:  # scores soft-capped, which SDPA cannot: one fused kernel on a GPU, else chunks of rows
         attend = flex_softcap.flex_softcap_attention if flex_softcap.usable(q) else softcap_attention
         o = attend(q, k, v, scale, m.attn_softcap, window, docs)
     else:

@@ -15,6 +15,9 @@ token, for a kernel of width w elements in a compute dtype of a bytes:
   attention  0 (its own kernel)        0                              q, k, v, o: a (2w + 2kv), and
                                                                       the fp32 logsumexp (4 a head)
   swiglu     5a w (SiLU 2a, gate*up 3a) 9a w                          gate, up, silu, product: 4a w
+  clamped_   16a w (two clamps, scale,   (43a + 4) w (the gate          its input, gate|up (2a w),
+  swiglu     sigmoid, three products,  recomputed, its derivative,    and its output, which down
+             up + 1)                   two clamp masks)               reads (a w): 3a w
   silu       2a w                      3a w                           its input and output: 2a w
   residual   3a w                      3a w (the gradients' sum)      nothing (its output when the
                                                                       MLP's projections read it, aw)
@@ -61,6 +64,13 @@ A split is a fused projection's output (w wide: Phi-3's q|k|v, gate|up) taken ap
 the part the forward copies (Kernel.kv_width). A projection with a bias adds, in the backward,
 its bias's gradient: its output gradient read once more (a per output element).
 
+gpt-oss's router (Kernel.topk_first) takes the top k of its logits and a softmax over those k in
+the compute dtype: a E + (3a + 8) k forward (the logits read, the k values and int64 ids written,
+their softmax), a E + (4a + 8) k backward (the softmax's backward, the k gradients scattered into
+a zero E row); it keeps the softmax's output and the ids (a k + 8 k). With the load-balancing loss
+it also makes the fp32 softmax over all E the loss reads ((a + 8) E forward, (20 + 3a) E backward)
+and keeps it (4E). Estimates, like the other routing kernels'.
+
 w = k H for dispatch and combine (each token's k routed rows), E for the router (k = its rows).
 A router that feeds the load-balancing loss (Kernel.aux_loss: router_aux_loss_coef > 0) adds
 4E forward (its fp32 probabilities read once more, summed per expert; the counts are the
@@ -102,8 +112,10 @@ def _unknown(k: Kernel):
 def forward_bytes(k: Kernel, a: int) -> int:
     """Bytes per token its forward reads plus writes."""
     w = k.width
-    per_element = {"attention": 0, "swiglu": 5 * a, "silu": 2 * a, "residual": 3 * a,
+    per_element = {"attention": 0, "swiglu": 5 * a, "clamped_swiglu": 16 * a, "silu": 2 * a, "residual": 3 * a,
                    "dispatch": 2 * a, "combine": 4 * a, "gate_mul": 5 * a}
+    if k.kind == "router" and k.topk_first:
+        return a * w + (3 * a + 8) * k.rows + ((a + 8) * w if k.aux_loss else 0)
     if k.kind == "split":
         return 2 * a * k.kv_width
     if k.kind == "layernorm":
@@ -122,8 +134,10 @@ def forward_bytes(k: Kernel, a: int) -> int:
 def backward_bytes(k: Kernel, a: int) -> int:
     """Bytes per token its backward reads plus writes (the forward-with-grad is forward_bytes)."""
     w = k.width
-    per_element = {"attention": 0, "swiglu": 9 * a, "silu": 3 * a, "residual": 3 * a,
+    per_element = {"attention": 0, "swiglu": 9 * a, "clamped_swiglu": 43 * a + 4, "silu": 3 * a, "residual": 3 * a,
                    "dispatch": 3 * a, "combine": 5 * a, "gate_mul": 6 * a, "split": 2 * a}
+    if k.kind == "router" and k.topk_first:
+        return a * w + (4 * a + 8) * k.rows + ((20 + 3 * a) * w if k.aux_loss else 0)
     if k.kind == "layernorm":
         return 3 * a * w + 2 * a * k.rows + 3 * a * w * (k.fan_out - 1)
     if k.kind == "rope":
@@ -199,12 +213,14 @@ def saved_bytes(k: Kernel, a: int) -> int:
         return fp32_input_bytes(k, a) + (4 if k.fp32_weight else a) * w + (a * w if k.output_saved else 0) + 4 * k.rows
     if k.kind == "attention":
         return a * (2 * w + 2 * k.kv_width) + 4 * k.rows
-    if k.kind in ("swiglu", "silu"):
-        return (4 if k.kind == "swiglu" else 2) * a * w
+    if k.kind in ("swiglu", "silu", "clamped_swiglu"):
+        return {"swiglu": 4, "silu": 2, "clamped_swiglu": 3}[k.kind] * a * w
     if k.kind == "residual":
         return a * w if k.output_saved else 0
     if k.kind in ("rope", "split"):
         return 0
+    if k.kind == "router" and k.topk_first:  # the k weights' softmax output, the ids; the loss's fp32 softmax
+        return (a + 8) * k.rows + (4 * w if k.aux_loss else 0)
     if k.kind == "router":  # renormalising keeps the top-k values and their sum: 4k + 4
         return 4 * w + 8 * k.rows + (4 * k.rows + 4 if k.renormalised else 0)
     if k.kind == "dispatch":
@@ -223,9 +239,10 @@ def saved_per_call_bytes(k: Kernel) -> int:
 
 def live_in_forward_bytes(k: Kernel, a: int) -> int:
     """Bytes per token of its tensors the template's no-grad forward holds at the MLP's peak:
-    the activation's inputs and outputs."""
-    if k.kind in ("swiglu", "silu"):
-        return (4 if k.kind == "swiglu" else 2) * a * k.width
+    the activation's inputs and outputs (the clamped SwiGLU: its input and two of its I-wide
+    tensors at once)."""
+    if k.kind in ("swiglu", "silu", "clamped_swiglu"):
+        return (2 if k.kind == "silu" else 4) * a * k.width
     return 0
 
 
@@ -237,4 +254,14 @@ def backward_gradients_bytes(k: Kernel, a: int) -> int:
         return 2 * a * k.width
     if k.kind == "silu":
         return a * k.width
+    if k.kind == "clamped_swiglu":  # its input's gradient (2a w) and two temporaries, its output's freed
+        return 3 * a * k.width
     return 0
+
+
+def routed_backward_row_bytes(k: Kernel, a: int) -> int:
+    """Per token (its k routed rows), what a routed activation's backward holds beyond what it
+    saved: the SwiGLU's product, up and gate gradients (3a w); the clamped SwiGLU's output
+    gradient, its input's gradient (2a w) and two temporaries, the clamped gate and its sigmoid
+    (5a w)."""
+    return {"swiglu": 3, "clamped_swiglu": 5}[k.kind] * a * k.width

@@ -105,7 +105,7 @@ def adapted(m: ModelSpec, policy) -> tuple[block.Projection, ...]:
     MoE router ('mlp.gate') is a TopKRouter module in transformers 5: neither gets one."""
     if policy is None or not policy.adapters:
         return ()
-    ps = [p for p in block.projections(m) if not p.experts and not (m.n_experts and p.module == "mlp.gate")]
+    ps = [p for p in block.projections(m) if not p.experts and not (m.n_experts and p.module in block.ROUTERS)]
     chosen = set(policy.adapter_modules(tuple(p.module for p in ps)))
     return tuple(p for p in ps if p.module in chosen)
 
@@ -291,10 +291,16 @@ def masked_attention(m: ModelSpec, layer: int, seq: int, doc_masks: bool) -> boo
     """Block `layer` runs SDPA under an explicit mask (layers.attention_mask): a sliding window
     shorter than the sequence, or document masks. Flash-style kernels then compute every T x T
     score (no causal tile skipping), and the mask itself is a temporary. Never with soft-capped
-    scores: that attention masks each chunk of query rows itself, against the keys it sees."""
-    if m.attn_softcap:
+    scores or sinks: that attention masks each chunk of query rows itself, against the keys it sees."""
+    if chunked_attention(m):
         return False
     return doc_masks or 0 < m.window(layer) < seq
+
+
+def chunked_attention(m: ModelSpec) -> bool:
+    """m's attention runs in chunks of query rows (horizon_exec/model/softcap_attention.py), not
+    SDPA: its scores are soft-capped (Gemma 2) or its heads have sinks (gpt-oss)."""
+    return bool(m.attn_softcap) or family(m.family).attention_sinks
 
 
 def attention(m: ModelSpec, micro_batch: int, seq: int, backward: bool, masked: bool = False) -> Attention:
@@ -380,7 +386,7 @@ def _half(m: ModelSpec, part: str, ks) -> dict:
     ps = [p for p in block.projections(m) if p.module.startswith("mlp.") == (part == "mlp")]
     pre = next((k for k in ks if k.kind in block.NORM_KINDS and k.output_saved), None)
     post = ks[-2] if len(ks) > 1 and ks[-1].kind == "residual" and ks[-2].kind in block.NORM_KINDS else None
-    body = next((k for k in ks if k.kind in (("attention",) if part == "attention" else ("swiglu", "silu"))), None)
+    body = next((k for k in ks if k.kind in (("attention",) if part == "attention" else ("swiglu", "silu", "clamped_swiglu"))), None)
     return dict(kernels=ks, pre=pre, post=post, body=body, residual=ks[-1],
                 weights=sum(p.params for p in ps) + sum(k.weight for k in ks if k.kind in block.NORM_KINDS),
                 readers=len(ps) - 1, last_weight=ps[-1].params if ps else 0)
@@ -413,8 +419,9 @@ def _widest_chunk(seq: int, window: int) -> tuple[int, int]:
 
 
 def softcap_attention_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, backward: bool, window: int = 0) -> int:
-    """What the soft-capped attention (horizon_exec/model/softcap_attention.py) holds beyond
-    its inputs, at its peak, over its widest chunk of X = B x heads x rows x keys scores.
+    """What the chunked attention (horizon_exec/model/softcap_attention.py: soft-capped scores,
+    or sinks, whose fp32 copy the forward holds) holds beyond its inputs, at its peak, over its
+    widest chunk of X = B x heads x rows x keys scores (the cap changes none of these sizes).
     Forward: its output o (a q) and fp32 logsumexp (4 a head) per token, then the chunk's
     rows of q (copied: a B c q) and its scores in the compute dtype beside either the copy
     the product makes of the chunk's keys (a B n kv: k is RoPE's strided output) or their fp32
@@ -429,8 +436,9 @@ def softcap_attention_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, ba
     B, N, q, heads = micro_batch, micro_batch * seq, m.q_dim, m.n_heads
     X = B * heads * c * n
     keys = a * B * n * m.kv_dim  # a chunk's keys or values, copied by the product
-    if not backward:
-        return N * (a * q + 4 * heads) + max(a * B * c * q + a * X + max(keys, 4 * X if a != 4 else 0), 8 * X)
+    if not backward:  # with sinks, their fp32 copy (the sinks themselves in fp32)
+        sinks = 4 * heads if family(m.family).attention_sinks and a != 4 else 0
+        return N * (a * q + 4 * heads) + sinks + max(a * B * c * q + a * X + max(keys, 4 * X if a != 4 else 0), 8 * X)
     held = N * (2 * a * q + 8 * m.kv_dim + 4 * heads)
     rowsum = N * (12 * q if a != 4 else 4 * q)
     chunk = 2 * a * B * c * q + 8 * X + a * X + max(keys, 4 * X if a != 4 else 0)
@@ -462,14 +470,20 @@ def softcap_elementwise_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, 
     subtract, compare, or; documents: compare, or). Per pass: o, or dq, made like q (2a a q
     element) and the fp32 logsumexp (4 a row); the backward's fp32 dk and dv zeroed, rowsum(dO o)
     in fp32 (dO and o widened, their product, its sum), dk and dv cast back."""
-    if not m.attn_softcap:
+    if not chunked_attention(m):
         return 0
     B, nh, hd, kv = micro_batch, m.n_heads, m.hd, m.n_kv_heads * m.hd
     N, q, grouped = B * seq, m.q_dim, m.n_heads > m.n_kv_heads
     cast = kernel_bytes.casts(a)
+    capped, sinks = bool(m.attn_softcap), family(m.family).attention_sinks
+    # per score: the cap's passes (forward tanh and times cap; backward those again and 1 - tanh^2)
+    fwd_x, bwd_x = (52, 116) if capped else (36, 60)
     total = 2 * a * N * q  # o or dq: empty_like(q) reads and writes
     if backward:
         total += 8 * N * kv + (cast * N * q + 12 * N * q + 4 * N * q + 4 * N * nh) + cast * N * kv
+        if sinks:  # the sinks' gradient: exp(sink - lse) (the sinks widened, read), times rowsum(dO o),
+            # summed over rows (4 nh written), cast back and negated (2a nh)
+            total += SINK_BACKWARD_ROW_BYTES * N * nh + (8 + 2 * a + cast) * nh
     else:
         total += 4 * N * nh
     for c, n in softcap_chunks(seq, window):
@@ -483,10 +497,21 @@ def softcap_elementwise_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, 
         kv_copies = a * K if m.n_kv_heads > 1 else 0  # one head: (B, T, 1, hd) is already its own layout
         row_copies = 2 * a * Q if grouped else (4 * a * Q if nh > 1 else 0)  # q's or dO's rows, a pass
         if backward:
-            total += (116 + 2 * cast) * X + 8 * R + 3 * a * Q + 2 * row_copies + 6 * kv_copies + 2 * (20 + a) * K + mask
+            total += (bwd_x + 2 * cast) * X + 8 * R + 3 * a * Q + 2 * row_copies + 6 * kv_copies + 2 * (20 + a) * K + mask
         else:
-            total += (52 + cast) * X + 20 * R + 3 * a * Q + (2 * a * Q if nh > 1 else 0) + 4 * kv_copies + mask
+            total += (fwd_x + cast) * X + 20 * R + 3 * a * Q + (2 * a * Q if nh > 1 else 0) + 4 * kv_copies + mask
+            if sinks:  # each row's logsumexp joined with its head's sink (the nh sinks read)
+                total += SINK_FORWARD_ROW_BYTES * R + 4 * nh
+    if sinks and not backward:  # the sinks widened to fp32
+        total += (cast // 2) * nh
     return int(total)
+
+
+SINK_FORWARD_ROW_BYTES = 8
+"""A chunk's rows' logsumexp joined with their sink (torch.logaddexp: 4 read, 4 written a row)."""
+SINK_BACKWARD_ROW_BYTES = 32
+"""A row's sink probability and its share of the sink's gradient: exp(sink - lse) (8), in place
+(8), times rowsum(dO o) in place (12), summed (4)."""
 
 
 def _saved_kernel(k, a: int, N: int) -> int:
@@ -520,7 +545,7 @@ def _forward_peak_bytes(m: ModelSpec, parts: dict, micro_batch: int, seq: int, a
     att, mlp = parts["half"]["attention"], parts["half"]["mlp"]
     pre1 = a * att["pre"].width if att["pre"] else 0
     qkv = a * sum(p.out_features for p in block.projections(m)[:att["readers"]])
-    if parts["attention"].softcap:
+    if parts["attention"].chunked:
         p_attn = N * (pre1 + qkv) + softcap_attention_bytes(m, micro_batch, seq, a, False, window)
     else:
         p_attn = N * (pre1 + kernel_bytes.saved_bytes(parts["attention"], a)) + mask * (1 + a)
@@ -609,7 +634,7 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
         if name == "mlp" and not m.n_experts:
             points.append(earlier + live + N * (kernel_bytes.backward_gradients_bytes(half["body"], a) + a * H)
                           + (weights + half["last_weight"]) * a + held)
-        if name == "attention" and parts["attention"].softcap:  # in its backward, o_proj's gradient made
+        if name == "attention" and parts["attention"].chunked:  # in its backward, o_proj's gradient made
             o_proj = block.projections(m)[att["readers"]].params
             points.append(earlier + live + N * (2 * a * H) + (weights + o_proj) * a
                           + softcap_attention_bytes(m, micro_batch, seq, a, backward=True, window=window))
@@ -743,15 +768,16 @@ def _expert_loop_bytes(m: ModelSpec, N: int, a: int, saved: dict, parts: dict) -
     H, I, k, E = m.hidden, m.expert_ffn_hidden, m.experts_per_token, m.n_experts
     aH = a * H
     gates = sum(kk.kind == "gate_mul" for kk in parts["half"]["mlp"]["kernels"])
-    experts = [p.weight_params for p in block.projections(m) if p.experts]
+    experts = [p.params for p in block.projections(m) if p.experts]  # each stack's weights and biases
+    act = parts["half"]["mlp"]["body"]
     routed = sum(kernel_bytes.saved_bytes(kk, a) for kk in parts["half"]["mlp"]["kernels"] if kk.routed)  # per token
     per_row, cold = _routed_row_bytes(m, a, parts), min_rows(N, k, E)
     base = N * (saved["attention"] + saved["mlp"] + 4 * k + (1 + gates) * aH) + expert_padding_bytes(m, a, parts)
     hot = padded_rows(max_rows(N, k, E), a)
     fp32_weights = 8 * H if family(m.family).moe.fp32_routing_weights and a != 4 else 0
     combine = base + (2 * aH + fp32_weights) * hot
-    swiglu = base + (aH + 3 * a * I) * hot + a * H * I
-    adds = [base + N * aH * (2 + (1 if j > 1 or gates else 0)) + j * (3 * I * H * a - cold * per_row)
+    swiglu = base + (aH + kernel_bytes.routed_backward_row_bytes(act, a) // k) * hot + a * H * I
+    adds = [base + N * aH * (2 + (1 if j > 1 or gates else 0)) + j * (sum(experts) // E * a - cold * per_row)
             for j in (1, 2)]
     last = base - N * routed + 3 * N * aH + sum(experts) * a
     stack = base - N * routed + N * aH + (sum(experts) + max(experts)) * a

@@ -9,10 +9,10 @@ which knows what each *kind* of kernel costs) and the executor's weight layout
 executor's block is held to it op by op (tests/test_families.py)."""
 from functools import lru_cache
 
-from horizon_sim.specs.block_parts import KINDS, NORM_KINDS, NORMS, PARTS, Kernel, Projection, tensor_elements
+from horizon_sim.specs.block_parts import KINDS, NORM_KINDS, NORMS, PARTS, ROUTERS, Kernel, Projection, tensor_elements
 from horizon_sim.specs.families import family
 
-__all__ = ["KINDS", "NORM_KINDS", "NORMS", "PARTS", "Kernel", "Projection", "kernels", "norm_tensors", "parameter_count",
+__all__ = ["KINDS", "NORM_KINDS", "NORMS", "PARTS", "ROUTERS", "Kernel", "Projection", "kernels", "norm_tensors", "parameter_count",
            "parameters", "projections"]
 
 

@@ -21,7 +21,8 @@ class Projection:
     experts: int = 0
     """0: a Linear run on every token. E: routed experts (each token meets k of them)."""
     transposed: bool = False
-    """The weight is stored (in_features, out_features): GPT-2's Conv1D."""
+    """The weight is stored (in_features, out_features): GPT-2's Conv1D, gpt-oss's experts
+    ((E, in, out) stacked)."""
     inner: bool = False
     """It reads a tensor made inside its half (the attention's output, the MLP's activation),
     not the half's normed input, which the half's other projections share."""
@@ -42,17 +43,23 @@ class Projection:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        one = (self.in_features, self.out_features) if self.transposed else (self.out_features, self.in_features)
+        return (self.experts, *one) if self.experts else one
+
+    @property
+    def bias_tensor(self) -> tuple[str, tuple[int, ...]]:
+        """Its bias's (name, shape): `<module>.bias`, or a stacked experts' `<module>_bias` (E, out)."""
         if self.experts:
-            return self.experts, self.out_features, self.in_features
-        return (self.in_features, self.out_features) if self.transposed else (self.out_features, self.in_features)
+            return f"{self.module}_bias", (self.experts, self.out_features)
+        return f"{self.module}.bias", (self.out_features,)
 
     def active_params(self, top_k: int) -> int:
         """Weights one token meets: all of a Linear's, top_k experts' of a stacked tensor."""
         return self.in_features * self.out_features * (top_k if self.experts else 1)
 
 
-KINDS = ("rmsnorm", "layernorm", "rope", "attention", "swiglu", "silu", "residual", "router", "dispatch", "combine",
-         "gate_mul", "split")
+KINDS = ("rmsnorm", "layernorm", "rope", "attention", "swiglu", "clamped_swiglu", "silu", "residual", "router",
+         "dispatch", "combine", "gate_mul", "split")
 """The kernel kinds schedule/work.py prices (bytes moved, saved, temporaries per element): a
 block built from these needs no change there."""
 PARTS = ("attention", "mlp")
@@ -65,7 +72,9 @@ class Kernel:
     """One non-GEMM step of the block's forward; its backward follows from its kind."""
     kind: str
     """One of KINDS. 'silu' is any plain (non-gated) activation of one input: SiLU, or GELU
-    (erf or tanh), which read, write and keep the same bytes."""
+    (erf or tanh), which read, write and keep the same bytes. 'clamped_swiglu' is gpt-oss's
+    experts' gate: (clamp(up) + 1) * g * sigmoid(alpha g), g = clamp(gate), one fused autograd
+    function (horizon_exec/model/gpt_oss_experts.py) that keeps only its input."""
     part: str
     """'attention' or 'mlp': the half of the block it runs in (the temporaries' peaks are
     found per half, schedule/work.py)."""
@@ -77,6 +86,9 @@ class Kernel:
     softcap: bool = False
     """Attention only: its scores are soft-capped (Gemma 2), so it runs in chunks of query rows
     (horizon_exec/model/softcap_attention.py) instead of SDPA."""
+    sinks: bool = False
+    """Attention only: each head's softmax has one more learned logit, a sink that takes
+    probability and gives no value (gpt-oss), which SDPA cannot do: it runs in the same chunks."""
     kv_width: int = 0
     """Attention: the key (and value) width. Split: the part of a fused projection's output the
     forward copies out (Phi-3's v, made contiguous)."""
@@ -106,10 +118,18 @@ class Kernel:
     renormalised: bool = True
     """Router only: its k weights are divided by their sum (norm_topk_prob), which keeps the
     top-k values and their sum for the backward."""
+    topk_first: bool = False
+    """Router only: top-k of the logits, then a softmax over those k in the compute dtype
+    (gpt-oss), instead of a softmax over all E in fp32 and top-k of the probabilities."""
     routed: bool = False
     """It runs on an MoE block's routed rows, expert by expert (the dispatch, the experts'
     activation, the combine): the backward frees what it saved expert by expert, while the
     experts' weight gradients build up (schedule/work.py prices that loop's two ends)."""
+
+    @property
+    def chunked(self) -> bool:
+        """Attention run in chunks of query rows (soft-capped scores, or sinks), not by SDPA."""
+        return self.softcap or self.sinks
 
     @property
     def weight(self) -> int:
@@ -119,6 +139,9 @@ class Kernel:
         return self.width // self.rows if self.kind == "rmsnorm" else 0
 
 
+ROUTERS = ("mlp.gate", "mlp.router")
+"""An MoE router's module name (Qwen's and Mixtral's mlp.gate, gpt-oss's mlp.router): a TopKRouter
+module in transformers 5, not a Linear (adapters skip it)."""
 NORMS = ("input_layernorm", "post_attention_layernorm")
 """The block's two norms under transformers' Llama names: before attention, before the MLP."""
 
@@ -165,7 +188,7 @@ def block_tensors(m, projections, norm_tensors=("weight",), qk_norm: bool = Fals
     for p in projections:
         out.append((p.tensor, p.shape))
         if p.bias:
-            out.append((f"{p.module}.bias", (p.out_features,)))
+            out.append(p.bias_tensor)
         if p.module == "self_attn.o_proj" and qk_norm:
             out += [("self_attn.q_norm.weight", (m.hd,)), ("self_attn.k_norm.weight", (m.hd,))]
     return (*out, *((f"{norm}.{t}", (m.hidden,)) for norm in NORMS for t in norm_tensors))

@@ -2,7 +2,7 @@
 
 The generic reader: what differs by model_type (llama, qwen2, mistral, qwen3 and the MoE ones
 qwen3_moe, mixtral, qwen2_moe) is that family's row (specs/families/<model_type>.py), which this file reads
-(DeepSeek, gpt-oss and other MoE types are refused by name). Every field of the file is
+(DeepSeek and other MoE types are refused by name). Every field of the file is
 accounted for: it is read into the spec (READ here, the row's `reads` there), or listed in
 IGNORED (it does not change what a training step computes), or refused with its name. A field
 we do not know is refused too, so nothing that changes the model is ever dropped without a word.
@@ -113,6 +113,22 @@ def bnb_nf4(q, where: str) -> bool:
     return True
 
 
+def mxfp4_experts(q, mt: str, where: str) -> bool:
+    """A quantization_config of gpt-oss's MXFP4 experts (quant_method mxfp4: how the hub's gpt-oss
+    checkpoints ship), which Horizon dequantizes on load (True); mxfp4 on another model type is
+    refused naming it; another method is False."""
+    if not isinstance(q, dict) or q.get("quant_method") != "mxfp4":
+        return False
+    if mt != "gpt_oss":
+        raise HorizonError(f"{where}: quantization_config quant_method \"mxfp4\" on a {mt} model; Horizon reads MXFP4 "
+                           "experts in gpt_oss checkpoints only")
+    extra = sorted(set(q) - {"quant_method", "modules_to_not_convert", "dequantize"})
+    if extra:
+        raise HorizonError(f"{where}: quantization_config {extra[0]!r} is not an MXFP4 setting Horizon reads "
+                           "(quant_method, modules_to_not_convert, dequantize)")
+    return True
+
+
 def _padding_idx(cfg: dict, where: str, given: bool, mt: str) -> int | None:
     """pad_token_id: the embedding row transformers never trains (nn.Embedding's padding_idx),
     which must be a row of the vocabulary (transformers refuses to build the model otherwise).
@@ -156,7 +172,7 @@ def _check_fields(cfg: dict, mt: str, where: str) -> None:
         if key in _FOREIGN:
             if v is None or v is False or v == {} or (key == "partial_rotary_factor" and v == 1):
                 continue  # present at its off value
-            if key == "quantization_config" and bnb_nf4(v, where):
+            if key == "quantization_config" and (bnb_nf4(v, where) or mxfp4_experts(v, mt, where)):
                 continue  # the weights are stored 4-bit; the model is the same (horizon_exec/checkpoints/hf_bnb.py)
             raise HorizonError(f"{where}: {key} = {json.dumps(v)[:60]} is {_FOREIGN[key]}, which Horizon "
                                f"does not implement")

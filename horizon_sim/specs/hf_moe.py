@@ -23,7 +23,6 @@ from horizon_sim.specs.hf_values import as_bool, as_float, as_int
 REFUSED_TYPES = {
     "deepseek_v2": "DeepSeek-V2 (multi-head latent attention and grouped routing)",
     "deepseek_v3": "DeepSeek-V3 (multi-head latent attention, sigmoid routing with a bias)",
-    "gpt_oss": "gpt-oss (attention sinks, clamped SwiGLU with biases, MXFP4 experts)",
     "qwen3_next": "Qwen3-Next (gated delta-net layers)",
     "olmoe": "OLMoE", "jamba": "Jamba (Mamba layers)", "dbrx": "DBRX", "granitemoe": "Granite-MoE",
     "phimoe": "Phi-MoE", "llama4": "Llama 4", "deepseek_v32": "DeepSeek-V3.2",
@@ -35,10 +34,11 @@ def refuse_window(mt: str, where: str) -> None:
     raise HorizonError(f"{where}: a sliding window in an MoE model ({mt}) is not supported")
 
 
-def read(cfg: dict, mt: str, where: str, experts_key: str, aliased: bool) -> dict:
+def read(cfg: dict, mt: str, where: str, experts_key: str, aliased: bool, windows: bool = False) -> dict:
     """The routing's ModelSpec fields from a config with transformers' defaults filled in (cfg).
     experts_key: the class's name for the expert count; aliased: its class also accepts the
-    other name (num_experts <-> num_local_experts)."""
+    other name (num_experts <-> num_local_experts); windows: its layers may slide (gpt-oss, whose
+    row reads layer_types itself), else a window is refused."""
     if (step := cfg.get("decoder_sparse_step", 1)) != 1:
         raise HorizonError(f"{where}: decoder_sparse_step = {step!r}: dense blocks among MoE ones are not "
                            "supported (want 1: every block an MoE block)")
@@ -47,7 +47,7 @@ def read(cfg: dict, mt: str, where: str, experts_key: str, aliased: bool) -> dic
                            "are not supported (want [])")
     if as_bool(cfg, "use_sliding_window", where, False):
         refuse_window(mt, where)
-    types = cfg.get("layer_types")
+    types = None if windows else cfg.get("layer_types")
     if types is not None and not isinstance(types, list):
         raise HorizonError(f"{where}: layer_types = {types!r} must be a list with 'full_attention' for each layer")
     if any(t != "full_attention" for t in types or ()):

@@ -93,6 +93,11 @@ class ModelSpec:
     router_aux_loss_coef: float = 0.0
     """Weight of the load-balancing loss added to the training loss (0 = not added: transformers
     adds it only with output_router_logits)."""
+    swiglu_alpha: float = 0.0
+    """gpt-oss's experts' gate: g * sigmoid(swiglu_alpha * g) (its config's swiglu_alpha, 1.702);
+    0 in every other family."""
+    swiglu_limit: float = 0.0
+    """gpt-oss's clamp: gate to at most swiglu_limit, up to [-limit, limit] (7.0); 0 elsewhere."""
 
     def __post_init__(self):
         # JSON round trips (schedule meta, sweep rows) hand these back as dict / list.
@@ -173,6 +178,15 @@ class ModelSpec:
                                f"want one per block ({self.n_layers}) or none")
         if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in self.layer_windows):
             raise HorizonError(f"model layer_windows {self.layer_windows[:8]} must be integers >= 0 (0 = full)")
+        for f in ("swiglu_alpha", "swiglu_limit"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise HorizonError(f"model {f}={v!r} must be a finite number >= 0")
+            if fam.clamped_swiglu and not v:
+                raise HorizonError(f"model {f}=0: family {self.family!r} clamps its experts' SwiGLU: give its "
+                                   "config's value (gpt-oss: swiglu_alpha 1.702, swiglu_limit 7.0)")
+            if v and not fam.clamped_swiglu:
+                raise HorizonError(f"model {f}={v!r}: family {self.family!r} has no clamped SwiGLU (gpt_oss has)")
         moe.check(self, fam)
         fam.check(self)
 

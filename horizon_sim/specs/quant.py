@@ -72,7 +72,7 @@ def quantized(m, name: str) -> bool:
 
 @lru_cache(maxsize=64)
 def _quantized_names(m) -> frozenset:
-    return frozenset(p.tensor for p in block.projections(m) if not (m.n_experts and p.module == "mlp.gate"))
+    return frozenset(p.tensor for p in block.projections(m) if not (m.n_experts and p.module in block.ROUTERS))
 
 
 def _parts(fmt: str, shape: tuple[int, ...], compute_dtype: str) -> list[tuple[str, int, str]]:

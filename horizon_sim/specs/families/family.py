@@ -35,6 +35,11 @@ class MoeTraits:
     """A dense SwiGLU shared expert beside the routed ones, gated per token by a sigmoid (Qwen2-MoE)."""
     always_norm_topk: bool = False
     """The k routing weights are always renormalised (Mixtral); otherwise norm_topk_prob says."""
+    windows: bool = False
+    """Its layers may attend through sliding windows (gpt-oss); other MoE families refuse them."""
+    stored_per_expert: bool = True
+    """Its checkpoints keep the hub's per-expert tensors (horizon_exec/checkpoints/hf_experts.py);
+    gpt-oss's store the stacks as transformers holds them (or as MXFP4 blocks and scales)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,11 @@ class ModelFamily:
     head_dim (ModelSpec.attn_softcap, logit_softcap, query_scale: Gemma 2)."""
     local_rope: bool = False
     """Its sliding layers may take a RoPE base of their own (ModelSpec.rope_local_theta: Gemma 3)."""
+    attention_sinks: bool = False
+    """Each attention head has a learned sink logit in its softmax (gpt-oss's self_attn.sinks):
+    the attention runs in chunks of query rows (Kernel.sinks)."""
+    clamped_swiglu: bool = False
+    """Its experts' gate is gpt-oss's clamped SwiGLU (ModelSpec.swiglu_alpha, swiglu_limit)."""
     learned_positions: bool = False
     """A learned position embedding (max_position rows) beside the token embedding (GPT-2's wpe),
     in the embedding unit after the token rows (position_embedding_name); RoPE otherwise."""
