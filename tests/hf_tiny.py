@@ -31,8 +31,8 @@ def tiny_hf(kind, seed=0):
 
 def randomized_(model, seed: int):
     """model with its biases, norm weights, MoE routers and experts random too (transformers
-    starts them at 0, 1, 0 and small: every bias alike, routers tied), and gpt-oss's attention
-    sinks of order one (as trained ones are: at 0.02 a sink changes nothing a test would see), so
+    starts them at 0, 1, 0 and small: every bias alike, routers tied), DeepSeek-V3's router
+    correction bias (a buffer, zero at init), and gpt-oss's attention sinks of order one (as trained ones are: at 0.02 a sink changes nothing a test would see), so
     every tensor carries information; returned in eval mode."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -43,6 +43,9 @@ def randomized_(model, seed: int):
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen))
             elif n.endswith("self_attn.sinks"):
                 p.copy_(torch.randn(p.shape, generator=gen))
+        for n, b in model.named_buffers():  # DeepSeek-V3's router correction bias: zeros would hide it
+            if n.endswith("e_score_correction_bias"):
+                b.copy_(0.5 * torch.randn(b.shape, generator=gen))
     return model.eval()
 
 

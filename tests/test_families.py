@@ -55,6 +55,14 @@ TINY = {  # family: its tiny spec's fields (T = 16 tokens: longer than every win
     # sinks, biases, a window; the clamp's limit low enough that random weights cross it both ways
     "gpt_oss": dict(ffn_hidden=32, head_dim=24, n_experts=4, experts_per_token=2, expert_ffn_hidden=32,
                     norm_topk_prob=True, layer_windows=(6, 0), swiglu_alpha=1.702, swiglu_limit=0.5, padding_idx=5),
+    # MLA (a q bottleneck in V3, a q_proj in V2), a dense first block, then an MoE one with grouped routing
+    "deepseek_v3": dict(ffn_hidden=96, n_kv_heads=4, head_dim=24, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+                        v_head_dim=12, first_dense_layers=1, n_experts=4, experts_per_token=2, expert_ffn_hidden=32,
+                        shared_expert_ffn_hidden=32, norm_topk_prob=True, expert_groups=2, topk_groups=1,
+                        routed_scaling=2.5),
+    "deepseek_v2": dict(ffn_hidden=96, n_kv_heads=4, head_dim=24, kv_lora_rank=16, qk_rope_head_dim=8, v_head_dim=12,
+                        first_dense_layers=1, n_experts=4, experts_per_token=2, expert_ffn_hidden=32,
+                        shared_expert_ffn_hidden=64, expert_groups=2, topk_groups=1, routed_scaling=2.0),
 }
 RUNNABLE = [f for f in FAMILIES if f in FORWARDS]
 WITH_HF = [f for f in FAMILIES if FAMILIES[f].hf is not None]
@@ -62,6 +70,13 @@ WITH_HF = [f for f in FAMILIES if FAMILIES[f].hf is not None]
 
 def tiny(family: str) -> ModelSpec:
     return ModelSpec(name=f"tiny-{family}", family=family, **{**_BASE, **TINY[family]})
+
+
+def shapes(spec: ModelSpec) -> list[tuple[int, ModelSpec]]:
+    """(the first block of each block shape, that shape's spec): block 0, and DeepSeek's first
+    MoE block after its dense ones."""
+    firsts = [0] + ([spec.first_dense_layers] if spec.first_dense_layers else [])
+    return [(i, spec.block_spec(i)) for i in firsts]
 
 
 def test_every_family_has_a_tiny_config_and_is_run_or_refused_by_name(monkeypatch):
@@ -85,9 +100,14 @@ def test_transformers_builds_exactly_the_described_tensors(family):
     cfg = AutoConfig.for_model(d.pop("model_type"), **d)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
-    prefix = f"{FAMILIES[family].layer_prefix}0."
-    layer0 = [(n.removeprefix(prefix), tuple(p.shape)) for n, p in model.named_parameters() if n.startswith(prefix)]
-    assert layer0 == list(block.parameters(spec))
+    for i, bs in shapes(spec):
+        prefix = f"{FAMILIES[family].layer_prefix}{i}."
+        layer = [(n.removeprefix(prefix), tuple(p.shape)) for n, p in model.named_parameters() if n.startswith(prefix)]
+        assert layer == list(block.parameters(bs))
+        state = set(model.state_dict())
+        kept = [(n.removeprefix(prefix), tuple(b.shape)) for n, b in model.named_buffers()
+                if n.startswith(prefix) and n in state]
+        assert kept == list(block.buffers(bs))  # its persistent buffers too
     assert sum(p.numel() for p in model.parameters()) == spec.total_params
 
 
@@ -145,10 +165,15 @@ def _planned(spec, backward: bool):
 
 @pytest.mark.parametrize("family", RUNNABLE)
 def test_the_executor_block_is_the_description_op_by_op(family):
-    spec = tiny(family)
+    for _, spec in shapes(tiny(family)):
+        _op_by_op(spec)
+
+
+def _op_by_op(spec):
     lay = block_layout(spec)
     gen = torch.Generator().manual_seed(0)
     w = _Reads(lay.views(torch.randn(lay.numel, generator=gen) * 0.2))
+    w.update({n: torch.randn(s, generator=gen) for n, s in block.buffers(spec)})
     x = torch.randn(B, T, spec.hidden, generator=gen)
     cos, sin = rope_tables(spec, T, torch.float32, "cpu")
     blk = DecoderBlock(spec)
@@ -159,13 +184,13 @@ def test_the_executor_block_is_the_description_op_by_op(family):
             blk(w, x, cos, sin, window)
 
     fwd = _gemms(forward)
-    assert w.read == {name for name, _ in block.parameters(spec)}  # exactly the described tensors
+    assert w.read == {name for name, _ in (*block.parameters(spec), *block.buffers(spec))}  # exactly the described tensors
 
     def backward():  # the executor's recomputing backward: the forward with grad, then autograd.grad
         with torch.enable_grad():
             xg = x.detach().requires_grad_()
-            wp = {k: v.detach().requires_grad_() for k, v in w.items()}
-            y = blk(wp, xg, cos, sin, window)
+            wp = {k: v.detach().requires_grad_() for k, v in w.items() if k not in dict(block.buffers(spec))}
+            y = blk({**w, **wp}, xg, cos, sin, window)
             torch.autograd.grad(y, [xg, *wp.values()], torch.ones_like(y))
 
     bwd = _gemms(backward)
@@ -179,18 +204,24 @@ def test_the_executor_block_is_the_description_op_by_op(family):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("family", RUNNABLE)
 def test_what_autograd_saves_is_what_the_planner_counts(family, dtype):
+    for _, spec in shapes(tiny(family)):
+        _saved_is_counted(spec, dtype)
+
+
+def _saved_is_counted(spec, dtype):
     """work.block_saved_bytes: every tensor the block's graph saves, but the weights (they stay in
     the slot), its input and the RoPE tables (buffers of their own), plus its output, which the
     next block saves as its input. In bf16 on the CPU an MoE block's experts pad their rows to a
     multiple of 16 (moe_block.py): what that adds is bounded by work.expert_padding_bytes."""
-    spec = tiny(family)
     lay = block_layout(spec)
     gen = torch.Generator().manual_seed(1)
     flat = (torch.randn(lay.numel, generator=gen) * 0.2).to(dtype)
     w = {k: v.requires_grad_() for k, v in lay.views(flat.detach()).items()}
+    bufs = {n: torch.randn(s, generator=gen) for n, s in block.buffers(spec)}
     x = torch.randn(B, T, spec.hidden, generator=gen).to(dtype).requires_grad_()
     cos, sin = rope_tables(spec, T, dtype, "cpu")
-    y, kept = saved_bytes(lambda: DecoderBlock(spec)(w, x, cos, sin, spec.window(0)), (flat, x, cos, sin))
+    y, kept = saved_bytes(lambda: DecoderBlock(spec)({**w, **bufs}, x, cos, sin, spec.window(0)),
+                          (flat, x, cos, sin, *bufs.values()))
     a = torch.empty((), dtype=dtype).element_size()
     mask = a * _mask_elements(spec, T)  # SDPA keeps the additive mask
     padding = kept + y.numel() * a - work.block_saved_bytes(spec, B, T, a) - mask
@@ -264,8 +295,9 @@ def _as_wide_as_real_models(spec):
     if not spec.is_moe:
         return replace(spec, hidden=128, ffn_hidden=352)
     width = 3 * 128 // spec.experts_per_token
+    dense = 352 if spec.first_dense_layers else spec.ffn_hidden  # DeepSeek's dense first blocks' MLP: as wide too
     return replace(spec, hidden=128, expert_ffn_hidden=width,
-                   ffn_hidden=width if spec.ffn_hidden == spec.expert_ffn_hidden else spec.ffn_hidden)
+                   ffn_hidden=width if spec.ffn_hidden == spec.expert_ffn_hidden else dense)
 
 
 def _few_tokens_wide_queries(spec):
@@ -304,12 +336,13 @@ def test_the_planned_temporaries_are_the_measured_ones(family, dtype, shape):
     with Trainer(spec, pol) as tr:
         tl = tr.step(torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(0))).timeline
     for kind in ("forward", "backward"):
-        layer = tl[(tl.kind == kind) & (tl.unit == 0)]  # block 0: its window is the spec's window(0)
-        want = work.block_temp_peak_bytes(spec, B, T, a, kind == "backward", _mask_elements(spec, T), spec.window(0))
-        if spec.is_moe:
-            assert set(layer.temp_peak_bytes) and max(layer.temp_peak_bytes) <= want, kind
-        else:
-            assert set(layer.temp_peak_bytes) == {want}, kind
+        for i, bs in shapes(spec):  # block 0 (its window is the spec's window(0)), DeepSeek's first MoE block
+            layer = tl[(tl.kind == kind) & (tl.unit == i)]
+            want = work.block_temp_peak_bytes(bs, B, T, a, kind == "backward", _mask_elements(spec, T), spec.window(i))
+            if spec.is_moe:
+                assert set(layer.temp_peak_bytes) and max(layer.temp_peak_bytes) <= want, (kind, i)
+            else:
+                assert set(layer.temp_peak_bytes) == {want}, kind
     head = set(tl[tl.kind == "head"].temp_peak_bytes)
     assert head == {work.head_temp_peak_bytes(spec, B * T, 1024, a)}
 

@@ -6,6 +6,8 @@ import inspect
 import json
 
 import pytest
+
+from horizon_sim.specs.families import FAMILIES
 import torch
 
 from horizon_sim.errors import HorizonError
@@ -54,7 +56,8 @@ def test_a_minimal_config_reads_as_transformers_builds_it(mt, tmp_path):
     def field(shared):  # under the class's own name (GPT-2's layer_norm_epsilon)
         return getattr(hf, HF_ROWS[mt].own_key(shared), None)
 
-    assert spec.n_kv_heads == (field("num_key_value_heads") or hf.num_attention_heads)
+    mla = FAMILIES[mt].mla  # (MLA makes k and v for every head whatever num_key_value_heads says)
+    assert spec.n_kv_heads == (hf.num_attention_heads if mla else field("num_key_value_heads") or hf.num_attention_heads)
     assert spec.norm_eps == field("rms_norm_eps")
     rope = field("rope_parameters")
     if rope is not None and "full_attention" in rope:  # a base per layer type (Gemma 3)
@@ -66,7 +69,10 @@ def test_a_minimal_config_reads_as_transformers_builds_it(mt, tmp_path):
     assert spec.max_position == hf.max_position_embeddings
     assert spec.init_std == hf.initializer_range
     assert spec.padding_idx == hf.pad_token_id
-    assert spec.hd == getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads  # qwen3: 128
+    if mla:  # the q/k head: nope + rope (transformers' head_dim there is the rotated part's)
+        assert spec.hd == hf.qk_nope_head_dim + hf.qk_rope_head_dim
+    else:
+        assert spec.hd == getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads  # qwen3: 128
     window, types = getattr(hf, "sliding_window", None), getattr(hf, "layer_types", None)
     if not window or (mt in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe") and not hf.use_sliding_window):
         want = ()  # (the Qwen classes keep a window they do not use)

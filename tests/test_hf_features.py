@@ -136,7 +136,7 @@ def test_qk_norms_matter(tmp_path):
             want = ref(input_ids=tokens).logits
         assert rel_err(tr.logits(tokens), want) <= 1e-5
         from horizon_exec.model.families import llama
-        tr.runner.block.forward = llama.forward   # the same weights run as Llama's block: no q/k norms
+        tr.runner.block(0).forward = llama.forward   # the same weights run as Llama's block: no q/k norms
         assert rel_err(tr.logits(tokens), want) > 1e-3
 
 

@@ -77,8 +77,8 @@ def test_preset_matches_transformers(name):
     norm = next(getattr(base, n) for n in ("norm", "final_layer_norm", "ln_f") if hasattr(base, n))
     embed = model.get_input_embeddings()
     assert len(layers) == spec.n_layers
-    for layer in (layers[0], layers[-1]):
-        assert _numel(layer) == spec.layer_params
+    for i in (0, spec.first_dense_layers, spec.n_layers - 1):  # DeepSeek's dense first blocks, then MoE ones
+        assert _numel(layers[i]) == spec.block_spec(i).layer_params
     positions = base.wpe.weight.numel() if hasattr(base, "wpe") else 0  # GPT-2's, in the embedding unit
     assert embed.weight.numel() + positions == spec.embedding_params
     assert _numel(norm) + model.lm_head.weight.numel() == spec.head_device_params

@@ -164,13 +164,13 @@ def test_cli_bad_moe_config_is_a_one_line_error(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1
     rc = main(["plan", "--model", str(_deepseek(tmp_path)), "--gpu", "h100-pcie"])
     err = capsys.readouterr().err
-    assert rc == 2 and "deepseek_v3" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and "deepseek_v32" in err and len(err.strip().splitlines()) == 1
 
 
 def _deepseek(tmp_path):
     p = tmp_path / "ds" / "config.json"
     p.parent.mkdir()
-    p.write_text(json.dumps({"model_type": "deepseek_v3", "hidden_size": 7168}))
+    p.write_text(json.dumps({"model_type": "deepseek_v32", "hidden_size": 7168}))
     return p
 
 

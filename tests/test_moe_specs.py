@@ -112,7 +112,7 @@ def _one_line(fn, *args, match: str):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("mt,words", [("deepseek_v3", "multi-head latent attention"), ("deepseek_v2", "DeepSeek-V2"),
+@pytest.mark.parametrize("mt,words", [("deepseek_v32", "DeepSeek-V3.2"), ("jamba", "Mamba layers"),
                                       ("qwen3_next", "gated delta-net")])
 def test_other_moe_families_are_refused_by_name(mt, words):
     _one_line(spec_from_config_dict, {"model_type": mt, "hidden_size": 32}, match=words)

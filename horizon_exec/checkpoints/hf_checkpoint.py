@@ -230,6 +230,10 @@ def load_hf(trainer, path) -> list[str]:
     parts = stored_parts(trainer.model)
     n_parts = Counter(held for held, _ in parts.values())
     expected = [n for n in params if n not in n_parts] + list(parts)
+    bufs = trainer.runner.block_buffers.full_names()  # non-parameter tensors (model/block_buffers.py)
+    expected += list(bufs)
+    beyond = extra_layers(trainer.model)  # V3's multi-token-prediction layer: dropped, and said so
+    dropped = set()
     seen: set[str] = set()
     files = weight_files(d)
     shard_of = {n: fname for fname, names in files.items() for n in names or ()}
@@ -250,6 +254,13 @@ def load_hf(trainer, path) -> list[str]:
                     name = wrap.held(stored) if wrap is not None else stored
                     if name is None:
                         continue  # carried into --save-hf from this folder, not trained
+                    if name in bufs:
+                        trainer.runner.block_buffers.set_(*bufs[name], f.get_tensor(stored))
+                        seen.add(name)
+                        continue
+                    if beyond(name):
+                        dropped.add(name.split(".")[2])  # its layer
+                        continue
                     held, idx = parts.get(name, (name, ()))
                     if held not in params or (name == held and held in n_parts):
                         if (tied and name == family(trainer.model.family).head_name) or name.endswith(_IGNORED_SUFFIXES):
@@ -296,12 +307,33 @@ def load_hf(trainer, path) -> list[str]:
     reset_optimizer_state(trainer)
     trainer.refresh_working_copy()
     trainer.weights.set_reference()  # full fine-tuning's DPO: the loaded weights are its reference
+    notes = []
     if dequantized:
         pol = trainer.policy
         master = "split fp32" if pol.split_master else pol.master_dtype
-        return [f"{d}: {dequantized} MXFP4 expert stacks dequantized into the {master} master "
-                "(trained, and saved by --save-hf, unquantized)"]
-    return []
+        notes.append(f"{d}: {dequantized} MXFP4 expert stacks dequantized into the {master} master "
+                     "(trained, and saved by --save-hf, unquantized)")
+    if dropped:
+        notes.append(f"{d}: the tensors of layer(s) {', '.join(sorted(dropped, key=int))} beyond the model's "
+                     f"{trainer.model.n_layers} blocks (DeepSeek-V3's multi-token-prediction module, which "
+                     "transformers does not build) are not loaded, trained or saved")
+    return notes
+
+
+def extra_layers(m: ModelSpec):
+    """name -> whether it is a tensor of a layer past the model's blocks that a checkpoint of m's
+    family may carry (DeepSeek-V3's multi-token-prediction layer, model.layers.<n_layers>.*:
+    transformers ignores it on load); False for every other family."""
+    if m.family != "deepseek_v3":
+        return lambda name: False
+    prefix = family(m.family).layer_prefix
+
+    def beyond(name: str) -> bool:
+        if not name.startswith(prefix):
+            return False
+        layer = name[len(prefix):].split(".", 1)[0]
+        return layer.isdigit() and int(layer) >= m.n_layers
+    return beyond
 
 
 @contextmanager
@@ -449,10 +481,12 @@ def save_hf(trainer, path, dtype: str = "fp32", max_shard_bytes: int = DEFAULT_S
     adapters = trainer.adapters is not None
     sd = merged_state_dict(trainer) if adapters else trainer.state_dict()  # adapters: merged into the base
     items = stored_items(trainer.model, sd.items())  # MoE experts per expert (hf_experts.py)
-    items += carry.items() if carry is not None else []
+    buffers = trainer.runner.block_buffers.items()  # non-parameter tensors, written in fp32
+    items += buffers + (carry.items() if carry is not None else [])
     shards = _shards(items, max_shard_bytes, torch.empty((), dtype=tdt).element_size())
     with staging_dir(out) as tmp:
-        _write_shards(tmp, shards, tdt, _carrying(lambda shard: shard, carry, True), carry)
+        _write_shards(tmp, shards, tdt, _carrying(lambda shard: shard, carry, True), carry,
+                      fp32=frozenset(n for n, _ in buffers))
         _write_side(tmp, trainer, dtype, base_config, side_files)
         if adapters:  # and the adapters alone, in peft's format
             write_adapter(trainer, tmp / ADAPTER_DIR, (base_config or {}).get("_name_or_path") or None)
@@ -473,13 +507,14 @@ def _carrying(real, carry, writer: bool):
     return go
 
 
-def _write_shards(tmp: Path, shards, tdt, real, carry=None) -> None:
+def _write_shards(tmp: Path, shards, tdt, real, carry=None, fp32=frozenset()) -> None:
     """The safetensors file(s) and, when sharded, the index; real(shard) gives a shard's
     [(name, tensor)] with data (a shard is planned from shapes alone). carry: a multimodal
-    checkpoint's wrapping (hf_wrapped.Wrapped: the names written, the carried tensors' dtypes)."""
+    checkpoint's wrapping (hf_wrapped.Wrapped: the names written, the carried tensors' dtypes).
+    fp32: names written in fp32 whatever tdt (a block's buffers, as transformers keeps them)."""
     def entries(pairs):
         if carry is None:
-            return [(n, t, tdt) for n, t in pairs]
+            return [(n, t, torch.float32 if n in fp32 else tdt) for n, t in pairs]
         return [(carry.saved_name(n), t, carry.saved_dtype(n, tdt)) for n, t in pairs]
 
     if len(shards) == 1:
@@ -538,7 +573,8 @@ def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_co
     remaining = dict.fromkeys(trainer.units, 0)
     for name, _ in items:
         remaining[unit_of[held[name][0]]] += 1
-    items += carry.items() if carry is not None else []
+    buffers = dict(trainer.runner.block_buffers.items())  # every rank's own copy: no gather
+    items += list(buffers.items()) + (carry.items() if carry is not None else [])
     shards = _shards(items, max_shard_bytes, torch.empty((), dtype=tdt).element_size())
     cache: dict = {}
     gathered = [0]  # shards whose units have been gathered
@@ -546,6 +582,9 @@ def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_co
     def gather(shard):
         got = []
         for name, _ in shard:
+            if name in buffers:
+                got.append((name, buffers[name]))
+                continue
             h, idx = held[name]
             u = unit_of[h]
             if u not in cache:
@@ -571,7 +610,7 @@ def _save_gathered(trainer, out: Path, dtype: str, max_shard_bytes: int, base_co
     try:
         check_output_dir(out)
         with staging_dir(out) as tmp:
-            _write_shards(tmp, shards, tdt, real, carry)
+            _write_shards(tmp, shards, tdt, real, carry, fp32=frozenset(buffers))
             _write_side(tmp, trainer, dtype, base_config, side_files)
             if adapters:  # and the adapters alone, in peft's format
                 write_adapter(trainer, tmp / ADAPTER_DIR, (base_config or {}).get("_name_or_path") or None)

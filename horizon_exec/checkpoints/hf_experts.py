@@ -27,6 +27,8 @@ def stored_parts(m: ModelSpec) -> dict[str, tuple[str, tuple]]:
     names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
     out = {}
     for layer in range(m.n_layers):
+        if not m.block_spec(layer).n_experts:
+            continue  # a dense block (DeepSeek's first ones) stores its MLP as held
         held = f"model.layers.{layer}.mlp."
         stored = f"model.layers.{layer}.{'block_sparse_moe' if mixtral else 'mlp'}."
         if mixtral:

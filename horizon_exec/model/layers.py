@@ -117,12 +117,13 @@ def self_attention(m: ModelSpec, w: Mapping, h, cos, sin, window: int, docs, qk_
     return out(o) if callable(out) else linear(o, w, out)
 
 
-def swiglu_mlp(w: Mapping, h, act=F.silu):
+def swiglu_mlp(w: Mapping, h, act=F.silu, prefix: str = "mlp."):
     """h (B, T, H) normed -> down(act(gate(h)) * up(h)) (B, T, H), biases when w has them; act
-    SiLU, or Gemma's GELU-tanh (gelu_tanh)."""
-    g = linear(h, w, "mlp.gate_proj")  # (B, T, F)
-    u = linear(h, w, "mlp.up_proj")
-    return linear(act(g) * u, w, "mlp.down_proj")
+    SiLU, or Gemma's GELU-tanh (gelu_tanh); prefix: the module's (DeepSeek's shared experts are
+    mlp.shared_experts.)."""
+    g = linear(h, w, f"{prefix}gate_proj")  # (B, T, F)
+    u = linear(h, w, f"{prefix}up_proj")
+    return linear(act(g) * u, w, f"{prefix}down_proj")
 
 
 def plain_gelu(m: ModelSpec, x):

@@ -44,8 +44,9 @@ class Layout:
 
 
 def block_layout(m: ModelSpec) -> Layout:
-    """One decoder block, names relative to `model.layers.N.` (transformers order; the tensors
-    are the block description's, horizon_sim/specs/block.py)."""
+    """One decoder block (m: a block's spec, ModelSpec.block_spec), names relative to
+    `model.layers.N.` (transformers order; the tensors are the block description's,
+    horizon_sim/specs/block.py)."""
     return Layout(block.parameters(m))
 
 
@@ -74,7 +75,7 @@ def host_layout(m: ModelSpec, unit: int) -> Layout:
     if unit == m.n_layers:
         s = [(n, (m.hidden,)) for n in host_final_norm_names(m)]
         return Layout(s if m.tied_embeddings else s + [(fam.head_name, (m.vocab, m.hidden))])
-    blk = block_layout(m)
+    blk = block_layout(m.block_spec(unit))
     return Layout([(f"{fam.layer_prefix}{unit}.{e.name}", e.shape) for e in blk.entries])
 
 

@@ -82,12 +82,24 @@ def moe_mlp(m: ModelSpec, w, h, router=None):
         g = linear(h, w, "mlp.shared_expert.gate_proj")
         u = linear(h, w, "mlp.shared_expert.up_proj")
         shared = linear(F.silu(g) * u, w, "mlp.shared_expert.down_proj")
+        del g, u  # before the routed experts run (the planner's forward bound holds the shared output alone)
     top, idx, probs = route(m, h, w["mlp.gate.weight"])
-    out = torch.zeros_like(h)
     rows, per_expert = expert_rows(idx, m.n_experts)
     if router is not None:
         router.seen(probs, per_expert)
     del probs
+    out = routed_experts(w, h, top, rows)
+    if shared is not None:
+        out = out + torch.sigmoid(linear(h, w, "mlp.shared_expert_gate")) * shared
+    return out.reshape(shape)
+
+
+def routed_experts(w, h, top, rows):
+    """h (N, H) -> the routed experts' weighted sum (N, H): for each expert with rows (expert_rows),
+    its rows gathered, gate_up_proj[e] (gate the first I rows, up the last I), SiLU(gate) * up,
+    down_proj[e], times the routing weight (top (N, k): an fp32 weight promotes the product,
+    cast back before the sum), index_add_ into a zero output in expert order."""
+    out = torch.zeros_like(h)
     if rows:
         gate_up = w["mlp.experts.gate_up_proj"].unbind(0)               # (2I, H) each
         down = w["mlp.experts.down_proj"].unbind(0)                     # (H, I) each
@@ -99,6 +111,4 @@ def moe_mlp(m: ModelSpec, w, h, router=None):
         y = F.linear(F.silu(g) * u, down[e])[:c] * top[tok, slot, None]
         out.index_add_(0, tok, y.to(out.dtype))
         del x, g, u, y  # before the next expert's rows are gathered (the planner's forward bound counts one)
-    if shared is not None:
-        out = out + torch.sigmoid(linear(h, w, "mlp.shared_expert_gate")) * shared
-    return out.reshape(shape)
+    return out

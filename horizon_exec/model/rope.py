@@ -112,14 +112,15 @@ def inv_freq(m: ModelSpec, seq: int, device=None) -> tuple[torch.Tensor, float]:
 
 
 def rope_tables(m: ModelSpec, seq: int, dtype, device):
-    """cos, sin (T, hd) for positions 0..T-1 in the activation dtype."""
+    """cos, sin (T, m.rope_width: hd, or MLA's rotated part) for positions 0..T-1 in the
+    activation dtype."""
     inv, attn = inv_freq(m, seq, device)
     pos = torch.arange(seq, device=device, dtype=torch.float32)
     freqs = pos[:, None] * inv.to(device=device, dtype=torch.float)[None, :]   # (T, rotary_dim/2)
     emb = torch.cat((freqs, freqs), dim=-1)                                  # (T, rotary_dim)
     cos, sin = (emb.cos() * attn).to(dtype), (emb.sin() * attn).to(dtype)
-    if m.rotary_dim < m.hd:  # the pass-through dimensions: times 1, plus 0
-        pad = (0, m.hd - m.rotary_dim)
+    if m.rotary_dim < m.rope_width:  # the pass-through dimensions: times 1, plus 0
+        pad = (0, m.rope_width - m.rotary_dim)
         cos, sin = torch.nn.functional.pad(cos, pad, value=1.0), torch.nn.functional.pad(sin, pad, value=0.0)
     return cos, sin
 

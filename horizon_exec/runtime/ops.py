@@ -28,6 +28,7 @@ from horizon_exec.model.dpo import dpo_head_fwd_bwd, row_logps
 from horizon_exec.model.head import head_fwd_bwd, head_loss
 from horizon_exec.model.adapters import AdaptedWeights, AdapterDropout
 from horizon_exec.model.block import DecoderBlock
+from horizon_exec.model.block_buffers import BlockBuffers
 from horizon_exec.model.router_aux import RouterAux, RouterStats
 from horizon_exec.runtime.kept_graph import KeptGraph
 from horizon_exec.model.layout import block_layout, final_norm_names, head_device_layout, host_layout, unit_name
@@ -105,10 +106,10 @@ class OpRunner:
         self.link_dtype = TORCH_DTYPE[policy.grad_dtype]
         self.L = model.n_layers
         self.learned_positions = family(model.family).learned_positions
-        self.block = DecoderBlock(model)
-        self.block_layout = block_layout(model)
+        self._blocks: dict = {}  # a block shape's spec -> its DecoderBlock (ModelSpec.block_spec)
         self.head_layout = head_device_layout(model)
-        self._views: dict = {}  # (slot, is_head) -> named views of the slot (bound once)
+        self._views: dict = {}  # (slot, the unit's shape or 'head') -> named views of the slot (bound once)
+        self.block_buffers = BlockBuffers(model, backend)  # non-parameter tensors (DeepSeek-V3's router bias)
         # temporaries='once' (RuntimeConfig.track_memory): Op -> its temporaries as measured on
         # its first run (memtrack.TempProfile). An Op is its whole description (kind, unit,
         # micro-batch, slot, buffers), so an equal Op runs the same kernels on the same shapes.
@@ -182,7 +183,7 @@ class OpRunner:
         return self.host_numel(u)
 
     def dev_numel(self, u: int) -> int:
-        return self.m.head_device_params if u == self.L else self.m.layer_params
+        return self.m.head_device_params if u == self.L else self.m.block_spec(u).layer_params
 
     def partition(self, u: int) -> Partition:
         """How unit u is split over the ranks (horizon_sim/schedule/partition.py)."""
@@ -199,13 +200,36 @@ class OpRunner:
         mb = self.p.micro_batch
         return slice(m * mb, (m + 1) * mb)
 
+    def block(self, u: int):
+        """Block u's forward: its shape's DecoderBlock (a model with dense blocks before its MoE
+        ones has two), called with the block's buffers (model/block_buffers.py) added to the
+        weights it reads; (w, x, cos, sin, window, docs, router=) -> y."""
+        spec = self.m.block_spec(u)
+        if spec not in self._blocks:
+            self._blocks[spec] = DecoderBlock(spec)
+        blk, bufs = self._blocks[spec], self.block_buffers.of(u)
+        if not bufs:
+            return blk
+
+        def run(w, *a, **k):
+            if isinstance(w, AdaptedWeights):  # its adapters' bookkeeping travels with the mapping
+                w.update(bufs)
+                return blk(w, *a, **k)
+            return blk({**w, **bufs}, *a, **k)
+        return run
+
+    def block_layout(self, u: int):
+        """Block u's layout in a slot and in its device gradient (its shape's)."""
+        return block_layout(self.m.block_spec(u))
+
     def _weights(self, op: Op) -> dict:
-        """Named views of the slot the op computes with (bound once per slot and unit kind)."""
+        """Named views of the slot the op computes with (bound once per slot and unit shape)."""
         is_head = op.unit == self.L
-        key = (op.slot, is_head)
+        shape = "head" if is_head else self.m.block_spec(op.unit)
+        key = (op.slot, shape)
         if key not in self._views:
             flat = self.buf.find(Holds.WEIGHT_SLOT, layer=op.slot)
-            self._views[key] = (self.head_layout if is_head else self.block_layout).views(flat)
+            self._views[key] = (self.head_layout if is_head else self.block_layout(op.unit)).views(flat)
         return self._views[key]
 
     def _block_weights(self, op: Op):
@@ -344,14 +368,14 @@ class OpRunner:
             src = self.buf.get(op.reads[0])
             staged = self.backend.empty(src.shape, torch.uint8)
             self.backend.h2d(staged, src)
-            self.quant.unpack_(slot[:self.m.layer_params], staged)
+            self.quant.unpack_(slot[:self.dev_numel(op.unit)], staged)
             return
         off = 0
         for name in op.reads:
             src = self.buf.get(name)[:self.shared_numel(self.buf.declared[name].unit, op.unit)]  # not the padding
             self.backend.h2d(slot[off:off + src.numel()], src)
             off += src.numel()
-        want = self.m.head_device_params if op.unit == self.L else self.m.layer_params
+        want = self.dev_numel(op.unit)
         if off != want:
             raise ExecError(f"{op.label}: sources {op.reads} hold {off} parameters, the unit needs {want}")
 
@@ -397,7 +421,7 @@ class OpRunner:
         w = self._block_weights(op)
         stats = self._router_stats(op)
         with self._scope(op), torch.no_grad():
-            y = self.block(w, x, *self.attn.rows(self._rows(op.micro), op.unit), router=stats)   # (mb, T, H)
+            y = self.block(op.unit)(w, x, *self.attn.rows(self._rows(op.micro), op.unit), router=stats)   # (mb, T, H)
             if stats is not None:
                 self.outputs.router.add(op.micro, stats)
         self._check_applied(op, w)
@@ -421,7 +445,7 @@ class OpRunner:
         stats = self._router_stats(op)
         lora = self.adapters.weights(op.unit) if self.adapters is not None else None
         with self._scope(op):
-            graph = KeptGraph.record(self.block, w, slot, x, self.attn.rows(self._rows(op.micro), op.unit), stats,
+            graph = KeptGraph.record(self.block(op.unit), w, slot, x, self.attn.rows(self._rows(op.micro), op.unit), stats,
                                      lora=lora, lora_scale=self.adapters.scale if lora is not None else 1.0,
                                      dropout=self._dropout(op) if lora is not None else None)
             if stats is not None:
@@ -447,14 +471,14 @@ class OpRunner:
         dy = self.buf.get(self.buf.one(op.reads, Holds.ACTIVATION_GRAD))
         w = self._weights(op)
         dgrad, add = self._device_grad(op)
-        gviews = self.block_layout.views(dgrad)
+        gviews = self.block_layout(op.unit).views(dgrad)
         router = self.outputs.router
         stats = RouterStats() if router is not None else None
         with self._scope(op):
             with torch.enable_grad():
                 xg = x.detach().requires_grad_()
                 wp = {k: v.detach().requires_grad_() for k, v in w.items()}
-                y = self.block(wp, xg, *self.attn.rows(self._rows(op.micro), op.unit), router=stats)
+                y = self.block(op.unit)(wp, xg, *self.attn.rows(self._rows(op.micro), op.unit), router=stats)
                 outs, gouts = ([y], [dy]) if stats is None else ([y, stats.prob_sum], [dy, router.grad(op.micro)])
                 grads = torch.autograd.grad(outs, [xg, *wp.values()], gouts)
             del y, outs, stats
@@ -481,7 +505,7 @@ class OpRunner:
                 lora = {k: (a.detach().requires_grad_(), b.detach().requires_grad_())
                         for k, (a, b) in self.adapters.weights(op.unit).items()}
                 wa = AdaptedWeights(w, lora, self.adapters.scale, self._dropout(op))
-                y = self.block(wa, xg, *self.attn.rows(self._rows(op.micro), op.unit), router=stats)
+                y = self.block(op.unit)(wa, xg, *self.attn.rows(self._rows(op.micro), op.unit), router=stats)
                 self._check_applied(op, wa)
                 outs, gouts = ([y], [dy]) if stats is None else ([y, stats.prob_sum], [dy, router.grad(op.micro)])
                 leaves = [t for pair in lora.values() for t in pair]
@@ -513,7 +537,7 @@ class OpRunner:
                 self.buf.put(self.buf.one(op.writes, Holds.ACTIVATION_GRAD), dx)
             return
         dgrad, add = self._device_grad(op)
-        gviews = self.block_layout.views(dgrad)
+        gviews = self.block_layout(op.unit).views(dgrad)
         router = self.outputs.router
         with self._scope(op):
             dx, wgrads = graph.backward(dy, slot, router.grad(op.micro) if router is not None else None)

@@ -14,6 +14,7 @@ The tensors: everything a resumed step reads from the host store.
     base.<unit>      adapters (Policy.lora_rank): the frozen base, in the compute dtype
     adapters.<unit>  the block's adapters and their AdamW moments (from the device), and
     steps.adapters   their Adam step counter
+    buffers.<name>   a block's non-parameter tensors (DeepSeek-V3's router bias: model/block_buffers.py)
 The working copy is not held: it is the master cast, rebuilt on load.
 The metadata (JSON): "trainer" (TrainerState: steps done, the pending flag and its lr, ...) and
 what the state was written for: "model", "policy", "optimizer" (AdamW's betas, eps, weight
@@ -88,6 +89,9 @@ def declare(tr, state, pending: bool) -> StateItems:
         for u, t in ad.state.items():
             tensors[f"adapters.{unit_name(tr.model, u)}"] = StateTensor(_on_device(t), Holds.ADAPTERS)
         tensors["steps.adapters"] = StateTensor(_on_device(ad.step), None)
+    bufs = tr.runner.block_buffers  # a block's non-parameter tensors (model/block_buffers.py), fp32
+    for full, (u, n) in bufs.full_names().items():
+        tensors[f"buffers.{full}"] = StateTensor(_block_buffer(bufs, u, n), Holds.BASE_WEIGHTS)
     a = tr.runner.adamw
     meta = {"trainer": dataclasses.asdict(state), "model": tr.model.to_dict(), "policy": tr.policy.to_dict(),
             "optimizer": {"betas": list(a.betas), "eps": a.eps, "weight_decay": a.weight_decay},
@@ -129,3 +133,9 @@ def _on_device(t) -> Deferred:
     """A device tensor as the host copy a checkpoint writes, copied back in place when read."""
     return Deferred(shape=tuple(t.shape), dtype=t.dtype, make=lambda: t.detach().to("cpu", copy=True),
                     done=lambda h: t.copy_(h.to(t.device)))
+
+
+def _block_buffer(bufs, u: int, name: str) -> Deferred:
+    """Block u's buffer `name` (host fp32), set on the host and the device when read back."""
+    t = bufs.host[u][name]
+    return Deferred(shape=tuple(t.shape), dtype=t.dtype, make=lambda: t.clone(), done=lambda h: bufs.set_(u, name, h))

@@ -409,13 +409,13 @@ class Trainer:
                 x.add_(wpe.index_select(0, q.reshape(-1)).view(x.shape).to(dev, act))
         chunks = docs.split(p.micro_batch) if docs is not None else [None] * len(xs)
         tabs = [self.runner.attn.tables(d) for d in chunks]                       # per chunk
-        blk = block_layout(m)
         for layer in range(m.n_layers):
+            blk = block_layout(m.block_spec(layer))
             w = {k: v.to(dev, act) for k, v in blk.views(self.weights.unit_master(layer)).items()}
             if self.adapters is not None:
                 w = AdaptedWeights(w, self.adapters.weights(layer), self.adapters.scale)
             for i, at in enumerate(tabs):  # in place: one chunk's output is new at a time
-                xs[i] = self.runner.block(w, xs[i], *at(layer))
+                xs[i] = self.runner.block(layer)(w, xs[i], *at(layer))
             del w
         w_norm = tuple(params[n].to(dev, act) for n in host_final_norm_names(m))
         w_lm = (emb if m.tied_embeddings else params[names.head_name]).to(dev, act)

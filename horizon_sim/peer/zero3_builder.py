@@ -139,7 +139,7 @@ class Zero3StepBuilder(StepBuilder):
         """What layer u keeps on the device for its backward: its input (act_ckpt), else every
         tensor autograd saved in its forward."""
         n = (self.tokens * self.model.hidden * self.a if self.zero3.act_ckpt else
-             work.block_saved_bytes(self.model, self.zero3.micro_batch, self.zero3.seq, self.a))
+             work.block_saved_bytes(self.model.block_spec(u), self.zero3.micro_batch, self.zero3.seq, self.a))
         return self.bufs.declare(f"saved.m{m}.{u}", Space.DEVICE, Holds.SAVED_ACTIVATIONS, (n,), "uint8",
                                  role="activations", micro=m, layer=u)
 
@@ -305,10 +305,11 @@ class Zero3StepBuilder(StepBuilder):
     def forward(self, m: int) -> None:
         b, L = self.bufs, self.model.n_layers
         a, mb, seq = self.a, self.zero3.micro_batch, self.zero3.seq
-        fwd_hbm = work.block_elementwise_bytes(self.model, self.tokens, seq, a, backward=False)
-        ws = work.block_workspace_bytes(self.model, mb, seq, a, backward=False)
+        fwd_hbm = {s: work.block_elementwise_bytes(s, self.tokens, seq, a, backward=False) for s, _ in self.model.block_shapes}
+        ws = {s: work.block_workspace_bytes(s, mb, seq, a, backward=False) for s, _ in self.model.block_shapes}
         self.fetch(EMBED, m)
         for u in range(L):
+            bs = self.model.block_spec(u)
             self.fetch(u, m)
             hooked = self.hooks((EMBED, u) if u == 0 else (u,), m, calls=2)  # pre- and post-forward
             reads = [self.w(u)] + ([b.activation(m, u)] if u > 0 else [self.w(EMBED)])
@@ -318,7 +319,7 @@ class Zero3StepBuilder(StepBuilder):
             if not self.keep_after_forward(u):
                 frees += self.release(u)
             self.emit(OpKind.FORWARD, u, m, reads=reads, writes=[b.activation(m, u + 1), self.saved(m, u)], frees=frees,
-                      flops=self.model.layer_fwd_flops(self.tokens, seq), hbm_bytes=fwd_hbm, workspace_bytes=ws,
+                      flops=bs.layer_fwd_flops(self.tokens, seq), hbm_bytes=fwd_hbm[bs], workspace_bytes=ws[bs],
                       after=hooked)
         self.fetch(self.head, m)
         tok = self.tokens
@@ -332,14 +333,17 @@ class Zero3StepBuilder(StepBuilder):
     def backward(self, m: int) -> None:
         b, L, zero3 = self.bufs, self.model.n_layers, self.zero3
         a, mb, seq = self.a, zero3.micro_batch, zero3.seq
-        bwd_hbm = work.block_elementwise_bytes(self.model, self.tokens, seq, a, backward=True)
-        full_ws = work.block_workspace_bytes(self.model, mb, seq, a, backward=True)
-        saved_b = work.block_saved_bytes(self.model, mb, seq, a)
+        per = {}
+        for bs, _ in self.model.block_shapes:
+            full_ws = work.block_workspace_bytes(bs, mb, seq, a, backward=True)
+            saved_b = work.block_saved_bytes(bs, mb, seq, a)
+            # the graph's backward holds its transients only: what the forward saved is a buffer
+            per[bs] = dict(hbm=work.block_elementwise_bytes(bs, self.tokens, seq, a, backward=True),
+                           ws=full_ws if zero3.act_ckpt else max(0, full_ws - saved_b),
+                           flops=(3 if zero3.act_ckpt else 2) * bs.layer_fwd_flops(self.tokens, seq))
         kind = OpKind.BACKWARD if zero3.act_ckpt else OpKind.BACKWARD_SAVED
-        # the graph's backward holds its transients only: what the forward saved is a buffer
-        ws = full_ws if zero3.act_ckpt else max(0, full_ws - saved_b)
-        flops = (3 if zero3.act_ckpt else 2) * self.model.layer_fwd_flops(self.tokens, seq)
         for u in reversed(range(L)):
+            bwd_hbm, ws, flops = (per[self.model.block_spec(u)][k] for k in ("hbm", "ws", "flops"))
             self.fetch(u, m)
             if u == 0:  # the embedding's pre-backward hook fetches its weight (embedding_backward_fetch)
                 self.fetch(EMBED, m)

@@ -25,7 +25,7 @@ def tensors(m: ModelSpec, unit: int) -> int:
         return 1
     if unit == m.n_layers:  # the final norm, and the LM head's matrix unless tied to the embedding
         return len(norm_tensors(m)) + (0 if m.tied_embeddings else 1)
-    return len(parameters(m))
+    return len(parameters(m.block_spec(unit)))
 
 
 def modules(m: ModelSpec, unit: int) -> int:
@@ -35,7 +35,7 @@ def modules(m: ModelSpec, unit: int) -> int:
         return 1
     if unit == m.n_layers:
         return 2
-    return len(projections(m)) + len(NORMS) + BLOCK_CONTAINERS
+    return len(projections(m.block_spec(unit))) + len(NORMS) + BLOCK_CONTAINERS
 
 
 def largest_tensor(m: ModelSpec, unit: int) -> int:
@@ -45,4 +45,4 @@ def largest_tensor(m: ModelSpec, unit: int) -> int:
         return m.vocab * m.hidden
     if unit == m.n_layers:  # a tied head's matrix is the embedding's (its gradient goes with it)
         return m.hidden if m.tied_embeddings else m.vocab * m.hidden
-    return max(math.prod(shape) for _, shape in parameters(m))
+    return max(math.prod(shape) for _, shape in parameters(m.block_spec(unit)))

@@ -119,7 +119,7 @@ def host_lower_bound(model: ModelSpec, policy: Policy, hw: HardwareSpec) -> int:
 
 def device_lower_bound(model: ModelSpec, policy: Policy) -> int:
     """Device bytes no schedule can go below: its weight slots."""
-    return policy.slots * max(model.layer_params, model.head_device_params) * DTYPE_BYTES[policy.compute_dtype]
+    return policy.slots * max(model.max_layer_params, model.head_device_params) * DTYPE_BYTES[policy.compute_dtype]
 
 
 def disk_lower_bound(model: ModelSpec, policy: Policy) -> int:

@@ -95,76 +95,81 @@ class TrainStepBuilder(StepBuilder):
 
     # ---- the work of the compute ops (schedule/work.py) -------------------------------------------
     def _work(self) -> None:
+        """Each block op's FLOPs, device traffic and temporaries, per layer. Layers differ by their
+        mask, their window and their shape (a model with dense blocks before its MoE ones: each
+        block's own spec, ModelSpec.block_spec); each distinct kind is priced once."""
         model, p, a = self.model, self.policy, DTYPE_BYTES[self.policy.compute_dtype]
-        mb, tok = p.micro_batch, self.tokens
-        masked = [work.masked_attention(model, layer, p.seq, p.doc_masks) for layer in range(model.n_layers)]
+        mb, tok, L = p.micro_batch, self.tokens, model.n_layers
+        masked = [work.masked_attention(model, layer, p.seq, p.doc_masks) for layer in range(L)]
         mask_b = work.mask_bytes(mb, p.seq, p.doc_masks)
-        base_fwd = [model.layer_fwd_flops(tok, p.seq, causal=not mk) for mk in masked]
-        # Adapters (a frozen base): the adapters' GEMMs in every block op; a backward computes the
-        # base's input gradients only (its GEMMs' forward FLOPs once more, the attention's twice),
-        # not its weight gradients, then the adapters' backward (twice their forward).
-        if p.adapters:
-            lora_fwd = work.gemm_flops(work.adapter_gemms(model, p, tok, backward=False))
-            base_gemm = work.gemm_flops(work.block_gemms(model, tok, backward=False))
-            self.fwd_flops = [f + lora_fwd for f in base_fwd]
-            self.saved_bwd_flops = [base_gemm + 2 * (f - base_gemm) + 2 * lora_fwd for f in base_fwd]
-        else:
-            self.fwd_flops, self.saved_bwd_flops = base_fwd, [2 * f for f in base_fwd]
-        self.bwd_flops = [f + b for f, b in zip(self.fwd_flops, self.saved_bwd_flops)]
-        # Device traffic of the elementwise kernels (norms, RoPE, SiLU, residuals; GEMMs and
-        # attention are costed by their FLOPs) and the temporaries each op holds at its peak.
-        fwd_hbm = work.block_elementwise_bytes(model, tok, p.seq, a, backward=False)
-        bwd_hbm = work.block_elementwise_bytes(model, tok, p.seq, a, backward=True)
-        # layers differ only by their mask and window: each pair priced once (80 layers, 2 kinds)
-        kinds = {(mk, model.window(layer)) for layer, mk in enumerate(masked)}
-        # a soft-capped attention's own elementwise passes over its scores (by the layer's window)
-        sc = {(bw, w): work.softcap_elementwise_bytes(model, mb, p.seq, a, bw, w, p.doc_masks)
-              for bw in (False, True) for w in {w for _, w in kinds}}
-        windows = [model.window(layer) for layer in range(model.n_layers)]
-        self.fwd_hbm = [fwd_hbm + sc[False, w] for w in windows]
-        self.bwd_hbm = [bwd_hbm + sc[False, w] + sc[True, w] for w in windows]  # the forward again, then its own
-        ws = {(bw, mk, w): work.block_workspace_bytes(model, mb, p.seq, a, backward=bw, attention=p.attention,
-                                                      mask=mask_b * mk, window=w)
-              for bw in (False, True) for mk, w in kinds}
-        self.fwd_ws = [ws[False, mk, model.window(layer)] for layer, mk in enumerate(masked)]
-        self.bwd_ws = [ws[True, mk, model.window(layer)] for layer, mk in enumerate(masked)]
+        specs = [model.block_spec(layer) for layer in range(L)]
+        windows = [model.window(layer) for layer in range(L)]
+        kinds = sorted({(specs[i], masked[i], windows[i]) for i in range(L)}, key=lambda k: (k[1], k[2], k[0].n_experts))
+        per = {k: self._kind_work(*k, tok, a, mask_b) for k in kinds}
+        rows = [per[specs[i], masked[i], windows[i]] for i in range(L)]
+        for f in ("fwd_flops", "saved_bwd_flops", "bwd_flops", "fwd_hbm", "bwd_hbm", "fwd_ws", "bwd_ws", "saved_b",
+                  "kept_fwd_ws", "saved_bwd_ws", "saved_bwd_hbm"):
+            setattr(self, f, [r[f] for r in rows])
         self.head_hbm = work.head_elementwise_bytes(model, tok, a, p.loss_kernel)
         self.head_ws = work.head_workspace_bytes(model, tok, p.loss_chunk_tokens, a, p.loss_kernel)
         # a forward-only pass of the head (eval; DPO's reference, and its head's first pass)
         self.head_loss_hbm = work.head_loss_elementwise_bytes(model, tok, a, p.loss_kernel)
         self.head_loss_ws = work.head_loss_workspace_bytes(model, tok, p.loss_chunk_tokens, a, p.loss_kernel)
         self.boundary_bytes = tok * model.hidden * a
+        # DPO's reference forward: the base's blocks without their adapters
+        self.ref_fwd = ([r["base_fwd"] for r in rows], [r["ref_fwd_hbm"] for r in rows],
+                        [r["ref_fwd_ws"] for r in rows])
+
+    def _kind_work(self, m, masked: bool, window: int, tok: int, a: int, mask_b: int) -> dict:
+        """One kind of block's work (m its block spec): what _work lists per layer."""
+        p, mb = self.policy, self.policy.micro_batch
+        mk = mask_b * masked
+        base_fwd = m.layer_fwd_flops(tok, p.seq, causal=not masked)
+        # Adapters (a frozen base): the adapters' GEMMs in every block op; a backward computes the
+        # base's input gradients only (its GEMMs' forward FLOPs once more, the attention's twice),
+        # not its weight gradients, then the adapters' backward (twice their forward).
+        if p.adapters:
+            lora_fwd = work.gemm_flops(work.adapter_gemms(m, p, tok, backward=False))
+            base_gemm = work.gemm_flops(work.block_gemms(m, tok, backward=False))
+            fwd, saved_bwd = base_fwd + lora_fwd, base_gemm + 2 * (base_fwd - base_gemm) + 2 * lora_fwd
+        else:
+            fwd, saved_bwd = base_fwd, 2 * base_fwd
+        # Device traffic of the elementwise kernels (norms, RoPE, SiLU, residuals; GEMMs and
+        # attention are costed by their FLOPs), a chunked attention's own passes over its scores
+        # (by the layer's window), and the temporaries each op holds at its peak.
+        sc = {bw: work.softcap_elementwise_bytes(m, mb, p.seq, a, bw, window, p.doc_masks) for bw in (False, True)}
+        fwd_hbm = work.block_elementwise_bytes(m, tok, p.seq, a, backward=False) + sc[False]
+        bwd_hbm = work.block_elementwise_bytes(m, tok, p.seq, a, backward=True) + sc[False] + sc[True]  # forward again
+        ws = {bw: work.block_workspace_bytes(m, mb, p.seq, a, backward=bw, attention=p.attention, mask=mk, window=window)
+              for bw in (False, True)}
         # kept layers (kept_work.py): the graph's bytes, and what their two ops hold beyond it
         # (adapters: the frozen base's graph keeps less, and the adapters' inputs and products more)
-        lora_saved = work.adapter_saved_bytes(model, p, tok, a) - work.frozen_saved_bytes(model, tok, a) \
-            if p.adapters else 0
-        self.saved_b = [kept_work.kept_saved_bytes(model, mb, p.seq, a, p.attention, mask_b * mk) + lora_saved
-                        for mk in masked]
-        self.kept_fwd_ws = [kept_work.kept_forward_workspace_bytes(model, mb, p.seq, mask_b * mk) for mk in masked]
-        self.saved_bwd_ws = [kept_work.saved_backward_workspace_bytes(model, mb, p.seq, a, mask_b * mk) for mk in masked]
-        self.saved_bwd_hbm = [kept_work.saved_backward_elementwise_bytes(model, tok, p.seq, a) + sc[True, w]
-                              for w in windows]
-        # DPO's reference forward: the base's blocks without their adapters
-        self.ref_fwd = (base_fwd, list(self.fwd_hbm), list(self.fwd_ws))
+        lora_saved = work.adapter_saved_bytes(m, p, tok, a) - work.frozen_saved_bytes(m, tok, a) if p.adapters else 0
+        r = dict(base_fwd=base_fwd, fwd_flops=fwd, saved_bwd_flops=saved_bwd, bwd_flops=fwd + saved_bwd,
+                 fwd_hbm=fwd_hbm, bwd_hbm=bwd_hbm, fwd_ws=ws[False], bwd_ws=ws[True],
+                 saved_b=kept_work.kept_saved_bytes(m, mb, p.seq, a, p.attention, mk) + lora_saved,
+                 kept_fwd_ws=kept_work.kept_forward_workspace_bytes(m, mb, p.seq, mk),
+                 saved_bwd_ws=kept_work.saved_backward_workspace_bytes(m, mb, p.seq, a, mk),
+                 saved_bwd_hbm=kept_work.saved_backward_elementwise_bytes(m, tok, p.seq, a) + sc[True],
+                 ref_fwd_hbm=fwd_hbm, ref_fwd_ws=ws[False])
         if p.adapters:
-            self._adapter_work(tok, a)
+            self._adapter_work(m, r, tok, a)
+        return r
 
-    def _adapter_work(self, tok: int, a: int) -> None:
-        """The block ops' bytes and temporaries with adapters on a frozen base: the adapters' own
-        kernels added, the frozen base's weight-gradient kernels taken off (schedule/work.py)."""
-        model, p = self.model, self.policy
-        lf = work.adapter_elementwise_bytes(model, p, tok, a, backward=False)
-        lb = work.adapter_elementwise_bytes(model, p, tok, a, backward=True) - work.frozen_backward_bytes(model, tok, a)
-        self.fwd_hbm = [h + lf for h in self.fwd_hbm]
-        self.bwd_hbm = [h + lf + lb for h in self.bwd_hbm]
-        self.saved_bwd_hbm = [h + lb for h in self.saved_bwd_hbm]
-        wf = work.adapter_workspace_bytes(model, p, tok, a, backward=False)
-        wb = work.adapter_workspace_bytes(model, p, tok, a, backward=True)
-        wg = work.adapter_in_flight_bytes(model, p, tok, with_input=True)
-        self.fwd_ws = [w + wf for w in self.fwd_ws]
-        self.kept_fwd_ws = [w + wf for w in self.kept_fwd_ws]
-        self.bwd_ws = [w + wb for w in self.bwd_ws]
-        self.saved_bwd_ws = [w + wg for w in self.saved_bwd_ws]  # one adapter's gradients in flight
+    def _adapter_work(self, m, r: dict, tok: int, a: int) -> None:
+        """A block kind's bytes and temporaries with adapters on a frozen base (r, in place): the
+        adapters' own kernels added, the frozen base's weight-gradient kernels taken off
+        (schedule/work.py)."""
+        p = self.policy
+        lf = work.adapter_elementwise_bytes(m, p, tok, a, backward=False)
+        lb = work.adapter_elementwise_bytes(m, p, tok, a, backward=True) - work.frozen_backward_bytes(m, tok, a)
+        r["fwd_hbm"] += lf
+        r["bwd_hbm"] += lf + lb
+        r["saved_bwd_hbm"] += lb
+        r["fwd_ws"] += work.adapter_workspace_bytes(m, p, tok, a, backward=False)
+        r["kept_fwd_ws"] += work.adapter_workspace_bytes(m, p, tok, a, backward=False)
+        r["bwd_ws"] += work.adapter_workspace_bytes(m, p, tok, a, backward=True)
+        r["saved_bwd_ws"] += work.adapter_in_flight_bytes(m, p, tok, with_input=True)  # one adapter's gradients in flight
 
     # ---- emission ------------------------------------------------------------------------------
     @staticmethod

@@ -38,6 +38,10 @@ class Declarations:
         # Adapters on a frozen base: the host keeps the base in the compute dtype only, which is
         # what the loads stream (as a working copy); the adapters and their state are the device's.
         self.adapters = policy.adapters
+        if (self.adapters or policy.base_quant != "none") and not model.uniform:
+            raise HorizonError(f"model {model.name!r} has two block shapes ({model.first_dense_layers} dense blocks "
+                               "before its MoE ones): adapters and a quantized base are planned for one block shape "
+                               "for now; drop --lora-rank and --base-quant (full fine-tuning runs)")
         if self.adapters:
             self.has_copy = True
             if layout.nodes > 1:
@@ -55,17 +59,17 @@ class Declarations:
             raise HorizonError(f"policy disk_tier={policy.disk_tier!r} runs on one device for now, not "
                                f"{layout.devices_per_node} x {layout.nodes}: drop --disk-tier, or run one device (planner: "
                                "--gpus/--nodes; train: --nproc-per-node/--nnodes)")
-        self.slot_bytes = max(model.layer_params, model.head_device_params) * a
+        self.slot_bytes = max(model.max_layer_params, model.head_device_params) * a  # a slot holds any block
 
     # ---- sizes ---------------------------------------------------------------------------------
     def host_params(self, u: int) -> int:
         """Parameters unit `u` keeps on the host (a tied head: its norm; the matrix is the embedding's)."""
         m = self.m
-        return m.embedding_params if u == EMBED else m.head_params if u == self.head else m.layer_params
+        return m.embedding_params if u == EMBED else m.head_params if u == self.head else m.block_spec(u).layer_params
 
     def dev_params(self, u: int) -> int:
         """Parameters unit `u` needs on the device (the head: its LM head matrix even when tied)."""
-        return self.m.head_device_params if u == self.head else self.m.layer_params
+        return self.m.head_device_params if u == self.head else self.m.block_spec(u).layer_params
 
     def host_reduced(self, u: int) -> bool:
         """Units whose gradient is accumulated on the host from more than one source (the
@@ -270,12 +274,12 @@ class Declarations:
         masks, each token's document and position and the tables gathered at those."""
         p, m, c = self.p, self.m, dict(static=True, role="constants")
         k = (m.rope_table_count,) if m.rope_table_count > 1 else ()  # a table per RoPE base (Gemma 3)
-        self.declare("rope.cos", Space.DEVICE, Holds.ROPE_COS, (*k, p.seq, m.hd), p.compute_dtype, **c)
-        self.declare("rope.sin", Space.DEVICE, Holds.ROPE_SIN, (*k, p.seq, m.hd), p.compute_dtype, **c)
+        self.declare("rope.cos", Space.DEVICE, Holds.ROPE_COS, (*k, p.seq, m.rope_width), p.compute_dtype, **c)
+        self.declare("rope.sin", Space.DEVICE, Holds.ROPE_SIN, (*k, p.seq, m.rope_width), p.compute_dtype, **c)
         self.declare("labels", Space.DEVICE, Holds.LABELS, (p.batch, p.seq), "int64", **c)
         if p.doc_masks:
             self.declare("docs", Space.DEVICE, Holds.DOCS, (p.batch, p.seq), "int64", **c)
             self.declare("positions", Space.DEVICE, Holds.POSITIONS, (p.batch, p.seq), "int64", **c)
-            rows = (*k, p.batch, 1, p.seq, m.hd)
+            rows = (*k, p.batch, 1, p.seq, m.rope_width)
             self.declare("rope.cos.rows", Space.DEVICE, Holds.ROPE_COS_ROWS, rows, p.compute_dtype, **c)
             self.declare("rope.sin.rows", Space.DEVICE, Holds.ROPE_SIN_ROWS, rows, p.compute_dtype, **c)

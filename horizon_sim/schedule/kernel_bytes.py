@@ -186,7 +186,9 @@ def fp32_input_bytes(k: Kernel, a: int) -> int:
     copy: not a temporary)."""
     if k.kind == "layernorm":  # its statistics come from its input as it is
         return 0
-    return 0 if k.reads_block_input and a == 4 else 4 * k.width
+    if a == 4:  # the input itself: none when it is the block's x; the whole of a wider tensor it is a view of
+        return 0 if k.reads_block_input else 4 * (k.input_width or k.width)
+    return 4 * k.width
 
 
 def keeps_own_input(k: Kernel, a: int) -> bool:
@@ -212,6 +214,8 @@ def saved_bytes(k: Kernel, a: int) -> int:
     if k.kind == "rmsnorm":  # fp32 input, normalised rows (cast back, or fp32), output, rsqrt
         return fp32_input_bytes(k, a) + (4 if k.fp32_weight else a) * w + (a * w if k.output_saved else 0) + 4 * k.rows
     if k.kind == "attention":
+        if k.v_width:  # MLA: v padded to the q/k head width (so is o), o's unpadded part copied for o_proj
+            return a * (3 * w + k.kv_width + k.v_width) + 4 * k.rows
         return a * (2 * w + 2 * k.kv_width) + 4 * k.rows
     if k.kind in ("swiglu", "silu", "clamped_swiglu"):
         return {"swiglu": 4, "silu": 2, "clamped_swiglu": 3}[k.kind] * a * w
@@ -222,7 +226,8 @@ def saved_bytes(k: Kernel, a: int) -> int:
     if k.kind == "router" and k.topk_first:  # the k weights' softmax output, the ids; the loss's fp32 softmax
         return (a + 8) * k.rows + (4 * w if k.aux_loss else 0)
     if k.kind == "router":  # renormalising keeps the top-k values and their sum: 4k + 4
-        return 4 * w + 8 * k.rows + (4 * k.rows + 4 if k.renormalised else 0)
+        fp32_input = 4 * k.input_width if a != 4 else 0  # an fp32 router's copy of its input (DeepSeek)
+        return 4 * w + 8 * k.rows + (4 * k.rows + 4 if k.renormalised else 0) + fp32_input
     if k.kind == "dispatch":
         return a * w + 16 * k.rows
     if k.kind == "combine":

@@ -355,7 +355,7 @@ def head_logits_bytes(m: ModelSpec, tokens: int, a: int, loss_kernel: str = "tor
 def final_norm(m: ModelSpec) -> block.Kernel:
     """The head's norm, the family's kind of norm (the block's norms say which: one multiplying
     its weight in fp32, OLMo-2's, Gemma's (1 + w), or Llama's)."""
-    norms = [k for k in block.kernels(m) if k.kind in block.NORM_KINDS]
+    norms = [k for k in block.kernels(m.block_spec(m.n_layers - 1)) if k.kind in block.NORM_KINDS]
     return block.Kernel(norms[0].kind, "head", m.hidden, fp32_weight=any(k.fp32_weight for k in norms),
                         unit_offset=any(k.unit_offset for k in norms))
 
@@ -612,12 +612,20 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
     x1_in_mlp = N * kernel_bytes.saved_bytes(att["residual"], a)  # x1 saved by the MLP's projections
     saved = {"attention": _saved(att, a, N) - x1_in_mlp, "mlp": _saved(mlp, a, N) + x1_in_mlp}  # bytes
     gates = sum(k.kind == "gate_mul" for k in mlp["kernels"])
+    # an ungated shared expert's output (DeepSeek's) beside the routed experts' before their sum
+    gates += bool(m.shared_expert_ffn_hidden) and not family(m.family).moe.shared_gate
     pre2 = mlp["pre"]  # x1 is alive unless a kernel keeps it: the MLP's projections, or its pre-norm as its input
     x1 = 0 if x1_in_mlp or (pre2 and not pre2.reads_block_input and kernel_bytes.keeps_own_input(pre2, a)) else a * H
     points = [saved["attention"] + saved["mlp"] + N * (x1 + (2 + gates) * a * H) + a * mask
               + expert_padding_bytes(m, a, parts)]
     if m.n_experts:
         points += [_expert_loop_bytes(m, N, a, {k: v // N for k, v in saved.items()}, parts) + a * mask]  # no per-call terms
+    S = m.shared_expert_ffn_hidden
+    if S and not family(m.family).moe.shared_gate:  # an ungated shared expert's backward, before the routed loop's:
+        # beside everything saved, y, the MLP output's gradient, its SwiGLU's gradients, its input's, down's weight's
+        sw = next(k for k in mlp["kernels"] if k.kind == "swiglu" and not k.routed)
+        points.append(saved["attention"] + saved["mlp"] + N * (3 * a * H + kernel_bytes.backward_gradients_bytes(sw, a))
+                      + a * S * H + a * mask + expert_padding_bytes(m, a, parts))
     weights, earlier, dx1 = 0, saved["attention"], 0
     for name, half in (("mlp", mlp), ("attention", att)):
         live = saved[name]
@@ -638,6 +646,10 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
             o_proj = block.projections(m)[att["readers"]].params
             points.append(earlier + live + N * (2 * a * H) + (weights + o_proj) * a
                           + softcap_attention_bytes(m, micro_batch, seq, a, backward=True, window=window))
+        if name == "attention" and parts["attention"].v_width:  # MLA: SDPA's backward, o_proj's gradient made,
+            k = parts["attention"]  # beside what the half saved: dO, dq, dk and dv, each as wide as q (v padded)
+            o_proj = next(p.params for p in block.projections(m) if p.module == "self_attn.o_proj")
+            points.append(earlier + live + N * (2 * a * H + a * (3 * k.width + k.kv_width)) + (weights + o_proj) * a)
         if half["pre"]:
             weights += half["weights"] - half["pre"].weight - (half["post"].weight if half["post"] else 0)
             live = _saved_kernel(half["pre"], a, N)
@@ -770,9 +782,12 @@ def _expert_loop_bytes(m: ModelSpec, N: int, a: int, saved: dict, parts: dict) -
     gates = sum(kk.kind == "gate_mul" for kk in parts["half"]["mlp"]["kernels"])
     experts = [p.params for p in block.projections(m) if p.experts]  # each stack's weights and biases
     act = parts["half"]["mlp"]["body"]
+    # an ungated shared expert's backward (DeepSeek's) may run before the routed loop: its weight gradients then live
+    shared = 0 if family(m.family).moe.shared_gate else a * sum(
+        p.params for p in block.projections(m) if p.module.startswith("mlp.shared_expert"))
     routed = sum(kernel_bytes.saved_bytes(kk, a) for kk in parts["half"]["mlp"]["kernels"] if kk.routed)  # per token
     per_row, cold = _routed_row_bytes(m, a, parts), min_rows(N, k, E)
-    base = N * (saved["attention"] + saved["mlp"] + 4 * k + (1 + gates) * aH) + expert_padding_bytes(m, a, parts)
+    base = N * (saved["attention"] + saved["mlp"] + 4 * k + (1 + gates) * aH) + expert_padding_bytes(m, a, parts) + shared
     hot = padded_rows(max_rows(N, k, E), a)
     fp32_weights = 8 * H if family(m.family).moe.fp32_routing_weights and a != 4 else 0
     combine = base + (2 * aH + fp32_weights) * hot

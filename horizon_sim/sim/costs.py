@@ -233,13 +233,12 @@ class CostModel:
             kind = tracked_kind(kind)  # a CPU backend measuring every op's temporaries (tracks_every_op)
         return self.overhead_us.get(kind, self.launch_s * 1e6) * 1e-6
 
-    def _moe_overhead_s(self, kind: OpKind, tokens: int) -> float:
+    def _moe_overhead_s(self, kind: OpKind, tokens: int, m) -> float:
         """An MoE block's extra fixed cost in a compute op: its router's, and each expert's that
         its loop runs (the executor skips an expert without rows: all E are counted, or the op's
         tokens x k rows where fewer). A backward runs the forward's kernels again: its figures
         include them; one from saved tensors pays the backward's (an upper bound, as for the
-        op itself)."""
-        m = self.model
+        op itself). m: the block's spec."""
         base = {OpKind.BACKWARD_SAVED: OpKind.BACKWARD}.get(kind, kind).value
         experts = min(m.n_experts, tokens * m.experts_per_token)
         us = self.overhead_us.get(f"{base}_router", 0.0) + experts * self.overhead_us.get(f"{base}_expert", 0.0)
@@ -294,19 +293,20 @@ class CostModel:
                 bwd = op.kind in (OpKind.BACKWARD, OpKind.BACKWARD_SAVED)
                 saved = op.kind == OpKind.BACKWARD_SAVED  # the forward's kernels ran in FORWARD
                 ref = op.kind == OpKind.REF_FORWARD  # DPO's reference: the base without its adapters
-                gemms = (work.block_gemms_saved_backward(m, tokens, p) if saved
-                         else work.block_gemms(m, tokens, bwd, None if ref else p))
+                bm = m.block_spec(op.unit)  # this block's shape (dense blocks before MoE ones differ)
+                gemms = (work.block_gemms_saved_backward(bm, tokens, p) if saved
+                         else work.block_gemms(bm, tokens, bwd, None if ref else p))
                 masked = work.masked_attention(m, op.unit, p.seq, p.doc_masks)
-                attn = work.attention(m, p.micro_batch, p.seq, bwd, masked)
+                attn = work.attention(bm, p.micro_batch, p.seq, bwd, masked)
                 if m.attn_softcap and self.fused_softcap:
                     attn = self._fused_softcap(op, t, saved)
                 if saved:
                     attn = replace(attn, fwd_flops=0.0)
-                if m.n_experts:
-                    t["overhead"] += self._moe_overhead_s(op.kind, tokens)
+                if bm.n_experts:
+                    t["overhead"] += self._moe_overhead_s(op.kind, tokens, bm)
                 if p.adapters and not ref:  # each adapted projection's small kernels (calibrated; absent: 0)
                     base = {OpKind.BACKWARD_SAVED: OpKind.BACKWARD}.get(op.kind, op.kind).value
-                    t["overhead"] += len(work.adapted(m, p)) * self.overhead_us.get(f"{base}_adapter", 0.0) * 1e-6
+                    t["overhead"] += len(work.adapted(bm, p)) * self.overhead_us.get(f"{base}_adapter", 0.0) * 1e-6
             if self.gemm:
                 t["gemm"] = self._gemm_s(gemms)
             else:  # each at its dtype's peak x efficiency

@@ -34,7 +34,7 @@ def largest_transient_block(model: ModelSpec, policy: Policy) -> int:
     a = DTYPE_BYTES[policy.compute_dtype]
     tok = policy.micro_batch * policy.seq
     c = min(policy.loss_chunk_tokens, tok)
-    dgrad = max(model.layer_params, model.head_device_params) * a
+    dgrad = max(model.max_layer_params, model.head_device_params) * a
     temps = max(c * model.vocab * 4, tok * model.ffn_hidden * a, tok * model.hidden * 4)
     init = max(model.ffn_hidden * model.hidden, model.vocab * model.hidden) * 4
     return int(max(dgrad, temps, init))

@@ -92,6 +92,17 @@ class Kernel:
     kv_width: int = 0
     """Attention: the key (and value) width. Split: the part of a fused projection's output the
     forward copies out (Phi-3's v, made contiguous)."""
+    v_width: int = 0
+    """Attention: the value width and the output's, when they differ from kv_width and width
+    (MLA: n_heads x v_head_dim); 0 = as wide as the keys and the queries."""
+    input_width: int = 0
+    """Router: the width of its input when it computes in fp32 (DeepSeek's): the fp32 copy of its
+    input it keeps for its weight's gradient (none when the block computes in fp32). RMSNorm: the
+    width of the tensor its input is a slice of (MLA's latent, whose norm reads its first
+    kv_lora_rank columns), which it keeps whole where it keeps its input itself (in fp32)."""
+    sigmoid: bool = False
+    """Router only: scores are the logits' sigmoids (DeepSeek-V3), the top-k picked by the scores
+    plus a correction bias within groups, instead of a softmax over all E."""
     fan_out: int = 1
     """Projections reading its output: the backward adds their fan_out input gradients."""
     output_saved: bool = False

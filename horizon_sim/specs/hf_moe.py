@@ -21,8 +21,6 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.specs.hf_values import as_bool, as_float, as_int
 
 REFUSED_TYPES = {
-    "deepseek_v2": "DeepSeek-V2 (multi-head latent attention and grouped routing)",
-    "deepseek_v3": "DeepSeek-V3 (multi-head latent attention, sigmoid routing with a bias)",
     "qwen3_next": "Qwen3-Next (gated delta-net layers)",
     "olmoe": "OLMoE", "jamba": "Jamba (Mamba layers)", "dbrx": "DBRX", "granitemoe": "Granite-MoE",
     "phimoe": "Phi-MoE", "llama4": "Llama 4", "deepseek_v32": "DeepSeek-V3.2",

@@ -2,10 +2,11 @@
 and FLOPs per token. Presets live in model_presets.py. Activation and temporary bytes are
 the schedule's business (schedule/work.py), measured against the executor there."""
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs import block, moe
+from horizon_sim.specs import block, mla, moe
 from horizon_sim.specs.families import family as family_named
 from horizon_sim.specs.families.legacy import translate_legacy
 from horizon_sim.specs.from_dict import spec_from_dict
@@ -98,6 +99,29 @@ class ModelSpec:
     0 in every other family."""
     swiglu_limit: float = 0.0
     """gpt-oss's clamp: gate to at most swiglu_limit, up to [-limit, limit] (7.0); 0 elsewhere."""
+    # ---- DeepSeek (specs/families/deepseek.py; all zero elsewhere) ---------------------------
+    kv_lora_rank: int = 0
+    """Multi-head latent attention when > 0: k and v made from a kv_lora_rank-wide latent
+    (kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj). head_dim is then the q/k head width,
+    qk_nope_head_dim + qk_rope_head_dim."""
+    q_lora_rank: int = 0
+    """MLA: q through a q_lora_rank-wide bottleneck (q_a_proj, q_a_layernorm, q_b_proj); 0 = one
+    q_proj (DeepSeek-V2-Lite)."""
+    qk_rope_head_dim: int = 0
+    """MLA: the last qk_rope_head_dim dimensions of each q/k head are rotated (k's part shared by
+    every head, made from the latent's projection); the rest are not."""
+    v_head_dim: int = 0
+    """MLA: the width of each head's value (and of the attention's output per head)."""
+    first_dense_layers: int = 0
+    """Blocks 0..first_dense_layers-1 have a dense SwiGLU MLP of ffn_hidden, the others the MoE MLP
+    (DeepSeek's first_k_dense_replace): the model has two block shapes (block_spec). A family with
+    such blocks and no experts at all (n_experts 0) is dense throughout."""
+    expert_groups: int = 0
+    """Routed experts in this many groups, a token's top-k taken from its topk_groups best groups
+    (DeepSeek's n_group, topk_group); 0 = no groups."""
+    topk_groups: int = 0
+    routed_scaling: float = 1.0
+    """The routing weights' multiplier (DeepSeek's routed_scaling_factor)."""
 
     def __post_init__(self):
         # JSON round trips (schedule meta, sweep rows) hand these back as dict / list.
@@ -187,8 +211,36 @@ class ModelSpec:
                                    "config's value (gpt-oss: swiglu_alpha 1.702, swiglu_limit 7.0)")
             if v and not fam.clamped_swiglu:
                 raise HorizonError(f"model {f}={v!r}: family {self.family!r} has no clamped SwiGLU (gpt_oss has)")
+        mla.check(self, fam)
         moe.check(self, fam)
         fam.check(self)
+
+    # ---- block shapes ---------------------------------------------------------------------
+    @property
+    def uniform(self) -> bool:
+        """Every block has one shape (no dense blocks before MoE ones)."""
+        return self.first_dense_layers == 0
+
+    def block_spec(self, layer: int) -> "ModelSpec":
+        """The spec that describes block `layer` (specs/block.py, schedule/work.py and the
+        executor's layout and forward take one block shape): this spec when every block is alike;
+        for a model with dense blocks first, the same model with every block dense or every
+        block MoE, as `layer` is."""
+        if self.uniform:
+            return self
+        return _view(self, layer < self.first_dense_layers)
+
+    @property
+    def block_shapes(self) -> tuple[tuple["ModelSpec", int], ...]:
+        """((a block shape's spec, its blocks), ...): one entry, or the dense blocks' and the MoE ones'."""
+        if self.uniform:
+            return ((self, self.n_layers),)
+        return ((_view(self, True), self.first_dense_layers), (_view(self, False), self.n_layers - self.first_dense_layers))
+
+    @property
+    def max_layer_params(self) -> int:
+        """The largest block's parameters (a device slot holds any block)."""
+        return max(s.layer_params for s, _ in self.block_shapes)
 
     # ---- shapes -------------------------------------------------------------------------
     @property
@@ -204,9 +256,22 @@ class ModelSpec:
         return self.n_kv_heads * self.hd
 
     @property
+    def rope_width(self) -> int:
+        """The RoPE tables' width: a head's (the pass-through part at cos 1, sin 0), or MLA's
+        rotated part alone (its q and k parts are rotated apart from the rest)."""
+        return self.qk_rope_head_dim if self.kv_lora_rank else self.hd
+
+    @property
+    def v_dim(self) -> int:
+        """The attention's value and output width: n_heads x the value head width (MLA's
+        v_head_dim; head_dim elsewhere)."""
+        return self.n_heads * (self.v_head_dim or self.hd)
+
+    @property
     def rotary_dim(self) -> int:
-        """Dimensions of each head RoPE rotates (all of them unless rotary_fraction < 1)."""
-        return int(self.hd * self.rotary_fraction)
+        """Dimensions of each head RoPE rotates (all of them unless rotary_fraction < 1; MLA:
+        qk_rope_head_dim)."""
+        return self.qk_rope_head_dim if self.kv_lora_rank else int(self.hd * self.rotary_fraction)
 
     def window(self, layer: int) -> int:
         """Block `layer`'s attention window in tokens (0 = the whole causal prefix)."""
@@ -269,22 +334,27 @@ class ModelSpec:
         return self.norm_params + self.vocab * self.hidden
 
     @property
+    def blocks_params(self) -> int:
+        """Every block's parameters (the blocks of each shape)."""
+        return sum(n * s.layer_params for s, n in self.block_shapes)
+
+    @property
     def total_params(self) -> int:
-        return self.embedding_params + self.n_layers * self.layer_params + self.head_params
+        return self.embedding_params + self.blocks_params + self.head_params
 
     @property
     def active_params(self) -> int:
         """Parameters one token uses: total_params less the experts it is not routed to
         (an MoE model's "A3B"); total_params when dense."""
-        idle = self.layer_matmul_params - self.layer_active_matmul_params
-        return self.total_params - self.n_layers * idle
+        idle = sum(n * (s.layer_matmul_params - s.layer_active_matmul_params) for s, n in self.block_shapes)
+        return self.total_params - idle
 
     @property
     def model_flops_params(self) -> int:
         """N of the PaLM 6·N term: every matmul weight applied to every token, block matmuls
         plus the LM head (the embedding lookup is not a matmul). MoE: the active matmuls only
         (attention, router, k experts, shared expert), so MFU counts active parameters."""
-        return self.n_layers * self.layer_active_matmul_params + self.vocab * self.hidden
+        return sum(n * s.layer_active_matmul_params for s, n in self.block_shapes) + self.vocab * self.hidden
 
     # ---- FLOPs --------------------------------------------------------------------------
     def model_flops_per_token(self, seq: int, context: int = 0) -> float:
@@ -293,13 +363,14 @@ class ModelSpec:
         block l can attend to: seq, or its sliding window when shorter, or `context` (the
         mean document length under document masks) when given and shorter."""
         ctx = sum(min(self.attended(layer, seq), context or seq) for layer in range(self.n_layers))
-        return 6.0 * self.model_flops_params + 12.0 * self.q_dim * ctx
+        return 6.0 * self.model_flops_params + 6.0 * (self.q_dim + self.v_dim) * ctx
 
     def layer_fwd_flops(self, tokens: int, seq: int, causal: bool = True) -> float:
-        """FLOPs one block's forward executes over `tokens` tokens of sequence length `seq`.
-        Causal attention executes half of QK^T and AV (flash kernels skip masked tiles);
-        causal=False: the kernel computes every T x T score (an explicit mask)."""
-        attn = 4.0 * seq * self.q_dim * tokens * (0.5 if causal else 1.0)
+        """FLOPs one block's forward executes over `tokens` tokens of sequence length `seq`
+        (a uniform spec: block_spec). Causal attention executes half of QK^T and AV (flash
+        kernels skip masked tiles); causal=False: the kernel computes every T x T score (an
+        explicit mask)."""
+        attn = 2.0 * seq * (self.q_dim + self.v_dim) * tokens * (0.5 if causal else 1.0)
         return 2.0 * self.layer_active_matmul_params * tokens + attn
 
     def head_fwd_flops(self, tokens: int) -> float:
@@ -319,9 +390,29 @@ class ModelSpec:
         d["layer_windows"] = list(self.layer_windows)
         if not d["hidden_act"]:  # the family's own: left out, so specs written before the field read (and digest) the same
             del d["hidden_act"]
+        for f, off in _LATER_FIELDS.items():  # likewise the fields of families added since, at their off values
+            if d[f] == off:
+                del d[f]
         if d["rope_scaling"] is not None:  # longrope's lists; left out of the other kinds, as before them
             for f in ("short_factor", "long_factor"):
                 d["rope_scaling"][f] = list(d["rope_scaling"][f])
                 if not d["rope_scaling"][f]:
                     del d["rope_scaling"][f]
         return d
+
+
+_LATER_FIELDS = {"swiglu_alpha": 0.0, "swiglu_limit": 0.0, "kv_lora_rank": 0, "q_lora_rank": 0, "qk_rope_head_dim": 0,
+                 "v_head_dim": 0, "first_dense_layers": 0, "expert_groups": 0, "topk_groups": 0, "routed_scaling": 1.0}
+"""Fields to_dict leaves out at these values (a spec written before them reads, and digests, the same)."""
+
+
+@lru_cache(maxsize=256)
+def _view(m: ModelSpec, dense: bool) -> ModelSpec:
+    """m with every block MoE (first_dense_layers 0), or every block dense: the same model without
+    experts (a dense model of its family), so that whatever asks a block spec for its experts
+    (n_experts, is_moe) hears of none."""
+    if not dense:
+        return replace(m, first_dense_layers=0)
+    return replace(m, first_dense_layers=0, n_experts=0, experts_per_token=0, expert_ffn_hidden=0,
+                   shared_expert_ffn_hidden=0, norm_topk_prob=False, router_aux_loss_coef=0.0, expert_groups=0,
+                   topk_groups=0, routed_scaling=1.0)

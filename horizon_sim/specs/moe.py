@@ -27,6 +27,17 @@ def check(m, fam) -> None:
         raise HorizonError(f"model router_aux_loss_coef={c!r} must be a finite number >= 0 (0 = no aux loss)")
     if not isinstance(m.norm_topk_prob, bool):
         raise HorizonError(f"model norm_topk_prob={m.norm_topk_prob!r} must be true or false")
+    for f in ("first_dense_layers", "expert_groups", "topk_groups"):
+        v = getattr(m, f)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise HorizonError(f"model {f}={v!r} must be an integer >= 0")
+    r = m.routed_scaling
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < float("inf"):
+        raise HorizonError(f"model routed_scaling={r!r} must be a finite number > 0 (1 = unscaled)")
+    deepseek = (m.first_dense_layers, m.expert_groups, m.topk_groups, r != 1)
+    if any(deepseek) and not (fam.is_moe and fam.moe.dense_first):
+        raise HorizonError(f"model has DeepSeek's routing fields (first_dense_layers, expert_groups, topk_groups, "
+                           f"routed_scaling) but family {fam.name!r} has none (deepseek_v2 and deepseek_v3 have)")
     if not fam.is_moe:
         if any(moe) or m.norm_topk_prob or c:
             from horizon_sim.specs.families import MOE_FAMILIES
@@ -34,6 +45,10 @@ def check(m, fam) -> None:
                                f"is dense; MoE families: {', '.join(MOE_FAMILIES)}")
         return
     name = fam.name
+    if fam.moe.dense_first and not any(moe):  # a dense model of a family whose first blocks are dense
+        if m.first_dense_layers or m.norm_topk_prob or c or m.expert_groups or m.topk_groups or r != 1:
+            raise HorizonError(f"model {name}: routing fields without experts (n_experts=0: every block dense)")
+        return
     if m.n_experts < 2 or not 1 <= m.experts_per_token <= m.n_experts:
         raise HorizonError(f"model {name}: n_experts={m.n_experts} must be >= 2 and experts_per_token="
                            f"{m.experts_per_token} in 1..n_experts")
@@ -46,6 +61,17 @@ def check(m, fam) -> None:
         raise HorizonError(f"model {name}: norm_topk_prob must be true ({name} always renormalises its top-k)")
     if m.mlp_bias:
         raise HorizonError(f"model {name}: experts are SwiGLU without biases (not mlp_bias={m.mlp_bias})")
+    if m.first_dense_layers >= m.n_layers:
+        raise HorizonError(f"model {name}: first_dense_layers={m.first_dense_layers} must be below its {m.n_layers} "
+                           "blocks (every block dense: n_experts=0)")
+    if m.expert_groups and (m.n_experts % m.expert_groups or not 1 <= m.topk_groups <= m.expert_groups):
+        raise HorizonError(f"model {name}: expert_groups={m.expert_groups} must divide n_experts={m.n_experts} and "
+                           f"topk_groups={m.topk_groups} lie in 1..expert_groups")
+    if m.expert_groups and m.experts_per_token > m.topk_groups * (m.n_experts // m.expert_groups):
+        raise HorizonError(f"model {name}: experts_per_token={m.experts_per_token} exceeds the experts of its "
+                           f"{m.topk_groups} chosen groups")
+    if m.topk_groups and not m.expert_groups:
+        raise HorizonError(f"model {name}: topk_groups={m.topk_groups} without expert_groups")
     if m.layer_windows and not fam.moe.windows:
         raise HorizonError(f"model {name}: sliding windows in an MoE model are not supported (gpt_oss has them)")
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from horizon_exec.model.families import gemma2, gpt2, gpt_neox, gpt_oss, llama, moe, olmo2, phi3, qwen3
+from horizon_exec.model.families import deepseek, gemma2, gpt2, gpt_neox, gpt_oss, llama, moe, olmo2, phi3, qwen3
 from horizon_exec.model.layers import gemma_norm, layer_norm, rms_norm
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.families import FAMILIES
@@ -37,6 +37,7 @@ RUNS = MappingProxyType({
     "gemma2": ExecFamily(gemma2.forward, **_GEMMA), "gemma3_text": ExecFamily(gemma2.gemma3_forward, **_GEMMA),
     "gpt_neox": ExecFamily(gpt_neox.forward, final_norm=layer_norm), "gpt2": ExecFamily(gpt2.forward, final_norm=layer_norm),
     "gpt_oss": ExecFamily(gpt_oss.forward, final_norm=gpt_oss.norm),
+    "deepseek_v2": ExecFamily(deepseek.forward), "deepseek_v3": ExecFamily(deepseek.forward),
 })
 FORWARDS = MappingProxyType({name: f.forward for name, f in RUNS.items()})
 

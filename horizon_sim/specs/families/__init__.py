@@ -5,13 +5,13 @@ from types import MappingProxyType
 from typing import Mapping
 
 from horizon_sim.errors import HorizonError
-from horizon_sim.specs.families import (gemma2, gemma3_text, gpt2, gpt_neox, gpt_oss, llama, mistral, mixtral, olmo2,
-                                       phi3, qwen2, qwen2_moe, qwen3, qwen3_moe)
+from horizon_sim.specs.families import (deepseek, gemma2, gemma3_text, gpt2, gpt_neox, gpt_oss, llama, mistral, mixtral,
+                                       olmo2, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe)
 from horizon_sim.specs.families.family import ModelFamily, MoeTraits
 
 _ALL = (llama.FAMILY, qwen2.FAMILY, mistral.FAMILY, qwen3.FAMILY,
         qwen3_moe.FAMILY, mixtral.FAMILY, qwen2_moe.FAMILY, phi3.FAMILY, gpt2.FAMILY, gpt_neox.FAMILY, gemma2.FAMILY, olmo2.FAMILY,
-        gemma3_text.FAMILY, gpt_oss.FAMILY)
+        gemma3_text.FAMILY, gpt_oss.FAMILY, deepseek.FAMILY_V2, deepseek.FAMILY_V3)
 
 FAMILIES: Mapping[str, ModelFamily] = MappingProxyType({f.name: f for f in _ALL})
 """{name: family}, in the order errors list them."""

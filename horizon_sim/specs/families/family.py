@@ -37,6 +37,18 @@ class MoeTraits:
     """The k routing weights are always renormalised (Mixtral); otherwise norm_topk_prob says."""
     windows: bool = False
     """Its layers may attend through sliding windows (gpt-oss); other MoE families refuse them."""
+    shared_gate: bool = True
+    """A shared expert (shared_expert_ffn_hidden > 0) is scaled per token by a sigmoid gate
+    (Qwen2-MoE's mlp.shared_expert_gate); DeepSeek's shared experts are added ungated."""
+    scoring: str = "softmax"
+    """The router's scores: a softmax over the E logits ('softmax'), or each logit's sigmoid
+    ('sigmoid': DeepSeek-V3, which picks its top-k by the scores plus a per-expert correction
+    bias, mlp.gate.e_score_correction_bias, a buffer no gradient moves)."""
+    group_score: str = "max"
+    """With expert groups (ModelSpec.expert_groups): a group's score is its best expert's
+    ('max': DeepSeek-V2) or the sum of its best two ('top2': DeepSeek-V3)."""
+    dense_first: bool = False
+    """Its first blocks may have a dense MLP (ModelSpec.first_dense_layers: DeepSeek)."""
     stored_per_expert: bool = True
     """Its checkpoints keep the hub's per-expert tensors (horizon_exec/checkpoints/hf_experts.py);
     gpt-oss's store the stacks as transformers holds them (or as MXFP4 blocks and scales)."""
@@ -60,6 +72,10 @@ class ModelFamily:
     moe: MoeTraits | None = None
     """None for a dense family."""
     check: Callable = _no_check
+    buffers: Callable = lambda m: ()
+    """(name, shape) of a block's tensors that are not parameters but are part of the model
+    (transformers' persistent buffers, fp32; DeepSeek-V3's router correction bias): loaded and
+    saved with the weights, resident on the device, never trained (model/block_buffers.py)."""
     softcapping: bool = False
     """Its attention scores and logits may be soft-capped and its queries scaled otherwise than by
     head_dim (ModelSpec.attn_softcap, logit_softcap, query_scale: Gemma 2)."""
@@ -68,6 +84,9 @@ class ModelFamily:
     attention_sinks: bool = False
     """Each attention head has a learned sink logit in its softmax (gpt-oss's self_attn.sinks):
     the attention runs in chunks of query rows (Kernel.sinks)."""
+    mla: bool = False
+    """Its attention is multi-head latent attention (ModelSpec.kv_lora_rank and the MLA fields:
+    DeepSeek-V2/V3, specs/mla.py)."""
     clamped_swiglu: bool = False
     """Its experts' gate is gpt-oss's clamped SwiGLU (ModelSpec.swiglu_alpha, swiglu_limit)."""
     learned_positions: bool = False
