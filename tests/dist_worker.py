@@ -4,7 +4,7 @@ torch.distributed.run, or directly with the env:// variables set).
     python tests/dist_worker.py OUT MODE [key=value ...]
 
 MODE parity: 3 steps of a tiny model (moe=1: a Qwen3-MoE one; moe=aux: the same trained with the
-  router load-balancing loss; moe=gpt2: a GPT-2 one, learned positions beside its tied embedding) on this rank's share of fixed global batches (micro=N micro-batches
+  router load-balancing loss; moe=deepseek: a DeepSeek-V3 one, dense block first; moe=gpt2: a GPT-2 one, learned positions beside its tied embedding) on this rank's share of fixed global batches (micro=N micro-batches
   in order=micro|layer; lora=R: LoRA adapters of rank R on the frozen base (quant=nf4|int8: stored so; objective=dpo: DPO on row pairs), and OUT/master.pt holds
   the adapters); rank 0 writes OUT/master.pt (every unit's whole master, gathered),
   OUT/losses.json and (moe=aux) OUT/aux.json, the steps' aux losses.
@@ -37,6 +37,12 @@ def spec(tied: bool, moe: bool | str = False) -> ModelSpec:
     if moe == "gpt2":
         return ModelSpec(family="gpt2", n_layers=3, hidden=64, n_heads=2, n_kv_heads=2, ffn_hidden=176, vocab=250,
                          tied_embeddings=tied, max_position=16)
+    if moe == "deepseek":  # DeepSeek-V3: MLA, a dense first block, then grouped sigmoid routing with shared experts
+        return ModelSpec(family="deepseek_v3", n_layers=3, hidden=64, n_heads=2, n_kv_heads=2, head_dim=24,
+                         ffn_hidden=176, vocab=250, tied_embeddings=tied, kv_lora_rank=16, q_lora_rank=24,
+                         qk_rope_head_dim=8, v_head_dim=12, first_dense_layers=1, n_experts=8, experts_per_token=2,
+                         expert_ffn_hidden=48, shared_expert_ffn_hidden=48, norm_topk_prob=True, expert_groups=4,
+                         topk_groups=2, routed_scaling=2.5)
     kw = dict(family="qwen3_moe", n_experts=8, experts_per_token=2, expert_ffn_hidden=48,
               norm_topk_prob=True, router_aux_loss_coef=0.5 if moe == "aux" else 0.0) if moe else {}
     return ModelSpec(n_layers=3, hidden=64, n_heads=2, n_kv_heads=1, ffn_hidden=176, vocab=250, tied_embeddings=tied,
@@ -90,7 +96,7 @@ def main(out: Path, mode: str, kw: dict) -> None:
     b = pol.batch
     cfg = TrainerConfig(optimizer=OptimizerConfig(lr=float(kw.get("lr", 1e-3))), admission=AdmissionConfig(enabled=False),
                         runtime=RuntimeConfig(timeout_s=float(kw.get("op_timeout", 60))))
-    moe = {"1": True, "aux": "aux", "gpt2": "gpt2"}.get(kw.get("moe", ""), False)
+    moe = {"1": True, "aux": "aux", "gpt2": "gpt2", "deepseek": "deepseek"}.get(kw.get("moe", ""), False)
     tr = Trainer(spec(kw.get("tied") == "1", moe), pol, cfg, dist=ctx)
     mine = [t[ctx.rank * b:(ctx.rank + 1) * b] for t in batches()]
     if mode == "parity":

@@ -40,6 +40,7 @@ from pathlib import Path
 from horizon_sim.plan.runner import Runner
 from horizon_sim.report.checkpoints import build_checkpoints
 from horizon_sim.report.config import FULL, QUICK, BuildConfig
+from horizon_sim.report.frontier import build_frontier
 from horizon_sim.report.feasibility import build_feasibility
 from horizon_sim.report.scale_out import build_scale_out
 from horizon_sim.report.fit_table import build_fit_table
@@ -69,44 +70,47 @@ def build(out_dir="reports", *, quick: bool = False, workers: int | None = None,
     with Runner(workers) as runner:
         t = time.perf_counter()
         sections["headline"] = build_headline(cfg, out, runner)
-        log(f"1/12 headline: {cfg.headline_model} on {cfg.headline_gpu}", t)
+        log(f"1/13 headline: {cfg.headline_model} on {cfg.headline_gpu}", t)
         t = time.perf_counter()
         sections["fit_table"] = build_fit_table(cfg, out, runner)
-        log(f"2/12 default vs tuned: {' x '.join(', '.join(v) for v in (cfg.table_models, cfg.table_gpus, cfg.table_rams))}", t)
+        log(f"2/13 default vs tuned: {' x '.join(', '.join(v) for v in (cfg.table_models, cfg.table_gpus, cfg.table_rams))}", t)
     t = time.perf_counter()
     sections["optimizer"] = build_optimizer_modes(cfg, out)
-    log(f"3/12 optimizer modes: {cfg.modes_model}", t)
+    log(f"3/13 optimizer modes: {cfg.modes_model}", t)
     t = time.perf_counter()
     sections["checkpoints"] = build_checkpoints(cfg, out)
-    log(f"4/12 checkpoint placement: {', '.join(cfg.ckpt_models)}", t)
+    log(f"4/13 checkpoint placement: {', '.join(cfg.ckpt_models)}", t)
     t = time.perf_counter()
     sections["feasibility"] = build_feasibility(cfg, out, workers)
-    log(f"5/12 feasibility map: {len(cfg.map_models)} presets x {len(cfg.map_rams)} RAM sizes on {cfg.map_gpu}", t)
+    log(f"5/13 feasibility map: {len(cfg.map_models)} presets x {len(cfg.map_rams)} RAM sizes on {cfg.map_gpu}", t)
     t = time.perf_counter()
     sections["scale_out"] = build_scale_out(cfg, out)
-    log(f"6/12 scale out: {', '.join(cfg.scale_models)} on {cfg.scale_gpu} boxes, nodes "
+    log(f"6/13 scale out: {', '.join(cfg.scale_models)} on {cfg.scale_gpu} boxes, nodes "
         f"{cfg.scale_nodes[0]}-{cfg.scale_nodes[-1]}", t)
     t = time.perf_counter()
     sections["peer"] = build_peer_compare(cfg, out)
-    log(f"7/12 against DeepSpeed ZeRO-3 offload: {len(cfg.peer_models)} models on {len(cfg.peer_platforms)} platforms, "
+    log(f"7/13 against DeepSpeed ZeRO-3 offload: {len(cfg.peer_models)} models on {len(cfg.peer_platforms)} platforms, "
         "width and depth sweeps", t)
     t = time.perf_counter()
     sections["host_bytes"] = build_host_bytes(cfg, out)
-    log(f"8/12 host bytes per parameter: {cfg.host_model} on {cfg.host_gpu} with {cfg.host_ram}", t)
+    log(f"8/13 host bytes per parameter: {cfg.host_model} on {cfg.host_gpu} with {cfg.host_ram}", t)
     t = time.perf_counter()
     sections["published"] = build_published(cfg, out)
-    log("9/12 against published measurements", t)
+    log("9/13 against published measurements", t)
     t = time.perf_counter()
     sections["throughput"] = build_throughput(cfg, out)
-    log(f"10/12 where the throughput comes from: {len(cfg.throughput_cases)} cases", t)
+    log(f"10/13 where the throughput comes from: {len(cfg.throughput_cases)} cases", t)
     t = time.perf_counter()
     sections["moe"] = build_moe(cfg, out)
-    log(f"11/12 mixture-of-experts: {len(cfg.moe_cases)} cases", t)
+    log(f"11/13 mixture-of-experts: {len(cfg.moe_cases)} cases", t)
     t = time.perf_counter()
     sections["adapters"] = build_adapters(cfg, out, workers)
-    log(f"12/12 adapters: {len(cfg.adapters_machines)} machines", t)
+    log(f"12/13 adapters: {len(cfg.adapters_machines)} machines", t)
+    t = time.perf_counter()
+    sections["frontier"] = build_frontier(cfg, out)
+    log(f"13/13 the frontier MoE models: {len(cfg.frontier_boxes)} boxes, {len(cfg.frontier_nodes[4])} node counts", t)
     ordered = [sections[k] for k in ("headline", "fit_table", "optimizer", "checkpoints", "feasibility", "scale_out",
-                                     "peer", "host_bytes", "published", "throughput", "moe", "adapters")]
+                                     "peer", "host_bytes", "published", "throughput", "moe", "adapters", "frontier")]
     out.path("README.md")  # registered first, so the stale sweep and the file list know it is ours
     stale = out.remove_stale()
     write_readme(out, [estimates_section(cfg), *numbered(ordered), validate_section(out)], cfg)

@@ -102,6 +102,14 @@ class BuildConfig:
     adapters_bases: tuple = ("none", "nf4")  # Policy.base_quant of the rows per machine
     """Section 12: the machines issue 42 names; LoRA against full fine-tuning (max-model's lean set)."""
 
+    frontier_policy: Policy = Policy(batch=16, seq=2048)
+    frontier_lean_policy: Policy = Policy(batch=16, seq=2048, optimizer="backward", grad_clip=0.0,
+                                          states_dtype="bf16", max_host_grads=2)
+    frontier_boxes: tuple = (("gpt-oss-120b", "h200", "1.5TB"), ("gpt-oss-120b", "h100-sxm", "2TB"))
+    frontier_nodes: tuple = ("deepseek-v3", "h200", "1.5TB", 8, (1, 2, 4, 8), ("16TB", "7"))
+    """Section 13: the machines issue 41 names: (model, GPU, RAM) boxes; (model, GPU, RAM per node,
+    GPUs per node, node counts, (NVMe size, GB/s) for the disk-tier row)."""
+
 FULL = BuildConfig()
 QUICK = BuildConfig(
     headline_model="qwen2.5-0.5b", headline_gpu="h100-pcie", headline_ram="18GiB",
@@ -121,4 +129,8 @@ QUICK = BuildConfig(
     moe_base_policy=Policy(batch=2, seq=512), moe_cases=(("qwen3-30b-a3b", "rtx-4090", "512GB", None, {}),),
     adapters_machines=(("rtx-4090", "16GiB"),), adapters_policy=Policy(batch=2, seq=512, lora_rank=8, optimizer="after"),
     adapters_full_policy=Policy(batch=2, seq=512),
+    frontier_policy=Policy(batch=2, seq=512),
+    frontier_lean_policy=Policy(batch=2, seq=512, optimizer="backward", grad_clip=0.0, states_dtype="bf16"),
+    frontier_boxes=(("gpt-oss-20b", "h100-pcie", "256GiB"),),
+    frontier_nodes=("deepseek-v2-lite", "h100-pcie", "64GiB", 2, (1, 2), ("1TB", "7")),
 )
