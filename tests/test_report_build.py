@@ -52,7 +52,7 @@ def test_planner_sections_are_numbered_in_order(built):
     heads = re.findall(r"^## (.+)$", readme, flags=re.M)
     assert heads[0] == "What is estimated" and heads[-1] == "Predicted vs measured"
     numbers = [int(re.match(r"(\d+)\. ", h).group(1)) for h in heads[1:-1]]
-    assert numbers == list(range(1, 13)), heads
+    assert numbers == list(range(1, 14)), heads
     assert "(#7-against-deepspeed-zero-3-offload-planned)" in readme
 
 
@@ -198,3 +198,20 @@ def test_adapters_section_sets_lora_against_full_fine_tuning(built):
     bf16, nf4 = t[t.base == "bf16"].reset_index(), t[t.base == "nf4"].reset_index()
     assert (nf4.lora_B >= bf16.lora_B).all()  # a 4-bit base: at least as large a model on each machine
     assert t.same_lora_tokens_per_s.gt(0).all() and t.full_tokens_per_s.gt(0).all()
+
+
+def test_frontier_section_sets_each_machine_beside_the_peer(built):
+    """Section 13: per box the default policy, its nearest fit when it does not fit, and the peer;
+    the nodes' rows need less RAM per node the more nodes share the master and moments, the
+    disk-tier row puts its moments on the drive; RAM to buy covers the planned footprint."""
+    out, _ = built
+    t = pd.read_csv(out / "frontier.csv")
+    name, _, _, _, nodes, _ = CFG.frontier_nodes
+    rows = t[t.model == name]
+    horizon = rows[rows.system == "Horizon"]
+    assert len(horizon) == len(nodes) and horizon.ram_needed_TiB.is_monotonic_decreasing
+    assert (horizon.ram_needed_TiB >= horizon.host_TiB).all()
+    disk = rows[rows.system == "Horizon (disk tier)"]
+    assert len(disk) == 1 and disk.disk_TiB.iloc[0] > 0
+    assert (t.system == "ZeRO-3 offload").sum() == len(CFG.frontier_boxes) + 1
+    assert t.tokens_per_s.gt(0).all()

@@ -34,14 +34,14 @@ def test_the_executor_and_the_planner_track_the_same_schedules(model, policy, ev
     costs = CostModel(hw, policy.compute_dtype, sched.meta)
     fwd = next(op for op in sched.ops if op.kind == OpKind.FORWARD)
     bwd = next(op for op in sched.ops if op.kind == OpKind.BACKWARD)
-    overhead = lambda op: costs.compute_terms(op)["overhead"] - (costs._moe_overhead_s(op.kind, 32)  # noqa: E731
+    overhead = lambda op: costs.compute_terms(op)["overhead"] - (costs._moe_overhead_s(op.kind, 32, model)  # noqa: E731
                                                                  if model.n_experts else 0.0)
     assert overhead(fwd) == pytest.approx((170e-6 if every else 50e-6))
     assert overhead(bwd) == pytest.approx((400e-6 if every else 100e-6))
     # a file without tracked rows (a GPU's, an older calibration) prices every schedule alike
     plain = replace(CPU_HW, device=replace(CPU_HW.device, op_overhead_us=(("forward", 50.0),)))
     assert CostModel(plain, policy.compute_dtype, sched.meta).compute_terms(fwd)["overhead"] \
-        == pytest.approx(50e-6 + (costs._moe_overhead_s(OpKind.FORWARD, 32) if model.n_experts else 0.0))
+        == pytest.approx(50e-6 + (costs._moe_overhead_s(OpKind.FORWARD, 32, model) if model.n_experts else 0.0))
 
 
 def test_tracked_rows_are_kept_only_where_tracking_costs_more():

@@ -13,7 +13,10 @@ token, for a kernel of width w elements in a compute dtype of a bytes:
   rope       10a w                     16a w (14a + the transposing   nothing (cos/sin are tables)
                                        clone of its gradient)
   attention  0 (its own kernel)        0                              q, k, v, o: a (2w + 2kv), and
-                                                                      the fp32 logsumexp (4 a head)
+                                                                      the fp32 logsumexp (4 a head);
+                                                                      MLA (v_width): v and o padded
+                                                                      to w, o's v_width part copied
+                                                                      for o_proj: a (3w + kv + v)
   swiglu     5a w (SiLU 2a, gate*up 3a) 9a w                          gate, up, silu, product: 4a w
   clamped_   16a w (two clamps, scale,   (43a + 4) w (the gate          its input, gate|up (2a w),
   swiglu     sigmoid, three products,  recomputed, its derivative,    and its output, which down

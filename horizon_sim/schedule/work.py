@@ -337,9 +337,9 @@ def block_elementwise_bytes(m: ModelSpec, tokens: int, seq: int, a: int, backwar
         # a bias's gradient reads its projection's output gradient once more
         total += tokens * a * sum(p.out_features for p in block.projections(m) if p.bias and not p.experts)
     for k in block.kernels(m):
-        total += tokens * kernel_bytes.forward_bytes(k, a) + kernel_bytes.per_pass_bytes(k, seq, m.hd, a)
+        total += tokens * kernel_bytes.forward_bytes(k, a) + kernel_bytes.per_pass_bytes(k, seq, m.rope_width, a)
         if backward:
-            total += tokens * kernel_bytes.backward_bytes(k, a) + kernel_bytes.per_pass_bytes(k, seq, m.hd, a, True)
+            total += tokens * kernel_bytes.backward_bytes(k, a) + kernel_bytes.per_pass_bytes(k, seq, m.rope_width, a, True)
     return int(total)
 
 
@@ -463,7 +463,10 @@ def softcap_elementwise_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, 
         each time they read them, 4a Q each), 6a K (keys twice, values once, copied by the
         products) and 2 (20 + a) K (dk's and dv's fp32 sums: the add into the slice, and its
         copy back).
-    The copies are those of the executor's layouts: RoPE leaves q and k in the (B, T, heads,
+    With sinks instead of a cap (gpt-oss) the cap's passes go (36 X forward, 60 X backward) and
+    each row's logsumexp is joined with its head's sink (SINK_FORWARD_ROW_BYTES a row), the
+    backward adds the sinks' gradient (SINK_BACKWARD_ROW_BYTES a row, and the nh sinks widened,
+    summed, negated and cast back). The copies are those of the executor's layouts: RoPE leaves q and k in the (B, T, heads,
     hd) order of their projections, v is a transposed view of its own, and dO arrives
     transposed (layers.self_attention); a tensor of one head is in its own order already;
     and the mask's own kernels per chunk (masked_fill reads M; causal: arange, gt; a window:
