@@ -278,7 +278,7 @@ def load_hf(trainer, path) -> list[str]:
                             params.give_packed(held, pk)
                     elif mx:  # gpt-oss's MXFP4 experts: dequantized into the master
                         with _pair(d, f, stored, shard_of) as both:
-                            dst.copy_(mxfp4.read(both, stored, d / fname, tuple(dst.shape)))
+                            mxfp4.read(both, stored, d / fname, tuple(dst.shape), out=dst)
                         dequantized += 1
                     else:
                         sl = f.get_slice(stored)

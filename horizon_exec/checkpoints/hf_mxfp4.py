@@ -54,14 +54,15 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = 
     return out.view(*prefix, G * 2 * B)
 
 
-def held(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def held(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32, out=None) -> torch.Tensor:
     """The parameter as transformers holds it, (..., in, out): dequantize() transposed on its last two
-    dims, contiguous. Done one leading index (an expert) at a time, so the peak is the result plus one
-    expert's dequantized matrix rather than the whole stored tensor twice."""
+    dims, contiguous, or written into `out` (a view of the master: no whole-tensor temporary). Done one
+    leading index (an expert) at a time, so the peak is the result plus one expert's dequantized matrix
+    rather than the whole stored tensor twice."""
     if blocks.dim() < 3:
         raise HorizonError(f"MXFP4 blocks {list(blocks.shape)} have no (out, in/32, 16) matrix to transpose")
     *lead, out_dim, G, B = blocks.shape
-    res = torch.empty(*lead, G * 2 * B, out_dim, dtype=dtype, device=blocks.device)
+    res = out if out is not None else torch.empty(*lead, G * 2 * B, out_dim, dtype=dtype, device=blocks.device)
     flat_res = res.view(-1, G * 2 * B, out_dim)
     flat_blocks, flat_scales = blocks.reshape(-1, out_dim, G, B), scales.reshape(-1, out_dim, G)
     for i in range(flat_res.shape[0]):
@@ -110,10 +111,10 @@ def is_mxfp4_part(name: str) -> bool:
     return any(name.endswith(h + s) for h in _HELD for s in (BLOCKS, SCALES))
 
 
-def read(f, held_name: str, where, shape) -> torch.Tensor:
+def read(f, held_name: str, where, shape, out=None) -> torch.Tensor:
     """The parameter `held_name` in fp32 as transformers holds it, from its two MXFP4 parts in the open
-    safetensors file f, checked: both there, uint8, paired shapes, the held shape the model's `shape`,
-    no scale of 255 (E8M0's NaN); HorizonError naming what differs."""
+    safetensors file f (written into `out` when given), checked: both there, uint8, paired shapes, the
+    held shape the model's `shape`, no scale of 255 (E8M0's NaN); HorizonError naming what differs."""
     names = stored_names(held_name)
     keys = set(f.keys())
     for n in names:
@@ -133,4 +134,4 @@ def read(f, held_name: str, where, shape) -> torch.Tensor:
                            f"the model's is {list(shape)}")
     if (scales == E8M0_NAN).any():
         raise HorizonError(f"{where}: {names[1]!r} has a scale of {E8M0_NAN} (E8M0's NaN)")
-    return held(blocks, scales)
+    return held(blocks, scales, out=out)

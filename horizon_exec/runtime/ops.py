@@ -107,6 +107,7 @@ class OpRunner:
         self.L = model.n_layers
         self.learned_positions = family(model.family).learned_positions
         self._blocks: dict = {}  # a block shape's spec -> its DecoderBlock (ModelSpec.block_spec)
+        self._layouts: dict = {}  # a block shape's spec -> its layout
         self.head_layout = head_device_layout(model)
         self._views: dict = {}  # (slot, the unit's shape or 'head') -> named views of the slot (bound once)
         self.block_buffers = BlockBuffers(model, backend)  # non-parameter tensors (DeepSeek-V3's router bias)
@@ -220,7 +221,10 @@ class OpRunner:
 
     def block_layout(self, u: int):
         """Block u's layout in a slot and in its device gradient (its shape's)."""
-        return block_layout(self.m.block_spec(u))
+        spec = self.m.block_spec(u)
+        if spec not in self._layouts:
+            self._layouts[spec] = block_layout(spec)
+        return self._layouts[spec]
 
     def _weights(self, op: Op) -> dict:
         """Named views of the slot the op computes with (bound once per slot and unit shape)."""

@@ -598,7 +598,11 @@ def block_temp_peak_bytes(m: ModelSpec, micro_batch: int, seq: int, a: int, back
       - in the MLP's backward: the activation's gradients and the last projection's weight
         gradient (dense: down's H x F, its bias too); an MoE block's experts instead, at
         either end of their loop (_expert_loop_bytes);
-      - in a soft-capped attention's backward (softcap_attention_bytes), with o_proj's gradient;
+      - in a chunked attention's backward (softcap_attention_bytes), with o_proj's gradient; in
+        MLA's SDPA backward, dO, dq, dk and dv as wide as q (v padded), with o_proj's gradient;
+      - with an ungated shared expert (DeepSeek's), in its backward before the routed loop's:
+        everything saved, y, the MLP output's gradient, its SwiGLU's gradients and its input's,
+        and down's weight gradient (the loop's points then hold its weight gradients too);
       - at the end, in the q/k norms' or the first projection's backward (backward_end_bytes).
 
     An explicit mask (`mask` = its elements M, mask_bytes; 0 when causal) adds: in the forward,
