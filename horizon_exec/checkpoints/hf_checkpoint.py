@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from horizon_exec.checkpoints import hf_fp8 as fp8
 from horizon_exec.checkpoints import hf_mxfp4 as mxfp4
 from horizon_exec.checkpoints.fileio import publish_dir, staging_dir, write_safetensors, write_text
 from horizon_exec.checkpoints.hf_experts import stored_items, stored_parts
@@ -230,6 +231,7 @@ def load_hf(trainer, path) -> list[str]:
     parts = stored_parts(trainer.model)
     n_parts = Counter(held for held, _ in parts.values())
     expected = [n for n in params if n not in n_parts] + list(parts)
+    fp8_block = fp8_block_size(d)  # block-wise FP8 weights (hf_fp8.py): their blocks, or None
     bufs = trainer.runner.block_buffers.full_names()  # non-parameter tensors (model/block_buffers.py)
     expected += list(bufs)
     beyond = extra_layers(trainer.model)  # V3's multi-token-prediction layer: dropped, and said so
@@ -237,14 +239,15 @@ def load_hf(trainer, path) -> list[str]:
     seen: set[str] = set()
     files = weight_files(d)
     shard_of = {n: fname for fname, names in files.items() for n in names or ()}
-    dequantized = 0  # MXFP4 expert stacks read (hf_mxfp4.py)
+    dequantized = fp8_read = 0  # MXFP4 expert stacks read (hf_mxfp4.py), FP8 weights (hf_fp8.py)
     for fname, names in files.items():
         try:
             with safe_open(str(d / fname), framework="pt", device="cpu") as f:
                 stored_names = list(names if names is not None else f.keys())
+                here = set(stored_names)
                 packed = packed_weights(stored_names)  # bitsandbytes' 4-bit weights (hf_bnb.py)
                 for stored in stored_names:
-                    if is_part(stored, packed):
+                    if is_part(stored, packed) or (fp8_block and fp8.is_scale(stored)):
                         continue  # read with its weight
                     mx = mxfp4.is_mxfp4_part(stored)
                     if mx and stored.endswith(mxfp4.SCALES):
@@ -277,9 +280,13 @@ def load_hf(trainer, path) -> list[str]:
                         if isinstance(params, _UnitSink):
                             params.give_packed(held, pk)
                     elif mx:  # gpt-oss's MXFP4 experts: dequantized into the master
-                        with _pair(d, f, stored, shard_of) as both:
+                        with _pair(d, f, stored, stored + mxfp4.SCALES, shard_of) as both:
                             mxfp4.read(both, stored, d / fname, tuple(dst.shape), out=dst)
                         dequantized += 1
+                    elif fp8_block and (stored + fp8.SCALE in here or stored + fp8.SCALE in shard_of):
+                        with _pair(d, f, stored, stored + fp8.SCALE, shard_of) as both:
+                            fp8.read(both, stored, d / fname, tuple(dst.shape), fp8_block, out=dst)
+                        fp8_read += 1
                     else:
                         sl = f.get_slice(stored)
                         shape = tuple(sl.get_shape())
@@ -308,6 +315,9 @@ def load_hf(trainer, path) -> list[str]:
     trainer.refresh_working_copy()
     trainer.weights.set_reference()  # full fine-tuning's DPO: the loaded weights are its reference
     notes = []
+    if fp8_read:
+        notes.append(f"{d}: {fp8_read} block-wise FP8 weights dequantized into the master (trained, and saved by "
+                     "--save-hf, unquantized)")
     if dequantized:
         pol = trainer.policy
         master = "split fp32" if pol.split_master else pol.master_dtype
@@ -336,11 +346,18 @@ def extra_layers(m: ModelSpec):
     return beyond
 
 
+def fp8_block_size(d: Path) -> tuple[int, int] | None:
+    """The block of a folder whose config.json says its weights are block-wise FP8 (hf_fp8.py), else None."""
+    q = (_read_config(d / "config.json").get("quantization_config") or {}) if (d / "config.json").is_file() else {}
+    if not isinstance(q, dict) or q.get("quant_method") != "fp8":
+        return None
+    return tuple(q.get("weight_block_size", [128, 128]))
+
+
 @contextmanager
-def _pair(d: Path, f, held: str, shard_of: dict):
-    """An MXFP4 stack's two parts as one reader (keys, get_tensor): from the open file f, or, when
-    a sharded checkpoint put its scales in another shard, from that one too."""
-    scales = held + mxfp4.SCALES
+def _pair(d: Path, f, name: str, scales: str, shard_of: dict):
+    """A quantized weight `name` and its scales `scales` as one reader (keys, get_tensor): from the
+    open file f, or, when a sharded checkpoint put its scales in another shard, from that one too."""
     other = shard_of.get(scales)
     if other is None or scales in f.keys():
         yield f

@@ -129,6 +129,28 @@ def mxfp4_experts(q, mt: str, where: str) -> bool:
     return True
 
 
+def fp8_blocks(q, where: str) -> bool:
+    """A quantization_config of block-wise FP8 weights (quant_method fp8, e4m3, dynamic activations:
+    DeepSeek-V3's hub checkpoint), which Horizon dequantizes on load (True); another FP8 setting is
+    refused naming it; another method is False."""
+    if not isinstance(q, dict) or q.get("quant_method") != "fp8":
+        return False
+    for k, want in (("fmt", "e4m3"), ("activation_scheme", "dynamic")):
+        if q.get(k, want) != want:
+            raise HorizonError(f"{where}: quantization_config {k} = {json.dumps(q.get(k))}; Horizon reads block-wise "
+                               f"FP8 with {k} = {json.dumps(want)}")
+    b = q.get("weight_block_size", [128, 128])
+    if not (isinstance(b, list) and len(b) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                                        for x in b)):
+        raise HorizonError(f"{where}: quantization_config weight_block_size = {json.dumps(b)}; want two positive "
+                           "integers (rows, columns), e.g. [128, 128]")
+    extra = sorted(set(q) - {"quant_method", "fmt", "activation_scheme", "weight_block_size", "modules_to_not_convert",
+                             "dequantize"})
+    if extra:
+        raise HorizonError(f"{where}: quantization_config {extra[0]!r} is not an FP8 setting Horizon reads")
+    return True
+
+
 def _padding_idx(cfg: dict, where: str, given: bool, mt: str) -> int | None:
     """pad_token_id: the embedding row transformers never trains (nn.Embedding's padding_idx),
     which must be a row of the vocabulary (transformers refuses to build the model otherwise).
@@ -172,10 +194,13 @@ def _check_fields(cfg: dict, mt: str, where: str) -> None:
         if key in _FOREIGN:
             if v is None or v is False or v == {} or (key == "partial_rotary_factor" and v == 1):
                 continue  # present at its off value
-            if key == "quantization_config" and (bnb_nf4(v, where) or mxfp4_experts(v, mt, where)):
+            if key == "quantization_config" and (bnb_nf4(v, where) or mxfp4_experts(v, mt, where)
+                                                 or fp8_blocks(v, where)):
                 continue  # the weights are stored 4-bit; the model is the same (horizon_exec/checkpoints/hf_bnb.py)
+            hint = (f"; transformers runs its own {mt} class unless trust_remote_code: delete auto_map to train "
+                    "that class") if key == "auto_map" else ""
             raise HorizonError(f"{where}: {key} = {json.dumps(v)[:60]} is {_FOREIGN[key]}, which Horizon "
-                               f"does not implement")
+                               f"does not implement{hint}")
         if any(key in fields for t, fields in READ_BY_TYPE.items() if t != mt):
             raise HorizonError(f"{where}: {key!r} is not a {mt} config field ({mt} models have no such "
                                f"feature in transformers); remove it or fix model_type")
