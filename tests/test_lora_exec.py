@@ -293,3 +293,36 @@ def test_save_adapter_writes_the_adapters_alone(tmp_path):
         r = train(*args)
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert (tmp_path / "other" / "notes.txt").read_text() == "keep me" and not (tmp_path / "ad2").exists()
+
+
+def test_gpt_oss_adapts_what_peft_adapts(tmp_path):
+    """gpt-oss: its biased q/k/v/o; the routed experts and the router are not Linear modules."""
+    check_against_peft(tmp_path, "gpt_oss", "all-linear")
+
+
+def test_deepseek_adapters_are_the_merged_models_gradients(tmp_path):
+    """DeepSeek-V3, two block shapes: MLA's five projections in both, the dense block's MLP and the
+    MoE block's shared experts. peft 0.21 adapts none of those MLPs on this model (it takes the
+    routed experts' parameters for gate/up/down_proj), so the reference is transformers' own
+    autograd: on the model with each adapter merged (W + s B A), an adapted weight's gradient G
+    gives the adapters' as dA = s B^T G and dB = s G A^T."""
+    tr, ref = _trainer(tmp_path, "deepseek_v3", "all-linear")
+    assert [len(tr.adapters.modules_of[u]) for u in tr.adapters.blocks] == [8, 8]
+    assert "mlp.gate_proj" in tr.adapters.weights(0) and "mlp.shared_experts.gate_proj" in tr.adapters.weights(1)
+    merged, s = copy.deepcopy(ref), tr.adapters.scale
+    params = dict(merged.named_parameters())
+    lora = {(u, m): (a.clone(), b.clone()) for u in tr.adapters.blocks for m, (a, b) in tr.adapters.weights(u).items()}
+    with torch.no_grad():
+        for (u, module), (a, b) in lora.items():
+            params[f"model.layers.{u}.{module}.weight"] += s * b @ a
+    tokens = _tokens()
+    with tr:
+        res, grads = _step_grads(tr, tokens)
+    out = merged(input_ids=tokens, labels=tokens)
+    out.loss.backward()
+    assert res.loss == pytest.approx(out.loss.item(), rel=1e-5)
+    for (u, module), (a, b) in lora.items():  # (the step updated the adapters: their values before it)
+        g = params[f"model.layers.{u}.{module}.weight"].grad
+        stem = f"base_model.model.model.layers.{u}.{module}"
+        assert rel_err(grads[f"{stem}.lora_A.default.weight"], s * b.t() @ g) <= 1e-5, (u, module)
+        assert rel_err(grads[f"{stem}.lora_B.default.weight"], s * g @ a.t()) <= 1e-5, (u, module)

@@ -18,20 +18,31 @@ from horizon_sim.schedule.op import Holds
 
 class DeviceAdapters:
     def __init__(self, model, policy, buffers):
-        self.modules = work.adapted(model, policy)
         self.rank, self.scale = policy.lora_rank, policy.lora_scale
         self.blocks = range(model.n_layers)
+        self.modules_of = {u: work.adapted(model.block_spec(u), policy) for u in self.blocks}
+        """Block u's adapted projections (a model with dense blocks before its MoE ones adapts
+        each block's own: ModelSpec.block_spec)."""
         self.state = {u: buffers.find(Holds.ADAPTERS, unit=u) for u in self.blocks}
         self.grads = {u: buffers.find(Holds.ADAPTER_GRADS, unit=u) for u in self.blocks}
         device = self.state[0].device if model.n_layers else torch.device("cpu")
         self.step = torch.zeros((), dtype=torch.float32, device=device)
         """AdamW's step counter of every adapter (they are all updated together)."""
-        self._views = {u: (self.pairs(self.state[u][0]), self.pairs(self.grads[u])) for u in self.blocks}
+        self._views = {u: (self.pairs(self.state[u][0], u), self.pairs(self.grads[u], u)) for u in self.blocks}
 
-    def pairs(self, flat) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """{module: (A (r, in), B (out, r))} views of one block's flat (n,) adapter tensor."""
+    @property
+    def modules(self) -> tuple:
+        """Every adapted projection, each module once (block order)."""
+        seen = {}
+        for u in self.blocks:
+            for p in self.modules_of[u]:
+                seen.setdefault(p.module, p)
+        return tuple(seen.values())
+
+    def pairs(self, flat, u: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """{module: (A (r, in), B (out, r))} views of block u's flat (n,) adapter tensor."""
         out, off, r = {}, 0, self.rank
-        for p in self.modules:
+        for p in self.modules_of[u]:
             a = flat[off:off + r * p.in_features].view(r, p.in_features)
             off += a.numel()
             b = flat[off:off + p.out_features * r].view(p.out_features, r)

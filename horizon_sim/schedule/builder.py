@@ -579,7 +579,7 @@ class TrainStepBuilder(StepBuilder):
         self.flush_disk_write()
         step = per_token = model.model_flops_per_token(p.seq, p.context_tokens)
         if p.adapters:  # no weight gradients of the base (2N a token less); the adapters' 6 a parameter
-            per_token += 6 * b.adapter_params(0) * model.n_layers - 2 * model.model_flops_params
+            per_token += 6 * sum(b.adapter_params(u) for u in range(model.n_layers)) - 2 * model.model_flops_params
         if dpo:  # and the reference's forward: a third of the full step's count
             per_token += step / 3
         return self.schedule(slot_bytes=b.slot_bytes, model_flops=per_token * p.tokens)

@@ -38,10 +38,10 @@ class Declarations:
         # Adapters on a frozen base: the host keeps the base in the compute dtype only, which is
         # what the loads stream (as a working copy); the adapters and their state are the device's.
         self.adapters = policy.adapters
-        if (self.adapters or policy.base_quant != "none") and not model.uniform:
+        if policy.base_quant != "none" and not model.uniform:
             raise HorizonError(f"model {model.name!r} has two block shapes ({model.first_dense_layers} dense blocks "
-                               "before its MoE ones): adapters and a quantized base are planned for one block shape "
-                               "for now; drop --lora-rank and --base-quant (full fine-tuning runs)")
+                               "before its MoE ones): a quantized base is planned for one block shape for now; drop "
+                               "--base-quant (adapters on its bf16 base run)")
         if self.adapters:
             self.has_copy = True
             if layout.nodes > 1:
@@ -242,7 +242,7 @@ class Declarations:
     def adapter_params(self, u: int) -> int:
         """Adapter parameters of unit u (blocks only: the embedding and the head are frozen)."""
         from horizon_sim.schedule.work import adapter_params
-        return adapter_params(self.m, self.p) if 0 <= u < self.head else 0
+        return adapter_params(self.m.block_spec(u), self.p) if 0 <= u < self.head else 0
 
     def adapters_of(self, u: int) -> str:
         """A block's adapters and their AdamW moments (fp32), on the device for the whole run."""
