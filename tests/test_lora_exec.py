@@ -309,6 +309,29 @@ def test_deepseek_adapters_are_the_merged_models_gradients(tmp_path):
     tr, ref = _trainer(tmp_path, "deepseek_v3", "all-linear")
     assert [len(tr.adapters.modules_of[u]) for u in tr.adapters.blocks] == [8, 8]
     assert "mlp.gate_proj" in tr.adapters.weights(0) and "mlp.shared_experts.gate_proj" in tr.adapters.weights(1)
+    check_merged_gradients(tr, ref)
+
+
+def test_deepseek_on_a_4bit_base_trains_on_its_dequantized_weights(tmp_path):
+    """An nf4 base on a model with two block shapes (a packing per shape): the step equals
+    transformers' on the base dequantized from the blocks' packed bytes, adapters merged."""
+    from horizon_exec.model.layout import block_layout
+    from horizon_sim.schedule.op import Holds
+    tr, ref = _trainer(tmp_path, "deepseek_v3", "all-linear", base_quant="nf4")
+    params = dict(ref.named_parameters())
+    with torch.no_grad():
+        for u in tr.adapters.blocks:
+            unit = tr.runner.quant.of(u)
+            flat = torch.empty(sum(t.numel for t in unit.layout))
+            unit.unpack_(flat, tr.store.of(Holds.QUANT_BASE, u))
+            for name, v in block_layout(tr.model.block_spec(u)).views(flat).items():
+                params[f"model.layers.{u}.{name}"].copy_(v)
+    check_merged_gradients(tr, ref)
+
+
+def check_merged_gradients(tr, ref) -> None:
+    """tr's step (its loss, every adapter's gradient) equals transformers' autograd on ref with
+    each adapter merged (W + s B A): an adapted weight's gradient G gives dA = s B^T G, dB = s G A^T."""
     merged, s = copy.deepcopy(ref), tr.adapters.scale
     params = dict(merged.named_parameters())
     lora = {(u, m): (a.clone(), b.clone()) for u in tr.adapters.blocks for m, (a, b) in tr.adapters.weights(u).items()}

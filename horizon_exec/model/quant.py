@@ -171,3 +171,19 @@ class QuantUnit:
                 nf4_dequantize_(dst, r)
             else:
                 int8_dequantize_(dst, r, t.shape[-1])
+
+
+class QuantUnits:
+    """Every block's QuantUnit: one per block shape (a model with dense blocks before its MoE ones
+    has two layouts, ModelSpec.block_spec)."""
+
+    def __init__(self, model, base_quant: str, compute_dtype: str):
+        self.m, self.base_quant, self.compute_dtype = model, base_quant, compute_dtype
+        self._units: dict = {}
+
+    def of(self, u: int) -> QuantUnit:
+        """Block u's QuantUnit (its shape's)."""
+        spec = self.m.block_spec(u)
+        if spec not in self._units:
+            self._units[spec] = QuantUnit(spec, self.base_quant, self.compute_dtype)
+        return self._units[spec]

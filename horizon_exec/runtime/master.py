@@ -57,7 +57,7 @@ class Master:
         node streams the whole unit) and its low halves."""
         n, whole = whole.numel(), whole.contiguous()
         if self._quantized(u):  # packed: {block-relative name: nf4 regions} taken as they are
-            self.quant.pack_(self.store.of(Holds.QUANT_BASE, u), whole, given=packed)
+            self.quant.of(u).pack_(self.store.of(Holds.QUANT_BASE, u), whole, given=packed)
             return
         if not self.split:
             dst = self.store.of(self.holds, u)
@@ -80,8 +80,9 @@ class Master:
 
     def _dequantized(self, u: int) -> torch.Tensor:
         """A quantized block as fp32 (a copy)."""
-        out = torch.empty(sum(t.numel for t in self.quant.layout))
-        self.quant.unpack_(out, self.store.of(Holds.QUANT_BASE, u))
+        unit = self.quant.of(u)
+        out = torch.empty(sum(t.numel for t in unit.layout))
+        unit.unpack_(out, self.store.of(Holds.QUANT_BASE, u))
         return out
 
     def _keep_node_chunks(self, u: int, whole: torch.Tensor, dst: torch.Tensor) -> None:

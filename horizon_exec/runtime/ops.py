@@ -123,10 +123,10 @@ class OpRunner:
         if policy.adapters:
             from horizon_exec.runtime.adapters import DeviceAdapters
             self.adapters = DeviceAdapters(model, policy, buffers)
-        self.quant = None  # a quantized frozen base (Policy.base_quant): its blocks' packing (model/quant.py)
+        self.quant = None  # a quantized frozen base (Policy.base_quant): its blocks' packing per shape (model/quant.py)
         if policy.quantized_base:
-            from horizon_exec.model.quant import QuantUnit
-            self.quant = QuantUnit(model, policy.base_quant, policy.compute_dtype)
+            from horizon_exec.model.quant import QuantUnits
+            self.quant = QuantUnits(model, policy.base_quant, policy.compute_dtype)
         self._g32 = None  # host scratch: a host grad in the master dtype (optimizer lane only)
         self.inputs: StepInputs | None = None
         self.outputs: StepOutputs | None = None
@@ -372,7 +372,7 @@ class OpRunner:
             src = self.buf.get(op.reads[0])
             staged = self.backend.empty(src.shape, torch.uint8)
             self.backend.h2d(staged, src)
-            self.quant.unpack_(slot[:self.dev_numel(op.unit)], staged)
+            self.quant.of(op.unit).unpack_(slot[:self.dev_numel(op.unit)], staged)
             return
         off = 0
         for name in op.reads:

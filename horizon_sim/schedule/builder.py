@@ -252,11 +252,11 @@ class TrainStepBuilder(StepBuilder):
         for v in units:
             self.place_optimizer("load", v)
         if b.quantized(u):  # a quantized base: its bytes cross, then the device dequantizes them into the slot
-            a = DTYPE_BYTES[p.compute_dtype]
+            a, bs = DTYPE_BYTES[p.compute_dtype], self.model.block_spec(u)
             self.emit(OpKind.LOAD_WEIGHTS, u, m, slot=int(b.buffers[slot].layer), reads=[b.weights_of(u)],
-                      writes=[slot], link_bytes=b.quant_bytes, params=quant.quantized_params(self.model),
-                      hbm_bytes=quant.dequant_traffic_bytes(self.model, p.base_quant, a),
-                      workspace_bytes=quant.dequant_workspace_bytes(self.model, p.base_quant, p.compute_dtype))
+                      writes=[slot], link_bytes=b.quant_bytes(u), params=quant.quantized_params(bs),
+                      hbm_bytes=quant.dequant_traffic_bytes(bs, p.base_quant, a),
+                      workspace_bytes=quant.dequant_workspace_bytes(bs, p.base_quant, p.compute_dtype))
             return
         cast_on_device = not b.has_copy and p.master_dtype != p.compute_dtype
         elem = DTYPE_BYTES[p.master_dtype] if cast_on_device else DTYPE_BYTES[p.compute_dtype]

@@ -38,10 +38,6 @@ class Declarations:
         # Adapters on a frozen base: the host keeps the base in the compute dtype only, which is
         # what the loads stream (as a working copy); the adapters and their state are the device's.
         self.adapters = policy.adapters
-        if policy.base_quant != "none" and not model.uniform:
-            raise HorizonError(f"model {model.name!r} has two block shapes ({model.first_dense_layers} dense blocks "
-                               "before its MoE ones): a quantized base is planned for one block shape for now; drop "
-                               "--base-quant (adapters on its bf16 base run)")
         if self.adapters:
             self.has_copy = True
             if layout.nodes > 1:
@@ -186,7 +182,7 @@ class Declarations:
         n, part, p, sh = self.unit_label(u), self.partition(u), self.p, self.shared
         if self.adapters:  # (data parallel: one copy per node, mapped by its ranks)
             if self.quantized(u):
-                return [self.declare(f"qbase.{n}", Space.HOST, Holds.QUANT_BASE, (self.quant_bytes,), "uint8", True,
+                return [self.declare(f"qbase.{n}", Space.HOST, Holds.QUANT_BASE, (self.quant_bytes(u),), "uint8", True,
                                      "base", unit=u, node_shared=sh)]
             return [self.declare(f"base.{n}", Space.HOST, Holds.BASE_WEIGHTS, (part.padded,), p.compute_dtype, True,
                                  "base", unit=u, node_shared=sh)]
@@ -230,10 +226,9 @@ class Declarations:
         """Unit u's base is stored quantized (Policy.base_quant: the blocks, not the embedding or the head)."""
         return self.p.quantized_base and 0 <= u < self.head
 
-    @property
-    def quant_bytes(self) -> int:
-        """A quantized block's host buffer, in bytes (specs/quant.py)."""
-        return unit_bytes(self.m, self.p.base_quant, self.p.compute_dtype)
+    def quant_bytes(self, u: int) -> int:
+        """Quantized block u's host buffer, in bytes (specs/quant.py; its shape's)."""
+        return unit_bytes(self.m.block_spec(u), self.p.base_quant, self.p.compute_dtype)
 
     def weights_of(self, u: int) -> str:
         """What a unit's weights load from: its working copy, else its master (adapters: the base)."""

@@ -119,7 +119,8 @@ def base_bytes(m, base_quant: str, compute_dtype: str) -> int:
     """A frozen base's host bytes: its blocks packed (or in the compute dtype), the embedding
     and the head in the compute dtype (the Schedule's buffers, less their padding)."""
     a = {"bf16": 2, "fp32": 4}[compute_dtype]
-    blocks = m.n_layers * unit_bytes(m, base_quant, compute_dtype) if base_quant != "none" else m.blocks_params * a
+    blocks = (sum(n * unit_bytes(s, base_quant, compute_dtype) for s, n in m.block_shapes) if base_quant != "none"
+              else m.blocks_params * a)
     return blocks + (m.total_params - m.blocks_params) * a
 
 
