@@ -1,5 +1,7 @@
 """DeepSeek-V2/V3's MoE MLP as a plain function of named weights: transformers 5's DeepseekV2Moe /
-DeepseekV3MoE, kernel for kernel (fp32 results match them to rounding).
+DeepseekV3MoE (fp32 results match them to rounding), with one difference that changes no value:
+the experts are chosen without autograd and the chosen scores gathered, the values transformers'
+top-k returns, so the backward keeps only the chosen scores (not the group choice's tensors).
 
 Router (mlp.gate, computed in fp32 on the fp32 input, as transformers keeps it):
 - V2: softmax scores; greedy top-k, or with expert groups the scores outside the topk_group

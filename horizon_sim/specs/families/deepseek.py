@@ -20,8 +20,9 @@ the topk_group groups of highest top-two sum (noaux_tc), then renormalised (norm
 Both routers compute in fp32 and return fp32 weights (MoeTraits.fp32_routing_weights).
 
 HF config: num_key_value_heads is not read (MLA makes k and v for every head; transformers uses it
-only to repeat them, by one), q_lora_rank (null: q_proj), kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim (head_dim
-= nope + rope; the config's head_dim and qk_head_dim are what transformers derives), v_head_dim,
+only in its eager attention's repeat of them), q_lora_rank (null: q_proj), kv_lora_rank,
+qk_rope_head_dim, qk_nope_head_dim (head_dim = nope + rope; the config's head_dim and qk_head_dim
+are what transformers derives), v_head_dim,
 first_k_dense_replace, n_routed_experts, n_shared_experts (x moe_intermediate_size ->
 shared_expert_ffn_hidden), num_experts_per_tok, n_group / topk_group (-> expert_groups,
 topk_groups), routed_scaling_factor, norm_topk_prob (V3), topk_method (V2: greedy or
@@ -29,7 +30,8 @@ group_limited_greedy), rope_interleave (V3: true). The hub's own fields transfor
 read (aux_loss_alpha, seq_aux, scoring_func, topk_method of V3, moe_layer_freq, ep_size) are
 checked where they describe the model (scoring_func, moe_layer_freq) and otherwise ignored as
 transformers ignores them; num_nextn_predict_layers (V3's multi-token-prediction layer, which
-transformers does not build) is read and its tensors are dropped on load with a message."""
+transformers does not build) is accepted, and that layer's tensors are dropped on load with a
+message (checkpoints/hf_checkpoint.extra_layers)."""
 from dataclasses import replace
 
 from horizon_sim.errors import HorizonError
