@@ -332,9 +332,9 @@ def load_hf(trainer, path) -> list[str]:
 
 def extra_layers(m: ModelSpec):
     """name -> whether it is a tensor of a layer past the model's blocks that a checkpoint of m's
-    family may carry (DeepSeek-V3's multi-token-prediction layer, model.layers.<n_layers>.*:
-    transformers ignores it on load); False for every other family."""
-    if m.family != "deepseek_v3":
+    family may carry (ModelFamily.extra_layers: DeepSeek-V3's multi-token-prediction layer,
+    model.layers.<n_layers>.*, which transformers ignores on load); False for every other family."""
+    if not family(m.family).extra_layers:
         return lambda name: False
     prefix = family(m.family).layer_prefix
 

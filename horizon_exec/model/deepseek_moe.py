@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from horizon_exec.model.layers import swiglu_mlp
 from horizon_exec.model.moe_block import expert_rows, routed_experts
+from horizon_sim.specs.families import family
 from horizon_sim.specs.model import ModelSpec
 
 
@@ -67,7 +68,7 @@ def deepseek_moe(m: ModelSpec, w, h):
     """h (B, T, H) normed -> the MoE MLP's output (B, T, H), before the residual."""
     shape = h.shape
     flat = h.reshape(-1, shape[-1])
-    if m.family == "deepseek_v3":
+    if family(m.family).moe.scoring == "sigmoid":  # V3
         top, idx = route_v3(m, flat, w["mlp.gate.weight"], w["mlp.gate.e_score_correction_bias"])
     else:
         top, idx = route_v2(m, flat, w["mlp.gate.weight"])

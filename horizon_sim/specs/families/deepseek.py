@@ -87,7 +87,7 @@ def kernels(m):
     return (*attn,
             Kernel("rmsnorm", "mlp", H, fan_out=4, output_saved=True),
             Kernel("router", "mlp", m.n_experts, rows=k, renormalised=m.norm_topk_prob, input_width=H,
-                   sigmoid=m.family == "deepseek_v3"),
+                   sigmoid=_sigmoid(m)),
             Kernel("dispatch", "mlp", k * H, rows=k, routed=True),
             Kernel("swiglu", "mlp", k * m.expert_ffn_hidden, routed=True),
             Kernel("combine", "mlp", k * H, rows=k, routed=True),
@@ -107,16 +107,22 @@ def tensors(m):
     return (*out, ("input_layernorm.weight", (m.hidden,)), ("post_attention_layernorm.weight", (m.hidden,)))
 
 
+def _sigmoid(m) -> bool:
+    """V3's router: sigmoid scores with a correction bias (MoeTraits.scoring)."""
+    from horizon_sim.specs.families import family
+    return family(m.family).moe.scoring == "sigmoid"
+
+
 def buffers(m):
     """Tensors a block holds that are not parameters (transformers' persistent buffers): V3's
     MoE blocks' router correction bias, fp32."""
-    return (("mlp.gate.e_score_correction_bias", (m.n_experts,)),) if m.n_experts and m.family == "deepseek_v3" else ()
+    return (("mlp.gate.e_score_correction_bias", (m.n_experts,)),) if m.n_experts and _sigmoid(m) else ()
 
 
 def _check(m) -> None:
     if m.n_experts and m.mlp_bias:
         raise HorizonError(f"model {m.family}: mlp_bias=True (biases on the dense and shared MLPs) is not supported")
-    if m.family == "deepseek_v3" and m.expert_groups and m.n_experts // m.expert_groups < 2:
+    if _sigmoid(m) and m.expert_groups and m.n_experts // m.expert_groups < 2:
         raise HorizonError(f"model deepseek_v3: a group's score is its best two experts': expert_groups="
                            f"{m.expert_groups} leaves {m.n_experts // m.expert_groups} per group (want >= 2)")
 
@@ -275,4 +281,4 @@ FAMILY_V2 = ModelFamily("deepseek_v2", "multi-head latent attention, dense first
 FAMILY_V3 = ModelFamily("deepseek_v3", "multi-head latent attention, dense first blocks, grouped sigmoid routing with a "
                         "correction bias and shared experts (DeepSeek-V3)", projections, kernels, tensors, hf=HF_V3,
                         moe=MoeTraits(**_TRAITS, scoring="sigmoid", group_score="top2"), check=_check, mla=True,
-                        buffers=buffers, presets=(_preset_v3(),))
+                        buffers=buffers, extra_layers=True, presets=(_preset_v3(),))

@@ -84,6 +84,9 @@ class ModelFamily:
     attention_sinks: bool = False
     """Each attention head has a learned sink logit in its softmax (gpt-oss's self_attn.sinks):
     the attention runs in chunks of query rows (Kernel.sinks)."""
+    extra_layers: bool = False
+    """Its checkpoints may carry layers past the last block that transformers does not build
+    (DeepSeek-V3's multi-token-prediction module): dropped on load, with a message."""
     mla: bool = False
     """Its attention is multi-head latent attention (ModelSpec.kv_lora_rank and the MLA fields:
     DeepSeek-V2/V3, specs/mla.py)."""
