@@ -24,7 +24,8 @@ from horizon_sim.schedule import OpKind
 from horizon_sim.specs.hf_config import from_hf_config
 from horizon_sim.specs.model_presets import PRESETS
 from horizon_sim.specs.policy import exact_policy
-from tests.hf_tiny import assert_step_matches, randomized_, rel_err
+from tests.hf_tiny import assert_step_matches, rel_err
+from tests.test_moe_exec import hf_moe
 
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,12 +40,9 @@ BASE = dict(num_hidden_layers=3, hidden_size=64, intermediate_size=160, moe_inte
 
 
 def hf_v3(seed: int = 0):
-    """A random transformers DeepSeek-V3 (eager experts), every tensor random, its correction bias too."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    torch.manual_seed(seed)
-    cfg = AutoConfig.for_model("deepseek_v3", **BASE)
-    return randomized_(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, experts_implementation="eager"),
-                       seed + 1)
+    """A random transformers DeepSeek-V3 (eager experts), every tensor random, its correction bias
+    too (test_moe_exec.hf_moe)."""
+    return hf_moe("deepseek_v3", BASE, seed)
 
 
 def _tokens(seed: int = 3):

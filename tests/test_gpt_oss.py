@@ -25,7 +25,8 @@ from horizon_sim.specs.hf_config import from_hf_config, spec_from_config_dict
 from horizon_sim.specs.hf_export import to_hf_config_dict
 from horizon_sim.specs.model_presets import PRESETS
 from horizon_sim.specs.policy import exact_policy
-from tests.hf_tiny import assert_step_matches, randomized_, rel_err
+from tests.hf_tiny import assert_step_matches, rel_err
+from tests.test_moe_exec import hf_moe
 
 pytestmark = pytest.mark.usefixtures("one_intraop_thread")
 V, B, T = 96, 2, 16
@@ -38,12 +39,8 @@ BASE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_
 
 
 def hf_gpt_oss(seed: int = 0, **over):
-    """A random transformers gpt-oss model (eager experts), every tensor random (randomized_)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    torch.manual_seed(seed)
-    cfg = AutoConfig.for_model("gpt_oss", **{**BASE, **over})
-    return randomized_(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, experts_implementation="eager"),
-                       seed + 1)
+    """A random transformers gpt-oss model (eager experts), every tensor random (test_moe_exec.hf_moe)."""
+    return hf_moe("gpt_oss", {**BASE, **over}, seed)
 
 
 def trainer_on(folder, **policy):

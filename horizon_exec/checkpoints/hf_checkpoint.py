@@ -261,8 +261,8 @@ def load_hf(trainer, path) -> list[str]:
                         trainer.runner.block_buffers.set_(*bufs[name], f.get_tensor(stored))
                         seen.add(name)
                         continue
-                    if beyond(name):
-                        dropped.add(name.split(".")[2])  # its layer
+                    if (layer := beyond(name)) is not None:
+                        dropped.add(layer)
                         continue
                     held, idx = parts.get(name, (name, ()))
                     if held not in params or (name == held and held in n_parts):
@@ -273,9 +273,7 @@ def load_hf(trainer, path) -> list[str]:
                     dst = params[held][idx]
                     if stored in packed:  # 4-bit: dequantized, and kept packed where the run's base is nf4
                         pk = read_packed(f, stored, d / fname)
-                        if pk.shape != tuple(dst.shape):
-                            raise HorizonError(f"{d / fname}: tensor {name!r} has shape {pk.shape}, "
-                                               f"the model needs {tuple(dst.shape)}")
+                        _check_shape(pk.shape, dst, name, d / fname)
                         dst.copy_(pk.dequantized())
                         if isinstance(params, _UnitSink):
                             params.give_packed(held, pk)
@@ -288,15 +286,7 @@ def load_hf(trainer, path) -> list[str]:
                             fp8.read(both, stored, d / fname, tuple(dst.shape), fp8_block, out=dst)
                         fp8_read += 1
                     else:
-                        sl = f.get_slice(stored)
-                        shape = tuple(sl.get_shape())
-                        if shape != tuple(dst.shape):
-                            raise HorizonError(f"{d / fname}: tensor {name!r} has shape {shape}, "
-                                               f"the model needs {tuple(dst.shape)}")
-                        if sl.get_dtype() not in ("F32", "BF16", "F16", "F64"):
-                            raise HorizonError(f"{d / fname}: tensor {name!r} has dtype {sl.get_dtype()}; "
-                                               "want a floating-point checkpoint (or bitsandbytes' nf4)")
-                        dst.copy_(f.get_tensor(stored))   # one tensor read, cast to fp32 in place
+                        _read_plain(f, stored, name, dst, d / fname)
                     _check_finite(dst, name, d / fname)
                     if name not in seen and trainer.viewless_master:
                         n_parts[held] -= 1
@@ -331,18 +321,19 @@ def load_hf(trainer, path) -> list[str]:
 
 
 def extra_layers(m: ModelSpec):
-    """name -> whether it is a tensor of a layer past the model's blocks that a checkpoint of m's
-    family may carry (ModelFamily.extra_layers: DeepSeek-V3's multi-token-prediction layer,
-    model.layers.<n_layers>.*, which transformers ignores on load); False for every other family."""
+    """name -> the layer (its number, a str) when it is a tensor of a layer past the model's
+    blocks that a checkpoint of m's family may carry (ModelFamily.extra_layers: DeepSeek-V3's
+    multi-token-prediction layer, model.layers.<n_layers>.*, which transformers ignores on load),
+    else None; always None for every other family."""
     if not family(m.family).extra_layers:
-        return lambda name: False
+        return lambda name: None
     prefix = family(m.family).layer_prefix
 
-    def beyond(name: str) -> bool:
+    def beyond(name: str) -> str | None:
         if not name.startswith(prefix):
-            return False
+            return None
         layer = name[len(prefix):].split(".", 1)[0]
-        return layer.isdigit() and int(layer) >= m.n_layers
+        return layer if layer.isdigit() and int(layer) >= m.n_layers else None
     return beyond
 
 
@@ -371,13 +362,28 @@ class _Both:
     """Two open safetensors files read as one."""
 
     def __init__(self, f, g):
-        self.f, self.g = f, g
+        self.f, self.g, self.in_f = f, g, set(f.keys())
 
     def keys(self):
-        return [*self.f.keys(), *self.g.keys()]
+        return [*self.in_f, *self.g.keys()]
 
     def get_tensor(self, name):
-        return (self.f if name in self.f.keys() else self.g).get_tensor(name)
+        return (self.f if name in self.in_f else self.g).get_tensor(name)
+
+
+def _check_shape(shape, dst, name: str, where) -> None:
+    if tuple(shape) != tuple(dst.shape):
+        raise HorizonError(f"{where}: tensor {name!r} has shape {tuple(shape)}, the model needs {tuple(dst.shape)}")
+
+
+def _read_plain(f, stored: str, name: str, dst, where) -> None:
+    """dst <- a full-precision tensor of the open file f, its shape and dtype checked."""
+    sl = f.get_slice(stored)
+    _check_shape(sl.get_shape(), dst, name, where)
+    if sl.get_dtype() not in ("F32", "BF16", "F16", "F64"):
+        raise HorizonError(f"{where}: tensor {name!r} has dtype {sl.get_dtype()}; want a floating-point checkpoint "
+                           "(or bitsandbytes' nf4, gpt-oss's MXFP4 experts, block-wise FP8)")
+    dst.copy_(f.get_tensor(stored))   # one tensor read, cast to fp32 in place
 
 
 def _check_finite(t, name: str, where) -> None:

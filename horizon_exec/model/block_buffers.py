@@ -42,6 +42,3 @@ class BlockBuffers:
         blocking copy: set before the steps that read it, never during one)."""
         self.host[u][name].copy_(value)
         self.device[u][name].copy_(self.host[u][name])
-
-    def __bool__(self) -> bool:
-        return any(self.host.values())
