@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from horizon_exec.checkpoints.peft_adapter import peft_stems, to_peft
 from horizon_exec.runtime.config import TrainerConfig
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import OpKind
@@ -19,9 +20,13 @@ TARGETS = ("all-linear", "q_proj,v_proj", "o_proj,down_proj,up_proj")
 
 
 def _peft(ref, targets: str, rank: int, alpha: float):
+    """peft's LoRA on a copy of ref: Linear targets as target_modules, expert stacks as target_parameters."""
     from peft import LoraConfig, get_peft_model
-    tm = "all-linear" if targets == "all-linear" else targets.split(",")
-    return get_peft_model(copy.deepcopy(ref), LoraConfig(r=rank, lora_alpha=alpha, target_modules=tm, lora_dropout=0.0))
+    names = targets.split(",")
+    linear, stacks = [n for n in names if "experts." not in n], [n for n in names if "experts." in n]
+    tm = "all-linear" if "all-linear" in linear else (linear or None)
+    return get_peft_model(copy.deepcopy(ref), LoraConfig(r=rank, lora_alpha=alpha, target_modules=tm,
+                                                         target_parameters=stacks or None, lora_dropout=0.0))
 
 
 def _trainer(tmp_path, family, targets, rank=4, alpha=8.0, grad_clip=0.0, spec=None, **policy):
@@ -42,27 +47,32 @@ def _trainer(tmp_path, family, targets, rank=4, alpha=8.0, grad_clip=0.0, spec=N
     return tr, ref
 
 
+def _peft_named(tr, pairs_of):
+    """{peft's parameter name: tensor in peft's layout} of every adapter pair pairs_of(u) gives."""
+    out = {}
+    for u in tr.adapters.blocks:
+        stems = peft_stems(tr, u)
+        for module, pair in pairs_of(u).items():
+            a, b = to_peft(*pair)
+            out[f"{stems[module]}.lora_A.default.weight"], out[f"{stems[module]}.lora_B.default.weight"] = a, b
+    return out
+
+
 def _copy_adapters_into(tr, model) -> None:
     """peft's lora_A / lora_B of every adapted module <- the trainer's."""
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for u in tr.adapters.blocks:
-            for module, (a, b) in tr.adapters.weights(u).items():
-                stem = f"base_model.model.model.layers.{u}.{module}"
-                params[f"{stem}.lora_A.default.weight"].copy_(a)
-                params[f"{stem}.lora_B.default.weight"].copy_(b)
+        for name, t in _peft_named(tr, tr.adapters.weights).items():
+            params[name].copy_(t)
 
 
 def _step_grads(tr, tokens, labels=None):
-    """One step's loss and the adapters' gradients just before their update."""
+    """One step's loss and the adapters' gradients just before their update (peft's names and layout)."""
     grads = {}
 
     def snapshot(op):
         if op.kind == OpKind.ADAPTER_UPDATE:
-            for u in tr.adapters.blocks:
-                for module, (ga, gb) in tr.adapters.grad_pairs(u).items():
-                    grads[f"base_model.model.model.layers.{u}.{module}.lora_A.default.weight"] = ga.clone()
-                    grads[f"base_model.model.model.layers.{u}.{module}.lora_B.default.weight"] = gb.clone()
+            grads.update({n: g.clone() for n, g in _peft_named(tr, tr.adapters.grad_pairs).items()})
 
     tr.engine.hook = snapshot
     res = tr.step(tokens, labels)
@@ -131,24 +141,21 @@ def test_the_update_is_torchs_adamw_on_those_gradients(tmp_path):
     with tr:
         res = tr.step(tokens)
         assert res.grad_norm == pytest.approx(float(norm), rel=1e-5)
-        got = {}
-        for u in tr.adapters.blocks:
-            for module, (a, b) in tr.adapters.weights(u).items():
-                stem = f"base_model.model.model.layers.{u}.{module}"
-                got[f"{stem}.lora_A.default.weight"], got[f"{stem}.lora_B.default.weight"] = a, b
+        got = _peft_named(tr, tr.adapters.weights)
         for n, p in model.named_parameters():
             if p.requires_grad:
                 assert rel_err(got[n], p.detach()) <= 1e-6, n
 
 
+@pytest.mark.parametrize("family,targets", [("llama", "all-linear"), ("mixtral", "q_proj,experts.down_proj")])
 @pytest.mark.parametrize("policy", [dict(keep_last=1), dict(batch=4, micro_batches=2, mb_order="layer"),
                                     dict(batch=4, micro_batches=2), dict(act_ckpt_every=2, act_ckpt_on="device")])
-def test_the_step_options_give_the_same_adapter_gradients(tmp_path, policy):
+def test_the_step_options_give_the_same_adapter_gradients(tmp_path, policy, family, targets):
     """Kept activations, either micro-batch order and K-blocks: the same loss and adapter
-    gradients as the plain step (peft's, checked above)."""
+    gradients as the plain step (peft's, checked above), with an expert stack's adapters too."""
     tokens = torch.cat([_tokens(), _tokens()]) if policy.get("batch") == 4 else _tokens()
-    plain, _ = _trainer(tmp_path / "plain", "llama", "all-linear", batch=tokens.shape[0])
-    other, _ = _trainer(tmp_path / "other", "llama", "all-linear", **{**policy, "batch": tokens.shape[0]})
+    plain, _ = _trainer(tmp_path / "plain", family, targets, batch=tokens.shape[0])
+    other, _ = _trainer(tmp_path / "other", family, targets, **{**policy, "batch": tokens.shape[0]})
     with plain, other:
         r1, g1 = _step_grads(plain, tokens)
         r2, g2 = _step_grads(other, tokens)
@@ -300,6 +307,66 @@ def test_gpt_oss_adapts_what_peft_adapts(tmp_path):
     check_against_peft(tmp_path, "gpt_oss", "all-linear")
 
 
+EXPERTS = "experts.gate_up_proj,mlp.experts.down_proj"
+
+
+@pytest.mark.parametrize("family,targets", [("mixtral", f"q_proj,{EXPERTS}"), ("gpt_oss", f"all-linear,{EXPERTS}"),
+                                            ("qwen3_moe", "experts.down_proj")])
+def test_routed_experts_adapt_as_peft_target_parameters(tmp_path, family, targets):
+    """Expert stacks named as peft's target_parameters: an adapter per expert, the same parameters
+    as peft's ParamWrapper (one (E r, in) A and (out, r E) B per stack, nested wrappers' names),
+    and the loss and every gradient equal to peft's, whose experts fold W_e + s B_e A_e into the
+    product; gpt-oss's stacks are stored (E, in, out)."""
+    tr, _, model = check_against_peft(tmp_path, family, targets)
+    stacks = [p for p in tr.adapters.modules_of[0] if p.experts]
+    assert len(stacks) == targets.count("experts.")
+    E, r = tr.model.n_experts, tr.adapters.rank
+    assert all(tr.adapters.weights(0)[p.module][0].shape == (E, r, p.in_features) for p in stacks)
+
+
+def test_routed_expert_adapters_save_and_load_as_pefts(tmp_path):
+    """gpt-oss with adapters on both expert stacks: after a step, --save-hf's adapter/ loads in
+    peft on the base (its config naming the stacks as target_parameters) with the trainer's
+    logits, the merged folder loads in transformers with them too, and --init-adapter reads the
+    folder back to the same adapters."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from horizon_exec.checkpoints.hf_checkpoint import save_hf
+    from horizon_exec.checkpoints.peft_adapter import load_adapter
+    from horizon_sim.safe_read import read_json
+    tr, _ = _trainer(tmp_path, "gpt_oss", f"q_proj,{EXPERTS}")
+    tokens = _tokens()
+    with tr:
+        tr.step(tokens)
+        want = tr.logits(tokens)
+        save_hf(tr, tmp_path / "out")
+        before = {k: v.clone() for k, v in _peft_named(tr, tr.adapters.weights).items()}
+        tr.adapters.init(1)
+        load_adapter(tr, tmp_path / "out" / "adapter")
+        after = _peft_named(tr, tr.adapters.weights)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    cfg = read_json(tmp_path / "out" / "adapter" / "adapter_config.json")
+    assert cfg["target_modules"] == ["q_proj"] and cfg["target_parameters"] == ["mlp.experts.down_proj",
+                                                                                "mlp.experts.gate_up_proj"]
+    assert cfg["fan_in_fan_out"] is False  # (peft refuses it on expert stacks; gpt-oss's are (E, in, out))
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32, experts_implementation="eager")
+    peft_model = PeftModel.from_pretrained(base, tmp_path / "out" / "adapter").eval()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32,
+                                                  experts_implementation="eager").eval()
+    with torch.no_grad():
+        assert rel_err(peft_model(input_ids=tokens).logits, want) <= 1e-5
+        assert rel_err(merged(input_ids=tokens).logits, want) <= 1e-5
+
+
+def test_deepseek_expert_adapters_are_the_merged_models_gradients(tmp_path):
+    """DeepSeek-V3's routed experts adapted (its dense first block has none, its MoE block both
+    stacks), beside MLA's projections: the merged model's gradients."""
+    tr, ref = _trainer(tmp_path, "deepseek_v3", f"q_a_proj,{EXPERTS}")
+    assert [len(tr.adapters.modules_of[u]) for u in tr.adapters.blocks] == [1, 3]
+    check_merged_gradients(tr, ref)
+
+
 def test_deepseek_adapters_are_the_merged_models_gradients(tmp_path):
     """DeepSeek-V3, two block shapes: MLA's five projections in both, the dense block's MLP and the
     MoE block's shared experts. peft 0.21 adapts none of those MLPs on this model (it takes the
@@ -331,21 +398,26 @@ def test_deepseek_on_a_4bit_base_trains_on_its_dequantized_weights(tmp_path):
 
 def check_merged_gradients(tr, ref) -> None:
     """tr's step (its loss, every adapter's gradient) equals transformers' autograd on ref with
-    each adapter merged (W + s B A): an adapted weight's gradient G gives dA = s B^T G, dB = s G A^T."""
+    each adapter merged (W + s B A, per expert of a stack): an adapted weight's gradient G gives
+    dA = s B^T G, dB = s G A^T (G^T for a weight stored (in, out))."""
     merged, s = copy.deepcopy(ref), tr.adapters.scale
     params = dict(merged.named_parameters())
-    lora = {(u, m): (a.clone(), b.clone()) for u in tr.adapters.blocks for m, (a, b) in tr.adapters.weights(u).items()}
+    lora = {(u, p): tuple(t.clone() for t in tr.adapters.weights(u)[p.module])
+            for u in tr.adapters.blocks for p in tr.adapters.modules_of[u]}
     with torch.no_grad():
-        for (u, module), (a, b) in lora.items():
-            params[f"model.layers.{u}.{module}.weight"] += s * b @ a
+        for (u, p), (a, b) in lora.items():
+            delta = s * b @ a                                                 # (out, in), per expert (E, out, in)
+            params[f"model.layers.{u}.{p.tensor}"] += delta.transpose(-1, -2) if p.transposed else delta
     tokens = _tokens()
     with tr:
         res, grads = _step_grads(tr, tokens)
     out = merged(input_ids=tokens, labels=tokens)
     out.loss.backward()
     assert res.loss == pytest.approx(out.loss.item(), rel=1e-5)
-    for (u, module), (a, b) in lora.items():  # (the step updated the adapters: their values before it)
-        g = params[f"model.layers.{u}.{module}.weight"].grad
-        stem = f"base_model.model.model.layers.{u}.{module}"
-        assert rel_err(grads[f"{stem}.lora_A.default.weight"], s * b.t() @ g) <= 1e-5, (u, module)
-        assert rel_err(grads[f"{stem}.lora_B.default.weight"], s * g @ a.t()) <= 1e-5, (u, module)
+    for (u, p), (a, b) in lora.items():  # (the step updated the adapters: their values before it)
+        g = params[f"model.layers.{u}.{p.tensor}"].grad
+        g = g.transpose(-1, -2) if p.transposed else g
+        want = to_peft(s * b.transpose(-1, -2) @ g, s * g @ a.transpose(-1, -2))
+        stem = peft_stems(tr, u)[p.module]
+        assert rel_err(grads[f"{stem}.lora_A.default.weight"], want[0]) <= 1e-5, (u, p.module)
+        assert rel_err(grads[f"{stem}.lora_B.default.weight"], want[1]) <= 1e-5, (u, p.module)

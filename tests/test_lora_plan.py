@@ -70,6 +70,34 @@ def test_the_adapter_count_is_pefts(targets, names):
         assert want == 41_943_040
 
 
+def test_the_expert_adapter_count_is_pefts():
+    """gpt-oss-120b at rank 16 with peft's all-linear and both expert stacks as target_parameters
+    (an adapter per expert, E r (in + out) a stack): the planner's count equals peft's on
+    transformers' meta-device model, and the plan prices each stack's adapters per expert, over
+    its routed rows."""
+    from accelerate import init_empty_weights
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from horizon_sim.specs.hf_export import to_hf_config_dict
+    m = model_preset("gpt-oss-120b")
+    d = to_hf_config_dict(m)
+    with init_empty_weights():
+        ref = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d))
+    stacks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    peft_model = get_peft_model(ref, LoraConfig(r=16, target_modules="all-linear", target_parameters=stacks))
+    want = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    p = Policy(lora_rank=16, lora_targets="all-linear,experts.gate_up_proj,experts.down_proj", optimizer="after")
+    assert work.adapter_params(m, p) * m.n_layers == want
+    tokens, k, E = 4096, m.experts_per_token, m.n_experts
+    plain = replace(p, lora_targets="all-linear")
+    extra = work.gemm_flops(work.adapter_gemms(m, p, tokens, False)) - \
+        work.gemm_flops(work.adapter_gemms(m, plain, tokens, False))
+    assert extra == pytest.approx(2 * tokens * k * 16 * ((m.hidden + 2 * m.expert_ffn_hidden) + (m.expert_ffn_hidden + m.hidden)))
+    runs = lambda q: sum(g.count for g in work.adapter_gemms(m, q, tokens, False))  # noqa: E731
+    assert runs(p) - runs(plain) == 2 * 2 * E  # two GEMMs per expert of each stack, over its own rows
+
+
 def test_the_backward_of_a_frozen_base_skips_its_weight_gradients():
     """The adapters' backward: the base's input gradients only (its weight-gradient GEMMs are not
     run) plus the adapters'; the step is faster than full fine-tuning where compute limits it."""
@@ -208,6 +236,7 @@ def _horizon(*args):
     (["--lora-rank", "4", "--optimizer", "pipelined"], "--optimizer pipelined does not apply with --lora-rank 4"),
     (["--lora-rank", "4", "--lora-alpha", "0"], "lora_alpha=0.0 must be a positive number"),
     (["--lora-rank", "4", "--nodes", "2"], "planned on one node for now"),
+    (["--lora-rank", "4", "--lora-targets", "experts.down_proj"], "'experts.down_proj', which this model's blocks do not"),
     (["--lora-rank", "4", "--compare", "zero3-offload"], "there is no peer step to compare with"),
 ])
 def test_bad_adapter_flags_are_one_line_errors(args, says):
@@ -271,3 +300,24 @@ def test_what_dropout_keeps_is_what_the_planner_counts(family, dtype):
     a = torch.empty((), dtype=dtype).element_size()
     got = _saved_bytes(spec, dtype, "dropout") - _saved_bytes(spec, dtype, "frozen")
     assert work.adapter_saved_bytes(spec, replace(LORA, lora_rank=4, lora_dropout=0.1), B * T, a) == got
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_expert_adapter_temporaries_are_bounded_by_the_plan(family):
+    """bf16, both expert stacks adapted beside all-linear: each block op's planned temporaries
+    are at least the measured peak, and within 1.6x (an MoE block's are a bound: the most
+    loaded expert, its padding, the frozen base's weight gradients a full backward holds)."""
+    from horizon_exec.runtime.trainer import Trainer
+    from tests.test_families import tiny
+    m = tiny(family)
+    p = Policy.from_choices(batch=2, seq=128, lora_rank=8, optimizer=None,
+                            lora_targets="all-linear,experts.gate_up_proj,experts.down_proj")
+    with Trainer(m, p) as tr:
+        tl = tr.step(torch.randint(0, m.vocab, (2, 128), generator=torch.Generator().manual_seed(0))).timeline
+        ops = {(o.kind.value, o.unit): o for o in tr.sched.ops}
+    out = 2 * 128 * m.hidden * 2  # the op's output (y, or dx): measured, not workspace
+    last = m.n_layers - 1
+    for kind in ("forward", "backward"):
+        measured = max(tl[(tl.kind == kind) & (tl.unit == last)].temp_peak_bytes)
+        planned = ops[(kind, last)].workspace_bytes + out
+        assert measured <= planned <= 1.6 * measured, (kind, measured, planned)

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from horizon_exec.checkpoints.fileio import write_safetensors, write_text
+from horizon_sim.schedule import work
 from horizon_sim.specs.families import family
 
 ADAPTER_DIR = "adapter"
@@ -17,6 +18,44 @@ ADAPTER_DIR = "adapter"
 
 def _prefix(model) -> str:
     return family(model.family).layer_prefix
+
+
+def peft_stems(trainer, u: int) -> dict[str, str]:
+    """{module: the key stem peft gives its adapter in block u} ('base_model.model.<layers>.u.<module>'):
+    a routed-expert stack's adapter belongs to a ParamWrapper around the experts module, and
+    peft nests one wrapper per adapted parameter in the module's parameter order, so an
+    earlier stack's keys say 'base_layer.' once for each adapted stack after it."""
+    stem, out = f"base_model.model.{_prefix(trainer.model)}{u}.", {}
+    stacks = [p for p in trainer.adapters.modules_of[u] if p.experts]
+    for p in trainer.adapters.modules_of[u]:
+        if p.experts:
+            parent = p.module.rsplit(".", 1)[0]
+            later = sum(1 for q in stacks[stacks.index(p) + 1:] if q.module.rsplit(".", 1)[0] == parent)
+            out[p.module] = stem + parent + ".base_layer" * later
+        else:
+            out[p.module] = stem + p.module
+    return out
+
+
+def to_peft(a, b):
+    """An adapter pair as peft's lora_A and lora_B weights: a Linear's as they are; an expert
+    stack's A (E, r, in) as one (E r, in) Linear, B (E, out, r) as one (out, r E) Linear whose
+    column j E + e is expert e's column j (peft's ParamWrapper layout)."""
+    if a.dim() == 2:
+        return a, b
+    E, out, r = b.shape
+    return a.reshape(E * r, a.shape[-1]), b.permute(1, 2, 0).reshape(out, r * E)
+
+
+def from_peft_(a, b, pa, pb) -> None:
+    """a, b (the run's layout) <- peft's lora_A, lora_B weights pa, pb (to_peft's inverse)."""
+    if a.dim() == 2:
+        a.copy_(pa.to(a.dtype))
+        b.copy_(pb.to(b.dtype))
+        return
+    E, out, r = b.shape
+    a.copy_(pa.reshape(a.shape).to(a.dtype))
+    b.copy_(pb.reshape(out, r, E).permute(2, 0, 1).to(b.dtype))
 
 
 def merged_state_dict(trainer) -> dict:
@@ -33,24 +72,32 @@ def merged_unit(trainer, u: int, sd) -> dict:
     """Block u's adapted weights merged with their adapters, {transformers name: fp32 tensor
     (new)}, from `sd` (the base's tensors by name: at least block u's)."""
     ad, pre = trainer.adapters, _prefix(trainer.model)
-    transposed = {p.module: p.transposed for p in ad.modules}
     out = {}
-    for module, (a, b) in ad.weights(u).items():
-        name = f"{pre}{u}.{module}.weight"
-        delta = (b.float() @ a.float()).cpu() * ad.scale                    # (out, in)
-        out[name] = sd[name].float() + (delta.t() if transposed[module] else delta)
+    for p in ad.modules_of[u]:
+        a, b = ad.weights(u)[p.module]
+        name = f"{pre}{u}.{p.tensor}"
+        delta = (b.float() @ a.float()).cpu() * ad.scale                    # (out, in), per expert (E, out, in)
+        out[name] = sd[name].float() + (delta.transpose(-1, -2) if p.transposed else delta)
     return out
 
 
 def adapter_config(trainer, base_model: str | None) -> dict:
     """peft's LoraConfig for the run's adapters, as adapter_config.json holds it."""
     p, ad = trainer.policy, trainer.adapters
-    names = sorted({q.module.rsplit(".", 1)[-1] for q in ad.modules})
+    names, stacks = target_names(ad)
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model, "r": p.lora_rank,
-            "lora_alpha": p.lora_alpha, "lora_dropout": p.lora_dropout, "target_modules": names, "bias": "none",
-            "fan_in_fan_out": any(q.transposed for q in ad.modules), "use_rslora": False, "use_dora": False,
+            "lora_alpha": p.lora_alpha, "lora_dropout": p.lora_dropout, "target_modules": names,
+            "target_parameters": stacks or None, "bias": "none",
+            "fan_in_fan_out": any(q.transposed and not q.experts for q in ad.modules), "use_rslora": False, "use_dora": False,
             "init_lora_weights": True, "inference_mode": True, "modules_to_save": None,
             "layers_to_transform": None, "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {}}
+
+
+def target_names(ad) -> tuple[list[str], list[str]]:
+    """(target_modules, target_parameters) as peft's LoraConfig names the run's adapters: the
+    Linear modules' last names, the expert stacks' parameter paths; each sorted."""
+    return (sorted({work.target_name(q) for q in ad.modules if not q.experts}),
+            sorted({work.target_name(q) for q in ad.modules if q.experts}))
 
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "README.md")
@@ -83,13 +130,14 @@ def save_adapter(trainer, out, base_model: str | None = None) -> Path:
 
 def write_adapter(trainer, folder: Path, base_model: str | None = None) -> None:
     """adapter_config.json and adapter_model.safetensors (fp32, peft's key names) into `folder`."""
-    ad, pre = trainer.adapters, _prefix(trainer.model)
+    ad = trainer.adapters
     items = []
     for u in ad.blocks:
-        for module, (a, b) in ad.weights(u).items():
-            stem = f"base_model.model.{pre}{u}.{module}"
-            items += [(f"{stem}.lora_A.weight", a.detach().cpu().contiguous(), None),
-                      (f"{stem}.lora_B.weight", b.detach().cpu().contiguous(), None)]
+        stems = peft_stems(trainer, u)
+        for module, pair in ad.weights(u).items():
+            a, b = to_peft(*(t.detach().cpu() for t in pair))
+            items += [(f"{stems[module]}.lora_A.weight", a.contiguous(), None),
+                      (f"{stems[module]}.lora_B.weight", b.contiguous(), None)]
     folder.mkdir(parents=True, exist_ok=True)
     write_safetensors(folder / "adapter_model.safetensors", items, {"format": "pt"})
     write_text(folder / "adapter_config.json", json.dumps(adapter_config(trainer, base_model), indent=2) + "\n")
@@ -116,44 +164,52 @@ def load_adapter(trainer, folder) -> None:
     cfg = read_json(cfg_file)
     if not isinstance(cfg, dict):
         raise HorizonError(f"--init-adapter {d}: adapter_config.json is not a JSON object")
-    names = sorted({q.module.rsplit(".", 1)[-1] for q in ad.modules})
-    targets = cfg.get("target_modules")
-    targets = sorted(targets) if isinstance(targets, list) else targets
+    names, stacks = target_names(ad)
+    targets, params = (sorted(v) if isinstance(v, list) else v
+                       for v in (cfg.get("target_modules"), cfg.get("target_parameters") or []))
     for key, have, want, flag in (("peft_type", cfg.get("peft_type"), "LORA", None),
                                   ("r", cfg.get("r"), p.lora_rank, "--lora-rank"),
                                   ("lora_alpha", cfg.get("lora_alpha"), p.lora_alpha, "--lora-alpha"),
                                   ("target_modules", targets, names, "--lora-targets"),
+                                  ("target_parameters", params, stacks, "--lora-targets"),
                                   ("use_dora", bool(cfg.get("use_dora")), False, None),
                                   ("use_rslora", bool(cfg.get("use_rslora")), False, None)):
         if have != want:
-            how = f"; give {flag} {','.join(have) if isinstance(have, list) else have}" if flag and have else ""
+            if key.startswith("target_") and isinstance(targets, list) and isinstance(params, list):
+                have_all = targets + params  # --lora-targets names both kinds
+                how = f"; give {flag} {','.join(have_all)}" if have_all else ""
+            else:
+                how = f"; give {flag} {','.join(have) if isinstance(have, list) else have}" if flag and have else ""
             raise HorizonError(f"--init-adapter {d}: its {key} is {have!r}, the run's {want!r}{how}")
-    pre = _prefix(trainer.model)
-    want = {}
+    want, shapes = {}, {}  # key -> (its module's pair, "A" | "B"); key -> peft's shape
     for u in ad.blocks:
-        for module, (a, b) in ad.weights(u).items():
-            stem = f"base_model.model.{pre}{u}.{module}"
-            want[f"{stem}.lora_A.weight"], want[f"{stem}.lora_B.weight"] = a, b
+        stems = peft_stems(trainer, u)
+        for module, pair in ad.weights(u).items():
+            for side, t in zip("AB", to_peft(*pair)):
+                key = f"{stems[module]}.lora_{side}.weight"
+                want[key], shapes[key] = (pair, side), tuple(t.shape)
+    got: dict[int, dict] = {}
     seen = set()
     with safe_open(str(weights), framework="pt", device="cpu") as f:
         for key in f.keys():
             name = key.replace(".default.", ".")  # peft writes no adapter name; accept one
             if name not in want:
                 raise HorizonError(f"--init-adapter {d}: tensor {key!r} is not an adapter of this run's model "
-                                   f"and targets ({', '.join(names)})")
+                                   f"and targets ({', '.join(names + stacks)})")
             t = f.get_tensor(key)
-            if tuple(t.shape) != tuple(want[name].shape):
-                raise HorizonError(f"--init-adapter {d}: {key} is {tuple(t.shape)}, the run's "
-                                   f"{tuple(want[name].shape)}")
+            if tuple(t.shape) != shapes[name]:
+                raise HorizonError(f"--init-adapter {d}: {key} is {tuple(t.shape)}, the run's {shapes[name]}")
             if not torch.isfinite(t).all():
                 raise HorizonError(f"--init-adapter {d}: {key} holds a non-finite value")
-            with torch.no_grad():
-                want[name].copy_(t.to(want[name].dtype))
+            pair, side = want[name]
+            got.setdefault(id(pair), {"pair": pair})[side] = t
             seen.add(name)
     missing = sorted(set(want) - seen)
     if missing:
         raise HorizonError(f"--init-adapter {d}: {len(missing)} adapter tensor(s) missing, e.g. {missing[0]!r}")
     with torch.no_grad():
+        for g in got.values():
+            from_peft_(*g["pair"], g["A"], g["B"])
         for u in ad.blocks:
             ad.state[u][1:].zero_()
             ad.grads[u].zero_()

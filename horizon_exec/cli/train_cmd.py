@@ -90,7 +90,8 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                         "local HF cache (never downloaded), read tensor by tensor into the host store")
     m.add_argument("--init-adapter", default=None, metavar="DIR",
                    help="with --lora-rank: start the adapters from a peft LoRA adapter folder (adapter_config.json + "
-                        "adapter_model.safetensors; its r, lora_alpha and target_modules must be the run's)")
+                        "adapter_model.safetensors; its r, lora_alpha, target_modules and target_parameters must be the "
+                        "run's)")
     m.add_argument("--save-hf", default=None, metavar="DIR",
                    help="after training, write a transformers checkpoint folder (safetensors + config.json); "
                         "with --lora-rank the base with the adapters merged, and the adapters alone in peft's format "
@@ -490,10 +491,11 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") 
     if tr.backend.split_why:  # the CPU backend's core split (--compute-threads)
         print(f"cores: {tr.backend.split_why}")
     if tr.adapters is not None:
+        from horizon_sim.schedule import work
         n = sum(t.shape[1] for t in tr.adapters.state.values())
         print(f"adapters: LoRA rank {policy.lora_rank}, alpha {policy.lora_alpha:g}"
               + (f", dropout {policy.lora_dropout:g}" if policy.lora_dropout else "") + " on "
-              f"{', '.join(sorted({p.module.rsplit('.', 1)[-1] for p in tr.adapters.modules}))}: {n:,} parameters, "
+              f"{', '.join(sorted({work.target_name(p) for p in tr.adapters.modules}))}: {n:,} parameters, "
               f"fp32 with their AdamW moments on the device, updated after the backward; the base frozen in "
               f"{policy.base_form} on the host" + (f"; {policy.objective_text}" if policy.objective_text else ""))
     else:

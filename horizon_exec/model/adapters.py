@@ -9,6 +9,11 @@ dropout (Policy.lora_dropout, training only) each adapter's input is masked firs
 lora_dropout does, by a mask of its own (AdapterDropout). What these kernels move and keep is
 priced by schedule/work.py (adapter_elementwise_bytes, ...).
 
+A routed-expert stack's adapters (peft's target_parameters: one (A_e, B_e) per expert) apply
+to each expert's routed rows inside the experts' loop (`expert_adapters`, `adapt_rows`), their
+own cast per expert and no dropout (peft has none there). peft folds them into the stack's
+weight (W_e + s B_e A_e) for its product; the two differ by fp32 rounding.
+
 The adapters ride along with the block's weights (`AdaptedWeights`, a dict of the slot's views
 with `.lora`), so the families' forwards keep one signature; `applied` records which adapters a
 forward used, so the executor can refuse a family that skipped one rather than train without
@@ -78,3 +83,23 @@ def adapt(w, module: str, x, y):
 def linear(x, w, module: str):
     """nn.Linear `module` of the block (its bias when w has one), adapted when w says so."""
     return adapt(w, module, x, F.linear(x, w[f"{module}.weight"], w.get(f"{module}.bias")))
+
+
+def expert_adapters(w, module: str):
+    """The routed-expert stack `module`'s adapters unbound per expert once ((A_e,...), (B_e,...)),
+    so the backward assembles each stack's gradient once; None when w has none for it."""
+    lora = getattr(w, "lora", None)
+    if not lora or module not in lora:
+        return None
+    w.applied.add(module)
+    a, b = lora[module]
+    return a.unbind(0), b.unbind(0)
+
+
+def adapt_rows(w, pairs, e: int, x, y):
+    """y, expert e's product for its rows x, plus expert e's adapter (pairs: expert_adapters')."""
+    if pairs is None:
+        return y
+    a, b = pairs[0][e], pairs[1][e]
+    h = F.linear(x.to(a.dtype), a) * w.scale                              # (rows, r)
+    return y.add_(F.linear(h, b))

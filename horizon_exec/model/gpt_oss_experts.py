@@ -21,6 +21,7 @@ the same to the bit; its backward is the same function's derivative."""
 import torch
 import torch.nn.functional as F
 
+from horizon_exec.model.adapters import adapt_rows, expert_adapters
 from horizon_exec.model.moe_block import expert_rows
 from horizon_sim.schedule.expert_load import BF16_ROW_MULTIPLE
 from horizon_sim.specs.model import ModelSpec
@@ -84,6 +85,7 @@ def gpt_oss_mlp(m: ModelSpec, w, h, router=None):
     if rows:
         gate_up, gate_up_b = w["mlp.experts.gate_up_proj"].unbind(0), w["mlp.experts.gate_up_proj_bias"].unbind(0)
         down, down_b = w["mlp.experts.down_proj"].unbind(0), w["mlp.experts.down_proj_bias"].unbind(0)
+        lora_gu, lora_down = expert_adapters(w, "mlp.experts.gate_up_proj"), expert_adapters(w, "mlp.experts.down_proj")
     # on a bf16 CPU, rows padded to an AMX tile's multiple: moe_block.py says why
     multiple = BF16_ROW_MULTIPLE if h.device.type == "cpu" and h.dtype == torch.bfloat16 else 1
     alpha, limit = float(m.swiglu_alpha), float(m.swiglu_limit)
@@ -91,8 +93,8 @@ def gpt_oss_mlp(m: ModelSpec, w, h, router=None):
         c = tok.numel()
         x = h[tok] if c % multiple == 0 else F.pad(h[tok], (0, 0, 0, -c % multiple))
         # the product, then its bias added (in place: the same rounding as transformers' `x @ W + b`)
-        act = ClampedSwiGLU.apply(torch.mm(x, gate_up[e]).add_(gate_up_b[e]), alpha, limit)
-        y = torch.mm(act, down[e]).add_(down_b[e])[:c] * top[tok, slot, None]
+        act = ClampedSwiGLU.apply(adapt_rows(w, lora_gu, e, x, torch.mm(x, gate_up[e]).add_(gate_up_b[e])), alpha, limit)
+        y = adapt_rows(w, lora_down, e, act, torch.mm(act, down[e]).add_(down_b[e]))[:c] * top[tok, slot, None]
         out.index_add_(0, tok, y.to(out.dtype))
         del x, act, y  # before the next expert's rows are gathered
     return out.reshape(shape)

@@ -35,7 +35,7 @@ full E-expert zero tensor per expert in the backward).
 import torch
 import torch.nn.functional as F
 
-from horizon_exec.model.adapters import linear
+from horizon_exec.model.adapters import adapt_rows, expert_adapters, linear
 from horizon_sim.schedule.expert_load import BF16_ROW_MULTIPLE
 from horizon_sim.specs.families import family
 from horizon_sim.specs.model import ModelSpec
@@ -103,12 +103,20 @@ def routed_experts(w, h, top, rows):
     if rows:
         gate_up = w["mlp.experts.gate_up_proj"].unbind(0)               # (2I, H) each
         down = w["mlp.experts.down_proj"].unbind(0)                     # (H, I) each
+        lora_gu, lora_down = expert_adapters(w, "mlp.experts.gate_up_proj"), expert_adapters(w, "mlp.experts.down_proj")
     multiple = BF16_ROW_MULTIPLE if h.device.type == "cpu" and h.dtype == torch.bfloat16 else 1
     for e, slot, tok in rows:
         c = tok.numel()
         x = h[tok] if c % multiple == 0 else F.pad(h[tok], (0, 0, 0, -c % multiple))
-        g, u = F.linear(x, gate_up[e]).chunk(2, dim=-1)
-        y = F.linear(F.silu(g) * u, down[e])[:c] * top[tok, slot, None]
+        g, u = adapt_rows(w, lora_gu, e, x, F.linear(x, gate_up[e])).chunk(2, dim=-1)
+        y = _down(w, lora_down, e, F.silu(g) * u, down[e])[:c] * top[tok, slot, None]
         out.index_add_(0, tok, y.to(out.dtype))
         del x, g, u, y  # before the next expert's rows are gathered (the planner's forward bound counts one)
     return out
+
+
+def _down(w, lora, e: int, act, weight):
+    """Expert e's down projection of its activation, adapted when `lora` holds its stack's
+    adapters; the activation is freed on return, before the routing weight's product (the
+    planner's forward peak holds one of the two)."""
+    return adapt_rows(w, lora, e, act, F.linear(act, weight))

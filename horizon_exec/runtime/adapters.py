@@ -40,12 +40,14 @@ class DeviceAdapters:
         return tuple(seen.values())
 
     def pairs(self, flat, u: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """{module: (A (r, in), B (out, r))} views of block u's flat (n,) adapter tensor."""
+        """{module: (A (r, in), B (out, r))} views of block u's flat (n,) adapter tensor; a
+        routed-expert stack's: (A (E, r, in), B (E, out, r)), expert e's pair at index e."""
         out, off, r = {}, 0, self.rank
         for p in self.modules_of[u]:
-            a = flat[off:off + r * p.in_features].view(r, p.in_features)
+            lead = (p.experts,) if p.experts else ()
+            a = flat[off:off + max(1, p.experts) * r * p.in_features].view(*lead, r, p.in_features)
             off += a.numel()
-            b = flat[off:off + p.out_features * r].view(p.out_features, r)
+            b = flat[off:off + max(1, p.experts) * p.out_features * r].view(*lead, p.out_features, r)
             off += b.numel()
             out[p.module] = (a, b)
         if off != flat.numel():
@@ -69,7 +71,7 @@ class DeviceAdapters:
             self.state[u].zero_()
             self.grads[u].zero_()
             for a, _ in self.weights(u).values():
-                bound = 1.0 / math.sqrt(a.shape[1])
+                bound = 1.0 / math.sqrt(a.shape[-1])  # (an expert stack's A as peft's one (E r, in) Linear)
                 a.copy_(torch.empty(a.shape).uniform_(-bound, bound, generator=gen))
         self.step.zero_()
 

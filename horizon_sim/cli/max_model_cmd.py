@@ -48,8 +48,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "in bf16 on the host, the adapters on the device; --policies does not apply) (default 0: "
                         "full fine-tuning)")
     p.add_argument("--lora-targets", default=Policy().lora_targets, metavar="NAMES",
-                   help="with --lora-rank: the block projections that get adapters, by module name "
-                        "(comma-separated) (default all-linear)")
+                   help="with --lora-rank: the block projections that get adapters, by module name, and "
+                        "routed-expert stacks by parameter path (experts.down_proj) (comma-separated) (default "
+                        "all-linear)")
     p.add_argument("--base-quant", choices=QUANT_FORMATS, default="none",
                    help="with --lora-rank: the frozen base's blocks stored as nf4 (4-bit, QLoRA's) or int8 on the host "
                         "(default none: bf16)")

@@ -221,9 +221,9 @@ def machine_from_args(a: argparse.Namespace):
 
 def _adapter_text(pol, model) -> str:
     """The policy's second line under adapters: what is trained, and where each part lives."""
-    from horizon_sim.schedule.work import adapter_params, adapted
+    from horizon_sim.schedule.work import adapter_params, adapted, target_name
     n = sum(c * adapter_params(s, pol) for s, c in model.block_shapes)
-    names = ",".join(dict.fromkeys(p.module.rsplit(".", 1)[-1] for s, _ in model.block_shapes for p in adapted(s, pol)))
+    names = ",".join(dict.fromkeys(target_name(p) for s, _ in model.block_shapes for p in adapted(s, pol)))
     return (f"          compute {pol.compute_dtype}, LoRA rank {pol.lora_rank} on {names}: {n:,} adapter parameters "
             f"({n / model.total_params:.2%} of the model) with their AdamW state on the device "
             f"({fmt_bytes(16 * n)}), the base frozen on the host in {pol.base_form}"

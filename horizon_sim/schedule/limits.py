@@ -6,6 +6,7 @@ memory a step's work takes do not otherwise depend on batch, seq or the model's 
 loss chunks of the head are one cost entry however many there are: schedule/work.py).
 """
 from horizon_sim.errors import HorizonError
+from horizon_sim.schedule.work import check_adapter_targets
 from horizon_sim.specs.families import family
 
 MAX_LAYERS = 512
@@ -60,3 +61,4 @@ def check_sizes(model, policy) -> None:
             f"{passes:,} layer passes per step (micro_batches x (layers + 1)), ~{OPS_PER_PASS * passes:,} ops; "
             f"allowed: up to {MAX_LAYER_PASSES:,}, i.e. micro_batches <= "
             f"{MAX_LAYER_PASSES // (model.n_layers + 1)} for this model (fewer, larger micro-batches)")
+    check_adapter_targets(model, policy)

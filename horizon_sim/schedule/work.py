@@ -99,33 +99,60 @@ def block_gemms_saved_backward(m: ModelSpec, tokens: int, policy=None) -> list[G
 
 @lru_cache(maxsize=256)
 def adapted(m: ModelSpec, policy) -> tuple[block.Projection, ...]:
-    """The block's projections that get a LoRA adapter under `policy` (none without lora_rank):
-    its targets among the ones transformers builds as nn.Linear (or GPT-2's Conv1D), the
-    modules peft adapts. Routed experts' stacked weights are parameters of one module, and an
-    MoE router ('mlp.gate') is a TopKRouter module in transformers 5: neither gets one."""
+    """The block's projections that get a LoRA adapter under `policy` (none without lora_rank),
+    in the order its forward runs them: its Linear targets (modules transformers builds as
+    nn.Linear, or GPT-2's Conv1D: what peft's target_modules adapts; an MoE router ('mlp.gate')
+    is a TopKRouter module in transformers 5 and never gets one), and the routed-expert stacks
+    named as peft's target_parameters names them, an adapter per expert."""
     if policy is None or not policy.adapters:
         return ()
-    ps = [p for p in block.projections(m) if not p.experts and not (m.n_experts and p.module in block.ROUTERS)]
-    chosen = set(policy.adapter_modules(tuple(p.module for p in ps)))
+    ps = [p for p in block.projections(m) if not (m.n_experts and p.module in block.ROUTERS)]
+    chosen = set(policy.adapter_modules(tuple(p.module for p in ps if not p.experts),
+                                        tuple(p.module for p in ps if p.experts)))
     return tuple(p for p in ps if p.module in chosen)
 
 
+def target_name(p: block.Projection) -> str:
+    """How lora_targets (and peft) names an adapted projection: a Linear by its last name
+    ('q_proj'), an expert stack by its parameter path ('mlp.experts.down_proj')."""
+    return p.module if p.experts else p.module.rsplit(".", 1)[-1]
+
+
+def check_adapter_targets(model: ModelSpec, policy) -> None:
+    """HorizonError unless every lora_targets name is a projection of some block of `model`
+    (a model with dense blocks first has expert stacks in its MoE blocks only)."""
+    if policy is None or not policy.adapters:
+        return
+    ps = [p for s, _ in model.block_shapes for p in block.projections(s)
+          if not (s.n_experts and p.module in block.ROUTERS)]
+    policy.check_targets(tuple(p.module for p in ps if not p.experts),
+                         tuple(dict.fromkeys(p.module for p in ps if p.experts)))
+
+
 def adapter_params(m: ModelSpec, policy) -> int:
-    """A block's adapter parameters: A (r x in) and B (out x r) per adapted projection."""
-    return sum(policy.lora_rank * (p.in_features + p.out_features) for p in adapted(m, policy))
+    """A block's adapter parameters: A (r x in) and B (out x r) per adapted projection, per
+    expert of an adapted stack."""
+    return sum(policy.lora_rank * (p.in_features + p.out_features) * max(1, p.experts) for p in adapted(m, policy))
+
+
+def routed_per_token(m: ModelSpec, p: block.Projection) -> int:
+    """Rows a projection runs per token of the block: top-k for a routed-expert stack, else 1."""
+    return m.experts_per_token if p.experts else 1
 
 
 def adapter_gemms(m: ModelSpec, policy, tokens: int, backward: bool) -> list[Gemm]:
     """LoRA's GEMMs per adapted projection, in the adapters' dtype, h = x . A^T (T x r),
     y += s h . B^T. Forward: those two. Backward: dB = dY^T . h, dh = dY . B, dA = dh^T . x, and dh . A into the input's
-    gradient (the base's own dY . W is block_gemms_saved_backward's)."""
+    gradient (the base's own dY . W is block_gemms_saved_backward's). An expert stack's per
+    expert, over its routed rows (_rows)."""
     out = []
     for p in adapted(m, policy):
         i, o, r = p.in_features, p.out_features, policy.lora_rank
         f = ADAPTER_DTYPE
-        out += ([Gemm("tn", o, r, tokens, dtype=f), Gemm("nn", tokens, r, o, dtype=f), Gemm("tn", r, i, tokens, dtype=f),
-                 Gemm("nn", tokens, i, r, dtype=f)]
-                if backward else [Gemm("nt", tokens, r, i, dtype=f), Gemm("nt", tokens, o, r, dtype=f)])
+        for t, c in _rows(m, p, tokens):
+            out += ([Gemm("tn", o, r, t, c, f), Gemm("nn", t, r, o, c, f), Gemm("tn", r, i, t, c, f),
+                     Gemm("nn", t, i, r, c, f)]
+                    if backward else [Gemm("nt", t, r, i, c, f), Gemm("nt", t, o, r, c, f)])
     return out
 
 
@@ -133,25 +160,26 @@ ADAPTER_DTYPE, ADAPTER_BYTES = "fp32", 4
 """The adapters' dtype (fp32, as peft keeps them beside a bf16 base): their path runs in it."""
 
 
-def adapter_groups(m: ModelSpec, policy) -> list[tuple[int, int]]:
-    """(input width, adapted projections reading it) per input cast of the block's adapters:
-    consecutive adapted projections that read their half's normed input share one cast
-    (model/adapters.py keeps the latest: q, k and v one, gate and up one); an inner projection
-    (the attention's output, the MLP's activation) has its own, and breaks a run (Qwen2-MoE's
-    shared-expert gate, after the shared expert's down projection, casts the input again)."""
+def adapter_groups(m: ModelSpec, policy) -> list[tuple[int, int, int]]:
+    """(input width, adapted projections reading it, rows per token) per input cast of the
+    block's adapters: consecutive adapted projections that read their half's normed input share
+    one cast (model/adapters.py keeps the latest: q, k and v one, gate and up one); an inner
+    projection (the attention's output, the MLP's activation) has its own, and breaks a run
+    (Qwen2-MoE's shared-expert gate, after the shared expert's down projection, casts the input
+    again); an expert stack casts its own routed rows (top-k per token) and breaks a run too."""
     out: list[list] = []
     run = None
     for p in adapted(m, policy):
         half = "mlp" if p.module.startswith("mlp.") else "attention"
-        if p.inner:
-            out.append([p.in_features, 1])
+        if p.inner or p.experts:
+            out.append([p.in_features, 1, routed_per_token(m, p)])
             run = None
         elif run == half:
             out[-1][1] += 1
         else:
-            out.append([p.in_features, 1])
+            out.append([p.in_features, 1, 1])
             run = half
-    return [(i, k) for i, k in out]
+    return [(i, k, n) for i, k, n in out]
 
 
 def adapter_elementwise_bytes(m: ModelSpec, policy, tokens: int, a: int, backward: bool) -> int:
@@ -172,15 +200,15 @@ def adapter_elementwise_bytes(m: ModelSpec, policy, tokens: int, a: int, backwar
     cast = a != c
     total = 0
     for p in adapted(m, policy):
-        o = p.out_features
-        total += 2 * c * r + (2 * a + c) * o if not backward else 2 * c * r + ((a + c) * o if cast else 0)
+        o, n = p.out_features, routed_per_token(m, p)
+        total += n * (2 * c * r + (2 * a + c) * o if not backward else 2 * c * r + ((a + c) * o if cast else 0))
         if policy.lora_dropout:  # its mask made and drawn, scaled, applied; backward: applied to the gradient
             total += (9 if not backward else 3) * c * p.in_features
-    for i, k in adapter_groups(m, policy):
+    for i, k, n in adapter_groups(m, policy):
         if not backward:
-            total += (a + c) * i if cast else 0
+            total += n * (a + c) * i if cast else 0
         else:
-            total += ((k - 1) * 3 * c * i + (c + a) * i + 3 * a * i) if cast else k * 3 * a * i
+            total += n * (((k - 1) * 3 * c * i + (c + a) * i + 3 * a * i) if cast else k * 3 * a * i)
     return int(total * tokens)
 
 
@@ -221,17 +249,22 @@ def adapter_saved_bytes(m: ModelSpec, policy, tokens: int, a: int) -> int:
     themselves: a half's normed input once however many read it, and the output projection's
     input is the attention's output, which the attention's backward keeps already. With dropout,
     each adapter keeps its mask and its masked input instead (the cast is kept by neither).
-    Counted tensor by tensor (tests/test_lora_plan.py)."""
+    Counted tensor by tensor (tests/test_lora_plan.py); an expert stack's, per routed row, is
+    a count not checked against hooks (the MoE families' saved bytes are an estimate)."""
     if policy is None or not policy.adapters:
         return 0
-    c, ps = ADAPTER_BYTES, adapted(m, policy)
+    c, every = ADAPTER_BYTES, adapted(m, policy)
+    ps = [p for p in every if not p.experts]
+    # an expert stack's adapters keep each expert's routed rows (their cast, or in fp32 the
+    # gathered rows, which the frozen base's product does not keep) and rank-r products
+    inputs = sum(m.experts_per_token * (p.in_features + policy.lora_rank) for p in every if p.experts)
     if policy.lora_dropout:  # each adapter's mask (the product's gradient) and masked input (dA's), not the cast
-        inputs = 2 * sum(p.in_features for p in ps)
+        inputs += 2 * sum(p.in_features for p in ps)
     elif a != c:  # each cast
-        inputs = sum(i for i, _ in adapter_groups(m, policy))
+        inputs += sum(i for i, _, n in adapter_groups(m, policy) if n == 1)
     else:  # the tensors themselves: a half's normed input once, the MLP's inner inputs
         halves = {("mlp" if p.module.startswith("mlp.") else "attention"): p.in_features for p in ps if not p.inner}
-        inputs = sum(halves.values()) + sum(p.in_features for p in ps if p.inner and p.module.startswith("mlp."))
+        inputs += sum(halves.values()) + sum(p.in_features for p in ps if p.inner and p.module.startswith("mlp."))
     return int(tokens * c * (inputs + policy.lora_rank * len(ps)))
 
 

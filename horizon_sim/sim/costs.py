@@ -304,9 +304,11 @@ class CostModel:
                     attn = replace(attn, fwd_flops=0.0)
                 if bm.n_experts:
                     t["overhead"] += self._moe_overhead_s(op.kind, tokens, bm)
-                if p.adapters and not ref:  # each adapted projection's small kernels (calibrated; absent: 0)
+                if p.adapters and not ref:  # each adapter's small kernels (calibrated; absent: 0)
                     base = {OpKind.BACKWARD_SAVED: OpKind.BACKWARD}.get(op.kind, op.kind).value
-                    t["overhead"] += len(work.adapted(bm, p)) * self.overhead_us.get(f"{base}_adapter", 0.0) * 1e-6
+                    experts = min(bm.n_experts, tokens * bm.experts_per_token)  # an adapted stack's that run
+                    n = sum(experts if q.experts else 1 for q in work.adapted(bm, p))
+                    t["overhead"] += n * self.overhead_us.get(f"{base}_adapter", 0.0) * 1e-6
             if self.gemm:
                 t["gemm"] = self._gemm_s(gemms)
             else:  # each at its dtype's peak x efficiency

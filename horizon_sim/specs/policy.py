@@ -28,6 +28,10 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 LORA_ALL = "all-linear"
 """Policy.lora_targets's value for every projection of the blocks (peft's 'all-linear': the LM
 head, the embedding and the routed experts' stacked weights left out)."""
+EXPERT_TARGET = "experts."
+"""A lora_targets name holding this names a routed-expert stack by its parameter path
+('mlp.experts.gate_up_proj', or its tail 'experts.gate_up_proj'), as peft's target_parameters
+takes it: one adapter per expert (model/adapters.py)."""
 _LORA_ALPHA = 8.0  # Policy.lora_alpha's default (peft's)
 HOST_UPDATE_FIELDS = ("optimizer", "master_dtype", "split_master", "master_rounding", "states_dtype", "grad_dtype",
                       "working_copy", "disk_tier", "max_host_grads")
@@ -153,9 +157,11 @@ class Policy:
     backward computes input gradients, not the base's weight gradients. The master, moments,
     gradient-dtype and disk-tier fields do not apply."""
     lora_targets: str = LORA_ALL
-    """With lora_rank: the projections that get an adapter, by their module names as peft's
-    target_modules takes them (comma-separated, e.g. 'q_proj,v_proj'), or 'all-linear' (every
-    projection of the blocks)."""
+    """With lora_rank: the projections that get an adapter, comma-separated: Linear modules by
+    their names as peft's target_modules takes them ('q_proj,v_proj'), or 'all-linear' (every
+    Linear projection of the blocks); and routed-expert stacks by their parameter path as peft's
+    target_parameters takes it ('mlp.experts.gate_up_proj', 'experts.down_proj'): an adapter per
+    expert. 'all-linear' combines with expert stacks ('all-linear,experts.gate_up_proj')."""
     lora_alpha: float = _LORA_ALPHA
     """With lora_rank: the adapters' output is scaled by lora_alpha / lora_rank (peft's
     lora_alpha, and its default). The planner's figures do not depend on it."""
@@ -352,19 +358,34 @@ class Policy:
         """LoRA adapters on a frozen base (lora_rank > 0)."""
         return self.lora_rank > 0
 
-    def adapter_modules(self, modules: tuple[str, ...]) -> tuple[str, ...]:
-        """Which of a block's projection modules (transformers' paths, 'self_attn.q_proj') get an
-        adapter: all of them ('all-linear'), else those whose last name is a target. A target no
-        projection has is an error naming the ones there are."""
-        if self.lora_targets == LORA_ALL:
-            return modules
+    def target_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """lora_targets split: (Linear names, 'all-linear' among them; routed-expert stack paths)."""
         names = [n.strip() for n in self.lora_targets.split(",")]
+        return tuple(n for n in names if EXPERT_TARGET not in n), tuple(n for n in names if EXPERT_TARGET in n)
+
+    def adapter_modules(self, modules: tuple[str, ...], stacks: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """Which of a block's Linear projection modules (transformers' paths, 'self_attn.q_proj')
+        and routed-expert stacks ('mlp.experts.gate_up_proj') get an adapter: every Linear one
+        under 'all-linear', else those whose last name is a target; a stack whose path ends with
+        an expert target. Names are checked against the whole model (check_targets)."""
+        linear, experts = self.target_names()
+        chosen = modules if LORA_ALL in linear else tuple(m for m in modules if m.rsplit(".", 1)[-1] in linear)
+        return chosen + tuple(s for s in stacks if any(_path_ends(s, t) for t in experts))
+
+    def check_targets(self, modules: tuple[str, ...], stacks: tuple[str, ...]) -> None:
+        """HorizonError naming each lora_targets name that none of the model's Linear projection
+        `modules` nor routed-expert `stacks` (every block shape's) has, and what is allowed."""
+        linear, experts = self.target_names()
         last = {m.rsplit(".", 1)[-1] for m in modules}
-        unknown = [n for n in names if n not in last]
+        unknown = [n for n in linear if n != LORA_ALL and n not in last]
+        unknown += [n for n in experts if not any(_path_ends(s, n) for s in stacks)]
         if unknown:
+            allowed = sorted(last) + sorted(stacks) + [LORA_ALL]
             raise HorizonError(f"policy lora_targets names {', '.join(map(repr, unknown))}, which this model's blocks do "
-                               f"not have; allowed: {', '.join(sorted(last))} or {LORA_ALL}")
-        return tuple(m for m in modules if m.rsplit(".", 1)[-1] in names)
+                               f"not have; allowed: {', '.join(allowed)}")
+        if experts and self.lora_dropout:
+            raise HorizonError(f"policy lora_dropout={self.lora_dropout!r} with routed-expert targets "
+                               f"({', '.join(experts)}): peft's LoRA on expert stacks has no dropout; use 0")
 
     def _resolve_master(self) -> None:
         """The master's defaults made explicit (master_dtype, split_master: None -> values)."""
@@ -498,3 +519,8 @@ def exact_policy(**overrides) -> Policy:
                 states_dtype="fp32", working_copy=False)
     base.update(overrides)
     return Policy(**base)
+
+
+def _path_ends(path: str, tail: str) -> bool:
+    """`path` ('mlp.experts.down_proj') ends with `tail` at a name boundary ('experts.down_proj')."""
+    return path == tail or path.endswith("." + tail)
