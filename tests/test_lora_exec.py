@@ -310,32 +310,43 @@ def test_gpt_oss_adapts_what_peft_adapts(tmp_path):
 EXPERTS = "experts.gate_up_proj,mlp.experts.down_proj"
 
 
-@pytest.mark.parametrize("family,targets", [("mixtral", f"q_proj,{EXPERTS}"), ("gpt_oss", f"all-linear,{EXPERTS}"),
-                                            ("qwen3_moe", "experts.down_proj")])
-def test_routed_experts_adapt_as_peft_target_parameters(tmp_path, family, targets):
-    """Expert stacks named as peft's target_parameters: an adapter per expert, the same parameters
-    as peft's ParamWrapper (one (E r, in) A and (out, r E) B per stack, nested wrappers' names),
-    and the loss and every gradient equal to peft's, whose experts fold W_e + s B_e A_e into the
-    product; gpt-oss's stacks are stored (E, in, out)."""
+ONE_LAYER = "all-linear,1.mlp.experts.gate_up_proj,model.layers.1.mlp.experts.down_proj"
+
+
+@pytest.mark.parametrize("family,targets,per_layer", [
+    ("mixtral", f"q_proj,{EXPERTS}", [2, 2]), ("gpt_oss", f"all-linear,{EXPERTS}", [2, 2]),
+    ("qwen3_moe", "experts.down_proj", [1, 1]),
+    ("gpt_oss", ONE_LAYER, [0, 2]),                       # the gpt-oss recipes' layer-qualified names
+    ("mixtral", "0.mlp.experts.down_proj", [1, 0])])      # block 1 without an adapter of its own
+def test_routed_experts_adapt_as_peft_target_parameters(tmp_path, family, targets, per_layer):
+    """Expert stacks named as peft's target_parameters (with a layer index: that layer's alone):
+    an adapter per expert, the same parameters as peft's ParamWrapper (one (E r, in) A and
+    (out, r E) B per stack, nested wrappers' names), and the loss and every gradient equal to
+    peft's, whose experts fold W_e + s B_e A_e into the product; gpt-oss's stacks are stored
+    (E, in, out)."""
     tr, _, model = check_against_peft(tmp_path, family, targets)
-    stacks = [p for p in tr.adapters.modules_of[0] if p.experts]
-    assert len(stacks) == targets.count("experts.")
+    stacks = {u: [p for p in tr.adapters.modules_of[u] if p.experts] for u in tr.adapters.blocks}
+    assert [len(stacks[u]) for u in tr.adapters.blocks] == per_layer
     E, r = tr.model.n_experts, tr.adapters.rank
-    assert all(tr.adapters.weights(0)[p.module][0].shape == (E, r, p.in_features) for p in stacks)
+    assert all(tr.adapters.weights(u)[p.module][0].shape == (E, r, p.in_features) for u in stacks for p in stacks[u])
 
 
-def test_routed_expert_adapters_save_and_load_as_pefts(tmp_path):
-    """gpt-oss with adapters on both expert stacks: after a step, --save-hf's adapter/ loads in
-    peft on the base (its config naming the stacks as target_parameters) with the trainer's
-    logits, the merged folder loads in transformers with them too, and --init-adapter reads the
-    folder back to the same adapters."""
+@pytest.mark.parametrize("targets,params", [
+    (f"q_proj,{EXPERTS}", ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]),
+    ("q_proj,1.mlp.experts.gate_up_proj,layers.1.mlp.experts.down_proj",
+     ["1.mlp.experts.down_proj", "1.mlp.experts.gate_up_proj"])])
+def test_routed_expert_adapters_save_and_load_as_pefts(tmp_path, targets, params):
+    """gpt-oss with adapters on both expert stacks (of every layer, or of layer 1): after a step,
+    --save-hf's adapter/ loads in peft on the base (its config naming the stacks as
+    target_parameters) with the trainer's logits, the merged folder loads in transformers with
+    them too, and --init-adapter reads the folder back to the same adapters."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from horizon_exec.checkpoints.hf_checkpoint import save_hf
     from horizon_exec.checkpoints.peft_adapter import load_adapter
     from horizon_sim.safe_read import read_json
-    tr, _ = _trainer(tmp_path, "gpt_oss", f"q_proj,{EXPERTS}")
+    tr, _ = _trainer(tmp_path, "gpt_oss", targets)
     tokens = _tokens()
     with tr:
         tr.step(tokens)
@@ -347,8 +358,7 @@ def test_routed_expert_adapters_save_and_load_as_pefts(tmp_path):
         after = _peft_named(tr, tr.adapters.weights)
     assert all(torch.equal(before[k], after[k]) for k in before)
     cfg = read_json(tmp_path / "out" / "adapter" / "adapter_config.json")
-    assert cfg["target_modules"] == ["q_proj"] and cfg["target_parameters"] == ["mlp.experts.down_proj",
-                                                                                "mlp.experts.gate_up_proj"]
+    assert cfg["target_modules"] == ["q_proj"] and cfg["target_parameters"] == params
     assert cfg["fan_in_fan_out"] is False  # (peft refuses it on expert stacks; gpt-oss's are (E, in, out))
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32, experts_implementation="eager")
     peft_model = PeftModel.from_pretrained(base, tmp_path / "out" / "adapter").eval()
@@ -359,11 +369,15 @@ def test_routed_expert_adapters_save_and_load_as_pefts(tmp_path):
         assert rel_err(merged(input_ids=tokens).logits, want) <= 1e-5
 
 
-def test_deepseek_expert_adapters_are_the_merged_models_gradients(tmp_path):
-    """DeepSeek-V3's routed experts adapted (its dense first block has none, its MoE block both
-    stacks), beside MLA's projections: the merged model's gradients."""
-    tr, ref = _trainer(tmp_path, "deepseek_v3", f"q_a_proj,{EXPERTS}")
-    assert [len(tr.adapters.modules_of[u]) for u in tr.adapters.blocks] == [1, 3]
+@pytest.mark.parametrize("targets,per_layer,policy", [(f"q_a_proj,{EXPERTS}", [1, 3], {}),
+                                                      ("experts.down_proj", [0, 1], {}),
+                                                      ("experts.down_proj", [0, 1], dict(keep_last=-1))])
+def test_deepseek_expert_adapters_are_the_merged_models_gradients(tmp_path, targets, per_layer, policy):
+    """DeepSeek-V3's routed experts adapted (its dense first block has none, its MoE block the
+    stacks named), beside MLA's projections or alone (block 0 then has nothing to compute in its
+    backward), recomputed or kept: the merged model's gradients."""
+    tr, ref = _trainer(tmp_path, "deepseek_v3", targets, **policy)
+    assert [len(tr.adapters.modules_of[u]) for u in tr.adapters.blocks] == per_layer
     check_merged_gradients(tr, ref)
 
 

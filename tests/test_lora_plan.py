@@ -70,11 +70,16 @@ def test_the_adapter_count_is_pefts(targets, names):
         assert want == 41_943_040
 
 
-def test_the_expert_adapter_count_is_pefts():
-    """gpt-oss-120b at rank 16 with peft's all-linear and both expert stacks as target_parameters
-    (an adapter per expert, E r (in + out) a stack): the planner's count equals peft's on
-    transformers' meta-device model, and the plan prices each stack's adapters per expert, over
-    its routed rows."""
+COOKBOOK = [f"{u}.mlp.experts.{n}" for u in (7, 15, 23) for n in ("gate_up_proj", "down_proj")]
+"""The expert stacks gpt-oss fine-tuning recipes adapt (peft target_parameters of three layers)."""
+
+
+@pytest.mark.parametrize("stacks", [COOKBOOK, ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]])
+def test_the_expert_adapter_count_is_pefts(stacks):
+    """gpt-oss-120b at rank 16 with peft's all-linear and expert stacks as target_parameters
+    (an adapter per expert, E r (in + out) a stack; of three layers, or of every one): the
+    planner's count equals peft's on transformers' meta-device model, and the plan prices each
+    stack's adapters per expert, over its routed rows, in the layers that have them."""
     from accelerate import init_empty_weights
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -84,18 +89,23 @@ def test_the_expert_adapter_count_is_pefts():
     d = to_hf_config_dict(m)
     with init_empty_weights():
         ref = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d))
-    stacks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
     peft_model = get_peft_model(ref, LoraConfig(r=16, target_modules="all-linear", target_parameters=stacks))
     want = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-    p = Policy(lora_rank=16, lora_targets="all-linear,experts.gate_up_proj,experts.down_proj", optimizer="after")
-    assert work.adapter_params(m, p) * m.n_layers == want
+    p = Policy(lora_rank=16, lora_targets=",".join(["all-linear", *stacks]), optimizer="after")
+    per = [work.layer_policy(m, p, u) for u in range(m.n_layers)]
+    assert sum(work.adapter_params(m, q) for q in per) == want
     tokens, k, E = 4096, m.experts_per_token, m.n_experts
     plain = replace(p, lora_targets="all-linear")
-    extra = work.gemm_flops(work.adapter_gemms(m, p, tokens, False)) - \
-        work.gemm_flops(work.adapter_gemms(m, plain, tokens, False))
-    assert extra == pytest.approx(2 * tokens * k * 16 * ((m.hidden + 2 * m.expert_ffn_hidden) + (m.expert_ffn_hidden + m.hidden)))
+    flops = lambda q: work.gemm_flops(work.adapter_gemms(m, q, tokens, False))  # noqa: E731
     runs = lambda q: sum(g.count for g in work.adapter_gemms(m, q, tokens, False))  # noqa: E731
-    assert runs(p) - runs(plain) == 2 * 2 * E  # two GEMMs per expert of each stack, over its own rows
+    layers = [u for u in range(m.n_layers) if per[u] != per[0] or len(stacks) == 2]  # those whose stacks adapt
+    assert len(layers) == (3 if len(stacks) == 6 else m.n_layers)
+    for u in range(m.n_layers):
+        extra = flops(per[u]) - flops(plain)
+        on = u in layers
+        assert extra == pytest.approx(on * 2 * tokens * k * 16 * ((m.hidden + 2 * m.expert_ffn_hidden) +
+                                                                  (m.expert_ffn_hidden + m.hidden)))
+        assert runs(per[u]) - runs(plain) == on * 2 * 2 * E  # two GEMMs per expert of each stack, over its own rows
 
 
 def test_the_backward_of_a_frozen_base_skips_its_weight_gradients():
@@ -237,6 +247,8 @@ def _horizon(*args):
     (["--lora-rank", "4", "--lora-alpha", "0"], "lora_alpha=0.0 must be a positive number"),
     (["--lora-rank", "4", "--nodes", "2"], "planned on one node for now"),
     (["--lora-rank", "4", "--lora-targets", "experts.down_proj"], "'experts.down_proj', which this model's blocks do not"),
+    (["--lora-rank", "4", "--model", "gpt-oss-20b", "--lora-targets", "q_proj,24.mlp.experts.down_proj"],
+     "'24.mlp.experts.down_proj', which this model's blocks do not have"),
     (["--lora-rank", "4", "--compare", "zero3-offload"], "there is no peer step to compare with"),
 ])
 def test_bad_adapter_flags_are_one_line_errors(args, says):

@@ -10,6 +10,7 @@ import torch
 
 from horizon_exec.checkpoints.fileio import write_safetensors, write_text
 from horizon_sim.schedule import work
+from horizon_sim.specs import block
 from horizon_sim.specs.families import family
 
 ADAPTER_DIR = "adapter"
@@ -84,7 +85,7 @@ def merged_unit(trainer, u: int, sd) -> dict:
 def adapter_config(trainer, base_model: str | None) -> dict:
     """peft's LoraConfig for the run's adapters, as adapter_config.json holds it."""
     p, ad = trainer.policy, trainer.adapters
-    names, stacks = target_names(ad)
+    names, stacks = target_names(trainer)
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model, "r": p.lora_rank,
             "lora_alpha": p.lora_alpha, "lora_dropout": p.lora_dropout, "target_modules": names,
             "target_parameters": stacks or None, "bias": "none",
@@ -93,11 +94,23 @@ def adapter_config(trainer, base_model: str | None) -> dict:
             "layers_to_transform": None, "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {}}
 
 
-def target_names(ad) -> tuple[list[str], list[str]]:
-    """(target_modules, target_parameters) as peft's LoraConfig names the run's adapters: the
-    Linear modules' last names, the expert stacks' parameter paths; each sorted."""
-    return (sorted({work.target_name(q) for q in ad.modules if not q.experts}),
-            sorted({work.target_name(q) for q in ad.modules if q.experts}))
+def target_names(trainer) -> tuple[list[str], list[str]]:
+    """(target_modules, target_parameters) as peft's LoraConfig names the run's adapters, each
+    sorted: the Linear modules' last names; an expert stack adapted in every block that has it
+    by its parameter path, else each adapted layer's as '<layer>.<path>' (peft's way)."""
+    ad = trainer.adapters
+    stacks = set()
+    for module in {q.module for q in ad.modules if q.experts}:
+        have = [u for u in ad.blocks if module in {q.module for q in block.projections(trainer.model.block_spec(u))}]
+        adapted = [u for u in ad.blocks if module in {q.module for q in ad.modules_of[u]}]
+        stacks |= {module} if adapted == have else {f"{u}.{module}" for u in adapted}
+    return sorted({work.target_name(q) for q in ad.modules if not q.experts}), sorted(stacks)
+
+
+def adapted_stacks(model, policy) -> set[tuple[int, str]]:
+    """(layer, stack path) of every routed-expert stack `policy`'s targets adapt in `model`."""
+    return {(u, q.module) for u in range(model.n_layers)
+            for q in work.adapted(model.block_spec(u), work.layer_policy(model, policy, u)) if q.experts}
 
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "README.md")
@@ -143,6 +156,24 @@ def write_adapter(trainer, folder: Path, base_model: str | None = None) -> None:
     write_text(folder / "adapter_config.json", json.dumps(adapter_config(trainer, base_model), indent=2) + "\n")
 
 
+def _stacks_of(trainer, params, d) -> set[tuple[int, str]]:
+    """The (layer, stack) pairs an adapter folder's target_parameters adapt in the run's model,
+    as peft matches them; a name no block has is a one-line error."""
+    from dataclasses import replace
+
+    from horizon_sim.errors import HorizonError
+    if not isinstance(params, list) or not all(isinstance(n, str) and n.strip() for n in params):
+        raise HorizonError(f"--init-adapter {d}: its target_parameters is {params!r}; want a list of parameter paths")
+    if not params:
+        return set()
+    try:
+        pol = replace(trainer.policy, lora_targets=",".join(params), lora_dropout=0.0)
+        work.check_adapter_targets(trainer.model, pol)
+    except HorizonError as e:
+        raise HorizonError(f"--init-adapter {d}: its target_parameters: {e}") from None
+    return adapted_stacks(trainer.model, pol)
+
+
 def load_adapter(trainer, folder) -> None:
     """The run's adapters <- a peft LoRA adapter folder (adapter_config.json +
     adapter_model.safetensors, as write_adapter or peft's save_pretrained writes them); their
@@ -164,23 +195,22 @@ def load_adapter(trainer, folder) -> None:
     cfg = read_json(cfg_file)
     if not isinstance(cfg, dict):
         raise HorizonError(f"--init-adapter {d}: adapter_config.json is not a JSON object")
-    names, stacks = target_names(ad)
+    names, stacks = target_names(trainer)
     targets, params = (sorted(v) if isinstance(v, list) else v
                        for v in (cfg.get("target_modules"), cfg.get("target_parameters") or []))
-    for key, have, want, flag in (("peft_type", cfg.get("peft_type"), "LORA", None),
-                                  ("r", cfg.get("r"), p.lora_rank, "--lora-rank"),
-                                  ("lora_alpha", cfg.get("lora_alpha"), p.lora_alpha, "--lora-alpha"),
-                                  ("target_modules", targets, names, "--lora-targets"),
-                                  ("target_parameters", params, stacks, "--lora-targets"),
-                                  ("use_dora", bool(cfg.get("use_dora")), False, None),
-                                  ("use_rslora", bool(cfg.get("use_rslora")), False, None)):
+    both = ",".join(targets + params) if isinstance(targets, list) and isinstance(params, list) else ""
+    give_both = f"; give --lora-targets {both}" if both else ""  # (--lora-targets names both kinds)
+    for key, have, want, how in (
+            ("peft_type", cfg.get("peft_type"), "LORA", ""),
+            ("r", cfg.get("r"), p.lora_rank, f"; give --lora-rank {cfg.get('r')}"),
+            ("lora_alpha", cfg.get("lora_alpha"), p.lora_alpha, f"; give --lora-alpha {cfg.get('lora_alpha')}"),
+            ("target_modules", targets, names, give_both),
+            ("use_dora", bool(cfg.get("use_dora")), False, ""),
+            ("use_rslora", bool(cfg.get("use_rslora")), False, "")):
         if have != want:
-            if key.startswith("target_") and isinstance(targets, list) and isinstance(params, list):
-                have_all = targets + params  # --lora-targets names both kinds
-                how = f"; give {flag} {','.join(have_all)}" if have_all else ""
-            else:
-                how = f"; give {flag} {','.join(have) if isinstance(have, list) else have}" if flag and have else ""
-            raise HorizonError(f"--init-adapter {d}: its {key} is {have!r}, the run's {want!r}{how}")
+            raise HorizonError(f"--init-adapter {d}: its {key} is {have!r}, the run's {want!r}{how if have else ''}")
+    if _stacks_of(trainer, params, d) != adapted_stacks(trainer.model, p):  # the same stacks, however named
+        raise HorizonError(f"--init-adapter {d}: its target_parameters is {params!r}, the run's {stacks!r}{give_both}")
     want, shapes = {}, {}  # key -> (its module's pair, "A" | "B"); key -> peft's shape
     for u in ad.blocks:
         stems = peft_stems(trainer, u)

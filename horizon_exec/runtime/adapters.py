@@ -20,9 +20,9 @@ class DeviceAdapters:
     def __init__(self, model, policy, buffers):
         self.rank, self.scale = policy.lora_rank, policy.lora_scale
         self.blocks = range(model.n_layers)
-        self.modules_of = {u: work.adapted(model.block_spec(u), policy) for u in self.blocks}
+        self.modules_of = {u: work.adapted(model.block_spec(u), work.layer_policy(model, policy, u)) for u in self.blocks}
         """Block u's adapted projections (a model with dense blocks before its MoE ones adapts
-        each block's own: ModelSpec.block_spec)."""
+        each block's own: ModelSpec.block_spec; an expert target may name one layer)."""
         self.state = {u: buffers.find(Holds.ADAPTERS, unit=u) for u in self.blocks}
         self.grads = {u: buffers.find(Holds.ADAPTER_GRADS, unit=u) for u in self.blocks}
         device = self.state[0].device if model.n_layers else torch.device("cpu")

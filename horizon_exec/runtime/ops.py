@@ -503,6 +503,8 @@ class OpRunner:
         router = self.outputs.router
         stats = RouterStats() if router is not None else None
         sums = self.adapters.grad_pairs(op.unit)
+        if not sums and not want_dx:  # block 0 without adapters of its own (expert targets, dense block): no gradient
+            return
         with self._scope(op):
             with torch.enable_grad():
                 xg = x.detach().requires_grad_(want_dx)

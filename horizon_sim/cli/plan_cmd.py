@@ -221,9 +221,10 @@ def machine_from_args(a: argparse.Namespace):
 
 def _adapter_text(pol, model) -> str:
     """The policy's second line under adapters: what is trained, and where each part lives."""
-    from horizon_sim.schedule.work import adapter_params, adapted, target_name
-    n = sum(c * adapter_params(s, pol) for s, c in model.block_shapes)
-    names = ",".join(dict.fromkeys(target_name(p) for s, _ in model.block_shapes for p in adapted(s, pol)))
+    from horizon_sim.schedule.work import adapter_params, adapted, layer_policy, target_name
+    per = [(model.block_spec(u), layer_policy(model, pol, u)) for u in range(model.n_layers)]
+    n = sum(adapter_params(s, lp) for s, lp in per)
+    names = ",".join(dict.fromkeys(target_name(p) for s, lp in per for p in adapted(s, lp)))
     return (f"          compute {pol.compute_dtype}, LoRA rank {pol.lora_rank} on {names}: {n:,} adapter parameters "
             f"({n / model.total_params:.2%} of the model) with their AdamW state on the device "
             f"({fmt_bytes(16 * n)}), the base frozen on the host in {pol.base_form}"

@@ -104,9 +104,11 @@ class TrainStepBuilder(StepBuilder):
         mask_b = work.mask_bytes(mb, p.seq, p.doc_masks)
         specs = [model.block_spec(layer) for layer in range(L)]
         windows = [model.window(layer) for layer in range(L)]
-        kinds = sorted({(specs[i], masked[i], windows[i]) for i in range(L)}, key=lambda k: (k[1], k[2], k[0].n_experts))
+        pols = [work.layer_policy(model, p, layer) for layer in range(L)]  # (adapters on some layers' experts)
+        keys = [(specs[i], masked[i], windows[i], pols[i]) for i in range(L)]
+        kinds = sorted(set(keys), key=lambda k: (k[1], k[2], k[0].n_experts, k[3].lora_targets))
         per = {k: self._kind_work(*k, tok, a, mask_b) for k in kinds}
-        rows = [per[specs[i], masked[i], windows[i]] for i in range(L)]
+        rows = [per[k] for k in keys]
         for f in ("fwd_flops", "saved_bwd_flops", "bwd_flops", "fwd_hbm", "bwd_hbm", "fwd_ws", "bwd_ws", "saved_b",
                   "kept_fwd_ws", "saved_bwd_ws", "saved_bwd_hbm"):
             setattr(self, f, [r[f] for r in rows])
@@ -120,9 +122,10 @@ class TrainStepBuilder(StepBuilder):
         self.ref_fwd = ([r["base_fwd"] for r in rows], [r["ref_fwd_hbm"] for r in rows],
                         [r["ref_fwd_ws"] for r in rows])
 
-    def _kind_work(self, m, masked: bool, window: int, tok: int, a: int, mask_b: int) -> dict:
-        """One kind of block's work (m its block spec): what _work lists per layer."""
-        p, mb = self.policy, self.policy.micro_batch
+    def _kind_work(self, m, masked: bool, window: int, p, tok: int, a: int, mask_b: int) -> dict:
+        """One kind of block's work (m its block spec, p the policy as its layers see it): what
+        _work lists per layer."""
+        mb = p.micro_batch
         mk = mask_b * masked
         base_fwd = m.layer_fwd_flops(tok, p.seq, causal=not masked)
         # Adapters (a frozen base): the adapters' GEMMs in every block op; a backward computes the
@@ -153,14 +156,14 @@ class TrainStepBuilder(StepBuilder):
                  saved_bwd_hbm=kept_work.saved_backward_elementwise_bytes(m, tok, p.seq, a) + sc[True],
                  ref_fwd_hbm=fwd_hbm, ref_fwd_ws=ws[False])
         if p.adapters:
-            self._adapter_work(m, r, tok, a)
+            self._adapter_work(m, p, r, tok, a)
         return r
 
-    def _adapter_work(self, m, r: dict, tok: int, a: int) -> None:
+    @staticmethod
+    def _adapter_work(m, p, r: dict, tok: int, a: int) -> None:
         """A block kind's bytes and temporaries with adapters on a frozen base (r, in place): the
         adapters' own kernels added, the frozen base's weight-gradient kernels taken off
         (schedule/work.py)."""
-        p = self.policy
         lf = work.adapter_elementwise_bytes(m, p, tok, a, backward=False)
         lb = work.adapter_elementwise_bytes(m, p, tok, a, backward=True) - work.frozen_backward_bytes(m, tok, a)
         r["fwd_hbm"] += lf

@@ -236,8 +236,8 @@ class Declarations:
 
     def adapter_params(self, u: int) -> int:
         """Adapter parameters of unit u (blocks only: the embedding and the head are frozen)."""
-        from horizon_sim.schedule.work import adapter_params
-        return adapter_params(self.m.block_spec(u), self.p) if 0 <= u < self.head else 0
+        from horizon_sim.schedule.work import adapter_params, layer_policy
+        return adapter_params(self.m.block_spec(u), layer_policy(self.m, self.p, u)) if 0 <= u < self.head else 0
 
     def adapters_of(self, u: int) -> str:
         """A block's adapters and their AdamW moments (fp32), on the device for the whole run."""

@@ -120,13 +120,22 @@ def target_name(p: block.Projection) -> str:
 
 def check_adapter_targets(model: ModelSpec, policy) -> None:
     """HorizonError unless every lora_targets name is a projection of some block of `model`
-    (a model with dense blocks first has expert stacks in its MoE blocks only)."""
+    (a model with dense blocks first has expert stacks in its MoE blocks only; a name with a
+    layer index, of that layer)."""
     if policy is None or not policy.adapters:
         return
-    ps = [p for s, _ in model.block_shapes for p in block.projections(s)
-          if not (s.n_experts and p.module in block.ROUTERS)]
-    policy.check_targets(tuple(p.module for p in ps if not p.experts),
-                         tuple(dict.fromkeys(p.module for p in ps if p.experts)))
+    layers = []
+    for u in range(model.n_layers):
+        s = model.block_spec(u)
+        ps = [p for p in block.projections(s) if not (s.n_experts and p.module in block.ROUTERS)]
+        layers.append((tuple(p.module for p in ps if not p.experts), tuple(p.module for p in ps if p.experts)))
+    policy.check_targets(layers, family(model.family).layer_prefix)
+
+
+def layer_policy(model: ModelSpec, policy, layer: int):
+    """`policy` as block `layer` of `model` sees it (Policy.at_layer: an expert target naming
+    one layer applies there alone); every per-block adapter count asks through it."""
+    return policy.at_layer(layer, family(model.family).layer_prefix) if policy is not None else None
 
 
 def adapter_params(m: ModelSpec, policy) -> int:
@@ -290,8 +299,8 @@ def adapter_in_flight_bytes(m: ModelSpec, policy, tokens: int, with_input: bool)
     adapters' dtype, and with_input its input's cast (or input gradient) beside it, with dropout
     the mask and the masked input too."""
     k = 3 if policy.lora_dropout else 1  # with dropout: the cast, the mask and the masked input
-    return int(tokens * ADAPTER_BYTES * max((k * p.in_features if with_input else 0) + p.out_features
-                                            for p in adapted(m, policy)))
+    return int(tokens * ADAPTER_BYTES * max(((k * p.in_features if with_input else 0) + p.out_features
+                                             for p in adapted(m, policy)), default=0))
 
 
 def gemm_flops(gemms: list[Gemm]) -> float:

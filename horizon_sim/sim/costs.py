@@ -294,6 +294,7 @@ class CostModel:
                 saved = op.kind == OpKind.BACKWARD_SAVED  # the forward's kernels ran in FORWARD
                 ref = op.kind == OpKind.REF_FORWARD  # DPO's reference: the base without its adapters
                 bm = m.block_spec(op.unit)  # this block's shape (dense blocks before MoE ones differ)
+                p = work.layer_policy(m, p, op.unit)  # (adapters on some layers' experts only)
                 gemms = (work.block_gemms_saved_backward(bm, tokens, p) if saved
                          else work.block_gemms(bm, tokens, bwd, None if ref else p))
                 masked = work.masked_attention(m, op.unit, p.seq, p.doc_masks)

@@ -1,6 +1,7 @@
 """Policy: how a step is run: batch shape, checkpointing, buffering, precision, optimizer overlap."""
 import math
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass, asdict, replace
+from functools import lru_cache
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.from_dict import spec_from_dict
@@ -31,7 +32,8 @@ head, the embedding and the routed experts' stacked weights left out)."""
 EXPERT_TARGET = "experts."
 """A lora_targets name holding this names a routed-expert stack by its parameter path
 ('mlp.experts.gate_up_proj', or its tail 'experts.gate_up_proj'), as peft's target_parameters
-takes it: one adapter per expert (model/adapters.py)."""
+takes it: one adapter per expert (model/adapters.py). With a layer index before it
+('7.mlp.experts.gate_up_proj', the gpt-oss recipes' way), that layer's stack alone."""
 _LORA_ALPHA = 8.0  # Policy.lora_alpha's default (peft's)
 HOST_UPDATE_FIELDS = ("optimizer", "master_dtype", "split_master", "master_rounding", "states_dtype", "grad_dtype",
                       "working_copy", "disk_tier", "max_host_grads")
@@ -363,26 +365,45 @@ class Policy:
         names = [n.strip() for n in self.lora_targets.split(",")]
         return tuple(n for n in names if EXPERT_TARGET not in n), tuple(n for n in names if EXPERT_TARGET in n)
 
+    def at_layer(self, layer: int, prefix: str) -> "Policy":
+        """The policy as block `layer` sees it (its parameters named under `prefix`, e.g.
+        'model.layers.'): an expert target that names this layer ('7.mlp.experts.down_proj')
+        loses its layer; one naming another layer stays as it is and matches nothing here."""
+        return _at_layer(self, layer, prefix) if self.adapters and any(c.isdigit() for c in self.lora_targets) else self
+
     def adapter_modules(self, modules: tuple[str, ...], stacks: tuple[str, ...] = ()) -> tuple[str, ...]:
         """Which of a block's Linear projection modules (transformers' paths, 'self_attn.q_proj')
         and routed-expert stacks ('mlp.experts.gate_up_proj') get an adapter: every Linear one
         under 'all-linear', else those whose last name is a target; a stack whose path ends with
-        an expert target. Names are checked against the whole model (check_targets)."""
+        an expert target without a layer (at_layer resolves those with one). Names are checked
+        against the whole model (check_targets)."""
         linear, experts = self.target_names()
         chosen = modules if LORA_ALL in linear else tuple(m for m in modules if m.rsplit(".", 1)[-1] in linear)
-        return chosen + tuple(s for s in stacks if any(_path_ends(s, t) for t in experts))
+        own = [t for t in experts if not _has_layer(t)]
+        return chosen + tuple(s for s in stacks if any(_path_ends(s, t) for t in own))
 
-    def check_targets(self, modules: tuple[str, ...], stacks: tuple[str, ...]) -> None:
-        """HorizonError naming each lora_targets name that none of the model's Linear projection
-        `modules` nor routed-expert `stacks` (every block shape's) has, and what is allowed."""
+    def check_targets(self, layers: list[tuple[tuple[str, ...], tuple[str, ...]]], prefix: str) -> None:
+        """HorizonError naming each lora_targets name that no block of the model has (layers:
+        each block's (Linear projection modules, routed-expert stacks), its parameters named
+        under `prefix`), and what is allowed; and dropout with expert targets (peft has none)."""
         linear, experts = self.target_names()
-        last = {m.rsplit(".", 1)[-1] for m in modules}
+        last = {m.rsplit(".", 1)[-1] for modules, _ in layers for m in modules}
+        stacks = sorted({s for _, ss in layers for s in ss})
         unknown = [n for n in linear if n != LORA_ALL and n not in last]
-        unknown += [n for n in experts if not any(_path_ends(s, n) for s in stacks)]
+        for n in experts:
+            q = _layer_of(n, prefix)
+            if q is None:
+                hit = not _has_layer(n) and any(_path_ends(s, n) for s in stacks)
+            else:
+                hit = q[0] < len(layers) and q[1] in layers[q[0]][1]  # (peft: the path after the layer whole)
+            if not hit:
+                unknown.append(n)
         if unknown:
-            allowed = sorted(last) + sorted(stacks) + [LORA_ALL]
+            allowed = sorted(last) + stacks + [LORA_ALL]
             raise HorizonError(f"policy lora_targets names {', '.join(map(repr, unknown))}, which this model's blocks do "
-                               f"not have; allowed: {', '.join(allowed)}")
+                               f"not have; allowed: {', '.join(allowed)}" +
+                               (" (an expert stack in one layer: '<layer>.<path>', e.g. "
+                                f"'0.{stacks[0]}')" if stacks else ""))
         if experts and self.lora_dropout:
             raise HorizonError(f"policy lora_dropout={self.lora_dropout!r} with routed-expert targets "
                                f"({', '.join(experts)}): peft's LoRA on expert stacks has no dropout; use 0")
@@ -524,3 +545,30 @@ def exact_policy(**overrides) -> Policy:
 def _path_ends(path: str, tail: str) -> bool:
     """`path` ('mlp.experts.down_proj') ends with `tail` at a name boundary ('experts.down_proj')."""
     return path == tail or path.endswith("." + tail)
+
+
+def _has_layer(name: str) -> bool:
+    """A target name with a layer index among its parts ('7.mlp.experts.down_proj')."""
+    return any(part.isdigit() for part in name.split("."))
+
+
+def _layer_of(name: str, prefix: str) -> tuple[int, str] | None:
+    """(layer, the path after it) of an expert target naming one layer, as peft matches it: the
+    name ends the parameter's full path '<prefix><layer>.<path>' (so '7.mlp.experts.down_proj'
+    and 'model.layers.7.mlp.experts.down_proj' both name layer 7); None for a name without a
+    layer index or whose parts before it are not the tail of `prefix`."""
+    parts = name.split(".")
+    i = next((k for k, part in enumerate(parts) if part.isdigit()), None)
+    if i is None or i == len(parts) - 1:
+        return None
+    head, pre = parts[:i], [x for x in prefix.split(".") if x]
+    if head and pre[len(pre) - len(head):] != head:
+        return None
+    return int(parts[i]), ".".join(parts[i + 1:])
+
+
+@lru_cache(maxsize=4096)
+def _at_layer(policy: Policy, layer: int, prefix: str) -> Policy:
+    names = [n.strip() for n in policy.lora_targets.split(",")]
+    mine = [q[1] if (q := _layer_of(n, prefix)) is not None and q[0] == layer else n for n in names]
+    return policy if mine == names else replace(policy, lora_targets=",".join(mine))
