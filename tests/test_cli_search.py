@@ -60,10 +60,18 @@ def test_tune_text_and_json(capsys):
     assert d["best"]["tokens_per_s"] == pytest.approx(s.tokens_per_s)
 
 
-def test_tune_nothing_fits_is_a_horizon_error(capsys):
-    with pytest.raises(HorizonError, match="nothing in the search space fits"):
-        _run(tune_cmd, ["--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--ram", "32GiB", "--seq", "128",
-                        "--max-batch", "1", "--workers", "1", "--quiet"], capsys)
+@pytest.mark.parametrize("args,hint", [
+    (["--model", "llama-3.1-8b", "--ram", "32GiB"], "try --states-dtype bf16"),   # host RAM short
+    (["--model", "llama-3.1-70b", "--ram", "64GiB", "--lora-rank", "8"], "try more --ram (horizon min-ram), --base-quant"),
+    (["--model", "gpt-oss-120b", "--ram", "128GB", "--lora-rank", "8", "--base-quant", "nf4"],
+     "try a smaller --batch or --seq, or a GPU with more memory")])  # a bf16 layer slot is 6.5 GB
+def test_tune_nothing_fits_is_a_horizon_error_with_a_hint_that_applies(capsys, args, hint):
+    """The hint names what would free what is short: no host-update flag for a frozen base, and
+    the device's own fixes where the device is short."""
+    with pytest.raises(HorizonError, match="nothing in the search space fits") as e:
+        _run(tune_cmd, [*args, "--gpu", "rtx-4090", "--seq", "128", "--max-batch", "1", "--workers", "1", "--quiet"],
+             capsys)
+    assert hint in str(e.value)
 
 
 def test_min_ram_text_and_json(capsys):

@@ -215,3 +215,6 @@ def test_frontier_section_sets_each_machine_beside_the_peer(built):
     assert len(disk) == 1 and disk.disk_TiB.iloc[0] > 0
     assert (t.system == "ZeRO-3 offload").sum() == len(CFG.frontier_boxes) + 1
     assert t.tokens_per_s.gt(0).all()
+    lora = t[t.system.str.startswith("Horizon LoRA")]  # a frozen base: about 0.5-2 bytes a parameter of host RAM
+    assert len(lora) == len(CFG.frontier_lora_boxes) and (lora.host_TiB * 2**40 < 2.5 * 21e9).all()
+    assert lora["flags"].str.contains("--lora-targets all-linear,1.mlp.experts.gate_up_proj").all()

@@ -215,11 +215,16 @@ def run(a: argparse.Namespace) -> int:
     if best_row is None:
         closest = res.table.loc[res.table.shortfall.idxmin()]
         print(f"base policy: {base_txt}")
+        if "device" in closest.why_not:  # what frees device memory: a smaller step, or a bigger device
+            hint = "a smaller --batch or --seq, or a GPU with more memory"
+        elif getattr(a, "lora_rank", 0):  # (a frozen base has no host optimizer state to shrink)
+            hint = "more --ram (horizon min-ram), --base-quant nf4, or a smaller --seq"
+        else:
+            hint = "--states-dtype bf16, --grad-clip 0, more --ram (horizon min-ram) or a smaller --seq"
         raise HorizonError(
             f"nothing in the search space fits {hw.device.name} with {fmt_bytes(hw.host.ram_GiB * GiB)} RAM; "
             f"closest: batch {closest.batch}, K={closest.act_ckpt_every}, {closest.optimizer}, "
-            f"{closest.why_not}; try --states-dtype bf16, --grad-clip 0, more --ram (horizon min-ram) "
-            "or a smaller --seq")
+            f"{closest.why_not}; try {hint}")
     gain = f" ({best_row['tokens_per_s'] / b['tokens_per_s']:.2f}x)" if b["fits"] else ""
     print(f"base policy {base_txt}  ->  best {best_row['tokens_per_s']:,.0f} tokens/s{gain}, fits with "
           f"{fmt_bytes(hw.device_bytes_usable - best_row['device_peak_bytes'])} of device memory and "

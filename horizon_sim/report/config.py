@@ -109,6 +109,12 @@ class BuildConfig:
     frontier_nodes: tuple = ("deepseek-v3", "h200", "1.5TB", 8, (1, 2, 4, 8), ("16TB", "7"))
     """Section 13: the machines issue 41 names: (model, GPU, RAM) boxes; (model, GPU, RAM per node,
     GPUs per node, node counts, (NVMe size, GB/s) for the disk-tier row)."""
+    frontier_lora_policy: Policy = Policy(batch=16, seq=2048, lora_rank=16, optimizer="after", lora_targets=",".join(
+        ["all-linear"] + [f"{u}.mlp.experts.{n}" for u in (7, 15, 23) for n in ("gate_up_proj", "down_proj")]))
+    frontier_lora_boxes: tuple = (("gpt-oss-120b", "h100-sxm", "256GB", "none"), ("gpt-oss-120b", "h100-pcie", "128GB", "nf4"),
+                                  ("gpt-oss-120b", "rtx-4090", "128GB", "nf4"))
+    """Section 13's LoRA rows: gpt-oss-120b adapted as its fine-tuning recipes adapt it (rank 16 on
+    every Linear projection and the experts of layers 7, 15 and 23), on (model, GPU, RAM, base form)."""
 
 FULL = BuildConfig()
 QUICK = BuildConfig(
@@ -133,4 +139,7 @@ QUICK = BuildConfig(
     frontier_lean_policy=Policy(batch=2, seq=512, optimizer="backward", grad_clip=0.0, states_dtype="bf16"),
     frontier_boxes=(("gpt-oss-20b", "h100-pcie", "256GiB"),),
     frontier_nodes=("deepseek-v2-lite", "h100-pcie", "64GiB", 2, (1, 2), ("1TB", "7")),
+    frontier_lora_policy=Policy(batch=2, seq=512, lora_rank=8, optimizer="after",
+                                lora_targets="all-linear,1.mlp.experts.gate_up_proj,1.mlp.experts.down_proj"),
+    frontier_lora_boxes=(("gpt-oss-20b", "h100-pcie", "64GiB", "nf4"),),
 )

@@ -32,8 +32,9 @@ def _need_TiB(model, hw, pol) -> float:
         return float("nan")
 
 
-def _row(model, hw, pol, base, system: str, where: str) -> dict:
-    s = plan(model, hw, pol).summary
+def _row(model, hw, pol, base, system: str, where: str, result=None) -> dict:
+    """One row: `result` (the plan of model on hw under pol; planned here when not given)."""
+    s = (result or plan(model, hw, pol)).summary
     return {"model": model.name, "machine": where, "system": system, "flags": policy_flags(pol, base) or "(default)",
             "fits": s.fits, "tokens_per_s": s.tokens_per_s, "host_TiB": s.host_bytes / TiB, "limit": s.bottleneck,
             "ram_needed_TiB": _need_TiB(model, hw, pol), "disk_TiB": disk_lower_bound(model, pol) / TiB}
@@ -70,9 +71,23 @@ def _node_rows(name: str, gpu: str, ram: str, per_node: int, nodes: tuple, lean,
     return rows + [_peer_row(model, make_hardware(gpu, ram), base, f"{gpu} + {ram}")]
 
 
+def _lora_rows(boxes, pol, base) -> list[dict]:
+    """LoRA on a frozen base, one row per (model, GPU, RAM, base form); the flags against `base`."""
+    rows = []
+    for name, gpu, ram, quant in boxes:
+        lp = replace(pol, base_quant=quant)
+        model, hw = load_model(name), make_hardware(gpu, ram)
+        r = plan(model, hw, lp)
+        rows.append({**_row(model, hw, lp, base, f"Horizon LoRA ({quant if lp.quantized_base else lp.compute_dtype} base)", f"{gpu} + {ram}", r),
+                     "slot_GiB": r.schedule.meta.slot_bytes / 2**30})
+    return rows
+
+
 def build_frontier(cfg: BuildConfig, out: Out) -> Section:
     base, lean = cfg.frontier_policy, cfg.frontier_lean_policy
     rows = [r for name, gpu, ram in cfg.frontier_boxes for r in _box_rows(name, gpu, ram, base)]
+    lora = _lora_rows(cfg.frontier_lora_boxes, cfg.frontier_lora_policy, base)
+    rows += lora
     name, gpu, ram, per_node, nodes, disk = cfg.frontier_nodes
     rows += _node_rows(name, gpu, ram, per_node, nodes, lean, base, disk)
     pd.DataFrame(rows).to_csv(out.path("frontier.csv"), index=False, float_format="%.6g")
@@ -93,6 +108,11 @@ def build_frontier(cfg: BuildConfig, out: Out) -> Section:
             "for 671B parameters) beside its shard of the master and moments, which is why no number of 1.5 TB nodes "
             "holds it; \"RAM to buy\" is `horizon min-ram` per node. The disk-tier row keeps the moments and the "
             "master's low halves on one NVMe drive (its speed an estimate: one PCIe Gen4 drive). The ZeRO-3 offload "
-            "peer is modelled on one GPU, so its row is one GPU of the node.\n\n" + table
+            "peer is modelled on one GPU, so its row is one GPU of the node. The LoRA rows adapt gpt-oss-120b as its "
+            f"fine-tuning recipes do (`--lora-rank {cfg.frontier_lora_policy.lora_rank} --lora-targets "
+            f"{cfg.frontier_lora_policy.lora_targets}`: peft's all-linear and the routed experts of three layers, "
+            "docs/adapters.md), the base frozen on the host in bf16 (2 bytes a parameter) or nf4. Each block streams "
+            f"into a device slot in the compute dtype (nf4 dequantized there): {max(r['slot_GiB'] for r in lora):.2f} "
+            "GiB a slot here, two of them beside the step, which is what a card's memory must hold.\n\n" + table
             + "\n\nFile: [`frontier.csv`](frontier.csv).")
     return Section("The frontier open MoE models: gpt-oss-120b and DeepSeek-V3 (planned)", text, {"rows": rows})
