@@ -1,6 +1,7 @@
-"""Issue 42: LoRA with data parallel on one node (CPU backend, gloo): two ranks with half the
-global batch each train the adapters one rank trains with the whole batch. Each rank adds its
-adapters' gradient sums into the other's (ADAPTER_ALL_REDUCE) before the same update, so only
+"""Issue 42: LoRA with data parallel (CPU backend, gloo), on one node and over nodes: ranks with
+a share of the global batch each train the adapters one rank trains with the whole batch. Each
+rank adds its adapters' gradient sums into the others' (ADAPTER_ALL_REDUCE over the node's ranks,
+ADAPTER_NET_ALL_REDUCE over the nodes) before the same update, so only
 the order of the fp32 sums differs: adapters and moments within 1e-5 after 3 steps with
 clipping on, losses within 1e-6 relative (the dense test's tolerances, test_dist_exec.py)."""
 import json
@@ -26,11 +27,14 @@ def one_rank(micro: int, quant: str = "none", objective: str = "sft"):
         return torch.cat(dist_worker.adapters(tr)), losses
 
 
-@pytest.mark.parametrize("quant, objective", [("none", "sft"), ("nf4", "sft"), ("none", "dpo")])
-def test_two_ranks_train_the_adapters_one_rank_trains_with_the_whole_batch(tmp_path, quant, objective):
-    """(nf4: the node's one packed base, written by its leader, read by both ranks; dpo: each rank
-    its pairs, the loss the mean over every rank's.)"""
-    torchrun(tmp_path, "parity", 2, lora=4, lr=1e-2, quant=quant, objective=objective)
+@pytest.mark.parametrize("nproc, nnodes, quant, objective", [(2, 1, "none", "sft"), (2, 1, "nf4", "sft"),
+                                                             (2, 1, "none", "dpo"), (1, 2, "none", "sft"),
+                                                             (1, 2, "nf4", "dpo"), (2, 2, "none", "sft")])
+def test_two_ranks_train_the_adapters_one_rank_trains_with_the_whole_batch(tmp_path, nproc, nnodes, quant, objective):
+    """One node of two ranks, or two nodes of one (each node its own whole base; the sums added
+    up over the nodes by ADAPTER_NET_ALL_REDUCE). (nf4: the node's one packed base, written by
+    its leader, read by its ranks; dpo: each rank its pairs, the loss the mean over every rank's.)"""
+    torchrun(tmp_path, "parity", nproc, nnodes, lora=4, lr=1e-2, quant=quant, objective=objective)
     got = torch.load(tmp_path / "master.pt")
     losses = json.loads((tmp_path / "losses.json").read_text())
     whole, whole_losses = one_rank(1, quant, objective)

@@ -12,6 +12,10 @@ Schedule's order on every rank.
                       the sum; its squared norm is the chunk's
   NET_ALL_GATHER      net: every node's updated chunk of this local slice of the working copy
   UPDATE_BARRIER      net: every rank of the node has updated its chunk of the shared store
+  ADAPTER_ALL_REDUCE  fabric: the adapters' gradient sums over the node's devices
+  ADAPTER_NET_ALL_REDUCE
+                      net: those sums over the nodes (the ranks of this local rank), then
+                      the loss and aux shares over every rank
   NORM_ALL_REDUCE     net: the squared norms of every rank's share (GRAD_NORM left this rank's
                       sum of squares in the buffer) and the loss parts (and router aux
                       shares), summed: the global gradient norm and the step's loss (then
@@ -64,7 +68,8 @@ class Collectives:
         return {OpKind.REDUCE_SCATTER: self.reduce_scatter, OpKind.HOST_REDUCE: self.host_reduce,
                 OpKind.NET_REDUCE_SCATTER: self.net_reduce_scatter, OpKind.NET_ALL_GATHER: self.net_all_gather,
                 OpKind.UPDATE_BARRIER: self.update_barrier, OpKind.NORM_ALL_REDUCE: self.norm_all_reduce,
-                OpKind.ADAPTER_ALL_REDUCE: self.adapter_all_reduce}
+                OpKind.ADAPTER_ALL_REDUCE: self.adapter_all_reduce,
+                OpKind.ADAPTER_NET_ALL_REDUCE: self.adapter_net_all_reduce}
 
     def reduce_scatter(self, op):
         r, ctx = self.r, self.ctx
@@ -128,11 +133,25 @@ class Collectives:
 
     def adapter_all_reduce(self, op):
         """The adapters' gradient sums over the node's devices (every rank then updates the same
-        adapters alike), and the step's loss and aux shares over every rank."""
+        adapters alike); on one node, the step's loss and aux shares over every rank too."""
+        self._adapter_sums(op, "fabric", "the adapters' gradient all-reduce")
+        if self.ctx.layout.nodes == 1:
+            self._loss_all_reduce(op)
+
+    def adapter_net_all_reduce(self, op):
+        """The node's adapter gradient sums over the nodes (the ranks of this local rank: each
+        holds its node's sum after ADAPTER_ALL_REDUCE), then the loss and aux shares over every rank."""
+        self._adapter_sums(op, "cross", "the adapters' gradient all-reduce over the nodes")
+        self._loss_all_reduce(op)
+
+    def _adapter_sums(self, op, group: str, what: str) -> None:
         r, ctx = self.r, self.ctx
         for name in op.writes:
             g = r.buf.get(name)
-            _call(ctx, op, "the adapters' gradient all-reduce", lambda g=g: dist.all_reduce(g, group=ctx.groups["fabric"]))
+            _call(ctx, op, what, lambda g=g: dist.all_reduce(g, group=ctx.groups[group]))
+
+    def _loss_all_reduce(self, op) -> None:
+        r, ctx = self.r, self.ctx
         aux = r.outputs.aux()
         t = torch.tensor([r.outputs.loss(), aux or 0.0], dtype=torch.float64)
         _call(ctx, op, "the loss all-reduce", lambda: dist.all_reduce(t, group=ctx.groups["world_net"]))

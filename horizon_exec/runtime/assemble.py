@@ -142,7 +142,7 @@ def assemble(model: ModelSpec, policy: Policy, config: TrainerConfig, sched, dis
     units = tuple(sorted(b.unit for b in [*sched.of(Holds.BASE_WEIGHTS), *sched.of(Holds.QUANT_BASE)])) \
         if policy.adapters else tuple(b.unit for b in sched.of(Holds.MOMENTS))
     params = {}
-    if dist.layout.nodes == 1 and not viewless_master(policy):  # the whole master is in this store, as views
+    if master.node_whole and not viewless_master(policy):  # the whole master is in this store, as views
         for u in units:
             lay = host_layout(model, u)
             params.update(lay.views(store.of(master.holds, u)[:lay.numel]))

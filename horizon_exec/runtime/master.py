@@ -27,6 +27,9 @@ class Master:
         # a frozen base (adapters) is its own master: the weights in the compute dtype, read and
         # written as fp32 here (cast), never updated by a step
         self.holds = Holds.BASE_WEIGHTS if frozen else Holds.MASTER
+        # each node's store holds whole units: on one node, and a frozen base on any number (only
+        # a master that is updated is sharded over the nodes; each node streams its own base)
+        self.node_whole = dist.layout.nodes == 1 or frozen
         self.disk = disk  # the disk tier's file: the low halves are there under disk_tier='moments+low'
 
     def _halves(self, u: int):
@@ -61,13 +64,13 @@ class Master:
             return
         if not self.split:
             dst = self.store.of(self.holds, u)
-            if self.dist.layout.nodes == 1:
+            if self.node_whole:
                 dst[:n].copy_(whole)
             else:
                 self._keep_node_chunks(u, whole, dst)
             return
         hi, lo = self._halves(u)
-        if self.dist.layout.nodes == 1:  # the node's store is the whole unit
+        if self.node_whole:  # the node's store is the whole unit
             split_(whole, hi[:n], lo[:n])
             self._put_low(u, lo)
             return
@@ -101,7 +104,7 @@ class Master:
         if not self.split:
             return self.store.of(self.holds, u)
         hi, lo = self._halves(u)
-        if self.dist.layout.nodes == 1:  # the node holds the whole unit, in the order of the copy
+        if self.node_whole:  # the node holds the whole unit, in the order of the copy
             return join(hi, lo)
         out = torch.empty(lo.numel())
         for (a, e), (m0, m1) in self._node_chunks(u):
@@ -117,7 +120,7 @@ class Master:
             self.store.of(self.holds, u).copy_(t)
             return
         hi, lo = self._halves(u)
-        if self.dist.layout.nodes == 1:
+        if self.node_whole:
             split_(t, hi, lo)
             self._put_low(u, lo)
             return

@@ -30,7 +30,7 @@ class Weights:
         if self.dist.is_leader:
             for u in self.units:
                 lay = host_layout(self.model, u)
-                in_place = self.dist.layout.nodes == 1 and not self.viewless
+                in_place = self.master.node_whole and not self.viewless
                 whole = self.store.of(self.master.holds, u)[:lay.numel] if in_place else torch.empty(lay.numel)
                 for name, t in lay.views(whole).items():
                     if name.endswith("norm.weight"):
@@ -88,7 +88,7 @@ class Weights:
         thread (every rank calls it); for checks and exports of a several-node run."""
         lay = host_layout(self.model, u)
         d = self.dist
-        if d.layout.nodes == 1:
+        if self.master.node_whole:  # (no collective: every rank's node holds the unit whole)
             return self.master.local_whole(u, lay.numel)
         from horizon_exec.dist.collectives import all_gather_into
         part = self.runner.partition(u)
@@ -109,7 +109,7 @@ class Weights:
         """Master weights by transformers names: views into the host store (no lm_head.weight
         when tied). Copy them before stepping again if you keep them. Several nodes hold the
         master in shards: gather_master() per unit instead."""
-        if self.dist.layout.nodes > 1:
+        if not self.master.node_whole:
             raise HorizonError(f"the master is sharded over {self.dist.layout.nodes} nodes: no process holds it whole "
                                "(gather a unit with Trainer.gather_master)")
         if self.viewless:  # no fp32 tensor to view: joined (dequantized) copies, a unit at a time
@@ -126,7 +126,7 @@ class Weights:
         missing = [n for n in names if n not in sd]
         if missing:
             raise HorizonError(f"state dict lacks {len(missing)} parameter(s), e.g. {missing[0]!r}")
-        if self.dist.layout.nodes > 1:
+        if not self.master.node_whole:
             raise HorizonError(f"load_state_dict of a run sharded over {self.dist.layout.nodes} nodes is not supported")
         if self.dist.is_leader:  # the node's one copy
             for u in self.units:

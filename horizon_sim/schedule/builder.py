@@ -546,10 +546,13 @@ class TrainStepBuilder(StepBuilder):
         b, blocks = self.bufs, range(self.model.n_layers)
         state, grads = [b.adapters_of(u) for u in blocks], [b.adapter_grads(u) for u in blocks]
         n = sum(b.adapter_params(u) for u in blocks)
-        peers = self.layout.devices_per_node
+        peers, nodes = self.layout.devices_per_node, self.layout.nodes
         if peers > 1:  # every device's sums added up (a ring all-reduce: 2 (N - 1) / N of the bytes sent)
             self.emit(OpKind.ADAPTER_ALL_REDUCE, -1, reads=grads, writes=grads, peers=peers,
                       net_bytes=2 * 4 * n * (peers - 1) // peers)
+        if nodes > 1:  # then every node's sums, among the ranks of one local rank (a ring over the NICs)
+            self.emit(OpKind.ADAPTER_NET_ALL_REDUCE, -1, reads=grads, writes=grads, peers=nodes,
+                      net_bytes=2 * 4 * n * (nodes - 1) // nodes)
         self.emit(OpKind.ADAPTER_UPDATE, -1, reads=state + grads, writes=state + grads, params=n, hbm_bytes=36 * n)
 
     # ---- the step ------------------------------------------------------------------------------

@@ -40,10 +40,6 @@ class Declarations:
         self.adapters = policy.adapters
         if self.adapters:
             self.has_copy = True
-            if layout.nodes > 1:
-                raise HorizonError(f"adapters (lora_rank={policy.lora_rank}) are planned on one node for now, not "
-                                   f"{layout.nodes}: drop --nodes (train: --nnodes); several devices of one node "
-                                   "(--gpus, --nproc-per-node) work")
         # full fine-tuning's DPO keeps its reference model's weights on the host (adapters: the base is it)
         self.own_reference = policy.objective == "dpo" and not policy.adapters
         if self.own_reference and layout.nodes > 1:

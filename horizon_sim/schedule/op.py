@@ -70,8 +70,10 @@ class OpKind(str, Enum):
     # adapters on a frozen base (Policy.lora_rank)
     ADAPTER_UPDATE = "adapter_update"          # compute: the adapters' global gradient norm, clipping and
     #                                            AdamW, on the device, after the backward
-    ADAPTER_ALL_REDUCE = "adapter_all_reduce"  # fabric: the adapters' gradient sums (and the loss) summed
-    #                                            over the node's devices, before the update
+    ADAPTER_ALL_REDUCE = "adapter_all_reduce"  # fabric: the adapters' gradient sums (and, on one node, the
+    #                                            loss) summed over the node's devices, before the update
+    ADAPTER_NET_ALL_REDUCE = "adapter_net_all_reduce"  # net: those sums (and the loss) summed over the nodes,
+    #                                            among the ranks of one local rank, before the update
     # preference tuning (Policy.objective 'dpo'): the reference model's pass before the step's own
     REF_FORWARD = "ref_forward"                # compute: a block forward of the reference (the base without
     #                                            its adapters), no autograd
@@ -90,9 +92,10 @@ LANE_OF: dict[OpKind, Lane] = {
     OpKind.DISK_READ: Lane.DISK, OpKind.DISK_WRITE: Lane.DISK,
     OpKind.HOOKS: Lane.CPU, OpKind.HOST_PASS: Lane.CPU, OpKind.RELOAD_GRADS: Lane.H2D, OpKind.UPLOAD_PARAMS: Lane.H2D,
     OpKind.ADAPTER_UPDATE: Lane.COMPUTE, OpKind.ADAPTER_ALL_REDUCE: Lane.FABRIC, OpKind.REF_FORWARD: Lane.COMPUTE,
+    OpKind.ADAPTER_NET_ALL_REDUCE: Lane.NET,
 }
 COLLECTIVES = (OpKind.REDUCE_SCATTER, OpKind.NET_REDUCE_SCATTER, OpKind.NET_ALL_GATHER, OpKind.NORM_ALL_REDUCE,
-               OpKind.UPDATE_BARRIER, OpKind.ADAPTER_ALL_REDUCE)
+               OpKind.UPDATE_BARRIER, OpKind.ADAPTER_ALL_REDUCE, OpKind.ADAPTER_NET_ALL_REDUCE)
 """Ops whose work is net_bytes among `peers` ranks."""
 
 EMBED = -1  # `unit` of the embedding; blocks are 0..L-1 and the head is L.
@@ -291,7 +294,8 @@ class Op:
 
     @property
     def label(self) -> str:
-        if self.kind in (OpKind.GRAD_NORM, OpKind.NORM_ALL_REDUCE, OpKind.ADAPTER_UPDATE, OpKind.ADAPTER_ALL_REDUCE):
+        if self.kind in (OpKind.GRAD_NORM, OpKind.NORM_ALL_REDUCE, OpKind.ADAPTER_UPDATE, OpKind.ADAPTER_ALL_REDUCE,
+                         OpKind.ADAPTER_NET_ALL_REDUCE):
             return self.kind.value
         unit = {EMBED: "emb"}.get(self.unit, str(self.unit))
         mb = f".m{self.micro}" if self.micro else ""
