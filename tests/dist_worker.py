@@ -72,7 +72,7 @@ def policy(world: int, opt: str, micro_batches: int = 1, bf16: str = "", mb_orde
                       grad_clip=0.0 if opt == "backward" else 0.5, split_master=bf16 == "split", mb_order=mb_order)
     return Policy(batch=GLOBAL_BATCH // world, micro_batches=micro_batches, seq=16, compute_dtype="fp32",
                   grad_dtype="fp32", working_copy=False, optimizer=opt, grad_clip=0.0 if opt == "backward" else 0.5,
-                  mb_order=mb_order)
+                  mb_order=mb_order, objective=objective)
 
 
 def shared_mapping() -> dict:

@@ -58,12 +58,13 @@ def torchrun(out: Path, mode: str, nproc: int, nnodes: int = 1, **kw) -> None:
         assert p.returncode == 0, o[-3000:]
 
 
-def reference(opt: str, micro_batches: int, tied: bool, lr: float = 1e-3, moe: bool | str = False, results=None):
+def reference(opt: str, micro_batches: int, tied: bool, lr: float = 1e-3, moe: bool | str = False, results=None,
+              objective: str = "sft"):
     """One rank, the whole global batch (as micro_batches micro-batches), in this process
     (results: a list that receives the StepResults)."""
     from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, TrainerConfig
     from horizon_exec.runtime.trainer import Trainer
-    pol = dist_worker.policy(1, opt, micro_batches)
+    pol = dist_worker.policy(1, opt, micro_batches, objective=objective)
     cfg = TrainerConfig(optimizer=OptimizerConfig(lr=lr), admission=AdmissionConfig(enabled=False))
     results = [] if results is None else results
     with Trainer(dist_worker.spec(tied, moe), pol, cfg) as tr:
@@ -90,6 +91,18 @@ def test_ranks_train_what_one_rank_does_with_the_whole_batch(tmp_path, nproc, nn
     split, split_losses = reference(opt, ranks, tied, moe=model or False)
     assert (got - split).abs().max().item() <= 1e-6
     assert losses == pytest.approx(split_losses, rel=1e-6)
+
+
+@pytest.mark.parametrize("nproc,nnodes", [(1, 2)])  # (a pair a rank: the global batch is two pairs)
+def test_full_fine_tuning_dpo_over_nodes_trains_what_one_rank_does(tmp_path, nproc, nnodes):
+    """Full fine-tuning's DPO over nodes, whose masters are sharded: each node's reference copy is
+    the whole model as the run started (gathered from the shards), so the ranks train what one
+    rank trains with the whole batch of pairs."""
+    torchrun(tmp_path, "parity", nproc, nnodes, opt="after", objective="dpo")
+    got = torch.load(tmp_path / "master.pt")
+    whole, whole_losses = reference("after", 1, False, objective="dpo")
+    assert (got - whole).abs().max().item() <= 1e-5
+    assert json.loads((tmp_path / "losses.json").read_text()) == pytest.approx(whole_losses, rel=1e-6)
 
 
 def test_ranks_train_with_the_router_aux_loss_as_one_rank_with_their_micro_batches(tmp_path):

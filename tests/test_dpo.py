@@ -102,6 +102,20 @@ def test_the_reference_pass_runs_first_from_the_steps_own_input(order):
     assert all("ref_logps" in o.reads for o in heads)
 
 
+def test_full_fine_tuning_dpo_over_nodes_keeps_a_whole_reference_per_node():
+    """2 nodes: the master and moments are sharded over the nodes, the reference (the compute
+    dtype) is whole on each, as the working copy is; its reference pass loads from it."""
+    from horizon_sim.schedule.op import Layout
+    m = replace(tiny("llama"), n_layers=3)
+    p = Policy.from_choices(batch=2, seq=64, objective="dpo")
+    one, two = build_schedule(m, p), build_schedule(m, p, Layout(1, 2))
+    role = lambda s, r: sum(b.bytes for b in s.buffers.values() if b.role == r)  # noqa: E731
+    assert role(two, "reference") == role(two, "working_copy") == role(one, "reference") > 0
+    assert role(two, "master") < role(one, "master")
+    loads = [o for o in two.ops if o.kind == OpKind.LOAD_WEIGHTS and any(r.startswith("ref.") for r in o.reads)]
+    assert len(loads) == m.n_layers + 1  # every block's and the head's reference weights
+
+
 @pytest.mark.parametrize("other", [dict(keep_last=-1), dict(mb_order="layer"), dict(act_ckpt_every=2,
                                                                                   act_ckpt_on="device")])
 def test_the_step_options_give_the_same_dpo_gradients(tmp_path, other):

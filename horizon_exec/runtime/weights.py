@@ -50,11 +50,16 @@ class Weights:
         checkpoint's). Nothing to do otherwise."""
         if not self.store.has(Holds.REF_WEIGHTS, self.units[0]):
             return
-        if self.dist.is_leader:  # the node's one copy
-            for u in self.units:
-                ref = self.store.of(Holds.REF_WEIGHTS, u)
-                n = host_layout(self.model, u).numel
-                ref[:n].copy_(self.master.local_whole(u, n))  # (one node: the declarations refuse more)
+        for u in self.units:  # the node's one copy, whole (its leader writes it)
+            n = host_layout(self.model, u).numel
+            if not self.master.node_whole:  # several nodes shard the master: every rank takes part in its gather
+                whole = self.gather_master(u)
+            elif self.dist.is_leader:
+                whole = self.master.local_whole(u, n)
+            else:
+                continue
+            if self.dist.is_leader:
+                self.store.of(Holds.REF_WEIGHTS, u)[:n].copy_(whole)
         self.dist.barrier()
 
     def refresh_working_copy(self) -> None:

@@ -41,10 +41,8 @@ class Declarations:
         if self.adapters:
             self.has_copy = True
         # full fine-tuning's DPO keeps its reference model's weights on the host (adapters: the base is it)
+        # (several nodes: each holds the reference whole, as it holds the working copy)
         self.own_reference = policy.objective == "dpo" and not policy.adapters
-        if self.own_reference and layout.nodes > 1:
-            raise HorizonError(f"full fine-tuning's DPO is planned on one node for now, not {layout.nodes} (its "
-                               "reference copy is one node's): drop --nodes (train: --nnodes), or train adapters")
         self.on_disk = policy.disk_tier != "none"
         self.low_on_disk = policy.disk_tier == "moments+low"
         if self.on_disk and self.shared:
