@@ -60,13 +60,14 @@ def adapters(tr) -> list:
 
 
 def policy(world: int, opt: str, micro_batches: int = 1, bf16: str = "", mb_order: str = "micro",
-           lora: int = 0, quant: str = "none", objective: str = "sft") -> Policy:
+           lora: int = 0, quant: str = "none", objective: str = "sft", adapters_on: str = "device") -> Policy:
     """fp32 compute (parity); bf16 = 'copy' or 'split': bf16 compute with the working copy, the
     master whole or split; lora: adapters of that rank on the frozen base (fp32, clipping at 0.5)."""
     if lora:
         return Policy(batch=GLOBAL_BATCH // world, micro_batches=micro_batches, seq=16, compute_dtype="fp32",
                       grad_dtype="fp32", working_copy=False, optimizer="after", grad_clip=0.5, mb_order=mb_order,
-                      lora_rank=lora, lora_alpha=2.0 * lora, base_quant=quant, objective=objective)
+                      lora_rank=lora, lora_alpha=2.0 * lora, base_quant=quant, objective=objective,
+                      adapters_on=adapters_on)
     if bf16:
         return Policy(batch=GLOBAL_BATCH // world, micro_batches=micro_batches, seq=16, optimizer=opt,
                       grad_clip=0.0 if opt == "backward" else 0.5, split_master=bf16 == "split", mb_order=mb_order)
@@ -92,7 +93,8 @@ def main(out: Path, mode: str, kw: dict) -> None:
     ctx = from_env(timeout_s=float(kw.get("timeout", 60)))
     opt = kw.get("opt", "pipelined")
     pol = policy(ctx.world, opt, int(kw.get("micro", 1)), bf16=kw.get("bf16", ""), mb_order=kw.get("order", "micro"),
-                 lora=int(kw.get("lora", 0)), quant=kw.get("quant", "none"), objective=kw.get("objective", "sft"))
+                 lora=int(kw.get("lora", 0)), quant=kw.get("quant", "none"), objective=kw.get("objective", "sft"),
+                 adapters_on=kw.get("adapters_on", "device"))
     b = pol.batch
     cfg = TrainerConfig(optimizer=OptimizerConfig(lr=float(kw.get("lr", 1e-3))), admission=AdmissionConfig(enabled=False),
                         runtime=RuntimeConfig(timeout_s=float(kw.get("op_timeout", 60))))

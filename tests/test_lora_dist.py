@@ -41,3 +41,14 @@ def test_two_ranks_train_the_adapters_one_rank_trains_with_the_whole_batch(tmp_p
     assert got.shape == whole.shape and whole.abs().max() > 0
     assert (got - whole).abs().max().item() <= 1e-5
     assert losses == pytest.approx(whole_losses, rel=1e-6)
+
+
+@pytest.mark.parametrize("nproc, nnodes", [(2, 1), (1, 2)])
+def test_adapters_on_the_host_train_what_the_device_ones_do_over_ranks(tmp_path, nproc, nnodes):
+    """Adapters on the host (their sums over the ranks taken from host memory): the adapters one
+    rank trains on the device with the whole batch."""
+    torchrun(tmp_path, "parity", nproc, nnodes, lora=4, lr=1e-2, adapters_on="host")
+    got = torch.load(tmp_path / "master.pt")
+    whole, whole_losses = one_rank(1)
+    assert (got - whole).abs().max().item() <= 1e-5
+    assert json.loads((tmp_path / "losses.json").read_text()) == pytest.approx(whole_losses, rel=1e-6)

@@ -71,7 +71,7 @@ def _step_grads(tr, tokens, labels=None):
     grads = {}
 
     def snapshot(op):
-        if op.kind == OpKind.ADAPTER_UPDATE:
+        if op.kind in (OpKind.ADAPTER_UPDATE, OpKind.ADAPTER_HOST_UPDATE):
             grads.update({n: g.clone() for n, g in _peft_named(tr, tr.adapters.grad_pairs).items()})
 
     tr.engine.hook = snapshot
@@ -161,6 +161,27 @@ def test_the_step_options_give_the_same_adapter_gradients(tmp_path, policy, fami
         r2, g2 = _step_grads(other, tokens)
     assert r2.loss == pytest.approx(r1.loss, rel=1e-6)
     assert max(rel_err(g2[n], g) for n, g in g1.items()) <= 1e-5
+
+
+@pytest.mark.parametrize("family,targets,policy", [("llama", "all-linear", dict(batch=4, micro_batches=2)),
+                                                   ("mixtral", "q_proj,experts.down_proj", dict(keep_last=1)),
+                                                   ("llama", "q_proj,v_proj", dict(base_quant="nf4", mb_order="layer",
+                                                                                    batch=4, micro_batches=2))])
+def test_adapters_on_the_host_train_what_the_device_ones_do(tmp_path, family, targets, policy):
+    """adapters_on='host': each block's adapters cross with its weights, each backward's gradient
+    crosses back and is summed on the host, and the update runs there; on the CPU backend the
+    same kernels in the same order, so two steps give the device run's losses, gradients and
+    adapters and moments bit for bit."""
+    tokens = torch.cat([_tokens(), _tokens()]) if policy.get("batch") == 4 else _tokens()
+    on_device, _ = _trainer(tmp_path / "device", family, targets, **policy)
+    on_host, _ = _trainer(tmp_path / "host", family, targets, **policy, adapters_on="host")
+    assert all(on_host.buffers.declared[f"lora.{u}"].space.value == "host" for u in on_host.adapters.blocks)
+    with on_device, on_host:
+        for _ in range(2):
+            (r1, g1), (r2, g2) = _step_grads(on_device, tokens), _step_grads(on_host, tokens)
+            assert r2.loss == r1.loss and set(g1) == set(g2) and all(torch.equal(g2[n], g) for n, g in g1.items())
+        for u in on_device.adapters.blocks:
+            assert torch.equal(on_host.adapters.state[u], on_device.adapters.state[u])
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

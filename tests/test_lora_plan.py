@@ -131,6 +131,34 @@ def test_adapters_over_nodes_sum_their_gradients_over_the_nodes_and_keep_the_bas
     assert r.returncode == 0, r.stderr
 
 
+def test_adapters_on_the_host_leave_the_device_the_slots_and_cross_the_link():
+    """adapters_on='host': the device holds a slot's worth of adapters per weight slot (and one
+    backward's gradient) instead of every block's adapters, moments and sums (16 bytes an adapter
+    parameter), which the host holds instead; each load carries its block's adapters (4 bytes an
+    adapter parameter) and each backward's gradient comes back; the update runs on the host.
+    The search chooses it where the device cannot hold them (70B, rank 128, an RTX 4090)."""
+    m = model_preset("llama-3.1-70b")
+    hw = make_hardware("rtx-4090", "192GB")
+    dev = Policy.from_choices(batch=4, seq=2048, lora_rank=128)
+    host = replace(dev, adapters_on="host")
+    sd, sh = build_schedule(m, dev), build_schedule(m, host)
+    n = sum(work.adapter_params(m.block_spec(u), dev) for u in range(m.n_layers))
+    on = lambda s, space: sum(b.bytes for b in s.buffers.values() if b.role == "adapters" and b.space.value == space)  # noqa: E731
+    assert on(sd, "device") == 16 * n and on(sd, "host") == 0
+    assert on(sh, "host") == 16 * n and on(sh, "device") == 2 * host.slots * 4 * (n // m.n_layers)
+    link = lambda s, k: sum(o.link_bytes for o in s.ops if o.kind == k)  # noqa: E731
+    loads = sum(1 for o in sh.ops if o.kind == OpKind.LOAD_WEIGHTS and o.unit < m.n_layers)
+    assert link(sh, OpKind.LOAD_WEIGHTS) - link(sd, OpKind.LOAD_WEIGHTS) == loads * 4 * (n // m.n_layers)
+    assert link(sh, OpKind.OFFLOAD_ADAPTER_GRADS) == 4 * n  # one micro-batch: each block's gradient once
+    assert [o.kind for o in sh.ops][-1] == OpKind.ADAPTER_HOST_UPDATE
+    rd, rh = simulate(sd, hw).summary, simulate(sh, hw).summary
+    assert not rd.fits and rh.fits and rh.device_peak_bytes < rd.device_peak_bytes - 12 * n
+    r = _horizon("tune", "--model", "llama-3.1-70b", "--gpu", "rtx-4090", "--ram", "192GB", "--lora-rank", "128",
+                 "--batch", "4", "--seq", "2048", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert "--adapters-on host" in next(line for line in r.stdout.splitlines() if line.startswith("train it:"))
+
+
 def test_the_backward_of_a_frozen_base_skips_its_weight_gradients():
     """The adapters' backward: the base's input gradients only (its weight-gradient GEMMs are not
     run) plus the adapters'; the step is faster than full fine-tuning where compute limits it."""

@@ -26,14 +26,16 @@ def _state(tr):
             | {n: t.clone() for n, t in tr.store.t.items() if n.startswith(("base.", "qbase."))})
 
 
-@pytest.mark.parametrize("micro, quant, dropout, objective", [(1, "none", 0.0, "sft"), (2, "none", 0.1, "sft"),
-                                                               (1, "nf4", 0.0, "sft"), (1, "none", 0.0, "dpo")])
-def test_a_lora_run_resumes_bit_for_bit(tmp_path, micro, quant, dropout, objective):
+@pytest.mark.parametrize("micro, quant, dropout, objective, place", [
+    (1, "none", 0.0, "sft", "device"), (2, "none", 0.1, "sft", "device"), (1, "nf4", 0.0, "sft", "device"),
+    (1, "none", 0.0, "dpo", "device"), (2, "none", 0.0, "sft", "host")])
+def test_a_lora_run_resumes_bit_for_bit(tmp_path, micro, quant, dropout, objective, place):
     """(nf4: the quantized base's packed bytes are what the checkpoint holds, never re-quantized;
-    dropout: the resumed steps draw the masks the uninterrupted run drew; dpo: its rows as pairs.)"""
+    dropout: the resumed steps draw the masks the uninterrupted run drew; dpo: its rows as pairs;
+    host: the adapters and their state in host RAM.)"""
     ds = load_dataset(None, ByteTokenizer(), seq=32, eval_fraction=0.01)
     pol = Policy(batch=2, seq=32, micro_batches=micro, lora_rank=4, lora_alpha=16.0, optimizer="after", grad_clip=1.0,
-                 base_quant=quant, lora_dropout=dropout, objective=objective)
+                 base_quant=quant, lora_dropout=dropout, objective=objective, adapters_on=place)
     tr_u, straight = _loop(ds, pol)
     with tr_u:
         base0 = {n: t.clone() for n, t in tr_u.store.t.items() if n.startswith(("base.", "qbase."))}

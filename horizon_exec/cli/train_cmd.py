@@ -496,7 +496,9 @@ def _run_loop(cfg: "RunConfig", tr, loop, inputs: _Inputs, plan_line: str = "") 
         print(f"adapters: LoRA rank {policy.lora_rank}, alpha {policy.lora_alpha:g}"
               + (f", dropout {policy.lora_dropout:g}" if policy.lora_dropout else "") + " on "
               f"{', '.join(sorted({work.target_name(p) for p in tr.adapters.modules}))}: {n:,} parameters, "
-              f"fp32 with their AdamW moments on the device, updated after the backward; the base frozen in "
+              + ("fp32 with their AdamW moments on the device, updated after the backward" if policy.adapters_on == "device"
+                 else "fp32 with their AdamW moments in host RAM (each block's cross with its weights), updated on the "
+                      "host after the backward") + "; the base frozen in "
               f"{policy.base_form} on the host" + (f"; {policy.objective_text}" if policy.objective_text else ""))
     else:
         master = "split fp32 master (bf16 copy + low half)" if policy.split_master else f"{policy.master_dtype} master"

@@ -148,7 +148,9 @@ class Collectives:
         r, ctx = self.r, self.ctx
         for name in op.writes:
             g = r.buf.get(name)
-            _call(ctx, op, what, lambda g=g: dist.all_reduce(g, group=ctx.groups[group]))
+            # sums kept on the host (Policy.adapters_on): the fabric lane's gloo group (NCCL takes device tensors)
+            grp = ctx.groups["fabric_host" if group == "fabric" and not g.is_cuda else group]
+            _call(ctx, op, what, lambda g=g, grp=grp: dist.all_reduce(g, group=grp))
 
     def _loss_all_reduce(self, op) -> None:
         r, ctx = self.r, self.ctx

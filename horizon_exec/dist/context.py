@@ -9,6 +9,7 @@ them: a process group runs its collectives in the order they are issued, every r
 lane's ops in the Schedule's order, so the order matches across ranks whatever the timing
 between lanes. Groups per use:
   fabric     the node's ranks, the fabric lane's device reduce-scatter (NCCL on CUDA, else gloo)
+  fabric_host  the node's ranks, the fabric lane's sums of host tensors (adapters on the host) (gloo)
   host       the node's ranks, the CPU lane's reduce of host-accumulated gradients (gloo)
   node_net   the node's ranks, the net lane's update barrier (gloo)
   cross      the ranks with this local rank on every node, the net lane's reduce-scatter and
@@ -158,7 +159,7 @@ def from_env(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistC
     for j in range(m):
         ranks = list(range(j * n, (j + 1) * n))
         made = {k: dist.new_group(ranks, timeout=t, backend=b)
-                for k, b in (("fabric", device_backend), ("host", "gloo"), ("node_net", "gloo"))}
+                for k, b in (("fabric", device_backend), ("fabric_host", "gloo"), ("host", "gloo"), ("node_net", "gloo"))}
         if j == node:
             groups.update(made)
     for i in range(n):

@@ -1,12 +1,15 @@
-"""A run's LoRA adapters on its device (Policy.lora_rank): the Schedule's per-block ADAPTERS
-buffer (3, n) fp32 holds the adapters (each adapted projection's A (r, in) then B (out, r), in
-the block's projection order: schedule/work.py adapted) and AdamW's m and v; ADAPTER_GRADS (n,)
+"""A run's LoRA adapters (Policy.lora_rank), on its device or, with Policy.adapters_on 'host', in
+host RAM (each block's copied into its weight slot's adapter buffer as it loads: views()). The
+Schedule's per-block ADAPTERS buffer (3, n) fp32 holds the adapters (each adapted projection's
+A (r, in) then B (out, r), in the block's projection order: schedule/work.py adapted) and
+AdamW's m and v; ADAPTER_GRADS (n,)
 fp32 their gradient, summed over the step's micro-batches by the backward ops and zeroed by the
 update. Initialised as peft initialises them (A: kaiming-uniform with a = sqrt(5), i.e. uniform
 in +-1/sqrt(in); B: zero, so a fresh adapter changes nothing), from a seeded generator on the
-host, whatever the device. The update (ADAPTER_UPDATE) is the whole step's on the device: the
-global norm of every adapter gradient, clipping, then torch's fused AdamW with the trainer's
-hyperparameters, as torch.optim.AdamW(fused=True) updates the same tensors."""
+host, whatever the device. The update (ADAPTER_UPDATE; ADAPTER_HOST_UPDATE on the host's cores
+when they live there) is the whole step's: the global norm of every adapter gradient, clipping,
+then torch's fused AdamW with the trainer's hyperparameters, as torch.optim.AdamW(fused=True)
+updates the same tensors."""
 import math
 
 import torch
@@ -23,7 +26,8 @@ class DeviceAdapters:
         self.modules_of = {u: work.adapted(model.block_spec(u), work.layer_policy(model, policy, u)) for u in self.blocks}
         """Block u's adapted projections (a model with dense blocks before its MoE ones adapts
         each block's own: ModelSpec.block_spec; an expert target may name one layer)."""
-        self.state = {u: buffers.find(Holds.ADAPTERS, unit=u) for u in self.blocks}
+        # (3, n) however the buffer is held: the host store's are flat views
+        self.state = {u: (t := buffers.find(Holds.ADAPTERS, unit=u)).view(3, t.numel() // 3) for u in self.blocks}
         self.grads = {u: buffers.find(Holds.ADAPTER_GRADS, unit=u) for u in self.blocks}
         device = self.state[0].device if model.n_layers else torch.device("cpu")
         self.step = torch.zeros((), dtype=torch.float32, device=device)
@@ -53,6 +57,15 @@ class DeviceAdapters:
         if off != flat.numel():
             raise ValueError(f"adapters hold {flat.numel()} elements, the targets {off}")
         return out
+
+    def numel(self, u: int) -> int:
+        """Block u's adapter parameters (A and B of every adapted projection)."""
+        return self.grads[u].numel()
+
+    def views(self, flat, u: int) -> dict:
+        """Block u's {module: (A, B)} as views of a device buffer that holds them first (a slot's
+        adapter buffer when they live on the host: Policy.adapters_on)."""
+        return self.pairs(flat[:self.numel(u)], u)
 
     def weights(self, u: int) -> dict:
         """Block u's adapters, {module: (A, B)}."""

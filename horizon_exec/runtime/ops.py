@@ -17,7 +17,7 @@ HEAD and backward ops of each micro-batch share its RouterAux sums (model/router
 import contextlib
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -139,7 +139,8 @@ class OpRunner:
             OpKind.OFFLOAD_INPUT_GRAD: self.copy_d2h, OpKind.EMBED_BWD: self.embed_bwd,
             OpKind.GRAD_NORM: self.grad_norm, OpKind.OPTIMIZER: self.optimizer,
             OpKind.DISK_READ: self.disk_read, OpKind.DISK_WRITE: self.disk_write,
-            OpKind.ADAPTER_UPDATE: self.adapter_update,
+            OpKind.ADAPTER_UPDATE: self.adapter_update, OpKind.ADAPTER_HOST_UPDATE: self.adapter_update,
+            OpKind.OFFLOAD_ADAPTER_GRADS: self.offload_adapter_grads,
             OpKind.REF_FORWARD: self.forward,  # (it reads no adapters: the base alone)
         }
         if self.dist.world > 1:
@@ -240,9 +241,44 @@ class OpRunner:
         """The weights a block op computes with (the slot's views), carrying the block's adapters
         when the op reads them (model/adapters.py)."""
         w = self._weights(op)
-        if self.adapters is None or not self.buf.all(op.reads, Holds.ADAPTERS):
+        lora = self._adapters_of(op)
+        if lora is None:
             return w
-        return AdaptedWeights(w, self.adapters.weights(op.unit), self.adapters.scale, self._dropout(op))
+        return AdaptedWeights(w, lora, self.adapters.scale, self._dropout(op))
+
+    def _adapters_of(self, op: Op) -> dict | None:
+        """The adapters a block op computes with, {module: (A, B)}: the block's on the device, or
+        (adapters on the host) the copy its load put in the slot's adapter buffer; None when the
+        op reads none."""
+        if self.adapters is None:
+            return None
+        slot = self.buf.all(op.reads, Holds.ADAPTER_SLOT)
+        if slot:
+            return self.adapters.views(self.buf.get(slot[0]), op.unit)
+        return self.adapters.weights(op.unit) if self.buf.all(op.reads, Holds.ADAPTERS) else None
+
+    def _adapter_grad_sums(self, op: Op) -> dict:
+        """Where a block's backward adds its adapters' gradient, {module: (dA, dB)}: the block's
+        step sums on the device, or (adapters on the host) the slot's gradient buffer, zeroed
+        first (OFFLOAD_ADAPTER_GRADS adds it into the host sum)."""
+        gslot = self.buf.all(op.writes, Holds.ADAPTER_GRAD_SLOT)
+        if not gslot:
+            return self.adapters.grad_pairs(op.unit)
+        flat = self.buf.get(gslot[0])
+        flat[:self.adapters.numel(op.unit)].zero_()
+        return self.adapters.views(flat, op.unit)
+
+    def offload_adapter_grads(self, op):
+        """One backward's adapter gradient (the slot's device buffer) -> added into the block's
+        host sum, or copied there by the step's first (the op then does not read the sum)."""
+        g = self.buf.get(self.buf.one(op.reads, Holds.ADAPTER_GRAD_SLOT))
+        name = self.buf.one(op.writes, Holds.ADAPTER_GRADS)
+        host = self.buf.get(name)
+        n = host.numel()
+        if name in op.reads:
+            self.backend.d2h_add(host, g[:n])
+        else:
+            self.backend.d2h(host, g[:n])
 
     def _dropout(self, op: Op):
         """The adapters' dropout for a block op of a training step (None without it, in eval)."""
@@ -366,8 +402,14 @@ class OpRunner:
         """The slot[:n] <- concatenation of the op's sources (working copies or masters, cast
         to the compute dtype on the device); a quantized base's block: its bytes, then
         dequantized on the device into the slot (on this lane: a CUDA copy stream orders the
-        kernels after the bytes land)."""
+        kernels after the bytes land). Adapters on the host: the block's adapters (A and B, the
+        first row of its ADAPTERS) into the slot's adapter buffer too."""
         slot = self.buf.get(op.writes[0])
+        lora = self.buf.all(op.reads, Holds.ADAPTERS)
+        if lora:
+            a = self.adapters.state[op.unit][0]  # (the store holds it flat: the adapters' own (3, n) view)
+            self.backend.h2d(self.buf.get(self.buf.one(op.writes, Holds.ADAPTER_SLOT))[:a.numel()], a)
+            op = replace(op, reads=tuple(r for r in op.reads if r not in lora))  # the weights' sources
         if self.buf.declared[op.reads[0]].holds == Holds.QUANT_BASE:
             src = self.buf.get(op.reads[0])
             staged = self.backend.empty(src.shape, torch.uint8)
@@ -447,7 +489,7 @@ class OpRunner:
         slot = self.buf.find(Holds.WEIGHT_SLOT, layer=op.slot)
         w = self._weights(op)
         stats = self._router_stats(op)
-        lora = self.adapters.weights(op.unit) if self.adapters is not None else None
+        lora = self._adapters_of(op)
         with self._scope(op):
             graph = KeptGraph.record(self.block(op.unit), w, slot, x, self.attn.rows(self._rows(op.micro), op.unit), stats,
                                      lora=lora, lora_scale=self.adapters.scale if lora is not None else 1.0,
@@ -502,14 +544,14 @@ class OpRunner:
         w = self._weights(op)
         router = self.outputs.router
         stats = RouterStats() if router is not None else None
-        sums = self.adapters.grad_pairs(op.unit)
+        sums = self._adapter_grad_sums(op)
         if not sums and not want_dx:  # block 0 without adapters of its own (expert targets, dense block): no gradient
             return
         with self._scope(op):
             with torch.enable_grad():
                 xg = x.detach().requires_grad_(want_dx)
                 lora = {k: (a.detach().requires_grad_(), b.detach().requires_grad_())
-                        for k, (a, b) in self.adapters.weights(op.unit).items()}
+                        for k, (a, b) in self._adapters_of(op).items()}
                 wa = AdaptedWeights(w, lora, self.adapters.scale, self._dropout(op))
                 y = self.block(op.unit)(wa, xg, *self.attn.rows(self._rows(op.micro), op.unit), router=stats)
                 self._check_applied(op, wa)
@@ -535,7 +577,7 @@ class OpRunner:
             router = self.outputs.router
             with self._scope(op):
                 dx, grads = graph.backward(dy, slot, router.grad(op.micro) if router is not None else None)
-                for k, (ga, gb) in self.adapters.grad_pairs(op.unit).items():
+                for k, (ga, gb) in self._adapter_grad_sums(op).items():
                     ga.add_(grads[f"{k}.lora_A"])
                     gb.add_(grads[f"{k}.lora_B"])
                 del grads

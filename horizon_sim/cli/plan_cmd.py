@@ -226,8 +226,9 @@ def _adapter_text(pol, model) -> str:
     n = sum(adapter_params(s, lp) for s, lp in per)
     names = ",".join(dict.fromkeys(target_name(p) for s, lp in per for p in adapted(s, lp)))
     return (f"          compute {pol.compute_dtype}, LoRA rank {pol.lora_rank} on {names}: {n:,} adapter parameters "
-            f"({n / model.total_params:.2%} of the model) with their AdamW state on the device "
-            f"({fmt_bytes(16 * n)}), the base frozen on the host in {pol.base_form}"
+            f"({n / model.total_params:.2%} of the model) with their AdamW state "
+            + ("on the device" if pol.adapters_on == "device" else "in host RAM, each block's streamed with its weights")
+            + f" ({fmt_bytes(16 * n)}), the base frozen on the host in {pol.base_form}"
             + (f"\n          {pol.objective_text}" if pol.objective_text else ""))
 
 

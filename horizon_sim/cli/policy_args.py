@@ -3,7 +3,7 @@ import argparse
 
 from horizon_sim.errors import HorizonError
 from horizon_sim.specs.quant import QUANT_FORMATS
-from horizon_sim.specs.policy import (CKPT_PLACES, DPO_LOSSES, OBJECTIVES, DISK_TIERS, DTYPES, HOST_UPDATE_FIELDS, KEEP_ALL, LORA_ALL,
+from horizon_sim.specs.policy import (ADAPTER_PLACES, CKPT_PLACES, DPO_LOSSES, OBJECTIVES, DISK_TIERS, DTYPES, HOST_UPDATE_FIELDS, KEEP_ALL, LORA_ALL,
                                       LOSS_KERNELS, MASTER_CHOICES, MASTER_ROUNDINGS, MB_ORDERS, OPTIMIZER_MODES, Policy)
 
 _D = Policy()
@@ -153,6 +153,11 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
                         "4-bit NormalFloat with double quantization, about 0.52 bytes a parameter) or 'int8' (about "
                         "1 byte), dequantized on the device as each block loads; the embedding, head, norms and an "
                         "MoE router stay in the compute dtype (default none: the compute dtype)")
+    g.add_argument("--adapters-on", choices=ADAPTER_PLACES, default=defaults.adapters_on,
+                   help="with --lora-rank: where the adapters, their gradients and AdamW moments live (fp32, 16 bytes "
+                        "an adapter parameter): 'device' for the whole run; 'host': in host RAM, each block's crossing "
+                        "the link with its weights, their gradients summed and their update run on the host's cores, "
+                        "for adapters the device cannot hold (default device; the planner's search tries both)")
     g.add_argument("--doc-tokens", type=int, default=0, metavar="N",
                    help="with --doc-masks: mean document length, for model FLOPs and MFU (default: "
                         "--seq; horizon train measures it from the data)")
@@ -169,7 +174,8 @@ def policy_to_args(p: Policy) -> dict:
             "disk_tier": p.disk_tier, "doc_masks": p.doc_masks, "max_host_grads": p.max_host_grads,
             "doc_tokens": p.doc_tokens, "loss_chunk_tokens": p.loss_chunk_tokens, "loss_kernel": p.loss_kernel,
             "lora_rank": p.lora_rank, "lora_targets": p.lora_targets, "lora_alpha": p.lora_alpha,
-            "lora_dropout": p.lora_dropout, "base_quant": p.base_quant, "objective": p.objective,
+            "lora_dropout": p.lora_dropout, "base_quant": p.base_quant, "adapters_on": p.adapters_on,
+            "objective": p.objective,
             "dpo_beta": p.dpo_beta, "dpo_loss": p.dpo_loss, "dpo_label_smoothing": p.dpo_label_smoothing}
 
 
@@ -214,6 +220,7 @@ def policy_from_args(a: argparse.Namespace, hw=None) -> Policy:
                                lora_rank=getattr(a, "lora_rank", 0), lora_targets=getattr(a, "lora_targets", LORA_ALL),
                                lora_alpha=getattr(a, "lora_alpha", _D.lora_alpha),
                                lora_dropout=getattr(a, "lora_dropout", 0.0), base_quant=getattr(a, "base_quant", "none"),
+                               adapters_on=getattr(a, "adapters_on", "device"),
                                objective=getattr(a, "objective", "sft"), dpo_beta=getattr(a, "dpo_beta", _D.dpo_beta),
                                dpo_loss=getattr(a, "dpo_loss", _D.dpo_loss),
                                dpo_label_smoothing=getattr(a, "dpo_label_smoothing", _D.dpo_label_smoothing),

@@ -123,6 +123,10 @@ COLS = [("batch", "batch", str), ("micro", "micro_batches", lambda n: f"{n}x"), 
         ("host", "host_bytes", _gib), ("bottleneck", "bottleneck", str)]
 
 
+ADAPTERS_AFTER = COLS[7]  # the optimizer's column: the adapters' place follows it
+ADAPTERS_COL = ("adapters", "adapters_on", str)
+
+
 def configure(p: argparse.ArgumentParser) -> None:
     p.description = ("Search batch, micro-batches, checkpoint interval K, device slots, checkpoint "
                      "placement, optimizer overlap, the host working copy, the split master, the kept layers and the micro-batch "
@@ -230,14 +234,16 @@ def run(a: argparse.Namespace) -> int:
           f"{fmt_bytes(hw.device_bytes_usable - best_row['device_peak_bytes'])} of device memory and "
           f"{fmt_bytes(hw.host_bytes_usable - best_row['host_bytes'])} of host RAM to spare")
     print()
+    cols = COLS if not getattr(a, "lora_rank", 0) else COLS[:COLS.index(ADAPTERS_AFTER) + 1] + [ADAPTERS_COL] + \
+        COLS[COLS.index(ADAPTERS_AFTER) + 1:]  # (with adapters: where they live)
     print(f"top {len(top)} configurations that fit:")
-    print(format_table(top.to_dict("records"), COLS))
+    print(format_table(top.to_dict("records"), cols))
     if fixed_batch is None and res.best.batch >= a.max_batch:
         print(f"(the best uses --max-batch {a.max_batch} sequences per step; a larger cap would be faster still)")
     print()
     print("Pareto front, tokens/s against host RAM (fits the device; 'RAM' is what to install):")
     pcols = [("RAM", "ram_needed_bytes", lambda n: f"{n // GiB} GiB"),
-             ("fits here", "fits", lambda f: "yes" if f else "no")] + COLS
+             ("fits here", "fits", lambda f: "yes" if f else "no")] + cols
     print(format_table(res.pareto.to_dict("records"), pcols))
     print()
     print(f"plan it:  {plan_it}")

@@ -117,6 +117,7 @@ _FLAGS = (  # Policy field -> CLI flag of `horizon plan`
     ("keep_last", "--keep-activations"), ("loss_chunk_tokens", "--loss-chunk-tokens"), ("doc_tokens", "--doc-tokens"),
     ("loss_kernel", "--loss-kernel"), ("lora_rank", "--lora-rank"), ("lora_targets", "--lora-targets"),
     ("lora_alpha", "--lora-alpha"), ("lora_dropout", "--lora-dropout"), ("base_quant", "--base-quant"),
+    ("adapters_on", "--adapters-on"),
     ("objective", "--objective"), ("dpo_beta", "--dpo-beta"), ("dpo_loss", "--dpo-loss"),
     ("dpo_label_smoothing", "--dpo-label-smoothing"),
 )

@@ -241,7 +241,9 @@ def max_model(hw: HardwareSpec, *, base: Policy | None = None, policies: str | d
     """The largest candidate model of `kind` ('dense' or 'moe', by total parameters) that fits
     `hw` under the policy set `policies` (a name of POLICY_SETS, or {name: Policy})."""
     if base is not None and base.adapters and not isinstance(policies, dict):
-        policies = {"lora": base}  # the lean sets change the host update, which a frozen base has not
+        # the lean sets change the host update, which a frozen base has not; the adapters' place is tried both ways
+        policies = {"lora": base} if base.adapters_on == "host" else \
+            {"lora": base, "lora-host": replace(base, adapters_on="host")}
     pols = dict(policies) if isinstance(policies, dict) else policy_set(policies, base, disk=hw.disk_bytes_usable > 0)
     if not pols:
         raise HorizonError("max-model needs at least one policy")

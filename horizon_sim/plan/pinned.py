@@ -17,12 +17,12 @@ from horizon_sim.specs.policy import Policy
 KNOB_FLAGS = {"micro_batches": "--micro-batches", "act_ckpt_every": "--act-ckpt-every",
               "keep_last": "--keep-activations", "slots": "--slots", "act_ckpt_on": "--act-ckpt-on",
               "optimizer": "--optimizer", "working_copy": "--no-working-copy", "split_master": "--master-dtype",
-              "max_host_grads": "--max-host-grads", "mb_order": "--mb-order"}
+              "max_host_grads": "--max-host-grads", "mb_order": "--mb-order", "adapters_on": "--adapters-on"}
 """Each knob the planner searches, and the policy flag that pins it."""
 KNOB_DESTS = {"micro_batches": "micro_batches", "act_ckpt_every": "act_ckpt_every", "keep_last": "keep_activations",
               "slots": "slots", "act_ckpt_on": "act_ckpt_on", "optimizer": "optimizer",
               "working_copy": "no_working_copy", "split_master": "master_dtype", "max_host_grads": "max_host_grads",
-              "mb_order": "mb_order"}
+              "mb_order": "mb_order", "adapters_on": "adapters_on"}
 """Knob -> the argparse dest of its flag."""
 
 
@@ -53,7 +53,7 @@ def pinned_space(policy: Policy, given: Iterable[str], *, n_layers: int, batch: 
               "keep_last": (p.kept_layers(n_layers),),
               "slots": (p.slots,), "act_ckpt_on": (p.act_ckpt_on,), "optimizer": (p.optimizer,),
               "working_copy": (p.working_copy,), "split_master": (bool(p.split_master),),
-              "max_host_grads": (p.max_host_grads,), "mb_order": (p.mb_order,)}
+              "max_host_grads": (p.max_host_grads,), "mb_order": (p.mb_order,), "adapters_on": (p.adapters_on,)}
     kw = {k: values[k] for k in pins}
     if no_split and "split_master" not in pins:
         kw["split_master"] = (False,)

@@ -23,10 +23,10 @@ from horizon_sim.plan.outcome import Outcome, round_up_ram
 from horizon_sim.plan.runner import Runner
 from horizon_sim.specs.hardware import HardwareSpec
 from horizon_sim.specs.model import ModelSpec
-from horizon_sim.specs.policy import CKPT_PLACES, KEEP_ALL, MB_ORDERS, OPTIMIZER_MODES, Policy
+from horizon_sim.specs.policy import ADAPTER_PLACES, CKPT_PLACES, KEEP_ALL, MB_ORDERS, OPTIMIZER_MODES, Policy
 
 KNOBS = ("micro_batch", "micro_batches", "act_ckpt_every", "slots", "act_ckpt_on", "optimizer", "working_copy",
-         "max_host_grads", "split_master", "mb_order", "keep_last")
+         "max_host_grads", "split_master", "mb_order", "keep_last", "adapters_on")
 _ORDERED = ("micro_batch", "micro_batches", "act_ckpt_every", "slots", "max_host_grads", "keep_last")
 TIE = 0.005
 """Configurations within this fraction of the fastest count as equally fast: the best is then
@@ -63,6 +63,8 @@ class SearchSpace:
     keep_last: tuple[int, ...] = (0, 1, 2, 4, 8, 16, KEEP_ALL)
     """How many of the last layers keep their activations (Policy.keep_last; KEEP_ALL: every
     layer; values above the model's depth are dropped)."""
+    adapters_on: tuple[str, ...] = ADAPTER_PLACES
+    """Where adapters live (Policy.adapters_on; searched only with adapters)."""
     max_batch: int = 64
     """Cap on sequences per step (micro_batch x micro_batches): the batch is a training
     hyperparameter, not only a speed knob."""
@@ -85,7 +87,8 @@ class SearchSpace:
             object.__setattr__(self, "max_host_grads", tuple(sorted(set(hg) | {0})))
         if min(self.slots) < 2:
             raise HorizonError(f"search space slots={self.slots!r} must all be >= 2")
-        for f, allowed in (("act_ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES), ("mb_order", MB_ORDERS)):
+        for f, allowed in (("act_ckpt_on", CKPT_PLACES), ("optimizer", OPTIMIZER_MODES), ("mb_order", MB_ORDERS),
+                           ("adapters_on", ADAPTER_PLACES)):
             vals = tuple(getattr(self, f))
             if not vals or any(v not in allowed for v in vals):
                 raise HorizonError(f"search space {f}={vals!r}; allowed: {', '.join(allowed)}")
@@ -155,7 +158,8 @@ class HillClimb:
                        "mb_order": space.mb_order,
                        # layer counts, 'all' as the model's depth, so the knob is ordered
                        "keep_last": tuple(sorted({self.L if k == KEEP_ALL else k for k in space.keep_last
-                                                  if k <= self.L}))}
+                                                  if k <= self.L})),
+                       "adapters_on": tuple(space.adapters_on) if base.adapters else (base.adapters_on,)}
         self.seen: dict[tuple, Outcome] = {}
 
     @staticmethod
@@ -163,10 +167,10 @@ class HillClimb:
         return (p.master_dtype, p.compute_dtype) == ("fp32", "bf16")
 
     def policy(self, s: tuple) -> Policy:
-        mb, n, k, slots, on, opt, wc, hg, split, order, keep = s
+        mb, n, k, slots, on, opt, wc, hg, split, order, keep, place = s
         return replace(self.base, batch=mb * n, micro_batches=n, act_ckpt_every=k, slots=slots,
                        act_ckpt_on=on, optimizer=opt, working_copy=wc, max_host_grads=hg, split_master=split,
-                       mb_order=order, keep_last=keep)
+                       mb_order=order, keep_last=keep, adapters_on=place)
 
     @staticmethod
     def _bounds_apply(s: tuple) -> bool:
@@ -194,7 +198,8 @@ class HillClimb:
              _near(v["max_host_grads"], p.max_host_grads),
              p.split_master if p.split_master in v["split_master"] else v["split_master"][0],
              p.mb_order if p.mb_order in v["mb_order"] else v["mb_order"][0],
-             _near(v["keep_last"], p.kept_layers(self.L))]
+             _near(v["keep_last"], p.kept_layers(self.L)),
+             p.adapters_on if p.adapters_on in v["adapters_on"] else v["adapters_on"][0]]
         if not self._bounds_apply(s):
             s[7] = 0
         if not s[6]:
@@ -270,7 +275,8 @@ def _row(model, hw, p: Policy, o: Outcome) -> dict:
     return {"batch": p.batch, "micro_batches": p.micro_batches, "micro_batch": p.micro_batch,
             "act_ckpt_every": p.act_ckpt_every, "slots": p.slots, "act_ckpt_on": p.act_ckpt_on,
             "optimizer": p.optimizer, "working_copy": p.working_copy, "max_host_grads": p.max_host_grads,
-            "split_master": p.split_master, "mb_order": p.mb_order, "keep_last": p.keep_last, "fits": o.fits(hw),
+            "split_master": p.split_master, "mb_order": p.mb_order, "keep_last": p.keep_last,
+            "adapters_on": p.adapters_on, "fits": o.fits(hw),
             "tokens_per_s": o.tokens_per_s, "step_time_s": o.step_time_s, "mfu": o.mfu,
             "device_peak_bytes": o.device_peak_bytes, "host_bytes": o.host_bytes,
             "ram_needed_bytes": round_up_ram(o.ram_needed_bytes(hw)) if o.ok else 0,

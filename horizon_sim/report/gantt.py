@@ -18,7 +18,8 @@ KIND_COLOR = {  # one hue family per lane; order is the legend's order
     OpKind.REDUCE_SCATTER: "#6a3d9a", OpKind.HOST_REDUCE: "#cab2d6", OpKind.NET_REDUCE_SCATTER: "#e31a1c",
     OpKind.NET_ALL_GATHER: "#ff7f00", OpKind.NORM_ALL_REDUCE: "#555555", OpKind.UPDATE_BARRIER: "#999999",
     OpKind.BACKWARD_SAVED: "#f0b27a", OpKind.HOOKS: "#bdbdbd", OpKind.HOST_PASS: "#969696", OpKind.RELOAD_GRADS: "#9e9ac8", OpKind.UPLOAD_PARAMS: "#3182bd", OpKind.DISK_READ: "#1b9e77", OpKind.DISK_WRITE: "#66c2a5",
-    OpKind.ADAPTER_UPDATE: "#8c564b", OpKind.ADAPTER_ALL_REDUCE: "#c49c94", OpKind.ADAPTER_NET_ALL_REDUCE: "#e7969c", OpKind.REF_FORWARD: "#8ebf8a",
+    OpKind.ADAPTER_UPDATE: "#8c564b", OpKind.ADAPTER_ALL_REDUCE: "#c49c94", OpKind.ADAPTER_NET_ALL_REDUCE: "#e7969c", OpKind.OFFLOAD_ADAPTER_GRADS: "#ad494a",
+    OpKind.ADAPTER_HOST_UPDATE: "#7b4173", OpKind.REF_FORWARD: "#8ebf8a",
 }
 LANES = [lane.value for lane in Lane]  # top to bottom
 BAR_HEIGHT = 0.72
@@ -34,7 +35,7 @@ def _text_color(hex_color: str) -> str:
 
 def _bar_text(kind: str, layer: int, micro: int) -> str:
     if kind in (OpKind.GRAD_NORM.value, OpKind.NORM_ALL_REDUCE.value, OpKind.ADAPTER_UPDATE.value,
-                OpKind.ADAPTER_ALL_REDUCE.value, OpKind.ADAPTER_NET_ALL_REDUCE.value):
+                OpKind.ADAPTER_ALL_REDUCE.value, OpKind.ADAPTER_NET_ALL_REDUCE.value, OpKind.ADAPTER_HOST_UPDATE.value):
         return "norm"
     unit = "E" if layer == EMBED else ("H" if kind in (OpKind.HEAD.value, OpKind.HEAD_LOSS.value) else str(layer))
     return f"{unit}.{micro}" if micro else unit

@@ -254,18 +254,26 @@ class TrainStepBuilder(StepBuilder):
         units = [u] + ([EMBED] if u == self.head and self.model.tied_embeddings else [])
         for v in units:
             self.place_optimizer("load", v)
+        s = int(b.buffers[slot].layer)
+        # adapters on the host: the block's adapters (A and B, fp32) cross with its weights
+        lora_in, lora_out = ([b.adapters_of(u)], [b.adapter_slot(s)]) if self.host_adapters(u) else ([], [])
+        lora_bytes = 4 * b.adapter_params(u) if lora_in else 0
         if b.quantized(u):  # a quantized base: its bytes cross, then the device dequantizes them into the slot
             a, bs = DTYPE_BYTES[p.compute_dtype], self.model.block_spec(u)
-            self.emit(OpKind.LOAD_WEIGHTS, u, m, slot=int(b.buffers[slot].layer), reads=[b.weights_of(u)],
-                      writes=[slot], link_bytes=b.quant_bytes(u), params=quant.quantized_params(bs),
+            self.emit(OpKind.LOAD_WEIGHTS, u, m, slot=s, reads=[b.weights_of(u), *lora_in],
+                      writes=[slot, *lora_out], link_bytes=b.quant_bytes(u) + lora_bytes, params=quant.quantized_params(bs),
                       hbm_bytes=quant.dequant_traffic_bytes(bs, p.base_quant, a),
                       workspace_bytes=quant.dequant_workspace_bytes(bs, p.base_quant, p.compute_dtype))
             return
         cast_on_device = not b.has_copy and p.master_dtype != p.compute_dtype
         elem = DTYPE_BYTES[p.master_dtype] if cast_on_device else DTYPE_BYTES[p.compute_dtype]
-        self.emit(OpKind.LOAD_WEIGHTS, u, m, slot=int(b.buffers[slot].layer), reads=[b.weights_of(v) for v in units],
-                  writes=[slot], link_bytes=b.dev_params(u) * elem,
+        self.emit(OpKind.LOAD_WEIGHTS, u, m, slot=s, reads=[b.weights_of(v) for v in units] + lora_in,
+                  writes=[slot, *lora_out], link_bytes=b.dev_params(u) * elem + lora_bytes,
                   workspace_bytes=b.dev_params(u) * DTYPE_BYTES[p.master_dtype] if cast_on_device else 0)
+
+    def host_adapters(self, u: int) -> bool:
+        """Block u's adapters live on the host (Policy.adapters_on), and it has some."""
+        return self.policy.adapters_on == "host" and 0 <= u < self.model.n_layers and self.bufs.adapter_params(u) > 0
 
     def _bound_host_grads(self, u: int) -> tuple[int, ...]:
         """policy.max_host_grads: before unit u's host gradient is made, wait for the updates
@@ -375,7 +383,7 @@ class TrainStepBuilder(StepBuilder):
         graph = u >= self.first_kept  # keeps its graph: needs no checkpoint
         kept = u % p.act_ckpt_every == 0 and not graph
         writes = [b.activation(m, u + 1)] + ([self.saved(m, u)] if graph else [])
-        self.emit(OpKind.FORWARD, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot, *self.lora(u)],
+        self.emit(OpKind.FORWARD, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot, *self.lora(u, slot)],
                   writes=writes,
                   frees=[] if kept else [b.activation(m, u)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm[u],
                   workspace_bytes=self.kept_fwd_ws[u] if graph else self.fwd_ws[u],
@@ -385,9 +393,12 @@ class TrainStepBuilder(StepBuilder):
                 self.emit(OpKind.SAVE_CKPT, u, m, reads=[b.activation(m, u)], writes=[self.act_ckpt(m, u)],
                           frees=[b.activation(m, u)], link_bytes=self.boundary_bytes))
 
-    def lora(self, u: int) -> list[str]:
-        """What a block op reads of the adapters: the block's (none without them)."""
-        return [self.bufs.adapters_of(u)] if self.policy.adapters else []
+    def lora(self, u: int, slot: str) -> list[str]:
+        """What a block op reads of the adapters: the block's (none without them); adapters on the
+        host: the device copy its load put beside its weights in `slot`."""
+        if self.host_adapters(u):
+            return [self.bufs.adapter_slot(int(self.bufs.buffers[slot].layer))]
+        return [self.bufs.adapters_of(u)] if self.policy.adapters and self.policy.adapters_on == "device" else []
 
     def head_op(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
@@ -456,7 +467,7 @@ class TrainStepBuilder(StepBuilder):
 
     def recompute(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
-        self.emit(OpKind.RECOMPUTE, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot, *self.lora(u)],
+        self.emit(OpKind.RECOMPUTE, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot, *self.lora(u, slot)],
                   writes=[b.activation(m, u + 1)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm[u],
                   workspace_bytes=self.fwd_ws[u])
 
@@ -464,13 +475,21 @@ class TrainStepBuilder(StepBuilder):
         """A block's backward on a frozen base: its input's gradient (none for block 0: the
         embedding is frozen too) and its adapters' gradient, added into the step's sum."""
         b = self.bufs
-        dy, g = b.activation_grad(m, u + 1), b.adapter_grads(u)
-        add = self.deps.written(g)
+        host = self.host_adapters(u)
+        # adapters on the host: this backward's gradient in the slot's device buffer, then added
+        # into the block's host sum; else added into the device sum
+        dy, g = b.activation_grad(m, u + 1), b.adapter_grad_slot(int(b.buffers[slot].layer)) if host else b.adapter_grads(u)
+        add = not host and self.deps.written(g)
         n = b.adapter_params(u)
-        self.emit(kind, u, m, slot=b.buffers[slot].layer, reads=[*graph, dy, slot, *self.lora(u)] + ([g] if add else []),
+        self.emit(kind, u, m, slot=b.buffers[slot].layer, reads=[*graph, dy, slot, *self.lora(u, slot)] + ([g] if add else []),
                   writes=([b.activation_grad(m, u)] if u > 0 else []) + [g], frees=[*graph, dy],
                   flops=(self.bwd_flops if kind == OpKind.BACKWARD else self.saved_bwd_flops)[u],
                   hbm_bytes=hbm + n * 4 * (2 if add else 1), workspace_bytes=ws)
+        if host:
+            h = b.adapter_grads(u)
+            summed = self.deps.written(h)  # a later micro-batch adds into the sum (read, read, write)
+            self.emit(OpKind.OFFLOAD_ADAPTER_GRADS, u, m, reads=[g] + ([h] if summed else []), writes=[h],
+                      link_bytes=4 * n, host_bytes=12 * n if summed else 0)
 
     def backward(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
@@ -553,7 +572,9 @@ class TrainStepBuilder(StepBuilder):
         if nodes > 1:  # then every node's sums, among the ranks of one local rank (a ring over the NICs)
             self.emit(OpKind.ADAPTER_NET_ALL_REDUCE, -1, reads=grads, writes=grads, peers=nodes,
                       net_bytes=2 * 4 * n * (nodes - 1) // nodes)
-        self.emit(OpKind.ADAPTER_UPDATE, -1, reads=state + grads, writes=state + grads, params=n, hbm_bytes=36 * n)
+        kind = OpKind.ADAPTER_HOST_UPDATE if self.policy.adapters_on == "host" else OpKind.ADAPTER_UPDATE
+        work_ = dict(host_bytes=36 * n) if kind == OpKind.ADAPTER_HOST_UPDATE else dict(hbm_bytes=36 * n)
+        self.emit(kind, -1, reads=state + grads, writes=state + grads, params=n, **work_)
 
     # ---- the step ------------------------------------------------------------------------------
     def build(self) -> Schedule:

@@ -233,15 +233,36 @@ class Declarations:
         from horizon_sim.schedule.work import adapter_params, layer_policy
         return adapter_params(self.m.block_spec(u), layer_policy(self.m, self.p, u)) if 0 <= u < self.head else 0
 
+    @property
+    def adapters_space(self) -> Space:
+        """Where the adapters, their moments and gradient sums live (Policy.adapters_on)."""
+        return Space.HOST if self.p.adapters_on == "host" else Space.DEVICE
+
     def adapters_of(self, u: int) -> str:
-        """A block's adapters and their AdamW moments (fp32), on the device for the whole run."""
-        return self.declare(f"lora.{u}", Space.DEVICE, Holds.ADAPTERS, (3, self.adapter_params(u)), "fp32", True,
+        """A block's adapters and their AdamW moments (fp32), for the whole run (device or host)."""
+        return self.declare(f"lora.{u}", self.adapters_space, Holds.ADAPTERS, (3, self.adapter_params(u)), "fp32", True,
                             "adapters", unit=u)
 
     def adapter_grads(self, u: int) -> str:
-        """A block's adapter gradient (fp32), summed over the step's micro-batches on the device."""
-        return self.declare(f"lora_grad.{u}", Space.DEVICE, Holds.ADAPTER_GRADS, (self.adapter_params(u),), "fp32",
-                            True, "adapters", unit=u)
+        """A block's adapter gradient (fp32), summed over the step's micro-batches (device or host)."""
+        return self.declare(f"lora_grad.{u}", self.adapters_space, Holds.ADAPTER_GRADS, (self.adapter_params(u),),
+                            "fp32", True, "adapters", unit=u)
+
+    @property
+    def max_adapter_params(self) -> int:
+        """The most adapter parameters of any block: what a device slot for them holds."""
+        return max((self.adapter_params(u) for u in range(self.m.n_layers)), default=0)
+
+    def adapter_slot(self, s: int) -> str:
+        """Adapters on the host: weight slot s's block's adapters (A and B, fp32) on the device."""
+        return self.declare(f"lora_slot{s}", Space.DEVICE, Holds.ADAPTER_SLOT, (self.max_adapter_params,), "fp32",
+                            True, "adapters", layer=s)
+
+    def adapter_grad_slot(self, s: int) -> str:
+        """Adapters on the host: one backward's adapter gradient (fp32) of slot s's block on the
+        device, until it is offloaded."""
+        return self.declare(f"lora_gslot{s}", Space.DEVICE, Holds.ADAPTER_GRAD_SLOT, (self.max_adapter_params,), "fp32",
+                            True, "adapters", layer=s)
 
     def grad_sq(self, u: int) -> str:
         return self.declare(f"gsq.{self.unit_label(u)}", Space.HOST, Holds.GRAD_SQ, (1,), "fp64", True, "scalars",

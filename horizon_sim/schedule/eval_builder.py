@@ -36,7 +36,7 @@ class EvalStepBuilder(TrainStepBuilder):
 
     def forward(self, use: Use, slot: str) -> None:
         b, u, m = self.bufs, use.unit, use.micro
-        self.emit(OpKind.FORWARD, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot, *self.lora(u)],
+        self.emit(OpKind.FORWARD, u, m, slot=b.buffers[slot].layer, reads=[b.activation(m, u), slot, *self.lora(u, slot)],
                   writes=[b.activation(m, u + 1)],
                   frees=[b.activation(m, u)], flops=self.fwd_flops[u], hbm_bytes=self.fwd_hbm[u], workspace_bytes=self.fwd_ws[u])
 

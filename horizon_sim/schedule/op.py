@@ -74,6 +74,10 @@ class OpKind(str, Enum):
     #                                            loss) summed over the node's devices, before the update
     ADAPTER_NET_ALL_REDUCE = "adapter_net_all_reduce"  # net: those sums (and the loss) summed over the nodes,
     #                                            among the ranks of one local rank, before the update
+    OFFLOAD_ADAPTER_GRADS = "offload_adapter_grads"  # d2h: one backward's adapter gradient added into the
+    #                                            block's host sum (adapters_on 'host')
+    ADAPTER_HOST_UPDATE = "adapter_host_update"  # cpu: ADAPTER_UPDATE's norm, clipping and AdamW on the host
+    #                                            (adapters_on 'host')
     # preference tuning (Policy.objective 'dpo'): the reference model's pass before the step's own
     REF_FORWARD = "ref_forward"                # compute: a block forward of the reference (the base without
     #                                            its adapters), no autograd
@@ -92,7 +96,8 @@ LANE_OF: dict[OpKind, Lane] = {
     OpKind.DISK_READ: Lane.DISK, OpKind.DISK_WRITE: Lane.DISK,
     OpKind.HOOKS: Lane.CPU, OpKind.HOST_PASS: Lane.CPU, OpKind.RELOAD_GRADS: Lane.H2D, OpKind.UPLOAD_PARAMS: Lane.H2D,
     OpKind.ADAPTER_UPDATE: Lane.COMPUTE, OpKind.ADAPTER_ALL_REDUCE: Lane.FABRIC, OpKind.REF_FORWARD: Lane.COMPUTE,
-    OpKind.ADAPTER_NET_ALL_REDUCE: Lane.NET,
+    OpKind.ADAPTER_NET_ALL_REDUCE: Lane.NET, OpKind.OFFLOAD_ADAPTER_GRADS: Lane.D2H,
+    OpKind.ADAPTER_HOST_UPDATE: Lane.CPU,
 }
 COLLECTIVES = (OpKind.REDUCE_SCATTER, OpKind.NET_REDUCE_SCATTER, OpKind.NET_ALL_GATHER, OpKind.NORM_ALL_REDUCE,
                OpKind.UPDATE_BARRIER, OpKind.ADAPTER_ALL_REDUCE, OpKind.ADAPTER_NET_ALL_REDUCE)
@@ -169,11 +174,16 @@ class Holds(str, Enum):
     #                                      in the compute dtype, through the device (ZeRO-2 offload), static
     ADAM_TILES = "adam_tiles"            # (2, tile) fp32 DeepSpeedCPUAdam's page-locked tile buffers, static
     #                                      (peer/host_extras.py)
-    # adapters (Policy.lora_rank), on the device for the whole run, static
+    # adapters (Policy.lora_rank), static: on the device for the whole run, or on the host
+    # (Policy.adapters_on 'host'), where each block's stream into a slot beside its weights
     ADAPTERS = "adapters"                # (3, adapter params) fp32 a block's adapters (each target's A then
     #                                      B, in the block's projection order), then AdamW's m and v
     ADAPTER_GRADS = "adapter_grads"      # (adapter params,) fp32 their gradient, summed over the step's
     #                                      micro-batches, zeroed by the update
+    ADAPTER_SLOT = "adapter_slot"        # (most adapter params of a block,) fp32 a weight slot's block's adapters
+    #                                      on the device (adapters_on 'host'), loaded with its weights
+    ADAPTER_GRAD_SLOT = "adapter_grad_slot"  # (most adapter params of a block,) fp32 one backward's adapter
+    #                                          gradient on the device, offloaded into ADAPTER_GRADS
     FORK_COPY = "fork_copy"              # (bytes,) uint8 the copy-on-write second copy of a unit's pageable host
     #                                      state in a process that forked workers after allocating it, static
     #                                      (peer/host_extras.py)
@@ -295,7 +305,7 @@ class Op:
     @property
     def label(self) -> str:
         if self.kind in (OpKind.GRAD_NORM, OpKind.NORM_ALL_REDUCE, OpKind.ADAPTER_UPDATE, OpKind.ADAPTER_ALL_REDUCE,
-                         OpKind.ADAPTER_NET_ALL_REDUCE):
+                         OpKind.ADAPTER_NET_ALL_REDUCE, OpKind.ADAPTER_HOST_UPDATE):
             return self.kind.value
         unit = {EMBED: "emb"}.get(self.unit, str(self.unit))
         mb = f".m{self.micro}" if self.micro else ""

@@ -396,7 +396,7 @@ class CostModel:
                 raise HorizonError("the policy keeps state on disk (disk_tier) but the hardware has no disk: "
                                    "give --disk SIZE (and --disk-GBps)")
             return [Flow(self.disk_latency_s, op.disk_bytes, cap)]
-        if op.kind == OpKind.OPTIMIZER and op.params:
+        if op.kind in (OpKind.OPTIMIZER, OpKind.ADAPTER_HOST_UPDATE) and op.params:  # (AdamW at the host's rate)
             bytes_per_param = op.host_bytes / op.params
             return [Flow(self.host_latency_s, op.host_bytes, self.adam_params_per_s * bytes_per_param,
                          core=True)]

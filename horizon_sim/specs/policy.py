@@ -39,6 +39,8 @@ HOST_UPDATE_FIELDS = ("optimizer", "master_dtype", "split_master", "master_round
                       "working_copy", "disk_tier", "max_host_grads")
 """Policy fields of the full fine-tuning's host update (the master, its moments and gradients,
 their update): a frozen base (lora_rank) has none, and their flags are refused with adapters."""
+ADAPTER_PLACES = ("device", "host")
+"""Where a run's adapters, their gradients and AdamW state live (Policy.adapters_on)."""
 MAX_LORA_RANK = 2**16
 """The largest adapter rank taken: above the widest projection of any preset (Llama-3.1-405B's
 53,248-wide MLP), where an adapter would hold more than the weight it adapts."""
@@ -171,6 +173,12 @@ class Policy:
     """With lora_rank: the probability that an element of an adapter's input is zeroed in training
     (the rest scaled by 1 / (1 - p)), as peft's lora_dropout: a mask per adapted projection, per
     micro-batch and step, drawn again the same in a recompute (model/adapters.py). 0: none."""
+    adapters_on: str = "device"
+    """With lora_rank: where the adapters, their gradients and their AdamW moments live (fp32, 16
+    bytes an adapter parameter). 'device': there for the whole run, updated there. 'host': in host
+    RAM; each block's adapters cross the link with its weights into a slot beside them, each
+    backward's adapter gradient crosses back and is summed on the host, and the update runs on
+    the host's cores: for adapters the device cannot hold beside the streamed blocks."""
     objective: str = "sft"
     """'sft': the token cross-entropy. 'dpo': Direct Preference Optimisation (docs/adapters.md): the
     batch is preference pairs, each a chosen row then a rejected row, whose labels mark the
@@ -282,7 +290,12 @@ class Policy:
         d = self.lora_dropout
         if not isinstance(d, (int, float)) or isinstance(d, bool) or not math.isfinite(d) or not 0 <= d < 1:
             raise HorizonError(f"policy lora_dropout={d!r} must be a probability in [0, 1) (peft's lora_dropout)")
+        if self.adapters_on not in ADAPTER_PLACES:
+            raise HorizonError(f"policy adapters_on={self.adapters_on!r}; allowed: {', '.join(ADAPTER_PLACES)}")
         if not r:
+            if self.adapters_on != "device":
+                raise HorizonError(f"policy adapters_on={self.adapters_on!r} places adapters; give lora_rank too "
+                                   "(--lora-rank R)")
             if d:
                 raise HorizonError(f"policy lora_dropout={d!r} drops adapters' inputs; give lora_rank too (--lora-rank R)")
             if self.base_quant != "none":
