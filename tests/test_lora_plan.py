@@ -300,6 +300,8 @@ def _horizon(*args):
     (["--lora-rank", "4", "--lora-targets", "experts.down_proj"], "'experts.down_proj', which this model's blocks do not"),
     (["--lora-rank", "4", "--model", "gpt-oss-20b", "--lora-targets", "q_proj,24.mlp.experts.down_proj"],
      "'24.mlp.experts.down_proj', which this model's blocks do not have"),
+    (["--lora-rank", "4", "--model", "deepseek-v2-lite", "--lora-targets", "0.mlp.experts.down_proj"],
+     "e.g. '1.mlp.experts.gate_up_proj'"),  # layer 0 is dense: the hint names a layer with stacks
     (["--lora-rank", "4", "--compare", "zero3-offload"], "there is no peer step to compare with"),
 ])
 def test_bad_adapter_flags_are_one_line_errors(args, says):

@@ -416,7 +416,7 @@ class Policy:
             raise HorizonError(f"policy lora_targets names {', '.join(map(repr, unknown))}, which this model's blocks do "
                                f"not have; allowed: {', '.join(allowed)}" +
                                (" (an expert stack in one layer: '<layer>.<path>', e.g. "
-                                f"'0.{stacks[0]}')" if stacks else ""))
+                                f"'{_first_stack(layers)}')" if stacks else ""))
         if experts and self.lora_dropout:
             raise HorizonError(f"policy lora_dropout={self.lora_dropout!r} with routed-expert targets "
                                f"({', '.join(experts)}): peft's LoRA on expert stacks has no dropout; use 0")
@@ -563,6 +563,12 @@ def _path_ends(path: str, tail: str) -> bool:
 def _has_layer(name: str) -> bool:
     """A target name with a layer index among its parts ('7.mlp.experts.down_proj')."""
     return any(part.isdigit() for part in name.split("."))
+
+
+def _first_stack(layers: list[tuple[tuple[str, ...], tuple[str, ...]]]) -> str:
+    """'<layer>.<stack>' for the first block that has an expert stack (DeepSeek's first blocks
+    are dense, so '0.<stack>' would name a stack that layer lacks)."""
+    return next(f"{i}.{ss[0]}" for i, (_, ss) in enumerate(layers) if ss)
 
 
 def _layer_of(name: str, prefix: str) -> tuple[int, str] | None:
