@@ -17,6 +17,12 @@ the split gives compute all of them).
 
 Prints (medians of repeated steps, all measured in this one run):
   ratio exec/autograd: X.XX          autograd step time / executor step time (target >= 0.70)
+  minor page faults a step: ...      the process's page faults (getrusage) in each side's step:
+                                     memory the kernel maps anew. Plain autograd on glibc's
+                                     allocator maps its larger temporaries afresh each step (the
+                                     fp32 logits alone are 262 MB), the executor reuses its
+                                     buffers; that cost, and so the ratio, varies with the VM's
+                                     memory state (docs/results.md)
   optimizer hiding: X.XX             executor step time with / without its optimizer ops
                                      (pipelined; target <= 1.10)
   executor step with torch's AdamW path / with the native kernel: X.XX
@@ -50,6 +56,7 @@ Run: .venv/bin/python benchmarks/exec_vs_autograd.py [--steps 5] [--layers 8] ..
 import argparse
 import dataclasses
 import os
+import resource
 import statistics
 import threading
 import time
@@ -141,6 +148,17 @@ def _config(a) -> TrainerConfig:
 def exec_step(tr, skip=frozenset()) -> float:
     p = tr.policy
     return tr.step(torch.randint(0, tr.model.vocab, (p.batch, p.seq)), skip_kinds=skip).step_s
+
+
+PAGE_B = os.sysconf("SC_PAGE_SIZE")
+"""Bytes a minor fault maps (a base page: a fault on a huge page maps more, so the GB printed is a floor)."""
+
+
+def faulted(fn):
+    """(fn(), the process's minor page faults while it ran): pages the kernel mapped anew."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    out = fn()
+    return out, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
 def _on_cpu_lane(tr, fn):
@@ -245,6 +263,7 @@ def main():
         return
     auto = AutogradStep(spec, pol, tr.backend.compute_cores, threads)
     times = {"exec": [], "noopt": [], "auto": [], "exec_torch_adamw": []}
+    faults = {"exec": [], "auto": []}
     native_opt = tr.runner.adamw
     torch_opt = dataclasses.replace(native_opt, kernel="torch")
     # A split master has no torch path (its low halves need the native kernel): no pair to time.
@@ -255,11 +274,14 @@ def main():
             t = {}
             for k in kinds[::1 if r % 2 else -1]:  # each goes first in turn
                 tr.runner.adamw = torch_opt if k == "exec_torch_adamw" else native_opt
-                t[k] = exec_step(tr)
+                t[k], f = faulted(lambda: exec_step(tr))
+                if k == "exec" and r >= a.warmup:
+                    faults["exec"].append(f)
             tr.runner.adamw = native_opt
             t["noopt"] = exec_step(tr, frozenset({OpKind.OPTIMIZER}))
-            t["auto"] = auto()
+            t["auto"], f = faulted(auto)
             if r >= a.warmup:
+                faults["auto"].append(f)
                 for k, v in t.items():
                     times[k].append(v)
         # the rates re-apply the last step's gradients, which only the pipelined mode holds past its step
@@ -271,6 +293,9 @@ def main():
     print(f"executor step {t_exec:.3f}s ({pol.tokens / t_exec:,.0f} tok/s), without optimizer "
           f"{t_noopt:.3f}s; autograd step {t_auto:.3f}s ({pol.tokens / t_auto:,.0f} tok/s)")
     print(f"ratio exec/autograd: {t_auto / t_exec:.2f}")
+    fe, fa = (statistics.median(faults[k]) for k in ("exec", "auto"))
+    print(f"minor page faults a step: executor {fe:,.0f} (>= {fe * PAGE_B / 1e9:.2f} GB mapped anew), "
+          f"autograd {fa:,.0f} ({fa * PAGE_B / 1e9:.2f} GB)")
     print(f"optimizer hiding: {t_exec / t_noopt:.2f}")
     if times["exec_torch_adamw"]:
         print(f"executor step with torch's AdamW path / with the native kernel: "

@@ -16,7 +16,8 @@ from tests.hf_tiny import rel_err
 from tests.test_families import T, V, _random_hf, tiny
 
 B = 2
-TARGETS = ("all-linear", "q_proj,v_proj", "o_proj,down_proj,up_proj")
+TARGETS = ("all-linear", "q_proj,v_proj", "o_proj,down_proj,up_proj",
+           "q_proj,1.self_attn.v_proj,model.layers.0.mlp.down_proj")  # (one layer's: peft's full-path names)
 
 
 def _peft(ref, targets: str, rank: int, alpha: float):
@@ -388,6 +389,44 @@ def test_routed_expert_adapters_save_and_load_as_pefts(tmp_path, targets, params
     with torch.no_grad():
         assert rel_err(peft_model(input_ids=tokens).logits, want) <= 1e-5
         assert rel_err(merged(input_ids=tokens).logits, want) <= 1e-5
+
+
+def test_one_layers_adapters_save_and_load_as_pefts(tmp_path):
+    """Linear modules of one layer: --save-hf's adapter/ names them as peft does
+    ('1.self_attn.v_proj') and loads in peft with the trainer's logits; an adapter peft made
+    with layers_to_transform loads into the run whose names pick the same layer's; into a run
+    adapting every layer's, it is refused in one line that gives the targets."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from horizon_exec.checkpoints.hf_checkpoint import save_hf
+    from horizon_exec.checkpoints.peft_adapter import load_adapter
+    from horizon_sim.errors import HorizonError
+    from horizon_sim.safe_read import read_json
+    tr, ref = _trainer(tmp_path, "llama", "q_proj,1.self_attn.v_proj")
+    tokens = _tokens()
+    with tr:
+        tr.step(tokens)
+        want = tr.logits(tokens)
+        save_hf(tr, tmp_path / "out")
+    assert read_json(tmp_path / "out" / "adapter" / "adapter_config.json")["target_modules"] == \
+        ["1.self_attn.v_proj", "q_proj"]
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    with torch.no_grad():
+        assert rel_err(PeftModel.from_pretrained(base, tmp_path / "out" / "adapter").eval()(input_ids=tokens).logits,
+                       want) <= 1e-5
+    made = get_peft_model(copy.deepcopy(ref), LoraConfig(r=4, lora_alpha=8.0, target_modules=["q_proj", "v_proj"],
+                                                         layers_to_transform=[1], init_lora_weights=False))
+    made.save_pretrained(tmp_path / "made")
+    one, _ = _trainer(tmp_path / "one", "llama", "1.self_attn.q_proj,model.layers.1.self_attn.v_proj")
+    with one:
+        load_adapter(one, tmp_path / "made")
+        with torch.no_grad():
+            assert rel_err(one.logits(tokens), made(input_ids=tokens).logits) <= 1e-5
+    every, _ = _trainer(tmp_path / "every", "llama", "q_proj,v_proj")
+    with every, pytest.raises(HorizonError, match=r"it adapts 2 projections, the run 4 \(layer 0's self_attn.q_proj in "
+                                                  r"the run alone\); give --lora-targets 1.self_attn.q_proj,1.self_attn.v_proj$"):
+        load_adapter(every, tmp_path / "made")
 
 
 @pytest.mark.parametrize("targets,per_layer,policy", [(f"q_a_proj,{EXPERTS}", [1, 3], {}),

@@ -70,6 +70,39 @@ def test_the_adapter_count_is_pefts(targets, names):
         assert want == 41_943_040
 
 
+def test_one_layers_linear_targets_count_as_pefts_layers_to_transform():
+    """Linear modules of some layers ('3.self_attn.q_proj', peft's way of naming one layer's):
+    the planner's count over the layers equals peft's on Llama-3.1-8B with target_modules
+    q_proj, v_proj and layers_to_transform [3, 30]; the other layers have none."""
+    from accelerate import init_empty_weights
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from horizon_sim.specs.hf_export import to_hf_config_dict
+    m = model_preset("llama-3.1-8b")
+    d = to_hf_config_dict(m)
+    with init_empty_weights():
+        ref = AutoModelForCausalLM.from_config(AutoConfig.for_model(d.pop("model_type"), **d))
+    peft_model = get_peft_model(ref, LoraConfig(r=16, target_modules=["q_proj", "v_proj"], layers_to_transform=[3, 30]))
+    want = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    p = Policy(lora_rank=16, optimizer="after",
+               lora_targets="3.self_attn.q_proj,3.self_attn.v_proj,model.layers.30.self_attn.q_proj,30.self_attn.v_proj")
+    per = [work.adapter_params(m, work.layer_policy(m, p, u)) for u in range(m.n_layers)]
+    assert sum(per) == want and [u for u in range(m.n_layers) if per[u]] == [3, 30]
+
+
+def test_a_shared_expert_is_a_linear_target():
+    """'mlp.shared_experts.gate_proj' names DeepSeek's shared expert, a Linear module (of one
+    layer with its index), not a routed-expert stack; 'experts.down_proj' the routed stack."""
+    p = Policy(lora_rank=4, optimizer="after", lora_targets="1.mlp.shared_experts.gate_proj,experts.down_proj")
+    assert p.target_names() == (("1.mlp.shared_experts.gate_proj",), ("experts.down_proj",))
+    m = model_preset("deepseek-v2-lite")
+    work.check_adapter_targets(m, p)
+    assert {q.module for q in work.adapted(m.block_spec(1), work.layer_policy(m, p, 1))} == \
+        {"mlp.shared_experts.gate_proj", "mlp.experts.down_proj"}
+    assert [q.module for q in work.adapted(m.block_spec(2), work.layer_policy(m, p, 2))] == ["mlp.experts.down_proj"]
+
+
 COOKBOOK = [f"{u}.mlp.experts.{n}" for u in (7, 15, 23) for n in ("gate_up_proj", "down_proj")]
 """The expert stacks gpt-oss fine-tuning recipes adapt (peft target_parameters of three layers)."""
 
@@ -300,8 +333,10 @@ def _horizon(*args):
     (["--lora-rank", "4", "--lora-targets", "experts.down_proj"], "'experts.down_proj', which this model's blocks do not"),
     (["--lora-rank", "4", "--model", "gpt-oss-20b", "--lora-targets", "q_proj,24.mlp.experts.down_proj"],
      "'24.mlp.experts.down_proj', which this model's blocks do not have"),
+    (["--lora-rank", "4", "--lora-targets", "1.q_proj"], "'1.q_proj', which this model's blocks do not have"),  # (peft:
+    (["--lora-rank", "4", "--lora-targets", "9.self_attn.q_proj"], "'9.self_attn.q_proj', which"),  # the whole path)
     (["--lora-rank", "4", "--model", "deepseek-v2-lite", "--lora-targets", "0.mlp.experts.down_proj"],
-     "e.g. '1.mlp.experts.gate_up_proj'"),  # layer 0 is dense: the hint names a layer with stacks
+     "'0.self_attn.q_proj' or '1.mlp.experts.gate_up_proj'"),  # layer 0 is dense: the hint names a layer with stacks
     (["--lora-rank", "4", "--compare", "zero3-offload"], "there is no peer step to compare with"),
 ])
 def test_bad_adapter_flags_are_one_line_errors(args, says):

@@ -12,6 +12,7 @@ from horizon_exec.checkpoints.fileio import write_safetensors, write_text
 from horizon_sim.schedule import work
 from horizon_sim.specs import block
 from horizon_sim.specs.families import family
+from horizon_sim.specs.policy import LORA_ALL
 
 ADAPTER_DIR = "adapter"
 """The subfolder of a --save-hf folder that holds the adapters alone (peft's format)."""
@@ -95,22 +96,29 @@ def adapter_config(trainer, base_model: str | None) -> dict:
 
 
 def target_names(trainer) -> tuple[list[str], list[str]]:
-    """(target_modules, target_parameters) as peft's LoraConfig names the run's adapters, each
-    sorted: the Linear modules' last names; an expert stack adapted in every block that has it
-    by its parameter path, else each adapted layer's as '<layer>.<path>' (peft's way)."""
-    ad = trainer.adapters
-    stacks = set()
-    for module in {q.module for q in ad.modules if q.experts}:
-        have = [u for u in ad.blocks if module in {q.module for q in block.projections(trainer.model.block_spec(u))}]
-        adapted = [u for u in ad.blocks if module in {q.module for q in ad.modules_of[u]}]
-        stacks |= {module} if adapted == have else {f"{u}.{module}" for u in adapted}
-    return sorted({work.target_name(q) for q in ad.modules if not q.experts}), sorted(stacks)
+    """(target_modules, target_parameters) as peft's LoraConfig names the run's adapters."""
+    return names_of(trainer.model, adapted_pairs(trainer.model, trainer.policy))
 
 
-def adapted_stacks(model, policy) -> set[tuple[int, str]]:
-    """(layer, stack path) of every routed-expert stack `policy`'s targets adapt in `model`."""
+def names_of(model, pairs: set[tuple[int, str]]) -> tuple[list[str], list[str]]:
+    """(target_modules, target_parameters) that adapt the (layer, path) `pairs` of `model`, each
+    sorted: a projection adapted in every block that has it by its target name (a Linear
+    module's last name, an expert stack's parameter path), else each adapted layer's as
+    '<layer>.<path in the block>' (peft's way for one layer's)."""
+    mine = {(u, q.module): q for u in range(model.n_layers) for q in work.adaptable(model.block_spec(u))}
+    out = ([], [])
+    for name in sorted({work.target_name(mine[k]) for k in pairs}):
+        have = {k for k, q in mine.items() if work.target_name(q) == name}
+        adapted = have & pairs
+        out[bool(next(iter(mine[k] for k in adapted)).experts)].extend(
+            [name] if adapted == have else sorted(f"{u}.{m}" for u, m in adapted))
+    return sorted(out[0]), sorted(out[1])
+
+
+def adapted_pairs(model, policy) -> set[tuple[int, str]]:
+    """(layer, module or stack path) of every projection `policy`'s targets adapt in `model`."""
     return {(u, q.module) for u in range(model.n_layers)
-            for q in work.adapted(model.block_spec(u), work.layer_policy(model, policy, u)) if q.experts}
+            for q in work.adapted(model.block_spec(u), work.layer_policy(model, policy, u))}
 
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "README.md")
@@ -156,22 +164,42 @@ def write_adapter(trainer, folder: Path, base_model: str | None = None) -> None:
     write_text(folder / "adapter_config.json", json.dumps(adapter_config(trainer, base_model), indent=2) + "\n")
 
 
-def _stacks_of(trainer, params, d) -> set[tuple[int, str]]:
-    """The (layer, stack) pairs an adapter folder's target_parameters adapt in the run's model,
-    as peft matches them; a name no block has is a one-line error."""
+def _adapted_by(trainer, cfg: dict, d) -> set[tuple[int, str]]:
+    """The (layer, path) pairs an adapter folder's config adapts in the run's model, as peft
+    matches its target_modules (a list of names, or 'all-linear'), target_parameters and
+    layers_to_transform (which picks target_modules' layers); what peft would not match, or a
+    name no block has, is a one-line error."""
     from dataclasses import replace
 
     from horizon_sim.errors import HorizonError
-    if not isinstance(params, list) or not all(isinstance(n, str) and n.strip() for n in params):
-        raise HorizonError(f"--init-adapter {d}: its target_parameters is {params!r}; want a list of parameter paths")
-    if not params:
-        return set()
+    tm, tp, layers = cfg.get("target_modules"), cfg.get("target_parameters") or [], cfg.get("layers_to_transform")
+    for key, v in (("target_modules", tm if tm != LORA_ALL else []), ("target_parameters", tp)):
+        if v is not None and not (isinstance(v, list) and all(isinstance(n, str) and n.strip() for n in v)):
+            raise HorizonError(f"--init-adapter {d}: its {key} is {v!r}; want a list of names"
+                               + (" or 'all-linear' (a regular expression is not taken)" if key == "target_modules" else ""))
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        layers = [layers]
+    if layers is not None and not (isinstance(layers, list) and all(isinstance(u, int) and not isinstance(u, bool)
+                                                                     for u in layers)):
+        raise HorizonError(f"--init-adapter {d}: its layers_to_transform is {layers!r}; want layer indices")
+    pattern = cfg.get("layers_pattern")
+    names = pattern if isinstance(pattern, list) else [pattern] if pattern else []
+    prefix = family(trainer.model.family).layer_prefix
+    if layers and names and not set(names) & set(prefix.split(".")):
+        raise HorizonError(f"--init-adapter {d}: its layers_pattern is {pattern!r}; this model's layers are "
+                           f"{prefix}<layer> (layers_pattern {prefix.rstrip('.').rsplit('.', 1)[-1]!r} or none)")
+    modules = [LORA_ALL] if tm == LORA_ALL else list(tm or [])
     try:
-        pol = replace(trainer.policy, lora_targets=",".join(params), lora_dropout=0.0)
+        pol = replace(trainer.policy, lora_targets=",".join(modules + tp), lora_dropout=0.0)
         work.check_adapter_targets(trainer.model, pol)
     except HorizonError as e:
-        raise HorizonError(f"--init-adapter {d}: its target_parameters: {e}") from None
-    return adapted_stacks(trainer.model, pol)
+        raise HorizonError(f"--init-adapter {d}: its targets: {e}") from None
+    pairs = adapted_pairs(trainer.model, pol)
+    if layers:  # (peft applies it to target_modules only)
+        model = trainer.model
+        stacks = {(u, q.module) for u in range(model.n_layers) for q in work.adaptable(model.block_spec(u)) if q.experts}
+        pairs = {k for k in pairs if k[0] in layers or k in stacks}
+    return pairs
 
 
 def load_adapter(trainer, folder) -> None:
@@ -196,21 +224,20 @@ def load_adapter(trainer, folder) -> None:
     if not isinstance(cfg, dict):
         raise HorizonError(f"--init-adapter {d}: adapter_config.json is not a JSON object")
     names, stacks = target_names(trainer)
-    targets, params = (sorted(v) if isinstance(v, list) else v
-                       for v in (cfg.get("target_modules"), cfg.get("target_parameters") or []))
-    both = ",".join(targets + params) if isinstance(targets, list) and isinstance(params, list) else ""
-    give_both = f"; give --lora-targets {both}" if both else ""  # (--lora-targets names both kinds)
     for key, have, want, how in (
             ("peft_type", cfg.get("peft_type"), "LORA", ""),
             ("r", cfg.get("r"), p.lora_rank, f"; give --lora-rank {cfg.get('r')}"),
             ("lora_alpha", cfg.get("lora_alpha"), p.lora_alpha, f"; give --lora-alpha {cfg.get('lora_alpha')}"),
-            ("target_modules", targets, names, give_both),
             ("use_dora", bool(cfg.get("use_dora")), False, ""),
             ("use_rslora", bool(cfg.get("use_rslora")), False, "")):
         if have != want:
             raise HorizonError(f"--init-adapter {d}: its {key} is {have!r}, the run's {want!r}{how if have else ''}")
-    if _stacks_of(trainer, params, d) != adapted_stacks(trainer.model, p):  # the same stacks, however named
-        raise HorizonError(f"--init-adapter {d}: its target_parameters is {params!r}, the run's {stacks!r}{give_both}")
+    theirs, ours = _adapted_by(trainer, cfg, d), adapted_pairs(trainer.model, p)
+    if theirs != ours:  # the same projections, however named (--lora-targets names both kinds)
+        u, m = min(theirs ^ ours)
+        raise HorizonError(f"--init-adapter {d}: it adapts {len(theirs)} projections, the run {len(ours)} (layer {u}'s "
+                           f"{m} in {'it' if (u, m) in theirs else 'the run'} alone); give --lora-targets "
+                           + ",".join(sum(names_of(trainer.model, theirs), [])))
     want, shapes = {}, {}  # key -> (its module's pair, "A" | "B"); key -> peft's shape
     for u in ad.blocks:
         stems = peft_stems(trainer, u)

@@ -92,10 +92,10 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="with --lora-rank: start the adapters from a peft LoRA adapter folder (adapter_config.json + "
                         "adapter_model.safetensors; its r, lora_alpha, target_modules and target_parameters must be the "
                         "run's)")
-    m.add_argument("--save-hf", default=None, metavar="DIR",
+    m.add_argument("--save-hf", "--merge-into", dest="save_hf", default=None, metavar="DIR",
                    help="after training, write a transformers checkpoint folder (safetensors + config.json); "
-                        "with --lora-rank the base with the adapters merged, and the adapters alone in peft's format "
-                        "in DIR/adapter; a symbolic link is followed (the save goes into its target); one run at a "
+                        "with --lora-rank the base with the adapters merged (hence --merge-into, the same flag), and "
+                        "the adapters alone in peft's format in DIR/adapter; a symbolic link is followed (the save goes into its target); one run at a "
                         "time (.DIR.lock beside it names the holder)")
     m.add_argument("--save-adapter", default=None, metavar="DIR",
                    help="with --lora-rank: after training, write the adapters alone in peft's format "

@@ -129,7 +129,8 @@ def add_policy_args(p: argparse.ArgumentParser, defaults: Policy = _D, compute_h
                    help="with --lora-rank: the block projections that get adapters, comma-separated: Linear "
                         "modules by name as peft's target_modules (q_proj,v_proj), and routed-expert stacks by "
                         "parameter path as its target_parameters (experts.gate_up_proj,experts.down_proj: an "
-                        "adapter per expert; 7.mlp.experts.down_proj: layer 7's alone) (default "
+                        "adapter per expert); a layer index before the path in the block names that layer's alone "
+                        "(7.self_attn.q_proj, 7.mlp.experts.down_proj) (default "
                         f"{LORA_ALL}: every Linear projection, no expert stack)")
     g.add_argument("--lora-alpha", type=float, default=defaults.lora_alpha, metavar="A",
                    help="with --lora-rank: the adapters' output is scaled by A / R, as peft's lora_alpha (default "

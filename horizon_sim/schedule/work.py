@@ -106,10 +106,15 @@ def adapted(m: ModelSpec, policy) -> tuple[block.Projection, ...]:
     named as peft's target_parameters names them, an adapter per expert."""
     if policy is None or not policy.adapters:
         return ()
-    ps = [p for p in block.projections(m) if not (m.n_experts and p.module in block.ROUTERS)]
+    ps = adaptable(m)
     chosen = set(policy.adapter_modules(tuple(p.module for p in ps if not p.experts),
                                         tuple(p.module for p in ps if p.experts)))
     return tuple(p for p in ps if p.module in chosen)
+
+
+def adaptable(m: ModelSpec) -> list[block.Projection]:
+    """The block's projections an adapter may target: all but an MoE block's router."""
+    return [p for p in block.projections(m) if not (m.n_experts and p.module in block.ROUTERS)]
 
 
 def target_name(p: block.Projection) -> str:
@@ -126,8 +131,7 @@ def check_adapter_targets(model: ModelSpec, policy) -> None:
         return
     layers = []
     for u in range(model.n_layers):
-        s = model.block_spec(u)
-        ps = [p for p in block.projections(s) if not (s.n_experts and p.module in block.ROUTERS)]
+        ps = adaptable(model.block_spec(u))
         layers.append((tuple(p.module for p in ps if not p.experts), tuple(p.module for p in ps if p.experts)))
     policy.check_targets(layers, family(model.family).layer_prefix)
 

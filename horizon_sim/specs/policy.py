@@ -29,11 +29,12 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 LORA_ALL = "all-linear"
 """Policy.lora_targets's value for every projection of the blocks (peft's 'all-linear': the LM
 head, the embedding and the routed experts' stacked weights left out)."""
-EXPERT_TARGET = "experts."
-"""A lora_targets name holding this names a routed-expert stack by its parameter path
-('mlp.experts.gate_up_proj', or its tail 'experts.gate_up_proj'), as peft's target_parameters
-takes it: one adapter per expert (model/adapters.py). With a layer index before it
-('7.mlp.experts.gate_up_proj', the gpt-oss recipes' way), that layer's stack alone."""
+EXPERT_TARGET = "experts"
+"""A lora_targets name whose next-to-last part is this names a routed-expert stack by its
+parameter path ('mlp.experts.gate_up_proj', or its tail 'experts.gate_up_proj'), as peft's
+target_parameters takes it: one adapter per expert (model/adapters.py). With a layer index
+before it ('7.mlp.experts.gate_up_proj', the gpt-oss recipes' way), that layer's stack alone.
+('mlp.shared_experts.gate_proj' is a Linear module.)"""
 _LORA_ALPHA = 8.0  # Policy.lora_alpha's default (peft's)
 HOST_UPDATE_FIELDS = ("optimizer", "master_dtype", "split_master", "master_rounding", "states_dtype", "grad_dtype",
                       "working_copy", "disk_tier", "max_host_grads")
@@ -165,7 +166,10 @@ class Policy:
     their names as peft's target_modules takes them ('q_proj,v_proj'), or 'all-linear' (every
     Linear projection of the blocks); and routed-expert stacks by their parameter path as peft's
     target_parameters takes it ('mlp.experts.gate_up_proj', 'experts.down_proj'): an adapter per
-    expert. 'all-linear' combines with expert stacks ('all-linear,experts.gate_up_proj')."""
+    expert. 'all-linear' combines with expert stacks ('all-linear,experts.gate_up_proj'). A
+    name with a layer index before the path in the block ('7.self_attn.q_proj',
+    '7.mlp.experts.down_proj') adapts that layer's alone, as peft matches such names (and as
+    its layers_to_transform picks layers)."""
     lora_alpha: float = _LORA_ALPHA
     """With lora_rank: the adapters' output is scaled by lora_alpha / lora_rank (peft's
     lora_alpha, and its default). The planner's figures do not depend on it."""
@@ -376,22 +380,24 @@ class Policy:
     def target_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """lora_targets split: (Linear names, 'all-linear' among them; routed-expert stack paths)."""
         names = [n.strip() for n in self.lora_targets.split(",")]
-        return tuple(n for n in names if EXPERT_TARGET not in n), tuple(n for n in names if EXPERT_TARGET in n)
+        return tuple(n for n in names if not _is_stack(n)), tuple(n for n in names if _is_stack(n))
 
     def at_layer(self, layer: int, prefix: str) -> "Policy":
         """The policy as block `layer` sees it (its parameters named under `prefix`, e.g.
-        'model.layers.'): an expert target that names this layer ('7.mlp.experts.down_proj')
-        loses its layer; one naming another layer stays as it is and matches nothing here."""
+        'model.layers.'): a target that names this layer ('7.mlp.experts.down_proj',
+        '7.self_attn.q_proj') loses its layer; one naming another layer stays as it is and
+        matches nothing here."""
         return _at_layer(self, layer, prefix) if self.adapters and any(c.isdigit() for c in self.lora_targets) else self
 
     def adapter_modules(self, modules: tuple[str, ...], stacks: tuple[str, ...] = ()) -> tuple[str, ...]:
         """Which of a block's Linear projection modules (transformers' paths, 'self_attn.q_proj')
         and routed-expert stacks ('mlp.experts.gate_up_proj') get an adapter: every Linear one
-        under 'all-linear', else those whose last name is a target; a stack whose path ends with
-        an expert target without a layer (at_layer resolves those with one). Names are checked
-        against the whole model (check_targets)."""
+        under 'all-linear', else those whose path ends with a target ('q_proj',
+        'self_attn.q_proj', as peft's target_modules list matches); a stack whose path ends with
+        an expert target without a layer (at_layer resolves names with a layer). Names are
+        checked against the whole model (check_targets)."""
         linear, experts = self.target_names()
-        chosen = modules if LORA_ALL in linear else tuple(m for m in modules if m.rsplit(".", 1)[-1] in linear)
+        chosen = modules if LORA_ALL in linear else tuple(m for m in modules if any(_path_ends(m, t) for t in linear))
         own = [t for t in experts if not _has_layer(t)]
         return chosen + tuple(s for s in stacks if any(_path_ends(s, t) for t in own))
 
@@ -402,21 +408,24 @@ class Policy:
         linear, experts = self.target_names()
         last = {m.rsplit(".", 1)[-1] for modules, _ in layers for m in modules}
         stacks = sorted({s for _, ss in layers for s in ss})
-        unknown = [n for n in linear if n != LORA_ALL and n not in last]
-        for n in experts:
-            q = _layer_of(n, prefix)
-            if q is None:
-                hit = not _has_layer(n) and any(_path_ends(s, n) for s in stacks)
-            else:
-                hit = q[0] < len(layers) and q[1] in layers[q[0]][1]  # (peft: the path after the layer whole)
-            if not hit:
-                unknown.append(n)
+        unknown = []
+        for kind, names in ((0, [n for n in linear if n != LORA_ALL]), (1, experts)):
+            have = {m for layer in layers for m in layer[kind]}
+            for n in names:
+                q = _layer_of(n, prefix)
+                if q is None:
+                    hit = not _has_layer(n) and any(_path_ends(m, n) for m in have)
+                else:  # (peft: the whole path after the layer, '7.self_attn.q_proj', not '7.q_proj')
+                    hit = q[0] < len(layers) and q[1] in layers[q[0]][kind]
+                if not hit:
+                    unknown.append(n)
         if unknown:
             allowed = sorted(last) + stacks + [LORA_ALL]
+            one = f"'0.{layers[0][0][0]}'" if layers and layers[0][0] else ""
+            one += (" or " if one else "") + f"'{_first_stack(layers)}'" if stacks else ""
             raise HorizonError(f"policy lora_targets names {', '.join(map(repr, unknown))}, which this model's blocks do "
                                f"not have; allowed: {', '.join(allowed)}" +
-                               (" (an expert stack in one layer: '<layer>.<path>', e.g. "
-                                f"'{_first_stack(layers)}')" if stacks else ""))
+                               (f" (a projection of one layer: '<layer>.<path in the block>', e.g. {one})" if one else ""))
         if experts and self.lora_dropout:
             raise HorizonError(f"policy lora_dropout={self.lora_dropout!r} with routed-expert targets "
                                f"({', '.join(experts)}): peft's LoRA on expert stacks has no dropout; use 0")
@@ -560,6 +569,12 @@ def _path_ends(path: str, tail: str) -> bool:
     return path == tail or path.endswith("." + tail)
 
 
+def _is_stack(name: str) -> bool:
+    """A lora_targets name of a routed-expert stack: its next-to-last part is 'experts'."""
+    parts = name.split(".")
+    return len(parts) > 1 and parts[-2] == EXPERT_TARGET
+
+
 def _has_layer(name: str) -> bool:
     """A target name with a layer index among its parts ('7.mlp.experts.down_proj')."""
     return any(part.isdigit() for part in name.split("."))
@@ -572,10 +587,11 @@ def _first_stack(layers: list[tuple[tuple[str, ...], tuple[str, ...]]]) -> str:
 
 
 def _layer_of(name: str, prefix: str) -> tuple[int, str] | None:
-    """(layer, the path after it) of an expert target naming one layer, as peft matches it: the
-    name ends the parameter's full path '<prefix><layer>.<path>' (so '7.mlp.experts.down_proj'
-    and 'model.layers.7.mlp.experts.down_proj' both name layer 7); None for a name without a
-    layer index or whose parts before it are not the tail of `prefix`."""
+    """(layer, the path after it) of a target naming one layer, as peft matches it: the name
+    ends the full path '<prefix><layer>.<path>' (so '7.mlp.experts.down_proj' and
+    'model.layers.7.mlp.experts.down_proj' both name layer 7, as '7.self_attn.q_proj' does a
+    Linear module); None for a name without a layer index or whose parts before it are not the
+    tail of `prefix`."""
     parts = name.split(".")
     i = next((k for k, part in enumerate(parts) if part.isdigit()), None)
     if i is None or i == len(parts) - 1:
