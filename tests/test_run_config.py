@@ -55,6 +55,7 @@ def test_the_flags_reach_their_fields():
     assert t.admission == AdmissionConfig(enabled=False, host_budget_bytes=1 << 30) and not t.random_init
     assert cfg.checkpoints == CheckpointConfig(ckpt_dir="ck", save_every=2, resume="")
     assert cfg.outputs == OutputsConfig(save_hf="out", save_shard_bytes=10**6, progress=False)
+    assert run_config(_flags("--merge-into", "merged")).outputs.save_hf == "merged"  # (its other name)
 
 
 @pytest.mark.parametrize("make,python,flags", [
