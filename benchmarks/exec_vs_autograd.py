@@ -18,7 +18,8 @@ the split gives compute all of them).
 Prints (medians of repeated steps, all measured in this one run):
   ratio exec/autograd: X.XX          autograd step time / executor step time (target >= 0.70)
   minor page faults a step: ...      the process's page faults (getrusage) in each side's step:
-                                     memory the kernel maps anew. Plain autograd on glibc's
+                                     memory the kernel maps anew, and the kernel's CPU seconds
+                                     (summed over threads). Plain autograd on glibc's
                                      allocator maps its larger temporaries afresh each step (the
                                      fp32 logits alone are 262 MB), the executor reuses its
                                      buffers; that cost, and so the ratio, varies with the VM's
@@ -155,10 +156,12 @@ PAGE_B = os.sysconf("SC_PAGE_SIZE")
 
 
 def faulted(fn):
-    """(fn(), the process's minor page faults while it ran): pages the kernel mapped anew."""
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    """(fn(), (the process's minor page faults, its kernel CPU seconds) while it ran): pages the
+    kernel mapped anew, and what the kernel spent, mostly on those faults."""
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     out = fn()
-    return out, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return out, (r1.ru_minflt - r0.ru_minflt, r1.ru_stime - r0.ru_stime)
 
 
 def _on_cpu_lane(tr, fn):
@@ -293,9 +296,10 @@ def main():
     print(f"executor step {t_exec:.3f}s ({pol.tokens / t_exec:,.0f} tok/s), without optimizer "
           f"{t_noopt:.3f}s; autograd step {t_auto:.3f}s ({pol.tokens / t_auto:,.0f} tok/s)")
     print(f"ratio exec/autograd: {t_auto / t_exec:.2f}")
-    fe, fa = (statistics.median(faults[k]) for k in ("exec", "auto"))
-    print(f"minor page faults a step: executor {fe:,.0f} (>= {fe * PAGE_B / 1e9:.2f} GB mapped anew), "
-          f"autograd {fa:,.0f} ({fa * PAGE_B / 1e9:.2f} GB)")
+    (fe, se), (fa, sa) = ((statistics.median(f for f, _ in faults[k]), statistics.median(s for _, s in faults[k]))
+                          for k in ("exec", "auto"))
+    print(f"minor page faults a step: executor {fe:,.0f} (>= {fe * PAGE_B / 1e9:.2f} GB mapped anew, kernel CPU "
+          f"{se:.2f} s), autograd {fa:,.0f} (>= {fa * PAGE_B / 1e9:.2f} GB, kernel CPU {sa:.2f} s)")
     print(f"optimizer hiding: {t_exec / t_noopt:.2f}")
     if times["exec_torch_adamw"]:
         print(f"executor step with torch's AdamW path / with the native kernel: "
