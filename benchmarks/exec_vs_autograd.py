@@ -13,7 +13,8 @@ priced with --hardware FILE when given, printed as 'cores: ...').
 Baseline: the same model as a plain nn.Module (the same block code, whole-model autograd) with
 fp32 parameters (under torch.autocast(bfloat16) when the compute dtype is bf16), torch.optim.AdamW(fused=True) and
 clip_grad_norm_, on as many intra-op threads as the executor's compute lane (all the cores when
-the split gives compute all of them).
+the split gives compute all of them), in a child process pinned to the same cores (one OpenMP
+team per process: libgomp slows every team of a process whose team threads outnumber its cores).
 
 Prints (medians of repeated steps, all measured in this one run):
   ratio exec/autograd: X.XX          autograd step time / executor step time (target >= 0.70)
@@ -56,6 +57,7 @@ Run: .venv/bin/python benchmarks/exec_vs_autograd.py [--steps 5] [--layers 8] ..
 """
 import argparse
 import dataclasses
+import multiprocessing as mp
 import os
 import resource
 import statistics
@@ -77,6 +79,7 @@ from horizon_exec.runtime.config import AdmissionConfig, OptimizerConfig, Runtim
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Holds, Lane, OpKind
 from horizon_sim.specs.model import ModelSpec
+from horizon_sim.specs.policy import Policy
 from horizon_flags import add_shape_flags, add_horizon_flags, hardware_of, horizon_side
 
 
@@ -113,30 +116,49 @@ class PlainLM(nn.Module):
 
 
 class AutogradStep:
-    """One baseline step, on the executor's compute cores with as many intra-op threads."""
+    """One baseline step on the executor's compute cores with as many intra-op threads, in a
+    process of its own: its OpenMP team never shares a process with the executor's, where
+    libgomp would cut both teams' spin-waits for outnumbering the cores (device/cpu.py)."""
 
     def __init__(self, spec, pol, cores, threads):
-        self.spec, self.pol, self.cores, self.threads = spec, pol, cores, threads
-        self.bf16 = pol.compute_dtype == "bf16"
-        self.model = PlainLM(spec, pol.seq)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_baseline, args=(child, spec.to_dict(), pol.to_dict(), sorted(cores), threads),
+                                 daemon=True)
+        self._proc.start()
 
-    def __call__(self) -> float:
-        prev = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, self.cores)
-        torch.set_num_threads(self.threads)
-        try:
-            tokens = torch.randint(0, self.spec.vocab, (self.pol.batch, self.pol.seq))
-            t0 = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-                loss = self.model(tokens)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.pol.grad_clip)
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
-            return time.perf_counter() - t0
-        finally:
-            os.sched_setaffinity(0, prev)
+    def __call__(self) -> tuple[float, tuple[int, float]]:
+        """(the step's seconds, (its minor page faults, the kernel's CPU seconds)), as faulted()."""
+        self._conn.send("step")
+        return self._conn.recv()
+
+    def close(self) -> None:
+        self._conn.send(None)
+        self._proc.join(timeout=60)
+
+
+def _baseline(conn, spec: dict, pol: dict, cores: list[int], threads: int) -> None:
+    """The baseline's process: a plain model and torch's fused AdamW, a step per request."""
+    spec, pol = ModelSpec.from_dict(spec), Policy.from_dict(pol)
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)
+    model = PlainLM(spec, pol.seq)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    bf16 = pol.compute_dtype == "bf16"
+
+    def step() -> float:
+        tokens = torch.randint(0, spec.vocab, (pol.batch, pol.seq))
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(tokens)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), pol.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    while conn.recv() is not None:
+        conn.send(faulted(step))
 
 
 def _config(a) -> TrainerConfig:
@@ -282,14 +304,14 @@ def main():
                     faults["exec"].append(f)
             tr.runner.adamw = native_opt
             t["noopt"] = exec_step(tr, frozenset({OpKind.OPTIMIZER}))
-            t["auto"], f = faulted(auto)
+            t["auto"], f = auto()
             if r >= a.warmup:
                 faults["auto"].append(f)
                 for k, v in t.items():
                     times[k].append(v)
         # the rates re-apply the last step's gradients, which only the pipelined mode holds past its step
         rates = None if pol.split_master or pol.optimizer != "pipelined" else optimizer_rates(tr, 4 * a.steps + 1)
-    del auto
+    auto.close()
     t_exec, t_noopt, t_auto = (statistics.median(times[k]) for k in ("exec", "noopt", "auto"))
     lean_rates = lean_optimizer_rates(spec, pol, a)
 

@@ -115,3 +115,26 @@ def test_fp32_training_is_bit_exact_across_splits():
             out[threads] = {n: v.clone() for n, v in tr.state_dict().items()}
     for n, v in out[1].items():
         assert torch.equal(v, out[2][n]), n
+
+
+def test_the_driving_thread_runs_its_torch_ops_on_one_thread_while_a_cpu_trainer_lives():
+    """libgomp cuts every OpenMP team's spin-wait once the process's team threads outnumber the
+    cores, so a team on the thread that drives the trainer made the compute lane's workers sleep
+    between kernels (the tiny model's two-thread compute fell from 1.6x one thread's speed to
+    ~1.1x): that thread runs its torch ops on one thread from the backend's construction to the
+    trainer's close, then has its own count back. Checked in a fresh thread, whose count is its own."""
+    got = {}
+
+    def body():
+        torch.set_num_threads(2)
+        pol = Policy(batch=2, seq=16, optimizer="after")
+        with Trainer(TINY, pol, TrainerConfig(runtime=RuntimeConfig(compute_threads=1))) as tr:
+            got["built"] = torch.get_num_threads()
+            tr.step(torch.randint(0, TINY.vocab, (2, 16)))
+            got["stepped"] = torch.get_num_threads()
+        got["closed"] = torch.get_num_threads()
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert got == {"built": 1, "stepped": 1, "closed": 2}

@@ -15,8 +15,12 @@ optimizer in `backward` mode) and a step does not fault fresh pages in (~0.4 ms 
 A buffer is freed by an op that ran after every op that touched it, to completion in its lane
 thread, so its block is reusable at once (no fence).
 The host store and the pool's blocks sit on transparent huge pages (hugepages.py).
+The thread that builds the backend runs its own torch work on one intra-op thread until
+close(), so that the compute lane's OpenMP team is the process's only one with more than one
+thread (libgomp slows every team once their threads outnumber the cores: __init__).
 """
 import os
+import threading
 import time
 
 import torch
@@ -62,6 +66,24 @@ class CpuBackend(Backend):
         self.pin_cores = pin_cores and hasattr(os, "sched_setaffinity")
         self.pool = HostPool(host_bytes)
         self._t0 = 0.0
+        # The thread that builds the backend drives the trainer and does its host work between
+        # steps (init, loads, saves); from here until close() it runs its own torch ops on one
+        # intra-op thread. libgomp counts the threads of every OpenMP team in the process, and
+        # once they outnumber the cores it cuts each team's spin-wait to ~100 iterations, so
+        # the compute lane's workers sleep between parallel regions and each short kernel waits
+        # for them to wake. A team on this thread (from any parallel op it ran with more than
+        # one thread) took the tiny model's compute from 1.6x faster on two threads to ~1.1x.
+        # A team this thread made before the backend stays (libgomp keeps it until the thread
+        # ends): a process that drives the trainer should not run multi-threaded torch before.
+        self._driver = threading.get_ident(), torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def close(self) -> None:
+        """The driving thread's intra-op threads as they were (only from that thread: the count
+        is per thread)."""
+        ident, threads = self._driver
+        if threading.get_ident() == ident:
+            torch.set_num_threads(threads)
 
     def start_lane(self, lane: Lane) -> None:
         compute = lane == Lane.COMPUTE

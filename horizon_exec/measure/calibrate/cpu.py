@@ -176,7 +176,10 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     prog.step(f"compute threads: the template block on 1..{len(cores)} thread(s), alone and beside a copying "
               "host lane (what a core split costs and gains)")
     speeds = measure_thread_speeds(cores, backend.compute_threads, quick)
-    kernel_speeds = measure_kernel_speeds(cores, backend.compute_threads, quick, thread_counts(len(cores)))
+    # (in a lane's thread, as the executor's compute runs, never the main thread: a team left
+    # there would slow every later team of this process: device/cpu.py, CpuBackend)
+    kernel_speeds = compute(lambda: measure_kernel_speeds(cores, backend.compute_threads, quick,
+                                                          thread_counts(len(cores))))
     prog.done(", ".join(f"{int(t)}: {a:.2f}x alone, {s:.2f}x beside a lane" for t, a, s in speeds)
               + "; kernels alone (GEMM, attention, elementwise): "
               + ", ".join(f"{int(t)}: {g:.2f}x {a:.2f}x {e:.2f}x" for t, g, a, e in kernel_speeds))
