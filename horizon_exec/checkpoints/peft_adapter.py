@@ -10,7 +10,6 @@ import torch
 
 from horizon_exec.checkpoints.fileio import write_safetensors, write_text
 from horizon_sim.schedule import work
-from horizon_sim.specs import block
 from horizon_sim.specs.families import family
 from horizon_sim.specs.policy import LORA_ALL
 
