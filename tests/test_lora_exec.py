@@ -212,19 +212,27 @@ def test_save_hf_writes_the_merged_model_and_the_peft_adapter(tmp_path, family):
         assert rel_err(t, unloaded[n]) <= 1e-6, n
 
 
-def test_a_run_starts_from_a_saved_adapter(tmp_path):
-    """--init-adapter: a new run on the same base, started from the adapter --save-hf wrote, has
-    the trained run's logits (its moments and step at zero); an adapter of another rank, alpha or
-    target set is refused in one line naming the flag."""
-    from horizon_exec.checkpoints.hf_checkpoint import load_hf, save_hf
-    from horizon_exec.checkpoints.peft_adapter import load_adapter
-    from horizon_sim.errors import HorizonError
-    tr, _ = _trainer(tmp_path, "llama", "q_proj,v_proj")
+def _stepped_and_saved(tmp_path, family, targets):
+    """(trainer, transformers reference, tokens, the trainer's logits) after one step, with
+    --save-hf's folder written to tmp_path/out."""
+    from horizon_exec.checkpoints.hf_checkpoint import save_hf
+    tr, ref = _trainer(tmp_path, family, targets)
     tokens = _tokens()
     with tr:
         tr.step(tokens)
         want = tr.logits(tokens)
         save_hf(tr, tmp_path / "out")
+    return tr, ref, tokens, want
+
+
+def test_a_run_starts_from_a_saved_adapter(tmp_path):
+    """--init-adapter: a new run on the same base, started from the adapter --save-hf wrote, has
+    the trained run's logits (its moments and step at zero); an adapter of another rank, alpha or
+    target set is refused in one line naming the flag."""
+    from horizon_exec.checkpoints.hf_checkpoint import load_hf
+    from horizon_exec.checkpoints.peft_adapter import load_adapter
+    from horizon_sim.errors import HorizonError
+    tr, _, tokens, want = _stepped_and_saved(tmp_path, "llama", "q_proj,v_proj")
     fresh, _ = _trainer(tmp_path / "fresh", "llama", "q_proj,v_proj")
     with fresh:
         load_hf(fresh, tmp_path / "hf")  # the same base
@@ -399,16 +407,10 @@ def test_one_layers_adapters_save_and_load_as_pefts(tmp_path):
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from horizon_exec.checkpoints.hf_checkpoint import save_hf
     from horizon_exec.checkpoints.peft_adapter import load_adapter
     from horizon_sim.errors import HorizonError
     from horizon_sim.safe_read import read_json
-    tr, ref = _trainer(tmp_path, "llama", "q_proj,1.self_attn.v_proj")
-    tokens = _tokens()
-    with tr:
-        tr.step(tokens)
-        want = tr.logits(tokens)
-        save_hf(tr, tmp_path / "out")
+    tr, ref, tokens, want = _stepped_and_saved(tmp_path, "llama", "q_proj,1.self_attn.v_proj")
     assert read_json(tmp_path / "out" / "adapter" / "adapter_config.json")["target_modules"] == \
         ["1.self_attn.v_proj", "q_proj"]
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)

@@ -109,7 +109,7 @@ def names_of(model, pairs: set[tuple[int, str]]) -> tuple[list[str], list[str]]:
     for name in sorted({work.target_name(mine[k]) for k in pairs}):
         have = {k for k, q in mine.items() if work.target_name(q) == name}
         adapted = have & pairs
-        out[bool(next(iter(mine[k] for k in adapted)).experts)].extend(
+        out[bool(mine[next(iter(adapted))].experts)].extend(
             [name] if adapted == have else sorted(f"{u}.{m}" for u, m in adapted))
     return sorted(out[0]), sorted(out[1])
 
@@ -222,7 +222,8 @@ def load_adapter(trainer, folder) -> None:
     cfg = read_json(cfg_file)
     if not isinstance(cfg, dict):
         raise HorizonError(f"--init-adapter {d}: adapter_config.json is not a JSON object")
-    names, stacks = target_names(trainer)
+    ours = adapted_pairs(trainer.model, p)
+    names, stacks = names_of(trainer.model, ours)
     for key, have, want, how in (
             ("peft_type", cfg.get("peft_type"), "LORA", ""),
             ("r", cfg.get("r"), p.lora_rank, f"; give --lora-rank {cfg.get('r')}"),
@@ -231,7 +232,7 @@ def load_adapter(trainer, folder) -> None:
             ("use_rslora", bool(cfg.get("use_rslora")), False, "")):
         if have != want:
             raise HorizonError(f"--init-adapter {d}: its {key} is {have!r}, the run's {want!r}{how if have else ''}")
-    theirs, ours = _adapted_by(trainer, cfg, d), adapted_pairs(trainer.model, p)
+    theirs = _adapted_by(trainer, cfg, d)
     if theirs != ours:  # the same projections, however named (--lora-targets names both kinds)
         u, m = min(theirs ^ ours)
         raise HorizonError(f"--init-adapter {d}: it adapts {len(theirs)} projections, the run {len(ours)} (layer {u}'s "

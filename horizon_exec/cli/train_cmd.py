@@ -233,9 +233,9 @@ def run_train(args: argparse.Namespace) -> int:
         from horizon_exec.cli.default_device import default_device
         args.device, why = default_device()
         print(why)
-    if args.device.startswith("cpu"):  # this thread's torch work on one thread (device/cpu.py, CpuBackend)
-        import torch
-        torch.set_num_threads(1)
+    if args.device.startswith("cpu"):  # from before any torch work of this thread's (init, data)
+        from horizon_exec.device.cpu import drive_on_one_thread
+        drive_on_one_thread()
     if args.compute_dtype is None:  # before anything reads the policy (node admission, the ranks)
         from horizon_exec.device.compute_dtype import default_compute_dtype
         args.compute_dtype, args.compute_dtype_why = default_compute_dtype(args.device,

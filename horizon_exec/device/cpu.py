@@ -38,6 +38,15 @@ def cpu_cores() -> list[int]:
     return _cores()
 
 
+def drive_on_one_thread() -> int:
+    """The calling thread's torch intra-op threads set to one; returns the count it had. The
+    thread that drives a CPU run calls it before its own torch work, so that the compute lane's
+    OpenMP team is the process's only one (CpuBackend.__init__ says why)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    return before
+
+
 def _cores() -> list[int]:
     try:
         return sorted(os.sched_getaffinity(0))
@@ -75,8 +84,7 @@ class CpuBackend(Backend):
         # one thread) took the tiny model's compute from 1.6x faster on two threads to ~1.1x.
         # A team this thread made before the backend stays (libgomp keeps it until the thread
         # ends): a process that drives the trainer should not run multi-threaded torch before.
-        self._driver = threading.get_ident(), torch.get_num_threads()
-        torch.set_num_threads(1)
+        self._driver = threading.get_ident(), drive_on_one_thread()
 
     def close(self) -> None:
         """The driving thread's intra-op threads as they were (only from that thread: the count

@@ -421,8 +421,9 @@ class Policy:
                     unknown.append(n)
         if unknown:
             allowed = sorted(last) + stacks + [LORA_ALL]
-            one = f"'0.{layers[0][0][0]}'" if layers and layers[0][0] else ""
-            one += (" or " if one else "") + f"'{_first_stack(layers)}'" if stacks else ""
+            examples = ([f"'0.{layers[0][0][0]}'"] if layers and layers[0][0] else []) + \
+                ([f"'{_first_stack(layers)}'"] if stacks else [])
+            one = " or ".join(examples)
             raise HorizonError(f"policy lora_targets names {', '.join(map(repr, unknown))}, which this model's blocks do "
                                f"not have; allowed: {', '.join(allowed)}" +
                                (f" (a projection of one layer: '<layer>.<path in the block>', e.g. {one})" if one else ""))
