@@ -1,7 +1,7 @@
 """The GH100 presets price compute from an H200 measurement (horizon_sim/specs/measured): the
 H200 as measured, the H100 SXM and GH200 with the same compute rates, the H100 PCIe scaled by
-its dense peak, elementwise work scaled by each part's HBM peak; the other presets keep the flat
-efficiency. The file is read as a hardware file's tables are, so a measured shape comes back
+its dense peak, elementwise work scaled by each part's HBM peak; the RTX 4090's GEMMs come from
+a published matmul benchmark; the other presets keep the flat efficiency. The file is read as a hardware file's tables are, so a measured shape comes back
 exactly."""
 import tomllib
 
@@ -33,10 +33,25 @@ def test_other_gh100_parts_scale_it_by_their_peaks(name, compute, hbm):
 
 
 def test_other_presets_keep_the_flat_efficiency():
-    for name in ("a100-80gb", "l40s", "rtx-4090"):
+    for name in ("a100-80gb", "l40s", "rtx-3090"):
         d = DEVICES[name]
         assert not d.gemm_TFLOPs and d.elementwise_GBps == 0
         assert bool(d.attention_TFLOPs) == name.startswith("a100")  # FlashAttention-2's published A100 rates
+
+
+def test_the_rtx_4090_prices_its_gemms_at_the_published_matmul_rates():
+    """Every layout at the benchmark's a @ b rates (the only one measured); a transformer's
+    GEMM between the measured sizes at a rate inside its neighbours', where the flat estimate
+    priced all of them at 0.70 of the peak; fp32 GEMMs (the adapters') from the fp32 column."""
+    from horizon_sim.specs.measured_kernels import RTX4090_MATMUL_TFLOPs, RTX4090_SIZES
+    cm = CostModel(make_hardware("rtx-4090"))
+    for layout in ("nt", "nn", "tn"):
+        for n, r in zip(RTX4090_SIZES, RTX4090_MATMUL_TFLOPs["bf16"]):
+            assert cm.gemm.rate(layout, (n, n, n)) == r
+    layer = cm.gemm.rate("nt", (32768.0, 15360.0, 5120.0))  # a 13B GPT's fused QKV at batch 32 x 1024
+    assert 151.5 <= layer <= 164.81 and layer > 0.9 * 165.2
+    fp32 = cm._gemm_table("fp32")
+    assert fp32.rate("nn", (4096.0, 4096.0, 4096.0)) == RTX4090_MATMUL_TFLOPs["fp32"][2]
 
 
 def test_the_v100_takes_the_rate_deepspeeds_tutorial_logged():

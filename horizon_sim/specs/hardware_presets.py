@@ -16,7 +16,7 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.specs.cluster import make_cluster
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
 from horizon_sim.specs.layout import ONE, Layout
-from horizon_sim.specs.measured_kernels import fa2_a100_attention, gh100_kernels, v100_megatron_kernels
+from horizon_sim.specs.measured_kernels import fa2_a100_attention, gh100_kernels, rtx4090_kernels, v100_megatron_kernels
 from horizon_sim.units import GiB, closest, fmt_bytes, parse_size
 
 # ---- links ---------------------------------------------------------------------------------
@@ -53,7 +53,8 @@ def _mib(n: int) -> float:
 # library_workspace_MiB: the cuBLAS + cuBLASLt workspaces PyTorch keeps for the compute stream
 # (measured on Hopper, estimated before it: preset_sources.py). The GH100 parts' kernel rates
 # (GEMM by shape, attention, elementwise, loss, per-op costs) come from an H200 measurement
-# (measured_kernels.py); the others price GEMMs at peak x matmul_efficiency.
+# (measured_kernels.py), the RTX 4090's GEMMs from a published microbenchmark; the others price
+# GEMMs at peak x matmul_efficiency.
 HOPPER_WORKSPACE_MiB = 64.0
 PRE_HOPPER_WORKSPACE_MiB = 16.25
 DEVICES: dict[str, DeviceSpec] = {
@@ -87,7 +88,7 @@ DEVICES: dict[str, DeviceSpec] = {
                    library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
         DeviceSpec(name="rtx-4090", hbm_GiB=_mib(24564), bf16_TFLOPs=165.2, fp32_TFLOPs=82.6,
                    hbm_GBps=1008.0, default_link="pcie-gen4",
-                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),
+                   library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB, **rtx4090_kernels()),
         DeviceSpec(name="rtx-3090", hbm_GiB=_mib(24576), bf16_TFLOPs=71.0, fp32_TFLOPs=35.6,
                    hbm_GBps=936.0, default_link="pcie-gen4",
                    library_workspace_MiB=PRE_HOPPER_WORKSPACE_MiB),

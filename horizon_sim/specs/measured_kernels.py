@@ -5,7 +5,10 @@ The V100 takes its rate from a published log instead (v100_megatron_kernels): De
 ZeRO-Offload tutorial timed the forward and backward of a 10B GPT-2 in Megatron-LM v1.1.5 on one
 V100 with every parameter resident on the GPU, which is pure compute.
 
-One measurement so far: an H200, by this project's `horizon calibrate --device cuda`
+The RTX 4090 takes a published microbenchmark (rtx4090_kernels): square torch.matmul at five
+sizes, bf16 and fp32, one card's run of a public benchmark script.
+
+One measurement of our own so far: an H200, by this project's `horizon calibrate --device cuda`
 (measured/h200_2026-11-27.toml). The GH100 presets take it: the H200 as measured; the H100 SXM
 and the GH200 (the same GH100 compute, 132 SMs, 989-990 TF dense bf16) with its compute tables
 as they are and its elementwise rate scaled by their HBM peak; the H100 PCIe (756 TF) with the
@@ -88,3 +91,24 @@ def v100_megatron_kernels() -> dict:
     r = V100_MEGATRON_TFLOPs
     gemm = tuple(("bf16", layout, 10240.0, 4096.0, 4096.0, r) for layout in ("nt", "nn", "tn"))
     return dict(gemm_TFLOPs=gemm, attention_TFLOPs=(("bf16", 1024.0, 128.0, r / 2, r / 2),))
+
+
+# RTX 4090 (24 GB), square torch.matmul(a, b), n x n x n, CUDA events over 30 runs after 10
+# warm-ups, 2 n^3 flops each (zzc0721/torch-performance-test-data test.py at commit 9d82827),
+# one card's detailed run: github issue zzc0721/torch-performance-test-data#78 (torch 2.7.0+cu128,
+# a cloud instance), TF/s. Its best bf16 figure, 164.8, is the middle of the six 24 GB RTX 4090
+# runs in that repository's database.md (162.4-173.3 TF/s, median 165.3), so the card is typical.
+RTX4090_SIZES = (1024, 2048, 4096, 8192, 10240)
+RTX4090_MATMUL_TFLOPs = {"bf16": (126.84, 164.81, 151.50, 160.17, 158.54),
+                         "fp32": (45.89, 53.84, 53.02, 53.41, 51.43)}  # fp32 with TF32 off
+
+
+def rtx4090_kernels() -> dict:
+    """DeviceSpec fields of the RTX 4090: its GEMMs from RTX4090_MATMUL_TFLOPs. The benchmark
+    multiplies row-major matrices ('nn' in the planner's layouts); the planner's other layouts
+    take the same rates (RateTable's fallback), as no source measured them apart. The large
+    sizes reach 0.96-0.97 of the 165.2 TF datasheet peak (the card boosts above the 2.52 GHz the
+    datasheet counts), where the flat estimate priced every GEMM at 0.70 of it."""
+    gemm = tuple((dtype, "nn", float(n), float(n), float(n), r)
+                 for dtype, rates in RTX4090_MATMUL_TFLOPs.items() for n, r in zip(RTX4090_SIZES, rates))
+    return dict(gemm_TFLOPs=gemm)

@@ -160,6 +160,10 @@ SOURCES: dict[str, dict[str, str]] = {
         "hbm_GiB": _smi(24564, "NVIDIA GeForce RTX 4090"),
         "bf16_TFLOPs": "datasheet: NVIDIA Ada (AD102) whitepaper: bf16 with FP32 accumulate 165.2 TF dense",
         "fp32_TFLOPs": "datasheet: NVIDIA Ada whitepaper: FP32 82.6 TF",
+        "gemm_TFLOPs": "published: square torch.matmul at 1,024-10,240, bf16 126.8-164.8 TF/s and fp32 45.9-53.8 "
+                       "(github zzc0721/torch-performance-test-data issue 78, its test.py at 9d82827; the best bf16 "
+                       "figure is the median of the repository's six 24 GB RTX 4090 runs, 162.4-173.3); other "
+                       "layouts than a @ b at the same rates: estimate (measured_kernels.py RTX4090_MATMUL_TFLOPs)",
         "hbm_GBps": "datasheet: NVIDIA Ada whitepaper: GDDR6X 1,008 GB/s",
         "library_workspace_MiB": _PRE_HOPPER_WS},
     "device:rtx-3090": {
