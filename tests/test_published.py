@@ -236,8 +236,13 @@ def test_held_out_rows_are_reported_apart(tmp_path):
     pred = res.table.predicted[0]
     assert held["median_abs_err"] == pytest.approx(abs(pred / 500 - 1))
     assert built["median_abs_err"] == pytest.approx(statistics.median([abs(pred / 1000 - 1), abs(pred / 2000 - 1)]))
+    whole = res.medians(held_out=None)["throughput"]  # the "whole suite" figure: every row
+    assert whole["rows"] == 3 and whole["median_abs_err"] == pytest.approx(
+        statistics.median([abs(pred / v - 1) for v in (1000, 2000, 500)]))
     text = res.text()
     assert "held out (1 rows entered to test the planner" in text and "h0^" in text
+    assert f"the whole suite (built and held-out rows together):\n    throughput: median |error| " \
+           f"{whole['median_abs_err']:.1%} over 3 rows" in text
     with pytest.raises(HorizonError, match="r0: held_out 'yes' must be true or false"):
         load_rows(_file(tmp_path, {}, extra='held_out = "yes"\n'))
 

@@ -71,11 +71,11 @@ class SuiteResult:
     def compared(self) -> pd.DataFrame:
         return self.table[self.table.status == "ok"]
 
-    def medians(self, held_out: bool = False) -> dict[str, dict]:
+    def medians(self, held_out: bool | None = False) -> dict[str, dict]:
         """Per quantity group: rows compared, median and worst |error| (for 'fit': verdicts
-        wrong), of the held-out rows or of the others."""
+        wrong), of the held-out rows, of the others, or (None) of all of them together."""
         out = {}
-        c = self.compared[self.compared.held_out == held_out]
+        c = self.compared if held_out is None else self.compared[self.compared.held_out == held_out]
         for g in GROUPS:
             t = c[c.quantity.map(lambda q: QUANTITIES[q].group) == g]
             if len(t):
@@ -88,17 +88,22 @@ class SuiteResult:
         t = self.table
         return {"rows": len(t), "compared": len(self.compared), "sources": int(t.source.nunique()),
                 "sources_compared": int(self.compared.source.nunique()), "groups": self.medians(),
-                "held_out_rows": int(t.held_out.sum()), "held_out_groups": self.medians(held_out=True)}
+                "held_out_rows": int(t.held_out.sum()), "held_out_groups": self.medians(held_out=True),
+                "all_groups": self.medians(held_out=None)}
 
     def text(self) -> str:
         f = self.figures()
         lines = [f"published measurements: {f['rows']} rows from {f['sources']} sources; "
                  f"{f['compared']} compared ({f['sources_compared']} sources), "
                  f"{f['rows'] - f['compared']} not (reasons below)"]
-        for title, groups in (("", f["groups"]), ("held out", f["held_out_groups"])):
-            if title and groups:
+        both = f["held_out_groups"] and f["groups"]  # the whole suite's medians only where both kinds exist
+        for title, groups in (("", f["groups"]), ("held out", f["held_out_groups"]),
+                              ("all", f["all_groups"] if both else {})):
+            if title == "held out" and groups:
                 lines.append(f"  held out ({f['held_out_rows']} rows entered to test the planner, never used to "
                              "build it):")
+            if title == "all" and groups:
+                lines.append("  the whole suite (built and held-out rows together):")
             pad = "    " if title else "  "
             for g, m in groups.items():
                 if g == "fit":
