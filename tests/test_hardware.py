@@ -56,6 +56,11 @@ def _host(**kw):
     (_host, {"cores": 0}, "host cores=0 must be a positive integer"),
     (_host, {"adam_Gparams_per_s": 0}, "host adam_Gparams_per_s=0 must be > 0"),
     (_host, {"dram_GBps": float("inf")}, "host dram_GBps=inf must be a finite number"),
+    (_host, {"dram_channels": -1}, "host dram_channels=-1 must be a whole number >= 0 (0: not known)"),
+    (_host, {"dram_channels": 16}, "host dram_channels=16 and dram_MTps=0 go together"),
+    (_host, {"dram_MTps": 3200}, "host dram_channels=0 and dram_MTps=3200 go together"),
+    (_host, {"dram_channels": 8, "dram_MTps": 3200},
+     "host dram_GBps=300 is above the 204.8 GB/s that dram_channels=8 x dram_MTps=3200 x 8 bytes can carry"),
 ])
 def test_bad_field_values_raise_with_the_value(make, kw, match):
     with pytest.raises(HorizonError, match=re.escape(match)):
@@ -92,6 +97,16 @@ def test_preset_tables_cover_the_required_names():
     assert "default" in HOSTS
     for table in (DEVICES, LINKS, HOSTS):
         assert all(key == spec.name for key, spec in table.items())
+
+
+@pytest.mark.parametrize("name", sorted(HOSTS))
+def test_each_host_preset_records_its_memory_channels_and_achieves_a_stream_like_share(name):
+    """The channels bound the achieved bus rate: dram_GBps is what STREAM-like copies reach,
+    60-80% of channels x MT/s x 8 bytes; a calibrated host (channels not known) records none."""
+    h = HOSTS[name]
+    assert h.dram_channels > 0 and h.dram_MTps > 0
+    assert 0.6 * h.dram_peak_GBps <= h.dram_GBps <= 0.8 * h.dram_peak_GBps
+    assert _host().dram_peak_GBps == 0 and _host(dram_channels=16, dram_MTps=3200).dram_peak_GBps == pytest.approx(409.6)
 
 
 def test_every_device_default_link_is_a_link_preset():

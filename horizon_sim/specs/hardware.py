@@ -347,6 +347,18 @@ class HostSpec:
     slower. The CPU backend's compute core shares the last-level cache and DRAM bandwidth with
     those threads; `calibrate` measures the template block with a host thread copying beside
     it. 0 (the presets): a GPU computes apart from the host."""
+    dram_channels: int = 0
+    """Memory channels populated, all sockets together, counted as 64-bit DDR channels (a DDR5
+    DIMM's two 32-bit subchannels are one): what dram_GBps is a fraction of. 0: not known (a
+    calibrated host measures dram_GBps and records none)."""
+    dram_MTps: float = 0.0
+    """Their transfer rate, MT/s (DDR4-3200: 3200). 0: not known."""
+
+    @property
+    def dram_peak_GBps(self) -> float:
+        """The channels' theoretical rate, 1e9 bytes/s: channels x MT/s x 8 bytes a transfer
+        (0: not known). An achieved dram_GBps is a fraction of it (STREAM reaches ~60-80%)."""
+        return self.dram_channels * self.dram_MTps * 8 / 1000
 
     def __post_init__(self):
         _check_name("host", self.name)
@@ -363,6 +375,17 @@ class HostSpec:
         if not isinstance(self.cores, int) or isinstance(self.cores, bool) or self.cores <= 0:
             raise HorizonError(f"host cores={self.cores!r} must be a positive integer")
         _check_range("host", "cores", self.cores)
+        if not isinstance(self.dram_channels, int) or isinstance(self.dram_channels, bool) or self.dram_channels < 0:
+            raise HorizonError(f"host dram_channels={self.dram_channels!r} must be a whole number >= 0 (0: not known)")
+        _check_range("host", "dram_channels", self.dram_channels)
+        _check_number(self, "host", "dram_MTps", low_ok=True)
+        if bool(self.dram_channels) != bool(self.dram_MTps):
+            raise HorizonError(f"host dram_channels={self.dram_channels} and dram_MTps={self.dram_MTps:g} go together: "
+                               "give both (e.g. 16 and 3200 for 16 channels of DDR4-3200) or neither")
+        if self.dram_channels and self.dram_GBps > self.dram_peak_GBps:
+            raise HorizonError(f"host dram_GBps={self.dram_GBps:g} is above the {self.dram_peak_GBps:g} GB/s that "
+                               f"dram_channels={self.dram_channels} x dram_MTps={self.dram_MTps:g} x 8 bytes can "
+                               "carry: an achieved rate cannot exceed the channels' peak")
         if self.os_reserved_GiB >= self.ram_GiB:
             raise HorizonError(f"host ram_GiB={self.ram_GiB:g} must be more than "
                                f"os_reserved_GiB={self.os_reserved_GiB:g}")

@@ -104,18 +104,21 @@ DEVICES: dict[str, DeviceSpec] = {
 HOSTS: dict[str, HostSpec] = {
     h.name: h for h in (
         # ram_GiB is a placeholder on every host: make_hardware(ram=...) replaces it.
-        # A dual-socket x86 server.
+        # dram_GBps (achieved) is a fraction of the channels' peak, dram_channels x dram_MTps x 8 B.
+        # A dual-socket x86 server: 16 channels of DDR4-3200 (409.6 GB/s).
         HostSpec(name="default", ram_GiB=512.0, dram_GBps=300.0, cores=64,
-                 adam_Gparams_per_s=4.0),
-        # NVIDIA Grace, the CPU half of a GH200 "480GB" (480e9 bytes of LPDDR5X = 447 GiB).
+                 adam_Gparams_per_s=4.0, dram_channels=16, dram_MTps=3200.0),
+        # NVIDIA Grace, the CPU half of a GH200 "480GB" (480e9 bytes of LPDDR5X = 447 GiB):
+        # a 512-bit LPDDR5X-8533 interface, 8 channels' worth of 64 bits (546 GB/s).
         HostSpec(name="grace", ram_GiB=447.0, dram_GBps=410.0, cores=72,
-                 adam_Gparams_per_s=10.4, deepspeed_adam_Gparams_per_s=10.4),
-        # NVIDIA DGX-2 (1.5 TB), the V100 box of DeepSpeed's published ZeRO-Offload runs.
+                 adam_Gparams_per_s=10.4, deepspeed_adam_Gparams_per_s=10.4, dram_channels=8, dram_MTps=8533.0),
+        # NVIDIA DGX-2 (1.5 TB), the V100 box of DeepSpeed's published ZeRO-Offload runs:
+        # 2 x 6 channels of DDR4-2666 (256 GB/s).
         HostSpec(name="dgx-2", ram_GiB=1397.0, dram_GBps=190.0, cores=48,
-                 adam_Gparams_per_s=1.6, deepspeed_adam_Gparams_per_s=1.6),
-        # A desktop or workstation for the RTX cards: 16 cores, 2 channels of DDR5.
+                 adam_Gparams_per_s=1.6, deepspeed_adam_Gparams_per_s=1.6, dram_channels=12, dram_MTps=2666.0),
+        # A desktop or workstation for the RTX cards: 16 cores, 2 channels of DDR5-5600 (89.6 GB/s).
         HostSpec(name="desktop", ram_GiB=128.0, dram_GBps=60.0, cores=16,
-                 adam_Gparams_per_s=1.0, os_reserved_GiB=6.0),
+                 adam_Gparams_per_s=1.0, os_reserved_GiB=6.0, dram_channels=2, dram_MTps=5600.0),
     )
 }
 

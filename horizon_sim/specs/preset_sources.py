@@ -19,10 +19,11 @@ PRICED = {
                "masked_attention_TFLOPs", "softcap_attention_TFLOPs", "elementwise_GBps", "loss_ns_per_logit",
                "op_overhead_us", "dequant_ns_per_param"),
     "link": ("h2d_GBps", "d2h_GBps", "latency_us", "pageable_GBps"),
-    "host": ("dram_GBps", "cores", "adam_Gparams_per_s", "deepspeed_adam_Gparams_per_s", "first_touch_GBps", "os_reserved_GiB",
-             "runtime_overhead_GiB"),
+    "host": ("dram_GBps", "dram_channels", "dram_MTps", "cores", "adam_Gparams_per_s", "deepspeed_adam_Gparams_per_s",
+             "first_touch_GBps", "os_reserved_GiB", "runtime_overhead_GiB"),
 }
-"""The numbers the planner prices a preset with. Others are 0 or empty on every preset and
+"""The numbers the planner prices a preset with (and the host's memory channels, which bound
+what its dram_GBps may be). Others are 0 or empty on every preset and
 then stand for one of these (an empty GEMM table: every GEMM at peak x matmul_efficiency; host
 ram_GiB: replaced by --ram)."""
 
@@ -57,6 +58,8 @@ DEFAULTS: dict[str, str] = {
                              "reused buffer); with 2 MiB pages on PyTorch's large blocks "
                              "(THP_MEM_ALLOC_ENABLE=1) 6.9-23 GiB/s. No figure from a bare-metal server",
     "host.os_reserved_GiB": "estimate: the OS, a minimum page cache and other processes",
+    "host.dram_channels": "estimate: 0, not known: a calibrated host measures dram_GBps and records no channels",
+    "host.dram_MTps": "estimate: 0, not known: as dram_channels",
     "host.runtime_overhead_GiB": "estimate: Python, torch and the CUDA libraries before any model tensor",
 }
 
@@ -212,6 +215,8 @@ SOURCES: dict[str, dict[str, str]] = {
     "host:default": {
         "dram_GBps": "estimate: ~75% of 409.6 GB/s, 16 channels of DDR4-3200 (the usual STREAM-triad fraction)",
         "cores": "estimate: a dual-socket 2 x 32-core x86 server",
+        "dram_channels": "estimate: 2 sockets x 8 channels (a dual-socket Xeon or EPYC server's)",
+        "dram_MTps": "estimate: DDR4-3200, a server's usual rate",
         "adam_Gparams_per_s": "estimate: 4 G params/s for 64 cores. Measured: Horizon's AdamW at 4.42-4.76 G params/s "
                               "on 16 cores of the H200 box's Xeon (docs/gpu_runs.md); 1.7-1.9 on 1-2 threads of "
                               "this project's EPYC, equal to DeepSpeedCPUAdam (benchmarks/adam_rates.py). Published: "
@@ -219,6 +224,9 @@ SOURCES: dict[str, dict[str, str]] = {
     "host:grace": {
         "dram_GBps": "estimate: ~75% of the 546 GB/s LPDDR5X peak (NVIDIA Grace Hopper whitepaper)",
         "cores": "datasheet: 72 Neoverse V2 cores (NVIDIA Grace Hopper whitepaper)",
+        "dram_channels": "estimate: 8 channels' worth of 64 bits: the whitepaper's 546 GB/s is a 512-bit LPDDR5X "
+                         "interface at 8533 MT/s",
+        "dram_MTps": "estimate: LPDDR5X-8533, as dram_channels",
         "adam_Gparams_per_s": "published: DeepSpeed's CPU Adam on a GH200's Grace, 8B parameters in 0.769 "
                               "(deepspeedai/DeepSpeed blogs/deepspeed-superoffload, figure 5; unit not printed, "
                               "read as seconds): 10.4 G params/s",
@@ -227,11 +235,15 @@ SOURCES: dict[str, dict[str, str]] = {
     "host:desktop": {
         "dram_GBps": "estimate: ~70% of 89.6 GB/s, 2 channels of DDR5-5600",
         "cores": "estimate: a 16-core desktop",
+        "dram_channels": "estimate: 2 channels, a desktop board's",
+        "dram_MTps": "estimate: DDR5-5600, a current desktop's",
         "adam_Gparams_per_s": "estimate: the server estimate scaled down by cores",
         "os_reserved_GiB": "estimate: a desktop OS and its applications"},
     "host:dgx-2": {
         "dram_GBps": "estimate: ~75% of 12 channels of DDR4-2666 (256 GB/s theoretical)",
         "cores": "datasheet: NVIDIA DGX-2: 2 x Intel Xeon Platinum 8168, 24 cores each",
+        "dram_channels": "datasheet: Intel Xeon Platinum 8168: 6 DDR4 channels a socket, 2 sockets",
+        "dram_MTps": "datasheet: Intel Xeon Platinum 8168: DDR4-2666",
         "adam_Gparams_per_s": "published: DeepSpeedCPUAdam's optimizer_step of a 10B model in 6.2-6.5 s on a DGX-2 "
                               "(microsoft/DeepSpeed docs/assets/images/zero_offload_dp1_10B_log.png): ~1.6",
         "deepspeed_adam_Gparams_per_s": "published: the same DeepSpeedCPUAdam optimizer_step, 10B in 6.2-6.5 s on a "

@@ -54,6 +54,8 @@ HOST = {
     "disk_write_GBps": (0.0, 1e12),
     "disk_latency_us": (0.0, 1e9),
     "compute_contention": (0.0, 1e3),
+    "dram_channels": (0, 1 << 16),
+    "dram_MTps": (0.0, 1e6),
 }
 CLUSTER = {
     "fabric_GBps": (0.0, 1e12),
