@@ -16,7 +16,8 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.specs.cluster import make_cluster
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
 from horizon_sim.specs.layout import ONE, Layout
-from horizon_sim.specs.measured_kernels import fa2_a100_attention, gh100_kernels, rtx4090_kernels, v100_megatron_kernels
+from horizon_sim.specs.measured_kernels import (fa2_a100_attention, gh100_kernels, h100_pcie_kernels, rtx4090_kernels,
+                                                v100_megatron_kernels)
 from horizon_sim.units import GiB, closest, fmt_bytes, parse_size
 
 # ---- links ---------------------------------------------------------------------------------
@@ -53,7 +54,8 @@ def _mib(n: int) -> float:
 # library_workspace_MiB: the cuBLAS + cuBLASLt workspaces PyTorch keeps for the compute stream
 # (measured on Hopper, estimated before it: preset_sources.py). The GH100 parts' kernel rates
 # (GEMM by shape, attention, elementwise, loss, per-op costs) come from an H200 measurement
-# (measured_kernels.py), the RTX 4090's GEMMs from a published microbenchmark; the others price
+# (measured_kernels.py; the H100 PCIe's GEMMs capped where its 350 W limit levels them off, from
+# a published microbenchmark), the RTX 4090's GEMMs from that microbenchmark; the others price
 # GEMMs at peak x matmul_efficiency.
 HOPPER_WORKSPACE_MiB = 64.0
 PRE_HOPPER_WORKSPACE_MiB = 16.25
@@ -74,7 +76,7 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec(name="h100-pcie", hbm_GiB=_mib(81559), bf16_TFLOPs=756.0, fp32_TFLOPs=51.0,
                    hbm_GBps=2000.0, default_link="pcie-gen5",
                    library_workspace_MiB=HOPPER_WORKSPACE_MiB,
-                   **gh100_kernels(756.0, 2000.0)),
+                   **h100_pcie_kernels(756.0, 2000.0)),
         DeviceSpec(name="h200", hbm_GiB=_mib(143771), bf16_TFLOPs=989.0, fp32_TFLOPs=67.0,
                    hbm_GBps=4800.0, default_link="pcie-gen5",
                    library_workspace_MiB=HOPPER_WORKSPACE_MiB,

@@ -6,14 +6,15 @@ ZeRO-Offload tutorial timed the forward and backward of a 10B GPT-2 in Megatron-
 V100 with every parameter resident on the GPU, which is pure compute.
 
 The RTX 4090 takes a published microbenchmark (rtx4090_kernels): square torch.matmul at five
-sizes, bf16 and fp32, one card's run of a public benchmark script.
+sizes, bf16 and fp32, one card's run of a public benchmark script. The same script's runs on two
+H100 PCIe boards set where that part's GEMMs level off (h100_pcie_kernels).
 
 One measurement of our own so far: an H200, by this project's `horizon calibrate --device cuda`
 (measured/h200_2026-11-27.toml). The GH100 presets take it: the H200 as measured; the H100 SXM
 and the GH200 (the same GH100 compute, 132 SMs, 989-990 TF dense bf16) with its compute tables
-as they are and its elementwise rate scaled by their HBM peak; the H100 PCIe (756 TF) with the
-compute rates scaled by the peak ratio. Those transfers are estimates and preset_sources.py says
-so. The per-op fixed costs are the executor's Python dispatch on that box's 16-core Xeon: kept
+as they are and its elementwise rate scaled by their HBM peak; the H100 PCIe (756 TF) with its
+attention and loss rates scaled by the peak ratio, and its GEMMs as the H200's up to the level
+its 350 W limit holds them to. Those transfers are estimates and preset_sources.py says so. The per-op fixed costs are the executor's Python dispatch on that box's 16-core Xeon: kept
 as measured for every GH100 preset (an estimate for other hosts)."""
 import tomllib
 from functools import lru_cache
@@ -98,7 +99,8 @@ def v100_megatron_kernels() -> dict:
 # one card's detailed run: github issue zzc0721/torch-performance-test-data#78 (torch 2.7.0+cu128,
 # a cloud instance), TF/s. Its best bf16 figure, 164.8, is the middle of the six 24 GB RTX 4090
 # runs in that repository's database.md (162.4-173.3 TF/s, median 165.3), so the card is typical.
-RTX4090_SIZES = (1024, 2048, 4096, 8192, 10240)
+MATMUL_SIZES = (1024, 2048, 4096, 8192, 10240)
+"""The square sizes n of that benchmark (n x n x n), for every card it measured."""
 RTX4090_MATMUL_TFLOPs = {"bf16": (126.84, 164.81, 151.50, 160.17, 158.54),
                          "fp32": (45.89, 53.84, 53.02, 53.41, 51.43)}  # fp32 with TF32 off
 
@@ -110,5 +112,31 @@ def rtx4090_kernels() -> dict:
     sizes reach 0.96-0.97 of the 165.2 TF datasheet peak (the card boosts above the 2.52 GHz the
     datasheet counts), where the flat estimate priced every GEMM at 0.70 of it."""
     gemm = tuple((dtype, "nn", float(n), float(n), float(n), r)
-                 for dtype, rates in RTX4090_MATMUL_TFLOPs.items() for n, r in zip(RTX4090_SIZES, rates))
+                 for dtype, rates in RTX4090_MATMUL_TFLOPs.items() for n, r in zip(MATMUL_SIZES, rates))
     return dict(gemm_TFLOPs=gemm)
+
+
+# H100 PCIe (114 SMs, 350 W): the same benchmark (square bf16 torch.matmul, MATMUL_SIZES) on two
+# boards of that part: an H100 PCIe (github issue zzc0721/torch-performance-test-data#95, torch
+# 2.9.0+cu128, a physical machine) and an H800 PCIe, the export variant with the same compute
+# (issue #112, torch 2.8.0+cu128, a cloud instance), TF/s.
+H100_PCIE_MATMUL_TFLOPs = {"h100-pcie": (217.70, 449.09, 495.93, 492.84, 471.79),
+                           "h800-pcie": (170.73, 483.89, 503.83, 499.46, 487.22)}
+H100_PCIE_GEMM_CAP_TFLOPs = 491.8
+"""Where the 350 W board's GEMMs level off: the mean of both boards' figures at 4,096-10,240
+(471.8-503.8 TF/s), 0.65 of the 756 TF datasheet peak (counted at the 1.755 GHz boost that the
+power limit does not let a large GEMM keep)."""
+
+
+def h100_pcie_kernels(bf16_TFLOPs: float, hbm_GBps: float) -> dict:
+    """DeviceSpec fields of the H100 PCIe: gh100_kernels at its peaks, except its GEMMs. Those
+    are the H200's measured rates, capped at H100_PCIE_GEMM_CAP_TFLOPs: below the power limit
+    the part runs a GEMM as the SXM parts do (at 1,024^3 the two boards measured 171 and 218
+    TF/s, the H200 186), and larger ones level off at the cap. Against the two boards the cap
+    rule is within 6% at every size (2,048^3: 492 against their 466); scaling the H200's table by
+    the peak ratio (756 / 989), as the preset did before, was 27% low at 1,024^3 and 22-32% high
+    from 4,096^3 up. Attention keeps the peak-ratio scaling (no source measured it)."""
+    k, m = gh100_kernels(bf16_TFLOPs, hbm_GBps), _load(H200_FILE)
+    k["gemm_TFLOPs"] = tuple((*r[:5], min(r[5], H100_PCIE_GEMM_CAP_TFLOPs)) if r[0] == "bf16" else scaled
+                             for r, scaled in zip(m["gemm_TFLOPs"], k["gemm_TFLOPs"]))  # fp32: as gh100_kernels
+    return k

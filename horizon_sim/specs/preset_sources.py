@@ -130,6 +130,12 @@ SOURCES: dict[str, dict[str, str]] = {
         **_gh100(_PCIE_DIE, "estimate: the H200's measured 2,612 GB/s scaled by the HBM peak, 2.0 / 4.8",
                 "measured: " + _XEON_OPS),
         "hbm_GiB": _smi(81559, "NVIDIA H100 PCIe"),
+        "gemm_TFLOPs": "published: the H200's measured GEMM rates (horizon_sim/specs/measured/"
+                       "h200_2026-11-27.toml) capped at 491.8 TF/s for bf16, where square torch.matmul levels off "
+                       "on two 350 W boards: an H100 PCIe (471.8-495.9 TF/s at 4,096-10,240) and an H800 PCIe "
+                       "(487.2-503.8; github zzc0721/torch-performance-test-data issues 95 and 112); below the "
+                       "cap as the SXM parts (1,024^3: 171 and 218 on the boards, 186 on the H200); fp32 rows "
+                       "scaled by the peak ratio: estimate (measured_kernels.py h100_pcie_kernels)",
         "bf16_TFLOPs": "datasheet: NVIDIA H100 PCIe: bf16 1,513 TF with sparsity, 756 dense",
         "fp32_TFLOPs": "datasheet: NVIDIA H100 PCIe: FP32 51 TF",
         "hbm_GBps": "datasheet: NVIDIA H100 PCIe: HBM2e 2.0 TB/s",
