@@ -96,15 +96,15 @@ class SuiteResult:
         lines = [f"published measurements: {f['rows']} rows from {f['sources']} sources; "
                  f"{f['compared']} compared ({f['sources_compared']} sources), "
                  f"{f['rows'] - f['compared']} not (reasons below)"]
-        both = f["held_out_groups"] and f["groups"]  # the whole suite's medians only where both kinds exist
-        for title, groups in (("", f["groups"]), ("held out", f["held_out_groups"]),
-                              ("all", f["all_groups"] if both else {})):
-            if title == "held out" and groups:
-                lines.append(f"  held out ({f['held_out_rows']} rows entered to test the planner, never used to "
-                             "build it):")
-            if title == "all" and groups:
-                lines.append("  the whole suite (built and held-out rows together):")
-            pad = "    " if title else "  "
+        sections = [("", f["groups"]),
+                    (f"held out ({f['held_out_rows']} rows entered to test the planner, never used to build it):",
+                     f["held_out_groups"])]
+        if f["groups"] and f["held_out_groups"]:  # the whole suite's medians only where both kinds exist
+            sections.append(("the whole suite (built and held-out rows together):", f["all_groups"]))
+        for header, groups in sections:
+            if header and groups:
+                lines.append("  " + header)
+            pad = "    " if header else "  "
             for g, m in groups.items():
                 if g == "fit":
                     lines.append(f"{pad}fit verdicts: {m['rows'] - m['wrong']} of {m['rows']} right")

@@ -16,6 +16,7 @@ as they are and its elementwise rate scaled by their HBM peak; the H100 PCIe (75
 attention and loss rates scaled by the peak ratio, and its GEMMs as the H200's up to the level
 its 350 W limit holds them to. Those transfers are estimates and preset_sources.py says so. The per-op fixed costs are the executor's Python dispatch on that box's 16-core Xeon: kept
 as measured for every GH100 preset (an estimate for other hosts)."""
+import statistics
 import tomllib
 from functools import lru_cache
 from pathlib import Path
@@ -122,10 +123,10 @@ def rtx4090_kernels() -> dict:
 # (issue #112, torch 2.8.0+cu128, a cloud instance), TF/s.
 H100_PCIE_MATMUL_TFLOPs = {"h100-pcie": (217.70, 449.09, 495.93, 492.84, 471.79),
                            "h800-pcie": (170.73, 483.89, 503.83, 499.46, 487.22)}
-H100_PCIE_GEMM_CAP_TFLOPs = 491.8
+H100_PCIE_GEMM_CAP_TFLOPs = round(statistics.mean(
+    r for board in H100_PCIE_MATMUL_TFLOPs.values() for n, r in zip(MATMUL_SIZES, board) if n >= 4096), 1)
 """Where the 350 W board's GEMMs level off: the mean of both boards' figures at 4,096-10,240
-(471.8-503.8 TF/s), 0.65 of the 756 TF datasheet peak (counted at the 1.755 GHz boost that the
-power limit does not let a large GEMM keep)."""
+(471.8-503.8 TF/s), 491.8 TF/s, 0.65 of the 756 TF datasheet peak."""
 
 
 def h100_pcie_kernels(bf16_TFLOPs: float, hbm_GBps: float) -> dict:
