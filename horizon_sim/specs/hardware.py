@@ -32,6 +32,15 @@ def _check_number(spec, part: str, field: str, *, low: float = 0.0, low_ok: bool
     object.__setattr__(spec, field, float(v))
 
 
+def _check_whole(spec, part: str, field: str, low: int, what: str, high: int | None = None) -> None:
+    """`field` of `spec` must be a whole number (not a bool) from low to high; `what` says so in
+    the error ('a positive integer')."""
+    v = getattr(spec, field)
+    if not isinstance(v, int) or isinstance(v, bool) or v < low or (high is not None and v > high):
+        raise HorizonError(f"{part} {field}={v!r} must be {what}")
+    _check_range(part, field, v)
+
+
 def _check_range(part: str, field: str, v) -> None:
     """The field's sane range (ranges.py): finite but absurd values overflow the planner."""
     b = ranges.bounds(part, field)
@@ -234,9 +243,7 @@ class DeviceSpec:
         _check_table(self, "device", "softcap_attention_TFLOPs", ("dtype", "SEQ", "HEAD_DIM", "FWD", "BWD"))
         _check_table(self, "device", "op_overhead_us", ("kind", "US"))
         _check_table(self, "device", "dequant_ns_per_param", ("format", "NS"))
-        if not isinstance(self.compute_threads, int) or isinstance(self.compute_threads, bool) \
-                or not 0 <= self.compute_threads <= 1 << 20:
-            raise HorizonError(f"device compute_threads={self.compute_threads!r} must be a whole number >= 0")
+        _check_whole(self, "device", "compute_threads", 0, "a whole number >= 0", high=1 << 20)
         _check_table(self, "device", "thread_speed", ("THREADS", "ALONE", "SHARED"))
         _check_table(self, "device", "thread_kernel_speed", ("THREADS", "GEMM", "ATTENTION", "ELEMENTWISE"))
         if self.reserved_GiB >= self.hbm_GiB:
@@ -372,12 +379,8 @@ class HostSpec:
         if self.disk_GiB and not (self.disk_read_GBps and self.disk_write_GBps):
             raise HorizonError(f"host disk_GiB={self.disk_GiB:g} needs disk_read_GBps and disk_write_GBps "
                                "(how fast the disk tier streams)")
-        if not isinstance(self.cores, int) or isinstance(self.cores, bool) or self.cores <= 0:
-            raise HorizonError(f"host cores={self.cores!r} must be a positive integer")
-        _check_range("host", "cores", self.cores)
-        if not isinstance(self.dram_channels, int) or isinstance(self.dram_channels, bool) or self.dram_channels < 0:
-            raise HorizonError(f"host dram_channels={self.dram_channels!r} must be a whole number >= 0 (0: not known)")
-        _check_range("host", "dram_channels", self.dram_channels)
+        _check_whole(self, "host", "cores", 1, "a positive integer")
+        _check_whole(self, "host", "dram_channels", 0, "a whole number >= 0 (0: not known)")
         _check_number(self, "host", "dram_MTps", low_ok=True)
         if bool(self.dram_channels) != bool(self.dram_MTps):
             raise HorizonError(f"host dram_channels={self.dram_channels} and dram_MTps={self.dram_MTps:g} go together: "
