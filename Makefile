@@ -32,7 +32,7 @@ demo: $(STAMP)
 	$(VENV)/bin/horizon plan --model dense-120b --gpu h200 --ram 1.5TB --batch 8 --seq 4096 \
 	    --optimizer backward --grad-clip 0 --act-ckpt-on device --no-advice
 	@echo
-	@echo "== 3/6 calibrate this machine for the executor's CPU backend (about a minute with bf16 CPU instructions, 8-9 without)"
+	@echo "== 3/6 calibrate this machine for the executor's CPU backend (about a minute with bf16 CPU instructions, 9-10 without)"
 	$(VENV)/bin/horizon calibrate -o reports/machine.toml
 	@echo
 	@echo "== 4/6 train a small Llama-style model for real through the streaming executor (CPU backend)"

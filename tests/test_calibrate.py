@@ -9,7 +9,9 @@ import time
 import pytest
 import torch
 
+from horizon_exec.device.compute_dtype import default_compute_dtype
 from horizon_exec.measure.calibrate.host import ADAM_TRAFFIC_BYTES, bus_capacity_GBps
+from horizon_exec.measure.calibrate.kernel_threads import kernels
 from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.cli.main import main
 from horizon_sim.schedule import OpKind, build_schedule, work
@@ -42,6 +44,12 @@ def test_quick_calibration_writes_a_loadable_sane_spec(quick_hw):
     assert layouts == {"nt", "nn", "tn"} and all(r[5] > 0 for r in d.gemm_TFLOPs)
     assert d.attention_TFLOPs and all(r[3] > 0 and r[4] > 0 for r in d.attention_TFLOPs)
     assert len(d.masked_attention_TFLOPs) == len(d.attention_TFLOPs)
+    # attention is measured in the dtype `horizon train` computes in here by default (fp32 on a
+    # CPU without bf16 matrix instructions) as well as in the planner's bf16, so a default run is
+    # priced from its own kernels' rows, not from bf16's or from a peak
+    run_dtype = default_compute_dtype("cpu")[0]
+    for table in (d.attention_TFLOPs, d.masked_attention_TFLOPs):
+        assert {r[0] for r in table} == {"bf16", run_dtype}
     assert all(r[3] > 0 and r[4] > 0 for r in d.masked_attention_TFLOPs)
     # gloo over loopback, measured: one device as calibrated, its rates serve --gpus N
     c = hw.cluster
@@ -107,6 +115,16 @@ def test_workspace_formulas_equal_the_measured_temporaries(H, heads, kv, F, V, B
     # and the schedule charges them as workspace beside the op's output buffer
     op = next(o for o in build_schedule(spec, pol).ops if o.kind == OpKind.BACKWARD)
     assert op.workspace_bytes == work.block_temp_peak_bytes(spec, B, T, a, True, mask) - B * T * H * a
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_thread_scaling_kernels_compute_in_the_dtype_asked(dtype):
+    """calibrate times each kernel kind's thread scaling in the dtype a default run computes in:
+    without bf16 instructions a bf16 GEMM gains nothing from a second thread and an fp32 one
+    nearly doubles, so a bf16 figure would price an fp32 run's split wrongly."""
+    fns = kernels(True, dtype)
+    assert fns["gemm"]().dtype == dtype and fns["elementwise"]().dtype == dtype
+    fns["attention"]()  # runs forward and backward in that dtype
 
 
 def test_rate_table_is_exact_at_measured_shapes_and_between_them_elsewhere():

@@ -139,10 +139,18 @@ def test_the_quick_estimate_is_a_cpu_backend_file_of_this_machine(tmp_path):
         assert {r[1] for r in rows} == {"nt", "nn", "tn"} and all(r[5] > 0 for r in rows)
         assert max(r[5] for r in rows) == (d.bf16_TFLOPs if dtype == "bf16" else d.fp32_TFLOPs)
     assert 0 < d.matmul_efficiency <= 1 and d.attention_TFLOPs and d.masked_attention_TFLOPs
+    # attention in a default run's own dtype (fp32 without bf16 instructions), the one it is priced in
+    from horizon_exec.device.compute_dtype import default_compute_dtype
+    for table in (d.attention_TFLOPs, d.masked_attention_TFLOPs):
+        assert {r[0] for r in table} == {default_compute_dtype("cpu")[0]}
     assert d.hbm_GBps > 0 and d.loss_ns_per_logit > 0 and h.adam_Gparams_per_s > 0 and h.dram_GBps > 0
     assert {"forward", "backward", "recompute", "head"} <= {k for k, _ in d.op_overhead_us}
     threads = [int(r[0]) for r in d.thread_speed]
     assert threads[0] == 1 and threads[-1] == h.cores and d.compute_threads == max(1, h.cores - 1)
+    # each kernel kind's scaling at the same counts (timed in the compute lane's thread, the cores
+    # read before: there the lane's own core would give only the 1-thread row, and a split priced
+    # on the block alone put a 2-core run on one thread, 1.8x slower)
+    assert [int(r[0]) for r in d.thread_kernel_speed] == threads
     assert dict((int(t), a) for t, a, _ in d.thread_speed)[d.compute_threads] == 1.0  # the base split's own row
 
 

@@ -27,6 +27,14 @@ PLAN_KEYS = ("step_s", "predicted_step_s", "device_peak_bytes", "predicted_devic
 RUN = [*TINY, "--compute-dtype", "fp32", "--compute-threads", "1", "--steps", "5"]
 
 
+@pytest.fixture(autouse=True)
+def _no_speed_recheck(monkeypatch):
+    """The flat round-number file is always far off this machine, which would probe its speed
+    after every run here: that recheck has its own tests (test_speed_recheck.py)."""
+    from horizon_exec.train import speed_recheck
+    monkeypatch.setattr(speed_recheck, "RECHECK", float("inf"))
+
+
 @pytest.fixture
 def hw(tmp_path):
     save_hardware(CPU_HW, tmp_path / "hw.toml")
@@ -251,3 +259,18 @@ def test_a_description_without_a_measured_runtime_takes_the_admissions():
     assert p.rss_terms["runtime"] == 300 * 2**20
     q = predict(sched, CPU_HW, source="file", runtime_bytes=300 * 2**20)  # a measured one is kept
     assert q.rss_terms["runtime"] == int(CPU_HW.host.runtime_overhead_GiB * 2**30)
+
+
+def test_a_cpu_files_peak_is_set_against_the_runs_compute_threads():
+    """MFU's peak from a CPU backend's file is its peak at the threads it was measured with; a
+    run on twice as many is set against twice the peak (a 1-thread file put a 2-thread run at
+    132% MFU)."""
+    from dataclasses import replace
+
+    from horizon_exec.cli.train_cmd import _peak_flops
+    hw = replace(CPU_HW, device=replace(CPU_HW.device, compute_threads=1))
+    cfg = SimpleNamespace(policy=SimpleNamespace(compute_dtype="fp32"), gpu=None)
+    assert _peak_flops(cfg, hw, 1) == (pytest.approx(0.1e12), "cpu-core fp32 peak 0.1 TFLOP/s")
+    peak, what = _peak_flops(cfg, hw, 2)
+    assert peak == pytest.approx(0.2e12) and what == "cpu-core fp32 peak 0.1 TFLOP/s x 2/1 threads"
+    assert _peak_flops(cfg, CPU_HW, 2)[0] == pytest.approx(0.1e12)  # a file that does not say its threads

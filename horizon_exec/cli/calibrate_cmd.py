@@ -15,7 +15,7 @@ from horizon_sim.errors import HorizonError
 
 EXAMPLE = """example:
   horizon calibrate                                  # this machine, kept in ~/.cache/horizon/machines for `train`
-  horizon calibrate -o machine.toml                  # CPU backend, about 40 s here (and the cache)
+  horizon calibrate -o machine.toml                  # CPU backend (and the cache): 1.5-10 min on 2 cores
   horizon calibrate --quick -o /tmp/quick.toml       # smaller grids, a few seconds
   horizon calibrate --device cuda -o gpu.toml        # a GPU box
   horizon calibrate --model tiny --batch 4 --seq 128 -o machine.toml   # + that model's exact GEMM shapes"""
@@ -94,7 +94,9 @@ def run(a: argparse.Namespace) -> int:
     print(f"wrote {', '.join(str(p) for p in (out, cached) if p)}: {hw.name}")
     # the best bf16 shape measured, not bf16_TFLOPs (on a GPU: the datasheet peak, kept for MFU)
     best = max((r[5] for r in d.gemm_TFLOPs if r[0] == "bf16"), default=d.bf16_TFLOPs * d.matmul_efficiency)
-    print(f"  device  {d.name}: bf16 GEMM up to {best * 1e3:.0f} GFLOP/s measured ({len(d.gemm_TFLOPs)} shapes), "
+    fp32 = max((r[5] for r in d.gemm_TFLOPs if r[0] == "fp32"), default=0.0)
+    print(f"  device  {d.name}: bf16 GEMM up to {best * 1e3:.0f} GFLOP/s measured"
+          + (f" (fp32 {fp32 * 1e3:.0f})" if fp32 else "") + f" ({len(d.gemm_TFLOPs)} shapes), "
           f"elementwise {d.hbm_GBps:.1f} GB/s, op overheads "
           + ", ".join(f"{k} {v:.0f} us" for k, v in d.op_overhead_us)
           + (f", math-library workspaces {d.library_workspace_MiB:.0f} MiB" if d.library_workspace_MiB else ""))

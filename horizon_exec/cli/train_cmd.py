@@ -192,9 +192,12 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     return p
 
 
-def _peak_flops(cfg: "RunConfig", hardware: "HardwareSpec | None") -> tuple[float | None, str]:
+def _peak_flops(cfg: "RunConfig", hardware: "HardwareSpec | None",
+                compute_threads: int | None = None) -> tuple[float | None, str]:
     """(peak FLOP/s of the compute dtype, where it came from) from --hardware (`hardware`, as
-    loaded) or --gpu."""
+    loaded) or --gpu. A CPU backend's file gives its peak at the threads it was measured with
+    (DeviceSpec.compute_threads); a run computing on `compute_threads` others is set against
+    that many (a 1-thread file's peak put a 2-thread run at 132% MFU)."""
     compute_dtype = cfg.policy.compute_dtype
     if hardware is not None:
         dev = hardware.device
@@ -204,7 +207,11 @@ def _peak_flops(cfg: "RunConfig", hardware: "HardwareSpec | None") -> tuple[floa
     else:
         return None, ""
     tf = dev.bf16_TFLOPs if compute_dtype == "bf16" else dev.fp32_TFLOPs
-    return tf * 1e12, f"{dev.name} {compute_dtype} peak {tf:g} TFLOP/s"
+    what = f"{dev.name} {compute_dtype} peak {tf:g} TFLOP/s"
+    if hardware is not None and dev.compute_threads and compute_threads and compute_threads != dev.compute_threads:
+        tf *= compute_threads / dev.compute_threads
+        what += f" x {compute_threads}/{dev.compute_threads} threads"
+    return tf * 1e12, what
 
 
 @contextlib.contextmanager
@@ -409,7 +416,6 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
         if cfg.hardware:
             from horizon_sim.job.toml import load_hardware_or_job  # a hardware file, or a job's [hardware]
             hardware = load_hardware_or_job(cfg.hardware)  # its peak for MFU; its speeds and runtime overhead, for admission
-        peak, peak_what = _peak_flops(cfg, hardware)
         machine = _machine(cfg, hardware, dist, read.machine)
         save_inputs = None
         if cfg.outputs.save_hf and dist.rank == 0:  # what the save copies, read now: the source folders may change
@@ -425,6 +431,7 @@ def _run_train(cfg: "RunConfig", dist, read: "ModelAndTokenizer | None" = None) 
     if trainer_cfg.runtime is not cfg.trainer.runtime:
         tr.backend.split_why = f"{tr.backend.compute_threads}, as the run being resumed (a GEMM sums in " \
                                f"another order on another count; --compute-threads N to choose)"
+    peak, peak_what = _peak_flops(cfg, hardware, getattr(tr.backend, "compute_threads", None))
     with tr:
         if adm.enabled:
             from horizon_exec.train.save import check_space_for

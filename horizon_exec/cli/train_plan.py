@@ -14,6 +14,7 @@ would make every run's report a comparison with a guess; else none.
 import os
 
 from horizon_exec.measure.machine import CALIBRATED, FILE
+from horizon_exec.train import speed_recheck
 from horizon_exec.train.ckpt_dir_rules import REPORT
 from horizon_sim.errors import HorizonError
 from horizon_sim.units import fmt_bytes
@@ -28,15 +29,19 @@ def plan_for(cfg, tr, machine, ds):
                       "`horizon validate` compares data-parallel configurations)")
     if machine is None:
         return None, "plan: not checked: no description of this machine to predict the run with"
-    try:
-        pred = predict(tr.sched, machine.hardware, source=machine.source,
-                       backend="cpu" if cfg.trainer.runtime.device == "cpu" else "cuda",
+
+    def on(hw, source=machine.source):
+        return predict(tr.sched, hw, source=source, backend="cpu" if cfg.trainer.runtime.device == "cpu" else "cuda",
                        compute_threads=getattr(tr.backend, "compute_threads", None), data_bytes=dataset_bytes(ds),
                        # a description that did not measure the runtime (an estimate): the admission's figure
                        runtime_bytes=tr.admission.host_by_role.get("runtime") if tr.admission is not None else None)
+    try:
+        pred = on(machine.hardware)
     except HorizonError as e:  # the check is the run's companion: it never stops the training
         return None, f"plan: not checked: the planner cannot simulate this run on {machine.source}: {e}"
-    return PlanCheck(pred, measured_speeds=machine.kind in (FILE, CALIBRATED)), pred.line()
+    again = lambda hw: on(hw, f"{machine.source}, scaled to the machine's speed after the run")  # noqa: E731
+    return PlanCheck(pred, measured_speeds=machine.kind in (FILE, CALIBRATED), hardware=machine.hardware,
+                     repredict=again), pred.line()
 
 
 def report_folder(cfg, check, world: int) -> str | None:
@@ -75,6 +80,14 @@ def finish(cfg, tr, check, say=print, strict: bool = True) -> None:
         f"{step['predicted']:.1f} predicted (prediction error {step['error']:+.1%}); device peak "
         f"{fmt_bytes(meas['device_peak_bytes'])} measured ({dev['error']:+.1%}), host RSS "
         f"{fmt_bytes(meas['rss_bytes'])} ({rss['error']:+.1%})")
+    # far off: the machine's speed now, or the cost model? (not on the way out after a signal)
+    if strict and speed_recheck.wanted(check, meas):
+        try:
+            check.recheck = speed_recheck.recheck(check, tr, cfg.trainer.runtime.device)
+        except (HorizonError, RuntimeError, OSError) as e:  # the run's companion: it never fails the run
+            say(f"plan: the machine's speed could not be probed after the run: {e}")
+        else:
+            say(speed_recheck.line(check.recheck, meas["step_s"]))
     folder = report_folder(cfg, check, tr.dist.world)
     if folder is None:
         if cfg.checkpoints.ckpt_dir and tr.dist.world == 1:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_sim.schedule import Lane, build_schedule
 from horizon_sim.sim.costs import CostModel, log2_distance2
 from horizon_sim.specs.hardware import HardwareSpec
@@ -47,7 +48,8 @@ class Drift:
 
 
 def reference_gemms(configs, max_shapes: int = MAX_SHAPES) -> list[tuple[str, int, int, int]]:
-    """The bf16 GEMM shapes (layout, m, n, k) that carry most of the configurations' FLOPs."""
+    """The GEMM shapes (layout, m, n, k) that carry most of the configurations' FLOPs (each an
+    object with .model and .policy)."""
     from horizon_exec.measure.calibrate.kernels import model_gemms
     weight: dict = {}
     for cfg in configs:
@@ -76,11 +78,11 @@ def measured_twin(table: list[tuple[str, int, int, int]], shape: tuple[str, int,
 
 def drift_gemms(hw: HardwareSpec, costs, configs) -> list[tuple[str, int, int, int]]:
     """The GEMM references: the measured twins (measured_twin) of the configurations' largest
-    shapes that are not launch-bound (MIN_CALL_S), else the file's own largest bf16 shapes;
-    none without a GEMM table."""
+    shapes that are not launch-bound (MIN_CALL_S), else the file's own largest shapes, in the
+    costs' dtype; none without a GEMM table of it."""
     if not costs.gemm:
         return []
-    table = [(r[1], int(r[2]), int(r[3]), int(r[4])) for r in hw.device.gemm_TFLOPs if r[0] == "bf16"]
+    table = [(r[1], int(r[2]), int(r[3]), int(r[4])) for r in hw.device.gemm_TFLOPs if r[0] == costs.dtype]
     twins = list(dict.fromkeys(measured_twin(table, s) for s in reference_gemms(configs)))
     shapes = [s for s in twins if _predicted_s(costs, s) >= MIN_CALL_S]
     if not shapes:
@@ -89,13 +91,15 @@ def drift_gemms(hw: HardwareSpec, costs, configs) -> list[tuple[str, int, int, i
 
 
 class DriftProbe:
-    """Times the references; `sample()` appends one figure of each to `drift`."""
+    """Times the references; `sample()` appends one figure of each to `drift`. `dtype`: the
+    GEMMs' ('bf16', or 'fp32' for a run that computes in it: a CPU without bf16 instructions)."""
 
-    def __init__(self, hw: HardwareSpec, configs, device: str = "cpu"):
+    def __init__(self, hw: HardwareSpec, configs, device: str = "cpu", dtype: str = "bf16"):
         from horizon_exec.measure.calibrate.overheads import TINY, TINY_POLICY, TinyProbe
         from horizon_exec.measure.probe import sync_for
         self.device, self.sync = device, sync_for(device)
-        costs = CostModel(hw, "bf16")
+        self.dtype = dtype
+        costs = CostModel(hw, dtype)
         self.shapes = drift_gemms(hw, costs, configs)
         self.gemm_pred_s = sum(_predicted_s(costs, s) for s in self.shapes)
         sched = build_schedule(TINY, TINY_POLICY)
@@ -119,10 +123,10 @@ class DriftProbe:
         compared with (on a GPU: CUDA events around back-to-back calls, calibrate/cuda.py)."""
         if self.device == "cpu":
             from horizon_exec.measure.calibrate.kernels import gemm_times
-            return self._in_compute_lane(lambda: gemm_times(self.shapes, torch.bfloat16, self.device, self.sync))
+            return self._in_compute_lane(lambda: gemm_times(self.shapes, TORCH_DTYPE[self.dtype], self.device, self.sync))
         from horizon_exec.measure.calibrate.cuda import gemm_table
         with torch.cuda.device(self.device):
-            rates = gemm_table(self.shapes, torch.bfloat16, self.device)
+            rates = gemm_table(self.shapes, TORCH_DTYPE[self.dtype], self.device)
         return {s: 2.0 * s[1] * s[2] * s[3] / (r * 1e12) for s, r in rates.items()}
 
     def sample(self) -> None:

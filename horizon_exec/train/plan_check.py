@@ -116,11 +116,19 @@ class Measured:
 class PlanCheck:
     """The run's prediction and the steps compared with it (module docstring)."""
 
-    def __init__(self, prediction: Prediction, measured_speeds: bool = True):
+    def __init__(self, prediction: Prediction, measured_speeds: bool = True, hardware: HardwareSpec | None = None,
+                 repredict=None):
         self.pred = prediction
         self.measured_speeds = measured_speeds
         """The prediction's speeds were measured on this machine (a hardware file, a calibration),
         not a quick estimate: the report then goes beside the checkpoints by default."""
+        self.hardware = hardware
+        """The machine description the prediction was made on (before the run's own pricing)."""
+        self.repredict = repredict
+        """HardwareSpec -> Prediction of this run on another description (train/speed_recheck.py
+        re-predicts on the file scaled to the machine's speed now); None: not offered."""
+        self.recheck = None
+        """speed_recheck.Recheck, once made at the end of the run."""
         self.steps: list[Measured] = []
         self.timelines: deque = deque(maxlen=KEPT_TIMELINES)   # (step_s, timeline) of the last compared steps
         self.seen = 0

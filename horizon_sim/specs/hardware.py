@@ -215,14 +215,17 @@ class DeviceSpec:
     the rates in this file, rows (THREADS, ALONE, SHARED): ALONE with the host lanes idle,
     SHARED while one host-lane thread copies beside it (on the lanes' own cores when THREADS <
     host cores, else on compute's). The planner prices a core split with it
-    (horizon_sim/specs/core_split.py); `calibrate` measures it with the template block. Empty:
-    only the file's own split (compute_threads) can be priced."""
+    (horizon_sim/specs/core_split.py); `calibrate` measures it with the template block, in the
+    dtype `horizon train` computes in on that machine by default (fp32 on a CPU without bf16
+    matrix instructions), the same figures then scaling every dtype's rates. Empty: only the
+    file's own split (compute_threads) can be priced."""
     thread_kernel_speed: tuple = ()
     """CPU backend: each kind of compute kernel's speed at each thread count, relative to the
     rates in this file, rows (THREADS, GEMM, ATTENTION, ELEMENTWISE): a kernel timed alone, so
     without the per-kernel dispatch the op overheads hold (op_overhead_us, which threads do not
-    shorten). A split scales each kind's rates by its own figure; `thread_speed` still gives
-    the slowdown beside a busy host lane. Empty: every rate scales by thread_speed's ALONE."""
+    shorten), in the same dtype as thread_speed. A split scales each kind's rates by its own
+    figure; `thread_speed` still gives the slowdown beside a busy host lane. Empty: every rate
+    scales by thread_speed's ALONE."""
 
     def __post_init__(self):
         _check_name("device", self.name)

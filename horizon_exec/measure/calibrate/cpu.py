@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import torch
 
+from horizon_exec.device.compute_dtype import default_compute_dtype
 from horizon_exec.measure.calibrate.collectives import measure_loopback
 from horizon_exec.measure.calibrate.contention import busy_latencies, compute_slowdown
 from horizon_exec.measure.calibrate.disk import disk_host_fields
@@ -16,7 +17,7 @@ from horizon_exec.measure.calibrate.host import (bus_capacity_GBps, os_reserved_
 from horizon_exec.measure.calibrate.kernels import (attention_grid, fp32_gemm_shapes, gemm_rates,
                                             gemm_shapes, gemm_times,
                                             measure_attention, measure_cpu_loss_figures, measure_dequant_ns,
-                                            measure_elementwise,
+                                            measure_elementwise, model_gemms,
                                             slope_GBps)
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, MOE_EXPERTS, MOE_POLICY, TINY, TINY_POLICY,
                                               LORA_POLICY, TinyProbe, adapter_overheads, head_chunk_us, measured_rows,
@@ -30,6 +31,7 @@ from horizon_sim.schedule import Lane, OpKind
 from horizon_sim.sim.costs import COPY_TRAFFIC
 from horizon_sim.specs.cluster import ClusterSpec
 from horizon_sim.specs.hardware import DeviceSpec, HardwareSpec, HostSpec, LinkSpec
+from horizon_sim.specs.policy import Policy
 
 
 def _elem_points(rounds) -> list:
@@ -70,8 +72,20 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     # generic kernel, ~60x slower than fp32 on an AVX2 EPYC) would spend tens of minutes on
     # the full bf16 grid: measure the small grid once instead, and say so.
     slow_bf16 = compute(_bf16_fallback)
-    shapes = gemm_shapes(quick or slow_bf16, "cpu", model, policy)
+    # What `horizon train` computes in here by default: bf16, or fp32 on a CPU without bf16 matrix
+    # instructions. Its attention is measured in that dtype too (an fp32 step priced from bf16
+    # attention rows, or from fp32's peak at bf16's GEMM efficiency, came out twice the measured
+    # step on an AVX2 EPYC), and the thread scaling is measured in it: a bf16 GEMM without those
+    # instructions hardly gains from a second thread, an fp32 one nearly doubles.
+    run_dtype = default_compute_dtype("cpu")[0]
+    attn_dtypes = {"bf16": torch.bfloat16, **({"fp32": torch.float32} if run_dtype == "fp32" else {})}
+    # --model's own GEMMs in the dtype its default run computes in (bf16's generic kernel would
+    # take minutes over them, and no default run here computes in it)
+    own = (model, policy) if run_dtype == "bf16" else (None, None)
+    shapes = gemm_shapes(quick or slow_bf16, "cpu", *own)
     fp32_shapes = fp32_gemm_shapes(quick or slow_bf16, "cpu")
+    if run_dtype == "fp32" and model is not None:
+        fp32_shapes = sorted(set(fp32_shapes) | model_gemms(model, policy or Policy()))
     prog.step(f"GEMM library warm-up: {len(shapes)} bf16 shapes, {len(fp32_shapes)} fp32 on "
               f"{backend.compute_threads} thread(s) of core(s) {backend.compute_cores}"
               + (" (bf16 GEMMs run in a generic kernel here, over 8x slower than fp32: the small bf16 grid, "
@@ -90,7 +104,8 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
             t.sample(1)
     sample_tiny()
     attn_pts = attention_grid(quick, "cpu")
-    R: dict = {"attn": {p: [] for p in attn_pts}, "mattn": {p: [] for p in attn_pts}, "elem": [], "h2d": [], "d2h": [], "thread": [],
+    attn_keys = [(dt, *p) for dt in attn_dtypes for p in attn_pts]
+    R: dict = {"attn": {k: [] for k in attn_keys}, "mattn": {k: [] for k in attn_keys}, "elem": [], "h2d": [], "d2h": [], "thread": [],
                "reduce": [], "adam": [], "slowdown": [], "loss": [], "dequant": []}
     layer_bytes = 4 * 2**20 if not quick else 2**20
     for r in range(rounds):
@@ -100,10 +115,13 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         if not quick and not slow_bf16:  # one more visit of the grid per round, alternating direction
             gemm_visits.append(compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu", reverse=r % 2 == 0)))
             sample_tiny()
-        for seq, hd in attn_pts:
-            R["attn"][(seq, hd)].append(compute(lambda: measure_attention(seq, hd, torch.bfloat16, "cpu")))
-            R["mattn"][(seq, hd)].append(compute(lambda: measure_attention(seq, hd, torch.bfloat16, "cpu",
-                                                                           masked=True)))
+        if not quick and run_dtype == "fp32":  # the dtype default runs compute in: visited as bf16's grid is
+            fp32_visits.append(compute(lambda: gemm_times(fp32_shapes, torch.float32, "cpu", reverse=r % 2 == 0)))
+            sample_tiny()
+        for dt, seq, hd in attn_keys:
+            R["attn"][(dt, seq, hd)].append(compute(lambda: measure_attention(seq, hd, attn_dtypes[dt], "cpu")))
+            R["mattn"][(dt, seq, hd)].append(compute(lambda: measure_attention(seq, hd, attn_dtypes[dt], "cpu",
+                                                                               masked=True)))
         sample_tiny()
         R["elem"].append(compute(lambda: measure_elementwise(torch.bfloat16, "cpu", quick)))
         R["loss"].append(measure_cpu_loss_figures(2048 if quick else 8192, compute))  # (torch, fused)
@@ -115,10 +133,10 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         R["dequant"].append(host(lambda: measure_dequant_ns(2**22 if not quick else 2**20)))  # a load's lane
         sample_tiny()
         R["slowdown"].append(compute_slowdown(backend, quick))
-        g = gemm_rates(gemm_visits[-1:])
-        prog.done(f"GEMM median {statistics.median(g.values()) * 1e3:.0f} GFLOP/s, elementwise "
+        g = gemm_rates((fp32_visits if run_dtype == "fp32" else gemm_visits)[-1:])
+        prog.done(f"{run_dtype} GEMM median {statistics.median(g.values()) * 1e3:.0f} GFLOP/s, elementwise "
                   f"{slope_GBps(_elem_points(R['elem'])):.1f} GB/s, h2d {R['h2d'][-1]:.1f} GB/s, AdamW {R['adam'][-1]:.2f} G params/s")
-    bf16, fp32 = gemm_rates(gemm_visits[1:] or gemm_visits), gemm_rates(fp32_visits)
+    bf16, fp32 = gemm_rates(gemm_visits[1:] or gemm_visits), gemm_rates(fp32_visits[1:] or fp32_visits)
     gemm = [("bf16", s[0], *map(float, s[1:]), r) for s, r in bf16.items()]
     gemm += [("fp32", s[0], *map(float, s[1:]), r) for s, r in fp32.items()]
     bf16_best, fp32_best = max(bf16.values()), max(fp32.values())
@@ -127,8 +145,8 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
                            sorted(set(backend.compute_cores) | set(backend.host_cores)))
     attn, mattn = [], []
     for out, key in ((attn, "attn"), (mattn, "mattn")):
-        for (seq, hd), vals in R[key].items():
-            out.append(("bf16", float(seq), float(hd), mean_rate([v[0] for v in vals]),
+        for (dt, seq, hd), vals in R[key].items():
+            out.append((dt, float(seq), float(hd), mean_rate([v[0] for v in vals]),
                         mean_rate([v[1] for v in vals])))
     elem = _elem_points(R["elem"])
     h2d, d2h = mean_rate(R["h2d"]), mean_rate(R["d2h"])
@@ -173,13 +191,13 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     prog.done(f"a copy takes {copy_busy:.0f} us longer, a CPU-lane op {host_busy:.0f} us; an offload's norm "
               f"pass runs at {reduce:.1f} GB/s in place (alone: {dev.reduce_GBps:.1f}); a host lane copying "
               f"without pause slows compute by {slowdown - 1:+.1%} (modelled while host-lane work runs)")
-    prog.step(f"compute threads: the template block on 1..{len(cores)} thread(s), alone and beside a copying "
-              "host lane (what a core split costs and gains)")
-    speeds = measure_thread_speeds(cores, backend.compute_threads, quick)
+    prog.step(f"compute threads: the template block in {run_dtype} on 1..{len(cores)} thread(s), alone and beside "
+              "a copying host lane (what a core split costs and gains)")
+    speeds = measure_thread_speeds(cores, backend.compute_threads, quick, attn_dtypes[run_dtype])
     # (in a lane's thread, as the executor's compute runs, never the main thread: a team left
     # there would slow every later team of this process: device/cpu.py, CpuBackend)
     kernel_speeds = compute(lambda: measure_kernel_speeds(cores, backend.compute_threads, quick,
-                                                          thread_counts(len(cores))))
+                                                          thread_counts(len(cores)), attn_dtypes[run_dtype]))
     prog.done(", ".join(f"{int(t)}: {a:.2f}x alone, {s:.2f}x beside a lane" for t, a, s in speeds)
               + "; kernels alone (GEMM, attention, elementwise): "
               + ", ".join(f"{int(t)}: {g:.2f}x {a:.2f}x {e:.2f}x" for t, g, a, e in kernel_speeds))

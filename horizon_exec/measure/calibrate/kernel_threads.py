@@ -22,29 +22,31 @@ from horizon_exec.measure.calibrate.threads import _pin
 KINDS = ("gemm", "attention", "elementwise")
 
 
-def kernels(quick: bool) -> dict:
-    """One callable per kind, in bf16 at a training step's sizes: a block's up-projection GEMM
-    (2,048 x 512 x 1,376; quick 512 rows), causal attention forward and backward (8 heads of 64 at
-    1,024 tokens; quick 512) and SwiGLU's elementwise product with its cast (2,048 x 1,376)."""
+def kernels(quick: bool, dtype=torch.bfloat16) -> dict:
+    """One callable per kind, in `dtype` (the one this machine trains in by default: the kinds
+    scale differently in each, a bf16 GEMM without bf16 instructions hardly at all) at a training
+    step's sizes: a block's up-projection GEMM (2,048 x 512 x 1,376; quick 512 rows), causal
+    attention forward and backward (8 heads of 64 at 1,024 tokens; quick 512) and SwiGLU's
+    elementwise product with its cast (2,048 x 1,376)."""
     rows, seq = (512, 512) if quick else (2048, 1024)
     g = torch.Generator().manual_seed(0)
-    a = torch.randn(rows, 512, generator=g).bfloat16()
-    w = torch.randn(512, 1376, generator=g).bfloat16()
-    q, k, v = (torch.randn(1, 8, seq, 64, generator=g).bfloat16().requires_grad_() for _ in range(3))
-    x, y = torch.randn(rows, 1376, generator=g).bfloat16(), torch.randn(rows, 1376, generator=g).bfloat16()
+    a = torch.randn(rows, 512, generator=g).to(dtype)
+    w = torch.randn(512, 1376, generator=g).to(dtype)
+    q, k, v = (torch.randn(1, 8, seq, 64, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    x, y = torch.randn(rows, 1376, generator=g).to(dtype), torch.randn(rows, 1376, generator=g).to(dtype)
 
     def attention():
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         torch.autograd.grad(o, (q, k, v), o)
 
-    return {"gemm": lambda: a @ w, "attention": attention, "elementwise": lambda: (F.silu(x.float()) * y).bfloat16()}
+    return {"gemm": lambda: a @ w, "attention": attention, "elementwise": lambda: (F.silu(x.float()) * y).to(dtype)}
 
 
-def measure_kernel_speeds(cores: list[int], base: int, quick: bool, counts: list[int]) -> tuple:
-    """Rows (THREADS, GEMM, ATTENTION, ELEMENTWISE) for each of `counts`: each kind's speed at
-    that many threads (pinned to the first cores) relative to `base` threads. Runs on the
-    calling thread, whose thread count and affinity it restores."""
-    fns = kernels(quick)
+def measure_kernel_speeds(cores: list[int], base: int, quick: bool, counts: list[int], dtype=torch.bfloat16) -> tuple:
+    """Rows (THREADS, GEMM, ATTENTION, ELEMENTWISE) for each of `counts`: each kind's speed in
+    `dtype` at that many threads (pinned to the first cores) relative to `base` threads. Runs on
+    the calling thread, whose thread count and affinity it restores."""
+    fns = kernels(quick, dtype)
     prev_threads, prev_cores = torch.get_num_threads(), os.sched_getaffinity(0)
 
     def timed(t: int, kind: str) -> float:

@@ -31,8 +31,9 @@ def _pin(cores) -> None:
         pass
 
 
-def measure_thread_speeds(cores: list[int], base: int, quick: bool) -> tuple:
-    """Rows (THREADS, ALONE, SHARED) for thread_counts(len(cores)), relative to `base` threads alone."""
+def measure_thread_speeds(cores: list[int], base: int, quick: bool, dtype=torch.bfloat16) -> tuple:
+    """Rows (THREADS, ALONE, SHARED) for thread_counts(len(cores)), relative to `base` threads
+    alone, the template block computing in `dtype`."""
     from horizon_exec.device.arena import DeviceArena
     from horizon_exec.device.cpu import CpuBackend
     from horizon_exec.device.memtrack import TransientTracker
@@ -55,7 +56,7 @@ def measure_thread_speeds(cores: list[int], base: int, quick: bool) -> tuple:
     out: dict = {}
 
     def run():
-        block = block_pass(ELEMENTWISE_MODEL, 1 if quick else 2, 128 if quick else 256, torch.bfloat16, "cpu")
+        block = block_pass(ELEMENTWISE_MODEL, 1 if quick else 2, 128 if quick else 256, dtype, "cpu")
         arena = DeviceArena(CpuBackend(cores=cores))
 
         def timed(t, shared):

@@ -25,8 +25,11 @@ from horizon_sim.errors import HorizonError
 from horizon_sim.specs.hardware import HardwareSpec
 
 CALIBRATED, FILE, ESTIMATE = "calibrated", "file", "estimate"
-CALIBRATE_MINUTES = 2
-"""About how long `horizon calibrate` takes on a small CPU machine (the offer's figure)."""
+CALIBRATE_MINUTES = {"bf16": 2, "fp32": 10}
+"""About how long `horizon calibrate` takes on a small CPU machine (the offer's figure; a GPU
+box's is given bf16's), by the dtype a default run computes in there: 1.5-2 minutes on a 2-core VM with bf16 instructions;
+without them bf16's GEMMs and attention run in a generic kernel and fp32's are measured too
+(9m22s on a 2-core AVX2 EPYC, 2026-12-07)."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,9 @@ def lines(m: MachineDescription) -> list[str]:
         return []
     out = [f"machine: {m.source}"]
     if m.kind == ESTIMATE:
+        from horizon_exec.device.compute_dtype import default_compute_dtype
+        from horizon_sim.specs.cpu_ranks import is_cpu_backend
+        minutes = CALIBRATE_MINUTES[default_compute_dtype("cpu" if is_cpu_backend(m.hardware) else "cuda")[0]]
         out.append(f"machine: no calibration of this machine: predictions use a quick estimate (within about 2x); "
-                   f"`horizon calibrate` (about {CALIBRATE_MINUTES} min, once) makes them within about 25%")
+                   f"`horizon calibrate` (about {minutes} min, once) makes them within about 25%")
     return out

@@ -5,13 +5,17 @@ measured as calibrate measures it, in a lane thread set up like the executor's, 
 split (all cores but one for compute), once:
   GEMMs        bf16 on a (128, 512, 2048) grid plus 8192 token rows (a CPU without native
                bf16 gets the (128, 512) grid), fp32 on calibrate's (128, 512), 3 layouts
-  attention    the causal SDPA kernels at ATTENTION_POINTS, masked at MASKED_POINTS
+  attention    the causal SDPA kernels at ATTENTION_POINTS, masked at MASKED_POINTS, in the dtype
+               a default run computes in here: bf16, or fp32 without bf16 instructions (where
+               bf16's would take 17 of the estimate's 35 s on an AVX2 EPYC, for runs that
+               do not compute in it)
   elementwise  the template block's elementwise bandwidth and the loss kernels per logit
   host         one copy thread each way, a host thread's accumulate and reduce, AdamW, the bus
   per-op cost  the tiny serialized model (calibrate's TinyProbe), two steps, dense rows only
                (no MoE, tracked or head-chunk rows: absent, they cost nothing extra)
   threads      the template block at each compute thread count, alone (the SHARED column is
-               core_split.py's estimate: half when the lanes share compute's cores)
+               core_split.py's estimate: half when the lanes share compute's cores), and each
+               kernel kind's scaling, in a default run's dtype
   runtime RSS  this process's RSS at the end (torch, a trainer built and run, the measurement's
                buffers freed): what a training process holds before its model tensors
 Left at "not measured": contention between lanes (0), the busy latencies (0), the lanes' shared
@@ -66,6 +70,9 @@ def cpu_estimate() -> HardwareSpec:
     compute = lambda fn: in_lane(backend, Lane.COMPUTE, fn)  # noqa: E731
     host = lambda fn: in_lane(backend, Lane.CPU, fn)         # noqa: E731
     slow_bf16 = compute(_bf16_fallback)
+    from horizon_exec.device.compute_dtype import default_compute_dtype
+    run_dtype = default_compute_dtype("cpu")[0]  # as calibrate: a default run's attention and thread scaling
+    dtypes = {run_dtype: torch.float32 if run_dtype == "fp32" else torch.bfloat16}
     dims = BF16_DIMS[:2] if slow_bf16 else BF16_DIMS
     rows = dims if slow_bf16 else (*dims, TOKEN_ROWS)
     bf16_shapes = [(l, m, n, k) for l in work.LAYOUTS for m in rows for n in dims for k in dims
@@ -75,9 +82,10 @@ def cpu_estimate() -> HardwareSpec:
     fp32 = K.gemm_rates([compute(lambda: K.gemm_times(fp32_shapes, torch.float32, "cpu"))])
     attn, mattn = [], []
     for out, masked, points in ((attn, False, ATTENTION_POINTS), (mattn, True, MASKED_POINTS)):
-        for seq, hd in points:
-            f, b = compute(lambda: K.measure_attention(seq, hd, torch.bfloat16, "cpu", masked=masked))
-            out.append(("bf16", float(seq), float(hd), f, b))
+        for dt in dtypes:
+            for seq, hd in points:
+                f, b = compute(lambda: K.measure_attention(seq, hd, dtypes[dt], "cpu", masked=masked))
+                out.append((dt, float(seq), float(hd), f, b))
     elem = K.slope_GBps(_elem_points([compute(lambda: K.measure_elementwise(torch.bfloat16, "cpu", True))]))
     loss, fused_loss = K.measure_cpu_loss_figures(2048, compute)
     layer = 2**20
@@ -88,11 +96,12 @@ def cpu_estimate() -> HardwareSpec:
     adam = host(lambda: H.measure_adam_Gparams(2**19, True))
     dequant = host(lambda: K.measure_dequant_ns(2**20))  # a quantized base's loads run on a host lane
     bus = H.measure_bus_GBps(8 * 2**20, sorted(set(backend.compute_cores) | set(backend.host_cores)))
-    speeds = _thread_speeds(cpu_cores(), backend.compute_threads)
+    cores = cpu_cores()  # the process's, read here: inside a lane's thread it would be that lane's core(s)
+    speeds = _thread_speeds(cores, backend.compute_threads, dtypes[run_dtype])
     from horizon_exec.measure.calibrate.kernel_threads import measure_kernel_speeds
     from horizon_exec.measure.calibrate.threads import thread_counts
-    kernel_speeds = compute(lambda: measure_kernel_speeds(cpu_cores(), backend.compute_threads, True,
-                                                          thread_counts(len(cpu_cores()))))
+    kernel_speeds = compute(lambda: measure_kernel_speeds(cores, backend.compute_threads, True,
+                                                          thread_counts(len(cores)), dtypes[run_dtype]))
 
     ram = host_ram_GiB()
     bf16_best, fp32_best = max(bf16.values()), max(fp32.values())
@@ -130,10 +139,11 @@ def cpu_estimate() -> HardwareSpec:
              f"{len(backend.host_cores)} (quick estimate {time.strftime('%Y-%m-%d %H:%M')})")
 
 
-def _thread_speeds(cores: list[int], base: int) -> tuple:
+def _thread_speeds(cores: list[int], base: int, dtype) -> tuple:
     """Rows (THREADS, ALONE, SHARED): the template block (calibrate's threads.py workload, one
-    round of passes interleaved twice) at each count, relative to `base` threads; SHARED is
-    core_split.py's estimate (ALONE / 2 where the lanes share compute's cores, else ALONE)."""
+    round of passes interleaved twice) in `dtype` at each count, relative to `base` threads;
+    SHARED is core_split.py's estimate (ALONE / 2 where the lanes share compute's cores, else
+    ALONE)."""
     import torch
 
     from horizon_exec.measure.calibrate.kernels import ELEMENTWISE_MODEL, block_pass
@@ -142,7 +152,7 @@ def _thread_speeds(cores: list[int], base: int) -> tuple:
     out: dict = {}
 
     def run():
-        block = block_pass(ELEMENTWISE_MODEL, 1, 128, torch.bfloat16, "cpu")
+        block = block_pass(ELEMENTWISE_MODEL, 1, 128, dtype, "cpu")
 
         def timed(t):
             torch.get_num_threads()  # ATen's lazy per-thread init first (CpuBackend.start_lane)
