@@ -291,3 +291,18 @@ def test_a_fixed_cost_noise_measured_at_zero_is_left_out_of_the_hardware_file():
     with pytest.raises(HorizonError, match="head_chunk"):
         replace(dev, op_overhead_us=tuple(sorted(us.items())))
     assert replace(dev, op_overhead_us=tuple(sorted(measured_rows(us).items()))).op_overhead_us == (("forward", 30.0),)
+
+
+def test_calibrate_says_when_the_machine_moved_while_the_grid_was_timed():
+    """Each round's visit of the GEMM grid against the median visit: a round 1.3x slower than
+    the others is named (the rates are the medians, the plans carry the spread); visits at one
+    speed, and a single round, say nothing. The warm-up visit is not a round's."""
+    from horizon_exec.measure.calibrate.cpu import _moved_text
+    from horizon_exec.measure.calibrate.kernels import visit_speeds
+    base = {("nn", 128, 128, 128): 1e-4, ("nt", 512, 512, 512): 4e-3}
+    slow = {s: t * 1.3 for s, t in base.items()}
+    assert visit_speeds([base, slow, base]) == pytest.approx([1.0, 1 / 1.3, 1.0])
+    text = _moved_text([slow, base, slow, base])
+    assert "the GEMM grid's 3 visits ran at 0.77x-1.00x their median" in text
+    assert _moved_text([slow, base, base, base]) == ""  # the warm-up visit's speed does not count
+    assert _moved_text([base, slow]) == ""  # one round: nothing to compare

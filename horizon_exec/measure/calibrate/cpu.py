@@ -18,7 +18,7 @@ from horizon_exec.measure.calibrate.kernels import (attention_grid, fp32_gemm_sh
                                             gemm_shapes, gemm_times,
                                             measure_attention, measure_cpu_loss_figures, measure_dequant_ns,
                                             measure_elementwise, model_gemms,
-                                            slope_GBps)
+                                            slope_GBps, visit_speeds)
 from horizon_exec.measure.calibrate.overheads import (HEAD8_POLICY, MOE_EXPERTS, MOE_POLICY, TINY, TINY_POLICY,
                                               LORA_POLICY, TinyProbe, adapter_overheads, head_chunk_us, measured_rows,
                                               moe_overheads, op_overheads,
@@ -229,5 +229,22 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         cluster=cluster,
         name=f"{hst.name}, CPU backend: compute on {backend.compute_threads} core(s), lanes on "
              f"{len(backend.host_cores)} ({'quick ' if quick else ''}calibrated {time.strftime('%Y-%m-%d %H:%M')})")
-    prog.done(f"total {time.perf_counter() - t_start:.0f} s")
+    prog.done(f"total {time.perf_counter() - t_start:.0f} s" + _moved_text(fp32_visits if run_dtype == "fp32" else gemm_visits))
     return hw
+
+
+def _moved_text(visits: list[dict]) -> str:
+    """'' when the rounds' visits of the GEMM grid ran at one speed (within validate's AGREE),
+    else a note that the machine moved while it was measured: the rates are the visits' medians,
+    and a plan on them carries that spread (a calibration taken in a slow minute priced a later
+    default run 50% long)."""
+    from horizon_exec.measure.validate.corrected import AGREE
+    rounds = visits[1:]  # the warm-up visit is not a round's
+    if len(rounds) < 2:
+        return ""
+    v = visit_speeds(rounds)
+    if (max(v) - min(v)) / statistics.median(v) <= AGREE:
+        return ""
+    return (f"; the machine's speed moved while it was measured: the GEMM grid's {len(v)} visits ran at "
+            f"{min(v):.2f}x-{max(v):.2f}x their median (the rates are the medians); `horizon calibrate` again "
+            "on a quieter machine gives plans that hold better")

@@ -117,6 +117,14 @@ def gemm_rates(times: list[dict]) -> dict:
     return {s: 2.0 * s[1] * s[2] * s[3] / statistics.median(t[s] for t in times) / 1e12 for s in times[0]}
 
 
+def visit_speeds(times: list[dict]) -> list[float]:
+    """Each visit's speed (a gemm_times result) against the median visit's: per shape, the
+    median time over visits over the visit's time; per visit, the median over shapes. Their
+    spread says whether the machine held one speed while the grid was timed."""
+    med = {s: statistics.median(t[s] for t in times) for s in times[0]}
+    return [statistics.median(med[s] / t[s] for s in t) for t in times]
+
+
 ATTENTION_HEAD_DIMS_CPU = (32, 64, 128)
 """The CPU grid's head dims: SDPA at head_dim 32 (the tiny preset's, 256 / 8 heads) runs 1.1-1.4x
 slower per FLOP than at 64 on the AMX VM, and the table does not extrapolate below its
