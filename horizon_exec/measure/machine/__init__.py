@@ -27,9 +27,9 @@ from horizon_sim.specs.hardware import HardwareSpec
 CALIBRATED, FILE, ESTIMATE = "calibrated", "file", "estimate"
 CALIBRATE_MINUTES = {"bf16": 2, "fp32": 10}
 """About how long `horizon calibrate` takes on a small CPU machine (the offer's figure; a GPU
-box's is given bf16's), by the dtype a default run computes in there: 1.5-2 minutes on a 2-core VM with bf16 instructions;
-without them bf16's GEMMs and attention run in a generic kernel and fp32's are measured too
-(9m22s on a 2-core AVX2 EPYC, 2026-12-07)."""
+box's is given bf16's), by the dtype a default run computes in there: 1.5-2 minutes on a
+2-core VM with bf16 instructions; without them bf16's GEMMs and attention run in a generic
+kernel and fp32's are measured too (9m22s on a 2-core AVX2 EPYC, 2026-12-07)."""
 
 
 @dataclass(frozen=True)
