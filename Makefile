@@ -38,7 +38,7 @@ demo: $(STAMP)
 	@echo "== 4/6 train a small Llama-style model for real through the streaming executor (CPU backend)"
 	$(VENV)/bin/horizon train --model tiny --steps 20 --batch 4 --seq 128
 	@echo
-	@echo "== 5/6 predicted vs measured: fourteen configurations through the executor and the planner (2-10 min)"
+	@echo "== 5/6 predicted vs measured: fourteen configurations through the executor and the planner (2-20 min)"
 	$(VENV)/bin/horizon validate --hardware reports/machine.toml --out reports
 	@echo
 	@echo "== 6/6 planner reports (headline, fit table, optimizer modes, checkpoints, feasibility map, scale out, against ZeRO-3 offload, host bytes)"
