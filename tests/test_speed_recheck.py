@@ -100,16 +100,20 @@ def test_a_machine_as_fast_as_its_file_leaves_the_error_to_the_cost_model(tmp_pa
     assert figures == ["step time (median)", "tokens/s (median step)", "device peak (median)", "host peak RSS"]
 
 
-def test_a_probe_that_fails_does_not_fail_the_run(tmp_path, hw, capsys, monkeypatch):
+@pytest.mark.parametrize("error, said", [(RuntimeError("no thread for the probe"), "no thread for the probe"),
+                                         (ValueError("bad shape"), "ValueError: bad shape")])
+def test_a_probe_that_fails_does_not_fail_the_run(tmp_path, hw, capsys, monkeypatch, error, said):
+    """The weights are saved by then: whatever the probe raises is one line, and the report is
+    written without the recheck."""
     _far_off(monkeypatch)
 
     class Broken(_FixedProbe):
         def sample(self):
-            raise RuntimeError("no thread for the probe")
+            raise error
     monkeypatch.setattr(drift_mod, "DriftProbe", Broken)
     assert main(["train", *RUN, "--hardware", str(hw), "--report-dir", str(tmp_path / "plan")]) == 0
     out = capsys.readouterr().out
-    assert "plan: the machine's speed could not be probed after the run: no thread for the probe" in out
+    assert f"plan: the machine's speed could not be probed after the run: {said}" in out
     assert "final loss" in out and (tmp_path / "plan" / "report.md").is_file()
 
 

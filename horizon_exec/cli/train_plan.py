@@ -84,8 +84,9 @@ def finish(cfg, tr, check, say=print, strict: bool = True) -> None:
     if strict and speed_recheck.wanted(check, meas):
         try:
             check.recheck = speed_recheck.recheck(check, tr, cfg.trainer.runtime.device)
-        except (HorizonError, RuntimeError, OSError) as e:  # the run's companion: it never fails the run
-            say(f"plan: the machine's speed could not be probed after the run: {e}")
+        except Exception as e:  # noqa: BLE001 - a companion of a run whose weights are saved: it never fails it
+            why = str(e) if isinstance(e, (HorizonError, RuntimeError)) else f"{type(e).__name__}: {e}"
+            say(f"plan: the machine's speed could not be probed after the run: {why}")
         else:
             say(speed_recheck.line(check.recheck, meas["step_s"]))
     folder = report_folder(cfg, check, tr.dist.world)
