@@ -14,8 +14,9 @@ One measurement of our own so far: an H200, by this project's `horizon calibrate
 and the GH200 (the same GH100 compute, 132 SMs, 989-990 TF dense bf16) with its compute tables
 as they are and its elementwise rate scaled by their HBM peak; the H100 PCIe (756 TF) with its
 attention and loss rates scaled by the peak ratio, and its GEMMs as the H200's up to the level
-its 350 W limit holds them to. Those transfers are estimates and preset_sources.py says so. The per-op fixed costs are the executor's Python dispatch on that box's 16-core Xeon: kept
-as measured for every GH100 preset (an estimate for other hosts)."""
+its 350 W limit holds them to. Those transfers are estimates and preset_sources.py says so. The
+per-op fixed costs are the executor's Python dispatch on that box's 16-core Xeon: kept as
+measured for every GH100 preset (an estimate for other hosts)."""
 import statistics
 import tomllib
 from functools import lru_cache

@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch
 
 from horizon_exec.device.compute_dtype import default_compute_dtype
+from horizon_exec.dtypes import TORCH_DTYPE
 from horizon_exec.measure.calibrate.collectives import measure_loopback
 from horizon_exec.measure.calibrate.contention import busy_latencies, compute_slowdown
 from horizon_exec.measure.calibrate.disk import disk_host_fields
@@ -78,7 +79,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     # step on an AVX2 EPYC), and the thread scaling is measured in it: a bf16 GEMM without those
     # instructions hardly gains from a second thread, an fp32 one nearly doubles.
     run_dtype = default_compute_dtype("cpu")[0]
-    attn_dtypes = {"bf16": torch.bfloat16, **({"fp32": torch.float32} if run_dtype == "fp32" else {})}
+    attn_dtypes = ("bf16", "fp32") if run_dtype == "fp32" else ("bf16",)
     # --model's own GEMMs in the dtype its default run computes in (bf16's generic kernel would
     # take minutes over them, and no default run here computes in it)
     own = (model, policy) if run_dtype == "bf16" else (None, None)
@@ -119,8 +120,8 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
             fp32_visits.append(compute(lambda: gemm_times(fp32_shapes, torch.float32, "cpu", reverse=r % 2 == 0)))
             sample_tiny()
         for dt, seq, hd in attn_keys:
-            R["attn"][(dt, seq, hd)].append(compute(lambda: measure_attention(seq, hd, attn_dtypes[dt], "cpu")))
-            R["mattn"][(dt, seq, hd)].append(compute(lambda: measure_attention(seq, hd, attn_dtypes[dt], "cpu",
+            R["attn"][(dt, seq, hd)].append(compute(lambda: measure_attention(seq, hd, TORCH_DTYPE[dt], "cpu")))
+            R["mattn"][(dt, seq, hd)].append(compute(lambda: measure_attention(seq, hd, TORCH_DTYPE[dt], "cpu",
                                                                                masked=True)))
         sample_tiny()
         R["elem"].append(compute(lambda: measure_elementwise(torch.bfloat16, "cpu", quick)))
@@ -193,11 +194,11 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
               f"without pause slows compute by {slowdown - 1:+.1%} (modelled while host-lane work runs)")
     prog.step(f"compute threads: the template block in {run_dtype} on 1..{len(cores)} thread(s), alone and beside "
               "a copying host lane (what a core split costs and gains)")
-    speeds = measure_thread_speeds(cores, backend.compute_threads, quick, attn_dtypes[run_dtype])
+    speeds = measure_thread_speeds(cores, backend.compute_threads, quick, TORCH_DTYPE[run_dtype])
     # (in a lane's thread, as the executor's compute runs, never the main thread: a team left
     # there would slow every later team of this process: device/cpu.py, CpuBackend)
     kernel_speeds = compute(lambda: measure_kernel_speeds(cores, backend.compute_threads, quick,
-                                                          thread_counts(len(cores)), attn_dtypes[run_dtype]))
+                                                          thread_counts(len(cores)), TORCH_DTYPE[run_dtype]))
     prog.done(", ".join(f"{int(t)}: {a:.2f}x alone, {s:.2f}x beside a lane" for t, a, s in speeds)
               + "; kernels alone (GEMM, attention, elementwise): "
               + ", ".join(f"{int(t)}: {g:.2f}x {a:.2f}x {e:.2f}x" for t, g, a, e in kernel_speeds))

@@ -71,8 +71,8 @@ def cpu_estimate() -> HardwareSpec:
     host = lambda fn: in_lane(backend, Lane.CPU, fn)         # noqa: E731
     slow_bf16 = compute(_bf16_fallback)
     from horizon_exec.device.compute_dtype import default_compute_dtype
+    from horizon_exec.dtypes import TORCH_DTYPE
     run_dtype = default_compute_dtype("cpu")[0]  # as calibrate: a default run's attention and thread scaling
-    dtypes = {run_dtype: torch.float32 if run_dtype == "fp32" else torch.bfloat16}
     dims = BF16_DIMS[:2] if slow_bf16 else BF16_DIMS
     rows = dims if slow_bf16 else (*dims, TOKEN_ROWS)
     bf16_shapes = [(l, m, n, k) for l in work.LAYOUTS for m in rows for n in dims for k in dims
@@ -82,10 +82,9 @@ def cpu_estimate() -> HardwareSpec:
     fp32 = K.gemm_rates([compute(lambda: K.gemm_times(fp32_shapes, torch.float32, "cpu"))])
     attn, mattn = [], []
     for out, masked, points in ((attn, False, ATTENTION_POINTS), (mattn, True, MASKED_POINTS)):
-        for dt in dtypes:
-            for seq, hd in points:
-                f, b = compute(lambda: K.measure_attention(seq, hd, dtypes[dt], "cpu", masked=masked))
-                out.append((dt, float(seq), float(hd), f, b))
+        for seq, hd in points:
+            f, b = compute(lambda: K.measure_attention(seq, hd, TORCH_DTYPE[run_dtype], "cpu", masked=masked))
+            out.append((run_dtype, float(seq), float(hd), f, b))
     elem = K.slope_GBps(_elem_points([compute(lambda: K.measure_elementwise(torch.bfloat16, "cpu", True))]))
     loss, fused_loss = K.measure_cpu_loss_figures(2048, compute)
     layer = 2**20
@@ -97,11 +96,11 @@ def cpu_estimate() -> HardwareSpec:
     dequant = host(lambda: K.measure_dequant_ns(2**20))  # a quantized base's loads run on a host lane
     bus = H.measure_bus_GBps(8 * 2**20, sorted(set(backend.compute_cores) | set(backend.host_cores)))
     cores = cpu_cores()  # the process's, read here: inside a lane's thread it would be that lane's core(s)
-    speeds = _thread_speeds(cores, backend.compute_threads, dtypes[run_dtype])
+    speeds = _thread_speeds(cores, backend.compute_threads, TORCH_DTYPE[run_dtype])
     from horizon_exec.measure.calibrate.kernel_threads import measure_kernel_speeds
     from horizon_exec.measure.calibrate.threads import thread_counts
     kernel_speeds = compute(lambda: measure_kernel_speeds(cores, backend.compute_threads, True,
-                                                          thread_counts(len(cores)), dtypes[run_dtype]))
+                                                          thread_counts(len(cores)), TORCH_DTYPE[run_dtype]))
 
     ram = host_ram_GiB()
     bf16_best, fp32_best = max(bf16.values()), max(fp32.values())
