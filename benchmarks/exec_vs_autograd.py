@@ -18,6 +18,10 @@ team per process: libgomp slows every team of a process whose team threads outnu
 
 Prints (medians of repeated steps, all measured in this one run):
   ratio exec/autograd: X.XX          autograd step time / executor step time (target >= 0.70)
+  compute floor: X.XXXs a step       the step's GEMMs and attention, forward and backward once,
+                                     at the kernel rates this machine's description measured
+                                     (compute_floor.py): no trainer's step is shorter at
+                                     those rates, so autograd's step over it bounds the ratio
   minor page faults a step: ...      the process's page faults (getrusage) in each side's step:
                                      memory the kernel maps anew, and the kernel's CPU seconds
                                      (summed over threads). Plain autograd on glibc's
@@ -80,6 +84,7 @@ from horizon_exec.runtime.trainer import Trainer
 from horizon_sim.schedule import Holds, Lane, OpKind
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import Policy
+from compute_floor import compute_floor
 from horizon_flags import add_shape_flags, add_horizon_flags, hardware_of, horizon_side
 
 
@@ -318,6 +323,7 @@ def main():
     print(f"executor step {t_exec:.3f}s ({pol.tokens / t_exec:,.0f} tok/s), without optimizer "
           f"{t_noopt:.3f}s; autograd step {t_auto:.3f}s ({pol.tokens / t_auto:,.0f} tok/s)")
     print(f"ratio exec/autograd: {t_auto / t_exec:.2f}")
+    print(floor_line(compute_floor(spec, pol, hardware_of(a), threads), t_exec, t_auto))
     (fe, se), (fa, sa) = ((statistics.median(f for f, _ in faults[k]), statistics.median(s for _, s in faults[k]))
                           for k in ("exec", "auto"))
     print(f"minor page faults a step: executor {fe:,.0f} (>= {fe * PAGE_B / 1e9:.2f} GB mapped anew, kernel CPU "
@@ -343,6 +349,17 @@ def main():
             exec_step(tr2)
             rates = optimizer_rates(tr2, 4 * a.steps + 1)
     print_optimizer_rates(rates, lean_rates)
+
+
+def floor_line(floor, t_exec: float, t_auto: float) -> str:
+    """The step's compute floor (compute_floor.py) and each side's step over it: autograd's
+    step / the floor is the highest exec/autograd ratio any policy could reach in this run at
+    the measured kernel rates."""
+    if floor.why:
+        return f"compute floor: n/a ({floor.why})"
+    return (f"compute floor: {floor.seconds:.3f}s a step (its GEMMs and attention once each way at this machine's "
+            f"measured rates); executor {t_exec / floor.seconds:.2f}x it, autograd {t_auto / floor.seconds:.2f}x: "
+            f"a ratio exec/autograd above {t_auto / floor.seconds:.2f} needs GEMMs faster than measured")
 
 
 def rates_policy(pol):

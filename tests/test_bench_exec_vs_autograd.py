@@ -21,5 +21,6 @@ def test_the_benchmark_prints_its_figures_outside_the_pipelined_mode(optimizer):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ratio exec/autograd: " in r.stdout and f"--optimizer {optimizer}" in r.stdout
     assert "minor page faults a step: executor " in r.stdout
+    assert "compute floor: " in r.stdout
     assert f"--optimizer pipelined: {optimizer} frees the gradients within its step" in r.stdout
     assert "Adam update alone" in r.stdout
