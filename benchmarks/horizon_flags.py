@@ -64,19 +64,26 @@ class HorizonSide:
     search: bool = True
     hardware: str | None = None
     """--hardware: the file the planner prices the policy with (None: this machine's description)."""
+    compute_threads: int | str = "auto"
+    """--compute-threads: 'auto' (the planner's core split for the chosen Schedule) or a count."""
 
     def policy_for(self, model) -> tuple[Policy, str]:
         """(the policy Horizon runs `model` with, one line saying what it is and where from)."""
         if not self.search or set(self.given) >= set(_KNOBS):
             return self.policy, f"Horizon's policy: {policy_flags(self.policy) or 'the defaults'} (--no-search)"
+        from horizon_exec.cli.train_policy import step_at_run_split
         from horizon_exec.train.policy_search import plan_policy
         hw = hardware_of(self)
         planned = plan_policy(model, self.policy, self.given, hw, device="cpu")
         if planned.policy is None:
             return self.policy, "Horizon's policy: the defaults (the planner found none that fits)"
         row = planned.result.table.iloc[0]
+        # the search ranks on the description's own split, as `horizon train` does; the step is
+        # said at the split the run takes, as train's policy line says it
+        step_s, at = step_at_run_split(model, planned.policy, planned.hardware, row.step_time_s, "cpu",
+                                       self.compute_threads)
         return planned.policy, (f"Horizon's policy: the planner's choice, {policy_flags(planned.policy) or 'the defaults'}"
-                                f" (predicted {row.step_time_s * 1e3:.0f} ms a step on "
+                                f" (predicted {step_s * 1e3:.0f} ms a step{at}; searched on "
                                 f"{planned.hardware.name or planned.hardware.device.name})")
 
 
@@ -103,4 +110,4 @@ def horizon_side(a, **policy) -> HorizonSide:
         knobs["grad_clip"] = Policy.default_grad_clip(knobs["optimizer"])
     loss = default_loss_kernel("cpu") if a.loss_kernel == "auto" else a.loss_kernel
     pol = replace(Policy(compute_dtype=dtype, working_copy=dtype == "bf16", loss_kernel=loss, **policy), **knobs)
-    return HorizonSide(pol, why, given, not a.no_search, a.hardware)
+    return HorizonSide(pol, why, given, not a.no_search, a.hardware, a.compute_threads)

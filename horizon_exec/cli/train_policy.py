@@ -97,19 +97,19 @@ def choose_policy(args: argparse.Namespace, cfg, model, data_bytes: int, layout,
            if base["fits"] and base["tokens_per_s"] > 0 else f"the defaults do not fit: {base['why_not']}")
     say(f"policy: the planner's choice ({res.evaluated} simulated on {hw.name or hw.device.name}"
         + (f"; pinned by {', '.join(pins)}" if pins else "") + f"): {flags}")
-    step_s, at = _at_run_split(model, best, hw, row.step_time_s, rt)
+    step_s, at = step_at_run_split(model, best, hw, row.step_time_s, rt.device, rt.compute_threads)
     say(f"policy: predicted {best.tokens / step_s:,.0f} tokens/s, {step_s * 1e3:.1f} ms a step{at} ({why}); "
         f"device {fmt_bytes(row.device_peak_bytes)}, host {fmt_bytes(row.host_bytes)}, bound by {row.bottleneck}; "
         "--no-search runs the defaults")
     return new, machine
 
 
-def _at_run_split(model, policy, hw, step_s: float, rt) -> tuple[float, str]:
+def step_at_run_split(model, policy, hw, step_s: float, device: str, compute_threads) -> tuple[float, str]:
     """(the chosen policy's predicted step at the core split the run will take, what to say of
     it): the search ranks every candidate on the description's own split (as `tune` does); on
     the CPU backend with --compute-threads auto the run then takes the planner's split for the
     chosen Schedule, and its 'plan:' line predicts at that split, so this line does too."""
-    if rt.device != "cpu" or rt.compute_threads not in (None, "auto"):
+    if device != "cpu" or compute_threads not in (None, "auto"):
         return step_s, ""
     from horizon_sim.plan.core_split import priced_for_split
     from horizon_sim.plan.plan import build_for
