@@ -2,21 +2,17 @@
 ratio exec_vs_autograd.py can show. It must not depend on the policy's memory knobs (a
 recompute is not part of the least work), must lie under every planned step of the same
 shape, and must say why where the machine's file cannot price the thread count."""
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
+from benchmarks.compute_floor import compute_floor
 from horizon_sim.schedule import build_schedule
 from horizon_sim.sim.simulate import simulate
 from horizon_sim.specs.core_split import split_hardware
 from horizon_sim.specs.model import ModelSpec
 from horizon_sim.specs.policy import KEEP_ALL, Policy
 from tests.cpu_machine import CPU_HW
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from compute_floor import compute_floor  # noqa: E402
 
 MODEL = ModelSpec(name="floor", n_layers=4, hidden=256, n_heads=4, n_kv_heads=4, ffn_hidden=688, vocab=512)
 HW = replace(CPU_HW, device=replace(CPU_HW.device, compute_threads=1, thread_speed=((1, 1.0, 0.95), (2, 1.8, 0.6))))
