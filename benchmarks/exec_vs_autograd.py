@@ -323,7 +323,7 @@ def main():
     print(f"executor step {t_exec:.3f}s ({pol.tokens / t_exec:,.0f} tok/s), without optimizer "
           f"{t_noopt:.3f}s; autograd step {t_auto:.3f}s ({pol.tokens / t_auto:,.0f} tok/s)")
     print(f"ratio exec/autograd: {t_auto / t_exec:.2f}")
-    print(floor_line(compute_floor(spec, pol, hardware_of(a), threads), t_exec, t_auto))
+    print(floor_line(compute_floor(spec, pol, tr.config.admission.hardware, threads), t_exec, t_auto))
     (fe, se), (fa, sa) = ((statistics.median(f for f, _ in faults[k]), statistics.median(s for _, s in faults[k]))
                           for k in ("exec", "auto"))
     print(f"minor page faults a step: executor {fe:,.0f} (>= {fe * PAGE_B / 1e9:.2f} GB mapped anew, kernel CPU "

@@ -93,6 +93,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
                  "one visit)" if slow_bf16 and not quick else ""))
     gemm_visits = [compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu"))]  # the rates only when no round visits
     fp32_visits = [compute(lambda: gemm_times(fp32_shapes, torch.float32, "cpu"))]
+    run_visits = fp32_visits if run_dtype == "fp32" else gemm_visits  # the grid a default run's GEMMs come from
 
     ram = ram_GiB()
     tiny = [TinyProbe("cpu"), TinyProbe("cpu", HEAD8_POLICY),
@@ -134,7 +135,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         R["dequant"].append(host(lambda: measure_dequant_ns(2**22 if not quick else 2**20)))  # a load's lane
         sample_tiny()
         R["slowdown"].append(compute_slowdown(backend, quick))
-        g = gemm_rates((fp32_visits if run_dtype == "fp32" else gemm_visits)[-1:])
+        g = gemm_rates(run_visits[-1:])
         prog.done(f"{run_dtype} GEMM median {statistics.median(g.values()) * 1e3:.0f} GFLOP/s, elementwise "
                   f"{slope_GBps(_elem_points(R['elem'])):.1f} GB/s, h2d {R['h2d'][-1]:.1f} GB/s, AdamW {R['adam'][-1]:.2f} G params/s")
     bf16, fp32 = gemm_rates(gemm_visits[1:] or gemm_visits), gemm_rates(fp32_visits[1:] or fp32_visits)
@@ -230,7 +231,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         cluster=cluster,
         name=f"{hst.name}, CPU backend: compute on {backend.compute_threads} core(s), lanes on "
              f"{len(backend.host_cores)} ({'quick ' if quick else ''}calibrated {time.strftime('%Y-%m-%d %H:%M')})")
-    prog.done(f"total {time.perf_counter() - t_start:.0f} s" + _moved_text(fp32_visits if run_dtype == "fp32" else gemm_visits))
+    prog.done(f"total {time.perf_counter() - t_start:.0f} s" + _moved_text(run_visits))
     return hw
 
 
