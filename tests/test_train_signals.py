@@ -108,9 +108,19 @@ def test_an_abort_names_what_it_abandoned(tmp_path, ckpt_dir):
     assert str(e.value) == f"SIGTERM: aborted during the eval after step 2; no checkpoint ({want})"
 
 
-def test_sighup_stops_at_a_checkpoint_like_sigterm_exit_129(tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def sighup():
+    """sighup(disposition): SIGHUP's disposition for the test (how pytest was started, e.g. under
+    nohup, must not decide it), put back after."""
+    was = signal.getsignal(signal.SIGHUP)
+    yield lambda how: signal.signal(signal.SIGHUP, how)
+    signal.signal(signal.SIGHUP, was)
+
+
+def test_sighup_stops_at_a_checkpoint_like_sigterm_exit_129(tmp_path, capsys, monkeypatch, sighup):
     """Issue 30: the terminal or ssh session going away (SIGHUP) killed the run at once, losing
     the steps since the last checkpoint; it is a stop request like SIGTERM."""
+    sighup(signal.SIG_DFL)
     real = Trainer.step
 
     def step(self, *a, **kw):
@@ -125,3 +135,33 @@ def test_sighup_stops_at_a_checkpoint_like_sigterm_exit_129(tmp_path, capsys, mo
     assert (f"horizon train: SIGHUP: stopped after step 1; last checkpoint {ck / 'step-00000001'}; "
             "resume with --resume") in err and "Traceback" not in err
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL   # the handler was put back
+
+
+def test_a_run_started_ignoring_sighup_trains_through_a_hangup(tmp_path, capsys, monkeypatch, sighup):
+    """`nohup horizon train` ignores SIGHUP so that the run outlives the terminal: the stop
+    handler installed over SIG_IGN made a hang-up stop it at the next step (exit 129)."""
+    sighup(signal.SIG_IGN)
+    real = Trainer.step
+    steps = []
+
+    def step(self, *a, **kw):
+        os.kill(os.getpid(), signal.SIGHUP)
+        steps.append(1)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    assert main(BASE + ["--eval-batches", "0", "--compute-dtype", "fp32", "--no-working-copy"]) == 0
+    assert len(steps) == 3 and "SIGHUP" not in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+
+
+def test_the_launcher_leaves_an_ignored_signal_ignored(sighup):
+    """torch.distributed.run's launcher handles SIGHUP over SIG_IGN unless told which signals to
+    handle: a `nohup` data-parallel run would stop its ranks on a hang-up."""
+    from horizon_exec.dist.launch import ELASTIC_SIGNALS, elastic_signals
+    sighup(signal.SIG_DFL)
+    assert elastic_signals(None) == ELASTIC_SIGNALS == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    sighup(signal.SIG_IGN)
+    assert elastic_signals(None) == "SIGTERM,SIGINT,SIGQUIT"
+    assert elastic_signals("SIGHUP, SIGUSR1") == "SIGUSR1"   # the user's own list, less the ignored
+    assert elastic_signals("SIGHUP") == "SIGTERM"             # torch registers at least one

@@ -18,7 +18,8 @@ likewise when a peer exits on noticing it (first_failure). The heartbeat folder 
 named after the launcher, so a launcher killed before it could remove it has it removed by the
 next launch (heartbeat_dir.py). Stopped by a signal (SIGINT, SIGTERM, SIGHUP: torch.distributed.run
 forwards it to the ranks, which checkpoint and stop), the launcher exits 128 + the signal, without
-torch's SignalException traceback.
+torch's SignalException traceback. A signal the launcher was started ignoring (`nohup`'s SIGHUP)
+stays ignored by it and by its ranks, which inherit that (elastic_signals).
 """
 import os
 import signal
@@ -70,6 +71,23 @@ def wants_launch(ranks: int) -> bool:
     return ranks > 1 and not launched()
 
 
+ELASTIC_SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+ELASTIC_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+"""The signals torch.distributed.run's launcher handles (stops its ranks and raises
+SignalException on) unless ELASTIC_SIGNALS_ENV names others: torch's default."""
+
+
+def elastic_signals(asked: str | None) -> str:
+    """ELASTIC_SIGNALS_ENV for the launcher: the signals asked for (torch's default where None)
+    less those this process ignores, which torch would otherwise handle over SIG_IGN and stop a
+    `nohup` run on a hang-up. torch registers at least one, so SIGTERM stays where all are
+    ignored."""
+    from horizon_exec.train.stop_signals import ignored
+    names = [n.strip() for n in (asked or ELASTIC_SIGNALS).split(",") if n.strip()]
+    kept = [n for n in names if not (hasattr(signal, n) and ignored(getattr(signal, n)))]
+    return ",".join(kept) or "SIGTERM"
+
+
 def launch(a: LaunchConfig, worker_args: str) -> int:
     """Run this node's workers, each handed `worker_args` (ARGS_ENV, module docstring); their exit
     status (the first failure's, named on stderr)."""
@@ -84,8 +102,9 @@ def launch(a: LaunchConfig, worker_args: str) -> int:
     # user's folder, whose own horizon_exec/ (or torch/) would run first: never from there
     # (PYTHONSAFEPATH), and this checkout first on the path so an uninstalled one still imports.
     from horizon_exec.child_env import child_env
-    was = {k: os.environ.get(k) for k in ("PYTHONSAFEPATH", "PYTHONPATH")}
-    os.environ.update(PYTHONSAFEPATH="1", PYTHONPATH=child_env()["PYTHONPATH"])
+    was = {k: os.environ.get(k) for k in ("PYTHONSAFEPATH", "PYTHONPATH", ELASTIC_SIGNALS_ENV)}
+    os.environ.update(PYTHONSAFEPATH="1", PYTHONPATH=child_env()["PYTHONPATH"],
+                      **{ELASTIC_SIGNALS_ENV: elastic_signals(os.environ.get(ELASTIC_SIGNALS_ENV))})
     try:
         return _run(a, beats, worker_args)
     finally:

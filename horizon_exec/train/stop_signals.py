@@ -5,6 +5,9 @@ its temporary name) runs as the exception unwinds. The process then exits 128 + 
 (130, 143, 129). Handlers are installed only in the main thread (Python delivers signals there).
 SIGHUP (the terminal or ssh session went away) is a stop request like SIGTERM: its default
 action killed the run at once, losing everything since the last checkpoint.
+A signal the process was started ignoring stays ignored (ignored()): `nohup horizon train`
+ignores SIGHUP so that the run outlives the terminal, and a non-interactive shell's `&`
+ignores SIGINT; a handler installed over that would stop the run the user asked to keep going.
 A Ctrl-C pressed during the `horizon` program's start-up whose KeyboardInterrupt was swallowed
 (horizon_sim/cli/ctrl_c.py) is taken by the first StopSignals entered as its first signal.
 """
@@ -15,6 +18,11 @@ import threading
 from horizon_sim.cli import ctrl_c
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def ignored(sig: int) -> bool:
+    """Whether this process ignores `sig` (SIG_IGN, inherited from whoever started it)."""
+    return signal.getsignal(sig) is signal.SIG_IGN
 
 
 class StopSignals:
@@ -38,7 +46,8 @@ class StopSignals:
     def __enter__(self):
         if self.enabled and threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
-                self._old[sig] = signal.signal(sig, self._handler)
+                if not ignored(sig):  # nohup's SIGHUP: the user asked the run to outlive it
+                    self._old[sig] = signal.signal(sig, self._handler)
             if ctrl_c.take_swallowed():  # Ctrl-C during start-up whose KeyboardInterrupt was caught
                 self._handler(signal.SIGINT, None)
         return self
