@@ -47,7 +47,7 @@ def add_horizon_flags(ap) -> None:
                          "horizon train makes it)")
     ap.add_argument("--compute-dtype", choices=("auto", "bf16", "fp32"), default="auto",
                     help="both sides' compute dtype (default auto: horizon train's default for this CPU, bf16 "
-                         "only with bf16 matrix instructions: without them a bf16 GEMM runs tens of times slower)")
+                         "only with bf16 matrix instructions: without them a bf16 step runs slower)")
     ap.add_argument("--loss-kernel", choices=("auto", *LOSS_KERNELS), default="auto",
                     help="Horizon's loss kernel (default auto: horizon train's, fused where the native kernel "
                          "builds; torch: the whole-tensor torch kernels the baselines use)")

@@ -1,6 +1,7 @@
 """Fixtures shared by the test modules."""
 import os
 import shutil
+import signal
 import tempfile
 
 import pytest
@@ -9,6 +10,7 @@ _SESSION_CACHE = "HORIZON_TEST_SESSION_CACHE"
 
 
 def pytest_configure(config):
+    _sigint_as_a_terminal_leaves_it()
     """Hermetic caches: the whole session (its xdist workers and the processes tests start
     inherit the variable) keeps Horizon's per-user cache (the AdamW kernel, this machine's
     estimate or calibration) in a private folder of its own, never the user's ~/.cache. A
@@ -20,6 +22,15 @@ def pytest_configure(config):
         os.environ[_SESSION_CACHE] = d
         config._horizon_session_cache = d
     os.environ["HORIZON_CACHE_DIR"] = d
+
+
+def _sigint_as_a_terminal_leaves_it():
+    """A suite started as a background job (`make test &` in a script) inherits SIGINT ignored,
+    and so would every `horizon` it starts, which then rightly keeps ignoring it
+    (train/stop_signals.py): the tests that stop a run with SIGINT need it as a terminal leaves
+    it. SIGHUP stays as it is (`nohup make test` must survive its terminal)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_unconfigure(config):

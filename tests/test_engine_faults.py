@@ -213,6 +213,21 @@ def test_second_signal_during_the_checkpoint_write_leaves_no_partial_one(tmp_pat
 
 # ---- signals and kills of `horizon train` (a subprocess) ------------------------------------------------
 
+_STARTED: list = []
+
+
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_test():
+    """A `horizon train --steps 100000` left running by a failed test (one that ignored its
+    signal) ate a core for the rest of the suite: each is killed when its test ends."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def _train(ckpt_dir: Path, *extra) -> subprocess.Popen:
     # fp32: signals and checkpoint writes are the point, not the dtype (bf16 GEMMs are ~60x slower
     # on CPUs without AVX-512, and the tests wait for checkpoints)
@@ -220,7 +235,9 @@ def _train(ckpt_dir: Path, *extra) -> subprocess.Popen:
            "--batch", "2", "--seq", "32", "--eval-batches", "0", "--no-progress", "--ckpt-dir", str(ckpt_dir),
            "--keep-ckpts", "2", "--compute-dtype", "fp32", "--no-working-copy", *extra]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _STARTED.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True))
+    return _STARTED[-1]
 
 
 def _wait_for_checkpoint(proc, ckpt_dir: Path, n: int = 1, timeout: float = 120):

@@ -109,12 +109,23 @@ def test_an_abort_names_what_it_abandoned(tmp_path, ckpt_dir):
 
 
 @pytest.fixture
-def sighup():
-    """sighup(disposition): SIGHUP's disposition for the test (how pytest was started, e.g. under
-    nohup, must not decide it), put back after."""
-    was = signal.getsignal(signal.SIGHUP)
-    yield lambda how: signal.signal(signal.SIGHUP, how)
-    signal.signal(signal.SIGHUP, was)
+def disposition():
+    """disposition(sig, how): `sig`'s disposition for the test (how pytest was started, under
+    nohup or as a background job, must not decide it), each put back after."""
+    was = {}
+
+    def set_(sig, how):
+        old = signal.signal(sig, how)
+        was.setdefault(sig, old)   # the first: what the test found
+    yield set_
+    for sig, how in was.items():
+        signal.signal(sig, how)
+
+
+@pytest.fixture
+def sighup(disposition):
+    """sighup(how): SIGHUP's disposition for the test."""
+    return lambda how: disposition(signal.SIGHUP, how)
 
 
 def test_sighup_stops_at_a_checkpoint_like_sigterm_exit_129(tmp_path, capsys, monkeypatch, sighup):
@@ -155,11 +166,12 @@ def test_a_run_started_ignoring_sighup_trains_through_a_hangup(tmp_path, capsys,
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
 
 
-def test_the_launcher_leaves_an_ignored_signal_ignored(sighup):
+def test_the_launcher_leaves_an_ignored_signal_ignored(disposition, sighup):
     """torch.distributed.run's launcher handles SIGHUP over SIG_IGN unless told which signals to
     handle: a `nohup` data-parallel run would stop its ranks on a hang-up."""
     from horizon_exec.dist.launch import ELASTIC_SIGNALS, elastic_signals
-    sighup(signal.SIG_DFL)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):  # a foreground run's
+        disposition(sig, signal.SIG_DFL)
     assert elastic_signals(None) == ELASTIC_SIGNALS == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
     sighup(signal.SIG_IGN)
     assert elastic_signals(None) == "SIGTERM,SIGINT,SIGQUIT"

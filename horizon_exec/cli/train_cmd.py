@@ -108,7 +108,7 @@ def configure_train_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParse
 
     add_policy_args(p, searched="; --no-search: {v}", compute_help="dtype of the device's matmuls and activations (default: bf16 on a GPU and on "
                                     "CPUs with bf16 matrix instructions, avx512_bf16/amx_bf16; fp32 on other CPUs, "
-                                    "where bf16 GEMMs run tens of times slower)")
+                                    "where bf16 GEMMs go through fp32 and a bf16 step runs slower)")
     from horizon_exec.cli.train_policy import add_search_args
     add_search_args(p)
     p.add_argument("--grad-accum", dest="micro_batches", type=int, default=argparse.SUPPRESS, metavar="N",

@@ -1,11 +1,13 @@
 """`horizon train`'s default compute dtype for the device it runs on.
 
 bf16 on a GPU, and on CPUs with bf16 matrix instructions (x86 avx512_bf16 or amx_bf16, Arm
-bf16). Elsewhere fp32: without them PyTorch's CPU bf16 GEMM falls back to a slow path, measured
-57x slower than fp32 on this project's test machine (AMD EPYC, AVX2 only, torch 2.13: a
-512x688x256 product at 1.26 against 71.7 GFLOP/s on one thread), so a bf16 default made the
-built-in demo train at 63 tokens/s. The choice follows the CPU's flags, not a timing, so the
-same machine always trains with the same numerics.
+bf16). Elsewhere fp32: without them PyTorch's CPU bf16 GEMM falls back to a slow path (57x
+slower than fp32 on an AMD EPYC with AVX2 only, torch 2.13: a 512x688x256 product at 1.26
+against 71.7 GFLOP/s on one thread; a bf16 default made the built-in demo train at 63
+tokens/s). The CPU backend now takes those GEMMs through fp32 instead (bf16_gemm.py), but a
+bf16 step there still widens every operand and runs bf16's slower attention backward, so fp32
+stays the default (benchmarks/bf16_gemm.py --train compares the two). The choice follows the
+CPU's flags, not a timing, so the same machine always trains with the same numerics.
 """
 from horizon_exec.procfs import cpu_flags
 
@@ -22,5 +24,5 @@ def default_compute_dtype(device: str, flags_line: str | None = None, master_dty
     policy needs it: a split master's high half is the bf16 working copy)."""
     if master_dtype == "split" or not device.startswith("cpu") or cpu_has_bf16_matmul(flags_line):
         return "bf16", ""
-    return "fp32", ("this CPU has no bf16 matrix instructions (avx512_bf16, amx_bf16), where bf16 GEMMs run "
-                    "tens of times slower than fp32; --compute-dtype bf16 to use it anyway")
+    return "fp32", ("this CPU has no bf16 matrix instructions (avx512_bf16, amx_bf16), where a bf16 step "
+                    "widens its GEMMs' operands to fp32 and runs slower than fp32; --compute-dtype bf16 to use it anyway")

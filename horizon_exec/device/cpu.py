@@ -6,6 +6,7 @@ to its own cores (default: all cores but one); the copy and optimizer lanes shar
 Given every core (the planner's split for a step whose lanes mostly idle: device/core_split.py),
 compute shares them with the lanes, each lane one intra-op thread on all cores (the OS
 time-shares them; the planner prices what that costs compute: specs/core_split.py).
+Its bf16 GEMMs, on a CPU without bf16 matrix instructions, go through fp32 (bf16_gemm.py).
 Device slots and activations are ordinary tensors, but every one is charged to the arena, and
 each compute op's temporaries are measured by a dispatch-mode tracker (memtrack.py).
 Dynamic host buffers (host checkpoints, per-step host grads) come from a HostPool, as on CUDA:
@@ -25,6 +26,7 @@ import time
 
 import torch
 
+from horizon_exec.device import bf16_gemm
 from horizon_exec.device.backend import Backend
 from horizon_exec.device.hugepages import host_bytes
 from horizon_exec.device.host_pool import HostPool
@@ -58,7 +60,7 @@ class CpuBackend(Backend):
     name = "cpu"
 
     def __init__(self, compute_threads: int | None = None, pin_cores: bool = True,
-                 cores: list[int] | None = None):
+                 cores: list[int] | None = None, compute_dtype: str = "fp32"):
         if compute_threads is not None and (not isinstance(compute_threads, int) or compute_threads < 1):
             raise HorizonError(f"compute_threads={compute_threads!r} must be a positive integer (None: cores - 1)")
         self.device = torch.device("cpu")
@@ -85,10 +87,18 @@ class CpuBackend(Backend):
         # A team this thread made before the backend stays (libgomp keeps it until the thread
         # ends): a process that drives the trainer should not run multi-threaded torch before.
         self._driver = threading.get_ident(), drive_on_one_thread()
+        # A bf16 run on a CPU without bf16 matrix instructions: its GEMMs through fp32, as fast as
+        # fp32's and rounded as a bf16 kernel rounds (bf16_gemm.py), until close().
+        self.bf16_gemms_through_fp32 = bf16_gemm.needed(compute_dtype)
+        if self.bf16_gemms_through_fp32:
+            bf16_gemm.acquire()
 
     def close(self) -> None:
         """The driving thread's intra-op threads as they were (only from that thread: the count
-        is per thread)."""
+        is per thread); PyTorch's bf16 GEMMs again once no other backend needs fp32's."""
+        if self.bf16_gemms_through_fp32:
+            self.bf16_gemms_through_fp32 = False
+            bf16_gemm.release()
         ident, threads = self._driver
         if threading.get_ident() == ident:
             torch.set_num_threads(threads)

@@ -82,9 +82,8 @@ def elastic_signals(asked: str | None) -> str:
     less those this process ignores, which torch would otherwise handle over SIG_IGN and stop a
     `nohup` run on a hang-up. torch registers at least one, so SIGTERM stays where all are
     ignored."""
-    from horizon_exec.train.stop_signals import ignored
     names = [n.strip() for n in (asked or ELASTIC_SIGNALS).split(",") if n.strip()]
-    kept = [n for n in names if not (hasattr(signal, n) and ignored(getattr(signal, n)))]
+    kept = [n for n in names if not (hasattr(signal, n) and signal.getsignal(getattr(signal, n)) is signal.SIG_IGN)]
     return ",".join(kept) or "SIGTERM"
 
 

@@ -120,6 +120,7 @@ def assemble(model: ModelSpec, policy: Policy, config: TrainerConfig, sched, dis
                                           device_budget_bytes=adm.device_budget_bytes, hardware=adm.hardware,
                                           data_bytes=adm.data_bytes) if adm.enabled else None)
     kw = dict(cores=cores_of(dist, cpu_cores())) if rt.device == "cpu" and dist.world > 1 else {}
+    kw["compute_dtype"] = policy.compute_dtype  # the CPU backend's GEMMs for it (device/bf16_gemm.py)
     threads, why = None, ""
     if rt.device == "cpu":  # where the cores go: the planner's split for this Schedule ('auto')
         threads, why = resolve_compute_threads(rt.compute_threads, sched, adm.hardware,

@@ -21,8 +21,11 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def ignored(sig: int) -> bool:
-    """Whether this process ignores `sig` (SIG_IGN, inherited from whoever started it)."""
-    return signal.getsignal(sig) is signal.SIG_IGN
+    """Whether this process ignores `sig` as whoever started it asked (SIG_IGN), not because
+    the program's own Ctrl-C handling ignores SIGINT after a press during start-up (ctrl_c.py:
+    that press is this run's first SIGINT, and a second one must still abort)."""
+    ours = sig == signal.SIGINT and ctrl_c.seen()
+    return signal.getsignal(sig) is signal.SIG_IGN and not ours
 
 
 class StopSignals:

@@ -70,8 +70,9 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     host = lambda fn: in_lane(backend, Lane.CPU, fn)         # noqa: E731
 
     # A CPU without native bf16 arithmetic (no AVX-512: torch's bf16 GEMM falls back to a
-    # generic kernel, ~60x slower than fp32 on an AVX2 EPYC) would spend tens of minutes on
-    # the full bf16 grid: measure the small grid once instead, and say so.
+    # generic kernel, ~60x slower than fp32 on an AVX2 EPYC): the small bf16 grid, once, and say
+    # so. gemm_times measures it as a bf16 run computes there, through fp32 (device/bf16_gemm.py);
+    # no default run computes in bf16 there, and its full grid at fp32's rates took minutes.
     slow_bf16 = compute(_bf16_fallback)
     # What `horizon train` computes in here by default: bf16, or fp32 on a CPU without bf16 matrix
     # instructions. Its attention is measured in that dtype too (an fp32 step priced from bf16
@@ -89,7 +90,7 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         fp32_shapes = sorted(set(fp32_shapes) | model_gemms(model, policy or Policy()))
     prog.step(f"GEMM library warm-up: {len(shapes)} bf16 shapes, {len(fp32_shapes)} fp32 on "
               f"{backend.compute_threads} thread(s) of core(s) {backend.compute_cores}"
-              + (" (bf16 GEMMs run in a generic kernel here, over 8x slower than fp32: the small bf16 grid, "
+              + (" (no native bf16 GEMMs here, a bf16 run's go through fp32: the small bf16 grid, "
                  "one visit)" if slow_bf16 and not quick else ""))
     gemm_visits = [compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu"))]  # the rates only when no round visits
     fp32_visits = [compute(lambda: gemm_times(fp32_shapes, torch.float32, "cpu"))]

@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from horizon_exec.device import bf16_gemm
 from horizon_exec.measure.calibrate.timing import KernelTimer, median_time
 from horizon_sim.schedule import work
 from horizon_sim.specs.model import ModelSpec
@@ -93,21 +94,22 @@ def gemm_times(shapes, dtype, device, sync=None, reverse: bool = False) -> dict:
     wakes), then the median of GEMM_MIN_CALLS.. calls (GEMM_TIMED_S)."""
     pool = 8 * 2**20
     out = {}
-    for shape in (reversed(shapes) if reverse else shapes):
-        layout, m, n, k = shape
-        fn = ColdOperands(layout, m, n, k, dtype, device, pool)
-        fn()
-        calls, timed = [], 0.0
-        while len(calls) < GEMM_MIN_CALLS or (timed < GEMM_TIMED_S and len(calls) < GEMM_MAX_CALLS):
-            if sync:
-                sync()
-            t0 = time.perf_counter()
+    with bf16_gemm.scope(dtype, device):  # bf16 as a CPU run computes it (device/bf16_gemm.py)
+        for shape in (reversed(shapes) if reverse else shapes):
+            layout, m, n, k = shape
+            fn = ColdOperands(layout, m, n, k, dtype, device, pool)
             fn()
-            if sync:
-                sync()
-            calls.append(time.perf_counter() - t0)
-            timed += calls[-1]
-        out[shape] = statistics.median(calls)
+            calls, timed = [], 0.0
+            while len(calls) < GEMM_MIN_CALLS or (timed < GEMM_TIMED_S and len(calls) < GEMM_MAX_CALLS):
+                if sync:
+                    sync()
+                t0 = time.perf_counter()
+                fn()
+                if sync:
+                    sync()
+                calls.append(time.perf_counter() - t0)
+                timed += calls[-1]
+            out[shape] = statistics.median(calls)
     return out
 
 
@@ -148,8 +150,9 @@ def measure_attention(seq: int, hd: int, dtype, device, sync=None, heads: int = 
                                                  1024 if device == "cpu" else 16384, masked)
 
     def once():
-        fwd_only()
-        fwd_bwd()
+        with bf16_gemm.scope(dtype, device):  # a masked kernel may take aten's GEMMs
+            fwd_only()
+            fwd_bwd()
     once()
     fwd, bwd = [], []
     for _ in range(reps):
@@ -204,9 +207,9 @@ def block_pass(model: ModelSpec, batch: int, seq: int, dtype, device):
     blk = DecoderBlock(model)
 
     def fn():
-        with torch.no_grad():
+        with bf16_gemm.scope(dtype, device), torch.no_grad():  # bf16 as a CPU run computes it
             blk(w, x, cos, sin)
-        with torch.enable_grad():
+        with bf16_gemm.scope(dtype, device), torch.enable_grad():
             xg = x.detach().requires_grad_()
             wp = {k: v.detach().requires_grad_() for k, v in w.items()}
             y = blk(wp, xg, cos, sin)

@@ -1,0 +1,123 @@
+"""bf16 matrix products through fp32 on CPUs without bf16 matrix instructions.
+
+Without avx512_bf16 or amx_bf16 (compute_dtype.py), PyTorch's CPU bf16 GEMM falls back to a
+scalar loop, tens of times slower than fp32: a bf16 run, its test references and calibrate's
+bf16 rates all crawled on such CPUs. A bf16 GEMM on a GPU, or with those instructions, takes
+bf16 operands, accumulates in fp32 and rounds its result to bf16 once. Widening the operands to
+fp32 (exact), an fp32 GEMM and one rounding give that result too, at fp32's speed: while
+acquired (a bf16 CPU backend, a bf16 measurement: scope()), aten's mm, addmm, bmm and baddbmm do
+so on bf16 CPU tensors, process-wide, their CPU kernels replaced (torch.library). Results differ from PyTorch's fallback only in summation
+order (tests/test_bf16_gemm.py). Autograd still saves the bf16 operands (the widening is inside
+the kernel, below autograd), so what a step keeps is what the planner models; the fp32 copies
+live only while a product runs. Other dtypes go to the ops' out= kernels, which are registered
+apart from the functional ones replaced here, so nothing recurses.
+"""
+import functools
+import threading
+import warnings
+from contextlib import contextmanager
+
+import torch
+
+from horizon_exec.device.compute_dtype import cpu_has_bf16_matmul
+
+_lock = threading.Lock()
+_lib: "torch.library.Library | None" = None
+_users = 0
+
+
+def _fresh(shape, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def _mm(a, b):
+    if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
+        out = _fresh((a.shape[0], b.shape[1]), a, torch.float32)
+        return torch.ops.aten.mm.out(a.float(), b.float(), out=out).to(torch.bfloat16)
+    return torch.ops.aten.mm.out(a, b, out=_fresh((a.shape[0], b.shape[1]), a, torch.result_type(a, b)))
+
+
+def _bmm(a, b):
+    shape = (a.shape[0], a.shape[1], b.shape[2])
+    if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
+        return torch.ops.aten.bmm.out(a.float(), b.float(), out=_fresh(shape, a, torch.float32)).to(torch.bfloat16)
+    return torch.ops.aten.bmm.out(a, b, out=_fresh(shape, a, torch.result_type(a, b)))
+
+
+def _addmm(c, a, b, *, beta=1, alpha=1):
+    shape = (a.shape[0], b.shape[1])
+    if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16 and c.dtype == torch.bfloat16:
+        out = _fresh(shape, a, torch.float32)
+        return torch.ops.aten.addmm.out(c.float(), a.float(), b.float(), beta=beta, alpha=alpha,
+                                        out=out).to(torch.bfloat16)
+    return torch.ops.aten.addmm.out(c, a, b, beta=beta, alpha=alpha, out=_fresh(shape, a, a.dtype))
+
+
+def _baddbmm(c, a, b, *, beta=1, alpha=1):
+    shape = (a.shape[0], a.shape[1], b.shape[2])
+    if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16 and c.dtype == torch.bfloat16:
+        out = _fresh(shape, a, torch.float32)
+        return torch.ops.aten.baddbmm.out(c.float(), a.float(), b.float(), beta=beta, alpha=alpha,
+                                          out=out).to(torch.bfloat16)
+    return torch.ops.aten.baddbmm.out(c, a, b, beta=beta, alpha=alpha, out=_fresh(shape, a, a.dtype))
+
+
+KERNELS = {"mm": _mm, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm}
+"""aten op -> its replacement CPU kernel."""
+
+
+def needed(compute_dtype, device="cpu", flags_line: str | None = None) -> bool:
+    """Whether bf16 GEMMs on `device` go through fp32: a bf16 CPU computation ('bf16' or
+    torch.bfloat16) on a CPU without bf16 matrix instructions."""
+    bf16 = compute_dtype in ("bf16", torch.bfloat16)
+    native = _native_bf16() if flags_line is None else cpu_has_bf16_matmul(flags_line)
+    return bf16 and str(device).startswith("cpu") and not native
+
+
+@functools.cache
+def _native_bf16() -> bool:
+    return cpu_has_bf16_matmul()  # read once: a scope() per measured call must not read /proc
+
+
+def acquire() -> None:
+    """Route bf16 CPU GEMMs through fp32 in this process until the matching release(). Counted:
+    PyTorch's kernels come back when the last user releases, because the replacements cost fp32
+    GEMMs a Python call (~20 us), which an fp32 run or measurement must not pay."""
+    global _lib, _users
+    with _lock:
+        if _users == 0:
+            lib = torch.library.Library("aten", "IMPL")
+            with warnings.catch_warnings():  # "Overriding a previously registered kernel": the point
+                warnings.simplefilter("ignore")
+                for name, fn in KERNELS.items():
+                    lib.impl(name, fn, "CPU")
+            _lib = lib
+        _users += 1
+
+
+def release() -> None:
+    global _lib, _users
+    with _lock:
+        if _users == 0:
+            raise RuntimeError("bf16_gemm.release() without an acquire()")
+        _users -= 1
+        if _users == 0:
+            _lib._destroy()
+            _lib = None
+
+
+def installed() -> bool:
+    return _lib is not None
+
+
+@contextmanager
+def scope(compute_dtype, device="cpu"):
+    """with scope("bf16"): ... : bf16 GEMMs through fp32 inside where needed() says so."""
+    use = needed(compute_dtype, device)
+    if use:
+        acquire()
+    try:
+        yield use
+    finally:
+        if use:
+            release()

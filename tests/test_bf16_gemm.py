@@ -1,0 +1,129 @@
+"""bf16 GEMMs through fp32 on CPUs without bf16 matrix instructions (device/bf16_gemm.py): the
+products PyTorch's own bf16 kernels give (fp32-accumulated, rounded once), every other dtype
+untouched, autograd still saving bf16, and PyTorch's kernels back after uninstall()."""
+import pytest
+import torch
+
+from horizon_exec.device import bf16_gemm
+
+BF = torch.bfloat16
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    """kernels(ours): PyTorch's bf16 GEMM kernels (False) or bf16_gemm's (True) for the test; any
+    holder's from before (a backend another test left open) put back after."""
+    held = bf16_gemm._users
+    for _ in range(held):
+        bf16_gemm.release()
+
+    def use(ours: bool):
+        if ours != bf16_gemm.installed():
+            bf16_gemm.acquire() if ours else bf16_gemm.release()
+    yield use
+    use(False)
+    for _ in range(held):
+        bf16_gemm.acquire()
+
+
+def _products(dtype, compute=None):
+    """The products, operands held in `dtype` and multiplied in `compute` (default: dtype)."""
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g).to(dtype).to(compute or dtype)  # noqa: E731
+    a, b, bias = r(96, 200), r(200, 72), r(72)
+    A, B, C = r(3, 40, 200), r(3, 200, 24), r(3, 40, 24)
+    return lambda: [a @ b, a @ b.t().contiguous().t(), torch.addmm(bias, a, b, beta=0.5, alpha=2.0),
+                    torch.bmm(A, B), torch.baddbmm(C, A, B, beta=0.5, alpha=2.0),
+                    torch.nn.functional.linear(A, b.t().contiguous(), bias)]
+
+
+def test_bf16_products_are_pytorchs_to_summation_order(kernels):
+    products = _products(BF)
+    kernels(False)
+    native = products()
+    kernels(True)
+    ours = products()
+    exact = _products(BF, torch.float64)()  # the same bf16 operands, multiplied in fp64
+    for n, o, e in zip(native, ours, exact):
+        assert o.dtype == BF and o.shape == n.shape and o.is_contiguous()
+        # rounded once from an fp32 sum: within one bf16 rounding (2^-8 relative) of the exact
+        # product, as PyTorch's own kernel is (the margin: fp32's sum of ~200 terms)
+        tol = 2 ** -8 * e.abs() + 1e-3
+        assert ((o.double() - e).abs() <= tol).all()
+        assert ((n.double() - e).abs() <= tol).all()
+        assert (o != n).float().mean() < 0.01   # where they differ, the summation order did it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_other_dtypes_take_pytorchs_kernels_bit_for_bit(kernels, dtype):
+    products = _products(dtype)
+    kernels(False)
+    native = products()
+    kernels(True)
+    for n, o in zip(native, products()):
+        assert o.dtype == n.dtype and torch.equal(o, n)
+
+
+def test_autograd_saves_bf16_and_its_gradients_are_pytorchs(kernels):
+    g = torch.Generator().manual_seed(1)
+    x0 = torch.randn(4, 16, 64, generator=g).to(BF)
+    w0, b0 = torch.randn(48, 64, generator=g).to(BF), torch.randn(48, generator=g).to(BF)
+
+    def grads():
+        x, w, b = (t.clone().requires_grad_() for t in (x0, w0, b0))
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
+            y = torch.nn.functional.linear(x, w, b)
+            loss = (y.float() ** 2).mean()
+        loss.backward()
+        return saved, [t.grad for t in (x, w, b)]
+
+    kernels(False)
+    saved_native, native = grads()
+    kernels(True)
+    saved, ours = grads()
+    assert saved == saved_native and BF in saved and torch.float32 not in saved[:2]
+    for n, o in zip(native, ours):
+        assert o.dtype == BF
+        torch.testing.assert_close(o.float(), n.float(), rtol=2 ** -6, atol=1e-3)
+
+
+def _cpu_kernel(op: str) -> str:
+    return next(line for line in torch._C._dispatch_dump(op).splitlines() if line.startswith("CPU:"))
+
+
+def test_the_last_release_puts_pytorchs_kernels_back(kernels):
+    kernels(False)
+    native = {op: _cpu_kernel(f"aten::{op}") for op in bf16_gemm.KERNELS}
+    with bf16_gemm.scope("bf16"), bf16_gemm.scope("bf16"):   # two users, e.g. two backends
+        pass
+    assert not bf16_gemm.installed()
+    kernels(True)
+    bf16_gemm.acquire()
+    kernels(False)   # one of two users released: still ours
+    assert all("bf16_gemm.py" in _cpu_kernel(f"aten::{op}") for op in bf16_gemm.KERNELS)
+    bf16_gemm.release()
+    assert {op: _cpu_kernel(f"aten::{op}") for op in bf16_gemm.KERNELS} == native
+    with pytest.raises(RuntimeError, match="without an acquire"):
+        bf16_gemm.release()
+
+
+@pytest.mark.parametrize("dtype,device,flags,ours", [
+    ("bf16", "cpu", "fpu avx2 fma", True), ("fp32", "cpu", "fpu avx2 fma", False),
+    ("bf16", "cuda", "fpu avx2 fma", False), ("bf16", "cpu", "avx2 avx512f avx512_bf16", False),
+    ("bf16", "cpu", "avx2 amx_bf16", False)])
+def test_only_bf16_on_a_cpu_without_bf16_instructions_takes_them(dtype, device, flags, ours):
+    assert bf16_gemm.needed(dtype, device, flags) is ours
+
+
+def test_a_bf16_cpu_backend_holds_them_until_closed(kernels):
+    from horizon_exec.device.compute_dtype import cpu_has_bf16_matmul
+    from horizon_exec.device.cpu import CpuBackend
+    kernels(False)
+    b = CpuBackend(compute_dtype="bf16")
+    assert b.bf16_gemms_through_fp32 is bf16_gemm.installed() is (not cpu_has_bf16_matmul())
+    b.close()
+    b.close()
+    assert not bf16_gemm.installed()
+    CpuBackend(compute_dtype="fp32").close()
+    assert not bf16_gemm.installed()
