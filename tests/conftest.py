@@ -10,12 +10,12 @@ _SESSION_CACHE = "HORIZON_TEST_SESSION_CACHE"
 
 
 def pytest_configure(config):
-    _sigint_as_a_terminal_leaves_it()
     """Hermetic caches: the whole session (its xdist workers and the processes tests start
     inherit the variable) keeps Horizon's per-user cache (the AdamW kernel, this machine's
     estimate or calibration) in a private folder of its own, never the user's ~/.cache. A
     developer's `horizon calibrate` must not change what the tests see: with a cached
     calibration the admission and the plan report take other paths than on a clean machine."""
+    _sigint_as_a_terminal_leaves_it()
     d = os.environ.get(_SESSION_CACHE)
     if not d:  # the controller (or a run without xdist): make it; workers find it set
         d = tempfile.mkdtemp(prefix="horizon-test-cache-")  # mode 0700: a private folder

@@ -229,8 +229,8 @@ def _no_run_outlives_its_test():
 
 
 def _train(ckpt_dir: Path, *extra) -> subprocess.Popen:
-    # fp32: signals and checkpoint writes are the point, not the dtype (bf16 GEMMs are ~60x slower
-    # on CPUs without AVX-512, and the tests wait for checkpoints)
+    # fp32: signals and checkpoint writes are the point, not the dtype (the tests wait for
+    # checkpoints, and a bf16 step is slower on CPUs without bf16 instructions)
     cmd = [sys.executable, "-m", "horizon_sim.cli.main", "train", "--model", "tiny", "--steps", "100000",
            "--batch", "2", "--seq", "32", "--eval-batches", "0", "--no-progress", "--ckpt-dir", str(ckpt_dir),
            "--keep-ckpts", "2", "--compute-dtype", "fp32", "--no-working-copy", *extra]

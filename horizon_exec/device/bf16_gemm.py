@@ -1,16 +1,16 @@
 """bf16 matrix products through fp32 on CPUs without bf16 matrix instructions.
 
 Without avx512_bf16 or amx_bf16 (compute_dtype.py), PyTorch's CPU bf16 GEMM falls back to a
-scalar loop, tens of times slower than fp32: a bf16 run, its test references and calibrate's
-bf16 rates all crawled on such CPUs. A bf16 GEMM on a GPU, or with those instructions, takes
-bf16 operands, accumulates in fp32 and rounds its result to bf16 once. Widening the operands to
-fp32 (exact), an fp32 GEMM and one rounding give that result too, at fp32's speed: while
-acquired (a bf16 CPU backend, a bf16 measurement: scope()), aten's mm, addmm, bmm and baddbmm do
-so on bf16 CPU tensors, process-wide, their CPU kernels replaced (torch.library). Results differ from PyTorch's fallback only in summation
-order (tests/test_bf16_gemm.py). Autograd still saves the bf16 operands (the widening is inside
-the kernel, below autograd), so what a step keeps is what the planner models; the fp32 copies
-live only while a product runs. Other dtypes go to the ops' out= kernels, which are registered
-apart from the functional ones replaced here, so nothing recurses.
+scalar loop, tens of times slower than fp32: a bf16 run and calibrate's bf16 rates crawled on
+such CPUs. A bf16 GEMM on a GPU, or with those instructions, takes bf16 operands, accumulates in
+fp32 and rounds its result to bf16 once. Widening the operands to fp32 (exact), an fp32 GEMM
+and one rounding give that result too, at fp32's speed. While acquired (by a bf16 CPU backend,
+or a bf16 measurement: scope()), aten's mm, addmm, bmm and baddbmm do so on bf16 CPU tensors,
+process-wide: their CPU kernels are replaced (torch.library). Results differ from PyTorch's
+only in summation order (tests/test_bf16_gemm.py). Autograd still saves the bf16 operands (the
+widening is inside the kernel, below autograd), so what a step keeps is what the planner
+models; the fp32 copies live only while a product runs. Other dtypes go to the ops' out=
+kernels, which are registered apart from the functional ones replaced here, so nothing recurses.
 """
 import functools
 import threading
