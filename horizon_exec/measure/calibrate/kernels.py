@@ -92,24 +92,28 @@ def gemm_times(shapes, dtype, device, sync=None, reverse: bool = False) -> dict:
     """{(layout, m, n, k): seconds of one call} over `shapes`, operands cold in cache: per shape
     one untimed call (the GEMM library picks and lays out its kernel; the core's matrix unit
     wakes), then the median of GEMM_MIN_CALLS.. calls (GEMM_TIMED_S)."""
+    with bf16_gemm.scope(dtype, device):  # bf16 as a CPU run computes it (device/bf16_gemm.py)
+        return _gemm_times(shapes, dtype, device, sync, reverse)
+
+
+def _gemm_times(shapes, dtype, device, sync, reverse: bool) -> dict:
     pool = 8 * 2**20
     out = {}
-    with bf16_gemm.scope(dtype, device):  # bf16 as a CPU run computes it (device/bf16_gemm.py)
-        for shape in (reversed(shapes) if reverse else shapes):
-            layout, m, n, k = shape
-            fn = ColdOperands(layout, m, n, k, dtype, device, pool)
+    for shape in (reversed(shapes) if reverse else shapes):
+        layout, m, n, k = shape
+        fn = ColdOperands(layout, m, n, k, dtype, device, pool)
+        fn()
+        calls, timed = [], 0.0
+        while len(calls) < GEMM_MIN_CALLS or (timed < GEMM_TIMED_S and len(calls) < GEMM_MAX_CALLS):
+            if sync:
+                sync()
+            t0 = time.perf_counter()
             fn()
-            calls, timed = [], 0.0
-            while len(calls) < GEMM_MIN_CALLS or (timed < GEMM_TIMED_S and len(calls) < GEMM_MAX_CALLS):
-                if sync:
-                    sync()
-                t0 = time.perf_counter()
-                fn()
-                if sync:
-                    sync()
-                calls.append(time.perf_counter() - t0)
-                timed += calls[-1]
-            out[shape] = statistics.median(calls)
+            if sync:
+                sync()
+            calls.append(time.perf_counter() - t0)
+            timed += calls[-1]
+        out[shape] = statistics.median(calls)
     return out
 
 
