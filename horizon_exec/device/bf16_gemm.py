@@ -9,8 +9,8 @@ or a bf16 measurement: scope()), aten's mm, addmm, bmm and baddbmm do so on bf16
 process-wide: their CPU kernels are replaced (torch.library). Results differ from PyTorch's
 only in summation order (tests/test_bf16_gemm.py). Autograd still saves the bf16 operands (the
 widening is inside the kernel, below autograd), so what a step keeps is what the planner
-models; the fp32 copies live only while a product runs. Other dtypes go to the ops' out=
-kernels, which are registered apart from the functional ones replaced here, so nothing recurses.
+models; the fp32 copies live only while a product runs. Other dtypes go to kernels not replaced
+here (the ops' out= forms; mm's through addmm's, as ATen's own mm does), so nothing recurses.
 """
 import functools
 import threading
@@ -30,11 +30,27 @@ def _fresh(shape, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
+def _product(a, b, out):
+    """a @ b into `out` through addmm.out with beta 0, which is how ATen's own mm computes
+    (mm_out_cpu calls the addmm kernel with beta 0): not through mm or mm.out, whose CPU
+    kernels are the ones replaced here."""
+    return torch.ops.aten.addmm.out(out, a, b, beta=0, alpha=1, out=out)
+
+
 def _mm(a, b):
+    shape = (a.shape[0], b.shape[1])
     if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
-        out = _fresh((a.shape[0], b.shape[1]), a, torch.float32)
-        return torch.ops.aten.mm.out(a.float(), b.float(), out=out).to(torch.bfloat16)
-    return torch.ops.aten.mm.out(a, b, out=_fresh((a.shape[0], b.shape[1]), a, torch.result_type(a, b)))
+        return _product(a.float(), b.float(), _fresh(shape, a, torch.float32)).to(torch.bfloat16)
+    return _product(a, b, _fresh(shape, a, torch.result_type(a, b)))
+
+
+def _mm_out(a, b, *, out):
+    shape = (a.shape[0], b.shape[1])
+    if tuple(out.shape) != shape:
+        out.resize_(shape)
+    if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16 and out.dtype == torch.bfloat16:
+        return out.copy_(_product(a.float(), b.float(), _fresh(shape, a, torch.float32)))
+    return _product(a, b, out)
 
 
 def _bmm(a, b):
@@ -62,7 +78,7 @@ def _baddbmm(c, a, b, *, beta=1, alpha=1):
     return torch.ops.aten.baddbmm.out(c, a, b, beta=beta, alpha=alpha, out=_fresh(shape, a, a.dtype))
 
 
-KERNELS = {"mm": _mm, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm}
+KERNELS = {"mm": _mm, "mm.out": _mm_out, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm}
 """aten op -> its replacement CPU kernel."""
 
 
