@@ -135,6 +135,9 @@ def _child(req: dict) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
     transformers.logging.set_verbosity_error()
     spec, zero3 = ModelSpec.from_dict(req["model"]), Zero3Policy.from_dict(req["zero3"])
+    from horizon_exec.device import bf16_gemm
+    if bf16_gemm.needed(zero3.compute_dtype):  # its bf16 GEMMs as Horizon's CPU backend computes them,
+        bf16_gemm.acquire()                    # for this process's life: a comparison of the two is fair
     rss_runtime = vm_hwm_bytes()  # torch, transformers and DeepSpeed imported, no model yet
     torch.manual_seed(req["seed"])
     if req["init_dir"]:
