@@ -30,6 +30,12 @@ def _fresh(shape, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
+def _bf16(*ts) -> bool:
+    """Every operand bf16: the products this module computes through fp32 (any other mix is
+    left to the kernels below, which accept or refuse it as PyTorch's do)."""
+    return all(t.dtype == torch.bfloat16 for t in ts)
+
+
 def _product(a, b, out):
     """a @ b into `out` through addmm.out with beta 0, which is how ATen's own mm computes
     (mm_out_cpu calls the addmm kernel with beta 0): not through mm or mm.out, whose CPU
@@ -39,7 +45,7 @@ def _product(a, b, out):
 
 def _mm(a, b):
     shape = (a.shape[0], b.shape[1])
-    if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
+    if _bf16(a, b):
         return _product(a.float(), b.float(), _fresh(shape, a, torch.float32)).to(torch.bfloat16)
     return _product(a, b, _fresh(shape, a, torch.result_type(a, b)))
 
@@ -48,33 +54,31 @@ def _mm_out(a, b, *, out):
     shape = (a.shape[0], b.shape[1])
     if tuple(out.shape) != shape:
         out.resize_(shape)
-    if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16 and out.dtype == torch.bfloat16:
+    if _bf16(a, b, out):
         return out.copy_(_product(a.float(), b.float(), _fresh(shape, a, torch.float32)))
     return _product(a, b, out)
 
 
 def _bmm(a, b):
     shape = (a.shape[0], a.shape[1], b.shape[2])
-    if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
+    if _bf16(a, b):
         return torch.ops.aten.bmm.out(a.float(), b.float(), out=_fresh(shape, a, torch.float32)).to(torch.bfloat16)
     return torch.ops.aten.bmm.out(a, b, out=_fresh(shape, a, torch.result_type(a, b)))
 
 
 def _addmm(c, a, b, *, beta=1, alpha=1):
     shape = (a.shape[0], b.shape[1])
-    if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16 and c.dtype == torch.bfloat16:
-        out = _fresh(shape, a, torch.float32)
+    if _bf16(c, a, b):
         return torch.ops.aten.addmm.out(c.float(), a.float(), b.float(), beta=beta, alpha=alpha,
-                                        out=out).to(torch.bfloat16)
+                                        out=_fresh(shape, a, torch.float32)).to(torch.bfloat16)
     return torch.ops.aten.addmm.out(c, a, b, beta=beta, alpha=alpha, out=_fresh(shape, a, a.dtype))
 
 
 def _baddbmm(c, a, b, *, beta=1, alpha=1):
     shape = (a.shape[0], a.shape[1], b.shape[2])
-    if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16 and c.dtype == torch.bfloat16:
-        out = _fresh(shape, a, torch.float32)
+    if _bf16(c, a, b):
         return torch.ops.aten.baddbmm.out(c.float(), a.float(), b.float(), beta=beta, alpha=alpha,
-                                          out=out).to(torch.bfloat16)
+                                          out=_fresh(shape, a, torch.float32)).to(torch.bfloat16)
     return torch.ops.aten.baddbmm.out(c, a, b, beta=beta, alpha=alpha, out=_fresh(shape, a, a.dtype))
 
 

@@ -211,13 +211,14 @@ def block_pass(model: ModelSpec, batch: int, seq: int, dtype, device):
     blk = DecoderBlock(model)
 
     def fn():
-        with bf16_gemm.scope(dtype, device), torch.no_grad():  # bf16 as a CPU run computes it
-            blk(w, x, cos, sin)
-        with bf16_gemm.scope(dtype, device), torch.enable_grad():
-            xg = x.detach().requires_grad_()
-            wp = {k: v.detach().requires_grad_() for k, v in w.items()}
-            y = blk(wp, xg, cos, sin)
-            torch.autograd.grad(y, [xg, *wp.values()], x)
+        with bf16_gemm.scope(dtype, device):  # bf16 as a CPU run computes it; once a pass
+            with torch.no_grad():
+                blk(w, x, cos, sin)
+            with torch.enable_grad():
+                xg = x.detach().requires_grad_()
+                wp = {k: v.detach().requires_grad_() for k, v in w.items()}
+                y = blk(wp, xg, cos, sin)
+                torch.autograd.grad(y, [xg, *wp.values()], x)
     return fn
 
 
