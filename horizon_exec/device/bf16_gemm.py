@@ -1,4 +1,5 @@
-"""bf16 matrix products through fp32 on CPUs without bf16 matrix instructions.
+"""bf16 matrix products (and the attention backward) through fp32 on CPUs without bf16 matrix
+instructions.
 
 Without avx512_bf16 or amx_bf16 (compute_dtype.py), PyTorch's CPU bf16 GEMM falls back to a
 scalar loop, tens of times slower than fp32: a bf16 run and calibrate's bf16 rates crawled on
@@ -11,6 +12,14 @@ only in summation order (tests/test_bf16_gemm.py). Autograd still saves the bf16
 widening is inside the kernel, below autograd), so what a step keeps is what the planner
 models; the fp32 copies live only while a product runs. Other dtypes go to kernels not replaced
 here (the ops' out= forms; mm's through addmm's, as ATen's own mm does), so nothing recurses.
+
+The CPU flash attention's bf16 backward makes the same scalar GEMM calls inside its kernel
+(about 2-3 GFLOP/s on an AVX2 CPU against fp32's 18-27 at the same shapes): its bf16 inputs are
+widened, the fp32 kernel runs, and the three gradients are rounded once, as a bf16 flash kernel
+accumulates in fp32 and rounds its outputs. Having no fp32 twin op to route through, that one is
+replaced one dispatch key above the CPU kernel (BackendSelect) and calls the CPU kernel below
+itself; the executor's memory tracker (a dispatch mode, above both) still sees one bf16 op. The
+forward stays torch's: its bf16 kernel runs at fp32's speed there.
 """
 import functools
 import threading
@@ -85,6 +94,27 @@ def _baddbmm(c, a, b, *, beta=1, alpha=1):
 KERNELS = {"mm": _mm, "mm.out": _mm_out, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm}
 """aten op -> its replacement CPU kernel."""
 
+_FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+_BELOW_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
+
+
+def _flash_backward(keyset, grad_out, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
+    """The CPU flash attention's backward (its schema), at BackendSelect: bf16 inputs widened
+    for the CPU kernel below, its gradients rounded to bf16 once; any other dtype passes as is."""
+    ks = keyset & _BELOW_BACKEND_SELECT
+    if not _bf16(grad_out, q, k, v, out):
+        return _FLASH_BWD.redispatch(ks, grad_out, q, k, v, out, lse, dropout_p, is_causal,
+                                     attn_mask=attn_mask, scale=scale)
+    if attn_mask is not None and attn_mask.dtype == torch.bfloat16:  # an additive mask (a bool one stays)
+        attn_mask = attn_mask.float()
+    grads = _FLASH_BWD.redispatch(ks, grad_out.float(), q.float(), k.float(), v.float(), out.float(), lse,
+                                  dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+    return tuple(g.to(torch.bfloat16) for g in grads)
+
+
+KEYSET_KERNELS = {"_scaled_dot_product_flash_attention_for_cpu_backward": _flash_backward}
+"""aten op -> its replacement at BackendSelect (called with the dispatch key set)."""
+
 
 def needed(compute_dtype, device="cpu", flags_line: str | None = None) -> bool:
     """Whether bf16 GEMMs on `device` go through fp32: a bf16 CPU computation ('bf16' or
@@ -111,6 +141,8 @@ def acquire() -> None:
                 warnings.simplefilter("ignore")
                 for name, fn in KERNELS.items():
                     lib.impl(name, fn, "CPU")
+                for name, fn in KEYSET_KERNELS.items():
+                    lib.impl(name, fn, "BackendSelect", with_keyset=True)
             _lib = lib
         _users += 1
 

@@ -4,10 +4,11 @@ bf16 on a GPU, and on CPUs with bf16 matrix instructions (x86 avx512_bf16 or amx
 bf16). Elsewhere fp32: without them PyTorch's CPU bf16 GEMM falls back to a slow path (57x
 slower than fp32 on an AMD EPYC with AVX2 only, torch 2.13: a 512x688x256 product at 1.26
 against 71.7 GFLOP/s on one thread; a bf16 default made the built-in demo train at 63
-tokens/s). The CPU backend now takes those GEMMs through fp32 instead (bf16_gemm.py), but a
-bf16 step there still widens every operand and runs bf16's slower attention backward, so fp32
-stays the default (benchmarks/bf16_gemm.py --train compares the two). The choice follows the
-CPU's flags, not a timing, so the same machine always trains with the same numerics.
+tokens/s). The CPU backend now takes those GEMMs (and the attention backward) through fp32
+instead (bf16_gemm.py), but a bf16 step there still widens every operand and is slower than
+fp32's, so fp32 stays the default (benchmarks/bf16_gemm.py --train compares the two). The
+choice follows the CPU's flags, not a timing, so the same machine always trains with the same
+numerics.
 """
 from horizon_exec.procfs import cpu_flags
 

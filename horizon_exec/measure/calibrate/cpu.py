@@ -70,8 +70,8 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
     host = lambda fn: in_lane(backend, Lane.CPU, fn)         # noqa: E731
 
     # A CPU without native bf16 arithmetic (no AVX-512: torch's bf16 GEMM falls back to a
-    # generic kernel, ~60x slower than fp32 on an AVX2 EPYC): the small bf16 grid, once, and say
-    # so. gemm_times measures it as a bf16 run computes there, through fp32 (device/bf16_gemm.py);
+    # generic kernel, ~60x slower than fp32 on an AVX2 EPYC): the small bf16 grid, and say so.
+    # gemm_times measures it as a bf16 run computes there, through fp32 (device/bf16_gemm.py);
     # no default run computes in bf16 there, and its full grid at fp32's rates took minutes.
     slow_bf16 = compute(_bf16_fallback)
     # What `horizon train` computes in here by default: bf16, or fp32 on a CPU without bf16 matrix
@@ -90,8 +90,8 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         fp32_shapes = sorted(set(fp32_shapes) | model_gemms(model, policy or Policy()))
     prog.step(f"GEMM library warm-up: {len(shapes)} bf16 shapes, {len(fp32_shapes)} fp32 on "
               f"{backend.compute_threads} thread(s) of core(s) {backend.compute_cores}"
-              + (" (no native bf16 GEMMs here, a bf16 run's go through fp32: the small bf16 grid, "
-                 "one visit)" if slow_bf16 and not quick else ""))
+              + (" (no native bf16 GEMMs here, a bf16 run's go through fp32: the small bf16 grid)"
+                 if slow_bf16 and not quick else ""))
     gemm_visits = [compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu"))]  # the rates only when no round visits
     fp32_visits = [compute(lambda: gemm_times(fp32_shapes, torch.float32, "cpu"))]
     run_visits = fp32_visits if run_dtype == "fp32" else gemm_visits  # the grid a default run's GEMMs come from
@@ -115,7 +115,11 @@ def calibrate_cpu(quick, model, policy, say, rounds, disk=(None, "direct")) -> H
         prog.step(f"round {r + 1}/{rounds}: GEMM grid (cold operands), attention kernels, elementwise "
                   "bandwidth, copies, AdamW, per-op fixed costs (a tiny model, ops serialized)")
         sample_tiny()
-        if not quick and not slow_bf16:  # one more visit of the grid per round, alternating direction
+        # One more visit of the grid per round, alternating direction; the rates come from these
+        # alone, not from the first visit, which warms the GEMM library up: taken alone, as it was
+        # where bf16 GEMMs were slow, it read a through-fp32 bf16 table up to 1.34x slower than
+        # the validation after it measured the same shapes (drift.py).
+        if not quick:
             gemm_visits.append(compute(lambda: gemm_times(shapes, torch.bfloat16, "cpu", reverse=r % 2 == 0)))
             sample_tiny()
         if not quick and run_dtype == "fp32":  # the dtype default runs compute in: visited as bf16's grid is
