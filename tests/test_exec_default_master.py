@@ -7,7 +7,8 @@ trains as the whole fp32 master does.
   same. They differ only where a master lands on an exact tie of the bf16 rounding (low half
   0x8000 under an even high half: the split's copy rounds away from zero, torch's cast to
   even; adamw.c "The split master"): the test checks that the copies differ there and only
-  there, and that at least two updates were compared before any tie.
+  there, and that at least two updates were compared before any tie (in one of a few starts:
+  where the first tie falls depends on the bf16 kernels' summation order, which differs by CPU).
 - The host store is 2 bytes per parameter smaller (page-aligned buffers aside).
 """
 import pytest
@@ -59,12 +60,17 @@ def _even_ties(master: torch.Tensor) -> torch.Tensor:
     return ((u & 0x1FFFF) == 0x8000) & ~master.isnan()
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-def test_a_default_run_keeps_the_fp32_master_bit_for_bit(mode, tmp_path):
-    kw = {"batch": 2, "seq": 16, **MODES[mode]}
+SEEDS = (1, 2, 3)
+"""Starts tried until one compares two updates before a tie (MODES' docstring)."""
+
+
+def _compare(mode: str, kw: dict, folder, seed: int) -> int:
+    """Train a default and a whole-fp32-master run from the same start (seed's weights, made
+    bf16-exact); assert after every step what the module docstring says; the updates compared
+    before the first tie."""
     default, whole = Policy(**kw), Policy(**kw, master_dtype="fp32")
     assert default.split_master and not whole.split_master
-    with Trainer(SPEC, default, _cfg(default, tmp_path, 0)) as a, Trainer(SPEC, whole, _cfg(whole, tmp_path, 1)) as b:
+    with Trainer(SPEC, default, _cfg(default, folder, 0)) as a, Trainer(SPEC, whole, _cfg(whole, folder, seed)) as b:
         # the same start, bf16-exact, so the first loads are the same
         start = {n: t.to(torch.bfloat16).float() for n, t in b.state_dict().items()}
         a.load_state_dict(start)
@@ -86,7 +92,19 @@ def test_a_default_run_keeps_the_fp32_master_bit_for_bit(mode, tmp_path):
             compared += 1
             if ties:  # the next loads differ by one bf16 ulp there: the runs part (by design)
                 break
-        assert compared >= 2, f"{mode}: an even tie after {compared} update(s): pick another seed"
+        return compared
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_default_run_keeps_the_fp32_master_bit_for_bit(mode, tmp_path):
+    kw = {"batch": 2, "seq": 16, **MODES[mode]}
+    compared = []
+    for seed in SEEDS:
+        (tmp_path / str(seed)).mkdir()
+        compared.append(_compare(mode, kw, tmp_path / str(seed), seed))
+        if compared[-1] >= 2:
+            break
+    assert compared[-1] >= 2, f"{mode}: an even tie after {compared} update(s) from seeds {SEEDS}: add a seed"
 
 
 def test_the_default_store_is_two_bytes_a_parameter_smaller(tmp_path):
