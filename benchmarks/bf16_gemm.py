@@ -6,7 +6,7 @@ then, with --train, one `horizon train` step in each compute dtype.
 
     .venv/bin/python benchmarks/bf16_gemm.py [--model tiny] [--tokens 512] [--seq 128] [--rounds 3] [--train]
 
-Prints per GEMM the milliseconds of each and the ratios native/through-fp32 and
+Prints per kernel the milliseconds of each and the ratios native/through-fp32 and
 through-fp32/fp32. On a CPU with bf16 matrix instructions the CPU backend keeps PyTorch's kernel
 (the through-fp32 column is then what it would cost, not what a run takes).
 """

@@ -1,6 +1,8 @@
-"""bf16 GEMMs through fp32 on CPUs without bf16 matrix instructions (device/bf16_gemm.py): the
-products PyTorch's own bf16 kernels give (fp32-accumulated, rounded once), every other dtype
-untouched, autograd still saving bf16, and PyTorch's kernels back after uninstall()."""
+"""bf16 GEMMs and the attention backward through fp32 on CPUs without bf16 matrix instructions
+(device/bf16_gemm.py): the products PyTorch's own bf16 kernels give (fp32-accumulated, rounded
+once), attention gradients no further from exact than PyTorch's, every other dtype untouched,
+autograd and the memory tracker seeing what they saw, and PyTorch's kernels back after the last
+release()."""
 import contextlib
 
 import pytest
