@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh clone:
 #   make demo   set up, plan the paper's headline scenario, calibrate this machine, train a
 #               small model, validate predicted vs measured, write reports/ (about 6 minutes where the
-#               CPU has bf16 instructions; about 14 on a 2-core AVX2 machine)
+#               CPU has bf16 instructions; about 10 on a 2-core AVX2 machine)
 #   make test   set up, then run the test suite
 # Set-up makes .venv with the CPU build of torch that this machine kind has on disk
 # (TORCH=torch==2.13.0). On a GPU box, install your CUDA torch in .venv first or set TORCH.
@@ -32,7 +32,7 @@ demo: $(STAMP)
 	$(VENV)/bin/horizon plan --model dense-120b --gpu h200 --ram 1.5TB --batch 8 --seq 4096 \
 	    --optimizer backward --grad-clip 0 --act-ckpt-on device --no-advice
 	@echo
-	@echo "== 3/6 calibrate this machine for the executor's CPU backend (about a minute with bf16 CPU instructions, 4-5 without)"
+	@echo "== 3/6 calibrate this machine for the executor's CPU backend (about a minute with bf16 CPU instructions, about 2 without)"
 	$(VENV)/bin/horizon calibrate -o reports/machine.toml
 	@echo
 	@echo "== 4/6 train a small Llama-style model for real through the streaming executor (CPU backend)"
