@@ -170,8 +170,8 @@ def test_the_launcher_leaves_an_ignored_signal_ignored(disposition, sighup):
     """torch.distributed.run's launcher handles SIGHUP over SIG_IGN unless told which signals to
     handle: a `nohup` data-parallel run would stop its ranks on a hang-up."""
     from horizon_exec.dist.launch import ELASTIC_SIGNALS, elastic_signals
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):  # a foreground run's
-        disposition(sig, signal.SIG_DFL)
+    for name in ELASTIC_SIGNALS.split(","):  # a foreground run's
+        disposition(getattr(signal, name), signal.SIG_DFL)
     assert elastic_signals(None) == ELASTIC_SIGNALS == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
     sighup(signal.SIG_IGN)
     assert elastic_signals(None) == "SIGTERM,SIGINT,SIGQUIT"

@@ -75,20 +75,21 @@ def _bmm(a, b):
     return torch.ops.aten.bmm.out(a, b, out=_fresh(shape, a, torch.result_type(a, b)))
 
 
-def _addmm(c, a, b, *, beta=1, alpha=1):
-    shape = (a.shape[0], b.shape[1])
+def _add_product(op, shape, c, a, b, beta, alpha):
+    """op.out(c, a, b) (addmm's or baddbmm's: beta c + alpha a b) into a fresh tensor of `shape`;
+    all-bf16 operands widened and the result rounded once."""
     if _bf16(c, a, b):
-        return torch.ops.aten.addmm.out(c.float(), a.float(), b.float(), beta=beta, alpha=alpha,
-                                        out=_fresh(shape, a, torch.float32)).to(torch.bfloat16)
-    return torch.ops.aten.addmm.out(c, a, b, beta=beta, alpha=alpha, out=_fresh(shape, a, a.dtype))
+        return op(c.float(), a.float(), b.float(), beta=beta, alpha=alpha,
+                  out=_fresh(shape, a, torch.float32)).to(torch.bfloat16)
+    return op(c, a, b, beta=beta, alpha=alpha, out=_fresh(shape, a, a.dtype))
+
+
+def _addmm(c, a, b, *, beta=1, alpha=1):
+    return _add_product(torch.ops.aten.addmm.out, (a.shape[0], b.shape[1]), c, a, b, beta, alpha)
 
 
 def _baddbmm(c, a, b, *, beta=1, alpha=1):
-    shape = (a.shape[0], a.shape[1], b.shape[2])
-    if _bf16(c, a, b):
-        return torch.ops.aten.baddbmm.out(c.float(), a.float(), b.float(), beta=beta, alpha=alpha,
-                                          out=_fresh(shape, a, torch.float32)).to(torch.bfloat16)
-    return torch.ops.aten.baddbmm.out(c, a, b, beta=beta, alpha=alpha, out=_fresh(shape, a, a.dtype))
+    return _add_product(torch.ops.aten.baddbmm.out, (a.shape[0], a.shape[1], b.shape[2]), c, a, b, beta, alpha)
 
 
 KERNELS = {"mm": _mm, "mm.out": _mm_out, "bmm": _bmm, "addmm": _addmm, "baddbmm": _baddbmm}
@@ -117,8 +118,8 @@ KEYSET_KERNELS = {"_scaled_dot_product_flash_attention_for_cpu_backward": _flash
 
 
 def needed(compute_dtype, device="cpu", flags_line: str | None = None) -> bool:
-    """Whether bf16 GEMMs on `device` go through fp32: a bf16 CPU computation ('bf16' or
-    torch.bfloat16) on a CPU without bf16 matrix instructions."""
+    """Whether bf16 GEMMs (and the attention backward) on `device` go through fp32: a bf16 CPU
+    computation ('bf16' or torch.bfloat16) on a CPU without bf16 matrix instructions."""
     bf16 = compute_dtype in ("bf16", torch.bfloat16)
     native = _native_bf16() if flags_line is None else cpu_has_bf16_matmul(flags_line)
     return bf16 and str(device).startswith("cpu") and not native
@@ -130,7 +131,8 @@ def _native_bf16() -> bool:
 
 
 def acquire() -> None:
-    """Route bf16 CPU GEMMs through fp32 in this process until the matching release(). Counted:
+    """Route bf16 CPU GEMMs and attention backwards through fp32 in this process until the
+    matching release(). Counted:
     PyTorch's kernels come back when the last user releases, because the replacements cost fp32
     GEMMs a Python call (~20 us), which an fp32 run or measurement must not pay."""
     global _lib, _users

@@ -154,7 +154,7 @@ def measure_attention(seq: int, hd: int, dtype, device, sync=None, heads: int = 
                                                  1024 if device == "cpu" else 16384, masked)
 
     def once():
-        with bf16_gemm.scope(dtype, device):  # a masked kernel may take aten's GEMMs
+        with bf16_gemm.scope(dtype, device):  # bf16 as a CPU run computes it: the backward through fp32
             fwd_only()
             fwd_bwd()
     once()
